@@ -1,0 +1,66 @@
+"""GPT-2 on Shakespeare: baseline or hybrid training.
+
+Read with `ml_collections.config_flags`:
+
+  python -m experiments.gpt2_small --config=experiments/configs/gpt2_small.py:tiny
+  python -m experiments.gpt2_small --config=experiments/configs/gpt2_small.py:124m \
+      --config.trainer.steps=300 --config.mode=hybrid
+
+Presets: `tiny` (CPU, minutes; the default), `small` (CPU, under an hour), `124m` (GPT-2 Small, GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from hybridjax import config as config_lib
+from hybridjax.models import gpt2
+
+# Per-preset training settings. The model shapes come from `gpt2.PRESETS`.
+_TRAINER = {
+    "tiny": dict(steps=600, batch_size=16, eval_every=100, eval_batches=8, log_every=20),
+    "small": dict(steps=3000, batch_size=32, eval_every=250, eval_batches=16, log_every=50),
+    "124m": dict(steps=5000, batch_size=32, eval_every=250, eval_batches=20, log_every=10),
+}
+_OPTIM = {
+    "tiny": dict(learning_rate=3e-3, warmup_steps=50),
+    "small": dict(learning_rate=2e-3, warmup_steps=150),
+    "124m": dict(learning_rate=6e-4, warmup_steps=200),
+}
+
+
+def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+  """Returns the experiment config for `preset` ('tiny', 'small' or '124m')."""
+  preset = preset or "tiny"
+  if preset not in gpt2.PRESETS:
+    raise ValueError(
+        f"unknown preset {preset!r}: use one of {sorted(gpt2.PRESETS)}, e.g. "
+        "--config=experiments/configs/gpt2_small.py:tiny")
+  c = ml_collections.ConfigDict()
+  c.preset = preset
+  c.mode = "baseline"  # 'baseline' (plain optax loop) | 'hybrid'
+  c.seed = 0
+  # 'auto': resume a run in --workdir if its config matches, refuse otherwise;
+  # 'force': resume even if the stored config differs; 'never': refuse any existing run.
+  c.resume = "auto"
+
+  c.model = ml_collections.ConfigDict(dataclasses.asdict(gpt2.PRESETS[preset]))
+
+  c.data = ml_collections.ConfigDict()
+  c.data.path = ""  # '' = the bundled Shakespeare corpus; else a text file or folder.
+  c.data.tokenizer = "gpt2" if preset == "124m" else "byte"
+  c.data.cache_dir = ""  # '' = $HYBRIDJAX_CACHE or ~/.cache/hybridjax/data
+  c.data.val_fraction = 0.1
+
+  c.optim = config_lib.default_optim_config()
+  c.optim.update(_OPTIM[preset])
+
+  c.trainer = config_lib.default_trainer_config()
+  c.trainer.update(_TRAINER[preset])
+  if preset == "124m":
+    c.model.dtype = "bfloat16"
+
+  c.hybrid = config_lib.default_hybrid_config()
+  return c

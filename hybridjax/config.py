@@ -1,0 +1,257 @@
+"""Default config blocks and their validation.
+
+Every experiment config has the blocks `model`, `data`, `optim`, `trainer` and `hybrid`. `validate`
+checks every field before anything is compiled, and its errors name the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import ml_collections
+
+PHASE_NAMES = ("WARMUP", "FULL", "PREDICT", "CORRECT")
+
+
+def default_optim_config() -> ml_collections.ConfigDict:
+  """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
+  c = ml_collections.ConfigDict()
+  c.name = "adamw"  # 'adamw' | 'adam' | 'sgd' (momentum 0.9)
+  c.learning_rate = 3e-3
+  c.warmup_steps = 50
+  c.decay_steps = 0  # 0 = decay over the whole run (trainer.steps)
+  c.min_lr_ratio = 0.1  # final lr = learning_rate * min_lr_ratio
+  c.weight_decay = 0.1
+  c.b1 = 0.9
+  c.b2 = 0.95
+  c.eps = 1e-8
+  c.grad_clip = 1.0  # 0 = no clipping
+  return c
+
+
+def default_trainer_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.steps = 600
+  c.batch_size = 16
+  c.grad_accum = 1  # micro-batches per optimizer step; must divide batch_size
+  c.log_every = 20
+  c.eval_every = 100  # 0 = only at the end
+  c.eval_batches = 8
+  c.checkpoint_every = 200  # 0 = only at the end
+  c.max_to_keep = 3
+  c.progress = True  # tqdm progress bar
+  c.compile_cache = True  # JAX persistent compilation cache
+  c.compile_cache_dir = ""  # '' = ~/.cache/hybridjax/jax_cache
+  c.memory_limit_bytes = 0  # 0 = off; above it: warn and save an emergency checkpoint once
+  return c
+
+
+def default_hybrid_config() -> ml_collections.ConfigDict:
+  """Every knob of hybrid training (DESIGN.md section 1)."""
+  c = ml_collections.ConfigDict()
+  c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
+  c.warmup_steps = 50
+  c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
+  c.max_predict_steps = 8  # upper bound of the horizon H
+  c.confidence_threshold = 0.5  # PREDICT only at confidence >= this
+  c.divergence_tolerance = 0.05  # relative excess of real over predicted loss that ends PREDICT
+  c.correct_steps = 4
+  c.correction_interval = 0  # one real step every N predict steps; 0 = off
+  c.validate_every = 2  # forward-pass validation every N predict steps
+  c.velocity_beta = 0.9  # EMA factor of the trajectory memory (velocity)
+  c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
+  c.grouping = "kind"  # parameter groups: 'kind' (layer index stripped) | 'leaf' | 'global'
+  c.history_size = 64  # ring-buffer length (steps)
+  c.window = 32  # truncated-BPTT window of the dynamics model
+  c.accuracy_window = 8  # recent validations that feed confidence
+  c.steps_per_call = 1  # > 1: lax.scan over K hybrid steps per dispatch
+  c.dispatch = "host"  # 'host': per-phase jitted functions; 'switch': one fused lax.switch step
+  c.rssm = ml_collections.ConfigDict(dict(
+      deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3))
+  c.corrector = ml_collections.ConfigDict(dict(hidden=64, learning_rate=1e-3, history=32))
+  c.health = ml_collections.ConfigDict(dict(
+      grad_explosion_factor=10.0,  # grad norm > baseline EMA x this -> FULL cooldown
+      loss_spike_sigma=6.0,  # loss above its EMA by this many running std -> FULL cooldown
+      max_prediction_failures=3,  # consecutive diverged PREDICT phases -> FULL cooldown
+      cooldown_steps=50,
+      max_events=50,  # stop the run after this many non-finite events
+  ))
+  return c
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+  return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:
+  def check(v):
+    if not _is_int(v):
+      return f"must be an integer, got {v!r}"
+    if lo is not None and v < lo:
+      return f"must be >= {lo}, got {v}"
+    if hi is not None and v > hi:
+      return f"must be <= {hi}, got {v}"
+    return None
+  return check
+
+
+def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+         hi_open: bool = False) -> Callable[[Any], str | None]:
+  def check(v):
+    if not _is_num(v):
+      return f"must be a finite number, got {v!r}"
+    if lo is not None and (v <= lo if lo_open else v < lo):
+      return f"must be {'>' if lo_open else '>='} {lo}, got {v}"
+    if hi is not None and (v >= hi if hi_open else v > hi):
+      return f"must be {'<' if hi_open else '<='} {hi}, got {v}"
+    return None
+  return check
+
+
+def _choice(*options: str) -> Callable[[Any], str | None]:
+  def check(v):
+    return None if v in options else f"must be one of {list(options)}, got {v!r}"
+  return check
+
+
+def _bool(v: Any) -> str | None:
+  return None if isinstance(v, bool) else f"must be True or False, got {v!r}"
+
+
+def _str(v: Any) -> str | None:
+  return None if isinstance(v, str) else f"must be a string, got {v!r}"
+
+
+_FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "mode": _choice("baseline", "hybrid"),
+    "seed": _int(0),
+    "resume": _choice("auto", "force", "never"),
+    "model.vocab_size": _int(2, 65535),
+    "model.n_ctx": _int(1),
+    "model.n_layer": _int(1),
+    "model.n_head": _int(1),
+    "model.d_model": _int(1),
+    "model.dropout": _num(0.0, 1.0, hi_open=True),
+    "model.layer_norm_eps": _num(0.0, lo_open=True),
+    "model.dtype": _choice("float32", "bfloat16", "float16"),
+    "data.path": _str,
+    "data.tokenizer": _choice("byte", "gpt2"),
+    "data.cache_dir": _str,
+    "data.val_fraction": _num(0.0, 0.5, lo_open=True),
+    "optim.name": _choice("adamw", "adam", "sgd"),
+    "optim.learning_rate": _num(0.0, lo_open=True),
+    "optim.warmup_steps": _int(0),
+    "optim.decay_steps": _int(0),
+    "optim.min_lr_ratio": _num(0.0, 1.0),
+    "optim.weight_decay": _num(0.0),
+    "optim.b1": _num(0.0, 1.0, hi_open=True),
+    "optim.b2": _num(0.0, 1.0, hi_open=True),
+    "optim.eps": _num(0.0, lo_open=True),
+    "optim.grad_clip": _num(0.0),
+    "trainer.steps": _int(1),
+    "trainer.batch_size": _int(1),
+    "trainer.grad_accum": _int(1),
+    "trainer.log_every": _int(1),
+    "trainer.eval_every": _int(0),
+    "trainer.eval_batches": _int(1),
+    "trainer.checkpoint_every": _int(0),
+    "trainer.max_to_keep": _int(1),
+    "trainer.progress": _bool,
+    "trainer.compile_cache": _bool,
+    "trainer.compile_cache_dir": _str,
+    "trainer.memory_limit_bytes": _int(0),
+    "hybrid.enable_predict": _bool,
+    "hybrid.warmup_steps": _int(1),
+    "hybrid.full_steps": _int(1),
+    "hybrid.max_predict_steps": _int(1, 1000),
+    "hybrid.confidence_threshold": _num(0.0, 1.0),
+    "hybrid.divergence_tolerance": _num(0.0, lo_open=True),
+    "hybrid.correct_steps": _int(1),
+    "hybrid.correction_interval": _int(0),
+    "hybrid.validate_every": _int(1),
+    "hybrid.velocity_beta": _num(0.0, 1.0, hi_open=True),
+    "hybrid.constant_alpha": _num(0.0, 10.0),
+    "hybrid.grouping": _choice("kind", "leaf", "global"),
+    "hybrid.history_size": _int(4, 4096),
+    "hybrid.window": _int(2),
+    "hybrid.accuracy_window": _int(1, 1024),
+    "hybrid.steps_per_call": _int(1),
+    "hybrid.dispatch": _choice("host", "switch"),
+    "hybrid.rssm.deter": _int(1),
+    "hybrid.rssm.latent": _int(1),
+    "hybrid.rssm.hidden": _int(1),
+    "hybrid.rssm.ensemble": _int(1, 64),
+    "hybrid.rssm.free_bits": _num(0.0),
+    "hybrid.rssm.learning_rate": _num(0.0, lo_open=True),
+    "hybrid.corrector.hidden": _int(1),
+    "hybrid.corrector.learning_rate": _num(0.0, lo_open=True),
+    "hybrid.corrector.history": _int(2, 4096),
+    "hybrid.health.grad_explosion_factor": _num(1.0, lo_open=True),
+    "hybrid.health.loss_spike_sigma": _num(0.0, lo_open=True),
+    "hybrid.health.max_prediction_failures": _int(1),
+    "hybrid.health.cooldown_steps": _int(0),
+    "hybrid.health.max_events": _int(1),
+}
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None) -> None:
+  """Checks every known field of `config`; raises `ValueError` naming each bad field.
+
+  Args:
+    config: the experiment config.
+    blocks: check only fields under these top-level keys (default: all present).
+  """
+  errors = []
+  for name, check in _FIELDS.items():
+    top = name.split(".")[0]
+    if blocks is not None and top not in blocks:
+      continue
+    try:
+      value = _get(config, name)
+    except (KeyError, AttributeError):
+      if top in config:  # a block that is present must be complete
+        errors.append(f"--config.{name} is missing from the config")
+      continue
+    msg = check(value)
+    if msg:
+      errors.append(f"--config.{name} {msg}")
+
+  def rel(cond: bool, msg: str):
+    if not cond:
+      errors.append(msg)
+
+  if not errors:
+    if "trainer" in config and (blocks is None or "trainer" in blocks):
+      t = config.trainer
+      rel(t.batch_size % t.grad_accum == 0,
+          f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
+          f"--config.trainer.grad_accum ({t.grad_accum})")
+    if "model" in config and (blocks is None or "model" in blocks):
+      m = config.model
+      rel(m.d_model % m.n_head == 0,
+          f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head "
+          f"({m.n_head})")
+    if "hybrid" in config and (blocks is None or "hybrid" in blocks):
+      h = config.hybrid
+      rel(h.window <= h.history_size,
+          f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size "
+          f"({h.history_size})")
+      rel(h.accuracy_window <= h.history_size,
+          f"--config.hybrid.accuracy_window ({h.accuracy_window}) must be <= "
+          f"--config.hybrid.history_size ({h.history_size})")
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))

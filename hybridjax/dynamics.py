@@ -1,0 +1,534 @@
+"""The trajectory model: an ensemble of small recurrent state-space models (RSSM).
+
+The trainer records one normalised feature vector per real training step in a ring buffer. This module
+learns, online and inside the jitted training step, to predict from a window of that buffer
+
+* the next change of the log-loss, ``d_t = logloss[t+1] - logloss[t]``, and
+* the per-parameter-group scale ``alpha_{g,t}`` that best explains the next real update as
+  ``alpha_g * velocity_g``,
+
+and it imagines both ``horizon`` steps ahead for the PREDICT phase.
+
+Architecture (DreamerV3 style, one ensemble member)::
+
+    h_t  = GRU(h_{t-1}, [z_{t-1}, x_{t-1}])            deterministic path (fused LayerNorm GRU)
+    p(z_t | h_t)                                        prior, used in imagination
+    q(z_t | h_t, x_t)                                   posterior, used when x_t is observed
+    s_t  = [h_t, z_t]  ->  d_t / dloss_scale, alpha_t, x_hat_t   three MLP heads
+
+The latent ``z`` is a **continuous diagonal Gaussian** (``mean``, ``std = softplus + min_std``), not
+DreamerV3's 32x32 categorical: the signal here is a handful of smooth scalars, a Gaussian KL is
+analytic and cheap, and the ensemble (not the latent) carries the epistemic uncertainty.
+
+In imagination x is not observed, so the decoder's ``x_hat`` replaces it as the GRU input.
+
+``E`` members share the data but differ in init and in posterior-sampling noise. Their parameters are
+stacked on a leading axis and every public function maps over it with ``jax.vmap``; each member also
+has its own optimizer state (the optimizer update is vmapped too), so gradient clipping and Adam's
+statistics never couple the members and their disagreement stays an honest uncertainty signal.
+
+Everything here is pure and has static shapes, so it can sit inside ``jax.jit``, ``lax.scan``,
+``lax.cond`` and ``lax.switch``.
+
+Windows
+-------
+A *window* is a mapping (``dict``) or any object with the attributes below, all in chronological order:
+
+* ``x``            (W, F) float32 -- normalised feature vectors of steps 0..W-1;
+* ``logloss``      (W,)   float32 -- raw log-loss of each step;
+* ``alpha_target`` (W, G) float32 -- least-squares scale of the update that follows step t;
+* ``valid``        (W,)   bool    -- False for entries not yet filled (always a prefix).
+
+Targets at position t exist iff ``valid[t] & valid[t+1]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = [
+    "RSSMConfig",
+    "RSSM",
+    "DynamicsState",
+    "make_optimizer",
+    "init_dynamics",
+    "dynamics_loss",
+    "train_step",
+    "imagine",
+    "ensemble_disagreement",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RSSMConfig:
+    """Hyper-parameters of the trajectory model (frozen, hence hashable: usable as a static jit arg).
+
+    Attributes:
+      feature_dim: F, length of a feature vector.
+      n_groups: G, number of parameter groups (one alpha per group).
+      deter: size of the GRU state h.
+      latent: size of the Gaussian latent z.
+      hidden: width of every MLP.
+      ensemble: E, number of independently initialised members.
+      free_bits: KL free bits in nats (per step, on the KL summed over latent dims), as in DreamerV3.
+      kl_dyn_scale: weight of KL(sg(q) || p), which trains the prior towards the posterior.
+      kl_rep_scale: weight of KL(q || sg(p)), which regularises the posterior towards the prior.
+      learning_rate: Adam learning rate.
+      alpha_max: predicted alphas lie in [-alpha_max, alpha_max] (a tanh squash).
+      dloss_scale: the log-loss change is predicted in units of ``dloss_scale`` so that its MSE is O(1)
+        (typical per-step changes are 1e-3..1e-1 in log space). A fixed scale keeps the model
+        stateless; early-training changes far above the scale are tamed by gradient clipping.
+      min_std: lower bound of the latent standard deviations (keeps the KL well conditioned).
+      grad_clip: per-member global-norm gradient clipping before Adam.
+      head_init_scale: variance scale of the output layers of the d and alpha heads. Small, so every
+        member predicts ~0 change and ~0 alpha at init (alpha = 0 is the safe "do not move" answer),
+        but not zero, so that untrained members disagree and confidence starts low.
+      min_valid: ``train_step`` leaves params and optimizer state untouched while the window holds
+        fewer valid entries than this.
+    """
+
+    feature_dim: int
+    n_groups: int
+    deter: int = 256
+    latent: int = 32
+    hidden: int = 256
+    ensemble: int = 3
+    free_bits: float = 1.0
+    kl_dyn_scale: float = 0.5
+    kl_rep_scale: float = 0.1
+    learning_rate: float = 1e-3
+    alpha_max: float = 4.0
+    dloss_scale: float = 0.01
+    min_std: float = 0.1
+    grad_clip: float = 10.0
+    head_init_scale: float = 0.1
+    min_valid: int = 3
+
+
+# --------------------------------------------------------------------------------------------------
+# The Flax module (one ensemble member)
+# --------------------------------------------------------------------------------------------------
+
+
+class _MLP(nn.Module):
+    """Dense -> LayerNorm -> SiLU (x ``layers``), then a linear output layer."""
+
+    hidden: int
+    out: int
+    layers: int = 1
+    out_scale: float = 1.0
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(self.layers):
+            # No bias: LayerNorm's own offset makes it redundant.
+            x = nn.Dense(self.hidden, use_bias=False)(x)
+            x = nn.silu(nn.LayerNorm()(x))
+        return nn.Dense(
+            self.out,
+            kernel_init=nn.initializers.variance_scaling(self.out_scale, "fan_in", "truncated_normal"),
+            bias_init=nn.initializers.zeros,
+        )(x)
+
+
+class RSSM(nn.Module):
+    """One member of the recurrent state-space model. See the module docstring.
+
+    The methods are single steps (or a batch of independent states) so that the caller can drive the
+    recurrence with ``jax.lax.scan`` over ``model.apply(params, ..., method=...)``; linen modules cannot
+    be called inside a raw jax transform, whereas ``apply`` is an ordinary pure function.
+
+    Cost shapes the layout. On CPU the sequential filter dominates, and its cost is mostly per-op
+    overhead inside the scan, so:
+
+    * the GRU is DreamerV3's fused, layer-normalised GRU: one matmul for all three gates
+      (``nn.GRUCell`` issues six) and an update-gate bias of -1 that keeps h stable early on;
+    * every layer that reads x is split into an x part and a state part, and the x parts for the whole
+      window are computed in one batched matmul before the scan (``embed``), since x is observed;
+    * the three heads share one hidden layer, computed batched over the window after the scan.
+    """
+
+    cfg: RSSMConfig
+
+    def setup(self) -> None:
+        c = self.cfg
+        dense = lambda n, **kw: nn.Dense(n, **kw)  # noqa: E731
+        # GRU: parts = LN(W_x x_{t-1} + W_s [h_{t-1}, z_{t-1}] + b) -> reset, candidate, update.
+        self.gru_x = dense(3 * c.deter)
+        self.gru_s = dense(3 * c.deter, use_bias=False)
+        self.gru_norm = nn.LayerNorm()
+        # Posterior q(z | h, x): first layer split into an x part and an h part.
+        self.post_x = dense(c.hidden, use_bias=False)
+        self.post_h = dense(c.hidden, use_bias=False)
+        self.post_norm = nn.LayerNorm()
+        small = nn.initializers.variance_scaling(c.head_init_scale, "fan_in", "truncated_normal")
+        # Prior and posterior start close to the same broad Gaussian (small output init): the initial
+        # KL is then ~0 instead of ~35 nats, whose gradients (norm ~1e4) would dominate early updates.
+        self.post_out = dense(2 * c.latent, kernel_init=small, bias_init=nn.initializers.zeros)
+        self.prior_net = _MLP(c.hidden, 2 * c.latent, out_scale=c.head_init_scale)
+        # Heads on s = [h, z]: one shared hidden layer, three linear outputs.
+        self.head_in = dense(c.hidden, use_bias=False)
+        self.head_norm = nn.LayerNorm()
+        self.dloss_out = dense(1, kernel_init=small, bias_init=nn.initializers.zeros)
+        self.alpha_out = dense(c.n_groups, kernel_init=small, bias_init=nn.initializers.zeros)
+        # The decoder keeps a normal init: x_hat must carry signal into imagined GRU steps at once.
+        self.decoder_out = dense(c.feature_dim)
+
+    def _gaussian(self, raw: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mean, std = jnp.split(raw, 2, axis=-1)
+        return mean, jax.nn.softplus(std) + self.cfg.min_std
+
+    def embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The x-dependent parts of the GRU input and of the posterior's first layer."""
+        return self.gru_x(x), self.post_x(x)
+
+    def transition(self, h: jax.Array, z: jax.Array, gx_prev: jax.Array) -> jax.Array:
+        """h_t = GRU(h_{t-1}, [z_{t-1}, x_{t-1}]), with ``gx_prev = embed(x_{t-1})[0]``."""
+        parts = self.gru_norm(gx_prev + self.gru_s(jnp.concatenate([h, z], axis=-1)))
+        reset, cand, update = jnp.split(parts, 3, axis=-1)
+        reset = jax.nn.sigmoid(reset)
+        cand = jnp.tanh(reset * cand)
+        update = jax.nn.sigmoid(update - 1.0)
+        return update * cand + (1.0 - update) * h
+
+    def prior(self, h: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Mean and std of p(z_t | h_t)."""
+        return self._gaussian(self.prior_net(h))
+
+    def posterior(self, h: jax.Array, px: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Mean and std of q(z_t | h_t, x_t), with ``px = embed(x_t)[1]``."""
+        a = nn.silu(self.post_norm(px + self.post_h(h)))
+        return self._gaussian(self.post_out(a))
+
+    def heads(self, h: jax.Array, z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """From s_t = [h_t, z_t]: (d_t / dloss_scale, alpha_t in [-alpha_max, alpha_max], x_hat_t)."""
+        a = nn.silu(self.head_norm(self.head_in(jnp.concatenate([h, z], axis=-1))))
+        d = self.dloss_out(a)[..., 0]
+        amax = self.cfg.alpha_max
+        # A tanh squash that is the identity near 0: bounded alphas, undistorted gradients for the
+        # usual |alpha| ~ 1 targets.
+        alpha = amax * jnp.tanh(self.alpha_out(a) / amax)
+        return d, alpha, self.decoder_out(a)
+
+    def __call__(self, h: jax.Array, z: jax.Array, x_prev: jax.Array, x: jax.Array):
+        """One filtering step through every submodule; used for ``init``."""
+        gx, _ = self.embed(x_prev)
+        h = self.transition(h, z, gx)
+        self.prior(h)
+        mean, _ = self.posterior(h, self.embed(x)[1])
+        return self.heads(h, mean)
+
+
+# --------------------------------------------------------------------------------------------------
+# State, optimizer, init
+# --------------------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class DynamicsState:
+    """Everything the trajectory model carries between training steps (a pytree).
+
+    Attributes:
+      params: RSSM parameters stacked on a leading ensemble axis of size E.
+      opt_state: optimizer state, also stacked per member.
+      h: (E, deter) last filtered deterministic state (from the latest ``train_step`` window).
+      z: (E, latent) last filtered posterior sample.
+      step: int32, number of optimizer updates actually applied.
+    """
+
+    params: Any
+    opt_state: Any
+    h: jax.Array
+    z: jax.Array
+    step: jax.Array
+
+
+def make_optimizer(cfg: RSSMConfig) -> optax.GradientTransformation:
+    """Adam with global-norm clipping, applied per ensemble member (the caller vmaps it)."""
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adam(cfg.learning_rate))
+
+
+def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
+    """Initialises E members with different keys and stacks their params and optimizer states."""
+    model = RSSM(cfg)
+    h = jnp.zeros((cfg.deter,), jnp.float32)
+    z = jnp.zeros((cfg.latent,), jnp.float32)
+    x = jnp.zeros((cfg.feature_dim,), jnp.float32)
+    params = jax.vmap(lambda k: model.init(k, h, z, x, x))(jax.random.split(rng, cfg.ensemble))
+    opt_state = jax.vmap(make_optimizer(cfg).init)(params)
+    return DynamicsState(
+        params=params,
+        opt_state=opt_state,
+        h=jnp.zeros((cfg.ensemble, cfg.deter), jnp.float32),
+        z=jnp.zeros((cfg.ensemble, cfg.latent), jnp.float32),
+        step=jnp.zeros((), jnp.int32),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Filtering and the loss
+# --------------------------------------------------------------------------------------------------
+
+
+def _field(window: Any, name: str) -> jax.Array:
+    return window[name] if isinstance(window, Mapping) else getattr(window, name)
+
+
+def _clean_window(window: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Zeroes invalid entries so that their contents (even NaN) can never reach a value or gradient.
+
+    ``jnp.where`` alone is not enough downstream: a NaN in the unselected branch still poisons the
+    gradient (0 * NaN), so the inputs are sanitised once, here.
+    """
+    valid = jnp.asarray(_field(window, "valid")).astype(bool)
+    x = jnp.where(valid[:, None], jnp.asarray(_field(window, "x"), jnp.float32), 0.0)
+    logloss = jnp.where(valid, jnp.asarray(_field(window, "logloss"), jnp.float32), 0.0)
+    alpha = jnp.where(valid[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
+    return x, logloss, alpha, valid
+
+
+def _filter(params: Any, x: jax.Array, valid: jax.Array, noise: jax.Array, cfg: RSSMConfig):
+    """Runs the posterior over a window, from a zero state (truncated BPTT). One member.
+
+    Invalid steps hold the state at zero (and their x is already zero), so the first valid step always
+    starts from the same state whatever precedes it. Only the recurrence lives in the scan; x
+    projections are batched before it, priors and heads after it, which keeps the sequential part
+    (the cost driver on CPU) minimal.
+
+    Returns (hs, zs, post_mean, post_std), each with a leading W axis.
+    """
+    model = RSSM(cfg)
+    gx, px = model.apply(params, x, method=RSSM.embed)
+    gx0, _ = model.apply(params, jnp.zeros_like(x[0]), method=RSSM.embed)
+    gx_prev = jnp.concatenate([gx0[None], gx[:-1]], axis=0)  # GRU input at t is x_{t-1}
+
+    def body(carry, inp):
+        h, z = carry
+        gx_t, px_t, v_t, eps = inp
+        h_new = model.apply(params, h, z, gx_t, method=RSSM.transition)
+        mean, std = model.apply(params, h_new, px_t, method=RSSM.posterior)
+        z_new = mean + std * eps
+        h_new = jnp.where(v_t, h_new, 0.0)
+        z_new = jnp.where(v_t, z_new, 0.0)
+        return (h_new, z_new), (h_new, z_new, mean, std)
+
+    carry0 = (jnp.zeros((cfg.deter,), jnp.float32), jnp.zeros((cfg.latent,), jnp.float32))
+    _, out = jax.lax.scan(body, carry0, (gx_prev, px, valid, noise))
+    return out
+
+
+def _gauss_kl(m1: jax.Array, s1: jax.Array, m2: jax.Array, s2: jax.Array) -> jax.Array:
+    """KL(N(m1, s1) || N(m2, s2)), summed over the last axis."""
+    kl = jnp.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2.0 * s2**2) - 0.5
+    return kl.sum(-1)
+
+
+def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
+    m = mask.astype(v.dtype)
+    return (v * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def _member_loss(params: Any, x, logloss, alpha_t, valid, rng: jax.Array, cfg: RSSMConfig):
+    """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
+    model = RSSM(cfg)
+    W = x.shape[0]
+    noise = jax.random.normal(rng, (W, cfg.latent), jnp.float32)
+    hs, zs, q_mean, q_std = _filter(params, x, valid, noise, cfg)
+    p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
+    d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
+
+    pair = valid[:-1] & valid[1:]  # targets at t need step t+1
+    d_target = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
+    loss_d = _masked_mean((d_pred[:-1] - d_target) ** 2, pair)
+    loss_alpha = _masked_mean(((alpha_pred[:-1] - alpha_t[:-1]) ** 2).mean(-1), pair)
+    # Mean over features (not the DreamerV3 sum): keeps the term O(1) whatever F is.
+    loss_recon = _masked_mean(((x_hat - x) ** 2).mean(-1), valid)
+
+    sg = jax.lax.stop_gradient
+    kl_dyn = _gauss_kl(sg(q_mean), sg(q_std), p_mean, p_std)  # moves the prior
+    kl_rep = _gauss_kl(q_mean, q_std, sg(p_mean), sg(p_std))  # moves the posterior
+    loss_dyn = _masked_mean(jnp.maximum(kl_dyn, cfg.free_bits), valid)
+    loss_rep = _masked_mean(jnp.maximum(kl_rep, cfg.free_bits), valid)
+
+    loss = (
+        loss_d
+        + loss_alpha
+        + loss_recon
+        + cfg.kl_dyn_scale * loss_dyn
+        + cfg.kl_rep_scale * loss_rep
+    )
+    comps = {
+        "loss": loss,
+        "loss_dloss": loss_d,
+        "loss_alpha": loss_alpha,
+        "loss_recon": loss_recon,
+        "kl_dyn": loss_dyn,
+        "kl_rep": loss_rep,
+        "kl": _masked_mean(kl_dyn, valid),  # raw, before free bits
+    }
+    return loss, (comps, (hs[-1], zs[-1]))
+
+
+def _ensemble_loss(params: Any, window: Any, rng: jax.Array, cfg: RSSMConfig):
+    x, logloss, alpha_t, valid = _clean_window(window)
+    keys = jax.random.split(rng, cfg.ensemble)
+    losses, (comps, last) = jax.vmap(
+        lambda p, k: _member_loss(p, x, logloss, alpha_t, valid, k, cfg)
+    )(params, keys)
+    aux = {k: v.mean() for k, v in comps.items()}
+    aux["n_valid"] = valid.sum().astype(jnp.int32)
+    # Sum, not mean: members' params are disjoint, so each member gets exactly its own gradient.
+    return losses.sum(), (aux, last)
+
+
+def dynamics_loss(
+    params: Any, window: Any, rng: jax.Array, cfg: RSSMConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Training loss of the stacked ensemble on one window.
+
+    Each member filters the window from a zero state with its own posterior noise. The loss is, per
+    member and masked by validity,
+
+      MSE(d_t / dloss_scale) + MSE(alpha_t) + MSE(x_hat_t)   [all O(1); means over G and F]
+      + kl_dyn_scale * max(free_bits, KL(sg(q) || p)) + kl_rep_scale * max(free_bits, KL(q || sg(p)))
+
+    summed over members (params are disjoint, so this is each member's own loss for its gradient).
+
+    Args:
+      params: stacked params (leading axis E).
+      window: mapping/object with x (W, F), logloss (W,), alpha_target (W, G), valid (W,).
+      rng: PRNG key for the posterior samples.
+      cfg: the config.
+
+    Returns:
+      (loss, aux): a scalar, and a dict of scalars (member means): ``loss``, ``loss_dloss``,
+      ``loss_alpha``, ``loss_recon``, ``kl_dyn``, ``kl_rep`` (with free bits), ``kl`` (raw), ``n_valid``.
+    """
+    loss, (aux, _) = _ensemble_loss(params, window, rng, cfg)
+    return loss, aux
+
+
+# --------------------------------------------------------------------------------------------------
+# Training and imagination
+# --------------------------------------------------------------------------------------------------
+
+
+def _tree_select(pred: jax.Array, a: Any, b: Any) -> Any:
+    return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+def train_step(
+    dyn_state: DynamicsState, window: Any, rng: jax.Array, cfg: RSSMConfig
+) -> tuple[DynamicsState, dict[str, jax.Array]]:
+    """One optimizer step of every member on ``window``. Pure and jittable (``cfg`` static).
+
+    The update is applied only when the window holds at least ``cfg.min_valid`` valid entries and the
+    loss and gradients are finite; otherwise params and optimizer state pass through unchanged
+    (selected with ``jnp.where``, no Python branching, so it is safe under ``lax.cond``/``switch``).
+    ``h``/``z`` always become the final filtered posterior state of this window.
+
+    Returns:
+      (new_state, metrics): metrics holds the ``dynamics_loss`` aux scalars plus ``grad_norm`` (mean
+      over members, before clipping) and ``updated`` (bool).
+    """
+    (_, (aux, (h_last, z_last))), grads = jax.value_and_grad(_ensemble_loss, has_aux=True)(
+        dyn_state.params, window, rng, cfg
+    )
+    opt = make_optimizer(cfg)
+    updates, new_opt_state = jax.vmap(opt.update)(grads, dyn_state.opt_state, dyn_state.params)
+    new_params = optax.apply_updates(dyn_state.params, updates)
+
+    grad_norm = jax.vmap(optax.global_norm)(grads)  # (E,)
+    ok = (
+        (aux["n_valid"] >= cfg.min_valid)
+        & jnp.isfinite(aux["loss"])
+        & jnp.all(jnp.isfinite(grad_norm))
+    )
+    new_state = DynamicsState(
+        params=_tree_select(ok, new_params, dyn_state.params),
+        opt_state=_tree_select(ok, new_opt_state, dyn_state.opt_state),
+        h=h_last,
+        z=z_last,
+        step=dyn_state.step + ok.astype(jnp.int32),
+    )
+    metrics = dict(aux)
+    metrics["grad_norm"] = grad_norm.mean()
+    metrics["updated"] = ok
+    return new_state, metrics
+
+
+def imagine(
+    dyn_state: DynamicsState,
+    window: Any,
+    horizon_max: int,
+    rng: jax.Array,
+    cfg: RSSMConfig,
+) -> dict[str, jax.Array]:
+    """Filters ``window`` with the posterior, then rolls every member ``horizon_max`` steps on the prior.
+
+    Alignment: the filtered state s_T of the last valid entry T predicts the change to T+1 and the
+    alpha of the first predicted update. Later states come from the prior; their GRU input is the
+    decoded x_hat (x_T itself is real, so the first transition uses it).
+
+    Args:
+      dyn_state: the model state (only ``params`` is used).
+      window: as for ``dynamics_loss``.
+      horizon_max: H, static number of imagined steps (callers use a prefix of length <= H).
+      rng: PRNG key (posterior and prior samples, independent per member).
+      cfg: the config.
+
+    Returns:
+      dict with
+        ``logloss``: (E, H) predicted log-loss after k = 1..H steps, cumulative from the last valid
+          observed log-loss;
+        ``dlogloss``: (E, H) the per-step predicted changes;
+        ``alpha``: (E, H, G) predicted scales for steps 1..H, in [-alpha_max, alpha_max];
+        ``next_logloss``: (E,) the one-step prediction (= ``logloss[:, 0]``).
+    """
+    x, logloss, _, valid = _clean_window(window)
+    W = x.shape[0]
+    model = RSSM(cfg)
+    # Invalid entries only ever form a prefix, so this is W-1 whenever anything is valid; computing
+    # it keeps the result consistent even if a caller passes trailing invalid entries.
+    last = W - 1 - jnp.argmax(valid[::-1])
+    x_last = x[last]
+    ll_last = logloss[last]
+
+    def member(params, key):
+        k_post, k_prior = jax.random.split(key)
+        noise = jax.random.normal(k_post, (W, cfg.latent), jnp.float32)
+        hs, zs, _, _ = _filter(params, x, valid, noise, cfg)
+        eps = jax.random.normal(k_prior, (horizon_max, cfg.latent), jnp.float32)
+
+        def body(carry, inp):
+            h, z, ll = carry
+            k, e = inp
+            d, alpha, x_hat = model.apply(params, h, z, method=RSSM.heads)
+            d = d * cfg.dloss_scale
+            ll = ll + d
+            # The state's own x is observed only for k == 0; afterwards the decoder stands in for it.
+            gx, _ = model.apply(params, jnp.where(k == 0, x_last, x_hat), method=RSSM.embed)
+            h = model.apply(params, h, z, gx, method=RSSM.transition)
+            mean, std = model.apply(params, h, method=RSSM.prior)
+            return (h, mean + std * e, ll), (ll, d, alpha)
+
+        _, (lls, ds, alphas) = jax.lax.scan(
+            body, (hs[last], zs[last], ll_last), (jnp.arange(horizon_max), eps)
+        )
+        return lls, ds, alphas
+
+    keys = jax.random.split(rng, cfg.ensemble)
+    lls, ds, alphas = jax.vmap(member)(dyn_state.params, keys)
+    return {"logloss": lls, "dlogloss": ds, "alpha": alphas, "next_logloss": lls[:, 0]}
+
+
+def ensemble_disagreement(pred: jax.Array) -> jax.Array:
+    """Mean over all trailing entries of the standard deviation across members (axis 0)."""
+    return jnp.std(pred, axis=0).mean()

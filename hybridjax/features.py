@@ -1,0 +1,181 @@
+"""Parameter groups and the training-state feature vector x_t (DESIGN.md section 1).
+
+Groups are derived from the param tree's paths, so they work for any model: with `grouping='kind'`
+repeated blocks (`h_0`, `h_1`, ... with identical structure and shapes) fall into one group per
+layer kind, so the number of groups does not grow with depth. Every per-group quantity is a segment
+sum over leaves with static group ids: no params-sized temporaries beyond the elementwise products.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+N_PHASES = 4
+# Global (non-per-group) features, in order. Per-group features follow, 4 per group.
+GLOBAL_FEATURES = ("loss", "log_loss", "ema_fast", "ema_slow", "log_grad_norm", "log_lr",
+                   "progress", "phase_warmup", "phase_full", "phase_predict", "phase_correct")
+GROUP_FEATURES = ("log_grad_norm", "log_update_norm", "log_param_norm", "cos_update_velocity")
+_EPS = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroups:
+  """Static grouping of a param tree's leaves. `leaf_group[i]` is the group of leaf i."""
+  names: tuple[str, ...]
+  leaf_group: tuple[int, ...]
+  treedef: Any
+
+  @property
+  def n_groups(self) -> int:
+    return len(self.names)
+
+  @property
+  def feature_dim(self) -> int:
+    return len(GLOBAL_FEATURES) + len(GROUP_FEATURES) * self.n_groups
+
+
+def _path_parts(path) -> list[str]:
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return parts
+
+
+def param_groups(params: Any, grouping: str = "kind") -> ParamGroups:
+  """Groups the leaves of `params`.
+
+  Args:
+    params: a param pytree (arrays or ShapeDtypeStructs).
+    grouping: 'leaf' (one group per leaf), 'global' (one group), or 'kind': one group per leaf
+      path after replacing the index of repeated, identically shaped sibling blocks by '*'.
+  """
+  leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths = [_path_parts(p) for p, _ in leaves_with_path]
+  shapes = [tuple(x.shape) for _, x in leaves_with_path]
+  if grouping == "global":
+    return ParamGroups(("all",), tuple(0 for _ in paths), treedef)
+  if grouping == "leaf":
+    names = tuple("/".join(p) for p in paths)
+    return ParamGroups(names, tuple(range(len(paths))), treedef)
+  if grouping != "kind":
+    raise ValueError(f"--config.hybrid.grouping must be 'kind', 'leaf' or 'global', got {grouping!r}")
+
+  # Signature of the subtree under each (prefix, component): the sorted (rest-of-path, shape) set.
+  def subtree_sig(prefix: tuple[str, ...]) -> tuple:
+    n = len(prefix)
+    return tuple(sorted((tuple(p[n:]), s) for p, s in zip(paths, shapes) if tuple(p[:n]) == prefix))
+
+  generic = []
+  for p in paths:
+    out = []
+    for depth, comp in enumerate(p):
+      m = re.fullmatch(r"(.*?)_?(\d+)", comp)
+      if m and depth < len(p) - 1:
+        stem = m.group(1)
+        prefix = tuple(p[:depth])
+        siblings = {q[depth] for q in paths if tuple(q[:depth]) == prefix and len(q) > depth
+                    and re.fullmatch(rf"{re.escape(stem)}_?\d+", q[depth])}
+        sig = subtree_sig(prefix + (comp,))
+        if len(siblings) > 1 and all(subtree_sig(prefix + (s,)) == sig for s in siblings):
+          out.append(f"{stem}_*" if "_" in comp else f"{stem}*")
+          continue
+      out.append(comp)
+    generic.append("/".join(out))
+  names: list[str] = []
+  leaf_group = []
+  for g in generic:
+    if g not in names:
+      names.append(g)
+    leaf_group.append(names.index(g))
+  return ParamGroups(tuple(names), tuple(leaf_group), treedef)
+
+
+def group_sum(groups: ParamGroups, per_leaf: list[jax.Array]) -> jax.Array:
+  """Sums per-leaf scalars into per-group totals, shape (G,)."""
+  ids = np.asarray(groups.leaf_group, np.int32)
+  return jnp.zeros((groups.n_groups,), jnp.float32).at[ids].add(jnp.stack(per_leaf).astype(jnp.float32))
+
+
+def group_sq_norms(groups: ParamGroups, tree: Any) -> jax.Array:
+  """Per-group squared L2 norms of `tree`, shape (G,)."""
+  return group_sum(groups, [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)])
+
+
+def group_dots(groups: ParamGroups, a: Any, b: Any) -> jax.Array:
+  """Per-group inner products <a_g, b_g>, shape (G,)."""
+  return group_sum(groups, [jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32))
+                            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))])
+
+
+def scale_by_group(groups: ParamGroups, alpha: jax.Array, tree: Any) -> Any:
+  """Leafwise alpha[group(leaf)] * leaf."""
+  leaves = jax.tree.leaves(tree)
+  out = [(alpha[g] * x.astype(jnp.float32)).astype(x.dtype) for g, x in zip(groups.leaf_group, leaves)]
+  return jax.tree.unflatten(groups.treedef, out)
+
+
+def add_scaled_by_group(groups: ParamGroups, params: Any, alpha: jax.Array, direction: Any) -> Any:
+  """params + sum_g alpha_g * direction_g, leafwise: the predicted step (and, negated, the rollback)."""
+  p_leaves = jax.tree.leaves(params)
+  d_leaves = jax.tree.leaves(direction)
+  out = [p + (alpha[g] * d).astype(p.dtype) for g, p, d in zip(groups.leaf_group, p_leaves, d_leaves)]
+  return jax.tree.unflatten(groups.treedef, out)
+
+
+@flax.struct.dataclass
+class Normalizer:
+  """Online mean/variance of the features (Welford, with the count capped so it tracks drift)."""
+  mean: jax.Array  # (F,)
+  var: jax.Array  # (F,)
+  count: jax.Array  # f32 scalar
+
+
+def init_normalizer(dim: int) -> Normalizer:
+  return Normalizer(jnp.zeros((dim,), jnp.float32), jnp.ones((dim,), jnp.float32),
+                    jnp.zeros((), jnp.float32))
+
+
+def update_normalizer(norm: Normalizer, x: jax.Array, max_count: float = 256.0) -> Normalizer:
+  count = jnp.minimum(norm.count + 1.0, max_count)
+  delta = x - norm.mean
+  mean = norm.mean + delta / count
+  # At count 1 the variance is undefined; keep 1 so the first normalised values are x - mean = 0.
+  var = jnp.where(count > 1.0, norm.var + (delta * (x - mean) - norm.var) / count, norm.var)
+  return Normalizer(mean, var, count)
+
+
+def normalize(norm: Normalizer, x: jax.Array) -> jax.Array:
+  """Standardised features, clipped to +-5 so one outlier cannot saturate the dynamics model."""
+  return jnp.clip((x - norm.mean) * jax.lax.rsqrt(norm.var + 1e-6), -5.0, 5.0)
+
+
+def safe_log(x: jax.Array) -> jax.Array:
+  return jnp.log(jnp.maximum(x, _EPS))
+
+
+def feature_vector(*, loss: jax.Array, ema_fast: jax.Array, ema_slow: jax.Array,
+                   grad_norm: jax.Array, lr: jax.Array, progress: jax.Array, phase: jax.Array,
+                   grad_sq: jax.Array, update_sq: jax.Array, param_sq: jax.Array,
+                   update_velocity_dot: jax.Array, velocity_sq: jax.Array) -> jax.Array:
+  """Assembles x_t (see GLOBAL_FEATURES and GROUP_FEATURES). Per-group inputs have shape (G,)."""
+  log_loss = safe_log(loss)
+  phase_onehot = jax.nn.one_hot(phase, N_PHASES, dtype=jnp.float32)
+  cos = update_velocity_dot * jax.lax.rsqrt(jnp.maximum(update_sq * velocity_sq, _EPS))
+  glob = jnp.stack([loss, log_loss, ema_fast, ema_slow, safe_log(grad_norm), safe_log(lr),
+                    progress]).astype(jnp.float32)
+  per_group = jnp.concatenate([0.5 * safe_log(grad_sq), 0.5 * safe_log(update_sq),
+                               0.5 * safe_log(param_sq), cos])
+  x = jnp.concatenate([glob, phase_onehot, per_group.astype(jnp.float32)])
+  return jnp.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)

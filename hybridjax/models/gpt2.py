@@ -1,0 +1,480 @@
+"""GPT-2 in Flax (linen), parameter-compatible with Hugging Face ``GPT2LMHeadModel``.
+
+The architecture follows HF GPT-2 exactly: learned token (``wte``) and position
+(``wpe``) embeddings, pre-LayerNorm transformer blocks with a fused ``c_attn``
+projection and a tanh-approximated GELU MLP, a final ``ln_f`` and output logits
+tied to ``wte``. Parameter names map 1:1 onto HF names, and dense kernels use
+the (in, out) layout of HF's ``Conv1D``, so conversion is a pure renaming.
+
+Parameters are always float32; ``GPT2Config.dtype`` selects the compute dtype.
+Attention softmax and the output logits are computed in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Params = dict[str, Any]
+Batch = Mapping[str, Any]
+LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+
+_COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+  """Hyper-parameters of a GPT-2 model.
+
+  Attributes:
+    vocab_size: number of token ids.
+    n_ctx: maximum sequence length (number of learned positions).
+    n_layer: number of transformer blocks.
+    n_head: number of attention heads.
+    d_model: width of the residual stream.
+    dropout: dropout rate for embeddings, attention weights and residuals.
+    layer_norm_eps: LayerNorm epsilon.
+    dtype: compute dtype name ("float32", "bfloat16" or "float16"); parameters
+      are always stored in float32.
+  """
+
+  vocab_size: int
+  n_ctx: int
+  n_layer: int
+  n_head: int
+  d_model: int
+  dropout: float = 0.0
+  layer_norm_eps: float = 1e-5
+  dtype: str = "float32"
+
+  def validate(self) -> None:
+    """Raises ValueError naming the first invalid field."""
+    for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"model.{name} must be an int, got {value!r}")
+      if value <= 0:
+        raise ValueError(f"model.{name} must be positive, got {value}")
+    if self.d_model % self.n_head:
+      raise ValueError(
+          f"model.d_model ({self.d_model}) must be divisible by "
+          f"model.n_head ({self.n_head})"
+      )
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    if not self.layer_norm_eps > 0.0:
+      raise ValueError(
+          f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}"
+      )
+    if self.dtype not in _COMPUTE_DTYPES:
+      raise ValueError(
+          f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}"
+      )
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_head
+
+
+PRESETS: dict[str, GPT2Config] = {
+    # Byte-level; trains in a few minutes on a 2-core CPU.
+    "tiny": GPT2Config(
+        vocab_size=256, n_ctx=128, n_layer=2, n_head=4, d_model=128
+    ),
+    # Byte-level; under an hour on CPU.
+    "small": GPT2Config(
+        vocab_size=256, n_ctx=256, n_layer=4, n_head=4, d_model=256
+    ),
+    # GPT-2 Small (124,439,808 parameters), for a GPU.
+    "124m": GPT2Config(
+        vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768
+    ),
+}
+
+
+# ----------------------------------------------------------------------------
+# Model.
+# ----------------------------------------------------------------------------
+
+_STD = 0.02
+
+
+def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD):
+  return nn.Dense(
+      features,
+      use_bias=True,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.float32,
+      kernel_init=nn.initializers.normal(std),
+      bias_init=nn.initializers.zeros,
+      name=name,
+  )
+
+
+def _layer_norm(name: str, cfg: GPT2Config) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.float32,
+      use_fast_variance=False,
+      name=name,
+  )
+
+
+def _residual_std(cfg: GPT2Config) -> float:
+  return _STD / math.sqrt(2 * cfg.n_layer)
+
+
+class CausalSelfAttention(nn.Module):
+  """Multi-head causal self-attention with a fused qkv projection."""
+
+  config: GPT2Config
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    b, t, d = x.shape
+    qkv = _dense(3 * d, "c_attn", cfg)(x)
+    q, k, v = (
+        a.reshape(b, t, cfg.n_head, cfg.head_dim)
+        for a in jnp.split(qkv, 3, axis=-1)
+    )
+    scores = jnp.einsum(
+        "bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32
+    )
+    scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
+    y = _dense(d, "c_proj", cfg, std=_residual_std(cfg))(y)
+    return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+
+
+class MLPBlock(nn.Module):
+  """Position-wise feed-forward network: d -> 4d -> d with tanh GELU."""
+
+  config: GPT2Config
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    h = _dense(4 * cfg.d_model, "c_fc", cfg)(x)
+    h = nn.gelu(h, approximate=True)
+    h = _dense(cfg.d_model, "c_proj", cfg, std=_residual_std(cfg))(h)
+    return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+
+
+class Block(nn.Module):
+  """Pre-LayerNorm transformer block."""
+
+  config: GPT2Config
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    h = _layer_norm("ln_1", cfg)(x)
+    x = x + CausalSelfAttention(cfg, name="attn")(h, deterministic=deterministic)
+    h = _layer_norm("ln_2", cfg)(x)
+    return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic)
+
+
+class GPT2(nn.Module):
+  """GPT-2 language model returning float32 logits of shape (B, T, vocab).
+
+  Dropout is active only with ``deterministic=False`` and ``config.dropout > 0``
+  and then needs a ``'dropout'`` rng.
+  """
+
+  config: GPT2Config
+
+  @nn.compact
+  def __call__(
+      self, tokens: jax.Array, *, deterministic: bool = True
+  ) -> jax.Array:
+    cfg = self.config
+    cfg.validate()
+    if tokens.ndim != 2:
+      raise ValueError(
+          f"tokens must have shape (batch, seq), got {tokens.shape}"
+      )
+    t = tokens.shape[1]
+    if t > cfg.n_ctx:
+      raise ValueError(
+          f"sequence length {t} exceeds the context size model.n_ctx "
+          f"({cfg.n_ctx})"
+      )
+    dtype = jnp.dtype(cfg.dtype)
+    embed = lambda n, name: nn.Embed(
+        n,
+        cfg.d_model,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        embedding_init=nn.initializers.normal(_STD),
+        name=name,
+    )
+    wte = embed(cfg.vocab_size, "wte")
+    wpe = embed(cfg.n_ctx, "wpe")
+    x = wte(tokens) + wpe(jnp.arange(t))[None]
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    for i in range(cfg.n_layer):
+      x = Block(cfg, name=f"h_{i}")(x, deterministic=deterministic)
+    x = _layer_norm("ln_f", cfg)(x)
+    return jnp.einsum(
+        "btd,vd->btv",
+        x,
+        wte.embedding.astype(dtype),
+        preferred_element_type=jnp.float32,
+    )
+
+
+def count_params(params: Any) -> int:
+  """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
+  return sum(
+      int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params)
+  )
+
+
+def make_loss_fn(model: GPT2) -> LossFn:
+  """Returns ``loss_fn(params, batch) -> (loss, aux)`` for next-token prediction.
+
+  ``batch`` holds ``inputs`` and ``targets``, both (B, T) int32. The loss is the
+  mean token cross-entropy. The forward pass is deterministic unless the batch
+  also holds a ``dropout_rng`` key (and the model has dropout > 0). ``aux`` is
+  an empty dict.
+  """
+
+  def loss_fn(params: Params, batch: Batch):
+    rng = batch.get("dropout_rng")
+    if rng is None:
+      logits = model.apply({"params": params}, batch["inputs"])
+    else:
+      logits = model.apply(
+          {"params": params},
+          batch["inputs"],
+          deterministic=False,
+          rngs={"dropout": rng},
+      )
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch["targets"]
+    ).mean()
+    return loss, {}
+
+  return loss_fn
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face conversion.
+# ----------------------------------------------------------------------------
+
+# (flax path inside a block, HF suffix inside `h.{i}.`).
+_BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("ln_1", "scale"), "ln_1.weight"),
+    (("ln_1", "bias"), "ln_1.bias"),
+    (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
+    (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
+    (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
+    (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
+    (("ln_2", "scale"), "ln_2.weight"),
+    (("ln_2", "bias"), "ln_2.bias"),
+    (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
+    (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
+    (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
+    (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
+)
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+_LAYER_RE = re.compile(r"^h\.(\d+)\.")
+
+
+def _hf_layout(
+    config: GPT2Config,
+) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+  """HF name (without prefix) -> (flax path, shape) for every parameter."""
+  d, v = config.d_model, config.vocab_size
+  block_shapes = {
+      "ln_1.weight": (d,), "ln_1.bias": (d,),
+      "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+      "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+      "ln_2.weight": (d,), "ln_2.bias": (d,),
+      "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
+      "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+  }  # fmt: skip
+  layout = {
+      "wte.weight": (("wte", "embedding"), (v, d)),
+      "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
+  }
+  for i in range(config.n_layer):
+    for path, suffix in _BLOCK_MAP:
+      layout[f"h.{i}.{suffix}"] = ((f"h_{i}",) + path, block_shapes[suffix])
+  layout["ln_f.weight"] = (("ln_f", "scale"), (d,))
+  layout["ln_f.bias"] = (("ln_f", "bias"), (d,))
+  return layout
+
+
+def _strip_prefix(name: str) -> str:
+  return name[len("transformer."):] if name.startswith("transformer.") else name
+
+
+def from_hf_state_dict(
+    mapping: Mapping[str, Any], n_head: int = 12
+) -> tuple[GPT2Config, Params]:
+  """Converts a Hugging Face GPT-2 state dict into a config and Flax params.
+
+  Args:
+    mapping: HF parameter name -> array (numpy or anything ``np.asarray``
+      accepts). Names may carry the ``transformer.`` prefix or not. Buffers
+      (``.attn.bias``, ``.attn.masked_bias``) are ignored; ``lm_head.weight``,
+      if present, must equal ``wte.weight`` (tied) and is otherwise ignored.
+    n_head: number of attention heads (not recoverable from shapes).
+
+  Returns:
+    ``(config, params)`` where ``params`` has exactly the structure and shapes
+    of ``GPT2(config).init(...)['params']``, as float32 jax arrays.
+
+  Raises:
+    ValueError: on missing or unexpected keys, wrong shapes, or an untied
+      ``lm_head.weight``.
+  """
+  arrays: dict[str, np.ndarray] = {}
+  lm_head = None
+  for raw_name, value in mapping.items():
+    name = _strip_prefix(raw_name)
+    if name.endswith(_IGNORED_SUFFIXES):
+      continue
+    if name == "lm_head.weight":
+      lm_head = np.asarray(value)
+      continue
+    if name in arrays:
+      raise ValueError(f"duplicate parameter {name!r} (with and without prefix)")
+    arrays[name] = np.asarray(value)
+
+  for required in ("wte.weight", "wpe.weight"):
+    if required not in arrays:
+      raise ValueError(f"missing key: {required!r} (cannot infer the config)")
+  wte, wpe = arrays["wte.weight"], arrays["wpe.weight"]
+  if wte.ndim != 2 or wpe.ndim != 2:
+    raise ValueError(
+        f"wte.weight and wpe.weight must be 2-D, got shapes {wte.shape} and "
+        f"{wpe.shape}"
+    )
+  layers = {int(m.group(1)) for n in arrays if (m := _LAYER_RE.match(n))}
+  config = GPT2Config(
+      vocab_size=int(wte.shape[0]),
+      n_ctx=int(wpe.shape[0]),
+      n_layer=max(layers) + 1 if layers else 0,
+      n_head=n_head,
+      d_model=int(wte.shape[1]),
+  )
+  config.validate()
+
+  layout = _hf_layout(config)
+  problems = []
+  missing = sorted(set(layout) - set(arrays))
+  if missing:
+    problems.append(f"missing keys: {missing}")
+  unexpected = sorted(set(arrays) - set(layout))
+  if unexpected:
+    problems.append(f"unexpected keys: {unexpected}")
+  bad_shapes = [
+      f"{name}: expected {shape}, got {arrays[name].shape}"
+      for name, (_, shape) in layout.items()
+      if name in arrays and arrays[name].shape != shape
+  ]
+  if bad_shapes:
+    problems.append(f"wrong shapes: {bad_shapes}")
+  if lm_head is not None and (
+      lm_head.shape != wte.shape or not np.array_equal(lm_head, wte)
+  ):
+    problems.append(
+        "lm_head.weight differs from wte.weight; only tied output "
+        "embeddings are supported"
+    )
+  if problems:
+    raise ValueError(
+        "invalid GPT-2 state dict (inferred " f"{config}):\n  "
+        + "\n  ".join(problems)
+    )
+
+  params: Params = {}
+  for name, (path, _) in layout.items():
+    node = params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = jnp.asarray(arrays[name], dtype=jnp.float32)
+  return config, params
+
+
+def to_hf_state_dict(
+    params: Params, config: GPT2Config
+) -> dict[str, np.ndarray]:
+  """Converts Flax params into a Hugging Face ``GPT2LMHeadModel`` state dict.
+
+  Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
+  it is tied to ``transformer.wte.weight``. Arrays are float32 numpy.
+  """
+  out = {}
+  for name, (path, shape) in _hf_layout(config).items():
+    node = params
+    for key in path:
+      node = node[key]
+    array = np.asarray(node, dtype=np.float32)
+    if array.shape != shape:
+      raise ValueError(f"{'/'.join(path)}: expected {shape}, got {array.shape}")
+    out[f"transformer.{name}"] = array
+  return out
+
+
+def load_hf_checkpoint(
+    path: str | os.PathLike[str], n_head: int = 12
+) -> tuple[GPT2Config, Params]:
+  """Loads a local HF GPT-2 checkpoint (``.safetensors`` or PyTorch ``.bin``).
+
+  ``path`` may also be a directory holding ``model.safetensors`` or
+  ``pytorch_model.bin``. Reading ``.bin`` files needs torch.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for candidate in ("model.safetensors", "pytorch_model.bin"):
+      if os.path.isfile(os.path.join(path, candidate)):
+        path = os.path.join(path, candidate)
+        break
+    else:
+      raise FileNotFoundError(
+          f"no model.safetensors or pytorch_model.bin in directory {path!r}"
+      )
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"checkpoint file not found: {path!r}")
+
+  if path.endswith(".safetensors"):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+    mapping = load_file(path)
+  elif path.endswith((".bin", ".pt", ".pth")):
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(
+          f"reading the PyTorch checkpoint {path!r} needs torch, which is not "
+          "installed; convert it to .safetensors instead (e.g. with "
+          "`transformers` or `safetensors.torch.save_file` on a machine with "
+          "torch)"
+      ) from e
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    mapping = {
+        k: v.detach().to(torch.float32).numpy() for k, v in state.items()
+    }
+  else:
+    raise ValueError(
+        f"unsupported checkpoint format {path!r}; expected .safetensors or .bin"
+    )
+  return from_hf_state_dict(mapping, n_head=n_head)

@@ -1,0 +1,62 @@
+"""Metric writers: one JSON object per line (`metrics.jsonl`) plus TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def _to_python(v: Any) -> Any:
+  if isinstance(v, (np.generic, np.ndarray)):
+    v = v.item() if np.ndim(v) == 0 else np.asarray(v).tolist()
+  if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+    try:
+      v = v.item()
+    except (TypeError, ValueError):
+      pass
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)  # JSON has no NaN/Inf; keep them readable
+  return v
+
+
+class MetricWriter:
+  """Writes scalar metrics to `<workdir>/metrics.jsonl` and TensorBoard (`<workdir>/tb`).
+
+  JSONL lines are appended, so a resumed run continues the same file.
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._file = open(self.path, "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # imported lazily: slow-ish import
+      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+  def write(self, step: int, metrics: Mapping[str, Any], *, kind: str = "train") -> None:
+    record = {"step": int(step), "kind": kind}
+    record.update({k: _to_python(v) for k, v in metrics.items()})
+    self._file.write(json.dumps(record) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in record.items():
+        if k in ("step", "kind"):
+          continue
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+          self._tb.add_scalar(f"{kind}/{k}", v, int(step))
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """Reads a metrics file written by `MetricWriter`."""
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
