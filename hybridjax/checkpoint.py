@@ -29,7 +29,9 @@ def make_manager(directory: str, *, max_to_keep: int = 3,
   """A CheckpointManager over `directory`; the trainer decides when to save."""
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  return ocp.CheckpointManager(
+      os.path.abspath(directory), options=options,
+      item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
@@ -70,10 +72,21 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   return restored["meta"]
 
 
+def _key_name(k: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
 def _tree_lines(tree: Any) -> dict[str, tuple]:
+  """{'train.params.h_0.attn.c_attn.kernel': (shape, dtype)}; the same names for a live tree and
+  for orbax's stored metadata (which keeps dicts where the live tree has dataclasses)."""
+  if hasattr(tree, "tree"):
+    tree = tree.tree
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  return {jax.tree_util.keystr(p): (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
-          for p, x in leaves}
+  return {".".join(_key_name(k) for k in p): (tuple(getattr(x, "shape", ())),
+                                              str(getattr(x, "dtype", ""))) for p, x in leaves}
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:

@@ -164,6 +164,9 @@ class RSSM(nn.Module):
         self.gru_x = dense(3 * c.deter)
         self.gru_s = dense(3 * c.deter, use_bias=False)
         self.gru_norm = nn.LayerNorm()
+        # Learned initial state (DreamerV3): from h = z = x = 0 the GRU's LayerNorm would see an
+        # all-zero vector, whose normalisation has a ~1e3x gradient. tanh keeps it in the GRU's range.
+        self.h_init = self.param("h_init", nn.initializers.normal(1.0), (c.deter,))
         # Posterior q(z | h, x): first layer split into an x part and an h part.
         self.post_x = dense(c.hidden, use_bias=False)
         self.post_h = dense(c.hidden, use_bias=False)
@@ -184,6 +187,10 @@ class RSSM(nn.Module):
     def _gaussian(self, raw: jax.Array) -> tuple[jax.Array, jax.Array]:
         mean, std = jnp.split(raw, 2, axis=-1)
         return mean, jax.nn.softplus(std) + self.cfg.min_std
+
+    def initial(self) -> jax.Array:
+        """The state h that every window starts from (and that invalid entries hold)."""
+        return jnp.tanh(self.h_init)
 
     def embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The x-dependent parts of the GRU input and of the posterior's first layer."""
@@ -219,6 +226,7 @@ class RSSM(nn.Module):
 
     def __call__(self, h: jax.Array, z: jax.Array, x_prev: jax.Array, x: jax.Array):
         """One filtering step through every submodule; used for ``init``."""
+        h = h + self.initial()
         gx, _ = self.embed(x_prev)
         h = self.transition(h, z, gx)
         self.prior(h)
@@ -282,23 +290,26 @@ def _field(window: Any, name: str) -> jax.Array:
 
 
 def _clean_window(window: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Zeroes invalid entries so that their contents (even NaN) can never reach a value or gradient.
+    """Zeroes every entry that is not a usable input or target.
 
-    ``jnp.where`` alone is not enough downstream: a NaN in the unselected branch still poisons the
-    gradient (0 * NaN), so the inputs are sanitised once, here.
+    ``jnp.where`` downstream is not enough: a NaN in an unselected branch still poisons the gradient
+    (0 * NaN), so inputs are sanitised once, here. ``alpha_target[t]`` is kept only where it is a
+    target (``valid[t] & valid[t+1]``), so the newest entry -- whose next update the caller has not
+    seen yet -- may hold anything.
     """
     valid = jnp.asarray(_field(window, "valid")).astype(bool)
+    pair = jnp.concatenate([valid[:-1] & valid[1:], jnp.zeros((1,), bool)])
     x = jnp.where(valid[:, None], jnp.asarray(_field(window, "x"), jnp.float32), 0.0)
     logloss = jnp.where(valid, jnp.asarray(_field(window, "logloss"), jnp.float32), 0.0)
-    alpha = jnp.where(valid[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
+    alpha = jnp.where(pair[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
     return x, logloss, alpha, valid
 
 
 def _filter(params: Any, x: jax.Array, valid: jax.Array, noise: jax.Array, cfg: RSSMConfig):
     """Runs the posterior over a window, from a zero state (truncated BPTT). One member.
 
-    Invalid steps hold the state at zero (and their x is already zero), so the first valid step always
-    starts from the same state whatever precedes it. Only the recurrence lives in the scan; x
+    Invalid steps hold the initial state (h0, 0) (and their x is already zero), so the first valid step
+    always starts from the same state whatever precedes it. Only the recurrence lives in the scan; x
     projections are batched before it, priors and heads after it, which keeps the sequential part
     (the cost driver on CPU) minimal.
 
@@ -315,11 +326,12 @@ def _filter(params: Any, x: jax.Array, valid: jax.Array, noise: jax.Array, cfg: 
         h_new = model.apply(params, h, z, gx_t, method=RSSM.transition)
         mean, std = model.apply(params, h_new, px_t, method=RSSM.posterior)
         z_new = mean + std * eps
-        h_new = jnp.where(v_t, h_new, 0.0)
+        h_new = jnp.where(v_t, h_new, h0)
         z_new = jnp.where(v_t, z_new, 0.0)
         return (h_new, z_new), (h_new, z_new, mean, std)
 
-    carry0 = (jnp.zeros((cfg.deter,), jnp.float32), jnp.zeros((cfg.latent,), jnp.float32))
+    h0 = model.apply(params, method=RSSM.initial)
+    carry0 = (h0, jnp.zeros((cfg.latent,), jnp.float32))
     _, out = jax.lax.scan(body, carry0, (gx_prev, px, valid, noise))
     return out
 

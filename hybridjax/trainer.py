@@ -80,6 +80,11 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
 
 _INJECT_STATES = tuple(t for t in (getattr(optax, "InjectStatefulHyperparamsState", None),
                                    getattr(optax, "InjectHyperparamsState", None)) if t is not None)
+try:  # newer optax keeps each schedule's own counter in a WrappedScheduleState
+  from optax.schedules._inject import WrappedScheduleState as _WrappedScheduleState
+  _COUNTED = _INJECT_STATES + (_WrappedScheduleState,)
+except ImportError:  # pragma: no cover - older optax
+  _COUNTED = _INJECT_STATES
 
 
 def _is_inject_state(node: Any) -> bool:
@@ -95,10 +100,13 @@ def sync_schedule(opt_state: Any, step: jax.Array) -> Any:
   without `inject_hyperparams` are left untouched (their schedule then counts real updates).
   """
   def fix(node):
-    if _is_inject_state(node):
-      return node._replace(count=jnp.asarray(step, node.count.dtype))
+    if isinstance(node, _COUNTED):
+      node = node._replace(count=jnp.asarray(step, jnp.asarray(node.count).dtype))
+      if _is_inject_state(node):  # and the schedule states inside it
+        node = node._replace(hyperparams_states=jax.tree.map(
+            fix, node.hyperparams_states, is_leaf=lambda n: isinstance(n, _COUNTED)))
     return node
-  return jax.tree.map(fix, opt_state, is_leaf=_is_inject_state)
+  return jax.tree.map(fix, opt_state, is_leaf=lambda n: isinstance(n, _COUNTED))
 
 
 def current_learning_rate(opt_state: Any) -> jax.Array:
@@ -110,6 +118,11 @@ def current_learning_rate(opt_state: Any) -> jax.Array:
 
 def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+
+def global_norm(tree: Any) -> jax.Array:
+  """L2 norm over all leaves, in float32."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
 # --- steps -------------------------------------------------------------------------------------
@@ -148,7 +161,7 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   opt_state = sync_schedule(state.opt_state, state.step)
   updates, opt_state = tx.update(grads, opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+  metrics = {"loss": loss, "grad_norm": global_norm(grads)}
   return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
@@ -157,7 +170,8 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
   """`train_step` jitted with `donate_argnums=0`: the old state's buffers are reused in place."""
   def step(state, batch):
     return train_step(state, batch, loss_fn=loss_fn, tx=tx, grad_accum=grad_accum)
-  return jax.jit(step, donate_argnums=0)
+  # keep_unused: inputs the step overwrites (the schedule counters) must still be donated.
+  return jax.jit(step, donate_argnums=0, keep_unused=True)
 
 
 def make_eval_fn(loss_fn: LossFn) -> Callable[[Any, Batch], jax.Array]:
@@ -354,6 +368,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
           bar.write(f"step {done}: eval loss {last_eval:.4f}")
       if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or is_last:
         save(done, state)
+      if driver is not None and time.perf_counter() - t_aside > 1e-3:
+        driver.pause_timing()
       t_log += time.perf_counter() - t_aside  # eval and checkpoint time is not training time
       if bar is not None:
         bar.update(1)

@@ -1,0 +1,201 @@
+"""The controller: confidence, horizon, health monitor and phase transitions, as pure jnp functions.
+
+Transition table (k = steps taken in the current phase, after this step):
+
+  WARMUP   k >= warmup_steps                                   -> FULL
+  FULL     k >= full_steps and eligible                        -> PREDICT
+  PREDICT  diverged, non-finite loss, or k >= horizon          -> CORRECT (rolls back on entry)
+  CORRECT  k >= correct_steps: eligible -> PREDICT, else       -> FULL
+  any      health event (non-finite, explosion, spike,         -> FULL (from PREDICT via CORRECT,
+           repeated prediction failure)                           so the segment is rolled back)
+
+  eligible = enable_predict and cooldown == 0 and confidence >= confidence_threshold
+
+All of it runs on the device inside the jitted step; nothing here syncs with the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from hybridjax.state import (BRANCH_CORRECT_ENTRY, BRANCH_PREDICT, BRANCH_REAL, CORRECT,
+                             EXIT_DIVERGED, EXIT_HORIZON, EXIT_NONE, EXIT_NONFINITE, FULL, PREDICT,
+                             WARMUP, Controller)
+
+# Real steps before the health statistics are trusted (loss spike, gradient explosion).
+HEALTH_WARMUP = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+  """The static knobs the controller reads (from `config.hybrid`)."""
+  enable_predict: bool
+  warmup_steps: int
+  full_steps: int
+  max_predict_steps: int
+  confidence_threshold: float
+  divergence_tolerance: float
+  correct_steps: int
+  correction_interval: int
+  validate_every: int
+  grad_explosion_factor: float
+  loss_spike_sigma: float
+  max_prediction_failures: int
+  cooldown_steps: int
+
+
+def push_error(ctrl: Controller, rel_error: jax.Array, enabled: jax.Array) -> Controller:
+  """Records one relative prediction error |L / L_hat - 1| when `enabled`."""
+  i = ctrl.errors_pos
+  n = ctrl.errors.shape[0]
+  ok = enabled & jnp.isfinite(rel_error)
+  return ctrl.replace(
+      errors=jnp.where(ok, ctrl.errors.at[i].set(rel_error), ctrl.errors),
+      errors_valid=jnp.where(ok, ctrl.errors_valid.at[i].set(True), ctrl.errors_valid),
+      errors_pos=jnp.where(ok, (i + 1) % n, i))
+
+
+def relative_error(logloss: jax.Array, predicted_logloss: jax.Array) -> jax.Array:
+  """|L / L_hat - 1| from log-losses."""
+  return jnp.abs(jnp.expm1(logloss - predicted_logloss))
+
+
+def accuracy(ctrl: Controller, tolerance: float) -> jax.Array:
+  """Recent realised accuracy in [0, 1]: 1 at zero error, 0 at twice the divergence tolerance."""
+  w = ctrl.errors_valid.astype(jnp.float32)
+  mean_err = jnp.sum(w * ctrl.errors) / jnp.maximum(jnp.sum(w), 1.0)
+  acc = jnp.clip(1.0 - mean_err / (2.0 * tolerance), 0.0, 1.0)
+  # No evidence yet: no confidence.
+  return jnp.where(jnp.sum(w) > 0, acc, 0.0)
+
+
+def agreement(ensemble_logloss: jax.Array, tolerance: float) -> jax.Array:
+  """Ensemble agreement in (0, 1]: exp(-spread / log(1 + tolerance)).
+
+  `ensemble_logloss` is (E, H): each member's imagined log-loss over the horizon; the spread is the
+  member standard deviation, averaged over the horizon.
+  """
+  spread = jnp.mean(jnp.std(ensemble_logloss, axis=0))
+  return jnp.exp(-spread / jnp.log1p(tolerance))
+
+
+def horizon_for(confidence: jax.Array, s: ControllerSettings) -> jax.Array:
+  """H grows linearly from 1 at the threshold to max_predict_steps at confidence 1."""
+  frac = (confidence - s.confidence_threshold) / max(1.0 - s.confidence_threshold, 1e-6)
+  h = jnp.ceil(jnp.clip(frac, 0.0, 1.0) * s.max_predict_steps)
+  return jnp.clip(h, 1, s.max_predict_steps).astype(jnp.int32)
+
+
+def update_real_stats(ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array,
+                      finite: jax.Array, s: ControllerSettings) -> tuple[Controller, jax.Array, jax.Array]:
+  """Updates the loss/gradient statistics after a real step and checks them.
+
+  Returns (controller, grad_explosion, loss_spike). Statistics are compared before they absorb this
+  step, and a non-finite step leaves them untouched.
+  """
+  warm = ctrl.real_count >= HEALTH_WARMUP
+  explosion = finite & warm & (grad_norm > s.grad_explosion_factor * ctrl.grad_norm_ema)
+  spike = finite & warm & (logloss > ctrl.loss_mean + s.loss_spike_sigma *
+                           jnp.sqrt(ctrl.loss_var + 1e-8))
+  first = ctrl.real_count == 0
+  a = 0.05
+  mean = jnp.where(first, logloss, (1 - a) * ctrl.loss_mean + a * logloss)
+  var = jnp.where(first, 0.0, (1 - a) * (ctrl.loss_var + a * jnp.square(logloss - ctrl.loss_mean)))
+  # A spike or explosion does not enter the baselines it was measured against.
+  absorb = finite & ~explosion & ~spike
+  new = ctrl.replace(
+      ema_fast=jnp.where(finite, jnp.where(first, logloss, 0.7 * ctrl.ema_fast + 0.3 * logloss),
+                         ctrl.ema_fast),
+      ema_slow=jnp.where(finite, jnp.where(first, logloss, 0.97 * ctrl.ema_slow + 0.03 * logloss),
+                         ctrl.ema_slow),
+      loss_mean=jnp.where(absorb, mean, ctrl.loss_mean),
+      loss_var=jnp.where(absorb, var, ctrl.loss_var),
+      grad_norm_ema=jnp.where(absorb, jnp.where(first, grad_norm,
+                                                0.9 * ctrl.grad_norm_ema + 0.1 * grad_norm),
+                              ctrl.grad_norm_ema),
+      real_count=ctrl.real_count + finite.astype(jnp.int32),
+      last_logloss=jnp.where(finite, logloss, ctrl.last_logloss))
+  return new, explosion, spike
+
+
+def next_branch(phase: jax.Array, steps_in_phase: jax.Array, plan_offset: jax.Array,
+                s: ControllerSettings) -> jax.Array:
+  """Which step kind runs next: a real step, a predicted step, or the CORRECT entry (rollback)."""
+  micro = jnp.asarray(False)
+  if s.correction_interval > 0:
+    # A micro-correction: one real step every `correction_interval` predict steps.
+    micro = ((steps_in_phase + 1) % (s.correction_interval + 1) == 0)
+  branch = jnp.where(phase == PREDICT, jnp.where(micro, BRANCH_REAL, BRANCH_PREDICT), BRANCH_REAL)
+  branch = jnp.where((phase == CORRECT) & (steps_in_phase == 0), BRANCH_CORRECT_ENTRY, branch)
+  return branch.astype(jnp.int32)
+
+
+def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, explosion: jax.Array,
+               spike: jax.Array, validated: jax.Array, diverged: jax.Array,
+               nonfinite_prediction: jax.Array, rollback_alpha: jax.Array,
+               s: ControllerSettings) -> Controller:
+  """Advances phase, counters, cooldown and health after one step.
+
+  Args:
+    ctrl: the controller after the step's own bookkeeping (confidence, plan, alpha sums).
+    was_real: the step had a backward pass (WARMUP, FULL, CORRECT, micro-correction).
+    finite: the real step's loss and gradient were finite (True for predicted steps).
+    explosion, spike: health checks of a real step.
+    validated: a predicted step measured the real loss.
+    diverged: that measurement exceeded the prediction or the phase-start loss by the tolerance.
+    nonfinite_prediction: that measurement was not finite.
+    rollback_alpha: (G,) alphas of the segment to roll back at the CORRECT entry.
+  """
+  phase = ctrl.phase
+  k = ctrl.steps_in_phase + 1
+  in_predict = phase == PREDICT
+  nonfinite = was_real & ~finite
+  bad_predict = in_predict & (diverged | nonfinite_prediction)
+  failures = jnp.where(bad_predict, ctrl.consecutive_failures + 1, ctrl.consecutive_failures)
+  prediction_failure = bad_predict & (failures >= s.max_prediction_failures)
+  failures = jnp.where(prediction_failure, 0, failures)
+  health = nonfinite | explosion | spike | prediction_failure
+  events = ctrl.events + jnp.stack([nonfinite, explosion, spike, prediction_failure]).astype(jnp.int32)
+  cooldown = jnp.where(health, s.cooldown_steps, jnp.maximum(ctrl.cooldown - 1, 0))
+
+  eligible = (s.enable_predict & (cooldown == 0) &
+              (ctrl.confidence >= s.confidence_threshold) & ~health)
+  predict_done = in_predict & (bad_predict | (k >= ctrl.horizon) | nonfinite)
+  nxt = phase
+  nxt = jnp.where((phase == WARMUP) & (k >= s.warmup_steps), FULL, nxt)
+  nxt = jnp.where((phase == FULL) & (k >= s.full_steps) & eligible, PREDICT, nxt)
+  nxt = jnp.where(predict_done, CORRECT, nxt)
+  nxt = jnp.where((phase == CORRECT) & (k >= s.correct_steps),
+                  jnp.where(eligible, PREDICT, FULL), nxt)
+  nxt = jnp.where((phase == CORRECT) & health, FULL, nxt)
+  nxt = nxt.astype(jnp.int32)
+  changed = nxt != phase
+  entering_predict = changed & (nxt == PREDICT)
+  steps_in_phase = jnp.where(changed, 0, k).astype(jnp.int32)
+
+  exit_reason = jnp.where(nonfinite_prediction | nonfinite, EXIT_NONFINITE,
+                          jnp.where(diverged, EXIT_DIVERGED, EXIT_HORIZON))
+  # A good segment resets the failure count.
+  failures = jnp.where(predict_done & ~bad_predict, 0, failures)
+  rolled = predict_done & jnp.any(rollback_alpha != 0)
+  new = ctrl.replace(
+      phase=nxt, steps_in_phase=steps_in_phase,
+      horizon=jnp.where(entering_predict, horizon_for(ctrl.confidence, s), ctrl.horizon),
+      start_logloss=jnp.where(entering_predict, ctrl.ema_fast, ctrl.start_logloss),
+      alpha_since_good=jnp.where(entering_predict, 0.0, ctrl.alpha_since_good),
+      plan_offset=jnp.where(entering_predict, 0, ctrl.plan_offset),
+      rollback_alpha=jnp.where(predict_done, rollback_alpha, ctrl.rollback_alpha),
+      last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, EXIT_NONE,
+                                                               ctrl.last_exit)),
+      cooldown=cooldown.astype(jnp.int32), consecutive_failures=failures.astype(jnp.int32),
+      events=events,
+      phase_steps=ctrl.phase_steps.at[phase].add(1),
+      backward_passes=ctrl.backward_passes + was_real.astype(jnp.int32),
+      forward_passes=ctrl.forward_passes + validated.astype(jnp.int32),
+      predict_phases=ctrl.predict_phases + entering_predict.astype(jnp.int32),
+      rollbacks=ctrl.rollbacks + rolled.astype(jnp.int32),
+      prev_was_real=was_real)
+  return new.replace(next_branch=next_branch(nxt, steps_in_phase, new.plan_offset, s))

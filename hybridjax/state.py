@@ -1,0 +1,138 @@
+"""`HybridState`: everything hybrid training carries, as one pytree (DESIGN.md section 2).
+
+  HybridState
+    train       params, opt_state, step          what a plain optax loop has
+    velocity    params-shaped trajectory memory   (the only params-sized buffer we add)
+    dynamics    RSSM params + its opt_state + recurrent state
+    corrector   residual corrector params + opt_state + its residual buffer
+    history     ring buffers: features, log-loss, alpha targets
+    controller  phase, counters, confidence, horizon, the imagined plan, alpha sums, health
+    rng
+
+Every leaf is a fixed-shape jax array, so the whole state is donated to the jitted step and its
+buffers are reused in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from hybridjax import corrector as corrector_lib
+from hybridjax import dynamics as dynamics_lib
+from hybridjax import features as features_lib
+from hybridjax.trainer import TrainState
+
+WARMUP, FULL, PREDICT, CORRECT = 0, 1, 2, 3
+# Step kinds that `hybrid_step` dispatches between.
+BRANCH_REAL, BRANCH_PREDICT, BRANCH_CORRECT_ENTRY = 0, 1, 2
+N_BRANCHES = 3
+# Health events, in the order of `Controller.events`.
+EVENT_NAMES = ("nonfinite", "grad_explosion", "loss_spike", "prediction_failure")
+# Why the last PREDICT phase ended.
+EXIT_NONE, EXIT_HORIZON, EXIT_DIVERGED, EXIT_NONFINITE = 0, 1, 2, 3
+
+
+@flax.struct.dataclass
+class History:
+  """Ring buffers of the last N real steps, in write order (slot `pos` is written next)."""
+  features: jax.Array  # (N, F) raw feature vectors
+  logloss: jax.Array  # (N,)
+  alpha_target: jax.Array  # (N, G) ideal alpha for the update after each entry
+  normalizer: features_lib.Normalizer
+  pos: jax.Array  # int32
+  count: jax.Array  # int32, saturates at N
+
+
+@flax.struct.dataclass
+class Controller:
+  """The controller's whole state: jnp scalars and small arrays, on the device."""
+  phase: jax.Array  # int32
+  steps_in_phase: jax.Array  # int32
+  next_branch: jax.Array  # int32: the step kind the next call runs
+  horizon: jax.Array  # int32, the current (or next) PREDICT horizon H <= max_predict_steps
+  confidence: jax.Array
+  agreement: jax.Array
+  accuracy: jax.Array
+  # The plan imagined at the last real step: used verbatim by the next PREDICT phase.
+  plan_logloss: jax.Array  # (Hmax,) corrected predicted log-loss after k predicted steps
+  plan_raw_logloss: jax.Array  # (Hmax,) the dynamics model's own prediction
+  plan_alpha: jax.Array  # (Hmax, G) corrected alpha
+  plan_log_scale: jax.Array  # (Hmax,) the corrector's alpha log-scale
+  plan_x: jax.Array  # (F,) normalised features the plan was made from
+  plan_offset: jax.Array  # int32: predict steps already taken when the plan was made
+  # PREDICT bookkeeping. Every predicted step is alpha . velocity, so the sums of the alphas give the
+  # segment exactly and a rollback needs no snapshot of the params.
+  start_logloss: jax.Array
+  alpha_since_good: jax.Array  # (G,) sum of alphas since the last validated-good point
+  rollback_alpha: jax.Array  # (G,) to subtract at the next CORRECT entry (0 = nothing)
+  last_exit: jax.Array  # int32 EXIT_*
+  # Running statistics of real steps.
+  ema_fast: jax.Array
+  ema_slow: jax.Array
+  loss_mean: jax.Array
+  loss_var: jax.Array
+  grad_norm_ema: jax.Array
+  real_count: jax.Array  # int32
+  last_logloss: jax.Array
+  prev_was_real: jax.Array  # bool
+  one_step_pred: jax.Array  # predicted log-loss of the next real step
+  # Relative errors |L/L_hat - 1| of recent predictions (one-step in FULL, validations in PREDICT).
+  errors: jax.Array  # (A,)
+  errors_valid: jax.Array  # (A,) bool
+  errors_pos: jax.Array  # int32
+  # Health.
+  cooldown: jax.Array  # int32
+  consecutive_failures: jax.Array  # int32
+  events: jax.Array  # (4,) int32, see EVENT_NAMES
+  # Counters.
+  phase_steps: jax.Array  # (4,) int32
+  backward_passes: jax.Array  # int32
+  forward_passes: jax.Array  # int32 (validation forwards in PREDICT)
+  predict_phases: jax.Array  # int32
+  rollbacks: jax.Array  # int32
+
+
+@flax.struct.dataclass
+class HybridState:
+  train: TrainState
+  velocity: Any
+  dynamics: dynamics_lib.DynamicsState
+  corrector: corrector_lib.CorrectorState
+  history: History
+  controller: Controller
+  rng: jax.Array
+
+
+def init_history(size: int, feature_dim: int, n_groups: int) -> History:
+  return History(
+      features=jnp.zeros((size, feature_dim), jnp.float32),
+      logloss=jnp.zeros((size,), jnp.float32),
+      alpha_target=jnp.zeros((size, n_groups), jnp.float32),
+      normalizer=features_lib.init_normalizer(feature_dim),
+      pos=jnp.zeros((), jnp.int32), count=jnp.zeros((), jnp.int32))
+
+
+def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int,
+                    accuracy_window: int) -> Controller:
+  f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
+  i32 = lambda v=0: jnp.asarray(v, jnp.int32)  # noqa: E731
+  hmax, g = max_predict_steps, n_groups
+  return Controller(
+      phase=i32(WARMUP), steps_in_phase=i32(), next_branch=i32(BRANCH_REAL), horizon=i32(1),
+      confidence=f32(), agreement=f32(), accuracy=f32(),
+      plan_logloss=jnp.zeros((hmax,), jnp.float32), plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
+      plan_alpha=jnp.zeros((hmax, g), jnp.float32), plan_log_scale=jnp.zeros((hmax,), jnp.float32),
+      plan_x=jnp.zeros((feature_dim,), jnp.float32), plan_offset=i32(),
+      start_logloss=f32(), alpha_since_good=jnp.zeros((g,), jnp.float32),
+      rollback_alpha=jnp.zeros((g,), jnp.float32), last_exit=i32(EXIT_NONE),
+      ema_fast=f32(), ema_slow=f32(), loss_mean=f32(), loss_var=f32(), grad_norm_ema=f32(),
+      real_count=i32(), last_logloss=f32(), prev_was_real=jnp.asarray(False), one_step_pred=f32(),
+      errors=jnp.zeros((accuracy_window,), jnp.float32),
+      errors_valid=jnp.zeros((accuracy_window,), bool), errors_pos=i32(),
+      cooldown=i32(), consecutive_failures=i32(), events=jnp.zeros((4,), jnp.int32),
+      phase_steps=jnp.zeros((4,), jnp.int32), backward_passes=i32(), forward_passes=i32(),
+      predict_phases=i32(), rollbacks=i32())

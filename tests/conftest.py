@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny GPT-2 config that trains in seconds, and an isolated data cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Keep tests off the user's caches and make CPU runs deterministic and quiet.
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+  cache = tmp_path_factory.getbasetemp() / "hybridjax_cache"
+  monkeypatch.setenv("HYBRIDJAX_CACHE", str(cache))
+
+
+def micro_config(mode: str = "baseline", steps: int = 20):
+  """The tiny preset shrunk further: 1 layer, d_model 32, ctx 32, batch 4."""
+  from experiments.configs import gpt2_small
+  c = gpt2_small.get_config("tiny")
+  c.mode = mode
+  c.model.n_layer = 1
+  c.model.d_model = 32
+  c.model.n_head = 2
+  c.model.n_ctx = 32
+  c.trainer.steps = steps
+  c.trainer.batch_size = 4
+  c.trainer.log_every = 5
+  c.trainer.eval_every = 0
+  c.trainer.eval_batches = 2
+  c.trainer.checkpoint_every = 0
+  c.trainer.progress = False
+  c.trainer.compile_cache = False
+  c.optim.warmup_steps = 5
+  c.hybrid.warmup_steps = 10
+  c.hybrid.full_steps = 5
+  c.hybrid.rssm.deter = 32
+  c.hybrid.rssm.latent = 8
+  c.hybrid.rssm.hidden = 32
+  c.hybrid.history_size = 16
+  c.hybrid.window = 8
+  return c
