@@ -45,7 +45,7 @@ Targets at position t exist iff ``valid[t] & valid[t+1]``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -110,6 +110,7 @@ class RSSMConfig:
     grad_clip: float = 10.0
     head_init_scale: float = 0.1
     min_valid: int = 3
+    imagine_sample: bool = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,9 +193,14 @@ class RSSM(nn.Module):
         """The state h that every window starts from (and that invalid entries hold)."""
         return jnp.tanh(self.h_init)
 
-    def embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The x-dependent parts of the GRU input and of the posterior's first layer."""
-        return self.gru_x(x), self.post_x(x)
+    def embed(self, x: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The observation-dependent parts of the GRU input and of the posterior's first layer.
+
+        The observation of step t is the feature vector x_t and u_t = symlog(d_{t-1} / dloss_scale),
+        the log-loss change that led to step t (see ``_clean_window``).
+        """
+        obs = jnp.concatenate([x, u[..., None]], axis=-1)
+        return self.gru_x(obs), self.post_x(obs)
 
     def transition(self, h: jax.Array, z: jax.Array, gx_prev: jax.Array) -> jax.Array:
         """h_t = GRU(h_{t-1}, [z_{t-1}, x_{t-1}]), with ``gx_prev = embed(x_{t-1})[0]``."""
@@ -224,13 +230,13 @@ class RSSM(nn.Module):
         alpha = amax * jnp.tanh(self.alpha_out(a) / amax)
         return d, alpha, self.decoder_out(a)
 
-    def __call__(self, h: jax.Array, z: jax.Array, x_prev: jax.Array, x: jax.Array):
+    def __call__(self, h: jax.Array, z: jax.Array, x: jax.Array, u: jax.Array):
         """One filtering step through every submodule; used for ``init``."""
         h = h + self.initial()
-        gx, _ = self.embed(x_prev)
+        gx, px = self.embed(x, u)
         h = self.transition(h, z, gx)
         self.prior(h)
-        mean, _ = self.posterior(h, self.embed(x)[1])
+        mean, _ = self.posterior(h, px)
         return self.heads(h, mean)
 
 
@@ -269,7 +275,8 @@ def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
     h = jnp.zeros((cfg.deter,), jnp.float32)
     z = jnp.zeros((cfg.latent,), jnp.float32)
     x = jnp.zeros((cfg.feature_dim,), jnp.float32)
-    params = jax.vmap(lambda k: model.init(k, h, z, x, x))(jax.random.split(rng, cfg.ensemble))
+    u = jnp.zeros((), jnp.float32)
+    params = jax.vmap(lambda k: model.init(k, h, z, x, u))(jax.random.split(rng, cfg.ensemble))
     opt_state = jax.vmap(make_optimizer(cfg).init)(params)
     return DynamicsState(
         params=params,
@@ -289,36 +296,57 @@ def _field(window: Any, name: str) -> jax.Array:
     return window[name] if isinstance(window, Mapping) else getattr(window, name)
 
 
-def _clean_window(window: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Zeroes every entry that is not a usable input or target.
+class _Clean(NamedTuple):
+    x: jax.Array  # (W, F) features, zero where invalid
+    u: jax.Array  # (W,) symlog(d_{t-1} / dloss_scale), zero where step t-1 or t is invalid
+    logloss: jax.Array  # (W,) zero where invalid
+    alpha: jax.Array  # (W, G) zero where not a target
+    valid: jax.Array  # (W,) bool
+
+
+def _symlog(v: jax.Array) -> jax.Array:
+    return jnp.sign(v) * jnp.log1p(jnp.abs(v))
+
+
+def _clean_window(window: Any, cfg: RSSMConfig) -> _Clean:
+    """Zeroes every entry that is not a usable input or target, and derives the input u.
 
     ``jnp.where`` downstream is not enough: a NaN in an unselected branch still poisons the gradient
     (0 * NaN), so inputs are sanitised once, here. ``alpha_target[t]`` is kept only where it is a
     target (``valid[t] & valid[t+1]``), so the newest entry -- whose next update the caller has not
     seen yet -- may hold anything.
+
+    u_t, the observed log-loss change into step t, is an extra input channel. The normalised
+    features drift with their running statistics, and the model's target (a change of ~1e-3 in
+    log-loss, i.e. a few hundredths of a normalised unit) is a fragile function of them; u is in the
+    target's own fixed units, so the trend and the current deviation from it are stationary,
+    learnable functions of the u history. symlog keeps early-training jumps bounded. In imagination
+    the model feeds back its own predicted change.
     """
     valid = jnp.asarray(_field(window, "valid")).astype(bool)
     pair = jnp.concatenate([valid[:-1] & valid[1:], jnp.zeros((1,), bool)])
     x = jnp.where(valid[:, None], jnp.asarray(_field(window, "x"), jnp.float32), 0.0)
     logloss = jnp.where(valid, jnp.asarray(_field(window, "logloss"), jnp.float32), 0.0)
     alpha = jnp.where(pair[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
-    return x, logloss, alpha, valid
+    d = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
+    u = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.where(pair[:-1], _symlog(d), 0.0)])
+    return _Clean(x, u, logloss, alpha, valid)
 
 
-def _filter(params: Any, x: jax.Array, valid: jax.Array, noise: jax.Array, cfg: RSSMConfig):
-    """Runs the posterior over a window, from a zero state (truncated BPTT). One member.
+def _filter(params: Any, obs: _Clean, noise: jax.Array, cfg: RSSMConfig):
+    """Runs the posterior over a window, from the initial state (truncated BPTT). One member.
 
-    Invalid steps hold the initial state (h0, 0) (and their x is already zero), so the first valid step
-    always starts from the same state whatever precedes it. Only the recurrence lives in the scan; x
-    projections are batched before it, priors and heads after it, which keeps the sequential part
-    (the cost driver on CPU) minimal.
+    Invalid steps hold the initial state (h0, 0) (and their inputs are already zero), so the first
+    valid step always starts from the same state whatever precedes it. Only the recurrence lives in
+    the scan; input projections are batched before it, priors and heads after it, which keeps the
+    sequential part (the cost driver on CPU) minimal.
 
     Returns (hs, zs, post_mean, post_std), each with a leading W axis.
     """
     model = RSSM(cfg)
-    gx, px = model.apply(params, x, method=RSSM.embed)
-    gx0, _ = model.apply(params, jnp.zeros_like(x[0]), method=RSSM.embed)
-    gx_prev = jnp.concatenate([gx0[None], gx[:-1]], axis=0)  # GRU input at t is x_{t-1}
+    gx, px = model.apply(params, obs.x, obs.u, method=RSSM.embed)
+    gx0, _ = model.apply(params, jnp.zeros_like(obs.x[0]), obs.u[0] * 0.0, method=RSSM.embed)
+    gx_prev = jnp.concatenate([gx0[None], gx[:-1]], axis=0)  # GRU input at t is step t-1's
 
     def body(carry, inp):
         h, z = carry
@@ -332,7 +360,7 @@ def _filter(params: Any, x: jax.Array, valid: jax.Array, noise: jax.Array, cfg: 
 
     h0 = model.apply(params, method=RSSM.initial)
     carry0 = (h0, jnp.zeros((cfg.latent,), jnp.float32))
-    _, out = jax.lax.scan(body, carry0, (gx_prev, px, valid, noise))
+    _, out = jax.lax.scan(body, carry0, (gx_prev, px, obs.valid, noise))
     return out
 
 
@@ -347,12 +375,12 @@ def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
     return (v * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def _member_loss(params: Any, x, logloss, alpha_t, valid, rng: jax.Array, cfg: RSSMConfig):
+def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
     """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
     model = RSSM(cfg)
-    W = x.shape[0]
-    noise = jax.random.normal(rng, (W, cfg.latent), jnp.float32)
-    hs, zs, q_mean, q_std = _filter(params, x, valid, noise, cfg)
+    x, logloss, alpha_t, valid = obs.x, obs.logloss, obs.alpha, obs.valid
+    noise = jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32)
+    hs, zs, q_mean, q_std = _filter(params, obs, noise, cfg)
     p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
     d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
 
@@ -389,13 +417,11 @@ def _member_loss(params: Any, x, logloss, alpha_t, valid, rng: jax.Array, cfg: R
 
 
 def _ensemble_loss(params: Any, window: Any, rng: jax.Array, cfg: RSSMConfig):
-    x, logloss, alpha_t, valid = _clean_window(window)
+    obs = _clean_window(window, cfg)
     keys = jax.random.split(rng, cfg.ensemble)
-    losses, (comps, last) = jax.vmap(
-        lambda p, k: _member_loss(p, x, logloss, alpha_t, valid, k, cfg)
-    )(params, keys)
+    losses, (comps, last) = jax.vmap(lambda p, k: _member_loss(p, obs, k, cfg))(params, keys)
     aux = {k: v.mean() for k, v in comps.items()}
-    aux["n_valid"] = valid.sum().astype(jnp.int32)
+    aux["n_valid"] = obs.valid.sum().astype(jnp.int32)
     # Sum, not mean: members' params are disjoint, so each member gets exactly its own gradient.
     return losses.sum(), (aux, last)
 
@@ -504,36 +530,39 @@ def imagine(
         ``alpha``: (E, H, G) predicted scales for steps 1..H, in [-alpha_max, alpha_max];
         ``next_logloss``: (E,) the one-step prediction (= ``logloss[:, 0]``).
     """
-    x, logloss, _, valid = _clean_window(window)
-    W = x.shape[0]
+    obs = _clean_window(window, cfg)
+    W = obs.x.shape[0]
     model = RSSM(cfg)
     # Invalid entries only ever form a prefix, so this is W-1 whenever anything is valid; computing
     # it keeps the result consistent even if a caller passes trailing invalid entries.
-    last = W - 1 - jnp.argmax(valid[::-1])
-    x_last = x[last]
-    ll_last = logloss[last]
+    last = W - 1 - jnp.argmax(obs.valid[::-1])
+    x_last, u_last, ll_last = obs.x[last], obs.u[last], obs.logloss[last]
 
     def member(params, key):
         k_post, k_prior = jax.random.split(key)
         noise = jax.random.normal(k_post, (W, cfg.latent), jnp.float32)
-        hs, zs, _, _ = _filter(params, x, valid, noise, cfg)
         eps = jax.random.normal(k_prior, (horizon_max, cfg.latent), jnp.float32)
+        if not cfg.imagine_sample:
+            noise, eps = jnp.zeros_like(noise), jnp.zeros_like(eps)
+        hs, zs, _, _ = _filter(params, obs, noise, cfg)
 
         def body(carry, inp):
-            h, z, ll = carry
+            h, z, ll, d_prev = carry
             k, e = inp
             d, alpha, x_hat = model.apply(params, h, z, method=RSSM.heads)
-            d = d * cfg.dloss_scale
-            ll = ll + d
-            # The state's own x is observed only for k == 0; afterwards the decoder stands in for it.
-            gx, _ = model.apply(params, jnp.where(k == 0, x_last, x_hat), method=RSSM.embed)
+            ll = ll + d * cfg.dloss_scale
+            # The state's own observation is real only for k == 0; afterwards the decoder stands in
+            # for x and the previous predicted change for u.
+            first = k == 0
+            x_in = jnp.where(first, x_last, x_hat)
+            u_in = jnp.where(first, u_last, _symlog(d_prev))
+            gx, _ = model.apply(params, x_in, u_in, method=RSSM.embed)
             h = model.apply(params, h, z, gx, method=RSSM.transition)
             mean, std = model.apply(params, h, method=RSSM.prior)
-            return (h, mean + std * e, ll), (ll, d, alpha)
+            return (h, mean + std * e, ll, d), (ll, d * cfg.dloss_scale, alpha)
 
-        _, (lls, ds, alphas) = jax.lax.scan(
-            body, (hs[last], zs[last], ll_last), (jnp.arange(horizon_max), eps)
-        )
+        carry0 = (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32))
+        _, (lls, ds, alphas) = jax.lax.scan(body, carry0, (jnp.arange(horizon_max), eps))
         return lls, ds, alphas
 
     keys = jax.random.split(rng, cfg.ensemble)

@@ -80,9 +80,10 @@ def param_groups(params: Any, grouping: str = "kind") -> ParamGroups:
   generic = []
   for p in paths:
     out = []
+    merged = False  # only the outermost repeated level is merged (h_* but not h_*/ln_*)
     for depth, comp in enumerate(p):
       m = re.fullmatch(r"(.*?)_?(\d+)", comp)
-      if m and depth < len(p) - 1:
+      if m and depth < len(p) - 1 and not merged:
         stem = m.group(1)
         prefix = tuple(p[:depth])
         siblings = {q[depth] for q in paths if tuple(q[:depth]) == prefix and len(q) > depth
@@ -90,6 +91,7 @@ def param_groups(params: Any, grouping: str = "kind") -> ParamGroups:
         sig = subtree_sig(prefix + (comp,))
         if len(siblings) > 1 and all(subtree_sig(prefix + (s,)) == sig for s in siblings):
           out.append(f"{stem}_*" if "_" in comp else f"{stem}*")
+          merged = True
           continue
       out.append(comp)
     generic.append("/".join(out))

@@ -36,7 +36,7 @@ from hybridjax import state as state_lib
 from hybridjax.config import PHASE_NAMES
 from hybridjax.state import HybridState
 from hybridjax.trainer import (TrainState, current_learning_rate, global_norm, loss_and_grads,
-                               sync_schedule)
+                               guarded_update)
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
 
@@ -146,11 +146,8 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
   loss = loss.astype(jnp.float32)
   grad_norm = global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  opt_in = sync_schedule(tr.opt_state, tr.step)
-  updates, new_opt = ctx.tx.update(grads, opt_in, tr.params)
-  new_params = optax.apply_updates(tr.params, updates)
-  params = _tree_where(finite, new_params, tr.params)
-  opt_state = _tree_where(finite, new_opt, tr.opt_state)
+  params, opt_state, updates = guarded_update(ctx.tx, grads, tr.opt_state, tr.params, tr.step,
+                                              finite)
 
   # Per-group statistics of this update against the velocity it is about to update.
   grad_sq = features_lib.group_sq_norms(groups, grads)

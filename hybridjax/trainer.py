@@ -136,7 +136,8 @@ def loss_and_grads(loss_fn: LossFn, params: Any, batch: Batch,
   """
   grad_fn = jax.value_and_grad(lambda p, b: loss_fn(p, b)[0])
   if grad_accum == 1:
-    return grad_fn(params, batch)
+    # The barrier fixes the fusion boundary: every program that calls this computes the same bits.
+    return jax.lax.optimization_barrier(grad_fn(params, batch))
 
   def split(x):
     return x.reshape((grad_accum, x.shape[0] // grad_accum) + x.shape[1:])
@@ -151,17 +152,47 @@ def loss_and_grads(loss_fn: LossFn, params: Any, batch: Batch,
   zeros = jax.tree.map(jnp.zeros_like, params)
   (loss_sum, grad_sum), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
   scale = 1.0 / grad_accum
-  return loss_sum * scale, jax.tree.map(lambda g: g * scale, grad_sum)
+  return jax.lax.optimization_barrier((loss_sum * scale, jax.tree.map(lambda g: g * scale, grad_sum)))
+
+
+def optimizer_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                     step: jax.Array) -> tuple[Any, Any]:
+  """`tx.update` with the schedule on the global step, between optimization barriers.
+
+  The barriers fix XLA's fusion boundaries around the update, so the baseline and a hybrid real
+  step (whose program also reads the gradient and the update for its statistics) compute
+  bit-identical updates. They cost one materialisation of the gradient, which XLA makes anyway.
+  """
+  updates, opt_state = tx.update(grads, sync_schedule(opt_state, step), params)
+  return jax.lax.optimization_barrier((updates, opt_state))
+
+
+def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                   step: jax.Array, finite: jax.Array) -> tuple[Any, Any, Any]:
+  """One optimizer update that is skipped (params and optimizer state kept) when not `finite`.
+
+  Returns (params, opt_state, updates). The baseline and hybrid real steps share this function,
+  so with prediction off they compute bit-identical params (XLA fuses the selects into the update
+  arithmetic, so a program without them would round differently).
+  """
+  updates, new_opt = optimizer_update(tx, grads, opt_state, params, step)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+  return keep(new_params, params), keep(new_opt, opt_state), updates
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                tx: optax.GradientTransformation, grad_accum: int = 1) -> tuple[TrainState, dict]:
-  """One optimizer step. Pure; `make_train_step` jits it with the state donated."""
+  """One optimizer step. Pure; `make_train_step` jits it with the state donated.
+
+  A non-finite loss or gradient skips the update (like `optax.apply_if_finite`), so one bad batch
+  cannot poison the params; hybrid training does the same.
+  """
   loss, grads = loss_and_grads(loss_fn, state.params, batch, grad_accum)
-  opt_state = sync_schedule(state.opt_state, state.step)
-  updates, opt_state = tx.update(grads, opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": global_norm(grads)}
+  grad_norm = global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  params, opt_state, _ = guarded_update(tx, grads, state.opt_state, state.params, state.step, finite)
+  metrics = {"loss": loss, "grad_norm": grad_norm}
   return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
