@@ -53,13 +53,13 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
   c.warmup_steps = 50
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
-  c.max_predict_steps = 8  # upper bound of the horizon H
+  c.max_predict_steps = 4  # upper bound of the horizon H
   c.confidence_threshold = 0.5  # PREDICT only at confidence >= this
   c.divergence_tolerance = 0.05  # relative excess of real over predicted loss that ends PREDICT
-  c.correct_steps = 4
+  c.correct_steps = 12
   c.correction_interval = 0  # one real step every N predict steps; 0 = off
   c.validate_every = 2  # forward-pass validation every N predict steps
-  c.velocity_beta = 0.9  # EMA factor of the trajectory memory (velocity)
+  c.velocity_beta = 0.99  # EMA factor of the trajectory memory: slow, so it tracks the drift
   c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
   c.grouping = "kind"  # parameter groups: 'kind' (layer index stripped) | 'leaf' | 'global'
   c.history_size = 64  # ring-buffer length (steps)
