@@ -367,11 +367,22 @@ class HybridDriver:
     self.phase_seconds = np.zeros(4)
     self.phase_timed_steps = np.zeros(4, np.int64)
     self._pending: tuple[int, float] | None = None
+    self._compiled = False
 
   def init_state(self) -> HybridState:
     return init_hybrid_state(self.ctx, self._init_params(), self._rng)
 
+  def compile(self, state: HybridState, batch: Mapping[str, Any]) -> None:
+    """Compiles every step kind ahead of time, so no compile lands inside a timed phase."""
+    if self.dispatch == "switch":
+      self._fused = self._fused.lower(state, batch).compile()
+    else:
+      self._phase_fns = [f.lower(state, batch).compile() for f in self._phase_fns]
+    self._compiled = True
+
   def step(self, state: HybridState, batch: Mapping[str, Any]) -> tuple[HybridState, dict]:
+    if not self._compiled:
+      self.compile(state, batch)
     if self.dispatch == "switch":
       return self._fused(state, batch)
     # Reading the branch waits for the previous step: the time since its dispatch is its cost.

@@ -442,8 +442,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
           ("s / step", summary["s_per_step"])]
   if "tokens_per_s" in summary:
     rows.append(("tokens / s", f"{summary['tokens_per_s']:.0f}"))
-  for k in ("phase_steps", "phase_seconds", "backward_passes", "backward_passes_saved",
-            "predict_fraction", "health_events"):
+  for k in ("phase_steps", "phase_ms_per_step", "backward_passes", "backward_passes_saved",
+            "validation_forwards", "predict_fraction", "predict_phases", "rollbacks",
+            "health_events"):
     if k in summary:
       rows.append((k.replace("_", " "), summary[k]))
   m = summary.get("memory") or {}
