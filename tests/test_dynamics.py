@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -18,7 +21,28 @@ H = 5
 # Jitted once and shared: eager calls would dispatch (and compile) op by op, which costs more than
 # the tests themselves. The jit-vs-eager agreement is tested separately below.
 loss_fn = jax.jit(dyn.dynamics_loss, static_argnames="cfg")
-train = jax.jit(dyn.train_step, static_argnames="cfg")
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _switched_train(s, window, rng, cfg, phase):
+    def run(s):
+        return dyn.train_step(s, window, rng, cfg)
+
+    def keep(s):
+        metrics = jax.eval_shape(run, s)[1]
+        return s, jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
+
+    return jax.lax.switch(phase, [keep, run], s)
+
+
+def train(s, window, rng, cfg, phase=1):
+    """train_step behind a ``lax.switch``, as the trainer runs it; phase 0 passes ``s`` through.
+
+    ``phase`` is always passed (traced), so every call shares one executable.
+    """
+    return _switched_train(s, window, rng, cfg, phase)
+
+
 imagine = jax.jit(dyn.imagine, static_argnames=("horizon_max", "cfg"))
 init = jax.jit(dyn.init_dynamics, static_argnames="cfg")
 
@@ -131,28 +155,48 @@ class JitAgreementTest(chex.TestCase):
         chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_hoisted_recurrent_gradients_match_autodiff(state):
+    """The custom VJP that moves the recurrent-kernel gradients out of the scan is exact."""
+    from hybridjax.dynamics import _clean_window, _recurrence, _recurrence_hoisted  # private
+
+    obs = _clean_window(_window(SMALL, n_valid=7), SMALL)
+    params = jax.tree_util.tree_map(lambda a: a[0], state.params)
+    r = np.random.RandomState(0)
+    gx = jnp.asarray(r.randn(W, 3 * SMALL.deter), jnp.float32)
+    px = jnp.asarray(r.randn(W, SMALL.hidden), jnp.float32)
+    h0 = jnp.asarray(r.randn(SMALL.deter), jnp.float32)
+    noise = jnp.asarray(r.randn(W, SMALL.latent), jnp.float32)
+    weights = [jnp.asarray(r.randn(W, n), jnp.float32)
+               for n in (SMALL.deter, SMALL.latent, SMALL.latent, SMALL.latent)]
+
+    def loss(fn):
+        def f(p, gx, px, h0):
+            outs = fn(p, gx, px, h0, obs.valid, noise, SMALL)
+            return sum(jnp.sum(jnp.tanh(o) * w) for o, w in zip(outs, weights))
+
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))(params, gx, px, h0)
+
+    chex.assert_trees_all_close(loss(_recurrence_hoisted), loss(_recurrence), rtol=1e-5, atol=1e-6)
+
+
 def test_usable_inside_control_flow(state):
-    """train_step under lax.switch and imagine inside lax.scan, as the trainer will use them."""
-    window = jax.tree_util.tree_map(jnp.asarray, _window(SMALL))
+    """train_step under lax.switch (``train`` above, used by every test) and imagine in lax.scan."""
+    window = _window(SMALL)
+    # The phase is traced (same executable as the other tests'), not a static branch choice.
+    kept, _ = train(state, window, jax.random.PRNGKey(0), SMALL, 0)
+    trained, metrics = train(state, window, jax.random.PRNGKey(0), SMALL, 1)
+    chex.assert_trees_all_equal(kept, state)
+    assert int(trained.step) == 1 and bool(metrics["updated"])
 
     @jax.jit
-    def step(s, phase, keys):
-        def train(s):
-            return dyn.train_step(s, window, jax.random.PRNGKey(0), SMALL)[0]
-
-        s = jax.lax.switch(phase, [lambda s: s, train], s)
-
+    def rollouts(s, window, keys):
         def body(c, k):
             out = dyn.imagine(s, window, H, k, SMALL)
             return c + out["logloss"][:, -1].mean(), out["alpha"][:, 0]
 
-        return s, jax.lax.scan(body, 0.0, keys)
+        return jax.lax.scan(body, 0.0, keys)
 
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    kept, _ = step(state, jnp.int32(0), keys)
-    trained, (total, alphas) = step(state, jnp.int32(1), keys)  # same executable: phase is traced
-    chex.assert_trees_all_equal(kept.params, state.params)
-    assert int(trained.step) == 1
+    total, alphas = rollouts(trained, window, jax.random.split(jax.random.PRNGKey(0), 3))
     chex.assert_shape(alphas, (3, SMALL.ensemble, SMALL.n_groups))
     assert np.isfinite(total)
 
@@ -214,15 +258,40 @@ def test_invalid_entries_contents_change_nothing(state):
     chex.assert_trees_all_equal(sa, sb)  # same Adam update, hence the same gradients
 
 
-def test_prefix_length_does_not_matter(state):
-    """The same valid suffix gives the same predictions whatever sits before it."""
-    short = _window(SMALL, n_valid=5, seed=1)
-    other = _window(SMALL, n_valid=5, seed=2)
-    for k in ("x", "logloss", "alpha_target"):
-        other[k][-5:] = short[k][-5:]
+def test_invalid_prefix_acts_as_absent(state):
+    """A window with k valid entries predicts exactly what a length-k window of them predicts."""
+    k = 5
+    padded = _window(SMALL, n_valid=k, seed=1)
+    short = {name: v[-k:] for name, v in padded.items()}
     key = jax.random.PRNGKey(0)
     chex.assert_trees_all_close(
-        imagine(state, short, H, key, SMALL), imagine(state, other, H, key, SMALL)
+        imagine(state, padded, H, key, SMALL), imagine(state, short, H, key, SMALL),
+        rtol=1e-5, atol=1e-6,
+    )
+
+
+def test_window_may_be_an_object():
+    from types import SimpleNamespace
+
+    from hybridjax.dynamics import _clean_window  # private
+
+    w = _window(SMALL, n_valid=7)
+    chex.assert_trees_all_equal(
+        tuple(_clean_window(w, SMALL)), tuple(_clean_window(SimpleNamespace(**w), SMALL))
+    )
+
+
+def test_imagine_sampling_option(state):
+    cfg = dataclasses.replace(SMALL, imagine_sample=True)
+    w = _window(SMALL)
+    a = imagine(state, w, H, jax.random.PRNGKey(0), cfg)
+    b = imagine(state, w, H, jax.random.PRNGKey(1), cfg)
+    chex.assert_tree_all_finite((a, b))
+    assert not np.allclose(a["logloss"], b["logloss"])
+    # The default (latent means) does not depend on the key.
+    chex.assert_trees_all_equal(
+        imagine(state, w, H, jax.random.PRNGKey(0), SMALL),
+        imagine(state, w, H, jax.random.PRNGKey(1), SMALL),
     )
 
 
