@@ -429,6 +429,6 @@ class HybridDriver:
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {
-          n: round(1e3 * float(s) / k, 2) for n, s, k in
+          n: round(1e3 * float(s) / int(k), 2) for n, s, k in
           zip(PHASE_NAMES, self.phase_seconds, self.phase_timed_steps) if k > 0}
     return out
