@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from typing import Any
 
 import jax
@@ -75,18 +76,28 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  config = _CONFIG.value
+  try:
+    run(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, FileNotFoundError) as e:  # bad input: the message says what to change
+    if os.environ.get("HYBRIDJAX_TRACEBACK"):
+      raise
+    print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
+  """Validates `config`, builds the task and trains; returns the run summary."""
   config_lib.validate(config)
-  workdir = _WORKDIR.value or default_workdir(config)
+  workdir = workdir or default_workdir(config)
   task = build_task(config)
   n_params = gpt2.count_params(jax.eval_shape(task["init_params"], jax.random.PRNGKey(0)))
   task["extra_meta"]["n_params"] = n_params
   print(f"GPT-2 {config.preset}: {n_params:,} params, {task['prepared'].n_train:,} train tokens "
         f"({config.data.tokenizer}), mode={config.mode}, workdir={workdir}, "
         f"devices={jax.devices()}")
-  trainer.train(config, workdir, init_params=task["init_params"], loss_fn=task["loss_fn"],
-                train_batch=task["train_batch"], eval_batches=task["eval_batches"],
-                tokens_per_step=task["tokens_per_step"], extra_meta=task["extra_meta"])
+  return trainer.train(config, workdir, init_params=task["init_params"], loss_fn=task["loss_fn"],
+                       train_batch=task["train_batch"], eval_batches=task["eval_batches"],
+                       tokens_per_step=task["tokens_per_step"], extra_meta=task["extra_meta"])
 
 
 if __name__ == "__main__":
