@@ -71,6 +71,11 @@ class MemoryTracker:
     self.peak_rss = max(self.peak_rss, snap["rss_bytes"])
     return snap
 
+  def observe(self, snap: dict[str, Any]) -> None:
+    """Counts a reading taken elsewhere (e.g. at a phase transition) towards the peaks."""
+    self.peak_bytes = max(self.peak_bytes, snap.get("peak_bytes_in_use", snap["bytes_in_use"]))
+    self.peak_rss = max(self.peak_rss, snap["rss_bytes"])
+
   def mark_after_warmup(self) -> None:
     self.after_warmup = self.record()
 

@@ -32,6 +32,7 @@ from hybridjax import controller as controller_lib
 from hybridjax import corrector as corrector_lib
 from hybridjax import dynamics as dynamics_lib
 from hybridjax import features as features_lib
+from hybridjax import memory as memory_lib
 from hybridjax import state as state_lib
 from hybridjax.config import PHASE_NAMES
 from hybridjax.state import HybridState
@@ -368,6 +369,8 @@ class HybridDriver:
     self.phase_timed_steps = np.zeros(4, np.int64)
     self._pending: tuple[int, float] | None = None
     self._compiled = False
+    self._last_phase: int | None = None
+    self.memory_events: list[dict[str, Any]] = []  # readings at phase transitions, for the log
 
   def init_state(self) -> HybridState:
     return init_hybrid_state(self.ctx, self._init_params(), self._rng)
@@ -386,14 +389,27 @@ class HybridDriver:
     if self.dispatch == "switch":
       return self._fused(state, batch)
     # Reading the branch waits for the previous step: the time since its dispatch is its cost.
-    branch, phase = jax.device_get((state.controller.next_branch, state.controller.phase))
+    branch, phase, step = jax.device_get((state.controller.next_branch, state.controller.phase,
+                                          state.train.step))
     now = time.perf_counter()
+    if self._last_phase is not None and int(phase) != self._last_phase:
+      # Memory at every phase transition (DESIGN.md section 3).
+      snap = memory_lib.memory_snapshot()
+      snap.update(step=int(step), phase_from=PHASE_NAMES[self._last_phase],
+                  phase_to=PHASE_NAMES[int(phase)])
+      self.memory_events.append(snap)
+    self._last_phase = int(phase)
     if self._pending is not None:
       p, t0 = self._pending
       self.phase_seconds[p] += now - t0
       self.phase_timed_steps[p] += 1
     self._pending = (int(phase), now)
     return self._phase_fns[int(branch)](state, batch)
+
+  def pop_memory_events(self) -> list[dict[str, Any]]:
+    """Memory readings taken at phase transitions since the last call."""
+    events, self.memory_events = self.memory_events, []
+    return events
 
   def pause_timing(self) -> None:
     """Called by the trainer before eval/checkpoint work, which is not a step's cost."""

@@ -374,6 +374,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
         if driver is not None:
           record.update(driver.log_fields(state))
         writer.write(done, record)
+        if driver is not None:
+          for event in driver.pop_memory_events():
+            mem.observe(event)
+            writer.write(event.pop("step"), event, kind="memory")
         if "on_log" in hooks:
           hooks["on_log"](done, record)
         if bar is not None:

@@ -374,3 +374,13 @@ def test_tiny_gpt2_hybrid_run_close_to_baseline(tmp_path):
   base, hyb = results["baseline"]["final_eval_loss"], results["hybrid"]["final_eval_loss"]
   assert results["hybrid"]["predict_fraction"] > 0
   assert hyb <= 1.05 * base, (hyb, base)
+  # Memory is logged at every phase transition, and the live arrays do not change across them.
+  from hybridjax import writers
+  events = [r for r in writers.read_jsonl(str(tmp_path / "hybrid" / "metrics.jsonl"))
+            if r["kind"] == "memory"]
+  assert {e["phase_to"] for e in events} >= {"FULL", "PREDICT", "CORRECT"}
+  # (The first readings can still include garbage from start-up not yet collected: compare the
+  # second half of the run, dozens of transitions.)
+  later = [e for e in events if e["step"] > c.trainer.steps // 2]
+  assert len(later) >= 5
+  assert len({(e["live_arrays"], e["live_bytes"]) for e in later}) == 1, later
