@@ -23,10 +23,23 @@ def process_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _buffer_key(a: jax.Array) -> object:
+  try:  # single-device arrays: two Array objects can share one buffer (orbax's save makes such views)
+    return a.unsafe_buffer_pointer()
+  except Exception:  # sharded or deleted arrays: count the object itself
+    return id(a)
+
+
 def live_array_stats() -> tuple[int, int]:
-  """(count, total bytes) of the live jax arrays of this process."""
-  arrays = jax.live_arrays()
-  return len(arrays), int(sum(a.nbytes for a in arrays))
+  """(count, total bytes) of the distinct device buffers behind this process's live jax arrays.
+
+  Arrays are de-duplicated by buffer: after an orbax save a second Array object aliases each saved
+  buffer (same pointer, freed with it), which is no extra memory and is not counted twice.
+  """
+  seen: dict[object, int] = {}
+  for a in jax.live_arrays():
+    seen.setdefault(_buffer_key(a), int(a.nbytes))
+  return len(seen), int(sum(seen.values()))
 
 
 def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
