@@ -121,8 +121,7 @@ def update_real_stats(ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array
   return new, explosion, spike
 
 
-def next_branch(phase: jax.Array, steps_in_phase: jax.Array, plan_offset: jax.Array,
-                s: ControllerSettings) -> jax.Array:
+def next_branch(phase: jax.Array, steps_in_phase: jax.Array, s: ControllerSettings) -> jax.Array:
   """Which step kind runs next: a real step, a predicted step, or the CORRECT entry (rollback)."""
   micro = jnp.asarray(False)
   if s.correction_interval > 0:
@@ -198,4 +197,4 @@ def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, expl
       predict_phases=ctrl.predict_phases + entering_predict.astype(jnp.int32),
       rollbacks=ctrl.rollbacks + rolled.astype(jnp.int32),
       prev_was_real=was_real)
-  return new.replace(next_branch=next_branch(nxt, steps_in_phase, new.plan_offset, s))
+  return new.replace(next_branch=next_branch(nxt, steps_in_phase, s))

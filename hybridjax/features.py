@@ -121,13 +121,6 @@ def group_dots(groups: ParamGroups, a: Any, b: Any) -> jax.Array:
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))])
 
 
-def scale_by_group(groups: ParamGroups, alpha: jax.Array, tree: Any) -> Any:
-  """Leafwise alpha[group(leaf)] * leaf."""
-  leaves = jax.tree.leaves(tree)
-  out = [(alpha[g] * x.astype(jnp.float32)).astype(x.dtype) for g, x in zip(groups.leaf_group, leaves)]
-  return jax.tree.unflatten(groups.treedef, out)
-
-
 def add_scaled_by_group(groups: ParamGroups, params: Any, alpha: jax.Array, direction: Any) -> Any:
   """params + sum_g alpha_g * direction_g, leafwise: the predicted step (and, negated, the rollback)."""
   p_leaves = jax.tree.leaves(params)

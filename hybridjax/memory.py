@@ -80,8 +80,7 @@ class MemoryTracker:
     if self.start is None:
       self.start = snap
     self.last = snap
-    self.peak_bytes = max(self.peak_bytes, snap.get("peak_bytes_in_use", snap["bytes_in_use"]))
-    self.peak_rss = max(self.peak_rss, snap["rss_bytes"])
+    self.observe(snap)
     return snap
 
   def observe(self, snap: dict[str, Any]) -> None:

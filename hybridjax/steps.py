@@ -37,7 +37,7 @@ from hybridjax import state as state_lib
 from hybridjax.config import PHASE_NAMES
 from hybridjax.state import HybridState
 from hybridjax.trainer import (TrainState, current_learning_rate, global_norm, loss_and_grads,
-                               guarded_update)
+                               guarded_update, tree_where)
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
 
@@ -111,10 +111,6 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
 
 # --- helpers -------------------------------------------------------------------------------------
 
-def _tree_where(cond: jax.Array, a: Any, b: Any) -> Any:
-  return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
-
-
 def history_window(history: state_lib.History, window: int) -> dict[str, jax.Array]:
   """The last `window` entries, oldest first, normalised, with a validity mask."""
   n = history.features.shape[0]
@@ -185,7 +181,7 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
       features=jnp.where(finite, h.features.at[h.pos].set(x), h.features),
       logloss=jnp.where(finite, h.logloss.at[h.pos].set(logloss), h.logloss),
       alpha_target=alpha_target.at[h.pos].set(jnp.where(finite, 0.0, alpha_target[h.pos])),
-      normalizer=jax.tree.map(lambda a, b: jnp.where(finite, a, b), normalizer, h.normalizer),
+      normalizer=tree_where(finite, normalizer, h.normalizer),
       pos=jnp.where(finite, (h.pos + 1) % n, h.pos),
       count=jnp.where(finite, jnp.minimum(h.count + 1, n), h.count))
 
@@ -222,7 +218,7 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
       one_step_pred=keep(jnp.mean(imagined["next_logloss"]), c.one_step_pred),
       agreement=keep(agree, c.agreement), accuracy=keep(acc, c.accuracy),
       confidence=keep(agree * acc, c.confidence))
-  dyn = jax.tree.map(lambda a, b: jnp.where(finite, a, b), dyn, state.dynamics)
+  dyn = tree_where(finite, dyn, state.dynamics)
 
   new_state = state.replace(
       train=TrainState(params=params, opt_state=opt_state, step=tr.step + 1),
@@ -423,11 +419,11 @@ class HybridDriver:
             "accuracy": float(c.accuracy), "agreement": float(c.agreement),
             "health_events": int(c.events.sum()), "rollbacks": int(c.rollbacks)}
 
-  def progress_fields(self, state: HybridState) -> dict[str, str]:
-    c = jax.device_get(state.controller)
-    total = max(int(c.phase_steps.sum()), 1)
-    return {"phase": PHASE_NAMES[int(c.phase)], "pred": f"{float(c.phase_steps[2]) / total:.0%}",
-            "conf": f"{float(c.confidence):.2f}"}
+  @staticmethod
+  def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:
+    """Progress-bar fields from a log record made with `log_fields` (no second device read)."""
+    return {"phase": PHASE_NAMES[int(record["phase_now"])], "pred": f"{record['predict_fraction']:.0%}",
+            "conf": f"{record['confidence_now']:.2f}"}
 
   def summary(self, state: HybridState) -> dict[str, Any]:
     c = jax.device_get(state.controller)

@@ -167,6 +167,11 @@ def optimizer_update(tx: optax.GradientTransformation, grads: Any, opt_state: An
   return jax.lax.optimization_barrier((updates, opt_state))
 
 
+def tree_where(cond: jax.Array, a: Any, b: Any) -> Any:
+  """Leafwise `jnp.where(cond, a, b)` for two trees of the same structure."""
+  return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
 def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
                    step: jax.Array, finite: jax.Array) -> tuple[Any, Any, Any]:
   """One optimizer update that is skipped (params and optimizer state kept) when not `finite`.
@@ -177,8 +182,7 @@ def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any,
   """
   updates, new_opt = optimizer_update(tx, grads, opt_state, params, step)
   new_params = optax.apply_updates(params, updates)
-  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-  return keep(new_params, params), keep(new_opt, opt_state), updates
+  return (tree_where(finite, new_params, params), tree_where(finite, new_opt, opt_state), updates)
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
@@ -383,7 +387,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
         if bar is not None:
           post = {"loss": f"{record['loss']:.3f}"}
           if driver is not None:
-            post.update(driver.progress_fields(state))
+            post.update(driver.progress_fields(record))
           if tokens_per_step:
             post["tok/s"] = f"{record['tokens_per_s']:.0f}"
           post["mem"] = memory_lib.format_bytes(snap["bytes_in_use"])
