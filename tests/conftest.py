@@ -42,3 +42,25 @@ def micro_config(mode: str = "baseline", steps: int = 20):
   c.hybrid.history_size = 16
   c.hybrid.window = 8
   return c
+
+
+# Hybrid overrides that cycle through every phase quickly on the test MLP.
+STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5,
+           correction_interval=2)
+
+
+def small_hybrid_config(**overrides):
+  """`config.hybrid` with a small RSSM and short warm-up; keys may be dotted ('rssm.deter')."""
+  from hybridjax import config as config_lib
+  h = config_lib.default_hybrid_config()
+  h.warmup_steps = 10
+  h.full_steps = 5
+  h.rssm.deter, h.rssm.latent, h.rssm.hidden, h.rssm.ensemble = 32, 8, 32, 2
+  h.history_size, h.window = 16, 8
+  for k, v in overrides.items():
+    node = h
+    *parents, leaf = k.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return h

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import micro_config
+from conftest import STD, micro_config, small_hybrid_config
 from hybridjax import config as config_lib
 from hybridjax import controller as controller_lib
 from hybridjax import features as features_lib
@@ -19,21 +19,6 @@ from hybridjax import state as state_lib
 from hybridjax import steps as steps_lib
 from hybridjax import trainer
 from hybridjax.models import mlp
-
-
-def _hybrid_cfg(**overrides):
-  h = config_lib.default_hybrid_config()
-  h.warmup_steps = 10
-  h.full_steps = 5
-  h.rssm.deter, h.rssm.latent, h.rssm.hidden, h.rssm.ensemble = 32, 8, 32, 2
-  h.history_size, h.window = 16, 8
-  for k, v in overrides.items():
-    node = h
-    *parents, leaf = k.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = v
-  return h
 
 
 def _mlp_problem(seed=0):
@@ -58,15 +43,12 @@ def _optimizer(steps=200, lr=1e-2):
 
 TX = _optimizer()
 _CTX_CACHE: dict = {}
-# The overrides most tests share (so they share compiled functions): predict early and often.
-STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5,
-           correction_interval=2)
 
 
 def _ctx(loss_fn, params, tx, steps=200, **overrides):
   key = (id(loss_fn), id(tx), steps, tuple(sorted(overrides.items())))
   if key not in _CTX_CACHE:
-    ctx = steps_lib.make_context(_hybrid_cfg(**overrides), loss_fn=loss_fn, tx=tx,
+    ctx = steps_lib.make_context(small_hybrid_config(**overrides), loss_fn=loss_fn, tx=tx,
                                  params_shape=params, total_steps=steps)
     fns = [jax.jit(steps_lib.make_phase_step(ctx, b)) for b in range(state_lib.N_BRANCHES)]
     fused = jax.jit(lambda s, b: steps_lib.hybrid_step(ctx, s, b))

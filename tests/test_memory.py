@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from conftest import STD, small_hybrid_config
 from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
 from hybridjax import state as state_lib
@@ -26,22 +27,6 @@ from hybridjax.models import mlp
 TOTAL_STEPS = 1200
 DONATION_WARNING = "donated buffers were not usable"
 PHASES = (state_lib.WARMUP, state_lib.FULL, state_lib.PREDICT, state_lib.CORRECT)
-
-# The overrides tests/test_hybrid.py uses to cycle through every phase quickly on the MLP.
-STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5,
-           correction_interval=2)
-
-
-def _hybrid_cfg(**overrides):
-  h = config_lib.default_hybrid_config()
-  h.warmup_steps = 10
-  h.full_steps = 5
-  h.rssm.deter, h.rssm.latent, h.rssm.hidden, h.rssm.ensemble = 32, 8, 32, 2
-  h.history_size, h.window = 16, 8
-  for k, v in overrides.items():
-    h[k] = v
-  return h
-
 
 _CACHE: dict = {}
 
@@ -56,7 +41,8 @@ def _setup() -> dict:
     oc = config_lib.default_optim_config()
     oc.learning_rate, oc.warmup_steps = 1e-2, 5
     tx = trainer.make_optimizer(oc, TOTAL_STEPS)
-    ctx = steps_lib.make_context(_hybrid_cfg(**STD), loss_fn=loss_fn, tx=tx, params_shape=params,
+    ctx = steps_lib.make_context(small_hybrid_config(**STD), loss_fn=loss_fn, tx=tx,
+                                 params_shape=params,
                                  total_steps=TOTAL_STEPS)
     phase_fns = [jax.jit(steps_lib.make_phase_step(ctx, b), donate_argnums=0, keep_unused=True)
                  for b in range(state_lib.N_BRANCHES)]
