@@ -94,6 +94,8 @@ class Controller:
   forward_passes: jax.Array  # int32 (validation forwards in PREDICT)
   predict_phases: jax.Array  # int32
   rollbacks: jax.Array  # int32
+  # Per-group velocity norms as of the last real step (for logs; predicted steps leave v unchanged).
+  velocity_norm: jax.Array  # (G,)
 
 
 @flax.struct.dataclass
@@ -135,4 +137,4 @@ def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int,
       errors_valid=jnp.zeros((accuracy_window,), bool), errors_pos=i32(),
       cooldown=i32(), consecutive_failures=i32(), events=jnp.zeros((4,), jnp.int32),
       phase_steps=jnp.zeros((4,), jnp.int32), backward_passes=i32(), forward_passes=i32(),
-      predict_phases=i32(), rollbacks=i32())
+      predict_phases=i32(), rollbacks=i32(), velocity_norm=jnp.zeros((g,), jnp.float32))

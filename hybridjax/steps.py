@@ -122,7 +122,7 @@ def history_window(history: state_lib.History, window: int) -> dict[str, jax.Arr
 
 
 def _info(*, loss, predicted_loss, grad_norm, was_real, finite, explosion, spike, validated, diverged,
-          nonfinite_prediction, rollback_alpha) -> dict[str, jax.Array]:
+          nonfinite_prediction, rollback_alpha, alpha) -> dict[str, jax.Array]:
   """The per-step facts every branch returns (identical structure across branches)."""
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
   b = lambda v: jnp.asarray(v, bool)  # noqa: E731
@@ -130,7 +130,8 @@ def _info(*, loss, predicted_loss, grad_norm, was_real, finite, explosion, spike
           "was_real": b(was_real), "finite": b(finite), "explosion": b(explosion),
           "spike": b(spike), "validated": b(validated), "diverged": b(diverged),
           "nonfinite_prediction": b(nonfinite_prediction),
-          "rollback_alpha": jnp.asarray(rollback_alpha, jnp.float32)}
+          "rollback_alpha": jnp.asarray(rollback_alpha, jnp.float32),
+          "alpha": jnp.asarray(alpha, jnp.float32)}
 
 
 # --- the three step kinds ------------------------------------------------------------------------
@@ -217,7 +218,8 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
       alpha_since_good=jnp.where(in_predict & finite, 0.0, c.alpha_since_good),
       one_step_pred=keep(jnp.mean(imagined["next_logloss"]), c.one_step_pred),
       agreement=keep(agree, c.agreement), accuracy=keep(acc, c.accuracy),
-      confidence=keep(agree * acc, c.confidence))
+      confidence=keep(agree * acc, c.confidence),
+      velocity_norm=keep(jnp.sqrt(features_lib.group_sq_norms(groups, velocity)), c.velocity_norm))
   dyn = tree_where(finite, dyn, state.dynamics)
 
   new_state = state.replace(
@@ -225,7 +227,8 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
       velocity=velocity, dynamics=dyn, history=h, controller=c, rng=rng)
   info = _info(loss=loss, predicted_loss=jnp.exp(c.plan_logloss[0]), grad_norm=grad_norm,
                was_real=True, finite=finite, explosion=explosion, spike=spike, validated=False,
-               diverged=False, nonfinite_prediction=False, rollback_alpha=rollback)
+               diverged=False, nonfinite_prediction=False, rollback_alpha=rollback,
+               alpha=jnp.zeros_like(rollback))
   return new_state, info
 
 
@@ -272,7 +275,7 @@ def predict_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any
   info = _info(loss=jnp.where(validate, loss, jnp.exp(predicted)), predicted_loss=jnp.exp(predicted),
                grad_norm=0.0, was_real=False, finite=True, explosion=False, spike=False,
                validated=validate, diverged=diverged, nonfinite_prediction=nonfinite_prediction,
-               rollback_alpha=rollback)
+               rollback_alpha=rollback, alpha=alpha)
   return new_state, info
 
 
@@ -308,7 +311,11 @@ def finish_step(ctx: HybridContext, state: HybridState, info: Mapping[str, jax.A
       rollback_alpha=info["rollback_alpha"], s=ctx.control)
   metrics = {"loss": info["loss"], "predicted_loss": info["predicted_loss"],
              "phase": phase_before, "confidence": c.confidence, "grad_norm": info["grad_norm"],
-             "horizon": c.horizon, "measured": info["was_real"] | info["validated"]}
+             "step": state.train.step, "horizon": c.horizon,
+             "measured": info["was_real"] | info["validated"],
+             "diverged": info["diverged"] | info["nonfinite_prediction"],
+             # Per-group vectors (G,): the alpha this step applied (0 in real steps), velocity norms.
+             "alpha": info["alpha"], "velocity_norm": c.velocity_norm}
   return state.replace(controller=c), metrics
 
 
@@ -367,6 +374,10 @@ class HybridDriver:
     self._compiled = False
     self._last_phase: int | None = None
     self.memory_events: list[dict[str, Any]] = []  # readings at phase transitions, for the log
+    # Per-step metrics: device references until `flush_trace` fetches them all in one transfer at a
+    # log step, so the trace adds no per-step host synchronisation.
+    self._trace_device: list[dict[str, jax.Array]] = []
+    self.trace: list[dict[str, Any]] = []
 
   def init_state(self) -> HybridState:
     return init_hybrid_state(self.ctx, self._init_params(), self._rng)
@@ -383,7 +394,9 @@ class HybridDriver:
     if not self._compiled:
       self.compile(state, batch)
     if self.dispatch == "switch":
-      return self._fused(state, batch)
+      state, metrics = self._fused(state, batch)
+      self._trace_device.append(metrics)
+      return state, metrics
     # Reading the branch waits for the previous step: the time since its dispatch is its cost.
     branch, phase, step = jax.device_get((state.controller.next_branch, state.controller.phase,
                                           state.train.step))
@@ -400,7 +413,31 @@ class HybridDriver:
       self.phase_seconds[p] += now - t0
       self.phase_timed_steps[p] += 1
     self._pending = (int(phase), now)
-    return self._phase_fns[int(branch)](state, batch)
+    state, metrics = self._phase_fns[int(branch)](state, batch)
+    self._trace_device.append(metrics)
+    return state, metrics
+
+  def flush_trace(self) -> None:
+    """Fetches the per-step metrics held since the last flush into host records (`self.trace`)."""
+    if not self._trace_device:
+      return
+    host = jax.device_get(self._trace_device)
+    self._trace_device = []
+    for m in host:
+      rec = {"step": int(m["step"]), "phase": int(m["phase"]), "loss": float(m["loss"]),
+             "predicted_loss": float(m["predicted_loss"]), "confidence": float(m["confidence"]),
+             "horizon": int(m["horizon"]), "measured": bool(m["measured"]),
+             "diverged": bool(m["diverged"])}
+      if rec["phase"] == state_lib.PREDICT:
+        rec["alpha"] = [round(float(a), 5) for a in m["alpha"]]
+      self.trace.append(rec)
+
+  def pop_trace(self) -> list[dict[str, Any]]:
+    """Per-step records (step, phase, loss, predicted_loss, confidence, horizon, measured,
+    diverged, and alpha per group in predicted steps) since the last call."""
+    self.flush_trace()
+    trace, self.trace = self.trace, []
+    return trace
 
   def pop_memory_events(self) -> list[dict[str, Any]]:
     """Memory readings taken at phase transitions since the last call."""
@@ -437,6 +474,7 @@ class HybridDriver:
         "predict_phases": int(c.predict_phases),
         "rollbacks": int(c.rollbacks),
         "health_events": {n: int(v) for n, v in zip(state_lib.EVENT_NAMES, c.events)},
+        "group_names": list(self.ctx.groups.names),  # the order of the per-group vectors in logs
     }
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}

@@ -352,6 +352,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
         # The first call compiles; block so its time is not charged to training.
         jax.block_until_ready(state)
         compile_s = time.perf_counter() - t0
+        if driver is not None:
+          driver.flush_trace()  # host records hold no device buffers: memory readings stay exact
         t_log = time.perf_counter()
         mem.mark_after_warmup()
       else:
@@ -363,13 +365,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
       is_last = done == total_steps
       if done % tcfg.log_every == 0 or is_last:
         host = jax.device_get(metrics)  # the only per-log device->host transfer
+        if driver is not None:
+          driver.flush_trace()
         jax.block_until_ready(state)
         now = time.perf_counter()
         dt = max(now - t_log, 1e-9)
         train_s += now - t_log
         timed_steps += steps_since_log
         snap = mem.record()
-        record = {k: float(v) for k, v in host.items()}
+        record = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
+                  for k, v in host.items() if k != "step"}
         record["steps_per_s"] = steps_since_log / dt
         if tokens_per_step:
           record["tokens_per_s"] = steps_since_log * tokens_per_step / dt
@@ -379,6 +384,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
           record.update(driver.log_fields(state))
         writer.write(done, record)
         if driver is not None:
+          for rec in driver.pop_trace():
+            writer.write(rec.pop("step"), rec, kind="step")
           for event in driver.pop_memory_events():
             mem.observe(event)
             writer.write(event.pop("step"), event, kind="memory")
