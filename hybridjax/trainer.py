@@ -376,6 +376,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
         record = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
                   for k, v in host.items() if k != "step"}
         record["steps_per_s"] = steps_since_log / dt
+        record["train_s"] = train_s  # cumulative training seconds (no compile, eval or checkpoint)
         if tokens_per_step:
           record["tokens_per_s"] = steps_since_log * tokens_per_step / dt
         record["bytes_in_use"] = snap["bytes_in_use"]
