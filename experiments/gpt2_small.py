@@ -24,9 +24,13 @@ from hybridjax import trainer
 from hybridjax.models import gpt2
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "gpt2_small.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _CONFIG_PATH + ":tiny",
-                                          "Experiment config file[:preset].")
-_WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default: runs/<preset>-<mode>-<time>).")
+
+
+def define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
+  """--config and --workdir; defined only when run as a program, so importing has no side effects."""
+  return (config_flags.DEFINE_config_file("config", _CONFIG_PATH + ":tiny",
+                                          "Experiment config file[:preset]."),
+          flags.DEFINE_string("workdir", "", "Run directory (default: runs/<preset>-<mode>-<time>)."))
 
 
 def build_task(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -77,7 +81,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
-    run(_CONFIG.value, _WORKDIR.value)
+    run(_FLAGS[0].value, _FLAGS[1].value)
   except (ValueError, FileNotFoundError) as e:  # bad input: the message says what to change
     if os.environ.get("HYBRIDJAX_TRACEBACK"):
       raise
@@ -101,4 +105,5 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+  _FLAGS = define_flags()
   app.run(main)
