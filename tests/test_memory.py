@@ -10,6 +10,7 @@ On CPU, `device.memory_stats()` is None, so "memory" here means the arrays JAX k
 from __future__ import annotations
 
 import gc
+import os
 import warnings
 
 import jax
@@ -232,3 +233,17 @@ def test_fused_step_makes_no_implicit_host_transfers():
     jax.block_until_ready(state)
   phases = [int(p) for p in jax.device_get([m["phase"] for m in collected])]
   assert len(phases) == len(batches)
+
+
+def test_memory_limit_warns_once_and_saves_an_emergency_checkpoint(tmp_path, capsys):
+  """Crossing trainer.memory_limit_bytes warns and checkpoints once, then training goes on."""
+  from conftest import micro_config
+  from experiments import gpt2_small
+  c = micro_config(mode="baseline", steps=12)  # the check lives in the trainer loop, for both modes
+  c.trainer.log_every = 4
+  c.trainer.memory_limit_bytes = 1  # any run exceeds one byte: the first log crosses it
+  gpt2_small.run(c, str(tmp_path / "run"))
+  out = capsys.readouterr().out
+  assert out.count("exceeds trainer.memory_limit_bytes=1") == 1, out
+  steps = sorted(int(d) for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit())
+  assert steps == [4, 12], steps  # the emergency save at the first log, and the final one
