@@ -162,7 +162,8 @@ def machine_info() -> dict[str, Any]:
     cores = os.cpu_count()
   return {"platform": dev.platform, "device_kind": dev.device_kind, "device_count": jax.device_count(),
           "cpu_cores": cores, "python": platform.python_version(), "jax": jax.__version__,
-          "machine": platform.machine(), "node": platform.node()}
+          "machine": platform.machine(), "node": platform.node(),
+          "load_average_1m": os.getloadavg()[0]}  # other work on the machine skews the timings
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -320,7 +321,9 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"{p} {v['ratio']:.3f}" for p, v in so["per_phase"].items()) + f"; max {so['value']:.3f}")
   m = result["machine"]
   lines.append(f"machine: {m['platform']} ({m['device_kind']}), {m['cpu_cores']} CPU cores, "
-               f"jax {m['jax']}; repeats {result['repeats']} (times are medians).")
+               f"jax {m['jax']}, load average {m['load_average_1m']:.1f} at start and "
+               f"{m.get('load_average_1m_end', float('nan')):.1f} at end; repeats "
+               f"{result['repeats']} (times are medians).")
   return "\n".join(lines)
 
 
@@ -373,6 +376,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     result["switch_overhead"] = switch_overhead(b.preset)
     result["figures"]["switch_overhead"] = result["switch_overhead"]
   result["wall_s"] = time.perf_counter() - t_start
+  result["machine"]["load_average_1m_end"] = os.getloadavg()[0]
 
   table = markdown_table(result)
   with open(os.path.join(workdir, "benchmark.json"), "w") as f:
