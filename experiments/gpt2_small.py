@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
+from hybridjax import sharding as sharding_lib
 from hybridjax import trainer
 from hybridjax.models import gpt2
 
@@ -59,10 +60,11 @@ def build_task(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
   def train_batch(step):
     return data_lib.get_batch(train_tokens, seed=seed, step=step, batch_size=batch_size,
-                              seq_len=seq_len)
+                              seq_len=seq_len, vocab_size=model_cfg.vocab_size)
 
   eval_batches = data_lib.eval_batches(val_tokens, batch_size=batch_size, seq_len=seq_len,
-                                       n_batches=config.trainer.eval_batches)
+                                       n_batches=config.trainer.eval_batches,
+                                       vocab_size=model_cfg.vocab_size)
   return dict(init_params=init_params, loss_fn=gpt2.make_loss_fn(model), train_batch=train_batch,
               eval_batches=eval_batches, tokens_per_step=batch_size * seq_len,
               extra_meta={"data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train,
@@ -87,11 +89,18 @@ def main(argv: list[str]) -> None:
       raise
     print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     sys.exit(2)
+  except trainer.TrainingDiverged as e:  # the message names the step, the count and the fix
+    if os.environ.get("HYBRIDJAX_TRACEBACK"):
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(3)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   """Validates `config`, builds the task and trains; returns the run summary."""
   config_lib.validate(config)
+  # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
+  sharding_lib.initialize_distributed(config)
   workdir = workdir or default_workdir(config)
   task = build_task(config)
   n_params = gpt2.count_params(jax.eval_shape(task["init_params"], jax.random.PRNGKey(0)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import jax
@@ -21,6 +22,10 @@ RUNTIME_FIELDS = frozenset({
     "resume", "trainer.steps", "trainer.log_every", "trainer.eval_every", "trainer.eval_batches",
     "trainer.checkpoint_every", "trainer.max_to_keep", "trainer.progress", "trainer.compile_cache",
     "trainer.compile_cache_dir", "trainer.memory_limit_bytes", "data.cache_dir",
+    "trainer.max_nonfinite_steps", "hybrid.health.max_events",
+    # Where the state lives: a checkpoint restores onto any mesh shape and any number of hosts.
+    "mesh.data", "mesh.fsdp", "distributed.enabled", "distributed.coordinator_address",
+    "distributed.num_processes", "distributed.process_id",
 })
 
 
@@ -66,10 +71,49 @@ def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict
   return diffs
 
 
+def _short_error(e: BaseException) -> str:
+  """`Type: first line` of an orbax/TensorStore error, naming the state leaf it was reading if the
+  message says (their full text is a page-long TensorStore spec)."""
+  text = str(e)
+  m = (re.search(r'"([^"/\s]+)/\.zarray"', text) or
+       re.search(r"'path': '([^/'][^']*?)/'", text))
+  first = text.strip().splitlines()[0] if text.strip() else ""
+  for cut in (" See full TensorStore details", " [tensorstore_spec="):
+    first = first.split(cut)[0]
+  if len(first) > 300:
+    first = first[:300] + " ..."
+  leaf = f" (while reading leaf {m.group(1)})" if m else ""
+  return f"{type(e).__name__}: {first}{leaf}"
+
+
+def _corrupt_hint(manager: ocp.CheckpointManager, step: int) -> str:
+  others = [s for s in manager.all_steps() if s != step]
+  where = f"{manager.directory}/{step}"
+  if others:
+    return (f"It is truncated or corrupted; nothing was deleted or changed. To resume from the "
+            f"previous checkpoint (steps {others}), move {where} out of the checkpoints folder; "
+            "or start a fresh --workdir.")
+  return ("It is truncated or corrupted; nothing was deleted or changed. Start a fresh --workdir "
+          f"(or move {where} aside to start this one from scratch).")
+
+
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
-  """Reads only the JSON metadata of the checkpoint at `step`."""
-  restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-  return restored["meta"]
+  """Reads only the JSON metadata (the step, i.e. the data position, and the config) at `step`.
+
+  Raises a ValueError naming the checkpoint when the metadata is missing or unreadable.
+  """
+  try:
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  except Exception as e:
+    raise ValueError(f"could not read the metadata (step, config) of checkpoint "
+                     f"{manager.directory}/{step}: {_short_error(e)}\n"
+                     f"{_corrupt_hint(manager, step)}") from e
+  if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+    found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
+    raise ValueError(f"checkpoint {manager.directory}/{step} has metadata without an integer "
+                     f"'step' (found {found}): it was not written by hybridjax.\n"
+                     f"{_corrupt_hint(manager, step)}")
+  return meta
 
 
 def _key_name(k: Any) -> str:
@@ -97,20 +141,33 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
   """
   try:
     found = manager.item_metadata(step)
-    found_state = found["state"] if found is not None and "state" in found else None
   except Exception:  # metadata unreadable: the restore below reports the problem
-    found_state = None
+    found = None
+  found_state = found["state"] if found is not None and "state" in found else None
+  if found is not None and found_state is None:
+    items = sorted(k for k in found.keys() if found[k] is not None)
+    raise ValueError(f"checkpoint {manager.directory}/{step} has no readable 'state' item (it, or "
+                     f"its _METADATA, is missing; readable items: {items}).\n"
+                     f"{_corrupt_hint(manager, step)}")
   if found_state is not None:
     expected = _tree_lines(abstract_state)
     got = _tree_lines(found_state)
     problems = []
-    for k in sorted(set(expected) | set(got)):
-      if k not in got:
-        problems.append(f"missing in checkpoint: {k} expected shape {expected[k][0]}")
-      elif k not in expected:
-        problems.append(f"unexpected in checkpoint: {k} shape {got[k][0]}")
-      elif expected[k][0] != got[k][0]:
+    for k in sorted(set(expected) & set(got)):
+      if expected[k][0] != got[k][0]:
         problems.append(f"{k}: expected shape {expected[k][0]}, found {got[k][0]}")
+      elif expected[k][1] and got[k][1] and expected[k][1] != got[k][1]:
+        problems.append(f"{k}: expected dtype {expected[k][1]}, found {got[k][1]}")
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    # Another state layout misses or adds whole subtrees: list a few leaves, summarise the rest.
+    for what, keys, shapes in (("missing in checkpoint", missing, expected),
+                               ("unexpected in checkpoint", unexpected, got)):
+      if len(keys) <= 6:
+        problems += [f"{what}: {k} shape {shapes[k][0]}" for k in keys]
+      else:
+        tops = sorted({k.split(".")[0] for k in keys})
+        problems.append(f"{what}: {len(keys)} leaves under {', '.join(tops)}, e.g. {keys[0]}")
     if problems:
       shown = "\n  ".join(problems[:20])
       more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -122,6 +179,6 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
   except Exception as e:
     raise ValueError(
-        f"could not restore checkpoint {manager.directory}/{step}: {type(e).__name__}: {e}\n"
-        "The checkpoint may be truncated or from another model; nothing was deleted.") from e
+        f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n"
+        f"{_corrupt_hint(manager, step)}") from e
   return restored["state"], restored["meta"]

@@ -44,6 +44,9 @@ def default_trainer_config() -> ml_collections.ConfigDict:
   c.compile_cache = True  # JAX persistent compilation cache
   c.compile_cache_dir = ""  # '' = ~/.cache/hybridjax/jax_cache
   c.memory_limit_bytes = 0  # 0 = off; above it: warn and save an emergency checkpoint once
+  # Stop the run (TrainingDiverged) after this many consecutive real steps whose update was skipped
+  # as non-finite; the last good checkpoint is kept.
+  c.max_nonfinite_steps = 20
   return c
 
 
@@ -75,8 +78,34 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
       loss_spike_sigma=6.0,  # loss above its EMA by this many running std -> FULL cooldown
       max_prediction_failures=3,  # consecutive diverged PREDICT phases -> FULL cooldown
       cooldown_steps=50,
-      max_events=50,  # stop the run after this many non-finite events
+      max_events=50,  # stop the run after this many non-finite events in all (TrainingDiverged)
   ))
+  return c
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """The device mesh (`hybridjax.sharding`): `data` x `fsdp` devices.
+
+  The default spans every visible device on the data axis, so a run on 8 devices is 8-way data
+  parallel with no flag. A config without this block gets these defaults.
+  """
+  c = ml_collections.ConfigDict()
+  c.data = -1  # data-parallel replicas; -1 = all visible devices / fsdp
+  c.fsdp = 1  # devices each param, optimizer-state and velocity leaf is split over (1 = off)
+  return c
+
+
+def default_distributed_config() -> ml_collections.ConfigDict:
+  """Multi-host start-up: `jax.distributed.initialize()` (see `hybridjax.sharding`).
+
+  With `enabled` and nothing else set, JAX detects the cluster (SLURM, Open MPI, TPU pods, ...);
+  elsewhere give the coordinator's address and this process's place explicitly.
+  """
+  c = ml_collections.ConfigDict()
+  c.enabled = False
+  c.coordinator_address = ""  # 'host:port' of process 0; '' = auto-detect
+  c.num_processes = 0  # 0 = auto-detect
+  c.process_id = -1  # -1 = auto-detect
   return c
 
 
@@ -130,6 +159,7 @@ def _str(v: Any) -> str | None:
 
 
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "preset": _str,  # experiment configs only; the experiment checks the name itself
     "mode": _choice("baseline", "hybrid"),
     "seed": _int(0),
     "resume": _choice("auto", "force", "never"),
@@ -167,6 +197,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
     "trainer.compile_cache": _bool,
     "trainer.compile_cache_dir": _str,
     "trainer.memory_limit_bytes": _int(0),
+    "trainer.max_nonfinite_steps": _int(1),
     "hybrid.enable_predict": _bool,
     "hybrid.warmup_steps": _int(1),
     "hybrid.full_steps": _int(1),
@@ -198,6 +229,12 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
     "hybrid.health.max_prediction_failures": _int(1),
     "hybrid.health.cooldown_steps": _int(0),
     "hybrid.health.max_events": _int(1),
+    "mesh.data": _int(-1),  # -1 = auto; 0 is refused by `_mesh_errors`
+    "mesh.fsdp": _int(1),
+    "distributed.enabled": _bool,
+    "distributed.coordinator_address": _str,
+    "distributed.num_processes": _int(0),
+    "distributed.process_id": _int(-1),
 }
 
 
@@ -234,12 +271,27 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
     if not cond:
       errors.append(msg)
 
+  if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
+    errors.append("--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
+                  "(hybridjax.config.default_hybrid_config())")
   if not errors:
     if "trainer" in config and (blocks is None or "trainer" in blocks):
       t = config.trainer
       rel(t.batch_size % t.grad_accum == 0,
           f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
           f"--config.trainer.grad_accum ({t.grad_accum})")
+      if (blocks is None and config.get("mode") == "hybrid" and "hybrid" in config
+          and config.hybrid.enable_predict):
+        # Otherwise the whole run is WARMUP: a baseline run with extra cost.
+        rel(config.hybrid.warmup_steps < t.steps,
+            f"--config.hybrid.warmup_steps ({config.hybrid.warmup_steps}) must be < "
+            f"--config.trainer.steps ({t.steps}) for a hybrid run to ever predict; lower "
+            "--config.hybrid.warmup_steps or use --config.mode=baseline")
+    if "optim" in config and (blocks is None or "optim" in blocks):
+      o = config.optim
+      rel(o.decay_steps == 0 or o.decay_steps > o.warmup_steps,
+          f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
+          f"> --config.optim.warmup_steps ({o.warmup_steps})")
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model
       rel(m.d_model % m.n_head == 0,
@@ -253,5 +305,66 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
       rel(h.accuracy_window <= h.history_size,
           f"--config.hybrid.accuracy_window ({h.accuracy_window}) must be <= "
           f"--config.hybrid.history_size ({h.history_size})")
+    if blocks is None or "mesh" in blocks or "distributed" in blocks:
+      errors += _mesh_errors(config, n_devices=None)[0]
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _mesh_errors(config: ml_collections.ConfigDict,
+                 n_devices: int | None) -> tuple[list[str], int, int]:
+  """(errors, data, fsdp) for `config.mesh` on `n_devices` devices (None: not known yet).
+
+  Validation runs before JAX starts (multi-host start-up must come first), so it checks only what
+  the config alone decides; `mesh_shape` repeats the checks with the real device count.
+  """
+  mesh = config.get("mesh") or default_mesh_config()
+  data, fsdp = mesh.get("data", -1), mesh.get("fsdp", 1)
+  errors = []
+  if data == 0:
+    errors.append("--config.mesh.data must be >= 1, or -1 for all devices, got 0")
+    return errors, data, fsdp
+  if n_devices is not None:
+    if data == -1:
+      if n_devices % fsdp:
+        errors.append(f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
+                      f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}")
+        return errors, data, fsdp
+      data = n_devices // fsdp
+    elif data * fsdp != n_devices:
+      errors.append(
+          f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
+          f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all")
+      return errors, data, fsdp
+  if data > 0 and "trainer" in config:
+    t = config.trainer
+    n = data * fsdp * t.grad_accum
+    if t.batch_size % n:
+      errors.append(
+          f"--config.trainer.batch_size ({t.batch_size}) must be divisible by mesh.data ({data}) x "
+          f"mesh.fsdp ({fsdp}) x trainer.grad_accum ({t.grad_accum}) = {n}, so every device gets "
+          f"an equal share of each micro-batch; use a multiple of {n}")
+  dist = config.get("distributed")
+  if dist is not None:
+    address, enabled = dist.get("coordinator_address", ""), dist.get("enabled", False)
+    n_proc, proc_id = dist.get("num_processes", 0), dist.get("process_id", -1)
+    if address and not enabled:
+      errors.append("--config.distributed.coordinator_address is set but "
+                    "--config.distributed.enabled is False; set it to True for a multi-host run")
+    if n_proc > 0 and proc_id >= n_proc:
+      errors.append(f"--config.distributed.process_id ({proc_id}) must be < "
+                    f"--config.distributed.num_processes ({n_proc})")
+  return errors, data, fsdp
+
+
+def mesh_shape(config: ml_collections.ConfigDict, n_devices: int) -> tuple[int, int]:
+  """The (data, fsdp) mesh shape `config.mesh` asks for on `n_devices` devices.
+
+  Raises:
+    ValueError: naming the field and the fix, when the shape does not cover exactly `n_devices`
+      devices or `trainer.batch_size` does not split evenly over them.
+  """
+  errors, data, fsdp = _mesh_errors(config, n_devices)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  return data, fsdp

@@ -151,7 +151,8 @@ def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, expl
   phase = ctrl.phase
   k = ctrl.steps_in_phase + 1
   in_predict = phase == PREDICT
-  nonfinite = was_real & ~finite
+  # A non-finite loss is a health event whether a real step or a PREDICT validation measured it.
+  nonfinite = (was_real & ~finite) | nonfinite_prediction
   bad_predict = in_predict & (diverged | nonfinite_prediction)
   failures = jnp.where(bad_predict, ctrl.consecutive_failures + 1, ctrl.consecutive_failures)
   prediction_failure = bad_predict & (failures >= s.max_prediction_failures)
@@ -162,7 +163,9 @@ def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, expl
 
   eligible = (s.enable_predict & (cooldown == 0) &
               (ctrl.confidence >= s.confidence_threshold) & ~health)
-  predict_done = in_predict & (bad_predict | (k >= ctrl.horizon) | nonfinite)
+  # Any health event ends PREDICT (a gradient explosion or loss spike in a micro-correction too), so
+  # the phase goes to FULL via CORRECT, as the transition table says.
+  predict_done = in_predict & (bad_predict | (k >= ctrl.horizon) | health)
   nxt = phase
   nxt = jnp.where((phase == WARMUP) & (k >= s.warmup_steps), FULL, nxt)
   nxt = jnp.where((phase == FULL) & (k >= s.full_steps) & eligible, PREDICT, nxt)

@@ -652,10 +652,21 @@ def _check_batch_args(
 
 
 def _gather(
-    tokens: np.ndarray, starts: np.ndarray, seq_len: int
+    tokens: np.ndarray, starts: np.ndarray, seq_len: int,
+    vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
   windows = np.asarray(
       tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
+  if vocab_size is not None and windows.size and windows.max() >= vocab_size:
+    # An id outside the embedding table is not an error inside JAX: the
+    # lookup silently returns garbage (NaN or a clipped row). Refuse it here.
+    source = getattr(tokens, "filename", None)
+    source = f"token file {source!r}" if source else "the token stream"
+    raise ValueError(
+        f"{source} holds token id {int(windows.max())}, but model.vocab_size "
+        f"is {vocab_size}: the file was not made with this data.tokenizer, "
+        "or it is corrupted; prepare it again from data.path (delete its "
+        "cache entry), or raise model.vocab_size")
   return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
@@ -666,6 +677,7 @@ def get_batch(
     step: int,
     batch_size: int,
     seq_len: int,
+    vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
   """Returns batch `step`: random windows of `tokens`, fixed by (seed, step).
 
@@ -675,6 +687,8 @@ def get_batch(
     step: the training step (a non-negative integer).
     batch_size: `trainer.batch_size`.
     seq_len: the sequence length, `model.n_ctx`.
+    vocab_size: if set (`model.vocab_size`), a batch holding a larger token id
+      raises ValueError instead of reaching the model.
 
   Returns:
     {"inputs", "targets"}: int32 arrays of shape (batch_size, seq_len), with
@@ -689,7 +703,7 @@ def get_batch(
       raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
   rng = np.random.default_rng((int(seed), int(step)))
   starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
-  return _gather(tokens, starts, seq_len)
+  return _gather(tokens, starts, seq_len, vocab_size)
 
 
 def eval_batches(
@@ -699,6 +713,7 @@ def eval_batches(
     seq_len: int,
     n_batches: int,
     seed: int = 0,
+    vocab_size: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
   """Returns a fixed set of evaluation batches, the same for every run.
 
@@ -712,13 +727,15 @@ def eval_batches(
     seq_len: the sequence length, `model.n_ctx`.
     n_batches: how many batches.
     seed: the seed for the offsets within strata.
+    vocab_size: if set, a token id >= vocab_size raises ValueError.
 
   Returns:
     A list of `n_batches` batches, shaped like those of `get_batch`.
   """
   _check_batch_args(tokens, batch_size, seq_len)
   if n_batches < 1:
-    raise ValueError(f"n_batches must be positive, got {n_batches}")
+    raise ValueError(
+        f"trainer.eval_batches (n_batches) must be positive, got {n_batches}")
   n_windows = n_batches * batch_size
   n_starts = len(tokens) - seq_len  # Valid offsets: [0, n_starts).
   edges = np.linspace(0, n_starts, n_windows + 1)
@@ -728,5 +745,6 @@ def eval_batches(
   starts = np.floor(edges[:-1] + rng.random(n_windows) * np.diff(edges))
   starts = np.clip(starts.astype(np.int64), 0, n_starts - 1)
   return [
-      _gather(tokens, s, seq_len) for s in starts.reshape(n_batches, batch_size)
+      _gather(tokens, s, seq_len, vocab_size)
+      for s in starts.reshape(n_batches, batch_size)
   ]

@@ -2,7 +2,8 @@
 
 On GPU and TPU, `device.memory_stats()` reports `bytes_in_use`, `peak_bytes_in_use` and
 `bytes_limit`. On CPU it returns None; then we report the total bytes of `jax.live_arrays()` and the
-process RSS, each labelled with its source so no figure is mistaken for another.
+process RSS, each labelled with its source so no figure is mistaken for another. On a mesh of
+several local devices `bytes_in_use` is per device (the fullest one); see `live_bytes_by_device`.
 """
 
 from __future__ import annotations
@@ -23,45 +24,91 @@ def process_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _buffer_key(a: jax.Array) -> object:
-  try:  # single-device arrays: two Array objects can share one buffer (orbax's save makes such views)
-    return a.unsafe_buffer_pointer()
-  except Exception:  # sharded or deleted arrays: count the object itself
-    return id(a)
+def _buffers(a: jax.Array) -> list[tuple[tuple[int, object], int]]:
+  """((device id, buffer key), bytes) for each of `a`'s buffers on this process's devices.
+
+  Keys are buffer pointers, so Array objects that alias one buffer count once: an orbax save leaves
+  a second Array per saved buffer, and reading a sharded array's `addressable_shards` keeps one
+  single-device Array per shard alive, both over buffers that are already counted.
+  """
+  try:
+    devices = a.sharding.device_set
+    if len(devices) == 1:  # the common case, kept cheap
+      return [((next(iter(devices)).id, a.unsafe_buffer_pointer()), int(a.nbytes))]
+    return [((s.device.id, s.data.unsafe_buffer_pointer()), int(s.data.nbytes))
+            for s in a.addressable_shards]
+  except Exception:  # deleted meanwhile, or no buffer pointers on this backend: count the object
+    return [((-1, id(a)), int(a.nbytes))]
+
+
+def _live_buffers() -> dict[tuple[int, object], int]:
+  seen: dict[tuple[int, object], int] = {}
+  for a in jax.live_arrays():
+    for key, nbytes in _buffers(a):
+      seen.setdefault(key, nbytes)
+  return seen
 
 
 def live_array_stats() -> tuple[int, int]:
   """(count, total bytes) of the distinct device buffers behind this process's live jax arrays.
 
   Arrays are de-duplicated by buffer: after an orbax save a second Array object aliases each saved
-  buffer (same pointer, freed with it), which is no extra memory and is not counted twice.
+  buffer (same pointer, freed with it), which is no extra memory and is not counted twice. A
+  sharded array counts one buffer per local device it lives on.
   """
-  seen: dict[object, int] = {}
-  for a in jax.live_arrays():
-    seen.setdefault(_buffer_key(a), int(a.nbytes))
+  seen = _live_buffers()
   return len(seen), int(sum(seen.values()))
 
 
-def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
-  """One reading. `bytes_in_use` is always present; `source` says where it came from."""
-  device = device or jax.devices()[0]
-  stats = None
+def live_bytes_by_device() -> dict[int, int]:
+  """{device id: bytes of the distinct live buffers on it}, for this process's devices.
+
+  On a mesh this is the per-device memory: a replicated leaf counts in full on every device, an
+  FSDP-sharded one only with its shard.
+  """
+  per = {d.id: 0 for d in jax.local_devices()}
+  for (device_id, _), nbytes in _live_buffers().items():
+    per[device_id] = per.get(device_id, 0) + nbytes
+  return per
+
+
+def _device_stats(device: jax.Device) -> dict[str, Any] | None:
   try:
-    stats = device.memory_stats()
+    return device.memory_stats()
   except Exception:  # some backends raise instead of returning None
-    stats = None
-  n_live, live_bytes = live_array_stats()
-  snap: dict[str, Any] = {"live_arrays": n_live, "live_bytes": live_bytes,
+    return None
+
+
+def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
+  """One reading. `bytes_in_use` is always present; `source` says where it came from.
+
+  With several local devices (a mesh) and no `device` given, `bytes_in_use` is per device: that of
+  the fullest one, which is what runs out first; `devices` and `device_live_bytes` (live-array bytes
+  on the fullest device) are added.
+  """
+  devices = [device] if device is not None else jax.local_devices()
+  buffers = _live_buffers()
+  live_bytes = int(sum(buffers.values()))
+  snap: dict[str, Any] = {"live_arrays": len(buffers), "live_bytes": live_bytes,
                           "rss_bytes": process_rss_bytes()}
-  if stats and "bytes_in_use" in stats:
+  if len(devices) > 1:
+    per: dict[int, int] = {}
+    for (device_id, _), nbytes in buffers.items():
+      per[device_id] = per.get(device_id, 0) + nbytes
+    snap.update(devices=len(devices), device_live_bytes=max(per.get(d.id, 0) for d in devices))
+  stats = [_device_stats(d) for d in devices]
+  suffix = f" (max over {len(devices)} devices)" if len(devices) > 1 else ""
+  if all(st and "bytes_in_use" in st for st in stats):
+    fullest = max(stats, key=lambda st: st["bytes_in_use"])
     snap.update(
-        source="device.memory_stats",
-        bytes_in_use=int(stats["bytes_in_use"]),
-        peak_bytes_in_use=int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
-        bytes_limit=int(stats.get("bytes_limit", 0)),
+        source="device.memory_stats" + suffix,
+        bytes_in_use=int(fullest["bytes_in_use"]),
+        peak_bytes_in_use=max(int(st.get("peak_bytes_in_use", st["bytes_in_use"])) for st in stats),
+        bytes_limit=int(fullest.get("bytes_limit", 0)),
     )
   else:
-    snap.update(source="jax.live_arrays", bytes_in_use=live_bytes)
+    snap.update(source="jax.live_arrays" + suffix,
+                bytes_in_use=snap.get("device_live_bytes", live_bytes))
   return snap
 
 

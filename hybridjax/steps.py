@@ -33,11 +33,12 @@ from hybridjax import corrector as corrector_lib
 from hybridjax import dynamics as dynamics_lib
 from hybridjax import features as features_lib
 from hybridjax import memory as memory_lib
+from hybridjax import sharding as sharding_lib
 from hybridjax import state as state_lib
 from hybridjax.config import PHASE_NAMES
 from hybridjax.state import HybridState
-from hybridjax.trainer import (TrainState, current_learning_rate, global_norm, loss_and_grads,
-                               guarded_update, tree_where)
+from hybridjax.trainer import (current_learning_rate, global_norm, guarded_update, init_train_state,
+                               loss_and_grads, next_train_state, tree_where)
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
 
@@ -98,7 +99,7 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
   rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
   return HybridState(
-      train=TrainState(params=params, opt_state=ctx.tx.init(params), step=jnp.zeros((), jnp.int32)),
+      train=init_train_state(params, ctx.tx),
       velocity=jax.tree.map(jnp.zeros_like, params),
       dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
       corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity,
@@ -223,7 +224,7 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any]
   dyn = tree_where(finite, dyn, state.dynamics)
 
   new_state = state.replace(
-      train=TrainState(params=params, opt_state=opt_state, step=tr.step + 1),
+      train=next_train_state(tr, params, opt_state, finite),
       velocity=velocity, dynamics=dyn, history=h, controller=c, rng=rng)
   info = _info(loss=loss, predicted_loss=jnp.exp(c.plan_logloss[0]), grad_norm=grad_norm,
                was_real=True, finite=finite, explosion=explosion, spike=spike, validated=False,
@@ -238,6 +239,10 @@ def predict_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any
   tr, c, groups = state.train, state.controller, ctx.groups
   k = jnp.clip(c.steps_in_phase - c.plan_offset, 0, ctx.hmax - 1)
   alpha = c.plan_alpha[k]
+  # A non-finite plan (a diverged dynamics model) never moves the params: it ends the phase as a
+  # non-finite prediction instead, and the segment so far is rolled back.
+  bad_plan = ~jnp.all(jnp.isfinite(alpha))
+  alpha = jnp.where(bad_plan, 0.0, alpha)
   params = features_lib.add_scaled_by_group(groups, tr.params, alpha, state.velocity)
   since_good = c.alpha_since_good + alpha
 
@@ -249,9 +254,10 @@ def predict_step(ctx: HybridContext, state: HybridState, batch: Mapping[str, Any
   predicted = c.plan_logloss[k]
   finite = jnp.isfinite(logloss)
   tol = jnp.log1p(ctx.control.divergence_tolerance)
-  nonfinite_prediction = validate & ~finite
-  diverged = validate & finite & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
-  good = validate & finite & ~diverged
+  nonfinite_prediction = (validate & ~finite) | bad_plan
+  diverged = (validate & finite & ~bad_plan &
+              ((logloss > predicted + tol) | (logloss > c.start_logloss + tol)))
+  good = validate & finite & ~diverged & ~bad_plan
   rollback = jnp.where(diverged | nonfinite_prediction, since_good, 0.0)
   c = controller_lib.push_error(c, controller_lib.relative_error(logloss, predicted), validate & finite)
 
@@ -356,7 +362,10 @@ class HybridDriver:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, *, loss_fn: LossFn,
-               tx: optax.GradientTransformation, rng: jax.Array, init_params: Callable[[], Any]):
+               tx: optax.GradientTransformation, rng: jax.Array, init_params: Callable[[], Any],
+               mesh: jax.sharding.Mesh | None = None):
+    """`mesh` (from `sharding.make_mesh`): the state is created and kept sharded on it, and every
+    step is jitted with matching in/out shardings. None or one device: plain single-device jit."""
     self.config = config
     self._init_params = init_params
     self._rng = rng
@@ -364,10 +373,17 @@ class HybridDriver:
     self.ctx = make_context(config.hybrid, loss_fn=loss_fn, tx=tx, params_shape=params_shape,
                             total_steps=config.trainer.steps, grad_accum=config.trainer.grad_accum)
     self.dispatch = config.hybrid.dispatch
-    self._phase_fns = [jax.jit(make_phase_step(self.ctx, b), donate_argnums=0, keep_unused=True)
+    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
+    self.state_shardings = None  # a tree like HybridState, on a multi-device mesh
+    if self.mesh is not None:
+      self.state_shardings = sharding_lib.hybrid_state_shardings(
+          jax.eval_shape(self._init_state_unsharded), self.mesh)
+    jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
+    self._phase_fns = [jax.jit(make_phase_step(self.ctx, b), donate_argnums=0, keep_unused=True,
+                               **jit_kw)
                        for b in range(state_lib.N_BRANCHES)]
     self._fused = jax.jit(lambda s, b: hybrid_step(self.ctx, s, b), donate_argnums=0,
-                          keep_unused=True)
+                          keep_unused=True, **jit_kw)
     self.phase_seconds = np.zeros(4)
     self.phase_timed_steps = np.zeros(4, np.int64)
     self._pending: tuple[int, float] | None = None
@@ -379,8 +395,25 @@ class HybridDriver:
     self._trace_device: list[dict[str, jax.Array]] = []
     self.trace: list[dict[str, Any]] = []
 
+  def _init_state_unsharded(self) -> HybridState:
+    # The params are made as the baseline makes them (eagerly, so both start bit-identical); the
+    # rest in one jitted call instead of ~200 small eager dispatches and compiles.
+    params = self._init_params()
+    return jax.jit(lambda p, r: init_hybrid_state(self.ctx, p, r))(params, self._rng)
+
   def init_state(self) -> HybridState:
-    return init_hybrid_state(self.ctx, self._init_params(), self._rng)
+    """A fresh state; on a multi-device mesh laid out with `state_shardings`.
+
+    The params are created directly sharded (never whole on one device); the optimizer state and
+    velocity are made from them and keep their sharding. The small replicated rest (RSSM,
+    corrector, history, controller) is built as on one device, then copied to every device: the
+    same values as a one-device run, and no compile of the RSSM's initialisation per mesh.
+    """
+    if self.mesh is None:
+      return self._init_state_unsharded()
+    sh = self.state_shardings
+    params = sharding_lib.sharded_init(self._init_params, sh.train.params)()
+    return jax.device_put(init_hybrid_state(self.ctx, params, self._rng), sh)
 
   def compile(self, state: HybridState, batch: Mapping[str, Any]) -> None:
     """Compiles every step kind ahead of time, so no compile lands inside a timed phase."""
@@ -398,8 +431,10 @@ class HybridDriver:
       self._trace_device.append(metrics)
       return state, metrics
     # Reading the branch waits for the previous step: the time since its dispatch is its cost.
-    branch, phase, step = jax.device_get((state.controller.next_branch, state.controller.phase,
-                                          state.train.step))
+    # Python ints at once: on CPU, device_get returns zero-copy views of the device buffers, and a
+    # live view keeps XLA from donating them (they would be copied, and the old leaves kept).
+    branch, phase, step = (int(v) for v in jax.device_get(
+        (state.controller.next_branch, state.controller.phase, state.train.step)))
     now = time.perf_counter()
     if self._last_phase is not None and int(phase) != self._last_phase:
       # Memory at every phase transition (DESIGN.md section 3).
@@ -454,7 +489,8 @@ class HybridDriver:
     return {"phase_now": int(c.phase), "predict_fraction": float(c.phase_steps[2]) / total,
             "backward_passes": int(c.backward_passes), "confidence_now": float(c.confidence),
             "accuracy": float(c.accuracy), "agreement": float(c.agreement),
-            "health_events": int(c.events.sum()), "rollbacks": int(c.rollbacks)}
+            "health_events": int(c.events.sum()), "nonfinite_events": int(c.events[0]),
+            "rollbacks": int(c.rollbacks)}
 
   @staticmethod
   def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:

@@ -22,6 +22,7 @@ import optax
 
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import memory as memory_lib
+from hybridjax import sharding as sharding_lib
 from hybridjax import writers
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
@@ -30,10 +31,19 @@ Batch = Mapping[str, Any]
 
 @flax.struct.dataclass
 class TrainState:
-  """What a plain optax loop carries."""
+  """What a plain optax loop carries, plus its health counters."""
   params: Any
   opt_state: Any
   step: jax.Array  # int32 scalar: the global step (batches consumed), which the schedule follows
+  # Real steps whose update was skipped because the loss or the gradient was not finite. They live
+  # on the device, so the host loop reads them only when it logs (no per-step sync).
+  nonfinite_streak: jax.Array  # int32: consecutive skipped steps up to now (0 after a good one)
+  nonfinite_total: jax.Array  # int32: all skipped steps
+
+
+class TrainingDiverged(RuntimeError):
+  """Raised by `train` when updates stay non-finite (`trainer.max_nonfinite_steps` in a row, or
+  `hybrid.health.max_events` non-finite events); no checkpoint of the diverged state is written."""
 
 
 # --- optimizer ---------------------------------------------------------------------------------
@@ -42,12 +52,13 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
   """Linear warm-up to `learning_rate`, then cosine decay to `learning_rate * min_lr_ratio`."""
   decay_steps = optim.decay_steps or total_steps
   warmup = min(optim.warmup_steps, max(decay_steps - 1, 0))
+  lr = float(optim.learning_rate)  # an int from a config would become an int32 inside JAX
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if warmup > 0 else optim.learning_rate,
-      peak_value=optim.learning_rate,
+      init_value=0.0 if warmup > 0 else lr,
+      peak_value=lr,
       warmup_steps=warmup,
       decay_steps=max(decay_steps, warmup + 1),
-      end_value=optim.learning_rate * optim.min_lr_ratio)
+      end_value=lr * float(optim.min_lr_ratio))
 
 
 def _decay_mask(params: Any) -> Any:
@@ -62,19 +73,20 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
   step (see `sync_schedule`): hybrid training takes steps that never reach the optimizer.
   """
   schedule = make_schedule(optim, total_steps)
+  # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
+  b1, b2, eps, wd = (float(optim.b1), float(optim.b2), float(optim.eps),
+                     float(optim.weight_decay))
   if optim.name == "adamw":
     core = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-        learning_rate=schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-        weight_decay=optim.weight_decay, mask=_decay_mask)
+        learning_rate=schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=_decay_mask)
   elif optim.name == "adam":
-    core = optax.inject_hyperparams(optax.adam)(learning_rate=schedule, b1=optim.b1, b2=optim.b2,
-                                                eps=optim.eps)
+    core = optax.inject_hyperparams(optax.adam)(learning_rate=schedule, b1=b1, b2=b2, eps=eps)
   elif optim.name == "sgd":
     core = optax.inject_hyperparams(optax.sgd)(learning_rate=schedule, momentum=0.9)
   else:
     raise ValueError(f"--config.optim.name must be 'adamw', 'adam' or 'sgd', got {optim.name!r}")
   if optim.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(optim.grad_clip), core)
+    return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
   return core
 
 
@@ -117,7 +129,21 @@ def current_learning_rate(opt_state: Any) -> jax.Array:
 
 
 def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+  """A fresh state at step 0 with the optimizer initialised on `params`."""
+  # Three distinct buffers: the state is donated, and one buffer cannot be donated twice.
+  zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731
+  return TrainState(params=params, opt_state=tx.init(params), step=zero(),
+                    nonfinite_streak=zero(), nonfinite_total=zero())
+
+
+def next_train_state(state: TrainState, params: Any, opt_state: Any,
+                     applied: jax.Array) -> TrainState:
+  """The state after one real step: step + 1, and the non-finite counters updated by `applied`
+  (False when `guarded_update` skipped the update)."""
+  skipped = (~applied).astype(jnp.int32)
+  return TrainState(params=params, opt_state=opt_state, step=state.step + 1,
+                    nonfinite_streak=jnp.where(applied, 0, state.nonfinite_streak + 1),
+                    nonfinite_total=state.nonfinite_total + skipped)
 
 
 def global_norm(tree: Any) -> jax.Array:
@@ -172,13 +198,23 @@ def tree_where(cond: jax.Array, a: Any, b: Any) -> Any:
   return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
 
 
+def all_finite(tree: Any) -> jax.Array:
+  """True when every floating-point element of `tree` is finite (integer leaves always are)."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
 def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
                    step: jax.Array, finite: jax.Array) -> tuple[Any, Any, Any]:
   """One optimizer update that is skipped (params and optimizer state kept) when not `finite`.
 
   Returns (params, opt_state, updates). The baseline and hybrid real steps share this function,
   so with prediction off they compute bit-identical params (XLA fuses the selects into the update
-  arithmetic, so a program without them would round differently).
+  arithmetic, so a program without them would round differently; for the same reason no other
+  check reads the new state here: any extra reduction over it changes the rounding of one of the
+  two programs). `finite` covers the loss and the gradient's global norm; a finite global norm
+  means every squared gradient is finite, so Adam's moments and update stay finite too.
   """
   updates, new_opt = optimizer_update(tx, grads, opt_state, params, step)
   new_params = optax.apply_updates(params, updates)
@@ -197,19 +233,31 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   params, opt_state, _ = guarded_update(tx, grads, state.opt_state, state.params, state.step, finite)
   metrics = {"loss": loss, "grad_norm": grad_norm}
-  return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+  return next_train_state(state, params, opt_state, finite), metrics
 
 
-def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
-                    grad_accum: int = 1) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-  """`train_step` jitted with `donate_argnums=0`: the old state's buffers are reused in place."""
+def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, grad_accum: int = 1, *,
+                    mesh: jax.sharding.Mesh | None = None, state_shardings: Any = None
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """`train_step` jitted with `donate_argnums=0`: the old state's buffers are reused in place.
+
+  On a multi-device `mesh` the state keeps `state_shardings` (`sharding.train_state_shardings`)
+  in and out and the batch is split on dim 0; on one device (or without a mesh) it is a plain jit.
+  """
   def step(state, batch):
     return train_step(state, batch, loss_fn=loss_fn, tx=tx, grad_accum=grad_accum)
   # keep_unused: inputs the step overwrites (the schedule counters) must still be donated.
-  return jax.jit(step, donate_argnums=0, keep_unused=True)
+  return jax.jit(step, donate_argnums=0, keep_unused=True,
+                 **sharding_lib.step_jit_kwargs(state_shardings, mesh))
 
 
-def make_eval_fn(loss_fn: LossFn) -> Callable[[Any, Batch], jax.Array]:
+def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None
+                 ) -> Callable[[Any, Batch], jax.Array]:
+  """The jitted loss. On a multi-device `mesh` it takes the sharded params and batch as they are
+  and returns the loss replicated, so every host can read it."""
+  if sharding_lib.is_multi_device(mesh):
+    return jax.jit(lambda params, batch: loss_fn(params, batch)[0],
+                   out_shardings=sharding_lib.replicated(mesh))
   return jax.jit(lambda params, batch: loss_fn(params, batch)[0])
 
 
@@ -279,6 +327,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
   tcfg = config.trainer
   os.makedirs(workdir, exist_ok=True)
   enable_compile_cache(tcfg)
+  # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
+  sharding_lib.initialize_distributed(config)
+  mesh = sharding_lib.make_mesh(config)
+  multi = sharding_lib.is_multi_device(mesh)  # one device: exactly the single-device programs
   total_steps = tcfg.steps
   tx = make_optimizer(config.optim, total_steps)
   rng = jax.random.PRNGKey(config.seed)
@@ -287,18 +339,26 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
   if config.mode == "baseline":
     def init_state():
       return init_train_state(init_params(params_rng), tx)
-    step_fn = make_train_step(loss_fn, tx, tcfg.grad_accum)
+    state_shardings = None
+    if multi:
+      state_shardings = sharding_lib.train_state_shardings(jax.eval_shape(init_state), mesh)
+      init_state = sharding_lib.sharded_init(init_state, state_shardings)
+    step_fn = make_train_step(loss_fn, tx, tcfg.grad_accum, mesh=mesh,
+                              state_shardings=state_shardings)
     params_of = lambda s: s.params  # noqa: E731
     driver = None
   elif config.mode == "hybrid":
     from hybridjax import steps as hybrid_steps  # the hybrid core
     driver = hybrid_steps.HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng,
-                                       init_params=lambda: init_params(params_rng))
+                                       init_params=lambda: init_params(params_rng), mesh=mesh)
     init_state = driver.init_state
+    state_shardings = driver.state_shardings
     step_fn = driver.step
     params_of = lambda s: s.train.params  # noqa: E731
   else:
     raise ValueError(f"--config.mode must be 'baseline' or 'hybrid', got {config.mode!r}")
+
+  train_of = lambda s: getattr(s, "train", s)  # noqa: E731  (the TrainState inside a HybridState)
 
   # Resume or start.
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
@@ -316,20 +376,79 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
       raise ValueError(
           f"--workdir {workdir} holds a run with a different config:\n  " + "\n  ".join(diffs) +
           "\nUse a new --workdir, or pass --config.resume=force to resume it anyway.")
-    abstract = jax.eval_shape(init_state)
+    # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
+    abstract = sharding_lib.restore_target(jax.eval_shape(init_state), state_shardings)
     state, meta = ckpt_lib.restore(manager, latest, abstract)
     start_step = int(meta["step"])
+    # The data position is meta["step"]; the state's own counter must agree with it.
+    if int(jax.device_get(train_of(state).step)) != start_step:
+      raise ValueError(
+          f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says step "
+          f"{start_step}, its state step {int(jax.device_get(train_of(state).step))}; nothing was "
+          "changed. Use a fresh --workdir.")
+    summary_path = os.path.join(workdir, "summary.json")
+    if start_step >= total_steps and os.path.exists(summary_path):
+      # A finished run: report it, and do not overwrite its summary with an empty one.
+      manager.close()
+      print(f"{workdir} already finished its {total_steps} steps; nothing to do "
+            "(raise --config.trainer.steps to train further, or use a new --workdir)")
+      with open(summary_path) as f:
+        return json.load(f)
     print(f"resumed from {workdir} at step {start_step}")
   else:
     state = init_state()
+    if not multi:
+      # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
+      # same programs (and a resumed run hits the persistent compilation cache).
+      state = jax.device_put(state, jax.devices()[0])
 
   def save(step, state):
     meta = {"step": step, "config": config_json, "mode": config.mode}
     meta.update(extra_meta or {})
     ckpt_lib.save(manager, step, state, meta)
 
-  writer = writers.MetricWriter(workdir)
-  eval_fn = make_eval_fn(loss_fn)
+  max_events = config.hybrid.health.max_events if driver is not None else None
+
+  params_finite = jax.jit(all_finite)  # a separate program: the step's own rounding is untouched
+
+  def read_health(state) -> tuple[int, int | None, bool]:
+    """(non-finite streak, non-finite health events or None, params all finite): one small read."""
+    streak = train_of(state).nonfinite_streak
+    events = state.controller.events[0] if driver is not None else None
+    streak, events, ok = jax.device_get((streak, events, params_finite(params_of(state))))
+    return int(streak), (None if events is None else int(events)), bool(ok)
+
+  def check_health(done: int, streak: int, events: int | None, params_ok: bool = True) -> None:
+    """Raises TrainingDiverged when the non-finite limits are reached; nothing more is saved."""
+    if not params_ok:  # only an absurd learning rate gets here: every skipped update is checked
+      reason = f"the params became non-finite by step {done}"
+    elif streak >= tcfg.max_nonfinite_steps:
+      reason = (f"the last {streak} steps (up to step {done}) had a non-finite loss or gradient "
+                f"and their updates were skipped (limit --config.trainer.max_nonfinite_steps="
+                f"{tcfg.max_nonfinite_steps})")
+    elif events is not None and events >= max_events:
+      reason = (f"{events} non-finite events by step {done} (limit "
+                f"--config.hybrid.health.max_events={max_events})")
+    else:
+      return
+    manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
+    last = manager.latest_step()
+    if last is not None:
+      kept = (f"the last good checkpoint, step {last}, is kept in {manager.directory} (to continue "
+              "from it with a changed config, add --config.resume=force)")
+    else:
+      kept = "no checkpoint had been written yet"
+    raise TrainingDiverged(
+        f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. "
+        f"Lower --config.optim.learning_rate (now {config.optim.learning_rate}) or check the data.")
+
+  # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
+  # process but the first writes its own under process_<i>/.
+  log_dir = workdir if jax.process_index() == 0 else os.path.join(
+      workdir, f"process_{jax.process_index()}")
+  writer = writers.MetricWriter(log_dir)
+  eval_fn = make_eval_fn(loss_fn, mesh)
+  eval_batches = [sharding_lib.shard_batch(b, mesh) for b in eval_batches]  # as-is on one device
   mem = memory_lib.MemoryTracker()
   mem.record()
   bar = _progress_bar(tcfg.progress, total_steps, start_step)
@@ -345,7 +464,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
   step = start_step
   try:
     for step in range(start_step, total_steps):
-      batch = train_batch(step)
+      batch = sharding_lib.shard_batch(train_batch(step), mesh)  # as-is on one device
       t0 = time.perf_counter()
       state, metrics = step_fn(state, batch)
       if step == start_step:
@@ -364,7 +483,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
 
       is_last = done == total_steps
       if done % tcfg.log_every == 0 or is_last:
-        host = jax.device_get(metrics)  # the only per-log device->host transfer
+        # The only per-log device->host transfer: the metrics and the non-finite streak.
+        host, streak = jax.device_get((metrics, train_of(state).nonfinite_streak))
         if driver is not None:
           driver.flush_trace()
         jax.block_until_ready(state)
@@ -381,6 +501,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
           record["tokens_per_s"] = steps_since_log * tokens_per_step / dt
         record["bytes_in_use"] = snap["bytes_in_use"]
         record["rss_bytes"] = snap["rss_bytes"]
+        record["nonfinite_streak"] = int(streak)
         if driver is not None:
           record.update(driver.log_fields(state))
         writer.write(done, record)
@@ -392,6 +513,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
             writer.write(event.pop("step"), event, kind="memory")
         if "on_log" in hooks:
           hooks["on_log"](done, record)
+        check_health(done, int(streak), record.get("nonfinite_events"))
         if bar is not None:
           post = {"loss": f"{record['loss']:.3f}"}
           if driver is not None:
@@ -414,7 +536,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
         if bar is not None:
           bar.write(f"step {done}: eval loss {last_eval:.4f}")
       if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or is_last:
-        save(done, state)
+        streak, events, params_ok = read_health(state)
+        check_health(done, streak, events, params_ok)
+        if streak:  # the last real step was skipped as non-finite: keep the previous checkpoint
+          print(f"step {done}: checkpoint skipped, the last {streak} step(s) were non-finite")
+        else:
+          save(done, state)
       if driver is not None and time.perf_counter() - t_aside > 1e-3:
         driver.pause_timing()
       t_log += time.perf_counter() - t_aside  # eval and checkpoint time is not training time
@@ -439,12 +566,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, init_params: Calla
       "train_s": train_s,
       "s_per_step": train_s / max(timed_steps, 1),
       "memory": mem.summary(),
+      "mesh": sharding_lib.describe(mesh),
+      # Real steps whose update was skipped as non-finite (never applied to the params).
+      "nonfinite_skipped": int(jax.device_get(train_of(state).nonfinite_total)),
   }
   if tokens_per_step and train_s > 0:
     summary["tokens_per_s"] = timed_steps * tokens_per_step / train_s
   if driver is not None:
     summary.update(driver.summary(state))
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
+  with open(os.path.join(log_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2, default=str)
   print(format_summary(summary))
   return summary
@@ -460,7 +590,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     rows.append(("tokens / s", f"{summary['tokens_per_s']:.0f}"))
   for k in ("phase_steps", "phase_ms_per_step", "backward_passes", "backward_passes_saved",
             "validation_forwards", "predict_fraction", "predict_phases", "rollbacks",
-            "health_events"):
+            "health_events", "nonfinite_skipped"):
     if k in summary:
       rows.append((k.replace("_", " "), summary[k]))
   m = summary.get("memory") or {}

@@ -389,6 +389,26 @@ def test_load_tokens_errors(tmp_path):
     data.load_tokens(tmp_path / "odd.bin")
 
 
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+  # An id outside the embedding table would not fail inside JAX (the lookup returns garbage), so
+  # the batch functions refuse it when told the vocabulary size, naming the file and the fields.
+  ids = np.arange(100, dtype=np.uint16)
+  ids[60] = 300
+  path = tmp_path / "train.bin"
+  ids.tofile(path)
+  tokens = data.load_tokens(path)
+  with pytest.raises(ValueError, match=r"train\.bin.*300.*model\.vocab_size.*data\.tokenizer"):
+    for step in range(50):  # some batch covers position 60
+      data.get_batch(tokens, seed=0, step=step, batch_size=8, seq_len=16, vocab_size=256)
+  with pytest.raises(ValueError, match=r"model\.vocab_size"):
+    data.eval_batches(tokens, batch_size=4, seq_len=16, n_batches=5, vocab_size=256)
+  # Without a vocabulary size (or with one that fits) the ids pass through unchanged.
+  batch = data.get_batch(tokens, seed=0, step=0, batch_size=8, seq_len=16, vocab_size=301)
+  assert batch["inputs"].max() < 301
+  assert data.eval_batches(tokens, batch_size=4, seq_len=16, n_batches=5)[0]["inputs"].shape == (
+      4, 16)
+
+
 # ----------------------------------------------------------------------------
 # Properties.
 # ----------------------------------------------------------------------------

@@ -1,0 +1,717 @@
+"""Figures from any run's workdir: phases, predictions, alphas, velocities, memory, eval curves.
+
+Everything here reads only what `hybridjax.trainer.train` writes into a workdir:
+
+  metrics.jsonl  one JSON object per line, with "step" and "kind":
+                 "train" (every log_every steps), "step" (hybrid: one per step), "eval", "memory"
+                 (hybrid: at phase transitions)
+  summary.json   the run summary (mode, timings, memory, and in hybrid mode phase counts and the
+                 names of the parameter groups in the order of every per-group list)
+
+so it works on finished, running, crashed and resumed runs alike, and on runs made by the CLI, the
+benchmark or the notebook. The `plot_*` functions draw into a matplotlib `Axes` the caller owns
+(they accept a `Run` or a workdir path); `save_run_figures` and `save_comparison_figures` write PNGs.
+Saving uses `matplotlib.figure.Figure` directly, i.e. the Agg canvas, never pyplot: it works without a
+display, leaves the caller's pyplot state and backend alone and leaks no open figures.
+
+Example:
+
+  from hybridjax import plotting
+  run = plotting.load_run("runs/hyb")
+  fig, ax = plt.subplots()
+  plotting.plot_phase_timeline(ax, run)
+  plotting.save_run_figures("runs/hyb")      # -> runs/hyb/plots/*.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from hybridjax.config import PHASE_NAMES
+from hybridjax.writers import read_jsonl
+
+WARMUP, FULL, PREDICT, CORRECT = range(4)  # indices into PHASE_NAMES, as in the metrics
+PHASE_COLORS = {"WARMUP": "#bdbdbd", "FULL": "#4c72b0", "PREDICT": "#ee8a35", "CORRECT": "#8e6bbf"}
+BAND_ALPHA = 0.28  # opacity of the phase bands: light enough to read the loss over them
+EVAL_X = {"step": "step", "train_s": "training seconds (compile, eval, checkpoints excluded)",
+          "backward_passes": "backward passes"}
+RUN_FIGURES = ("phase_timeline.png", "predicted_vs_realised.png", "alpha_by_group.png",
+               "velocity_norms.png", "memory.png")
+COMPARISON_FIGURES = ("eval_vs_time.png", "eval_vs_backward.png", "memory.png")
+_DPI = 110
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run's metrics, by kind, in step order with one record per (kind, step), and its summary.
+
+  Attributes:
+    workdir: the run directory.
+    name: a short label (the workdir's base name unless given).
+    records: kind ("train", "step", "eval", "memory", ...) -> records sorted by step.
+    summary: summary.json, or {} while the run has not finished.
+  """
+  workdir: str
+  name: str
+  records: Mapping[str, tuple[dict[str, Any], ...]]
+  summary: Mapping[str, Any]
+
+  @property
+  def mode(self) -> str:
+    """'hybrid' or 'baseline' (from the summary, else from what the metrics hold)."""
+    if self.summary.get("mode"):
+      return str(self.summary["mode"])
+    hybrid = self.records.get("step") or any("phase_now" in r for r in self.records.get("train", ()))
+    return "hybrid" if hybrid else "baseline"
+
+  @property
+  def is_hybrid(self) -> bool:
+    return self.mode == "hybrid"
+
+  def kind(self, kind: str) -> tuple[dict[str, Any], ...]:
+    """The records of one kind, in step order (empty if there are none)."""
+    return self.records.get(kind, ())
+
+  def series(self, kind: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the records of `kind` that hold a scalar `key`; NaN for non-numbers."""
+    recs = [r for r in self.kind(kind) if key in r and not isinstance(r[key], (list, dict))]
+    return (np.array([r["step"] for r in recs], np.int64),
+            np.array([_float(r[key]) for r in recs], np.float64))
+
+  def group_names(self, n_groups: int | None = None) -> list[str]:
+    """Names of the parameter groups, in the order of every per-group list in the metrics."""
+    names = list(self.summary.get("group_names") or [])
+    if n_groups is not None and len(names) != n_groups:  # summary missing (run not finished)
+      names = [f"group {i}" for i in range(n_groups)]
+    return names
+
+
+def load_run(workdir: str, name: str | None = None) -> Run:
+  """Reads `<workdir>/metrics.jsonl` (and `summary.json` if present) into a `Run`.
+
+  A resumed run appends to metrics.jsonl and re-logs the steps after its checkpoint: for every
+  kind, a step that goes back marks a restart, and the records it supersedes are dropped, so the
+  last record of each step wins. A line cut short by a crash is skipped.
+
+  Raises:
+    ValueError: if the workdir holds no metrics.jsonl.
+  """
+  workdir = os.fspath(workdir)
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    raise ValueError(
+        f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
+        "`python -m experiments.gpt2_small` run, or one run's folder inside a benchmark workdir")
+  try:
+    lines = read_jsonl(path)
+  except json.JSONDecodeError:  # e.g. the process was killed mid-line
+    lines = []
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          lines.append(json.loads(line))
+        except json.JSONDecodeError:
+          continue
+  summary: dict[str, Any] = {}
+  summary_path = os.path.join(workdir, "summary.json")
+  if os.path.isfile(summary_path):
+    with open(summary_path, encoding="utf-8") as f:
+      summary = json.load(f)
+  return Run(workdir=workdir, name=name or os.path.basename(os.path.normpath(workdir)),
+             records=_dedupe(lines), summary=summary)
+
+
+def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], ...]]:
+  by_kind: dict[str, dict[int, dict[str, Any]]] = {}
+  last: dict[str, int] = {}
+  for rec in lines:
+    if not isinstance(rec, dict) or "step" not in rec:
+      continue
+    kind = rec.get("kind", "train")
+    step = int(rec["step"])
+    series = by_kind.setdefault(kind, {})
+    if kind in last and step <= last[kind]:
+      # Steps of one kind only grow within one process: this is a resumed run re-logging from its
+      # checkpoint, and everything the crashed process logged from here on is superseded.
+      for s in [s for s in series if s >= step]:
+        del series[s]
+    series[step] = dict(rec)
+    last[kind] = step
+  return {k: tuple(v[s] for s in sorted(v)) for k, v in by_kind.items()}
+
+
+def _float(v: Any) -> float:
+  """A metric value as a float: the writer stores non-finite numbers as strings ('nan', 'inf')."""
+  if v is None:
+    return math.nan
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return math.nan
+
+
+RunLike = Union[Run, str, "os.PathLike[str]"]
+
+
+def _as_run(run: RunLike) -> Run:
+  return run if isinstance(run, Run) else load_run(run)
+
+
+def _as_runs(runs: Any) -> dict[str, Run]:
+  """A Run, a workdir, a sequence of them, or a name -> Run/workdir mapping, as name -> Run."""
+  if isinstance(runs, (Run, str, os.PathLike)):
+    runs = [runs]
+  if isinstance(runs, Mapping):
+    return {str(k): _as_run(v) for k, v in runs.items()}
+  out: dict[str, Run] = {}
+  for r in runs:
+    r = _as_run(r)
+    name, i = r.name, 2
+    while name in out:  # two workdirs with the same base name
+      name, i = f"{r.name} ({i})", i + 1
+    out[name] = r
+  if not out:
+    raise ValueError("no runs given")
+  return out
+
+
+def _require_hybrid(run: Run, what: str) -> None:
+  if not run.is_hybrid:
+    raise ValueError(f"run {run.name!r} ({run.workdir}) is a {run.mode} run: {what} exists only "
+                     "in hybrid mode (--config.mode=hybrid)")
+
+
+def _trace(run: Run) -> dict[str, np.ndarray]:
+  """The per-step trace of a hybrid run as arrays."""
+  recs = run.kind("step")
+  if not recs:
+    raise ValueError(f"run {run.name!r} ({run.workdir}) has no per-step records (kind 'step') in "
+                     "metrics.jsonl yet: they are written at every log step of a hybrid run")
+
+  def get(key: str) -> np.ndarray:
+    return np.array([_float(r.get(key)) for r in recs])
+
+  return {"step": np.array([r["step"] for r in recs], np.int64),
+          "phase": np.array([int(r.get("phase", FULL)) for r in recs], np.int64),
+          "loss": get("loss"), "predicted_loss": get("predicted_loss"),
+          "confidence": get("confidence"),
+          "measured": np.array([bool(r.get("measured", True)) for r in recs]),
+          "diverged": np.array([bool(r.get("diverged", False)) for r in recs])}
+
+
+def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int]]:
+  """Maximal runs of consecutive steps in one phase: (first step, last step, phase)."""
+  out: list[tuple[int, int, int]] = []
+  for s, p in zip(steps.tolist(), phases.tolist()):
+    if out and out[-1][2] == p and out[-1][1] == s - 1:
+      out[-1] = (out[-1][0], s, p)
+    else:
+      out.append((s, s, p))
+  return out
+
+
+def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray,
+                 alpha: float = BAND_ALPHA) -> list[int]:
+  """Shades each phase segment (centred on its steps) behind the data; returns the phases seen."""
+  for first, last, p in _segments(steps, phases):
+    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0,
+               zorder=0)
+  return sorted(set(phases.tolist()))
+
+
+def _phase_handles(phases: Iterable[int], alpha: float = 0.5) -> list[Patch]:
+  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, label=PHASE_NAMES[p]) for p in phases]
+
+
+def _group_style(i: int) -> dict[str, Any]:
+  """A distinct colour per group (tab20), with a line style cycle beyond 20 groups."""
+  colors = colormaps["tab20"].colors
+  return {"color": colors[i % len(colors)], "linestyle": ("-", "--", ":")[(i // len(colors)) % 3]}
+
+
+def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
+  if len(x) < 2:
+    return x.astype(np.float64), y
+  cut = np.nonzero(np.diff(x) > gap)[0] + 1
+  return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
+
+
+def _group_legend(ax: Axes, n: int) -> None:
+  # Outside the axes on the right: group names are long and the curves fill the plot.
+  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+            ncol=1 if n <= 20 else 2)
+
+
+def _step_axis(ax: Axes, label: str = "step") -> None:
+  ax.set_xlabel(label)
+  # Round ticks as matplotlib's default, but no step 2.5 on short runs.
+  ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+
+
+def _note(ax: Axes, text: str) -> None:
+  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10,
+          color="0.4")
+
+
+# --- single-run plots --------------------------------------------------------------------------
+
+def plot_phase_timeline(ax: Axes, run: RunLike, *, show_eval: bool = True,
+                        window: tuple[int, int] | None = None) -> Axes:
+  """The loss of every step over coloured phase bands (WARMUP, FULL, PREDICT, CORRECT).
+
+  The line joins the measured losses (real steps and validated predicted steps). Predicted steps are
+  marked where they are: filled when validated by a forward pass (their loss is real), hollow at the
+  predicted loss when not measured, with a red cross where a validation diverged. Held-out eval
+  losses are black diamonds. A baseline run has no phases: its logged train loss is drawn alone.
+
+  Args:
+    ax: the axes to draw into.
+    run: a `Run` or its workdir.
+    show_eval: also mark the eval losses.
+    window: (first, last) step to zoom into; the loss axis is fitted to the data inside it.
+  """
+  run = _as_run(run)
+  handles: list[Any] = []
+  if not run.kind("step"):
+    steps, loss = run.series("train", "loss")
+    if not len(steps):
+      raise ValueError(f"run {run.name!r} ({run.workdir}) has no loss records in metrics.jsonl yet")
+    handles += ax.plot(steps, loss, color="0.25", lw=1.2, marker="o" if len(steps) < 30 else None,
+                       ms=3, label="train loss (logged)")
+    ax.set_title(f"{run.name}: {run.mode} (no phases: every step is a real step)")
+    seen: list[int] = []
+  else:
+    t = _trace(run)
+    s, phase, loss, measured = t["step"], t["phase"], t["loss"], t["measured"]
+    seen = _phase_bands(ax, s, phase)
+    m = measured & np.isfinite(loss)
+    handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
+    pred = phase == PREDICT
+    if np.any(pred & measured):
+      ax.scatter(s[pred & measured], loss[pred & measured], s=14, color=PHASE_COLORS["PREDICT"],
+                 edgecolor="black", linewidth=0.5, zorder=4)
+      handles.append(Line2D([], [], ls="", marker="o", ms=5, mfc=PHASE_COLORS["PREDICT"], mec="black",
+                            mew=0.5, label="predicted step, validated"))
+    if np.any(pred & ~measured):
+      ax.scatter(s[pred & ~measured], t["predicted_loss"][pred & ~measured], s=16, facecolor="white",
+                 edgecolor=PHASE_COLORS["PREDICT"], linewidth=1.0, zorder=4)
+      handles.append(Line2D([], [], ls="", marker="o", ms=5, mfc="white", mec=PHASE_COLORS["PREDICT"],
+                            label="predicted step, not measured (predicted loss)"))
+    if np.any(t["diverged"]):
+      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728",
+                 linewidth=1.2, zorder=5)
+      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2,
+                            label="validation diverged"))
+    _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
+    bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
+    ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in "
+                 f"PREDICT{bwd_text})")
+  if show_eval:
+    es, ev = run.series("eval", "eval_loss")
+    if len(es):
+      ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6)
+      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black",
+                            label="eval loss (held out)"))
+  ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
+  _step_axis(ax)
+  ax.set_ylabel("loss")
+  ax.margins(x=0.01)
+  if window is not None:
+    _zoom(ax, window)
+  return ax
+
+
+def _zoom(ax: Axes, window: tuple[int, int]) -> None:
+  """Limits the x axis to `window` and fits the y axis to the plotted data inside it."""
+  lo, hi = window
+  ys = []
+  for line in ax.get_lines():
+    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    ys.append(y[(x >= lo) & (x <= hi)])
+  for coll in ax.collections:
+    off = np.asarray(coll.get_offsets(), float)
+    if off.ndim == 2 and off.shape[1] == 2:
+      ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
+  y = np.concatenate(ys) if ys else np.array([])
+  y = y[np.isfinite(y)]
+  ax.set_xlim(lo - 0.5, hi + 0.5)
+  if len(y):
+    pad = 0.08 * max(float(y.max() - y.min()), 1e-3)
+    # Headroom at the top for the legend.
+    ax.set_ylim(float(y.min()) - pad, float(y.max()) + 6 * pad)
+
+
+def prediction_pairs(run: RunLike) -> dict[str, np.ndarray]:
+  """Predicted and realised loss of every measured step of a hybrid run, aligned in time.
+
+  A predicted step's record holds its own prediction and, when validated, the loss measured after
+  its move: that pair is used as is. A real step's record holds the one-step-ahead prediction the
+  step made *for the next step* (`exp(plan_logloss[0])`), so a real step's realised loss is paired
+  with the prediction of the real step before it.
+
+  Returns:
+    Arrays step, phase (of the measured step), predicted, realised and confidence (at the time of
+    the prediction).
+  """
+  run = _as_run(run)
+  _require_hybrid(run, "a predicted loss")
+  t = _trace(run)
+  s, phase = t["step"], t["phase"]
+  is_pred = phase == PREDICT
+  own = is_pred & t["measured"]
+  prev_real = np.zeros_like(own)
+  prev_real[1:] = (~is_pred[1:]) & (~is_pred[:-1]) & (np.diff(s) == 1)
+  idx_own = np.nonzero(own)[0]
+  idx_real = np.nonzero(prev_real)[0]
+  idx = np.concatenate([idx_own, idx_real])
+  src = np.concatenate([idx_own, idx_real - 1])  # where the prediction (and confidence) came from
+  order = np.argsort(s[idx], kind="stable")
+  idx, src = idx[order], src[order]
+  out = {"step": s[idx], "phase": phase[idx], "predicted": t["predicted_loss"][src],
+         "realised": t["loss"][idx], "confidence": t["confidence"][src]}
+  ok = np.isfinite(out["predicted"]) & np.isfinite(out["realised"])
+  return {k: v[ok] for k, v in out.items()}
+
+
+def _after_warmup(p: dict[str, np.ndarray], include_warmup: bool) -> dict[str, np.ndarray]:
+  # During WARMUP nothing is predicted and the loss falls fast: those points would set the axes.
+  if include_warmup or not np.any(p["phase"] != WARMUP):
+    return p
+  keep = p["phase"] != WARMUP
+  return {k: v[keep] for k, v in p.items()}
+
+
+def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase",
+                               include_warmup: bool = False) -> Axes:
+  """Scatter of predicted against realised loss for measured steps, with the y = x line.
+
+  Args:
+    ax: the axes to draw into.
+    run: a hybrid `Run` or its workdir.
+    color_by: 'phase' (one colour per phase, with the median relative error in the legend) or
+      'confidence' (a colour bar).
+    include_warmup: also show WARMUP steps (by default they are left out once there are others).
+  """
+  if color_by not in ("phase", "confidence"):
+    raise ValueError(f"color_by must be 'phase' or 'confidence', got {color_by!r}")
+  run = _as_run(run)
+  p = _after_warmup(prediction_pairs(run), include_warmup)
+  if not len(p["step"]):
+    _note(ax, "no measured predictions yet")
+    return ax
+  if color_by == "phase":
+    for ph in sorted(set(p["phase"].tolist())):
+      m = p["phase"] == ph
+      err = np.median(np.abs(p["realised"][m] / p["predicted"][m] - 1.0))
+      big = ph == PREDICT  # the few validated predicted steps must stand out from the real ones
+      ax.scatter(p["predicted"][m], p["realised"][m], s=22 if big else 8, alpha=0.9 if big else 0.5,
+                 color=PHASE_COLORS[PHASE_NAMES[ph]], edgecolor="black" if big else "none",
+                 linewidth=0.4, zorder=3 if big else 2,
+                 label=f"{PHASE_NAMES[ph]} (n={int(m.sum())}, median |err| {err:.1%})")
+    ax.legend(fontsize=7.5, loc="upper left")
+  else:
+    sc = ax.scatter(p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0,
+                    vmax=1.0, s=10, alpha=0.8)
+    ax.figure.colorbar(sc, ax=ax, label="confidence")
+  lo = float(np.nanmin([p["predicted"].min(), p["realised"].min()]))
+  hi = float(np.nanmax([p["predicted"].max(), p["realised"].max()]))
+  ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, ls="--", zorder=1, label="_y=x")
+  ax.set_xlabel("predicted loss")
+  ax.set_ylabel("realised loss")
+  ax.set_title(f"{run.name}: predicted vs realised loss")
+  return ax
+
+
+def plot_prediction_over_steps(ax: Axes, run: RunLike, *,
+                               include_warmup: bool = False) -> tuple[Axes, Axes]:
+  """Realised and predicted loss over steps (as `prediction_pairs` aligns them), with the
+  controller's confidence on a twin axis and the PREDICT segments shaded.
+
+  Args:
+    ax: the axes to draw into.
+    run: a hybrid `Run` or its workdir.
+    include_warmup: also show WARMUP steps (by default they are left out once there are others).
+
+  Returns:
+    (ax, the twin axis holding the confidence).
+  """
+  run = _as_run(run)
+  p = _after_warmup(prediction_pairs(run), include_warmup)
+  t = _trace(run)
+  if not include_warmup and np.any(t["phase"] != WARMUP):
+    t = {k: v[t["phase"] != WARMUP] for k, v in t.items()}
+  pred = t["phase"] == PREDICT
+  seen = sorted(set(t["phase"][pred].tolist()))
+  _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
+  few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}
+  ax.plot(p["step"], p["realised"], color="0.25", lw=0.7, label="realised loss", **few)
+  ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss",
+          **few)
+  _step_axis(ax)
+  ax.set_ylabel("loss")
+  twin = ax.twinx()
+  twin.plot(t["step"], t["confidence"], color="#2ca02c", lw=0.9, alpha=0.8, label="confidence")
+  twin.set_ylim(-0.02, 1.02)
+  twin.set_ylabel("confidence", color="#2ca02c")
+  handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+  ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right")
+  ax.set_title(f"{run.name}: prediction and confidence over steps")
+  ax.margins(x=0.01)
+  return ax, twin
+
+
+def plot_alpha_by_group(ax: Axes, run: RunLike) -> Axes:
+  """The alpha each predicted step applied, one line per parameter group (gaps between phases)."""
+  run = _as_run(run)
+  _require_hybrid(run, "alpha")
+  recs = [r for r in run.kind("step") if int(r.get("phase", -1)) == PREDICT and r.get("alpha")]
+  if not recs:
+    _note(ax, "no predicted steps in this run (yet)")
+    ax.set_title(f"{run.name}: alpha per parameter group")
+    return ax
+  steps = np.array([r["step"] for r in recs], np.int64)
+  alpha = np.array([[_float(a) for a in r["alpha"]] for r in recs])
+  names = run.group_names(alpha.shape[1])
+  x, y = _break_gaps(steps, alpha)
+  for g, name in enumerate(names):
+    ax.plot(x, y[:, g], marker="o", ms=2.5, lw=0.9, label=name, **_group_style(g))
+  ax.axhline(0.0, color="0.5", lw=0.6)
+  _step_axis(ax, "step (predicted steps only)")
+  ax.set_ylabel("alpha (scale of velocity)")
+  ax.set_title(f"{run.name}: alpha per parameter group ({len(recs)} predicted steps)")
+  _group_legend(ax, len(names))
+  return ax
+
+
+def plot_velocity_norms(ax: Axes, run: RunLike) -> Axes:
+  """The L2 norm of the velocity (EMA of real updates) per parameter group, at every log step."""
+  run = _as_run(run)
+  _require_hybrid(run, "the velocity")
+  recs = [r for r in run.kind("train") if r.get("velocity_norm")]
+  if not recs:
+    _note(ax, "no velocity norms logged yet")
+    return ax
+  steps = np.array([r["step"] for r in recs], np.int64)
+  norms = np.array([[_float(v) for v in r["velocity_norm"]] for r in recs])
+  names = run.group_names(norms.shape[1])
+  for g, name in enumerate(names):
+    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name,
+            **_group_style(g))
+  if np.all(norms[np.isfinite(norms)] > 0):
+    ax.set_yscale("log")
+  _step_axis(ax)
+  ax.set_ylabel("||velocity_g||")
+  ax.set_title(f"{run.name}: velocity norm per parameter group")
+  _group_legend(ax, len(names))
+  return ax
+
+
+def memory_series(run: RunLike) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, bytes_in_use) from the log records and the phase-transition readings, by step."""
+  run = _as_run(run)
+  pts: dict[int, float] = {}
+  for kind in ("memory", "train"):  # a log reading wins over a transition reading at one step
+    s, b = run.series(kind, "bytes_in_use")
+    pts.update(zip(s.tolist(), b.tolist()))
+  steps = np.array(sorted(pts), np.int64)
+  return steps, np.array([pts[s] for s in steps.tolist()], np.float64)
+
+
+def plot_memory(ax: Axes, runs: Any) -> Axes:
+  """Memory in use (MiB) against step for one or several runs.
+
+  Args:
+    ax: the axes to draw into.
+    runs: a `Run` or workdir, a sequence of them, or a mapping name -> Run (or workdir).
+  """
+  runs = _as_runs(runs)
+  drawn = 0
+  for i, (name, run) in enumerate(runs.items()):
+    steps, b = memory_series(run)
+    if not len(steps):
+      continue
+    source = (run.summary.get("memory") or {}).get("source") or next(
+        (r.get("source") for r in run.kind("memory") if r.get("source")), None)
+    label = f"{name} ({source})" if source else name
+    ax.plot(steps, b / 2**20, lw=1.2, marker="o" if len(steps) < 40 else ".", ms=3,
+            color=f"C{i}", label=label)
+    drawn += 1
+  if not drawn:
+    _note(ax, "no memory readings")
+  else:
+    ax.legend(fontsize=8)
+  _step_axis(ax)
+  ax.set_ylabel("bytes in use (MiB)")
+  ax.set_title("memory in use")
+  ax.ticklabel_format(axis="y", useOffset=False)  # flat memory must read as flat, not as +1e-6
+  return ax
+
+
+def eval_curve(run: RunLike, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+  """(x, eval loss) of one run, x in {'step', 'train_s', 'backward_passes'}.
+
+  train_s and backward_passes come from the train record at each eval step (eval steps are
+  multiples of log_every; otherwise they are interpolated between log steps). train_s restarts at
+  0 when a run resumes; it is made cumulative again here. A baseline's backward passes are its steps.
+  """
+  if x not in EVAL_X:
+    raise ValueError(f"x must be one of {list(EVAL_X)}, got {x!r}")
+  run = _as_run(run)
+  es, ev = run.series("eval", "eval_loss")
+  if x == "step" or not len(es) or (x == "backward_passes" and not run.is_hybrid):
+    return es.astype(np.float64), ev
+  ts, tv = run.series("train", x)
+  ok = np.isfinite(tv)
+  ts, tv = ts[ok], tv[ok]
+  if not len(ts):
+    raise ValueError(f"run {run.name!r} ({run.workdir}) logs no {x!r} in its train records")
+  if x == "train_s":
+    tv = _cumulative(tv)
+  return np.interp(es, ts, tv), ev
+
+
+def _cumulative(v: np.ndarray) -> np.ndarray:
+  """Undoes the restart of a per-process cumulative counter at each resume."""
+  out = v.copy()
+  offset = 0.0
+  for i in range(1, len(v)):
+    if v[i] < v[i - 1]:
+      offset += v[i - 1]
+    out[i] = v[i] + offset
+  return out
+
+
+def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike],
+                     x: str = "step") -> Axes:
+  """Held-out eval loss of several runs against 'step', 'train_s' or 'backward_passes'.
+
+  Args:
+    ax: the axes to draw into.
+    runs: name -> `Run` (or workdir); a sequence is named by the workdirs' base names.
+    x: 'step', 'train_s' (cumulative training seconds) or 'backward_passes' (a baseline's = steps).
+  """
+  if x not in EVAL_X:
+    raise ValueError(f"x must be one of {list(EVAL_X)}, got {x!r}")
+  runs = _as_runs(runs)
+  drawn = 0
+  for i, (name, run) in enumerate(runs.items()):
+    xs, ev = eval_curve(run, x)
+    if not len(xs):
+      continue
+    label = name if run.mode in name else f"{name} ({run.mode})"
+    at = f"{xs[-1]:.1f} s" if x == "train_s" else f"{xs[-1]:.0f}"
+    ax.plot(xs, ev, marker="o", ms=4, lw=1.3, color=f"C{i}", label=f"{label}: {ev[-1]:.3f} at {at}")
+    drawn += 1
+  if not drawn:
+    _note(ax, "no eval records")
+  else:
+    ax.legend(fontsize=8)
+  ax.set_xlabel(EVAL_X[x])
+  ax.set_ylabel("eval loss (held out)")
+  ax.set_title(f"eval loss against {EVAL_X[x].split(' (')[0]}")
+  return ax
+
+
+# --- saving ------------------------------------------------------------------------------------
+
+def _figure(width: float, height: float) -> Figure:
+  return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(fig: Figure, out_dir: str, name: str) -> str:
+  path = os.path.join(out_dir, name)
+  fig.savefig(path, dpi=_DPI)
+  return path
+
+
+def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
+  """Writes one run's figures as PNGs and returns their paths.
+
+  phase_timeline.png and memory.png always; predicted_vs_realised.png (scatter coloured by phase,
+  and prediction with confidence over steps), alpha_by_group.png and velocity_norms.png for hybrid
+  runs only.
+
+  Args:
+    workdir: the run directory.
+    out_dir: where to write (created if needed); default `<workdir>/plots`.
+  """
+  run = load_run(workdir)
+  out_dir = out_dir or os.path.join(run.workdir, "plots")
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  steps = [r["step"] for r in run.kind("step")] or [r["step"] for r in run.kind("train")]
+  if len(steps) >= 120:
+    # A second panel zooms into the last steps, where a whole-run y axis (set by the fast early
+    # descent) would flatten the PREDICT/CORRECT cycles into a line.
+    fig = _figure(11, 7.4)
+    top, bottom = fig.subplots(2, 1, height_ratios=[1, 0.9])
+    plot_phase_timeline(top, run)
+    last = steps[-1]
+    first = max(steps[0], last - min(150, max(60, len(steps) // 4)))
+    plot_phase_timeline(bottom, run, window=(first, last))
+    bottom.set_title(f"zoom: steps {first}-{last}", fontsize=10)
+    bottom.get_legend().remove()
+  else:
+    fig = _figure(11, 4.6)
+    plot_phase_timeline(fig.add_subplot(), run)
+  paths.append(_save(fig, out_dir, "phase_timeline.png"))
+  if run.is_hybrid and run.kind("step"):
+    fig = _figure(13, 4.8)
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    plot_predicted_vs_realised(left, run)
+    plot_prediction_over_steps(right, run)
+    paths.append(_save(fig, out_dir, "predicted_vs_realised.png"))
+  if run.is_hybrid:
+    fig = _figure(11, 4.6)
+    plot_alpha_by_group(fig.add_subplot(), run)
+    paths.append(_save(fig, out_dir, "alpha_by_group.png"))
+    fig = _figure(11, 4.6)
+    plot_velocity_norms(fig.add_subplot(), run)
+    paths.append(_save(fig, out_dir, "velocity_norms.png"))
+  fig = _figure(8, 4)
+  plot_memory(fig.add_subplot(), {run.name: run})
+  paths.append(_save(fig, out_dir, "memory.png"))
+  return paths
+
+
+def save_comparison_figures(runs: Mapping[str, RunLike] | Sequence[RunLike],
+                            out_dir: str) -> list[str]:
+  """Writes eval_vs_time.png, eval_vs_backward.png and memory.png comparing `runs`; returns paths.
+
+  Args:
+    runs: name -> `Run` (or workdir); a sequence is named by the workdirs' base names.
+    out_dir: where to write (created if needed).
+  """
+  runs = _as_runs(runs)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for x, name in (("train_s", "eval_vs_time.png"), ("backward_passes", "eval_vs_backward.png")):
+    fig = _figure(8, 4.5)
+    plot_eval_curves(fig.add_subplot(), runs, x)
+    paths.append(_save(fig, out_dir, name))
+  fig = _figure(8, 4.5)
+  plot_memory(fig.add_subplot(), runs)
+  paths.append(_save(fig, out_dir, "memory.png"))
+  return paths
+
+
+__all__ = ["Run", "load_run", "plot_phase_timeline", "prediction_pairs", "plot_predicted_vs_realised",
+           "plot_prediction_over_steps", "plot_alpha_by_group", "plot_velocity_norms",
+           "memory_series", "plot_memory", "eval_curve", "plot_eval_curves", "save_run_figures",
+           "save_comparison_figures", "PHASE_COLORS", "BAND_ALPHA", "RUN_FIGURES",
+           "COMPARISON_FIGURES"]

@@ -1,0 +1,240 @@
+"""Scale-out with `jax.sharding`: the device mesh, and where every part of the training state lives.
+
+The mesh has two axes, `data` x `fsdp` (config block `mesh`, see `config.default_mesh_config`):
+
+  batch        dim 0 split over every device (both axes): `fsdp` is data parallelism too, whose
+               replicas also split the weights, so its devices must not repeat each other's rows
+  params,      FSDP: each leaf split over the `fsdp` axis on its largest dimension that `fsdp`
+  opt_state,   divides, replicated where none does (and everywhere when fsdp = 1); the choice
+  velocity     depends only on the leaf's shape, so optimizer-state leaves that mirror params get
+               exactly the param's sharding, and scalars (counts, hyperparameters) are replicated
+  the rest     RSSM/dynamics, corrector, history ring buffers, controller and rng: replicated (they
+               are small, and every device needs all of them every step)
+
+The jitted steps take and return the state with these shardings (`step_jit_kwargs`) and still
+donate it, so buffers are reused in place on every device. On a one-device mesh nothing here is
+applied: the trainer then runs exactly the single-device programs, bit for bit.
+
+Multi-host: `initialize_distributed(config)` calls `jax.distributed.initialize()` when
+`config.distributed.enabled`; after it, `jax.devices()` lists every host's devices and the same
+mesh code spans them. Every process computes the same global batch (batches are deterministic in
+(seed, step)) and `shard_batch` keeps only the rows its own devices hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from hybridjax import config as config_lib
+
+try:  # Auto axes: shardings are given at the jit boundary and propagated inside by XLA
+  _AUTO_AXES = {"axis_types": (jax.sharding.AxisType.Auto,) * 2}
+except AttributeError:  # pragma: no cover - older jax, where every mesh axis is automatic
+  _AUTO_AXES = {}
+
+DATA, FSDP = "data", "fsdp"
+AXES = (DATA, FSDP)
+# The batch is split over both axes (see the module docstring).
+BATCH_AXES = (DATA, FSDP)
+
+
+# --- mesh -----------------------------------------------------------------------------------------
+
+def make_mesh(config: ml_collections.ConfigDict,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """The (data, fsdp) mesh that `config.mesh` names, over `devices` (default: all, every host).
+
+  Raises:
+    ValueError: naming `mesh.data`, `mesh.fsdp` or `trainer.batch_size` when the shape does not
+      cover the devices exactly or the batch does not split evenly (see `config.mesh_shape`).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  data, fsdp = config_lib.mesh_shape(config, len(devices))
+  # jax.make_mesh orders the devices by the physical topology on TPUs and keeps each host's devices
+  # together, so an fsdp axis no larger than a host keeps its every-step all-gathers inside it.
+  return jax.make_mesh((data, fsdp), AXES, devices=devices, **_AUTO_AXES)
+
+
+def is_multi_device(mesh: Mesh | None) -> bool:
+  """True when `mesh` spans more than one device; otherwise the sharded paths are skipped."""
+  return mesh is not None and mesh.size > 1
+
+
+def describe(mesh: Mesh) -> dict[str, Any]:
+  """JSON-able facts about `mesh` for logs and summaries."""
+  return {"data": int(mesh.shape[DATA]), "fsdp": int(mesh.shape[FSDP]), "devices": int(mesh.size),
+          "processes": jax.process_count(), "platform": mesh.devices.flat[0].platform}
+
+
+# --- shardings ------------------------------------------------------------------------------------
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A full copy on every device of `mesh`."""
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Dim 0 (the batch) split over every device of `mesh`; other dims whole."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def fsdp_spec(shape: Sequence[int], fsdp_size: int) -> P:
+  """The PartitionSpec of one FSDP-sharded leaf of `shape` on an fsdp axis of `fsdp_size`.
+
+  The largest dimension that `fsdp_size` divides is split (the first of equal ones); a leaf with no
+  such dimension, a scalar, or any leaf when `fsdp_size` is 1 is replicated. Taking the largest
+  *divisible* dimension, not only the largest, still shards e.g. a (50257, 768) embedding on 768.
+  """
+  if fsdp_size <= 1:
+    return P()
+  for dim in sorted(range(len(shape)), key=lambda i: (-shape[i], i)):
+    if shape[dim] % fsdp_size == 0:
+      return P(*([None] * dim + [FSDP]))
+  return P()
+
+
+def fsdp_sharding(abstract_tree: Any, mesh: Mesh) -> Any:
+  """A tree of NamedSharding for `abstract_tree` (arrays or ShapeDtypeStructs), FSDP-style.
+
+  Pure in the leaves' shapes and the mesh; see `fsdp_spec`.
+  """
+  n = int(mesh.shape[FSDP])
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), n)), abstract_tree)
+
+
+def replicated_tree(abstract_tree: Any, mesh: Mesh) -> Any:
+  """A tree of the replicated sharding, one per leaf of `abstract_tree`."""
+  rep = replicated(mesh)
+  return jax.tree.map(lambda _: rep, abstract_tree)
+
+
+def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
+  """Shardings of a `trainer.TrainState`: params and optimizer state FSDP, the rest (the step and
+  any counters) replicated."""
+  rest = replicated_tree(abstract_state, mesh)
+  return rest.replace(params=fsdp_sharding(abstract_state.params, mesh),
+                      opt_state=fsdp_sharding(abstract_state.opt_state, mesh))
+
+
+def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
+  """Shardings of a `state.HybridState`: the train state and velocity FSDP, the rest replicated."""
+  rest = replicated_tree(abstract_state, mesh)
+  return rest.replace(train=train_state_shardings(abstract_state.train, mesh),
+                      velocity=fsdp_sharding(abstract_state.velocity, mesh))
+
+
+def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
+  """`jax.jit` keyword arguments for a `(state, batch) -> (state, metrics)` step on `mesh`.
+
+  The state comes in and goes out with `state_shardings` (so a donated buffer can be reused in
+  place on its device), every batch leaf is split on dim 0, and the metrics come back replicated
+  (so any host can read them). Empty on a one-device mesh: plain `jax.jit` there.
+  """
+  if not is_multi_device(mesh):
+    return {}
+  return {"in_shardings": (state_shardings, batch_sharding(mesh)),
+          "out_shardings": (state_shardings, replicated(mesh))}
+
+
+def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Callable[[], Any]:
+  """`init_fn` jitted to create its state directly with `shardings`: no full copy on one device."""
+  return jax.jit(init_fn, out_shardings=shardings)
+
+
+def restore_target(abstract_state: Any, shardings: Any | None) -> Any:
+  """`abstract_state` as ShapeDtypeStructs that carry the shardings to restore onto.
+
+  A checkpoint is restored onto these shardings whatever mesh it was saved from. With `shardings`
+  None (one device), every leaf goes to the default device.
+  """
+  if shardings is None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: one, abstract_state)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract_state, shardings)
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+def _check_batch_leaf(path: Any, x: Any, mesh: Mesh) -> None:
+  n = mesh.size
+  if np.ndim(x) == 0 or np.shape(x)[0] % n:
+    name = jax.tree_util.keystr(path)
+    raise ValueError(
+        f"batch leaf {name} has shape {np.shape(x)}: its dim 0 must be a multiple of the {n} "
+        f"devices of the mesh (mesh.data x mesh.fsdp); set --config.trainer.batch_size to a "
+        f"multiple of {n}")
+
+
+def shard_batch(batch: Mapping[str, Any], mesh: Mesh | None) -> Any:
+  """The global `batch` (host arrays, the same on every process) as arrays split on dim 0.
+
+  Each process reads only the rows its own devices hold (`jax.make_array_from_callback`), so this
+  is also the multi-host path. On a one-device mesh the batch is returned unchanged.
+  """
+  if not is_multi_device(mesh):
+    return batch
+  sharding = batch_sharding(mesh)
+
+  def put(path, x):
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+      return x
+    _check_batch_leaf(path, x, mesh)
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+  return jax.tree_util.tree_map_with_path(put, batch)
+
+
+def shard_local_batch(local_batch: Mapping[str, Any], mesh: Mesh) -> Any:
+  """Like `shard_batch`, for a pipeline where each process loads only its own rows.
+
+  `local_batch` holds this process's consecutive share of the global batch (the global batch is
+  the processes' shares in process order); `jax.make_array_from_process_local_data` assembles them.
+  With one process the local batch is the global batch.
+  """
+  sharding = batch_sharding(mesh)
+  n_proc = jax.process_count()
+
+  def put(path, x):
+    x = np.asarray(x)
+    global_shape = (x.shape[0] * n_proc,) + x.shape[1:] if x.ndim else x.shape
+    _check_batch_leaf(path, np.empty(global_shape, np.int8), mesh)
+    return jax.make_array_from_process_local_data(sharding, x, global_shape)
+  return jax.tree_util.tree_map_with_path(put, local_batch)
+
+
+# --- multi-host -----------------------------------------------------------------------------------
+
+def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
+  """Calls `jax.distributed.initialize()` if `config.distributed.enabled`; True if it is running.
+
+  Call it first, before anything touches JAX devices (`experiments/gpt2_small.py` does; so does
+  `trainer.train`, which is then a no-op). Empty fields are auto-detected by JAX (SLURM, Open MPI,
+  TPU pods, ...). Calling it again is harmless.
+  """
+  dist = config.get("distributed")
+  if dist is None or not dist.get("enabled", False):
+    return False
+  if jax.distributed.is_initialized():
+    return True
+  kwargs: dict[str, Any] = {}
+  if dist.get("coordinator_address", ""):
+    kwargs["coordinator_address"] = dist.coordinator_address
+  if dist.get("num_processes", 0) > 0:
+    kwargs["num_processes"] = dist.num_processes
+  if dist.get("process_id", -1) >= 0:
+    kwargs["process_id"] = dist.process_id
+  try:
+    jax.distributed.initialize(**kwargs)
+  except RuntimeError as e:
+    raise RuntimeError(
+        f"--config.distributed.enabled: jax.distributed.initialize({kwargs}) failed: {e}\n"
+        "Call hybridjax.sharding.initialize_distributed(config) before anything uses JAX devices "
+        "(jax.devices(), jax.random, building params), and check the coordinator address and "
+        "process ids.") from e
+  return True
