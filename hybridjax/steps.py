@@ -437,7 +437,9 @@ class HybridDriver:
         (state.controller.next_branch, state.controller.phase, state.train.step)))
     now = time.perf_counter()
     if self._last_phase is not None and int(phase) != self._last_phase:
-      # Memory at every phase transition (DESIGN.md section 3).
+      # Memory at every phase transition (DESIGN.md section 3). The pending per-step metrics are
+      # fetched first (the device is idle here anyway), so every reading sees the same arrays.
+      self.flush_trace()
       snap = memory_lib.memory_snapshot()
       snap.update(step=int(step), phase_from=PHASE_NAMES[self._last_phase],
                   phase_to=PHASE_NAMES[int(phase)])
