@@ -41,7 +41,7 @@ from typing import Any
 
 import jax
 import ml_collections
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import gpt2_small
@@ -409,15 +409,9 @@ def default_workdir(config: ml_collections.ConfigDict) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
   config = _FLAGS[0].value
-  try:
-    run_benchmark(config, _FLAGS[1].value or default_workdir(config))
-  except (ValueError, FileNotFoundError) as e:
-    if os.environ.get("HYBRIDJAX_TRACEBACK"):
-      raise
-    print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-    sys.exit(2)
+  gpt2_small.run_as_program(
+      lambda: run_benchmark(config, _FLAGS[1].value or default_workdir(config)))
 
 
 def _expand_quick(argv: list[str]) -> list[str]:
@@ -438,5 +432,7 @@ def define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
 
 
 if __name__ == "__main__":
+  # Rewritten before the flags exist: config_flags also reads sys.argv for `--config.*` overrides.
+  sys.argv = _expand_quick(sys.argv)
   _FLAGS = define_flags()
-  app.run(main, argv=_expand_quick(sys.argv))
+  app.run(main)

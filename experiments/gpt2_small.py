@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -78,22 +78,32 @@ def default_workdir(config: ml_collections.ConfigDict) -> str:
   return os.path.join("runs", f"{config.preset}-{config.mode}-{stamp}")
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def run_as_program(work: Callable[[], Any]) -> None:
+  """Runs `work()` as a command-line program: bad input and divergence end in a one-line error.
+
+  Bad input (ValueError, FileNotFoundError; the message says what to change) exits 2, a diverged
+  run (`trainer.TrainingDiverged`; the message names the step, the count and the fix) exits 3.
+  HYBRIDJAX_TRACEBACK=1 re-raises instead.
+  """
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
-    run(_FLAGS[0].value, _FLAGS[1].value)
-  except (ValueError, FileNotFoundError) as e:  # bad input: the message says what to change
+    work()
+  except (ValueError, FileNotFoundError) as e:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):
       raise
     print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     sys.exit(2)
-  except trainer.TrainingDiverged as e:  # the message names the step, the count and the fix
+  except trainer.TrainingDiverged as e:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):
       raise
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  run_as_program(lambda: run(_FLAGS[0].value, _FLAGS[1].value))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:

@@ -123,18 +123,14 @@ def test_fused_and_baseline_steps_consume_their_donated_state():
   s = _setup()
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    state = _hybrid_state(s)
-    for i in range(3):
-      old = jax.tree.leaves(state)
-      state, _ = s["fused"](state, s["batch"](i))
-      jax.block_until_ready(state)
-      _assert_donated(old, f"fused hybrid_step at step {i}")
-    base = _base_state(s)
-    for i in range(3):
-      old = jax.tree.leaves(base)
-      base, _ = s["base_step"](base, s["batch"](i))
-      jax.block_until_ready(base)
-      _assert_donated(old, f"baseline train_step at step {i}")
+    for name, step_fn, state in (("fused hybrid_step", s["fused"], _hybrid_state(s)),
+                                 ("baseline train_step", s["base_step"], _base_state(s))):
+      for i in range(3):
+        old = jax.tree.leaves(state)
+        state, _ = step_fn(state, s["batch"](i))
+        jax.block_until_ready(state)
+        _assert_donated(old, f"{name} at step {i}")
+      del state
   _no_donation_warnings(caught)
 
 
