@@ -8,33 +8,46 @@
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import os
-import sys
 from typing import Any, Callable
 
 import jax
 import ml_collections
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app
 
+from hybridjax import cli
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
 from hybridjax import sharding as sharding_lib
-from hybridjax import trainer
+from hybridjax.loop import train as train_lib
 from hybridjax.models import gpt2
+from hybridjax.optim import Batch, LossFn
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "gpt2_small.py")
 
 
-def define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
-  """--config and --workdir; defined only when run as a program, so importing has no side effects."""
-  return (config_flags.DEFINE_config_file("config", _CONFIG_PATH + ":tiny",
-                                          "Experiment config file[:preset]."),
-          flags.DEFINE_string("workdir", "", "Run directory (default: runs/<preset>-<mode>-<time>)."))
+@dataclasses.dataclass
+class Task:
+  """Everything `loop.train.train` needs besides the config, for one GPT-2 experiment."""
+
+  init_params: Callable[[jax.Array], Any]
+  loss_fn: LossFn
+  train_batch: Callable[[int], Batch]
+  eval_batches: list[Batch]
+  tokens_per_step: int
+  extra_meta: dict[str, Any]
+  model: gpt2.GPT2
+  prepared: data_lib.PreparedData
+
+  def train_kwargs(self) -> dict[str, Any]:
+    """The keyword arguments of `loop.train.train`."""
+    return dict(init_params=self.init_params, loss_fn=self.loss_fn, train_batch=self.train_batch,
+                eval_batches=self.eval_batches, tokens_per_step=self.tokens_per_step,
+                extra_meta=self.extra_meta)
 
 
-def build_task(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def build_task(config: ml_collections.ConfigDict) -> Task:
   """Data, model and loss for `config`; raises ValueError on anything inconsistent."""
   model_cfg = gpt2.GPT2Config(**config.model.to_dict())
   model_cfg.validate()
@@ -65,45 +78,19 @@ def build_task(config: ml_collections.ConfigDict) -> dict[str, Any]:
   eval_batches = data_lib.eval_batches(val_tokens, batch_size=batch_size, seq_len=seq_len,
                                        n_batches=config.trainer.eval_batches,
                                        vocab_size=model_cfg.vocab_size)
-  return dict(init_params=init_params, loss_fn=gpt2.make_loss_fn(model), train_batch=train_batch,
+  n_params = gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0)))
+  return Task(init_params=init_params, loss_fn=gpt2.make_loss_fn(model), train_batch=train_batch,
               eval_batches=eval_batches, tokens_per_step=batch_size * seq_len,
               extra_meta={"data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train,
                                    "n_val": prepared.n_val},
-                          "n_params": None},
+                          "n_params": n_params},
               model=model, prepared=prepared)
-
-
-def default_workdir(config: ml_collections.ConfigDict) -> str:
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{config.preset}-{config.mode}-{stamp}")
-
-
-def run_as_program(work: Callable[[], Any]) -> None:
-  """Runs `work()` as a command-line program: bad input and divergence end in a one-line error.
-
-  Bad input (ValueError, FileNotFoundError; the message says what to change) exits 2, a diverged
-  run (`trainer.TrainingDiverged`; the message names the step, the count and the fix) exits 3.
-  HYBRIDJAX_TRACEBACK=1 re-raises instead.
-  """
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  try:
-    work()
-  except (ValueError, FileNotFoundError) as e:
-    if os.environ.get("HYBRIDJAX_TRACEBACK"):
-      raise
-    print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-    sys.exit(2)
-  except trainer.TrainingDiverged as e:
-    if os.environ.get("HYBRIDJAX_TRACEBACK"):
-      raise
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(3)
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  run_as_program(lambda: run(_FLAGS[0].value, _FLAGS[1].value))
+  cli.run_as_program(lambda: run(_FLAGS[0].value, _FLAGS[1].value))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
@@ -111,18 +98,15 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   config_lib.validate(config)
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)
-  workdir = workdir or default_workdir(config)
+  workdir = workdir or cli.default_workdir(config)
   task = build_task(config)
-  n_params = gpt2.count_params(jax.eval_shape(task["init_params"], jax.random.PRNGKey(0)))
-  task["extra_meta"]["n_params"] = n_params
-  print(f"GPT-2 {config.preset}: {n_params:,} params, {task['prepared'].n_train:,} train tokens "
+  n_params = task.extra_meta["n_params"]
+  print(f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
         f"({config.data.tokenizer}), mode={config.mode}, workdir={workdir}, "
         f"devices={jax.devices()}")
-  return trainer.train(config, workdir, init_params=task["init_params"], loss_fn=task["loss_fn"],
-                       train_batch=task["train_batch"], eval_batches=task["eval_batches"],
-                       tokens_per_step=task["tokens_per_step"], extra_meta=task["extra_meta"])
+  return train_lib.train(config, workdir, **task.train_kwargs())
 
 
 if __name__ == "__main__":
-  _FLAGS = define_flags()
+  _FLAGS = cli.define_flags(_CONFIG_PATH + ":tiny", "Run directory (default: runs/<preset>-<mode>-<time>).")
   app.run(main)

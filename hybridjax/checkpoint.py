@@ -17,6 +17,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from hybridjax import config as config_lib
+
 # Fields that may change between a run and its resumption without changing what is trained.
 RUNTIME_FIELDS = frozenset({
     "resume", "trainer.steps", "trainer.log_every", "trainer.eval_every", "trainer.eval_batches",
@@ -45,23 +47,10 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
       state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
 
-def flatten_config(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[str, Any]:
-  """{'trainer.steps': 600, ...} from a nested config."""
-  d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
-  flat = {}
-  for k, v in d.items():
-    name = f"{prefix}{k}"
-    if isinstance(v, dict):
-      flat.update(flatten_config(v, name + "."))
-    else:
-      flat[name] = v
-  return flat
-
-
 def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
   """Fields (outside RUNTIME_FIELDS) whose values differ, as readable lines."""
-  a = flatten_config(saved)
-  b = flatten_config(json.loads(current.to_json()))
+  a = config_lib.flatten(saved)
+  b = config_lib.flatten(json.loads(current.to_json()))
   diffs = []
   for k in sorted(set(a) | set(b)):
     if k in RUNTIME_FIELDS:

@@ -11,9 +11,6 @@ from typing import Any, Callable
 
 import ml_collections
 
-PHASE_NAMES = ("WARMUP", "FULL", "PREDICT", "CORRECT")
-
-
 def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
   c = ml_collections.ConfigDict()
@@ -51,7 +48,7 @@ def default_trainer_config() -> ml_collections.ConfigDict:
 
 
 def default_hybrid_config() -> ml_collections.ConfigDict:
-  """Every knob of hybrid training (DESIGN.md section 1)."""
+  """Every knob of hybrid training (docs/design.md)."""
   c = ml_collections.ConfigDict()
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
   c.warmup_steps = 50
@@ -68,11 +65,13 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.history_size = 64  # ring-buffer length (steps)
   c.window = 32  # truncated-BPTT window of the dynamics model
   c.accuracy_window = 8  # recent validations that feed confidence
-  c.steps_per_call = 1  # > 1: lax.scan over K hybrid steps per dispatch
-  c.dispatch = "host"  # 'host': per-phase jitted functions; 'switch': one fused lax.switch step
+  c.dispatch = "switch"  # 'switch': one fused lax.switch step; 'host': per-phase jitted functions
+  c.steps_per_call = 1  # with dispatch='switch': hybrid steps per dispatch (lax.scan when > 1)
   c.rssm = ml_collections.ConfigDict(dict(
       deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3))
-  c.corrector = ml_collections.ConfigDict(dict(hidden=64, learning_rate=1e-3, history=32))
+  c.corrector = ml_collections.ConfigDict(dict(
+      enabled=True,  # False: plans use the RSSM's raw output; the corrector is never trained
+      hidden=64, learning_rate=1e-3, history=32))
   c.health = ml_collections.ConfigDict(dict(
       grad_explosion_factor=10.0,  # grad norm > baseline EMA x this -> FULL cooldown
       loss_spike_sigma=6.0,  # loss above its EMA by this many running std -> FULL cooldown
@@ -107,6 +106,21 @@ def default_distributed_config() -> ml_collections.ConfigDict:
   c.num_processes = 0  # 0 = auto-detect
   c.process_id = -1  # -1 = auto-detect
   return c
+
+
+def flatten(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[str, Any]:
+  """{'trainer.steps': 600, ...}: the leaves of a nested config (or its dict) by dotted name.
+
+  The inverse is `ConfigDict.update_from_flattened_dict`.
+  """
+  flat: dict[str, Any] = {}
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      flat.update(flatten(value, name + "."))
+    else:
+      flat[name] = value
+  return flat
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -221,6 +235,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
     "hybrid.rssm.ensemble": _int(1, 64),
     "hybrid.rssm.free_bits": _num(0.0),
     "hybrid.rssm.learning_rate": _num(0.0, lo_open=True),
+    "hybrid.corrector.enabled": _bool,
     "hybrid.corrector.hidden": _int(1),
     "hybrid.corrector.learning_rate": _num(0.0, lo_open=True),
     "hybrid.corrector.history": _int(2, 4096),

@@ -114,7 +114,7 @@ def replicated_tree(abstract_tree: Any, mesh: Mesh) -> Any:
 
 
 def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `trainer.TrainState`: params and optimizer state FSDP, the rest (the step and
+  """Shardings of a `optim.TrainState`: params and optimizer state FSDP, the rest (the step and
   any counters) replicated."""
   rest = replicated_tree(abstract_state, mesh)
   return rest.replace(params=fsdp_sharding(abstract_state.params, mesh),
@@ -122,22 +122,23 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
 
 
 def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `state.HybridState`: the train state and velocity FSDP, the rest replicated."""
+  """Shardings of a `hybrid.state.HybridState`: the train state and velocity FSDP, the rest replicated."""
   rest = replicated_tree(abstract_state, mesh)
   return rest.replace(train=train_state_shardings(abstract_state.train, mesh),
                       velocity=fsdp_sharding(abstract_state.velocity, mesh))
 
 
 def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
-  """`jax.jit` keyword arguments for a `(state, batch) -> (state, metrics)` step on `mesh`.
+  """`jax.jit` keyword arguments for a `(state, batch, schedule) -> (state, metrics)` step on `mesh`.
 
   The state comes in and goes out with `state_shardings` (so a donated buffer can be reused in
-  place on its device), every batch leaf is split on dim 0, and the metrics come back replicated
-  (so any host can read them). Empty on a one-device mesh: plain `jax.jit` there.
+  place on its device), every batch leaf is split on dim 0, the schedule's scalars are replicated,
+  and the metrics come back replicated (so any host can read them). Empty on a one-device mesh:
+  plain `jax.jit` there.
   """
   if not is_multi_device(mesh):
     return {}
-  return {"in_shardings": (state_shardings, batch_sharding(mesh)),
+  return {"in_shardings": (state_shardings, batch_sharding(mesh), replicated(mesh)),
           "out_shardings": (state_shardings, replicated(mesh))}
 
 

@@ -17,30 +17,12 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 def micro_config(mode: str = "baseline", steps: int = 20):
-  """The tiny preset shrunk further: 1 layer, d_model 32, ctx 32, batch 4."""
+  """The `tiny,micro` preset with test-sized logging: no evals or checkpoints before the end."""
   from experiments.configs import gpt2_small
-  c = gpt2_small.get_config("tiny")
+  c = gpt2_small.get_config("tiny,micro")
   c.mode = mode
-  c.model.n_layer = 1
-  c.model.d_model = 32
-  c.model.n_head = 2
-  c.model.n_ctx = 32
-  c.trainer.steps = steps
-  c.trainer.batch_size = 4
-  c.trainer.log_every = 5
-  c.trainer.eval_every = 0
-  c.trainer.eval_batches = 2
-  c.trainer.checkpoint_every = 0
-  c.trainer.progress = False
-  c.trainer.compile_cache = False
-  c.optim.warmup_steps = 5
-  c.hybrid.warmup_steps = 10
-  c.hybrid.full_steps = 5
-  c.hybrid.rssm.deter = 32
-  c.hybrid.rssm.latent = 8
-  c.hybrid.rssm.hidden = 32
-  c.hybrid.history_size = 16
-  c.hybrid.window = 8
+  c.trainer.update(steps=steps, log_every=5, eval_every=0, eval_batches=2, checkpoint_every=0,
+                   progress=False, compile_cache=False)
   return c
 
 
@@ -57,10 +39,5 @@ def small_hybrid_config(**overrides):
   h.full_steps = 5
   h.rssm.deter, h.rssm.latent, h.rssm.hidden, h.rssm.ensemble = 32, 8, 32, 2
   h.history_size, h.window = 16, 8
-  for k, v in overrides.items():
-    node = h
-    *parents, leaf = k.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = v
+  h.update_from_flattened_dict(overrides)
   return h

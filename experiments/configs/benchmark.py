@@ -22,7 +22,7 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   if preset not in ("tiny", "quick", "small", "124m"):
     raise ValueError(f"unknown benchmark preset {preset!r}: use tiny, quick, small or 124m, e.g. "
                      "--config=experiments/configs/benchmark.py:quick")
-  c = gpt2_small.get_config("tiny" if preset == "quick" else preset)
+  c = gpt2_small.get_config("tiny,micro" if preset == "quick" else preset)
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False
   c.trainer.checkpoint_every = 0  # only the final checkpoint: saves are not what is measured
@@ -41,17 +41,13 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.trainer.log_every = 25
 
   if preset == "quick":  # a smoke run for the tests: the whole pipeline in well under 2 minutes
-    c.model.n_layer, c.model.d_model, c.model.n_head, c.model.n_ctx = 1, 32, 2, 32
     c.trainer.steps = 100
     c.trainer.batch_size = 8
     c.trainer.eval_batches = 2
     c.trainer.eval_every = c.trainer.log_every = 10
     c.optim.warmup_steps = 10
     c.hybrid.warmup_steps = 20
-    c.hybrid.full_steps = 5
     c.hybrid.confidence_threshold = 0.0
-    c.hybrid.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
-    c.hybrid.history_size, c.hybrid.window = 16, 8
     b.repeats = 1
     b.switch_overhead = False
     b.dynamics_timing_calls = 5

@@ -7,6 +7,8 @@ Read with `ml_collections.config_flags`:
       --config.trainer.steps=300 --config.mode=hybrid
 
 Presets: `tiny` (CPU, minutes; the default), `small` (CPU, under an hour), `124m` (GPT-2 Small, GPU).
+A second, comma-separated argument shrinks a preset further: `tiny,micro` is a one-layer model with a
+small dynamics model that trains in seconds (the tests and quick benchmarks use it).
 """
 
 from __future__ import annotations
@@ -31,9 +33,27 @@ _OPTIM = {
 }
 
 
-def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Returns the experiment config for `preset` ('tiny', 'small' or '124m')."""
-  preset = preset or "tiny"
+VARIANTS = ("micro",)
+
+
+def _micro(c: ml_collections.ConfigDict) -> None:
+  """One layer, d_model 32, context 32, batch 4, a small RSSM, short warm-ups."""
+  c.model.update(n_layer=1, d_model=32, n_head=2, n_ctx=32)
+  c.trainer.batch_size = 4
+  c.optim.warmup_steps = 5
+  c.hybrid.update(warmup_steps=10, full_steps=5, history_size=16, window=8)
+  c.hybrid.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
+
+
+def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
+  """Returns the experiment config for `arg`: a preset ('tiny', 'small' or '124m'), optionally
+  followed by variants (`tiny,micro`)."""
+  preset, *variants = (arg or "tiny").split(",")
+  for v in variants:
+    if v not in VARIANTS:
+      raise ValueError(
+          f"unknown preset variant {v!r} in {arg!r}: use one of {list(VARIANTS)}, e.g. "
+          "--config=experiments/configs/gpt2_small.py:tiny,micro")
   if preset not in gpt2.PRESETS:
     raise ValueError(
         f"unknown preset {preset!r}: use one of {sorted(gpt2.PRESETS)}, e.g. "
@@ -69,4 +89,6 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
     c.hybrid.rssm.update(deter=64, hidden=64, latent=16)
   c.mesh = config_lib.default_mesh_config()  # default: data-parallel over every visible device
   c.distributed = config_lib.default_distributed_config()  # multi-host start-up (off)
+  if "micro" in variants:
+    _micro(c)
   return c

@@ -1,4 +1,4 @@
-"""Parameter groups and the training-state feature vector x_t (DESIGN.md section 1).
+"""Parameter groups and the training-state feature vector x_t (docs/design.md, "Features").
 
 Groups are derived from the param tree's paths, so they work for any model: with `grouping='kind'`
 repeated blocks (`h_0`, `h_1`, ... with identical structure and shapes) fall into one group per
@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-N_PHASES = 4
+from hybridjax.hybrid.phases import PHASE_NAMES
+
+N_PHASES = len(PHASE_NAMES)
 # Global (non-per-group) features, in order. Per-group features follow, 4 per group.
 GLOBAL_FEATURES = ("loss", "log_loss", "ema_fast", "ema_slow", "log_grad_norm", "log_lr",
-                   "progress", "phase_warmup", "phase_full", "phase_predict", "phase_correct")
+                   "progress") + tuple(f"phase_{p.lower()}" for p in PHASE_NAMES)
 GROUP_FEATURES = ("log_grad_norm", "log_update_norm", "log_param_norm", "cos_update_velocity")
 _EPS = 1e-12
 

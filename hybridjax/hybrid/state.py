@@ -1,4 +1,4 @@
-"""`HybridState`: everything hybrid training carries, as one pytree (DESIGN.md section 2).
+"""`HybridState`: everything hybrid training carries, as one pytree (docs/design.md, "State").
 
   HybridState
     train       params, opt_state, step          what a plain optax loop has
@@ -21,19 +21,11 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from hybridjax import corrector as corrector_lib
-from hybridjax import dynamics as dynamics_lib
-from hybridjax import features as features_lib
-from hybridjax.trainer import TrainState
-
-WARMUP, FULL, PREDICT, CORRECT = 0, 1, 2, 3
-# Step kinds that `hybrid_step` dispatches between.
-BRANCH_REAL, BRANCH_PREDICT, BRANCH_CORRECT_ENTRY = 0, 1, 2
-N_BRANCHES = 3
-# Health events, in the order of `Controller.events`.
-EVENT_NAMES = ("nonfinite", "grad_explosion", "loss_spike", "prediction_failure")
-# Why the last PREDICT phase ended.
-EXIT_NONE, EXIT_HORIZON, EXIT_DIVERGED, EXIT_NONFINITE = 0, 1, 2, 3
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.phases import EVENT_NAMES, Branch, Exit, Phase
+from hybridjax.optim import TrainState
 
 
 @flax.struct.dataclass
@@ -50,9 +42,9 @@ class History:
 @flax.struct.dataclass
 class Controller:
   """The controller's whole state: jnp scalars and small arrays, on the device."""
-  phase: jax.Array  # int32
+  phase: jax.Array  # int32 `Phase`
   steps_in_phase: jax.Array  # int32
-  next_branch: jax.Array  # int32: the step kind the next call runs
+  next_branch: jax.Array  # int32 `Branch`: the step kind the next call runs
   horizon: jax.Array  # int32, the current (or next) PREDICT horizon H <= max_predict_steps
   confidence: jax.Array
   agreement: jax.Array
@@ -69,7 +61,7 @@ class Controller:
   start_logloss: jax.Array
   alpha_since_good: jax.Array  # (G,) sum of alphas since the last validated-good point
   rollback_alpha: jax.Array  # (G,) to subtract at the next CORRECT entry (0 = nothing)
-  last_exit: jax.Array  # int32 EXIT_*
+  last_exit: jax.Array  # int32 `Exit`
   # Running statistics of real steps.
   ema_fast: jax.Array
   ema_slow: jax.Array
@@ -87,9 +79,9 @@ class Controller:
   # Health.
   cooldown: jax.Array  # int32
   consecutive_failures: jax.Array  # int32
-  events: jax.Array  # (4,) int32, see EVENT_NAMES
+  events: jax.Array  # (len(EVENT_NAMES),) int32
   # Counters.
-  phase_steps: jax.Array  # (4,) int32
+  phase_steps: jax.Array  # (len(Phase),) int32: steps taken in each phase
   backward_passes: jax.Array  # int32
   forward_passes: jax.Array  # int32 (validation forwards in PREDICT)
   predict_phases: jax.Array  # int32
@@ -124,17 +116,17 @@ def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int,
   i32 = lambda v=0: jnp.asarray(v, jnp.int32)  # noqa: E731
   hmax, g = max_predict_steps, n_groups
   return Controller(
-      phase=i32(WARMUP), steps_in_phase=i32(), next_branch=i32(BRANCH_REAL), horizon=i32(1),
+      phase=i32(Phase.WARMUP), steps_in_phase=i32(), next_branch=i32(Branch.FULL_STEP), horizon=i32(1),
       confidence=f32(), agreement=f32(), accuracy=f32(),
       plan_logloss=jnp.zeros((hmax,), jnp.float32), plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
       plan_alpha=jnp.zeros((hmax, g), jnp.float32), plan_log_scale=jnp.zeros((hmax,), jnp.float32),
       plan_x=jnp.zeros((feature_dim,), jnp.float32), plan_offset=i32(),
       start_logloss=f32(), alpha_since_good=jnp.zeros((g,), jnp.float32),
-      rollback_alpha=jnp.zeros((g,), jnp.float32), last_exit=i32(EXIT_NONE),
+      rollback_alpha=jnp.zeros((g,), jnp.float32), last_exit=i32(Exit.NONE),
       ema_fast=f32(), ema_slow=f32(), loss_mean=f32(), loss_var=f32(), grad_norm_ema=f32(),
       real_count=i32(), last_logloss=f32(), prev_was_real=jnp.asarray(False), one_step_pred=f32(),
       errors=jnp.zeros((accuracy_window,), jnp.float32),
       errors_valid=jnp.zeros((accuracy_window,), bool), errors_pos=i32(),
-      cooldown=i32(), consecutive_failures=i32(), events=jnp.zeros((4,), jnp.int32),
-      phase_steps=jnp.zeros((4,), jnp.int32), backward_passes=i32(), forward_passes=i32(),
+      cooldown=i32(), consecutive_failures=i32(), events=jnp.zeros((len(EVENT_NAMES),), jnp.int32),
+      phase_steps=jnp.zeros((len(Phase),), jnp.int32), backward_passes=i32(), forward_passes=i32(),
       predict_phases=i32(), rollbacks=i32(), velocity_norm=jnp.zeros((g,), jnp.float32))

@@ -16,35 +16,16 @@ All of it runs on the device inside the jitted step; nothing here syncs with the
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from hybridjax.state import (BRANCH_CORRECT_ENTRY, BRANCH_PREDICT, BRANCH_REAL, CORRECT,
-                             EXIT_DIVERGED, EXIT_HORIZON, EXIT_NONE, EXIT_NONFINITE, FULL, PREDICT,
-                             WARMUP, Controller)
+from hybridjax.hybrid.context import ControllerSettings, StepInfo
+from hybridjax.hybrid.dynamics import ensemble_disagreement
+from hybridjax.hybrid.phases import Branch, Exit, Phase
+from hybridjax.hybrid.state import Controller
 
 # Real steps before the health statistics are trusted (loss spike, gradient explosion).
 HEALTH_WARMUP = 20
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerSettings:
-  """The static knobs the controller reads (from `config.hybrid`)."""
-  enable_predict: bool
-  warmup_steps: int
-  full_steps: int
-  max_predict_steps: int
-  confidence_threshold: float
-  divergence_tolerance: float
-  correct_steps: int
-  correction_interval: int
-  validate_every: int
-  grad_explosion_factor: float
-  loss_spike_sigma: float
-  max_prediction_failures: int
-  cooldown_steps: int
 
 
 def push_error(ctrl: Controller, rel_error: jax.Array, enabled: jax.Array) -> Controller:
@@ -78,8 +59,7 @@ def agreement(ensemble_logloss: jax.Array, tolerance: float) -> jax.Array:
   `ensemble_logloss` is (E, H): each member's imagined log-loss over the horizon; the spread is the
   member standard deviation, averaged over the horizon.
   """
-  spread = jnp.mean(jnp.std(ensemble_logloss, axis=0))
-  return jnp.exp(-spread / jnp.log1p(tolerance))
+  return jnp.exp(-ensemble_disagreement(ensemble_logloss) / jnp.log1p(tolerance))
 
 
 def horizon_for(confidence: jax.Array, s: ControllerSettings) -> jax.Array:
@@ -127,30 +107,27 @@ def next_branch(phase: jax.Array, steps_in_phase: jax.Array, s: ControllerSettin
   if s.correction_interval > 0:
     # A micro-correction: one real step every `correction_interval` predict steps.
     micro = ((steps_in_phase + 1) % (s.correction_interval + 1) == 0)
-  branch = jnp.where(phase == PREDICT, jnp.where(micro, BRANCH_REAL, BRANCH_PREDICT), BRANCH_REAL)
-  branch = jnp.where((phase == CORRECT) & (steps_in_phase == 0), BRANCH_CORRECT_ENTRY, branch)
+  branch = jnp.where(phase == Phase.PREDICT, jnp.where(micro, Branch.FULL_STEP, Branch.PREDICT_STEP),
+                     Branch.FULL_STEP)
+  branch = jnp.where((phase == Phase.CORRECT) & (steps_in_phase == 0), Branch.CORRECT_STEP, branch)
   return branch.astype(jnp.int32)
 
 
-def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, explosion: jax.Array,
-               spike: jax.Array, validated: jax.Array, diverged: jax.Array,
-               nonfinite_prediction: jax.Array, rollback_alpha: jax.Array,
-               s: ControllerSettings) -> Controller:
+def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Controller:
   """Advances phase, counters, cooldown and health after one step.
 
   Args:
     ctrl: the controller after the step's own bookkeeping (confidence, plan, alpha sums).
-    was_real: the step had a backward pass (WARMUP, FULL, CORRECT, micro-correction).
-    finite: the real step's loss and gradient were finite (True for predicted steps).
-    explosion, spike: health checks of a real step.
-    validated: a predicted step measured the real loss.
-    diverged: that measurement exceeded the prediction or the phase-start loss by the tolerance.
-    nonfinite_prediction: that measurement was not finite.
-    rollback_alpha: (G,) alphas of the segment to roll back at the CORRECT entry.
+    info: what the step observed (`StepInfo`: real or predicted, finite, health checks,
+      validation outcome, the alphas to roll back).
+    s: the static settings.
   """
+  was_real, finite, validated = info.was_real, info.finite, info.validated
+  explosion, spike, diverged = info.explosion, info.spike, info.diverged
+  nonfinite_prediction, rollback_alpha = info.nonfinite_prediction, info.rollback_alpha
   phase = ctrl.phase
   k = ctrl.steps_in_phase + 1
-  in_predict = phase == PREDICT
+  in_predict = phase == Phase.PREDICT
   # A non-finite loss is a health event whether a real step or a PREDICT validation measured it.
   nonfinite = (was_real & ~finite) | nonfinite_prediction
   bad_predict = in_predict & (diverged | nonfinite_prediction)
@@ -167,19 +144,19 @@ def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, expl
   # the phase goes to FULL via CORRECT, as the transition table says.
   predict_done = in_predict & (bad_predict | (k >= ctrl.horizon) | health)
   nxt = phase
-  nxt = jnp.where((phase == WARMUP) & (k >= s.warmup_steps), FULL, nxt)
-  nxt = jnp.where((phase == FULL) & (k >= s.full_steps) & eligible, PREDICT, nxt)
-  nxt = jnp.where(predict_done, CORRECT, nxt)
-  nxt = jnp.where((phase == CORRECT) & (k >= s.correct_steps),
-                  jnp.where(eligible, PREDICT, FULL), nxt)
-  nxt = jnp.where((phase == CORRECT) & health, FULL, nxt)
+  nxt = jnp.where((phase == Phase.WARMUP) & (k >= s.warmup_steps), Phase.FULL, nxt)
+  nxt = jnp.where((phase == Phase.FULL) & (k >= s.full_steps) & eligible, Phase.PREDICT, nxt)
+  nxt = jnp.where(predict_done, Phase.CORRECT, nxt)
+  nxt = jnp.where((phase == Phase.CORRECT) & (k >= s.correct_steps),
+                  jnp.where(eligible, Phase.PREDICT, Phase.FULL), nxt)
+  nxt = jnp.where((phase == Phase.CORRECT) & health, Phase.FULL, nxt)
   nxt = nxt.astype(jnp.int32)
   changed = nxt != phase
-  entering_predict = changed & (nxt == PREDICT)
+  entering_predict = changed & (nxt == Phase.PREDICT)
   steps_in_phase = jnp.where(changed, 0, k).astype(jnp.int32)
 
-  exit_reason = jnp.where(nonfinite_prediction | nonfinite, EXIT_NONFINITE,
-                          jnp.where(diverged, EXIT_DIVERGED, EXIT_HORIZON))
+  exit_reason = jnp.where(nonfinite_prediction | nonfinite, Exit.NONFINITE,
+                          jnp.where(diverged, Exit.DIVERGED, Exit.HORIZON))
   # A good segment resets the failure count.
   failures = jnp.where(predict_done & ~bad_predict, 0, failures)
   rolled = predict_done & jnp.any(rollback_alpha != 0)
@@ -190,7 +167,7 @@ def transition(ctrl: Controller, *, was_real: jax.Array, finite: jax.Array, expl
       alpha_since_good=jnp.where(entering_predict, 0.0, ctrl.alpha_since_good),
       plan_offset=jnp.where(entering_predict, 0, ctrl.plan_offset),
       rollback_alpha=jnp.where(predict_done, rollback_alpha, ctrl.rollback_alpha),
-      last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, EXIT_NONE,
+      last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, Exit.NONE,
                                                                ctrl.last_exit)),
       cooldown=cooldown.astype(jnp.int32), consecutive_failures=failures.astype(jnp.int32),
       events=events,

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hybridjax.optim import tree_where
+
 # The scale correction is bounded: it can shrink alpha 20x or grow it 1.65x, never flip its sign.
 LOG_SCALE_MIN, LOG_SCALE_MAX = -3.0, 0.5
 
@@ -109,6 +111,6 @@ def train_corrector(state: CorrectorState, hidden: int, learning_rate: float,
   loss, grads = jax.value_and_grad(corrector_loss)(state.params, state, hidden)
   updates, opt_state = make_optimizer(learning_rate).update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(enabled, a, b), new, old)  # noqa: E731
-  return state.replace(params=pick(params, state.params), opt_state=pick(opt_state, state.opt_state),
+  return state.replace(params=tree_where(enabled, params, state.params),
+                       opt_state=tree_where(enabled, opt_state, state.opt_state),
                        updates=state.updates + enabled.astype(jnp.int32)), loss

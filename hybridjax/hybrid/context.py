@@ -1,0 +1,122 @@
+"""What the hybrid step functions close over (`HybridContext`, static), and what each step kind
+reports to the controller transition (`StepInfo`, traced)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.optim import LossFn
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+  """The static knobs the controller reads."""
+
+  enable_predict: bool
+  warmup_steps: int
+  full_steps: int
+  max_predict_steps: int
+  confidence_threshold: float
+  divergence_tolerance: float
+  correct_steps: int
+  correction_interval: int
+  validate_every: int
+  grad_explosion_factor: float
+  loss_spike_sigma: float
+  max_prediction_failures: int
+  cooldown_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridContext:
+  """Everything static the step functions close over: functions, shapes and settings.
+
+  Values that vary between runs of a sweep (the learning-rate schedule) are not here: they are
+  runtime arguments, so one compiled step serves them all.
+  """
+
+  loss_fn: LossFn
+  tx: optax.GradientTransformation
+  groups: features_lib.ParamGroups
+  control: ControllerSettings
+  rssm: dynamics_lib.RSSMConfig
+  grad_accum: int
+  velocity_beta: float
+  constant_alpha: float  # > 0: the ablation, every predicted step uses this alpha (no RSSM)
+  corrector_enabled: bool  # False: the corrector is neither applied nor trained
+  window: int
+  total_steps: int
+  corrector_hidden: int
+  corrector_lr: float
+  corrector_capacity: int
+  accuracy_window: int
+  history_size: int
+
+  @property
+  def hmax(self) -> int:
+    """The longest PREDICT horizon (the length of every plan)."""
+    return self.control.max_predict_steps
+
+
+@flax.struct.dataclass
+class StepInfo:
+  """The per-step facts every step kind returns (one structure for every `lax.switch` branch)."""
+
+  loss: jax.Array  # the measured loss (real steps, validated predicted steps), else the predicted one
+  predicted_loss: jax.Array  # the plan's loss for this step (real steps: the next plan's first)
+  grad_norm: jax.Array  # 0 in predicted steps
+  was_real: jax.Array  # bool: the step had a backward pass
+  finite: jax.Array  # bool: a real step's loss and gradient were finite (True for predicted steps)
+  explosion: jax.Array  # bool: health check of a real step
+  spike: jax.Array  # bool: health check of a real step
+  validated: jax.Array  # bool: a predicted step measured the real loss with a forward pass
+  diverged: jax.Array  # bool: that measurement exceeded the prediction or the start by the tolerance
+  nonfinite_prediction: jax.Array  # bool: that measurement, or the plan, was not finite
+  rollback_alpha: jax.Array  # (G,) alphas of the segment to roll back at the CORRECT entry
+  alpha: jax.Array  # (G,) the alpha this step applied (0 in real steps)
+
+
+def make_step_info(
+  *,
+  loss,
+  predicted_loss,
+  grad_norm,
+  was_real,
+  finite,
+  explosion,
+  spike,
+  validated,
+  diverged,
+  nonfinite_prediction,
+  rollback_alpha,
+  alpha,
+) -> StepInfo:
+  """A `StepInfo` with every field cast to its dtype, so all branches return identical types."""
+
+  def f32(v):
+    return jnp.asarray(v, jnp.float32)
+
+  def b(v):
+    return jnp.asarray(v, bool)
+
+  return StepInfo(
+    loss=f32(loss),
+    predicted_loss=f32(predicted_loss),
+    grad_norm=f32(grad_norm),
+    was_real=b(was_real),
+    finite=b(finite),
+    explosion=b(explosion),
+    spike=b(spike),
+    validated=b(validated),
+    diverged=b(diverged),
+    nonfinite_prediction=b(nonfinite_prediction),
+    rollback_alpha=f32(rollback_alpha),
+    alpha=f32(alpha),
+  )

@@ -1,0 +1,47 @@
+"""`correct_step`: the first step of a CORRECT phase (docs/design.md, "Rollback").
+
+It rolls back the part of the PREDICT segment that diverged, exactly and without a snapshot: every
+predicted step moved the params by alpha . velocity with the velocity fixed during the phase, so
+
+  theta <- theta - sum_g A_g * velocity_g,   A = the alphas summed since the last good validation.
+
+Then it trains the residual corrector on what the phase's validations observed, and takes a
+`full_step`. The rest of CORRECT is ordinary full steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.full_step import full_step
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, Schedule
+
+
+def rollback_params(ctx: HybridContext, params: Any, velocity: Any, alpha_sum: jax.Array) -> Any:
+  """theta - sum_g A_g velocity_g: undoes predicted steps whose alphas sum to `alpha_sum`, exactly
+  up to float rounding, with no snapshot of the params."""
+  return features_lib.add_scaled_by_group(ctx.groups, params, -alpha_sum, velocity)
+
+
+def correct_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """First CORRECT step: roll back what diverged, train the corrector, then a full step."""
+  c = state.controller
+  params = rollback_params(ctx, state.train.params, state.velocity, c.rollback_alpha)
+  corr = state.corrector
+  if ctx.corrector_enabled:
+    corr, _ = corrector_lib.train_corrector(corr, ctx.corrector_hidden, ctx.corrector_lr, jnp.any(corr.valid))
+  state = state.replace(
+    train=state.train.replace(params=params),
+    corrector=corr,
+    controller=c.replace(rollback_alpha=jnp.zeros_like(c.rollback_alpha)),
+  )
+  return full_step(ctx, state, batch, schedule)

@@ -1,0 +1,96 @@
+"""`predict_step`: a predicted step, no backward pass (docs/design.md, "Steps").
+
+Every parameter moves along its group's velocity by the planned alpha,
+
+  theta <- theta + sum_g alpha_{g,k} * velocity_g,
+
+with a forward-pass validation every `validate_every` steps and at the horizon. A validation that
+exceeds the plan (or the phase's starting loss) by the divergence tolerance ends the phase, and the
+segment since the last good validation is rolled back at the CORRECT entry (`correct_step`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybridjax.hybrid import controller as controller_lib
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, Schedule
+
+
+def predict_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """A predicted step: every parameter moves by alpha_{g,k} * velocity_g; no backward pass.
+
+  `schedule` is unused (a predicted step makes no optimizer update); it is taken so that all three
+  transitions share one signature for `lax.switch`.
+  """
+  del schedule
+  tr, c, groups = state.train, state.controller, ctx.groups
+  k = jnp.clip(c.steps_in_phase - c.plan_offset, 0, ctx.hmax - 1)
+  alpha = c.plan_alpha[k]
+  # A non-finite plan (a diverged dynamics model) never moves the params: it ends the phase as a
+  # non-finite prediction instead, and the segment so far is rolled back.
+  bad_plan = ~jnp.all(jnp.isfinite(alpha))
+  alpha = jnp.where(bad_plan, 0.0, alpha)
+  params = features_lib.add_scaled_by_group(groups, tr.params, alpha, state.velocity)
+  since_good = c.alpha_since_good + alpha
+
+  validate = (((k + 1) % ctx.control.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
+  loss = jax.lax.cond(
+    validate, lambda p: ctx.loss_fn(p, batch)[0].astype(jnp.float32), lambda p: jnp.ones((), jnp.float32), params
+  )
+  logloss = features_lib.safe_log(loss)
+  predicted = c.plan_logloss[k]
+  finite = jnp.isfinite(logloss)
+  tol = jnp.log1p(ctx.control.divergence_tolerance)
+  nonfinite_prediction = (validate & ~finite) | bad_plan
+  diverged = validate & finite & ~bad_plan & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
+  good = validate & finite & ~diverged & ~bad_plan
+  rollback = jnp.where(diverged | nonfinite_prediction, since_good, 0.0)
+  c = controller_lib.push_error(c, controller_lib.relative_error(logloss, predicted), validate & finite)
+
+  corr = state.corrector
+  if ctx.corrector_enabled:
+    # The corrector learns from every validation: the residual of the dynamics model's log-loss and
+    # the alpha scale that would have matched the realised improvement.
+    observed = validate & finite
+    realised_gain = c.start_logloss - logloss
+    predicted_gain = c.start_logloss - predicted
+    target_log_scale = c.plan_log_scale[k] + jnp.clip(
+      jnp.log(jnp.maximum(realised_gain, 1e-3) / jnp.maximum(predicted_gain, 1e-3)), -1.5, 0.5
+    )
+    corr = corrector_lib.add_residual(
+      corr,
+      c.plan_x,
+      (k + 1).astype(jnp.float32) / ctx.hmax,
+      logloss - c.plan_raw_logloss[k],
+      target_log_scale,
+      observed,
+    )
+    corr, _ = corrector_lib.train_corrector(corr, ctx.corrector_hidden, ctx.corrector_lr, observed)
+
+  acc = controller_lib.accuracy(c, ctx.control.divergence_tolerance)
+  c = c.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc, confidence=c.agreement * acc)
+  new_state = state.replace(train=tr.replace(params=params, step=tr.step + 1), corrector=corr, controller=c)
+  info = make_step_info(
+    # Only a validated step has a measured loss; the plan's value is `predicted_loss`.
+    loss=jnp.where(validate, loss, jnp.nan),
+    predicted_loss=jnp.exp(predicted),
+    grad_norm=0.0,
+    was_real=False,
+    finite=True,
+    explosion=False,
+    spike=False,
+    validated=validate,
+    diverged=diverged,
+    nonfinite_prediction=nonfinite_prediction,
+    rollback_alpha=rollback,
+    alpha=alpha,
+  )
+  return new_state, info

@@ -1,0 +1,112 @@
+"""The hybrid step: the design card's three pure transitions, selected on the device.
+
+  full_step      forward + backward + optimizer update, plus the trajectory bookkeeping (WARMUP,
+                 FULL, CORRECT, micro-corrections in PREDICT)
+  predict_step   no backward pass: theta <- theta + sum_g alpha_{g,k} velocity_g
+  correct_step   the CORRECT entry: exact rollback of what diverged, corrector update, full step
+
+`hybrid_step` runs the one `Controller.next_branch` names with `lax.switch`, then the controller
+transition (`finish_step`); `hybrid_multi_step` runs K of them in one dispatch with `lax.scan`.
+`make_phase_step` gives one transition plus the controller transition alone, for host dispatch.
+Every function here is pure: jit it with the state donated (`donate_argnums=0`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from hybridjax.hybrid import controller as controller_lib
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import state as state_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.correct_step import correct_step
+from hybridjax.hybrid.full_step import full_step
+from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.predict_step import predict_step
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, Schedule, init_train_state
+
+# The `lax.switch` branches, indexed by `Branch`.
+TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (full_step, predict_step, correct_step)
+assert [f.__name__ for f in TRANSITIONS] == [b.name.lower() for b in Branch]
+
+StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
+
+
+def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> HybridState:
+  """A fresh state around `params` (the optimizer is initialised here)."""
+  rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
+  g, f = ctx.groups.n_groups, ctx.groups.feature_dim
+  return HybridState(
+    train=init_train_state(params, ctx.tx),
+    velocity=jax.tree.map(jnp.zeros_like, params),
+    dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
+    corrector=corrector_lib.init_corrector(
+      corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr
+    ),
+    history=state_lib.init_history(ctx.history_size, f, g),
+    controller=state_lib.init_controller(
+      max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
+    ),
+    rng=rng,
+  )
+
+
+def finish_step(
+  ctx: HybridContext, state: HybridState, info: StepInfo, phase_before: jax.Array
+) -> tuple[HybridState, dict[str, jax.Array]]:
+  """Applies the controller transition and assembles the small dict of scalar measurements.
+
+  `loss` is the measured loss (NaN in a predicted step that was not validated); `predicted_loss`
+  is the plan's value for the step.
+  """
+  c = controller_lib.transition(state.controller, info, ctx.control)
+  metrics = {
+    "loss": info.loss,
+    "predicted_loss": info.predicted_loss,
+    "phase": phase_before,
+    "confidence": c.confidence,
+    "grad_norm": info.grad_norm,
+    "step": state.train.step,
+    "horizon": c.horizon,
+    "measured": info.was_real | info.validated,
+    "diverged": info.diverged | info.nonfinite_prediction,
+    # Per-group vectors (G,): the alpha this step applied (0 in real steps), velocity norms.
+    "alpha": info.alpha,
+    "velocity_norm": c.velocity_norm,
+  }
+  return state.replace(controller=c), metrics
+
+
+def make_phase_step(ctx: HybridContext, branch: int) -> StepFn:
+  """One transition plus the controller transition, as a pure function (for host dispatch)."""
+  transition = TRANSITIONS[branch]
+
+  def step(state: HybridState, batch: Batch, schedule: Schedule):
+    phase = state.controller.phase
+    new_state, info = transition(ctx, state, batch, schedule)
+    return finish_step(ctx, new_state, info, phase)
+
+  return step
+
+
+def hybrid_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, dict[str, jax.Array]]:
+  """One hybrid step: `lax.switch` on the on-device branch, then the controller transition."""
+  phase = state.controller.phase
+  branches = [lambda s, b, sch, f=f: f(ctx, s, b, sch) for f in TRANSITIONS]
+  new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
+  return finish_step(ctx, new_state, info, phase)
+
+
+def hybrid_multi_step(
+  ctx: HybridContext, state: HybridState, batches: Batch, schedule: Schedule
+) -> tuple[HybridState, dict[str, jax.Array]]:
+  """K hybrid steps in one dispatch (`lax.scan`); every leaf of `batches` has a leading axis K,
+  and every metric of the result too."""
+  return jax.lax.scan(lambda s, b: hybrid_step(ctx, s, b, schedule), state, batches)

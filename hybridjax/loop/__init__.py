@@ -1,0 +1,1 @@
+"""The host loop: drivers for each mode (`drivers`) and `train` (`train`)."""

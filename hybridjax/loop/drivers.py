@@ -1,0 +1,441 @@
+"""Drivers: what the host loop (`loop.train`) runs in each mode, behind one interface.
+
+`BaselineDriver` runs the plain optax `optim.train_step`; `HybridDriver` runs hybrid training
+(`hybridjax.hybrid`). Both own the jitted, donating step functions, build and shard the initial
+state, and turn device metrics into log records. `train()` only asks them:
+
+  init_state() / abstract_state() / state_shardings    a fresh state, its shape, its layout
+  train_state(state)                                   the `optim.TrainState` inside
+  run(state, batches)                                  len(batches) steps (one dispatch)
+  records(metrics)                                     the log record's fields, plus extra records
+  health(state)                                        device scalars for the divergence checks
+  summary(state)                                       the run summary's fields
+
+Hybrid dispatch: with `hybrid.dispatch='switch'` (the default) one dispatch runs the fused
+`lax.switch` step, or `hybrid.steps_per_call` of them through `lax.scan`, and never waits on the
+device. With 'host' every step reads the on-device branch and calls that transition's own jitted
+function, which also gives exact per-phase timings and memory readings at every phase transition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from hybridjax import memory as memory_lib
+from hybridjax import sharding as sharding_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import step as step_lib
+from hybridjax.hybrid.context import ControllerSettings, HybridContext
+from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, LossFn, Schedule, TrainState, init_train_state, make_schedule, train_step
+
+Metrics = dict[str, Any]
+
+
+def stack_batches(batches: Sequence[Batch]) -> Batch:
+  """K batches as one batch whose leaves have a leading axis K (for `hybrid_multi_step`)."""
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *batches)
+
+
+def make_context(
+  hybrid: ml_collections.ConfigDict,
+  *,
+  loss_fn: LossFn,
+  tx: optax.GradientTransformation,
+  params_shape: Any,
+  total_steps: int,
+  grad_accum: int = 1,
+) -> HybridContext:
+  """The static `HybridContext` from `config.hybrid` and the (abstract) params."""
+  h = hybrid
+  groups = features_lib.param_groups(params_shape, h.grouping)
+  control = ControllerSettings(
+    enable_predict=bool(h.enable_predict),
+    warmup_steps=h.warmup_steps,
+    full_steps=h.full_steps,
+    max_predict_steps=h.max_predict_steps,
+    confidence_threshold=float(h.confidence_threshold),
+    divergence_tolerance=float(h.divergence_tolerance),
+    correct_steps=h.correct_steps,
+    correction_interval=h.correction_interval,
+    validate_every=h.validate_every,
+    grad_explosion_factor=float(h.health.grad_explosion_factor),
+    loss_spike_sigma=float(h.health.loss_spike_sigma),
+    max_prediction_failures=h.health.max_prediction_failures,
+    cooldown_steps=h.health.cooldown_steps,
+  )
+  rssm = dynamics_lib.RSSMConfig(
+    feature_dim=groups.feature_dim,
+    n_groups=groups.n_groups,
+    deter=h.rssm.deter,
+    latent=h.rssm.latent,
+    hidden=h.rssm.hidden,
+    ensemble=h.rssm.ensemble,
+    free_bits=float(h.rssm.free_bits),
+    learning_rate=float(h.rssm.learning_rate),
+  )
+  return HybridContext(
+    loss_fn=loss_fn,
+    tx=tx,
+    groups=groups,
+    control=control,
+    rssm=rssm,
+    grad_accum=grad_accum,
+    velocity_beta=float(h.velocity_beta),
+    constant_alpha=float(h.constant_alpha),
+    corrector_enabled=bool(h.corrector.enabled),
+    window=h.window,
+    total_steps=total_steps,
+    corrector_hidden=h.corrector.hidden,
+    corrector_lr=float(h.corrector.learning_rate),
+    corrector_capacity=h.corrector.history,
+    accuracy_window=h.accuracy_window,
+    history_size=h.history_size,
+  )
+
+
+class BaselineDriver:
+  """The plain optax loop: `optim.train_step` jitted with the state donated."""
+
+  mode = "baseline"
+  steps_per_call = 1
+  max_events = None
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    *,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    init_params: Callable[[], Any],
+    mesh: jax.sharding.Mesh | None = None,
+  ):
+    self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
+    self._init_params = init_params
+    self._tx = tx
+    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
+    self.state_shardings = None
+    if self.mesh is not None:
+      self.state_shardings = sharding_lib.train_state_shardings(jax.eval_shape(self._init), self.mesh)
+    grad_accum = config.trainer.grad_accum
+
+    def step(state, batch, schedule):
+      return train_step(state, batch, schedule, loss_fn=loss_fn, tx=tx, grad_accum=grad_accum)
+
+    # keep_unused: every input leaf must be donated, whether or not the step reads it.
+    self._step = jax.jit(
+      step, donate_argnums=0, keep_unused=True, **sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
+    )
+
+  def _init(self) -> TrainState:
+    return init_train_state(self._init_params(), self._tx)
+
+  def init_state(self) -> TrainState:
+    """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
+    if self.mesh is not None:
+      return sharding_lib.sharded_init(self._init, self.state_shardings)()
+    return self._init()
+
+  def abstract_state(self) -> Any:
+    return jax.eval_shape(self._init)
+
+  @staticmethod
+  def train_state(state: TrainState) -> TrainState:
+    return state
+
+  def run(self, state: TrainState, batches: Sequence[Batch]) -> tuple[TrainState, Metrics]:
+    """One step per batch; returns the state and the last step's metrics (on the device)."""
+    metrics = None
+    for batch in batches:
+      state, metrics = self._step(state, batch, self.schedule)
+    return state, metrics
+
+  def records(self, metrics: Metrics, state: TrainState) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
+    """(fields of the train record, extra (step, record, kind) records) from fetched metrics."""
+    del state
+    return {k: float(v) for k, v in metrics.items()}, []
+
+  def health(self, state: TrainState) -> dict[str, jax.Array]:
+    return {"streak": state.nonfinite_streak}
+
+  def first_loss(self, metrics: Metrics) -> float:
+    """The loss of the first step of the first dispatch."""
+    return float(jax.device_get(metrics["loss"]))
+
+  def pause_timing(self) -> None:
+    pass
+
+  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
+    del record
+    return {}
+
+  def summary(self, state: TrainState) -> dict[str, Any]:
+    del state
+    return {}
+
+
+class HybridDriver:
+  """Hybrid training from the host loop: init, dispatch, per-step trace, memory readings."""
+
+  mode = "hybrid"
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    *,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    rng: jax.Array,
+    init_params: Callable[[], Any],
+    mesh: jax.sharding.Mesh | None = None,
+  ):
+    """`mesh` (from `sharding.make_mesh`): the state is created and kept sharded on it, and every
+    step is jitted with matching in/out shardings. None or one device: plain single-device jit."""
+    self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
+    self._init_params = init_params
+    self._rng = rng
+    params_shape = jax.eval_shape(init_params)
+    self.ctx = make_context(
+      config.hybrid,
+      loss_fn=loss_fn,
+      tx=tx,
+      params_shape=params_shape,
+      total_steps=config.trainer.steps,
+      grad_accum=config.trainer.grad_accum,
+    )
+    self.max_events = config.hybrid.health.max_events
+    self.dispatch = config.hybrid.dispatch
+    self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
+    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
+    if self.mesh is not None and self.steps_per_call > 1:
+      raise ValueError(
+        "--config.hybrid.steps_per_call > 1 runs on one device only for now; set "
+        "--config.hybrid.steps_per_call=1 on a multi-device mesh"
+      )
+    self.state_shardings = None  # a tree like HybridState, on a multi-device mesh
+    if self.mesh is not None:
+      self.state_shardings = sharding_lib.hybrid_state_shardings(jax.eval_shape(self._init_unsharded), self.mesh)
+    jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
+    ctx = self.ctx
+    self._phase_fns = [
+      jax.jit(step_lib.make_phase_step(ctx, b), donate_argnums=0, keep_unused=True, **jit_kw)
+      for b in range(len(BRANCH_NAMES))
+    ]
+    self._fused = jax.jit(
+      lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True, **jit_kw
+    )
+    self._multi = jax.jit(
+      lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True
+    )
+    self.phase_seconds = np.zeros(len(Phase))
+    self.phase_timed_steps = np.zeros(len(Phase), np.int64)
+    self._pending: tuple[int, float] | None = None
+    self._last_phase: int | None = None
+    self._memory_events: list[dict[str, Any]] = []  # readings at phase transitions, for the log
+    # Per-step metrics: device references until `flush_trace` fetches them all in one transfer at a
+    # log step, so the trace adds no per-step host synchronisation.
+    self._trace_device: list[Metrics] = []
+    self._trace: list[dict[str, Any]] = []
+    self._last_measured_loss = float("nan")
+    self._compiled = False
+    self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
+
+  # --- state -------------------------------------------------------------------------------------
+
+  def _init_unsharded(self) -> HybridState:
+    # The params are made as the baseline makes them (eagerly, so both start bit-identical); the
+    # rest in one jitted call instead of ~200 small eager dispatches and compiles.
+    params = self._init_params()
+    return jax.jit(lambda p, r: step_lib.init_hybrid_state(self.ctx, p, r))(params, self._rng)
+
+  def init_state(self) -> HybridState:
+    """A fresh state; on a multi-device mesh laid out with `state_shardings`.
+
+    The params are created directly sharded (never whole on one device); the optimizer state and
+    velocity are made from them and keep their sharding. The small replicated rest (RSSM,
+    corrector, history, controller) is built as on one device, then copied to every device.
+    """
+    if self.mesh is None:
+      return self._init_unsharded()
+    sh = self.state_shardings
+    params = sharding_lib.sharded_init(self._init_params, sh.train.params)()
+    return jax.device_put(step_lib.init_hybrid_state(self.ctx, params, self._rng), sh)
+
+  def abstract_state(self) -> Any:
+    return jax.eval_shape(self._init_unsharded)
+
+  @staticmethod
+  def train_state(state: HybridState) -> TrainState:
+    return state.train
+
+  # --- steps -------------------------------------------------------------------------------------
+
+  def run(self, state: HybridState, batches: Sequence[Batch]) -> tuple[HybridState, Metrics]:
+    """len(batches) hybrid steps; returns the state and the last step's metrics (on the device).
+
+    The first call compiles: with host dispatch all three transitions (so that no compile lands in
+    a timed phase later), with the fused step the one program this call runs.
+    """
+    if self.dispatch == "host":
+      if not self._compiled:
+        self._phase_fns = [f.lower(state, batches[0], self.schedule).compile() for f in self._phase_fns]
+        self._compiled = True
+      metrics = None
+      for batch in batches:
+        state, metrics = self._host_step(state, batch)
+      return state, metrics
+    if len(batches) == 1:
+      state, metrics = self._fused(state, batches[0], self.schedule)
+      self._trace_device.append(metrics)
+      return state, metrics
+    state, stacked = self._multi(state, stack_batches(batches), self.schedule)
+    self._trace_device.append(stacked)
+    return state, jax.tree.map(lambda x: x[-1], stacked)
+
+  def _host_step(self, state: HybridState, batch: Batch) -> tuple[HybridState, Metrics]:
+    # Reading the branch waits for the previous step: the time since its dispatch is its cost.
+    # Python ints at once: on CPU, device_get returns zero-copy views of the device buffers, and a
+    # live view keeps XLA from donating them (they would be copied, and the old leaves kept).
+    branch, phase, step = (
+      int(v) for v in jax.device_get((state.controller.next_branch, state.controller.phase, state.train.step))
+    )
+    now = time.perf_counter()
+    if self._last_phase is not None and phase != self._last_phase:
+      # Memory at every phase transition. The pending per-step metrics are fetched first (the device
+      # is idle here anyway), so every reading sees the same arrays.
+      self.flush_trace()
+      snap = memory_lib.memory_snapshot()
+      snap.update(step=step, phase_from=PHASE_NAMES[self._last_phase], phase_to=PHASE_NAMES[phase])
+      self._memory_events.append(snap)
+    self._last_phase = phase
+    if self._pending is not None:
+      p, t0 = self._pending
+      self.phase_seconds[p] += now - t0
+      self.phase_timed_steps[p] += 1
+    self._pending = (phase, now)
+    state, metrics = self._phase_fns[branch](state, batch, self.schedule)
+    self._trace_device.append(metrics)
+    return state, metrics
+
+  def pause_timing(self) -> None:
+    """Called by the loop before eval/checkpoint work, which is not a step's cost."""
+    self._pending = None
+
+  # --- records -----------------------------------------------------------------------------------
+
+  def flush_trace(self) -> None:
+    """Fetches the per-step metrics held since the last flush into host records."""
+    if not self._trace_device:
+      return
+    host = jax.device_get(self._trace_device)
+    self._trace_device = []
+    for m in host:
+      steps = np.atleast_1d(m["step"])
+      for i in range(len(steps)):
+        row = {k: (np.asarray(v)[i] if np.ndim(m["step"]) else v) for k, v in m.items()}
+        measured = bool(row["measured"])
+        rec = {
+          "step": int(row["step"]),
+          "phase": int(row["phase"]),
+          # Only measured steps have a loss; an unvalidated predicted step has its plan's value only.
+          "loss": float(row["loss"]) if measured else None,
+          "predicted_loss": float(row["predicted_loss"]),
+          "confidence": float(row["confidence"]),
+          "horizon": int(row["horizon"]),
+          "measured": measured,
+          "diverged": bool(row["diverged"]),
+        }
+        if measured:
+          self._last_measured_loss = rec["loss"]
+        if rec["phase"] == Phase.PREDICT:
+          rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
+        self._trace.append(rec)
+
+  def records(self, metrics: Metrics, state: HybridState) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
+    """(fields of the train record, extra (step, record, kind) records: the per-step trace and the
+    memory readings) from fetched metrics. `loss` is the last measured loss."""
+    self.flush_trace()
+    fields = {
+      k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
+      for k, v in metrics.items()
+      if k not in ("step", "loss", "measured", "diverged")
+    }
+    fields["loss"] = self._last_measured_loss
+    c = jax.device_get(state.controller)
+    total = max(int(c.phase_steps.sum()), 1)
+    fields.update(
+      phase_now=int(c.phase),
+      predict_fraction=float(c.phase_steps[Phase.PREDICT]) / total,
+      backward_passes=int(c.backward_passes),
+      confidence_now=float(c.confidence),
+      accuracy=float(c.accuracy),
+      agreement=float(c.agreement),
+      health_events=int(c.events.sum()),
+      nonfinite_events=int(c.events[0]),
+      rollbacks=int(c.rollbacks),
+    )
+    if self.dispatch == "switch" and self._trace:
+      # The fused step never stops between steps: memory is read at the dispatch boundary of a log
+      # whose interval saw the phase change.
+      phase, step = self._trace[-1]["phase"], self._trace[-1]["step"] + 1
+      first = self._trace[0]["phase"] if self._logged_phase is None else self._logged_phase
+      if any(r["phase"] != first for r in self._trace):
+        snap = memory_lib.memory_snapshot()
+        snap.update(step=step, phase_from=PHASE_NAMES[first], phase_to=PHASE_NAMES[phase])
+        self._memory_events.append(snap)
+      self._logged_phase = phase
+    extra = [(r.pop("step"), r, "step") for r in self._trace]
+    extra += [(e.pop("step"), e, "memory") for e in self._memory_events]
+    self._trace, self._memory_events = [], []
+    return fields, extra
+
+  def first_loss(self, metrics: Metrics) -> float:
+    """The first measured loss of the first dispatch (a fresh run starts with a real step)."""
+    del metrics
+    self.flush_trace()
+    return next((r["loss"] for r in self._trace if r["measured"]), float("nan"))
+
+  def health(self, state: HybridState) -> dict[str, jax.Array]:
+    return {"streak": state.train.nonfinite_streak, "events": state.controller.events[0]}
+
+  @staticmethod
+  def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:
+    """Progress-bar fields from a train record (no second device read)."""
+    return {
+      "phase": PHASE_NAMES[int(record["phase_now"])],
+      "pred": f"{record['predict_fraction']:.0%}",
+      "conf": f"{record['confidence_now']:.2f}",
+    }
+
+  def summary(self, state: HybridState) -> dict[str, Any]:
+    c = jax.device_get(state.controller)
+    steps = int(c.phase_steps.sum())
+    out = {
+      "phase_steps": {n: int(v) for n, v in zip(PHASE_NAMES, c.phase_steps)},
+      "backward_passes": int(c.backward_passes),
+      "backward_passes_saved": steps - int(c.backward_passes),
+      "validation_forwards": int(c.forward_passes),
+      "predict_fraction": float(c.phase_steps[Phase.PREDICT]) / max(steps, 1),
+      "predict_phases": int(c.predict_phases),
+      "rollbacks": int(c.rollbacks),
+      "health_events": {n: int(v) for n, v in zip(EVENT_NAMES, c.events)},
+      "group_names": list(self.ctx.groups.names),  # the order of the per-group vectors in logs
+      "dispatch": self.dispatch,
+      "steps_per_call": self.steps_per_call,
+    }
+    if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
+      out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
+      out["phase_ms_per_step"] = {
+        n: round(1e3 * float(s) / int(k), 2)
+        for n, s, k in zip(PHASE_NAMES, self.phase_seconds, self.phase_timed_steps)
+        if k > 0
+      }
+    return out

@@ -1,0 +1,429 @@
+"""The host loop: resume or start, dispatch steps, and do the periodic work when it is time.
+
+`train()` runs either mode through a driver (`loop.drivers`): the plain optax baseline, or hybrid
+training. It reads as "if it is time: do X": log (the only device->host transfer of metrics),
+evaluate, checkpoint. A dispatch never crosses a log, eval or checkpoint step, so those happen at
+dispatch boundaries that fall on their intervals.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+
+from hybridjax import checkpoint as ckpt_lib
+from hybridjax import memory as memory_lib
+from hybridjax import sharding as sharding_lib
+from hybridjax import writers
+from hybridjax.loop.drivers import BaselineDriver, HybridDriver
+from hybridjax.optim import Batch, LossFn, all_finite, make_optimizer
+
+
+class TrainingDiverged(RuntimeError):
+  """Raised by `train` when updates stay non-finite (`trainer.max_nonfinite_steps` in a row, or
+  `hybrid.health.max_events` non-finite events); no checkpoint of the diverged state is written."""
+
+
+class Stopwatch:
+  """Wall time of the training steps alone: paused while the loop compiles, evaluates or saves."""
+
+  def __init__(self):
+    self.total = 0.0
+    self._since: float | None = None
+
+  def resume(self) -> None:
+    if self._since is None:
+      self._since = time.perf_counter()
+
+  def pause(self) -> float:
+    """Stops the clock; returns the seconds of the span just ended."""
+    if self._since is None:
+      return 0.0
+    span = time.perf_counter() - self._since
+    self.total += span
+    self._since = None
+    return span
+
+  @property
+  def running(self) -> bool:
+    return self._since is not None
+
+
+def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, Batch], jax.Array]:
+  """The jitted loss. On a multi-device `mesh` it takes the sharded params and batch as they are
+  and returns the loss replicated, so every host can read it."""
+  if sharding_lib.is_multi_device(mesh):
+    return jax.jit(lambda params, batch: loss_fn(params, batch)[0], out_shardings=sharding_lib.replicated(mesh))
+  return jax.jit(lambda params, batch: loss_fn(params, batch)[0])
+
+
+def evaluate(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: Iterable[Batch]) -> float:
+  """Mean loss over fixed eval batches (every run sees the same ones)."""
+  losses = [eval_fn(params, b) for b in batches]
+  return float(np.mean(jax.device_get(losses)))
+
+
+def enable_compile_cache(trainer_cfg: ml_collections.ConfigDict) -> str | None:
+  """Turns on JAX's persistent compilation cache (cuts CPU compile time severalfold on reruns)."""
+  if not trainer_cfg.compile_cache:
+    return None
+  path = trainer_cfg.compile_cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hybridjax", "jax_cache")
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path
+
+
+def make_driver(
+  config: ml_collections.ConfigDict,
+  *,
+  init_params: Callable[[jax.Array], Any],
+  loss_fn: LossFn,
+  mesh: jax.sharding.Mesh | None = None,
+) -> BaselineDriver | HybridDriver:
+  """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)`."""
+  tx = make_optimizer(config.optim)
+  params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+
+  def init():
+    return init_params(params_rng)
+
+  if config.mode == "baseline":
+    return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
+  if config.mode == "hybrid":
+    return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh)
+  raise ValueError(f"--config.mode must be 'baseline' or 'hybrid', got {config.mode!r}")
+
+
+def resume_or_init(
+  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any
+) -> tuple[Any, int, dict | None]:
+  """(state, start step, finished run's summary or None): the latest checkpoint in `workdir` if
+  `config.resume` allows it, else a fresh state. Refuses, changing nothing, a run with another
+  config (unless resume='force') or an inconsistent checkpoint."""
+  latest = manager.latest_step()
+  if latest is None:
+    state = driver.init_state()
+    if driver.mesh is None:
+      # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
+      # same programs (and a resumed run hits the persistent compilation cache).
+      state = jax.device_put(state, jax.devices()[0])
+    return state, 0, None
+  if config.resume == "never":
+    raise ValueError(
+      f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
+      "use a new --workdir, or --config.resume=auto to resume it."
+    )
+  meta = ckpt_lib.read_meta(manager, latest)
+  diffs = ckpt_lib.config_differences(meta.get("config", {}), config)
+  if diffs and config.resume != "force":
+    raise ValueError(
+      f"--workdir {workdir} holds a run with a different config:\n  "
+      + "\n  ".join(diffs)
+      + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
+    )
+  # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
+  abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
+  state, meta = ckpt_lib.restore(manager, latest, abstract)
+  start_step = int(meta["step"])
+  # The data position is meta["step"]; the state's own counter must agree with it.
+  state_step = int(jax.device_get(driver.train_state(state).step))
+  if state_step != start_step:
+    raise ValueError(
+      f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says step "
+      f"{start_step}, its state step {state_step}; nothing was changed. Use a fresh --workdir."
+    )
+  summary_path = os.path.join(workdir, "summary.json")
+  if start_step >= config.trainer.steps and os.path.exists(summary_path):
+    with open(summary_path) as f:
+      return state, start_step, json.load(f)
+  print(f"resumed from {workdir} at step {start_step}")
+  return state, start_step, None
+
+
+def _is_time(done: int, every: int, total: int) -> bool:
+  return (every > 0 and done % every == 0) or done == total
+
+
+def _next_boundary(step: int, total: int, intervals: Iterable[int]) -> int:
+  """The first step after `step` at which a log, eval or checkpoint is due (or the run ends)."""
+  return min([total] + [(step // n + 1) * n for n in intervals if n > 0])
+
+
+def train(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  init_params: Callable[[jax.Array], Any],
+  loss_fn: LossFn,
+  train_batch: Callable[[int], Batch],
+  eval_batches: list[Batch],
+  tokens_per_step: int | None = None,
+  extra_meta: dict | None = None,
+  hooks: Mapping[str, Callable] | None = None,
+) -> dict[str, Any]:
+  """Trains `config.mode` ('baseline' or 'hybrid') for `config.trainer.steps` steps.
+
+  Args:
+    config: a validated experiment config (see `hybridjax.config`).
+    workdir: checkpoints, metrics.jsonl, TensorBoard files and summary.json go here. If it holds a
+      checkpoint, training resumes from it (see `config.resume`).
+    init_params: rng -> params.
+    loss_fn: (params, batch) -> (loss, aux).
+    train_batch: step -> batch; must be deterministic in the step so a resumed run sees the same data.
+    eval_batches: fixed held-out batches.
+    tokens_per_step: for the tokens/s figure.
+    extra_meta: JSON-able facts stored with every checkpoint (e.g. the data source).
+    hooks: optional callbacks; `on_log(step, record)` is called at every log.
+
+  Returns:
+    The run summary (also written to `<workdir>/summary.json`).
+  """
+  hooks = dict(hooks or {})
+  tcfg = config.trainer
+  total_steps = tcfg.steps
+  os.makedirs(workdir, exist_ok=True)
+  enable_compile_cache(tcfg)
+  # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
+  sharding_lib.initialize_distributed(config)
+  mesh = sharding_lib.make_mesh(config)
+  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh)
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
+  state, start_step, finished = resume_or_init(config, workdir, driver, manager)
+  if finished is not None:  # a finished run: report it, and do not overwrite its summary
+    manager.close()
+    print(
+      f"{workdir} already finished its {total_steps} steps; nothing to do "
+      "(raise --config.trainer.steps to train further, or use a new --workdir)"
+    )
+    return finished
+
+  config_json = json.loads(config.to_json())
+
+  def save(step: int) -> None:
+    meta = {"step": step, "config": config_json, "mode": config.mode}
+    meta.update(extra_meta or {})
+    ckpt_lib.save(manager, step, state, meta)
+
+  params_finite = jax.jit(all_finite)  # a separate program: the step's own rounding is untouched
+
+  def check_health(done: int, health: Mapping[str, Any], params_ok: bool = True) -> None:
+    """Raises TrainingDiverged when the non-finite limits are reached; nothing more is saved."""
+    streak, events = int(health["streak"]), health.get("events")
+    if not params_ok:  # only an absurd learning rate gets here: every skipped update is checked
+      reason = f"the params became non-finite by step {done}"
+    elif streak >= tcfg.max_nonfinite_steps:
+      reason = (
+        f"the last {streak} steps (up to step {done}) had a non-finite loss or gradient "
+        f"and their updates were skipped (limit --config.trainer.max_nonfinite_steps="
+        f"{tcfg.max_nonfinite_steps})"
+      )
+    elif events is not None and int(events) >= driver.max_events:
+      reason = f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events={driver.max_events})"
+    else:
+      return
+    manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
+    last = manager.latest_step()
+    if last is not None:
+      kept = (
+        f"the last good checkpoint, step {last}, is kept in {manager.directory} (to continue "
+        "from it with a changed config, add --config.resume=force)"
+      )
+    else:
+      kept = "no checkpoint had been written yet"
+    raise TrainingDiverged(
+      f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. "
+      f"Lower --config.optim.learning_rate (now {config.optim.learning_rate}) or check the data."
+    )
+
+  # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
+  # process but the first writes its own under process_<i>/.
+  log_dir = workdir if jax.process_index() == 0 else os.path.join(workdir, f"process_{jax.process_index()}")
+  writer = writers.MetricWriter(log_dir)
+  eval_fn = make_eval_fn(loss_fn, mesh)
+  eval_batches = [sharding_lib.shard_batch(b, mesh) for b in eval_batches]  # as-is on one device
+  mem = memory_lib.MemoryTracker()
+  mem.record()
+  bar = None
+  if tcfg.progress:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step")
+
+  first_loss = None
+  last_eval = None
+  compile_s = 0.0
+  clock = Stopwatch()
+  timed_steps = 0
+  steps_since_log = 0
+  memory_warned = False
+  intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
+  step = start_step
+  try:
+    while step < total_steps:
+      n = min(driver.steps_per_call, _next_boundary(step, total_steps, intervals) - step)
+      batches = [sharding_lib.shard_batch(train_batch(i), mesh) for i in range(step, step + n)]
+      if step == start_step:
+        # The first dispatch compiles; block so its time is not charged to training.
+        t0 = time.perf_counter()
+        state, metrics = driver.run(state, batches)
+        jax.block_until_ready(state)
+        compile_s = time.perf_counter() - t0
+        # Fetched now, so the host records hold no device buffers: memory readings stay exact.
+        first_loss = driver.first_loss(metrics)
+        mem.mark_after_warmup()
+      else:
+        clock.resume()
+        state, metrics = driver.run(state, batches)
+        steps_since_log += n
+      step += n
+      if bar is not None:
+        bar.update(n)
+
+      if _is_time(step, tcfg.log_every, total_steps):
+        # The only per-log device->host transfer: the metrics and the health counters.
+        host, health = jax.device_get((metrics, driver.health(state)))
+        record, extra = driver.records(host, state)
+        jax.block_until_ready(state)
+        span = clock.pause()
+        timed_steps += steps_since_log
+        snap = mem.record()
+        record["steps_per_s"] = steps_since_log / max(span, 1e-9)
+        record["train_s"] = clock.total  # cumulative training seconds (no compile, eval or checkpoint)
+        if tokens_per_step:
+          record["tokens_per_s"] = steps_since_log * tokens_per_step / max(span, 1e-9)
+        record["bytes_in_use"] = snap["bytes_in_use"]
+        record["rss_bytes"] = snap["rss_bytes"]
+        record["nonfinite_streak"] = int(health["streak"])
+        writer.write(step, record)
+        for rec_step, rec, kind in extra:
+          if kind == "memory":
+            mem.observe(rec)
+          writer.write(rec_step, rec, kind=kind)
+        if "on_log" in hooks:
+          hooks["on_log"](step, record)
+        check_health(step, health)
+        if bar is not None:
+          post = {"loss": f"{record['loss']:.3f}", **driver.progress_fields(record)}
+          if tokens_per_step:
+            post["tok/s"] = f"{record['tokens_per_s']:.0f}"
+          post["mem"] = memory_lib.format_bytes(snap["bytes_in_use"])
+          bar.set_postfix(post, refresh=False)
+        if tcfg.memory_limit_bytes and snap["bytes_in_use"] > tcfg.memory_limit_bytes and not memory_warned:
+          memory_warned = True
+          print(
+            f"WARNING: memory in use {snap['bytes_in_use']} B exceeds "
+            f"trainer.memory_limit_bytes={tcfg.memory_limit_bytes}; saving an emergency checkpoint"
+          )
+          save(step)
+        steps_since_log = 0
+
+      if _is_time(step, tcfg.eval_every, total_steps):
+        clock.pause()
+        driver.pause_timing()
+        last_eval = evaluate(eval_fn, driver.train_state(state).params, eval_batches)
+        writer.write(step, {"eval_loss": last_eval}, kind="eval")
+        if bar is not None:
+          bar.write(f"step {step}: eval loss {last_eval:.4f}")
+
+      if _is_time(step, tcfg.checkpoint_every, total_steps):
+        clock.pause()
+        driver.pause_timing()
+        health, params_ok = jax.device_get((driver.health(state), params_finite(driver.train_state(state).params)))
+        check_health(step, health, bool(params_ok))
+        if int(health["streak"]):  # the last real step was skipped as non-finite: keep the previous checkpoint
+          print(f"step {step}: checkpoint skipped, the last {int(health['streak'])} step(s) were non-finite")
+        else:
+          save(step)
+    manager.wait_until_finished()
+  finally:
+    if bar is not None:
+      bar.close()
+    writer.close()
+    manager.close()
+
+  gc.collect()  # orbax's save leaves reference cycles holding device copies until collected
+  mem.record()
+  summary: dict[str, Any] = {
+    "mode": config.mode,
+    "steps": total_steps,
+    "start_step": start_step,
+    "first_train_loss": first_loss,
+    "final_eval_loss": last_eval,
+    "compile_s": compile_s,
+    "train_s": clock.total,
+    "s_per_step": clock.total / max(timed_steps, 1),
+    "memory": mem.summary(),
+    "mesh": sharding_lib.describe(mesh),
+    # Real steps whose update was skipped as non-finite (never applied to the params).
+    "nonfinite_skipped": int(jax.device_get(driver.train_state(state).nonfinite_total)),
+  }
+  if tokens_per_step and clock.total > 0:
+    summary["tokens_per_s"] = timed_steps * tokens_per_step / clock.total
+  summary.update(driver.summary(state))
+  with open(os.path.join(log_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, default=str)
+  print(format_summary(summary))
+  return summary
+
+
+def format_value(v: Any) -> str:
+  """A number as 4 significant digits, anything else as `str`."""
+  return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def format_table(rows: list[tuple[str, Any]], title: str = "") -> str:
+  """A two-column text table."""
+  width = max(len(k) for k, _ in rows)
+  lines = [title, "-" * (width + 24)] if title else []
+  lines += [f"{k:<{width}}  {format_value(v)}" for k, v in rows]
+  return "\n".join(lines)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+  """The run summary as a text table."""
+  rows = [
+    ("mode", summary["mode"]),
+    ("steps", f"{summary['start_step']} -> {summary['steps']}"),
+    ("first train loss", summary["first_train_loss"]),
+    ("final eval loss", summary["final_eval_loss"]),
+    ("compile s", summary["compile_s"]),
+    ("train s", summary["train_s"]),
+    ("s / step", summary["s_per_step"]),
+  ]
+  if "tokens_per_s" in summary:
+    rows.append(("tokens / s", f"{summary['tokens_per_s']:.0f}"))
+  for k in (
+    "phase_steps",
+    "phase_ms_per_step",
+    "backward_passes",
+    "backward_passes_saved",
+    "validation_forwards",
+    "predict_fraction",
+    "predict_phases",
+    "rollbacks",
+    "health_events",
+    "nonfinite_skipped",
+    "dispatch",
+  ):
+    if k in summary:
+      rows.append((k.replace("_", " "), summary[k]))
+  m = summary.get("memory") or {}
+  if m:
+    fb = memory_lib.format_bytes
+    rows += [
+      (f"memory start ({m['source']})", fb(m["start_bytes"])),
+      ("memory peak", fb(m["peak_bytes"])),
+      ("memory end", fb(m["end_bytes"])),
+      ("memory growth after warm-up", fb(m["growth_bytes"])),
+      ("RSS start / peak / end", f"{fb(m['start_rss'])} / {fb(m['peak_rss'])} / {fb(m['end_rss'])}"),
+    ]
+  return format_table(rows, title="run summary")

@@ -1,0 +1,234 @@
+"""The optimizer layer: what a plain optax loop carries and does, as pure functions.
+
+This module imports nothing else from hybridjax; the hybrid algorithm (`hybridjax.hybrid`) and the
+host loop (`hybridjax.loop`) are built on it.
+
+* `TrainState` and its init/next functions.
+* `Schedule`: the learning-rate schedule as runtime arrays (peak LR, warm-up, length, floor). The
+  learning rate is `learning_rate(schedule, step)` of the *global* step and is injected into the
+  optimizer state before each update (optax's public `inject_hyperparams` state), so hybrid
+  training, whose predicted steps consume schedule time without an optimizer update, keeps the
+  baseline's schedule; and since nothing about the schedule is a compile-time constant, one
+  compiled step serves every learning rate and budget of a sweep.
+* `make_optimizer`, `loss_and_grads`, `guarded_update` (skips a non-finite update), `global_norm`,
+  `tree_where`, `all_finite`, and the baseline `train_step`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
+"""(params, batch) -> (mean loss, aux)."""
+Batch = Mapping[str, Any]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """What a plain optax loop carries, plus its health counters."""
+
+  params: Any
+  opt_state: Any
+  step: jax.Array  # int32 scalar: the global step (batches consumed), which the schedule follows
+  # Real steps whose update was skipped because the loss or the gradient was not finite. They live
+  # on the device, so the host loop reads them only when it logs (no per-step sync).
+  nonfinite_streak: jax.Array  # int32: consecutive skipped steps up to now (0 after a good one)
+  nonfinite_total: jax.Array  # int32: all skipped steps
+
+
+@flax.struct.dataclass
+class Schedule:
+  """Linear warm-up to `peak_lr`, then cosine decay to `peak_lr * min_lr_ratio` at `decay_steps`.
+
+  Every field is a device scalar, so a step compiled once serves every schedule.
+  """
+
+  peak_lr: jax.Array  # float32
+  warmup_steps: jax.Array  # int32
+  decay_steps: jax.Array  # int32: the schedule's length (the end of the decay)
+  min_lr_ratio: jax.Array  # float32
+
+
+def make_schedule(optim: Any, total_steps: int) -> Schedule:
+  """The `Schedule` of an optim config block (`learning_rate`, `warmup_steps`, `decay_steps`
+  (0 = `total_steps`), `min_lr_ratio`) for a run of `total_steps`."""
+  decay_steps = int(optim.decay_steps) or int(total_steps)
+  warmup = min(int(optim.warmup_steps), max(decay_steps - 1, 0))
+  return Schedule(
+    peak_lr=jnp.asarray(float(optim.learning_rate), jnp.float32),
+    warmup_steps=jnp.asarray(warmup, jnp.int32),
+    decay_steps=jnp.asarray(max(decay_steps, warmup + 1), jnp.int32),
+    min_lr_ratio=jnp.asarray(float(optim.min_lr_ratio), jnp.float32),
+  )
+
+
+def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
+  """The learning rate at global `step` (float32): warm-up from 0, then cosine to the floor."""
+  step = jnp.asarray(step, jnp.float32)
+  warmup = schedule.warmup_steps.astype(jnp.float32)
+  peak = schedule.peak_lr
+  warm = peak * step / jnp.maximum(warmup, 1.0)
+  frac = jnp.clip((step - warmup) / (schedule.decay_steps.astype(jnp.float32) - warmup), 0.0, 1.0)
+  floor = peak * schedule.min_lr_ratio
+  cosine = floor + (peak - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+  return jnp.where(step < warmup, warm, cosine)
+
+
+def _decay_mask(params: Any) -> Any:
+  """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(optim: Any) -> optax.GradientTransformation:
+  """The optimizer named by `optim.name` ('adamw', 'adam', 'sgd' with momentum 0.9), with
+  global-norm clipping at `optim.grad_clip` (0 = off).
+
+  The learning rate is an injected hyperparameter whose value `with_learning_rate` sets before
+  each update; it is never a schedule of the optimizer's own update count.
+  """
+  # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
+  b1, b2, eps, wd = float(optim.b1), float(optim.b2), float(optim.eps), float(optim.weight_decay)
+  if optim.name == "adamw":
+    core = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+      learning_rate=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=_decay_mask
+    )
+  elif optim.name == "adam":
+    core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
+  elif optim.name == "sgd":
+    core = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9)
+  else:
+    raise ValueError(f"--config.optim.name must be 'adamw', 'adam' or 'sgd', got {optim.name!r}")
+  if optim.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
+  return core
+
+
+_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
+
+
+def _is_inject_state(node: Any) -> bool:
+  return isinstance(node, _INJECT_STATES)
+
+
+def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
+  """`opt_state` with the injected `learning_rate` of every `inject_hyperparams` state set to `lr`."""
+
+  def put(node):
+    if _is_inject_state(node) and "learning_rate" in node.hyperparams:
+      old = node.hyperparams["learning_rate"]
+      return node._replace(hyperparams={**node.hyperparams, "learning_rate": jnp.asarray(lr, old.dtype)})
+    return node
+
+  return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
+
+
+def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
+  """A fresh state at step 0 with the optimizer initialised on `params`."""
+
+  # Distinct buffers: the state is donated, and one buffer cannot be donated twice.
+  def zero():
+    return jnp.zeros((), jnp.int32)
+
+  return TrainState(params=params, opt_state=tx.init(params), step=zero(), nonfinite_streak=zero(), nonfinite_total=zero())
+
+
+def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: jax.Array) -> TrainState:
+  """The state after one real step: step + 1, and the non-finite counters updated by `applied`
+  (False when `guarded_update` skipped the update)."""
+  skipped = (~applied).astype(jnp.int32)
+  return TrainState(
+    params=params,
+    opt_state=opt_state,
+    step=state.step + 1,
+    nonfinite_streak=jnp.where(applied, 0, state.nonfinite_streak + 1),
+    nonfinite_total=state.nonfinite_total + skipped,
+  )
+
+
+def global_norm(tree: Any) -> jax.Array:
+  """L2 norm over all leaves, in float32."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def tree_where(cond: jax.Array, a: Any, b: Any) -> Any:
+  """Leafwise `jnp.where(cond, a, b)` for two trees of the same structure."""
+  return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+def all_finite(tree: Any) -> jax.Array:
+  """True when every floating-point element of `tree` is finite (integer leaves always are)."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
+def loss_and_grads(loss_fn: LossFn, params: Any, batch: Batch, grad_accum: int = 1) -> tuple[jax.Array, Any]:
+  """Mean loss and gradient over `batch`, accumulated over `grad_accum` micro-batches.
+
+  Accumulation is a `lax.scan` over micro-batches, so one optimizer step is one `step` whatever
+  `grad_accum` is, and the peak activation memory is that of one micro-batch.
+  """
+  grad_fn = jax.value_and_grad(lambda p, b: loss_fn(p, b)[0])
+  if grad_accum == 1:
+    # The barrier fixes the fusion boundary: every program that calls this computes the same bits.
+    return jax.lax.optimization_barrier(grad_fn(params, batch))
+
+  def split(x):
+    return x.reshape((grad_accum, x.shape[0] // grad_accum) + x.shape[1:])
+
+  def body(carry, mb):
+    loss_sum, grad_sum = carry
+    loss, grads = grad_fn(params, mb)
+    return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  micro = jax.tree.map(split, batch)
+  (loss_sum, grad_sum), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
+  scale = 1.0 / grad_accum
+  return jax.lax.optimization_barrier((loss_sum * scale, jax.tree.map(lambda g: g * scale, grad_sum)))
+
+
+def guarded_update(
+  tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any, lr: jax.Array, finite: jax.Array
+) -> tuple[Any, Any, Any]:
+  """One optimizer update at learning rate `lr`, skipped (params and optimizer state kept) when
+  not `finite`. Returns (params, opt_state, updates).
+
+  The baseline and hybrid real steps share this function, so with prediction off they compute
+  bit-identical params. The optimization barriers fix XLA's fusion boundaries around the update
+  (a hybrid real step also reads the gradient and the update for its statistics, which would
+  otherwise fuse differently and round differently); for the same reason no other check reads the
+  new state here. `finite` covers the loss and the gradient's global norm: a finite global norm
+  means every squared gradient is finite, so Adam's moments and update stay finite too.
+  """
+  updates, new_opt = tx.update(grads, with_learning_rate(opt_state, lr), params)
+  updates, new_opt = jax.lax.optimization_barrier((updates, new_opt))
+  new_params = optax.apply_updates(params, updates)
+  return tree_where(finite, new_params, params), tree_where(finite, new_opt, opt_state), updates
+
+
+def train_step(
+  state: TrainState,
+  batch: Batch,
+  schedule: Schedule,
+  *,
+  loss_fn: LossFn,
+  tx: optax.GradientTransformation,
+  grad_accum: int = 1,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One baseline optimizer step. Pure; jit it with the state donated (`donate_argnums=0`).
+
+  A non-finite loss or gradient skips the update (like `optax.apply_if_finite`), so one bad batch
+  cannot poison the params; hybrid training does the same.
+  """
+  loss, grads = loss_and_grads(loss_fn, state.params, batch, grad_accum)
+  grad_norm = global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  lr = learning_rate(schedule, state.step)
+  params, opt_state, _ = guarded_update(tx, grads, state.opt_state, state.params, lr, finite)
+  metrics = {"loss": loss, "grad_norm": grad_norm}
+  return next_train_state(state, params, opt_state, finite), metrics
