@@ -1,28 +1,83 @@
-"""Generated documentation stays in sync with the code."""
+"""The documentation stays in sync with the code and self-contained.
+
+* docs/config.md's generated config reference matches the configs (scripts/config_reference.py).
+* Every relative link in README.md and docs/ resolves to a file of the repository (and a `#anchor`
+  to a heading of that file), no link leaves the repository, and docs/index.md lists every page.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import runpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "config_reference.py")
+CONFIG_DOC = os.path.join(ROOT, "docs", "config.md")
+# [text](target) and ![alt](target); the target ends at whitespace or ')'.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
-def test_readme_config_reference_matches_the_configs():
+def _read(path: str) -> str:
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
+
+def _pages() -> list[str]:
+  return [os.path.join(ROOT, "README.md")] + sorted(
+      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+
+
+def _anchors(text: str) -> set[str]:
+  """GitHub's anchors of the headings of a markdown text (duplicates get -1, -2, ...)."""
+  seen: dict[str, int] = {}
+  out = set()
+  for line in FENCE.sub("", text).splitlines():
+    m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+    if not m:
+      continue
+    slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    out.add(slug if n == 0 else f"{slug}-{n}")
+  return out
+
+
+def _links(path: str) -> list[str]:
+  return LINK.findall(FENCE.sub("", _read(path)))
+
+
+def test_config_reference_matches_the_configs():
   ref = runpy.run_path(SCRIPT)
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    current = ref["readme_block"](f.read())
+  assert os.path.abspath(ref["DOC"]) == CONFIG_DOC
+  current = ref["reference_block"](_read(CONFIG_DOC))
   assert current is not None, (
-      "README.md lost its config reference markers; restore the 'Config reference' section with\n"
+      "docs/config.md lost its config reference markers; restore\n"
       f"{ref['START']}\n{ref['END']}\nand run `python scripts/config_reference.py --update`")
   expected = ref["reference_table"]()
   if current != expected:
     stale = sorted(set(current.splitlines()) ^ set(expected.splitlines()))
     raise AssertionError(
-        "README.md's config reference is out of date with experiments/configs/gpt2_small.py and "
-        "hybridjax/config.py. Regenerate it with `python scripts/config_reference.py --update`.\n"
+        "docs/config.md's config reference is out of date with experiments/configs/gpt2_small.py "
+        "and hybridjax/config.py. Regenerate it with `python scripts/config_reference.py --update`.\n"
         "Differing rows:\n  " + "\n  ".join(stale[:20]))
+  # One copy only: a second, hand-maintained table would drift.
+  for page in _pages():
+    if page != CONFIG_DOC:
+      assert ref["START"] not in _read(page), f"{page} holds a second config reference"
+
+
+def test_config_reference_update_rewrites_only_the_table(tmp_path):
+  ref = runpy.run_path(SCRIPT)
+  page = tmp_path / "config.md"
+  page.write_text(f"# head\n\n{ref['START']}\n| stale |\n{ref['END']}\n\ntail\n", encoding="utf-8")
+  assert ref["update_doc"](str(page)) is True
+  text = page.read_text(encoding="utf-8")
+  assert text.startswith("# head\n\n") and text.endswith(f"{ref['END']}\n\ntail\n")
+  assert ref["reference_block"](text) == ref["reference_table"]()
+  assert ref["update_doc"](str(page)) is False  # already up to date: nothing rewritten
 
 
 def test_config_reference_covers_every_field_with_the_tiny_defaults():
@@ -45,3 +100,32 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
   assert rows["optim.learning_rate"] == f"`{config.optim.learning_rate!r}`"
   assert rows["hybrid.health.cooldown_steps"] == "`50`"
   assert "'sgd'" in table and "\\|" in table  # comments made it in, pipes escaped
+
+
+def test_every_link_in_the_docs_resolves_inside_the_repository():
+  problems = []
+  for page in _pages():
+    for target in _links(page):
+      where = os.path.relpath(page, ROOT)
+      if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, file:, mailto: ...
+        problems.append(f"{where}: {target} points outside the repository")
+        continue
+      path, _, anchor = target.partition("#")
+      file = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+      if os.path.commonpath([ROOT, file]) != ROOT:
+        problems.append(f"{where}: {target} points outside the repository")
+      elif not os.path.exists(file):
+        problems.append(f"{where}: {target} does not exist")
+      elif anchor and file.endswith(".md") and anchor not in _anchors(_read(file)):
+        problems.append(f"{where}: {target} names no heading of {os.path.relpath(file, ROOT)}")
+  assert not problems, "\n".join(problems)
+
+
+def test_docs_index_lists_every_page():
+  index = os.path.join(ROOT, "docs", "index.md")
+  linked = {os.path.normpath(os.path.join(ROOT, "docs", t.partition("#")[0]))
+            for t in _links(index) if t.partition("#")[0]}
+  pages = set(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)) - {index}
+  missing = sorted(os.path.relpath(p, ROOT) for p in pages - linked)
+  assert not missing, f"docs/index.md does not list: {missing}"
+  assert "docs/index.md" in _read(os.path.join(ROOT, "README.md"))
