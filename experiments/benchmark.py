@@ -41,15 +41,17 @@ from typing import Any
 
 import jax
 import ml_collections
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
 from experiments import gpt2_small
+from hybridjax import cli, plotting
 from hybridjax import config as config_lib
-from hybridjax import dynamics as dynamics_lib
-from hybridjax import steps as steps_lib
-from hybridjax import trainer
-from hybridjax import writers
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import full_step as full_step_lib
+from hybridjax.hybrid import step as step_lib
+from hybridjax.loop import drivers
+from hybridjax.loop import train as train_lib
+from hybridjax.optim import make_optimizer
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 
@@ -80,40 +82,28 @@ def parse_runs(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def eval_curve(workdir: str) -> list[dict[str, float]]:
-  """[{step, eval_loss, train_s, backward_passes}] at each eval, from the run's metrics.jsonl.
-
-  `train_s` and `backward_passes` come from the train record logged at the same step (the benchmark
-  config logs at every eval step); a baseline's backward passes are its steps.
-  """
-  records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  train = {r["step"]: r for r in records if r["kind"] == "train"}
-  curve = []
-  for r in records:
-    if r["kind"] != "eval":
-      continue
-    t = train.get(r["step"])
-    if t is None:
-      raise ValueError(f"{workdir}: no train record at eval step {r['step']}; the benchmark needs "
-                       "trainer.log_every to divide trainer.eval_every")
-    curve.append({"step": r["step"], "eval_loss": float(r["eval_loss"]),
-                  "train_s": float(t["train_s"]),
-                  "backward_passes": int(t.get("backward_passes", r["step"]))})
-  return curve
+  """[{step, eval_loss, train_s, backward_passes}] at each eval of a run (`plotting.eval_curve`:
+  the benchmark logs at every eval step, so train_s and backward_passes are the logged values)."""
+  run = plotting.load_run(workdir)
+  steps, loss = plotting.eval_curve(run, "step")
+  _, train_s = plotting.eval_curve(run, "train_s")
+  _, backward = plotting.eval_curve(run, "backward_passes")
+  return [{"step": int(s), "eval_loss": float(v), "train_s": float(t), "backward_passes": int(round(b))}
+          for s, v, t, b in zip(steps, loss, train_s, backward)]
 
 
-def time_dynamics(config: ml_collections.ConfigDict, task: dict[str, Any], calls: int) -> float:
+def time_dynamics(config: ml_collections.ConfigDict, task: gpt2_small.Task, calls: int) -> float:
   """Median ms of one dynamics-model update plus imagination, as a real hybrid step runs them.
 
   Timed alone (jitted, on a state of the run's shapes) because inside the fused real step its cost
   cannot be separated from the forward and backward pass.
   """
   c = run_config(config, "hybrid")
-  params = task["init_params"](jax.random.PRNGKey(c.seed))
-  tx = trainer.make_optimizer(c.optim, c.trainer.steps)
-  ctx = steps_lib.make_context(c.hybrid, loss_fn=task["loss_fn"], tx=tx, params_shape=params,
-                               total_steps=c.trainer.steps)
-  state = steps_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0))
-  window = steps_lib.history_window(state.history, ctx.window)
+  params = task.init_params(jax.random.PRNGKey(c.seed))
+  ctx = drivers.make_context(c.hybrid, loss_fn=task.loss_fn, tx=make_optimizer(c.optim), params_shape=params,
+                             total_steps=c.trainer.steps)
+  state = step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0))
+  window = full_step_lib.history_window(state.history, ctx.window)
 
   @jax.jit
   def update_and_imagine(dyn, window, rng):
@@ -265,13 +255,7 @@ def summarise_run(repeats: list[tuple[dict[str, Any], list[dict[str, float]]]]) 
 
 
 def _fmt(v: Any) -> str:
-  if v is None:
-    return "n/a"
-  if isinstance(v, str):
-    return v
-  if isinstance(v, float):
-    return f"{v:.3f}"
-  return str(v)
+  return "n/a" if v is None else train_lib.format_value(v)
 
 
 def markdown_table(result: dict[str, Any]) -> str:
@@ -350,11 +334,9 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     for name in names:
       wd = os.path.join(workdir, name if rep == 0 else os.path.join("repeats", f"{name}-{rep}"))
       print(f"\n=== {name} (repeat {rep + 1}/{b.repeats}) -> {wd}", flush=True)
-      summary = trainer.train(run_config(config, name), wd, init_params=task["init_params"],
-                              loss_fn=task["loss_fn"], train_batch=task["train_batch"],
-                              eval_batches=task["eval_batches"],
-                              tokens_per_step=task["tokens_per_step"],
-                              extra_meta=dict(task["extra_meta"], benchmark_run=name))
+      kwargs = task.train_kwargs()
+      kwargs["extra_meta"] = dict(task.extra_meta, benchmark_run=name)
+      summary = train_lib.train(run_config(config, name), wd, **kwargs)
       summary["workdir"] = wd
       raw[name].append((summary, eval_curve(wd)))
 
@@ -392,7 +374,6 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
 
 def save_plots(workdir: str, names: list[str]) -> list[str]:
   """Comparison curves for all runs, plus the hybrid run's own figures (hybridjax.plotting)."""
-  from hybridjax import plotting
   loaded = {n: plotting.load_run(os.path.join(workdir, n)) for n in names}
   paths = list(plotting.save_comparison_figures(loaded, workdir))
   if "hybrid" in names:
@@ -401,17 +382,12 @@ def save_plots(workdir: str, names: list[str]) -> list[str]:
   return paths
 
 
-def default_workdir(config: ml_collections.ConfigDict) -> str:
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"benchmark-{config.benchmark.preset}-{stamp}")
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = _FLAGS[0].value
-  gpt2_small.run_as_program(
-      lambda: run_benchmark(config, _FLAGS[1].value or default_workdir(config)))
+  cli.run_as_program(lambda: run_benchmark(
+      config, _FLAGS[1].value or cli.default_workdir(config, kind="benchmark")))
 
 
 def _expand_quick(argv: list[str]) -> list[str]:
@@ -423,16 +399,9 @@ def _expand_quick(argv: list[str]) -> list[str]:
   return [f"--config={_CONFIG_PATH}:quick" if a == "--quick" else a for a in argv]
 
 
-def define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
-  """--config and --workdir; defined only when run as a program, so importing has no side effects."""
-  return (config_flags.DEFINE_config_file("config", _CONFIG_PATH + ":tiny",
-                                          "Benchmark config file[:preset]."),
-          flags.DEFINE_string("workdir", "", "Output folder (default: "
-                              "runs/benchmark-<preset>-<time>); must not hold a benchmark yet."))
-
-
 if __name__ == "__main__":
   # Rewritten before the flags exist: config_flags also reads sys.argv for `--config.*` overrides.
   sys.argv = _expand_quick(sys.argv)
-  _FLAGS = define_flags()
+  _FLAGS = cli.define_flags(_CONFIG_PATH + ":tiny", "Output folder (default: runs/<preset>-benchmark-<time>); "
+                            "must not hold a benchmark yet.")
   app.run(main)

@@ -39,10 +39,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from hybridjax.config import PHASE_NAMES
+from hybridjax.hybrid.phases import PHASE_NAMES, Phase
 from hybridjax.writers import read_jsonl
 
-WARMUP, FULL, PREDICT, CORRECT = range(4)  # indices into PHASE_NAMES, as in the metrics
+WARMUP, FULL, PREDICT, CORRECT = Phase  # the integers the metrics store
 PHASE_COLORS = {"WARMUP": "#bdbdbd", "FULL": "#4c72b0", "PREDICT": "#ee8a35", "CORRECT": "#8e6bbf"}
 BAND_ALPHA = 0.28  # opacity of the phase bands: light enough to read the loss over them
 EVAL_X = {"step": "step", "train_s": "training seconds (compile, eval, checkpoints excluded)",
@@ -116,16 +116,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
     raise ValueError(
         f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
         "`python -m experiments.gpt2_small` run, or one run's folder inside a benchmark workdir")
-  try:
-    lines = read_jsonl(path)
-  except json.JSONDecodeError:  # e.g. the process was killed mid-line
-    lines = []
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        try:
-          lines.append(json.loads(line))
-        except json.JSONDecodeError:
-          continue
+  lines = read_jsonl(path)
   summary: dict[str, Any] = {}
   summary_path = os.path.join(workdir, "summary.json")
   if os.path.isfile(summary_path):

@@ -57,6 +57,13 @@ class MetricWriter:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-  """Reads a metrics file written by `MetricWriter`."""
+  """Reads a metrics file written by `MetricWriter`. A line cut short (a process killed while
+  writing it) is skipped."""
+  records = []
   with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return records

@@ -1,4 +1,4 @@
-"""Per-step time of `trainer.train` on a mesh of N simulated CPU devices (or the real devices).
+"""Per-step time of `loop.train.train` on a mesh of N simulated CPU devices (or the real devices).
 
   .venv/bin/python scripts/bench_mesh.py --devices 1
   .venv/bin/python scripts/bench_mesh.py --devices 8 [--fsdp 2] [--mode hybrid] [--preset tiny]

@@ -3,8 +3,8 @@
   python scripts/line_scan.py [--preset tiny] [--at 150,300,450] [--alphas 0,1,2,4,8,16]
                              [--velocity_beta 0.99]
 
-Trains the preset with real steps only (hybrid with `enable_predict=False`, which is bit-exact with
-the baseline and also keeps the velocity), and at each step in `--at` evaluates the fixed held-out
+Trains the preset as `train` does, from the same initial params, with real steps only (hybrid with
+`enable_predict=False`, which is bit-exact with the baseline and also keeps the velocity), and at each step in `--at` evaluates the fixed held-out
 batches at theta + a * velocity for every a in `--alphas`, next to the loss after the same number
 of further *real* steps. This measures what a predicted step can gain at best there (one alpha for
 all groups), independent of the RSSM and the controller.
@@ -23,10 +23,10 @@ import numpy as np  # noqa: E402
 
 from experiments import gpt2_small  # noqa: E402
 from experiments.configs import gpt2_small as gpt2_cfg  # noqa: E402
-from hybridjax import features as features_lib  # noqa: E402
-from hybridjax import state as state_lib  # noqa: E402
-from hybridjax import steps as steps_lib  # noqa: E402
-from hybridjax import trainer  # noqa: E402
+from hybridjax.hybrid import features as features_lib  # noqa: E402
+from hybridjax.hybrid import step as step_lib  # noqa: E402
+from hybridjax.hybrid.phases import Branch  # noqa: E402
+from hybridjax.loop import train as train_lib  # noqa: E402
 
 
 def main(argv=None):
@@ -39,19 +39,20 @@ def main(argv=None):
   at = sorted(int(s) for s in args.at.split(","))
   alphas = [float(a) for a in args.alphas.split(",")]
   c = gpt2_cfg.get_config(args.preset)
-  c.hybrid.enable_predict = False
+  c.mode = "hybrid"
+  c.hybrid.enable_predict = False  # every step a full step: the baseline's trajectory, plus the velocity
   c.hybrid.velocity_beta = args.velocity_beta
   task = gpt2_small.build_task(c)
-  tx = trainer.make_optimizer(c.optim, c.trainer.steps)
-  params = task["init_params"](jax.random.PRNGKey(c.seed))
-  ctx = steps_lib.make_context(c.hybrid, loss_fn=task["loss_fn"], tx=tx, params_shape=params,
-                               total_steps=c.trainer.steps)
-  state = steps_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(1))
-  step_fn = jax.jit(steps_lib.make_phase_step(ctx, state_lib.BRANCH_REAL), donate_argnums=0)
-  eval_fn = trainer.make_eval_fn(task["loss_fn"])
+  # The driver `train` uses: the same initial params, schedule and velocity bookkeeping.
+  driver = train_lib.make_driver(c, init_params=task.init_params, loss_fn=task.loss_fn)
+  ctx, schedule = driver.ctx, driver.schedule
+  state = driver.init_state()
+  full_step = jax.jit(step_lib.make_phase_step(ctx, Branch.FULL_STEP), donate_argnums=0)
+  step_fn = lambda s, b: full_step(s, b, schedule)  # noqa: E731
+  eval_fn = train_lib.make_eval_fn(task.loss_fn)
   move = jax.jit(lambda p, v, a: features_lib.add_scaled_by_group(
       ctx.groups, p, a * np.ones(ctx.groups.n_groups, np.float32), v))
-  evaluate = lambda p: trainer.evaluate(eval_fn, p, task["eval_batches"])  # noqa: E731
+  evaluate = lambda p: train_lib.evaluate(eval_fn, p, task.eval_batches)  # noqa: E731
 
   kmax = int(max(alphas))
   print(f"preset {args.preset}, velocity_beta {args.velocity_beta}; eval loss at theta + a*v "
@@ -59,7 +60,7 @@ def main(argv=None):
   step = 0
   for target in at:
     while step < target:
-      state, _ = step_fn(state, task["train_batch"](step))
+      state, _ = step_fn(state, task.train_batch(step))
       step += 1
     p0 = jax.device_get(state.train.params)
     v = jax.device_get(state.velocity)
@@ -69,7 +70,7 @@ def main(argv=None):
     real = {0: evaluate(p0)}
     s = jax.device_put(ref)
     for k in range(1, kmax + 1):
-      s, _ = step_fn(s, task["train_batch"](step + k - 1))
+      s, _ = step_fn(s, task.train_batch(step + k - 1))
       if float(k) in alphas:
         real[k] = evaluate(s.train.params)
     vnorm = float(np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(v))))

@@ -4,7 +4,7 @@
   .venv/bin/python scripts/soak.py --steps=1000 --report_every=100 --workdir=runs/soak
 
 It trains the hybrid GPT-2 of `experiments/configs/gpt2_small.py:<preset>` on the bundled corpus
-through `trainer.train`, with a checkpoint every `--checkpoint_every` steps. Every `--report_every`
+through `loop.train.train`, with a checkpoint every `--checkpoint_every` steps. Every `--report_every`
 steps (once the checkpoint save in flight, if any, is written, and after `gc.collect()` and, with
 glibc, `malloc_trim(0)`) it reads:
 
@@ -37,7 +37,7 @@ import ml_collections  # noqa: E402
 
 from hybridjax import checkpoint as ckpt_lib  # noqa: E402
 from hybridjax import memory as memory_lib  # noqa: E402
-from hybridjax import trainer  # noqa: E402
+from hybridjax.loop import train as train_lib  # noqa: E402
 
 
 def _trim_heap() -> None:
@@ -51,7 +51,7 @@ def _trim_heap() -> None:
 
 def run_soak(config: ml_collections.ConfigDict, workdir: str, task: Mapping[str, Any],
              report_every: int, verbose: bool = False) -> dict[str, Any]:
-  """Trains `config` on `task` (keyword arguments of `trainer.train`) and measures memory/health.
+  """Trains `config` on `task` (keyword arguments of `loop.train.train`) and measures memory/health.
 
   Args:
     config: a validated experiment config; `trainer.log_every` is set to `report_every`.
@@ -110,7 +110,7 @@ def run_soak(config: ml_collections.ConfigDict, workdir: str, task: Mapping[str,
 
   ckpt_lib.save = save
   try:
-    summary = trainer.train(config, workdir, hooks={"on_log": on_log}, **task)
+    summary = train_lib.train(config, workdir, hooks={"on_log": on_log}, **task)
   finally:
     ckpt_lib.save = original_save
   report.update(summary=summary, complete=True, **growth_figures(readings))
@@ -189,14 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     config_lib.validate(config)
     workdir = args.workdir or os.path.join(
         "runs", f"soak-{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    task = experiment.build_task(config)
-    task = {k: task[k] for k in ("init_params", "loss_fn", "train_batch", "eval_batches",
-                                 "tokens_per_step", "extra_meta")}
+    task = experiment.build_task(config).train_kwargs()
     print(f"soak: {args.preset} {args.mode}, {args.steps} steps, checkpoint every "
           f"{args.checkpoint_every}, reading every {args.report_every}, workdir {workdir}",
           flush=True)
     report = run_soak(config, workdir, task, args.report_every, verbose=True)
-  except (ValueError, FileNotFoundError, trainer.TrainingDiverged) as e:
+  except (ValueError, FileNotFoundError, train_lib.TrainingDiverged) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(format_report(report))

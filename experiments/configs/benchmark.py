@@ -26,6 +26,9 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False
   c.trainer.checkpoint_every = 0  # only the final checkpoint: saves are not what is measured
+  # Host dispatch: each step's own program, so the cost of each phase is timed (step_cost); the
+  # fused step runs every phase in one program and cannot tell them apart.
+  c.hybrid.dispatch = "host"
 
   b = c.benchmark = ml_collections.ConfigDict()
   b.preset = preset

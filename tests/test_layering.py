@@ -1,0 +1,137 @@
+"""The package's layers, read from its source with `ast` (no module is imported).
+
+  optim            imports nothing from hybridjax
+  hybrid/          imports only hybrid/ and optim (plus jax, flax, optax, chex, numpy)
+  infrastructure   config, data, checkpoint, memory, sharding, writers, plotting, models/: may import
+                   each other and hybrid.phases, never the loop
+  loop/            imports anything below it; cli imports the loop
+
+and no import cycle anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybridjax"
+HYBRID_THIRD_PARTY = {"jax", "flax", "optax", "chex", "numpy", "__future__", "dataclasses", "enum", "functools", "typing",
+                      "math", "re"}
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+  """Every module `path` imports (absolute names; `from hybridjax import x` gives hybridjax.x when
+  hybridjax/x is a module), at any depth, including imports inside functions."""
+  found: set[str] = set()
+  package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+      for alias in node.names:
+        candidate = f"{base}.{alias.name}"
+        found.add(candidate if _is_module(candidate) else base)
+  return found
+
+
+def _is_module(name: str) -> bool:
+  rel = pathlib.Path(*name.split(".")[1:])
+  return name.startswith("hybridjax.") and (
+    (PACKAGE / rel).with_suffix(".py").is_file() or (PACKAGE / rel / "__init__.py").is_file()
+  )
+
+
+def graph() -> dict[str, set[str]]:
+  """module -> the hybridjax modules it imports."""
+  g = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    g[module_name(path)] = {m for m in imports_of(path) if m == "hybridjax" or m.startswith("hybridjax.")}
+  return g
+
+
+def _third_party(path: pathlib.Path) -> set[str]:
+  return {m.split(".")[0] for m in imports_of(path) if not m.startswith("hybridjax")}
+
+
+def test_the_import_graph_has_no_cycle():
+  g = graph()
+  state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+  def visit(m: str, stack: list[str]) -> None:
+    state[m] = 1
+    for n in sorted(g.get(m, ())):
+      if n not in g:
+        continue
+      if state.get(n) == 1:
+        cycle = stack[stack.index(n):] + [m, n] if n in stack else [m, n]
+        pytest.fail("import cycle: " + " -> ".join(cycle))
+      if n not in state:
+        visit(n, stack + [m])
+    state[m] = 2
+
+  for m in g:
+    if m not in state:
+      visit(m, [])
+
+
+def test_optim_imports_nothing_from_the_package():
+  assert graph()["hybridjax.optim"] == set()
+
+
+def test_the_hybrid_algorithm_imports_only_itself_and_optim():
+  for path in sorted((PACKAGE / "hybrid").rglob("*.py")):
+    own = {m for m in imports_of(path) if m.startswith("hybridjax")}
+    outside = {m for m in own if not (m.startswith("hybridjax.hybrid") or m == "hybridjax.optim")}
+    assert not outside, f"{module_name(path)} imports {sorted(outside)}: hybrid/ may import only hybrid/ and optim"
+    extra = _third_party(path) - HYBRID_THIRD_PARTY
+    assert not extra, f"{module_name(path)} imports {sorted(extra)}: hybrid/ is pure (jax, flax, optax, chex, numpy)"
+
+
+def test_only_the_loop_and_the_cli_import_the_loop():
+  for m, deps in graph().items():
+    if m.startswith("hybridjax.loop") or m == "hybridjax.cli":
+      continue
+    assert not any(d.startswith("hybridjax.loop") or d == "hybridjax.cli" for d in deps), (
+      f"{m} imports the loop: only hybridjax.loop and hybridjax.cli may"
+    )
+
+
+def test_infrastructure_uses_only_the_phase_names_of_the_algorithm():
+  infra = {"config", "data", "checkpoint", "memory", "sharding", "writers", "plotting"}
+  for m, deps in graph().items():
+    top = m.split(".")[1] if "." in m else ""
+    if top in infra or top == "models":
+      hybrid = {d for d in deps if d.startswith("hybridjax.hybrid")}
+      assert hybrid <= {"hybridjax.hybrid.phases"}, f"{m} imports {sorted(hybrid)}"
+
+
+def test_the_checks_can_fail(tmp_path, monkeypatch):
+  # A cycle and a forbidden import in a fake package are found.
+  fake = tmp_path / "hybridjax"
+  (fake / "hybrid").mkdir(parents=True)
+  (fake / "__init__.py").write_text("")
+  (fake / "hybrid" / "__init__.py").write_text("")
+  (fake / "optim.py").write_text("from hybridjax.hybrid import step\n")
+  (fake / "hybrid" / "step.py").write_text("from hybridjax import optim\nfrom hybridjax import memory\n")
+  (fake / "memory.py").write_text("import jax\n")
+  monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+  assert graph()["hybridjax.optim"] == {"hybridjax.hybrid.step"}
+  with pytest.raises(pytest.fail.Exception, match="import cycle"):
+    test_the_import_graph_has_no_cycle()
+  with pytest.raises(AssertionError, match="hybrid/ may import only"):
+    test_the_hybrid_algorithm_imports_only_itself_and_optim()
+
+
+if __name__ == "__main__":
+  for mod, deps in graph().items():
+    print(f"{mod} -> {', '.join(sorted(d.removeprefix('hybridjax.') for d in deps)) or '(nothing)'}")
