@@ -66,7 +66,10 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.window = 32  # truncated-BPTT window of the dynamics model
   c.accuracy_window = 8  # recent validations that feed confidence
   c.dispatch = "switch"  # 'switch': one fused lax.switch step; 'host': per-phase jitted functions
-  c.steps_per_call = 1  # with dispatch='switch': hybrid steps per dispatch (lax.scan when > 1)
+  # With dispatch='switch': hybrid steps per dispatch (lax.scan when > 1). A dispatch never crosses a
+  # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
+  # compiles a second program.
+  c.steps_per_call = 1
   c.rssm = ml_collections.ConfigDict(dict(
       deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3))
   c.corrector = ml_collections.ConfigDict(dict(
@@ -314,6 +317,9 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
           f"({m.n_head})")
     if "hybrid" in config and (blocks is None or "hybrid" in blocks):
       h = config.hybrid
+      rel(h.steps_per_call == 1 or h.dispatch == "switch",
+          f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
+          "'switch' (host dispatch reads the device after every step); set one or the other")
       rel(h.window <= h.history_size,
           f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size "
           f"({h.history_size})")

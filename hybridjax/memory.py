@@ -4,14 +4,18 @@ On GPU and TPU, `device.memory_stats()` reports `bytes_in_use`, `peak_bytes_in_u
 `bytes_limit`. On CPU it returns None; then we report the total bytes of `jax.live_arrays()` and the
 process RSS, each labelled with its source so no figure is mistaken for another. On a mesh of
 several local devices `bytes_in_use` is per device (the fullest one); see `live_bytes_by_device`.
+`count_copies` reads the copies a compiled step makes inside itself, which no reading between
+steps can see.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import jax
+import numpy as np
 
 
 def process_rss_bytes() -> int:
@@ -161,3 +165,35 @@ def format_bytes(n: float) -> str:
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1024
   return f"{n:.1f} TiB"
+
+
+_HLO_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
+_HLO_BYTES = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
+_HLO_COPY = re.compile(r"=\s*(.+?)\s+(copy|copy-start)\(")
+
+
+def _hlo_bytes(shape_text: str) -> int:
+  total = 0
+  for dtype, dims in _HLO_SHAPE.findall(shape_text):
+    size = _HLO_BYTES.get(dtype) or max(int(dtype[1:]) // 8, 1)
+    total += size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+  return total
+
+
+def count_copies(compiled: Any) -> tuple[int, int]:
+  """(number, bytes) of the `copy` instructions in a compiled program's optimized HLO.
+
+  `compiled` is what `jax.jit(f).lower(...).compile()` returns. An asynchronous copy counts once
+  (its `copy-start`). A copy of a params-sized buffer inside a step is memory traffic that
+  donation was meant to avoid; tests pin the count for the hybrid steps.
+  """
+  n = nbytes = 0
+  for line in compiled.as_text().splitlines():
+    m = _HLO_COPY.search(line)
+    if m:
+      n += 1
+      shape = m.group(1)
+      if m.group(2) == "copy-start":  # (dest, source, context): count the destination only
+        shape = _HLO_SHAPE.search(shape).group(0) if _HLO_SHAPE.search(shape) else ""
+      nbytes += _hlo_bytes(shape)
+  return n, nbytes

@@ -42,18 +42,10 @@ class Stopwatch:
     if self._since is None:
       self._since = time.perf_counter()
 
-  def pause(self) -> float:
-    """Stops the clock; returns the seconds of the span just ended."""
-    if self._since is None:
-      return 0.0
-    span = time.perf_counter() - self._since
-    self.total += span
-    self._since = None
-    return span
-
-  @property
-  def running(self) -> bool:
-    return self._since is not None
+  def pause(self) -> None:
+    if self._since is not None:
+      self.total += time.perf_counter() - self._since
+      self._since = None
 
 
 def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, Batch], jax.Array]:
@@ -264,6 +256,7 @@ def train(
   clock = Stopwatch()
   timed_steps = 0
   steps_since_log = 0
+  logged_s = 0.0  # clock.total at the last log
   memory_warned = False
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
   step = start_step
@@ -293,7 +286,8 @@ def train(
         host, health = jax.device_get((metrics, driver.health(state)))
         record, extra = driver.records(host, state)
         jax.block_until_ready(state)
-        span = clock.pause()
+        clock.pause()
+        span, logged_s = clock.total - logged_s, clock.total  # training seconds since the last log
         timed_steps += steps_since_log
         snap = mem.record()
         record["steps_per_s"] = steps_since_log / max(span, 1e-9)

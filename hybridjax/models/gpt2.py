@@ -16,7 +16,8 @@ import dataclasses
 import math
 import os
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -24,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hybridjax.optim import Batch, LossFn
+
 Params = dict[str, Any]
-Batch = Mapping[str, Any]
-LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 
 _COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 

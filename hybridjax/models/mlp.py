@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybridjax.optim import Batch, LossFn
+
 Params = dict[str, Any]
-Batch = Mapping[str, Any]
-LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 class MLP(nn.Module):
