@@ -68,14 +68,23 @@ def make_schedule(optim: Any, total_steps: int) -> Schedule:
 
 
 def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
-  """The learning rate at global `step` (float32): warm-up from 0, then cosine to the floor."""
-  step = jnp.asarray(step, jnp.float32)
-  warmup = schedule.warmup_steps.astype(jnp.float32)
-  peak = schedule.peak_lr
-  warm = peak * step / jnp.maximum(warmup, 1.0)
-  frac = jnp.clip((step - warmup) / (schedule.decay_steps.astype(jnp.float32) - warmup), 0.0, 1.0)
-  floor = peak * schedule.min_lr_ratio
-  cosine = floor + (peak - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+  """The learning rate at global `step` (float32): warm-up from 0, then cosine to the floor.
+
+  The arithmetic is `optax.warmup_cosine_decay_schedule`'s, operation for operation, so the same
+  schedule as compile-time constants and as runtime values gives the same bits.
+  """
+  step = jnp.asarray(step, jnp.int32)
+  peak, warmup = schedule.peak_lr, schedule.warmup_steps
+  # Warm-up: optax.linear_schedule(0, peak, warmup).
+  count = jnp.clip(step, 0, warmup)
+  warm = (0.0 - peak) * (1 - count / jnp.maximum(warmup, 1)) + peak
+  warm = jnp.where(warmup > 0, warm, peak)  # no warm-up: a constant schedule at the peak
+  # Decay: optax.cosine_decay_schedule(peak, decay_steps - warmup, alpha=min_lr_ratio).
+  decay_steps = (schedule.decay_steps - warmup).astype(jnp.float32)
+  count = jnp.minimum((step - warmup).astype(jnp.float32), decay_steps)
+  cosine_decay = 0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps))
+  alpha = schedule.min_lr_ratio
+  cosine = peak * ((1 - alpha) * cosine_decay + alpha)
   return jnp.where(step < warmup, warm, cosine)
 
 
@@ -205,6 +214,9 @@ def guarded_update(
   new state here. `finite` covers the loss and the gradient's global norm: a finite global norm
   means every squared gradient is finite, so Adam's moments and update stay finite too.
   """
+  # The barrier on `lr` keeps its arithmetic out of the update's fusions (XLA may contract a
+  # multiply-add differently in another program), so every program uses the same learning rate.
+  lr = jax.lax.optimization_barrier(lr)
   updates, new_opt = tx.update(grads, with_learning_rate(opt_state, lr), params)
   updates, new_opt = jax.lax.optimization_barrier((updates, new_opt))
   new_params = optax.apply_updates(params, updates)
