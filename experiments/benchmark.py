@@ -20,7 +20,7 @@ a markdown table to `<workdir>/results.md`:
   step_cost          ms per step of each phase, relative to a FULL step
   dynamics_share     the dynamics model's train_step + imagine time / FULL step time
   memory_growth      bytes in use at the end minus after the first step, per run
-  switch_overhead    fused lax.switch step / separately jitted phase step (scripts/bench_switch.py)
+  switch_overhead    the fused step's extra time per step as a fraction of a FULL step (scripts/bench_switch.py)
 
 A ratio > 1 means hybrid is better. A run that never reaches the target has no ratio: its entry
 says "not reached" and gives its best eval loss instead. Nothing here asserts or expects a speedup.
@@ -134,12 +134,12 @@ def switch_overhead(preset: str) -> dict[str, Any]:
             "command": " ".join(cmd[1:])}
   per_phase = {}
   for line in out.stdout.splitlines():
-    m = re.match(r"^(WARMUP real|FULL real|PREDICT|CORRECT entry)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+    m = re.match(r"^(WARMUP full|FULL full|PREDICT|CORRECT entry)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)$",
                  line.strip())
     if m:
       per_phase[m.group(1)] = {"separate_ms": float(m.group(2)), "fused_ms": float(m.group(3)),
-                               "ratio": float(m.group(4))}
-  worst = max((v["ratio"] for v in per_phase.values()), default=None)
+                               "ratio": float(m.group(4)), "extra_of_full": float(m.group(5))}
+  worst = max((v["extra_of_full"] for v in per_phase.values()), default=None)
   return {"value": worst, "per_phase": per_phase, "model": model,
           "command": "python scripts/bench_switch.py --model " + model + " --repeats 15"}
 
@@ -301,8 +301,9 @@ def markdown_table(result: dict[str, Any]) -> str:
            f"{b['train_s']:.1f} s training, memory growth {fig['memory_growth']['value']['baseline']} B."]
   so = result.get("switch_overhead")
   if so and so.get("value") is not None:
-    lines.append("switch_overhead (fused / separate, per phase): " + ", ".join(
-        f"{p} {v['ratio']:.3f}" for p, v in so["per_phase"].items()) + f"; max {so['value']:.3f}")
+    lines.append("switch_overhead (the fused step's extra time per step, as a fraction of a FULL step): " + ", ".join(
+        f"{p} {v['extra_of_full']:+.3f} (fused/separate {v['ratio']:.3f})" for p, v in so["per_phase"].items())
+        + f"; max {so['value']:.3f}")
   m = result["machine"]
   lines.append(f"machine: {m['platform']} ({m['device_kind']}), {m['cpu_cores']} CPU cores, "
                f"jax {m['jax']}, load average {m['load_average_1m']:.1f} at start and "

@@ -65,7 +65,7 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.history_size = 64  # ring-buffer length (steps)
   c.window = 32  # truncated-BPTT window of the dynamics model
   c.accuracy_window = 8  # recent validations that feed confidence
-  c.dispatch = "switch"  # 'switch': one fused lax.switch step; 'host': per-phase jitted functions
+  c.dispatch = "switch"  # 'switch': one fused step, no host sync; 'host': each transition's own jitted function
   # With dispatch='switch': hybrid steps per dispatch (lax.scan when > 1). A dispatch never crosses a
   # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
   # compiles a second program.

@@ -167,33 +167,52 @@ def format_bytes(n: float) -> str:
   return f"{n:.1f} TiB"
 
 
-_HLO_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
-_HLO_BYTES = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
-_HLO_COPY = re.compile(r"=\s*(.+?)\s+(copy|copy-start)\(")
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+                "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# `name = shape opcode(`; the shape may be a tuple `(...)`, names may or may not start with '%'.
+_INSTR = re.compile(
+  r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w]+\[[^\]]*\](?:\{[^}]*\})?)\s+(?P<op>[\w\-]+)\("
+)
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+# A computation starts on an unindented line ending in '{': `[ENTRY] [%]name [(params) -> shape] {`.
+_COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\b.*\{\s*$")
+_FUSION_CALLS = re.compile(r"\bfusion\(.*?\bcalls=%?([\w.\-]+)")
 
 
-def _hlo_bytes(shape_text: str) -> int:
+def _shape_bytes(shape: str) -> int:
+  """Bytes of an HLO shape string (arrays summed over a tuple; tokens and opaque count 0)."""
   total = 0
-  for dtype, dims in _HLO_SHAPE.findall(shape_text):
-    size = _HLO_BYTES.get(dtype) or max(int(dtype[1:]) // 8, 1)
-    total += size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+  for dtype, dims in _ARRAY.findall(shape):
+    if dtype in _DTYPE_BYTES:
+      total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _DTYPE_BYTES[dtype])
   return total
 
 
-def count_copies(compiled: Any) -> tuple[int, int]:
-  """(number, bytes) of the `copy` instructions in a compiled program's optimized HLO.
+def list_copies(hlo_text: str) -> list[dict[str, Any]]:
+  """Every copy that runs as its own instruction in optimized HLO: `copy`, and `copy-start`/
+  `copy-done` pairs counted once (at copy-done). Copies inside fusion computations are part of a
+  fused kernel (layout changes), not buffer copies, and are skipped."""
+  fused = set(_FUSION_CALLS.findall(hlo_text))
+  out, comp = [], None
+  for line in hlo_text.splitlines():
+    header = _COMP_HEADER.match(line)
+    if header and not line[:1].isspace() and not line.startswith("HloModule"):
+      comp = header.group("name")
+      continue
+    m = _INSTR.match(line)
+    if not m or m.group("op") not in ("copy", "copy-done") or comp in fused:
+      continue
+    out.append({"name": m.group("name"), "shape": m.group("shape"), "bytes": _shape_bytes(m.group("shape")),
+                "computation": comp})
+  return out
 
-  `compiled` is what `jax.jit(f).lower(...).compile()` returns. An asynchronous copy counts once
-  (its `copy-start`). A copy of a params-sized buffer inside a step is memory traffic that
-  donation was meant to avoid; tests pin the count for the hybrid steps.
+
+def count_copies(compiled: Any) -> tuple[int, int]:
+  """(number, bytes) of the buffer copies in a compiled program (`jax.jit(f).lower(...).compile()`)
+  or its optimized HLO text. A static count: a copy inside a loop body counts once.
+
+  A copy of a params-sized buffer inside a step is memory traffic that donation was meant to save,
+  and no memory reading between steps can see it; tests pin these counts for the hybrid steps.
   """
-  n = nbytes = 0
-  for line in compiled.as_text().splitlines():
-    m = _HLO_COPY.search(line)
-    if m:
-      n += 1
-      shape = m.group(1)
-      if m.group(2) == "copy-start":  # (dest, source, context): count the destination only
-        shape = _HLO_SHAPE.search(shape).group(0) if _HLO_SHAPE.search(shape) else ""
-      nbytes += _hlo_bytes(shape)
-  return n, nbytes
+  copies = list_copies(compiled if isinstance(compiled, str) else compiled.as_text())
+  return len(copies), sum(c["bytes"] for c in copies)

@@ -67,7 +67,7 @@ class HybridContext:
 
 @flax.struct.dataclass
 class StepInfo:
-  """The per-step facts every step kind returns (one structure for every `lax.switch` branch)."""
+  """The per-step facts every step kind returns (one structure for every transition, as the fused step needs)."""
 
   loss: jax.Array  # the measured loss (real steps, validated predicted steps), else the predicted one
   predicted_loss: jax.Array  # the plan's loss for this step (real steps: the next plan's first)

@@ -22,7 +22,7 @@ PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in Phase)
 
 
 class Branch(enum.IntEnum):
-  """The step kind the next call runs (`Controller.next_branch`): the `lax.switch` index."""
+  """The step kind the next call runs (`Controller.next_branch`): the index the fused step selects by."""
 
   FULL_STEP = 0  # WARMUP, FULL and CORRECT real steps, and micro-corrections inside PREDICT
   PREDICT_STEP = 1

@@ -28,7 +28,7 @@ def predict_step(
   """A predicted step: every parameter moves by alpha_{g,k} * velocity_g; no backward pass.
 
   `schedule` is unused (a predicted step makes no optimizer update); it is taken so that all three
-  transitions share one signature for `lax.switch`.
+  transitions share one signature for the fused step.
   """
   del schedule
   tr, c, groups = state.train, state.controller, ctx.groups

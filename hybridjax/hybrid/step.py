@@ -5,8 +5,9 @@
   predict_step   no backward pass: theta <- theta + sum_g alpha_{g,k} velocity_g
   correct_step   the CORRECT entry: exact rollback of what diverged, corrector update, full step
 
-`hybrid_step` runs the one `Controller.next_branch` names with `lax.switch`, then the controller
-transition (`finish_step`); `hybrid_multi_step` runs K of them in one dispatch with `lax.scan`.
+`hybrid_step` runs the one `Controller.next_branch` names, then the controller transition
+(`finish_step`); `hybrid_multi_step` runs K of them in one dispatch with `lax.scan`. The selection has
+`lax.switch`'s semantics but updates the donated state in place (`switch_in_place`).
 `make_phase_step` gives one transition plus the controller transition alone, for host dispatch.
 Every function here is pure: jit it with the state donated (`donate_argnums=0`).
 """
@@ -22,7 +23,7 @@ from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import state as state_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.correct_step import correct_step
 from hybridjax.hybrid.full_step import full_step
 from hybridjax.hybrid.phases import Branch
@@ -30,7 +31,7 @@ from hybridjax.hybrid.predict_step import predict_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, init_train_state
 
-# The `lax.switch` branches, indexed by `Branch`.
+# The transitions `hybrid_step` selects between, indexed by `Branch`.
 TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (full_step, predict_step, correct_step)
 assert [f.__name__ for f in TRANSITIONS] == [b.name.lower() for b in Branch]
 
@@ -97,11 +98,41 @@ def make_phase_step(ctx: HybridContext, branch: int) -> StepFn:
 def hybrid_step(
   ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
 ) -> tuple[HybridState, dict[str, jax.Array]]:
-  """One hybrid step: `lax.switch` on the on-device branch, then the controller transition."""
+  """One hybrid step: the transition `Controller.next_branch` selects, then the controller transition.
+
+  The selection is `switch_in_place`, not `lax.switch`: XLA gives a conditional's results buffers of
+  their own, so a `lax.switch` branch copies every leaf it passes through unchanged (a predicted step
+  copied the optimizer state, the velocity and the RSSM) and the results are copied back into the
+  donated state afterwards, whichever branch ran. See `switch_in_place`.
+  """
   phase = state.controller.phase
-  branches = [lambda s, b, sch, f=f: f(ctx, s, b, sch) for f in TRANSITIONS]
-  new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
+  new_state, info = switch_in_place(ctx, state.controller.next_branch, state, batch, schedule)
   return finish_step(ctx, new_state, info, phase)
+
+
+def switch_in_place(
+  ctx: HybridContext, branch: jax.Array, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """`lax.switch(branch, TRANSITIONS, ...)` with the state updated in place.
+
+  Each transition runs inside a `lax.while_loop` of one trip when selected and none otherwise. A
+  while loop's input, body and output share one buffer per carried leaf, so the selected transition
+  writes the donated state in place, exactly as its own jitted function does, with the same bits,
+  and the ones not selected cost one predicate each.
+  """
+  branch = jnp.clip(branch, 0, len(TRANSITIONS) - 1)  # as lax.switch clamps its index
+  g = state.controller.rollback_alpha.shape
+  info = make_step_info(loss=0.0, predicted_loss=0.0, grad_norm=0.0, was_real=False, finite=False, explosion=False,
+                        spike=False, validated=False, diverged=False, nonfinite_prediction=False,
+                        rollback_alpha=jnp.zeros(g), alpha=jnp.zeros(g))
+  for index, transition in enumerate(TRANSITIONS):
+
+    def run_once(carry, transition=transition):
+      _, s, _ = carry
+      return (jnp.asarray(False), *transition(ctx, s, batch, schedule))
+
+    _, state, info = jax.lax.while_loop(lambda carry: carry[0], run_once, (branch == index, state, info))
+  return state, info
 
 
 def hybrid_multi_step(

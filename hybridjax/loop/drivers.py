@@ -11,9 +11,9 @@ state, and turn device metrics into log records. `train()` only asks them:
   health(state)                                        device scalars for the divergence checks
   summary(state)                                       the run summary's fields
 
-Hybrid dispatch: with `hybrid.dispatch='switch'` (the default) one dispatch runs the fused
-`lax.switch` step, or `hybrid.steps_per_call` of them through `lax.scan`, and never waits on the
-device. With 'host' every step reads the on-device branch and calls that transition's own jitted
+Hybrid dispatch: with `hybrid.dispatch='switch'` (the default) one dispatch runs the fused step
+(`hybrid.step.hybrid_step`), or `hybrid.steps_per_call` of them through `lax.scan`, and never waits on
+the device. With 'host' every step reads the on-device branch and calls that transition's own jitted
 function, which also gives exact per-phase timings and memory readings at every phase transition.
 """
 
@@ -383,11 +383,12 @@ class HybridDriver:
       rollbacks=int(c.rollbacks),
     )
     if self.dispatch == "switch" and self._trace:
-      # The fused step never stops between steps: memory is read at the dispatch boundary of a log
-      # whose interval saw the phase change.
-      phase, step = self._trace[-1]["phase"], self._trace[-1]["step"] + 1
+      # The fused step never stops between steps: memory is read at a log (`step`: the steps done,
+      # the log's own step) whose interval saw the phase change: from the phase at the previous
+      # log to the phase now (a change at the interval's last step included).
+      phase, step = int(c.phase), self._trace[-1]["step"]
       first = self._trace[0]["phase"] if self._logged_phase is None else self._logged_phase
-      if any(r["phase"] != first for r in self._trace):
+      if phase != first or any(r["phase"] != first for r in self._trace):
         snap = memory_lib.memory_snapshot()
         snap.update(step=step, phase_from=PHASE_NAMES[first], phase_to=PHASE_NAMES[phase])
         self._memory_events.append(snap)
