@@ -190,24 +190,25 @@ def _shape_bytes(shape: str) -> int:
 
 def list_copies(hlo_text: str) -> list[dict[str, Any]]:
   """Every copy that runs as its own instruction in optimized HLO: `copy`, and `copy-start`/
-  `copy-done` pairs counted once (at copy-done). Copies inside fusion computations are part of a
-  fused kernel (layout changes), not buffer copies, and are skipped."""
+  `copy-done` pairs counted once (at copy-done), with its bytes, its computation and whether that is
+  the ENTRY computation (outside every loop and branch). Copies inside fusion computations are part
+  of a fused kernel (layout changes), not buffer copies, and are skipped."""
   fused = set(_FUSION_CALLS.findall(hlo_text))
-  out, comp = [], None
+  out, comp, entry = [], None, False
   for line in hlo_text.splitlines():
     header = _COMP_HEADER.match(line)
     if header and not line[:1].isspace() and not line.startswith("HloModule"):
-      comp = header.group("name")
+      comp, entry = header.group("name"), line.startswith("ENTRY")
       continue
     m = _INSTR.match(line)
     if not m or m.group("op") not in ("copy", "copy-done") or comp in fused:
       continue
     out.append({"name": m.group("name"), "shape": m.group("shape"), "bytes": _shape_bytes(m.group("shape")),
-                "computation": comp})
+                "computation": comp, "entry": entry})
   return out
 
 
-def count_copies(compiled: Any) -> tuple[int, int]:
+def count_copies(compiled: Any, *, entry_only: bool = False) -> tuple[int, int]:
   """(number, bytes) of the buffer copies in a compiled program (`jax.jit(f).lower(...).compile()`)
   or its optimized HLO text. A static count: a copy inside a loop body counts once.
 
@@ -215,4 +216,6 @@ def count_copies(compiled: Any) -> tuple[int, int]:
   and no memory reading between steps can see it; tests pin these counts for the hybrid steps.
   """
   copies = list_copies(compiled if isinstance(compiled, str) else compiled.as_text())
+  if entry_only:  # outside every loop and branch: what runs whichever transition is selected
+    copies = [c for c in copies if c["entry"]]
   return len(copies), sum(c["bytes"] for c in copies)
