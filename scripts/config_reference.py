@@ -148,18 +148,7 @@ def descriptions() -> dict[str, tuple[int, str]]:
   return out
 
 
-def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in config.items():
-    name = f"{prefix}{key}"
-    if hasattr(value, "items"):
-      out.update(_flatten(value, name + "."))
-    else:
-      out[name] = value
-  return out
-
-
-def _fmt(value: Any) -> str:
+def _code(value: Any) -> str:
   return f"`{value!r}`"
 
 
@@ -170,7 +159,8 @@ def _cell(text: str) -> str:
 def reference_table(preset: str = PRESET) -> str:
   """The markdown table of every config field: field, default for `preset`, description."""
   from experiments.configs import gpt2_small
-  fields = _flatten(gpt2_small.get_config(preset))
+  from hybridjax import config as config_lib
+  fields = config_lib.flatten(gpt2_small.get_config(preset))
   desc = descriptions()
   # Top-level fields first, then the blocks in the order a reader meets them; within a block, the
   # order of the source (related knobs stay together), unknown fields last, alphabetically.
@@ -183,7 +173,7 @@ def reference_table(preset: str = PRESET) -> str:
     return (rank, top, block.count("."), block, line, name)
   rows = ["| field | default (`tiny`) | meaning |", "|---|---|---|"]
   for name in sorted(fields, key=order):
-    rows.append(f"| `{name}` | {_cell(_fmt(fields[name]))} | {_cell(desc.get(name, (0, ''))[1])} |")
+    rows.append(f"| `{name}` | {_cell(_code(fields[name]))} | {_cell(desc.get(name, (0, ''))[1])} |")
   return "\n".join(rows)
 
 
