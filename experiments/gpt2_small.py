@@ -1,16 +1,17 @@
 """Train GPT-2 on the bundled Shakespeare corpus (or any text), baseline or hybrid.
 
-  python -m experiments.gpt2_small                                   # tiny preset, CPU, minutes
-  python -m experiments.gpt2_small --config=experiments/configs/gpt2_small.py:small
-  python -m experiments.gpt2_small --config.mode=hybrid --config.trainer.steps=200
-  python -m experiments.gpt2_small --workdir=runs/my_run            # resumes if it holds a run
+python -m experiments.gpt2_small                                   # tiny preset, CPU, minutes
+python -m experiments.gpt2_small --config=experiments/configs/gpt2_small.py:small
+python -m experiments.gpt2_small --config.mode=hybrid --config.trainer.steps=200
+python -m experiments.gpt2_small --workdir=runs/my_run            # resumes if it holds a run
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -42,18 +43,26 @@ class Task:
 
   def train_kwargs(self) -> dict[str, Any]:
     """The keyword arguments of `loop.train.train`."""
-    return dict(init_params=self.init_params, loss_fn=self.loss_fn, train_batch=self.train_batch,
-                eval_batches=self.eval_batches, tokens_per_step=self.tokens_per_step,
-                extra_meta=self.extra_meta)
+    return dict(
+      init_params=self.init_params,
+      loss_fn=self.loss_fn,
+      train_batch=self.train_batch,
+      eval_batches=self.eval_batches,
+      tokens_per_step=self.tokens_per_step,
+      extra_meta=self.extra_meta,
+    )
 
 
 def build_task(config: ml_collections.ConfigDict) -> Task:
   """Data, model and loss for `config`; raises ValueError on anything inconsistent."""
   model_cfg = gpt2.GPT2Config(**config.model.to_dict())
   model_cfg.validate()
-  prepared = data_lib.prepare_corpus(config.data.path or None, config.data.tokenizer,
-                                     cache_dir=config.data.cache_dir or None,
-                                     val_fraction=config.data.val_fraction)
+  prepared = data_lib.prepare_corpus(
+    config.data.path or None,
+    config.data.tokenizer,
+    cache_dir=config.data.cache_dir or None,
+    val_fraction=config.data.val_fraction,
+  )
   data_lib.check_vocab(prepared, model_cfg.vocab_size)
   train_tokens = data_lib.load_tokens(prepared.train_path)
   val_tokens = data_lib.load_tokens(prepared.val_path)
@@ -61,9 +70,10 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   for name, toks in (("train", train_tokens), ("val", val_tokens)):
     if len(toks) < seq_len + 1:
       raise ValueError(
-          f"the {name} split has {len(toks)} tokens, fewer than one sequence of "
-          f"model.n_ctx + 1 = {seq_len + 1}: use a larger corpus (--config.data.path) or a "
-          "smaller --config.model.n_ctx")
+        f"the {name} split has {len(toks)} tokens, fewer than one sequence of "
+        f"model.n_ctx + 1 = {seq_len + 1}: use a larger corpus (--config.data.path) or a "
+        "smaller --config.model.n_ctx"
+      )
   model = gpt2.GPT2(model_cfg)
   batch_size, seed = config.trainer.batch_size, config.seed
 
@@ -72,19 +82,31 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
     return model.init(rng, dummy)["params"]
 
   def train_batch(step):
-    return data_lib.get_batch(train_tokens, seed=seed, step=step, batch_size=batch_size,
-                              seq_len=seq_len, vocab_size=model_cfg.vocab_size)
+    return data_lib.get_batch(
+      train_tokens, seed=seed, step=step, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
+    )
 
-  eval_batches = data_lib.eval_batches(val_tokens, batch_size=batch_size, seq_len=seq_len,
-                                       n_batches=config.trainer.eval_batches,
-                                       vocab_size=model_cfg.vocab_size)
+  eval_batches = data_lib.eval_batches(
+    val_tokens,
+    batch_size=batch_size,
+    seq_len=seq_len,
+    n_batches=config.trainer.eval_batches,
+    vocab_size=model_cfg.vocab_size,
+  )
   n_params = gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0)))
-  return Task(init_params=init_params, loss_fn=gpt2.make_loss_fn(model), train_batch=train_batch,
-              eval_batches=eval_batches, tokens_per_step=batch_size * seq_len,
-              extra_meta={"data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train,
-                                   "n_val": prepared.n_val},
-                          "n_params": n_params},
-              model=model, prepared=prepared)
+  return Task(
+    init_params=init_params,
+    loss_fn=gpt2.make_loss_fn(model),
+    train_batch=train_batch,
+    eval_batches=eval_batches,
+    tokens_per_step=batch_size * seq_len,
+    extra_meta={
+      "data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train, "n_val": prepared.n_val},
+      "n_params": n_params,
+    },
+    model=model,
+    prepared=prepared,
+  )
 
 
 def main(argv: list[str]) -> None:
@@ -101,9 +123,11 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   workdir = workdir or cli.default_workdir(config)
   task = build_task(config)
   n_params = task.extra_meta["n_params"]
-  print(f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
-        f"({config.data.tokenizer}), mode={config.mode}, workdir={workdir}, "
-        f"devices={jax.devices()}")
+  print(
+    f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
+    f"({config.data.tokenizer}), mode={config.mode}, workdir={workdir}, "
+    f"devices={jax.devices()}"
+  )
   return train_lib.train(config, workdir, **task.train_kwargs())
 
 

@@ -20,31 +20,48 @@ import orbax.checkpoint as ocp
 from hybridjax import config as config_lib
 
 # Fields that may change between a run and its resumption without changing what is trained.
-RUNTIME_FIELDS = frozenset({
-    "resume", "trainer.steps", "trainer.log_every", "trainer.eval_every", "trainer.eval_batches",
-    "trainer.checkpoint_every", "trainer.max_to_keep", "trainer.progress", "trainer.compile_cache",
-    "trainer.compile_cache_dir", "trainer.memory_limit_bytes", "data.cache_dir",
-    "trainer.max_nonfinite_steps", "hybrid.health.max_events",
+RUNTIME_FIELDS = frozenset(
+  {
+    "resume",
+    "trainer.steps",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.eval_batches",
+    "trainer.checkpoint_every",
+    "trainer.max_to_keep",
+    "trainer.progress",
+    "trainer.compile_cache",
+    "trainer.compile_cache_dir",
+    "trainer.memory_limit_bytes",
+    "data.cache_dir",
+    "trainer.max_nonfinite_steps",
+    "hybrid.health.max_events",
     # Where the state lives: a checkpoint restores onto any mesh shape and any number of hosts.
-    "mesh.data", "mesh.fsdp", "distributed.enabled", "distributed.coordinator_address",
-    "distributed.num_processes", "distributed.process_id",
-})
+    "mesh.data",
+    "mesh.fsdp",
+    "distributed.enabled",
+    "distributed.coordinator_address",
+    "distributed.num_processes",
+    "distributed.process_id",
+  }
+)
 
 
-def make_manager(directory: str, *, max_to_keep: int = 3,
-                 async_save: bool = True) -> ocp.CheckpointManager:
+def make_manager(directory: str, *, max_to_keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
   """A CheckpointManager over `directory`; the trainer decides when to save."""
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
   return ocp.CheckpointManager(
-      os.path.abspath(directory), options=options,
-      item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
+    os.path.abspath(directory),
+    options=options,
+    item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+  )
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
   """Starts an (asynchronous) save of `state` and `meta` at `step`."""
-  manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+  manager.save(
+    step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
+  )
 
 
 def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
@@ -64,8 +81,7 @@ def _short_error(e: BaseException) -> str:
   """`Type: first line` of an orbax/TensorStore error, naming the state leaf it was reading if the
   message says (their full text is a page-long TensorStore spec)."""
   text = str(e)
-  m = (re.search(r'"([^"/\s]+)/\.zarray"', text) or
-       re.search(r"'path': '([^/'][^']*?)/'", text))
+  m = re.search(r'"([^"/\s]+)/\.zarray"', text) or re.search(r"'path': '([^/'][^']*?)/'", text)
   first = text.strip().splitlines()[0] if text.strip() else ""
   for cut in (" See full TensorStore details", " [tensorstore_spec="):
     first = first.split(cut)[0]
@@ -79,11 +95,15 @@ def _corrupt_hint(manager: ocp.CheckpointManager, step: int) -> str:
   others = [s for s in manager.all_steps() if s != step]
   where = f"{manager.directory}/{step}"
   if others:
-    return (f"It is truncated or corrupted; nothing was deleted or changed. To resume from the "
-            f"previous checkpoint (steps {others}), move {where} out of the checkpoints folder; "
-            "or start a fresh --workdir.")
-  return ("It is truncated or corrupted; nothing was deleted or changed. Start a fresh --workdir "
-          f"(or move {where} aside to start this one from scratch).")
+    return (
+      f"It is truncated or corrupted; nothing was deleted or changed. To resume from the "
+      f"previous checkpoint (steps {others}), move {where} out of the checkpoints folder; "
+      "or start a fresh --workdir."
+    )
+  return (
+    "It is truncated or corrupted; nothing was deleted or changed. Start a fresh --workdir "
+    f"(or move {where} aside to start this one from scratch)."
+  )
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
@@ -94,14 +114,18 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   try:
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except Exception as e:
-    raise ValueError(f"could not read the metadata (step, config) of checkpoint "
-                     f"{manager.directory}/{step}: {_short_error(e)}\n"
-                     f"{_corrupt_hint(manager, step)}") from e
+    raise ValueError(
+      f"could not read the metadata (step, config) of checkpoint "
+      f"{manager.directory}/{step}: {_short_error(e)}\n"
+      f"{_corrupt_hint(manager, step)}"
+    ) from e
   if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
     found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
-    raise ValueError(f"checkpoint {manager.directory}/{step} has metadata without an integer "
-                     f"'step' (found {found}): it was not written by hybridjax.\n"
-                     f"{_corrupt_hint(manager, step)}")
+    raise ValueError(
+      f"checkpoint {manager.directory}/{step} has metadata without an integer "
+      f"'step' (found {found}): it was not written by hybridjax.\n"
+      f"{_corrupt_hint(manager, step)}"
+    )
   return meta
 
 
@@ -118,8 +142,9 @@ def _tree_lines(tree: Any) -> dict[str, tuple]:
   if hasattr(tree, "tree"):
     tree = tree.tree
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  return {".".join(_key_name(k) for k in p): (tuple(getattr(x, "shape", ())),
-                                              str(getattr(x, "dtype", ""))) for p, x in leaves}
+  return {
+    ".".join(_key_name(k) for k in p): (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", ""))) for p, x in leaves
+  }
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:
@@ -135,9 +160,11 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
   found_state = found["state"] if found is not None and "state" in found else None
   if found is not None and found_state is None:
     items = sorted(k for k in found.keys() if found[k] is not None)
-    raise ValueError(f"checkpoint {manager.directory}/{step} has no readable 'state' item (it, or "
-                     f"its _METADATA, is missing; readable items: {items}).\n"
-                     f"{_corrupt_hint(manager, step)}")
+    raise ValueError(
+      f"checkpoint {manager.directory}/{step} has no readable 'state' item (it, or "
+      f"its _METADATA, is missing; readable items: {items}).\n"
+      f"{_corrupt_hint(manager, step)}"
+    )
   if found_state is not None:
     expected = _tree_lines(abstract_state)
     got = _tree_lines(found_state)
@@ -150,8 +177,10 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
     # Another state layout misses or adds whole subtrees: list a few leaves, summarise the rest.
-    for what, keys, shapes in (("missing in checkpoint", missing, expected),
-                               ("unexpected in checkpoint", unexpected, got)):
+    for what, keys, shapes in (
+      ("missing in checkpoint", missing, expected),
+      ("unexpected in checkpoint", unexpected, got),
+    ):
       if len(keys) <= 6:
         problems += [f"{what}: {k} shape {shapes[k][0]}" for k in keys]
       else:
@@ -161,13 +190,15 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
       shown = "\n  ".join(problems[:20])
       more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
       raise ValueError(
-          f"checkpoint {manager.directory}/{step} does not match this model/config:\n  {shown}{more}\n"
-          "Use a fresh --workdir for a different model, or the config the checkpoint was made with.")
+        f"checkpoint {manager.directory}/{step} does not match this model/config:\n  {shown}{more}\n"
+        "Use a fresh --workdir for a different model, or the config the checkpoint was made with."
+      )
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    restored = manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+    )
   except Exception as e:
     raise ValueError(
-        f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n"
-        f"{_corrupt_hint(manager, step)}") from e
+      f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
+    ) from e
   return restored["state"], restored["meta"]

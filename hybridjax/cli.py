@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 from absl import flags, logging

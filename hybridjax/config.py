@@ -7,9 +7,11 @@ checks every field before anything is compiled, and its errors name the field an
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
+
 
 def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
@@ -70,18 +72,26 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
   # compiles a second program.
   c.steps_per_call = 1
-  c.rssm = ml_collections.ConfigDict(dict(
-      deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3))
-  c.corrector = ml_collections.ConfigDict(dict(
+  c.rssm = ml_collections.ConfigDict(
+    dict(deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3)
+  )
+  c.corrector = ml_collections.ConfigDict(
+    dict(
       enabled=True,  # False: plans use the RSSM's raw output; the corrector is never trained
-      hidden=64, learning_rate=1e-3, history=32))
-  c.health = ml_collections.ConfigDict(dict(
+      hidden=64,
+      learning_rate=1e-3,
+      history=32,
+    )
+  )
+  c.health = ml_collections.ConfigDict(
+    dict(
       grad_explosion_factor=10.0,  # grad norm > baseline EMA x this -> FULL cooldown
       loss_spike_sigma=6.0,  # loss above its EMA by this many running std -> FULL cooldown
       max_prediction_failures=3,  # consecutive diverged PREDICT phases -> FULL cooldown
       cooldown_steps=50,
       max_events=50,  # stop the run after this many non-finite events in all (TrainingDiverged)
-  ))
+    )
+  )
   return c
 
 
@@ -128,6 +138,7 @@ def flatten(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[
 
 # --- validation -------------------------------------------------------------------------------
 
+
 def _is_int(v: Any) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
@@ -145,11 +156,13 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | 
     if hi is not None and v > hi:
       return f"must be <= {hi}, got {v}"
     return None
+
   return check
 
 
-def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-         hi_open: bool = False) -> Callable[[Any], str | None]:
+def _num(
+  lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[Any], str | None]:
   def check(v):
     if not _is_num(v):
       return f"must be a finite number, got {v!r}"
@@ -158,12 +171,14 @@ def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False
     if hi is not None and (v >= hi if hi_open else v > hi):
       return f"must be {'<' if hi_open else '<='} {hi}, got {v}"
     return None
+
   return check
 
 
 def _choice(*options: str) -> Callable[[Any], str | None]:
   def check(v):
     return None if v in options else f"must be one of {list(options)}, got {v!r}"
+
   return check
 
 
@@ -176,83 +191,83 @@ def _str(v: Any) -> str | None:
 
 
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
-    "preset": _str,  # experiment configs only; the experiment checks the name itself
-    "mode": _choice("baseline", "hybrid"),
-    "seed": _int(0),
-    "resume": _choice("auto", "force", "never"),
-    "model.vocab_size": _int(2, 65535),
-    "model.n_ctx": _int(1),
-    "model.n_layer": _int(1),
-    "model.n_head": _int(1),
-    "model.d_model": _int(1),
-    "model.dropout": _num(0.0, 1.0, hi_open=True),
-    "model.layer_norm_eps": _num(0.0, lo_open=True),
-    "model.dtype": _choice("float32", "bfloat16", "float16"),
-    "data.path": _str,
-    "data.tokenizer": _choice("byte", "gpt2"),
-    "data.cache_dir": _str,
-    "data.val_fraction": _num(0.0, 0.5, lo_open=True),
-    "optim.name": _choice("adamw", "adam", "sgd"),
-    "optim.learning_rate": _num(0.0, lo_open=True),
-    "optim.warmup_steps": _int(0),
-    "optim.decay_steps": _int(0),
-    "optim.min_lr_ratio": _num(0.0, 1.0),
-    "optim.weight_decay": _num(0.0),
-    "optim.b1": _num(0.0, 1.0, hi_open=True),
-    "optim.b2": _num(0.0, 1.0, hi_open=True),
-    "optim.eps": _num(0.0, lo_open=True),
-    "optim.grad_clip": _num(0.0),
-    "trainer.steps": _int(1),
-    "trainer.batch_size": _int(1),
-    "trainer.grad_accum": _int(1),
-    "trainer.log_every": _int(1),
-    "trainer.eval_every": _int(0),
-    "trainer.eval_batches": _int(1),
-    "trainer.checkpoint_every": _int(0),
-    "trainer.max_to_keep": _int(1),
-    "trainer.progress": _bool,
-    "trainer.compile_cache": _bool,
-    "trainer.compile_cache_dir": _str,
-    "trainer.memory_limit_bytes": _int(0),
-    "trainer.max_nonfinite_steps": _int(1),
-    "hybrid.enable_predict": _bool,
-    "hybrid.warmup_steps": _int(1),
-    "hybrid.full_steps": _int(1),
-    "hybrid.max_predict_steps": _int(1, 1000),
-    "hybrid.confidence_threshold": _num(0.0, 1.0),
-    "hybrid.divergence_tolerance": _num(0.0, lo_open=True),
-    "hybrid.correct_steps": _int(1),
-    "hybrid.correction_interval": _int(0),
-    "hybrid.validate_every": _int(1),
-    "hybrid.velocity_beta": _num(0.0, 1.0, hi_open=True),
-    "hybrid.constant_alpha": _num(0.0, 10.0),
-    "hybrid.grouping": _choice("kind", "leaf", "global"),
-    "hybrid.history_size": _int(4, 4096),
-    "hybrid.window": _int(2),
-    "hybrid.accuracy_window": _int(1, 1024),
-    "hybrid.steps_per_call": _int(1),
-    "hybrid.dispatch": _choice("host", "switch"),
-    "hybrid.rssm.deter": _int(1),
-    "hybrid.rssm.latent": _int(1),
-    "hybrid.rssm.hidden": _int(1),
-    "hybrid.rssm.ensemble": _int(1, 64),
-    "hybrid.rssm.free_bits": _num(0.0),
-    "hybrid.rssm.learning_rate": _num(0.0, lo_open=True),
-    "hybrid.corrector.enabled": _bool,
-    "hybrid.corrector.hidden": _int(1),
-    "hybrid.corrector.learning_rate": _num(0.0, lo_open=True),
-    "hybrid.corrector.history": _int(2, 4096),
-    "hybrid.health.grad_explosion_factor": _num(1.0, lo_open=True),
-    "hybrid.health.loss_spike_sigma": _num(0.0, lo_open=True),
-    "hybrid.health.max_prediction_failures": _int(1),
-    "hybrid.health.cooldown_steps": _int(0),
-    "hybrid.health.max_events": _int(1),
-    "mesh.data": _int(-1),  # -1 = auto; 0 is refused by `_mesh_errors`
-    "mesh.fsdp": _int(1),
-    "distributed.enabled": _bool,
-    "distributed.coordinator_address": _str,
-    "distributed.num_processes": _int(0),
-    "distributed.process_id": _int(-1),
+  "preset": _str,  # experiment configs only; the experiment checks the name itself
+  "mode": _choice("baseline", "hybrid"),
+  "seed": _int(0),
+  "resume": _choice("auto", "force", "never"),
+  "model.vocab_size": _int(2, 65535),
+  "model.n_ctx": _int(1),
+  "model.n_layer": _int(1),
+  "model.n_head": _int(1),
+  "model.d_model": _int(1),
+  "model.dropout": _num(0.0, 1.0, hi_open=True),
+  "model.layer_norm_eps": _num(0.0, lo_open=True),
+  "model.dtype": _choice("float32", "bfloat16", "float16"),
+  "data.path": _str,
+  "data.tokenizer": _choice("byte", "gpt2"),
+  "data.cache_dir": _str,
+  "data.val_fraction": _num(0.0, 0.5, lo_open=True),
+  "optim.name": _choice("adamw", "adam", "sgd"),
+  "optim.learning_rate": _num(0.0, lo_open=True),
+  "optim.warmup_steps": _int(0),
+  "optim.decay_steps": _int(0),
+  "optim.min_lr_ratio": _num(0.0, 1.0),
+  "optim.weight_decay": _num(0.0),
+  "optim.b1": _num(0.0, 1.0, hi_open=True),
+  "optim.b2": _num(0.0, 1.0, hi_open=True),
+  "optim.eps": _num(0.0, lo_open=True),
+  "optim.grad_clip": _num(0.0),
+  "trainer.steps": _int(1),
+  "trainer.batch_size": _int(1),
+  "trainer.grad_accum": _int(1),
+  "trainer.log_every": _int(1),
+  "trainer.eval_every": _int(0),
+  "trainer.eval_batches": _int(1),
+  "trainer.checkpoint_every": _int(0),
+  "trainer.max_to_keep": _int(1),
+  "trainer.progress": _bool,
+  "trainer.compile_cache": _bool,
+  "trainer.compile_cache_dir": _str,
+  "trainer.memory_limit_bytes": _int(0),
+  "trainer.max_nonfinite_steps": _int(1),
+  "hybrid.enable_predict": _bool,
+  "hybrid.warmup_steps": _int(1),
+  "hybrid.full_steps": _int(1),
+  "hybrid.max_predict_steps": _int(1, 1000),
+  "hybrid.confidence_threshold": _num(0.0, 1.0),
+  "hybrid.divergence_tolerance": _num(0.0, lo_open=True),
+  "hybrid.correct_steps": _int(1),
+  "hybrid.correction_interval": _int(0),
+  "hybrid.validate_every": _int(1),
+  "hybrid.velocity_beta": _num(0.0, 1.0, hi_open=True),
+  "hybrid.constant_alpha": _num(0.0, 10.0),
+  "hybrid.grouping": _choice("kind", "leaf", "global"),
+  "hybrid.history_size": _int(4, 4096),
+  "hybrid.window": _int(2),
+  "hybrid.accuracy_window": _int(1, 1024),
+  "hybrid.steps_per_call": _int(1),
+  "hybrid.dispatch": _choice("host", "switch"),
+  "hybrid.rssm.deter": _int(1),
+  "hybrid.rssm.latent": _int(1),
+  "hybrid.rssm.hidden": _int(1),
+  "hybrid.rssm.ensemble": _int(1, 64),
+  "hybrid.rssm.free_bits": _num(0.0),
+  "hybrid.rssm.learning_rate": _num(0.0, lo_open=True),
+  "hybrid.corrector.enabled": _bool,
+  "hybrid.corrector.hidden": _int(1),
+  "hybrid.corrector.learning_rate": _num(0.0, lo_open=True),
+  "hybrid.corrector.history": _int(2, 4096),
+  "hybrid.health.grad_explosion_factor": _num(1.0, lo_open=True),
+  "hybrid.health.loss_spike_sigma": _num(0.0, lo_open=True),
+  "hybrid.health.max_prediction_failures": _int(1),
+  "hybrid.health.cooldown_steps": _int(0),
+  "hybrid.health.max_events": _int(1),
+  "mesh.data": _int(-1),  # -1 = auto; 0 is refused by `_mesh_errors`
+  "mesh.fsdp": _int(1),
+  "distributed.enabled": _bool,
+  "distributed.coordinator_address": _str,
+  "distributed.num_processes": _int(0),
+  "distributed.process_id": _int(-1),
 }
 
 
@@ -290,50 +305,62 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
       errors.append(msg)
 
   if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
-    errors.append("--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
-                  "(hybridjax.config.default_hybrid_config())")
+    errors.append(
+      "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
+      "(hybridjax.config.default_hybrid_config())"
+    )
   if not errors:
     if "trainer" in config and (blocks is None or "trainer" in blocks):
       t = config.trainer
-      rel(t.batch_size % t.grad_accum == 0,
-          f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
-          f"--config.trainer.grad_accum ({t.grad_accum})")
-      if (blocks is None and config.get("mode") == "hybrid" and "hybrid" in config
-          and config.hybrid.enable_predict):
+      rel(
+        t.batch_size % t.grad_accum == 0,
+        f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
+        f"--config.trainer.grad_accum ({t.grad_accum})",
+      )
+      if blocks is None and config.get("mode") == "hybrid" and "hybrid" in config and config.hybrid.enable_predict:
         # Otherwise the whole run is WARMUP: a baseline run with extra cost.
-        rel(config.hybrid.warmup_steps < t.steps,
-            f"--config.hybrid.warmup_steps ({config.hybrid.warmup_steps}) must be < "
-            f"--config.trainer.steps ({t.steps}) for a hybrid run to ever predict; lower "
-            "--config.hybrid.warmup_steps or use --config.mode=baseline")
+        rel(
+          config.hybrid.warmup_steps < t.steps,
+          f"--config.hybrid.warmup_steps ({config.hybrid.warmup_steps}) must be < "
+          f"--config.trainer.steps ({t.steps}) for a hybrid run to ever predict; lower "
+          "--config.hybrid.warmup_steps or use --config.mode=baseline",
+        )
     if "optim" in config and (blocks is None or "optim" in blocks):
       o = config.optim
-      rel(o.decay_steps == 0 or o.decay_steps > o.warmup_steps,
-          f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
-          f"> --config.optim.warmup_steps ({o.warmup_steps})")
+      rel(
+        o.decay_steps == 0 or o.decay_steps > o.warmup_steps,
+        f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
+        f"> --config.optim.warmup_steps ({o.warmup_steps})",
+      )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model
-      rel(m.d_model % m.n_head == 0,
-          f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head "
-          f"({m.n_head})")
+      rel(
+        m.d_model % m.n_head == 0,
+        f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})",
+      )
     if "hybrid" in config and (blocks is None or "hybrid" in blocks):
       h = config.hybrid
-      rel(h.steps_per_call == 1 or h.dispatch == "switch",
-          f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
-          "'switch' (host dispatch reads the device after every step); set one or the other")
-      rel(h.window <= h.history_size,
-          f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size "
-          f"({h.history_size})")
-      rel(h.accuracy_window <= h.history_size,
-          f"--config.hybrid.accuracy_window ({h.accuracy_window}) must be <= "
-          f"--config.hybrid.history_size ({h.history_size})")
+      rel(
+        h.steps_per_call == 1 or h.dispatch == "switch",
+        f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
+        "'switch' (host dispatch reads the device after every step); set one or the other",
+      )
+      rel(
+        h.window <= h.history_size,
+        f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size ({h.history_size})",
+      )
+      rel(
+        h.accuracy_window <= h.history_size,
+        f"--config.hybrid.accuracy_window ({h.accuracy_window}) must be <= "
+        f"--config.hybrid.history_size ({h.history_size})",
+      )
     if blocks is None or "mesh" in blocks or "distributed" in blocks:
       errors += _mesh_errors(config, n_devices=None)[0]
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
-def _mesh_errors(config: ml_collections.ConfigDict,
-                 n_devices: int | None) -> tuple[list[str], int, int]:
+def _mesh_errors(config: ml_collections.ConfigDict, n_devices: int | None) -> tuple[list[str], int, int]:
   """(errors, data, fsdp) for `config.mesh` on `n_devices` devices (None: not known yet).
 
   Validation runs before JAX starts (multi-host start-up must come first), so it checks only what
@@ -348,33 +375,40 @@ def _mesh_errors(config: ml_collections.ConfigDict,
   if n_devices is not None:
     if data == -1:
       if n_devices % fsdp:
-        errors.append(f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
-                      f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}")
+        errors.append(
+          f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
+          f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}"
+        )
         return errors, data, fsdp
       data = n_devices // fsdp
     elif data * fsdp != n_devices:
       errors.append(
-          f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
-          f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all")
+        f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
+        f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all"
+      )
       return errors, data, fsdp
   if data > 0 and "trainer" in config:
     t = config.trainer
     n = data * fsdp * t.grad_accum
     if t.batch_size % n:
       errors.append(
-          f"--config.trainer.batch_size ({t.batch_size}) must be divisible by mesh.data ({data}) x "
-          f"mesh.fsdp ({fsdp}) x trainer.grad_accum ({t.grad_accum}) = {n}, so every device gets "
-          f"an equal share of each micro-batch; use a multiple of {n}")
+        f"--config.trainer.batch_size ({t.batch_size}) must be divisible by mesh.data ({data}) x "
+        f"mesh.fsdp ({fsdp}) x trainer.grad_accum ({t.grad_accum}) = {n}, so every device gets "
+        f"an equal share of each micro-batch; use a multiple of {n}"
+      )
   dist = config.get("distributed")
   if dist is not None:
     address, enabled = dist.get("coordinator_address", ""), dist.get("enabled", False)
     n_proc, proc_id = dist.get("num_processes", 0), dist.get("process_id", -1)
     if address and not enabled:
-      errors.append("--config.distributed.coordinator_address is set but "
-                    "--config.distributed.enabled is False; set it to True for a multi-host run")
+      errors.append(
+        "--config.distributed.coordinator_address is set but "
+        "--config.distributed.enabled is False; set it to True for a multi-host run"
+      )
     if n_proc > 0 and proc_id >= n_proc:
-      errors.append(f"--config.distributed.process_id ({proc_id}) must be < "
-                    f"--config.distributed.num_processes ({n_proc})")
+      errors.append(
+        f"--config.distributed.process_id ({proc_id}) must be < --config.distributed.num_processes ({n_proc})"
+      )
   return errors, data, fsdp
 
 

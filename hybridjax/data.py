@@ -32,7 +32,8 @@ import os
 import pathlib
 import re
 import uuid
-from typing import Any, BinaryIO, Iterable, Iterator, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import tiktoken
@@ -57,9 +58,7 @@ _MAX_INVALID_UTF8 = 0.01
 _EVAL_STREAM = 0xE7A1  # Spawn key of the eval_batches random stream.
 
 # The GPT-2 pre-tokenisation regex, as in tiktoken_ext/openai_public.py.
-_GPT2_PAT_STR = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
+_GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 _GPT2_EOT = "<|endoftext|>"
 # Boundaries of the GPT-2 pre-tokeniser whatever the text around them: after a
 # newline between two non-space characters, and between a non-space character
@@ -79,14 +78,11 @@ class Tokenizer(Protocol):
   vocab_size: int
   eot_token: int | None
 
-  def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
-    ...
+  def encode(self, text: str, *, allow_special: bool = False) -> list[int]: ...
 
-  def decode(self, tokens: Sequence[int]) -> str:
-    ...
+  def decode(self, tokens: Sequence[int]) -> str: ...
 
-  def encode_to_array(self, texts: Sequence[str]) -> np.ndarray:
-    ...
+  def encode_to_array(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +118,10 @@ class GPT2Tokenizer:
     ranks = _load_gpt2_ranks()
     self.eot_token = len(ranks)  # 50256.
     self._enc = tiktoken.Encoding(
-        name="gpt2",
-        pat_str=_GPT2_PAT_STR,
-        mergeable_ranks=ranks,
-        special_tokens={_GPT2_EOT: self.eot_token},
+      name="gpt2",
+      pat_str=_GPT2_PAT_STR,
+      mergeable_ranks=ranks,
+      special_tokens={_GPT2_EOT: self.eot_token},
     )
     assert self._enc.n_vocab == self.vocab_size, self._enc.n_vocab
 
@@ -153,9 +149,9 @@ class GPT2Tokenizer:
     """Encodes `texts` (as ordinary text) one after the other into uint16."""
     encoded = self._enc.encode_ordinary_batch(list(texts), num_threads=2)
     return np.fromiter(
-        itertools.chain.from_iterable(encoded),
-        dtype=TOKEN_DTYPE,
-        count=sum(len(e) for e in encoded),
+      itertools.chain.from_iterable(encoded),
+      dtype=TOKEN_DTYPE,
+      count=sum(len(e) for e in encoded),
     )
 
 
@@ -195,9 +191,7 @@ def get_tokenizer(name: str) -> Tokenizer:
   elif name == "gpt2":
     tokenizer = GPT2Tokenizer()
   else:
-    raise ValueError(
-        f"unknown tokenizer {name!r}: set data.tokenizer to one of "
-        f"{list(TOKENIZERS)}")
+    raise ValueError(f"unknown tokenizer {name!r}: set data.tokenizer to one of {list(TOKENIZERS)}")
   # Token files are uint16: every id must fit.
   assert tokenizer.vocab_size - 1 <= np.iinfo(TOKEN_DTYPE).max, tokenizer
   return tokenizer
@@ -266,8 +260,9 @@ def _list_documents(path: str | None) -> tuple[str, list[_Document]]:
   root = pathlib.Path(path).expanduser()
   if not root.exists():
     raise FileNotFoundError(
-        f"data.path {path!r} does not exist: set data.path to a text file, a "
-        "folder of text files, or '' for the bundled Shakespeare corpus")
+      f"data.path {path!r} does not exist: set data.path to a text file, a "
+      "folder of text files, or '' for the bundled Shakespeare corpus"
+    )
   root = root.resolve()
   if root.is_file():
     return str(root), [_Document(root.name, root)]
@@ -289,13 +284,14 @@ def _list_documents(path: str | None) -> tuple[str, list[_Document]]:
         skipped.append(rel)
   if skipped:
     logging.warning(
-        "data.path %s: skipped %d file(s) that are not text: %s", root,
-        len(skipped), ", ".join(skipped[:10]))
+      "data.path %s: skipped %d file(s) that are not text: %s", root, len(skipped), ", ".join(skipped[:10])
+    )
   if not docs:
     raise ValueError(
-        f"data.path {path!r} is a folder with no non-empty text files "
-        f"(skipped as not text: {skipped[:10]}): point data.path at UTF-8 "
-        "text")
+      f"data.path {path!r} is a folder with no non-empty text files "
+      f"(skipped as not text: {skipped[:10]}): point data.path at UTF-8 "
+      "text"
+    )
   return str(root), docs
 
 
@@ -315,8 +311,9 @@ def _hash_and_check(source: str, docs: Sequence[_Document]) -> str:
     for block in _iter_blocks(doc):
       if b"\0" in block:
         raise ValueError(
-            f"data.path: {_describe(source, doc)} contains NUL bytes, so it is "
-            "not a text file: point data.path at UTF-8 text")
+          f"data.path: {_describe(source, doc)} contains NUL bytes, so it is "
+          "not a text file: point data.path at UTF-8 text"
+        )
       digest.update(block)
       text = decoder.decode(block)
       n_bytes += len(block)
@@ -326,15 +323,15 @@ def _hash_and_check(source: str, docs: Sequence[_Document]) -> str:
     digest.update(b"\0%d\0" % n_bytes)
     if n_bad > _MAX_INVALID_UTF8 * n_bytes:
       raise ValueError(
-          f"data.path: {_describe(source, doc)} is not UTF-8 text ({n_bad} of "
-          f"{n_bytes} bytes are invalid): point data.path at UTF-8 text")
+        f"data.path: {_describe(source, doc)} is not UTF-8 text ({n_bad} of "
+        f"{n_bytes} bytes are invalid): point data.path at UTF-8 text"
+      )
     if n_bad:
-      logging.warning("%s: %d invalid UTF-8 bytes replaced by U+FFFD",
-                      _describe(source, doc), n_bad)
+      logging.warning("%s: %d invalid UTF-8 bytes replaced by U+FFFD", _describe(source, doc), n_bad)
   if not any_text:
     raise ValueError(
-        f"data.path {source!r} is empty (no text to train on): point "
-        "data.path at a non-empty text file or folder")
+      f"data.path {source!r} is empty (no text to train on): point data.path at a non-empty text file or folder"
+    )
   return digest.hexdigest()
 
 
@@ -369,8 +366,7 @@ def _safe_chunks(texts: Iterable[str]) -> Iterator[str]:
     yield buffer
 
 
-def _iter_token_arrays(
-    docs: Sequence[_Document], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+def _iter_token_arrays(docs: Sequence[_Document], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
   """Tokenises `docs` in bounded chunks, with a separator between documents.
 
   The separator is the tokenizer's end-of-text token if it has one, else a
@@ -419,24 +415,22 @@ class PreparedData:
 
 def default_cache_dir() -> str:
   """Returns `$HYBRIDJAX_CACHE` if set, else `~/.cache/hybridjax/data`."""
-  return os.environ.get(CACHE_ENV) or os.path.join(
-      os.path.expanduser("~"), ".cache", "hybridjax", "data")
+  return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "hybridjax", "data")
 
 
 def check_val_fraction(val_fraction: float) -> None:
   """Raises ValueError unless 0 < val_fraction <= 0.5."""
   if not 0.0 < val_fraction <= 0.5:
-    raise ValueError(
-        f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
+    raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
 
 
 def prepare_corpus(
-    path: str | None,
-    tokenizer_name: str,
-    cache_dir: str | None = None,
-    val_fraction: float = 0.1,
-    *,
-    out_dir: str | None = None,
+  path: str | None,
+  tokenizer_name: str,
+  cache_dir: str | None = None,
+  val_fraction: float = 0.1,
+  *,
+  out_dir: str | None = None,
 ) -> PreparedData:
   """Tokenises a corpus into `train.bin`, `val.bin` and `meta.json`.
 
@@ -470,8 +464,7 @@ def prepare_corpus(
   check_val_fraction(val_fraction)
   source, docs = _list_documents(path)
   content_hash = _hash_and_check(source, docs)
-  key = (f"v{_FORMAT_VERSION}-{content_hash[:16]}-{tokenizer.name}"
-         f"-val{val_fraction!r}")
+  key = f"v{_FORMAT_VERSION}-{content_hash[:16]}-{tokenizer.name}-val{val_fraction!r}"
   if out_dir:
     dest = pathlib.Path(out_dir).expanduser()
   else:
@@ -481,36 +474,34 @@ def prepare_corpus(
   if prepared is not None:
     logging.info("data: reusing %s", dest)
     return prepared
-  logging.info("data: tokenising %s with %s into %s", source, tokenizer.name,
-               dest)
+  logging.info("data: tokenising %s with %s into %s", source, tokenizer.name, dest)
   dest.mkdir(parents=True, exist_ok=True)
   (dest / META_FILE).unlink(missing_ok=True)  # Invalid from here on.
-  n_train, n_val = _write_splits(
-      dest, _iter_token_arrays(docs, tokenizer), val_fraction, source)
+  n_train, n_val = _write_splits(dest, _iter_token_arrays(docs, tokenizer), val_fraction, source)
   meta = {
-      "format_version": _FORMAT_VERSION,
-      "key": key,
-      "tokenizer": tokenizer.name,
-      "vocab_size": tokenizer.vocab_size,
-      "eot_token": tokenizer.eot_token,
-      "dtype": np.dtype(TOKEN_DTYPE).name,
-      "n_tokens": n_train + n_val,
-      "n_train": n_train,
-      "n_val": n_val,
-      "val_fraction": val_fraction,
-      "source": source,
-      "files": [d.name for d in docs],
-      "content_hash": content_hash,
+    "format_version": _FORMAT_VERSION,
+    "key": key,
+    "tokenizer": tokenizer.name,
+    "vocab_size": tokenizer.vocab_size,
+    "eot_token": tokenizer.eot_token,
+    "dtype": np.dtype(TOKEN_DTYPE).name,
+    "n_tokens": n_train + n_val,
+    "n_train": n_train,
+    "n_val": n_val,
+    "val_fraction": val_fraction,
+    "source": source,
+    "files": [d.name for d in docs],
+    "content_hash": content_hash,
   }
   _atomic_write(dest / META_FILE, json.dumps(meta, indent=2).encode())
   return _from_meta(dest, meta)
 
 
 def _write_splits(
-    dest: pathlib.Path,
-    token_arrays: Iterable[np.ndarray],
-    val_fraction: float,
-    source: str,
+  dest: pathlib.Path,
+  token_arrays: Iterable[np.ndarray],
+  val_fraction: float,
+  source: str,
 ) -> tuple[int, int]:
   """Streams tokens to disk and splits off the tail as `val.bin`."""
   suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -526,15 +517,16 @@ def _write_splits(
     n_train = n_tokens - n_val
     if n_val < 1:
       raise ValueError(
-          f"data.path {source!r} has only {n_tokens} tokens: too few for a "
-          f"validation split with data.val_fraction={val_fraction}; use a "
-          "larger corpus")
+        f"data.path {source!r} has only {n_tokens} tokens: too few for a "
+        f"validation split with data.val_fraction={val_fraction}; use a "
+        "larger corpus"
+      )
     # Copy the tail to val.bin, then cut it off the train file.
     tokens = np.memmap(train_tmp, dtype=TOKEN_DTYPE, mode="r")
     with open(val_tmp, "wb") as f:
       step = _READ_BLOCK // itemsize
       for start in range(n_train, n_tokens, step):
-        f.write(tokens[start:min(start + step, n_tokens)].tobytes())
+        f.write(tokens[start : min(start + step, n_tokens)].tobytes())
     del tokens
     os.truncate(train_tmp, n_train * itemsize)
     os.replace(train_tmp, dest / TRAIN_FILE)
@@ -560,9 +552,10 @@ def _load_prepared(dest: pathlib.Path, key: str) -> PreparedData | None:
     meta = json.loads((dest / META_FILE).read_text())
     itemsize = np.dtype(TOKEN_DTYPE).itemsize
     complete = (
-        meta.get("key") == key
-        and (dest / TRAIN_FILE).stat().st_size == meta["n_train"] * itemsize
-        and (dest / VAL_FILE).stat().st_size == meta["n_val"] * itemsize)
+      meta.get("key") == key
+      and (dest / TRAIN_FILE).stat().st_size == meta["n_train"] * itemsize
+      and (dest / VAL_FILE).stat().st_size == meta["n_val"] * itemsize
+    )
   except (OSError, ValueError, KeyError, TypeError):
     return None
   return _from_meta(dest, meta) if complete else None
@@ -570,13 +563,13 @@ def _load_prepared(dest: pathlib.Path, key: str) -> PreparedData | None:
 
 def _from_meta(dest: pathlib.Path, meta: dict[str, Any]) -> PreparedData:
   return PreparedData(
-      train_path=str(dest / TRAIN_FILE),
-      val_path=str(dest / VAL_FILE),
-      vocab_size=meta["vocab_size"],
-      tokenizer=meta["tokenizer"],
-      n_train=meta["n_train"],
-      n_val=meta["n_val"],
-      meta=meta,
+    train_path=str(dest / TRAIN_FILE),
+    val_path=str(dest / VAL_FILE),
+    vocab_size=meta["vocab_size"],
+    tokenizer=meta["tokenizer"],
+    n_train=meta["n_train"],
+    n_val=meta["n_val"],
+    meta=meta,
   )
 
 
@@ -590,8 +583,9 @@ def load_tokens(path: str | os.PathLike[str]) -> np.memmap:
   size = os.path.getsize(path)  # Raises FileNotFoundError.
   if size == 0 or size % np.dtype(TOKEN_DTYPE).itemsize:
     raise ValueError(
-        f"token file {os.fspath(path)!r} has {size} bytes: not a non-empty "
-        "uint16 token file; prepare it again from data.path")
+      f"token file {os.fspath(path)!r} has {size} bytes: not a non-empty "
+      "uint16 token file; prepare it again from data.path"
+    )
   return np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
 
 
@@ -604,10 +598,11 @@ def check_vocab(prepared: PreparedData, model_vocab_size: int) -> None:
   """
   if prepared.vocab_size > model_vocab_size:
     raise ValueError(
-        f"data.tokenizer {prepared.tokenizer!r} has {prepared.vocab_size} "
-        f"tokens but model.vocab_size is {model_vocab_size}: set "
-        f"model.vocab_size >= {prepared.vocab_size} or choose a smaller "
-        "data.tokenizer")
+      f"data.tokenizer {prepared.tokenizer!r} has {prepared.vocab_size} "
+      f"tokens but model.vocab_size is {model_vocab_size}: set "
+      f"model.vocab_size >= {prepared.vocab_size} or choose a smaller "
+      "data.tokenizer"
+    )
 
 
 def check_seq_len(prepared: PreparedData, seq_len: int) -> None:
@@ -618,15 +613,15 @@ def check_seq_len(prepared: PreparedData, seq_len: int) -> None:
     seq_len: the sequence length, `model.n_ctx`.
   """
   for split, n, hint in (
-      ("train", prepared.n_train, "a larger corpus (data.path)"),
-      ("val", prepared.n_val,
-       "a larger corpus (data.path) or data.val_fraction"),
+    ("train", prepared.n_train, "a larger corpus (data.path)"),
+    ("val", prepared.n_val, "a larger corpus (data.path) or data.val_fraction"),
   ):
     if n < seq_len + 1:
       raise ValueError(
-          f"the {split} split of data.path {prepared.meta.get('source')!r} "
-          f"has {n} tokens, but one sequence needs model.n_ctx + 1 = "
-          f"{seq_len + 1}: use {hint}, or a smaller model.n_ctx")
+        f"the {split} split of data.path {prepared.meta.get('source')!r} "
+        f"has {n} tokens, but one sequence needs model.n_ctx + 1 = "
+        f"{seq_len + 1}: use {hint}, or a smaller model.n_ctx"
+      )
 
 
 # ----------------------------------------------------------------------------
@@ -634,50 +629,50 @@ def check_seq_len(prepared: PreparedData, seq_len: int) -> None:
 # ----------------------------------------------------------------------------
 
 
-def _check_batch_args(
-    tokens: np.ndarray, batch_size: int, seq_len: int) -> None:
+def _check_batch_args(tokens: np.ndarray, batch_size: int, seq_len: int) -> None:
   if np.ndim(tokens) != 1:
     raise ValueError(f"tokens must be 1-D, got shape {np.shape(tokens)}")
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(
-        f"trainer.batch_size must be a positive integer, got {batch_size!r}")
+    raise ValueError(f"trainer.batch_size must be a positive integer, got {batch_size!r}")
   if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-    raise ValueError(
-        f"model.n_ctx (seq_len) must be a positive integer, got {seq_len!r}")
+    raise ValueError(f"model.n_ctx (seq_len) must be a positive integer, got {seq_len!r}")
   if len(tokens) < seq_len + 1:
     raise ValueError(
-        f"the token stream has {len(tokens)} tokens, but one sequence needs "
-        f"model.n_ctx + 1 = {seq_len + 1}: use a larger corpus (data.path), "
-        "a larger data.val_fraction, or a smaller model.n_ctx")
+      f"the token stream has {len(tokens)} tokens, but one sequence needs "
+      f"model.n_ctx + 1 = {seq_len + 1}: use a larger corpus (data.path), "
+      "a larger data.val_fraction, or a smaller model.n_ctx"
+    )
 
 
 def _gather(
-    tokens: np.ndarray, starts: np.ndarray, seq_len: int,
-    vocab_size: int | None = None,
+  tokens: np.ndarray,
+  starts: np.ndarray,
+  seq_len: int,
+  vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
-  windows = np.asarray(
-      tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
+  windows = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
   if vocab_size is not None and windows.size and windows.max() >= vocab_size:
     # An id outside the embedding table is not an error inside JAX: the
     # lookup silently returns garbage (NaN or a clipped row). Refuse it here.
     source = getattr(tokens, "filename", None)
     source = f"token file {source!r}" if source else "the token stream"
     raise ValueError(
-        f"{source} holds token id {int(windows.max())}, but model.vocab_size "
-        f"is {vocab_size}: the file was not made with this data.tokenizer, "
-        "or it is corrupted; prepare it again from data.path (delete its "
-        "cache entry), or raise model.vocab_size")
+      f"{source} holds token id {int(windows.max())}, but model.vocab_size "
+      f"is {vocab_size}: the file was not made with this data.tokenizer, "
+      "or it is corrupted; prepare it again from data.path (delete its "
+      "cache entry), or raise model.vocab_size"
+    )
   return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
 def get_batch(
-    tokens: np.ndarray,
-    *,
-    seed: int,
-    step: int,
-    batch_size: int,
-    seq_len: int,
-    vocab_size: int | None = None,
+  tokens: np.ndarray,
+  *,
+  seed: int,
+  step: int,
+  batch_size: int,
+  seq_len: int,
+  vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
   """Returns batch `step`: random windows of `tokens`, fixed by (seed, step).
 
@@ -707,13 +702,13 @@ def get_batch(
 
 
 def eval_batches(
-    tokens: np.ndarray,
-    *,
-    batch_size: int,
-    seq_len: int,
-    n_batches: int,
-    seed: int = 0,
-    vocab_size: int | None = None,
+  tokens: np.ndarray,
+  *,
+  batch_size: int,
+  seq_len: int,
+  n_batches: int,
+  seed: int = 0,
+  vocab_size: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
   """Returns a fixed set of evaluation batches, the same for every run.
 
@@ -734,17 +729,12 @@ def eval_batches(
   """
   _check_batch_args(tokens, batch_size, seq_len)
   if n_batches < 1:
-    raise ValueError(
-        f"trainer.eval_batches (n_batches) must be positive, got {n_batches}")
+    raise ValueError(f"trainer.eval_batches (n_batches) must be positive, got {n_batches}")
   n_windows = n_batches * batch_size
   n_starts = len(tokens) - seq_len  # Valid offsets: [0, n_starts).
   edges = np.linspace(0, n_starts, n_windows + 1)
   # A stream of its own: it never coincides with a get_batch (seed, step).
-  rng = np.random.default_rng(
-      np.random.SeedSequence(int(seed), spawn_key=(_EVAL_STREAM,)))
+  rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_EVAL_STREAM,)))
   starts = np.floor(edges[:-1] + rng.random(n_windows) * np.diff(edges))
   starts = np.clip(starts.astype(np.int64), 0, n_starts - 1)
-  return [
-      _gather(tokens, s, seq_len, vocab_size)
-      for s in starts.reshape(n_batches, batch_size)
-  ]
+  return [_gather(tokens, s, seq_len, vocab_size) for s in starts.reshape(n_batches, batch_size)]

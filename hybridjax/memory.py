@@ -25,6 +25,7 @@ def process_rss_bytes() -> int:
       return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
   except (OSError, ValueError, IndexError):
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -39,8 +40,7 @@ def _buffers(a: jax.Array) -> list[tuple[tuple[int, object], int]]:
     devices = a.sharding.device_set
     if len(devices) == 1:  # the common case, kept cheap
       return [((next(iter(devices)).id, a.unsafe_buffer_pointer()), int(a.nbytes))]
-    return [((s.device.id, s.data.unsafe_buffer_pointer()), int(s.data.nbytes))
-            for s in a.addressable_shards]
+    return [((s.device.id, s.data.unsafe_buffer_pointer()), int(s.data.nbytes)) for s in a.addressable_shards]
   except Exception:  # deleted meanwhile, or no buffer pointers on this backend: count the object
     return [((-1, id(a)), int(a.nbytes))]
 
@@ -93,8 +93,7 @@ def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
   devices = [device] if device is not None else jax.local_devices()
   buffers = _live_buffers()
   live_bytes = int(sum(buffers.values()))
-  snap: dict[str, Any] = {"live_arrays": len(buffers), "live_bytes": live_bytes,
-                          "rss_bytes": process_rss_bytes()}
+  snap: dict[str, Any] = {"live_arrays": len(buffers), "live_bytes": live_bytes, "rss_bytes": process_rss_bytes()}
   if len(devices) > 1:
     per: dict[int, int] = {}
     for (device_id, _), nbytes in buffers.items():
@@ -105,14 +104,13 @@ def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
   if all(st and "bytes_in_use" in st for st in stats):
     fullest = max(stats, key=lambda st: st["bytes_in_use"])
     snap.update(
-        source="device.memory_stats" + suffix,
-        bytes_in_use=int(fullest["bytes_in_use"]),
-        peak_bytes_in_use=max(int(st.get("peak_bytes_in_use", st["bytes_in_use"])) for st in stats),
-        bytes_limit=int(fullest.get("bytes_limit", 0)),
+      source="device.memory_stats" + suffix,
+      bytes_in_use=int(fullest["bytes_in_use"]),
+      peak_bytes_in_use=max(int(st.get("peak_bytes_in_use", st["bytes_in_use"])) for st in stats),
+      bytes_limit=int(fullest.get("bytes_limit", 0)),
     )
   else:
-    snap.update(source="jax.live_arrays" + suffix,
-                bytes_in_use=snap.get("device_live_bytes", live_bytes))
+    snap.update(source="jax.live_arrays" + suffix, bytes_in_use=snap.get("device_live_bytes", live_bytes))
   return snap
 
 
@@ -147,15 +145,15 @@ class MemoryTracker:
       return {}
     ref = self.after_warmup or self.start
     return {
-        "source": self.last["source"],
-        "start_bytes": self.start["bytes_in_use"],
-        "peak_bytes": self.peak_bytes,
-        "end_bytes": self.last["bytes_in_use"],
-        "growth_bytes": self.last["bytes_in_use"] - ref["bytes_in_use"],
-        "start_rss": self.start["rss_bytes"],
-        "peak_rss": self.peak_rss,
-        "end_rss": self.last["rss_bytes"],
-        "rss_growth": self.last["rss_bytes"] - ref["rss_bytes"],
+      "source": self.last["source"],
+      "start_bytes": self.start["bytes_in_use"],
+      "peak_bytes": self.peak_bytes,
+      "end_bytes": self.last["bytes_in_use"],
+      "growth_bytes": self.last["bytes_in_use"] - ref["bytes_in_use"],
+      "start_rss": self.start["rss_bytes"],
+      "peak_rss": self.peak_rss,
+      "end_rss": self.last["rss_bytes"],
+      "rss_growth": self.last["rss_bytes"] - ref["rss_bytes"],
     }
 
 
@@ -167,8 +165,27 @@ def format_bytes(n: float) -> str:
   return f"{n:.1f} TiB"
 
 
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
-                "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_DTYPE_BYTES = {
+  "pred": 1,
+  "s4": 0.5,
+  "u4": 0.5,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
+}
 # `name = shape opcode(`; the shape may be a tuple `(...)`, names may or may not start with '%'.
 _INSTR = re.compile(
   r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w]+\[[^\]]*\](?:\{[^}]*\})?)\s+(?P<op>[\w\-]+)\("
@@ -203,8 +220,15 @@ def list_copies(hlo_text: str) -> list[dict[str, Any]]:
     m = _INSTR.match(line)
     if not m or m.group("op") not in ("copy", "copy-done") or comp in fused:
       continue
-    out.append({"name": m.group("name"), "shape": m.group("shape"), "bytes": _shape_bytes(m.group("shape")),
-                "computation": comp, "entry": entry})
+    out.append(
+      {
+        "name": m.group("name"),
+        "shape": m.group("shape"),
+        "bytes": _shape_bytes(m.group("shape")),
+        "computation": comp,
+        "entry": entry,
+      }
+    )
   return out
 
 

@@ -16,7 +16,8 @@ host loop (`hybridjax.loop`) are built on it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax
 import jax
@@ -143,7 +144,9 @@ def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainStat
   def zero():
     return jnp.zeros((), jnp.int32)
 
-  return TrainState(params=params, opt_state=tx.init(params), step=zero(), nonfinite_streak=zero(), nonfinite_total=zero())
+  return TrainState(
+    params=params, opt_state=tx.init(params), step=zero(), nonfinite_streak=zero(), nonfinite_total=zero()
+  )
 
 
 def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: jax.Array) -> TrainState:

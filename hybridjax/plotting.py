@@ -29,7 +29,8 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterable, Mapping, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
 
 import numpy as np
 from matplotlib import colormaps
@@ -45,15 +46,24 @@ from hybridjax.writers import read_jsonl
 WARMUP, FULL, PREDICT, CORRECT = Phase  # the integers the metrics store
 PHASE_COLORS = {"WARMUP": "#bdbdbd", "FULL": "#4c72b0", "PREDICT": "#ee8a35", "CORRECT": "#8e6bbf"}
 BAND_ALPHA = 0.28  # opacity of the phase bands: light enough to read the loss over them
-EVAL_X = {"step": "step", "train_s": "training seconds (compile, eval, checkpoints excluded)",
-          "backward_passes": "backward passes"}
-RUN_FIGURES = ("phase_timeline.png", "predicted_vs_realised.png", "alpha_by_group.png",
-               "velocity_norms.png", "memory.png")
+EVAL_X = {
+  "step": "step",
+  "train_s": "training seconds (compile, eval, checkpoints excluded)",
+  "backward_passes": "backward passes",
+}
+RUN_FIGURES = (
+  "phase_timeline.png",
+  "predicted_vs_realised.png",
+  "alpha_by_group.png",
+  "velocity_norms.png",
+  "memory.png",
+)
 COMPARISON_FIGURES = ("eval_vs_time.png", "eval_vs_backward.png", "memory.png")
 _DPI = 110
 
 
 # --- loading -----------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -65,6 +75,7 @@ class Run:
     records: kind ("train", "step", "eval", "memory", ...) -> records sorted by step.
     summary: summary.json, or {} while the run has not finished.
   """
+
   workdir: str
   name: str
   records: Mapping[str, tuple[dict[str, Any], ...]]
@@ -89,8 +100,7 @@ class Run:
   def series(self, kind: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of the records of `kind` that hold a scalar `key`; NaN for non-numbers."""
     recs = [r for r in self.kind(kind) if key in r and not isinstance(r[key], (list, dict))]
-    return (np.array([r["step"] for r in recs], np.int64),
-            np.array([_float(r[key]) for r in recs], np.float64))
+    return (np.array([r["step"] for r in recs], np.int64), np.array([_float(r[key]) for r in recs], np.float64))
 
   def group_names(self, n_groups: int | None = None) -> list[str]:
     """Names of the parameter groups, in the order of every per-group list in the metrics."""
@@ -114,16 +124,18 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.isfile(path):
     raise ValueError(
-        f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
-        "`python -m experiments.gpt2_small` run, or one run's folder inside a benchmark workdir")
+      f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
+      "`python -m experiments.gpt2_small` run, or one run's folder inside a benchmark workdir"
+    )
   lines = read_jsonl(path)
   summary: dict[str, Any] = {}
   summary_path = os.path.join(workdir, "summary.json")
   if os.path.isfile(summary_path):
     with open(summary_path, encoding="utf-8") as f:
       summary = json.load(f)
-  return Run(workdir=workdir, name=name or os.path.basename(os.path.normpath(workdir)),
-             records=_dedupe(lines), summary=summary)
+  return Run(
+    workdir=workdir, name=name or os.path.basename(os.path.normpath(workdir)), records=_dedupe(lines), summary=summary
+  )
 
 
 def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], ...]]:
@@ -182,26 +194,32 @@ def _as_runs(runs: Any) -> dict[str, Run]:
 
 def _require_hybrid(run: Run, what: str) -> None:
   if not run.is_hybrid:
-    raise ValueError(f"run {run.name!r} ({run.workdir}) is a {run.mode} run: {what} exists only "
-                     "in hybrid mode (--config.mode=hybrid)")
+    raise ValueError(
+      f"run {run.name!r} ({run.workdir}) is a {run.mode} run: {what} exists only in hybrid mode (--config.mode=hybrid)"
+    )
 
 
 def _trace(run: Run) -> dict[str, np.ndarray]:
   """The per-step trace of a hybrid run as arrays."""
   recs = run.kind("step")
   if not recs:
-    raise ValueError(f"run {run.name!r} ({run.workdir}) has no per-step records (kind 'step') in "
-                     "metrics.jsonl yet: they are written at every log step of a hybrid run")
+    raise ValueError(
+      f"run {run.name!r} ({run.workdir}) has no per-step records (kind 'step') in "
+      "metrics.jsonl yet: they are written at every log step of a hybrid run"
+    )
 
   def get(key: str) -> np.ndarray:
     return np.array([_float(r.get(key)) for r in recs])
 
-  return {"step": np.array([r["step"] for r in recs], np.int64),
-          "phase": np.array([int(r.get("phase", FULL)) for r in recs], np.int64),
-          "loss": get("loss"), "predicted_loss": get("predicted_loss"),
-          "confidence": get("confidence"),
-          "measured": np.array([bool(r.get("measured", True)) for r in recs]),
-          "diverged": np.array([bool(r.get("diverged", False)) for r in recs])}
+  return {
+    "step": np.array([r["step"] for r in recs], np.int64),
+    "phase": np.array([int(r.get("phase", FULL)) for r in recs], np.int64),
+    "loss": get("loss"),
+    "predicted_loss": get("predicted_loss"),
+    "confidence": get("confidence"),
+    "measured": np.array([bool(r.get("measured", True)) for r in recs]),
+    "diverged": np.array([bool(r.get("diverged", False)) for r in recs]),
+  }
 
 
 def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int]]:
@@ -215,12 +233,10 @@ def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int
   return out
 
 
-def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray,
-                 alpha: float = BAND_ALPHA) -> list[int]:
+def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray, alpha: float = BAND_ALPHA) -> list[int]:
   """Shades each phase segment (centred on its steps) behind the data; returns the phases seen."""
   for first, last, p in _segments(steps, phases):
-    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0,
-               zorder=0)
+    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0, zorder=0)
   return sorted(set(phases.tolist()))
 
 
@@ -244,8 +260,7 @@ def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray,
 
 def _group_legend(ax: Axes, n: int) -> None:
   # Outside the axes on the right: group names are long and the curves fill the plot.
-  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-            ncol=1 if n <= 20 else 2)
+  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 20 else 2)
 
 
 def _step_axis(ax: Axes, label: str = "step") -> None:
@@ -255,14 +270,15 @@ def _step_axis(ax: Axes, label: str = "step") -> None:
 
 
 def _note(ax: Axes, text: str) -> None:
-  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10,
-          color="0.4")
+  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.4")
 
 
 # --- single-run plots --------------------------------------------------------------------------
 
-def plot_phase_timeline(ax: Axes, run: RunLike, *, show_eval: bool = True,
-                        window: tuple[int, int] | None = None) -> Axes:
+
+def plot_phase_timeline(
+  ax: Axes, run: RunLike, *, show_eval: bool = True, window: tuple[int, int] | None = None
+) -> Axes:
   """The loss of every step over coloured phase bands (WARMUP, FULL, PREDICT, CORRECT).
 
   The line joins the measured losses (real steps and validated predicted steps). Predicted steps are
@@ -282,8 +298,9 @@ def plot_phase_timeline(ax: Axes, run: RunLike, *, show_eval: bool = True,
     steps, loss = run.series("train", "loss")
     if not len(steps):
       raise ValueError(f"run {run.name!r} ({run.workdir}) has no loss records in metrics.jsonl yet")
-    handles += ax.plot(steps, loss, color="0.25", lw=1.2, marker="o" if len(steps) < 30 else None,
-                       ms=3, label="train loss (logged)")
+    handles += ax.plot(
+      steps, loss, color="0.25", lw=1.2, marker="o" if len(steps) < 30 else None, ms=3, label="train loss (logged)"
+    )
     ax.set_title(f"{run.name}: {run.mode} (no phases: every step is a real step)")
     seen: list[int] = []
   else:
@@ -294,30 +311,61 @@ def plot_phase_timeline(ax: Axes, run: RunLike, *, show_eval: bool = True,
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
     pred = phase == PREDICT
     if np.any(pred & measured):
-      ax.scatter(s[pred & measured], loss[pred & measured], s=14, color=PHASE_COLORS["PREDICT"],
-                 edgecolor="black", linewidth=0.5, zorder=4)
-      handles.append(Line2D([], [], ls="", marker="o", ms=5, mfc=PHASE_COLORS["PREDICT"], mec="black",
-                            mew=0.5, label="predicted step, validated"))
+      ax.scatter(
+        s[pred & measured],
+        loss[pred & measured],
+        s=14,
+        color=PHASE_COLORS["PREDICT"],
+        edgecolor="black",
+        linewidth=0.5,
+        zorder=4,
+      )
+      handles.append(
+        Line2D(
+          [],
+          [],
+          ls="",
+          marker="o",
+          ms=5,
+          mfc=PHASE_COLORS["PREDICT"],
+          mec="black",
+          mew=0.5,
+          label="predicted step, validated",
+        )
+      )
     if np.any(pred & ~measured):
-      ax.scatter(s[pred & ~measured], t["predicted_loss"][pred & ~measured], s=16, facecolor="white",
-                 edgecolor=PHASE_COLORS["PREDICT"], linewidth=1.0, zorder=4)
-      handles.append(Line2D([], [], ls="", marker="o", ms=5, mfc="white", mec=PHASE_COLORS["PREDICT"],
-                            label="predicted step, not measured (predicted loss)"))
+      ax.scatter(
+        s[pred & ~measured],
+        t["predicted_loss"][pred & ~measured],
+        s=16,
+        facecolor="white",
+        edgecolor=PHASE_COLORS["PREDICT"],
+        linewidth=1.0,
+        zorder=4,
+      )
+      handles.append(
+        Line2D(
+          [],
+          [],
+          ls="",
+          marker="o",
+          ms=5,
+          mfc="white",
+          mec=PHASE_COLORS["PREDICT"],
+          label="predicted step, not measured (predicted loss)",
+        )
+      )
     if np.any(t["diverged"]):
-      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728",
-                 linewidth=1.2, zorder=5)
-      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2,
-                            label="validation diverged"))
+      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5)
+      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2, label="validation diverged"))
     _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
     bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
-    ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in "
-                 f"PREDICT{bwd_text})")
+    ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in PREDICT{bwd_text})")
   if show_eval:
     es, ev = run.series("eval", "eval_loss")
     if len(es):
       ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6)
-      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black",
-                            label="eval loss (held out)"))
+      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black", label="eval loss (held out)"))
   ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
   _step_axis(ax)
   ax.set_ylabel("loss")
@@ -373,8 +421,13 @@ def prediction_pairs(run: RunLike) -> dict[str, np.ndarray]:
   src = np.concatenate([idx_own, idx_real - 1])  # where the prediction (and confidence) came from
   order = np.argsort(s[idx], kind="stable")
   idx, src = idx[order], src[order]
-  out = {"step": s[idx], "phase": phase[idx], "predicted": t["predicted_loss"][src],
-         "realised": t["loss"][idx], "confidence": t["confidence"][src]}
+  out = {
+    "step": s[idx],
+    "phase": phase[idx],
+    "predicted": t["predicted_loss"][src],
+    "realised": t["loss"][idx],
+    "confidence": t["confidence"][src],
+  }
   ok = np.isfinite(out["predicted"]) & np.isfinite(out["realised"])
   return {k: v[ok] for k, v in out.items()}
 
@@ -387,8 +440,9 @@ def _after_warmup(p: dict[str, np.ndarray], include_warmup: bool) -> dict[str, n
   return {k: v[keep] for k, v in p.items()}
 
 
-def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase",
-                               include_warmup: bool = False) -> Axes:
+def plot_predicted_vs_realised(
+  ax: Axes, run: RunLike, *, color_by: str = "phase", include_warmup: bool = False
+) -> Axes:
   """Scatter of predicted against realised loss for measured steps, with the y = x line.
 
   Args:
@@ -410,14 +464,22 @@ def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase
       m = p["phase"] == ph
       err = np.median(np.abs(p["realised"][m] / p["predicted"][m] - 1.0))
       big = ph == PREDICT  # the few validated predicted steps must stand out from the real ones
-      ax.scatter(p["predicted"][m], p["realised"][m], s=22 if big else 8, alpha=0.9 if big else 0.5,
-                 color=PHASE_COLORS[PHASE_NAMES[ph]], edgecolor="black" if big else "none",
-                 linewidth=0.4, zorder=3 if big else 2,
-                 label=f"{PHASE_NAMES[ph]} (n={int(m.sum())}, median |err| {err:.1%})")
+      ax.scatter(
+        p["predicted"][m],
+        p["realised"][m],
+        s=22 if big else 8,
+        alpha=0.9 if big else 0.5,
+        color=PHASE_COLORS[PHASE_NAMES[ph]],
+        edgecolor="black" if big else "none",
+        linewidth=0.4,
+        zorder=3 if big else 2,
+        label=f"{PHASE_NAMES[ph]} (n={int(m.sum())}, median |err| {err:.1%})",
+      )
     ax.legend(fontsize=7.5, loc="upper left")
   else:
-    sc = ax.scatter(p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0,
-                    vmax=1.0, s=10, alpha=0.8)
+    sc = ax.scatter(
+      p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0, vmax=1.0, s=10, alpha=0.8
+    )
     ax.figure.colorbar(sc, ax=ax, label="confidence")
   lo = float(np.nanmin([p["predicted"].min(), p["realised"].min()]))
   hi = float(np.nanmax([p["predicted"].max(), p["realised"].max()]))
@@ -428,8 +490,7 @@ def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase
   return ax
 
 
-def plot_prediction_over_steps(ax: Axes, run: RunLike, *,
-                               include_warmup: bool = False) -> tuple[Axes, Axes]:
+def plot_prediction_over_steps(ax: Axes, run: RunLike, *, include_warmup: bool = False) -> tuple[Axes, Axes]:
   """Realised and predicted loss over steps (as `prediction_pairs` aligns them), with the
   controller's confidence on a twin axis and the PREDICT segments shaded.
 
@@ -451,8 +512,7 @@ def plot_prediction_over_steps(ax: Axes, run: RunLike, *,
   _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
   few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}
   ax.plot(p["step"], p["realised"], color="0.25", lw=0.7, label="realised loss", **few)
-  ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss",
-          **few)
+  ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss", **few)
   _step_axis(ax)
   ax.set_ylabel("loss")
   twin = ax.twinx()
@@ -501,8 +561,7 @@ def plot_velocity_norms(ax: Axes, run: RunLike) -> Axes:
   norms = np.array([[_float(v) for v in r["velocity_norm"]] for r in recs])
   names = run.group_names(norms.shape[1])
   for g, name in enumerate(names):
-    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name,
-            **_group_style(g))
+    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name, **_group_style(g))
   if np.all(norms[np.isfinite(norms)] > 0):
     ax.set_yscale("log")
   _step_axis(ax)
@@ -537,10 +596,10 @@ def plot_memory(ax: Axes, runs: Any) -> Axes:
     if not len(steps):
       continue
     source = (run.summary.get("memory") or {}).get("source") or next(
-        (r.get("source") for r in run.kind("memory") if r.get("source")), None)
+      (r.get("source") for r in run.kind("memory") if r.get("source")), None
+    )
     label = f"{name} ({source})" if source else name
-    ax.plot(steps, b / 2**20, lw=1.2, marker="o" if len(steps) < 40 else ".", ms=3,
-            color=f"C{i}", label=label)
+    ax.plot(steps, b / 2**20, lw=1.2, marker="o" if len(steps) < 40 else ".", ms=3, color=f"C{i}", label=label)
     drawn += 1
   if not drawn:
     _note(ax, "no memory readings")
@@ -587,8 +646,7 @@ def _cumulative(v: np.ndarray) -> np.ndarray:
   return out
 
 
-def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike],
-                     x: str = "step") -> Axes:
+def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike], x: str = "step") -> Axes:
   """Held-out eval loss of several runs against 'step', 'train_s' or 'backward_passes'.
 
   Args:
@@ -619,6 +677,7 @@ def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike],
 
 
 # --- saving ------------------------------------------------------------------------------------
+
 
 def _figure(width: float, height: float) -> Figure:
   return Figure(figsize=(width, height), layout="constrained")
@@ -680,8 +739,7 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   return paths
 
 
-def save_comparison_figures(runs: Mapping[str, RunLike] | Sequence[RunLike],
-                            out_dir: str) -> list[str]:
+def save_comparison_figures(runs: Mapping[str, RunLike] | Sequence[RunLike], out_dir: str) -> list[str]:
   """Writes eval_vs_time.png, eval_vs_backward.png and memory.png comparing `runs`; returns paths.
 
   Args:
@@ -701,8 +759,23 @@ def save_comparison_figures(runs: Mapping[str, RunLike] | Sequence[RunLike],
   return paths
 
 
-__all__ = ["Run", "load_run", "plot_phase_timeline", "prediction_pairs", "plot_predicted_vs_realised",
-           "plot_prediction_over_steps", "plot_alpha_by_group", "plot_velocity_norms",
-           "memory_series", "plot_memory", "eval_curve", "plot_eval_curves", "save_run_figures",
-           "save_comparison_figures", "PHASE_COLORS", "BAND_ALPHA", "RUN_FIGURES",
-           "COMPARISON_FIGURES"]
+__all__ = [
+  "Run",
+  "load_run",
+  "plot_phase_timeline",
+  "prediction_pairs",
+  "plot_predicted_vs_realised",
+  "plot_prediction_over_steps",
+  "plot_alpha_by_group",
+  "plot_velocity_norms",
+  "memory_series",
+  "plot_memory",
+  "eval_curve",
+  "plot_eval_curves",
+  "save_run_figures",
+  "save_comparison_figures",
+  "PHASE_COLORS",
+  "BAND_ALPHA",
+  "RUN_FIGURES",
+  "COMPARISON_FIGURES",
+]

@@ -23,12 +23,14 @@ mesh code spans them. Every process computes the same global batch (batches are 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from hybridjax import config as config_lib
 
@@ -45,8 +47,8 @@ BATCH_AXES = (DATA, FSDP)
 
 # --- mesh -----------------------------------------------------------------------------------------
 
-def make_mesh(config: ml_collections.ConfigDict,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+
+def make_mesh(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """The (data, fsdp) mesh that `config.mesh` names, over `devices` (default: all, every host).
 
   Raises:
@@ -67,11 +69,17 @@ def is_multi_device(mesh: Mesh | None) -> bool:
 
 def describe(mesh: Mesh) -> dict[str, Any]:
   """JSON-able facts about `mesh` for logs and summaries."""
-  return {"data": int(mesh.shape[DATA]), "fsdp": int(mesh.shape[FSDP]), "devices": int(mesh.size),
-          "processes": jax.process_count(), "platform": mesh.devices.flat[0].platform}
+  return {
+    "data": int(mesh.shape[DATA]),
+    "fsdp": int(mesh.shape[FSDP]),
+    "devices": int(mesh.size),
+    "processes": jax.process_count(),
+    "platform": mesh.devices.flat[0].platform,
+  }
 
 
 # --- shardings ------------------------------------------------------------------------------------
+
 
 def replicated(mesh: Mesh) -> NamedSharding:
   """A full copy on every device of `mesh`."""
@@ -117,15 +125,17 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   """Shardings of a `optim.TrainState`: params and optimizer state FSDP, the rest (the step and
   any counters) replicated."""
   rest = replicated_tree(abstract_state, mesh)
-  return rest.replace(params=fsdp_sharding(abstract_state.params, mesh),
-                      opt_state=fsdp_sharding(abstract_state.opt_state, mesh))
+  return rest.replace(
+    params=fsdp_sharding(abstract_state.params, mesh), opt_state=fsdp_sharding(abstract_state.opt_state, mesh)
+  )
 
 
 def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   """Shardings of a `hybrid.state.HybridState`: the train state and velocity FSDP, the rest replicated."""
   rest = replicated_tree(abstract_state, mesh)
-  return rest.replace(train=train_state_shardings(abstract_state.train, mesh),
-                      velocity=fsdp_sharding(abstract_state.velocity, mesh))
+  return rest.replace(
+    train=train_state_shardings(abstract_state.train, mesh), velocity=fsdp_sharding(abstract_state.velocity, mesh)
+  )
 
 
 def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
@@ -138,8 +148,10 @@ def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
   """
   if not is_multi_device(mesh):
     return {}
-  return {"in_shardings": (state_shardings, batch_sharding(mesh), replicated(mesh)),
-          "out_shardings": (state_shardings, replicated(mesh))}
+  return {
+    "in_shardings": (state_shardings, batch_sharding(mesh), replicated(mesh)),
+    "out_shardings": (state_shardings, replicated(mesh)),
+  }
 
 
 def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Callable[[], Any]:
@@ -156,20 +168,21 @@ def restore_target(abstract_state: Any, shardings: Any | None) -> Any:
   if shardings is None:
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shardings = jax.tree.map(lambda _: one, abstract_state)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      abstract_state, shardings)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
 
 
 # --- batches --------------------------------------------------------------------------------------
+
 
 def _check_batch_leaf(path: Any, x: Any, mesh: Mesh) -> None:
   n = mesh.size
   if np.ndim(x) == 0 or np.shape(x)[0] % n:
     name = jax.tree_util.keystr(path)
     raise ValueError(
-        f"batch leaf {name} has shape {np.shape(x)}: its dim 0 must be a multiple of the {n} "
-        f"devices of the mesh (mesh.data x mesh.fsdp); set --config.trainer.batch_size to a "
-        f"multiple of {n}")
+      f"batch leaf {name} has shape {np.shape(x)}: its dim 0 must be a multiple of the {n} "
+      f"devices of the mesh (mesh.data x mesh.fsdp); set --config.trainer.batch_size to a "
+      f"multiple of {n}"
+    )
 
 
 def shard_batch(batch: Mapping[str, Any], mesh: Mesh | None) -> Any:
@@ -188,6 +201,7 @@ def shard_batch(batch: Mapping[str, Any], mesh: Mesh | None) -> Any:
     _check_batch_leaf(path, x, mesh)
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
   return jax.tree_util.tree_map_with_path(put, batch)
 
 
@@ -206,10 +220,12 @@ def shard_local_batch(local_batch: Mapping[str, Any], mesh: Mesh) -> Any:
     global_shape = (x.shape[0] * n_proc,) + x.shape[1:] if x.ndim else x.shape
     _check_batch_leaf(path, np.empty(global_shape, np.int8), mesh)
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
   return jax.tree_util.tree_map_with_path(put, local_batch)
 
 
 # --- multi-host -----------------------------------------------------------------------------------
+
 
 def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
   """Calls `jax.distributed.initialize()` if `config.distributed.enabled`; True if it is running.
@@ -234,8 +250,9 @@ def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
     jax.distributed.initialize(**kwargs)
   except RuntimeError as e:
     raise RuntimeError(
-        f"--config.distributed.enabled: jax.distributed.initialize({kwargs}) failed: {e}\n"
-        "Call hybridjax.sharding.initialize_distributed(config) before anything uses JAX devices "
-        "(jax.devices(), jax.random, building params), and check the coordinator address and "
-        "process ids.") from e
+      f"--config.distributed.enabled: jax.distributed.initialize({kwargs}) failed: {e}\n"
+      "Call hybridjax.sharding.initialize_distributed(config) before anything uses JAX devices "
+      "(jax.devices(), jax.random, building params), and check the coordinator address and "
+      "process ids."
+    ) from e
   return True

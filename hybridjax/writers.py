@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class MetricWriter:
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported lazily: slow-ish import
+
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
   def write(self, step: int, metrics: Mapping[str, Any], *, kind: str = "train") -> None:

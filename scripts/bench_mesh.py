@@ -29,11 +29,13 @@ def main() -> None:
   args = ap.parse_args()
   if args.devices > 0:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={args.devices}")
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+    )
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
   import jax
+
   from experiments import gpt2_small as experiment
   from experiments.configs import gpt2_small as configs
 
@@ -49,8 +51,10 @@ def main() -> None:
   c.mesh.fsdp = args.fsdp
   with tempfile.TemporaryDirectory() as workdir:
     summary = experiment.run(c, workdir)
-  print(f"devices={jax.device_count()} mesh={summary['mesh']} mode={args.mode} "
-        f"preset={args.preset} batch={args.batch_size} steps={args.steps}")
+  print(
+    f"devices={jax.device_count()} mesh={summary['mesh']} mode={args.mode} "
+    f"preset={args.preset} batch={args.batch_size} steps={args.steps}"
+  )
   if "phase_ms_per_step" in summary:
     print(f"phase_ms_per_step={summary['phase_ms_per_step']}")
   print(f"ms_per_step={1e3 * summary['s_per_step']:.2f}")

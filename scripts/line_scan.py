@@ -4,10 +4,11 @@
                              [--velocity_beta 0.99]
 
 Trains the preset as `train` does, from the same initial params, with real steps only (hybrid with
-`enable_predict=False`, which is bit-exact with the baseline and also keeps the velocity), and at each step in `--at` evaluates the fixed held-out
-batches at theta + a * velocity for every a in `--alphas`, next to the loss after the same number
-of further *real* steps. This measures what a predicted step can gain at best there (one alpha for
-all groups), independent of the RSSM and the controller.
+`enable_predict=False`, which is bit-exact with the baseline and also keeps the velocity), and at
+each step in `--at` evaluates the fixed held-out batches at theta + a * velocity for every a in
+`--alphas`, next to the loss after the same number of further *real* steps. This measures what a
+predicted step can gain at best there (one alpha for all groups), independent of the RSSM and the
+controller.
 """
 
 from __future__ import annotations
@@ -50,13 +51,16 @@ def main(argv=None):
   full_step = jax.jit(step_lib.make_phase_step(ctx, Branch.FULL_STEP), donate_argnums=0)
   step_fn = lambda s, b: full_step(s, b, schedule)  # noqa: E731
   eval_fn = train_lib.make_eval_fn(task.loss_fn)
-  move = jax.jit(lambda p, v, a: features_lib.add_scaled_by_group(
-      ctx.groups, p, a * np.ones(ctx.groups.n_groups, np.float32), v))
+  move = jax.jit(
+    lambda p, v, a: features_lib.add_scaled_by_group(ctx.groups, p, a * np.ones(ctx.groups.n_groups, np.float32), v)
+  )
   evaluate = lambda p: train_lib.evaluate(eval_fn, p, task.eval_batches)  # noqa: E731
 
   kmax = int(max(alphas))
-  print(f"preset {args.preset}, velocity_beta {args.velocity_beta}; eval loss at theta + a*v "
-        f"(a = {alphas}) vs after k further real steps (k = a)")
+  print(
+    f"preset {args.preset}, velocity_beta {args.velocity_beta}; eval loss at theta + a*v "
+    f"(a = {alphas}) vs after k further real steps (k = a)"
+  )
   step = 0
   for target in at:
     while step < target:

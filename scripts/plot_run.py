@@ -22,12 +22,14 @@ from hybridjax import plotting  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("workdir", help="a run directory (holds metrics.jsonl)")
   parser.add_argument("--out", default=None, help="output folder (default: WORKDIR/plots)")
-  parser.add_argument("--compare", nargs="+", default=[], metavar="OTHER_WORKDIR",
-                      help="other run directories to compare WORKDIR with")
+  parser.add_argument(
+    "--compare", nargs="+", default=[], metavar="OTHER_WORKDIR", help="other run directories to compare WORKDIR with"
+  )
   args = parser.parse_args(argv)
   try:
     out = args.out or os.path.join(args.workdir, "plots")

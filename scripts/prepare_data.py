@@ -20,33 +20,31 @@ from hybridjax import data
 
 # The config fields that error messages name, and their flags here.
 _FLAG_FOR_FIELD = {
-    "data.path": "--input",
-    "data.tokenizer": "--tokenizer",
-    "data.val_fraction": "--val_fraction",
+  "data.path": "--input",
+  "data.tokenizer": "--tokenizer",
+  "data.val_fraction": "--val_fraction",
 }
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
-      description=__doc__.splitlines()[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+    description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument(
-      "--input", default="",
-      help="a text file or a folder of text files; '' (the default) is the "
-      "bundled Shakespeare corpus")
+    "--input",
+    default="",
+    help="a text file or a folder of text files; '' (the default) is the bundled Shakespeare corpus",
+  )
+  parser.add_argument("--tokenizer", default="byte", choices=data.TOKENIZERS, help="the tokenizer (default: byte)")
+  parser.add_argument("--out_dir", default="", help="where to write the files; '' (the default) is the data cache")
   parser.add_argument(
-      "--tokenizer", default="byte", choices=data.TOKENIZERS,
-      help="the tokenizer (default: byte)")
+    "--cache_dir",
+    default="",
+    help="the cache root when --out_dir is not given; '' is $HYBRIDJAX_CACHE or ~/.cache/hybridjax/data",
+  )
   parser.add_argument(
-      "--out_dir", default="",
-      help="where to write the files; '' (the default) is the data cache")
-  parser.add_argument(
-      "--cache_dir", default="",
-      help="the cache root when --out_dir is not given; '' is "
-      "$HYBRIDJAX_CACHE or ~/.cache/hybridjax/data")
-  parser.add_argument(
-      "--val_fraction", type=float, default=0.1,
-      help="share of the tokens, at the end, held out for validation")
+    "--val_fraction", type=float, default=0.1, help="share of the tokens, at the end, held out for validation"
+  )
   return parser.parse_args(argv)
 
 
@@ -57,11 +55,14 @@ def main(argv: list[str] | None = None) -> int:
   start = time.perf_counter()
   try:
     prepared = data.prepare_corpus(
-        args.input, args.tokenizer, cache_dir=args.cache_dir or None,
-        val_fraction=args.val_fraction, out_dir=args.out_dir or None)
+      args.input,
+      args.tokenizer,
+      cache_dir=args.cache_dir or None,
+      val_fraction=args.val_fraction,
+      out_dir=args.out_dir or None,
+    )
   except (ValueError, FileNotFoundError) as e:
-    flags = ", ".join(f"{field} is {flag}" for field, flag in
-                      _FLAG_FOR_FIELD.items() if field in str(e))
+    flags = ", ".join(f"{field} is {flag}" for field, flag in _FLAG_FOR_FIELD.items() if field in str(e))
     print(f"error: {e}", file=sys.stderr)
     if flags:
       print(f"(on this command line, {flags})", file=sys.stderr)
@@ -71,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
   meta = prepared.meta
   print(f"source:     {meta['source']} ({len(meta['files'])} file(s))")
   print(f"tokenizer:  {prepared.tokenizer} (vocab {prepared.vocab_size})")
-  print(f"tokens:     {meta['n_tokens']:,} = train {prepared.n_train:,} "
-        f"+ val {prepared.n_val:,}")
+  print(f"tokens:     {meta['n_tokens']:,} = train {prepared.n_train:,} + val {prepared.n_val:,}")
   print(f"train:      {prepared.train_path}")
   print(f"val:        {prepared.val_path}")
   print(f"time:       {elapsed:.2f}s")

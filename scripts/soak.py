@@ -28,7 +28,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,8 +50,9 @@ def _trim_heap() -> None:
     pass
 
 
-def run_soak(config: ml_collections.ConfigDict, workdir: str, task: Mapping[str, Any],
-             report_every: int, verbose: bool = False) -> dict[str, Any]:
+def run_soak(
+  config: ml_collections.ConfigDict, workdir: str, task: Mapping[str, Any], report_every: int, verbose: bool = False
+) -> dict[str, Any]:
   """Trains `config` on `task` (keyword arguments of `loop.train.train`) and measures memory/health.
 
   Args:
@@ -69,9 +71,14 @@ def run_soak(config: ml_collections.ConfigDict, workdir: str, task: Mapping[str,
   config.trainer.log_every = report_every  # a reading at every log, which is one device read
   readings: list[dict[str, Any]] = []
   t0 = time.perf_counter()
-  report: dict[str, Any] = {"steps": config.trainer.steps, "mode": config.mode,
-                            "checkpoint_every": config.trainer.checkpoint_every,
-                            "report_every": report_every, "complete": False, "readings": readings}
+  report: dict[str, Any] = {
+    "steps": config.trainer.steps,
+    "mode": config.mode,
+    "checkpoint_every": config.trainer.checkpoint_every,
+    "report_every": report_every,
+    "complete": False,
+    "readings": readings,
+  }
   path = os.path.join(workdir, "soak.json")
 
   def write() -> None:  # after every reading: a soak that dies still leaves its figures
@@ -95,17 +102,24 @@ def run_soak(config: ml_collections.ConfigDict, workdir: str, task: Mapping[str,
     gc.collect()  # orbax saves leave reference cycles; count what is really held
     _trim_heap()
     n_live, live_bytes = memory_lib.live_array_stats()
-    r = {"step": step, "wall_s": round(time.perf_counter() - t0, 2), "live_arrays": n_live,
-         "live_bytes": live_bytes, "rss_bytes": memory_lib.process_rss_bytes(),
-         "health_events": int(record.get("health_events", 0)),
-         "nonfinite_streak": int(record.get("nonfinite_streak", 0)),
-         "loss": float(record["loss"]),
-         "phase": int(record.get("phase_now", record.get("phase", 0)))}
+    r = {
+      "step": step,
+      "wall_s": round(time.perf_counter() - t0, 2),
+      "live_arrays": n_live,
+      "live_bytes": live_bytes,
+      "rss_bytes": memory_lib.process_rss_bytes(),
+      "health_events": int(record.get("health_events", 0)),
+      "nonfinite_streak": int(record.get("nonfinite_streak", 0)),
+      "loss": float(record["loss"]),
+      "phase": int(record.get("phase_now", record.get("phase", 0))),
+    }
     readings.append(r)
     if verbose:
-      print(f"soak step {step}: live {n_live} arrays / {live_bytes} B, RSS "
-            f"{memory_lib.format_bytes(r['rss_bytes'])}, health events {r['health_events']}",
-            flush=True)
+      print(
+        f"soak step {step}: live {n_live} arrays / {live_bytes} B, RSS "
+        f"{memory_lib.format_bytes(r['rss_bytes'])}, health events {r['health_events']}",
+        flush=True,
+      )
     write()
 
   ckpt_lib.save = save
@@ -126,50 +140,59 @@ def growth_figures(readings: list[dict[str, Any]]) -> dict[str, Any]:
     return {}
   first, last = readings[min(1, len(readings) - 1)], readings[-1]
   live = [r["live_bytes"] for r in readings]
-  return {"live_bytes_first": first["live_bytes"], "live_bytes_last": last["live_bytes"],
-          "live_bytes_min": min(live), "live_bytes_max": max(live),
-          "live_bytes_growth": last["live_bytes"] - first["live_bytes"],
-          "rss_first": first["rss_bytes"], "rss_last": last["rss_bytes"],
-          "rss_max": max(r["rss_bytes"] for r in readings),
-          "rss_growth": last["rss_bytes"] - first["rss_bytes"],
-          "rss_growth_fraction": ((last["rss_bytes"] - first["rss_bytes"]) /
-                                  max(first["rss_bytes"], 1)),
-          "health_events": last["health_events"]}
+  return {
+    "live_bytes_first": first["live_bytes"],
+    "live_bytes_last": last["live_bytes"],
+    "live_bytes_min": min(live),
+    "live_bytes_max": max(live),
+    "live_bytes_growth": last["live_bytes"] - first["live_bytes"],
+    "rss_first": first["rss_bytes"],
+    "rss_last": last["rss_bytes"],
+    "rss_max": max(r["rss_bytes"] for r in readings),
+    "rss_growth": last["rss_bytes"] - first["rss_bytes"],
+    "rss_growth_fraction": ((last["rss_bytes"] - first["rss_bytes"]) / max(first["rss_bytes"], 1)),
+    "health_events": last["health_events"],
+  }
 
 
 def format_report(report: Mapping[str, Any]) -> str:
   """The readings as a table, then the growth figures and the health events by kind."""
   fb = memory_lib.format_bytes
-  lines = [f"{'step':>7} {'wall s':>8} {'live arrays':>11} {'live bytes':>12} {'RSS':>10} "
-           f"{'health':>6} {'loss':>8}"]
+  lines = [f"{'step':>7} {'wall s':>8} {'live arrays':>11} {'live bytes':>12} {'RSS':>10} {'health':>6} {'loss':>8}"]
   for r in report["readings"]:
-    lines.append(f"{r['step']:>7} {r['wall_s']:>8.1f} {r['live_arrays']:>11} {r['live_bytes']:>12} "
-                 f"{fb(r['rss_bytes']):>10} {r['health_events']:>6} {r['loss']:>8.4f}")
+    lines.append(
+      f"{r['step']:>7} {r['wall_s']:>8.1f} {r['live_arrays']:>11} {r['live_bytes']:>12} "
+      f"{fb(r['rss_bytes']):>10} {r['health_events']:>6} {r['loss']:>8.4f}"
+    )
   if report["readings"]:
     lines.append(
-        f"from the second reading on: live bytes first {report['live_bytes_first']} B, last "
-        f"{report['live_bytes_last']} B, growth {report['live_bytes_growth']} B; range over all "
-        f"readings [{report['live_bytes_min']}, {report['live_bytes_max']}] B")
-    lines.append(f"RSS: first {fb(report['rss_first'])}, last {fb(report['rss_last'])}, max "
-                 f"{fb(report['rss_max'])}, growth {fb(report['rss_growth'])} "
-                 f"({report['rss_growth_fraction']:+.2%})")
+      f"from the second reading on: live bytes first {report['live_bytes_first']} B, last "
+      f"{report['live_bytes_last']} B, growth {report['live_bytes_growth']} B; range over all "
+      f"readings [{report['live_bytes_min']}, {report['live_bytes_max']}] B"
+    )
+    lines.append(
+      f"RSS: first {fb(report['rss_first'])}, last {fb(report['rss_last'])}, max "
+      f"{fb(report['rss_max'])}, growth {fb(report['rss_growth'])} "
+      f"({report['rss_growth_fraction']:+.2%})"
+    )
   s = report["summary"]
   if "health_events" in s:
     lines.append(f"health events: {s['health_events']}")
-  lines.append(f"steps skipped as non-finite: {s.get('nonfinite_skipped', 0)}; rollbacks: "
-               f"{s.get('rollbacks', 0)}; predict fraction: {s.get('predict_fraction', 0):.1%}")
+  lines.append(
+    f"steps skipped as non-finite: {s.get('nonfinite_skipped', 0)}; rollbacks: "
+    f"{s.get('rollbacks', 0)}; predict fraction: {s.get('predict_fraction', 0):.1%}"
+  )
   return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--steps", type=int, default=5000, help="training steps (default 5000)")
   parser.add_argument("--workdir", default="", help="run directory (default runs/soak-<time>)")
-  parser.add_argument("--checkpoint_every", type=int, default=100,
-                      help="steps between checkpoints (default 100)")
-  parser.add_argument("--report_every", type=int, default=250,
-                      help="steps between memory readings (default 250)")
+  parser.add_argument("--checkpoint_every", type=int, default=100, help="steps between checkpoints (default 100)")
+  parser.add_argument("--report_every", type=int, default=250, help="steps between memory readings (default 250)")
   parser.add_argument("--preset", default="tiny", help="GPT-2 preset: tiny (default) or small")
   parser.add_argument("--mode", default="hybrid", choices=("hybrid", "baseline"))
   args = parser.parse_args(argv)
@@ -187,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     config.trainer.eval_every = 0  # eval once at the end: the soak is about the training loop
     config.trainer.progress = False
     config_lib.validate(config)
-    workdir = args.workdir or os.path.join(
-        "runs", f"soak-{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    workdir = args.workdir or os.path.join("runs", f"soak-{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     task = experiment.build_task(config).train_kwargs()
-    print(f"soak: {args.preset} {args.mode}, {args.steps} steps, checkpoint every "
-          f"{args.checkpoint_every}, reading every {args.report_every}, workdir {workdir}",
-          flush=True)
+    print(
+      f"soak: {args.preset} {args.mode}, {args.steps} steps, checkpoint every "
+      f"{args.checkpoint_every}, reading every {args.report_every}, workdir {workdir}",
+      flush=True,
+    )
     report = run_soak(config, workdir, task, args.report_every, verbose=True)
   except (ValueError, FileNotFoundError, train_lib.TrainingDiverged) as e:
     print(f"error: {e}", file=sys.stderr)

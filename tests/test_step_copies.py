@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 from conftest import STD, small_hybrid_config
 
-from hybridjax import memory, optim
 from hybridjax import config as config_lib
+from hybridjax import memory, optim
 from hybridjax.hybrid import step as step_lib
 from hybridjax.loop import drivers
 from hybridjax.models import mlp
@@ -25,14 +25,19 @@ from hybridjax.models import mlp
 ENTRY_COPY_LIMIT_BYTES = 1024
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup():
   net = mlp.MLP(features=(16, 16), n_out=1)
   x, y = mlp.make_regression_problem(0, n_in=4)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
   oc = config_lib.default_optim_config()
-  ctx = drivers.make_context(small_hybrid_config(**STD), loss_fn=mlp.make_loss_fn(net), tx=optim.make_optimizer(oc),
-                             params_shape=params, total_steps=100)
+  ctx = drivers.make_context(
+    small_hybrid_config(**STD),
+    loss_fn=mlp.make_loss_fn(net),
+    tx=optim.make_optimizer(oc),
+    params_shape=params,
+    total_steps=100,
+  )
   state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
   batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
   return ctx, state, batch, optim.make_schedule(oc, 100)
@@ -40,8 +45,11 @@ def _setup():
 
 def _compile(fn, batch=None):
   ctx, state, one_batch, schedule = _setup()
-  return jax.jit(lambda s, b, k: fn(ctx, s, b, k), donate_argnums=0, keep_unused=True).lower(
-    state, one_batch if batch is None else batch, schedule).compile()
+  return (
+    jax.jit(lambda s, b, k: fn(ctx, s, b, k), donate_argnums=0, keep_unused=True)
+    .lower(state, one_batch if batch is None else batch, schedule)
+    .compile()
+  )
 
 
 def _state_bytes() -> int:
@@ -76,6 +84,8 @@ def test_the_check_catches_a_lax_switch_and_the_fused_step_copies_only_what_the_
   _, switch_bytes = memory.count_copies(_compile(_lax_switch_step), entry_only=True)
   assert switch_bytes >= 0.9 * _state_bytes()  # the copy-back of the whole state: the test can fail
   fused = memory.count_copies(_compile(step_lib.hybrid_step))
-  own = [memory.count_copies(_compile(lambda c, s, b, k, i=i: step_lib.make_phase_step(c, i)(s, b, k)))
-         for i in range(len(step_lib.TRANSITIONS))]
+  own = [
+    memory.count_copies(_compile(lambda c, s, b, k, i=i: step_lib.make_phase_step(c, i)(s, b, k)))
+    for i in range(len(step_lib.TRANSITIONS))
+  ]
   assert fused[1] <= sum(b for _, b in own) + ENTRY_COPY_LIMIT_BYTES, (fused, own)

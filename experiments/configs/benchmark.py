@@ -20,8 +20,10 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   """Returns the benchmark config for `preset` ('tiny', 'quick', 'small' or '124m')."""
   preset = preset or "tiny"
   if preset not in ("tiny", "quick", "small", "124m"):
-    raise ValueError(f"unknown benchmark preset {preset!r}: use tiny, quick, small or 124m, e.g. "
-                     "--config=experiments/configs/benchmark.py:quick")
+    raise ValueError(
+      f"unknown benchmark preset {preset!r}: use tiny, quick, small or 124m, e.g. "
+      "--config=experiments/configs/benchmark.py:quick"
+    )
   c = gpt2_small.get_config("tiny,micro" if preset == "quick" else preset)
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False

@@ -22,14 +22,14 @@ from hybridjax.models import gpt2
 
 # Per-preset training settings. The model shapes come from `gpt2.PRESETS`.
 _TRAINER = {
-    "tiny": dict(steps=600, batch_size=16, eval_every=100, eval_batches=8, log_every=20),
-    "small": dict(steps=3000, batch_size=32, eval_every=250, eval_batches=16, log_every=50),
-    "124m": dict(steps=5000, batch_size=32, eval_every=250, eval_batches=20, log_every=10),
+  "tiny": dict(steps=600, batch_size=16, eval_every=100, eval_batches=8, log_every=20),
+  "small": dict(steps=3000, batch_size=32, eval_every=250, eval_batches=16, log_every=50),
+  "124m": dict(steps=5000, batch_size=32, eval_every=250, eval_batches=20, log_every=10),
 }
 _OPTIM = {
-    "tiny": dict(learning_rate=3e-3, warmup_steps=50),
-    "small": dict(learning_rate=2e-3, warmup_steps=150),
-    "124m": dict(learning_rate=6e-4, warmup_steps=200),
+  "tiny": dict(learning_rate=3e-3, warmup_steps=50),
+  "small": dict(learning_rate=2e-3, warmup_steps=150),
+  "124m": dict(learning_rate=6e-4, warmup_steps=200),
 }
 
 
@@ -52,12 +52,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   for v in variants:
     if v not in VARIANTS:
       raise ValueError(
-          f"unknown preset variant {v!r} in {arg!r}: use one of {list(VARIANTS)}, e.g. "
-          "--config=experiments/configs/gpt2_small.py:tiny,micro")
+        f"unknown preset variant {v!r} in {arg!r}: use one of {list(VARIANTS)}, e.g. "
+        "--config=experiments/configs/gpt2_small.py:tiny,micro"
+      )
   if preset not in gpt2.PRESETS:
     raise ValueError(
-        f"unknown preset {preset!r}: use one of {sorted(gpt2.PRESETS)}, e.g. "
-        "--config=experiments/configs/gpt2_small.py:tiny")
+      f"unknown preset {preset!r}: use one of {sorted(gpt2.PRESETS)}, e.g. "
+      "--config=experiments/configs/gpt2_small.py:tiny"
+    )
   c = ml_collections.ConfigDict()
   c.preset = preset
   c.mode = "baseline"  # 'baseline' (plain optax loop) | 'hybrid'

@@ -34,9 +34,10 @@ def push_error(ctrl: Controller, rel_error: jax.Array, enabled: jax.Array) -> Co
   n = ctrl.errors.shape[0]
   ok = enabled & jnp.isfinite(rel_error)
   return ctrl.replace(
-      errors=jnp.where(ok, ctrl.errors.at[i].set(rel_error), ctrl.errors),
-      errors_valid=jnp.where(ok, ctrl.errors_valid.at[i].set(True), ctrl.errors_valid),
-      errors_pos=jnp.where(ok, (i + 1) % n, i))
+    errors=jnp.where(ok, ctrl.errors.at[i].set(rel_error), ctrl.errors),
+    errors_valid=jnp.where(ok, ctrl.errors_valid.at[i].set(True), ctrl.errors_valid),
+    errors_pos=jnp.where(ok, (i + 1) % n, i),
+  )
 
 
 def relative_error(logloss: jax.Array, predicted_logloss: jax.Array) -> jax.Array:
@@ -69,8 +70,9 @@ def horizon_for(confidence: jax.Array, s: ControllerSettings) -> jax.Array:
   return jnp.clip(h, 1, s.max_predict_steps).astype(jnp.int32)
 
 
-def update_real_stats(ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array,
-                      finite: jax.Array, s: ControllerSettings) -> tuple[Controller, jax.Array, jax.Array]:
+def update_real_stats(
+  ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array, finite: jax.Array, s: ControllerSettings
+) -> tuple[Controller, jax.Array, jax.Array]:
   """Updates the loss/gradient statistics after a real step and checks them.
 
   Returns (controller, grad_explosion, loss_spike). Statistics are compared before they absorb this
@@ -78,8 +80,7 @@ def update_real_stats(ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array
   """
   warm = ctrl.real_count >= HEALTH_WARMUP
   explosion = finite & warm & (grad_norm > s.grad_explosion_factor * ctrl.grad_norm_ema)
-  spike = finite & warm & (logloss > ctrl.loss_mean + s.loss_spike_sigma *
-                           jnp.sqrt(ctrl.loss_var + 1e-8))
+  spike = finite & warm & (logloss > ctrl.loss_mean + s.loss_spike_sigma * jnp.sqrt(ctrl.loss_var + 1e-8))
   first = ctrl.real_count == 0
   a = 0.05
   mean = jnp.where(first, logloss, (1 - a) * ctrl.loss_mean + a * logloss)
@@ -87,17 +88,16 @@ def update_real_stats(ctrl: Controller, logloss: jax.Array, grad_norm: jax.Array
   # A spike or explosion does not enter the baselines it was measured against.
   absorb = finite & ~explosion & ~spike
   new = ctrl.replace(
-      ema_fast=jnp.where(finite, jnp.where(first, logloss, 0.7 * ctrl.ema_fast + 0.3 * logloss),
-                         ctrl.ema_fast),
-      ema_slow=jnp.where(finite, jnp.where(first, logloss, 0.97 * ctrl.ema_slow + 0.03 * logloss),
-                         ctrl.ema_slow),
-      loss_mean=jnp.where(absorb, mean, ctrl.loss_mean),
-      loss_var=jnp.where(absorb, var, ctrl.loss_var),
-      grad_norm_ema=jnp.where(absorb, jnp.where(first, grad_norm,
-                                                0.9 * ctrl.grad_norm_ema + 0.1 * grad_norm),
-                              ctrl.grad_norm_ema),
-      real_count=ctrl.real_count + finite.astype(jnp.int32),
-      last_logloss=jnp.where(finite, logloss, ctrl.last_logloss))
+    ema_fast=jnp.where(finite, jnp.where(first, logloss, 0.7 * ctrl.ema_fast + 0.3 * logloss), ctrl.ema_fast),
+    ema_slow=jnp.where(finite, jnp.where(first, logloss, 0.97 * ctrl.ema_slow + 0.03 * logloss), ctrl.ema_slow),
+    loss_mean=jnp.where(absorb, mean, ctrl.loss_mean),
+    loss_var=jnp.where(absorb, var, ctrl.loss_var),
+    grad_norm_ema=jnp.where(
+      absorb, jnp.where(first, grad_norm, 0.9 * ctrl.grad_norm_ema + 0.1 * grad_norm), ctrl.grad_norm_ema
+    ),
+    real_count=ctrl.real_count + finite.astype(jnp.int32),
+    last_logloss=jnp.where(finite, logloss, ctrl.last_logloss),
+  )
   return new, explosion, spike
 
 
@@ -106,9 +106,8 @@ def next_branch(phase: jax.Array, steps_in_phase: jax.Array, s: ControllerSettin
   micro = jnp.asarray(False)
   if s.correction_interval > 0:
     # A micro-correction: one real step every `correction_interval` predict steps.
-    micro = ((steps_in_phase + 1) % (s.correction_interval + 1) == 0)
-  branch = jnp.where(phase == Phase.PREDICT, jnp.where(micro, Branch.FULL_STEP, Branch.PREDICT_STEP),
-                     Branch.FULL_STEP)
+    micro = (steps_in_phase + 1) % (s.correction_interval + 1) == 0
+  branch = jnp.where(phase == Phase.PREDICT, jnp.where(micro, Branch.FULL_STEP, Branch.PREDICT_STEP), Branch.FULL_STEP)
   branch = jnp.where((phase == Phase.CORRECT) & (steps_in_phase == 0), Branch.CORRECT_STEP, branch)
   return branch.astype(jnp.int32)
 
@@ -138,8 +137,7 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
   events = ctrl.events + jnp.stack([nonfinite, explosion, spike, prediction_failure]).astype(jnp.int32)
   cooldown = jnp.where(health, s.cooldown_steps, jnp.maximum(ctrl.cooldown - 1, 0))
 
-  eligible = (s.enable_predict & (cooldown == 0) &
-              (ctrl.confidence >= s.confidence_threshold) & ~health)
+  eligible = s.enable_predict & (cooldown == 0) & (ctrl.confidence >= s.confidence_threshold) & ~health
   # Any health event ends PREDICT (a gradient explosion or loss spike in a micro-correction too), so
   # the phase goes to FULL via CORRECT, as the transition table says.
   predict_done = in_predict & (bad_predict | (k >= ctrl.horizon) | health)
@@ -147,34 +145,38 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
   nxt = jnp.where((phase == Phase.WARMUP) & (k >= s.warmup_steps), Phase.FULL, nxt)
   nxt = jnp.where((phase == Phase.FULL) & (k >= s.full_steps) & eligible, Phase.PREDICT, nxt)
   nxt = jnp.where(predict_done, Phase.CORRECT, nxt)
-  nxt = jnp.where((phase == Phase.CORRECT) & (k >= s.correct_steps),
-                  jnp.where(eligible, Phase.PREDICT, Phase.FULL), nxt)
+  nxt = jnp.where(
+    (phase == Phase.CORRECT) & (k >= s.correct_steps), jnp.where(eligible, Phase.PREDICT, Phase.FULL), nxt
+  )
   nxt = jnp.where((phase == Phase.CORRECT) & health, Phase.FULL, nxt)
   nxt = nxt.astype(jnp.int32)
   changed = nxt != phase
   entering_predict = changed & (nxt == Phase.PREDICT)
   steps_in_phase = jnp.where(changed, 0, k).astype(jnp.int32)
 
-  exit_reason = jnp.where(nonfinite_prediction | nonfinite, Exit.NONFINITE,
-                          jnp.where(diverged, Exit.DIVERGED, Exit.HORIZON))
+  exit_reason = jnp.where(
+    nonfinite_prediction | nonfinite, Exit.NONFINITE, jnp.where(diverged, Exit.DIVERGED, Exit.HORIZON)
+  )
   # A good segment resets the failure count.
   failures = jnp.where(predict_done & ~bad_predict, 0, failures)
   rolled = predict_done & jnp.any(rollback_alpha != 0)
   new = ctrl.replace(
-      phase=nxt, steps_in_phase=steps_in_phase,
-      horizon=jnp.where(entering_predict, horizon_for(ctrl.confidence, s), ctrl.horizon),
-      start_logloss=jnp.where(entering_predict, ctrl.ema_fast, ctrl.start_logloss),
-      alpha_since_good=jnp.where(entering_predict, 0.0, ctrl.alpha_since_good),
-      plan_offset=jnp.where(entering_predict, 0, ctrl.plan_offset),
-      rollback_alpha=jnp.where(predict_done, rollback_alpha, ctrl.rollback_alpha),
-      last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, Exit.NONE,
-                                                               ctrl.last_exit)),
-      cooldown=cooldown.astype(jnp.int32), consecutive_failures=failures.astype(jnp.int32),
-      events=events,
-      phase_steps=ctrl.phase_steps.at[phase].add(1),
-      backward_passes=ctrl.backward_passes + was_real.astype(jnp.int32),
-      forward_passes=ctrl.forward_passes + validated.astype(jnp.int32),
-      predict_phases=ctrl.predict_phases + entering_predict.astype(jnp.int32),
-      rollbacks=ctrl.rollbacks + rolled.astype(jnp.int32),
-      prev_was_real=was_real)
+    phase=nxt,
+    steps_in_phase=steps_in_phase,
+    horizon=jnp.where(entering_predict, horizon_for(ctrl.confidence, s), ctrl.horizon),
+    start_logloss=jnp.where(entering_predict, ctrl.ema_fast, ctrl.start_logloss),
+    alpha_since_good=jnp.where(entering_predict, 0.0, ctrl.alpha_since_good),
+    plan_offset=jnp.where(entering_predict, 0, ctrl.plan_offset),
+    rollback_alpha=jnp.where(predict_done, rollback_alpha, ctrl.rollback_alpha),
+    last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, Exit.NONE, ctrl.last_exit)),
+    cooldown=cooldown.astype(jnp.int32),
+    consecutive_failures=failures.astype(jnp.int32),
+    events=events,
+    phase_steps=ctrl.phase_steps.at[phase].add(1),
+    backward_passes=ctrl.backward_passes + was_real.astype(jnp.int32),
+    forward_passes=ctrl.forward_passes + validated.astype(jnp.int32),
+    predict_phases=ctrl.predict_phases + entering_predict.astype(jnp.int32),
+    rollbacks=ctrl.rollbacks + rolled.astype(jnp.int32),
+    prev_was_real=was_real,
+  )
   return new.replace(next_branch=next_branch(nxt, steps_in_phase, s))

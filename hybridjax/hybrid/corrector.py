@@ -60,28 +60,38 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
 
 
-def init_corrector(rng: jax.Array, feature_dim: int, capacity: int, hidden: int,
-                   learning_rate: float) -> CorrectorState:
+def init_corrector(
+  rng: jax.Array, feature_dim: int, capacity: int, hidden: int, learning_rate: float
+) -> CorrectorState:
   model = CorrectorMLP(hidden)
   params = model.init(rng, jnp.zeros((feature_dim,)), jnp.zeros(()))["params"]
   return CorrectorState(
-      params=params, opt_state=make_optimizer(learning_rate).init(params),
-      x=jnp.zeros((capacity, feature_dim), jnp.float32), pos=jnp.zeros((capacity,), jnp.float32),
-      target_delta=jnp.zeros((capacity,), jnp.float32),
-      target_log_scale=jnp.zeros((capacity,), jnp.float32),
-      valid=jnp.zeros((capacity,), bool), write=jnp.zeros((), jnp.int32),
-      updates=jnp.zeros((), jnp.int32))
+    params=params,
+    opt_state=make_optimizer(learning_rate).init(params),
+    x=jnp.zeros((capacity, feature_dim), jnp.float32),
+    pos=jnp.zeros((capacity,), jnp.float32),
+    target_delta=jnp.zeros((capacity,), jnp.float32),
+    target_log_scale=jnp.zeros((capacity,), jnp.float32),
+    valid=jnp.zeros((capacity,), bool),
+    write=jnp.zeros((), jnp.int32),
+    updates=jnp.zeros((), jnp.int32),
+  )
 
 
-def apply_corrector(state: CorrectorState, x: jax.Array, pos: jax.Array,
-                    hidden: int) -> tuple[jax.Array, jax.Array]:
+def apply_corrector(state: CorrectorState, x: jax.Array, pos: jax.Array, hidden: int) -> tuple[jax.Array, jax.Array]:
   """(delta, log_scale) for features x (F,) at horizon positions pos (H,)."""
   model = CorrectorMLP(hidden)
   return jax.vmap(lambda p: model.apply({"params": state.params}, x, p))(pos)
 
 
-def add_residual(state: CorrectorState, x: jax.Array, pos: jax.Array, target_delta: jax.Array,
-                 target_log_scale: jax.Array, enabled: jax.Array) -> CorrectorState:
+def add_residual(
+  state: CorrectorState,
+  x: jax.Array,
+  pos: jax.Array,
+  target_delta: jax.Array,
+  target_log_scale: jax.Array,
+  enabled: jax.Array,
+) -> CorrectorState:
   """Appends one observation when `enabled` (a traced bool); otherwise returns the state as is."""
   i = state.write
   cap = state.valid.shape[0]
@@ -90,11 +100,13 @@ def add_residual(state: CorrectorState, x: jax.Array, pos: jax.Array, target_del
     return jnp.where(enabled, buf.at[i].set(v), buf)
 
   return state.replace(
-      x=put(state.x, x), pos=put(state.pos, pos), target_delta=put(state.target_delta, target_delta),
-      target_log_scale=put(state.target_log_scale,
-                           jnp.clip(target_log_scale, LOG_SCALE_MIN, LOG_SCALE_MAX)),
-      valid=put(state.valid, True),
-      write=jnp.where(enabled, (i + 1) % cap, i))
+    x=put(state.x, x),
+    pos=put(state.pos, pos),
+    target_delta=put(state.target_delta, target_delta),
+    target_log_scale=put(state.target_log_scale, jnp.clip(target_log_scale, LOG_SCALE_MIN, LOG_SCALE_MAX)),
+    valid=put(state.valid, True),
+    write=jnp.where(enabled, (i + 1) % cap, i),
+  )
 
 
 def corrector_loss(params: Any, state: CorrectorState, hidden: int) -> jax.Array:
@@ -105,12 +117,15 @@ def corrector_loss(params: Any, state: CorrectorState, hidden: int) -> jax.Array
   return jnp.sum(w * err) / jnp.maximum(jnp.sum(w), 1.0)
 
 
-def train_corrector(state: CorrectorState, hidden: int, learning_rate: float,
-                    enabled: jax.Array) -> tuple[CorrectorState, jax.Array]:
+def train_corrector(
+  state: CorrectorState, hidden: int, learning_rate: float, enabled: jax.Array
+) -> tuple[CorrectorState, jax.Array]:
   """One Adam step on the buffer when `enabled`; returns (state, loss)."""
   loss, grads = jax.value_and_grad(corrector_loss)(state.params, state, hidden)
   updates, opt_state = make_optimizer(learning_rate).update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  return state.replace(params=tree_where(enabled, params, state.params),
-                       opt_state=tree_where(enabled, opt_state, state.opt_state),
-                       updates=state.updates + enabled.astype(jnp.int32)), loss
+  return state.replace(
+    params=tree_where(enabled, params, state.params),
+    opt_state=tree_where(enabled, opt_state, state.opt_state),
+    updates=state.updates + enabled.astype(jnp.int32),
+  ), loss

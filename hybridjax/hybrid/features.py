@@ -21,8 +21,9 @@ from hybridjax.hybrid.phases import PHASE_NAMES
 
 N_PHASES = len(PHASE_NAMES)
 # Global (non-per-group) features, in order. Per-group features follow, 4 per group.
-GLOBAL_FEATURES = ("loss", "log_loss", "ema_fast", "ema_slow", "log_grad_norm", "log_lr",
-                   "progress") + tuple(f"phase_{p.lower()}" for p in PHASE_NAMES)
+GLOBAL_FEATURES = ("loss", "log_loss", "ema_fast", "ema_slow", "log_grad_norm", "log_lr", "progress") + tuple(
+  f"phase_{p.lower()}" for p in PHASE_NAMES
+)
 GROUP_FEATURES = ("log_grad_norm", "log_update_norm", "log_param_norm", "cos_update_velocity")
 _EPS = 1e-12
 
@@ -30,6 +31,7 @@ _EPS = 1e-12
 @dataclasses.dataclass(frozen=True)
 class ParamGroups:
   """Static grouping of a param tree's leaves. `leaf_group[i]` is the group of leaf i."""
+
   names: tuple[str, ...]
   leaf_group: tuple[int, ...]
   treedef: Any
@@ -88,8 +90,11 @@ def param_groups(params: Any, grouping: str = "kind") -> ParamGroups:
       if m and depth < len(p) - 1 and not merged:
         stem = m.group(1)
         prefix = tuple(p[:depth])
-        siblings = {q[depth] for q in paths if tuple(q[:depth]) == prefix and len(q) > depth
-                    and re.fullmatch(rf"{re.escape(stem)}_?\d+", q[depth])}
+        siblings = {
+          q[depth]
+          for q in paths
+          if tuple(q[:depth]) == prefix and len(q) > depth and re.fullmatch(rf"{re.escape(stem)}_?\d+", q[depth])
+        }
         sig = subtree_sig(prefix + (comp,))
         if len(siblings) > 1 and all(subtree_sig(prefix + (s,)) == sig for s in siblings):
           out.append(f"{stem}_*" if "_" in comp else f"{stem}*")
@@ -119,8 +124,10 @@ def group_sq_norms(groups: ParamGroups, tree: Any) -> jax.Array:
 
 def group_dots(groups: ParamGroups, a: Any, b: Any) -> jax.Array:
   """Per-group inner products <a_g, b_g>, shape (G,)."""
-  return group_sum(groups, [jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32))
-                            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))])
+  return group_sum(
+    groups,
+    [jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))],
+  )
 
 
 def add_scaled_by_group(groups: ParamGroups, params: Any, alpha: jax.Array, direction: Any) -> Any:
@@ -134,14 +141,14 @@ def add_scaled_by_group(groups: ParamGroups, params: Any, alpha: jax.Array, dire
 @flax.struct.dataclass
 class Normalizer:
   """Online mean/variance of the features (Welford, with the count capped so it tracks drift)."""
+
   mean: jax.Array  # (F,)
   var: jax.Array  # (F,)
   count: jax.Array  # f32 scalar
 
 
 def init_normalizer(dim: int) -> Normalizer:
-  return Normalizer(jnp.zeros((dim,), jnp.float32), jnp.ones((dim,), jnp.float32),
-                    jnp.zeros((), jnp.float32))
+  return Normalizer(jnp.zeros((dim,), jnp.float32), jnp.ones((dim,), jnp.float32), jnp.zeros((), jnp.float32))
 
 
 def update_normalizer(norm: Normalizer, x: jax.Array, max_count: float = 256.0) -> Normalizer:
@@ -162,17 +169,28 @@ def safe_log(x: jax.Array) -> jax.Array:
   return jnp.log(jnp.maximum(x, _EPS))
 
 
-def feature_vector(*, loss: jax.Array, ema_fast: jax.Array, ema_slow: jax.Array,
-                   grad_norm: jax.Array, lr: jax.Array, progress: jax.Array, phase: jax.Array,
-                   grad_sq: jax.Array, update_sq: jax.Array, param_sq: jax.Array,
-                   update_velocity_dot: jax.Array, velocity_sq: jax.Array) -> jax.Array:
+def feature_vector(
+  *,
+  loss: jax.Array,
+  ema_fast: jax.Array,
+  ema_slow: jax.Array,
+  grad_norm: jax.Array,
+  lr: jax.Array,
+  progress: jax.Array,
+  phase: jax.Array,
+  grad_sq: jax.Array,
+  update_sq: jax.Array,
+  param_sq: jax.Array,
+  update_velocity_dot: jax.Array,
+  velocity_sq: jax.Array,
+) -> jax.Array:
   """Assembles x_t (see GLOBAL_FEATURES and GROUP_FEATURES). Per-group inputs have shape (G,)."""
   log_loss = safe_log(loss)
   phase_onehot = jax.nn.one_hot(phase, N_PHASES, dtype=jnp.float32)
   cos = update_velocity_dot * jax.lax.rsqrt(jnp.maximum(update_sq * velocity_sq, _EPS))
-  glob = jnp.stack([loss, log_loss, ema_fast, ema_slow, safe_log(grad_norm), safe_log(lr),
-                    progress]).astype(jnp.float32)
-  per_group = jnp.concatenate([0.5 * safe_log(grad_sq), 0.5 * safe_log(update_sq),
-                               0.5 * safe_log(param_sq), cos])
+  glob = jnp.stack([loss, log_loss, ema_fast, ema_slow, safe_log(grad_norm), safe_log(lr), progress]).astype(
+    jnp.float32
+  )
+  per_group = jnp.concatenate([0.5 * safe_log(grad_sq), 0.5 * safe_log(update_sq), 0.5 * safe_log(param_sq), cos])
   x = jnp.concatenate([glob, phase_onehot, per_group.astype(jnp.float32)])
   return jnp.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)

@@ -70,9 +70,7 @@ def observe_real_step(
 
 def update_velocity(velocity: Any, updates: Any, beta: float, finite: jax.Array) -> Any:
   """velocity <- beta * velocity + (1 - beta) * update, leafwise; unchanged when not `finite`."""
-  return jax.tree.map(
-    lambda v, u: jnp.where(finite, beta * v + (1.0 - beta) * u.astype(v.dtype), v), velocity, updates
-  )
+  return jax.tree.map(lambda v, u: jnp.where(finite, beta * v + (1.0 - beta) * u.astype(v.dtype), v), velocity, updates)
 
 
 def update_trajectory(
@@ -220,9 +218,7 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   window = history_window(history, ctx.window)
   dyn = train_dynamics(ctx, state.dynamics, window, train_rng)
   x_now = features_lib.normalize(history.normalizer, x)
-  c, rollback = plan_predict_phase(
-    ctx, c, dyn, state.corrector, window, x_now, logloss, velocity, imagine_rng, finite
-  )
+  c, rollback = plan_predict_phase(ctx, c, dyn, state.corrector, window, x_now, logloss, velocity, imagine_rng, finite)
 
   new_state = state.replace(
     train=next_train_state(tr, params, opt_state, finite),

@@ -31,6 +31,7 @@ from hybridjax.optim import TrainState
 @flax.struct.dataclass
 class History:
   """Ring buffers of the last N real steps, in write order (slot `pos` is written next)."""
+
   features: jax.Array  # (N, F) raw feature vectors
   logloss: jax.Array  # (N,)
   alpha_target: jax.Array  # (N, G) ideal alpha for the update after each entry
@@ -42,6 +43,7 @@ class History:
 @flax.struct.dataclass
 class Controller:
   """The controller's whole state: jnp scalars and small arrays, on the device."""
+
   phase: jax.Array  # int32 `Phase`
   steps_in_phase: jax.Array  # int32
   next_branch: jax.Array  # int32 `Branch`: the step kind the next call runs
@@ -103,30 +105,56 @@ class HybridState:
 
 def init_history(size: int, feature_dim: int, n_groups: int) -> History:
   return History(
-      features=jnp.zeros((size, feature_dim), jnp.float32),
-      logloss=jnp.zeros((size,), jnp.float32),
-      alpha_target=jnp.zeros((size, n_groups), jnp.float32),
-      normalizer=features_lib.init_normalizer(feature_dim),
-      pos=jnp.zeros((), jnp.int32), count=jnp.zeros((), jnp.int32))
+    features=jnp.zeros((size, feature_dim), jnp.float32),
+    logloss=jnp.zeros((size,), jnp.float32),
+    alpha_target=jnp.zeros((size, n_groups), jnp.float32),
+    normalizer=features_lib.init_normalizer(feature_dim),
+    pos=jnp.zeros((), jnp.int32),
+    count=jnp.zeros((), jnp.int32),
+  )
 
 
-def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int,
-                    accuracy_window: int) -> Controller:
+def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int, accuracy_window: int) -> Controller:
   f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
   i32 = lambda v=0: jnp.asarray(v, jnp.int32)  # noqa: E731
   hmax, g = max_predict_steps, n_groups
   return Controller(
-      phase=i32(Phase.WARMUP), steps_in_phase=i32(), next_branch=i32(Branch.FULL_STEP), horizon=i32(1),
-      confidence=f32(), agreement=f32(), accuracy=f32(),
-      plan_logloss=jnp.zeros((hmax,), jnp.float32), plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
-      plan_alpha=jnp.zeros((hmax, g), jnp.float32), plan_log_scale=jnp.zeros((hmax,), jnp.float32),
-      plan_x=jnp.zeros((feature_dim,), jnp.float32), plan_offset=i32(),
-      start_logloss=f32(), alpha_since_good=jnp.zeros((g,), jnp.float32),
-      rollback_alpha=jnp.zeros((g,), jnp.float32), last_exit=i32(Exit.NONE),
-      ema_fast=f32(), ema_slow=f32(), loss_mean=f32(), loss_var=f32(), grad_norm_ema=f32(),
-      real_count=i32(), last_logloss=f32(), prev_was_real=jnp.asarray(False), one_step_pred=f32(),
-      errors=jnp.zeros((accuracy_window,), jnp.float32),
-      errors_valid=jnp.zeros((accuracy_window,), bool), errors_pos=i32(),
-      cooldown=i32(), consecutive_failures=i32(), events=jnp.zeros((len(EVENT_NAMES),), jnp.int32),
-      phase_steps=jnp.zeros((len(Phase),), jnp.int32), backward_passes=i32(), forward_passes=i32(),
-      predict_phases=i32(), rollbacks=i32(), velocity_norm=jnp.zeros((g,), jnp.float32))
+    phase=i32(Phase.WARMUP),
+    steps_in_phase=i32(),
+    next_branch=i32(Branch.FULL_STEP),
+    horizon=i32(1),
+    confidence=f32(),
+    agreement=f32(),
+    accuracy=f32(),
+    plan_logloss=jnp.zeros((hmax,), jnp.float32),
+    plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
+    plan_alpha=jnp.zeros((hmax, g), jnp.float32),
+    plan_log_scale=jnp.zeros((hmax,), jnp.float32),
+    plan_x=jnp.zeros((feature_dim,), jnp.float32),
+    plan_offset=i32(),
+    start_logloss=f32(),
+    alpha_since_good=jnp.zeros((g,), jnp.float32),
+    rollback_alpha=jnp.zeros((g,), jnp.float32),
+    last_exit=i32(Exit.NONE),
+    ema_fast=f32(),
+    ema_slow=f32(),
+    loss_mean=f32(),
+    loss_var=f32(),
+    grad_norm_ema=f32(),
+    real_count=i32(),
+    last_logloss=f32(),
+    prev_was_real=jnp.asarray(False),
+    one_step_pred=f32(),
+    errors=jnp.zeros((accuracy_window,), jnp.float32),
+    errors_valid=jnp.zeros((accuracy_window,), bool),
+    errors_pos=i32(),
+    cooldown=i32(),
+    consecutive_failures=i32(),
+    events=jnp.zeros((len(EVENT_NAMES),), jnp.int32),
+    phase_steps=jnp.zeros((len(Phase),), jnp.int32),
+    backward_passes=i32(),
+    forward_passes=i32(),
+    predict_phases=i32(),
+    rollbacks=i32(),
+    velocity_norm=jnp.zeros((g,), jnp.float32),
+  )

@@ -14,7 +14,8 @@ Every function here is pure: jit it with the state donated (`donate_argnums=0`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,9 +47,7 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
     train=init_train_state(params, ctx.tx),
     velocity=jax.tree.map(jnp.zeros_like, params),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
-    corrector=corrector_lib.init_corrector(
-      corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr
-    ),
+    corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr),
     history=state_lib.init_history(ctx.history_size, f, g),
     controller=state_lib.init_controller(
       max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
@@ -122,9 +121,20 @@ def switch_in_place(
   """
   branch = jnp.clip(branch, 0, len(TRANSITIONS) - 1)  # as lax.switch clamps its index
   g = state.controller.rollback_alpha.shape
-  info = make_step_info(loss=0.0, predicted_loss=0.0, grad_norm=0.0, was_real=False, finite=False, explosion=False,
-                        spike=False, validated=False, diverged=False, nonfinite_prediction=False,
-                        rollback_alpha=jnp.zeros(g), alpha=jnp.zeros(g))
+  info = make_step_info(
+    loss=0.0,
+    predicted_loss=0.0,
+    grad_norm=0.0,
+    was_real=False,
+    finite=False,
+    explosion=False,
+    spike=False,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    rollback_alpha=jnp.zeros(g),
+    alpha=jnp.zeros(g),
+  )
   for index, transition in enumerate(TRANSITIONS):
 
     def run_once(carry, transition=transition):

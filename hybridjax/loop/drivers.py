@@ -20,7 +20,8 @@ function, which also gives exact per-phase timings and memory readings at every 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import ml_collections

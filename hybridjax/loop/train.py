@@ -12,7 +12,8 @@ import gc
 import json
 import os
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import jax
 import ml_collections
@@ -219,7 +220,9 @@ def train(
         f"{tcfg.max_nonfinite_steps})"
       )
     elif events is not None and int(events) >= driver.max_events:
-      reason = f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events={driver.max_events})"
+      reason = (
+        f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events={driver.max_events})"
+      )
     else:
       return
     manager.wait_until_finished()  # earlier saves complete: they hold finite, good states

@@ -66,20 +66,13 @@ class GPT2Config:
       if value <= 0:
         raise ValueError(f"model.{name} must be positive, got {value}")
     if self.d_model % self.n_head:
-      raise ValueError(
-          f"model.d_model ({self.d_model}) must be divisible by "
-          f"model.n_head ({self.n_head})"
-      )
+      raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
     if not self.layer_norm_eps > 0.0:
-      raise ValueError(
-          f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}"
-      )
+      raise ValueError(f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}")
     if self.dtype not in _COMPUTE_DTYPES:
-      raise ValueError(
-          f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}"
-      )
+      raise ValueError(f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}")
 
   @property
   def head_dim(self) -> int:
@@ -87,18 +80,12 @@ class GPT2Config:
 
 
 PRESETS: dict[str, GPT2Config] = {
-    # Byte-level; trains in a few minutes on a 2-core CPU.
-    "tiny": GPT2Config(
-        vocab_size=256, n_ctx=128, n_layer=2, n_head=4, d_model=128
-    ),
-    # Byte-level; under an hour on CPU.
-    "small": GPT2Config(
-        vocab_size=256, n_ctx=256, n_layer=4, n_head=4, d_model=256
-    ),
-    # GPT-2 Small (124,439,808 parameters), for a GPU.
-    "124m": GPT2Config(
-        vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768
-    ),
+  # Byte-level; trains in a few minutes on a 2-core CPU.
+  "tiny": GPT2Config(vocab_size=256, n_ctx=128, n_layer=2, n_head=4, d_model=128),
+  # Byte-level; under an hour on CPU.
+  "small": GPT2Config(vocab_size=256, n_ctx=256, n_layer=4, n_head=4, d_model=256),
+  # GPT-2 Small (124,439,808 parameters), for a GPU.
+  "124m": GPT2Config(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768),
 }
 
 
@@ -111,23 +98,23 @@ _STD = 0.02
 
 def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD):
   return nn.Dense(
-      features,
-      use_bias=True,
-      dtype=jnp.dtype(cfg.dtype),
-      param_dtype=jnp.float32,
-      kernel_init=nn.initializers.normal(std),
-      bias_init=nn.initializers.zeros,
-      name=name,
+    features,
+    use_bias=True,
+    dtype=jnp.dtype(cfg.dtype),
+    param_dtype=jnp.float32,
+    kernel_init=nn.initializers.normal(std),
+    bias_init=nn.initializers.zeros,
+    name=name,
   )
 
 
 def _layer_norm(name: str, cfg: GPT2Config) -> nn.LayerNorm:
   return nn.LayerNorm(
-      epsilon=cfg.layer_norm_eps,
-      dtype=jnp.dtype(cfg.dtype),
-      param_dtype=jnp.float32,
-      use_fast_variance=False,
-      name=name,
+    epsilon=cfg.layer_norm_eps,
+    dtype=jnp.dtype(cfg.dtype),
+    param_dtype=jnp.float32,
+    use_fast_variance=False,
+    name=name,
   )
 
 
@@ -145,13 +132,8 @@ class CausalSelfAttention(nn.Module):
     cfg = self.config
     b, t, d = x.shape
     qkv = _dense(3 * d, "c_attn", cfg)(x)
-    q, k, v = (
-        a.reshape(b, t, cfg.n_head, cfg.head_dim)
-        for a in jnp.split(qkv, 3, axis=-1)
-    )
-    scores = jnp.einsum(
-        "bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32
-    )
+    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim) for a in jnp.split(qkv, 3, axis=-1))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
@@ -200,29 +182,22 @@ class GPT2(nn.Module):
   config: GPT2Config
 
   @nn.compact
-  def __call__(
-      self, tokens: jax.Array, *, deterministic: bool = True
-  ) -> jax.Array:
+  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
     cfg = self.config
     cfg.validate()
     if tokens.ndim != 2:
-      raise ValueError(
-          f"tokens must have shape (batch, seq), got {tokens.shape}"
-      )
+      raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
     t = tokens.shape[1]
     if t > cfg.n_ctx:
-      raise ValueError(
-          f"sequence length {t} exceeds the context size model.n_ctx "
-          f"({cfg.n_ctx})"
-      )
+      raise ValueError(f"sequence length {t} exceeds the context size model.n_ctx ({cfg.n_ctx})")
     dtype = jnp.dtype(cfg.dtype)
     embed = lambda n, name: nn.Embed(
-        n,
-        cfg.d_model,
-        dtype=dtype,
-        param_dtype=jnp.float32,
-        embedding_init=nn.initializers.normal(_STD),
-        name=name,
+      n,
+      cfg.d_model,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      embedding_init=nn.initializers.normal(_STD),
+      name=name,
     )
     wte = embed(cfg.vocab_size, "wte")
     wpe = embed(cfg.n_ctx, "wpe")
@@ -232,18 +207,16 @@ class GPT2(nn.Module):
       x = Block(cfg, name=f"h_{i}")(x, deterministic=deterministic)
     x = _layer_norm("ln_f", cfg)(x)
     return jnp.einsum(
-        "btd,vd->btv",
-        x,
-        wte.embedding.astype(dtype),
-        preferred_element_type=jnp.float32,
+      "btd,vd->btv",
+      x,
+      wte.embedding.astype(dtype),
+      preferred_element_type=jnp.float32,
     )
 
 
 def count_params(params: Any) -> int:
   """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
-  return sum(
-      int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params)
-  )
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def make_loss_fn(model: GPT2) -> LossFn:
@@ -261,14 +234,12 @@ def make_loss_fn(model: GPT2) -> LossFn:
       logits = model.apply({"params": params}, batch["inputs"])
     else:
       logits = model.apply(
-          {"params": params},
-          batch["inputs"],
-          deterministic=False,
-          rngs={"dropout": rng},
+        {"params": params},
+        batch["inputs"],
+        deterministic=False,
+        rngs={"dropout": rng},
       )
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits, batch["targets"]
-    ).mean()
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
     return loss, {}
 
   return loss_fn
@@ -280,25 +251,25 @@ def make_loss_fn(model: GPT2) -> LossFn:
 
 # (flax path inside a block, HF suffix inside `h.{i}.`).
 _BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("ln_1", "scale"), "ln_1.weight"),
-    (("ln_1", "bias"), "ln_1.bias"),
-    (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
-    (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
-    (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
-    (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
-    (("ln_2", "scale"), "ln_2.weight"),
-    (("ln_2", "bias"), "ln_2.bias"),
-    (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
-    (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
-    (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
-    (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
+  (("ln_1", "scale"), "ln_1.weight"),
+  (("ln_1", "bias"), "ln_1.bias"),
+  (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
+  (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
+  (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
+  (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
+  (("ln_2", "scale"), "ln_2.weight"),
+  (("ln_2", "bias"), "ln_2.bias"),
+  (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
+  (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
+  (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
+  (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
 )
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 _LAYER_RE = re.compile(r"^h\.(\d+)\.")
 
 
 def _hf_layout(
-    config: GPT2Config,
+  config: GPT2Config,
 ) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
   """HF name (without prefix) -> (flax path, shape) for every parameter."""
   d, v = config.d_model, config.vocab_size
@@ -311,8 +282,8 @@ def _hf_layout(
       "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
   }  # fmt: skip
   layout = {
-      "wte.weight": (("wte", "embedding"), (v, d)),
-      "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
+    "wte.weight": (("wte", "embedding"), (v, d)),
+    "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
   }
   for i in range(config.n_layer):
     for path, suffix in _BLOCK_MAP:
@@ -323,12 +294,10 @@ def _hf_layout(
 
 
 def _strip_prefix(name: str) -> str:
-  return name[len("transformer."):] if name.startswith("transformer.") else name
+  return name[len("transformer.") :] if name.startswith("transformer.") else name
 
 
-def from_hf_state_dict(
-    mapping: Mapping[str, Any], n_head: int = 12
-) -> tuple[GPT2Config, Params]:
+def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GPT2Config, Params]:
   """Converts a Hugging Face GPT-2 state dict into a config and Flax params.
 
   Args:
@@ -364,17 +333,14 @@ def from_hf_state_dict(
       raise ValueError(f"missing key: {required!r} (cannot infer the config)")
   wte, wpe = arrays["wte.weight"], arrays["wpe.weight"]
   if wte.ndim != 2 or wpe.ndim != 2:
-    raise ValueError(
-        f"wte.weight and wpe.weight must be 2-D, got shapes {wte.shape} and "
-        f"{wpe.shape}"
-    )
+    raise ValueError(f"wte.weight and wpe.weight must be 2-D, got shapes {wte.shape} and {wpe.shape}")
   layers = {int(m.group(1)) for n in arrays if (m := _LAYER_RE.match(n))}
   config = GPT2Config(
-      vocab_size=int(wte.shape[0]),
-      n_ctx=int(wpe.shape[0]),
-      n_layer=max(layers) + 1 if layers else 0,
-      n_head=n_head,
-      d_model=int(wte.shape[1]),
+    vocab_size=int(wte.shape[0]),
+    n_ctx=int(wpe.shape[0]),
+    n_layer=max(layers) + 1 if layers else 0,
+    n_head=n_head,
+    d_model=int(wte.shape[1]),
   )
   config.validate()
 
@@ -387,24 +353,16 @@ def from_hf_state_dict(
   if unexpected:
     problems.append(f"unexpected keys: {unexpected}")
   bad_shapes = [
-      f"{name}: expected {shape}, got {arrays[name].shape}"
-      for name, (_, shape) in layout.items()
-      if name in arrays and arrays[name].shape != shape
+    f"{name}: expected {shape}, got {arrays[name].shape}"
+    for name, (_, shape) in layout.items()
+    if name in arrays and arrays[name].shape != shape
   ]
   if bad_shapes:
     problems.append(f"wrong shapes: {bad_shapes}")
-  if lm_head is not None and (
-      lm_head.shape != wte.shape or not np.array_equal(lm_head, wte)
-  ):
-    problems.append(
-        "lm_head.weight differs from wte.weight; only tied output "
-        "embeddings are supported"
-    )
+  if lm_head is not None and (lm_head.shape != wte.shape or not np.array_equal(lm_head, wte)):
+    problems.append("lm_head.weight differs from wte.weight; only tied output embeddings are supported")
   if problems:
-    raise ValueError(
-        "invalid GPT-2 state dict (inferred " f"{config}):\n  "
-        + "\n  ".join(problems)
-    )
+    raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
 
   params: Params = {}
   for name, (path, _) in layout.items():
@@ -415,9 +373,7 @@ def from_hf_state_dict(
   return config, params
 
 
-def to_hf_state_dict(
-    params: Params, config: GPT2Config
-) -> dict[str, np.ndarray]:
+def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray]:
   """Converts Flax params into a Hugging Face ``GPT2LMHeadModel`` state dict.
 
   Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
@@ -435,9 +391,7 @@ def to_hf_state_dict(
   return out
 
 
-def load_hf_checkpoint(
-    path: str | os.PathLike[str], n_head: int = 12
-) -> tuple[GPT2Config, Params]:
+def load_hf_checkpoint(path: str | os.PathLike[str], n_head: int = 12) -> tuple[GPT2Config, Params]:
   """Loads a local HF GPT-2 checkpoint (``.safetensors`` or PyTorch ``.bin``).
 
   ``path`` may also be a directory holding ``model.safetensors`` or
@@ -450,9 +404,7 @@ def load_hf_checkpoint(
         path = os.path.join(path, candidate)
         break
     else:
-      raise FileNotFoundError(
-          f"no model.safetensors or pytorch_model.bin in directory {path!r}"
-      )
+      raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in directory {path!r}")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"checkpoint file not found: {path!r}")
 
@@ -465,17 +417,13 @@ def load_hf_checkpoint(
       import torch  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       raise ImportError(
-          f"reading the PyTorch checkpoint {path!r} needs torch, which is not "
-          "installed; convert it to .safetensors instead (e.g. with "
-          "`transformers` or `safetensors.torch.save_file` on a machine with "
-          "torch)"
+        f"reading the PyTorch checkpoint {path!r} needs torch, which is not "
+        "installed; convert it to .safetensors instead (e.g. with "
+        "`transformers` or `safetensors.torch.save_file` on a machine with "
+        "torch)"
       ) from e
     state = torch.load(path, map_location="cpu", weights_only=True)
-    mapping = {
-        k: v.detach().to(torch.float32).numpy() for k, v in state.items()
-    }
+    mapping = {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
   else:
-    raise ValueError(
-        f"unsupported checkpoint format {path!r}; expected .safetensors or .bin"
-    )
+    raise ValueError(f"unsupported checkpoint format {path!r}; expected .safetensors or .bin")
   return from_hf_state_dict(mapping, n_head=n_head)

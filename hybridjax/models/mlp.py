@@ -33,9 +33,7 @@ class MLP(nn.Module):
     return nn.Dense(self.n_out, name="out")(x)
 
 
-def make_regression_problem(
-    seed: int, n_in: int = 8, n_out: int = 1, n: int = 512
-) -> tuple[np.ndarray, np.ndarray]:
+def make_regression_problem(seed: int, n_in: int = 8, n_out: int = 1, n: int = 512) -> tuple[np.ndarray, np.ndarray]:
   """Returns float32 ``(x, y)`` of shapes (n, n_in) and (n, n_out).
 
   ``y`` comes from a fixed random teacher (a one-hidden-layer tanh network)
@@ -51,9 +49,7 @@ def make_regression_problem(
   return x.astype(np.float32), y.astype(np.float32)
 
 
-def regression_batch(
-    x: np.ndarray, y: np.ndarray, step: int, batch_size: int, seed: int
-) -> dict[str, np.ndarray]:
+def regression_batch(x: np.ndarray, y: np.ndarray, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
   """Samples a batch ``{'x', 'y'}`` deterministically from ``(seed, step)``.
 
   Within a batch examples are drawn without replacement (when
