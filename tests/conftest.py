@@ -1,4 +1,12 @@
-"""Shared fixtures: a tiny GPT-2 config that trains in seconds, and an isolated data cache."""
+"""Shared fixtures and settings of the test suite.
+
+* `micro_config` (GPT-2 `tiny,micro`, trains in seconds), `STD` and `small_hybrid_config` (a hybrid
+  config that cycles through every phase quickly on the test MLP).
+* An isolated data cache, and a persistent compilation cache for the session (`jax_cache`).
+* XLA at LLVM -O0 (see `XLA_TEST_FLAGS`) and xdist scheduling by module (see the end): compiling,
+  not running, dominates the suite.
+* The tests marked `slow` are skipped by default (pyproject.toml); `pytest -m ""` runs them too.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,13 @@ import os
 
 import pytest
 
-# Keep tests off the user's caches and make CPU runs deterministic and quiet.
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+# Keep tests off the user's caches and make CPU runs deterministic and quiet. Compiling dominates
+# the suite's run time: LLVM at -O0 cuts XLA's CPU compile time severalfold (the tests check
+# results, never speed). Set XLA_FLAGS to run the suite at another optimisation level;
+# tests/test_train.py::test_bit_exact_claims_at_default_xla_optimization (slow) re-runs the
+# bit-exact tests at XLA's default level.
+XLA_TEST_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
+os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
 
 
 @pytest.fixture(autouse=True)
@@ -16,24 +29,58 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
   monkeypatch.setenv("HYBRIDJAX_CACHE", str(cache))
 
 
+@pytest.fixture(scope="session")
+def jax_cache(tmp_path_factory) -> str:
+  """The session's persistent compilation cache, shared by its xdist workers (see `_compile_cache`)."""
+  base = tmp_path_factory.getbasetemp()
+  root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  path = root / "jax_cache"
+  path.mkdir(exist_ok=True)
+  return str(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compile_cache(jax_cache):
+  """Every program that takes long to compile goes to the session's persistent cache, so a program
+  another test, module or xdist worker compiled already (same model, same config, same jit
+  options) is loaded instead of compiled again. JAX takes the cache directory once per process
+  (the first one set wins): a run with `trainer.compile_cache` should use `cached(config,
+  jax_cache)`, which names this same directory."""
+  import jax
+
+  jax.config.update("jax_compilation_cache_dir", jax_cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  yield
+
+
+def cached(config, jax_cache: str):
+  """`config` with the session's persistent compilation cache (see `jax_cache`)."""
+  config.trainer.compile_cache = True
+  config.trainer.compile_cache_dir = jax_cache
+  return config
+
+
 def micro_config(mode: str = "baseline", steps: int = 20):
   """The `tiny,micro` preset with test-sized logging: no evals or checkpoints before the end."""
   from experiments.configs import gpt2_small
+
   c = gpt2_small.get_config("tiny,micro")
   c.mode = mode
-  c.trainer.update(steps=steps, log_every=5, eval_every=0, eval_batches=2, checkpoint_every=0,
-                   progress=False, compile_cache=False)
+  c.trainer.update(
+    steps=steps, log_every=5, eval_every=0, eval_batches=2, checkpoint_every=0, progress=False, compile_cache=False
+  )
   return c
 
 
 # Hybrid overrides that cycle through every phase quickly on the test MLP.
-STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5,
-           correction_interval=2)
+STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5, correction_interval=2)
 
 
 def small_hybrid_config(**overrides):
   """`config.hybrid` with a small RSSM and short warm-up; keys may be dotted ('rssm.deter')."""
   from hybridjax import config as config_lib
+
   h = config_lib.default_hybrid_config()
   h.warmup_steps = 10
   h.full_steps = 5
@@ -41,3 +88,51 @@ def small_hybrid_config(**overrides):
   h.history_size, h.window = 16, 8
   h.update_from_flattened_dict(overrides)
   return h
+
+
+# --- xdist scheduling ---------------------------------------------------------------------------
+# Compiling dominates this suite, so with `pytest -n N` each test module runs whole on one worker:
+# its module-scoped fixtures and compiled step functions are made once, not once per worker.
+# Modules that share compiled programs (the MLP hybrid step of tests/hybrid_helper.py) form one
+# unit, run in file order: test_corrector compiles the per-phase steps, test_drivers the fused and
+# scanned ones, and the later modules find them all in the process's caches. Units start longest
+# first (rough seconds on 2 unloaded cores), so the last to finish is a short one.
+_UNITS = {
+  name: "hybrid steps"
+  for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_hybrid_step.py", "test_memory.py")
+}
+_COST = {
+  "hybrid steps": 160,
+  "test_reliability.py": 95,
+  "test_train.py": 45,
+  "test_plotting.py": 35,
+  "test_dynamics.py": 25,
+  "test_optim.py": 25,
+  "test_models.py": 15,
+  "test_data.py": 10,
+  "test_step_copies.py": 20,
+  "test_sharding.py": 8,
+}
+
+
+def _unit(nodeid: str) -> str:
+  module = nodeid.split("::", 1)[0]
+  return _UNITS.get(os.path.basename(module), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  from xdist.scheduler import LoadScopeScheduling
+
+  class ModuleScheduling(LoadScopeScheduling):
+    """Whole modules (or `_UNITS`) per worker, the costliest first."""
+
+    def _split_scope(self, nodeid):
+      return _unit(nodeid)
+
+    def _assign_work_unit(self, node):
+      costliest = max(self.workqueue, key=lambda u: _COST.get(os.path.basename(u), _COST.get(u, 1)))
+      self.workqueue.move_to_end(costliest, last=False)
+      super()._assign_work_unit(node)
+
+  return ModuleScheduling(config, log)

@@ -26,20 +26,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 from conftest import STD, micro_config, small_hybrid_config
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import memory as memory_lib
+from hybridjax import optim
 from hybridjax import sharding as sh
-from hybridjax import state as state_lib
-from hybridjax import steps as steps_lib
-from hybridjax import trainer
+from hybridjax.hybrid.phases import Phase
+from hybridjax.loop import drivers
+from hybridjax.loop import train as train_lib
 from hybridjax.models import mlp
 
 pytestmark = pytest.mark.skipif(
-    jax.device_count() != 8,
-    reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py sets it)")
+  jax.device_count() != 8,
+  reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py sets it)",
+)
 
 TOTAL_STEPS = 200
 RUN_STEPS, SAVE_AT = 30, 15
@@ -68,7 +71,7 @@ def config(mode="hybrid", data=-1, fsdp=1, steps=TOTAL_STEPS):
   return c
 
 
-TX = trainer.make_optimizer(config().optim, TOTAL_STEPS)
+TX = optim.make_optimizer(config().optim)
 
 
 @functools.cache
@@ -76,17 +79,26 @@ def driver(name):
   """(HybridDriver, mesh) for one of MESHES, over the first data x fsdp devices."""
   d, f = MESHES[name]
   c = config(data=d, fsdp=f)
-  mesh = sh.make_mesh(c, jax.devices()[:d * f])
-  drv = steps_lib.HybridDriver(c, loss_fn=LOSS_FN, tx=TX, rng=jax.random.PRNGKey(1),
-                               init_params=lambda: init_params(jax.random.PRNGKey(0)), mesh=mesh)
+  mesh = sh.make_mesh(c, jax.devices()[: d * f])
+  drv = drivers.HybridDriver(
+    c,
+    loss_fn=LOSS_FN,
+    tx=TX,
+    rng=jax.random.PRNGKey(1),
+    init_params=lambda: init_params(jax.random.PRNGKey(0)),
+    mesh=mesh,
+  )
   return drv, mesh
 
 
-def _drain(drv):
-  """Drops the per-step trace the driver keeps for the trainer's logs (device metrics)."""
-  if hasattr(drv, "pop_trace"):
-    drv.pop_trace()
-  drv.pop_memory_events()
+def _step(drv, state, b):
+  state, m = drv.run(state, [b])
+  return state, m
+
+
+def _drain(drv, state, m):
+  """Empties the per-step trace and readings the driver keeps for the logs, as a log would."""
+  drv.records(jax.device_get(m), state)
 
 
 def run(name, state, start, n, on_step=None):
@@ -95,13 +107,13 @@ def run(name, state, start, n, on_step=None):
   phases, seconds = [], []
   for i in range(start, start + n):
     t0 = time.perf_counter()
-    state, m = drv.step(state, sh.shard_batch(batch(i), mesh))
+    state, m = _step(drv, state, sh.shard_batch(batch(i), mesh))
     phases.append(int(m["phase"]))  # waits for the step
     seconds.append(time.perf_counter() - t0)
     if on_step is not None:
       on_step(i + 1, state)
   jax.block_until_ready(state)
-  _drain(drv)
+  _drain(drv, state, m)
   return state, phases, float(np.median(seconds[1:]))  # the first call compiles
 
 
@@ -123,17 +135,24 @@ def _reference_runs():
 
   for name in MESHES:
     drv, _ = driver(name)
-    state, phases, s_per_step = run(name, drv.init_state(), 0, RUN_STEPS,
-                                    on_step=save_at if name == "4x2" else None)
-    out[name] = {"state": state, "train": _host(state.train), "velocity": _host(state.velocity),
-                 "phases": phases, "ms": 1e3 * s_per_step}
+    state, phases, s_per_step = run(name, drv.init_state(), 0, RUN_STEPS, on_step=save_at if name == "4x2" else None)
+    out[name] = {
+      "state": state,
+      "train": _host(state.train),
+      "velocity": _host(state.velocity),
+      "phases": phases,
+      "ms": 1e3 * s_per_step,
+    }
   manager.close()
-  print("\nper-step time (median of 29 hybrid steps of the test MLP, after compile): " + ", ".join(
-      f"mesh {n}: {out[n]['ms']:.2f} ms" for n in MESHES))
+  print(
+    "\nper-step time (median of 29 hybrid steps of the test MLP, after compile): "
+    + ", ".join(f"mesh {n}: {out[n]['ms']:.2f} ms" for n in MESHES)
+  )
   return out
 
 
 # --- the checks -----------------------------------------------------------------------------------
+
 
 def test_default_mesh_is_data_parallel_over_all_devices():
   mesh = sh.make_mesh(config())
@@ -152,27 +171,28 @@ def test_default_mesh_is_data_parallel_over_all_devices():
 def test_same_params_and_phases_on_1_8x1_and_4x2_devices():
   runs = _reference_runs()
   ref = runs["1"]
-  assert set(ref["phases"]) == {state_lib.WARMUP, state_lib.FULL, state_lib.PREDICT,
-                                state_lib.CORRECT}, ref["phases"]
+  assert set(ref["phases"]) == set(Phase), ref["phases"]
   for name in ("8x1", "4x2"):
     assert runs[name]["phases"] == ref["phases"], name
     chex.assert_trees_all_close(runs[name]["train"].params, ref["train"].params, **TOL)
     chex.assert_trees_all_close(runs[name]["train"].opt_state, ref["train"].opt_state, **TOL)
     chex.assert_trees_all_close(runs[name]["velocity"], ref["velocity"], **TOL)
   # Not vacuous: the params moved well beyond the tolerance.
-  moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
-      jax.tree.leaves(ref["train"].params), jax.tree.leaves(init_params(jax.random.PRNGKey(0)))))
+  moved = max(
+    float(np.max(np.abs(a - b)))
+    for a, b in zip(jax.tree.leaves(ref["train"].params), jax.tree.leaves(init_params(jax.random.PRNGKey(0))))
+  )
   assert moved > 1e-2, moved
 
 
 # Expected FSDP layout of the MLP on the 4x2 mesh: spec and per-device shard shape.
 FSDP_LAYOUT = {
-    "dense_0/kernel": (P(None, "fsdp"), (4, 8)),  # (4, 16): 16 is the largest dim
-    "dense_0/bias": (P("fsdp"), (8,)),
-    "dense_1/kernel": (P("fsdp"), (8, 16)),  # (16, 16): the first of equal dims
-    "dense_1/bias": (P("fsdp"), (8,)),
-    "out/kernel": (P("fsdp"), (8, 1)),  # (16, 1)
-    "out/bias": (P(), (1,)),  # (1,): 2 does not divide 1, so replicated
+  "dense_0/kernel": (P(None, "fsdp"), (4, 8)),  # (4, 16): 16 is the largest dim
+  "dense_0/bias": (P("fsdp"), (8,)),
+  "dense_1/kernel": (P("fsdp"), (8, 16)),  # (16, 16): the first of equal dims
+  "dense_1/bias": (P("fsdp"), (8,)),
+  "out/kernel": (P("fsdp"), (8, 1)),  # (16, 1)
+  "out/bias": (P(), (1,)),  # (1,): 2 does not divide 1, so replicated
 }
 
 
@@ -217,15 +237,17 @@ def test_params_optimizer_state_and_velocity_are_fsdp_sharded():
       assert leaf.sharding.is_fully_replicated and len(leaf.addressable_shards) == 8
   # Per device, the params take their replicated leaves plus half of each sharded one.
   dev0 = mesh.devices.flat[0]
-  on_dev0 = sum(s.data.nbytes for leaf in flat.values() for s in leaf.addressable_shards
-                if s.device == dev0)
+  on_dev0 = sum(s.data.nbytes for leaf in flat.values() for s in leaf.addressable_shards if s.device == dev0)
   expected = sum(leaf.nbytes // (1 if FSDP_LAYOUT[n][0] == P() else 2) for n, leaf in flat.items())
   assert on_dev0 == expected < sum(leaf.nbytes for leaf in flat.values())
-  # Every compiled step kind takes and returns the state with these shardings, and the batch split.
+  # The compiled step (the fused one the reference runs ran, from the compilation caches) takes and
+  # returns the state with these shardings, and the batch split.
   drv, _ = driver("4x2")
+  assert drv.dispatch == "switch"
   leaves, want = jax.tree.leaves(state), jax.tree.leaves(drv.state_shardings)
-  for fn in drv._phase_fns:  # compiled (AOT) by the reference runs
-    (state_in, batch_in), _ = fn.input_shardings
+  compiled = drv._fused.lower(state, sh.shard_batch(batch(0), mesh), drv.schedule).compile()
+  for fn in (compiled,):
+    (state_in, batch_in, _), _ = fn.input_shardings
     state_out, metrics_out = fn.output_shardings
     for got in (jax.tree.leaves(state_in), jax.tree.leaves(state_out)):
       assert len(got) == len(want)
@@ -286,15 +308,15 @@ def test_per_device_live_bytes_are_flat_on_the_mesh():
     warnings.simplefilter("always")
     for i in range(1, 201):
       old = jax.tree.leaves(state) if i <= 40 else []
-      state, m = drv.step(state, sh.shard_batch(batch(i), mesh))
+      state, m = _step(drv, state, sh.shard_batch(batch(i), mesh))
       phases.add(int(m["phase"]))
       # Donation on the mesh: every step kind consumes its whole input state.
       kept = [k for k, leaf in enumerate(old) if not leaf.is_deleted()]
       assert not kept, f"step {i}: donated leaves {kept} were not consumed"
-      del old, m
+      del old
       if i in (20, 200):
         jax.block_until_ready(state)
-        _drain(drv)
+        _drain(drv, state, m)
         gc.collect()
         readings[i] = memory_lib.live_bytes_by_device()
   assert not [w for w in caught if "donated buffers were not usable" in str(w.message)]
@@ -310,24 +332,25 @@ def test_per_device_live_bytes_are_flat_on_the_mesh():
 def test_trainer_runs_on_a_mesh_and_resumes_on_another(tmp_path):
   # trainer.train builds the mesh from the config; a run saved on 4x2 resumes on 8x1 and ends
   # where the uninterrupted 4x2 run ends.
-  kw = dict(init_params=init_params, loss_fn=LOSS_FN, train_batch=batch,
-            eval_batches=[batch(10_000)])
+  kw = dict(init_params=init_params, loss_fn=LOSS_FN, train_batch=batch, eval_batches=[batch(10_000)])
   c = config("baseline", data=4, fsdp=2, steps=20)
   c.trainer.checkpoint_every = 10
-  summary = trainer.train(c, str(tmp_path / "a"), **kw)
+  summary = train_lib.train(c, str(tmp_path / "a"), **kw)
   assert summary["mesh"]["data"] == 4 and summary["mesh"]["fsdp"] == 2
   assert summary["memory"]["source"].startswith("jax.live_arrays (max over 8 devices)")
   os.makedirs(tmp_path / "b" / "checkpoints")
   shutil.copytree(tmp_path / "a" / "checkpoints" / "10", tmp_path / "b" / "checkpoints" / "10")
-  resumed = trainer.train(config("baseline", data=8, fsdp=1, steps=20), str(tmp_path / "b"), **kw)
+  resumed = train_lib.train(config("baseline", data=8, fsdp=1, steps=20), str(tmp_path / "b"), **kw)
   assert resumed["start_step"] == 10 and resumed["mesh"]["data"] == 8
 
   def final(workdir):
     manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
-    abstract = jax.eval_shape(lambda: trainer.init_train_state(
-        init_params(jax.random.PRNGKey(0)), trainer.make_optimizer(c.optim, 20)))
+    abstract = jax.eval_shape(
+      lambda: optim.init_train_state(init_params(jax.random.PRNGKey(0)), optim.make_optimizer(c.optim))
+    )
     state, _ = ckpt_lib.restore(manager, 20, sh.restore_target(abstract, None))
     manager.close()
     return _host(state.params)
+
   chex.assert_trees_all_close(final(tmp_path / "b"), final(tmp_path / "a"), **TOL)
   assert abs(summary["final_eval_loss"] - resumed["final_eval_loss"]) < 1e-4

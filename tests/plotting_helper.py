@@ -17,12 +17,23 @@ from hybridjax import plotting
 # the model of conftest.micro_config, a small RSSM, short WARMUP/FULL and confidence threshold 0 so
 # that a 60-step run goes through every phase.
 TINY_OVERRIDES = {
-    "model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "model.n_ctx": 32,
-    "trainer.batch_size": 4, "trainer.eval_batches": 2, "trainer.checkpoint_every": 0,
-    "optim.warmup_steps": 5,
-    "hybrid.warmup_steps": 10, "hybrid.full_steps": 5, "hybrid.confidence_threshold": 0.0,
-    "hybrid.rssm.deter": 32, "hybrid.rssm.latent": 8, "hybrid.rssm.hidden": 32,
-    "hybrid.rssm.ensemble": 2, "hybrid.history_size": 16, "hybrid.window": 8,
+  "model.n_layer": 1,
+  "model.d_model": 32,
+  "model.n_head": 2,
+  "model.n_ctx": 32,
+  "trainer.batch_size": 4,
+  "trainer.eval_batches": 2,
+  "trainer.checkpoint_every": 0,
+  "optim.warmup_steps": 5,
+  "hybrid.warmup_steps": 10,
+  "hybrid.full_steps": 5,
+  "hybrid.confidence_threshold": 0.0,
+  "hybrid.rssm.deter": 32,
+  "hybrid.rssm.latent": 8,
+  "hybrid.rssm.hidden": 32,
+  "hybrid.rssm.ensemble": 2,
+  "hybrid.history_size": 16,
+  "hybrid.window": 8,
 }
 TINY_STEPS = 60
 # mode -> workdir of the runs the notebook test made in this process (the same config as
@@ -33,6 +44,7 @@ NOTEBOOK_RUNS: dict[str, str] = {}
 def tiny_config(mode: str, compile_cache_dir: str = ""):
   """The tiny preset with TINY_OVERRIDES, as the notebook builds it (log every 10, eval every 50)."""
   from experiments.configs import gpt2_small
+
   c = gpt2_small.get_config("tiny")
   c.mode = mode
   c.trainer.steps = TINY_STEPS
@@ -55,6 +67,6 @@ def has_band(path: str, phase: str, tol: int = 4, min_pixels: int = 500) -> bool
   """Whether the PNG has an area (not a few stray pixels) of `phase`'s band colour over white."""
   img = (mpimg.imread(path)[..., :3] * 255).round().astype(int)
   hex_color = plotting.PHASE_COLORS[phase]
-  rgb = np.array([int(hex_color[i:i + 2], 16) for i in (1, 3, 5)])
+  rgb = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
   band = plotting.BAND_ALPHA * rgb + (1 - plotting.BAND_ALPHA) * 255
   return int(np.sum(np.all(np.abs(img - band) <= tol, axis=-1))) >= min_pixels

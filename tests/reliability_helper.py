@@ -1,6 +1,6 @@
 """A tiny training task for the reliability tests, and a script that trains it in a subprocess.
 
-`mlp_task` and `mlp_config` give `trainer.train` everything it needs for the small MLP regression
+`mlp_task` and `mlp_config` give `loop.train.train` everything it needs for the small MLP regression
 problem (compiles in seconds). Every batch carries a `scale` that multiplies the loss, so a test can
 inject NaN, Inf or a gradient spike at a chosen step.
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,14 +24,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-
 from conftest import STD, small_hybrid_config  # noqa: E402
+
 from hybridjax import config as config_lib  # noqa: E402
 from hybridjax.models import mlp  # noqa: E402
 
 
-def mlp_config(mode: str = "hybrid", steps: int = 60,
-               **hybrid_overrides: Any) -> ml_collections.ConfigDict:
+def mlp_config(mode: str = "hybrid", steps: int = 60, **hybrid_overrides: Any) -> ml_collections.ConfigDict:
   """A complete experiment config (no model/data blocks) for `mlp_task`: quick phase cycling."""
   c = ml_collections.ConfigDict()
   c.mode = mode
@@ -39,15 +39,26 @@ def mlp_config(mode: str = "hybrid", steps: int = 60,
   c.optim = config_lib.default_optim_config()
   c.optim.learning_rate, c.optim.warmup_steps = 1e-2, 5
   c.trainer = config_lib.default_trainer_config()
-  c.trainer.update(dict(steps=steps, batch_size=32, log_every=1, eval_every=0, eval_batches=1,
-                        checkpoint_every=0, max_to_keep=100, progress=False, compile_cache=False))
+  c.trainer.update(
+    dict(
+      steps=steps,
+      batch_size=32,
+      log_every=1,
+      eval_every=0,
+      eval_batches=1,
+      checkpoint_every=0,
+      max_to_keep=100,
+      progress=False,
+      compile_cache=False,
+    )
+  )
   c.hybrid = small_hybrid_config(**{**STD, **hybrid_overrides})
   config_lib.validate(c)
   return c
 
 
 def mlp_task(fault: Callable[[int], float] | None = None, *, width: int = 16) -> dict[str, Any]:
-  """`trainer.train` keyword arguments for the MLP regression problem.
+  """`loop.train.train` keyword arguments for the MLP regression problem.
 
   Args:
     fault: step -> factor on that step's loss (1.0 = none; nan, inf or a large factor inject a
@@ -71,8 +82,7 @@ def mlp_task(fault: Callable[[int], float] | None = None, *, width: int = 16) ->
     return model.init(rng, jnp.zeros((1, 4)))["params"]
 
   eval_batch = {"x": x[:64], "y": y[:64], "scale": np.float32(1.0)}
-  return dict(init_params=init_params, loss_fn=loss_fn, train_batch=train_batch,
-              eval_batches=[eval_batch])
+  return dict(init_params=init_params, loss_fn=loss_fn, train_batch=train_batch, eval_batches=[eval_batch])
 
 
 def crash_config(steps: int) -> ml_collections.ConfigDict:
@@ -87,6 +97,7 @@ def _stall_commit(step: int) -> None:
   """Makes orbax stop just before it commits the checkpoint of `step` (its data written to the
   temporary directory, not yet renamed), and announce it: the moment to SIGKILL."""
   from orbax.checkpoint._src.path import atomicity  # internal: the commit-by-rename step
+
   original = atomicity.AtomicRenameTemporaryPath.finalize
 
   async def finalize(self, *args, **kwargs):
@@ -103,7 +114,7 @@ def main(argv: list[str]) -> None:
   `SAVE_STARTED <step>` after each asynchronous save has been started, and stalling the commit of
   STALL_STEP's checkpoint (see `_stall_commit`)."""
   from hybridjax import checkpoint as ckpt_lib
-  from hybridjax import trainer
+  from hybridjax.loop import train as train_lib
 
   workdir, steps = argv[1], int(argv[2])
   if len(argv) > 3:
@@ -115,7 +126,7 @@ def main(argv: list[str]) -> None:
     print(f"SAVE_STARTED {step}", flush=True)
 
   ckpt_lib.save = announced_save
-  trainer.train(crash_config(steps), workdir, **mlp_task())
+  train_lib.train(crash_config(steps), workdir, **mlp_task())
 
 
 if __name__ == "__main__":

@@ -7,33 +7,52 @@ import math
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments import benchmark
 from experiments.configs import benchmark as benchmark_cfg
 
 
 def _curve(losses, step_every=10, backward=None, seconds=None):
-  return [{"step": step_every * (i + 1), "eval_loss": l,
-           "backward_passes": (backward or [step_every * (i + 1) for i in range(len(losses))])[i],
-           "train_s": (seconds or [0.1 * (i + 1) for i in range(len(losses))])[i]}
-          for i, l in enumerate(losses)]
+  return [
+    {
+      "step": step_every * (i + 1),
+      "eval_loss": loss,
+      "backward_passes": (backward or [step_every * (i + 1) for i in range(len(losses))])[i],
+      "train_s": (seconds or [0.1 * (i + 1) for i in range(len(losses))])[i],
+    }
+    for i, loss in enumerate(losses)
+  ]
 
 
 def _run(losses, backward=None, seconds=None, predict=0, phase_ms=None):
-  run = {"final_eval_loss": losses[-1], "curve": _curve(losses, backward=backward, seconds=seconds),
-         "memory_growth_bytes": [0], "memory_source": "jax.live_arrays", "ms_per_step": 10.0,
-         "backward_passes": (backward or [10 * len(losses)])[-1]}
+  run = {
+    "final_eval_loss": losses[-1],
+    "curve": _curve(losses, backward=backward, seconds=seconds),
+    "memory_growth_bytes": [0],
+    "memory_source": "jax.live_arrays",
+    "ms_per_step": 10.0,
+    "backward_passes": (backward or [10 * len(losses)])[-1],
+  }
   if phase_ms is not None:
-    run.update(phase_steps={"WARMUP": 5, "FULL": 5, "PREDICT": predict, "CORRECT": 10},
-               phase_ms_per_step=phase_ms, dynamics_ms=1.0)
+    run.update(
+      phase_steps={"WARMUP": 5, "FULL": 5, "PREDICT": predict, "CORRECT": 10},
+      phase_ms_per_step=phase_ms,
+      dynamics_ms=1.0,
+    )
   return run
 
 
 def test_figures_ratio_and_not_reached():
   base = _run([3.0, 2.5, 2.0, 1.9])
-  fast = _run([2.9, 1.85, 1.8, 1.7], backward=[5, 10, 15, 20], seconds=[0.05, 0.1, 0.15, 0.2],
-              predict=20, phase_ms={"FULL": 10.0, "PREDICT": 2.0})
+  fast = _run(
+    [2.9, 1.85, 1.8, 1.7],
+    backward=[5, 10, 15, 20],
+    seconds=[0.05, 0.1, 0.15, 0.2],
+    predict=20,
+    phase_ms={"FULL": 10.0, "PREDICT": 2.0},
+  )
   slow = _run([3.0, 2.6, 2.2, 2.0], predict=0, phase_ms={"FULL": 10.0})
   fig = benchmark.compute_figures({"baseline": base, "hybrid": fast, "constant_alpha": slow})
   assert fig["target_eval_loss"]["value"] == 1.9
@@ -51,19 +70,20 @@ def test_figures_ratio_and_not_reached():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12),
-       st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12))
+@given(st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12), st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12))
 def test_ratio_is_defined_exactly_when_the_target_is_reached(base_losses, run_losses):
   n = len(run_losses)
-  fig = benchmark.compute_figures({
+  fig = benchmark.compute_figures(
+    {
       "baseline": _run(base_losses),
-      "hybrid": _run(run_losses, backward=[3 * (i + 1) for i in range(n)],
-                     phase_ms={"FULL": 5.0})})
+      "hybrid": _run(run_losses, backward=[3 * (i + 1) for i in range(n)], phase_ms={"FULL": 5.0}),
+    }
+  )
   target = base_losses[-1]
   ratio = fig["hybrid"]["backward_ratio"]
   if min(run_losses) <= target:
-    first = next(i for i, l in enumerate(run_losses) if l <= target)
-    base_first = next(i for i, l in enumerate(base_losses) if l <= target)
+    first = next(i for i, x in enumerate(run_losses) if x <= target)
+    base_first = next(i for i, x in enumerate(base_losses) if x <= target)
     assert ratio["value"] == pytest.approx(10 * (base_first + 1) / (3 * (first + 1)))
   else:
     assert ratio["value"] == benchmark.NOT_REACHED
@@ -86,13 +106,15 @@ def quick_result(tmp_path_factory):
   return workdir, benchmark.run_benchmark(config, workdir)
 
 
+@pytest.mark.slow  # three training runs of the quick preset: about 1.5 minutes on 2 cores
 def test_quick_benchmark_json_is_self_consistent(quick_result):
   workdir, result = quick_result
   with open(os.path.join(workdir, "benchmark.json")) as f:
     stored = json.load(f)
   # The figures recompute from the raw records the file holds.
   assert benchmark.compute_figures(stored["runs"]) == {
-      k: v for k, v in stored["figures"].items() if k != "switch_overhead"}
+    k: v for k, v in stored["figures"].items() if k != "switch_overhead"
+  }
   base = stored["runs"]["baseline"]
   assert base["backward_passes"] == stored["config"]["trainer"]["steps"]
   for name in ("hybrid", "constant_alpha"):
@@ -102,10 +124,11 @@ def test_quick_benchmark_json_is_self_consistent(quick_result):
     assert run["backward_passes"] == steps - run["phase_steps"]["PREDICT"]
     assert fig["predict_fraction"]["value"] == run["phase_steps"]["PREDICT"] / steps
     gap = fig["final_loss_gap"]
-    assert gap["value"] == pytest.approx(
-        (run["final_eval_loss"] - base["final_eval_loss"]) / base["final_eval_loss"])
-    for key, num, den in (("backward_ratio", "baseline_backward_passes", "run_backward_passes"),
-                          ("wallclock_ratio", "baseline_train_s", "run_train_s")):
+    assert gap["value"] == pytest.approx((run["final_eval_loss"] - base["final_eval_loss"]) / base["final_eval_loss"])
+    for key, num, den in (
+      ("backward_ratio", "baseline_backward_passes", "run_backward_passes"),
+      ("wallclock_ratio", "baseline_train_s", "run_train_s"),
+    ):
       r = fig[key]
       if r["value"] == benchmark.NOT_REACHED:
         assert min(p["eval_loss"] for p in run["curve"]) > base["final_eval_loss"]
@@ -122,9 +145,17 @@ def test_quick_benchmark_json_is_self_consistent(quick_result):
   assert "backward_ratio" in table and "final eval loss" in table
 
 
-def test_benchmark_refuses_an_existing_workdir(quick_result):
-  workdir, _ = quick_result
+@pytest.mark.parametrize("leftover", ["benchmark.json", "hybrid"])
+def test_benchmark_refuses_an_existing_workdir(tmp_path, leftover):
+  # A workdir holding a finished benchmark, or one run of an interrupted one, is refused before
+  # anything is trained or written.
+  workdir = tmp_path / "bench"
+  workdir.mkdir()
+  if leftover.endswith(".json"):
+    (workdir / leftover).write_text("{}")
+  else:
+    (workdir / leftover).mkdir()
   listing = sorted(os.listdir(workdir))
   with pytest.raises(ValueError, match="already holds benchmark runs"):
-    benchmark.run_benchmark(benchmark_cfg.get_config("quick"), workdir)
+    benchmark.run_benchmark(benchmark_cfg.get_config("quick"), str(workdir))
   assert sorted(os.listdir(workdir)) == listing

@@ -10,9 +10,9 @@ import sys
 import tempfile
 
 import hypothesis
-from hypothesis import strategies as st
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from hybridjax import data
 
@@ -44,8 +44,7 @@ def _write(path: pathlib.Path, content: str | bytes) -> str:
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "text", ["", "Hello world", "héllo wörld — ünïcödé ✓ 日本語 🙂\n\tend"])
+@pytest.mark.parametrize("text", ["", "Hello world", "héllo wörld — ünïcödé ✓ 日本語 🙂\n\tend"])
 def test_byte_round_trip(text):
   tok = data.get_tokenizer("byte")
   ids = tok.encode(text)
@@ -60,8 +59,9 @@ def test_byte_decode_invalid_utf8_replaces():
 
 
 @pytest.mark.parametrize(
-    "text", ["Hello world", "héllo wörld — 日本語 🙂\n\n  spaces  \n",
-             "KING LEAR. Nothing will come of nothing: speak again."])
+  "text",
+  ["Hello world", "héllo wörld — 日本語 🙂\n\n  spaces  \n", "KING LEAR. Nothing will come of nothing: speak again."],
+)
 def test_gpt2_round_trip(text):
   tok = data.get_tokenizer("gpt2")
   ids = tok.encode(text)
@@ -104,8 +104,7 @@ def test_chunked_gpt2_matches_whole(monkeypatch, tmp_path, chunk_chars):
   monkeypatch.setattr(data, "_READ_BLOCK", 3 * chunk_chars + 1)
   path = _write(tmp_path / "corpus.txt", text)
   prepared = data.prepare_corpus(path, "gpt2", cache_dir=str(tmp_path / "c"))
-  got = np.concatenate([data.load_tokens(prepared.train_path),
-                        data.load_tokens(prepared.val_path)])
+  got = np.concatenate([data.load_tokens(prepared.train_path), data.load_tokens(prepared.val_path)])
   np.testing.assert_array_equal(got, data.get_tokenizer("gpt2").encode(text))
 
 
@@ -126,10 +125,9 @@ def test_bundled_corpus_bytes(bundled_byte):
   assert isinstance(train, np.memmap) and train.dtype == np.uint16
   assert val.dtype == np.uint16
   assert (len(train), len(val)) == (p.n_train, p.n_val)
-  assert train[:1000].tobytes() == np.frombuffer(raw[:1000], np.uint8).astype(
-      np.uint16).tobytes()
+  assert train[:1000].tobytes() == np.frombuffer(raw[:1000], np.uint8).astype(np.uint16).tobytes()
   # The validation split is the tail of the stream.
-  np.testing.assert_array_equal(val, np.frombuffer(raw[-p.n_val:], np.uint8))
+  np.testing.assert_array_equal(val, np.frombuffer(raw[-p.n_val :], np.uint8))
   meta_path = pathlib.Path(p.train_path).with_name("meta.json")
   meta = json.loads(meta_path.read_text())
   assert meta == p.meta
@@ -169,8 +167,7 @@ def test_incomplete_cache_is_rebuilt(tmp_path):
   again = data.prepare_corpus(path, "byte", cache)
   assert len(data.load_tokens(again.train_path)) == p.n_train == 90
   # No temporary files are left behind.
-  assert sorted(os.listdir(pathlib.Path(p.train_path).parent)) == [
-      "meta.json", "train.bin", "val.bin"]
+  assert sorted(os.listdir(pathlib.Path(p.train_path).parent)) == ["meta.json", "train.bin", "val.bin"]
 
 
 def test_default_cache_dir_uses_env(tmp_path):
@@ -196,32 +193,40 @@ def test_folder_input(tmp_path):
   cache = str(tmp_path / "cache")
   p = data.prepare_corpus(str(root), "byte", cache, val_fraction=0.1)
   assert p.meta["files"] == ["a/one.txt", "b/deep/two.txt"]
-  tokens = np.concatenate([data.load_tokens(p.train_path),
-                           data.load_tokens(p.val_path)])
+  tokens = np.concatenate([data.load_tokens(p.train_path), data.load_tokens(p.val_path)])
   assert tokens.tobytes()[::2] == b"first document\n\n\nsecond document\n"
   # With GPT-2 the documents are separated by the EOT token.
   g = data.prepare_corpus(str(root), "gpt2", cache, val_fraction=0.5)
-  tokens = np.concatenate([data.load_tokens(g.train_path),
-                           data.load_tokens(g.val_path)]).tolist()
+  tokens = np.concatenate([data.load_tokens(g.train_path), data.load_tokens(g.val_path)]).tolist()
   tok = data.get_tokenizer("gpt2")
-  assert tokens == (tok.encode("first document\n") + [50256] +
-                    tok.encode("second document\n"))
+  assert tokens == (tok.encode("first document\n") + [50256] + tok.encode("second document\n"))
 
 
 def test_script(tmp_path):
   path = _write(tmp_path / "a.txt", "hello script " * 30)
   out = tmp_path / "out"
   result = subprocess.run(
-      [sys.executable, str(_REPO / "scripts" / "prepare_data.py"),
-       f"--input={path}", "--tokenizer=byte", f"--out_dir={out}",
-       "--val_fraction=0.2"],
-      capture_output=True, text=True, check=True, cwd=_REPO)
+    [
+      sys.executable,
+      str(_REPO / "scripts" / "prepare_data.py"),
+      f"--input={path}",
+      "--tokenizer=byte",
+      f"--out_dir={out}",
+      "--val_fraction=0.2",
+    ],
+    capture_output=True,
+    text=True,
+    check=True,
+    cwd=_REPO,
+  )
   assert "390 = train 312 + val 78" in result.stdout
   assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
   bad = subprocess.run(
-      [sys.executable, str(_REPO / "scripts" / "prepare_data.py"),
-       f"--input={tmp_path / 'missing'}", f"--out_dir={out}"],
-      capture_output=True, text=True, cwd=_REPO)
+    [sys.executable, str(_REPO / "scripts" / "prepare_data.py"), f"--input={tmp_path / 'missing'}", f"--out_dir={out}"],
+    capture_output=True,
+    text=True,
+    cwd=_REPO,
+  )
   assert bad.returncode == 2 and "data.path" in bad.stderr
   assert "--input" in bad.stderr
 
@@ -307,10 +312,13 @@ def test_folder_without_text_files(tmp_path):
     data.prepare_corpus(str(tmp_path / "corpus"), "byte", str(tmp_path / "c"))
 
 
-@pytest.mark.parametrize("content", [
+@pytest.mark.parametrize(
+  "content",
+  [
     np.arange(1000, dtype=np.int32).tobytes(),  # NUL bytes.
     bytes(range(128, 256)) * 20,  # Mostly invalid UTF-8.
-])
+  ],
+)
 def test_binary_file(tmp_path, content):
   path = _write(tmp_path / "data.txt", content)
   with pytest.raises(ValueError, match=r"data\.path.*not (a )?(UTF-8 )?text"):
@@ -318,8 +326,7 @@ def test_binary_file(tmp_path, content):
 
 
 def test_few_invalid_bytes_are_replaced(tmp_path):
-  path = _write(tmp_path / "latin.txt",
-                ("plain ascii text " * 100).encode() + b"caf\xe9")
+  path = _write(tmp_path / "latin.txt", ("plain ascii text " * 100).encode() + b"caf\xe9")
   p = data.prepare_corpus(path, "byte", str(tmp_path / "cache"))
   tail = data.load_tokens(p.val_path).tobytes()[::2]
   assert tail.endswith("caf\ufffd".encode())
@@ -371,10 +378,13 @@ def test_bad_val_fraction(tmp_path, val_fraction):
     data.prepare_corpus(path, "byte", str(tmp_path / "c"), val_fraction)
 
 
-@pytest.mark.parametrize("kw, field", [
+@pytest.mark.parametrize(
+  "kw, field",
+  [
     (dict(batch_size=0, seq_len=8), "trainer.batch_size"),
     (dict(batch_size=2, seq_len=0), "model.n_ctx"),
-])
+  ],
+)
 def test_bad_batch_sizes(kw, field):
   tokens = np.arange(100, dtype=np.uint16)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -405,17 +415,14 @@ def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
   # Without a vocabulary size (or with one that fits) the ids pass through unchanged.
   batch = data.get_batch(tokens, seed=0, step=0, batch_size=8, seq_len=16, vocab_size=301)
   assert batch["inputs"].max() < 301
-  assert data.eval_batches(tokens, batch_size=4, seq_len=16, n_batches=5)[0]["inputs"].shape == (
-      4, 16)
+  assert data.eval_batches(tokens, batch_size=4, seq_len=16, n_batches=5)[0]["inputs"].shape == (4, 16)
 
 
 # ----------------------------------------------------------------------------
 # Properties.
 # ----------------------------------------------------------------------------
 
-_SETTINGS = hypothesis.settings(
-    max_examples=40, deadline=None,
-    suppress_health_check=[hypothesis.HealthCheck.too_slow])
+_SETTINGS = hypothesis.settings(max_examples=40, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
 
 
 def _check_batch(batch, batch_size, seq_len, vocab_size):
@@ -428,11 +435,11 @@ def _check_batch(batch, batch_size, seq_len, vocab_size):
 
 @_SETTINGS
 @hypothesis.given(
-    tokens=st.lists(st.integers(0, 50256), min_size=0, max_size=300),
-    batch_size=st.integers(-1, 6),
-    seq_len=st.integers(-1, 40),
-    seed=st.integers(0, 2**32),
-    step=st.integers(0, 10**6),
+  tokens=st.lists(st.integers(0, 50256), min_size=0, max_size=300),
+  batch_size=st.integers(-1, 6),
+  seq_len=st.integers(-1, 40),
+  seed=st.integers(0, 2**32),
+  step=st.integers(0, 10**6),
 )
 def test_property_token_files(tokens, batch_size, seq_len, seed, step):
   with tempfile.TemporaryDirectory() as tmp:
@@ -440,30 +447,28 @@ def test_property_token_files(tokens, batch_size, seq_len, seed, step):
     np.asarray(tokens, dtype=np.uint16).tofile(path)
     try:
       memmap = data.load_tokens(path)
-      batch = data.get_batch(memmap, seed=seed, step=step,
-                             batch_size=batch_size, seq_len=seq_len)
+      batch = data.get_batch(memmap, seed=seed, step=step, batch_size=batch_size, seq_len=seq_len)
     except ValueError as e:
       assert str(e)  # A clear message, never another exception type.
       return
     _check_batch(batch, batch_size, seq_len, 50257)
     assert len(tokens) >= seq_len + 1
     # Every row is a window of the token file.
-    windows = np.lib.stride_tricks.sliding_window_view(
-        np.asarray(tokens), seq_len + 1)
+    windows = np.lib.stride_tricks.sliding_window_view(np.asarray(tokens), seq_len + 1)
     for row in np.concatenate([batch["inputs"], batch["targets"][:, -1:]], 1):
       assert (windows == row).all(axis=1).any()
 
 
 @_SETTINGS
 @hypothesis.given(
-    text=st.one_of(
-        st.text(max_size=400),
-        st.binary(max_size=400).map(lambda b: b.decode("latin-1")),
-    ),
-    raw=st.none() | st.binary(max_size=200),
-    tokenizer=st.sampled_from(["byte", "gpt2"]),
-    val_fraction=st.sampled_from([0.05, 0.1, 0.5, 0.6]),
-    seq_len=st.integers(1, 16),
+  text=st.one_of(
+    st.text(max_size=400),
+    st.binary(max_size=400).map(lambda b: b.decode("latin-1")),
+  ),
+  raw=st.none() | st.binary(max_size=200),
+  tokenizer=st.sampled_from(["byte", "gpt2"]),
+  val_fraction=st.sampled_from([0.05, 0.1, 0.5, 0.6]),
+  seq_len=st.integers(1, 16),
 )
 def test_property_text_corpus(text, raw, tokenizer, val_fraction, seq_len):
   with tempfile.TemporaryDirectory() as tmp:
@@ -472,8 +477,7 @@ def test_property_text_corpus(text, raw, tokenizer, val_fraction, seq_len):
     with open(path, "wb") as f:
       f.write(content)
     try:
-      prepared = data.prepare_corpus(
-          path, tokenizer, os.path.join(tmp, "cache"), val_fraction)
+      prepared = data.prepare_corpus(path, tokenizer, os.path.join(tmp, "cache"), val_fraction)
       data.check_seq_len(prepared, seq_len)
     except ValueError as e:
       assert str(e)
@@ -482,24 +486,21 @@ def test_property_text_corpus(text, raw, tokenizer, val_fraction, seq_len):
     assert content.strip()
     for split in (prepared.train_path, prepared.val_path):
       tokens = data.load_tokens(split)
-      batch = data.get_batch(tokens, seed=1, step=2, batch_size=3,
-                             seq_len=seq_len)
+      batch = data.get_batch(tokens, seed=1, step=2, batch_size=3, seq_len=seq_len)
       _check_batch(batch, 3, seq_len, prepared.vocab_size)
 
 
 @hypothesis.settings(max_examples=300, deadline=None)
 @hypothesis.given(
-    text=st.text(
-        alphabet=st.sampled_from(list("ab Z'sl\n\t\r.,1é\u00a0\u3000\x1c")) |
-        st.characters(), max_size=200),
-    chunk_chars=st.integers(2, 30),
+  text=st.text(alphabet=st.sampled_from(list("ab Z'sl\n\t\r.,1é\u00a0\u3000\x1c")) | st.characters(), max_size=200),
+  chunk_chars=st.integers(2, 30),
 )
 def test_property_chunking_is_exact(text, chunk_chars):
   """Chunks cut at safe points tokenise exactly like the whole text."""
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(data, "_CHUNK_CHARS", chunk_chars)
     mp.setattr(data, "_CHUNK_CHARS_MAX", 10**9)  # Never an unsafe cut.
-    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]
+    pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
     chunks = list(data._safe_chunks(pieces))
   assert "".join(chunks) == text
   tok = data.get_tokenizer("gpt2")

@@ -1,7 +1,8 @@
-"""Memory behaviour of the hybrid step: donation, flat live memory, bounded overhead, no transfers.
+"""Memory behaviour of the hybrid step: donation, flat live memory, bounded overhead, no transfers;
+and the readings the loop takes (hybridjax.memory), including a GPU's `memory_stats()` (stubbed).
 
-Everything runs on the small MLP regression problem; one context and one set of compiled,
-donating step functions is shared by every test in this module (see `_setup`).
+The step-level tests run on the MLP problem of tests/hybrid_helper.py and share its compiled,
+donating step functions (`hh.setup()`).
 
 On CPU, `device.memory_stats()` is None, so "memory" here means the arrays JAX keeps alive
 (`jax.live_arrays()`), which is exact, plus the process RSS, which is noisy.
@@ -10,67 +11,34 @@ On CPU, `device.memory_stats()` is None, so "memory" here means the arrays JAX k
 from __future__ import annotations
 
 import gc
-import os
 import warnings
 
+import hybrid_helper as hh
 import jax
 import jax.numpy as jnp
 import numpy as np
+import reliability_helper as rh
+from conftest import cached, small_hybrid_config
 
-from conftest import STD, small_hybrid_config
-from hybridjax import config as config_lib
+from hybridjax import checkpoint as ckpt_lib
 from hybridjax import memory as memory_lib
-from hybridjax import state as state_lib
-from hybridjax import steps as steps_lib
-from hybridjax import trainer
+from hybridjax import optim, writers
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import state as state_lib
+from hybridjax.hybrid import step as step_lib
+from hybridjax.hybrid.phases import Branch, Phase
+from hybridjax.loop import drivers
+from hybridjax.loop import train as train_lib
 from hybridjax.models import mlp
 
-TOTAL_STEPS = 1200
 DONATION_WARNING = "donated buffers were not usable"
-PHASES = (state_lib.WARMUP, state_lib.FULL, state_lib.PREDICT, state_lib.CORRECT)
-
-_CACHE: dict = {}
-
-
-def _setup() -> dict:
-  """Builds (once per module) the problem, the context and the jitted donating step functions."""
-  if not _CACHE:
-    model = mlp.MLP(features=(16, 16), n_out=1)
-    x, y = mlp.make_regression_problem(0, n_in=4)
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
-    loss_fn = mlp.make_loss_fn(model)
-    oc = config_lib.default_optim_config()
-    oc.learning_rate, oc.warmup_steps = 1e-2, 5
-    tx = trainer.make_optimizer(oc, TOTAL_STEPS)
-    ctx = steps_lib.make_context(small_hybrid_config(**STD), loss_fn=loss_fn, tx=tx,
-                                 params_shape=params,
-                                 total_steps=TOTAL_STEPS)
-    phase_fns = [jax.jit(steps_lib.make_phase_step(ctx, b), donate_argnums=0, keep_unused=True)
-                 for b in range(state_lib.N_BRANCHES)]
-    fused = jax.jit(lambda s, b: steps_lib.hybrid_step(ctx, s, b), donate_argnums=0,
-                    keep_unused=True)
-    _CACHE.update(
-        params=jax.device_get(params),  # host copy: states get fresh device buffers to donate
-        loss_fn=loss_fn, tx=tx, ctx=ctx, phase_fns=phase_fns, fused=fused,
-        base_step=trainer.make_train_step(loss_fn, tx),
-        batch=lambda i: mlp.regression_batch(x, y, step=i, batch_size=32, seed=0))
-  return _CACHE
-
-
-def _fresh_params(s):
-  return jax.tree.map(jnp.asarray, s["params"])
-
-
-def _hybrid_state(s, seed=0):
-  return steps_lib.init_hybrid_state(s["ctx"], _fresh_params(s), jax.random.PRNGKey(seed))
-
-
-def _base_state(s):
-  return trainer.init_train_state(_fresh_params(s), s["tx"])
+PHASES = tuple(Phase)
+SMALL_PARTS = ("dynamics", "corrector", "history", "controller", "rng")
 
 
 def _tree_bytes(tree) -> int:
-  return int(sum(leaf.nbytes for leaf in jax.tree.leaves(tree)))
+  return int(sum(np.prod(leaf.shape, dtype=np.int64) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree)))
 
 
 def _live_bytes() -> tuple[int, int]:
@@ -78,11 +46,8 @@ def _live_bytes() -> tuple[int, int]:
   return memory_lib.live_array_stats()
 
 
-def _hybrid_step(s, state, i):
-  """One host-dispatched hybrid step; returns the new state and the metrics as host values."""
-  branch = int(jax.device_get(state.controller.next_branch))
-  state, metrics = s["phase_fns"][branch](state, s["batch"](i))
-  return state, branch, jax.device_get(metrics)
+def _base_state():
+  return optim.init_train_state(jax.tree.map(jnp.asarray, hh.host_params()), hh.TX)
 
 
 def _assert_donated(old_leaves, what):
@@ -99,37 +64,44 @@ def _no_donation_warnings(caught):
 
 
 def test_every_phase_step_consumes_its_donated_state():
-  s = _setup()
-  state = _hybrid_state(s)
+  s = hh.setup()
+  state = s.init_state()
   seen_branches, seen_phases = set(), set()
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for i in range(200):
       old = jax.tree.leaves(state)
-      state, branch, metrics = _hybrid_step(s, state, i)
+      state, branch, metrics = s.step(state, hh.batch(i))
       jax.block_until_ready(state)
       _assert_donated(old, f"branch {branch} at step {i}")
       del old
       seen_branches.add(branch)
       seen_phases.add(int(metrics["phase"]))
-      if len(seen_branches) == state_lib.N_BRANCHES and len(seen_phases) == len(PHASES):
+      if len(seen_branches) == len(Branch) and len(seen_phases) == len(PHASES):
         break
   _no_donation_warnings(caught)
-  assert seen_branches == set(range(state_lib.N_BRANCHES)), seen_branches
+  assert seen_branches == set(Branch), seen_branches
   assert seen_phases == set(PHASES), seen_phases
 
 
-def test_fused_and_baseline_steps_consume_their_donated_state():
-  s = _setup()
+def test_fused_scanned_and_baseline_steps_consume_their_donated_state():
+  s = hh.setup()
+  base_step = jax.jit(
+    lambda st, b, sch: optim.train_step(st, b, sch, loss_fn=hh.loss_fn, tx=hh.TX), donate_argnums=0, keep_unused=True
+  )
+  stacked = drivers.stack_batches([hh.batch(i) for i in range(4)])
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    for name, step_fn, state in (("fused hybrid_step", s["fused"], _hybrid_state(s)),
-                                 ("baseline train_step", s["base_step"], _base_state(s))):
+    for name, step_fn, state, batch in (
+      ("fused hybrid_step", s.fused, s.init_state(), hh.batch),
+      ("hybrid_multi_step", s.multi, s.init_state(), lambda i: stacked),
+      ("baseline train_step", base_step, _base_state(), hh.batch),
+    ):
       for i in range(3):
         old = jax.tree.leaves(state)
-        state, _ = step_fn(state, s["batch"](i))
+        state, _ = step_fn(state, batch(i), hh.SCHEDULE)
         jax.block_until_ready(state)
-        _assert_donated(old, f"{name} at step {i}")
+        _assert_donated(old, f"{name} at call {i}")
       del state
   _no_donation_warnings(caught)
 
@@ -138,12 +110,12 @@ def test_fused_and_baseline_steps_consume_their_donated_state():
 
 
 def test_live_memory_is_flat_over_1000_hybrid_steps():
-  s = _setup()
-  state = _hybrid_state(s, seed=1)
+  s = hh.setup()
+  state = s.init_state(seed=1)
   phases = np.zeros(4, np.int64)
   readings = {}
   for i in range(1, 1001):
-    state, _, metrics = _hybrid_step(s, state, i)
+    state, _, metrics = s.step(state, hh.batch(i))
     phases[int(metrics["phase"])] += 1
     del metrics
     if i in (20, 200, 1000):
@@ -156,27 +128,68 @@ def test_live_memory_is_flat_over_1000_hybrid_steps():
   # of every branch. After that, growth over 800 more steps must stay under 2%.
   rss_200, rss_1000 = readings[200][2], readings[1000][2]
   growth = (rss_1000 - rss_200) / rss_200
-  print(f"live arrays @20 {readings[20][:2]}, @1000 {readings[1000][:2]}; RSS @200 {rss_200} B, "
-        f"@1000 {rss_1000} B, growth {growth:.3%}; phase steps {phases.tolist()}")
-  assert growth < 0.02, (f"RSS grew {growth:.2%} from step 200 ({rss_200} B) to 1000 "
-                         f"({rss_1000} B); phase steps {phases.tolist()}")
+  print(
+    f"live arrays @20 {readings[20][:2]}, @1000 {readings[1000][:2]}; RSS @200 {rss_200} B, "
+    f"@1000 {rss_1000} B, growth {growth:.3%}; phase steps {phases.tolist()}"
+  )
+  assert growth < 0.02, (
+    f"RSS grew {growth:.2%} from step 200 ({rss_200} B) to 1000 ({rss_1000} B); phase steps {phases.tolist()}"
+  )
 
 
 # --- 3. bounded overhead -------------------------------------------------------------------------
 
 
-def test_hybrid_state_overhead_is_exactly_its_extra_buffers():
-  s = _setup()
-  state = _hybrid_state(s)
-  base = _base_state(s)
-  params_bytes = _tree_bytes(state.train.params)
-  extra = {name: _tree_bytes(getattr(state, name))
-           for name in ("velocity", "dynamics", "corrector", "history", "controller", "rng")}
-  assert _tree_bytes(state) - _tree_bytes(base) == sum(extra.values()), extra
+def _abstract_states(width: int):
+  """(hybrid state, baseline state, params) shapes for the MLP with hidden widths (width, width)."""
+  model = mlp.MLP(features=(width, width), n_out=1)
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"])
+  ctx = drivers.make_context(
+    small_hybrid_config(**hh.MAIN), loss_fn=hh.loss_fn, tx=hh.TX, params_shape=params, total_steps=hh.CTX_STEPS
+  )
+  hybrid = jax.eval_shape(lambda p: step_lib.init_hybrid_state(ctx, p, jax.random.PRNGKey(0)), params)
+  base = jax.eval_shape(lambda p: optim.init_train_state(p, hh.TX), params)
+  return ctx, hybrid, base, params
+
+
+def test_hybrid_state_overhead_is_one_params_sized_buffer_plus_small_fixed_buffers():
+  ctx, state, base, params = _abstract_states(16)
+  params_bytes = _tree_bytes(params)
+  g, f, n = ctx.groups.n_groups, ctx.groups.feature_dim, ctx.history_size
+  # The small buffers, each from its own definition: the RSSM and corrector (params, Adam state,
+  # recurrent state, residual ring), the history ring buffers, the controller and the rng key.
+  dyn = _tree_bytes(jax.eval_shape(lambda: dynamics_lib.init_dynamics(jax.random.PRNGKey(0), ctx.rssm)))
+  corr = _tree_bytes(
+    jax.eval_shape(
+      lambda: corrector_lib.init_corrector(
+        jax.random.PRNGKey(0), f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr
+      )
+    )
+  )
+  history = 4 * (n * f + n + n * g) + 4 * (2 * f + 1) + 4 + 4  # features, logloss, alpha targets,
+  # the normalizer's mean, var and count, pos, count
+  ctrl = _tree_bytes(
+    jax.eval_shape(
+      lambda: state_lib.init_controller(
+        max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
+      )
+    )
+  )
+  rng = 2 * 4
+  expected = 1 * params_bytes + dyn + corr + history + ctrl + rng  # velocity: the only params-sized one
   assert _tree_bytes(state.train) == _tree_bytes(base)
-  # Trajectory memory is one params-sized buffer (the velocity); no params snapshot is kept.
-  assert extra["velocity"] == params_bytes
-  assert extra["velocity"] <= 2 * params_bytes
+  assert _tree_bytes(state) - _tree_bytes(base) == expected, (_tree_bytes(state) - _tree_bytes(base), expected)
+  assert _tree_bytes(state.history) == history
+  # No small buffer grows with the model: 16x the hidden width adds exactly one params-sized
+  # buffer's worth (the velocity) to the overhead, nothing else.
+  _, big_state, big_base, big_params = _abstract_states(256)
+  assert _tree_bytes(big_params) > 100 * params_bytes
+  overhead = _tree_bytes(state) - _tree_bytes(base)
+  big_overhead = _tree_bytes(big_state) - _tree_bytes(big_base)
+  assert big_overhead - overhead == _tree_bytes(big_params) - params_bytes
+  # And the live state matches its shape: nothing extra is allocated at init.
+  live = hh.setup().init_state()
+  assert _tree_bytes(live) == _tree_bytes(state)
 
 
 def test_peak_live_bytes_bounded_by_baseline_plus_extra_buffers():
@@ -185,61 +198,138 @@ def test_peak_live_bytes_bounded_by_baseline_plus_extra_buffers():
   This is a post-step sample, not an allocator peak: CPU does not report
   `peak_bytes_in_use`, and XLA temporaries inside a step are not jax arrays.
   """
-  s = _setup()
+  s = hh.setup()
+  base_step = jax.jit(
+    lambda st, b, sch: optim.train_step(st, b, sch, loss_fn=hh.loss_fn, tx=hh.TX), donate_argnums=0, keep_unused=True
+  )
   n_steps = 40
   ref = _live_bytes()[1]
-  base = _base_state(s)
+  base = _base_state()
   base_peak = 0
   for i in range(n_steps):
-    base, m = s["base_step"](base, s["batch"](i))
+    base, m = base_step(base, hh.batch(i), hh.SCHEDULE)
     jax.block_until_ready(base)
     del m
     base_peak = max(base_peak, memory_lib.live_array_stats()[1] - ref)
   del base
   ref = _live_bytes()[1]
-  state = _hybrid_state(s)
-  extra = sum(_tree_bytes(getattr(state, n))
-              for n in ("velocity", "dynamics", "corrector", "history", "controller", "rng"))
+  state = s.init_state()
+  extra = sum(_tree_bytes(getattr(state, n)) for n in ("velocity",) + SMALL_PARTS)
   hyb_peak, phases = 0, set()
   for i in range(n_steps):
-    state, _, metrics = _hybrid_step(s, state, i)
+    state, _, metrics = s.step(state, hh.batch(i))
     phases.add(int(metrics["phase"]))
+    del metrics
     jax.block_until_ready(state)
     hyb_peak = max(hyb_peak, memory_lib.live_array_stats()[1] - ref)
   assert phases == set(PHASES), phases
-  print(f"post-step live-bytes peak: baseline {base_peak} B, hybrid {hyb_peak} B, "
-        f"extra buffers {extra} B")
-  assert hyb_peak <= base_peak + extra, (hyb_peak, base_peak, extra)
+  print(f"post-step live-bytes peak: baseline {base_peak} B, hybrid {hyb_peak} B, extra buffers {extra} B")
+  assert 0 < base_peak and hyb_peak <= base_peak + extra, (hyb_peak, base_peak, extra)
 
 
 # --- 4. no implicit transfers --------------------------------------------------------------------
 
 
 def test_fused_step_makes_no_implicit_host_transfers():
-  s = _setup()
-  state = _hybrid_state(s)
-  batches = [jax.device_put(s["batch"](i)) for i in range(6)]
-  state, _ = s["fused"](state, jax.device_put(s["batch"](100)))  # compile outside the guard
+  s = hh.setup()
+  state = s.init_state()
+  n = 40
+  batches = [jax.device_put(hh.batch(i)) for i in range(1, n + 1)]
+  state, _ = s.fused(state, jax.device_put(hh.batch(0)), hh.SCHEDULE)  # compile outside the guard
   jax.block_until_ready(state)
   collected = []
   with jax.transfer_guard("disallow"):
     for b in batches:
-      state, metrics = s["fused"](state, b)
+      state, metrics = s.fused(state, b, hh.SCHEDULE)
       collected.append(metrics)
     jax.block_until_ready(state)
-  phases = [int(p) for p in jax.device_get([m["phase"] for m in collected])]
-  assert len(phases) == len(batches)
+  host = jax.device_get(collected)
+  # Every step ran under the guard, through every phase (so every branch of the switch).
+  assert [int(m["step"]) for m in host] == list(range(2, n + 2))  # steps taken after each
+  assert int(state.train.step) == n + 1
+  assert {int(m["phase"]) for m in host} == set(PHASES)
 
 
-def test_memory_limit_warns_once_and_saves_an_emergency_checkpoint(tmp_path, capsys):
-  """Crossing trainer.memory_limit_bytes warns and checkpoints once, then training goes on."""
-  from conftest import micro_config
-  from experiments import gpt2_small
-  c = micro_config(mode="baseline", steps=12)  # the check lives in the trainer loop, for both modes
+# --- 5. readings ---------------------------------------------------------------------------------
+
+
+class FakeGPU:
+  """A device whose `memory_stats()` reads like a GPU's."""
+
+  def __init__(self, id, in_use, peak, limit=16 << 30):
+    self.id, self.stats = id, {"bytes_in_use": in_use, "peak_bytes_in_use": peak, "bytes_limit": limit}
+
+  def memory_stats(self):
+    return dict(self.stats)
+
+
+class NoStats:
+  id = 0
+
+  def memory_stats(self):
+    raise RuntimeError("memory_stats is not supported")
+
+
+def test_memory_snapshot_reads_device_memory_stats():
+  snap = memory_lib.memory_snapshot(FakeGPU(0, 1000, 3000))
+  assert snap["source"] == "device.memory_stats"
+  assert (snap["bytes_in_use"], snap["peak_bytes_in_use"], snap["bytes_limit"]) == (1000, 3000, 16 << 30)
+  assert snap["live_bytes"] >= 0 and snap["rss_bytes"] > 0
+  # A backend that raises (or returns None) falls back to the live arrays, and says so.
+  snap = memory_lib.memory_snapshot(NoStats())
+  assert snap["source"] == "jax.live_arrays" and snap["bytes_in_use"] == snap["live_bytes"]
+  assert "peak_bytes_in_use" not in snap
+
+
+def test_memory_snapshot_on_several_devices_reports_the_fullest(monkeypatch):
+  fakes = [FakeGPU(0, 500, 900), FakeGPU(1, 700, 800)]
+  monkeypatch.setattr(memory_lib.jax, "local_devices", lambda: fakes)
+  snap = memory_lib.memory_snapshot()
+  assert snap["source"] == "device.memory_stats (max over 2 devices)" and snap["devices"] == 2
+  assert (snap["bytes_in_use"], snap["peak_bytes_in_use"]) == (700, 900)
+
+
+def test_memory_tracker_uses_the_allocator_peak():
+  t = memory_lib.MemoryTracker()
+  t.observe({"bytes_in_use": 10, "rss_bytes": 5, "peak_bytes_in_use": 50})
+  t.observe({"bytes_in_use": 30, "rss_bytes": 7})
+  assert (t.peak_bytes, t.peak_rss) == (50, 7)
+
+
+def test_gpu_memory_stats_through_train_warn_and_save_an_emergency_checkpoint(tmp_path, jax_cache, capsys, monkeypatch):
+  # The loop reads device.memory_stats() as a GPU reports it (stubbed: CPU has none). The memory in
+  # use jumps after the log of step 8; the next log (step 12) crosses trainer.memory_limit_bytes,
+  # which warns once and saves an emergency checkpoint, and training goes on to the end.
+  level = {"in_use": 1_000_000}
+  reads = []
+
+  def stats(device):
+    reads.append(device)
+    return {"bytes_in_use": level["in_use"], "peak_bytes_in_use": level["in_use"] + 123, "bytes_limit": 16 << 30}
+
+  monkeypatch.setattr(memory_lib, "_device_stats", stats)
+
+  def on_log(step, record):
+    if step == 8:
+      level["in_use"] = 5_000_000
+
+  c = cached(hh.train_config(), jax_cache)  # 40 steps with the programs of `hh.setup()`
   c.trainer.log_every = 4
-  c.trainer.memory_limit_bytes = 1  # any run exceeds one byte: the first log crosses it
-  gpt2_small.run(c, str(tmp_path / "run"))
+  c.trainer.memory_limit_bytes = 4_000_000
+  summary = train_lib.train(c, str(tmp_path / "run"), hooks={"on_log": on_log}, **rh.mlp_task())
   out = capsys.readouterr().out
-  assert out.count("exceeds trainer.memory_limit_bytes=1") == 1, out
-  steps = sorted(int(d) for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit())
-  assert steps == [4, 12], steps  # the emergency save at the first log, and the final one
+  assert out.count("exceeds trainer.memory_limit_bytes=4000000") == 1, out
+  assert "memory in use 5000000 B" in out
+  manager = ckpt_lib.make_manager(str(tmp_path / "run" / "checkpoints"))
+  assert list(manager.all_steps()) == [12, 40]  # the emergency save, and the final one
+  manager.close()
+  assert reads and all(d in jax.local_devices() for d in reads)
+  records = writers.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
+  train = {r["step"]: r["bytes_in_use"] for r in records if r["kind"] == "train"}
+  assert train == {s: 1_000_000 if s <= 8 else 5_000_000 for s in range(4, 41, 4)}
+  # The phase-transition readings (at log boundaries with the fused step) come from the same source.
+  memory = [r for r in records if r["kind"] == "memory"]
+  assert memory and all(r["source"] == "device.memory_stats" and r["bytes_limit"] == 16 << 30 for r in memory)
+  m = summary["memory"]
+  assert m["source"] == "device.memory_stats"
+  assert m["peak_bytes"] == 5_000_123 and m["end_bytes"] == 5_000_000 and m["start_bytes"] == 1_000_000

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hybridjax.models import gpt2
-from hybridjax.models import mlp
+from hybridjax.models import gpt2, mlp
 
 TINY = gpt2.PRESETS["tiny"]
 # Small enough for the NumPy reference and converter tests to be instant.
@@ -94,10 +93,10 @@ def random_hf_state_dict(cfg: gpt2.GPT2Config, seed: int = 0, std: float = 0.15)
       sd[pre + ln + ".weight"] = normal(d, loc=1.0)
       sd[pre + ln + ".bias"] = normal(d)
     for name, (n_in, n_out) in {
-        "attn.c_attn": (d, 3 * d),
-        "attn.c_proj": (d, d),
-        "mlp.c_fc": (d, 4 * d),
-        "mlp.c_proj": (4 * d, d),
+      "attn.c_attn": (d, 3 * d),
+      "attn.c_proj": (d, d),
+      "mlp.c_fc": (d, 4 * d),
+      "mlp.c_proj": (4 * d, d),
     }.items():
       sd[pre + name + ".weight"] = normal(n_in, n_out)
       sd[pre + name + ".bias"] = normal(n_out)
@@ -118,13 +117,13 @@ def test_presets_validate():
 
 
 @pytest.mark.parametrize(
-    "changes, field",
-    [
-        ({"d_model": 100, "n_head": 3}, "model.d_model"),
-        ({"n_layer": 0}, "model.n_layer"),
-        ({"dropout": 1.0}, "model.dropout"),
-        ({"dtype": "int8"}, "model.dtype"),
-    ],
+  "changes, field",
+  [
+    ({"d_model": 100, "n_head": 3}, "model.d_model"),
+    ({"n_layer": 0}, "model.n_layer"),
+    ({"dropout": 1.0}, "model.dropout"),
+    ({"dtype": "int8"}, "model.dtype"),
+  ],
 )
 def test_config_validate_names_field(changes, field):
   with pytest.raises(ValueError, match=field):
@@ -153,9 +152,7 @@ def test_tiny_shapes(tiny_params):
 
 def test_124m_param_count_without_allocation():
   model = gpt2.GPT2(gpt2.PRESETS["124m"])
-  shapes = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-  )
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
   assert gpt2.count_params(shapes["params"]) == 124_439_808
 
 
@@ -182,10 +179,10 @@ def test_init_statistics(tiny_params):
   for i in range(TINY.n_layer):
     block = tiny_params[f"h_{i}"]
     for kernel, want in [
-        (block["attn"]["c_attn"]["kernel"], 0.02),
-        (block["mlp"]["c_fc"]["kernel"], 0.02),
-        (block["attn"]["c_proj"]["kernel"], resid_std),
-        (block["mlp"]["c_proj"]["kernel"], resid_std),
+      (block["attn"]["c_attn"]["kernel"], 0.02),
+      (block["mlp"]["c_fc"]["kernel"], 0.02),
+      (block["attn"]["c_proj"]["kernel"], resid_std),
+      (block["mlp"]["c_proj"]["kernel"], resid_std),
     ]:
       np.testing.assert_allclose(np.std(kernel), want, rtol=0.1)
       assert abs(float(np.mean(kernel))) < 0.1 * want
@@ -194,13 +191,10 @@ def test_init_statistics(tiny_params):
       np.testing.assert_array_equal(block[name]["bias"], 0.0)
     np.testing.assert_array_equal(block["attn"]["c_attn"]["bias"], 0.0)
   for name in ("wte", "wpe"):
-    np.testing.assert_allclose(
-        np.std(tiny_params[name]["embedding"]), 0.02, rtol=0.1
-    )
+    np.testing.assert_allclose(np.std(tiny_params[name]["embedding"]), 0.02, rtol=0.1)
 
 
 class JitTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_apply_variants_agree(self):
     model = gpt2.GPT2(MICRO)

@@ -1,0 +1,80 @@
+"""The command-line programs (hybridjax.cli, `python -m experiments.gpt2_small`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybridjax import cli
+from hybridjax.loop.train import TrainingDiverged
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args, timeout=120):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.gpt2_small", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=env,
+  )
+
+
+def test_cli_rejects_unknown_key_and_bad_value(tmp_path):
+  r = _cli("--config.trainer.stepz=5", f"--workdir={tmp_path}/a")
+  assert r.returncode != 0 and "stepz" in r.stderr
+  r = _cli("--config.trainer.steps=-3", f"--workdir={tmp_path}/b")
+  assert r.returncode == 2 and "trainer.steps" in r.stderr
+  assert not os.path.exists(tmp_path / "b")  # failed before anything was written
+
+
+def test_cli_missing_corpus(tmp_path):
+  r = _cli(f"--config.data.path={tmp_path}/nope.txt", f"--workdir={tmp_path}/c")
+  assert r.returncode == 2 and "data.path" in r.stderr
+
+
+@pytest.mark.parametrize(
+  "error,code",
+  [
+    (ValueError("bad --config.x"), 2),
+    (FileNotFoundError("no such file"), 2),
+    (TrainingDiverged("training diverged: nan"), 3),
+  ],
+)
+def test_run_as_program_turns_errors_into_exit_codes(error, code, capsys, monkeypatch):
+  monkeypatch.delenv("HYBRIDJAX_TRACEBACK", raising=False)
+
+  def work():
+    raise error
+
+  with pytest.raises(SystemExit) as e:
+    cli.run_as_program(work)
+  assert e.value.code == code
+  assert capsys.readouterr().err.startswith(f"error: {error}")
+  monkeypatch.setenv("HYBRIDJAX_TRACEBACK", "1")
+  with pytest.raises(type(error)):
+    cli.run_as_program(work)
+
+
+def test_run_as_program_passes_other_errors_and_success(monkeypatch):
+  monkeypatch.delenv("HYBRIDJAX_TRACEBACK", raising=False)
+  done = []
+  cli.run_as_program(lambda: done.append(1))
+  assert done == [1]
+  with pytest.raises(KeyError):
+    cli.run_as_program(lambda: {}["x"])
+
+
+def test_default_workdir_names_preset_and_mode():
+  from conftest import micro_config
+
+  c = micro_config("hybrid")
+  path = cli.default_workdir(c)
+  assert path.startswith(os.path.join("runs", "tiny-hybrid-"))
+  assert cli.default_workdir(c, "benchmark").startswith(os.path.join("runs", "tiny-benchmark-"))

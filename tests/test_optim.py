@@ -1,0 +1,256 @@
+"""hybridjax.optim: the schedule, the optimizer, the guarded update and the baseline train step."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridjax import config as config_lib
+from hybridjax import optim
+from hybridjax.models import mlp
+
+MODEL = mlp.MLP(features=(16, 16), n_out=1)
+X, Y = mlp.make_regression_problem(0, n_in=4)
+LOSS_FN = mlp.make_loss_fn(MODEL)
+
+
+def _params(seed=0):
+  return MODEL.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4)))["params"]
+
+
+def _batch(i, batch_size=32):
+  return mlp.regression_batch(X, Y, step=i, batch_size=batch_size, seed=0)
+
+
+def _optim_config(**kw):
+  c = config_lib.default_optim_config()
+  c.update(kw)
+  return c
+
+
+# --- the schedule ---------------------------------------------------------------------------------
+
+
+def test_schedule_warmup_and_cosine_at_known_points():
+  sched = optim.make_schedule(_optim_config(learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1), 100)
+  lr = functools.partial(optim.learning_rate, sched)
+  assert float(lr(0)) == 0.0
+  assert float(lr(5)) == pytest.approx(0.5)
+  np.testing.assert_allclose(float(lr(10)), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(lr(55)), 0.55, rtol=1e-5)  # half-way down the cosine
+  np.testing.assert_allclose(float(lr(100)), 0.1, rtol=1e-5)
+  np.testing.assert_allclose(float(lr(10_000)), 0.1, rtol=1e-5)  # the floor after the end
+
+
+def test_make_schedule_fields():
+  # decay_steps 0 = the run's length; a warm-up as long as the schedule is cut to fit inside it.
+  s = optim.make_schedule(_optim_config(learning_rate=2e-3, warmup_steps=7, decay_steps=0, min_lr_ratio=0.25), 300)
+  assert (float(s.peak_lr), int(s.warmup_steps), int(s.decay_steps)) == (pytest.approx(2e-3), 7, 300)
+  assert float(s.min_lr_ratio) == 0.25
+  assert s.peak_lr.dtype == jnp.float32 and s.warmup_steps.dtype == jnp.int32
+  s = optim.make_schedule(_optim_config(warmup_steps=50, decay_steps=40), 300)
+  assert (int(s.warmup_steps), int(s.decay_steps)) == (39, 40)
+  s = optim.make_schedule(_optim_config(warmup_steps=5), 1)
+  assert (int(s.warmup_steps), int(s.decay_steps)) == (0, 1)
+
+
+_lr_many = jax.jit(lambda sched, steps: optim.learning_rate(sched, steps))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+  peak=st.floats(1e-5, 1.0),
+  warmup=st.integers(0, 60),
+  decay_extra=st.integers(1, 400),
+  ratio=st.floats(0.0, 1.0),
+)
+def test_learning_rate_equals_optax_warmup_cosine_decay(peak, warmup, decay_extra, ratio):
+  decay = warmup + decay_extra
+  sched = optim.Schedule(
+    peak_lr=jnp.float32(peak),
+    warmup_steps=jnp.int32(warmup),
+    decay_steps=jnp.int32(decay),
+    min_lr_ratio=jnp.float32(ratio),
+  )
+  ref = optax.warmup_cosine_decay_schedule(
+    init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=decay, end_value=peak * ratio
+  )
+  # Every step of the schedule for the shape checks; optax (eager, slow) at the boundaries and a
+  # spread of steps in between.
+  every = np.asarray(_lr_many(sched, jnp.arange(decay + 20)))
+  assert np.all(every >= 0) and np.all(every <= peak * (1 + 1e-6))
+  assert np.all(np.diff(every[warmup:]) <= 1e-6 * peak)  # never rises after the warm-up
+  edges = [0, 1, warmup - 1, warmup, warmup + 1, decay - 1, decay, decay + 1, decay + 19]
+  steps = np.unique(np.clip(np.concatenate([edges, np.linspace(0, decay + 19, 16).astype(int)]), 0, decay + 19))
+  theirs = np.asarray([ref(int(s)) for s in steps])
+  np.testing.assert_allclose(every[steps], theirs, rtol=2e-5, atol=1e-6 * peak)
+
+
+# --- the optimizer ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_with_learning_rate_sets_the_injected_learning_rate(name):
+  # int-valued config entries are injected as floats, and the update is proportional to the rate.
+  tx = optim.make_optimizer(_optim_config(name=name, weight_decay=0, grad_clip=0))
+  params = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3), "b": jnp.ones((3,))}
+  grads = jax.tree.map(lambda p: 0.1 * p + 0.3, params)
+  state = tx.init(params)
+  inject = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  assert len(inject) == 1
+  assert all(jnp.asarray(v).dtype == jnp.float32 for v in inject[0].hyperparams.values())
+
+  def update(lr):
+    s = optim.with_learning_rate(state, jnp.float32(lr))
+    (hp,) = [n for n in jax.tree.leaves(s, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+    assert float(hp.hyperparams["learning_rate"]) == pytest.approx(lr)
+    return tx.update(grads, s, params)[0]
+
+  small, large = update(0.25), update(0.5)
+  assert all(float(jnp.max(jnp.abs(u))) > 0 for u in jax.tree.leaves(small))
+  chex.assert_trees_all_close(large, jax.tree.map(lambda u: 2.0 * u, small), rtol=1e-6)
+  # The injected rate is the whole story: the optimizer's own count does not move it.
+  chex.assert_trees_all_equal(update(0.0), jax.tree.map(jnp.zeros_like, small))
+
+
+def test_make_optimizer_rejects_unknown_names():
+  with pytest.raises(ValueError, match="optim.name"):
+    optim.make_optimizer(_optim_config(name="lion"))
+
+
+def test_grad_clip_is_applied_before_the_update():
+  tx = optim.make_optimizer(_optim_config(name="sgd", grad_clip=1.0))
+  params = {"w": jnp.zeros((4,))}
+  state = optim.with_learning_rate(tx.init(params), 1.0)
+  updates, _ = tx.update({"w": jnp.full((4,), 100.0)}, state, params)
+  np.testing.assert_allclose(float(optim.global_norm(updates)), 1.0, rtol=1e-6)
+
+
+class GradAccumulationTest(chex.TestCase):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_grad_accumulation_matches_full_batch(self):
+    params, batch = _params(), _batch(0, batch_size=16)
+    full = self.variant(lambda p, b: optim.loss_and_grads(LOSS_FN, p, b, 1))(params, batch)
+    acc = self.variant(lambda p, b: optim.loss_and_grads(LOSS_FN, p, b, 4))(params, batch)
+    chex.assert_trees_all_close(full, acc, rtol=1e-5, atol=1e-6)
+
+
+# --- small helpers ------------------------------------------------------------------------------------
+
+
+def test_global_norm_tree_where_and_all_finite():
+  tree = {"a": jnp.asarray([3.0, 0.0]), "b": jnp.asarray([[4.0]], jnp.bfloat16), "i": jnp.asarray([7], jnp.int32)}
+  np.testing.assert_allclose(float(optim.global_norm({"a": tree["a"], "b": tree["b"]})), 5.0, rtol=1e-6)
+  other = jax.tree.map(jnp.zeros_like, tree)
+  chex.assert_trees_all_equal(optim.tree_where(jnp.bool_(True), tree, other), tree)
+  chex.assert_trees_all_equal(optim.tree_where(jnp.bool_(False), tree, other), other)
+  assert bool(optim.all_finite(tree))
+  assert not bool(optim.all_finite({**tree, "a": jnp.asarray([1.0, jnp.inf])}))
+  assert not bool(optim.all_finite({**tree, "b": jnp.asarray([[jnp.nan]], jnp.bfloat16)}))
+  assert bool(optim.all_finite({"i": jnp.asarray([1], jnp.int32)}))  # integers are always finite
+  assert bool(optim.all_finite({}))
+
+
+def test_guarded_update_skips_a_non_finite_update_and_counts_it():
+  tx = optim.make_optimizer(_optim_config())
+  params = _params()
+  state = optim.init_train_state(params, tx)
+  grads = jax.tree.map(jnp.ones_like, params)
+  lr = jnp.float32(1e-2)
+  new_p, new_opt, updates = optim.guarded_update(tx, grads, state.opt_state, params, lr, jnp.bool_(True))
+  assert all(np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(jax.tree.leaves(new_p), jax.tree.leaves(params)))
+  chex.assert_trees_all_close(new_p, optax.apply_updates(params, updates))
+  bad = jax.tree.map(lambda g: g * jnp.nan, grads)
+  kept_p, kept_opt, _ = optim.guarded_update(tx, bad, state.opt_state, params, lr, jnp.bool_(False))
+  chex.assert_trees_all_equal(kept_p, params)
+  chex.assert_trees_all_equal(kept_opt, state.opt_state)
+  # The counters: a skipped step adds to the streak and the total; a good one resets the streak.
+  s1 = optim.next_train_state(state, kept_p, kept_opt, jnp.bool_(False))
+  s2 = optim.next_train_state(s1, kept_p, kept_opt, jnp.bool_(False))
+  s3 = optim.next_train_state(s2, new_p, new_opt, jnp.bool_(True))
+  assert [(int(s.step), int(s.nonfinite_streak), int(s.nonfinite_total)) for s in (s1, s2, s3)] == [
+    (1, 1, 1),
+    (2, 2, 2),
+    (3, 0, 2),
+  ]
+
+
+# --- the baseline train step ----------------------------------------------------------------------
+
+
+def _jitted_step(tx, loss_fn=LOSS_FN, grad_accum=1):
+  return jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn, tx=tx, grad_accum=grad_accum), donate_argnums=0)
+
+
+def test_train_step_donates_and_learns():
+  oc = _optim_config(learning_rate=1e-2, warmup_steps=0)
+  tx = optim.make_optimizer(oc)
+  step = _jitted_step(tx)
+  schedule = optim.make_schedule(oc, 200)
+  state = optim.init_train_state(_params(), tx)
+  losses = []
+  for i in range(60):
+    old = state
+    state, m = step(state, _batch(i), schedule)
+    losses.append(float(m["loss"]))
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old))
+  assert int(state.step) == 60 and int(state.nonfinite_total) == 0
+  assert losses[-1] < 0.5 * losses[0]
+
+
+def test_one_compiled_train_step_serves_every_learning_rate_and_length():
+  traces = []
+
+  def counting_loss(p, b):
+    traces.append(1)  # runs once per trace, never per call
+    return LOSS_FN(p, b)
+
+  oc = _optim_config(name="sgd", grad_clip=0, weight_decay=0.0)
+  tx = optim.make_optimizer(oc)
+  step = _jitted_step(tx, counting_loss)
+  a = optim.make_schedule(_optim_config(learning_rate=1e-2, warmup_steps=0), 100)
+  b = optim.make_schedule(_optim_config(learning_rate=3e-4, warmup_steps=20, min_lr_ratio=0.5), 5000)
+  _, grads = optim.loss_and_grads(LOSS_FN, _params(), _batch(0))
+  rates = []
+  for sched in (a, b):
+    state = optim.init_train_state(_params(), tx)
+    state = state.replace(step=jnp.int32(30))  # past b's warm-up: both at a known rate
+    new, _ = step(state, _batch(0), sched)
+    # One SGD step (its momentum trace starts at the gradient): params - lr * grad.
+    lr = float(optim.learning_rate(sched, 30))
+    chex.assert_trees_all_close(
+      new.params, jax.tree.map(lambda p, g: p - lr * g, _params(), grads), rtol=1e-6, atol=1e-8
+    )
+    rates.append(lr)
+  assert rates[0] > 10 * rates[1] > 0
+  assert step._cache_size() == 1 and len(traces) == 1
+
+
+def test_train_step_skips_a_non_finite_batch():
+  oc = _optim_config(learning_rate=1e-2, warmup_steps=0)
+  tx = optim.make_optimizer(oc)
+
+  def faulty(p, b):
+    loss, aux = LOSS_FN(p, b)
+    return loss * b["scale"], aux
+
+  step = _jitted_step(tx, faulty)
+  schedule = optim.make_schedule(oc, 100)
+  state = optim.init_train_state(_params(), tx)
+  state, _ = step(state, {**_batch(0), "scale": np.float32(1.0)}, schedule)
+  before = jax.device_get(state)
+  state, m = step(state, {**_batch(1), "scale": np.float32(np.nan)}, schedule)
+  assert np.isnan(float(m["loss"]))
+  chex.assert_trees_all_equal(jax.device_get(state.params), before.params)
+  chex.assert_trees_all_equal(jax.device_get(state.opt_state), before.opt_state)
+  assert (int(state.step), int(state.nonfinite_streak), int(state.nonfinite_total)) == (2, 1, 1)
+  state, _ = step(state, {**_batch(2), "scale": np.float32(1.0)}, schedule)
+  assert (int(state.nonfinite_streak), int(state.nonfinite_total)) == (0, 1)
