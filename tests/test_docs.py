@@ -26,8 +26,7 @@ def _read(path: str) -> str:
 
 
 def _pages() -> list[str]:
-  return [os.path.join(ROOT, "README.md")] + sorted(
-      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+  return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 
 
 def _anchors(text: str) -> set[str]:
@@ -54,15 +53,17 @@ def test_config_reference_matches_the_configs():
   assert os.path.abspath(ref["DOC"]) == CONFIG_DOC
   current = ref["reference_block"](_read(CONFIG_DOC))
   assert current is not None, (
-      "docs/config.md lost its config reference markers; restore\n"
-      f"{ref['START']}\n{ref['END']}\nand run `python scripts/config_reference.py --update`")
+    "docs/config.md lost its config reference markers; restore\n"
+    f"{ref['START']}\n{ref['END']}\nand run `python scripts/config_reference.py --update`"
+  )
   expected = ref["reference_table"]()
   if current != expected:
     stale = sorted(set(current.splitlines()) ^ set(expected.splitlines()))
     raise AssertionError(
-        "docs/config.md's config reference is out of date with experiments/configs/gpt2_small.py "
-        "and hybridjax/config.py. Regenerate it with `python scripts/config_reference.py --update`.\n"
-        "Differing rows:\n  " + "\n  ".join(stale[:20]))
+      "docs/config.md's config reference is out of date with experiments/configs/gpt2_small.py "
+      "and hybridjax/config.py. Regenerate it with `python scripts/config_reference.py --update`.\n"
+      "Differing rows:\n  " + "\n  ".join(stale[:20])
+    )
   # One copy only: a second, hand-maintained table would drift.
   for page in _pages():
     if page != CONFIG_DOC:
@@ -82,9 +83,9 @@ def test_config_reference_update_rewrites_only_the_table(tmp_path):
 
 def test_config_reference_covers_every_field_with_the_tiny_defaults():
   from experiments.configs import gpt2_small
+
   table = runpy.run_path(SCRIPT)["reference_table"]()
-  rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip()
-          for line in table.splitlines()[2:]}
+  rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in table.splitlines()[2:]}
   config = gpt2_small.get_config("tiny")
   flat = {}
 
@@ -123,8 +124,9 @@ def test_every_link_in_the_docs_resolves_inside_the_repository():
 
 def test_docs_index_lists_every_page():
   index = os.path.join(ROOT, "docs", "index.md")
-  linked = {os.path.normpath(os.path.join(ROOT, "docs", t.partition("#")[0]))
-            for t in _links(index) if t.partition("#")[0]}
+  linked = {
+    os.path.normpath(os.path.join(ROOT, "docs", t.partition("#")[0])) for t in _links(index) if t.partition("#")[0]
+  }
   pages = set(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)) - {index}
   missing = sorted(os.path.relpath(p, ROOT) for p in pages - linked)
   assert not missing, f"docs/index.md does not list: {missing}"

@@ -369,8 +369,11 @@ class HybridDriver:
       for k, v in metrics.items()
       if k not in ("step", "loss", "measured", "diverged")
     }
-    fields["loss"] = self._last_measured_loss
     c = jax.device_get(state.controller)
+    if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
+      # Resumed into an interval with no measured step yet: the last real step's loss, from the state.
+      self._last_measured_loss = float(np.exp(c.last_logloss))
+    fields["loss"] = self._last_measured_loss
     total = max(int(c.phase_steps.sum()), 1)
     fields.update(
       phase_now=int(c.phase),
