@@ -1,10 +1,10 @@
 """Figures from any run's workdir: phases, predictions, alphas, velocities, memory, eval curves.
 
-Everything here reads only what `hybridjax.trainer.train` writes into a workdir:
+Everything here reads only what `hybridjax.loop.train.train` writes into a workdir:
 
   metrics.jsonl  one JSON object per line, with "step" and "kind":
                  "train" (every log_every steps), "step" (hybrid: one per step), "eval", "memory"
-                 (hybrid: at phase transitions)
+                 (hybrid: at phase transitions with host dispatch; at the log that saw one, fused)
   summary.json   the run summary (mode, timings, memory, and in hybrid mode phase counts and the
                  names of the parameter groups in the order of every per-group list)
 
