@@ -29,6 +29,28 @@ from conftest import STD, small_hybrid_config  # noqa: E402
 from hybridjax import config as config_lib  # noqa: E402
 from hybridjax.models import mlp  # noqa: E402
 
+# Train-record fields that are a function of the computation alone (not of timing or memory).
+DETERMINISTIC = (
+  "loss",
+  "predicted_loss",
+  "phase",
+  "confidence",
+  "grad_norm",
+  "horizon",
+  "alpha",
+  "velocity_norm",
+  "phase_now",
+  "predict_fraction",
+  "backward_passes",
+  "confidence_now",
+  "accuracy",
+  "agreement",
+  "health_events",
+  "nonfinite_events",
+  "rollbacks",
+  "nonfinite_streak",
+)
+
 
 def mlp_config(mode: str = "hybrid", steps: int = 60, **hybrid_overrides: Any) -> ml_collections.ConfigDict:
   """A complete experiment config (no model/data blocks) for `mlp_task`: quick phase cycling."""

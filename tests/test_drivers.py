@@ -22,27 +22,6 @@ from hybridjax.loop import train as train_lib
 
 STEPS, LOG, CKPT = hh.CTX_STEPS, 4, 8
 RUNS = {"host": ("host", 1), "switch": ("switch", 1), "switch_k4": ("switch", 4)}
-# Train-record fields that are a function of the computation alone (not of timing or memory).
-DETERMINISTIC = (
-  "loss",
-  "predicted_loss",
-  "phase",
-  "confidence",
-  "grad_norm",
-  "horizon",
-  "alpha",
-  "velocity_norm",
-  "phase_now",
-  "predict_fraction",
-  "backward_passes",
-  "confidence_now",
-  "accuracy",
-  "agreement",
-  "health_events",
-  "nonfinite_events",
-  "rollbacks",
-  "nonfinite_streak",
-)
 
 
 def _config(name, jax_cache):
@@ -115,7 +94,7 @@ def test_same_train_records_and_summaries(runs):
     train = recs[name]["train"]
     assert [r["step"] for r in train] == [r["step"] for r in host], name
     for a, b in zip(train, host):
-      for k in DETERMINISTIC:
+      for k in rh.DETERMINISTIC:
         assert a[k] == b[k], (name, a["step"], k)
   # The train record's loss is the last measured loss up to its step.
   for name, rec in recs.items():
@@ -207,5 +186,5 @@ def test_resume_from_a_k4_checkpoint_continues_identically(runs, tmp_path):
   ref_train = {r["step"]: r for r in ref["train"]}
   assert [r["step"] for r in got["train"]] == list(range(20, STEPS + 1, LOG))
   for r in got["train"]:
-    for k in DETERMINISTIC:
+    for k in rh.DETERMINISTIC:
       assert r[k] == ref_train[r["step"]][k], (r["step"], k)

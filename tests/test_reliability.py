@@ -49,27 +49,6 @@ STEPS = 500
 # WARMUP longer than the health monitor's own warm-up, so a spike inside WARMUP is detectable; a
 # short cooldown, so the fault test cycles through the phases quickly.
 HYBRID = {"warmup_steps": controller_lib.HEALTH_WARMUP + 6, "health.cooldown_steps": 8}
-# Record fields that are a function of the computation alone (not of timing or memory).
-DETERMINISTIC = (
-  "loss",
-  "predicted_loss",
-  "phase",
-  "confidence",
-  "grad_norm",
-  "horizon",
-  "alpha",
-  "velocity_norm",
-  "phase_now",
-  "predict_fraction",
-  "backward_passes",
-  "confidence_now",
-  "accuracy",
-  "agreement",
-  "health_events",
-  "nonfinite_events",
-  "rollbacks",
-  "nonfinite_streak",
-)
 PHASES = {"WARMUP": WARMUP, "FULL": FULL, "PREDICT": PREDICT, "CORRECT": CORRECT}
 
 
@@ -203,7 +182,7 @@ def test_resume_from_a_checkpoint_in_every_phase_is_bit_exact(tmp_path, jax_cach
     got = _records(resumed)
     assert sorted(got) == list(range(s + 1, end + 2)), f"{name}: resumed at the wrong step"
     for step, record in got.items():
-      for k in DETERMINISTIC:
+      for k in rh.DETERMINISTIC:
         assert record[k] == ref[step][k], f"resumed in {name} at {s}: {k} differs at step {step}"
     # The per-step trace too (measured, loss or null, predicted loss, alpha, ...).
     trace, ref_trace = _records(resumed, "step"), _records(straight, "step")
@@ -565,7 +544,7 @@ def _step(driver, state, batch):
   driver keeps for the logs is emptied through `records`, as a log would."""
   state, m = driver.run(state, [batch])
   m = jax.device_get(m)
-  driver.records(m, state)
+  driver.records(m, driver.log_view(state))
   return state, m
 
 
