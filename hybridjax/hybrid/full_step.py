@@ -79,6 +79,7 @@ def update_trajectory(
   c: Controller,
   *,
   loss: jax.Array,
+  logloss: jax.Array,
   grad_norm: jax.Array,
   grads: Any,
   updates: Any,
@@ -118,7 +119,6 @@ def update_trajectory(
     update_velocity_dot=uv,
     velocity_sq=v_sq,
   )
-  logloss = features_lib.safe_log(loss)
   normalizer = features_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.history_size * 4))
   h = h.replace(
     features=jnp.where(finite, h.features.at[h.pos].set(x), h.features),
@@ -211,7 +211,17 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   logloss = features_lib.safe_log(loss)
   c, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
   velocity, history, x = update_trajectory(
-    ctx, state, c, loss=loss, grad_norm=grad_norm, grads=grads, updates=updates, params=params, lr=lr, finite=finite
+    ctx,
+    state,
+    c,
+    loss=loss,
+    logloss=logloss,
+    grad_norm=grad_norm,
+    grads=grads,
+    updates=updates,
+    params=params,
+    lr=lr,
+    finite=finite,
   )
 
   rng, train_rng, imagine_rng = jax.random.split(state.rng, 3)

@@ -7,8 +7,9 @@ state, and turn device metrics into log records. `train()` only asks them:
   init_state() / abstract_state() / state_shardings    a fresh state, its shape, its layout
   train_state(state)                                   the `optim.TrainState` inside
   run(state, batches)                                  len(batches) steps (one dispatch)
-  records(metrics)                                     the log record's fields, plus extra records
   health(state)                                        device scalars for the divergence checks
+  log_view(state)                                      what a log record reads of the state
+  records(metrics, view)                               the log record's fields, plus extra records
   summary(state)                                       the run summary's fields
 
 Hybrid dispatch: with `hybrid.dispatch='switch'` (the default) one dispatch runs the fused step
@@ -159,9 +160,13 @@ class BaselineDriver:
       state, metrics = self._step(state, batch, self.schedule)
     return state, metrics
 
-  def records(self, metrics: Metrics, state: TrainState) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
-    """(fields of the train record, extra (step, record, kind) records) from fetched metrics."""
+  def log_view(self, state: TrainState) -> None:
+    """Nothing of the state goes into a baseline log record beyond its metrics."""
     del state
+
+  def records(self, metrics: Metrics, view: None) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
+    """(fields of the train record, extra (step, record, kind) records) from fetched metrics."""
+    del view
     return {k: float(v) for k, v in metrics.items()}, []
 
   def health(self, state: TrainState) -> dict[str, jax.Array]:
@@ -360,16 +365,22 @@ class HybridDriver:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
         self._trace.append(rec)
 
-  def records(self, metrics: Metrics, state: HybridState) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
+  def log_view(self, state: HybridState) -> Any:
+    """The controller: phase counts, confidence, health counters for the log record. The loop
+    fetches it with the metrics, in the log's one device->host transfer."""
+    return state.controller
+
+  def records(self, metrics: Metrics, view: Any) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
     """(fields of the train record, extra (step, record, kind) records: the per-step trace and the
-    memory readings) from fetched metrics. `loss` is the last measured loss."""
+    memory readings) from fetched metrics and the fetched `log_view`. `loss` is the last measured
+    loss."""
     self.flush_trace()
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
       if k not in ("step", "loss", "measured", "diverged")
     }
-    c = jax.device_get(state.controller)
+    c = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
       # Resumed into an interval with no measured step yet: the last real step's loss, from the state.
       self._last_measured_loss = float(np.exp(c.last_logloss))

@@ -285,9 +285,9 @@ def train(
         bar.update(n)
 
       if _is_time(step, tcfg.log_every, total_steps):
-        # The only per-log device->host transfer: the metrics and the health counters.
-        host, health = jax.device_get((metrics, driver.health(state)))
-        record, extra = driver.records(host, state)
+        # The only per-log device->host transfer: the metrics, the health counters, the log view.
+        host, health, view = jax.device_get((metrics, driver.health(state), driver.log_view(state)))
+        record, extra = driver.records(host, view)
         jax.block_until_ready(state)
         clock.pause()
         span, logged_s = clock.total - logged_s, clock.total  # training seconds since the last log
