@@ -98,7 +98,7 @@ def _step(drv, state, b):
 
 def _drain(drv, state, m):
   """Empties the per-step trace and readings the driver keeps for the logs, as a log would."""
-  drv.records(jax.device_get(m), state)
+  drv.records(jax.device_get(m), drv.log_view(state))
 
 
 def run(name, state, start, n, on_step=None):
