@@ -1,160 +1,970 @@
-"""The honest benchmark: baseline vs hybrid vs hybrid with constant alpha = 1, in one process.
+"""The benchmark protocol: hybrid training against tuned anchors on a budget curve.
 
-  python -m experiments.benchmark                 # tiny GPT-2 on CPU (< 15 minutes)
-  python -m experiments.benchmark --quick         # a smoke run of the whole pipeline (< 2 minutes)
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:124m   # on a GPU
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long        # AdamW-cosine
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon   # Muon-cosine
+  python -m experiments.benchmark --quick                                                # smoke run
 
-Every run uses the same data, seed, batch size, optimizer, step budget and held-out eval batches;
-only `config.mode` (and, for the ablation, `hybrid.constant_alpha`) differ. Runs are repeated in
-interleaved order (baseline, hybrid, ablation, baseline, ...) and their timings are medians, so a
-drift in machine load hits every run alike. Compile time is measured separately and excluded.
+What it does, for one (optimizer, schedule) family:
 
-Figures (each with the numbers it was computed from), written to `<workdir>/benchmark.json` and as
-a markdown table to `<workdir>/results.md`:
+1. LR sweep, on the first tuning seed at the full budget N: a sqrt(2) grid around the config's LR,
+   extended while the best sits at an edge. The best two are re-run on the second tuning seed; the
+   better mean wins. The winner and its sqrt(2) neighbours are checked at 0.5N and 2N; where another
+   LR wins there by more than the seed noise, the budgets near it use that LR.
+2. Averaging beta, from the same runs: every tuning run also keeps the params' moving average at each
+   beta of `benchmark.betas`; the beta with the best mean averaged loss at the chosen LR wins.
+3. Budget curve, on each headline seed: budgets B x N, each with its own warm-up and schedule of length
+   B, each reporting the final eval loss of its raw and its averaged params. Those are the two anchors.
+4. Method arms (hybrid training and its ablations) at the tuned LR and beta on each headline seed,
+   through the library's own `train()`; their model is the averaged params, as the averaged anchor's.
+5. Timing: each arm's median time per step of each kind (a baseline step; a hybrid FULL, PREDICT,
+   validated PREDICT or CORRECT step), measured interleaved in this process after every run is done.
+6. Figures per seed against each anchor (`hybridjax.protocol`): backward_ratio (baseline steps needed
+   to reach the method's final loss, read off the monotone budget curve interpolated in log budget,
+   over the method's backward passes), pass_ratio (validation forwards counted as 1/3 of a step),
+   wallclock_ratio (from the median step times), final-loss gaps and paired differences. Means and
+   standard deviations over seeds; a difference under 2 standard errors is "no difference".
 
-  target_eval_loss   the baseline's eval loss at the end of its budget
-  backward_ratio     baseline backward passes to the target / the run's (or "not reached")
-  wallclock_ratio    baseline training seconds to the target / the run's (or "not reached")
-  final_loss_gap     (run's final eval loss - baseline's) / baseline's, at the same step budget
-  predict_fraction   predicted steps / all steps
-  step_cost          ms per step of each phase, relative to a FULL step
-  dynamics_share     the dynamics model's train_step + imagine time / FULL step time
-  memory_growth      bytes in use at the end minus after the first step, per run
-  switch_overhead    the fused step's extra time per step as a fraction of a FULL step (scripts/bench_switch.py)
-
-A ratio > 1 means hybrid is better. A run that never reaches the target has no ratio: its entry
-says "not reached" and gives its best eval loss instead. Nothing here asserts or expects a speedup.
+Every run is cached in `<workdir>/cache` under a hash of its config and of the code, so re-running
+with another method reuses the sweep and the curves; timing is always measured afresh. Outputs:
+`benchmark.json` (every figure with its raw numbers), `headline.json`, `results.md` and plots.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import datetime
+import hashlib
 import json
+import math
+import multiprocessing
 import os
 import platform
-import re
+import shutil
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from absl import app
 
 from experiments import gpt2_small
-from hybridjax import cli, plotting
+from hybridjax import cli, plotting, protocol, writers
 from hybridjax import config as config_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid import full_step as full_step_lib
+from hybridjax import optim as optim_lib
 from hybridjax.hybrid import step as step_lib
-from hybridjax.loop import drivers
+from hybridjax.hybrid.phases import BRANCH_NAMES, Branch
 from hybridjax.loop import train as train_lib
-from hybridjax.optim import make_optimizer
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-RUN_NAMES = ("baseline", "hybrid", "constant_alpha")
-NOT_REACHED = "not reached"
+METHODS = ("hybrid", "constant_alpha", "no_corrector")
+ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
+PREDICT_VALIDATED = "predict_step+validation"
+FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
 
 
-# --- running ------------------------------------------------------------------------------------
+# --- configs and the run cache ------------------------------------------------------------------
 
 
-def run_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """The experiment config of one benchmark run: only the mode and the ablation's alpha differ."""
+def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The experiment part of a benchmark config (without the `benchmark` block)."""
   c = ml_collections.ConfigDict(config.to_dict())
   del c.benchmark
-  c.mode = "baseline" if name == "baseline" else "hybrid"
-  c.resume = "never"  # a benchmark run always starts from scratch
-  if name == "constant_alpha":
-    c.hybrid.constant_alpha = float(config.benchmark.constant_alpha)
+  c.mode = "baseline"  # each run sets its own
   return c
 
 
-def parse_runs(config: ml_collections.ConfigDict) -> list[str]:
-  names = [n.strip() for n in str(config.benchmark.runs).split(",") if n.strip()]
-  bad = [n for n in names if n not in RUN_NAMES]
-  if bad or "baseline" not in names or len(set(names)) != len(names):
+def parse_methods(config: ml_collections.ConfigDict) -> list[str]:
+  names = [n.strip() for n in str(config.benchmark.methods).split(",") if n.strip()]
+  bad = [n for n in names if n not in METHODS]
+  if bad or len(set(names)) != len(names):
     raise ValueError(
-      f"--config.benchmark.runs={config.benchmark.runs!r}: give distinct names from "
-      f"{','.join(RUN_NAMES)}, including baseline (the reference)"
+      f"--config.benchmark.methods={config.benchmark.methods!r}: give distinct names from {','.join(METHODS)} "
+      "(or '' for the anchors only)"
     )
   return names
 
 
-def eval_curve(workdir: str) -> list[dict[str, float]]:
-  """[{step, eval_loss, train_s, backward_passes}] at each eval of a run (`plotting.eval_curve`:
-  the benchmark logs at every eval step, so train_s and backward_passes are the logged values)."""
-  run = plotting.load_run(workdir)
-  steps, loss = plotting.eval_curve(run, "step")
-  _, train_s = plotting.eval_curve(run, "train_s")
-  _, backward = plotting.eval_curve(run, "backward_passes")
-  return [
-    {"step": int(s), "eval_loss": float(v), "train_s": float(t), "backward_passes": int(round(b))}
-    for s, v, t, b in zip(steps, loss, train_s, backward)
-  ]
+def validate_benchmark(config: ml_collections.ConfigDict) -> None:
+  """Checks the benchmark block; errors name the field and the fix."""
+  b = config.benchmark
+  errors = []
+  if len(b.tuning_seeds) != 2:
+    errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
+  if len(b.seeds) < 2:
+    errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
+  if set(b.seeds) & set(b.tuning_seeds):
+    errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
+  if 1.0 not in tuple(b.budgets) or any(f <= 0 for f in b.budgets) or len(set(b.budgets)) != len(b.budgets):
+    errors.append(f"benchmark.budgets must be distinct positive factors of N including 1.0, got {tuple(b.budgets)}")
+  if int(b.lr_points) < 3:
+    errors.append(f"benchmark.lr_points must be >= 3, got {b.lr_points}")
+  if not b.betas or any(not 0 < x < 1 for x in b.betas):
+    errors.append(f"benchmark.betas must be averaging betas in (0, 1), got {tuple(b.betas)}")
+  if int(b.workers) < 1:
+    errors.append(f"benchmark.workers must be >= 1, got {b.workers}")
+  if int(b.eval_points) < 1 or int(b.timing_rounds) < 1 or int(b.timing_steps) < 1:
+    errors.append("benchmark.eval_points, timing_rounds and timing_steps must be >= 1")
+  if config.trainer.averaging != "ema":
+    errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
+  if errors:
+    raise ValueError("; ".join(errors))
+  parse_methods(config)
+  config_lib.validate(experiment_config(config))
 
 
-def time_dynamics(config: ml_collections.ConfigDict, task: gpt2_small.Task, calls: int) -> float:
-  """Median ms of one dynamics-model update plus imagination, as a real hybrid step runs them.
+def code_version() -> str:
+  """A hash of the package's and the experiments' source: a cached run is reused only by the same code."""
+  h = hashlib.sha256()
+  for top in ("hybridjax", "experiments"):
+    for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(_ROOT, top))):
+      dirnames.sort()
+      for name in sorted(filenames):
+        if name.endswith(".py"):
+          path = os.path.join(dirpath, name)
+          h.update(os.path.relpath(path, _ROOT).encode())
+          with open(path, "rb") as f:
+            h.update(f.read())
+  return h.hexdigest()[:16]
 
-  Timed alone (jitted, on a state of the run's shapes) because inside the fused real step its cost
-  cannot be separated from the forward and backward pass.
-  """
-  c = run_config(config, "hybrid")
-  params = task.init_params(jax.random.PRNGKey(c.seed))
-  ctx = drivers.make_context(
-    c.hybrid, loss_fn=task.loss_fn, tx=make_optimizer(c.optim), params_shape=params, total_steps=c.trainer.steps
+
+def run_key(spec: dict[str, Any], version: str) -> str:
+  return hashlib.sha256((json.dumps(spec, sort_keys=True) + version).encode()).hexdigest()[:20]
+
+
+def run_spec(
+  config: ml_collections.ConfigDict,
+  *,
+  kind: str,
+  seed: int,
+  lr: float,
+  steps: int,
+  beta: float,
+  betas: Sequence[float] = (),
+  method: str = "",
+) -> dict[str, Any]:
+  """One run, as plain data: what it trains (the whole experiment config) and what it records."""
+  c = experiment_config(config)
+  c.seed = int(seed)
+  c.optim.learning_rate = float(lr)
+  c.trainer.steps = int(steps)
+  c.trainer.averaging_beta = float(beta)
+  c.trainer.eval_every = max(int(steps) // int(config.benchmark.eval_points), 1)
+  c.trainer.log_every = c.trainer.eval_every
+  for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
+    del c.trainer[field]
+  if kind == "method":
+    c.mode = "hybrid"
+    if method == "constant_alpha":
+      c.hybrid.constant_alpha = 1.0
+    elif method == "no_corrector":
+      c.hybrid.corrector.enabled = False
+  else:
+    c.mode = "baseline"
+  return {"kind": kind, "method": method, "config": c.to_dict(), "betas": [float(x) for x in betas]}
+
+
+# --- the runs (each in a worker process, or in this one) ----------------------------------------
+
+_PROGRAMS: dict[str, Any] = {}  # this process's compiled anchor programs, by model/optimizer config
+
+
+@dataclasses.dataclass
+class _AnchorPrograms:
+  tx: Any
+  step: Any
+  average: Any
+  eval_fn: Any
+
+
+def _anchor_programs(c: ml_collections.ConfigDict, loss_fn: Any) -> _AnchorPrograms:
+  """One compiled step per family: the LR and the schedule's length are runtime values."""
+  flat = config_lib.flatten(c)
+  key = json.dumps(
+    {k: v for k, v in flat.items() if k.startswith(("model.", "optim.")) and k != "optim.learning_rate"}
+    | {"grad_accum": flat["trainer.grad_accum"]},
+    sort_keys=True,
+    default=str,
   )
-  state = step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0))
-  window = full_step_lib.history_window(state.history, ctx.window)
-
-  @jax.jit
-  def update_and_imagine(dyn, window, rng):
-    r1, r2 = jax.random.split(rng)
-    dyn, _ = dynamics_lib.train_step(dyn, window, r1, ctx.rssm)
-    return dyn, dynamics_lib.imagine(dyn, window, ctx.hmax, r2, ctx.rssm)
-
-  dyn, rng = state.dynamics, jax.random.PRNGKey(1)
-  jax.block_until_ready(update_and_imagine(dyn, window, rng))  # compile
-  times = []
-  for _ in range(max(calls, 1)):
-    t0 = time.perf_counter()
-    dyn, out = update_and_imagine(dyn, window, rng)
-    jax.block_until_ready(out)
-    times.append(time.perf_counter() - t0)
-  return 1e3 * statistics.median(times)
-
-
-def switch_overhead(preset: str) -> dict[str, Any]:
-  """Runs scripts/bench_switch.py on this preset's model in a fresh process and parses its table."""
-  model = "micro" if preset == "quick" else "tiny"
-  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_switch.py")
-  cmd = [sys.executable, script, "--model", model, "--repeats", "15"]
-  out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  if out.returncode != 0:
-    return {"value": None, "error": out.stderr.strip().splitlines()[-1:] or ["failed"], "command": " ".join(cmd[1:])}
-  per_phase = {}
-  for line in out.stdout.splitlines():
-    m = re.match(
-      r"^(WARMUP full|FULL full|PREDICT|CORRECT entry)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)$", line.strip()
+  if key not in _PROGRAMS:
+    tx = optim_lib.make_optimizer(c.optim)
+    grad_accum = c.trainer.grad_accum
+    # The same function, jitted the same way, as `loop.drivers.BaselineDriver`: an anchor run
+    # computes the bits `train()` computes (tests/test_benchmark.py checks it).
+    step = jax.jit(
+      lambda s, b, sch: optim_lib.train_step(s, b, sch, loss_fn=loss_fn, tx=tx, grad_accum=grad_accum),
+      donate_argnums=0,
+      keep_unused=True,
     )
-    if m:
-      per_phase[m.group(1)] = {
-        "separate_ms": float(m.group(2)),
-        "fused_ms": float(m.group(3)),
-        "ratio": float(m.group(4)),
-        "extra_of_full": float(m.group(5)),
+    average = jax.jit(
+      lambda avgs, params, count: [optim_lib.update_average(a, params, count) for a in avgs], donate_argnums=0
+    )
+    _PROGRAMS[key] = _AnchorPrograms(tx=tx, step=step, average=average, eval_fn=train_lib.make_eval_fn(loss_fn))
+  return _PROGRAMS[key]
+
+
+def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
+  """A baseline run with its averaged params (and, on tuning seeds, the averages at other betas).
+
+  The train state carries the average at `trainer.averaging_beta`, exactly as `train()` does; the
+  other betas' averages are side buffers of this function, updated after each step.
+  """
+  c = ml_collections.ConfigDict(spec["config"])
+  task = gpt2_small.build_task(c)
+  progs = _anchor_programs(c, task.loss_fn)
+  params_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))  # as `loop.train.make_driver`
+  state = optim_lib.init_train_state(task.init_params(params_rng), progs.tx, c.trainer.averaging_beta)
+  extra_betas = [b for b in spec["betas"] if b != c.trainer.averaging_beta]
+  extras = [
+    optim_lib.Averaging(params=jax.tree.map(lambda p: p.copy(), state.params), beta=jax.numpy.float32(b))
+    for b in extra_betas
+  ]
+  schedule = optim_lib.make_schedule(c.optim, c.trainer.steps)
+  steps, every = c.trainer.steps, c.trainer.eval_every
+  curve, compile_s, train_s = [], 0.0, 0.0
+  finals: dict[str, Any] = {}
+  t0 = time.perf_counter()
+  for i in range(steps):
+    state, _ = progs.step(state, task.train_batch(i), schedule)
+    if extras:
+      extras = progs.average(extras, state.params, i + 1)
+    if i == 0:  # the first step compiles
+      jax.block_until_ready((state, extras))
+      compile_s, t0 = time.perf_counter() - t0, time.perf_counter()
+    done = i + 1
+    if done % every == 0 or done == steps:
+      jax.block_until_ready((state, extras))
+      train_s += time.perf_counter() - t0  # training time between evals; evals are not counted
+      point = {
+        "step": done,
+        "eval_loss_raw": _eval(progs.eval_fn, state.params, task.eval_batches),
+        "eval_loss_averaged": _eval(progs.eval_fn, state.averaging.params, task.eval_batches),
       }
-  worst = max((v["extra_of_full"] for v in per_phase.values()), default=None)
+      curve.append(point)
+      if done == steps:
+        per_batch = [float(progs.eval_fn(state.averaging.params, b)) for b in task.eval_batches]
+        finals = {
+          "raw": point["eval_loss_raw"],
+          "averaged": {str(c.trainer.averaging_beta): point["eval_loss_averaged"]},
+          "eval_batch_std": float(np.std(per_batch, ddof=1)) if len(per_batch) > 1 else 0.0,
+        }
+        for b, a in zip(extra_betas, extras):
+          finals["averaged"][str(b)] = _eval(progs.eval_fn, a.params, task.eval_batches)
+      t0 = time.perf_counter()
   return {
-    "value": worst,
-    "per_phase": per_phase,
-    "model": model,
-    "command": "python scripts/bench_switch.py --model " + model + " --repeats 15",
+    "kind": "anchor",
+    "seed": int(c.seed),
+    "lr": float(c.optim.learning_rate),
+    "steps": steps,
+    "beta": float(c.trainer.averaging_beta),
+    "final_raw": finals["raw"],
+    "final_averaged": finals["averaged"],
+    "eval_batch_std": finals["eval_batch_std"],
+    "eval_batches": len(task.eval_batches),
+    "nonfinite_skipped": int(state.nonfinite_total),
+    "curve": curve,
+    "compile_s": compile_s,
+    "train_s": train_s,
   }
+
+
+def _eval(eval_fn: Any, params: Any, batches: list[Any]) -> float:
+  """`train_lib.evaluate`, with a non-finite mean reported as inf (a diverged run loses every ranking)."""
+  value = train_lib.evaluate(eval_fn, params, batches)
+  return value if math.isfinite(value) else math.inf
+
+
+def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
+  """A hybrid run through the library's `train()` (resumable: an interrupted run continues)."""
+  c = ml_collections.ConfigDict(spec["config"])
+  c.trainer.progress = False
+  c.trainer.compile_cache = compile_cache_dir is not None
+  c.trainer.compile_cache_dir = compile_cache_dir or ""
+  task = gpt2_small.build_task(c)
+  summary = train_lib.train(c, workdir, **task.train_kwargs())
+  records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  curve = [
+    {"step": r["step"], "eval_loss_raw": r["eval_loss_raw"], "eval_loss_averaged": r["eval_loss_averaged"]}
+    for r in records
+    if r["kind"] == "eval"
+  ]
+  kinds: dict[str, int] = {}
+  for r in records:
+    if r["kind"] == "step":
+      kinds[step_kind(r["branch"], r["measured"])] = kinds.get(step_kind(r["branch"], r["measured"]), 0) + 1
+  return {
+    "kind": "method",
+    "method": spec["method"],
+    "seed": int(c.seed),
+    "lr": float(c.optim.learning_rate),
+    "steps": int(c.trainer.steps),
+    "final_loss": summary["final_eval_loss"],
+    "final_raw": summary["final_eval_loss_raw"],
+    "final_averaged": summary["final_eval_loss_averaged"],
+    "backward_passes": summary["backward_passes"],
+    "validation_forwards": summary["validation_forwards"],
+    "phase_steps": summary["phase_steps"],
+    "step_kinds": kinds,
+    "rollbacks": summary["rollbacks"],
+    "memory_growth_bytes": summary["memory"]["growth_bytes"],
+    "curve": curve,
+    "compile_s": summary["compile_s"],
+    "train_s": summary["train_s"],
+    "workdir": workdir,
+  }
+
+
+def step_kind(branch: int, measured: bool) -> str:
+  """A hybrid step's cost class: its transition, and for a predicted step whether it validated."""
+  name = BRANCH_NAMES[int(branch)]
+  return PREDICT_VALIDATED if int(branch) == Branch.PREDICT_STEP and measured else name
+
+
+def execute(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
+  """Runs one spec (a worker process's entry point)."""
+  if spec["kind"] == "anchor":
+    return run_anchor(spec)
+  return run_method(spec, workdir, compile_cache_dir)
+
+
+def _init_worker(counter: Any, cores: list[int], cache_dir: str | None) -> None:
+  """A worker: one CPU core and one XLA thread (small models are overhead-bound; two single-thread
+  processes get more steps per second from 2 cores than one two-thread process)."""
+  with counter.get_lock():
+    index = counter.value
+    counter.value += 1
+  if cores and hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+  _enable_cache(cache_dir)
+
+
+def _enable_cache(cache_dir: str | None) -> None:
+  if cache_dir is not None:
+    train_lib.enable_compile_cache(ml_collections.ConfigDict({"compile_cache": True, "compile_cache_dir": cache_dir}))
+
+
+class Runner:
+  """Runs specs once: cached results by key, the rest in `workers` processes (or in this one)."""
+
+  def __init__(self, workdir: str, workers: int, compile_cache_dir: str | None):
+    self.cache_dir = os.path.join(workdir, "cache")
+    self.jax_cache = compile_cache_dir
+    os.makedirs(self.cache_dir, exist_ok=True)
+    self.version = code_version()
+    self.workers = workers
+    self.ran = 0
+    self.reused = 0
+
+  def _path(self, key: str) -> str:
+    return os.path.join(self.cache_dir, key + ".json")
+
+  def run(self, specs: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    keys = [run_key(s, self.version) for s in specs]
+    results: dict[str, dict[str, Any]] = {}
+    todo = []
+    for key, spec in zip(keys, specs):
+      if key in results:
+        continue
+      if os.path.exists(self._path(key)):
+        with open(self._path(key)) as f:
+          results[key] = json.load(f)
+        self.reused += 1
+      else:
+        todo.append((key, spec))
+        results[key] = None
+    print(f"--- {label}: {len(specs)} runs, {len(todo)} to train, {len(specs) - len(todo)} cached", flush=True)
+    t0 = time.perf_counter()
+
+    def finish(key: str, result: dict[str, Any]) -> None:
+      result["key"] = key
+      with open(self._path(key) + ".tmp", "w") as f:
+        json.dump(result, f)
+      os.replace(self._path(key) + ".tmp", self._path(key))
+      results[key] = result
+      self.ran += 1
+      what = f"{result['kind']} {result.get('method') or ''} seed {result['seed']} lr {result['lr']:.3g} "
+      print(f"    done {what}steps {result['steps']} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    if self.workers <= 1 or len(todo) <= 1:
+      _enable_cache(self.jax_cache)
+      for key, spec in todo:
+        finish(key, execute(spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache))
+    else:
+      ctx = multiprocessing.get_context("spawn")
+      counter = ctx.Value("i", 0)
+      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+      with concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(self.workers, len(todo)),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(counter, cores, self.jax_cache),
+      ) as pool:
+        # Longest first, so the last runs to finish are short ones.
+        order = sorted(todo, key=lambda kv: -kv[1]["config"]["trainer"]["steps"])
+        futures = {
+          pool.submit(execute, spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache): key
+          for key, spec in order
+        }
+        for fut in concurrent.futures.as_completed(futures):
+          finish(futures[fut], fut.result())
+    return [results[k] for k in keys]
+
+
+# --- the protocol -------------------------------------------------------------------------------
+
+
+def lr_grid(center: float, points: int) -> list[float]:
+  """`points` learning rates on a sqrt(2) grid centred on `center`."""
+  lo = -(points // 2)
+  return [_round_lr(center * math.sqrt(2) ** (lo + i)) for i in range(points)]
+
+
+def _round_lr(lr: float) -> float:
+  return float(f"{lr:.4g}")
+
+
+def _averaged(result: dict[str, Any], beta: float | None = None) -> float:
+  """A tuning run's best averaged loss over its betas, or its loss at `beta`."""
+  if beta is None:
+    return min(result["final_averaged"].values())
+  return result["final_averaged"][str(float(beta))]
+
+
+def tune(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """The LR sweep, the second-seed check, the budget checks and the averaging beta."""
+  b = config.benchmark
+  n = int(config.trainer.steps)
+  t1, t2 = (int(s) for s in b.tuning_seeds)
+  betas = [float(x) for x in b.betas]
+  beta0 = betas[0]
+
+  def spec(seed, lr, steps):
+    return run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta0, betas=betas)
+
+  # 1. The sweep on the first tuning seed at N; extended while the best is at an edge. LRs are
+  # ranked by the averaged loss (the best over the betas): the headline anchor averages.
+  grid = lr_grid(float(config.optim.learning_rate), int(b.lr_points))
+  sweep = runner.run([spec(t1, lr, n) for lr in grid], "LR sweep (tuning seed 1, N)")
+  for _ in range(int(b.lr_max_extensions)):
+    best = min(range(len(grid)), key=lambda i: _averaged(sweep[i]))
+    if 0 < best < len(grid) - 1:
+      break
+    new = _round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
+    result = runner.run([spec(t1, new, n)], "LR sweep: the best LR is at the grid's edge; extending")[0]
+    grid, sweep = ([new] + grid, [result] + sweep) if best == 0 else (grid + [new], sweep + [result])
+  ranked = sorted(range(len(grid)), key=lambda i: _averaged(sweep[i]))
+  best_at_edge = ranked[0] in (0, len(grid) - 1)
+  if best_at_edge:
+    print(
+      f"WARNING: the best LR {grid[ranked[0]]:.4g} is still at the grid's edge after "
+      f"{b.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
+      "--config.optim.learning_rate towards it",
+      flush=True,
+    )
+  top2 = [grid[i] for i in ranked[:2]]
+  # 2. The best two on the second tuning seed; the better mean over both seeds wins.
+  second = runner.run([spec(t2, lr, n) for lr in top2], "LR check (tuning seed 2, N)")
+  means = {lr: (_averaged(sweep[grid.index(lr)]) + _averaged(r)) / 2 for lr, r in zip(top2, second)}
+  best_lr = min(means, key=means.get)
+  # 3. The averaging beta: the best mean over both tuning seeds at the chosen LR.
+  at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
+  beta_table = {str(x): [_averaged(r, x) for r in at_best] for x in betas}
+  beta = min(betas, key=lambda x: statistics.fmean(beta_table[str(x)]))
+  # The noise of one final loss: the two tuning seeds' spread at the chosen LR and beta, and never
+  # less than the eval set's sampling error (two seeds can agree by chance).
+  sampling = max(r["eval_batch_std"] / math.sqrt(r["eval_batches"]) for r in at_best)
+  noise = max(abs(beta_table[str(beta)][0] - beta_table[str(beta)][1]) / math.sqrt(2), sampling)
+  # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
+  checks: dict[str, Any] = {}
+  per_budget_lr = {str(f): best_lr for f in b.budgets}
+  for factor in (0.5, 2.0):
+    lrs = [_round_lr(best_lr / math.sqrt(2)), best_lr, _round_lr(best_lr * math.sqrt(2))]
+    res = runner.run([spec(t1, lr, round(factor * n)) for lr in lrs], f"LR check at {factor}N (tuning seed 1)")
+    losses = {lr: _averaged(r, beta) for lr, r in zip(lrs, res)}
+    winner = min(losses, key=losses.get)
+    moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise
+    checks[str(factor)] = {
+      "lrs": lrs,
+      "averaged_loss": [losses[lr] for lr in lrs],
+      "raw_loss": [r["final_raw"] for r in res],
+      "winner": winner,
+      "wins_beyond_noise": moved,
+    }
+    if moved:  # this budget and its neighbour on the same side of N use the winner
+      for f in b.budgets:
+        if (factor < 1 and f <= 0.75) or (factor > 1 and f >= 1.5):
+          per_budget_lr[str(f)] = winner
+  all_runs = sweep + second  # the budget checks' runs are in `checks`
+  rows = [
+    {
+      "lr": r["lr"],
+      "seed": r["seed"],
+      "budget": r["steps"],
+      "loss_raw": r["final_raw"],
+      "loss_averaged": _averaged(r, beta),
+      "loss_averaged_by_beta": r["final_averaged"],
+    }
+    for r in all_runs
+  ]
+  for factor, chk in checks.items():
+    for lr, avg, raw in zip(chk["lrs"], chk["averaged_loss"], chk["raw_loss"]):
+      rows.append({"lr": lr, "seed": t1, "budget": round(float(factor) * n), "loss_raw": raw, "loss_averaged": avg})
+  raw_best_lr = min(grid, key=lambda lr: sweep[grid.index(lr)]["final_raw"])
+  return {
+    "grid": grid,
+    "rows": rows,
+    "best_two": top2,
+    "best_two_means": {str(k): v for k, v in means.items()},
+    "best_lr": best_lr,
+    "best_lr_for_raw_loss": raw_best_lr,
+    "best_at_edge": best_at_edge,
+    "averaging_beta": beta,
+    "beta_table": beta_table,
+    "seed_noise": noise,
+    "budget_checks": checks,
+    "per_budget_lr": per_budget_lr,
+  }
+
+
+def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any]) -> dict[str, Any]:
+  """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
+  n = int(config.trainer.steps)
+  b = config.benchmark
+  factors = [float(f) for f in sorted(b.budgets)]
+  specs = [
+    run_spec(
+      config,
+      kind="anchor",
+      seed=int(s),
+      lr=tuning["per_budget_lr"][str(f)],
+      steps=round(f * n),
+      beta=tuning["averaging_beta"],
+    )
+    for s in b.seeds
+    for f in factors
+  ]
+  results = runner.run(specs, "budget curves (headline seeds)")
+  budgets = [round(f * n) for f in factors]
+  curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
+  runs = {}
+  for r in results:
+    s = str(r["seed"])
+    curves["baseline"].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = r["final_raw"]
+    curves["averaged_baseline"].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = _averaged(
+      r, tuning["averaging_beta"]
+    )
+    runs[f"{s}/{r['steps']}"] = r
+  return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
+
+
+def method_runs(
+  config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any], methods: list[str]
+) -> dict[str, dict[str, Any]]:
+  n = int(config.trainer.steps)
+  specs = [
+    run_spec(
+      config,
+      kind="method",
+      seed=int(s),
+      lr=tuning["best_lr"],
+      steps=n,
+      beta=tuning["averaging_beta"],
+      method=m,
+    )
+    for m in methods
+    for s in config.benchmark.seeds
+  ]
+  results = runner.run(specs, "method arms (headline seeds)") if specs else []
+  out: dict[str, dict[str, Any]] = {m: {} for m in methods}
+  for r in results:
+    out[r["method"]][str(r["seed"])] = r
+  return out
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+  """Median ms per step of each kind, for the baseline and each method arm, measured in rounds that
+  interleave the arms (so a change in machine load hits them alike), each step timed alone."""
+  b = config.benchmark
+  seed = int(b.tuning_seeds[0])
+  n = int(config.trainer.steps)
+
+  def exp_config(kind, method=""):
+    spec = run_spec(
+      config, kind=kind, seed=seed, lr=tuning["best_lr"], steps=n, beta=tuning["averaging_beta"], method=method
+    )
+    c = ml_collections.ConfigDict(spec["config"])
+    c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
+    return c
+
+  base_cfg = exp_config("anchor")
+  task = gpt2_small.build_task(base_cfg)
+  arms: dict[str, Any] = {}
+  compile_s: dict[str, float] = {}
+  for name in ["baseline"] + methods:
+    c = base_cfg if name == "baseline" else exp_config("method", name)
+    driver = train_lib.make_driver(c, init_params=task.init_params, loss_fn=task.loss_fn)
+    state = driver.init_state()
+    batch = task.train_batch(0)
+    t0 = time.perf_counter()
+    if name == "baseline":
+      fns = [_anchor_programs(c, task.loss_fn).step.lower(state, batch, driver.schedule).compile()]
+    else:
+      fns = [
+        jax.jit(step_lib.make_phase_step(driver.ctx, br), donate_argnums=0, keep_unused=True)
+        .lower(state, batch, driver.schedule)
+        .compile()
+        for br in range(len(BRANCH_NAMES))
+      ]
+    compile_s[name] = time.perf_counter() - t0
+    arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0}
+
+  samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
+  for _ in range(int(b.timing_rounds)):
+    for name, arm in arms.items():
+      for _ in range(int(b.timing_steps)):
+        batch = task.train_batch(arm["step"] % n)
+        if name == "baseline":
+          branch, fn = None, arm["fns"][0]
+        else:
+          branch = int(jax.device_get(arm["state"].controller.next_branch))
+          fn = arm["fns"][branch]
+        t0 = time.perf_counter()
+        arm["state"], metrics = fn(arm["state"], batch, arm["schedule"])
+        jax.block_until_ready(arm["state"])
+        dt = time.perf_counter() - t0
+        kind = "baseline" if branch is None else step_kind(branch, bool(jax.device_get(metrics["measured"])))
+        samples[name].setdefault(kind, []).append(dt)
+        arm["step"] += 1
+  return {
+    "ms_per_step": {
+      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
+    },
+    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
+    "compile_s": compile_s,
+    "rounds": int(b.timing_rounds),
+    "steps_per_round": int(b.timing_steps),
+  }
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def method_figures(
+  curves: dict[str, Any], runs: dict[str, Any], timing: dict[str, Any] | None, budgets: list[int]
+) -> dict[str, Any]:
+  """Every figure of one method arm against both anchors, per seed and summarised (pure: the tests
+  recompute it)."""
+  seeds = sorted(runs, key=int)
+  out: dict[str, Any] = {"seeds": seeds}
+  base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
+  method_ms = None if timing is None else timing.get("method")
+  for anchor in ANCHORS:
+    per = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
+    for s in seeds:
+      r = runs[s]
+      reach = protocol.steps_to_reach(budgets, curves[anchor][s], r["final_loss"])
+      per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
+      passes = r["backward_passes"] + FORWARD_COST * r["validation_forwards"]
+      per["pass_ratio"].append(protocol.ratio(reach, passes))
+      wall = _method_ms(r["step_kinds"], method_ms)
+      if base_ms is None or wall is None:
+        per["wallclock_ratio"].append({"value": None, "lower_bound": False, "baseline_steps": reach.steps})
+      else:
+        base_wall = None if reach.steps is None else reach.steps * base_ms
+        per["wallclock_ratio"].append(
+          {
+            "value": None if base_wall is None else base_wall / wall,
+            "lower_bound": reach.lower_bound,
+            "baseline_ms": base_wall,
+            "method_ms": wall,
+          }
+        )
+    at_n = [curves[anchor][s][budgets.index(max(b for b in budgets if b <= runs[s]["steps"]))] for s in seeds]
+    final = [runs[s]["final_loss"] for s in seeds]
+    out[anchor] = {
+      **{k: protocol.summarize(v) for k, v in per.items()},
+      "per_seed": per,
+      "final_loss_gap": {
+        **dict(zip(("mean", "std"), protocol.mean_std([(m - a) / a for m, a in zip(final, at_n)]))),
+        "anchor_final_loss": at_n,
+        "method_final_loss": final,
+      },
+      "paired_difference": protocol.paired_difference(final, at_n) if len(seeds) >= 2 else None,
+    }
+  out["final_loss"] = protocol.mean_std([runs[s]["final_loss"] for s in seeds])
+  out["final_loss_raw"] = protocol.mean_std([runs[s]["final_raw"] for s in seeds])
+  out["backward_passes"] = protocol.mean_std([runs[s]["backward_passes"] for s in seeds])
+  out["validation_forwards"] = protocol.mean_std([runs[s]["validation_forwards"] for s in seeds])
+  return out
+
+
+def _method_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
+  """A run's training time from its step counts by kind and the median time of each kind."""
+  if ms is None or any(k not in ms for k in kinds):
+    return None
+  return sum(count * ms[k] for k, count in kinds.items())
+
+
+def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int) -> dict[str, Any]:
+  """The anchors themselves: final losses at N, and the averaging anchor's lead over the raw one in
+  steps (baseline steps needed to reach the averaged loss at N, per seed)."""
+  seeds = sorted(curves["baseline"], key=int)
+  i = budgets.index(n)
+  raw = [curves["baseline"][s][i] for s in seeds]
+  avg = [curves["averaged_baseline"][s][i] for s in seeds]
+  lead = [protocol.steps_to_reach(budgets, curves["baseline"][s], a) for s, a in zip(seeds, avg)]
+  return {
+    "final_loss": {"baseline": protocol.mean_std(raw), "averaged_baseline": protocol.mean_std(avg)},
+    "averaging_vs_raw": protocol.paired_difference(avg, raw) if len(seeds) >= 2 else None,
+    "averaging_lead_steps": {
+      "per_seed": [None if r.steps is None else r.steps - n for r in lead],
+      "lower_bound": [r.lower_bound for r in lead],
+    },
+  }
+
+
+def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list[int], n: int) -> dict[str, Any]:
+  """The two facts a preset must show for its figures to mean anything.
+
+  * Mid-run, the averaged params are worth many steps of the raw run: at the eval point nearest N/2
+    of each headline seed's N-step run, how many steps later the raw iterate of the same run first
+    reaches the averaged params' loss (linear interpolation between eval points).
+  * A 25% larger budget lowers the final loss beyond the paired seed noise (both anchors).
+  """
+  seeds = sorted(curves["baseline"], key=int)
+  worth = []
+  for s in seeds:
+    curve = budget_runs[f"{s}/{n}"]["curve"]
+    mid = min(curve, key=lambda p: abs(p["step"] - n / 2))
+    target, steps = mid["eval_loss_averaged"], None
+    for a, b in zip(curve, curve[1:]):
+      if b["step"] <= mid["step"]:
+        continue
+      if b["eval_loss_raw"] <= target:
+        lo, hi = a["eval_loss_raw"], b["eval_loss_raw"]
+        frac = 1.0 if lo == hi else min(max((lo - target) / (lo - hi), 0.0), 1.0)
+        at = a["step"] + frac * (b["step"] - a["step"]) if lo > target else a["step"]
+        steps = at - mid["step"]
+        break
+    worth.append({"seed": s, "at_step": mid["step"], "steps": steps, "reached": steps is not None})
+  out: dict[str, Any] = {"averaging_worth_mid_run": worth}
+  f125 = round(1.25 * n)
+  if f125 in budgets and len(seeds) >= 2:
+    i, j = budgets.index(n), budgets.index(f125)
+    out["budget_1.25N_vs_N"] = {
+      a: protocol.paired_difference([curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]) for a in ANCHORS
+    }
+  return out
+
+
+def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
+  """The compact summary (`headline.json`) of one family's protocol and its main method arm."""
+  tuning, anchors = result["tuning"], result["anchor_figures"]
+  h: dict[str, Any] = {
+    "preset": result["preset"],
+    "family": result["family"],
+    "method": method,
+    "tuning_seeds": result["tuning_seeds"],
+    "seeds": result["seeds"],
+    "steps": result["steps"],
+    "lr_sweep": {
+      str(r["lr"]): r["loss_averaged"]
+      for r in tuning["rows"]
+      if r["seed"] == result["tuning_seeds"][0] and r["budget"] == result["steps"]
+    },
+    "best_lr": tuning["best_lr"],
+    "averaging_beta": tuning["averaging_beta"],
+    "budgets": result["budgets"],
+    "averaging_lead_steps": anchors["averaging_lead_steps"]["per_seed"],
+  }
+  final = {
+    "baseline": anchors["final_loss"]["baseline"],
+    "averaged_baseline": anchors["final_loss"]["averaged_baseline"],
+  }
+  if method is not None:
+    f = result["figures"][method]
+    for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
+      h[key] = {f"vs_{a}": f[a][key]["mean"] for a in ANCHORS}
+      h[key + "_std"] = {f"vs_{a}": f[a][key]["std"] for a in ANCHORS}
+      h[key + "_null_or_bound"] = {f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"]] for a in ANCHORS}
+    h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
+    h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
+    final["method"] = f["final_loss"]
+  h["final_loss"] = final
+  return h
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _pm(pair: Sequence[float] | None, digits: int = 4) -> str:
+  if pair is None or pair[0] is None:
+    return "n/a"
+  return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def _ratio_cell(s: dict[str, Any]) -> str:
+  if s["mean"] is None:
+    return f"not reached ({s['n_null']}/{s['n']} seeds)"
+  std = "" if s["std"] is None else f" ± {s['std']:.2f}"
+  notes = []
+  if s["n_null"]:
+    notes.append(f"{s['n_null']} not reached")
+  if s["n_lower_bound"]:
+    notes.append(f"{s['n_lower_bound']} lower bounds")
+  return f"{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """results.md: the tuning, the anchors and one column per method arm (means ± std over seeds)."""
+  t, a = result["tuning"], result["anchor_figures"]
+  lines = [
+    f"# Benchmark: preset `{result['preset']}`, family `{result['family']}`",
+    "",
+    f"N = {result['steps']} steps; headline seeds {result['seeds']}, tuning seeds {result['tuning_seeds']}; "
+    f"command: `{result['command']}`",
+    "",
+    "## Tuning (tuning seeds only)",
+    "",
+    "| peak LR | seed | steps | raw final loss | averaged final loss |",
+    "|---|---|---|---|---|",
+  ]
+  for r in sorted(t["rows"], key=lambda r: (r["budget"], r["seed"], r["lr"])):
+    lines.append(f"| {r['lr']:.3g} | {r['seed']} | {r['budget']} | {r['loss_raw']:.4f} | {r['loss_averaged']:.4f} |")
+  lines += [
+    "",
+    f"Best LR {t['best_lr']:.3g} (mean of the best two over both tuning seeds: "
+    + ", ".join(f"{float(k):.3g}: {v:.4f}" for k, v in t["best_two_means"].items())
+    + f"); best for the raw loss alone: {t['best_lr_for_raw_loss']:.3g}. Per-budget LR: "
+    + ", ".join(f"{k}N {v:.3g}" for k, v in t["per_budget_lr"].items())
+    + ".",
+    f"Averaging beta {t['averaging_beta']} (averaged loss on the two tuning seeds: "
+    + ", ".join(f"{k}: {statistics.fmean(v):.4f}" for k, v in t["beta_table"].items())
+    + f"). Seed noise of one final loss: {t['seed_noise']:.4f}.",
+    "",
+    "## Anchors (headline seeds)",
+    "",
+    "| budget | " + " | ".join(ANCHORS) + " |",
+    "|---|---|---|",
+  ]
+  for i, steps in enumerate(result["budgets"]):
+    cells = [protocol.mean_std([result["curves"][an][s][i] for s in result["curves"][an]]) for an in ANCHORS]
+    lines.append(f"| {steps} | " + " | ".join(_pm(c) for c in cells) + " |")
+  lead = [x for x in a["averaging_lead_steps"]["per_seed"] if x is not None]
+  lines += [
+    "",
+    "Averaging's lead at N, in baseline steps (per seed): "
+    + ", ".join("not reached" if x is None else f"{x:+.0f}" for x in a["averaging_lead_steps"]["per_seed"])
+    + (f" (mean {statistics.fmean(lead):+.0f})" if lead else "")
+    + (
+      "; lower bounds: " + str(a["averaging_lead_steps"]["lower_bound"])
+      if any(a["averaging_lead_steps"]["lower_bound"])
+      else ""
+    )
+    + ".",
+  ]
+  ph = result["phenomena"]
+  worth = [w["steps"] for w in ph["averaging_worth_mid_run"]]
+  lines.append(
+    "Averaged params mid-run are worth "
+    + ", ".join("more than the rest of the run" if w is None else f"{w:.0f}" for w in worth)
+    + " steps of the raw run (per seed)."
+  )
+  if "budget_1.25N_vs_N" in ph:
+    lines.append(
+      "1.25N against N (paired): "
+      + "; ".join(
+        f"{an} {d['mean']:+.4f} ± {d['se']:.4f} (se) → {d['verdict']}" for an, d in ph["budget_1.25N_vs_N"].items()
+      )
+      + "."
+    )
+  lines.append(
+    f"Eval set: {result['eval']['batches']} batches; the averaged loss's sampling standard error is about "
+    f"{result['eval']['sampling_se']:.4f}."
+  )
+  methods = list(result["figures"])
+  if methods:
+    lines += ["", "## Method arms (headline seeds; ratios > 1 mean fewer than the anchor needs)", ""]
+    lines.append("| figure | " + " | ".join(methods) + " |")
+    lines.append("|---|" + "---|" * len(methods))
+
+    def row(label, cell):
+      lines.append(f"| {label} | " + " | ".join(cell(result["figures"][m], m) for m in methods) + " |")
+
+    for an in ANCHORS:
+      for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
+        row(f"{key} vs {an}", lambda f, m, an=an, key=key: _ratio_cell(f[an][key]))
+    for an in ANCHORS:
+      row(
+        f"final loss − {an} at N",
+        lambda f, m, an=an: (
+          f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({f[an]['paired_difference']['verdict']})"
+          if f[an]["paired_difference"]
+          else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%"
+        ),
+      )
+    row("final loss (its model: averaged)", lambda f, m: _pm(f["final_loss"]))
+    row("final loss of its raw params", lambda f, m: _pm(f["final_loss_raw"]))
+    row("backward passes", lambda f, m: _pm(f["backward_passes"], 0))
+    row("validation forwards", lambda f, m: _pm(f["validation_forwards"], 0))
+    ms = result["timing"]["ms_per_step"]
+    row("median ms per step by kind", lambda f, m: ", ".join(f"{k} {v:.1f}" for k, v in sorted(ms[m].items())))
+    lines.append("")
+    lines.append(f"Baseline step: {ms['baseline']['baseline']:.2f} ms (median, interleaved).")
+  lines += [
+    "",
+    "Compile time (s, separate from every figure): "
+    + json.dumps({k: round(v, 1) for k, v in result["timing"]["compile_s"].items()})
+    + ".",
+    f"Wall time {result['wall_s']:.0f} s ({result['runs_trained']} runs trained, {result['runs_cached']} from the "
+    f"cache); machine: {result['machine']['cpu_cores']} CPU cores, {result['machine']['device_kind']}, jax "
+    f"{result['machine']['jax']}.",
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
+  """Budget curves with the method points, the LR sweep and every arm's eval curve (one seed)."""
+  paths = []
+  points = {
+    m: {
+      "x": f["backward_passes"][0],
+      "x_std": f["backward_passes"][1],
+      "y": f["final_loss"][0],
+      "y_std": f["final_loss"][1],
+    }
+    for m, f in result["figures"].items()
+  }
+  names = {"baseline": "baseline (raw)", "averaged_baseline": "averaged baseline"}
+  title = f"{result['preset']} {result['family']}"
+  paths.append(
+    plotting.plot_budget_curves(
+      os.path.join(outdir, "budget_curve.png"),
+      result["budgets"],
+      {names[a]: result["curves"][a] for a in ANCHORS},
+      points,
+      title=title + ": final eval loss against backward passes",
+    )
+  )
+  paths.append(plotting.plot_lr_sweep(os.path.join(outdir, "lr_sweep.png"), result["tuning"]["rows"], title=title))
+  seed = str(result["seeds"][0])
+  arms = {"baseline (N)": result["budget_runs"][f"{seed}/{result['steps']}"]["curve"]}
+  for m, runs in result["method_runs"].items():
+    arms[m] = runs[seed]["curve"]
+  paths.append(
+    plotting.plot_arm_eval_curves(os.path.join(outdir, "eval_curves.png"), arms, title=f"{title}, seed {seed}")
+  )
+  return paths
 
 
 def machine_info() -> dict[str, Any]:
@@ -171,293 +981,112 @@ def machine_info() -> dict[str, Any]:
     "python": platform.python_version(),
     "jax": jax.__version__,
     "machine": platform.machine(),
-    "node": platform.node(),
     "load_average_1m": os.getloadavg()[0],
-  }  # other work on the machine skews the timings
-
-
-# --- figures ------------------------------------------------------------------------------------
-
-
-def first_reaching(curve: list[dict[str, float]], target: float) -> dict[str, float] | None:
-  """The first eval point at or below `target`, or None."""
-  for point in curve:
-    if point["eval_loss"] <= target:
-      return point
-  return None
-
-
-def _ratio(num: float, den: float) -> float | None:
-  return num / den if den > 0 else None
-
-
-def compute_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-  """All figures from the raw per-run records (see `summarise_run`); pure, so tests can recompute."""
-  base = runs["baseline"]
-  target = base["final_eval_loss"]
-  base_hit = first_reaching(base["curve"], target)
-  figures: dict[str, Any] = {"target_eval_loss": {"value": target, "from": "baseline final_eval_loss"}}
-  for name, run in runs.items():
-    if name == "baseline":
-      continue
-    hit = first_reaching(run["curve"], target)
-    f: dict[str, Any] = {}
-    if hit is None:
-      best = min(run["curve"], key=lambda p: p["eval_loss"])
-      f["backward_ratio"] = {
-        "value": NOT_REACHED,
-        "target": target,
-        "best_eval_loss": best["eval_loss"],
-        "best_at_step": best["step"],
-      }
-      f["wallclock_ratio"] = dict(f["backward_ratio"])
-    else:
-      f["backward_ratio"] = {
-        "value": _ratio(base_hit["backward_passes"], hit["backward_passes"]),
-        "baseline_backward_passes": base_hit["backward_passes"],
-        "run_backward_passes": hit["backward_passes"],
-        "baseline_step": base_hit["step"],
-        "run_step": hit["step"],
-        "target": target,
-      }
-      f["wallclock_ratio"] = {
-        "value": _ratio(base_hit["train_s"], hit["train_s"]),
-        "baseline_train_s": base_hit["train_s"],
-        "run_train_s": hit["train_s"],
-        "baseline_step": base_hit["step"],
-        "run_step": hit["step"],
-        "target": target,
-      }
-    f["final_loss_gap"] = {
-      "value": (run["final_eval_loss"] - target) / target,
-      "run_final_eval_loss": run["final_eval_loss"],
-      "baseline_final_eval_loss": target,
-    }
-    total = sum(run["phase_steps"].values())
-    f["predict_fraction"] = {
-      "value": run["phase_steps"]["PREDICT"] / total if total else 0.0,
-      "predict_steps": run["phase_steps"]["PREDICT"],
-      "steps": total,
-    }
-    full_ms = run["phase_ms_per_step"].get("FULL") or run["phase_ms_per_step"].get("WARMUP")
-    f["step_cost"] = {
-      "value": {p: ms / full_ms for p, ms in run["phase_ms_per_step"].items()},
-      "phase_ms_per_step": run["phase_ms_per_step"],
-      "baseline_ms_per_step": base["ms_per_step"],
-      "reference": "FULL" if run["phase_ms_per_step"].get("FULL") else "WARMUP",
-    }
-    if "dynamics_ms" in run:
-      f["dynamics_share"] = {
-        "value": run["dynamics_ms"] / full_ms,
-        "dynamics_ms": run["dynamics_ms"],
-        "full_ms": full_ms,
-      }
-    figures[name] = f
-  figures["memory_growth"] = {
-    "value": {name: max(run["memory_growth_bytes"]) for name, run in runs.items()},
-    "per_repeat": {name: run["memory_growth_bytes"] for name, run in runs.items()},
-    "source": base["memory_source"],
   }
-  return figures
-
-
-def summarise_run(repeats: list[tuple[dict[str, Any], list[dict[str, float]]]]) -> dict[str, Any]:
-  """Raw record of one run over its repeats: the loss curve, median times, counts, memory."""
-  summaries = [s for s, _ in repeats]
-  curves = [c for _, c in repeats]
-  curve = [dict(p) for p in curves[0]]
-  for i, p in enumerate(curve):  # losses are deterministic; wall-clock is the median over repeats
-    p["train_s"] = statistics.median(c[i]["train_s"] for c in curves)
-    p["train_s_repeats"] = [c[i]["train_s"] for c in curves]
-  s0 = summaries[0]
-  out = {
-    "final_eval_loss": float(s0["final_eval_loss"]),
-    "curve": curve,
-    "losses_identical_across_repeats": all(
-      [p["eval_loss"] for p in c] == [p["eval_loss"] for p in curves[0]] for c in curves
-    ),
-    "train_s": statistics.median(s["train_s"] for s in summaries),
-    "ms_per_step": 1e3 * statistics.median(s["s_per_step"] for s in summaries),
-    "compile_s": [s["compile_s"] for s in summaries],
-    "memory_growth_bytes": [int(s["memory"]["growth_bytes"]) for s in summaries],
-    "memory_peak_bytes": [int(s["memory"]["peak_bytes"]) for s in summaries],
-    "memory_source": s0["memory"]["source"],
-    "workdirs": [s["workdir"] for s in summaries],
-  }
-  if "phase_steps" in s0:
-    out["phase_steps"] = s0["phase_steps"]
-    out["backward_passes"] = s0["backward_passes"]
-    out["rollbacks"] = s0["rollbacks"]
-    out["phase_ms_per_step"] = {
-      p: statistics.median(s["phase_ms_per_step"][p] for s in summaries) for p in s0.get("phase_ms_per_step", {})
-    }
-  else:
-    out["backward_passes"] = s0["steps"]
-  return out
-
-
-def _fmt(v: Any) -> str:
-  return "n/a" if v is None else train_lib.format_value(v)
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-  """The results table: one column per compared run; every cell says what it is computed from."""
-  fig, runs = result["figures"], result["runs"]
-  names = [n for n in runs if n != "baseline"]
-  head = "| figure | " + " | ".join(names) + " |\n|---|" + "---|" * len(names)
-  rows = [head]
-
-  def row(label, cell):
-    rows.append(f"| {label} | " + " | ".join(cell(n) for n in names) + " |")
-
-  def ratio_cell(key, num, den):
-    def cell(n):
-      f = fig[n][key]
-      if f["value"] == NOT_REACHED:
-        return f"not reached (best {f['best_eval_loss']:.4f})"
-      return f"**{f['value']:.2f}×** ({_fmt(f[num])} / {_fmt(f[den])})"
-
-    return cell
-
-  t = fig["target_eval_loss"]["value"]
-  row(
-    f"backward_ratio to eval {t:.4f}", ratio_cell("backward_ratio", "baseline_backward_passes", "run_backward_passes")
-  )
-  row("wallclock_ratio (s / s)", ratio_cell("wallclock_ratio", "baseline_train_s", "run_train_s"))
-  row(
-    "final eval loss (baseline " + f"{t:.4f})",
-    lambda n: (
-      f"{fig[n]['final_loss_gap']['run_final_eval_loss']:.4f} ({100 * fig[n]['final_loss_gap']['value']:+.2f}%)"
-    ),
-  )
-  row(
-    "predict_fraction",
-    lambda n: (
-      f"{fig[n]['predict_fraction']['value']:.1%} "
-      f"({fig[n]['predict_fraction']['predict_steps']}/"
-      f"{fig[n]['predict_fraction']['steps']})"
-    ),
-  )
-  row("backward passes", lambda n: str(runs[n]["backward_passes"]))
-  row("step_cost vs FULL", lambda n: ", ".join(f"{p} {v:.2f}" for p, v in fig[n]["step_cost"]["value"].items()))
-  row(
-    "ms per step by phase",
-    lambda n: ", ".join(f"{p} {v:.1f}" for p, v in fig[n]["step_cost"]["phase_ms_per_step"].items()),
-  )
-  if all("dynamics_share" in fig[n] for n in names):
-    row(
-      "dynamics model share of FULL",
-      lambda n: f"{fig[n]['dynamics_share']['value']:.1%} ({fig[n]['dynamics_share']['dynamics_ms']:.1f} ms)",
-    )
-  row("memory growth (B)", lambda n: str(fig["memory_growth"]["value"][n]))
-  b = runs["baseline"]
-  lines = [
-    "\n".join(rows),
-    "",
-    f"baseline: final eval loss {b['final_eval_loss']:.4f}, {b['ms_per_step']:.1f} ms/step, "
-    f"{b['train_s']:.1f} s training, memory growth {fig['memory_growth']['value']['baseline']} B.",
-  ]
-  so = result.get("switch_overhead")
-  if so and so.get("value") is not None:
-    lines.append(
-      "switch_overhead (the fused step's extra time per step, as a fraction of a FULL step): "
-      + ", ".join(
-        f"{p} {v['extra_of_full']:+.3f} (fused/separate {v['ratio']:.3f})" for p, v in so["per_phase"].items()
-      )
-      + f"; max {so['value']:.3f}"
-    )
-  m = result["machine"]
-  lines.append(
-    f"machine: {m['platform']} ({m['device_kind']}), {m['cpu_cores']} CPU cores, "
-    f"jax {m['jax']}, load average {m['load_average_1m']:.1f} at start and "
-    f"{m.get('load_average_1m_end', float('nan')):.1f} at end; repeats "
-    f"{result['repeats']} (times are medians)."
-  )
-  return "\n".join(lines)
 
 
 # --- main ---------------------------------------------------------------------------------------
 
 
-def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs every configured run (interleaved repeats), computes the figures, writes the outputs."""
-  names = parse_runs(config)
-  b = config.benchmark
-  if int(b.repeats) < 1:
-    raise ValueError(f"--config.benchmark.repeats={b.repeats}: must be >= 1")
-  if os.path.exists(os.path.join(workdir, "benchmark.json")) or any(
-    os.path.exists(os.path.join(workdir, n)) for n in names
-  ):
-    raise ValueError(
-      f"--workdir {workdir} already holds benchmark runs; a benchmark always starts from scratch: use a new --workdir"
-    )
-  for n in names:
-    config_lib.validate(run_config(config, n))
+def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
+  """The whole protocol for `config`'s family; writes benchmark.json, headline.json, results.md and
+  the plots into `workdir` (and into `benchmark.publish` when set)."""
+  validate_benchmark(config)
+  methods = parse_methods(config)
   os.makedirs(workdir, exist_ok=True)
-  task = gpt2_small.build_task(run_config(config, "baseline"))
   t_start = time.perf_counter()
-
-  raw: dict[str, list] = {n: [] for n in names}
-  for rep in range(int(b.repeats)):
-    for name in names:
-      wd = os.path.join(workdir, name if rep == 0 else os.path.join("repeats", f"{name}-{rep}"))
-      print(f"\n=== {name} (repeat {rep + 1}/{b.repeats}) -> {wd}", flush=True)
-      kwargs = task.train_kwargs()
-      kwargs["extra_meta"] = dict(task.extra_meta, benchmark_run=name)
-      summary = train_lib.train(run_config(config, name), wd, **kwargs)
-      summary["workdir"] = wd
-      raw[name].append((summary, eval_curve(wd)))
-
-  runs = {n: summarise_run(raw[n]) for n in names}
-  if any(n != "baseline" for n in names):
-    dyn_ms = time_dynamics(config, task, int(b.dynamics_timing_calls))
-    for n in names:
-      if n != "baseline":
-        runs[n]["dynamics_ms"] = dyn_ms
+  b = config.benchmark
+  n = int(config.trainer.steps)
+  task = gpt2_small.build_task(experiment_config(config))
+  epochs = {
+    str(f): gpt2_small.corpus_epochs(_with_steps(config, round(f * n)), task.prepared.n_train) for f in b.budgets
+  }
+  print(
+    f"benchmark {b.preset} {b.family}: N={n}, {task.extra_meta['n_params']:,} params, the longest budget reads the "
+    f"{task.prepared.n_train:,}-token training split {max(epochs.values()):.2f} times; workdir {workdir}",
+    flush=True,
+  )
+  warning = gpt2_small.epochs_warning(_with_steps(config, round(max(b.budgets) * n)), task.prepared.n_train)
+  if warning:
+    print(warning, flush=True)
+  cache = None
+  if config.trainer.compile_cache:  # a cold benchmark starts with an empty <workdir>/jax_cache
+    cache = config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+  runner = Runner(workdir, int(b.workers), cache)
+  tuning = tune(config, runner)
+  print(f"best LR {tuning['best_lr']:.3g}, averaging beta {tuning['averaging_beta']}", flush=True)
+  curves = budget_curves(config, runner, tuning)
+  mruns = method_runs(config, runner, tuning, methods)
+  print("--- timing (interleaved, this process)", flush=True)
+  timing = time_step_kinds(config, tuning, methods)
+  figures = {
+    m: method_figures(
+      curves["curves"],
+      mruns[m],
+      {"baseline": timing["ms_per_step"]["baseline"], "method": timing["ms_per_step"][m]},
+      curves["budgets"],
+    )
+    for m in methods
+  }
+  n_runs = curves["runs"][f"{b.seeds[0]}/{n}"]
+  sampling_se = n_runs["eval_batch_std"] / math.sqrt(n_runs["eval_batches"])
   result: dict[str, Any] = {
     "preset": b.preset,
-    "repeats": int(b.repeats),
+    "family": b.family,
+    "command": command,
+    "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    "code_version": runner.version,
     "machine": machine_info(),
     "config": json.loads(config.to_json()),
-    "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "runs": runs,
+    "steps": n,
+    "tuning_seeds": [int(s) for s in b.tuning_seeds],
+    "seeds": [int(s) for s in b.seeds],
+    "budgets": curves["budgets"],
+    "corpus_epochs": epochs,
+    "tuning": tuning,
+    "curves": curves["curves"],
+    "budget_runs": curves["runs"],
+    "method_runs": mruns,
+    "timing": timing,
+    "anchor_figures": anchor_figures(curves["curves"], curves["budgets"], n),
+    "phenomena": phenomena(curves["curves"], curves["runs"], curves["budgets"], n),
+    "eval": {"batches": n_runs["eval_batches"], "sampling_se": sampling_se},
+    "figures": figures,
+    "runs_trained": runner.ran,
+    "runs_cached": runner.reused,
   }
-  result["figures"] = compute_figures(runs)
-  if b.switch_overhead:
-    print("\n=== switch overhead (scripts/bench_switch.py)", flush=True)
-    result["switch_overhead"] = switch_overhead(b.preset)
-    result["figures"]["switch_overhead"] = result["switch_overhead"]
   result["wall_s"] = time.perf_counter() - t_start
-  result["machine"]["load_average_1m_end"] = os.getloadavg()[0]
-
-  table = markdown_table(result)
+  result["headline"] = headline(result, methods[0] if methods else None)
+  table = markdown(result)
   with open(os.path.join(workdir, "benchmark.json"), "w") as f:
     json.dump(result, f, indent=2)
+  with open(os.path.join(workdir, "headline.json"), "w") as f:
+    json.dump(result["headline"], f, indent=2)
   with open(os.path.join(workdir, "results.md"), "w") as f:
-    f.write(table + "\n")
-  result["plots"] = save_plots(workdir, names)
+    f.write(table)
+  result["plots"] = save_plots(result, workdir)
+  if b.publish:
+    os.makedirs(b.publish, exist_ok=True)
+    for name in ["headline.json", "results.md", "benchmark.json"] + [os.path.basename(p) for p in result["plots"]]:
+      shutil.copy(os.path.join(workdir, name), os.path.join(b.publish, name))
   print("\n" + table)
-  print(
-    f"\nbenchmark wall time {result['wall_s']:.0f} s; outputs in {workdir}: benchmark.json, "
-    f"results.md, " + ", ".join(os.path.basename(p) for p in result["plots"])
-  )
+  print(f"benchmark wall time {result['wall_s']:.0f} s; outputs in {workdir}", flush=True)
   return result
 
 
-def save_plots(workdir: str, names: list[str]) -> list[str]:
-  """Comparison curves for all runs, plus the hybrid run's own figures (hybridjax.plotting)."""
-  loaded = {n: plotting.load_run(os.path.join(workdir, n)) for n in names}
-  paths = list(plotting.save_comparison_figures(loaded, workdir))
-  if "hybrid" in names:
-    paths += plotting.save_run_figures(os.path.join(workdir, "hybrid"), os.path.join(workdir, "hybrid_figures"))
-  return paths
+def _with_steps(config: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:
+  c = experiment_config(config)
+  c.trainer.steps = steps
+  return c
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = _FLAGS[0].value
-  cli.run_as_program(lambda: run_benchmark(config, _FLAGS[1].value or cli.default_workdir(config, kind="benchmark")))
+  workdir = _FLAGS[1].value or os.path.join("runs", f"benchmark-{config.benchmark.preset}-{config.benchmark.family}")
+  command = "python -m experiments.benchmark " + " ".join(sys.argv[1:])
+  cli.run_as_program(lambda: run_benchmark(config, workdir, command))
 
 
 def _expand_quick(argv: list[str]) -> list[str]:
@@ -473,6 +1102,7 @@ if __name__ == "__main__":
   # Rewritten before the flags exist: config_flags also reads sys.argv for `--config.*` overrides.
   sys.argv = _expand_quick(sys.argv)
   _FLAGS = cli.define_flags(
-    _CONFIG_PATH + ":tiny", "Output folder (default: runs/<preset>-benchmark-<time>); must not hold a benchmark yet."
+    _CONFIG_PATH + ":long",
+    "Output folder (default: runs/benchmark-<preset>-<family>); its cache/ is reused by a later run.",
   )
   app.run(main)

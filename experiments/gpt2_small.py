@@ -109,6 +109,26 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   )
 
 
+MAX_EPOCHS = 4.0
+
+
+def corpus_epochs(config: ml_collections.ConfigDict, n_train_tokens: int) -> float:
+  """How many times a run of `config.trainer.steps` steps reads its training split (in tokens)."""
+  return config.trainer.steps * config.trainer.batch_size * config.model.n_ctx / max(n_train_tokens, 1)
+
+
+def epochs_warning(config: ml_collections.ConfigDict, n_train_tokens: int) -> str | None:
+  """A warning when a run repeats its corpus more than `MAX_EPOCHS` times (a small corpus is
+  memorised, and losses stop meaning generalisation), naming the fix."""
+  epochs = corpus_epochs(config, n_train_tokens)
+  if epochs <= MAX_EPOCHS:
+    return None
+  return (
+    f"WARNING: {config.trainer.steps} steps read the {n_train_tokens:,}-token training split {epochs:.1f} times "
+    f"(more than {MAX_EPOCHS:g}); give a larger corpus with --config.data.path, or fewer steps"
+  )
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -125,9 +145,12 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   n_params = task.extra_meta["n_params"]
   print(
     f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
-    f"({config.data.tokenizer}), mode={config.mode}, workdir={workdir}, "
-    f"devices={jax.devices()}"
+    f"({config.data.tokenizer}; the run reads them {corpus_epochs(config, task.prepared.n_train):.2f} times), "
+    f"mode={config.mode}, workdir={workdir}, devices={jax.devices()}"
   )
+  warning = epochs_warning(config, task.prepared.n_train)
+  if warning:
+    print(warning)
   return train_lib.train(config, workdir, **task.train_kwargs())
 
 

@@ -16,16 +16,25 @@ import ml_collections
 def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
   c = ml_collections.ConfigDict()
-  c.name = "adamw"  # 'adamw' | 'adam' | 'sgd' (momentum 0.9)
-  c.learning_rate = 3e-3
+  # 'adamw' | 'adam' | 'sgd' (momentum 0.9) | 'muon' (Muon on the hidden matrices, AdamW on
+  # embeddings, LayerNorm parameters and biases)
+  c.name = "adamw"
+  c.learning_rate = 3e-3  # peak lr (for 'muon': of the Muon matrices)
+  # 'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over
+  # the last decay_fraction of the schedule
+  c.schedule = "cosine"
   c.warmup_steps = 50
   c.decay_steps = 0  # 0 = decay over the whole run (trainer.steps)
+  c.decay_fraction = 0.2  # 'wsd' only: the fraction of decay_steps spent decaying, in (0, 1]
   c.min_lr_ratio = 0.1  # final lr = learning_rate * min_lr_ratio
   c.weight_decay = 0.1
   c.b1 = 0.9
   c.b2 = 0.95
   c.eps = 1e-8
   c.grad_clip = 1.0  # 0 = no clipping
+  # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
+  c.adam_lr_ratio = 0.15
+  c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
   return c
 
 
@@ -46,6 +55,11 @@ def default_trainer_config() -> ml_collections.ConfigDict:
   # Stop the run (TrainingDiverged) after this many consecutive real steps whose update was skipped
   # as non-finite; the last good checkpoint is kept.
   c.max_nonfinite_steps = 20
+  # Weight averaging: 'ema' keeps a bias-corrected moving average of the params in the train state
+  # (both modes); every eval reports the raw and the averaged params, and the run's model (the
+  # summary's final_eval_loss, what `final_params` returns) is the averaged one. 'none': off.
+  c.averaging = "none"
+  c.averaging_beta = 0.99
   return c
 
 
@@ -207,16 +221,20 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "data.tokenizer": _choice("byte", "gpt2"),
   "data.cache_dir": _str,
   "data.val_fraction": _num(0.0, 0.5, lo_open=True),
-  "optim.name": _choice("adamw", "adam", "sgd"),
+  "optim.name": _choice("adamw", "adam", "sgd", "muon"),
   "optim.learning_rate": _num(0.0, lo_open=True),
+  "optim.schedule": _choice("cosine", "wsd"),
   "optim.warmup_steps": _int(0),
   "optim.decay_steps": _int(0),
+  "optim.decay_fraction": _num(0.0, 1.0, lo_open=True),
   "optim.min_lr_ratio": _num(0.0, 1.0),
   "optim.weight_decay": _num(0.0),
   "optim.b1": _num(0.0, 1.0, hi_open=True),
   "optim.b2": _num(0.0, 1.0, hi_open=True),
   "optim.eps": _num(0.0, lo_open=True),
   "optim.grad_clip": _num(0.0),
+  "optim.adam_lr_ratio": _num(0.0, lo_open=True),
+  "optim.muon_weight_decay": _num(0.0),
   "trainer.steps": _int(1),
   "trainer.batch_size": _int(1),
   "trainer.grad_accum": _int(1),
@@ -230,6 +248,8 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "trainer.compile_cache_dir": _str,
   "trainer.memory_limit_bytes": _int(0),
   "trainer.max_nonfinite_steps": _int(1),
+  "trainer.averaging": _choice("none", "ema"),
+  "trainer.averaging_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.enable_predict": _bool,
   "hybrid.warmup_steps": _int(1),
   "hybrid.full_steps": _int(1),

@@ -4,14 +4,16 @@ This module imports nothing else from hybridjax; the hybrid algorithm (`hybridja
 host loop (`hybridjax.loop`) are built on it.
 
 * `TrainState` and its init/next functions.
-* `Schedule`: the learning-rate schedule as runtime arrays (peak LR, warm-up, length, floor). The
+* `Schedule`: the learning-rate schedule (cosine or WSD) as runtime arrays (peak LR, warm-up,
+  length, floor, start of the decay); only its kind is static. The
   learning rate is `learning_rate(schedule, step)` of the *global* step and is injected into the
   optimizer state before each update (optax's public `inject_hyperparams` state), so hybrid
   training, whose predicted steps consume schedule time without an optimizer update, keeps the
   baseline's schedule; and since nothing about the schedule is a compile-time constant, one
   compiled step serves every learning rate and budget of a sweep.
-* `make_optimizer`, `loss_and_grads`, `guarded_update` (skips a non-finite update), `global_norm`,
-  `tree_where`, `all_finite`, and the baseline `train_step`.
+* `make_optimizer` (AdamW, Adam, SGD, or Muon on the hidden matrices: `muon_labels`),
+  `loss_and_grads`, `guarded_update` (skips a non-finite update), `global_norm`, `tree_where`,
+  `all_finite`, and the baseline `train_step`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ Batch = Mapping[str, Any]
 
 
 @flax.struct.dataclass
+class Averaging:
+  """A bias-corrected exponential moving average of the params.
+
+  After n averaged steps `params` is sum_i w_i theta_i with w_i proportional to beta^(n-i): the
+  same weights as an EMA started at zero and divided by (1 - beta^n), as Adam corrects its
+  moments. So the average never holds the initial params, whatever the run's length.
+  """
+
+  params: Any  # float32, the shape of the params
+  beta: jax.Array  # float32 scalar
+
+
+@flax.struct.dataclass
 class TrainState:
   """What a plain optax loop carries, plus its health counters."""
 
@@ -40,39 +55,64 @@ class TrainState:
   # on the device, so the host loop reads them only when it logs (no per-step sync).
   nonfinite_streak: jax.Array  # int32: consecutive skipped steps up to now (0 after a good one)
   nonfinite_total: jax.Array  # int32: all skipped steps
+  # Weight averaging (`trainer.averaging='ema'`): an exponential moving average of the params over
+  # global steps, or None when averaging is off. Evaluating it is free and worth hundreds of steps
+  # at a high learning rate, so it is part of the state: donated, checkpointed, sharded like the params.
+  averaging: Averaging | None = None
 
 
 @flax.struct.dataclass
 class Schedule:
-  """Linear warm-up to `peak_lr`, then cosine decay to `peak_lr * min_lr_ratio` at `decay_steps`.
+  """Linear warm-up to `peak_lr`, then a decay to `peak_lr * min_lr_ratio` at `decay_steps`:
 
-  Every field is a device scalar, so a step compiled once serves every schedule.
+  * `kind='cosine'`: cosine decay from the end of the warm-up.
+  * `kind='wsd'` (warm-up, stable, decay): constant at `peak_lr` until `decay_start`, then linear
+    decay to the floor.
+
+  Every field but `kind` is a device scalar, so a step compiled once serves every schedule of a kind.
   """
 
   peak_lr: jax.Array  # float32
   warmup_steps: jax.Array  # int32
   decay_steps: jax.Array  # int32: the schedule's length (the end of the decay)
   min_lr_ratio: jax.Array  # float32
+  # int32: where the decay begins ('wsd'; 'cosine' decays from warmup_steps). None = warmup_steps.
+  decay_start: jax.Array | None = None
+  kind: str = flax.struct.field(pytree_node=False, default="cosine")  # 'cosine' | 'wsd'
 
 
 def make_schedule(optim: Any, total_steps: int) -> Schedule:
-  """The `Schedule` of an optim config block (`learning_rate`, `warmup_steps`, `decay_steps`
-  (0 = `total_steps`), `min_lr_ratio`) for a run of `total_steps`."""
+  """The `Schedule` of an optim config block (`schedule`, `learning_rate`, `warmup_steps`,
+  `decay_steps` (0 = `total_steps`), `min_lr_ratio`, `decay_fraction`) for a run of `total_steps`.
+
+  'wsd' decays over the last `round(decay_fraction * decay_steps)` steps (at least one, so the
+  floor is reached at `decay_steps`), never into the warm-up.
+  """
+  kind = optim.get("schedule", "cosine")
+  if kind not in ("cosine", "wsd"):
+    raise ValueError(f"--config.optim.schedule must be 'cosine' or 'wsd', got {kind!r}")
   decay_steps = int(optim.decay_steps) or int(total_steps)
   warmup = min(int(optim.warmup_steps), max(decay_steps - 1, 0))
+  decay_steps = max(decay_steps, warmup + 1)
+  decay_start = warmup
+  if kind == "wsd":
+    decay_start = max(warmup, decay_steps - max(round(float(optim.decay_fraction) * decay_steps), 1))
   return Schedule(
     peak_lr=jnp.asarray(float(optim.learning_rate), jnp.float32),
     warmup_steps=jnp.asarray(warmup, jnp.int32),
-    decay_steps=jnp.asarray(max(decay_steps, warmup + 1), jnp.int32),
+    decay_steps=jnp.asarray(decay_steps, jnp.int32),
     min_lr_ratio=jnp.asarray(float(optim.min_lr_ratio), jnp.float32),
+    decay_start=jnp.asarray(decay_start, jnp.int32),
+    kind=kind,
   )
 
 
 def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
-  """The learning rate at global `step` (float32): warm-up from 0, then cosine to the floor.
+  """The learning rate at global `step` (float32): warm-up from 0, then the decay of
+  `schedule.kind` to the floor (cosine; or 'wsd': stable at the peak, then linear).
 
-  The arithmetic is `optax.warmup_cosine_decay_schedule`'s, operation for operation, so the same
-  schedule as compile-time constants and as runtime values gives the same bits.
+  The cosine arithmetic is `optax.warmup_cosine_decay_schedule`'s, operation for operation, so the
+  same schedule as compile-time constants and as runtime values gives the same bits.
   """
   step = jnp.asarray(step, jnp.int32)
   peak, warmup = schedule.peak_lr, schedule.warmup_steps
@@ -80,6 +120,10 @@ def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
   count = jnp.clip(step, 0, warmup)
   warm = (0.0 - peak) * (1 - count / jnp.maximum(warmup, 1)) + peak
   warm = jnp.where(warmup > 0, warm, peak)  # no warm-up: a constant schedule at the peak
+  if schedule.kind == "wsd":
+    return jnp.where(step < warmup, warm, _wsd_after_warmup(schedule, step))
+  if schedule.kind != "cosine":
+    raise ValueError(f"Schedule.kind must be 'cosine' or 'wsd', got {schedule.kind!r}")
   # Decay: optax.cosine_decay_schedule(peak, decay_steps - warmup, alpha=min_lr_ratio).
   decay_steps = (schedule.decay_steps - warmup).astype(jnp.float32)
   count = jnp.minimum((step - warmup).astype(jnp.float32), decay_steps)
@@ -89,30 +133,79 @@ def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
   return jnp.where(step < warmup, warm, cosine)
 
 
+def _wsd_after_warmup(schedule: Schedule, step: jax.Array) -> jax.Array:
+  """WSD past the warm-up: the peak until `decay_start`, then linear to `peak * min_lr_ratio` at
+  `decay_steps`, and the floor after it."""
+  peak, alpha = schedule.peak_lr, schedule.min_lr_ratio
+  start = schedule.warmup_steps if schedule.decay_start is None else schedule.decay_start
+  length = jnp.maximum(schedule.decay_steps - start, 1).astype(jnp.float32)
+  frac = jnp.clip((step - start).astype(jnp.float32) / length, 0.0, 1.0)  # 0 -> 1 over the decay
+  linear = peak * ((1 - alpha) * (1 - frac) + alpha)  # exactly the floor at frac = 1
+  return jnp.where(step < start, peak, linear)
+
+
+def muon_labels(params: Any) -> Any:
+  """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
+
+  Muon orthogonalises 2-D updates, which suits the hidden (attention and MLP) matrices only; as in
+  the modded-nanogpt recipes, embeddings (any leaf under a key named `embedding`, which includes a
+  head tied to the token embedding), LayerNorm parameters and biases (every leaf with ndim != 2)
+  stay on AdamW.
+  """
+
+  def label(path, p):
+    under_embedding = any(getattr(k, "key", getattr(k, "name", None)) == "embedding" for k in path)
+    return "muon" if p.ndim == 2 and not under_embedding else "adamw"
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
+  """`optax.contrib.muon` with only these two hyperparameters (the rest: optax's defaults, beta
+  0.95, Nesterov, 5 Newton-Schulz steps), so `inject_hyperparams` injects no others (an injected
+  `ns_steps` would be a traced array)."""
+  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
+
+
 def _decay_mask(params: Any) -> Any:
   """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 def make_optimizer(optim: Any) -> optax.GradientTransformation:
-  """The optimizer named by `optim.name` ('adamw', 'adam', 'sgd' with momentum 0.9), with
+  """The optimizer named by `optim.name` ('adamw', 'adam', 'sgd' with momentum 0.9, 'muon'), with
   global-norm clipping at `optim.grad_clip` (0 = off).
 
+  'muon': `optax.contrib.muon` (weight decay `optim.muon_weight_decay`) on the hidden matrices and
+  AdamW (`b1`, `b2`, `eps`, `weight_decay`) at `optim.adam_lr_ratio` times the learning rate on the
+  rest, split by `muon_labels`.
+
   The learning rate is an injected hyperparameter whose value `with_learning_rate` sets before
-  each update; it is never a schedule of the optimizer's own update count.
+  each update (for 'muon', in both groups); it is never a schedule of the optimizer's own update
+  count.
   """
   # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
   b1, b2, eps, wd = float(optim.b1), float(optim.b2), float(optim.eps), float(optim.weight_decay)
-  if optim.name == "adamw":
-    core = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+
+  def adamw():
+    return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
       learning_rate=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=_decay_mask
     )
+
+  if optim.name == "adamw":
+    core = adamw()
+  elif optim.name == "muon":
+    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(optim.muon_weight_decay))
+    # One injected learning rate per group, both set to the same value: the AdamW group's update
+    # is scaled afterwards, which is AdamW at `adam_lr_ratio` times the rate.
+    rest = optax.chain(adamw(), optax.scale(float(optim.adam_lr_ratio)))
+    core = optax.partition({"muon": muon, "adamw": rest}, muon_labels)
   elif optim.name == "adam":
     core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
   elif optim.name == "sgd":
     core = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9)
   else:
-    raise ValueError(f"--config.optim.name must be 'adamw', 'adam' or 'sgd', got {optim.name!r}")
+    raise ValueError(f"--config.optim.name must be 'adamw', 'adam', 'sgd' or 'muon', got {optim.name!r}")
   if optim.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
   return core
@@ -137,21 +230,50 @@ def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
   return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
 
 
-def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
-  """A fresh state at step 0 with the optimizer initialised on `params`."""
+def init_train_state(params: Any, tx: optax.GradientTransformation, averaging_beta: float | None = None) -> TrainState:
+  """A fresh state at step 0 with the optimizer initialised on `params`; with `averaging_beta`
+  (0 < beta < 1) it also carries the params' moving average (`Averaging`)."""
 
   # Distinct buffers: the state is donated, and one buffer cannot be donated twice.
   def zero():
     return jnp.zeros((), jnp.int32)
 
+  averaging = None
+  if averaging_beta is not None:
+    if not 0.0 < float(averaging_beta) < 1.0:
+      raise ValueError(f"the averaging beta must be in (0, 1), got {averaging_beta}")
+    averaging = Averaging(
+      params=jax.tree.map(lambda p: jnp.array(p, copy=True), params),
+      beta=jnp.asarray(float(averaging_beta), jnp.float32),
+    )
   return TrainState(
-    params=params, opt_state=tx.init(params), step=zero(), nonfinite_streak=zero(), nonfinite_total=zero()
+    params=params,
+    opt_state=tx.init(params),
+    step=zero(),
+    nonfinite_streak=zero(),
+    nonfinite_total=zero(),
+    averaging=averaging,
   )
 
 
+def update_average(averaging: Averaging | None, params: Any, count: jax.Array) -> Averaging | None:
+  """The average after its `count`-th step (count >= 1) took in `params`; None stays None.
+
+  The bias-corrected weight of the new params is (1 - beta) / (1 - beta^count): 1 at the first
+  step (the average is the params), tending to 1 - beta.
+  """
+  if averaging is None:
+    return None
+  beta = averaging.beta
+  count = jnp.asarray(count, jnp.float32)
+  weight = (1.0 - beta) / (1.0 - beta**count)
+  new = jax.tree.map(lambda a, p: a + weight * (p.astype(a.dtype) - a), averaging.params, params)
+  return averaging.replace(params=new)
+
+
 def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: jax.Array) -> TrainState:
-  """The state after one real step: step + 1, and the non-finite counters updated by `applied`
-  (False when `guarded_update` skipped the update)."""
+  """The state after one real step: step + 1, the average updated, and the non-finite counters
+  updated by `applied` (False when `guarded_update` skipped the update)."""
   skipped = (~applied).astype(jnp.int32)
   return TrainState(
     params=params,
@@ -159,7 +281,21 @@ def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: ja
     step=state.step + 1,
     nonfinite_streak=jnp.where(applied, 0, state.nonfinite_streak + 1),
     nonfinite_total=state.nonfinite_total + skipped,
+    averaging=update_average(state.averaging, params, state.step + 1),
   )
+
+
+def moved_train_state(state: TrainState, params: Any) -> TrainState:
+  """The state after a step that moved the params without an optimizer update (a predicted
+  step): step + 1 and the average updated; the optimizer state and counters are kept."""
+  return state.replace(
+    params=params, step=state.step + 1, averaging=update_average(state.averaging, params, state.step + 1)
+  )
+
+
+def final_params(state: TrainState) -> Any:
+  """The run's model: the averaged params when the state averages, else the params."""
+  return state.params if state.averaging is None else state.averaging.params
 
 
 def global_norm(tree: Any) -> jax.Array:

@@ -122,12 +122,15 @@ def replicated_tree(abstract_tree: Any, mesh: Mesh) -> Any:
 
 
 def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `optim.TrainState`: params and optimizer state FSDP, the rest (the step and
-  any counters) replicated."""
+  """Shardings of a `optim.TrainState`: params, optimizer state and params average FSDP, the rest
+  (the step, counters, the average's beta) replicated."""
   rest = replicated_tree(abstract_state, mesh)
-  return rest.replace(
+  out = rest.replace(
     params=fsdp_sharding(abstract_state.params, mesh), opt_state=fsdp_sharding(abstract_state.opt_state, mesh)
   )
+  if abstract_state.averaging is not None:  # the params average is laid out like the params
+    out = out.replace(averaging=rest.averaging.replace(params=fsdp_sharding(abstract_state.averaging.params, mesh)))
+  return out
 
 
 def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:

@@ -131,7 +131,7 @@ def lax_switch_step(ctx, state, batch, schedule):
   phase = state.controller.phase
   branches = [functools.partial(lambda f, s, b, sch: f(ctx, s, b, sch), f) for f in step_lib.TRANSITIONS]
   new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
-  return step_lib.finish_step(ctx, new_state, info, phase)
+  return step_lib.finish_step(ctx, new_state, info, phase, state.controller.next_branch)
 
 
 def main(argv=None):

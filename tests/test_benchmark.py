@@ -1,4 +1,6 @@
-"""The benchmark's outputs are well-formed and self-consistent. No test here asserts a speedup."""
+"""The benchmark protocol (experiments/benchmark.py): its anchor runs compute what `train()` computes,
+the quick preset runs the whole protocol, and every figure can be recomputed from the raw numbers it
+stores. No test here asserts a speedup."""
 
 from __future__ import annotations
 
@@ -6,156 +8,182 @@ import json
 import math
 import os
 
+import ml_collections
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import cached, micro_config
 
 from experiments import benchmark
+from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
+from hybridjax import protocol
+from hybridjax.hybrid.phases import Branch
+from hybridjax.loop import train as train_lib
 
 
-def _curve(losses, step_every=10, backward=None, seconds=None):
-  return [
-    {
-      "step": step_every * (i + 1),
-      "eval_loss": loss,
-      "backward_passes": (backward or [step_every * (i + 1) for i in range(len(losses))])[i],
-      "train_s": (seconds or [0.1 * (i + 1) for i in range(len(losses))])[i],
-    }
-    for i, loss in enumerate(losses)
-  ]
-
-
-def _run(losses, backward=None, seconds=None, predict=0, phase_ms=None):
-  run = {
-    "final_eval_loss": losses[-1],
-    "curve": _curve(losses, backward=backward, seconds=seconds),
-    "memory_growth_bytes": [0],
-    "memory_source": "jax.live_arrays",
-    "ms_per_step": 10.0,
-    "backward_passes": (backward or [10 * len(losses)])[-1],
-  }
-  if phase_ms is not None:
-    run.update(
-      phase_steps={"WARMUP": 5, "FULL": 5, "PREDICT": predict, "CORRECT": 10},
-      phase_ms_per_step=phase_ms,
-      dynamics_ms=1.0,
-    )
-  return run
-
-
-def test_figures_ratio_and_not_reached():
-  base = _run([3.0, 2.5, 2.0, 1.9])
-  fast = _run(
-    [2.9, 1.85, 1.8, 1.7],
-    backward=[5, 10, 15, 20],
-    seconds=[0.05, 0.1, 0.15, 0.2],
-    predict=20,
-    phase_ms={"FULL": 10.0, "PREDICT": 2.0},
-  )
-  slow = _run([3.0, 2.6, 2.2, 2.0], predict=0, phase_ms={"FULL": 10.0})
-  fig = benchmark.compute_figures({"baseline": base, "hybrid": fast, "constant_alpha": slow})
-  assert fig["target_eval_loss"]["value"] == 1.9
-  h = fig["hybrid"]
-  # The baseline reaches 1.9 at its 4th eval (40 backward passes, 0.4 s); hybrid at its 2nd.
-  assert h["backward_ratio"]["value"] == pytest.approx(40 / 10)
-  assert h["wallclock_ratio"]["value"] == pytest.approx(0.4 / 0.1)
-  assert h["final_loss_gap"]["value"] == pytest.approx((1.7 - 1.9) / 1.9)
-  assert h["step_cost"]["value"] == {"FULL": 1.0, "PREDICT": 0.2}
-  assert h["dynamics_share"]["value"] == pytest.approx(0.1)
-  c = fig["constant_alpha"]
-  assert c["backward_ratio"]["value"] == benchmark.NOT_REACHED
-  assert c["wallclock_ratio"]["best_eval_loss"] == 2.0
-  assert c["final_loss_gap"]["value"] > 0
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12), st.lists(st.floats(0.5, 5.0), min_size=1, max_size=12))
-def test_ratio_is_defined_exactly_when_the_target_is_reached(base_losses, run_losses):
-  n = len(run_losses)
-  fig = benchmark.compute_figures(
-    {
-      "baseline": _run(base_losses),
-      "hybrid": _run(run_losses, backward=[3 * (i + 1) for i in range(n)], phase_ms={"FULL": 5.0}),
-    }
-  )
-  target = base_losses[-1]
-  ratio = fig["hybrid"]["backward_ratio"]
-  if min(run_losses) <= target:
-    first = next(i for i, x in enumerate(run_losses) if x <= target)
-    base_first = next(i for i, x in enumerate(base_losses) if x <= target)
-    assert ratio["value"] == pytest.approx(10 * (base_first + 1) / (3 * (first + 1)))
-  else:
-    assert ratio["value"] == benchmark.NOT_REACHED
-
-
-def test_bad_runs_setting_is_refused():
+def _bench_config(**benchmark_overrides):
   c = benchmark_cfg.get_config("quick")
-  c.benchmark.runs = "hybrid,turbo"
-  with pytest.raises(ValueError, match="benchmark.runs"):
-    benchmark.parse_runs(c)
-  with pytest.raises(ValueError, match="unknown benchmark preset"):
-    benchmark_cfg.get_config("huge")
+  c.benchmark.update(benchmark_overrides)
+  return c
+
+
+def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
+  """The anchor runner's final raw and averaged losses are train()'s, bit for bit."""
+  config = _bench_config()
+  spec = benchmark.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=12, beta=0.9, betas=[0.9, 0.95])
+  anchor = benchmark.run_anchor(spec)
+  c = cached(ml_collections.ConfigDict(spec["config"]), jax_cache)
+  c.trainer.progress = False
+  task = experiment.build_task(c)
+  summary = train_lib.train(c, str(tmp_path / "run"), **task.train_kwargs())
+  assert anchor["final_raw"] == summary["final_eval_loss_raw"]
+  assert anchor["final_averaged"]["0.9"] == summary["final_eval_loss_averaged"]
+  assert anchor["final_averaged"]["0.95"] != anchor["final_averaged"]["0.9"]  # the side average is its own
+  assert [p["step"] for p in anchor["curve"]] == [6, 12]
+  assert anchor["compile_s"] > 0 and anchor["train_s"] > 0 and anchor["nonfinite_skipped"] == 0
+
+
+def test_bad_benchmark_settings_name_the_field():
+  with pytest.raises(ValueError, match="benchmark.methods"):
+    benchmark.validate_benchmark(_bench_config(methods="hybrid,magic"))
+  with pytest.raises(ValueError, match="must not share a seed"):
+    benchmark.validate_benchmark(_bench_config(seeds=(1001, 5)))
+  with pytest.raises(ValueError, match="benchmark.budgets"):
+    benchmark.validate_benchmark(_bench_config(budgets=(0.5, 2.0)))
+  c = _bench_config()
+  c.trainer.averaging = "none"
+  with pytest.raises(ValueError, match="trainer.averaging=ema"):
+    benchmark.validate_benchmark(c)
+  with pytest.raises(ValueError, match="unknown benchmark config"):
+    benchmark_cfg.get_config("long,adagrad")
+
+
+def test_lr_grid_is_a_sqrt2_grid_around_the_centre():
+  grid = benchmark.lr_grid(6e-3, 5)
+  assert grid[2] == 6e-3 and len(grid) == 5
+  for a, b in zip(grid, grid[1:]):
+    assert b / a == pytest.approx(math.sqrt(2), rel=1e-3)
+
+
+def test_step_kinds():
+  assert benchmark.step_kind(Branch.FULL_STEP, True) == "full_step"
+  assert benchmark.step_kind(Branch.PREDICT_STEP, False) == "predict_step"
+  assert benchmark.step_kind(Branch.PREDICT_STEP, True) == benchmark.PREDICT_VALIDATED
+  assert benchmark.step_kind(Branch.CORRECT_STEP, True) == "correct_step"
+
+
+def test_method_figures_ratio_is_above_one_only_below_the_curve():
+  budgets = [50, 100, 200]
+  curves = {a: {"1": [2.0, 1.8, 1.6], "2": [2.1, 1.85, 1.62]} for a in benchmark.ANCHORS}
+  kinds = {"full_step": 80, "predict_step": 20}
+  runs = {
+    "1": {"final_loss": 1.7, "final_raw": 1.75, "backward_passes": 80, "validation_forwards": 6, "steps": 100},
+    "2": {"final_loss": 1.95, "final_raw": 1.97, "backward_passes": 80, "validation_forwards": 6, "steps": 100},
+  }
+  for r in runs.values():
+    r["step_kinds"] = kinds
+  timing = {"baseline": {"baseline": 10.0}, "method": {"full_step": 10.0, "predict_step": 2.0}}
+  f = benchmark.method_figures(curves, runs, timing, budgets)["baseline"]
+  one, two = f["per_seed"]["backward_ratio"]
+  assert one["value"] == pytest.approx(100 * 2**0.5 / 80)  # 1.7 is halfway (in log budget) from 100 to 200
+  assert two["value"] < 1  # 1.95 is above the curve at 80 backward passes (1.93)
+  passes = f["per_seed"]["pass_ratio"][0]
+  assert passes["value"] == pytest.approx(one["baseline_steps"] / (80 + 6 / 3))
+  wall = f["per_seed"]["wallclock_ratio"][0]
+  assert wall["value"] == pytest.approx(one["baseline_steps"] * 10.0 / (80 * 10.0 + 20 * 2.0))
+  assert f["final_loss_gap"]["anchor_final_loss"] == [1.8, 1.85]
+  # A step kind without a timing gives no wall-clock ratio, never a made-up one.
+  runs["1"]["step_kinds"] = {"full_step": 80, "correct_step": 20}
+  g = benchmark.method_figures(curves, runs, timing, budgets)["baseline"]
+  assert g["per_seed"]["wallclock_ratio"][0]["value"] is None
 
 
 @pytest.fixture(scope="module")
-def quick_result(tmp_path_factory):
+def quick(tmp_path_factory, jax_cache):
   workdir = str(tmp_path_factory.mktemp("bench") / "quick")
-  config = benchmark_cfg.get_config("quick")
-  config.trainer.compile_cache = False  # the test measures nothing; keep user caches untouched
-  return workdir, benchmark.run_benchmark(config, workdir)
+  config = _bench_config()
+  config.trainer.compile_cache_dir = jax_cache  # the session's cache; a real benchmark starts cold
+  return workdir, config, benchmark.run_benchmark(config, workdir)
 
 
-@pytest.mark.slow  # three training runs of the quick preset: about 1.5 minutes on 2 cores
-def test_quick_benchmark_json_is_self_consistent(quick_result):
-  workdir, result = quick_result
+def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
+  workdir, config, result = quick
+  n = config.trainer.steps
   with open(os.path.join(workdir, "benchmark.json")) as f:
     stored = json.load(f)
-  # The figures recompute from the raw records the file holds.
-  assert benchmark.compute_figures(stored["runs"]) == {
-    k: v for k, v in stored["figures"].items() if k != "switch_overhead"
-  }
-  base = stored["runs"]["baseline"]
-  assert base["backward_passes"] == stored["config"]["trainer"]["steps"]
-  for name in ("hybrid", "constant_alpha"):
-    run, fig = stored["runs"][name], stored["figures"][name]
-    steps = sum(run["phase_steps"].values())
-    assert steps == stored["config"]["trainer"]["steps"]
-    assert run["backward_passes"] == steps - run["phase_steps"]["PREDICT"]
-    assert fig["predict_fraction"]["value"] == run["phase_steps"]["PREDICT"] / steps
-    gap = fig["final_loss_gap"]
-    assert gap["value"] == pytest.approx((run["final_eval_loss"] - base["final_eval_loss"]) / base["final_eval_loss"])
-    for key, num, den in (
-      ("backward_ratio", "baseline_backward_passes", "run_backward_passes"),
-      ("wallclock_ratio", "baseline_train_s", "run_train_s"),
-    ):
-      r = fig[key]
-      if r["value"] == benchmark.NOT_REACHED:
-        assert min(p["eval_loss"] for p in run["curve"]) > base["final_eval_loss"]
-      else:
-        assert r["value"] == pytest.approx(r[num] / r[den])
-    assert all(math.isfinite(v) and v > 0 for v in fig["step_cost"]["value"].values())
-    # Every run saw the same held-out batches at the same steps.
-    assert [p["step"] for p in run["curve"]] == [p["step"] for p in base["curve"]]
-  assert set(stored["figures"]["memory_growth"]["value"]) == {"baseline", "hybrid", "constant_alpha"}
-  for name in ("results.md", "eval_vs_time.png", "eval_vs_backward.png"):
-    assert os.path.getsize(os.path.join(workdir, name)) > 0, name
+  with open(os.path.join(workdir, "headline.json")) as f:
+    head = json.load(f)
+  # The headline's fields, each from the stored raw numbers.
+  for key in ("preset", "family", "tuning_seeds", "seeds", "lr_sweep", "best_lr", "averaging_beta", "budgets"):
+    assert key in head, key
+  for key in ("backward_ratio", "pass_ratio", "wallclock_ratio", "final_loss_gap"):
+    assert set(head[key]) == {"vs_baseline", "vs_averaged_baseline"}, key
+  assert set(head["final_loss"]) == {"baseline", "averaged_baseline", "method"}
+  assert head["budgets"] == [round(f * n) for f in sorted(config.benchmark.budgets)]
+  # Tuning: every sweep run is recorded; the best LR is the better two-seed mean of the best two.
+  t = stored["tuning"]
+  swept = {r["lr"] for r in t["rows"] if r["budget"] == n and r["seed"] == config.benchmark.tuning_seeds[0]}
+  assert set(t["grid"]) == swept and len(swept) >= config.benchmark.lr_points
+  assert min(t["best_two_means"].values()) == t["best_two_means"][str(t["best_lr"])]
+  assert t["averaging_beta"] in config.benchmark.betas
+  # The anchors: every headline seed at every budget, run at its budget's LR.
+  for anchor in benchmark.ANCHORS:
+    assert sorted(stored["curves"][anchor]) == sorted(str(s) for s in config.benchmark.seeds)
+    assert all(len(v) == len(head["budgets"]) and None not in v for v in stored["curves"][anchor].values())
+  for key, run in stored["budget_runs"].items():
+    factor = run["steps"] / n
+    assert run["lr"] == t["per_budget_lr"][str(factor)], key
+    assert stored["curves"]["baseline"][str(run["seed"])][head["budgets"].index(run["steps"])] == run["final_raw"]
+  # Method runs: every step is counted once by kind; real steps are the backward passes.
+  for runs in stored["method_runs"].values():
+    for run in runs.values():
+      kinds = run["step_kinds"]
+      assert sum(kinds.values()) == n
+      assert kinds.get("full_step", 0) + kinds.get("correct_step", 0) == run["backward_passes"]
+      assert kinds.get(benchmark.PREDICT_VALIDATED, 0) == run["validation_forwards"]
+      assert run["memory_growth_bytes"] == 0
+      assert run["final_loss"] == run["final_averaged"]  # its model is the averaged params
+  # Every figure recomputes from the stored raw numbers.
+  for method, figures in stored["figures"].items():
+    timing = {
+      "baseline": stored["timing"]["ms_per_step"]["baseline"],
+      "method": stored["timing"]["ms_per_step"][method],
+    }
+    again = benchmark.method_figures(stored["curves"], stored["method_runs"][method], timing, stored["budgets"])
+    assert json.loads(json.dumps(again)) == figures
+    for anchor in benchmark.ANCHORS:
+      for ratio in figures[anchor]["per_seed"]["backward_ratio"]:
+        assert ratio["value"] is None or ratio["value"] > 0
+  assert (
+    head["backward_ratio"]["vs_averaged_baseline"]
+    == stored["figures"]["hybrid"]["averaged_baseline"]["backward_ratio"]["mean"]
+  )
+  reach = protocol.steps_to_reach(
+    stored["budgets"], stored["curves"]["averaged_baseline"]["1"], stored["method_runs"]["hybrid"]["1"]["final_loss"]
+  )
+  assert stored["figures"]["hybrid"]["averaged_baseline"]["per_seed"]["backward_ratio"][0]["baseline_steps"] == (
+    reach.steps
+  )
+  # The report and the plots.
   with open(os.path.join(workdir, "results.md")) as f:
-    table = f.read()
-  assert "backward_ratio" in table and "final eval loss" in table
+    md = f.read()
+  assert f"Best LR {t['best_lr']:.3g}" in md and "backward_ratio vs averaged_baseline" in md
+  for name in ("budget_curve.png", "lr_sweep.png", "eval_curves.png"):
+    assert os.path.getsize(os.path.join(workdir, name)) > 1000, name
 
 
-@pytest.mark.parametrize("leftover", ["benchmark.json", "hybrid"])
-def test_benchmark_refuses_an_existing_workdir(tmp_path, leftover):
-  # A workdir holding a finished benchmark, or one run of an interrupted one, is refused before
-  # anything is trained or written.
-  workdir = tmp_path / "bench"
-  workdir.mkdir()
-  if leftover.endswith(".json"):
-    (workdir / leftover).write_text("{}")
-  else:
-    (workdir / leftover).mkdir()
-  listing = sorted(os.listdir(workdir))
-  with pytest.raises(ValueError, match="already holds benchmark runs"):
-    benchmark.run_benchmark(benchmark_cfg.get_config("quick"), str(workdir))
-  assert sorted(os.listdir(workdir)) == listing
+def test_rerun_with_other_methods_reuses_the_cached_runs(quick):
+  workdir, config, first = quick
+  again = ml_collections.ConfigDict(config.to_dict())
+  again.benchmark.methods = "hybrid"
+  result = benchmark.run_benchmark(again, workdir)
+  assert result["runs_trained"] == 0 and result["runs_cached"] > 0
+  assert result["curves"] == first["curves"] and result["tuning"]["best_lr"] == first["tuning"]["best_lr"]
+  assert list(result["figures"]) == ["hybrid"]
+
+
+def test_corpus_epochs_warn_past_four():
+  c = micro_config(steps=100)
+  assert experiment.corpus_epochs(c, 100 * 4 * 32 * 2) == pytest.approx(0.5)
+  assert experiment.epochs_warning(c, 100 * 4 * 32) is None  # exactly one epoch
+  warning = experiment.epochs_warning(c, 100)
+  assert warning and "--config.data.path" in warning

@@ -254,3 +254,213 @@ def test_train_step_skips_a_non_finite_batch():
   assert (int(state.step), int(state.nonfinite_streak), int(state.nonfinite_total)) == (2, 1, 1)
   state, _ = step(state, {**_batch(2), "scale": np.float32(1.0)}, schedule)
   assert (int(state.nonfinite_streak), int(state.nonfinite_total)) == (0, 1)
+
+
+# --- the WSD schedule -----------------------------------------------------------------------------
+
+
+def test_wsd_schedule_at_known_points():
+  oc = _optim_config(schedule="wsd", learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1, decay_fraction=0.2)
+  sched = optim.make_schedule(oc, 100)
+  assert sched.kind == "wsd" and sched.decay_start.dtype == jnp.int32
+  assert (int(sched.warmup_steps), int(sched.decay_start), int(sched.decay_steps)) == (10, 80, 100)
+  lr = jax.jit(optim.learning_rate)
+  assert float(lr(sched, 0)) == 0.0
+  assert float(lr(sched, 5)) == pytest.approx(0.5)  # the same warm-up as cosine
+  for stable in (10, 11, 50, 79, 80):  # the peak from the end of the warm-up to the start of the decay
+    assert float(lr(sched, stable)) == 1.0, stable
+  np.testing.assert_allclose(float(lr(sched, 85)), 1.0 - 0.9 * 0.25, rtol=1e-6)
+  np.testing.assert_allclose(float(lr(sched, 90)), 0.55, rtol=1e-6)  # the linear midpoint
+  np.testing.assert_allclose(float(lr(sched, 100)), 0.1, rtol=1e-6)  # the floor at the end
+  np.testing.assert_allclose(float(lr(sched, 10_000)), 0.1, rtol=1e-6)  # and after it
+  every = np.asarray(lr(sched, jnp.arange(120)))
+  assert np.all(np.diff(every[10:]) <= 0) and np.all(np.diff(every[80:101]) < 0)
+  # The decay never starts inside the warm-up, and lasts at least one step.
+  s = optim.make_schedule(_optim_config(schedule="wsd", warmup_steps=10, decay_fraction=1.0), 100)
+  assert int(s.decay_start) == 10
+  s = optim.make_schedule(_optim_config(schedule="wsd", warmup_steps=10, decay_fraction=0.001), 100)
+  assert int(s.decay_start) == 99
+  np.testing.assert_allclose(float(lr(s, 100)), float(s.peak_lr * s.min_lr_ratio), rtol=1e-6)
+  # The cosine schedule is unchanged by the new fields: it decays from the end of the warm-up.
+  cos = optim.make_schedule(_optim_config(learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1), 100)
+  assert cos.kind == "cosine" and int(cos.decay_start) == 10
+  np.testing.assert_allclose(float(lr(cos, 55)), 0.55, rtol=1e-5)
+
+
+def test_make_schedule_rejects_unknown_kinds():
+  with pytest.raises(ValueError, match="optim.schedule"):
+    optim.make_schedule(_optim_config(schedule="linear"), 100)
+
+
+def test_one_compiled_train_step_serves_every_wsd_learning_rate_and_length():
+  traces = []
+
+  def counting_loss(p, b):
+    traces.append(1)  # runs once per trace, never per call
+    return LOSS_FN(p, b)
+
+  tx = optim.make_optimizer(_optim_config(name="sgd", grad_clip=0, weight_decay=0.0))
+  step = _jitted_step(tx, counting_loss)
+  # At step 30: a is an eighth of the way down its decay (start 20, end 100), b at its stable peak.
+  a = optim.make_schedule(_optim_config(schedule="wsd", learning_rate=1e-2, warmup_steps=0, decay_fraction=0.8), 100)
+  b = optim.make_schedule(
+    _optim_config(schedule="wsd", learning_rate=3e-4, warmup_steps=20, min_lr_ratio=0.5, decay_fraction=0.1), 5000
+  )
+  _, grads = optim.loss_and_grads(LOSS_FN, _params(), _batch(0))
+  rates = []
+  for sched, expected in ((a, 1e-2 * (0.9 * (1 - 10 / 80) + 0.1)), (b, 3e-4)):
+    state = optim.init_train_state(_params(), tx)
+    state = state.replace(step=jnp.int32(30))
+    new, _ = step(state, _batch(0), sched)
+    lr = float(optim.learning_rate(sched, 30))
+    np.testing.assert_allclose(lr, expected, rtol=1e-6)
+    chex.assert_trees_all_close(
+      new.params, jax.tree.map(lambda p, g: p - lr * g, _params(), grads), rtol=1e-6, atol=1e-8
+    )
+    rates.append(lr)
+  assert rates[0] > 10 * rates[1] > 0
+  assert step._cache_size() == 1 and len(traces) == 1
+
+
+# --- Muon -------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _gpt2_micro_params():
+  """The params of the GPT-2 `tiny,micro` preset's model (one block, tied head)."""
+  from experiments.configs import gpt2_small
+  from hybridjax.models import gpt2
+
+  c = gpt2_small.get_config("tiny,micro")
+  model = gpt2.GPT2(gpt2.GPT2Config(**c.model.to_dict()))
+  return model.init(jax.random.PRNGKey(0), jnp.zeros((1, c.model.n_ctx), jnp.int32))["params"]
+
+
+def _labels_by_path(params):
+  flat = jax.tree_util.tree_flatten_with_path(optim.muon_labels(params))[0]
+  return {"/".join(str(k.key) for k in path): label for path, label in flat}
+
+
+def test_muon_touches_only_the_hidden_matrices():
+  labels = _labels_by_path(_gpt2_micro_params())
+  muon = {path for path, label in labels.items() if label == "muon"}
+  assert muon == {
+    "h_0/attn/c_attn/kernel",
+    "h_0/attn/c_proj/kernel",
+    "h_0/mlp/c_fc/kernel",
+    "h_0/mlp/c_proj/kernel",
+  }
+  assert set(labels.values()) == {"muon", "adamw"}
+  # The 2-D embeddings (the head is tied to wte) stay on AdamW, like the biases and LayerNorms.
+  assert labels["wte/embedding"] == labels["wpe/embedding"] == labels["ln_f/scale"] == "adamw"
+  # Labels need only shapes.
+  assert _labels_by_path(jax.eval_shape(_gpt2_micro_params)) == labels
+
+
+def _one_update(oc, params, grads, lr):
+  tx = optim.make_optimizer(oc)
+  return tx.update(grads, optim.with_learning_rate(tx.init(params), jnp.float32(lr)), params)[0]
+
+
+def _split(tree, labels):
+  """(muon leaves, adamw leaves) of `tree` as two flat lists."""
+  pairs = list(zip(jax.tree.leaves(tree), jax.tree.leaves(labels)))
+  return [x for x, lab in pairs if lab == "muon"], [x for x, lab in pairs if lab == "adamw"]
+
+
+def test_muon_update_equals_adamw_off_the_hidden_matrices():
+  params = _gpt2_micro_params()
+  labels = optim.muon_labels(params)
+  grads = jax.tree.map(lambda p: jnp.sin(3.0 * p + 1.0), params)
+  lr = 1e-2
+  adamw = _split(_one_update(_optim_config(), params, grads, lr), labels)
+  muon = _split(_one_update(_optim_config(name="muon", adam_lr_ratio=1.0), params, grads, lr), labels)
+  chex.assert_trees_all_close(muon[1], adamw[1], rtol=1e-6, atol=1e-9)
+  assert len(muon[0]) == 4
+  for m, a in zip(*(muon[0], adamw[0])):
+    assert not np.allclose(m, a, rtol=0.1), "a hidden matrix got AdamW's update"
+  # adam_lr_ratio scales the AdamW group's update (AdamW's step is proportional to its rate), and
+  # leaves the Muon group alone.
+  half = _split(_one_update(_optim_config(name="muon", adam_lr_ratio=0.5), params, grads, lr), labels)
+  chex.assert_trees_all_close(half[1], [0.5 * u for u in adamw[1]], rtol=1e-6, atol=1e-9)
+  chex.assert_trees_all_equal(half[0], muon[0])
+  # muon_weight_decay adds -lr * wd * p on the Muon group only.
+  decayed = _split(
+    _one_update(_optim_config(name="muon", adam_lr_ratio=1.0, muon_weight_decay=0.5), params, grads, lr), labels
+  )
+  muon_params, _ = _split(params, labels)
+  chex.assert_trees_all_close(
+    decayed[0], [u - lr * 0.5 * p for u, p in zip(muon[0], muon_params)], rtol=1e-5, atol=1e-8
+  )
+  chex.assert_trees_all_equal(decayed[1], muon[1])
+
+
+def test_with_learning_rate_reaches_both_muon_groups():
+  params = _gpt2_micro_params()
+  labels = optim.muon_labels(params)
+  grads = jax.tree.map(lambda p: jnp.cos(2.0 * p) + 0.1, params)
+  tx = optim.make_optimizer(_optim_config(name="muon", muon_weight_decay=0.1))
+  state = tx.init(params)
+  inject = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  assert len(inject) == 2  # one per group
+  assert all(jnp.asarray(v).dtype == jnp.float32 for n in inject for v in n.hyperparams.values())
+
+  def update(lr):
+    s = optim.with_learning_rate(state, jnp.float32(lr))
+    hps = [n for n in jax.tree.leaves(s, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+    assert [float(n.hyperparams["learning_rate"]) for n in hps] == [pytest.approx(lr)] * 2
+    return _split(tx.update(grads, s, params)[0], labels)
+
+  small, large = update(0.25), update(0.5)
+  for group in (0, 1):
+    assert all(float(jnp.max(jnp.abs(u))) > 0 for u in small[group])
+    chex.assert_trees_all_close(large[group], [2.0 * u for u in small[group]], rtol=1e-5, atol=1e-9)
+  zero = update(0.0)
+  chex.assert_trees_all_equal(zero, jax.tree.map(jnp.zeros_like, small))
+
+
+def test_muon_train_step_learns():
+  oc = _optim_config(name="muon", learning_rate=2e-2, warmup_steps=0, schedule="wsd")
+  tx = optim.make_optimizer(oc)
+  step = _jitted_step(tx)
+  schedule = optim.make_schedule(oc, 200)
+  state = optim.init_train_state(_params(), tx)
+  losses = []
+  for i in range(60):
+    state, m = step(state, _batch(i), schedule)
+    losses.append(float(m["loss"]))
+  assert int(state.nonfinite_total) == 0
+  assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize(
+  "field,value",
+  [
+    ("optim.name", "lion"),
+    ("optim.schedule", "linear"),
+    ("optim.decay_fraction", 0.0),
+    ("optim.decay_fraction", 1.5),
+    ("optim.adam_lr_ratio", 0.0),
+    ("optim.muon_weight_decay", -0.1),
+  ],
+)
+def test_optim_config_errors_name_the_field(field, value):
+  from conftest import micro_config
+
+  c = micro_config()
+  config_lib.validate(c)
+  leaf = field.split(".")[1]
+  with c.unlocked():
+    if type(c.optim[leaf]) is not type(value):
+      del c.optim[leaf]
+    c.optim[leaf] = value
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    config_lib.validate(c)
+
+
+def test_muon_and_wsd_configs_are_valid():
+  from conftest import micro_config
+
+  c = micro_config()
+  c.optim.update(name="muon", schedule="wsd", decay_fraction=1.0, adam_lr_ratio=1.0, muon_weight_decay=0.1)
+  config_lib.validate(c)

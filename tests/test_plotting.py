@@ -197,3 +197,130 @@ def test_cli_writes_and_prints_paths(runs, tmp_path, capsys):
   main = runpy.run_path(os.path.join(ROOT, "scripts", "plot_run.py"))["main"]
   assert main([str(tmp_path)]) == 2
   assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+# --- benchmark protocol figures (hand-made numbers, no runs) ----------------------------------------
+
+BUDGETS = [100, 200, 400]
+CURVES = {
+  "baseline": {"0": [4.0, 3.5, 3.0], "1": [4.2, 3.7, 3.2]},
+  "averaged baseline": {"0": [3.9, 3.4, 2.9]},  # one seed: a line, no band
+}
+POINTS = {
+  "hybrid": {"x": 150.0, "x_std": 10.0, "y": 3.6, "y_std": 0.1},
+  "hybrid averaged": {"x": 160.0, "x_std": 5.0, "y": 3.5, "y_std": 0.05},
+}
+
+
+def _labelled_lines(ax):
+  return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
+def test_budget_curves_png_and_artists(tmp_path):
+  path = str(tmp_path / "sub" / "budget.png")
+  assert plotting.plot_budget_curves(path, BUDGETS, CURVES, POINTS, title="budgets") == path
+  assert os.path.getsize(path) > 10_000
+  ax = plotting._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
+  assert ax.get_xscale() == "log"
+  anchors = [line for line in _labelled_lines(ax) if line.get_label().split(" (")[0] in CURVES]
+  assert [line.get_label().split(" (")[0] for line in anchors] == list(CURVES)
+  np.testing.assert_allclose(anchors[0].get_xdata(), BUDGETS)
+  np.testing.assert_allclose(anchors[0].get_ydata(), [4.1, 3.6, 3.1])  # the mean over seeds
+  bands = [c for c in ax.collections if type(c).__name__ in ("PolyCollection", "FillBetweenPolyCollection")]
+  assert len(bands) == 1, "one band for the two-seed anchor, none for the one-seed one"
+  lo, hi = bands[0].get_paths()[0].vertices[:, 1].min(), bands[0].get_paths()[0].vertices[:, 1].max()
+  std = np.std([4.0, 4.2], ddof=1)
+  assert lo == pytest.approx(3.1 - std) and hi == pytest.approx(4.1 + std)
+  bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+  assert [c.get_label() for c in bars] == list(POINTS)
+  assert all(c.has_xerr and c.has_yerr for c in bars)
+  assert {t.get_text() for t in ax.texts} >= set(POINTS)  # each point is labelled on the plot
+
+
+def test_budget_curves_reject_bad_input(tmp_path):
+  path = str(tmp_path / "bad.png")
+  with pytest.raises(ValueError, match=r"'baseline', seed '1': 2 losses for 3 budgets"):
+    plotting.plot_budget_curves(path, BUDGETS, {"baseline": {"0": [1.0, 2.0, 3.0], "1": [1.0, 2.0]}}, {})
+  with pytest.raises(ValueError, match="point 'hybrid' has no 'y'"):
+    plotting.plot_budget_curves(path, BUDGETS, CURVES, {"hybrid": {"x": 1.0, "x_std": 0.0}})
+  with pytest.raises(ValueError, match="budgets must be positive"):
+    plotting.plot_budget_curves(path, [0, 100, 200], CURVES, POINTS)
+  assert not os.path.exists(path)
+
+
+def _sweep_rows():
+  rows = []
+  for seed in (0, 1):
+    for budget in (100, 200):
+      for lr, loss in ((1e-4, 3.5), (3e-4, 3.2), (1e-3, 3.4), (3e-3, float("nan"))):
+        avg = None if budget == 200 else loss - 0.4 * (lr == 1e-3)  # averaging prefers a higher lr
+        rows.append({"lr": lr, "seed": seed, "budget": budget, "loss_raw": loss + 0.01 * seed, "loss_averaged": avg})
+  return rows
+
+
+def test_lr_sweep_png_and_artists(tmp_path):
+  rows = _sweep_rows()
+  path = plotting.plot_lr_sweep(str(tmp_path / "sweep.png"), rows, title="sweep")
+  assert path == str(tmp_path / "sweep.png") and os.path.getsize(path) > 10_000
+  ax = plotting._lr_sweep_figure(rows).axes[0]
+  assert ax.get_xscale() == "log"
+  lines = ax.get_lines()
+  # 4 (seed, budget) lines raw; averaged only where given (budget 100): 2 dashed.
+  assert sorted(line.get_linestyle() for line in lines) == ["-"] * 4 + ["--"] * 2
+  assert all(len(line.get_xdata()) == 3 for line in lines), "the diverged lr is left off every line"
+  stars = [c for c in ax.collections if len(c.get_offsets()) == 1]
+  best = sorted(tuple(c.get_offsets()[0]) for c in stars)
+  assert len(best) == 6
+  raw_best = [b for b in best if b[0] == pytest.approx(3e-4)]
+  avg_best = [b for b in best if b[0] == pytest.approx(1e-3)]
+  assert len(raw_best) == 4 and len(avg_best) == 2
+  crosses = [c for c in ax.collections if len(c.get_offsets()) > 1]
+  assert len(crosses) == 1 and len(crosses[0].get_offsets()) == 6  # 4 raw + 2 averaged diverged runs
+  labels = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert "seed 0, budget 100: best lr 0.0003, averaged 0.001" in labels
+  assert "seed 1, budget 200: best lr 0.0003" in labels
+  assert ax.get_xlim()[0] < 1e-4 and ax.get_xlim()[1] > 3e-3, "the diverged lr is in view"
+
+
+def test_lr_sweep_rejects_bad_rows(tmp_path):
+  rows = _sweep_rows()
+  del rows[3]["loss_raw"]
+  with pytest.raises(ValueError, match="sweep row 3 has no 'loss_raw'"):
+    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
+  rows = _sweep_rows()
+  rows.append(dict(rows[0]))
+  with pytest.raises(ValueError, match="lr 0.0001 twice for seed 0, budget 100"):
+    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
+  with pytest.raises(ValueError, match="lr must be a positive number"):
+    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), [{"lr": 0.0, "seed": 0, "budget": 1, "loss_raw": 3.0}])
+  assert not os.path.exists(tmp_path / "bad.png")
+
+
+ARMS = {
+  "baseline": [
+    {"step": 20, "eval_loss_raw": 3.5, "eval_loss_averaged": 3.4},
+    {"step": 10, "eval_loss_raw": 4.0, "eval_loss_averaged": 3.9},  # out of order: sorted by step
+  ],
+  "hybrid": [{"step": 10, "eval_loss_raw": 4.1, "eval_loss_averaged": None}, {"step": 20, "eval_loss_raw": 3.6}],
+}
+
+
+def test_arm_eval_curves_png_and_artists(tmp_path):
+  path = plotting.plot_arm_eval_curves(str(tmp_path / "arms.png"), ARMS, title="arms")
+  assert path == str(tmp_path / "arms.png") and os.path.getsize(path) > 10_000
+  ax = plotting._arm_eval_figure(ARMS).axes[0]
+  styles = [(line.get_label().split(":")[0], line.get_linestyle(), line.get_color()) for line in ax.get_lines()]
+  assert [(n, s) for n, s, _ in styles] == [("baseline", "-"), ("baseline averaged", "--"), ("hybrid", "-")]
+  assert styles[0][2] == styles[1][2] != styles[2][2], "one colour per arm"
+  np.testing.assert_array_equal(ax.get_lines()[0].get_xdata(), [10, 20])
+  np.testing.assert_array_equal(ax.get_lines()[0].get_ydata(), [4.0, 3.5])
+
+
+def test_arm_eval_curves_reject_bad_input(tmp_path):
+  with pytest.raises(ValueError, match="arm 'hybrid', eval point 1 has no 'eval_loss_raw'"):
+    plotting.plot_arm_eval_curves(
+      str(tmp_path / "bad.png"), {"hybrid": [{"step": 1, "eval_loss_raw": 3.0}, {"step": 2}]}
+    )
+  with pytest.raises(ValueError, match="arm 'hybrid' has no eval points"):
+    plotting.plot_arm_eval_curves(str(tmp_path / "bad.png"), {"hybrid": []})
+  assert not os.path.exists(tmp_path / "bad.png")

@@ -60,7 +60,7 @@ def _lax_switch_step(ctx, state, batch, schedule):
   phase = state.controller.phase
   branches = [functools.partial(lambda f, s, b, k: f(ctx, s, b, k), f) for f in step_lib.TRANSITIONS]
   new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
-  return step_lib.finish_step(ctx, new_state, info, phase)
+  return step_lib.finish_step(ctx, new_state, info, phase, state.controller.next_branch)
 
 
 def test_the_fused_step_copies_no_state_outside_the_transitions():

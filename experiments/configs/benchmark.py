@@ -1,12 +1,18 @@
-"""Benchmark configs: baseline vs hybrid vs the constant-alpha ablation, in one process.
+"""Benchmark protocol configs: tuned anchors on a budget curve against hybrid training.
 
-  python -m experiments.benchmark                                          # tiny, CPU, < 15 min
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:quick   # < 2 min
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:124m    # GPU
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long          # AdamW, cosine
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,wsd      # AdamW, WSD
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
+  python -m experiments.benchmark --quick                                                  # the smoke run
 
-The experiment blocks (model, data, optim, trainer, hybrid) are the `gpt2_small` preset's, so the
-benchmark trains exactly what `python -m experiments.gpt2_small` trains; `benchmark` holds the
-comparison settings. Every run shares the data, seed, batch size, optimizer and step budget.
+Presets: `quick` (the protocol on a one-layer model in about a minute; the tests run it), `tiny` (the
+`gpt2_small` tiny model at 600 steps, comparable with the project's earlier figures), `long` (N = 3000
+steps of a 0.12M-param model: the preset sized for 2 CPU cores) and `124m` (GPT-2 Small on a GPU).
+The family variants `wsd` and `muon` change the optimizer or the schedule; each family gets its own
+learning-rate sweep and budget curve, and no figure mixes families.
+
+The experiment blocks (model, data, optim, trainer, hybrid) are those of every run; `benchmark`
+holds the protocol's settings.
 """
 
 from __future__ import annotations
@@ -15,54 +21,88 @@ import ml_collections
 
 from experiments.configs import gpt2_small
 
+PRESETS = ("quick", "tiny", "long", "124m")
+FAMILIES = ("wsd", "muon")
 
-def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Returns the benchmark config for `preset` ('tiny', 'quick', 'small' or '124m')."""
-  preset = preset or "tiny"
-  if preset not in ("tiny", "quick", "small", "124m"):
+
+def _long(c: ml_collections.ConfigDict) -> None:
+  """2 layers, d_model 64, context 64, batch 16 (0.12M params; ~15 ms a step on 2 cores).
+
+  Chosen so one family's protocol fits in 25 minutes on 2 idle cores at N = 3000 while still showing
+  what the benchmark is about: at this size averaging is worth hundreds of steps mid-run and a 25%
+  larger budget lowers the loss well beyond the seed noise (both checked by every run: `phenomena`
+  in benchmark.json). The LR sweep is centred on 6e-3, where this model's best LR was found.
+  """
+  c.model.update(n_layer=2, d_model=64, n_head=4, n_ctx=64)
+  c.trainer.update(steps=3000, batch_size=16, eval_batches=40)
+  c.optim.update(learning_rate=6e-3, warmup_steps=50)
+  c.hybrid.update(warmup_steps=100, full_steps=20)
+
+
+def get_config(arg: str = "long") -> ml_collections.ConfigDict:
+  """Returns the benchmark config for `arg`: a preset from `PRESETS`, optionally followed by family
+  variants (`long,muon`, `long,wsd`, `long,muon,wsd`)."""
+  preset, *variants = (arg or "long").split(",")
+  if preset not in PRESETS or any(v not in FAMILIES for v in variants):
     raise ValueError(
-      f"unknown benchmark preset {preset!r}: use tiny, quick, small or 124m, e.g. "
-      "--config=experiments/configs/benchmark.py:quick"
+      f"unknown benchmark config {arg!r}: use a preset from {list(PRESETS)} optionally followed by "
+      f"{list(FAMILIES)}, e.g. --config=experiments/configs/benchmark.py:long,muon"
     )
-  c = gpt2_small.get_config("tiny,micro" if preset == "quick" else preset)
+  base = {"quick": "tiny,micro", "long": "tiny"}.get(preset, preset)
+  c = gpt2_small.get_config(base)
+  c.preset = preset
+  if preset == "long":
+    _long(c)
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False
-  c.trainer.checkpoint_every = 0  # only the final checkpoint: saves are not what is measured
-  # Host dispatch: each step's own program, so the cost of each phase is timed (step_cost); the
-  # fused step runs every phase in one program and cannot tell them apart.
-  c.hybrid.dispatch = "host"
+  c.trainer.checkpoint_every = 0  # method runs save only at the end
+  c.trainer.compile_cache = True  # in <workdir>/jax_cache, which a cold benchmark starts empty
+  c.trainer.averaging = "ema"
+  if "muon" in variants:
+    c.optim.name = "muon"
+    c.optim.learning_rate = 0.02 if preset != "124m" else 0.01
+  if "wsd" in variants:
+    c.optim.schedule = "wsd"
 
   b = c.benchmark = ml_collections.ConfigDict()
   b.preset = preset
-  b.runs = "baseline,hybrid,constant_alpha"  # comma-separated subset, run in this order
-  b.repeats = 2  # each run this many times, interleaved (b,h,c,b,h,c); times are medians
-  b.constant_alpha = 1.0  # the ablation's alpha for every predicted step
-  b.switch_overhead = True  # also run scripts/bench_switch.py on this model (tiny/quick only)
-  b.dynamics_timing_calls = 30  # timed calls of the dynamics model's train_step + imagine
+  b.family = f"{c.optim.name}-{c.optim.schedule}"
+  # Seeds: the LR sweep, the averaging beta and any method setting are chosen on the tuning seeds;
+  # the headline figures come from the other seeds. A seed fixes the init and the data order.
+  b.tuning_seeds = (1001, 1002)
+  b.seeds = (1, 2, 3)
+  b.lr_points = 5  # the sweep's first grid: this many LRs on a sqrt(2) grid around optim.learning_rate
+  b.lr_max_extensions = 3  # grid points added, one at a time, while the best LR sits at an edge
+  b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # x trainer.steps (= N), each its own schedule
+  b.betas = (0.99, 0.995, 0.998)  # averaging betas tried on the tuning seeds
+  # Arms trained with hybrid training at the tuned LR and beta, each on every headline seed:
+  # 'hybrid' (the config's hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM),
+  # 'no_corrector' (the RSSM's plan without the residual corrector). '' = anchors only.
+  b.methods = "hybrid,constant_alpha,no_corrector"
+  b.workers = 2  # runs in parallel processes, one CPU core each (1 = in this process; use 1 on a GPU)
+  b.eval_points = 10  # evals over each run, for the eval curves (the final eval is always one)
+  b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
+  b.timing_steps = 25  # steps per arm and round
+  b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
 
-  # Evaluate (on the same held-out batches for every run) often enough to locate when a run
-  # reaches the target loss; logs line up with evals so each eval has a wall-clock time.
-  c.trainer.eval_every = 25
-  c.trainer.log_every = 25
-
-  if preset == "quick":  # a smoke run for the tests: the whole pipeline in well under 2 minutes
-    c.trainer.steps = 100
-    c.trainer.batch_size = 8
-    c.trainer.eval_batches = 2
-    c.trainer.eval_every = c.trainer.log_every = 10
-    c.optim.warmup_steps = 10
-    c.hybrid.warmup_steps = 20
-    c.hybrid.confidence_threshold = 0.0
-    b.repeats = 1
-    b.switch_overhead = False
-    b.dynamics_timing_calls = 5
+  if preset == "quick":  # the whole protocol in about a minute, for the tests
+    c.trainer.update(steps=40, batch_size=8, eval_batches=2)
+    c.optim.update(warmup_steps=4, learning_rate=0.012)
+    c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
+    b.methods = "hybrid,constant_alpha"
+    b.seeds = (1, 2)
+    b.lr_points = 3
+    b.lr_max_extensions = 1
+    b.budgets = (0.5, 1.0, 1.25, 2.0)
+    b.workers = 1
+    b.eval_points = 2
+    b.timing_rounds = 4
+    b.timing_steps = 10
+  elif preset == "tiny":
+    b.workers = 2
   elif preset == "124m":
-    c.trainer.steps = 300
-    c.trainer.eval_every = c.trainer.log_every = 25
-    b.repeats = 1
-    b.switch_overhead = False
-  elif preset == "small":
-    c.trainer.eval_every = c.trainer.log_every = 100
-    b.repeats = 1
-    b.switch_overhead = False
+    b.workers = 1
+    b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+    b.timing_rounds = 4
+    b.timing_steps = 10
   return c

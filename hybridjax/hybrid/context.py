@@ -58,6 +58,7 @@ class HybridContext:
   corrector_capacity: int
   accuracy_window: int
   history_size: int
+  averaging_beta: float | None = None  # the train state's params average (`trainer.averaging`), or None
 
   @property
   def hmax(self) -> int:

@@ -19,7 +19,7 @@ from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule
+from hybridjax.optim import Batch, Schedule, moved_train_state
 
 
 def predict_step(
@@ -77,7 +77,7 @@ def predict_step(
 
   acc = controller_lib.accuracy(c, ctx.control.divergence_tolerance)
   c = c.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc, confidence=c.agreement * acc)
-  new_state = state.replace(train=tr.replace(params=params, step=tr.step + 1), corrector=corr, controller=c)
+  new_state = state.replace(train=moved_train_state(tr, params), corrector=corr, controller=c)
   info = make_step_info(
     # Only a validated step has a measured loss; the plan's value is `predicted_loss`.
     loss=jnp.where(validate, loss, jnp.nan),

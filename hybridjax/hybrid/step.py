@@ -44,7 +44,7 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
   rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
   return HybridState(
-    train=init_train_state(params, ctx.tx),
+    train=init_train_state(params, ctx.tx, ctx.averaging_beta),
     velocity=jax.tree.map(jnp.zeros_like, params),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
     corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr),
@@ -57,7 +57,7 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
 
 
 def finish_step(
-  ctx: HybridContext, state: HybridState, info: StepInfo, phase_before: jax.Array
+  ctx: HybridContext, state: HybridState, info: StepInfo, phase_before: jax.Array, branch: jax.Array
 ) -> tuple[HybridState, dict[str, jax.Array]]:
   """Applies the controller transition and assembles the small dict of scalar measurements.
 
@@ -69,6 +69,7 @@ def finish_step(
     "loss": info.loss,
     "predicted_loss": info.predicted_loss,
     "phase": phase_before,
+    "branch": jnp.asarray(branch, jnp.int32),  # the transition that ran (`Branch`): what the step cost
     "confidence": c.confidence,
     "grad_norm": info.grad_norm,
     "step": state.train.step,
@@ -89,7 +90,7 @@ def make_phase_step(ctx: HybridContext, branch: int) -> StepFn:
   def step(state: HybridState, batch: Batch, schedule: Schedule):
     phase = state.controller.phase
     new_state, info = transition(ctx, state, batch, schedule)
-    return finish_step(ctx, new_state, info, phase)
+    return finish_step(ctx, new_state, info, phase, branch)
 
   return step
 
@@ -104,9 +105,9 @@ def hybrid_step(
   copied the optimizer state, the velocity and the RSSM) and the results are copied back into the
   donated state afterwards, whichever branch ran. See `switch_in_place`.
   """
-  phase = state.controller.phase
-  new_state, info = switch_in_place(ctx, state.controller.next_branch, state, batch, schedule)
-  return finish_step(ctx, new_state, info, phase)
+  phase, branch = state.controller.phase, state.controller.next_branch
+  new_state, info = switch_in_place(ctx, branch, state, batch, schedule)
+  return finish_step(ctx, new_state, info, phase, branch)
 
 
 def switch_in_place(

@@ -55,6 +55,7 @@ def make_context(
   params_shape: Any,
   total_steps: int,
   grad_accum: int = 1,
+  averaging_beta: float | None = None,
 ) -> HybridContext:
   """The static `HybridContext` from `config.hybrid` and the (abstract) params."""
   h = hybrid
@@ -101,7 +102,13 @@ def make_context(
     corrector_capacity=h.corrector.history,
     accuracy_window=h.accuracy_window,
     history_size=h.history_size,
+    averaging_beta=averaging_beta,
   )
+
+
+def averaging_beta(trainer: ml_collections.ConfigDict) -> float | None:
+  """The params average's beta from `config.trainer`, or None when averaging is off."""
+  return float(trainer.averaging_beta) if trainer.get("averaging", "none") == "ema" else None
 
 
 class BaselineDriver:
@@ -123,6 +130,7 @@ class BaselineDriver:
     self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
     self._init_params = init_params
     self._tx = tx
+    self._averaging_beta = averaging_beta(config.trainer)
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
     self.state_shardings = None
     if self.mesh is not None:
@@ -138,7 +146,7 @@ class BaselineDriver:
     )
 
   def _init(self) -> TrainState:
-    return init_train_state(self._init_params(), self._tx)
+    return init_train_state(self._init_params(), self._tx, self._averaging_beta)
 
   def init_state(self) -> TrainState:
     """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
@@ -216,6 +224,7 @@ class HybridDriver:
       params_shape=params_shape,
       total_steps=config.trainer.steps,
       grad_accum=config.trainer.grad_accum,
+      averaging_beta=averaging_beta(config.trainer),
     )
     self.max_events = config.hybrid.health.max_events
     self.dispatch = config.hybrid.dispatch
@@ -351,6 +360,7 @@ class HybridDriver:
         rec = {
           "step": int(row["step"]),
           "phase": int(row["phase"]),
+          "branch": int(row["branch"]),
           # Only measured steps have a loss; an unvalidated predicted step has its plan's value only.
           "loss": float(row["loss"]) if measured else None,
           "predicted_loss": float(row["predicted_loss"]),
@@ -378,7 +388,7 @@ class HybridDriver:
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
-      if k not in ("step", "loss", "measured", "diverged")
+      if k not in ("step", "loss", "measured", "diverged", "branch")
     }
     c = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:

@@ -24,7 +24,7 @@ from hybridjax import memory as memory_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax import writers
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
-from hybridjax.optim import Batch, LossFn, all_finite, make_optimizer
+from hybridjax.optim import Batch, LossFn, TrainState, all_finite, make_optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -61,6 +61,16 @@ def evaluate(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: I
   """Mean loss over fixed eval batches (every run sees the same ones)."""
   losses = [eval_fn(params, b) for b in batches]
   return float(np.mean(jax.device_get(losses)))
+
+
+def evaluate_state(eval_fn: Callable[[Any, Batch], jax.Array], state: TrainState, batches: list[Batch]) -> dict:
+  """The eval record of a train state: `eval_loss` of the run's model (`optim.final_params`) and,
+  when the state averages its params, `eval_loss_raw` and `eval_loss_averaged` too."""
+  if state.averaging is None:
+    return {"eval_loss": evaluate(eval_fn, state.params, batches)}
+  raw = evaluate(eval_fn, state.params, batches)
+  averaged = evaluate(eval_fn, state.averaging.params, batches)
+  return {"eval_loss": averaged, "eval_loss_raw": raw, "eval_loss_averaged": averaged}
 
 
 def enable_compile_cache(trainer_cfg: ml_collections.ConfigDict) -> str | None:
@@ -255,6 +265,7 @@ def train(
 
   first_loss = None
   last_eval = None
+  last_evals: dict[str, float] = {}
   compile_s = 0.0
   clock = Stopwatch()
   timed_steps = 0
@@ -326,8 +337,9 @@ def train(
       if _is_time(step, tcfg.eval_every, total_steps):
         clock.pause()
         driver.pause_timing()
-        last_eval = evaluate(eval_fn, driver.train_state(state).params, eval_batches)
-        writer.write(step, {"eval_loss": last_eval}, kind="eval")
+        last_evals = evaluate_state(eval_fn, driver.train_state(state), eval_batches)
+        last_eval = last_evals["eval_loss"]
+        writer.write(step, last_evals, kind="eval")
         if bar is not None:
           bar.write(f"step {step}: eval loss {last_eval:.4f}")
 
@@ -354,7 +366,8 @@ def train(
     "steps": total_steps,
     "start_step": start_step,
     "first_train_loss": first_loss,
-    "final_eval_loss": last_eval,
+    "final_eval_loss": last_eval,  # the run's model: the averaged params when trainer.averaging='ema'
+    **{f"final_{k}": v for k, v in last_evals.items() if k != "eval_loss"},
     "compile_s": compile_s,
     "train_s": clock.total,
     "s_per_step": clock.total / max(timed_steps, 1),

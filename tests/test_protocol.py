@@ -1,0 +1,316 @@
+"""hybridjax.protocol: the monotone envelope, steps to reach a loss, the ratio and its aggregates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from hybridjax import protocol
+from hybridjax.protocol import Reach
+
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+@st.composite
+def curves(draw, min_size: int = 1, max_size: int = 8, shuffle: bool = True):
+  """(budgets, losses): distinct positive budgets (consecutive ratios >= 1.05) and losses in [0.1, 10]."""
+  n = draw(st.integers(min_size, max_size))
+  b0 = draw(st.floats(1.0, 1000.0))
+  ratios = draw(st.lists(st.floats(1.05, 4.0), min_size=n - 1, max_size=n - 1))
+  budgets = [b0]
+  for r in ratios:
+    budgets.append(budgets[-1] * r)
+  losses = draw(st.lists(st.floats(0.1, 10.0), min_size=n, max_size=n))
+  if shuffle:
+    order = draw(st.permutations(range(n)))
+    budgets = [budgets[i] for i in order]
+    losses = [losses[i] for i in order]
+  return budgets, losses
+
+
+def _target(data, env: np.ndarray) -> float:
+  """A target loss: inside, slightly outside, or exactly on the envelope (hits its flat stretches)."""
+  span = max(env[0] - env[-1], 0.1)
+  return data.draw(
+    st.one_of(
+      st.floats(-0.2, 1.2).map(lambda u: float(env[-1] + u * span)),
+      st.sampled_from([float(e) for e in env]),
+    )
+  )
+
+
+# --- the envelope ---------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(curves())
+def test_envelope_is_non_increasing_and_never_above_the_input(curve):
+  budgets, losses = curve
+  b, env = protocol.monotone_envelope(budgets, losses)
+  assert np.all(np.diff(b) > 0)
+  assert np.all(np.diff(env) <= 0)
+  given_loss = dict(zip(budgets, losses))
+  assert sorted(given_loss) == b.tolist()
+  for bi, ei in zip(b, env):
+    assert ei <= given_loss[bi]
+  assert env[0] == given_loss[b[0]]  # the smallest budget has nothing before it
+  assert env[-1] == min(losses)
+
+
+@SETTINGS
+@given(curves(shuffle=False))
+def test_envelope_is_the_identity_on_a_non_increasing_curve(curve):
+  budgets, losses = curve
+  losses = sorted(losses, reverse=True)
+  b, env = protocol.monotone_envelope(budgets, losses)
+  assert b.tolist() == budgets
+  assert env.tolist() == losses
+
+
+# --- steps to reach a loss ------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(curves(), st.data())
+def test_steps_to_reach_is_inside_the_budgets_and_inverts_curve_loss_at(curve, data):
+  budgets, losses = curve
+  b, env = protocol.monotone_envelope(budgets, losses)
+  target = _target(data, env)
+  reach = protocol.steps_to_reach(budgets, losses, target)
+  if target > env[0]:
+    assert reach == Reach(None, False)
+    return
+  assert reach.steps is not None
+  assert b[0] <= reach.steps <= b[-1]
+  if target < env[-1]:
+    assert reach == Reach(float(b[-1]), True)
+    return
+  assert not reach.lower_bound
+  back = protocol.curve_loss_at(budgets, losses, reach.steps)
+  assert back == pytest.approx(target, rel=1e-9, abs=1e-12)
+  # Reached where first reached: any smaller budget on the curve is still above the target.
+  assert np.all(env[b < reach.steps] > target)
+
+
+@SETTINGS
+@given(curves(), st.data())
+def test_steps_to_reach_is_monotone_in_the_target(curve, data):
+  budgets, losses = curve
+  _, env = protocol.monotone_envelope(budgets, losses)
+  t1, t2 = sorted([_target(data, env), _target(data, env)])
+  r1 = protocol.steps_to_reach(budgets, losses, t1)  # the lower target
+  r2 = protocol.steps_to_reach(budgets, losses, t2)
+  if r2.steps is not None:
+    assert r1.steps is not None
+    assert r1.steps >= r2.steps  # a lower target never needs fewer steps
+  if r2.lower_bound:
+    assert r1.lower_bound
+  if r1.steps is None:
+    assert r2.steps is None
+
+
+def test_steps_to_reach_lower_bound_not_reached_and_edges():
+  budgets, losses = [1000, 100], [2.0, 3.0]  # given out of order on purpose
+  assert protocol.steps_to_reach(budgets, losses, 1.0) == Reach(1000.0, True)  # below the curve's end
+  assert protocol.steps_to_reach(budgets, losses, 3.5) == Reach(None, False)  # above the curve's start
+  assert protocol.steps_to_reach(budgets, losses, 3.0) == Reach(100.0, False)  # exactly the start
+  assert protocol.steps_to_reach(budgets, losses, 2.0) == Reach(1000.0, False)  # exactly the end
+  assert protocol.steps_to_reach(budgets, losses, float("nan")) == Reach(None, False)
+  assert protocol.steps_to_reach(budgets, losses, float("inf")) == Reach(None, False)
+  assert protocol.steps_to_reach(budgets, losses, float("-inf")) == Reach(1000.0, True)
+  # A single budget: reached only at its own loss.
+  assert protocol.steps_to_reach([50], [1.0], 1.0) == Reach(50.0, False)
+  assert protocol.steps_to_reach([50], [1.0], 0.5) == Reach(50.0, True)
+  assert protocol.steps_to_reach([50], [1.0], 1.5) == Reach(None, False)
+
+
+def test_log_linear_interpolation_hand_example():
+  reach = protocol.steps_to_reach([1000, 4000], [2.0, 1.0], 1.5)
+  assert reach.lower_bound is False
+  assert reach.steps == pytest.approx(2000.0, rel=1e-12)  # half-way in log(steps); linear in steps gives 2500
+  assert protocol.curve_loss_at([1000, 4000], [2.0, 1.0], 2000) == pytest.approx(1.5, rel=1e-12)
+  assert protocol.steps_to_reach([1000, 4000], [2.0, 1.0], 1.75).steps == pytest.approx(1000 * 2**0.5, rel=1e-12)
+
+
+def test_flat_stretches_are_reached_at_their_first_budget():
+  budgets = [10, 100, 1000, 10000]
+  # The envelope of [4, 2, 3, 1] is [4, 2, 2, 1]: the loss 3 at 1000 steps is credited with 2.
+  _, env = protocol.monotone_envelope(budgets, [4.0, 2.0, 3.0, 1.0])
+  assert env.tolist() == [4.0, 2.0, 2.0, 1.0]
+  assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 2.0) == Reach(100.0, False)
+  assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 2.5).steps == pytest.approx(10 * 10**0.75)
+  # Below the flat stretch: interpolate from its last point (1000), not its first.
+  assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 1.5).steps == pytest.approx(1000 * 10**0.5)
+  assert protocol.curve_loss_at(budgets, [4.0, 2.0, 3.0, 1.0], 500) == 2.0
+
+
+def test_curve_loss_at_reads_the_envelope_and_is_none_outside():
+  budgets, losses = [10, 100, 1000], [3.0, 4.0, 1.0]
+  assert protocol.curve_loss_at(budgets, losses, 9.999) is None
+  assert protocol.curve_loss_at(budgets, losses, 1000.001) is None
+  assert protocol.curve_loss_at(budgets, losses, float("nan")) is None
+  assert protocol.curve_loss_at(budgets, losses, 10) == 3.0
+  assert protocol.curve_loss_at(budgets, losses, 100) == 3.0  # the envelope, not the raw 4.0
+  assert protocol.curve_loss_at(budgets, losses, 1000) == 1.0
+  assert protocol.curve_loss_at(budgets, losses, math.sqrt(100 * 1000)) == pytest.approx(2.0)
+
+
+# --- the ratio ------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(curves(min_size=2), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_ratio_is_above_one_only_when_the_method_is_below_the_curve(curve, u_cost, u_loss):
+  budgets, losses = curve
+  b, env = protocol.monotone_envelope(budgets, losses)
+  cost = float(min(max(b[0] * (b[-1] / b[0]) ** u_cost, b[0]), b[-1]))
+  loss = float(env[-1] + u_loss * (env[0] - env[-1]))
+  reach = protocol.steps_to_reach(budgets, losses, loss)
+  assume(reach.steps is not None and not reach.lower_bound)
+  curve_loss = protocol.curve_loss_at(budgets, losses, cost)
+  assert curve_loss is not None
+  assume(abs(curve_loss - loss) > 1e-9 * max(1.0, abs(loss)))  # leave out ties within rounding
+  r = protocol.ratio(reach, cost)
+  assert (r["value"] > 1) == (curve_loss > loss)
+
+
+def test_ratio_fields_and_bad_cost():
+  assert protocol.ratio(Reach(2000.0, False), 500) == {
+    "value": 4.0,
+    "lower_bound": False,
+    "baseline_steps": 2000.0,
+    "method_cost": 500.0,
+  }
+  r = protocol.ratio(Reach(1000.0, True), 250)
+  assert r["value"] == 4.0 and r["lower_bound"] is True
+  r = protocol.ratio(Reach(None, False), 250)
+  assert r["value"] is None and r["baseline_steps"] is None and r["lower_bound"] is False
+  for bad in (0, -1.0, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match="method_cost must be a positive"):
+      protocol.ratio(Reach(1000.0, False), bad)
+
+
+# --- aggregates -----------------------------------------------------------------------------------
+
+
+def test_summarize_counts_nulls_and_lower_bounds():
+  ratios = [
+    protocol.ratio(Reach(2000.0, False), 1000),  # 2.0
+    protocol.ratio(Reach(None, False), 1000),  # null
+    protocol.ratio(Reach(4000.0, True), 1000),  # 4.0, a lower bound: enters the mean as is
+    protocol.ratio(Reach(3000.0, False), 1000),  # 3.0
+  ]
+  s = protocol.summarize(ratios)
+  assert s["n"] == 4 and s["n_null"] == 1 and s["n_lower_bound"] == 1
+  assert s["values"] == [2.0, None, 4.0, 3.0]
+  assert s["mean"] == pytest.approx(3.0)
+  assert s["std"] == pytest.approx(1.0)
+  one = protocol.summarize(ratios[:2])
+  assert one["mean"] == 2.0 and one["std"] is None
+  none = protocol.summarize(ratios[1:2])
+  assert none["mean"] is None and none["std"] is None and none["n_null"] == 1
+  assert protocol.summarize([])["n"] == 0
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(["reached", "lower", "null"]), st.floats(1.0, 1e5)), max_size=10))
+def test_summarize_matches_a_direct_count(seeds):
+  reaches = {
+    "reached": lambda s: Reach(s, False),
+    "lower": lambda s: Reach(s, True),
+    "null": lambda s: Reach(None, False),
+  }
+  ratios = [protocol.ratio(reaches[kind](s), 100.0) for kind, s in seeds]
+  s = protocol.summarize(ratios)
+  present = [steps / 100.0 for kind, steps in seeds if kind != "null"]
+  assert s["n"] == len(seeds)
+  assert s["n_null"] == sum(kind == "null" for kind, _ in seeds)
+  assert s["n_lower_bound"] == sum(kind == "lower" for kind, _ in seeds)
+  assert [v for v in s["values"] if v is not None] == pytest.approx(present)
+  if present:
+    assert s["mean"] == pytest.approx(np.mean(present))
+  else:
+    assert s["mean"] is None
+  if len(present) >= 2:
+    assert s["std"] == pytest.approx(np.std(present, ddof=1))
+  else:
+    assert s["std"] is None
+
+
+def test_mean_std():
+  assert protocol.mean_std([1.0, 2.0, 3.0]) == pytest.approx([2.0, 1.0])
+  assert protocol.mean_std([5.0]) == [5.0, 0.0]
+  with pytest.raises(ValueError, match="empty"):
+    protocol.mean_std([])
+
+
+def test_paired_difference_verdicts():
+  rng = np.random.default_rng(0)
+  b = rng.normal(3.0, 0.5, size=8)
+  noise = rng.normal(0.0, 0.01, size=8)
+  lower = protocol.paired_difference(b - 0.2 + noise, b)
+  assert lower["verdict"] == "lower" and lower["mean"] == pytest.approx(-0.2, abs=0.02)
+  assert lower["n"] == 8 and len(lower["differences"]) == 8
+  assert lower["se"] == pytest.approx(lower["std"] / math.sqrt(8))
+  assert protocol.paired_difference(b + 0.2 + noise, b)["verdict"] == "higher"
+  # Symmetric noise around zero: the mean difference is 0 and the se is not.
+  sym = protocol.paired_difference(b + np.array([0.3, -0.3, 0.1, -0.1, 0.2, -0.2, 0.05, -0.05]), b)
+  assert sym["verdict"] == "no difference" and sym["mean"] == pytest.approx(0.0, abs=1e-12)
+  # Exactly equal: se == 0 and mean == 0.
+  assert protocol.paired_difference([1.0, 2.0], [1.0, 2.0])["verdict"] == "no difference"
+  # A constant shift has se == 0 and a non-zero mean.
+  assert protocol.paired_difference([2.0, 3.0], [1.0, 2.0])["verdict"] == "higher"
+  # A shift hidden in the noise (|mean| < 2 se).
+  assert protocol.paired_difference([1.1, 0.0, 2.0], [1.0, 1.0, 1.0])["verdict"] == "no difference"
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.floats(-10, 10), st.floats(-10, 10)), min_size=2, max_size=10))
+def test_paired_difference_is_antisymmetric(pairs):
+  a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+  ab, ba = protocol.paired_difference(a, b), protocol.paired_difference(b, a)
+  flip = {"lower": "higher", "higher": "lower", "no difference": "no difference"}
+  assert ba["verdict"] == flip[ab["verdict"]]
+  assert ba["mean"] == pytest.approx(-ab["mean"], abs=1e-12)
+  assert ba["se"] == pytest.approx(ab["se"], abs=1e-12)
+  if ab["verdict"] != "no difference":
+    assert abs(ab["mean"]) >= 2 * ab["se"]
+
+
+def test_paired_difference_rejects_bad_input():
+  with pytest.raises(ValueError, match="mismatched lengths"):
+    protocol.paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+  with pytest.raises(ValueError, match="at least 2 pairs"):
+    protocol.paired_difference([1.0], [2.0])
+  with pytest.raises(ValueError, match="finite"):
+    protocol.paired_difference([1.0, float("nan")], [2.0, 3.0])
+
+
+# --- bad curves -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "budgets, losses, match",
+  [
+    ([], [], "empty curve"),
+    ([100, 200], [1.0], "mismatched lengths"),
+    ([0, 100], [2.0, 1.0], "budgets must be positive"),
+    ([-10, 100], [2.0, 1.0], "budgets must be positive"),
+    ([100, 100, 200], [3.0, 2.0, 1.0], r"duplicate budgets: \[100.0\]"),
+    ([100, 200], [2.0, float("nan")], "losses must be finite"),
+    ([100, 200], [float("inf"), 1.0], "losses must be finite"),
+    ([100, float("inf")], [2.0, 1.0], "budgets must be finite"),
+    ([[100, 200]], [[2.0, 1.0]], "must be 1-D"),
+  ],
+)
+def test_bad_curves_are_rejected_with_the_problem_named(budgets, losses, match):
+  with pytest.raises(ValueError, match=match):
+    protocol.monotone_envelope(budgets, losses)
+  with pytest.raises(ValueError, match=match):
+    protocol.steps_to_reach(budgets, losses, 1.5)
+  with pytest.raises(ValueError, match=match):
+    protocol.curve_loss_at(budgets, losses, 150)
