@@ -35,6 +35,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
+import inspect
 import json
 import math
 import multiprocessing
@@ -44,7 +45,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -119,18 +120,39 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   config_lib.validate(experiment_config(config))
 
 
-def code_version() -> str:
-  """A hash of the package's and the experiments' source: a cached run is reused only by the same code."""
+# The source an anchor run depends on: a change to the hybrid algorithm leaves the cached anchors valid.
+_ANCHOR_SOURCES = (
+  "hybridjax/optim.py",
+  "hybridjax/models/gpt2.py",
+  "hybridjax/data.py",
+  "hybridjax/loop/train.py",
+  "experiments/gpt2_small.py",
+)
+
+
+def code_version(kind: str = "method") -> str:
+  """A hash of the source a run of `kind` depends on: a cached run is reused only by the same code.
+
+  A method run depends on everything in `hybridjax/` and `experiments/`; an anchor run on the
+  optimizer, model, data and evaluation code and on this module's anchor runner.
+  """
   h = hashlib.sha256()
-  for top in ("hybridjax", "experiments"):
-    for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(_ROOT, top))):
-      dirnames.sort()
-      for name in sorted(filenames):
-        if name.endswith(".py"):
-          path = os.path.join(dirpath, name)
-          h.update(os.path.relpath(path, _ROOT).encode())
-          with open(path, "rb") as f:
-            h.update(f.read())
+  if kind == "anchor":
+    paths = [os.path.join(_ROOT, p) for p in _ANCHOR_SOURCES]
+    for fn in (run_anchor, _anchor_programs, _eval, run_spec):
+      h.update(inspect.getsource(fn).encode())
+  else:
+    paths = [
+      os.path.join(dirpath, name)
+      for top in ("hybridjax", "experiments")
+      for dirpath, _, filenames in os.walk(os.path.join(_ROOT, top))
+      for name in filenames
+      if name.endswith(".py")
+    ]
+  for path in sorted(paths):
+    h.update(os.path.relpath(path, _ROOT).encode())
+    with open(path, "rb") as f:
+      h.update(f.read())
   return h.hexdigest()[:16]
 
 
@@ -149,13 +171,18 @@ def run_spec(
   betas: Sequence[float] = (),
   method: str = "",
 ) -> dict[str, Any]:
-  """One run, as plain data: what it trains (the whole experiment config) and what it records."""
+  """One run, as plain data: what it trains (the whole experiment config) and what it records.
+
+  Runs of N steps (anchors and methods) are evaluated `benchmark.eval_points` times, for the eval
+  curves and the mid-run check; other budgets only at their end.
+  """
   c = experiment_config(config)
   c.seed = int(seed)
   c.optim.learning_rate = float(lr)
   c.trainer.steps = int(steps)
   c.trainer.averaging_beta = float(beta)
-  c.trainer.eval_every = max(int(steps) // int(config.benchmark.eval_points), 1)
+  points = int(config.benchmark.eval_points) if int(steps) == int(config.trainer.steps) else 1
+  c.trainer.eval_every = max(int(steps) // points, 1)
   c.trainer.log_every = c.trainer.eval_every
   for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
     del c.trainer[field]
@@ -248,11 +275,14 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
       }
       curve.append(point)
       if done == steps:
-        per_batch = [float(progs.eval_fn(state.averaging.params, b)) for b in task.eval_batches]
+        per_batch = [
+          float(x) for x in jax.device_get([progs.eval_fn(state.averaging.params, b) for b in task.eval_batches])
+        ]
         finals = {
           "raw": point["eval_loss_raw"],
           "averaged": {str(c.trainer.averaging_beta): point["eval_loss_averaged"]},
           "eval_batch_std": float(np.std(per_batch, ddof=1)) if len(per_batch) > 1 else 0.0,
+          "per_batch": per_batch,
         }
         for b, a in zip(extra_betas, extras):
           finals["averaged"][str(b)] = _eval(progs.eval_fn, a.params, task.eval_batches)
@@ -266,6 +296,7 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
     "final_raw": finals["raw"],
     "final_averaged": finals["averaged"],
     "eval_batch_std": finals["eval_batch_std"],
+    "final_averaged_per_batch": finals["per_batch"],  # for the eval set's paired sampling error
     "eval_batches": len(task.eval_batches),
     "nonfinite_skipped": int(state.nonfinite_total),
     "curve": curve,
@@ -357,16 +388,34 @@ class Runner:
     self.cache_dir = os.path.join(workdir, "cache")
     self.jax_cache = compile_cache_dir
     os.makedirs(self.cache_dir, exist_ok=True)
-    self.version = code_version()
+    self.versions = {kind: code_version(kind) for kind in ("anchor", "method")}
     self.workers = workers
-    self.ran = 0
-    self.reused = 0
+    self.ran = 0  # runs trained by this benchmark
+    self.reused = 0  # runs found in the cache from an earlier benchmark
+    self._trained: set[str] = set()
+    self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+  def close(self) -> None:
+    """Stops the worker processes (they live across `run` calls: each compiles its programs once)."""
+    if self._pool is not None:
+      self._pool.shutdown()
+      self._pool = None
+
+  def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    if self._pool is None:
+      ctx = multiprocessing.get_context("spawn")
+      counter = ctx.Value("i", 0)
+      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+      self._pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=self.workers, mp_context=ctx, initializer=_init_worker, initargs=(counter, cores, self.jax_cache)
+      )
+    return self._pool
 
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key + ".json")
 
   def run(self, specs: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
-    keys = [run_key(s, self.version) for s in specs]
+    keys = [run_key(s, self.versions[s["kind"]]) for s in specs]
     results: dict[str, dict[str, Any]] = {}
     todo = []
     for key, spec in zip(keys, specs):
@@ -375,7 +424,7 @@ class Runner:
       if os.path.exists(self._path(key)):
         with open(self._path(key)) as f:
           results[key] = json.load(f)
-        self.reused += 1
+        self.reused += key not in self._trained
       else:
         todo.append((key, spec))
         results[key] = None
@@ -389,31 +438,25 @@ class Runner:
       os.replace(self._path(key) + ".tmp", self._path(key))
       results[key] = result
       self.ran += 1
+      self._trained.add(key)
       what = f"{result['kind']} {result.get('method') or ''} seed {result['seed']} lr {result['lr']:.3g} "
       print(f"    done {what}steps {result['steps']} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    if self.workers <= 1 or len(todo) <= 1:
+    if self.workers <= 1:
       _enable_cache(self.jax_cache)
       for key, spec in todo:
         finish(key, execute(spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache))
-    else:
-      ctx = multiprocessing.get_context("spawn")
-      counter = ctx.Value("i", 0)
-      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-      with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(self.workers, len(todo)),
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(counter, cores, self.jax_cache),
-      ) as pool:
-        # Longest first, so the last runs to finish are short ones.
-        order = sorted(todo, key=lambda kv: -kv[1]["config"]["trainer"]["steps"])
-        futures = {
-          pool.submit(execute, spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache): key
-          for key, spec in order
-        }
-        for fut in concurrent.futures.as_completed(futures):
-          finish(futures[fut], fut.result())
+    elif todo:
+      pool = self._get_pool()
+      # Longest first (method runs first among equals: they compile more), so the last runs to
+      # finish are short ones and no worker waits long for the other.
+      order = sorted(todo, key=lambda kv: (-kv[1]["config"]["trainer"]["steps"], kv[1]["kind"] != "method"))
+      futures = {
+        pool.submit(execute, spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache): key
+        for key, spec in order
+      }
+      for fut in concurrent.futures.as_completed(futures):
+        finish(futures[fut], fut.result())
     return [results[k] for k in keys]
 
 
@@ -437,8 +480,17 @@ def _averaged(result: dict[str, Any], beta: float | None = None) -> float:
   return result["final_averaged"][str(float(beta))]
 
 
-def tune(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """The LR sweep, the second-seed check, the budget checks and the averaging beta."""
+def tune(
+  config: ml_collections.ConfigDict,
+  runner: Runner,
+  also: Callable[[float, float], list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+  """The LR sweep, the second-seed check, the averaging beta and the budget checks.
+
+  `also(best_lr, beta)`: runs to train together with the budget checks, once the LR and beta are
+  known (the benchmark passes the budget curves at the chosen LR and the method arms, so the worker
+  processes never wait for the checks; a budget whose LR the checks move is trained afterwards).
+  """
   b = config.benchmark
   n = int(config.trainer.steps)
   t1, t2 = (int(s) for s in b.tuning_seeds)
@@ -484,8 +536,13 @@ def tune(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
   checks: dict[str, Any] = {}
   per_budget_lr = {str(f): best_lr for f in b.budgets}
+  neighbours = [_round_lr(best_lr / math.sqrt(2)), best_lr, _round_lr(best_lr * math.sqrt(2))]
+  check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
+  runner.run(
+    check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
+  )
   for factor in (0.5, 2.0):
-    lrs = [_round_lr(best_lr / math.sqrt(2)), best_lr, _round_lr(best_lr * math.sqrt(2))]
+    lrs = neighbours
     res = runner.run([spec(t1, lr, round(factor * n)) for lr in lrs], f"LR check at {factor}N (tuning seed 1)")
     losses = {lr: _averaged(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
@@ -533,23 +590,22 @@ def tune(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   }
 
 
+def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], float], beta: float) -> list[dict]:
+  """The budget curves' runs: every headline seed at every budget factor f, at LR `lr_of(f)`."""
+  n = int(config.trainer.steps)
+  return [
+    run_spec(config, kind="anchor", seed=int(s), lr=lr_of(float(f)), steps=round(float(f) * n), beta=beta)
+    for s in config.benchmark.seeds
+    for f in sorted(config.benchmark.budgets)
+  ]
+
+
 def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any]) -> dict[str, Any]:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
   b = config.benchmark
   factors = [float(f) for f in sorted(b.budgets)]
-  specs = [
-    run_spec(
-      config,
-      kind="anchor",
-      seed=int(s),
-      lr=tuning["per_budget_lr"][str(f)],
-      steps=round(f * n),
-      beta=tuning["averaging_beta"],
-    )
-    for s in b.seeds
-    for f in factors
-  ]
+  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(f)], tuning["averaging_beta"])
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
@@ -564,23 +620,20 @@ def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: dic
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 
 
-def method_runs(
-  config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any], methods: list[str]
-) -> dict[str, dict[str, Any]]:
+def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: float, beta: float) -> list[dict]:
+  """Every method arm on every headline seed, N steps at the chosen LR and beta."""
   n = int(config.trainer.steps)
-  specs = [
-    run_spec(
-      config,
-      kind="method",
-      seed=int(s),
-      lr=tuning["best_lr"],
-      steps=n,
-      beta=tuning["averaging_beta"],
-      method=m,
-    )
+  return [
+    run_spec(config, kind="method", seed=int(s), lr=lr, steps=n, beta=beta, method=m)
     for m in methods
     for s in config.benchmark.seeds
   ]
+
+
+def method_runs(
+  config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any], methods: list[str]
+) -> dict[str, dict[str, Any]]:
+  specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
   out: dict[str, dict[str, Any]] = {m: {} for m in methods}
   for r in results:
@@ -764,6 +817,15 @@ def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list
     out["budget_1.25N_vs_N"] = {
       a: protocol.paired_difference([curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]) for a in ANCHORS
     }
+    # The eval set's own sampling error of that gain: the same eval batches score both runs, so it
+    # is the standard error of the per-batch difference (averaged params), per seed.
+    ses = []
+    for s in seeds:
+      a, b = budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"]
+      if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b:
+        d = np.subtract(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
+        ses.append(float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0)
+    out["eval_sampling_se_of_the_1.25N_gain"] = ses
   return out
 
 
@@ -888,9 +950,11 @@ def markdown(result: dict[str, Any]) -> str:
       )
       + "."
     )
+  ses = ph.get("eval_sampling_se_of_the_1.25N_gain") or []
   lines.append(
-    f"Eval set: {result['eval']['batches']} batches; the averaged loss's sampling standard error is about "
-    f"{result['eval']['sampling_se']:.4f}."
+    f"Eval set: {result['eval']['batches']} batches; the sampling standard error of one averaged loss is about "
+    f"{result['eval']['sampling_se']:.4f}"
+    + (f", and of the 1.25N-vs-N gain (the same batches score both runs) {statistics.fmean(ses):.4f}." if ses else ".")
   )
   methods = list(result["figures"])
   if methods:
@@ -1013,10 +1077,17 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   if config.trainer.compile_cache:  # a cold benchmark starts with an empty <workdir>/jax_cache
     cache = config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
   runner = Runner(workdir, int(b.workers), cache)
-  tuning = tune(config, runner)
-  print(f"best LR {tuning['best_lr']:.3g}, averaging beta {tuning['averaging_beta']}", flush=True)
-  curves = budget_curves(config, runner, tuning)
-  mruns = method_runs(config, runner, tuning, methods)
+  try:
+
+    def at_chosen_lr(lr: float, beta: float) -> list[dict[str, Any]]:
+      print(f"best LR {lr:.4g}, averaging beta {beta}", flush=True)
+      return curve_specs(config, lambda f: lr, beta) + method_specs(config, methods, lr, beta)
+
+    tuning = tune(config, runner, also=at_chosen_lr)
+    curves = budget_curves(config, runner, tuning)
+    mruns = method_runs(config, runner, tuning, methods)
+  finally:
+    runner.close()
   print("--- timing (interleaved, this process)", flush=True)
   timing = time_step_kinds(config, tuning, methods)
   figures = {
@@ -1035,7 +1106,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
     "family": b.family,
     "command": command,
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "code_version": runner.version,
+    "code_version": runner.versions,
     "machine": machine_info(),
     "config": json.loads(config.to_json()),
     "steps": n,

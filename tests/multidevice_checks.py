@@ -331,26 +331,39 @@ def test_per_device_live_bytes_are_flat_on_the_mesh():
 
 def test_trainer_runs_on_a_mesh_and_resumes_on_another(tmp_path):
   # trainer.train builds the mesh from the config; a run saved on 4x2 resumes on 8x1 and ends
-  # where the uninterrupted 4x2 run ends.
+  # where the uninterrupted 4x2 run ends. The params average is sharded like the params.
   kw = dict(init_params=init_params, loss_fn=LOSS_FN, train_batch=batch, eval_batches=[batch(10_000)])
-  c = config("baseline", data=4, fsdp=2, steps=20)
+
+  def config_avg(**kwargs):
+    c = config("baseline", steps=20, **kwargs)
+    c.trainer.update(averaging="ema", averaging_beta=0.9)
+    return c
+
+  c = config_avg(data=4, fsdp=2)
   c.trainer.checkpoint_every = 10
+  drv = train_lib.make_driver(c, init_params=init_params, loss_fn=LOSS_FN, mesh=sh.make_mesh(c))
+  live = drv.init_state()
+  for p_leaf, a_leaf in zip(jax.tree.leaves(live.params), jax.tree.leaves(live.averaging.params)):
+    assert a_leaf.sharding == p_leaf.sharding
+  assert any(not leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(live.averaging.params))
+  del live, drv
   summary = train_lib.train(c, str(tmp_path / "a"), **kw)
   assert summary["mesh"]["data"] == 4 and summary["mesh"]["fsdp"] == 2
   assert summary["memory"]["source"].startswith("jax.live_arrays (max over 8 devices)")
   os.makedirs(tmp_path / "b" / "checkpoints")
   shutil.copytree(tmp_path / "a" / "checkpoints" / "10", tmp_path / "b" / "checkpoints" / "10")
-  resumed = train_lib.train(config("baseline", data=8, fsdp=1, steps=20), str(tmp_path / "b"), **kw)
+  resumed = train_lib.train(config_avg(data=8, fsdp=1), str(tmp_path / "b"), **kw)
   assert resumed["start_step"] == 10 and resumed["mesh"]["data"] == 8
 
   def final(workdir):
     manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
     abstract = jax.eval_shape(
-      lambda: optim.init_train_state(init_params(jax.random.PRNGKey(0)), optim.make_optimizer(c.optim))
+      lambda: optim.init_train_state(init_params(jax.random.PRNGKey(0)), optim.make_optimizer(c.optim), 0.9)
     )
     state, _ = ckpt_lib.restore(manager, 20, sh.restore_target(abstract, None))
     manager.close()
-    return _host(state.params)
+    return _host((state.params, state.averaging.params))
 
   chex.assert_trees_all_close(final(tmp_path / "b"), final(tmp_path / "a"), **TOL)
   assert abs(summary["final_eval_loss"] - resumed["final_eval_loss"]) < 1e-4
+  assert summary["final_eval_loss"] == summary["final_eval_loss_averaged"] != summary["final_eval_loss_raw"]

@@ -29,7 +29,10 @@ def _bench_config(**benchmark_overrides):
 def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
   """The anchor runner's final raw and averaged losses are train()'s, bit for bit."""
   config = _bench_config()
+  config.trainer.steps = 12  # N: a run of N steps is evaluated `eval_points` times
   spec = benchmark.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=12, beta=0.9, betas=[0.9, 0.95])
+  other = benchmark.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=18, beta=0.9)
+  assert other["config"]["trainer"]["eval_every"] == 18  # other budgets: only the final eval
   anchor = benchmark.run_anchor(spec)
   c = cached(ml_collections.ConfigDict(spec["config"]), jax_cache)
   c.trainer.progress = False

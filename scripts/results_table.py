@@ -1,0 +1,133 @@
+"""The README's results table, generated from the published benchmark results.
+
+  python scripts/results_table.py            # print the table
+  python scripts/results_table.py --update   # rewrite it in README.md (between the markers)
+  python scripts/results_table.py --families # paired differences between families at N
+
+Every row comes from `docs/results/<preset>-<family>/headline.json`, which
+`python -m experiments.benchmark --config.benchmark.publish=docs/results/<preset>-<family>` writes;
+tests/test_docs.py checks that the README's table is this script's output. `--families` compares each
+family's anchors with AdamW-cosine's on the same headline seeds, from the published benchmark.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results")
+README = os.path.join(ROOT, "README.md")
+START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+ANCHORS = ("baseline", "averaged_baseline")
+
+sys.path.insert(0, ROOT)
+from hybridjax import protocol  # noqa: E402
+
+
+def load(kind: str = "headline.json") -> dict[str, dict]:
+  """{folder name: parsed file} of every published result folder holding `kind`."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(RESULTS, "*", kind))):
+    with open(path) as f:
+      out[os.path.basename(os.path.dirname(path))] = json.load(f)
+  return out
+
+
+def _pm(pair, digits=4):
+  return "n/a" if not pair or pair[0] is None else f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def _ratio(h, key, anchor):
+  value = h.get(key, {}).get(f"vs_{anchor}")
+  if key not in h:
+    return "—"
+  if value is None:
+    return "not reached"
+  std = h.get(key + "_std", {}).get(f"vs_{anchor}")
+  null, bound = h.get(key + "_null_or_bound", {}).get(f"vs_{anchor}", [0, 0])
+  notes = ([f"{null} not reached"] if null else []) + ([f"{bound} lower bounds"] if bound else [])
+  return f"{value:.2f}×" + ("" if std is None else f" ± {std:.2f}") + (f" ({', '.join(notes)})" if notes else "")
+
+
+def table(headlines: dict[str, dict]) -> str:
+  head = (
+    "| results | method | best LR | β | baseline at N | averaged baseline at N | method (averaged) | "
+    "backward_ratio vs baseline / averaged | pass_ratio vs averaged | wallclock_ratio vs averaged | "
+    "final loss vs averaged |\n|---|---|---|---|---|---|---|---|---|---|---|"
+  )
+  rows = [head]
+  for name, h in headlines.items():
+    f = h["final_loss"]
+    gap = h.get("final_loss_gap", {}).get("vs_averaged_baseline")
+    verdict = h.get("paired_difference", {}).get("vs_averaged_baseline")
+    rows.append(
+      f"| [{name}](docs/results/{name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
+      f"{h['averaging_beta']} | {_pm(f['baseline'])} | {_pm(f['averaged_baseline'])} | {_pm(f.get('method'))} | "
+      f"{_ratio(h, 'backward_ratio', 'baseline')} / {_ratio(h, 'backward_ratio', 'averaged_baseline')} | "
+      f"{_ratio(h, 'pass_ratio', 'averaged_baseline')} | {_ratio(h, 'wallclock_ratio', 'averaged_baseline')} | "
+      + ("—" if gap is None else f"{100 * gap:+.2f}% ({verdict})")
+      + " |"
+    )
+  return "\n".join(rows)
+
+
+def family_differences(results: dict[str, dict], reference: str = "adamw-cosine") -> str:
+  """Each family's final loss at N minus the reference family's, paired by headline seed."""
+  lines = [
+    "| family | best LR | anchor | final loss at N | minus " + reference + " (paired) |",
+    "|---|---|---|---|---|",
+  ]
+  by_family = {(r["preset"], r["family"]): r for r in results.values()}
+  for (preset, family), r in sorted(by_family.items()):
+    ref = by_family.get((preset, reference))
+    for anchor in ANCHORS:
+      i = r["budgets"].index(r["steps"])
+      seeds = sorted(r["curves"][anchor], key=int)
+      mine = [r["curves"][anchor][s][i] for s in seeds]
+      cell = "—"
+      if ref is not None and family != reference and sorted(ref["curves"][anchor], key=int) == seeds:
+        j = ref["budgets"].index(ref["steps"])
+        d = protocol.paired_difference(mine, [ref["curves"][anchor][s][j] for s in seeds])
+        cell = f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {d['verdict']}"
+      lines.append(
+        f"| {preset}-{family} | {r['tuning']['best_lr']:.3g} | {anchor} | {_pm(protocol.mean_std(mine))} | {cell} |"
+      )
+  return "\n".join(lines)
+
+
+def readme_block(text: str) -> str:
+  """The table between the README's markers."""
+  if START not in text or END not in text:
+    raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+  return text.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--update", action="store_true", help="rewrite the table in README.md")
+  parser.add_argument("--families", action="store_true", help="paired differences between families at N")
+  args = parser.parse_args()
+  if args.families:
+    print(family_differences(load("benchmark.json")))
+    return
+  generated = table(load())
+  if not args.update:
+    print(generated)
+    return
+  with open(README) as f:
+    text = f.read()
+  old = readme_block(text)
+  before, rest = text.split(START, 1)
+  after = rest.split(END, 1)[1]
+  text = f"{before}{START}\n{generated}\n{END}{after}"
+  with open(README, "w") as f:
+    f.write(text)
+  print("README.md: results table " + ("unchanged" if old == generated else "updated"))
+
+
+if __name__ == "__main__":
+  main()
