@@ -64,7 +64,8 @@ from hybridjax.loop import train as train_lib
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-METHODS = ("hybrid", "constant_alpha", "no_corrector")
+METHODS = ("hybrid", "constant_alpha", "no_corrector", "outer_momentum")
+REAL_STEP = "real_step"  # the one step kind of a method arm that trains in baseline mode
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 PREDICT_VALIDATED = "predict_step+validation"
 FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
@@ -186,7 +187,11 @@ def run_spec(
   c.trainer.log_every = c.trainer.eval_every
   for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
     del c.trainer[field]
-  if kind == "method":
+  if kind == "method" and method == "outer_momentum":  # real steps only: the baseline loop's step
+    c.mode = "baseline"
+    every, eta, mu = config.benchmark.outer_momentum
+    c.optim.update(outer_every=int(every), outer_eta=float(eta), outer_mu=float(mu))
+  elif kind == "method":
     c.mode = "hybrid"
     if method == "constant_alpha":
       c.hybrid.constant_alpha = 1.0
@@ -329,6 +334,9 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   for r in records:
     if r["kind"] == "step":
       kinds[step_kind(r["branch"], r["measured"])] = kinds.get(step_kind(r["branch"], r["measured"]), 0) + 1
+  if c.mode == "baseline":  # every step a real one, no validation
+    summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={}, rollbacks=0)
+    kinds = {REAL_STEP: c.trainer.steps}
   return {
     "kind": "method",
     "method": spec["method"],
@@ -669,7 +677,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     state = driver.init_state()
     batch = task.train_batch(0)
     t0 = time.perf_counter()
-    if name == "baseline":
+    if c.mode == "baseline":
       fns = [_anchor_programs(c, task.loss_fn).step.lower(state, batch, driver.schedule).compile()]
     else:
       fns = [
@@ -686,7 +694,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     for name, arm in arms.items():
       for _ in range(int(b.timing_steps)):
         batch = task.train_batch(arm["step"] % n)
-        if name == "baseline":
+        if len(arm["fns"]) == 1:  # baseline-mode arms
           branch, fn = None, arm["fns"][0]
         else:
           branch = int(jax.device_get(arm["state"].controller.next_branch))
@@ -695,7 +703,10 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
         arm["state"], metrics = fn(arm["state"], batch, arm["schedule"])
         jax.block_until_ready(arm["state"])
         dt = time.perf_counter() - t0
-        kind = "baseline" if branch is None else step_kind(branch, bool(jax.device_get(metrics["measured"])))
+        if branch is None:
+          kind = "baseline" if name == "baseline" else REAL_STEP
+        else:
+          kind = step_kind(branch, bool(jax.device_get(metrics["measured"])))
         samples[name].setdefault(kind, []).append(dt)
         arm["step"] += 1
   return {

@@ -35,6 +35,11 @@ def default_optim_config() -> ml_collections.ConfigDict:
   # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
   c.adam_lr_ratio = 0.15
   c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
+  # Outer Nesterov momentum on K-step displacements (baseline mode): every `outer_every` real steps
+  # d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow. 0 = off.
+  c.outer_every = 0
+  c.outer_eta = 0.8
+  c.outer_mu = 0.75
   return c
 
 
@@ -235,6 +240,9 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "optim.grad_clip": _num(0.0),
   "optim.adam_lr_ratio": _num(0.0, lo_open=True),
   "optim.muon_weight_decay": _num(0.0),
+  "optim.outer_every": _int(0),
+  "optim.outer_eta": _num(0.0, 2.0, lo_open=True),
+  "optim.outer_mu": _num(0.0, 1.0, hi_open=True),
   "trainer.steps": _int(1),
   "trainer.batch_size": _int(1),
   "trainer.grad_accum": _int(1),
@@ -352,6 +360,12 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
         f"> --config.optim.warmup_steps ({o.warmup_steps})",
       )
+      if blocks is None and o.get("outer_every", 0):
+        rel(
+          config.get("mode") != "hybrid",
+          f"--config.optim.outer_every ({o.outer_every}) runs in --config.mode=baseline only (outer momentum "
+          "changes real steps; hybrid training does not use it yet); set one or the other",
+        )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model
       rel(

@@ -45,6 +45,49 @@ class Averaging:
 
 
 @flax.struct.dataclass
+class OuterMomentum:
+  """Outer Nesterov momentum on the displacement of every `every` real steps (SNOO-style).
+
+  At each outer step d = θ − slow, m ← μ·m + d, slow ← slow + η·(μ·m + d), θ ← slow; the inner
+  optimizer's state is kept. With μ = 0 and η = 1 it leaves θ exactly as the inner optimizer left
+  it: the step is written as θ + (η − 1)·d + η·μ·m, which adds exact zeros then.
+  """
+
+  slow: Any  # the params after the last outer step (float32, the params' shape)
+  momentum: Any  # m, the params' shape
+  every: jax.Array  # int32: K, real steps between outer steps
+  eta: jax.Array  # float32: the outer learning rate
+  mu: jax.Array  # float32: the outer momentum
+
+
+def init_outer_momentum(params: Any, every: int, eta: float, mu: float) -> OuterMomentum:
+  """Outer momentum starting from `params`, with zero momentum."""
+  if int(every) < 1:
+    raise ValueError(f"outer momentum needs every >= 1 steps, got {every}")
+  return OuterMomentum(
+    slow=jax.tree.map(lambda p: jnp.array(p, copy=True), params),
+    momentum=jax.tree.map(jnp.zeros_like, params),
+    every=jnp.asarray(int(every), jnp.int32),
+    eta=jnp.asarray(float(eta), jnp.float32),
+    mu=jnp.asarray(float(mu), jnp.float32),
+  )
+
+
+def outer_momentum_step(outer: OuterMomentum, params: Any, step: jax.Array) -> tuple[OuterMomentum, Any]:
+  """(outer state, params) after real step number `step` (>= 1): an outer step when `every`
+  divides it, else both unchanged. Elementwise selects, not a conditional: the donated buffers
+  are updated in place."""
+  now = (step % outer.every) == 0
+  eta, mu = outer.eta, outer.mu
+  d = jax.tree.map(lambda p, s: p - s, params, outer.slow)
+  m = jax.tree.map(lambda m0, di: mu * m0 + di, outer.momentum, d)
+  moved = jax.tree.map(lambda p, di, mi: p + (eta - 1.0) * di + (eta * mu) * mi, params, d, m)
+  new_params = tree_where(now, moved, params)
+  new_outer = outer.replace(slow=tree_where(now, moved, outer.slow), momentum=tree_where(now, m, outer.momentum))
+  return new_outer, new_params
+
+
+@flax.struct.dataclass
 class TrainState:
   """What a plain optax loop carries, plus its health counters."""
 
@@ -59,6 +102,8 @@ class TrainState:
   # global steps, or None when averaging is off. Evaluating it is free and worth hundreds of steps
   # at a high learning rate, so it is part of the state: donated, checkpointed, sharded like the params.
   averaging: Averaging | None = None
+  # Outer momentum (`optim.outer_every` > 0): Nesterov momentum on K-step displacements, or None.
+  outer: OuterMomentum | None = None
 
 
 @flax.struct.dataclass
@@ -230,9 +275,15 @@ def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
   return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
 
 
-def init_train_state(params: Any, tx: optax.GradientTransformation, averaging_beta: float | None = None) -> TrainState:
+def init_train_state(
+  params: Any,
+  tx: optax.GradientTransformation,
+  averaging_beta: float | None = None,
+  outer: OuterMomentum | None = None,
+) -> TrainState:
   """A fresh state at step 0 with the optimizer initialised on `params`; with `averaging_beta`
-  (0 < beta < 1) it also carries the params' moving average (`Averaging`)."""
+  (0 < beta < 1) it also carries the params' moving average (`Averaging`), and with `outer` (see
+  `init_outer_momentum`) outer momentum."""
 
   # Distinct buffers: the state is donated, and one buffer cannot be donated twice.
   def zero():
@@ -253,6 +304,7 @@ def init_train_state(params: Any, tx: optax.GradientTransformation, averaging_be
     nonfinite_streak=zero(),
     nonfinite_total=zero(),
     averaging=averaging,
+    outer=outer,
   )
 
 
@@ -275,6 +327,9 @@ def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: ja
   """The state after one real step: step + 1, the average updated, and the non-finite counters
   updated by `applied` (False when `guarded_update` skipped the update)."""
   skipped = (~applied).astype(jnp.int32)
+  outer = state.outer
+  if outer is not None:  # the outer step comes before the average takes the params in
+    outer, params = outer_momentum_step(outer, params, state.step + 1)
   return TrainState(
     params=params,
     opt_state=opt_state,
@@ -282,6 +337,7 @@ def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: ja
     nonfinite_streak=jnp.where(applied, 0, state.nonfinite_streak + 1),
     nonfinite_total=state.nonfinite_total + skipped,
     averaging=update_average(state.averaging, params, state.step + 1),
+    outer=outer,
   )
 
 

@@ -37,7 +37,16 @@ from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.context import ControllerSettings, HybridContext
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, LossFn, Schedule, TrainState, init_train_state, make_schedule, train_step
+from hybridjax.optim import (
+  Batch,
+  LossFn,
+  Schedule,
+  TrainState,
+  init_outer_momentum,
+  init_train_state,
+  make_schedule,
+  train_step,
+)
 
 Metrics = dict[str, Any]
 
@@ -131,6 +140,8 @@ class BaselineDriver:
     self._init_params = init_params
     self._tx = tx
     self._averaging_beta = averaging_beta(config.trainer)
+    o = config.optim
+    self._outer = None if not o.get("outer_every", 0) else (int(o.outer_every), float(o.outer_eta), float(o.outer_mu))
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
     self.state_shardings = None
     if self.mesh is not None:
@@ -146,7 +157,9 @@ class BaselineDriver:
     )
 
   def _init(self) -> TrainState:
-    return init_train_state(self._init_params(), self._tx, self._averaging_beta)
+    params = self._init_params()
+    outer = None if self._outer is None else init_outer_momentum(params, *self._outer)
+    return init_train_state(params, self._tx, self._averaging_beta, outer)
 
   def init_state(self) -> TrainState:
     """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
