@@ -1,0 +1,204 @@
+"""The diagnostic scripts: scripts/jump_persistence.py and scripts/line_scan.py.
+
+* jump_persistence: the drift, lag and gain arithmetic on hand examples; on a few steps of the
+  `quick` benchmark config, that `raw+0r` continues the real run exactly (same batches, schedule
+  and optimizer state) and that a move's loss is the loss of the moved params, rebuilt here.
+* line_scan: negative alphas and the averaged anchor's columns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import gpt2_small
+from hybridjax import optim as optim_lib
+from hybridjax.loop import train as train_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name: str):
+  """A script under scripts/ as a module (registered, so its dataclasses resolve)."""
+  mod_name = f"_script_{name}"
+  if mod_name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[mod_name]
+
+
+jp = _load("jump_persistence")
+line_scan = _load("line_scan")
+
+
+# --- arithmetic ---------------------------------------------------------------------------------
+
+
+def test_ema_lag():
+  assert jp.ema_lag(0.99) == pytest.approx(99.0)
+  assert jp.ema_lag(0.998) == pytest.approx(499.0)
+  assert jp.ema_lag(0.99, 1) == pytest.approx(0.0, abs=1e-9)  # one step: the average is the params
+  assert jp.ema_lag(0.5, 2) == pytest.approx(1 / 3)  # weights 1 (age 0) and 1/2 (age 1): mean age 1/3
+  assert jp.ema_lag(0.99, 100_000) == pytest.approx(99.0)
+
+
+def test_ema_pair_drift_hand_example():
+  fast = {"w": np.array([1.0, 2.0], np.float32), "b": np.array(3.0, np.float32)}
+  slow = {"w": np.array([0.0, -1.0], np.float32), "b": np.array(0.0, np.float32)}
+  r = jp.ema_pair_drift(fast, slow, jp.ema_lag(0.9), jp.ema_lag(0.99))  # lags 9 and 99: gap 90
+  np.testing.assert_allclose(r["w"], [1 / 90, 3 / 90], rtol=1e-6)
+  np.testing.assert_allclose(r["b"], 3 / 90, rtol=1e-6)
+  with pytest.raises(ValueError, match="same lag"):
+    jp.ema_pair_drift(fast, slow, 9.0, 9.0)
+
+
+@pytest.mark.parametrize("n", [30, 1000])
+def test_ema_pair_drift_recovers_a_constant_velocity(n):
+  """Params moving at v, averaged as the train state averages them (`optim.update_average`): the
+  drift with the exact lags is v at any count; with the long-run lags only once the bias
+  correction has died out."""
+  v = np.array([0.5, -2.0], np.float32)
+  fast = optim_lib.Averaging(params=np.zeros(2, np.float32), beta=np.float32(0.9))
+  slow = optim_lib.Averaging(params=np.zeros(2, np.float32), beta=np.float32(0.98))
+  for i in range(1, n + 1):
+    theta = i * v
+    fast = optim_lib.update_average(fast, theta, i)
+    slow = optim_lib.update_average(slow, theta, i)
+  r = jp.ema_pair_drift(fast.params, slow.params, jp.ema_lag(0.9, n), jp.ema_lag(0.98, n))
+  np.testing.assert_allclose(r, v, rtol=2e-3)
+  r_long = jp.ema_pair_drift(fast.params, slow.params, jp.ema_lag(0.9), jp.ema_lag(0.98))
+  assert np.allclose(r_long, v, rtol=2e-3) == (n == 1000)
+
+
+def test_snapshot_drift_and_move():
+  r = jp.snapshot_drift({"a": np.array([4.0])}, {"a": np.array([2.0])}, 4)
+  np.testing.assert_allclose(r["a"], [0.5])
+  base = {"a": np.array([1.0], np.float32)}
+  np.testing.assert_allclose(jp.move(base, r, -2)["a"], [0.0])
+  assert jp.move(base, r, 0) is base
+
+
+def test_parse_candidates():
+  got = jp.parse_candidates("avg,raw,raw+100r,raw-100r,avg+2.5r,raw+0r")
+  assert [(c.base, c.k) for c in got] == [
+    ("avg", 0.0),
+    ("raw", 0.0),
+    ("raw", 100.0),
+    ("raw", -100.0),
+    ("avg", 2.5),
+    ("raw", 0.0),
+  ]
+  for bad in ("raw+100", "ema+1r", "raw*2r", ""):
+    with pytest.raises(ValueError, match="--candidates"):
+      jp.parse_candidates(bad)
+  assert jp.parse_ints("200,25,50", "--after") == [25, 50, 200]
+  with pytest.raises(ValueError, match="--after"):
+    jp.parse_ints("0,25", "--after")
+
+
+def test_negative_alphas_parse():
+  assert line_scan.parse_alphas("-8,-4,-2,-1,0,1,2,4,8,16") == [-8, -4, -2, -1, 0, 1, 2, 4, 8, 16]
+  assert line_scan.parse_alphas("1,-0.5,1") == [-0.5, 1.0]
+  with pytest.raises(ValueError, match="--alphas"):
+    line_scan.parse_alphas("a,b")
+
+
+def test_gain_on_the_running_min_curve():
+  steps, losses = [0, 10, 20, 30], [3.0, 2.0, 2.5, 1.0]  # running min 3, 2, 2, 1
+  assert jp.step_reaching(steps, losses, 2.5) == pytest.approx(5.0)  # interpolated from 3 at 0 to 2 at 10
+  assert jp.step_reaching(steps, losses, 2.0) == pytest.approx(10.0)
+  assert jp.step_reaching(steps, losses, 1.5) == pytest.approx(25.0)  # the plateau 20..30 then 1
+  assert jp.step_reaching(steps, losses, 4.0) == 0.0
+  assert jp.step_reaching(steps, losses, 0.9) is None
+  assert jp.gain(steps, losses, 1.5, 20) == pytest.approx(5.0)  # ahead of step 20 by 5 steps
+  assert jp.gain(steps, losses, 2.5, 20) == pytest.approx(-15.0)  # the real run was there at step 5
+  assert jp.gain(steps, losses, 0.5, 20) is None  # beyond the curve's end
+  assert jp.gain(steps, losses, float("nan"), 20) is None
+
+
+# --- the scripts, end to end on a few steps -----------------------------------------------------
+
+_T, _AFTER, _K = 8, (3, 6), 4.0
+_JP_ARGS = [
+  "--config=quick",
+  "--steps=16",
+  f"--at={_T}",
+  f"--after={','.join(map(str, _AFTER))}",
+  "--every=4",
+  "--slow_beta=0.95",
+  f"--candidates=raw+0r,avg+{_K:g}r",
+]
+
+
+def test_jump_persistence_end_to_end(tmp_path, capsys):
+  out = tmp_path / "jump.json"
+  result = jp.main([*_JP_ARGS, f"--out={out}"])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  assert result["seed"] == 1001 and result["steps"] == 16 and result["drift"]["kind"] == "ema_pair"
+  (info,) = result["jumps"]
+  assert info["step"] == _T
+  same, moved = info["candidates"]
+  assert [p["after"] for p in same["points"]] == [0, *_AFTER]
+
+  # raw+0r continues the real run exactly: the same batches, schedule and optimizer state.
+  for p in same["points"]:
+    assert p["raw"] == p["real_raw"] and p["avg"] == p["real_avg"], p
+    assert p["gain_raw"] == p["real_gain_raw"] and p["gain_avg"] == p["real_gain_avg"], p
+    assert p["real_gain_raw"] <= 0 and p["real_gain_avg"] <= 0
+  curve = {c["step"]: c for c in result["curve"]}
+  assert set(curve) >= {0, 4, 8, 11, 12, 14, 16}  # every 4 steps, the jump and its continuation steps
+  assert curve[_T + _AFTER[-1]]["raw"] == same["points"][-1]["raw"]
+  assert moved["points"][0]["raw"] != same["points"][0]["raw"]  # the move did move
+
+  # The loss right after the move is that of the moved params, rebuilt here from scratch.
+  c = jp.build_config("quick", 1001, None, 16)
+  task = gpt2_small.build_task(c)
+  tx = optim_lib.make_optimizer(c.optim)
+  schedule = optim_lib.make_schedule(c.optim, 16)
+  params_rng, _ = jax.random.split(jax.random.PRNGKey(1001))
+  state = optim_lib.init_train_state(task.init_params(params_rng), tx, c.trainer.averaging_beta)
+  slow = optim_lib.Averaging(params=state.params, beta=np.float32(0.95))
+  step = jax.jit(lambda s, b: optim_lib.train_step(s, b, schedule, loss_fn=task.loss_fn, tx=tx))
+  for i in range(_T):
+    state, _ = step(state, task.train_batch(i))
+    slow = optim_lib.update_average(slow, state.params, i + 1)
+  avg = jax.device_get(state.averaging.params)
+  r = jp.ema_pair_drift(avg, jax.device_get(slow.params), jp.ema_lag(0.99, _T), jp.ema_lag(0.95, _T))
+  assert info["lag_fast"] == pytest.approx(jp.ema_lag(0.99, _T))
+  eval_fn = train_lib.make_eval_fn(task.loss_fn)
+  want = train_lib.evaluate(eval_fn, jp.move(avg, r, _K), task.eval_batches)
+  assert moved["points"][0]["raw"] == pytest.approx(want, rel=1e-5)
+  assert moved["points"][0]["avg"] == moved["points"][0]["raw"]  # avg + K r: the average moves with it
+
+  printed = capsys.readouterr().out
+  assert f"jump at step {_T}" in printed and f"avg+{_K:g}r" in printed
+
+
+def test_jump_persistence_rejects_bad_settings():
+  with pytest.raises(ValueError, match="--at"):
+    jp.main(["--config=quick", "--steps=16", "--at=16"])
+  with pytest.raises(ValueError, match="--span"):
+    jp.main(["--config=quick", "--steps=16", "--at=4", "--drift=snapshot", "--span=5"])
+
+
+def test_line_scan_reports_the_averaged_anchor(capsys):
+  result = line_scan.main(["--preset=tiny,micro", "--at=3", "--alphas=-1,0,1"])
+  assert result["alphas"] == [-1.0, 0.0, 1.0] and result["averaging_beta"] == 0.99
+  (p,) = result["points"]
+  assert p["step"] == 3
+  for key in ("along_v", "real_steps", "averaged_along_v", "averaged_real_steps"):
+    assert len(p[key]) == 3, key
+  assert p["along_v"][1] == p["real_steps"][1] == p["raw"]  # a = 0 is the raw params
+  assert p["averaged_along_v"][1] == p["averaged_real_steps"][1] == p["averaged"]  # ... the averaged ones
+  assert p["real_steps"][0] is None and p["averaged_real_steps"][0] is None  # no real steps backwards
+  assert p["averaged"] != p["raw"]
+  printed = capsys.readouterr().out
+  assert "avg + a*v" in printed and "avg, real steps" in printed
