@@ -104,7 +104,7 @@ def test_method_figures_ratio_is_above_one_only_below_the_curve():
 def quick(tmp_path_factory, jax_cache):
   workdir = str(tmp_path_factory.mktemp("bench") / "quick")
   config = _bench_config()
-  config.trainer.compile_cache_dir = jax_cache  # the session's cache; a real benchmark starts cold
+  config.trainer.compile_cache_dir = jax_cache  # the test run's shared cache; a real benchmark starts cold
   return workdir, config, benchmark.run_benchmark(config, workdir)
 
 
