@@ -154,6 +154,13 @@ def code_version(kind: str = "method") -> str:
     h.update(os.path.relpath(path, _ROOT).encode())
     with open(path, "rb") as f:
       h.update(f.read())
+  import flax
+  import jaxlib
+  import optax
+
+  h.update(
+    f"jax {jax.__version__} jaxlib {jaxlib.__version__} optax {optax.__version__} flax {flax.__version__}".encode()
+  )
   return h.hexdigest()[:16]
 
 
@@ -317,12 +324,18 @@ def _eval(eval_fn: Any, params: Any, batches: list[Any]) -> float:
 
 
 def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
-  """A hybrid run through the library's `train()` (resumable: an interrupted run continues)."""
+  """A hybrid (or baseline-mode) arm through the library's `train()`: an interrupted run continues from its
+  last checkpoint, or starts again when it has none."""
   c = ml_collections.ConfigDict(spec["config"])
   c.trainer.progress = False
   c.trainer.compile_cache = compile_cache_dir is not None
   c.trainer.compile_cache_dir = compile_cache_dir or ""
   task = gpt2_small.build_task(c)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(workdir) and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)):
+    # An interrupted run with no checkpoint starts again from step 0: its old records would be
+    # counted twice (the metrics file is appended to).
+    shutil.rmtree(workdir)
   summary = train_lib.train(c, workdir, **task.train_kwargs())
   records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   curve = [
@@ -337,6 +350,8 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   if c.mode == "baseline":  # every step a real one, no validation
     summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={}, rollbacks=0)
     kinds = {REAL_STEP: c.trainer.steps}
+  if sum(kinds.values()) != c.trainer.steps:
+    raise RuntimeError(f"{workdir}: {sum(kinds.values())} step records for {c.trainer.steps} steps")
   return {
     "kind": "method",
     "method": spec["method"],
@@ -401,12 +416,14 @@ class Runner:
     self.ran = 0  # runs trained by this benchmark
     self.reused = 0  # runs found in the cache from an earlier benchmark
     self._trained: set[str] = set()
+    self._reused: set[str] = set()
     self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-  def close(self) -> None:
-    """Stops the worker processes (they live across `run` calls: each compiles its programs once)."""
+  def close(self, cancel: bool = False) -> None:
+    """Stops the worker processes (they live across `run` calls: each compiles its programs once);
+    `cancel`: drop the runs still queued (after a failure)."""
     if self._pool is not None:
-      self._pool.shutdown()
+      self._pool.shutdown(cancel_futures=cancel)
       self._pool = None
 
   def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
@@ -432,7 +449,9 @@ class Runner:
       if os.path.exists(self._path(key)):
         with open(self._path(key)) as f:
           results[key] = json.load(f)
-        self.reused += key not in self._trained
+        if key not in self._trained:
+          self._reused.add(key)
+          self.reused = len(self._reused)
       else:
         todo.append((key, spec))
         results[key] = None
@@ -543,7 +562,7 @@ def tune(
   noise = max(abs(beta_table[str(beta)][0] - beta_table[str(beta)][1]) / math.sqrt(2), sampling)
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
   checks: dict[str, Any] = {}
-  per_budget_lr = {str(f): best_lr for f in b.budgets}
+  per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
   neighbours = [_round_lr(best_lr / math.sqrt(2)), best_lr, _round_lr(best_lr * math.sqrt(2))]
   check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
   runner.run(
@@ -565,7 +584,7 @@ def tune(
     if moved:  # this budget and its neighbour on the same side of N use the winner
       for f in b.budgets:
         if (factor < 1 and f <= 0.75) or (factor > 1 and f >= 1.5):
-          per_budget_lr[str(f)] = winner
+          per_budget_lr[str(float(f))] = winner
   all_runs = sweep + second  # the budget checks' runs are in `checks`
   rows = [
     {
@@ -613,7 +632,7 @@ def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: dic
   n = int(config.trainer.steps)
   b = config.benchmark
   factors = [float(f) for f in sorted(b.budgets)]
-  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(f)], tuning["averaging_beta"])
+  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(float(f))], tuning["averaging_beta"])
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
@@ -1074,7 +1093,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   n = int(config.trainer.steps)
   task = gpt2_small.build_task(experiment_config(config))
   epochs = {
-    str(f): gpt2_small.corpus_epochs(_with_steps(config, round(f * n)), task.prepared.n_train) for f in b.budgets
+    str(float(f)): gpt2_small.corpus_epochs(_with_steps(config, round(f * n)), task.prepared.n_train) for f in b.budgets
   }
   print(
     f"benchmark {b.preset} {b.family}: N={n}, {task.extra_meta['n_params']:,} params, the longest budget reads the "
@@ -1097,8 +1116,10 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
     tuning = tune(config, runner, also=at_chosen_lr)
     curves = budget_curves(config, runner, tuning)
     mruns = method_runs(config, runner, tuning, methods)
-  finally:
-    runner.close()
+  except BaseException:
+    runner.close(cancel=True)
+    raise
+  runner.close()
   print("--- timing (interleaved, this process)", flush=True)
   timing = time_step_kinds(config, tuning, methods)
   figures = {
