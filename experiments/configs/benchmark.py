@@ -5,7 +5,7 @@
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
   python -m experiments.benchmark --quick                                                  # the smoke run
 
-Presets: `quick` (the protocol on a one-layer model in about a minute; the tests run it), `tiny` (the
+Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
 `gpt2_small` tiny model at 600 steps, comparable with the project's earlier figures), `long` (N = 3000
 steps of a 0.12M-param model: the preset sized for 2 CPU cores) and `124m` (GPT-2 Small on a GPU).
 The family variants `wsd` and `muon` change the optimizer or the schedule; each family gets its own
@@ -91,7 +91,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
 
-  if preset == "quick":  # the whole protocol in about a minute, for the tests
+  if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)
     c.optim.update(warmup_steps=4, learning_rate=0.012)
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
