@@ -73,11 +73,14 @@ def init_outer_momentum(params: Any, every: int, eta: float, mu: float) -> Outer
   )
 
 
-def outer_momentum_step(outer: OuterMomentum, params: Any, step: jax.Array) -> tuple[OuterMomentum, Any]:
+def outer_momentum_step(
+  outer: OuterMomentum, params: Any, step: jax.Array, applied: jax.Array | bool = True
+) -> tuple[OuterMomentum, Any]:
   """(outer state, params) after real step number `step` (>= 1): an outer step when `every`
-  divides it, else both unchanged. Elementwise selects, not a conditional: the donated buffers
-  are updated in place."""
-  now = (step % outer.every) == 0
+  divides it and the step's update was `applied` (a step skipped as non-finite never triggers
+  one), else both unchanged. Elementwise selects, not a conditional: the donated buffers are
+  updated in place."""
+  now = ((step % outer.every) == 0) & jnp.asarray(applied)
   eta, mu = outer.eta, outer.mu
   d = jax.tree.map(lambda p, s: p - s, params, outer.slow)
   m = jax.tree.map(lambda m0, di: mu * m0 + di, outer.momentum, d)
@@ -329,7 +332,7 @@ def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: ja
   skipped = (~applied).astype(jnp.int32)
   outer = state.outer
   if outer is not None:  # the outer step comes before the average takes the params in
-    outer, params = outer_momentum_step(outer, params, state.step + 1)
+    outer, params = outer_momentum_step(outer, params, state.step + 1, applied)
   return TrainState(
     params=params,
     opt_state=opt_state,

@@ -37,6 +37,15 @@ class OuterStepTest(chex.TestCase):
       chex.assert_trees_all_close(outer.momentum, m, rtol=1e-6)
       params = got
 
+  def test_a_skipped_update_triggers_no_outer_step(self):
+    p0 = {"w": jnp.array([1.0, -2.0])}
+    outer = optim.init_outer_momentum(p0, every=2, eta=0.7, mu=0.9)
+    moved = {"w": jnp.array([1.5, -1.0])}
+    kept, params = optim.outer_momentum_step(outer, moved, jnp.asarray(2), jnp.asarray(False))
+    chex.assert_trees_all_equal((kept, params), (outer, moved))
+    fired, params = optim.outer_momentum_step(outer, moved, jnp.asarray(2), jnp.asarray(True))
+    assert not np.allclose(np.asarray(params["w"]), np.asarray(moved["w"]))
+
   def test_bad_every_is_refused(self):
     with pytest.raises(ValueError, match="every"):
       optim.init_outer_momentum({"w": jnp.ones(2)}, every=0, eta=1.0, mu=0.0)
