@@ -61,6 +61,32 @@ def cached(config, jax_cache: str):
   return config
 
 
+def run_experiment(config, workdir, hooks=None) -> dict:
+  """Trains a `gpt2_small` experiment config in `workdir` through `loop.train.train`; the summary."""
+  from experiments import gpt2_small
+  from hybridjax.loop import train as train_lib
+
+  task = gpt2_small.build_task(config)
+  return train_lib.train(config, str(workdir), hooks=hooks, **task.train_kwargs())
+
+
+def restore_latest(workdir, config):
+  """(step, state) of the latest checkpoint in `workdir`, restored as `config`'s driver state."""
+  from experiments import gpt2_small
+  from hybridjax import checkpoint as ckpt_lib
+  from hybridjax.loop import train as train_lib
+
+  task = gpt2_small.build_task(config)
+  driver = train_lib.make_driver(config, init_params=task.init_params, loss_fn=task.loss_fn)
+  manager = ckpt_lib.make_manager(os.path.join(str(workdir), "checkpoints"))
+  try:
+    step = manager.latest_step()
+    state, _ = ckpt_lib.restore(manager, step, driver.abstract_state())
+  finally:
+    manager.close()
+  return step, state
+
+
 def micro_config(mode: str = "baseline", steps: int = 20):
   """The `tiny,micro` preset with test-sized logging: no evals or checkpoints before the end."""
   from experiments.configs import gpt2_small

@@ -11,14 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config
+from conftest import cached, micro_config, restore_latest
+from conftest import run_experiment as _run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiments import gpt2_small as experiment
-from hybridjax import checkpoint as ckpt_lib
 from hybridjax import optim, writers
-from hybridjax.loop import train as train_lib
+from hybridjax.loop import drivers
 
 
 def _tree_bytes(tree) -> int:
@@ -78,20 +78,10 @@ def test_averaging_state_is_one_params_sized_buffer_and_is_donated():
   assert int(state.step) == 3
 
 
-def _run(config, workdir, hooks=None):
-  task = experiment.build_task(config)
-  return train_lib.train(config, str(workdir), hooks=hooks, **task.train_kwargs())
-
-
-def _final_state(workdir, config):
-  task = experiment.build_task(config)
-  driver = train_lib.make_driver(config, init_params=task.init_params, loss_fn=task.loss_fn)
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
-  try:
-    state, _ = ckpt_lib.restore(manager, manager.latest_step(), driver.abstract_state())
-  finally:
-    manager.close()
-  return driver.train_state(state)
+def _final_train_state(workdir, config):
+  """The `optim.TrainState` of the latest checkpoint (inside the hybrid state in hybrid mode)."""
+  driver = drivers.HybridDriver if config.mode == "hybrid" else drivers.BaselineDriver
+  return driver.train_state(restore_latest(workdir, config)[1])
 
 
 # Hybrid mode is slow-marked for the default suite's time; the quick benchmark protocol (default suite)
@@ -115,7 +105,7 @@ def test_averaged_run_resumes_bit_exactly_and_reports_both_evals(tmp_path, jax_c
     _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
   resumed = _run(c, tmp_path / "resumed")
   assert resumed["start_step"] == 10
-  a, b = _final_state(tmp_path / "straight", c), _final_state(tmp_path / "resumed", c)
+  a, b = _final_train_state(tmp_path / "straight", c), _final_train_state(tmp_path / "resumed", c)
   assert a.averaging is not None
   chex.assert_trees_all_equal(a, b)
   # The average moved away from the params (it lags them) and is what the run calls its model.
@@ -137,4 +127,4 @@ def test_averaging_off_changes_nothing(tmp_path, jax_cache):
   c.trainer.eval_every = 10
   summary = _run(c, tmp_path / "run")
   assert "final_eval_loss_raw" not in summary
-  assert _final_state(tmp_path / "run", c).averaging is None
+  assert _final_train_state(tmp_path / "run", c).averaging is None

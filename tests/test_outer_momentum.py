@@ -8,12 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config
+from conftest import cached, micro_config, restore_latest
+from conftest import run_experiment as _run
 
-from experiments import gpt2_small as experiment
 from hybridjax import config as config_lib
 from hybridjax import optim
-from hybridjax.loop import train as train_lib
 
 
 class OuterStepTest(chex.TestCase):
@@ -51,22 +50,8 @@ class OuterStepTest(chex.TestCase):
       optim.init_outer_momentum({"w": jnp.ones(2)}, every=0, eta=1.0, mu=0.0)
 
 
-def _run(config, workdir):
-  task = experiment.build_task(config)
-  return train_lib.train(config, str(workdir), **task.train_kwargs())
-
-
-def _final_params(workdir, config):
-  from hybridjax import checkpoint as ckpt_lib
-
-  task = experiment.build_task(config)
-  driver = train_lib.make_driver(config, init_params=task.init_params, loss_fn=task.loss_fn)
-  manager = ckpt_lib.make_manager(f"{workdir}/checkpoints")
-  try:
-    state, _ = ckpt_lib.restore(manager, manager.latest_step(), driver.abstract_state())
-  finally:
-    manager.close()
-  return state
+def _latest(workdir, config):
+  return restore_latest(workdir, config)[1]
 
 
 def test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not(tmp_path, jax_cache):
@@ -77,7 +62,7 @@ def test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not(tmp_
   ident.trainer.update(averaging="ema", averaging_beta=0.9)
   ident.optim.update(outer_every=3, outer_eta=1.0, outer_mu=0.0)
   _run(ident, tmp_path / "ident")
-  a, b = _final_params(tmp_path / "base", base), _final_params(tmp_path / "ident", ident)
+  a, b = _latest(tmp_path / "base", base), _latest(tmp_path / "ident", ident)
   chex.assert_trees_all_equal((a.params, a.averaging, a.opt_state), (b.params, b.averaging, b.opt_state))
   # Two params-sized buffers (slow, momentum) and three scalars, nothing else.
   size = lambda t: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(t))  # noqa: E731
@@ -86,7 +71,7 @@ def test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not(tmp_
   real.trainer.update(averaging="ema", averaging_beta=0.9)
   real.optim.update(outer_every=3, outer_eta=0.8, outer_mu=0.75)
   _run(real, tmp_path / "real")
-  c = _final_params(tmp_path / "real", real)
+  c = _latest(tmp_path / "real", real)
   assert not np.allclose(np.asarray(c.params["wte"]["embedding"]), np.asarray(a.params["wte"]["embedding"]))
   # Right after the last outer step (12 is a multiple of 3) the params are the slow params.
   chex.assert_trees_all_equal(c.params, c.outer.slow)

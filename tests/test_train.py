@@ -12,33 +12,14 @@ import time
 import chex
 import numpy as np
 import pytest
-from conftest import cached, micro_config
+from conftest import cached, micro_config, restore_latest
+from conftest import run_experiment as _run
 
-from experiments import gpt2_small as experiment
-from hybridjax import checkpoint as ckpt_lib
 from hybridjax import writers
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(config, workdir, hooks=None):
-  task = experiment.build_task(config)
-  return train_lib.train(config, str(workdir), hooks=hooks, **task.train_kwargs())
-
-
-def _final_state(workdir, config):
-  """(step, state) of the latest checkpoint in `workdir`, restored as `config`'s state."""
-  task = experiment.build_task(config)
-  driver = train_lib.make_driver(config, init_params=task.init_params, loss_fn=task.loss_fn)
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
-  try:
-    step = manager.latest_step()
-    state, _ = ckpt_lib.restore(manager, step, driver.abstract_state())
-  finally:
-    manager.close()
-  return step, state
 
 
 def _records(workdir, kind="train"):
@@ -73,8 +54,8 @@ def test_resume_is_bit_exact(tmp_path, jax_cache):
     _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
   summary = _run(c, tmp_path / "resumed")
   assert summary["start_step"] == 10
-  step_a, a = _final_state(tmp_path / "straight", c)
-  step_b, b = _final_state(tmp_path / "resumed", c)
+  step_a, a = restore_latest(tmp_path / "straight", c)
+  step_b, b = restore_latest(tmp_path / "resumed", c)
   assert step_a == step_b == 20
   chex.assert_trees_all_equal(a, b)
   # The resumed log repeats steps 15 (written before the interrupt) and 20 with the same losses.
@@ -126,8 +107,8 @@ def test_hybrid_without_prediction_equals_baseline_through_train(tmp_path, jax_c
   trace = _records(tmp_path / "hybrid", "step")
   assert len(trace) == 20 and all(r["measured"] for r in trace)
   assert [r["loss"] for r in trace if r["step"] % 5 == 0] == [r["loss"] for r in base]
-  step_b, b = _final_state(tmp_path / "baseline", cb)
-  step_h, h = _final_state(tmp_path / "hybrid", ch)
+  step_b, b = restore_latest(tmp_path / "baseline", cb)
+  step_h, h = restore_latest(tmp_path / "hybrid", ch)
   assert step_b == step_h == 20
   chex.assert_trees_all_equal(h.train.params, b.params)
   chex.assert_trees_all_equal(h.train.opt_state, b.opt_state)
