@@ -31,6 +31,7 @@ with another method reuses the sweep and the curves; timing is always measured a
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import datetime
@@ -140,7 +141,7 @@ def code_version(kind: str = "method") -> str:
   h = hashlib.sha256()
   if kind == "anchor":
     paths = [os.path.join(_ROOT, p) for p in _ANCHOR_SOURCES]
-    for fn in (run_anchor, _anchor_programs, _eval, run_spec):
+    for fn in (run_anchor, _anchor_programs, _eval, _finite, run_spec):
       h.update(inspect.getsource(fn).encode())
   else:
     paths = [
@@ -280,16 +281,15 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
     if done % every == 0 or done == steps:
       jax.block_until_ready((state, extras))
       train_s += time.perf_counter() - t0  # training time between evals; evals are not counted
+      averaged_losses = train_lib.eval_losses(progs.eval_fn, state.averaging.params, task.eval_batches)
       point = {
         "step": done,
         "eval_loss_raw": _eval(progs.eval_fn, state.params, task.eval_batches),
-        "eval_loss_averaged": _eval(progs.eval_fn, state.averaging.params, task.eval_batches),
+        "eval_loss_averaged": _finite(float(np.mean(averaged_losses))),  # = train_lib.evaluate
       }
       curve.append(point)
       if done == steps:
-        per_batch = [
-          float(x) for x in jax.device_get([progs.eval_fn(state.averaging.params, b) for b in task.eval_batches])
-        ]
+        per_batch = [float(x) for x in averaged_losses]
         finals = {
           "raw": point["eval_loss_raw"],
           "averaged": {str(c.trainer.averaging_beta): point["eval_loss_averaged"]},
@@ -319,7 +319,10 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _eval(eval_fn: Any, params: Any, batches: list[Any]) -> float:
   """`train_lib.evaluate`, with a non-finite mean reported as inf (a diverged run loses every ranking)."""
-  value = train_lib.evaluate(eval_fn, params, batches)
+  return _finite(train_lib.evaluate(eval_fn, params, batches))
+
+
+def _finite(value: float) -> float:
   return value if math.isfinite(value) else math.inf
 
 
@@ -343,10 +346,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     for r in records
     if r["kind"] == "eval"
   ]
-  kinds: dict[str, int] = {}
-  for r in records:
-    if r["kind"] == "step":
-      kinds[step_kind(r["branch"], r["measured"])] = kinds.get(step_kind(r["branch"], r["measured"]), 0) + 1
+  kinds = dict(collections.Counter(step_kind(r["branch"], r["measured"]) for r in records if r["kind"] == "step"))
   if c.mode == "baseline":  # every step a real one, no validation
     summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={}, rollbacks=0)
     kinds = {REAL_STEP: c.trainer.steps}
@@ -413,11 +413,17 @@ class Runner:
     os.makedirs(self.cache_dir, exist_ok=True)
     self.versions = {kind: code_version(kind) for kind in ("anchor", "method")}
     self.workers = workers
-    self.ran = 0  # runs trained by this benchmark
-    self.reused = 0  # runs found in the cache from an earlier benchmark
-    self._trained: set[str] = set()
-    self._reused: set[str] = set()
+    self._trained: set[str] = set()  # runs trained by this benchmark
+    self._reused: set[str] = set()  # runs found in the cache from an earlier benchmark
     self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+  @property
+  def ran(self) -> int:
+    return len(self._trained)
+
+  @property
+  def reused(self) -> int:
+    return len(self._reused)
 
   def close(self, cancel: bool = False) -> None:
     """Stops the worker processes (they live across `run` calls: each compiles its programs once);
@@ -451,7 +457,6 @@ class Runner:
           results[key] = json.load(f)
         if key not in self._trained:
           self._reused.add(key)
-          self.reused = len(self._reused)
       else:
         todo.append((key, spec))
         results[key] = None
@@ -464,7 +469,6 @@ class Runner:
         json.dump(result, f)
       os.replace(self._path(key) + ".tmp", self._path(key))
       results[key] = result
-      self.ran += 1
       self._trained.add(key)
       what = f"{result['kind']} {result.get('method') or ''} seed {result['seed']} lr {result['lr']:.3g} "
       print(f"    done {what}steps {result['steps']} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -565,12 +569,12 @@ def tune(
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
   neighbours = [_round_lr(best_lr / math.sqrt(2)), best_lr, _round_lr(best_lr * math.sqrt(2))]
   check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
-  runner.run(
+  checked = runner.run(
     check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
   )
-  for factor in (0.5, 2.0):
+  for k, factor in enumerate((0.5, 2.0)):
     lrs = neighbours
-    res = runner.run([spec(t1, lr, round(factor * n)) for lr in lrs], f"LR check at {factor}N (tuning seed 1)")
+    res = checked[k * len(lrs) : (k + 1) * len(lrs)]
     losses = {lr: _averaged(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise
