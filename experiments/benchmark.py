@@ -58,7 +58,6 @@ from experiments import gpt2_small
 from hybridjax import cli, plotting, protocol, writers
 from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
-from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import BRANCH_NAMES, Branch
 from hybridjax.loop import train as train_lib
 
@@ -703,12 +702,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     if c.mode == "baseline":
       fns = [_anchor_programs(c, task.loss_fn).step.lower(state, batch, driver.schedule).compile()]
     else:
-      fns = [
-        jax.jit(step_lib.make_phase_step(driver.ctx, br), donate_argnums=0, keep_unused=True)
-        .lower(state, batch, driver.schedule)
-        .compile()
-        for br in range(len(BRANCH_NAMES))
-      ]
+      fns = driver.compiled_phase_steps(state, batch)
     compile_s[name] = time.perf_counter() - t0
     arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0}
 
@@ -776,7 +770,7 @@ def method_figures(
             "method_ms": wall,
           }
         )
-    at_n = [curves[anchor][s][budgets.index(max(b for b in budgets if b <= runs[s]["steps"]))] for s in seeds]
+    at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
     final = [runs[s]["final_loss"] for s in seeds]
     out[anchor] = {
       **{k: protocol.summarize(v) for k, v in per.items()},

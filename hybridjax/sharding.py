@@ -130,7 +130,7 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   )
   if abstract_state.averaging is not None:  # the params average is laid out like the params
     out = out.replace(averaging=rest.averaging.replace(params=fsdp_sharding(abstract_state.averaging.params, mesh)))
-  if getattr(abstract_state, "outer", None) is not None:  # so are outer momentum's two buffers
+  if abstract_state.outer is not None:  # so are outer momentum's two buffers
     o = abstract_state.outer
     out = out.replace(
       outer=rest.outer.replace(slow=fsdp_sharding(o.slow, mesh), momentum=fsdp_sharding(o.momentum, mesh))

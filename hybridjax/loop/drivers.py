@@ -314,7 +314,7 @@ class HybridDriver:
     """
     if self.dispatch == "host":
       if not self._compiled:
-        self._phase_fns = [f.lower(state, batches[0], self.schedule).compile() for f in self._phase_fns]
+        self._phase_fns = self.compiled_phase_steps(state, batches[0])
         self._compiled = True
       metrics = None
       for batch in batches:
@@ -327,6 +327,11 @@ class HybridDriver:
     state, stacked = self._multi(state, stack_batches(batches), self.schedule)
     self._trace_device.append(stacked)
     return state, jax.tree.map(lambda x: x[-1], stacked)
+
+  def compiled_phase_steps(self, state: HybridState, batch: Batch) -> list[Any]:
+    """Each transition's own jitted, donating step (indexed by `Branch`), compiled for `state` and
+    `batch`: what host dispatch runs, and what a benchmark times per kind of step."""
+    return [f.lower(state, batch, self.schedule).compile() for f in self._phase_fns]
 
   def _host_step(self, state: HybridState, batch: Batch) -> tuple[HybridState, Metrics]:
     # Reading the branch waits for the previous step: the time since its dispatch is its cost.
