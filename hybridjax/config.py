@@ -72,6 +72,9 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   """Every knob of hybrid training (docs/design.md)."""
   c = ml_collections.ConfigDict()
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
+  # What a PREDICT phase does: 'velocity' (steps of alpha . velocity planned by the RSSM) or 'jump'
+  # (one long move along the averaged iterate's drift, chosen by probe forwards; `jump` below).
+  c.predictor = "velocity"
   c.warmup_steps = 50
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
@@ -91,6 +94,17 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
   # compiles a second program.
   c.steps_per_call = 1
+  # predictor='jump' (needs trainer.averaging='ema', whose EMA is the fast one of the drift):
+  c.jump = ml_collections.ConfigDict(
+    dict(
+      horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
+      margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
+      slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
+      start_fraction=0.05,  # no jump before this fraction of the run
+      stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
+      skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
+    )
+  )
   c.rssm = ml_collections.ConfigDict(
     dict(deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3)
   )
@@ -194,6 +208,17 @@ def _num(
   return check
 
 
+def _int_tuple(lo: int) -> Callable[[Any], str | None]:
+  def check(v):
+    if not isinstance(v, (tuple, list)) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+      return f"must be a non-empty tuple of integers, e.g. (50, 100, 200), got {v!r}"
+    if min(v) < lo:
+      return f"must hold integers >= {lo}, got {v!r}"
+    return None
+
+  return check
+
+
 def _choice(*options: str) -> Callable[[Any], str | None]:
   def check(v):
     return None if v in options else f"must be one of {list(options)}, got {v!r}"
@@ -259,6 +284,13 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "trainer.averaging": _choice("none", "ema"),
   "trainer.averaging_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.enable_predict": _bool,
+  "hybrid.predictor": _choice("velocity", "jump"),
+  "hybrid.jump.horizons": _int_tuple(1),
+  "hybrid.jump.margin": _num(-1.0, 1.0, hi_open=True),
+  "hybrid.jump.slow_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
+  "hybrid.jump.start_fraction": _num(0.0, 1.0),
+  "hybrid.jump.stop_fraction": _num(0.0, 1.0),
+  "hybrid.jump.skip_control": _bool,
   "hybrid.warmup_steps": _int(1),
   "hybrid.full_steps": _int(1),
   "hybrid.max_predict_steps": _int(1, 1000),
@@ -379,6 +411,23 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
         "'switch' (host dispatch reads the device after every step); set one or the other",
       )
+      if blocks is None and config.get("mode") == "hybrid" and h.get("predictor", "velocity") == "jump":
+        rel(
+          config.trainer.get("averaging", "none") == "ema",
+          "--config.hybrid.predictor='jump' needs --config.trainer.averaging='ema' (the averaging EMA is "
+          "the fast EMA of the drift); set it, or use --config.hybrid.predictor='velocity'",
+        )
+        rel(
+          h.steps_per_call == 1,
+          f"--config.hybrid.predictor='jump' needs --config.hybrid.steps_per_call=1 (a jump decides on the "
+          f"device whether its batch is used, so the host reads the data position after each step), got "
+          f"{h.steps_per_call}",
+        )
+        rel(
+          h.jump.start_fraction < h.jump.stop_fraction,
+          f"--config.hybrid.jump.start_fraction ({h.jump.start_fraction}) must be < "
+          f"--config.hybrid.jump.stop_fraction ({h.jump.stop_fraction})",
+        )
       rel(
         h.window <= h.history_size,
         f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size ({h.history_size})",

@@ -35,6 +35,18 @@ class ControllerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class JumpSettings:
+  """The jump predictor's static knobs (`hybrid.jump`, docs/design.md "Jumps")."""
+
+  horizons: tuple[int, ...]  # candidate k, scored one at a time on the probe batch
+  margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
+  slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
+  start_fraction: float  # no jump before this fraction of the schedule
+  stop_fraction: float  # no jump may end past this fraction of the schedule
+  skip_control: bool  # True: an accepted jump advances the schedule by k and moves no weight
+
+
+@dataclasses.dataclass(frozen=True)
 class HybridContext:
   """Everything static the step functions close over: functions, shapes and settings.
 
@@ -59,6 +71,8 @@ class HybridContext:
   accuracy_window: int
   history_size: int
   averaging_beta: float | None = None  # the train state's params average (`trainer.averaging`), or None
+  predictor: str = "velocity"  # 'velocity' (alpha . velocity steps) | 'jump' (`hybrid.jump`)
+  jump: JumpSettings | None = None  # the jump predictor's settings (predictor='jump')
 
   @property
   def hmax(self) -> int:
@@ -82,6 +96,8 @@ class StepInfo:
   nonfinite_prediction: jax.Array  # bool: that measurement, or the plan, was not finite
   rollback_alpha: jax.Array  # (G,) alphas of the segment to roll back at the CORRECT entry
   alpha: jax.Array  # (G,) the alpha this step applied (0 in real steps)
+  forwards: jax.Array  # int32: forward passes beyond a real step's own (validations, probes)
+  batch_consumed: jax.Array  # bool: the step used its batch (a jump only probes it; the next step trains on it)
 
 
 def make_step_info(
@@ -98,6 +114,8 @@ def make_step_info(
   nonfinite_prediction,
   rollback_alpha,
   alpha,
+  forwards=None,
+  batch_consumed=True,
 ) -> StepInfo:
   """A `StepInfo` with every field cast to its dtype, so all branches return identical types."""
 
@@ -107,6 +125,8 @@ def make_step_info(
   def b(v):
     return jnp.asarray(v, bool)
 
+  if forwards is None:
+    forwards = jnp.asarray(validated, jnp.int32)
   return StepInfo(
     loss=f32(loss),
     predicted_loss=f32(predicted_loss),
@@ -120,4 +140,6 @@ def make_step_info(
     nonfinite_prediction=b(nonfinite_prediction),
     rollback_alpha=f32(rollback_alpha),
     alpha=f32(alpha),
+    forwards=jnp.asarray(forwards, jnp.int32),
+    batch_consumed=b(batch_consumed),
   )

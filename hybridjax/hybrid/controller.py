@@ -121,7 +121,7 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
       validation outcome, the alphas to roll back).
     s: the static settings.
   """
-  was_real, finite, validated = info.was_real, info.finite, info.validated
+  was_real, finite = info.was_real, info.finite
   explosion, spike, diverged = info.explosion, info.spike, info.diverged
   nonfinite_prediction, rollback_alpha = info.nonfinite_prediction, info.rollback_alpha
   phase = ctrl.phase
@@ -174,7 +174,8 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
     events=events,
     phase_steps=ctrl.phase_steps.at[phase].add(1),
     backward_passes=ctrl.backward_passes + was_real.astype(jnp.int32),
-    forward_passes=ctrl.forward_passes + validated.astype(jnp.int32),
+    forward_passes=ctrl.forward_passes + info.forwards,
+    batches=ctrl.batches + info.batch_consumed.astype(jnp.int32),
     predict_phases=ctrl.predict_phases + entering_predict.astype(jnp.int32),
     rollbacks=ctrl.rollbacks + rolled.astype(jnp.int32),
     prev_was_real=was_real,

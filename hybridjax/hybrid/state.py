@@ -2,7 +2,8 @@
 
   HybridState
     train       params, opt_state, step          what a plain optax loop has
-    velocity    params-shaped trajectory memory   (the only params-sized buffer we add)
+    velocity    params-shaped trajectory memory   (predictor='velocity'; None for 'jump')
+    drift_memory  the slow EMA of the params      (predictor='jump'; None for 'velocity')
     dynamics    RSSM params + its opt_state + recurrent state
     corrector   residual corrector params + opt_state + its residual buffer
     history     ring buffers: features, log-loss, alpha targets
@@ -90,12 +91,35 @@ class Controller:
   rollbacks: jax.Array  # int32
   # Per-group velocity norms as of the last real step (for logs; predicted steps leave v unchanged).
   velocity_norm: jax.Array  # (G,)
+  # The data position: batches the run has used. A jump probes its batch without consuming it, so
+  # with jumps this falls behind the schedule step (`TrainState.step`).
+  batches: jax.Array  # int32
+  # Jumps (`hybrid.predictor='jump'`; zeros otherwise).
+  jump_attempts: jax.Array  # int32: PREDICT steps that scored candidates
+  jumps: jax.Array  # int32: accepted jumps
+  jump_steps: jax.Array  # int32: schedule steps advanced by accepted jumps (sum of k)
+  last_jump_k: jax.Array  # int32: k of the last attempt (0 = rejected)
+  last_probe_gain: jax.Array  # relative probe-loss drop of the last attempt's best candidate
+  group_scale: jax.Array  # (G,) s_g: a jump moves group g by s_g * k * r_g
+  # Persisting gain of the last accepted jump, measured over the CORRECT phase after it: the mean
+  # of (expected - measured) log-loss of its real steps, expected from the loss trend before it.
+  persist_tracking: jax.Array  # bool: a CORRECT phase after an accepted jump is being measured
+  persist_level: jax.Array  # log-loss level at the jump
+  persist_trend: jax.Array  # log-loss change per real step before the jump
+  persist_sum: jax.Array
+  persist_n: jax.Array  # int32
+  last_persisting_gain: jax.Array
+  persisting_gain_sum: jax.Array  # over all measured jumps
+  persisting_gain_count: jax.Array  # int32
 
 
 @flax.struct.dataclass
 class HybridState:
   train: TrainState
-  velocity: Any
+  velocity: Any  # params-shaped; None with predictor='jump'
+  # The jump predictor's slow EMA of the params (an `optim.Averaging`); None otherwise. With the
+  # train state's averaging EMA as the fast one it gives the drift (`hybrid.jump`).
+  drift_memory: Any
   dynamics: dynamics_lib.DynamicsState
   corrector: corrector_lib.CorrectorState
   history: History
@@ -157,4 +181,19 @@ def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int, 
     predict_phases=i32(),
     rollbacks=i32(),
     velocity_norm=jnp.zeros((g,), jnp.float32),
+    batches=i32(),
+    jump_attempts=i32(),
+    jumps=i32(),
+    jump_steps=i32(),
+    last_jump_k=i32(),
+    last_probe_gain=f32(),
+    group_scale=jnp.ones((g,), jnp.float32),
+    persist_tracking=jnp.asarray(False),
+    persist_level=f32(),
+    persist_trend=f32(),
+    persist_sum=f32(),
+    persist_n=i32(),
+    last_persisting_gain=f32(),
+    persisting_gain_sum=f32(),
+    persisting_gain_count=i32(),
   )

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import jump as jump_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.correct_step import correct_step
@@ -35,6 +36,18 @@ from hybridjax.optim import Batch, Schedule, init_train_state
 # The transitions `hybrid_step` selects between, indexed by `Branch`.
 TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (full_step, predict_step, correct_step)
 assert [f.__name__ for f in TRANSITIONS] == [b.name.lower() for b in Branch]
+# The jump predictor's: its real steps carry no trajectory model, and its CORRECT entry has nothing
+# to roll back (a rejected jump changes nothing).
+JUMP_TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (
+  jump_lib.jump_real_step,
+  jump_lib.jump_step,
+  jump_lib.jump_real_step,
+)
+
+
+def transitions(ctx: HybridContext) -> tuple[Callable[..., tuple[HybridState, StepInfo]], ...]:
+  """The three transitions of `ctx.predictor`, indexed by `Branch`."""
+  return JUMP_TRANSITIONS if ctx.predictor == "jump" else TRANSITIONS
 
 StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
 
@@ -45,7 +58,8 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
   return HybridState(
     train=init_train_state(params, ctx.tx, ctx.averaging_beta),
-    velocity=jax.tree.map(jnp.zeros_like, params),
+    velocity=jax.tree.map(jnp.zeros_like, params) if ctx.predictor == "velocity" else None,
+    drift_memory=jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" else None,
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
     corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr),
     history=state_lib.init_history(ctx.history_size, f, g),
@@ -80,12 +94,19 @@ def finish_step(
     "alpha": info.alpha,
     "velocity_norm": c.velocity_norm,
   }
+  if ctx.predictor == "jump":
+    jumped = ~info.batch_consumed  # only a jump step leaves its batch for the next step
+    metrics.update(
+      jump_k=jnp.where(jumped, c.last_jump_k, 0),  # schedule steps this jump advanced (0: rejected)
+      probe_gain=jnp.where(jumped, c.last_probe_gain, jnp.nan),
+      persisting_gain=c.last_persisting_gain,
+    )
   return state.replace(controller=c), metrics
 
 
 def make_phase_step(ctx: HybridContext, branch: int) -> StepFn:
   """One transition plus the controller transition, as a pure function (for host dispatch)."""
-  transition = TRANSITIONS[branch]
+  transition = transitions(ctx)[branch]
 
   def step(state: HybridState, batch: Batch, schedule: Schedule):
     phase = state.controller.phase
@@ -135,8 +156,10 @@ def switch_in_place(
     nonfinite_prediction=False,
     rollback_alpha=jnp.zeros(g),
     alpha=jnp.zeros(g),
+    forwards=0,
+    batch_consumed=False,
   )
-  for index, transition in enumerate(TRANSITIONS):
+  for index, transition in enumerate(transitions(ctx)):
 
     def run_once(carry, transition=transition):
       _, s, _ = carry

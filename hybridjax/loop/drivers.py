@@ -34,7 +34,7 @@ from hybridjax import sharding as sharding_lib
 from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid import step as step_lib
-from hybridjax.hybrid.context import ControllerSettings, HybridContext
+from hybridjax.hybrid.context import ControllerSettings, HybridContext, JumpSettings
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import (
@@ -69,15 +69,28 @@ def make_context(
   """The static `HybridContext` from `config.hybrid` and the (abstract) params."""
   h = hybrid
   groups = features_lib.param_groups(params_shape, h.grouping)
+  predictor = h.get("predictor", "velocity")
+  jump = None
+  if predictor == "jump":
+    j = h.jump
+    jump = JumpSettings(
+      horizons=tuple(int(k) for k in j.horizons),
+      margin=float(j.margin),
+      slow_beta=float(j.slow_beta),
+      start_fraction=float(j.start_fraction),
+      stop_fraction=float(j.stop_fraction),
+      skip_control=bool(j.skip_control),
+    )
   control = ControllerSettings(
     enable_predict=bool(h.enable_predict),
     warmup_steps=h.warmup_steps,
     full_steps=h.full_steps,
-    max_predict_steps=h.max_predict_steps,
+    # A jump is one PREDICT step, with no micro-corrections.
+    max_predict_steps=1 if jump else h.max_predict_steps,
     confidence_threshold=float(h.confidence_threshold),
     divergence_tolerance=float(h.divergence_tolerance),
     correct_steps=h.correct_steps,
-    correction_interval=h.correction_interval,
+    correction_interval=0 if jump else h.correction_interval,
     validate_every=h.validate_every,
     grad_explosion_factor=float(h.health.grad_explosion_factor),
     loss_spike_sigma=float(h.health.loss_spike_sigma),
@@ -112,6 +125,8 @@ def make_context(
     accuracy_window=h.accuracy_window,
     history_size=h.history_size,
     averaging_beta=averaging_beta,
+    predictor=predictor,
+    jump=jump,
   )
 
 
@@ -126,6 +141,7 @@ class BaselineDriver:
   mode = "baseline"
   steps_per_call = 1
   max_events = None
+  schedule_jumps = False  # every step uses one batch and advances the schedule by one
 
   def __init__(
     self,
@@ -173,6 +189,12 @@ class BaselineDriver:
   @staticmethod
   def train_state(state: TrainState) -> TrainState:
     return state
+
+  @staticmethod
+  def position(state: TrainState) -> tuple[int, int]:
+    """(schedule step, batches used), read from the device."""
+    step = int(jax.device_get(state.step))
+    return step, step
 
   def run(self, state: TrainState, batches: Sequence[Batch]) -> tuple[TrainState, Metrics]:
     """One step per batch; returns the state and the last step's metrics (on the device)."""
@@ -240,6 +262,7 @@ class HybridDriver:
       averaging_beta=averaging_beta(config.trainer),
     )
     self.max_events = config.hybrid.health.max_events
+    self.schedule_jumps = self.ctx.predictor == "jump"
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
@@ -303,6 +326,13 @@ class HybridDriver:
   @staticmethod
   def train_state(state: HybridState) -> TrainState:
     return state.train
+
+  @staticmethod
+  def position(state: HybridState) -> tuple[int, int]:
+    """(schedule step, batches used), read from the device: they differ once a jump has advanced
+    the schedule without using a batch."""
+    step, batches = jax.device_get((state.train.step, state.controller.batches))
+    return int(step), int(batches)
 
   # --- steps -------------------------------------------------------------------------------------
 
@@ -391,6 +421,12 @@ class HybridDriver:
           self._last_measured_loss = rec["loss"]
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
+        if "jump_k" in row and rec["phase"] == Phase.PREDICT:
+          # A jump: `loss` is the probe loss where the params now are, `predicted_loss` the probe
+          # loss without a jump; `jump_k` the schedule steps it advanced (0: rejected).
+          rec.update(jump_k=int(row["jump_k"]), probe_gain=float(row["probe_gain"]))
+        if "persisting_gain" in row:
+          rec["persisting_gain"] = float(row["persisting_gain"])
         self._trace.append(rec)
 
   def log_view(self, state: HybridState) -> Any:
@@ -406,7 +442,7 @@ class HybridDriver:
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
-      if k not in ("step", "loss", "measured", "diverged", "branch")
+      if k not in ("step", "loss", "measured", "diverged", "branch", "jump_k", "probe_gain")
     }
     c = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
@@ -474,7 +510,18 @@ class HybridDriver:
       "group_names": list(self.ctx.groups.names),  # the order of the per-group vectors in logs
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
+      "predictor": self.ctx.predictor,
     }
+    if self.ctx.predictor == "jump":
+      n_gain = int(c.persisting_gain_count)
+      out.update(
+        jump_attempts=int(c.jump_attempts),
+        jumps=int(c.jumps),
+        jump_steps=int(c.jump_steps),  # schedule steps advanced without a batch or a backward pass
+        probe_forwards=int(c.forward_passes),
+        mean_persisting_gain=float(c.persisting_gain_sum) / n_gain if n_gain else None,
+        skip_control=bool(self.ctx.jump.skip_control),
+      )
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {

@@ -112,8 +112,8 @@ def make_driver(
 
 def resume_or_init(
   config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any
-) -> tuple[Any, int, dict | None]:
-  """(state, start step, finished run's summary or None): the latest checkpoint in `workdir` if
+) -> tuple[Any, tuple[int, int], dict | None]:
+  """(state, (start step, batches used), finished run's summary or None): the latest checkpoint in `workdir` if
   `config.resume` allows it, else a fresh state. Refuses, changing nothing, a run with another
   config (unless resume='force') or an inconsistent checkpoint."""
   latest = manager.latest_step()
@@ -123,7 +123,7 @@ def resume_or_init(
       # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
       # same programs (and a resumed run hits the persistent compilation cache).
       state = jax.device_put(state, jax.devices()[0])
-    return state, 0, None
+    return state, (0, 0), None
   if config.resume == "never":
     raise ValueError(
       f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
@@ -141,23 +141,27 @@ def resume_or_init(
   abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
   state, meta = ckpt_lib.restore(manager, latest, abstract)
   start_step = int(meta["step"])
-  # The data position is meta["step"]; the state's own counter must agree with it.
-  state_step = int(jax.device_get(driver.train_state(state).step))
-  if state_step != start_step:
+  # The schedule step and the data position (batches used; the step unless jumps skip schedule
+  # steps) are in the metadata; the state's own counters must agree with them.
+  position = (start_step, int(meta.get("batches", start_step)))
+  state_position = driver.position(state)
+  if state_position != position:
     raise ValueError(
-      f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says step "
-      f"{start_step}, its state step {state_step}; nothing was changed. Use a fresh --workdir."
+      f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says (step, batches) "
+      f"{position}, its state {state_position}; nothing was changed. Use a fresh --workdir."
     )
   summary_path = os.path.join(workdir, "summary.json")
   if start_step >= config.trainer.steps and os.path.exists(summary_path):
     with open(summary_path) as f:
-      return state, start_step, json.load(f)
+      return state, position, json.load(f)
   print(f"resumed from {workdir} at step {start_step}")
-  return state, start_step, None
+  return state, position, None
 
 
-def _is_time(done: int, every: int, total: int) -> bool:
-  return (every > 0 and done % every == 0) or done == total
+def _is_time(before: int, done: int, every: int, total: int) -> bool:
+  """True when the schedule step went from `before` to `done` across a multiple of `every`, or
+  reached the end (a jump can cross an interval without landing on it)."""
+  return (every > 0 and done // every != before // every) or done >= total
 
 
 def _next_boundary(step: int, total: int, intervals: Iterable[int]) -> int:
@@ -204,7 +208,7 @@ def train(
   mesh = sharding_lib.make_mesh(config)
   driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
-  state, start_step, finished = resume_or_init(config, workdir, driver, manager)
+  state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
     print(
@@ -216,7 +220,7 @@ def train(
   config_json = json.loads(config.to_json())
 
   def save(step: int) -> None:
-    meta = {"step": step, "config": config_json, "mode": config.mode}
+    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode}
     meta.update(extra_meta or {})
     ckpt_lib.save(manager, step, state, meta)
 
@@ -277,11 +281,11 @@ def train(
   logged_s = 0.0  # clock.total at the last log
   memory_warned = False
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
-  step = start_step
+  step, batch_index = start_step, start_batches
   try:
     while step < total_steps:
       n = min(driver.steps_per_call, _next_boundary(step, total_steps, intervals) - step)
-      batches = [sharding_lib.shard_batch(train_batch(i), mesh) for i in range(step, step + n)]
+      batches = [sharding_lib.shard_batch(train_batch(i), mesh) for i in range(batch_index, batch_index + n)]
       if step == start_step:
         # The first dispatch compiles; block so its time is not charged to training.
         t0 = time.perf_counter()
@@ -295,11 +299,17 @@ def train(
         clock.resume()
         state, metrics = driver.run(state, batches)
         steps_since_log += n
-      step += n
+      before = step
+      if driver.schedule_jumps:
+        # A jump advances the schedule by k and uses no batch, as the device decided: read both
+        # counters (one small transfer per step; only the jump predictor needs it).
+        step, batch_index = driver.position(state)
+      else:
+        step, batch_index = step + n, batch_index + n
       if bar is not None:
-        bar.update(n)
+        bar.update(step - before)
 
-      if _is_time(step, tcfg.log_every, total_steps):
+      if _is_time(before, step, tcfg.log_every, total_steps):
         # The only per-log device->host transfer: the metrics, the health counters, the log view.
         host, health, view = jax.device_get((metrics, driver.health(state), driver.log_view(state)))
         record, extra = driver.records(host, view)
@@ -338,7 +348,7 @@ def train(
           save(step)
         steps_since_log = 0
 
-      if _is_time(step, tcfg.eval_every, total_steps):
+      if _is_time(before, step, tcfg.eval_every, total_steps):
         clock.pause()
         driver.pause_timing()
         last_evals = evaluate_state(eval_fn, driver.train_state(state), eval_batches)
@@ -347,7 +357,7 @@ def train(
         if bar is not None:
           bar.write(f"step {step}: eval loss {last_eval:.4f}")
 
-      if _is_time(step, tcfg.checkpoint_every, total_steps):
+      if _is_time(before, step, tcfg.checkpoint_every, total_steps):
         clock.pause()
         driver.pause_timing()
         health, params_ok = jax.device_get((driver.health(state), params_finite(driver.train_state(state).params)))
@@ -369,6 +379,7 @@ def train(
     "mode": config.mode,
     "steps": total_steps,
     "start_step": start_step,
+    "batches": batch_index,  # batches used: fewer than the steps when jumps skipped schedule steps
     "first_train_loss": first_loss,
     "final_eval_loss": last_eval,  # the run's model: the averaged params when trainer.averaging='ema'
     **{f"final_{k}": v for k, v in last_evals.items() if k != "eval_loss"},

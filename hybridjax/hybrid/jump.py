@@ -1,0 +1,242 @@
+"""The jump predictor (`hybrid.predictor='jump'`): long moves along the drift of the averaged iterate.
+
+A jump of k steps stands in for k real steps (docs/design.md, "Jumps"):
+
+  r      = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)          the drift per step
+  theta <- theta + sum_g s_g k r_g,   EMA_fast, EMA_slow likewise   (the same translation)
+  step  <- step + k                                                (the schedule; no batch is used)
+
+EMA_fast is the train state's averaging EMA (`trainer.averaging='ema'`), EMA_slow the hybrid
+state's `drift_memory`; lag is the mean age of an EMA's (bias-corrected) weights. Translating both
+EMAs by the move keeps r as it was and puts the averaged model where the move puts the params.
+
+At a PREDICT step (`jump_step`) the candidates k in `hybrid.jump.horizons` are scored one at a time
+(`lax.scan`, so one moved copy of the params exists at a time) by the loss on the probe batch: the
+next batch of the training stream, which the following real step then trains on. The best one is
+accepted when its probe loss is below (1 - margin) x the loss without a jump; a rejected attempt
+leaves the train state exactly as it was. The CORRECT phase of real steps follows either way, and
+measures the accepted jump's persisting gain.
+
+The skip control (`hybrid.jump.skip_control`) runs the same decisions but an accepted jump only
+advances the schedule: what skipping schedule steps alone buys.
+
+Real steps (`jump_real_step`) are the baseline's step plus the slow EMA and the controller's loss
+statistics: no dynamics training, no history, so they cost what a baseline step costs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.full_step import observe_real_step
+from hybridjax.hybrid.phases import Phase
+from hybridjax.hybrid.state import Controller, HybridState
+from hybridjax.optim import (
+  Averaging,
+  Batch,
+  Schedule,
+  global_norm,
+  guarded_update,
+  learning_rate,
+  loss_and_grads,
+  next_train_state,
+  tree_where,
+  update_average,
+)
+
+# Lags of the controller's loss EMAs (beta 0.7 and 0.97, `controller.update_real_stats`).
+_LOSS_LAG_FAST = 0.7 / 0.3
+_LOSS_LAG_SLOW = 0.97 / 0.03
+
+
+def ema_lag(beta: jax.Array | float, count: jax.Array | int) -> jax.Array:
+  """Mean age (in steps) of a bias-corrected EMA's weights after `count` >= 1 steps:
+  beta/(1-beta) - n beta^n / (1 - beta^n); 0 at n = 1, beta/(1-beta) for a long run."""
+  beta = jnp.asarray(beta, jnp.float32)
+  n = jnp.maximum(jnp.asarray(count, jnp.float32), 1.0)
+  bn = beta**n
+  return beta / (1.0 - beta) - n * bn / (1.0 - bn)
+
+
+def init_drift_memory(params: Any, slow_beta: float) -> Averaging:
+  """The slow EMA, starting at `params` (bias-corrected like the averaging EMA)."""
+  return Averaging(
+    params=jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params),
+    beta=jnp.asarray(float(slow_beta), jnp.float32),
+  )
+
+
+def drift_per_step(fast: Averaging, slow: Averaging, count: jax.Array) -> Any:
+  """r = (fast - slow) / (lag_slow - lag_fast) after `count` steps: for params moving at a
+  constant velocity v, r = v. Zero while the lags are equal (count 1)."""
+  gap = ema_lag(slow.beta, count) - ema_lag(fast.beta, count)
+  scale = jnp.where(gap > 1e-6, 1.0 / jnp.maximum(gap, 1e-6), 0.0)
+  return jax.tree.map(lambda f, s: (f - s) * scale, fast.params, slow.params)
+
+
+def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
+  """True when a jump of the longest horizon from schedule step `step` starts after
+  `start_fraction` and ends before `stop_fraction` of the run."""
+  j, total = ctx.jump, ctx.total_steps
+  start = int(round(j.start_fraction * total))
+  stop = int(round(j.stop_fraction * total))
+  return (step >= start) & (step + max(j.horizons) <= stop)
+
+
+def score_candidates(
+  ctx: HybridContext, params: Any, drift: Any, scale: jax.Array, batch: Batch
+) -> tuple[jax.Array, jax.Array]:
+  """(probe loss without a jump, probe loss of each horizon in `ctx.jump.horizons`), float32.
+
+  A `lax.scan` over the horizons: each candidate's params are formed, scored and dropped before
+  the next, so scoring needs one params-sized buffer whatever the number of candidates.
+  """
+  base = ctx.loss_fn(params, batch)[0].astype(jnp.float32)
+
+  def score(carry, k):
+    moved = features_lib.add_scaled_by_group(ctx.groups, params, scale * k, drift)
+    return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
+
+  horizons = jnp.asarray(ctx.jump.horizons, jnp.float32)
+  _, losses = jax.lax.scan(score, None, horizons)
+  return base, losses
+
+
+def translate_averaging(averaging: Averaging | None, groups: Any, amount: jax.Array, drift: Any) -> Averaging | None:
+  """The average moved by sum_g amount_g r_g (None stays None)."""
+  if averaging is None:
+    return None
+  return averaging.replace(params=features_lib.add_scaled_by_group(groups, averaging.params, amount, drift))
+
+
+def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+  """The PREDICT step of the jump predictor: score, then jump k steps or leave everything as it was.
+
+  `batch` is the probe batch (the next batch of the training stream); it is not consumed.
+  """
+  del schedule
+  tr, c, j = state.train, state.controller, ctx.jump
+  drift = drift_per_step(tr.averaging, state.drift_memory, tr.step)
+  scale = c.group_scale
+  base, losses = score_candidates(ctx, tr.params, drift, scale, batch)
+  best = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
+  best_loss = losses[best]
+  horizons = jnp.asarray(j.horizons, jnp.int32)
+  accept = (
+    jnp.isfinite(base)
+    & jnp.isfinite(best_loss)
+    & (best_loss < (1.0 - j.margin) * base)
+    & in_jump_window(ctx, tr.step)
+  )
+  k = jnp.where(accept, horizons[best], 0)
+  # The move: s_g k r_g on the params and both EMAs; none in the skip control or when rejected.
+  amount = scale * k.astype(jnp.float32) * (0.0 if j.skip_control else 1.0)
+  moved = tr.replace(
+    params=features_lib.add_scaled_by_group(ctx.groups, tr.params, amount, drift),
+    averaging=translate_averaging(tr.averaging, ctx.groups, amount, drift),
+    step=tr.step + k,
+  )
+  drift_memory = translate_averaging(state.drift_memory, ctx.groups, amount, drift)
+  # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
+  train = tree_where(accept, moved, tr)
+  drift_memory = tree_where(accept, drift_memory, state.drift_memory)
+
+  trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
+  c = c.replace(
+    jump_attempts=c.jump_attempts + 1,
+    jumps=c.jumps + accept.astype(jnp.int32),
+    jump_steps=c.jump_steps + k,
+    last_jump_k=k,
+    last_probe_gain=jnp.where(jnp.isfinite(base), (base - best_loss) / base, 0.0),
+    # The accepted jump's persisting gain is measured over the CORRECT phase that follows.
+    persist_tracking=accept,
+    persist_level=jnp.where(accept, c.ema_fast + trend * _LOSS_LAG_FAST, c.persist_level),
+    persist_trend=jnp.where(accept, trend, c.persist_trend),
+    persist_sum=jnp.where(accept, 0.0, c.persist_sum),
+    persist_n=jnp.where(accept, 0, c.persist_n),
+  )
+  new_state = state.replace(train=train, drift_memory=drift_memory, controller=c)
+  g = c.group_scale.shape
+  info = make_step_info(
+    loss=jnp.where(accept, best_loss, base),  # the probe loss where the params now are
+    predicted_loss=base,  # the probe loss without a jump
+    grad_norm=0.0,
+    was_real=False,
+    finite=True,
+    explosion=False,
+    spike=False,
+    validated=True,
+    diverged=False,
+    nonfinite_prediction=False,
+    rollback_alpha=jnp.zeros(g),
+    alpha=amount,
+    forwards=1 + len(j.horizons),
+    batch_consumed=False,
+  )
+  return new_state, info
+
+
+def track_persisting_gain(c: Controller, logloss: jax.Array, finite: jax.Array, correct_steps: int) -> Controller:
+  """Adds one CORRECT real step to the persisting gain of the jump before it, and closes the
+  measurement at the phase's last step. Expected log-loss without the jump after i real steps:
+  level + trend * i (the trend of the loss EMAs before the jump)."""
+  on = c.persist_tracking & (c.phase == Phase.CORRECT) & finite
+  i = (c.persist_n + 1).astype(jnp.float32)
+  gain = c.persist_level + c.persist_trend * i - logloss
+  total = c.persist_sum + jnp.where(on, gain, 0.0)
+  n = c.persist_n + on.astype(jnp.int32)
+  done = c.persist_tracking & (c.phase == Phase.CORRECT) & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
+  mean = total / jnp.maximum(n, 1).astype(jnp.float32)
+  return c.replace(
+    persist_sum=total,
+    persist_n=n,
+    persist_tracking=c.persist_tracking & ~done,
+    last_persisting_gain=jnp.where(done, mean, c.last_persisting_gain),
+    persisting_gain_sum=c.persisting_gain_sum + jnp.where(done, mean, 0.0),
+    persisting_gain_count=c.persisting_gain_count + done.astype(jnp.int32),
+  )
+
+
+def jump_real_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """A real step of the jump predictor: the baseline's update (same function, same bits), the slow
+  EMA, the controller's loss statistics and health checks, the persisting-gain measurement. The
+  confidence is 1 inside the jump window and 0 outside, which is what lets the controller enter
+  PREDICT; the margin on the probe loss is the gate on the jump itself."""
+  tr = state.train
+  loss, grads = loss_and_grads(ctx.loss_fn, tr.params, batch, ctx.grad_accum)
+  loss = loss.astype(jnp.float32)
+  grad_norm = global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  lr = learning_rate(schedule, tr.step)
+  params, opt_state, _ = guarded_update(ctx.tx, grads, tr.opt_state, tr.params, lr, finite)
+  train = next_train_state(tr, params, opt_state, finite)
+  drift_memory = update_average(state.drift_memory, train.params, train.step)
+
+  logloss = features_lib.safe_log(loss)
+  c, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
+  c = track_persisting_gain(c, logloss, finite, ctx.control.correct_steps)
+  window = in_jump_window(ctx, train.step).astype(jnp.float32)
+  c = c.replace(confidence=window, agreement=window, accuracy=window)
+  new_state = state.replace(train=train, drift_memory=drift_memory, controller=c)
+  info = make_step_info(
+    loss=loss,
+    predicted_loss=jnp.nan,
+    grad_norm=grad_norm,
+    was_real=True,
+    finite=finite,
+    explosion=explosion,
+    spike=spike,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    rollback_alpha=jnp.zeros_like(c.group_scale),
+    alpha=jnp.zeros_like(c.group_scale),
+  )
+  return new_state, info
