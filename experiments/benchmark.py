@@ -64,7 +64,9 @@ from hybridjax.loop import train as train_lib
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-METHODS = ("hybrid", "constant_alpha", "no_corrector", "outer_momentum")
+METHODS = ("hybrid", "constant_alpha", "no_corrector", "outer_momentum", "jump", "skip_control")
+JUMP_METHODS = ("jump", "skip_control")  # hybrid.predictor='jump'; the skip control moves no weight
+JUMP_STEP = "jump_step"  # the jump predictor's PREDICT step: probe forwards, then a move or nothing
 REAL_STEP = "real_step"  # the one step kind of a method arm that trains in baseline mode
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 PREDICT_VALIDATED = "predict_step+validation"
@@ -126,7 +128,6 @@ _ANCHOR_SOURCES = (
   "hybridjax/optim.py",
   "hybridjax/models/gpt2.py",
   "hybridjax/data.py",
-  "hybridjax/loop/train.py",
   "experiments/gpt2_small.py",
 )
 
@@ -140,7 +141,16 @@ def code_version(kind: str = "method") -> str:
   h = hashlib.sha256()
   if kind == "anchor":
     paths = [os.path.join(_ROOT, p) for p in _ANCHOR_SOURCES]
-    for fn in (run_anchor, _anchor_programs, _eval, _finite, run_spec):
+    # The runner and the loop's evaluation functions it calls; what a run trains is in its spec.
+    for fn in (
+      run_anchor,
+      _anchor_programs,
+      _eval,
+      _finite,
+      train_lib.make_eval_fn,
+      train_lib.eval_losses,
+      train_lib.evaluate,
+    ):
       h.update(inspect.getsource(fn).encode())
   else:
     paths = [
@@ -200,12 +210,16 @@ def run_spec(
     c.optim.update(outer_every=int(every), outer_eta=float(eta), outer_mu=float(mu))
   elif kind == "method":
     c.mode = "hybrid"
-    if method == "constant_alpha":
+    if method in JUMP_METHODS:
+      c.hybrid.predictor = "jump"
+      c.hybrid.jump.skip_control = method == "skip_control"
+    elif method == "constant_alpha":
       c.hybrid.constant_alpha = 1.0
     elif method == "no_corrector":
       c.hybrid.corrector.enabled = False
   else:
     c.mode = "baseline"
+    del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
   return {"kind": kind, "method": method, "config": c.to_dict(), "betas": [float(x) for x in betas]}
 
 
@@ -345,12 +359,16 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     for r in records
     if r["kind"] == "eval"
   ]
-  kinds = dict(collections.Counter(step_kind(r["branch"], r["measured"]) for r in records if r["kind"] == "step"))
+  predictor = c.hybrid.get("predictor", "velocity")
+  kinds = dict(
+    collections.Counter(step_kind(r["branch"], r["measured"], predictor) for r in records if r["kind"] == "step")
+  )
   if c.mode == "baseline":  # every step a real one, no validation
-    summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={}, rollbacks=0)
+    summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps})
+    summary.update(rollbacks=0)
     kinds = {REAL_STEP: c.trainer.steps}
-  if sum(kinds.values()) != c.trainer.steps:
-    raise RuntimeError(f"{workdir}: {sum(kinds.values())} step records for {c.trainer.steps} steps")
+  if sum(kinds.values()) != sum(summary["phase_steps"].values()):  # a jump is one step of k schedule steps
+    raise RuntimeError(f"{workdir}: {sum(kinds.values())} step records for {summary['phase_steps']} steps")
   return {
     "kind": "method",
     "method": spec["method"],
@@ -365,6 +383,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     "phase_steps": summary["phase_steps"],
     "step_kinds": kinds,
     "rollbacks": summary["rollbacks"],
+    **{k: summary[k] for k in ("jumps", "jump_attempts", "jump_steps", "mean_persisting_gain") if k in summary},
     "memory_growth_bytes": summary["memory"]["growth_bytes"],
     "curve": curve,
     "compile_s": summary["compile_s"],
@@ -373,9 +392,12 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   }
 
 
-def step_kind(branch: int, measured: bool) -> str:
-  """A hybrid step's cost class: its transition, and for a predicted step whether it validated."""
+def step_kind(branch: int, measured: bool, predictor: str = "velocity") -> str:
+  """A hybrid step's cost class: its transition, for a predicted step whether it validated, and a
+  jump (the jump predictor's PREDICT step) as its own kind."""
   name = BRANCH_NAMES[int(branch)]
+  if int(branch) == Branch.PREDICT_STEP and predictor == "jump":
+    return JUMP_STEP
   return PREDICT_VALIDATED if int(branch) == Branch.PREDICT_STEP and measured else name
 
 
@@ -704,7 +726,8 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     else:
       fns = driver.compiled_phase_steps(state, batch)
     compile_s[name] = time.perf_counter() - t0
-    arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0}
+    predictor = c.hybrid.get("predictor", "velocity") if c.mode == "hybrid" else ""
+    arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "predictor": predictor}
 
   samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
   for _ in range(int(b.timing_rounds)):
@@ -723,9 +746,18 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
         if branch is None:
           kind = "baseline" if name == "baseline" else REAL_STEP
         else:
-          kind = step_kind(branch, bool(jax.device_get(metrics["measured"])))
+          kind = step_kind(branch, bool(jax.device_get(metrics["measured"])), arm["predictor"])
         samples[name].setdefault(kind, []).append(dt)
         arm["step"] += 1
+      if arm["predictor"] == "jump":
+        # Jumps are rare in a run (one per `hybrid.jump.every` real steps): time the jump step
+        # itself, twice a round, at the state the arm has reached (wherever it is, a jump step
+        # scores every candidate; accepted or not, its cost is the same).
+        for _ in range(2):
+          t0 = time.perf_counter()
+          arm["state"], _ = arm["fns"][Branch.PREDICT_STEP](arm["state"], task.train_batch(arm["step"] % n), arm["schedule"])
+          jax.block_until_ready(arm["state"])
+          samples[name].setdefault(JUMP_STEP, []).append(time.perf_counter() - t0)
   return {
     "ms_per_step": {
       name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()

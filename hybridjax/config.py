@@ -98,6 +98,7 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.jump = ml_collections.ConfigDict(
     dict(
       horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
+      every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
       margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
       slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
       start_fraction=0.05,  # no jump before this fraction of the run
@@ -286,6 +287,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.enable_predict": _bool,
   "hybrid.predictor": _choice("velocity", "jump"),
   "hybrid.jump.horizons": _int_tuple(1),
+  "hybrid.jump.every": _int(1),
   "hybrid.jump.margin": _num(-1.0, 1.0, hi_open=True),
   "hybrid.jump.slow_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.jump.start_fraction": _num(0.0, 1.0),

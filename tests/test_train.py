@@ -212,8 +212,10 @@ def test_dispatches_never_cross_a_log_eval_or_checkpoint():
   assert train_lib._next_boundary(10, 100, (10, 0, 25)) == 20
   assert train_lib._next_boundary(20, 100, (10, 0, 25)) == 25
   assert train_lib._next_boundary(95, 100, (0, 0, 0)) == 100
-  assert train_lib._is_time(30, 10, 100) and train_lib._is_time(100, 0, 100)
-  assert not train_lib._is_time(31, 10, 100) and not train_lib._is_time(30, 0, 100)
+  assert train_lib._is_time(29, 30, 10, 100) and train_lib._is_time(99, 100, 0, 100)
+  assert not train_lib._is_time(30, 31, 10, 100) and not train_lib._is_time(29, 30, 0, 100)
+  # A jump that crosses an interval without landing on it fires it; one inside an interval does not.
+  assert train_lib._is_time(27, 43, 10, 100) and not train_lib._is_time(31, 38, 10, 100)
 
 
 def test_format_summary_lists_the_run():

@@ -128,10 +128,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   best_loss = losses[best]
   horizons = jnp.asarray(j.horizons, jnp.int32)
   accept = (
-    jnp.isfinite(base)
-    & jnp.isfinite(best_loss)
-    & (best_loss < (1.0 - j.margin) * base)
-    & in_jump_window(ctx, tr.step)
+    jnp.isfinite(base) & jnp.isfinite(best_loss) & (best_loss < (1.0 - j.margin) * base) & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
   # The move: s_g k r_g on the params and both EMAs; none in the skip control or when rejected.

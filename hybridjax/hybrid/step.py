@@ -49,6 +49,7 @@ def transitions(ctx: HybridContext) -> tuple[Callable[..., tuple[HybridState, St
   """The three transitions of `ctx.predictor`, indexed by `Branch`."""
   return JUMP_TRANSITIONS if ctx.predictor == "jump" else TRANSITIONS
 
+
 StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
 
 

@@ -89,7 +89,7 @@ def make_context(
     max_predict_steps=1 if jump else h.max_predict_steps,
     confidence_threshold=float(h.confidence_threshold),
     divergence_tolerance=float(h.divergence_tolerance),
-    correct_steps=h.correct_steps,
+    correct_steps=int(h.jump.every) if jump else h.correct_steps,
     correction_interval=0 if jump else h.correction_interval,
     validate_every=h.validate_every,
     grad_explosion_factor=float(h.health.grad_explosion_factor),

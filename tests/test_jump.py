@@ -1,0 +1,290 @@
+"""The jump predictor (`hybrid.predictor='jump'`): the drift estimate, the jump's move and schedule
+advance, rejection leaving the state bit-identical, the skip control, its state's buffers, its
+compiled step's copies, and its life in the training loop (counters, events, resume)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import cached, micro_config, restore_latest, small_hybrid_config
+from conftest import run_experiment as _run
+
+from hybridjax import config as config_lib
+from hybridjax import memory, optim
+from hybridjax.hybrid import jump as jump_lib
+from hybridjax.hybrid import step as step_lib
+from hybridjax.hybrid.phases import Branch
+from hybridjax.loop import drivers
+
+TOTAL = 1000
+HORIZONS = (10, 20, 40)
+
+
+def _params():
+  return {"a": {"kernel": jnp.arange(6.0).reshape(3, 2) / 10}, "b": {"bias": jnp.array([0.5, -0.25])}}
+
+
+def _context(loss_fn, *, skip_control=False, params=None):
+  h = small_hybrid_config(predictor="jump", grouping="leaf")
+  h.jump.update(horizons=HORIZONS, margin=0.01, skip_control=skip_control)
+  return drivers.make_context(
+    h,
+    loss_fn=loss_fn,
+    tx=optim.make_optimizer(config_lib.default_optim_config()),
+    params_shape=_params() if params is None else params,
+    total_steps=TOTAL,
+    averaging_beta=0.9,
+  )
+
+
+def _state(ctx, step=100):
+  """A state at schedule step `step` whose fast and slow EMAs differ by known offsets."""
+  p = _params()
+  s = step_lib.init_hybrid_state(ctx, p, jax.random.PRNGKey(0))
+  fast = jax.tree.map(lambda x: x + 0.3 + 0.01 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), p)
+  slow = jax.tree.map(lambda x: x - 0.2, p)
+  train = s.train.replace(step=jnp.asarray(step, jnp.int32), averaging=s.train.averaging.replace(params=fast))
+  return s.replace(train=train, drift_memory=s.drift_memory.replace(params=slow))
+
+
+def _quadratic_towards(target):
+  def loss_fn(params, batch):
+    del batch
+    sq = jax.tree.map(lambda p, t: jnp.sum(jnp.square(p - t)), params, target)
+    return sum(jax.tree.leaves(sq)), None
+
+  return loss_fn
+
+
+def _drift(state):
+  return jump_lib.drift_per_step(state.train.averaging, state.drift_memory, state.train.step)
+
+
+BATCH = {"x": jnp.zeros((1,))}
+
+
+class DriftTest(chex.TestCase):
+  def test_ema_lag_is_zero_after_one_step_and_tends_to_beta_over_one_minus_beta(self):
+    np.testing.assert_allclose(jump_lib.ema_lag(0.9, 1), 0.0, atol=1e-6)
+    np.testing.assert_allclose(jump_lib.ema_lag(0.9, 10_000), 9.0, rtol=1e-5)
+    lags = [float(jump_lib.ema_lag(0.99, n)) for n in (1, 10, 100, 1000)]
+    assert lags == sorted(lags)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_drift_of_two_bias_corrected_emas_of_a_constant_velocity_is_that_velocity(self):
+    p0 = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array(3.0)}
+    v = {"w": jnp.array([0.01, 0.02, -0.03]), "b": jnp.array(-0.005)}
+    fast = optim.Averaging(params=p0, beta=jnp.asarray(0.9, jnp.float32))
+    slow = jump_lib.init_drift_memory(p0, 0.98)
+    for n in range(1, 41):
+      theta = jax.tree.map(lambda p, u, n=n: p + n * u, p0, v)
+      fast, slow = optim.update_average(fast, theta, n + 1), optim.update_average(slow, theta, n + 1)
+    r = self.variant(jump_lib.drift_per_step)(fast, slow, jnp.asarray(41))
+    chex.assert_trees_all_close(r, v, rtol=2e-3, atol=2e-6)
+
+
+class JumpStepTest(chex.TestCase):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_a_jump_moves_every_leaf_of_group_g_by_s_g_k_r_g_and_advances_the_schedule_by_k(self):
+    ctx0 = _context(_quadratic_towards(_params()))
+    state = _state(ctx0)
+    r = _drift(state)
+    # The loss falls all the way along the drift: the longest horizon wins.
+    target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), r)
+    ctx = _context(_quadratic_towards(target))
+    scale = jnp.asarray([0.5, 2.0])  # s_g per group ('leaf' grouping: a/kernel, b/bias)
+    assert ctx.groups.names == ("a/kernel", "b/bias")
+    state = state.replace(controller=state.controller.replace(group_scale=scale))
+    new, info = self.variant(functools.partial(jump_lib.jump_step, ctx))(state, BATCH, None)
+    k = max(HORIZONS)
+    for g, (name, leaf) in enumerate((("a", "kernel"), ("b", "bias"))):
+      moved = scale[g] * k * r[name][leaf]
+      chex.assert_trees_all_close(new.train.params[name][leaf] - state.train.params[name][leaf], moved, rtol=1e-5)
+      chex.assert_trees_all_close(
+        new.train.averaging.params[name][leaf] - state.train.averaging.params[name][leaf], moved, rtol=1e-5
+      )
+      chex.assert_trees_all_close(
+        new.drift_memory.params[name][leaf] - state.drift_memory.params[name][leaf], moved, rtol=1e-5
+      )
+    assert int(new.train.step) == int(state.train.step) + k
+    chex.assert_trees_all_equal(new.train.opt_state, state.train.opt_state)  # Adam's moments are kept
+    c = new.controller
+    assert (int(c.jumps), int(c.jump_attempts), int(c.jump_steps), int(c.last_jump_k)) == (1, 1, k, k)
+    assert not bool(info.batch_consumed) and int(info.forwards) == 1 + len(HORIZONS)
+    assert float(c.last_probe_gain) > 0.01
+    # The translation keeps the EMAs' difference, so the drift (at the same count) as it was.
+    kept = jump_lib.drift_per_step(new.train.averaging, new.drift_memory, state.train.step)
+    chex.assert_trees_all_close(kept, r, rtol=1e-4, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_a_rejected_jump_leaves_the_state_bit_identical(self):
+    ctx0 = _context(_quadratic_towards(_params()))
+    state = _state(ctx0)
+    r = _drift(state)
+    # Every candidate is worse than standing still.
+    target = jax.tree.map(lambda p, d: p - 1000.0 * d, _params(), r)
+    ctx = _context(_quadratic_towards(target))
+    new, info = self.variant(functools.partial(jump_lib.jump_step, ctx))(state, BATCH, None)
+    chex.assert_trees_all_equal(new.train, state.train)
+    chex.assert_trees_all_equal(new.drift_memory, state.drift_memory)
+    chex.assert_trees_all_equal(
+      (new.dynamics, new.corrector, new.history, new.rng), (state.dynamics, state.corrector, state.history, state.rng)
+    )
+    c = new.controller
+    assert (int(c.jumps), int(c.jump_attempts), int(c.last_jump_k)) == (0, 1, 0)
+    assert int(info.forwards) == 1 + len(HORIZONS)  # the probes are counted all the same
+
+  def test_outside_the_window_nothing_jumps(self):
+    ctx0 = _context(_quadratic_towards(_params()))
+    state = _state(ctx0, step=TOTAL - 100)  # past stop_fraction
+    target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), _drift(state))
+    new, _ = jump_lib.jump_step(_context(_quadratic_towards(target)), state, BATCH, None)
+    chex.assert_trees_all_equal(new.train, state.train)
+
+  def test_the_skip_control_advances_the_schedule_and_moves_no_weight(self):
+    ctx0 = _context(_quadratic_towards(_params()))
+    state = _state(ctx0)
+    target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), _drift(state))
+    ctx = _context(_quadratic_towards(target), skip_control=True)
+    new, _ = jump_lib.jump_step(ctx, state, BATCH, None)
+    assert int(new.train.step) == int(state.train.step) + max(HORIZONS)
+    chex.assert_trees_all_close(new.train.params, state.train.params, rtol=0, atol=0)
+    chex.assert_trees_all_close(new.train.averaging.params, state.train.averaging.params, rtol=0, atol=0)
+
+  def test_the_state_holds_one_params_sized_buffer_beyond_the_train_state_and_no_velocity(self):
+    def overhead(width):
+      params = {"a": {"kernel": jnp.zeros((width, 8))}, "b": {"bias": jnp.zeros((8,))}}
+      ctx = _context(_quadratic_towards(params), params=params)
+      s = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
+      assert s.velocity is None
+      nbytes = lambda t: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(t))  # noqa: E731
+      assert nbytes(s.drift_memory) == nbytes(params) + 4  # the slow EMA and its beta
+      return nbytes(s) - nbytes(s.train), nbytes(params)
+
+    (small, p_small), (big, p_big) = overhead(4), overhead(400)
+    # Only one buffer grows with the model: the slow EMA. (The averaging EMA, the fast one, is part
+    # of the train state, as in the averaged baseline.)
+    assert big - small == p_big - p_small
+
+
+def test_the_fused_jump_step_copies_no_state_outside_the_transitions():
+  from hybridjax.models import mlp
+
+  net = mlp.MLP(features=(16, 16), n_out=1)
+  x, y = mlp.make_regression_problem(0, n_in=4)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
+  oc = config_lib.default_optim_config()
+  h = small_hybrid_config(predictor="jump")
+  ctx = drivers.make_context(
+    h,
+    loss_fn=mlp.make_loss_fn(net),
+    tx=optim.make_optimizer(oc),
+    params_shape=params,
+    total_steps=100,
+    averaging_beta=0.9,
+  )
+  state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
+  batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
+  compiled = (
+    jax.jit(lambda s, b, k: step_lib.hybrid_step(ctx, s, b, k), donate_argnums=0, keep_unused=True)
+    .lower(state, batch, optim.make_schedule(oc, 100))
+    .compile()
+  )
+  _, nbytes = memory.count_copies(compiled, entry_only=True)
+  assert nbytes <= 1024
+
+
+# --- through the training loop -----------------------------------------------------------------
+
+
+def _jump_config(steps=120, **jump):
+  c = micro_config("hybrid", steps=steps)
+  c.trainer.update(averaging="ema", averaging_beta=0.9)
+  c.hybrid.update(predictor="jump", warmup_steps=10, full_steps=5, correct_steps=10)
+  c.hybrid.jump.update(horizons=(4, 8, 16), margin=-0.5, stop_fraction=0.8, **jump)  # margin < 0: always accept
+  return c
+
+
+def _records(workdir, kind):
+  with open(workdir / "metrics.jsonl") as f:
+    return [r for r in map(json.loads, f) if r.get("kind", "train") == kind]
+
+
+def test_a_jump_run_counts_backward_passes_batches_and_skipped_steps(tmp_path, jax_cache):
+  c = cached(_jump_config(), jax_cache)
+  c.trainer.update(eval_every=25, log_every=10)
+  s = _run(c, tmp_path / "run")
+  assert s["jumps"] > 0 and s["jump_steps"] > 0
+  assert s["backward_passes"] + s["jump_steps"] == c.trainer.steps  # the schedule ends on time
+  assert s["batches"] == s["backward_passes"]  # a jump uses no batch
+  assert s["probe_forwards"] == s["jump_attempts"] * (1 + 3)
+  assert s["mean_persisting_gain"] is not None
+  # Evals fire when the schedule step crosses their interval, jumps or not.
+  evals = [r["step"] for r in _records(tmp_path / "run", "eval")]
+  assert [e // 25 for e in evals[:-1]] == list(range(1, len(evals))) and evals[-1] == c.trainer.steps
+  jumps = [r for r in _records(tmp_path / "run", "step") if r.get("jump_k")]
+  assert len(jumps) == s["jumps"] and sum(r["jump_k"] for r in jumps) == s["jump_steps"]
+
+
+def test_with_prediction_off_the_jump_predictor_is_the_averaged_baseline_bit_for_bit(tmp_path, jax_cache):
+  base = cached(micro_config(steps=30), jax_cache)
+  base.trainer.update(averaging="ema", averaging_beta=0.9)
+  _run(base, tmp_path / "base")
+  hyb = cached(_jump_config(steps=30), jax_cache)
+  hyb.hybrid.enable_predict = False
+  _run(hyb, tmp_path / "hyb")
+  b, h = restore_latest(tmp_path / "base", base)[1], restore_latest(tmp_path / "hyb", hyb)[1]
+  chex.assert_trees_all_equal((h.train.params, h.train.averaging), (b.params, b.averaging))
+
+
+def test_resume_across_jumps_is_bit_exact(tmp_path, jax_cache):
+  c = cached(_jump_config(steps=90), jax_cache)
+  c.trainer.update(checkpoint_every=30)
+  straight = _run(c, tmp_path / "straight")
+
+  class Interrupt(Exception):
+    pass
+
+  def on_log(step, record):
+    if step >= 50:
+      raise Interrupt()
+
+  with pytest.raises(Interrupt):
+    _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
+  resumed = _run(c, tmp_path / "resumed")
+  assert 30 <= resumed["start_step"] < 50
+  step_a, a = restore_latest(tmp_path / "straight", c)
+  step_b, b = restore_latest(tmp_path / "resumed", c)
+  assert step_a == step_b == 90
+  chex.assert_trees_all_equal(a, b)
+  assert straight["jumps"] >= 2 and resumed["jumps"] == straight["jumps"]
+  assert straight["memory"]["growth_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+  "field, value, match",
+  [
+    ("hybrid.jump.horizons", (), "hybrid.jump.horizons"),
+    ("hybrid.jump.horizons", (0, 10), "hybrid.jump.horizons"),
+    ("hybrid.jump.stop_fraction", 0.01, "start_fraction"),
+    ("trainer.averaging", "none", "trainer.averaging='ema'"),
+    ("hybrid.steps_per_call", 4, "steps_per_call=1"),
+  ],
+)
+def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):
+  c = _jump_config()
+  if field == "hybrid.steps_per_call":
+    c.hybrid.dispatch = "switch"
+  c.update_from_flattened_dict({field: value})
+  with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+    config_lib.validate(c)
+
+
+def test_the_branch_of_a_jump_is_the_predict_step():
+  assert step_lib.transitions(_context(_quadratic_towards(_params())))[Branch.PREDICT_STEP] is jump_lib.jump_step
