@@ -64,8 +64,19 @@ from hybridjax.loop import train as train_lib
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-METHODS = ("hybrid", "constant_alpha", "no_corrector", "outer_momentum", "jump", "skip_control")
-JUMP_METHODS = ("jump", "skip_control")  # hybrid.predictor='jump'; the skip control moves no weight
+METHODS = (
+  "hybrid",
+  "constant_alpha",
+  "no_corrector",
+  "outer_momentum",
+  "jump",
+  "skip_control",
+  "jump_outer",
+  "skip_control_outer",
+)
+# hybrid.predictor='jump'; a skip control moves no weight; '_outer': with outer momentum, whose m
+# gives the drift.
+JUMP_METHODS = ("jump", "skip_control", "jump_outer", "skip_control_outer")
 JUMP_STEP = "jump_step"  # the jump predictor's PREDICT step: probe forwards, then a move or nothing
 REAL_STEP = "real_step"  # the one step kind of a method arm that trains in baseline mode
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
@@ -204,15 +215,16 @@ def run_spec(
   c.trainer.log_every = c.trainer.eval_every
   for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
     del c.trainer[field]
-  if kind == "method" and method == "outer_momentum":  # real steps only: the baseline loop's step
-    c.mode = "baseline"
+  if kind == "method" and method in ("outer_momentum", "jump_outer", "skip_control_outer"):
     every, eta, mu = config.benchmark.outer_momentum
     c.optim.update(outer_every=int(every), outer_eta=float(eta), outer_mu=float(mu))
+  if kind == "method" and method == "outer_momentum":  # real steps only: the baseline loop's step
+    c.mode = "baseline"
   elif kind == "method":
     c.mode = "hybrid"
     if method in JUMP_METHODS:
       c.hybrid.predictor = "jump"
-      c.hybrid.jump.skip_control = method == "skip_control"
+      c.hybrid.jump.skip_control = method.startswith("skip_control")
     elif method == "constant_alpha":
       c.hybrid.constant_alpha = 1.0
     elif method == "no_corrector":
@@ -755,7 +767,9 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
         # scores every candidate; accepted or not, its cost is the same).
         for _ in range(2):
           t0 = time.perf_counter()
-          arm["state"], _ = arm["fns"][Branch.PREDICT_STEP](arm["state"], task.train_batch(arm["step"] % n), arm["schedule"])
+          arm["state"], _ = arm["fns"][Branch.PREDICT_STEP](
+            arm["state"], task.train_batch(arm["step"] % n), arm["schedule"]
+          )
           jax.block_until_ready(arm["state"])
           samples[name].setdefault(JUMP_STEP, []).append(time.perf_counter() - t0)
   return {
@@ -818,7 +832,29 @@ def method_figures(
   out["final_loss_raw"] = protocol.mean_std([runs[s]["final_raw"] for s in seeds])
   out["backward_passes"] = protocol.mean_std([runs[s]["backward_passes"] for s in seeds])
   out["validation_forwards"] = protocol.mean_std([runs[s]["validation_forwards"] for s in seeds])
+  if all("jumps" in runs[s] for s in seeds):
+    for k in ("jumps", "jump_steps"):
+      out[k] = protocol.mean_std([runs[s][k] for s in seeds])
+    gains = [runs[s]["mean_persisting_gain"] for s in seeds if runs[s]["mean_persisting_gain"] is not None]
+    out["mean_persisting_gain"] = protocol.mean_std(gains) if gains else None
   return out
+
+
+def skip_control_comparison(figures: dict[str, Any], runs: dict[str, dict[str, Any]]) -> None:
+  """Adds to every arm's figures its paired final-loss difference from the skip control (the same
+  jump decisions advancing the schedule without moving a weight; `skip_control_outer` for
+  `jump_outer`), when that control ran: prediction is credited only with what it adds to skipping
+  schedule steps."""
+  for m, f in figures.items():
+    control = "skip_control_outer" if m == "jump_outer" else "skip_control"
+    if m.startswith("skip_control") or control not in runs:
+      continue
+    skip = runs[control]
+    seeds = [s for s in sorted(runs[m], key=int) if s in skip]
+    if len(seeds) >= 2:
+      f["vs_skip_control"] = protocol.paired_difference(
+        [runs[m][s]["final_loss"] for s in seeds], [skip[s]["final_loss"] for s in seeds]
+      )
 
 
 def _method_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
@@ -921,12 +957,18 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
       h[key + "_null_or_bound"] = {f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"]] for a in ANCHORS}
     h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
     h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
+    if "vs_skip_control" in f:
+      h["vs_skip_control"] = f["vs_skip_control"]
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h
 
 
 # --- report -------------------------------------------------------------------------------------
+
+
+def _paired_cell(d: dict[str, Any] | None) -> str:
+  return "—" if d is None else f"{d['mean']:+.4f} ± {d['se']:.4f} se ({d['verdict']})"
 
 
 def _pm(pair: Sequence[float] | None, digits: int = 4) -> str:
@@ -1040,7 +1082,13 @@ def markdown(result: dict[str, Any]) -> str:
     row("final loss (its model: averaged)", lambda f, m: _pm(f["final_loss"]))
     row("final loss of its raw params", lambda f, m: _pm(f["final_loss_raw"]))
     row("backward passes", lambda f, m: _pm(f["backward_passes"], 0))
-    row("validation forwards", lambda f, m: _pm(f["validation_forwards"], 0))
+    row("validation / probe forwards", lambda f, m: _pm(f["validation_forwards"], 0))
+    if any("jumps" in f for f in result["figures"].values()):
+      row("accepted jumps", lambda f, m: _pm(f.get("jumps"), 1))
+      row("schedule steps jumped", lambda f, m: _pm(f.get("jump_steps"), 0))
+      row("persisting gain per jump (log-loss)", lambda f, m: _pm(f.get("mean_persisting_gain"), 4))
+    if any("vs_skip_control" in f for f in result["figures"].values()):
+      row("final loss − skip control (paired)", lambda f, m: _paired_cell(f.get("vs_skip_control")))
     ms = result["timing"]["ms_per_step"]
     row("median ms per step by kind", lambda f, m: ", ".join(f"{k} {v:.1f}" for k, v in sorted(ms[m].items())))
     lines.append("")
@@ -1161,6 +1209,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
     )
     for m in methods
   }
+  skip_control_comparison(figures, mruns)
   n_runs = curves["runs"][f"{b.seeds[0]}/{n}"]
   sampling_se = n_runs["eval_batch_std"] / math.sqrt(n_runs["eval_batches"])
   result: dict[str, Any] = {

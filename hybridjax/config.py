@@ -35,7 +35,8 @@ def default_optim_config() -> ml_collections.ConfigDict:
   # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
   c.adam_lr_ratio = 0.15
   c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
-  # Outer Nesterov momentum on K-step displacements (baseline mode): every `outer_every` real steps
+  # Outer Nesterov momentum on K-step displacements (baseline mode, or hybrid with the jump
+  # predictor, whose drift it then gives): every `outer_every` real steps
   # d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow. 0 = off.
   c.outer_every = 0
   c.outer_eta = 0.8
@@ -396,9 +397,10 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
       )
       if blocks is None and o.get("outer_every", 0):
         rel(
-          config.get("mode") != "hybrid",
-          f"--config.optim.outer_every ({o.outer_every}) runs in --config.mode=baseline only (outer momentum "
-          "changes real steps; hybrid training does not use it yet); set one or the other",
+          config.get("mode") != "hybrid" or config.get("hybrid", {}).get("predictor", "velocity") == "jump",
+          f"--config.optim.outer_every ({o.outer_every}) runs in --config.mode=baseline, or in hybrid mode with "
+          "--config.hybrid.predictor='jump' (whose drift it then gives); the velocity predictor does not use "
+          "it: set one or the other",
         )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model

@@ -139,11 +139,17 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
 
 
 def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `hybrid.state.HybridState`: the train state and velocity FSDP, the rest replicated."""
+  """Shardings of a `hybrid.state.HybridState`: the train state, the velocity and the jump
+  predictor's slow EMA FSDP, the rest replicated."""
   rest = replicated_tree(abstract_state, mesh)
-  return rest.replace(
+  out = rest.replace(
     train=train_state_shardings(abstract_state.train, mesh), velocity=fsdp_sharding(abstract_state.velocity, mesh)
   )
+  if abstract_state.drift_memory is not None:
+    out = out.replace(
+      drift_memory=rest.drift_memory.replace(params=fsdp_sharding(abstract_state.drift_memory.params, mesh))
+    )
+  return out
 
 
 def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:

@@ -136,14 +136,22 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
     factor = run["steps"] / n
     assert run["lr"] == t["per_budget_lr"][str(factor)], key
     assert stored["curves"]["baseline"][str(run["seed"])][head["budgets"].index(run["steps"])] == run["final_raw"]
-  # Method runs: every step is counted once by kind; real steps are the backward passes.
-  for runs in stored["method_runs"].values():
+  # Method runs: every step is counted once by kind; real steps are the backward passes; a jump of k
+  # schedule steps is one step, and the run ends when its schedule does.
+  horizons = len(config.hybrid.jump.horizons)
+  for method, runs in stored["method_runs"].items():
     for run in runs.values():
       kinds = run["step_kinds"]
-      assert sum(kinds.values()) == n
       real = kinds.get("full_step", 0) + kinds.get("correct_step", 0) + kinds.get(benchmark.REAL_STEP, 0)
       assert real == run["backward_passes"]
-      assert kinds.get(benchmark.PREDICT_VALIDATED, 0) == run["validation_forwards"]
+      if method in benchmark.JUMP_METHODS:
+        assert run["jumps"] > 0, method
+        assert sum(kinds.values()) == real + kinds[benchmark.JUMP_STEP]
+        assert real + run["jump_steps"] == n
+        assert run["validation_forwards"] == kinds[benchmark.JUMP_STEP] * (1 + horizons)
+      else:
+        assert sum(kinds.values()) == n
+        assert kinds.get(benchmark.PREDICT_VALIDATED, 0) == run["validation_forwards"]
       assert run["memory_growth_bytes"] == 0
       assert run["final_loss"] == run["final_averaged"]  # its model is the averaged params
   # Every figure recomputes from the stored raw numbers.
@@ -153,18 +161,31 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       "method": stored["timing"]["ms_per_step"][method],
     }
     again = benchmark.method_figures(stored["curves"], stored["method_runs"][method], timing, stored["budgets"])
-    assert json.loads(json.dumps(again)) == figures
+    assert json.loads(json.dumps({k: v for k, v in figures.items() if k != "vs_skip_control"})) == json.loads(
+      json.dumps(again)
+    )
     for anchor in benchmark.ANCHORS:
       for ratio in figures[anchor]["per_seed"]["backward_ratio"]:
         assert ratio["value"] is None or ratio["value"] > 0
+  # The jump is credited only against the skip control: their paired difference, recomputed.
+  runs = stored["method_runs"]
+  seeds = sorted(runs["jump"], key=int)
+  assert stored["figures"]["jump"]["vs_skip_control"] == json.loads(
+    json.dumps(
+      protocol.paired_difference(
+        [runs["jump"][s]["final_loss"] for s in seeds], [runs["skip_control"][s]["final_loss"] for s in seeds]
+      )
+    )
+  )
+  assert head["method"] == "jump" and head["vs_skip_control"] == stored["figures"]["jump"]["vs_skip_control"]
   assert (
     head["backward_ratio"]["vs_averaged_baseline"]
-    == stored["figures"]["hybrid"]["averaged_baseline"]["backward_ratio"]["mean"]
+    == stored["figures"]["jump"]["averaged_baseline"]["backward_ratio"]["mean"]
   )
   reach = protocol.steps_to_reach(
-    stored["budgets"], stored["curves"]["averaged_baseline"]["1"], stored["method_runs"]["hybrid"]["1"]["final_loss"]
+    stored["budgets"], stored["curves"]["averaged_baseline"]["1"], runs["jump"]["1"]["final_loss"]
   )
-  assert stored["figures"]["hybrid"]["averaged_baseline"]["per_seed"]["backward_ratio"][0]["baseline_steps"] == (
+  assert stored["figures"]["jump"]["averaged_baseline"]["per_seed"]["backward_ratio"][0]["baseline_steps"] == (
     reach.steps
   )
   # The report and the plots.
@@ -178,11 +199,11 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
 def test_rerun_with_other_methods_reuses_the_cached_runs(quick):
   workdir, config, first = quick
   again = ml_collections.ConfigDict(config.to_dict())
-  again.benchmark.methods = "hybrid"
+  again.benchmark.methods = "jump"
   result = benchmark.run_benchmark(again, workdir)
   assert result["runs_trained"] == 0 and result["runs_cached"] > 0
   assert result["curves"] == first["curves"] and result["tuning"]["best_lr"] == first["tuning"]["best_lr"]
-  assert list(result["figures"]) == ["hybrid"]
+  assert list(result["figures"]) == ["jump"] and "vs_skip_control" not in result["figures"]["jump"]
 
 
 def test_corpus_epochs_warn_past_four():

@@ -4,6 +4,7 @@ compiled step's copies, and its life in the training loop (counters, events, res
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -157,6 +158,34 @@ class JumpStepTest(chex.TestCase):
     chex.assert_trees_all_close(new.train.params, state.train.params, rtol=0, atol=0)
     chex.assert_trees_all_close(new.train.averaging.params, state.train.averaging.params, rtol=0, atol=0)
 
+  def test_with_outer_momentum_the_drift_is_m_times_one_minus_mu_over_k_and_its_anchor_moves_too(self):
+    h = small_hybrid_config(predictor="jump", grouping="leaf")
+    h.jump.update(horizons=HORIZONS, margin=0.01)
+    p = _params()
+    probe = drivers.make_context(
+      h,
+      loss_fn=_quadratic_towards(p),
+      tx=optim.make_optimizer(config_lib.default_optim_config()),
+      params_shape=p,
+      total_steps=TOTAL,
+      averaging_beta=0.9,
+      outer=(10, 0.8, 0.5),
+    )
+    s = step_lib.init_hybrid_state(probe, p, jax.random.PRNGKey(0))
+    assert s.drift_memory is None and s.train.outer is not None  # m and slow: the two buffers
+    m = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), p)
+    s = s.replace(train=s.train.replace(step=jnp.asarray(100, jnp.int32), outer=s.train.outer.replace(momentum=m)))
+    r = jax.tree.map(lambda x: x * (1 - 0.5) / 10, m)
+    chex.assert_trees_all_close(jump_lib.jump_drift(s), r)
+    target = jax.tree.map(lambda x, d: x + 1000.0 * d, p, r)
+    ctx = dataclasses.replace(probe, loss_fn=_quadratic_towards(target))
+    new, _ = jump_lib.jump_step(ctx, s, BATCH, None)
+    k = max(HORIZONS)
+    moved = jax.tree.map(lambda d: k * d, r)
+    chex.assert_trees_all_close(jax.tree.map(jnp.subtract, new.train.params, s.train.params), moved, rtol=1e-5)
+    chex.assert_trees_all_close(jax.tree.map(jnp.subtract, new.train.outer.slow, s.train.outer.slow), moved, rtol=1e-5)
+    chex.assert_trees_all_equal(new.train.outer.momentum, m)
+
   def test_the_state_holds_one_params_sized_buffer_beyond_the_train_state_and_no_velocity(self):
     def overhead(width):
       params = {"a": {"kernel": jnp.zeros((width, 8))}, "b": {"bias": jnp.zeros((8,))}}
@@ -206,8 +235,10 @@ def test_the_fused_jump_step_copies_no_state_outside_the_transitions():
 def _jump_config(steps=120, **jump):
   c = micro_config("hybrid", steps=steps)
   c.trainer.update(averaging="ema", averaging_beta=0.9)
-  c.hybrid.update(predictor="jump", warmup_steps=10, full_steps=5, correct_steps=10)
-  c.hybrid.jump.update(horizons=(4, 8, 16), margin=-0.5, stop_fraction=0.8, **jump)  # margin < 0: always accept
+  c.hybrid.update(predictor="jump", warmup_steps=10, full_steps=5)
+  c.hybrid.jump.update(
+    horizons=(4, 8, 16), every=10, margin=-0.5, stop_fraction=0.8, **jump
+  )  # margin < 0: always accept
   return c
 
 

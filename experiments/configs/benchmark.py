@@ -78,10 +78,12 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # x trainer.steps (= N), each its own schedule
   b.betas = (0.99, 0.995, 0.998)  # averaging betas tried on the tuning seeds
   # Arms trained with hybrid training at the tuned LR and beta, each on every headline seed:
-  # 'hybrid' (the config's hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM),
-  # 'no_corrector' (the RSSM's plan without the residual corrector), 'outer_momentum' (below).
+  # 'jump' (hybrid.predictor='jump' with the config's hybrid.jump block), 'skip_control' (the same
+  # jump decisions, each only advancing the schedule), 'hybrid' (the velocity predictor of the config's
+  # hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM), 'no_corrector' (the
+  # RSSM's plan without the residual corrector), 'outer_momentum' (below). The first is the headline's.
   # '' = anchors only.
-  b.methods = "hybrid,constant_alpha,no_corrector"
+  b.methods = "jump,skip_control,outer_momentum,hybrid"
   # 'outer_momentum' (also a method name): baseline steps with outer Nesterov momentum every K steps,
   # (K, eta, mu); (100, 0.8, 0.75) was reported best at 125M.
   b.outer_momentum = (100, 0.8, 0.75)
@@ -95,7 +97,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)
     c.optim.update(warmup_steps=4, learning_rate=0.012)
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
-    b.methods = "hybrid,outer_momentum"
+    c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
+    b.methods = "jump,skip_control,outer_momentum"
     b.outer_momentum = (10, 0.8, 0.75)
     b.seeds = (1, 2)
     b.lr_points = 3

@@ -73,6 +73,9 @@ class HybridContext:
   averaging_beta: float | None = None  # the train state's params average (`trainer.averaging`), or None
   predictor: str = "velocity"  # 'velocity' (alpha . velocity steps) | 'jump' (`hybrid.jump`)
   jump: JumpSettings | None = None  # the jump predictor's settings (predictor='jump')
+  # Outer momentum (K, eta, mu) from `optim.outer_*` (jump predictor only), or None. With it the
+  # jump's drift is m (1 - mu) / K and no slow EMA is kept.
+  outer: tuple[int, float, float] | None = None
 
   @property
   def hmax(self) -> int:

@@ -9,6 +9,8 @@ A jump of k steps stands in for k real steps (docs/design.md, "Jumps"):
 EMA_fast is the train state's averaging EMA (`trainer.averaging='ema'`), EMA_slow the hybrid
 state's `drift_memory`; lag is the mean age of an EMA's (bias-corrected) weights. Translating both
 EMAs by the move keeps r as it was and puts the averaged model where the move puts the params.
+With outer momentum (`optim.outer_every` > 0) the drift is m (1 - mu) / K instead, and outer
+momentum's slow params move with the jump (no slow EMA is kept: two params-sized buffers, m and slow).
 
 At a PREDICT step (`jump_step`) the candidates k in `hybrid.jump.horizons` are scored one at a time
 (`lax.scan`, so one moved copy of the params exists at a time) by the loss on the probe batch: the
@@ -39,6 +41,7 @@ from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.optim import (
   Averaging,
   Batch,
+  OuterMomentum,
   Schedule,
   global_norm,
   guarded_update,
@@ -77,6 +80,22 @@ def drift_per_step(fast: Averaging, slow: Averaging, count: jax.Array) -> Any:
   gap = ema_lag(slow.beta, count) - ema_lag(fast.beta, count)
   scale = jnp.where(gap > 1e-6, 1.0 / jnp.maximum(gap, 1e-6), 0.0)
   return jax.tree.map(lambda f, s: (f - s) * scale, fast.params, slow.params)
+
+
+def outer_momentum_drift(outer: OuterMomentum) -> Any:
+  """The drift per step from outer momentum's m: m (1 - mu) / K (in a steady state m is
+  d / (1 - mu), d the K-step displacement), so a jump combined with it needs no slow EMA."""
+  scale = (1.0 - outer.mu) / outer.every.astype(jnp.float32)
+  return jax.tree.map(lambda m: m * scale, outer.momentum)
+
+
+def jump_drift(state: HybridState) -> Any:
+  """The drift the jump follows: from outer momentum when the train state has it, else from the
+  averaging EMA and the slow EMA."""
+  tr = state.train
+  if tr.outer is not None:
+    return outer_momentum_drift(tr.outer)
+  return drift_per_step(tr.averaging, state.drift_memory, tr.step)
 
 
 def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
@@ -121,7 +140,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   """
   del schedule
   tr, c, j = state.train, state.controller, ctx.jump
-  drift = drift_per_step(tr.averaging, state.drift_memory, tr.step)
+  drift = jump_drift(state)
   scale = c.group_scale
   base, losses = score_candidates(ctx, tr.params, drift, scale, batch)
   best = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
@@ -138,10 +157,14 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     averaging=translate_averaging(tr.averaging, ctx.groups, amount, drift),
     step=tr.step + k,
   )
-  drift_memory = translate_averaging(state.drift_memory, ctx.groups, amount, drift)
+  if tr.outer is not None:  # the jump is no inner progress: outer momentum's anchor moves with it
+    slow = features_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
+    moved = moved.replace(outer=tr.outer.replace(slow=slow))
+  drift_memory = translate_averaging(state.drift_memory, ctx.groups, amount, drift)  # None stays None
   # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
   train = tree_where(accept, moved, tr)
-  drift_memory = tree_where(accept, drift_memory, state.drift_memory)
+  if drift_memory is not None:
+    drift_memory = tree_where(accept, drift_memory, state.drift_memory)
 
   trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
   c = c.replace(

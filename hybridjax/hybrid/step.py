@@ -31,7 +31,7 @@ from hybridjax.hybrid.full_step import full_step
 from hybridjax.hybrid.phases import Branch
 from hybridjax.hybrid.predict_step import predict_step
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule, init_train_state
+from hybridjax.optim import Batch, Schedule, init_outer_momentum, init_train_state
 
 # The transitions `hybrid_step` selects between, indexed by `Branch`.
 TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (full_step, predict_step, correct_step)
@@ -58,9 +58,14 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
   rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
   return HybridState(
-    train=init_train_state(params, ctx.tx, ctx.averaging_beta),
+    train=init_train_state(
+      params, ctx.tx, ctx.averaging_beta, None if ctx.outer is None else init_outer_momentum(params, *ctx.outer)
+    ),
     velocity=jax.tree.map(jnp.zeros_like, params) if ctx.predictor == "velocity" else None,
-    drift_memory=jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" else None,
+    # The slow EMA of the jump's drift; outer momentum's m gives the drift when it runs.
+    drift_memory=(
+      jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" and ctx.outer is None else None
+    ),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
     corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr),
     history=state_lib.init_history(ctx.history_size, f, g),

@@ -65,6 +65,7 @@ def make_context(
   total_steps: int,
   grad_accum: int = 1,
   averaging_beta: float | None = None,
+  outer: tuple[int, float, float] | None = None,
 ) -> HybridContext:
   """The static `HybridContext` from `config.hybrid` and the (abstract) params."""
   h = hybrid
@@ -127,12 +128,20 @@ def make_context(
     averaging_beta=averaging_beta,
     predictor=predictor,
     jump=jump,
+    outer=outer,
   )
 
 
 def averaging_beta(trainer: ml_collections.ConfigDict) -> float | None:
   """The params average's beta from `config.trainer`, or None when averaging is off."""
   return float(trainer.averaging_beta) if trainer.get("averaging", "none") == "ema" else None
+
+
+def outer_settings(optim: ml_collections.ConfigDict) -> tuple[int, float, float] | None:
+  """Outer momentum's (K, eta, mu) from `config.optim`, or None when `outer_every` is 0."""
+  if not optim.get("outer_every", 0):
+    return None
+  return int(optim.outer_every), float(optim.outer_eta), float(optim.outer_mu)
 
 
 class BaselineDriver:
@@ -157,7 +166,7 @@ class BaselineDriver:
     self._tx = tx
     self._averaging_beta = averaging_beta(config.trainer)
     o = config.optim
-    self._outer = None if not o.get("outer_every", 0) else (int(o.outer_every), float(o.outer_eta), float(o.outer_mu))
+    self._outer = outer_settings(o)
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
     self.state_shardings = None
     if self.mesh is not None:
@@ -260,6 +269,7 @@ class HybridDriver:
       total_steps=config.trainer.steps,
       grad_accum=config.trainer.grad_accum,
       averaging_beta=averaging_beta(config.trainer),
+      outer=outer_settings(config.optim),
     )
     self.max_events = config.hybrid.health.max_events
     self.schedule_jumps = self.ctx.predictor == "jump"
