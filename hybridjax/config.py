@@ -99,6 +99,9 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.jump = ml_collections.ConfigDict(
     dict(
       horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
+      # Move scales s per horizon: a candidate moves s k r and advances the schedule by k (s < 1:
+      # a shorter move than the steps it skips). Candidates: every (k, s), scored one at a time.
+      scales=(1.0,),
       every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
       margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
       slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
@@ -221,6 +224,17 @@ def _int_tuple(lo: int) -> Callable[[Any], str | None]:
   return check
 
 
+def _num_tuple(lo: float) -> Callable[[Any], str | None]:
+  def check(v):
+    if not isinstance(v, (tuple, list)) or not v or not all(_is_num(x) for x in v):
+      return f"must be a non-empty tuple of numbers, e.g. (0.5, 1.0), got {v!r}"
+    if min(v) <= lo:
+      return f"must hold numbers > {lo}, got {v!r}"
+    return None
+
+  return check
+
+
 def _choice(*options: str) -> Callable[[Any], str | None]:
   def check(v):
     return None if v in options else f"must be one of {list(options)}, got {v!r}"
@@ -289,6 +303,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.predictor": _choice("velocity", "jump"),
   "hybrid.jump.horizons": _int_tuple(1),
   "hybrid.jump.every": _int(1),
+  "hybrid.jump.scales": _num_tuple(0.0),
   "hybrid.jump.margin": _num(-1.0, 1.0, hi_open=True),
   "hybrid.jump.slow_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.jump.start_fraction": _num(0.0, 1.0),

@@ -31,9 +31,9 @@ def _params():
   return {"a": {"kernel": jnp.arange(6.0).reshape(3, 2) / 10}, "b": {"bias": jnp.array([0.5, -0.25])}}
 
 
-def _context(loss_fn, *, skip_control=False, params=None):
+def _context(loss_fn, *, skip_control=False, params=None, scales=(1.0,)):
   h = small_hybrid_config(predictor="jump", grouping="leaf")
-  h.jump.update(horizons=HORIZONS, margin=0.01, skip_control=skip_control)
+  h.jump.update(horizons=HORIZONS, scales=scales, margin=0.01, skip_control=skip_control)
   return drivers.make_context(
     h,
     loss_fn=loss_fn,
@@ -122,6 +122,20 @@ class JumpStepTest(chex.TestCase):
     # The translation keeps the EMAs' difference, so the drift (at the same count) as it was.
     kept = jump_lib.drift_per_step(new.train.averaging, new.drift_memory, state.train.step)
     chex.assert_trees_all_close(kept, r, rtol=1e-4, atol=1e-6)
+
+  def test_the_probe_chooses_the_move_scale_and_the_schedule_still_advances_by_k(self):
+    state = _state(_context(_quadratic_towards(_params())))
+    r = _drift(state)
+    # Moves s k of 7.5, 10, 15, 20, 30, 40 steps of drift; the loss is lowest exactly 30 steps ahead:
+    # the candidate (k 40, s 0.75), which skips 40 schedule steps.
+    target = jax.tree.map(lambda p, d: p + 30.0 * d, _params(), r)
+    ctx = _context(_quadratic_towards(target), scales=(0.75, 1.0))
+    new, info = jump_lib.jump_step(ctx, state, BATCH, None)
+    assert int(new.train.step) == int(state.train.step) + 40
+    assert float(new.controller.last_jump_scale) == 0.75
+    moved = jax.tree.map(lambda d: 30.0 * d, r)
+    chex.assert_trees_all_close(jax.tree.map(jnp.subtract, new.train.params, state.train.params), moved, rtol=1e-5)
+    assert int(info.forwards) == 1 + 3 * 2
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_a_rejected_jump_leaves_the_state_bit_identical(self):

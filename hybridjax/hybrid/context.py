@@ -39,6 +39,7 @@ class JumpSettings:
   """The jump predictor's static knobs (`hybrid.jump`, docs/design.md "Jumps")."""
 
   horizons: tuple[int, ...]  # candidate k, scored one at a time on the probe batch
+  scales: tuple[float, ...]  # candidate move scales s: a candidate moves s k r and advances k
   margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
   slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
   start_fraction: float  # no jump before this fraction of the schedule

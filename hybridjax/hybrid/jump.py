@@ -110,20 +110,29 @@ def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
 def score_candidates(
   ctx: HybridContext, params: Any, drift: Any, scale: jax.Array, batch: Batch
 ) -> tuple[jax.Array, jax.Array]:
-  """(probe loss without a jump, probe loss of each horizon in `ctx.jump.horizons`), float32.
+  """(probe loss without a jump, probe loss of each candidate of `candidates`), float32.
 
-  A `lax.scan` over the horizons: each candidate's params are formed, scored and dropped before
+  A `lax.scan` over the candidates: each candidate's params are formed, scored and dropped before
   the next, so scoring needs one params-sized buffer whatever the number of candidates.
   """
   base = ctx.loss_fn(params, batch)[0].astype(jnp.float32)
 
-  def score(carry, k):
-    moved = features_lib.add_scaled_by_group(ctx.groups, params, scale * k, drift)
+  def score(carry, move):
+    moved = features_lib.add_scaled_by_group(ctx.groups, params, scale * move, drift)
     return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
 
-  horizons = jnp.asarray(ctx.jump.horizons, jnp.float32)
-  _, losses = jax.lax.scan(score, None, horizons)
+  horizons, scales = candidates(ctx)
+  _, losses = jax.lax.scan(score, None, horizons.astype(jnp.float32) * scales)
   return base, losses
+
+
+def candidates(ctx: HybridContext) -> tuple[jax.Array, jax.Array]:
+  """(k, s) of every candidate, as two flat arrays: each horizon in `hybrid.jump.horizons` at each
+  move scale in `hybrid.jump.scales` (a candidate moves s k r and advances the schedule by k)."""
+  j = ctx.jump
+  ks = jnp.asarray([k for k in j.horizons for _ in j.scales], jnp.int32)
+  ss = jnp.asarray([x for _ in j.horizons for x in j.scales], jnp.float32)
+  return ks, ss
 
 
 def translate_averaging(averaging: Averaging | None, groups: Any, amount: jax.Array, drift: Any) -> Averaging | None:
@@ -145,13 +154,14 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   base, losses = score_candidates(ctx, tr.params, drift, scale, batch)
   best = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
   best_loss = losses[best]
-  horizons = jnp.asarray(j.horizons, jnp.int32)
+  horizons, scales = candidates(ctx)
   accept = (
     jnp.isfinite(base) & jnp.isfinite(best_loss) & (best_loss < (1.0 - j.margin) * base) & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
-  # The move: s_g k r_g on the params and both EMAs; none in the skip control or when rejected.
-  amount = scale * k.astype(jnp.float32) * (0.0 if j.skip_control else 1.0)
+  move_scale = jnp.where(accept, scales[best], 0.0)
+  # The move: s_g s k r_g on the params and both EMAs; none in the skip control or when rejected.
+  amount = scale * (move_scale * k.astype(jnp.float32)) * (0.0 if j.skip_control else 1.0)
   moved = tr.replace(
     params=features_lib.add_scaled_by_group(ctx.groups, tr.params, amount, drift),
     averaging=translate_averaging(tr.averaging, ctx.groups, amount, drift),
@@ -172,6 +182,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     jumps=c.jumps + accept.astype(jnp.int32),
     jump_steps=c.jump_steps + k,
     last_jump_k=k,
+    last_jump_scale=move_scale,
     last_probe_gain=jnp.where(jnp.isfinite(base), (base - best_loss) / base, 0.0),
     # The accepted jump's persisting gain is measured over the CORRECT phase that follows.
     persist_tracking=accept,
@@ -195,7 +206,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     nonfinite_prediction=False,
     rollback_alpha=jnp.zeros(g),
     alpha=amount,
-    forwards=1 + len(j.horizons),
+    forwards=1 + len(j.horizons) * len(j.scales),
     batch_consumed=False,
   )
   return new_state, info

@@ -99,6 +99,7 @@ class Controller:
   jumps: jax.Array  # int32: accepted jumps
   jump_steps: jax.Array  # int32: schedule steps advanced by accepted jumps (sum of k)
   last_jump_k: jax.Array  # int32: k of the last attempt (0 = rejected)
+  last_jump_scale: jax.Array  # the move scale s of the last attempt's candidate (0 = rejected)
   last_probe_gain: jax.Array  # relative probe-loss drop of the last attempt's best candidate
   group_scale: jax.Array  # (G,) s_g: a jump moves group g by s_g * k * r_g
   # Persisting gain of the last accepted jump, measured over the CORRECT phase after it: the mean
@@ -186,6 +187,7 @@ def init_controller(*, max_predict_steps: int, n_groups: int, feature_dim: int, 
     jumps=i32(),
     jump_steps=i32(),
     last_jump_k=i32(),
+    last_jump_scale=f32(),
     last_probe_gain=f32(),
     group_scale=jnp.ones((g,), jnp.float32),
     persist_tracking=jnp.asarray(False),

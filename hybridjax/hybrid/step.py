@@ -104,6 +104,7 @@ def finish_step(
     jumped = ~info.batch_consumed  # only a jump step leaves its batch for the next step
     metrics.update(
       jump_k=jnp.where(jumped, c.last_jump_k, 0),  # schedule steps this jump advanced (0: rejected)
+      jump_scale=jnp.where(jumped, c.last_jump_scale, 0.0),  # its move: jump_scale * jump_k steps of drift
       probe_gain=jnp.where(jumped, c.last_probe_gain, jnp.nan),
       persisting_gain=c.last_persisting_gain,
     )

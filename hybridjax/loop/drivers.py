@@ -76,6 +76,7 @@ def make_context(
     j = h.jump
     jump = JumpSettings(
       horizons=tuple(int(k) for k in j.horizons),
+      scales=tuple(float(x) for x in j.get("scales", (1.0,))),
       margin=float(j.margin),
       slow_beta=float(j.slow_beta),
       start_fraction=float(j.start_fraction),
@@ -434,7 +435,9 @@ class HybridDriver:
         if "jump_k" in row and rec["phase"] == Phase.PREDICT:
           # A jump: `loss` is the probe loss where the params now are, `predicted_loss` the probe
           # loss without a jump; `jump_k` the schedule steps it advanced (0: rejected).
-          rec.update(jump_k=int(row["jump_k"]), probe_gain=float(row["probe_gain"]))
+          rec.update(
+            jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"])
+          )
         if "persisting_gain" in row:
           rec["persisting_gain"] = float(row["persisting_gain"])
         self._trace.append(rec)
@@ -452,7 +455,7 @@ class HybridDriver:
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
-      if k not in ("step", "loss", "measured", "diverged", "branch", "jump_k", "probe_gain")
+      if k not in ("step", "loss", "measured", "diverged", "branch", "jump_k", "jump_scale", "probe_gain")
     }
     c = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
