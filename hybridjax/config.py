@@ -99,11 +99,10 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.jump = ml_collections.ConfigDict(
     dict(
       horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
-      # Move scales s per horizon: a candidate moves s k r and advances the schedule by k (s < 1:
-      # a shorter move than the steps it skips). Candidates: every (k, s), scored one at a time.
-      scales=(1.0,),
+      scales=(1.0,),  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
       every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
       margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
+      trend_credit=0.0,  # and by this fraction of the k real steps' expected progress (1: all of it)
       slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
       start_fraction=0.05,  # no jump before this fraction of the run
       stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
@@ -304,6 +303,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.jump.horizons": _int_tuple(1),
   "hybrid.jump.every": _int(1),
   "hybrid.jump.scales": _num_tuple(0.0),
+  "hybrid.jump.trend_credit": _num(0.0),
   "hybrid.jump.margin": _num(-1.0, 1.0, hi_open=True),
   "hybrid.jump.slow_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.jump.start_fraction": _num(0.0, 1.0),

@@ -31,9 +31,9 @@ def _params():
   return {"a": {"kernel": jnp.arange(6.0).reshape(3, 2) / 10}, "b": {"bias": jnp.array([0.5, -0.25])}}
 
 
-def _context(loss_fn, *, skip_control=False, params=None, scales=(1.0,)):
+def _context(loss_fn, *, skip_control=False, params=None, scales=(1.0,), trend_credit=0.0):
   h = small_hybrid_config(predictor="jump", grouping="leaf")
-  h.jump.update(horizons=HORIZONS, scales=scales, margin=0.01, skip_control=skip_control)
+  h.jump.update(horizons=HORIZONS, scales=scales, margin=0.01, skip_control=skip_control, trend_credit=trend_credit)
   return drivers.make_context(
     h,
     loss_fn=loss_fn,
@@ -154,6 +154,33 @@ class JumpStepTest(chex.TestCase):
     c = new.controller
     assert (int(c.jumps), int(c.jump_attempts), int(c.last_jump_k)) == (0, 1, 0)
     assert int(info.forwards) == 1 + len(HORIZONS)  # the probes are counted all the same
+
+  def test_with_trend_credit_a_jump_must_beat_the_progress_of_the_steps_it_skips(self):
+    state = _state(_context(_quadratic_towards(_params())))
+    target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), _drift(state))
+    # A log-loss falling 0.01 per real step before the jump (the controller's two loss EMAs).
+    lag_fast, lag_slow = 0.7 / 0.3, 0.97 / 0.03
+    falling = state.controller.replace(
+      ema_fast=jnp.float32(1.0), ema_slow=jnp.float32(1.0 + 0.01 * (lag_slow - lag_fast))
+    )
+    state = state.replace(controller=falling)
+    base, losses = jump_lib.score_candidates(
+      _context(_quadratic_towards(target)), state.train.params, _drift(state), state.controller.group_scale, BATCH
+    )
+    gains = np.log(np.asarray(base)) - np.log(np.asarray(losses))  # log-loss drop of k = 10, 20, 40
+    assert np.all(gains > 0)
+    outcomes = set()
+    for credit in (0.0, 0.5, 1.0, 4.0, 50.0):
+      new, _ = jump_lib.jump_step(_context(_quadratic_towards(target), trend_credit=credit), state, BATCH, None)
+      worth = gains - credit * 0.01 * np.asarray(HORIZONS)  # the excess over the skipped steps' progress
+      k = int(new.controller.last_jump_k)
+      outcomes.add(k)
+      if worth.max() > 0:
+        assert k == HORIZONS[int(np.argmax(worth))], (credit, worth)
+      else:
+        assert k == 0, (credit, worth)
+        chex.assert_trees_all_equal(new.train, state.train)
+    assert 0 in outcomes and len(outcomes) >= 2, outcomes  # both accepted and rejected jumps were seen
 
   def test_outside_the_window_nothing_jumps(self):
     ctx0 = _context(_quadratic_towards(_params()))

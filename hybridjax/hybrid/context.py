@@ -41,6 +41,7 @@ class JumpSettings:
   horizons: tuple[int, ...]  # candidate k, scored one at a time on the probe batch
   scales: tuple[float, ...]  # candidate move scales s: a candidate moves s k r and advances k
   margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
+  trend_credit: float  # ... and below it by this fraction of the progress k real steps would make
   slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
   start_fraction: float  # no jump before this fraction of the schedule
   stop_fraction: float  # no jump may end past this fraction of the schedule

@@ -15,7 +15,9 @@ momentum's slow params move with the jump (no slow EMA is kept: two params-sized
 At a PREDICT step (`jump_step`) the candidates k in `hybrid.jump.horizons` are scored one at a time
 (`lax.scan`, so one moved copy of the params exists at a time) by the loss on the probe batch: the
 next batch of the training stream, which the following real step then trains on. The best one is
-accepted when its probe loss is below (1 - margin) x the loss without a jump; a rejected attempt
+accepted when its probe loss is below (1 - margin) x the loss without a jump and, with
+`trend_credit` c > 0, below that loss lowered by c x the progress k real steps are expected to make
+(the loss trend before the jump); a rejected attempt
 leaves the train state exactly as it was. The CORRECT phase of real steps follows either way, and
 measures the accepted jump's persisting gain.
 
@@ -152,11 +154,21 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   drift = jump_drift(state)
   scale = c.group_scale
   base, losses = score_candidates(ctx, tr.params, drift, scale, batch)
-  best = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
-  best_loss = losses[best]
   horizons, scales = candidates(ctx)
+  # The log-loss trend per real step before the jump (from the controller's two loss EMAs). A
+  # candidate of k steps must beat the no-jump loss by `trend_credit` x the progress k real steps
+  # are expected to make (with trend_credit 0, by nothing: the best probe loss wins).
+  trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
+  expected = j.trend_credit * horizons.astype(jnp.float32) * jnp.minimum(trend, 0.0)
+  excess = features_lib.safe_log(losses) - features_lib.safe_log(base) - expected
+  best = jnp.argmin(jnp.where(jnp.isfinite(excess), excess, jnp.inf))
+  best_loss = losses[best]
   accept = (
-    jnp.isfinite(base) & jnp.isfinite(best_loss) & (best_loss < (1.0 - j.margin) * base) & in_jump_window(ctx, tr.step)
+    jnp.isfinite(base)
+    & jnp.isfinite(best_loss)
+    & (excess[best] < 0.0)
+    & (best_loss < (1.0 - j.margin) * base)
+    & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
   move_scale = jnp.where(accept, scales[best], 0.0)
@@ -176,7 +188,6 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   if drift_memory is not None:
     drift_memory = tree_where(accept, drift_memory, state.drift_memory)
 
-  trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
   c = c.replace(
     jump_attempts=c.jump_attempts + 1,
     jumps=c.jumps + accept.astype(jnp.int32),

@@ -78,6 +78,7 @@ def make_context(
       horizons=tuple(int(k) for k in j.horizons),
       scales=tuple(float(x) for x in j.get("scales", (1.0,))),
       margin=float(j.margin),
+      trend_credit=float(j.get("trend_credit", 0.0)),
       slow_beta=float(j.slow_beta),
       start_fraction=float(j.start_fraction),
       stop_fraction=float(j.stop_fraction),
