@@ -738,6 +738,11 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     else:
       fns = driver.compiled_phase_steps(state, batch)
     compile_s[name] = time.perf_counter() - t0
+    # One untimed call of every program, on a copy of the state (the programs donate it): a
+    # program's first execution carries one-time costs (~100 ms on CPU), which would dominate the
+    # median of a kind timed only a few times (a jump arm's CORRECT entry).
+    for fn in fns:
+      jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
     predictor = c.hybrid.get("predictor", "velocity") if c.mode == "hybrid" else ""
     arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "predictor": predictor}
 

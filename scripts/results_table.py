@@ -3,6 +3,8 @@
   python scripts/results_table.py            # print the table
   python scripts/results_table.py --update   # rewrite it in README.md (between the markers)
   python scripts/results_table.py --families # paired differences between families at N
+  python scripts/results_table.py --cross=long-muon-cosine:long-adamw-cosine
+      # one family's method arms against another family's anchors (labelled; never a headline)
 
 Every row comes from `docs/results/<preset>-<family>/headline.json`, which
 `python -m experiments.benchmark --config.benchmark.publish=docs/results/<preset>-<family>` writes;
@@ -99,6 +101,35 @@ def family_differences(results: dict[str, dict], reference: str = "adamw-cosine"
   return "\n".join(lines)
 
 
+def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str) -> str:
+  """The method arms of `methods_from` judged against the anchors of `anchors_from` (same preset,
+  same headline seeds): backward ratios and paired final-loss differences. Step times of two
+  families were not measured in one process, so no wall-clock ratio."""
+  from experiments import benchmark  # jax and the library: only for this table
+
+  m, a = results[methods_from], results[anchors_from]
+  if m["steps"] != a["steps"] or m["seeds"] != a["seeds"]:
+    raise SystemExit(f"{methods_from} and {anchors_from} differ in N or headline seeds")
+  lines = [
+    f"{methods_from} arms against the {anchors_from} anchors (a cross-family row, not a headline)",
+    "",
+    "| arm | backward_ratio vs baseline / averaged | final loss | minus averaged anchor at N (paired) |",
+    "|---|---|---|---|",
+  ]
+  for method, runs in m["method_runs"].items():
+    f = benchmark.method_figures(a["curves"], runs, None, a["budgets"])
+    ratios = " / ".join(
+      "not reached" if f[x]["backward_ratio"]["mean"] is None else f"{f[x]['backward_ratio']['mean']:.2f}×"
+      for x in ANCHORS
+    )
+    d = f["averaged_baseline"]["paired_difference"]
+    lines.append(
+      f"| {method} ({m['family']}) | {ratios} | {_pm(f['final_loss'])} | "
+      f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {d['verdict']} |"
+    )
+  return "\n".join(lines)
+
+
 def readme_block(text: str) -> str:
   """The table between the README's markers."""
   if START not in text or END not in text:
@@ -110,7 +141,14 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--update", action="store_true", help="rewrite the table in README.md")
   parser.add_argument("--families", action="store_true", help="paired differences between families at N")
+  parser.add_argument(
+    "--cross", default="", help="METHODS_FROM:ANCHORS_FROM result folders, e.g. long-muon-cosine:long-adamw-cosine"
+  )
   args = parser.parse_args()
+  if args.cross:
+    methods_from, _, anchors_from = args.cross.partition(":")
+    print(cross_family(load("benchmark.json"), methods_from, anchors_from))
+    return
   if args.families:
     print(family_differences(load("benchmark.json")))
     return
