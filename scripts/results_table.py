@@ -118,10 +118,14 @@ def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str)
   ]
   for method, runs in m["method_runs"].items():
     f = benchmark.method_figures(a["curves"], runs, None, a["budgets"])
-    ratios = " / ".join(
-      "not reached" if f[x]["backward_ratio"]["mean"] is None else f"{f[x]['backward_ratio']['mean']:.2f}×"
-      for x in ANCHORS
-    )
+
+    def cell(r):
+      if r["mean"] is None:
+        return "not reached"
+      bound = f" ({r['n_lower_bound']} lower bounds: beyond the curve's 2N)" if r["n_lower_bound"] else ""
+      return f"{r['mean']:.2f}×{bound}"
+
+    ratios = " / ".join(cell(f[x]["backward_ratio"]) for x in ANCHORS)
     d = f["averaged_baseline"]["paired_difference"]
     lines.append(
       f"| {method} ({m['family']}) | {ratios} | {_pm(f['final_loss'])} | "

@@ -163,12 +163,9 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   excess = features_lib.safe_log(losses) - features_lib.safe_log(base) - expected
   best = jnp.argmin(jnp.where(jnp.isfinite(excess), excess, jnp.inf))
   best_loss = losses[best]
+  # Accepted when L_k < (1 - margin) L_0 exp(trend_credit k trend): in log-loss, excess < log(1 - margin).
   accept = (
-    jnp.isfinite(base)
-    & jnp.isfinite(best_loss)
-    & (excess[best] < 0.0)
-    & (best_loss < (1.0 - j.margin) * base)
-    & in_jump_window(ctx, tr.step)
+    jnp.isfinite(base) & jnp.isfinite(best_loss) & (excess[best] < jnp.log1p(-j.margin)) & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
   move_scale = jnp.where(accept, scales[best], 0.0)
