@@ -138,6 +138,10 @@ _COST = {
   "test_data.py": 10,
   "test_step_copies.py": 20,
   "test_sharding.py": 8,
+  "test_benchmark.py": 90,
+  "test_jump.py": 55,
+  "test_averaging.py": 30,
+  "test_outer_momentum.py": 20,
 }
 
 
