@@ -305,6 +305,7 @@ def test_a_jump_run_counts_backward_passes_batches_and_skipped_steps(tmp_path, j
   assert len(jumps) == s["jumps"] and sum(r["jump_k"] for r in jumps) == s["jump_steps"]
 
 
+@pytest.mark.slow  # two end-to-end runs; CI runs the slow tests
 def test_with_prediction_off_the_jump_predictor_is_the_averaged_baseline_bit_for_bit(tmp_path, jax_cache):
   base = cached(micro_config(steps=30), jax_cache)
   base.trainer.update(averaging="ema", averaging_beta=0.9)
@@ -316,6 +317,7 @@ def test_with_prediction_off_the_jump_predictor_is_the_averaged_baseline_bit_for
   chex.assert_trees_all_equal((h.train.params, h.train.averaging), (b.params, b.averaging))
 
 
+@pytest.mark.slow  # three end-to-end runs; CI runs the slow tests
 def test_resume_across_jumps_is_bit_exact(tmp_path, jax_cache):
   c = cached(_jump_config(steps=90), jax_cache)
   c.trainer.update(checkpoint_every=30)

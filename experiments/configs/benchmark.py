@@ -105,7 +105,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.optim.update(warmup_steps=4, learning_rate=0.012)
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
-    b.methods = "jump,skip_control,outer_momentum"
+    b.methods = "jump,skip_control"
     b.outer_momentum = (10, 0.8, 0.75)
     b.seeds = (1, 2)
     b.lr_points = 3
