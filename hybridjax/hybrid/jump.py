@@ -28,8 +28,9 @@ The skip control (`hybrid.jump.skip_control`) runs the same decisions but an acc
 advances the schedule: what skipping schedule steps alone buys.
 
 Real steps (`jump_real_step`) are the baseline's step plus the slow EMA and the controller's loss
-statistics: no dynamics training, no history. What remains is the controller's scalar bookkeeping
-(1.12x a baseline step on the `long` benchmark's 0.12M-param model, where it is not hidden).
+statistics: no dynamics training, no history (1.12x a baseline step on the `long` benchmark's
+0.12M-param model, where the slow EMA's pass over the params and the controller's scalar
+statistics are not hidden).
 """
 
 from __future__ import annotations
