@@ -26,6 +26,9 @@ from hybridjax.hybrid.state import Controller
 
 # Real steps before the health statistics are trusted (loss spike, gradient explosion).
 HEALTH_WARMUP = 20
+# The betas of the two log-loss EMAs of real steps (`Controller.ema_fast`, `ema_slow`).
+LOSS_BETA_FAST = 0.7
+LOSS_BETA_SLOW = 0.97
 
 
 def push_error(ctrl: Controller, rel_error: jax.Array, enabled: jax.Array) -> Controller:
@@ -87,9 +90,13 @@ def update_real_stats(
   var = jnp.where(first, 0.0, (1 - a) * (ctrl.loss_var + a * jnp.square(logloss - ctrl.loss_mean)))
   # A spike or explosion does not enter the baselines it was measured against.
   absorb = finite & ~explosion & ~spike
+
+  def ema(old, beta):
+    return jnp.where(finite, jnp.where(first, logloss, beta * old + (1 - beta) * logloss), old)
+
   new = ctrl.replace(
-    ema_fast=jnp.where(finite, jnp.where(first, logloss, 0.7 * ctrl.ema_fast + 0.3 * logloss), ctrl.ema_fast),
-    ema_slow=jnp.where(finite, jnp.where(first, logloss, 0.97 * ctrl.ema_slow + 0.03 * logloss), ctrl.ema_slow),
+    ema_fast=ema(ctrl.ema_fast, LOSS_BETA_FAST),
+    ema_slow=ema(ctrl.ema_slow, LOSS_BETA_SLOW),
     loss_mean=jnp.where(absorb, mean, ctrl.loss_mean),
     loss_var=jnp.where(absorb, var, ctrl.loss_var),
     grad_norm_ema=jnp.where(

@@ -16,7 +16,7 @@ and plan keep their values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from hybridjax.hybrid.state import Controller, History, HybridState
 from hybridjax.optim import (
   Batch,
   Schedule,
+  TrainState,
   global_norm,
   guarded_update,
   learning_rate,
@@ -198,15 +199,35 @@ def plan_predict_phase(
   return c, rollback
 
 
-def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
-  """A real gradient step plus the trajectory bookkeeping. A non-finite update is never applied."""
-  tr = state.train
+class RealUpdate(NamedTuple):
+  """What the optimizer update of a real step computed (`real_update`)."""
+
+  loss: jax.Array  # float32
+  grads: Any
+  grad_norm: jax.Array
+  finite: jax.Array  # the loss and the gradient norm are finite (else nothing is applied)
+  lr: jax.Array
+  params: Any  # the params after the update (the old ones when not `finite`)
+  opt_state: Any
+  updates: Any
+
+
+def real_update(ctx: HybridContext, tr: TrainState, batch: Batch, schedule: Schedule) -> RealUpdate:
+  """The baseline's optimizer update (the same functions `optim.train_step` runs, so the same bits):
+  forward, backward, the guarded optax update. Every real step of every predictor starts here."""
   loss, grads = loss_and_grads(ctx.loss_fn, tr.params, batch, ctx.grad_accum)
   loss = loss.astype(jnp.float32)
   grad_norm = global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   lr = learning_rate(schedule, tr.step)
   params, opt_state, updates = guarded_update(ctx.tx, grads, tr.opt_state, tr.params, lr, finite)
+  return RealUpdate(loss, grads, grad_norm, finite, lr, params, opt_state, updates)
+
+
+def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+  """A real gradient step plus the trajectory bookkeeping. A non-finite update is never applied."""
+  tr = state.train
+  loss, grads, grad_norm, finite, lr, params, opt_state, updates = real_update(ctx, tr, batch, schedule)
 
   logloss = features_lib.safe_log(loss)
   c, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)

@@ -40,9 +40,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.full_step import observe_real_step
+from hybridjax.hybrid.full_step import real_update
 from hybridjax.hybrid.phases import Phase
 from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.optim import (
@@ -50,18 +51,14 @@ from hybridjax.optim import (
   Batch,
   OuterMomentum,
   Schedule,
-  global_norm,
-  guarded_update,
-  learning_rate,
-  loss_and_grads,
   next_train_state,
   tree_where,
   update_average,
 )
 
-# Lags of the controller's loss EMAs (beta 0.7 and 0.97, `controller.update_real_stats`).
-_LOSS_LAG_FAST = 0.7 / 0.3
-_LOSS_LAG_SLOW = 0.97 / 0.03
+# Lags of the controller's two log-loss EMAs (`controller.update_real_stats`).
+_LOSS_LAG_FAST = controller_lib.LOSS_BETA_FAST / (1 - controller_lib.LOSS_BETA_FAST)
+_LOSS_LAG_SLOW = controller_lib.LOSS_BETA_SLOW / (1 - controller_lib.LOSS_BETA_SLOW)
 
 
 def ema_lag(beta: jax.Array | float, count: jax.Array | int) -> jax.Array:
@@ -254,17 +251,13 @@ def jump_real_step(
   confidence is 1 inside the jump window and 0 outside, which is what lets the controller enter
   PREDICT; the margin on the probe loss is the gate on the jump itself."""
   tr = state.train
-  loss, grads = loss_and_grads(ctx.loss_fn, tr.params, batch, ctx.grad_accum)
-  loss = loss.astype(jnp.float32)
-  grad_norm = global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  lr = learning_rate(schedule, tr.step)
-  params, opt_state, _ = guarded_update(ctx.tx, grads, tr.opt_state, tr.params, lr, finite)
+  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
   train = next_train_state(tr, params, opt_state, finite)
   drift_memory = update_average(state.drift_memory, train.params, train.step)
 
   logloss = features_lib.safe_log(loss)
-  c, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
+  # The loss statistics and health checks (no one-step loss prediction to score: jumps make none).
+  c, explosion, spike = controller_lib.update_real_stats(state.controller, logloss, grad_norm, finite, ctx.control)
   c = track_persisting_gain(c, logloss, finite, ctx.control.correct_steps)
   window = in_jump_window(ctx, train.step).astype(jnp.float32)
   c = c.replace(confidence=window, agreement=window, accuracy=window)

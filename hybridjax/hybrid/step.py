@@ -57,18 +57,26 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
   """A fresh state around `params` (the optimizer is initialised here)."""
   rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
+  velocity = ctx.predictor == "velocity"
   return HybridState(
     train=init_train_state(
       params, ctx.tx, ctx.averaging_beta, None if ctx.outer is None else init_outer_momentum(params, *ctx.outer)
     ),
-    velocity=jax.tree.map(jnp.zeros_like, params) if ctx.predictor == "velocity" else None,
+    velocity=jax.tree.map(jnp.zeros_like, params) if velocity else None,
     # The slow EMA of the jump's drift; outer momentum's m gives the drift when it runs.
     drift_memory=(
       jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" and ctx.outer is None else None
     ),
-    dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm),
-    corrector=corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr),
-    history=state_lib.init_history(ctx.history_size, f, g),
+    # The velocity predictor's one-step RSSM, corrector and per-step history: the jump predictor
+    # uses none of them, and carrying them through its steps is not free (every donated leaf costs
+    # its dispatch: their ~120 leaves made a real step ~9% dearer on the `long` benchmark's model).
+    dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm) if velocity else None,
+    corrector=(
+      corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr)
+      if velocity
+      else None
+    ),
+    history=state_lib.init_history(ctx.history_size, f, g) if velocity else None,
     controller=state_lib.init_controller(
       max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
     ),
