@@ -107,6 +107,24 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
       start_fraction=0.05,  # no jump before this fraction of the run
       stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
       skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
+      # 'rssm': an ensemble of RSSMs over snapshots of the trajectory sets each candidate's per-group
+      # scale s_g and admits it only on a positive expected persisting gain its members agree on
+      # (docs/design.md "Forecast"); 'none': s_g = 1, every candidate goes to the probe.
+      forecast="none",
+      forecaster=ml_collections.ConfigDict(
+        dict(
+          every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
+          history=32,  # snapshots kept: the RSSM's training window
+          train_steps=4,  # RSSM optimizer steps per snapshot
+          min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
+          max_scale=2.0,  # s_g is clipped to [0, max_scale]
+          deter=32,
+          latent=8,
+          hidden=32,
+          ensemble=3,
+          learning_rate=3e-3,
+        )
+      ),
     )
   )
   c.rssm = ml_collections.ConfigDict(
@@ -309,6 +327,17 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.jump.start_fraction": _num(0.0, 1.0),
   "hybrid.jump.stop_fraction": _num(0.0, 1.0),
   "hybrid.jump.skip_control": _bool,
+  "hybrid.jump.forecast": _choice("none", "rssm"),
+  "hybrid.jump.forecaster.every": _int(1),
+  "hybrid.jump.forecaster.history": _int(4, 4096),
+  "hybrid.jump.forecaster.train_steps": _int(0),
+  "hybrid.jump.forecaster.min_agreement": _num(0.0, 1.0),
+  "hybrid.jump.forecaster.max_scale": _num(0.0, lo_open=True),
+  "hybrid.jump.forecaster.deter": _int(1),
+  "hybrid.jump.forecaster.latent": _int(1),
+  "hybrid.jump.forecaster.hidden": _int(1),
+  "hybrid.jump.forecaster.ensemble": _int(2),
+  "hybrid.jump.forecaster.learning_rate": _num(0.0, lo_open=True),
   "hybrid.warmup_steps": _int(1),
   "hybrid.full_steps": _int(1),
   "hybrid.max_predict_steps": _int(1, 1000),
@@ -441,6 +470,12 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
           f"--config.hybrid.predictor='jump' needs --config.hybrid.steps_per_call=1 (a jump decides on the "
           f"device whether its batch is used, so the host reads the data position after each step), got "
           f"{h.steps_per_call}",
+        )
+        rel(
+          h.jump.get("forecast", "none") == "none" or not config.get("optim", {}).get("outer_every", 0),
+          "--config.hybrid.jump.forecast='rssm' measures the averaged iterate's moves against the slow EMA's "
+          "drift, which outer momentum replaces: set --config.optim.outer_every=0 or "
+          "--config.hybrid.jump.forecast='none'",
         )
         rel(
           h.jump.start_fraction < h.jump.stop_fraction,

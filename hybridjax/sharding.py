@@ -139,8 +139,8 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
 
 
 def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `hybrid.state.HybridState`: the train state, the velocity and the jump
-  predictor's slow EMA FSDP, the rest replicated."""
+  """Shardings of a `hybrid.state.HybridState`: the train state, the velocity, the jump
+  predictor's slow EMA and its forecaster's snapshot drift FSDP, the rest replicated."""
   rest = replicated_tree(abstract_state, mesh)
   out = rest.replace(
     train=train_state_shardings(abstract_state.train, mesh), velocity=fsdp_sharding(abstract_state.velocity, mesh)
@@ -148,6 +148,10 @@ def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   if abstract_state.drift_memory is not None:
     out = out.replace(
       drift_memory=rest.drift_memory.replace(params=fsdp_sharding(abstract_state.drift_memory.params, mesh))
+    )
+  if abstract_state.forecast is not None:  # the drift at the last snapshot is params-shaped
+    out = out.replace(
+      forecast=rest.forecast.replace(snapshot_drift=fsdp_sharding(abstract_state.forecast.snapshot_drift, mesh))
     )
   return out
 

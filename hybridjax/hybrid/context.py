@@ -49,6 +49,18 @@ class JumpSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForecastSettings:
+  """The forecaster's static knobs (`hybrid.jump.forecaster`, docs/design.md "Forecast")."""
+
+  every: int  # D: real steps between snapshots (one RSSM entry each)
+  history: int  # snapshots kept (the RSSM's training window)
+  train_steps: int  # RSSM optimizer steps at each snapshot
+  min_agreement: float  # a candidate needs this ensemble agreement on its expected gain
+  max_scale: float  # s_g is clipped to [0, max_scale]
+  rssm: dynamics_lib.RSSMConfig
+
+
+@dataclasses.dataclass(frozen=True)
 class HybridContext:
   """Everything static the step functions close over: functions, shapes and settings.
 
@@ -78,6 +90,8 @@ class HybridContext:
   # Outer momentum (K, eta, mu) from `optim.outer_*` (jump predictor only), or None. With it the
   # jump's drift is m (1 - mu) / K and no slow EMA is kept.
   outer: tuple[int, float, float] | None = None
+  # The RSSM forecaster of the jump's s_g and expected gain (`hybrid.jump.forecast='rssm'`), or None.
+  forecast: ForecastSettings | None = None
 
   @property
   def hmax(self) -> int:

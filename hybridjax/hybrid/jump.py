@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import forecast as forecast_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.full_step import real_update
 from hybridjax.hybrid.phases import Phase
@@ -112,21 +113,21 @@ def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
 
 
 def score_candidates(
-  ctx: HybridContext, params: Any, drift: Any, scale: jax.Array, batch: Batch
+  ctx: HybridContext, params: Any, drift: Any, amounts: jax.Array, batch: Batch
 ) -> tuple[jax.Array, jax.Array]:
-  """(probe loss without a jump, probe loss of each candidate of `candidates`), float32.
+  """(probe loss without a jump, probe loss of each candidate), float32; candidate c moves group g
+  by amounts[c, g] r_g.
 
   A `lax.scan` over the candidates: each candidate's params are formed, scored and dropped before
   the next, so scoring needs one params-sized buffer whatever the number of candidates.
   """
   base = ctx.loss_fn(params, batch)[0].astype(jnp.float32)
 
-  def score(carry, move):
-    moved = features_lib.add_scaled_by_group(ctx.groups, params, scale * move, drift)
+  def score(carry, amount):
+    moved = features_lib.add_scaled_by_group(ctx.groups, params, amount, drift)
     return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
 
-  horizons, scales = candidates(ctx)
-  _, losses = jax.lax.scan(score, None, horizons.astype(jnp.float32) * scales)
+  _, losses = jax.lax.scan(score, None, amounts)
   return base, losses
 
 
@@ -154,25 +155,45 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   del schedule
   tr, c, j = state.train, state.controller, ctx.jump
   drift = jump_drift(state)
-  scale = c.group_scale
-  base, losses = score_candidates(ctx, tr.params, drift, scale, batch)
   horizons, scales = candidates(ctx)
+  n_cand, n_groups = horizons.shape[0], c.group_scale.shape[0]
+  forecast = state.forecast
+  if forecast is not None:
+    # The RSSM's s_g for each candidate, its expected persisting gain and the ensemble's agreement
+    # on it: a candidate is admitted when the gain is positive and the members agree.
+    group_scales, expected, agreement = forecast_lib.forecast_moves(
+      ctx.forecast,
+      forecast,
+      tuple(k for k in j.horizons for _ in j.scales),  # each candidate's k, as `candidates` orders them
+      jax.random.fold_in(state.rng, c.jump_attempts),
+    )
+    admitted = (expected > 0) & (agreement >= ctx.forecast.min_agreement)
+  else:
+    group_scales = jnp.ones((n_cand, n_groups), jnp.float32)
+    admitted = jnp.ones((n_cand,), bool)
+  # Candidate c moves group g by s_g(c) s_c k_c r_g (times the controller's s_g, 1).
+  amounts = c.group_scale[None, :] * group_scales * (scales * horizons.astype(jnp.float32))[:, None]
+  base, losses = score_candidates(ctx, tr.params, drift, amounts, batch)
   # The log-loss trend per real step before the jump (from the controller's two loss EMAs). A
   # candidate of k steps must beat the no-jump loss by `trend_credit` x the progress k real steps
   # are expected to make (with trend_credit 0, by nothing: the best probe loss wins).
   trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
-  expected = j.trend_credit * horizons.astype(jnp.float32) * jnp.minimum(trend, 0.0)
-  excess = features_lib.safe_log(losses) - features_lib.safe_log(base) - expected
-  best = jnp.argmin(jnp.where(jnp.isfinite(excess), excess, jnp.inf))
+  expected_trend = j.trend_credit * horizons.astype(jnp.float32) * jnp.minimum(trend, 0.0)
+  excess = features_lib.safe_log(losses) - features_lib.safe_log(base) - expected_trend
+  best = jnp.argmin(jnp.where(jnp.isfinite(excess) & admitted, excess, jnp.inf))
   best_loss = losses[best]
   # Accepted when L_k < (1 - margin) L_0 exp(trend_credit k trend): in log-loss, excess < log(1 - margin).
   accept = (
-    jnp.isfinite(base) & jnp.isfinite(best_loss) & (excess[best] < jnp.log1p(-j.margin)) & in_jump_window(ctx, tr.step)
+    jnp.isfinite(base)
+    & jnp.isfinite(best_loss)
+    & admitted[best]
+    & (excess[best] < jnp.log1p(-j.margin))
+    & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
   move_scale = jnp.where(accept, scales[best], 0.0)
-  # The move: s_g s k r_g on the params and both EMAs; none in the skip control or when rejected.
-  amount = scale * (move_scale * k.astype(jnp.float32)) * (0.0 if j.skip_control else 1.0)
+  # The move: amounts[best] on the params and both EMAs; none in the skip control or when rejected.
+  amount = jnp.where(accept, amounts[best], 0.0) * (0.0 if j.skip_control else 1.0)
   moved = tr.replace(
     params=features_lib.add_scaled_by_group(ctx.groups, tr.params, amount, drift),
     averaging=translate_averaging(tr.averaging, ctx.groups, amount, drift),
@@ -201,7 +222,19 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     persist_sum=jnp.where(accept, 0.0, c.persist_sum),
     persist_n=jnp.where(accept, 0, c.persist_n),
   )
-  new_state = state.replace(train=train, drift_memory=drift_memory, controller=c)
+  if forecast is not None:
+    forecast = forecast.replace(
+      jump_dot=jnp.where(
+        accept,
+        forecast.jump_dot + amount * features_lib.group_dots(ctx.groups, drift, forecast.snapshot_drift),
+        forecast.jump_dot,
+      ),
+      expected_gain=jnp.where(accept, expected[best], forecast.expected_gain),
+      last_expected=expected[best],
+      last_agreement=agreement[best],
+      last_scale=group_scales[best],
+    )
+  new_state = state.replace(train=train, drift_memory=drift_memory, forecast=forecast, controller=c)
   g = c.group_scale.shape
   info = make_step_info(
     loss=jnp.where(accept, best_loss, base),  # the probe loss where the params now are
@@ -251,7 +284,7 @@ def jump_real_step(
   confidence is 1 inside the jump window and 0 outside, which is what lets the controller enter
   PREDICT; the margin on the probe loss is the gate on the jump itself."""
   tr = state.train
-  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
+  loss, _, grad_norm, finite, lr, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
   train = next_train_state(tr, params, opt_state, finite)
   drift_memory = update_average(state.drift_memory, train.params, train.step)
 
@@ -261,7 +294,29 @@ def jump_real_step(
   c = track_persisting_gain(c, logloss, finite, ctx.control.correct_steps)
   window = in_jump_window(ctx, train.step).astype(jnp.float32)
   c = c.replace(confidence=window, agreement=window, accuracy=window)
-  new_state = state.replace(train=train, drift_memory=drift_memory, controller=c)
+  forecast = state.forecast
+  if forecast is not None:
+    fs = ctx.forecast
+    closed = c.persisting_gain_count > state.controller.persisting_gain_count
+    forecast = forecast_lib.calibrate(forecast, c.last_persisting_gain, closed)
+
+    def take_snapshot(f):
+      return forecast_lib.snapshot(
+        fs,
+        ctx.groups,
+        f,
+        fast=train.averaging.params,
+        drift=drift_per_step(train.averaging, drift_memory, train.step),
+        lr=lr,
+        progress=train.step.astype(jnp.float32) / ctx.total_steps,
+        loss_fast=c.ema_fast,
+        loss_slow=c.ema_slow,
+        rng=jax.random.fold_in(state.rng, c.real_count),
+      )
+
+    # Every `every` real steps (the dynamics model trains here, not at every step).
+    forecast = forecast_lib.run_if(finite & (c.real_count % fs.every == 0), take_snapshot, forecast)
+  new_state = state.replace(train=train, drift_memory=drift_memory, forecast=forecast, controller=c)
   info = make_step_info(
     loss=loss,
     predicted_loss=jnp.nan,

@@ -4,9 +4,10 @@
     train       params, opt_state, step          what a plain optax loop has
     velocity    params-shaped trajectory memory   (predictor='velocity'; None for 'jump')
     drift_memory  the slow EMA of the params      (predictor='jump'; None for 'velocity')
-    dynamics    RSSM params + its opt_state + recurrent state
-    corrector   residual corrector params + opt_state + its residual buffer
-    history     ring buffers: features, log-loss, alpha targets
+    forecast    the jump's RSSM forecaster        (hybrid.jump.forecast='rssm'; else None)
+    dynamics    RSSM params + its opt_state + recurrent state            } predictor='velocity'
+    corrector   residual corrector params + opt_state + its residual buffer } (None for 'jump')
+    history     ring buffers: features, log-loss, alpha targets             }
     controller  phase, counters, confidence, horizon, the imagined plan, alpha sums, health
     rng
 
@@ -121,6 +122,8 @@ class HybridState:
   # The jump predictor's slow EMA of the params (an `optim.Averaging`); None otherwise. With the
   # train state's averaging EMA as the fast one it gives the drift (`hybrid.jump`).
   drift_memory: Any
+  # The jump's RSSM forecaster (`hybrid.forecast.Forecast`) with `hybrid.jump.forecast='rssm'`, else None.
+  forecast: Any
   dynamics: dynamics_lib.DynamicsState
   corrector: corrector_lib.CorrectorState
   history: History

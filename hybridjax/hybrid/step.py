@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import forecast as forecast_lib
 from hybridjax.hybrid import jump as jump_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
@@ -56,6 +57,8 @@ StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, j
 def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> HybridState:
   """A fresh state around `params` (the optimizer is initialised here)."""
   rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
+  # The forecaster's key is folded from the state's, so adding it changes no other draw.
+  forecast_rng = jax.random.fold_in(rng, 1)
   g, f = ctx.groups.n_groups, ctx.groups.feature_dim
   velocity = ctx.predictor == "velocity"
   return HybridState(
@@ -70,6 +73,7 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
     # The velocity predictor's one-step RSSM, corrector and per-step history: the jump predictor
     # uses none of them, and carrying them through its steps is not free (every donated leaf costs
     # its dispatch: their ~120 leaves made a real step ~9% dearer on the `long` benchmark's model).
+    forecast=None if ctx.forecast is None else forecast_lib.init_forecast(ctx.forecast, params, forecast_rng),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm) if velocity else None,
     corrector=(
       corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr)
@@ -116,6 +120,15 @@ def finish_step(
       probe_gain=jnp.where(jumped, c.last_probe_gain, jnp.nan),
       persisting_gain=c.last_persisting_gain,
     )
+    if state.forecast is not None:
+      f = state.forecast
+      metrics.update(
+        # The forecaster's expected persisting gain of this attempt's chosen candidate, its ensemble
+        # agreement, and the calibration (realised / expected, learned over the accepted jumps).
+        expected_gain=jnp.where(jumped, f.last_expected, jnp.nan),
+        forecast_agreement=jnp.where(jumped, f.last_agreement, jnp.nan),
+        calibration=f.calibration,
+      )
   return state.replace(controller=c), metrics
 
 

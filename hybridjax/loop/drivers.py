@@ -33,6 +33,7 @@ from hybridjax import memory as memory_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import forecast as forecast_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.context import ControllerSettings, HybridContext, JumpSettings
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
@@ -84,6 +85,22 @@ def make_context(
       stop_fraction=float(j.stop_fraction),
       skip_control=bool(j.skip_control),
     )
+  forecast = None
+  if jump is not None and h.jump.get("forecast", "none") == "rssm":
+    fc = h.jump.forecaster
+    forecast = forecast_lib.settings(
+      n_groups=groups.n_groups,
+      every=int(fc.every),
+      history=int(fc.history),
+      train_steps=int(fc.train_steps),
+      min_agreement=float(fc.min_agreement),
+      max_scale=float(fc.max_scale),
+      deter=int(fc.deter),
+      latent=int(fc.latent),
+      hidden=int(fc.hidden),
+      ensemble=int(fc.ensemble),
+      learning_rate=float(fc.learning_rate),
+    )
   control = ControllerSettings(
     enable_predict=bool(h.enable_predict),
     warmup_steps=h.warmup_steps,
@@ -131,6 +148,7 @@ def make_context(
     predictor=predictor,
     jump=jump,
     outer=outer,
+    forecast=forecast,
   )
 
 
@@ -439,6 +457,8 @@ class HybridDriver:
           rec.update(
             jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"])
           )
+          if "expected_gain" in row:  # the RSSM forecaster's view of this attempt
+            rec.update(expected_gain=float(row["expected_gain"]), forecast_agreement=float(row["forecast_agreement"]))
         if "persisting_gain" in row:
           rec["persisting_gain"] = float(row["persisting_gain"])
         self._trace.append(rec)
@@ -456,7 +476,19 @@ class HybridDriver:
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
-      if k not in ("step", "loss", "measured", "diverged", "branch", "jump_k", "jump_scale", "probe_gain")
+      if k
+      not in (
+        "step",
+        "loss",
+        "measured",
+        "diverged",
+        "branch",
+        "jump_k",
+        "jump_scale",
+        "probe_gain",
+        "expected_gain",
+        "forecast_agreement",
+      )
     }
     c = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
