@@ -73,10 +73,12 @@ METHODS = (
   "skip_control",
   "jump_outer",
   "skip_control_outer",
+  "jump_forecast",
+  "skip_control_forecast",
 )
 # hybrid.predictor='jump'; a skip control moves no weight; '_outer': with outer momentum, whose m
-# gives the drift.
-JUMP_METHODS = ("jump", "skip_control", "jump_outer", "skip_control_outer")
+# gives the drift; '_forecast': with the RSSM forecaster (hybrid.jump.forecast='rssm').
+JUMP_METHODS = ("jump", "skip_control", "jump_outer", "skip_control_outer", "jump_forecast", "skip_control_forecast")
 JUMP_STEP = "jump_step"  # the jump predictor's PREDICT step: probe forwards, then a move or nothing
 REAL_STEP = "real_step"  # the one step kind of a method arm that trains in baseline mode
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
@@ -225,6 +227,8 @@ def run_spec(
     if method in JUMP_METHODS:
       c.hybrid.predictor = "jump"
       c.hybrid.jump.skip_control = method.startswith("skip_control")
+      if method.endswith("_forecast"):
+        c.hybrid.jump.forecast = "rssm"
     elif method == "constant_alpha":
       c.hybrid.constant_alpha = 1.0
     elif method == "no_corrector":
@@ -848,10 +852,10 @@ def method_figures(
 def skip_control_comparison(figures: dict[str, Any], runs: dict[str, dict[str, Any]]) -> None:
   """Adds to every arm's figures its paired final-loss difference from the skip control (the same
   jump decisions advancing the schedule without moving a weight; `skip_control_outer` for
-  `jump_outer`), when that control ran: prediction is credited only with what it adds to skipping
-  schedule steps."""
+  `jump_outer`, `skip_control_forecast` for `jump_forecast`), when that control ran: prediction is
+  credited only with what it adds to skipping schedule steps."""
   for m, f in figures.items():
-    control = "skip_control_outer" if m == "jump_outer" else "skip_control"
+    control = "skip_control" + (m[len("jump") :] if m.startswith("jump") else "")
     if m.startswith("skip_control") or control not in runs:
       continue
     skip = runs[control]

@@ -164,8 +164,9 @@ class JumpStepTest(chex.TestCase):
       ema_fast=jnp.float32(1.0), ema_slow=jnp.float32(1.0 + 0.01 * (lag_slow - lag_fast))
     )
     state = state.replace(controller=falling)
+    amounts = state.controller.group_scale[None, :] * jnp.asarray(HORIZONS, jnp.float32)[:, None]
     base, losses = jump_lib.score_candidates(
-      _context(_quadratic_towards(target)), state.train.params, _drift(state), state.controller.group_scale, BATCH
+      _context(_quadratic_towards(target)), state.train.params, _drift(state), amounts, BATCH
     )
     gains = np.log(np.asarray(base)) - np.log(np.asarray(losses))  # log-loss drop of k = 10, 20, 40
     assert np.all(gains > 0)
