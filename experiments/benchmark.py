@@ -81,6 +81,7 @@ METHODS = (
 JUMP_METHODS = ("jump", "skip_control", "jump_outer", "skip_control_outer", "jump_forecast", "skip_control_forecast")
 JUMP_STEP = "jump_step"  # the jump predictor's PREDICT step: probe forwards, then a move or nothing
 REAL_STEP = "real_step"  # the one step kind of a method arm that trains in baseline mode
+SNAPSHOT_STEP = "full_step+snapshot"  # a forecaster's real step that also snapshots and trains the RSSM
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 PREDICT_VALIDATED = "predict_step+validation"
 FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
@@ -377,7 +378,9 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   ]
   predictor = c.hybrid.get("predictor", "velocity")
   kinds = dict(
-    collections.Counter(step_kind(r["branch"], r["measured"], predictor) for r in records if r["kind"] == "step")
+    collections.Counter(
+      step_kind(r["branch"], r["measured"], predictor, r.get("snapshot", False)) for r in records if r["kind"] == "step"
+    )
   )
   if c.mode == "baseline":  # every step a real one, no validation
     summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps})
@@ -408,10 +411,13 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   }
 
 
-def step_kind(branch: int, measured: bool, predictor: str = "velocity") -> str:
-  """A hybrid step's cost class: its transition, for a predicted step whether it validated, and a
-  jump (the jump predictor's PREDICT step) as its own kind."""
+def step_kind(branch: int, measured: bool, predictor: str = "velocity", snapshot: bool = False) -> str:
+  """A hybrid step's cost class: its transition, for a predicted step whether it validated, a
+  jump (the jump predictor's PREDICT step) as its own kind, and a real step that took the
+  forecaster's snapshot as its own (rare and dearer: a median over all real steps would hide it)."""
   name = BRANCH_NAMES[int(branch)]
+  if snapshot:
+    return SNAPSHOT_STEP
   if int(branch) == Branch.PREDICT_STEP and predictor == "jump":
     return JUMP_STEP
   return PREDICT_VALIDATED if int(branch) == Branch.PREDICT_STEP and measured else name
@@ -767,7 +773,8 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
         if branch is None:
           kind = "baseline" if name == "baseline" else REAL_STEP
         else:
-          kind = step_kind(branch, bool(jax.device_get(metrics["measured"])), arm["predictor"])
+          measured, snapshot = jax.device_get((metrics["measured"], metrics.get("snapshot", False)))
+          kind = step_kind(branch, bool(measured), arm["predictor"], bool(snapshot))
         samples[name].setdefault(kind, []).append(dt)
         arm["step"] += 1
       if arm["predictor"] == "jump":

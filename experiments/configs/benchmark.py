@@ -87,10 +87,13 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   # jump decisions, each only advancing the schedule), 'hybrid' (the velocity predictor of the config's
   # hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM), 'no_corrector' (the
   # RSSM's plan without the residual corrector), 'outer_momentum' (below), 'jump_outer' and
-  # 'skip_control_outer' (jumps along outer momentum's drift, and their control). The first is the
-  # headline's: outer momentum, the arm that did best on the tuning seeds.
+  # 'skip_control_outer' (jumps along outer momentum's drift, and their control), 'jump_forecast' and
+  # 'skip_control_forecast' (jumps whose s_g and admission the RSSM forecaster sets, and their
+  # control). The first is the headline's: outer momentum, the arm that did best on the tuning seeds.
   # '' = anchors only.
-  b.methods = "outer_momentum,jump,skip_control,jump_outer,skip_control_outer,hybrid"
+  b.methods = (
+    "outer_momentum,jump,skip_control,jump_outer,skip_control_outer,jump_forecast,skip_control_forecast,hybrid"
+  )
   # 'outer_momentum' (also a method name): baseline steps with outer Nesterov momentum every K steps,
   # (K, eta, mu); (100, 0.8, 0.75) was reported best at 125M.
   b.outer_momentum = (100, 0.8, 0.75)

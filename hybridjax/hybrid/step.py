@@ -128,6 +128,8 @@ def finish_step(
         expected_gain=jnp.where(jumped, f.last_expected, jnp.nan),
         forecast_agreement=jnp.where(jumped, f.last_agreement, jnp.nan),
         calibration=f.calibration,
+        # This real step took a snapshot (and trained the RSSM): a step kind of its own cost.
+        snapshot=info.was_real & info.finite & (c.real_count % ctx.forecast.every == 0),
       )
   return state.replace(controller=c), metrics
 

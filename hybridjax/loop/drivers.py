@@ -459,6 +459,8 @@ class HybridDriver:
           )
           if "expected_gain" in row:  # the RSSM forecaster's view of this attempt
             rec.update(expected_gain=float(row["expected_gain"]), forecast_agreement=float(row["forecast_agreement"]))
+        if "snapshot" in row:
+          rec["snapshot"] = bool(row["snapshot"])
         if "persisting_gain" in row:
           rec["persisting_gain"] = float(row["persisting_gain"])
         self._trace.append(rec)
@@ -488,6 +490,7 @@ class HybridDriver:
         "probe_gain",
         "expected_gain",
         "forecast_agreement",
+        "snapshot",
       )
     }
     c = jax.device_get(view)  # a no-op on what the loop fetched
