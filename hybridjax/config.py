@@ -107,24 +107,22 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
       start_fraction=0.05,  # no jump before this fraction of the run
       stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
       skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
-      # 'rssm': an ensemble of RSSMs over snapshots of the trajectory sets each candidate's per-group
-      # scale s_g and admits it only on a positive expected persisting gain its members agree on
-      # (docs/design.md "Forecast"); 'none': s_g = 1, every candidate goes to the probe.
-      forecast="none",
-      forecaster=ml_collections.ConfigDict(
-        dict(
-          every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
-          history=32,  # snapshots kept: the RSSM's training window
-          train_steps=4,  # RSSM optimizer steps per snapshot
-          min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
-          max_scale=2.0,  # s_g is clipped to [0, max_scale]
-          deter=32,
-          latent=8,
-          hidden=32,
-          ensemble=3,
-          learning_rate=3e-3,
-        )
-      ),
+      forecast="none",  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
+    )
+  )
+  # The jump's RSSM forecaster (hybrid.jump.forecast='rssm'; docs/design.md "Forecast"):
+  c.jump.forecaster = ml_collections.ConfigDict(
+    dict(
+      every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
+      history=32,  # snapshots kept: the RSSM's training window
+      train_steps=4,  # RSSM optimizer steps per snapshot
+      min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
+      max_scale=2.0,  # s_g is clipped to [0, max_scale]
+      deter=32,  # the forecaster's RSSM: GRU state size
+      latent=8,  # its Gaussian latent size
+      hidden=32,  # its MLP width
+      ensemble=3,  # members (their disagreement on the expected gain is the gate)
+      learning_rate=3e-3,  # its Adam learning rate
     )
   )
   c.rssm = ml_collections.ConfigDict(
