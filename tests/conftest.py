@@ -140,6 +140,7 @@ _COST = {
   "test_sharding.py": 8,
   "test_benchmark.py": 90,
   "test_jump.py": 55,
+  "test_forecast.py": 25,
   "test_averaging.py": 30,
   "test_outer_momentum.py": 20,
 }

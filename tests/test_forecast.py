@@ -17,6 +17,7 @@ from conftest import run_experiment as _run
 
 from hybridjax import config as config_lib
 from hybridjax import optim
+from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid import forecast as forecast_lib
 from hybridjax.hybrid import jump as jump_lib
 from hybridjax.hybrid import step as step_lib
@@ -101,7 +102,14 @@ class SnapshotTest(chex.TestCase):
 
   def test_an_accepted_jumps_move_is_not_counted_as_the_trajectorys(self):
     ctx = _context(_quadratic_towards(_params()))
-    f = _snapshot(ctx, forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0)), 1)
+    f = forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0))
+    # As the snapshot at step EVERY leaves it (the snapshot itself is tested above).
+    f = f.replace(
+      history=f.history.replace(count=jnp.asarray(1, jnp.int32)),
+      snapshot_drift=V,
+      snap_dot=features_lib.group_dots(ctx.groups, _along(EVERY), V),
+      snap_rsq=features_lib.group_sq_norms(ctx.groups, V),
+    )
     # A jump of 25 steps of 0.5 V (group a) and 25 steps of 2 V (group b) inside the interval.
     amount = jnp.asarray([12.5, 50.0])
     f = forecast_lib.record_jump(ctx.groups, f, amount, V, jnp.float32(0.1))
