@@ -287,3 +287,59 @@ def test_a_forecast_run_resumes_bit_exact_with_flat_memory(tmp_path, jax_cache):
   assert int(a.forecast.history.count) > 3  # snapshots were taken and the RSSM trained on them
   assert straight["jump_attempts"] > 0 and resumed["jumps"] == straight["jumps"]
   assert straight["memory"]["growth_bytes"] == 0
+
+
+@pytest.mark.slow  # two compilations of a 256-wide model; CI runs the slow tests
+def test_params_sized_copies_happen_only_inside_the_snapshot():
+  """The forecaster's snapshot runs in a one-trip while loop inside the real step. Outside it, the
+  fused step copies no params-sized buffer more than without the forecaster (a `lax.cond` would
+  copy the snapshot drift at every step); inside it (one real step in `every`), XLA copies the old
+  and the new drift once each."""
+  from hybridjax import memory
+  from hybridjax.models import mlp
+
+  net = mlp.MLP(features=(256, 256), n_out=1)
+  x, y = mlp.make_regression_problem(0, n_in=4)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
+  big = max(leaf.size * 4 for leaf in jax.tree.leaves(params))  # the largest leaf's bytes (256 x 256)
+  oc = config_lib.default_optim_config()
+
+  def compiled_hlo(forecast):
+    h = small_hybrid_config(predictor="jump")
+    h.jump.forecast = forecast
+    h.jump.forecaster.update(deter=8, latent=4, hidden=8, history=8)
+    ctx = drivers.make_context(
+      h,
+      loss_fn=mlp.make_loss_fn(net),
+      tx=optim.make_optimizer(oc),
+      params_shape=params,
+      total_steps=100,
+      averaging_beta=0.9,
+    )
+    state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
+    batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
+    compiled = (
+      jax.jit(lambda s, b, k: step_lib.hybrid_step(ctx, s, b, k), donate_argnums=0, keep_unused=True)
+      .lower(state, batch, optim.make_schedule(oc, 100))
+      .compile()
+    )
+    flat = None if state.forecast is None else state.forecast.dynamics.shape[0]
+    return compiled.as_text(), flat
+
+  def big_copies(text, flat):
+    """(params-sized copies in the snapshot's loop body, whose carry is (run?, the forecaster's
+    state: the raveled RSSM first), the others)."""
+    headers = {line.split(" ", 1)[0][1:]: line for line in text.splitlines() if line.startswith("%")}
+    inside, outside = [], []
+    for c in memory.list_copies(text):
+      if c["bytes"] >= big:
+        in_snapshot = flat is not None and f"(pred[], f32[{flat}]," in headers.get(c["computation"], "")
+        (inside if in_snapshot else outside).append(c)
+    return inside, outside
+
+  base_text, _ = compiled_hlo("none")
+  text, flat = compiled_hlo("rssm")
+  assert memory.count_copies(text, entry_only=True)[1] <= 1024
+  inside, outside = big_copies(text, flat)
+  assert len(outside) == len(big_copies(base_text, None)[1]), outside
+  assert len(inside) <= 4, inside  # the old and the new drift, in each of the two real transitions
