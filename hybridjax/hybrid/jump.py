@@ -223,13 +223,12 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     persist_n=jnp.where(accept, 0, c.persist_n),
   )
   if forecast is not None:
+    # An accepted jump's move leaves the interval's realised ratio; its expected gain is kept for
+    # the calibration.
+    recorded = forecast_lib.record_jump(ctx.groups, forecast, amount, drift, expected[best])
     forecast = forecast.replace(
-      jump_dot=jnp.where(
-        accept,
-        forecast.jump_dot + amount * features_lib.group_dots(ctx.groups, drift, forecast.snapshot_drift),
-        forecast.jump_dot,
-      ),
-      expected_gain=jnp.where(accept, expected[best], forecast.expected_gain),
+      jump_dot=jnp.where(accept, recorded.jump_dot, forecast.jump_dot),
+      expected_gain=jnp.where(accept, recorded.expected_gain, forecast.expected_gain),
       last_expected=expected[best],
       last_agreement=agreement[best],
       last_scale=group_scales[best],
