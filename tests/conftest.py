@@ -87,6 +87,25 @@ def restore_latest(workdir, config):
   return step, state
 
 
+def straight_and_resumed(config, tmp_path, stop_after: int):
+  """Trains `config` straight through, and again interrupted at the first log at or after
+  `stop_after` and resumed from its last checkpoint. Returns (straight summary, resumed summary,
+  (step, state) of each run's latest checkpoint)."""
+
+  class Interrupt(Exception):
+    pass
+
+  def on_log(step, record):
+    if step >= stop_after:
+      raise Interrupt()
+
+  straight = run_experiment(config, tmp_path / "straight")
+  with pytest.raises(Interrupt):
+    run_experiment(config, tmp_path / "resumed", hooks={"on_log": on_log})
+  resumed = run_experiment(config, tmp_path / "resumed")
+  return straight, resumed, restore_latest(tmp_path / "straight", config), restore_latest(tmp_path / "resumed", config)
+
+
 def micro_config(mode: str = "baseline", steps: int = 20):
   """The `tiny,micro` preset with test-sized logging: no evals or checkpoints before the end."""
   from experiments.configs import gpt2_small

@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config, restore_latest, small_hybrid_config
-from conftest import run_experiment as _run
+from conftest import cached, micro_config, small_hybrid_config, straight_and_resumed
 
 from hybridjax import config as config_lib
 from hybridjax import optim
@@ -268,20 +267,8 @@ def test_forecast_with_outer_momentum_is_refused_naming_the_fields():
 def test_a_forecast_run_resumes_bit_exact_with_flat_memory(tmp_path, jax_cache):
   c = cached(_forecast_config(steps=90), jax_cache)
   c.trainer.update(checkpoint_every=30)
-  straight = _run(c, tmp_path / "straight")
-
-  class Interrupt(Exception):
-    pass
-
-  def on_log(step, record):
-    if step >= 50:
-      raise Interrupt()
-
-  with pytest.raises(Interrupt):
-    _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
-  resumed = _run(c, tmp_path / "resumed")
+  straight, resumed, (step_a, a), (step_b, b) = straight_and_resumed(c, tmp_path, stop_after=50)
   assert 30 <= resumed["start_step"] < 50
-  (step_a, a), (step_b, b) = restore_latest(tmp_path / "straight", c), restore_latest(tmp_path / "resumed", c)
   assert step_a == step_b == 90
   chex.assert_trees_all_equal(a, b)
   assert int(a.forecast.history.count) > 3  # snapshots were taken and the RSSM trained on them

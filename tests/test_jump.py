@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config, restore_latest, small_hybrid_config
+from conftest import cached, micro_config, restore_latest, small_hybrid_config, straight_and_resumed
 from conftest import run_experiment as _run
 
 from hybridjax import config as config_lib
@@ -323,21 +323,8 @@ def test_with_prediction_off_the_jump_predictor_is_the_averaged_baseline_bit_for
 def test_resume_across_jumps_is_bit_exact(tmp_path, jax_cache):
   c = cached(_jump_config(steps=90), jax_cache)
   c.trainer.update(checkpoint_every=30)
-  straight = _run(c, tmp_path / "straight")
-
-  class Interrupt(Exception):
-    pass
-
-  def on_log(step, record):
-    if step >= 50:
-      raise Interrupt()
-
-  with pytest.raises(Interrupt):
-    _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
-  resumed = _run(c, tmp_path / "resumed")
+  straight, resumed, (step_a, a), (step_b, b) = straight_and_resumed(c, tmp_path, stop_after=50)
   assert 30 <= resumed["start_step"] < 50
-  step_a, a = restore_latest(tmp_path / "straight", c)
-  step_b, b = restore_latest(tmp_path / "resumed", c)
   assert step_a == step_b == 90
   chex.assert_trees_all_equal(a, b)
   assert straight["jumps"] >= 2 and resumed["jumps"] == straight["jumps"]
