@@ -228,6 +228,9 @@ def run_spec(
     if method in JUMP_METHODS:
       c.hybrid.predictor = "jump"
       c.hybrid.jump.skip_control = method.startswith("skip_control")
+      ratio = float(config.benchmark.get("jump_slow_lag_ratio", 0.0))
+      if ratio > 0:  # the slow EMA keeps its lag ratio to the averaging EMA the tuning chose
+        c.hybrid.jump.slow_beta = 1.0 - (1.0 - float(beta)) / ratio
       if method.endswith("_forecast"):
         c.hybrid.jump.forecast = "rssm"
     elif method == "constant_alpha":

@@ -339,6 +339,7 @@ def test_resume_across_jumps_is_bit_exact(tmp_path, jax_cache):
     ("hybrid.jump.stop_fraction", 0.01, "start_fraction"),
     ("trainer.averaging", "none", "trainer.averaging='ema'"),
     ("hybrid.steps_per_call", 4, "steps_per_call=1"),
+    ("trainer.averaging_beta", 0.998, "hybrid.jump.slow_beta"),  # the slow EMA would not be slower
   ],
 )
 def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):
