@@ -106,6 +106,40 @@ def straight_and_resumed(config, tmp_path, stop_after: int):
   return straight, resumed, restore_latest(tmp_path / "straight", config), restore_latest(tmp_path / "resumed", config)
 
 
+def compile_fused_mlp_step(hybrid, width: int = 16, averaging_beta: float | None = 0.9):
+  """The fused `hybrid_step` for `hybrid` (a `config.hybrid` block) on a two-layer MLP of `width`,
+  jitted with the state donated and compiled. Returns (compiled program, abstract state)."""
+  import jax
+  import jax.numpy as jnp
+
+  from hybridjax import config as config_lib
+  from hybridjax import optim
+  from hybridjax.hybrid import step as step_lib
+  from hybridjax.loop import drivers
+  from hybridjax.models import mlp
+
+  net = mlp.MLP(features=(width, width), n_out=1)
+  x, y = mlp.make_regression_problem(0, n_in=4)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
+  oc = config_lib.default_optim_config()
+  ctx = drivers.make_context(
+    hybrid,
+    loss_fn=mlp.make_loss_fn(net),
+    tx=optim.make_optimizer(oc),
+    params_shape=params,
+    total_steps=100,
+    averaging_beta=averaging_beta,
+  )
+  state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
+  batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
+  compiled = (
+    jax.jit(lambda s, b, k: step_lib.hybrid_step(ctx, s, b, k), donate_argnums=0, keep_unused=True)
+    .lower(state, batch, optim.make_schedule(oc, 100))
+    .compile()
+  )
+  return compiled, state
+
+
 def micro_config(mode: str = "baseline", steps: int = 20):
   """The `tiny,micro` preset with test-sized logging: no evals or checkpoints before the end."""
   from experiments.configs import gpt2_small

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config, small_hybrid_config, straight_and_resumed
+from conftest import cached, compile_fused_mlp_step, micro_config, small_hybrid_config, straight_and_resumed
 
 from hybridjax import config as config_lib
 from hybridjax import optim
@@ -283,35 +283,16 @@ def test_params_sized_copies_happen_only_inside_the_snapshot():
   copy the snapshot drift at every step); inside it (one real step in `every`), XLA copies the old
   and the new drift once each."""
   from hybridjax import memory
-  from hybridjax.models import mlp
-
-  net = mlp.MLP(features=(256, 256), n_out=1)
-  x, y = mlp.make_regression_problem(0, n_in=4)
-  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
-  big = max(leaf.size * 4 for leaf in jax.tree.leaves(params))  # the largest leaf's bytes (256 x 256)
-  oc = config_lib.default_optim_config()
 
   def compiled_hlo(forecast):
     h = small_hybrid_config(predictor="jump")
     h.jump.forecast = forecast
     h.jump.forecaster.update(deter=8, latent=4, hidden=8, history=8)
-    ctx = drivers.make_context(
-      h,
-      loss_fn=mlp.make_loss_fn(net),
-      tx=optim.make_optimizer(oc),
-      params_shape=params,
-      total_steps=100,
-      averaging_beta=0.9,
-    )
-    state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
-    batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
-    compiled = (
-      jax.jit(lambda s, b, k: step_lib.hybrid_step(ctx, s, b, k), donate_argnums=0, keep_unused=True)
-      .lower(state, batch, optim.make_schedule(oc, 100))
-      .compile()
-    )
+    compiled, state = compile_fused_mlp_step(h, width=256)
     flat = None if state.forecast is None else state.forecast.dynamics.shape[0]
     return compiled.as_text(), flat
+
+  big = 256 * 256 * 4  # the largest params leaf's bytes
 
   def big_copies(text, flat):
     """(params-sized copies in the snapshot's loop body, whose carry is (run?, the forecaster's

@@ -13,7 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cached, micro_config, restore_latest, small_hybrid_config, straight_and_resumed
+from conftest import (
+  cached,
+  compile_fused_mlp_step,
+  micro_config,
+  restore_latest,
+  small_hybrid_config,
+  straight_and_resumed,
+)
 from conftest import run_experiment as _run
 
 from hybridjax import config as config_lib
@@ -245,28 +252,7 @@ class JumpStepTest(chex.TestCase):
 
 
 def test_the_fused_jump_step_copies_no_state_outside_the_transitions():
-  from hybridjax.models import mlp
-
-  net = mlp.MLP(features=(16, 16), n_out=1)
-  x, y = mlp.make_regression_problem(0, n_in=4)
-  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
-  oc = config_lib.default_optim_config()
-  h = small_hybrid_config(predictor="jump")
-  ctx = drivers.make_context(
-    h,
-    loss_fn=mlp.make_loss_fn(net),
-    tx=optim.make_optimizer(oc),
-    params_shape=params,
-    total_steps=100,
-    averaging_beta=0.9,
-  )
-  state = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
-  batch = mlp.regression_batch(x, y, step=0, batch_size=32, seed=0)
-  compiled = (
-    jax.jit(lambda s, b, k: step_lib.hybrid_step(ctx, s, b, k), donate_argnums=0, keep_unused=True)
-    .lower(state, batch, optim.make_schedule(oc, 100))
-    .compile()
-  )
+  compiled, _ = compile_fused_mlp_step(small_hybrid_config(predictor="jump"))
   _, nbytes = memory.count_copies(compiled, entry_only=True)
   assert nbytes <= 1024
 
