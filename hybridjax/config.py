@@ -469,14 +469,15 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
           f"device whether its batch is used, so the host reads the data position after each step), got "
           f"{h.steps_per_call}",
         )
+        outer_every = config.get("optim", {}).get("outer_every", 0)
         rel(
-          config.get("optim", {}).get("outer_every", 0) or h.jump.slow_beta > config.trainer.get("averaging_beta", 0.0),
+          outer_every or h.jump.slow_beta > config.trainer.get("averaging_beta", 0.0),
           f"--config.hybrid.jump.slow_beta ({h.jump.slow_beta}) must be > --config.trainer.averaging_beta "
           f"({config.trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag "
           "difference, zero when the slow EMA is not slower; raise hybrid.jump.slow_beta",
         )
         rel(
-          h.jump.get("forecast", "none") == "none" or not config.get("optim", {}).get("outer_every", 0),
+          h.jump.get("forecast", "none") == "none" or not outer_every,
           "--config.hybrid.jump.forecast='rssm' measures the averaged iterate's moves against the slow EMA's "
           "drift, which outer momentum replaces: set --config.optim.outer_every=0 or "
           "--config.hybrid.jump.forecast='none'",

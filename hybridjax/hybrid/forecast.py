@@ -159,6 +159,12 @@ def run_if(pred: jax.Array, fn, operand: Any) -> Any:
   return jax.lax.while_loop(lambda carry: carry[0], body, (jnp.asarray(pred, bool), operand))[1]
 
 
+def takes_snapshot(fs: ForecastSettings, real_count: jax.Array, finite: jax.Array) -> jax.Array:
+  """Whether a real step snapshots: it applied its update (`finite`) and brought the count of
+  applied real steps to a multiple of `every`."""
+  return finite & (real_count % fs.every == 0)
+
+
 def interval_ratio(f: Forecast, groups: features_lib.ParamGroups, fast: Any, every: int) -> tuple[jax.Array, jax.Array]:
   """(a_g, valid): the realised ratio of the interval since the last snapshot, per group, and
   whether there was a drift to measure it against."""

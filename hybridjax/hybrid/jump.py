@@ -314,7 +314,7 @@ def jump_real_step(
       )
 
     # Every `every` real steps (the dynamics model trains here, not at every step).
-    forecast = forecast_lib.run_if(finite & (c.real_count % fs.every == 0), take_snapshot, forecast)
+    forecast = forecast_lib.run_if(forecast_lib.takes_snapshot(fs, c.real_count, finite), take_snapshot, forecast)
   new_state = state.replace(train=train, drift_memory=drift_memory, forecast=forecast, controller=c)
   info = make_step_info(
     loss=loss,

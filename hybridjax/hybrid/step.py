@@ -70,10 +70,10 @@ def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> Hybrid
     drift_memory=(
       jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" and ctx.outer is None else None
     ),
+    forecast=None if ctx.forecast is None else forecast_lib.init_forecast(ctx.forecast, params, forecast_rng),
     # The velocity predictor's one-step RSSM, corrector and per-step history: the jump predictor
     # uses none of them, and carrying them through its steps is not free (every donated leaf costs
     # its dispatch: their ~120 leaves made a real step ~9% dearer on the `long` benchmark's model).
-    forecast=None if ctx.forecast is None else forecast_lib.init_forecast(ctx.forecast, params, forecast_rng),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm) if velocity else None,
     corrector=(
       corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr)
@@ -129,7 +129,7 @@ def finish_step(
         forecast_agreement=jnp.where(jumped, f.last_agreement, jnp.nan),
         calibration=f.calibration,
         # This real step took a snapshot (and trained the RSSM): a step kind of its own cost.
-        snapshot=info.was_real & info.finite & (c.real_count % ctx.forecast.every == 0),
+        snapshot=info.was_real & forecast_lib.takes_snapshot(ctx.forecast, c.real_count, info.finite),
       )
   return state.replace(controller=c), metrics
 
