@@ -17,6 +17,7 @@ import jax
 import ml_collections
 from absl import app
 
+from hybridjax import checkpoint as ckpt_lib
 from hybridjax import cli
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
@@ -127,6 +128,30 @@ def epochs_warning(config: ml_collections.ConfigDict, n_train_tokens: int) -> st
     f"WARNING: {config.trainer.steps} steps read the {n_train_tokens:,}-token training split {epochs:.1f} times "
     f"(more than {MAX_EPOCHS:g}); give a larger corpus with --config.data.path, or fewer steps"
   )
+
+
+def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, averaged: bool = True) -> gpt2.GPT2Config:
+  """Writes a GPT-2 run's params (`hybridjax.export_params`) as a Hugging Face `GPT2LMHeadModel`
+  state dict in `.safetensors` (the head tied to `wte`, as `gpt2.to_hf_state_dict` writes it).
+  The model shape comes from the checkpoint's own config record. Returns that shape."""
+  from safetensors.numpy import save_file
+
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    latest = manager.latest_step()
+    if latest is None:
+      raise FileNotFoundError(f"{workdir} holds no checkpoint: pass the --workdir of a GPT-2 run")
+    meta = ckpt_lib.read_meta(manager, latest if step is None else step)
+  finally:
+    manager.close()
+  model = meta.get("config", {}).get("model")
+  if not model:
+    raise ValueError(f"{workdir} was not trained by experiments.gpt2_small (its config has no model block)")
+  model_cfg = gpt2.GPT2Config(**model)
+  params = ckpt_lib.export_params(workdir, step=step, averaged=averaged)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  save_file(gpt2.to_hf_state_dict(params, model_cfg), path)
+  return model_cfg
 
 
 def main(argv: list[str]) -> None:

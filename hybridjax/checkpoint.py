@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from typing import Any
 
 import jax
@@ -202,3 +203,62 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
       f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
     ) from e
   return restored["state"], restored["meta"]
+
+
+def _params_of(state: Any, averaged: bool) -> tuple[Any, bool]:
+  """(params, whether they are the averaged ones) of a restored state tree (a `TrainState`, or a
+  `HybridState` whose `train` is one), read as the nested dicts orbax restores without a target."""
+  train = state["train"] if isinstance(state, dict) and "train" in state else state
+  if not isinstance(train, dict) or "params" not in train:
+    found = sorted(train) if isinstance(train, dict) else type(train).__name__
+    raise ValueError(f"the checkpoint's state holds no params (found {found}): it was not written by hybridjax")
+  averaging = train.get("averaging")
+  if averaged and isinstance(averaging, dict) and "params" in averaging:
+    return averaging["params"], True
+  return train["params"], False
+
+
+def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, averaged: bool = True) -> Any:
+  """The params alone of a run's checkpoint, read without building its model or optimizer.
+
+  Args:
+    workdir: the run's `--workdir` (its checkpoints are under `<workdir>/checkpoints`).
+    step: the checkpoint's step; None reads the latest.
+    averaged: return the averaged params when the run averaged its weights
+      (`trainer.averaging='ema'`: the run's model, the one its `final_eval_loss` measures). A run
+      that did not average gives its raw params, with a warning that says so.
+
+  Returns:
+    The params pytree (nested dicts of arrays), as the model's `apply` takes them.
+
+  Raises:
+    FileNotFoundError: when `workdir` holds no checkpoint (or not the one at `step`); nothing is
+      written or changed.
+  """
+  directory = os.path.join(os.fspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{workdir} holds no checkpoints (no {directory}): pass the --workdir of a run")
+  manager = make_manager(directory, async_save=False)
+  try:
+    steps = sorted(manager.all_steps())
+    if not steps:
+      raise FileNotFoundError(f"{directory} holds no finished checkpoint: pass the --workdir of a run that saved one")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise FileNotFoundError(f"{directory} has no checkpoint at step {step}; its steps are {steps}")
+    try:
+      state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    except Exception as e:
+      raise ValueError(
+        f"could not read checkpoint {directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
+      ) from e
+  finally:
+    manager.close()
+  params, is_averaged = _params_of(state, averaged)
+  if averaged and not is_averaged:
+    warnings.warn(
+      f"{workdir} (step {step}) did not average its weights (trainer.averaging='none'): returning its raw params",
+      stacklevel=2,
+    )
+  return params

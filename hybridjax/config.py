@@ -17,7 +17,8 @@ def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
   c = ml_collections.ConfigDict()
   # 'adamw' | 'adam' | 'sgd' (momentum 0.9) | 'muon' (Muon on the hidden matrices, AdamW on
-  # embeddings, LayerNorm parameters and biases)
+  # embeddings, LayerNorm parameters and biases); any other name names an optimizer of the user's,
+  # passed to `train(tx=...)` (the fields below that configure the built-ins do not apply to it).
   c.name = "adamw"
   c.learning_rate = 3e-3  # peak lr (for 'muon': of the Muon matrices)
   # 'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over
@@ -174,6 +175,24 @@ def default_distributed_config() -> ml_collections.ConfigDict:
   return c
 
 
+def default_config(mode: str = "baseline") -> ml_collections.ConfigDict:
+  """A complete config for `train()` on a task of your own (no `model` or `data` block: your
+  `init_params`, `loss_fn` and batches stand for them): `mode`, `seed`, `resume` and the `optim`,
+  `trainer`, `hybrid`, `mesh` and `distributed` blocks at their defaults."""
+  c = ml_collections.ConfigDict()
+  c.mode = mode  # 'baseline' (plain optax loop) | 'hybrid'
+  c.seed = 0
+  # 'auto': resume a run in the workdir if its config matches, refuse otherwise; 'force': resume
+  # even if the stored config differs; 'never': refuse any existing run.
+  c.resume = "auto"
+  c.optim = default_optim_config()
+  c.trainer = default_trainer_config()
+  c.hybrid = default_hybrid_config()
+  c.mesh = default_mesh_config()
+  c.distributed = default_distributed_config()
+  return c
+
+
 def flatten(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[str, Any]:
   """{'trainer.steps': 600, ...}: the leaves of a nested config (or its dict) by dotted name.
 
@@ -265,6 +284,12 @@ def _str(v: Any) -> str | None:
   return None if isinstance(v, str) else f"must be a string, got {v!r}"
 
 
+def _name(v: Any) -> str | None:
+  if not isinstance(v, str) or not v.strip():
+    return f"must be a non-empty name, got {v!r}"
+  return None
+
+
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "preset": _str,  # experiment configs only; the experiment checks the name itself
   "mode": _choice("baseline", "hybrid"),
@@ -282,7 +307,8 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "data.tokenizer": _choice("byte", "gpt2"),
   "data.cache_dir": _str,
   "data.val_fraction": _num(0.0, 0.5, lo_open=True),
-  "optim.name": _choice("adamw", "adam", "sgd", "muon"),
+  # A built-in optimizer ('adamw', 'adam', 'sgd', 'muon'), or the name of one passed to `train(tx=...)`.
+  "optim.name": _name,
   "optim.learning_rate": _num(0.0, lo_open=True),
   "optim.schedule": _choice("cosine", "wsd"),
   "optim.warmup_steps": _int(0),

@@ -18,6 +18,7 @@ host loop (`hybridjax.loop`) are built on it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -253,10 +254,100 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   elif optim.name == "sgd":
     core = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9)
   else:
-    raise ValueError(f"--config.optim.name must be 'adamw', 'adam', 'sgd' or 'muon', got {optim.name!r}")
+    raise ValueError(
+      f"--config.optim.name={optim.name!r} is not a built-in optimizer {BUILTIN_OPTIMIZERS}: use one of them, "
+      "or pass an optimizer of your own to `train(tx=...)` under this name"
+    )
   if optim.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
   return core
+
+
+BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
+"""The names `make_optimizer` builds from `config.optim`; any other `optim.name` names a user's optimizer."""
+
+Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]
+"""A user's optimizer: an optax transformation whose learning rate is injected
+(`optax.inject_hyperparams`), or a factory `learning_rate -> transformation`."""
+
+
+def injected_learning_rates(tx: optax.GradientTransformation, params: Any) -> int:
+  """How many `inject_hyperparams` states of `tx.init(params)` hold a `learning_rate`: the
+  entries `with_learning_rate` sets (0: the schedule cannot drive `tx`). Nothing is allocated."""
+  state = jax.eval_shape(tx.init, params)
+  nodes = jax.tree.leaves(state, is_leaf=_is_inject_state)
+  return sum(1 for n in nodes if _is_inject_state(n) and "learning_rate" in n.hyperparams)
+
+
+def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformation]) -> Callable:
+  """`factory` callable as `factory(learning_rate=...)`, as `inject_hyperparams` calls it: a factory
+  whose one parameter has another name (`lambda lr: ...`) is wrapped."""
+  try:
+    params = inspect.signature(factory).parameters
+  except (TypeError, ValueError):  # a builtin or C callable: call it by keyword and let it fail clearly
+    return factory
+  if "learning_rate" in params:
+    return factory
+  positional = [
+    p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+  ]
+  if len(positional) != 1:
+    raise ValueError(
+      f"train(tx=...) got a factory {getattr(factory, '__name__', factory)!r} with parameters "
+      f"{list(params)}: a factory must take the learning rate, as its only required parameter or as "
+      "`learning_rate` (e.g. `lambda learning_rate: optax.adamw(learning_rate)`)"
+    )
+
+  def with_learning_rate_kwarg(learning_rate):
+    return factory(learning_rate)
+
+  return with_learning_rate_kwarg
+
+
+def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
+  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
+
+  The config's schedule (`optim.learning_rate`, `optim.schedule`, ...) drives the learning rate of
+  every run, through `with_learning_rate`. So a user's transformation must have its learning rate
+  injected (`optax.inject_hyperparams`); a factory `learning_rate -> tx` is wrapped so that it is.
+  The user's optimizer is part of what a run is: `optim.name` must name it, with a name that is not
+  a built-in one, so that the config record, the checkpoint's config check and the benchmark's run
+  cache tell two optimizers apart.
+
+  Args:
+    optim: the `config.optim` block.
+    params: the params (or their `jax.ShapeDtypeStruct`s) the optimizer will be initialised on.
+    tx: None, an `optax.GradientTransformation` with an injected `learning_rate`, or a factory.
+
+  Raises:
+    ValueError: naming the field and the fix, when `tx` and `optim.name` disagree, or when the
+      schedule cannot drive `tx`'s learning rate.
+  """
+  if tx is None:
+    return make_optimizer(optim)
+  if optim.name in BUILTIN_OPTIMIZERS:
+    raise ValueError(
+      f"train(tx=...) got an optimizer of your own, but --config.optim.name={optim.name!r} names a built-in "
+      "one: set config.optim.name to a name for your optimizer (e.g. 'my_adamw'). It goes into the run's "
+      "config record, the checkpoint's config check and the benchmark's cache key, so that runs with "
+      "different optimizers are never mistaken for each other"
+    )
+  if not isinstance(tx, optax.GradientTransformation):
+    if not callable(tx):
+      raise ValueError(
+        f"train(tx=...) takes an optax.GradientTransformation or a factory learning_rate -> "
+        f"GradientTransformation, got {type(tx).__name__}"
+      )
+    tx = optax.inject_hyperparams(_factory_with_learning_rate(tx))(learning_rate=0.0)
+  if not injected_learning_rates(tx, params):
+    raise ValueError(
+      f"the optimizer {optim.name!r} given to train(tx=...) has no injected learning rate, so the schedule "
+      f"(--config.optim.schedule={optim.schedule!r}, peak --config.optim.learning_rate={optim.learning_rate}) "
+      "cannot drive it and would be silently ignored. Pass a factory instead, e.g. "
+      "`tx=lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate))`, or "
+      "build it with `optax.inject_hyperparams(optax.adamw)(learning_rate=0.0)`"
+    )
+  return tx
 
 
 _INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)

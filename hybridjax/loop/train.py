@@ -24,7 +24,7 @@ from hybridjax import memory as memory_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax import writers
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
-from hybridjax.optim import Batch, LossFn, TrainState, all_finite, make_optimizer
+from hybridjax.optim import Batch, LossFn, Optimizer, TrainState, all_finite, resolve_optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -95,10 +95,12 @@ def make_driver(
   init_params: Callable[[jax.Array], Any],
   loss_fn: LossFn,
   mesh: jax.sharding.Mesh | None = None,
+  tx: Optimizer | None = None,
 ) -> BaselineDriver | HybridDriver:
-  """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)`."""
-  tx = make_optimizer(config.optim)
+  """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)` and the
+  optimizer `optim.resolve_optimizer(config.optim, params, tx)`."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  tx = resolve_optimizer(config.optim, jax.eval_shape(init_params, params_rng), tx)
 
   def init():
     return init_params(params_rng)
@@ -177,6 +179,7 @@ def train(
   loss_fn: LossFn,
   train_batch: Callable[[int], Batch],
   eval_batches: list[Batch],
+  tx: Optimizer | None = None,
   tokens_per_step: int | None = None,
   extra_meta: dict | None = None,
   hooks: Mapping[str, Callable] | None = None,
@@ -191,6 +194,10 @@ def train(
     loss_fn: (params, batch) -> (loss, aux).
     train_batch: step -> batch; must be deterministic in the step so a resumed run sees the same data.
     eval_batches: fixed held-out batches.
+    tx: an optimizer of your own, instead of the one `config.optim` builds: an optax
+      transformation with an injected learning rate (`optax.inject_hyperparams`), or a factory
+      `learning_rate -> transformation`. The config's schedule drives its learning rate, and
+      `config.optim.name` must name it (not a built-in name): see `optim.resolve_optimizer`.
     tokens_per_step: for the tokens/s figure.
     extra_meta: JSON-able facts stored with every checkpoint (e.g. the data source).
     hooks: optional callbacks; `on_log(step, record)` is called at every log.
@@ -206,7 +213,7 @@ def train(
   # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
   sharding_lib.initialize_distributed(config)
   mesh = sharding_lib.make_mesh(config)
-  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh)
+  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
