@@ -226,7 +226,7 @@ def run_spec(
   elif kind == "method":
     c.mode = "hybrid"
     if method in JUMP_METHODS:
-      c.hybrid.predictor = "jump"
+      c.hybrid.method = "jump"
       c.hybrid.jump.skip_control = method.startswith("skip_control")
       ratio = float(config.benchmark.get("jump_slow_lag_ratio", 0.0))
       if ratio > 0:  # the slow EMA keeps its lag ratio to the averaging EMA the tuning chose
@@ -234,9 +234,9 @@ def run_spec(
       if method.endswith("_forecast"):
         c.hybrid.jump.forecast = "rssm"
     elif method == "constant_alpha":
-      c.hybrid.constant_alpha = 1.0
+      c.hybrid.velocity.constant_alpha = 1.0
     elif method == "no_corrector":
-      c.hybrid.corrector.enabled = False
+      c.hybrid.velocity.corrector.enabled = False
   else:
     c.mode = "baseline"
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
@@ -379,7 +379,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     for r in records
     if r["kind"] == "eval"
   ]
-  predictor = c.hybrid.get("predictor", "velocity")
+  predictor = c.hybrid.get("method", "velocity")
   kinds = dict(
     collections.Counter(
       step_kind(r["branch"], r["measured"], predictor, r.get("snapshot", False)) for r in records if r["kind"] == "step"
@@ -756,7 +756,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     # median of a kind timed only a few times (a jump arm's CORRECT entry).
     for fn in fns:
       jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
-    predictor = c.hybrid.get("predictor", "velocity") if c.mode == "hybrid" else ""
+    predictor = c.hybrid.get("method", "velocity") if c.mode == "hybrid" else ""
     arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "predictor": predictor}
 
   samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}

@@ -12,6 +12,8 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import registry
+
 
 def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
@@ -71,12 +73,15 @@ def default_trainer_config() -> ml_collections.ConfigDict:
 
 
 def default_hybrid_config() -> ml_collections.ConfigDict:
-  """Every knob of hybrid training (docs/design.md)."""
+  """Every knob of hybrid training (docs/design.md): the generic controller's, and the block of each
+  built-in method (`hybrid.velocity`, `hybrid.jump`; `registry.BUILTIN_METHODS`), so that any of
+  them can be chosen and tuned from the command line."""
   c = ml_collections.ConfigDict()
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
-  # What a PREDICT phase does: 'velocity' (steps of alpha . velocity planned by the RSSM) or 'jump'
-  # (one long move along the averaged iterate's drift, chosen by probe forwards; `jump` below).
-  c.predictor = "velocity"
+  # The training method (`hybridjax.methods`): 'velocity' (steps of alpha . velocity planned by the
+  # RSSM), 'jump' (one long move along the averaged iterate's drift, chosen by probe forwards),
+  # 'outer_momentum' (real steps only), or the dotted path of a module of your own.
+  c.method = "velocity"
   c.warmup_steps = 50
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
@@ -85,58 +90,12 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.correct_steps = 12
   c.correction_interval = 0  # one real step every N predict steps; 0 = off
   c.validate_every = 2  # forward-pass validation every N predict steps
-  c.velocity_beta = 0.99  # EMA factor of the trajectory memory: slow, so it tracks the drift
-  c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
   c.grouping = "kind"  # parameter groups: 'kind' (layer index stripped) | 'leaf' | 'global'
-  c.history_size = 64  # ring-buffer length (steps)
-  c.window = 32  # truncated-BPTT window of the dynamics model
-  c.accuracy_window = 8  # recent validations that feed confidence
   c.dispatch = "switch"  # 'switch': one fused step, no host sync; 'host': each transition's own jitted function
   # With dispatch='switch': hybrid steps per dispatch (lax.scan when > 1). A dispatch never crosses a
   # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
   # compiles a second program.
   c.steps_per_call = 1
-  # predictor='jump' (needs trainer.averaging='ema', whose EMA is the fast one of the drift):
-  c.jump = ml_collections.ConfigDict(
-    dict(
-      horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
-      scales=(1.0,),  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
-      every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
-      margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
-      trend_credit=0.0,  # and by this fraction of the k real steps' expected progress (1: all of it)
-      slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
-      start_fraction=0.05,  # no jump before this fraction of the run
-      stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
-      skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
-      forecast="none",  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
-    )
-  )
-  # The jump's RSSM forecaster (hybrid.jump.forecast='rssm'; docs/design.md "Forecast"):
-  c.jump.forecaster = ml_collections.ConfigDict(
-    dict(
-      every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
-      history=32,  # snapshots kept: the RSSM's training window
-      train_steps=4,  # RSSM optimizer steps per snapshot
-      min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
-      max_scale=2.0,  # s_g is clipped to [0, max_scale]
-      deter=32,  # the forecaster's RSSM: GRU state size
-      latent=8,  # its Gaussian latent size
-      hidden=32,  # its MLP width
-      ensemble=3,  # members (their disagreement on the expected gain is the gate)
-      learning_rate=3e-3,  # its Adam learning rate
-    )
-  )
-  c.rssm = ml_collections.ConfigDict(
-    dict(deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3)
-  )
-  c.corrector = ml_collections.ConfigDict(
-    dict(
-      enabled=True,  # False: plans use the RSSM's raw output; the corrector is never trained
-      hidden=64,
-      learning_rate=1e-3,
-      history=32,
-    )
-  )
   c.health = ml_collections.ConfigDict(
     dict(
       grad_explosion_factor=10.0,  # grad norm > baseline EMA x this -> FULL cooldown
@@ -146,7 +105,27 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
       max_events=50,  # stop the run after this many non-finite events in all (TrainingDiverged)
     )
   )
+  for name in registry.BUILTIN_METHODS:
+    method = registry.load_method(name)
+    if method.CONFIG_KEY:
+      c[method.CONFIG_KEY] = method.default_config()
   return c
+
+
+def with_method_block(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with its method's block (`hybrid.<CONFIG_KEY>`) at the method's defaults where the
+  config has none (a user's method, whose block a preset cannot know); fields already set win."""
+  if "hybrid" not in config:
+    return config
+  method = registry.load_method(config.hybrid.get("method", "velocity"))
+  key = method.CONFIG_KEY
+  if key:
+    block = method.default_config()
+    if key in config.hybrid:
+      block.update_from_flattened_dict(flatten(config.hybrid[key]))
+    with config.unlocked():
+      config.hybrid[key] = block
+  return config
 
 
 def default_mesh_config() -> ml_collections.ConfigDict:
@@ -341,27 +320,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "trainer.averaging": _choice("none", "ema"),
   "trainer.averaging_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.enable_predict": _bool,
-  "hybrid.predictor": _choice("velocity", "jump"),
-  "hybrid.jump.horizons": _int_tuple(1),
-  "hybrid.jump.every": _int(1),
-  "hybrid.jump.scales": _num_tuple(0.0),
-  "hybrid.jump.trend_credit": _num(0.0),
-  "hybrid.jump.margin": _num(-1.0, 1.0, hi_open=True),
-  "hybrid.jump.slow_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
-  "hybrid.jump.start_fraction": _num(0.0, 1.0),
-  "hybrid.jump.stop_fraction": _num(0.0, 1.0),
-  "hybrid.jump.skip_control": _bool,
-  "hybrid.jump.forecast": _choice("none", "rssm"),
-  "hybrid.jump.forecaster.every": _int(1),
-  "hybrid.jump.forecaster.history": _int(4, 4096),
-  "hybrid.jump.forecaster.train_steps": _int(0),
-  "hybrid.jump.forecaster.min_agreement": _num(0.0, 1.0),
-  "hybrid.jump.forecaster.max_scale": _num(0.0, lo_open=True),
-  "hybrid.jump.forecaster.deter": _int(1),
-  "hybrid.jump.forecaster.latent": _int(1),
-  "hybrid.jump.forecaster.hidden": _int(1),
-  "hybrid.jump.forecaster.ensemble": _int(2),
-  "hybrid.jump.forecaster.learning_rate": _num(0.0, lo_open=True),
+  "hybrid.method": _name,  # a built-in method or the dotted path of a module (`registry.load_method`)
   "hybrid.warmup_steps": _int(1),
   "hybrid.full_steps": _int(1),
   "hybrid.max_predict_steps": _int(1, 1000),
@@ -370,24 +329,9 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.correct_steps": _int(1),
   "hybrid.correction_interval": _int(0),
   "hybrid.validate_every": _int(1),
-  "hybrid.velocity_beta": _num(0.0, 1.0, hi_open=True),
-  "hybrid.constant_alpha": _num(0.0, 10.0),
   "hybrid.grouping": _choice("kind", "leaf", "global"),
-  "hybrid.history_size": _int(4, 4096),
-  "hybrid.window": _int(2),
-  "hybrid.accuracy_window": _int(1, 1024),
   "hybrid.steps_per_call": _int(1),
   "hybrid.dispatch": _choice("host", "switch"),
-  "hybrid.rssm.deter": _int(1),
-  "hybrid.rssm.latent": _int(1),
-  "hybrid.rssm.hidden": _int(1),
-  "hybrid.rssm.ensemble": _int(1, 64),
-  "hybrid.rssm.free_bits": _num(0.0),
-  "hybrid.rssm.learning_rate": _num(0.0, lo_open=True),
-  "hybrid.corrector.enabled": _bool,
-  "hybrid.corrector.hidden": _int(1),
-  "hybrid.corrector.learning_rate": _num(0.0, lo_open=True),
-  "hybrid.corrector.history": _int(2, 4096),
   "hybrid.health.grad_explosion_factor": _num(1.0, lo_open=True),
   "hybrid.health.loss_spike_sigma": _num(0.0, lo_open=True),
   "hybrid.health.max_prediction_failures": _int(1),
@@ -463,13 +407,6 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
         f"> --config.optim.warmup_steps ({o.warmup_steps})",
       )
-      if blocks is None and o.get("outer_every", 0):
-        rel(
-          config.get("mode") != "hybrid" or config.get("hybrid", {}).get("predictor", "velocity") == "jump",
-          f"--config.optim.outer_every ({o.outer_every}) runs in --config.mode=baseline, or in hybrid mode with "
-          "--config.hybrid.predictor='jump' (whose drift it then gives); the velocity predictor does not use "
-          "it: set one or the other",
-        )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model
       rel(
@@ -483,49 +420,75 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
         "'switch' (host dispatch reads the device after every step); set one or the other",
       )
-      if blocks is None and config.get("mode") == "hybrid" and h.get("predictor", "velocity") == "jump":
-        rel(
-          config.trainer.get("averaging", "none") == "ema",
-          "--config.hybrid.predictor='jump' needs --config.trainer.averaging='ema' (the averaging EMA is "
-          "the fast EMA of the drift); set it, or use --config.hybrid.predictor='velocity'",
-        )
-        rel(
-          h.steps_per_call == 1,
-          f"--config.hybrid.predictor='jump' needs --config.hybrid.steps_per_call=1 (a jump decides on the "
-          f"device whether its batch is used, so the host reads the data position after each step), got "
-          f"{h.steps_per_call}",
-        )
-        outer_every = config.get("optim", {}).get("outer_every", 0)
-        rel(
-          outer_every or h.jump.slow_beta > config.trainer.get("averaging_beta", 0.0),
-          f"--config.hybrid.jump.slow_beta ({h.jump.slow_beta}) must be > --config.trainer.averaging_beta "
-          f"({config.trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag "
-          "difference, zero when the slow EMA is not slower; raise hybrid.jump.slow_beta",
-        )
-        rel(
-          h.jump.get("forecast", "none") == "none" or not outer_every,
-          "--config.hybrid.jump.forecast='rssm' measures the averaged iterate's moves against the slow EMA's "
-          "drift, which outer momentum replaces: set --config.optim.outer_every=0 or "
-          "--config.hybrid.jump.forecast='none'",
-        )
-        rel(
-          h.jump.start_fraction < h.jump.stop_fraction,
-          f"--config.hybrid.jump.start_fraction ({h.jump.start_fraction}) must be < "
-          f"--config.hybrid.jump.stop_fraction ({h.jump.stop_fraction})",
-        )
-      rel(
-        h.window <= h.history_size,
-        f"--config.hybrid.window ({h.window}) must be <= --config.hybrid.history_size ({h.history_size})",
-      )
-      rel(
-        h.accuracy_window <= h.history_size,
-        f"--config.hybrid.accuracy_window ({h.accuracy_window}) must be <= "
-        f"--config.hybrid.history_size ({h.history_size})",
-      )
+      errors += method_errors(config, check_relations=blocks is None)
     if blocks is None or "mesh" in blocks or "distributed" in blocks:
       errors += _mesh_errors(config, n_devices=None)[0]
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = True) -> list[str]:
+  """The problems of `config.hybrid`'s method: a name that loads no method, its block's fields
+  (`method.FIELDS`), and, with `check_relations` in a hybrid run, its checks on the whole config
+  (`method.check`) and what it composes with (outer momentum runs with a method only if the method
+  declares it in `COMPOSES_WITH`). Each names the field and the fix."""
+  h = config.hybrid
+  name = h.get("method", "velocity")
+  try:
+    method = registry.load_method(name)
+  except ValueError as e:
+    return [str(e)]
+  errors = []
+  key = method.CONFIG_KEY
+  if key:
+    if key not in h:
+      return [
+        f"--config.hybrid.{key} is missing: method {name!r} reads its settings there "
+        f"(hybridjax.config.with_method_block(config) adds its defaults)"
+      ]
+    for field, check in getattr(method, "FIELDS", {}).items():
+      try:
+        value = _get(h[key], field)
+      except (KeyError, AttributeError):
+        errors.append(f"--config.hybrid.{key}.{field} is missing from the config")
+        continue
+      msg = check(value)
+      if msg:
+        errors.append(f"--config.hybrid.{key}.{field} {msg}")
+  if errors or not check_relations or config.get("mode") != "hybrid":
+    return errors
+  if getattr(method, "ADVANCES_SCHEDULE", False) and h.steps_per_call != 1:
+    errors.append(
+      f"--config.hybrid.method={name!r} decides on the device whether a step uses its batch and how far it "
+      "advances the schedule, so the host reads the data position after each step: set "
+      f"--config.hybrid.steps_per_call=1 (got {h.steps_per_call})"
+    )
+  outer_every = config.get("optim", {}).get("outer_every", 0)
+  if outer_every and "outer_momentum" not in getattr(method, "COMPOSES_WITH", frozenset()) and name != "outer_momentum":
+    errors.append(
+      f"--config.optim.outer_every ({outer_every}) turns on outer momentum, which method {name!r} does not "
+      "compose with (its COMPOSES_WITH): set --config.optim.outer_every=0, or --config.mode=baseline"
+    )
+  return errors + list(method.check(config))
+
+
+def known_fields() -> dict[str, Callable[[Any], str | None]]:
+  """Every validated field: the generic ones and those of the built-in methods' blocks."""
+  fields = dict(_FIELDS)
+  for name in registry.BUILTIN_METHODS:
+    method = registry.load_method(name)
+    for field, check in getattr(method, "FIELDS", {}).items():
+      fields[f"hybrid.{method.CONFIG_KEY}.{field}"] = check
+  return fields
+
+
+# Field checks a method's `FIELDS` may use (each returns None or what is wrong with a value).
+check_int = _int
+check_num = _num
+check_choice = _choice
+check_bool = _bool
+check_int_tuple = _int_tuple
+check_num_tuple = _num_tuple
 
 
 def _mesh_errors(config: ml_collections.ConfigDict, n_devices: int | None) -> tuple[list[str], int, int]:

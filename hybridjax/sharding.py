@@ -6,10 +6,12 @@ The mesh has two axes, `data` x `fsdp` (config block `mesh`, see `config.default
                replicas also split the weights, so its devices must not repeat each other's rows
   params,      FSDP: each leaf split over the `fsdp` axis on its largest dimension that `fsdp`
   opt_state,   divides, replicated where none does (and everywhere when fsdp = 1); the choice
-  velocity     depends only on the leaf's shape, so optimizer-state leaves that mirror params get
-               exactly the param's sharding, and scalars (counts, hyperparameters) are replicated
-  the rest     RSSM/dynamics, corrector, history ring buffers, controller and rng: replicated (they
-               are small, and every device needs all of them every step)
+  params-sized depends only on the leaf's shape, so optimizer-state leaves that mirror params get
+  buffers      exactly the param's sharding, and scalars (counts, hyperparameters) are replicated;
+               a method's params-sized buffers (e.g. the velocity) are laid out so too, as its
+               `shardings` says
+  the rest     a method's small state (RSSM, corrector, history), the controller and rng: replicated
+               (they are small, and every device needs all of them every step)
 
 The jitted steps take and return the state with these shardings (`step_jit_kwargs`) and still
 donate it, so buffers are reused in place on every device. On a one-device mesh nothing here is
@@ -138,20 +140,18 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   return out
 
 
-def hybrid_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a `hybrid.state.HybridState`: the train state, the velocity, the jump
-  predictor's slow EMA and its forecaster's snapshot drift FSDP, the rest replicated."""
+def hybrid_state_shardings(abstract_state: Any, mesh: Mesh, method: Any = None) -> Any:
+  """Shardings of a `hybrid.state.HybridState`: the train state FSDP, the controller and rng
+  replicated, and the method's own state as its `shardings(state, like_params, replicated)` says
+  (params-sized buffers laid out like the params; replicated when it says nothing)."""
   rest = replicated_tree(abstract_state, mesh)
-  out = rest.replace(
-    train=train_state_shardings(abstract_state.train, mesh), velocity=fsdp_sharding(abstract_state.velocity, mesh)
-  )
-  if abstract_state.drift_memory is not None:
+  out = rest.replace(train=train_state_shardings(abstract_state.train, mesh))
+  method_shardings = getattr(method, "shardings", None)
+  if method_shardings is not None and abstract_state.method is not None:
     out = out.replace(
-      drift_memory=rest.drift_memory.replace(params=fsdp_sharding(abstract_state.drift_memory.params, mesh))
-    )
-  if abstract_state.forecast is not None:  # the drift at the last snapshot is params-shaped
-    out = out.replace(
-      forecast=rest.forecast.replace(snapshot_drift=fsdp_sharding(abstract_state.forecast.snapshot_drift, mesh))
+      method=method_shardings(
+        abstract_state.method, lambda tree: fsdp_sharding(tree, mesh), lambda tree: replicated_tree(tree, mesh)
+      )
     )
   return out
 

@@ -45,8 +45,6 @@ HYBRID_OVERRIDES = dict(
   correction_interval=2,
   warmup_steps=10,
   full_steps=5,
-  history_size=16,
-  window=8,
 )
 # (label, phase, branch) of the step kinds timed.
 KINDS = (
@@ -59,7 +57,8 @@ KINDS = (
 
 def _small_hybrid(h):
   h.update(HYBRID_OVERRIDES)
-  h.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
+  h.velocity.update(history_size=16, window=8)
+  h.velocity.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
   return h
 
 

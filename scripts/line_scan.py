@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
   c = gpt2_cfg.get_config(args.preset)
   c.mode = "hybrid"
   c.hybrid.enable_predict = False  # every step a full step: the baseline's trajectory, plus the velocity
-  c.hybrid.velocity_beta = args.velocity_beta
+  c.hybrid.velocity.beta = args.velocity_beta
   c.trainer.averaging = "ema"  # the averaged anchor; the raw trajectory is unchanged
   c.trainer.averaging_beta = args.averaging_beta
   task = gpt2_small.build_task(c)
@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
       step += 1
     p0 = jax.device_get(state.train.params)
     avg0 = jax.device_get(state.train.averaging.params)
-    v = jax.device_get(state.velocity)
+    v = jax.device_get(state.method.velocity)
     along = [evaluate(move(p0, v, a)) for a in alphas]
     along_avg = [evaluate(move(avg0, v, a)) for a in alphas]
     # The same number of real steps from here, on a copy (the run itself continues from `state`).

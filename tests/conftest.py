@@ -157,14 +157,15 @@ STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0
 
 
 def small_hybrid_config(**overrides):
-  """`config.hybrid` with a small RSSM and short warm-up; keys may be dotted ('rssm.deter')."""
+  """`config.hybrid` with a small RSSM and short warm-up; keys may be dotted ('velocity.rssm.deter')."""
   from hybridjax import config as config_lib
 
   h = config_lib.default_hybrid_config()
   h.warmup_steps = 10
   h.full_steps = 5
-  h.rssm.deter, h.rssm.latent, h.rssm.hidden, h.rssm.ensemble = 32, 8, 32, 2
-  h.history_size, h.window = 16, 8
+  v = h.velocity
+  v.rssm.deter, v.rssm.latent, v.rssm.hidden, v.rssm.ensemble = 32, 8, 32, 2
+  v.history_size, v.window = 16, 8
   h.update_from_flattened_dict(overrides)
   return h
 

@@ -23,6 +23,7 @@ from conftest import STD, small_hybrid_config
 
 from hybridjax import config as config_lib
 from hybridjax import optim
+from hybridjax.hybrid import predict_step as predict_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import drivers
@@ -68,7 +69,7 @@ MAIN = {**STD, "health.cooldown_steps": 8}
 # steps, each validated and followed by CORRECT) with the corrector off. test_controller checks the
 # confidence gate on it and test_corrector that the disabled corrector is never touched: one
 # context, compiled once, serves both.
-GATED = {"confidence_threshold": 0.8, "corrector.enabled": False}
+GATED = {"confidence_threshold": 0.8, "velocity.corrector.enabled": False}
 
 
 def train_config(dispatch: str = "switch", steps_per_call: int = 1):
@@ -102,7 +103,7 @@ class Setup:
     self.phase_fns = [jit(step_lib.make_phase_step(ctx, b)) for b in Branch]
     self.fused = jit(lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch))
     self.multi = jit(lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch))
-    self.predict = jax.jit(lambda s, b, sch: step_lib.predict_step(ctx, s, b, sch))
+    self.predict = jax.jit(lambda s, b, sch: predict_lib.predict_step(ctx, s, b, sch))
     self._init = jax.jit(lambda p, r: step_lib.init_hybrid_state(ctx, p, r))
 
   def init_state(self, seed: int = 0):

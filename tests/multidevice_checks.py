@@ -139,7 +139,7 @@ def _reference_runs():
     out[name] = {
       "state": state,
       "train": _host(state.train),
-      "velocity": _host(state.velocity),
+      "velocity": _host(state.method.velocity),
       "phases": phases,
       "ms": 1e3 * s_per_step,
     }
@@ -223,7 +223,7 @@ def test_params_optimizer_state_and_velocity_are_fsdp_sharded():
   params_def = jax.tree.structure(state.train.params)
   like_params = lambda n: jax.tree.structure(n) == params_def  # noqa: E731
   nodes = jax.tree.leaves(state.train.opt_state, is_leaf=like_params)
-  mirrors = [n for n in nodes if like_params(n)] + [state.velocity]
+  mirrors = [n for n in nodes if like_params(n)] + [state.method.velocity]
   assert len(mirrors) >= 3, "expected Adam's mu and nu and the velocity"
   for tree in mirrors:
     for p_leaf, m_leaf in zip(jax.tree.leaves(state.train.params), jax.tree.leaves(tree)):
@@ -232,7 +232,8 @@ def test_params_optimizer_state_and_velocity_are_fsdp_sharded():
     if not like_params(n):
       assert n.ndim == 0 and n.sharding.is_fully_replicated, n
   # The RSSM, corrector, ring buffers, controller and rng are replicated on every device.
-  for part in (state.dynamics, state.corrector, state.history, state.controller, state.rng):
+  m = state.method
+  for part in (m.dynamics, m.corrector, m.history, m.plan, state.controller, state.rng):
     for leaf in jax.tree.leaves(part):
       assert leaf.sharding.is_fully_replicated and len(leaf.addressable_shards) == 8
   # Per device, the params take their replicated leaves plus half of each sharded one.
@@ -292,7 +293,7 @@ def test_checkpoint_from_4x2_restores_on_8x1_and_1_device_and_continues_identica
       state, phases, _ = run(name, state, SAVE_AT, RUN_STEPS - SAVE_AT)
       assert phases == ref["phases"][SAVE_AT:], name
       chex.assert_trees_all_close(_host(state.train.params), ref["train"].params, **TOL)
-      chex.assert_trees_all_close(_host(state.velocity), ref["velocity"], **TOL)
+      chex.assert_trees_all_close(_host(state.method.velocity), ref["velocity"], **TOL)
       c, c_ref = jax.device_get((state.controller, ref["state"].controller))
       np.testing.assert_array_equal(c.phase_steps, c_ref.phase_steps)
       assert int(c.backward_passes) == int(c_ref.backward_passes)

@@ -28,12 +28,12 @@ TINY_OVERRIDES = {
   "hybrid.warmup_steps": 10,
   "hybrid.full_steps": 5,
   "hybrid.confidence_threshold": 0.0,
-  "hybrid.rssm.deter": 32,
-  "hybrid.rssm.latent": 8,
-  "hybrid.rssm.hidden": 32,
-  "hybrid.rssm.ensemble": 2,
-  "hybrid.history_size": 16,
-  "hybrid.window": 8,
+  "hybrid.velocity.rssm.deter": 32,
+  "hybrid.velocity.rssm.latent": 8,
+  "hybrid.velocity.rssm.hidden": 32,
+  "hybrid.velocity.rssm.ensemble": 2,
+  "hybrid.velocity.history_size": 16,
+  "hybrid.velocity.window": 8,
 }
 TINY_STEPS = 60
 # mode -> workdir of the runs the notebook test made in this process (the same config as

@@ -20,7 +20,7 @@ from hybridjax import config as config_lib
     ("hybrid.confidence_threshold", 1.5, "hybrid.confidence_threshold"),
     ("hybrid.dispatch", "fused", "hybrid.dispatch"),
     ("hybrid.steps_per_call", 0, "hybrid.steps_per_call"),
-    ("hybrid.corrector.enabled", 1, "hybrid.corrector.enabled"),
+    ("hybrid.velocity.corrector.enabled", 1, "hybrid.velocity.corrector.enabled"),
     ("mode", "fast", "mode"),
   ],
 )
@@ -45,9 +45,9 @@ def test_presets_are_valid_and_micro_shrinks_tiny():
     config_lib.validate(gpt2_small.get_config(preset))
   micro, tiny = gpt2_small.get_config("tiny,micro"), gpt2_small.get_config("tiny")
   assert (micro.model.n_layer, micro.model.d_model, micro.trainer.batch_size) == (1, 32, 4)
-  assert micro.hybrid.rssm.ensemble == 2 and tiny.hybrid.rssm.ensemble == 3
+  assert micro.hybrid.velocity.rssm.ensemble == 2 and tiny.hybrid.velocity.rssm.ensemble == 3
   assert micro.hybrid.dispatch == tiny.hybrid.dispatch == "switch"
-  assert micro.hybrid.corrector.enabled
+  assert micro.hybrid.velocity.corrector.enabled
   with pytest.raises(ValueError, match="unknown preset variant"):
     gpt2_small.get_config("tiny,huge")
   with pytest.raises(ValueError, match="unknown preset"):
@@ -57,8 +57,8 @@ def test_presets_are_valid_and_micro_shrinks_tiny():
 def test_flatten_is_the_inverse_of_update_from_flattened_dict():
   c = micro_config("hybrid")
   flat = config_lib.flatten(c)
-  assert flat["trainer.steps"] == 20 and flat["hybrid.rssm.ensemble"] == 2
-  assert flat["hybrid.corrector.enabled"] is True
+  assert flat["trainer.steps"] == 20 and flat["hybrid.velocity.rssm.ensemble"] == 2
+  assert flat["hybrid.velocity.corrector.enabled"] is True
   assert not any(isinstance(v, dict) or hasattr(v, "items") for v in flat.values())
   other = micro_config("baseline", steps=99)
   other.update_from_flattened_dict(flat)

@@ -18,6 +18,8 @@ from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import ControllerSettings, make_step_info
 from hybridjax.hybrid.phases import Branch, Exit, Phase
+from hybridjax.hybrid.plan import VelocityState, init_plan
+from hybridjax.methods import velocity as velocity_method
 
 SETTINGS = ControllerSettings(
   enable_predict=True,
@@ -38,7 +40,11 @@ G = 2
 
 
 def _ctrl():
-  return state_lib.init_controller(max_predict_steps=5, n_groups=G, feature_dim=3, accuracy_window=4)
+  return state_lib.init_controller()
+
+
+def _plan():
+  return init_plan(max_predict_steps=5, n_groups=G, feature_dim=3, accuracy_window=4)
 
 
 def _info(
@@ -63,8 +69,9 @@ def _info(
     validated=validated,
     diverged=diverged,
     nonfinite_prediction=nonfinite_prediction,
-    rollback_alpha=jnp.zeros((G,)) if rollback_alpha is None else rollback_alpha,
+    rolled_back=rollback_alpha is not None and bool(jnp.any(rollback_alpha != 0)),
     alpha=jnp.zeros((G,)),
+    extra=jnp.zeros((G,)) if rollback_alpha is None else rollback_alpha,
   )
 
 
@@ -140,10 +147,13 @@ def test_transition_table_by_hand():
   assert int(c.predict_phases) == 1 and int(c.last_exit) == Exit.NONE
   # A diverged validation ends it: CORRECT, whose first step is the CORRECT entry (rollback).
   alpha = jnp.asarray([0.5, 0.25])
-  c = _transition(c, _info(was_real=False, validated=True, diverged=True, rollback_alpha=alpha), SETTINGS)
+  before, info = c, _info(was_real=False, validated=True, diverged=True, rollback_alpha=alpha)
+  c = _transition(c, info, SETTINGS)
   assert int(c.phase) == Phase.CORRECT and int(c.next_branch) == Branch.CORRECT_STEP
   assert int(c.last_exit) == Exit.DIVERGED and int(c.rollbacks) == 1
-  np.testing.assert_array_equal(c.rollback_alpha, alpha)
+  # The velocity predictor keeps the segment's alphas for its CORRECT entry to subtract.
+  vstate = VelocityState(velocity=None, dynamics=None, corrector=None, history=None, plan=_plan())
+  np.testing.assert_array_equal(velocity_method.on_transition(None, vstate, before, c, info).plan.rollback_alpha, alpha)
   assert int(c.consecutive_failures) == 1
   c = _transition(c, _info(), SETTINGS)
   assert int(c.next_branch) == Branch.FULL_STEP
@@ -173,7 +183,7 @@ def test_horizon_grows_with_confidence_and_is_bounded(conf, thr, hmax):
 
 
 def test_accuracy_and_agreement():
-  c = _ctrl()
+  c = _plan()
   assert float(controller_lib.accuracy(c, 0.05)) == 0.0  # no evidence: no confidence
   c = controller_lib.push_error(c, jnp.float32(0.0), jnp.bool_(True))
   assert float(controller_lib.accuracy(c, 0.05)) == 1.0

@@ -139,9 +139,9 @@ def test_disabled_corrector_is_never_touched_by_hybrid_steps():
   # entries, the corrector state stays bit-identical to its initial value; enabled (the control
   # run), it collects residuals and trains.
   off = hh.setup(**hh.GATED)
-  assert not off.ctx.corrector_enabled
+  assert not off.ctx.settings.corrector_enabled
   state0 = off.init_state()
-  initial = jax.device_get(state0.corrector)
+  initial = jax.device_get(state0.method.corrector)
   state, trace = off.run(150, state=state0)
   phases = [int(m["phase"]) for m in trace]
   assert set(phases) == {0, 1, 2, 3}, phases
@@ -149,9 +149,9 @@ def test_disabled_corrector_is_never_touched_by_hybrid_steps():
   assert int(c.forward_passes) > 1 and int(c.predict_phases) > 1  # validations ran, phases ended
   entries = sum(a == Phase.PREDICT and b == Phase.CORRECT for a, b in zip(phases, phases[1:]))
   assert entries > 1  # CORRECT entries ran (each would train an enabled corrector)
-  chex.assert_trees_all_equal(jax.device_get(state.corrector), initial)
+  chex.assert_trees_all_equal(jax.device_get(state.method.corrector), initial)
   on_state, _ = hh.setup().run(80)
-  on = jax.device_get(on_state.corrector)
+  on = jax.device_get(on_state.method.corrector)
   assert int(on.updates) > 0 and bool(on.valid.any())
   assert any(np.any(a != b) for a, b in zip(jax.tree.leaves(on.params), jax.tree.leaves(initial.params)))
   assert int(on_state.controller.phase_steps[Phase.PREDICT]) > 0

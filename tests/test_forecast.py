@@ -31,7 +31,7 @@ def _params():
 
 
 def _context(loss_fn, *, params=None, min_agreement=0.5, skip_control=False):
-  h = small_hybrid_config(predictor="jump", grouping="leaf")
+  h = small_hybrid_config(method="jump", grouping="leaf")
   h.jump.update(horizons=HORIZONS, margin=0.0, forecast="rssm", skip_control=skip_control)
   h.jump.forecaster.update(every=EVERY, history=16, train_steps=8, min_agreement=min_agreement, learning_rate=1e-2)
   return drivers.make_context(
@@ -72,7 +72,7 @@ _SNAPSHOT_JIT = jax.jit(forecast_lib.snapshot, static_argnums=(0, 1))
 def _snapshot(ctx, f, i, ratios=RATIOS):
   """The i-th snapshot of that trajectory: the drift measured is V, the loss falls 0.05 per interval."""
   return _SNAPSHOT_JIT(
-    ctx.forecast,
+    ctx.settings.forecast,
     ctx.groups,
     f,
     fast=_along(i * EVERY, ratios),
@@ -88,7 +88,7 @@ def _snapshot(ctx, f, i, ratios=RATIOS):
 class SnapshotTest(chex.TestCase):
   def test_the_realised_ratio_is_the_averaged_iterates_move_along_the_drift_in_units_of_it(self):
     ctx = _context(_quadratic_towards(_params()))
-    f = forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0))
+    f = forecast_lib.init_forecast(ctx.settings.forecast, _params(), jax.random.PRNGKey(0))
     f = _snapshot(ctx, f, 1)
     assert int(f.history.count) == 1
     chex.assert_trees_all_close(f.snap_rsq, jnp.asarray([6 * 1e-4, 5e-4]), rtol=1e-5)
@@ -101,7 +101,7 @@ class SnapshotTest(chex.TestCase):
 
   def test_an_accepted_jumps_move_is_not_counted_as_the_trajectorys(self):
     ctx = _context(_quadratic_towards(_params()))
-    f = forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0))
+    f = forecast_lib.init_forecast(ctx.settings.forecast, _params(), jax.random.PRNGKey(0))
     # As the snapshot at step EVERY leaves it (the snapshot itself is tested above).
     f = f.replace(
       history=f.history.replace(count=jnp.asarray(1, jnp.int32)),
@@ -150,7 +150,7 @@ class AggregateTest(chex.TestCase):
 def learned():
   """A forecaster after 30 snapshots of the straight trajectory (jitted once)."""
   ctx = _context(_quadratic_towards(_params()))
-  f = forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0))
+  f = forecast_lib.init_forecast(ctx.settings.forecast, _params(), jax.random.PRNGKey(0))
   for i in range(1, 31):
     f = _snapshot(ctx, f, i)
   return ctx, f
@@ -158,7 +158,7 @@ def learned():
 
 def test_the_rssm_learns_each_groups_ratio_and_the_losss_fall():
   ctx, f = learned()
-  scales, expected, agree = forecast_lib.forecast_moves(ctx.forecast, f, HORIZONS, jax.random.PRNGKey(0))
+  scales, expected, agree = forecast_lib.forecast_moves(ctx.settings.forecast, f, HORIZONS, jax.random.PRNGKey(0))
   chex.assert_shape(scales, (len(HORIZONS), 2))
   # An untrained ensemble predicts ratios near 0; this one has learned each group's own.
   np.testing.assert_allclose(np.asarray(scales), np.broadcast_to(RATIOS, (3, 2)), atol=0.25)
@@ -172,7 +172,9 @@ def _state_for(ctx, f, step=100):
   fast = jax.tree.map(lambda x: x + 0.3, _params())
   slow = jax.tree.map(lambda x, v: x + 0.3 - 50.0 * v, _params(), V)  # drift = V (both EMAs long-run)
   train = s.train.replace(step=jnp.asarray(step, jnp.int32), averaging=s.train.averaging.replace(params=fast))
-  s = s.replace(train=train, drift_memory=s.drift_memory.replace(params=slow), forecast=f)
+  s = s.replace(
+    train=train, method=s.method.replace(drift_memory=s.method.drift_memory.replace(params=slow), forecast=f)
+  )
   return s
 
 
@@ -186,16 +188,16 @@ class GateTest(chex.TestCase):
     target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), r)
     ctx = _context(_quadratic_towards(target))
     new, _ = self.variant(functools.partial(jump_lib.jump_step, ctx))(state, {"x": jnp.zeros(1)}, None)
-    k = int(new.controller.last_jump_k)
+    k = int(new.method.tracker.last_jump_k)
     assert k == max(HORIZONS)
-    s_g = np.asarray(new.forecast.last_scale)
+    s_g = np.asarray(new.method.forecast.last_scale)
     np.testing.assert_allclose(s_g, RATIOS, atol=0.25)
     for g, (name, leaf) in enumerate((("a", "kernel"), ("b", "bias"))):
       moved = new.train.params[name][leaf] - state.train.params[name][leaf]
       chex.assert_trees_all_close(moved, s_g[g] * k * r[name][leaf], rtol=1e-4, atol=1e-7)
-    assert float(new.forecast.expected_gain) == float(new.forecast.last_expected) > 0
+    assert float(new.method.forecast.expected_gain) == float(new.method.forecast.last_expected) > 0
     # The jump's move is recorded, so the interval's realised ratio leaves it out.
-    assert np.all(np.asarray(new.forecast.jump_dot) != 0)
+    assert np.all(np.asarray(new.method.forecast.jump_dot) != 0)
 
   def test_without_the_ensembles_agreement_nothing_jumps_and_the_train_state_is_bit_identical(self):
     ctx0, f = learned()
@@ -203,13 +205,13 @@ class GateTest(chex.TestCase):
     target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), jump_lib.jump_drift(state))
     ctx = _context(_quadratic_towards(target), min_agreement=1.0 + 1e-6)  # no agreement is enough
     new, _ = jump_lib.jump_step(ctx, state, {"x": jnp.zeros(1)}, None)
-    chex.assert_trees_all_equal((new.train, new.drift_memory), (state.train, state.drift_memory))
-    chex.assert_trees_all_equal(new.forecast.jump_dot, state.forecast.jump_dot)
-    assert int(new.controller.last_jump_k) == 0 and int(new.controller.jump_attempts) == 1
+    chex.assert_trees_all_equal((new.train, new.method.drift_memory), (state.train, state.method.drift_memory))
+    chex.assert_trees_all_equal(new.method.forecast.jump_dot, state.method.forecast.jump_dot)
+    assert int(new.method.tracker.last_jump_k) == 0 and int(new.method.tracker.jump_attempts) == 1
 
   def test_an_untrained_forecaster_admits_nothing(self):
     ctx0 = _context(_quadratic_towards(_params()))
-    f = forecast_lib.init_forecast(ctx0.forecast, _params(), jax.random.PRNGKey(0))
+    f = forecast_lib.init_forecast(ctx0.settings.forecast, _params(), jax.random.PRNGKey(0))
     state = _state_for(ctx0, f)
     target = jax.tree.map(lambda p, d: p + 1000.0 * d, _params(), jump_lib.jump_drift(state))
     new, _ = jump_lib.jump_step(_context(_quadratic_towards(target)), state, {"x": jnp.zeros(1)}, None)
@@ -218,7 +220,7 @@ class GateTest(chex.TestCase):
 
 def test_calibration_learns_the_realised_over_expected_gain_of_closed_jumps():
   ctx = _context(_quadratic_towards(_params()))
-  f = forecast_lib.init_forecast(ctx.forecast, _params(), jax.random.PRNGKey(0))
+  f = forecast_lib.init_forecast(ctx.settings.forecast, _params(), jax.random.PRNGKey(0))
   f = f.replace(expected_gain=jnp.float32(0.04))
   same = forecast_lib.calibrate(f, jnp.float32(0.02), jnp.asarray(False))
   chex.assert_trees_all_equal(same, f)
@@ -232,12 +234,12 @@ def test_the_forecaster_adds_one_params_sized_buffer_and_few_leaves():
     params = {"a": {"kernel": jnp.zeros((width, 8))}, "b": {"bias": jnp.zeros((8,))}}
     ctx = _context(_quadratic_towards(params), params=params)
     s = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
-    assert s.velocity is None and s.dynamics is None and s.corrector is None and s.history is None
+    assert not hasattr(s.method, "velocity")  # the jump's own state: no velocity, RSSM or history
     nbytes = lambda t: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(t))  # noqa: E731
-    assert nbytes(s.forecast.snapshot_drift) == nbytes(params)
+    assert nbytes(s.method.forecast.snapshot_drift) == nbytes(params)
     # The RSSM (params, Adam, recurrent state) is one raveled vector.
-    assert s.forecast.dynamics.ndim == 1
-    n_leaves = len(jax.tree.leaves(s.forecast)) - len(jax.tree.leaves(params))
+    assert s.method.forecast.dynamics.ndim == 1
+    n_leaves = len(jax.tree.leaves(s.method.forecast)) - len(jax.tree.leaves(params))
     return nbytes(s) - nbytes(s.train), nbytes(params), n_leaves
 
   (small, p_small, leaves), (big, p_big, _) = sizes(4), sizes(400)
@@ -249,7 +251,7 @@ def test_the_forecaster_adds_one_params_sized_buffer_and_few_leaves():
 def _forecast_config(steps=120):
   c = micro_config("hybrid", steps=steps)
   c.trainer.update(averaging="ema", averaging_beta=0.9)
-  c.hybrid.update(predictor="jump", warmup_steps=10, full_steps=5)
+  c.hybrid.update(method="jump", warmup_steps=10, full_steps=5)
   c.hybrid.health.cooldown_steps = 5
   c.hybrid.jump.update(horizons=(4, 8), every=10, margin=-0.5, stop_fraction=0.8, forecast="rssm")
   c.hybrid.jump.forecaster.update(every=5, history=8, train_steps=2, min_agreement=0.0, deter=8, latent=4, hidden=8)
@@ -271,7 +273,7 @@ def test_a_forecast_run_resumes_bit_exact_with_flat_memory(tmp_path, jax_cache):
   assert 30 <= resumed["start_step"] < 50
   assert step_a == step_b == 90
   chex.assert_trees_all_equal(a, b)
-  assert int(a.forecast.history.count) > 3  # snapshots were taken and the RSSM trained on them
+  assert int(a.method.forecast.history.count) > 3  # snapshots were taken and the RSSM trained on them
   assert straight["jump_attempts"] > 0 and resumed["jumps"] == straight["jumps"]
   assert straight["memory"]["growth_bytes"] == 0
 
@@ -285,11 +287,11 @@ def test_params_sized_copies_happen_only_inside_the_snapshot():
   from hybridjax import memory
 
   def compiled_hlo(forecast):
-    h = small_hybrid_config(predictor="jump")
+    h = small_hybrid_config(method="jump")
     h.jump.forecast = forecast
     h.jump.forecaster.update(deter=8, latent=4, hidden=8, history=8)
     compiled, state = compile_fused_mlp_step(h, width=256)
-    flat = None if state.forecast is None else state.forecast.dynamics.shape[0]
+    flat = None if state.method.forecast is None else state.method.forecast.dynamics.shape[0]
     return compiled.as_text(), flat
 
   big = 256 * 256 * 4  # the largest params leaf's bytes

@@ -19,8 +19,9 @@ import pytest
 
 from hybridjax import optim
 from hybridjax.hybrid import correct_step as correct_lib
-from hybridjax.hybrid import step as step_lib
+from hybridjax.hybrid import predict_step as predict_lib
 from hybridjax.hybrid.phases import BRANCH_NAMES, Branch, Exit, Phase
+from hybridjax.methods import velocity as velocity_method
 
 
 def _assert_legal_sequence(phases):
@@ -30,7 +31,8 @@ def _assert_legal_sequence(phases):
 
 
 def test_branches_are_the_three_transitions():
-  assert [f.__name__ for f in step_lib.TRANSITIONS] == list(BRANCH_NAMES)
+  # The velocity predictor's transitions, indexed by `Branch`, are named after it.
+  assert [f.__name__ for f in velocity_method.transitions(None)] == list(BRANCH_NAMES)
   assert [int(b) for b in Branch] == list(range(len(BRANCH_NAMES)))
 
 
@@ -65,20 +67,18 @@ def _state_in_predict(s, warm_steps=30, seed=0):
   c = state.controller.replace(
     phase=jnp.int32(Phase.PREDICT),
     steps_in_phase=jnp.int32(0),
-    plan_offset=jnp.int32(0),
     horizon=jnp.int32(ctx.hmax),
-    plan_alpha=alpha,
-    alpha_since_good=jnp.zeros((g,)),
     next_branch=jnp.int32(Branch.PREDICT_STEP),
   )
-  return hh.commit(state.replace(controller=c)), alpha
+  plan = state.method.plan.replace(plan_offset=jnp.int32(0), plan_alpha=alpha, alpha_since_good=jnp.zeros((g,)))
+  return hh.commit(state.replace(controller=c, method=state.method.replace(plan=plan))), alpha
 
 
 def test_predicted_step_moves_every_parameter_by_alpha_velocity():
   s = hh.setup()
   state, alpha = _state_in_predict(s)
   before = jax.device_get(state.train.params)
-  velocity = jax.device_get(state.velocity)
+  velocity = jax.device_get(state.method.velocity)
   opt_before = jax.device_get(state.train.opt_state)
   new, info = s.predict(state, hh.batch(100), hh.SCHEDULE)
   after = jax.device_get(new.train.params)
@@ -122,7 +122,7 @@ def test_rollback_is_exact_without_snapshot():
   for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(start)):
     assert np.all(a != b)
   # The segment is sum_k alpha_k . velocity: subtracting the summed alphas undoes it.
-  back = correct_lib.rollback_params(s.ctx, state.train.params, state.velocity, jnp.sum(alpha[:n], axis=0))
+  back = correct_lib.rollback_params(s.ctx, state.train.params, state.method.velocity, jnp.sum(alpha[:n], axis=0))
   chex.assert_trees_all_close(back, start, rtol=1e-5, atol=1e-6)
 
 
@@ -133,7 +133,7 @@ def test_predicted_steps_extrapolate_a_linear_trajectory():
   params = {"w": np.zeros((3, 4), np.float32), "b": np.zeros((4,), np.float32)}
   loss = lambda p, b: (100.0 + jnp.sum(c * p["w"]) + jnp.sum(p["b"]), {})  # noqa: E731
   s = hh.Setup(
-    dict(constant_alpha=1.0, velocity_beta=0.5, max_predict_steps=8, enable_predict=False),
+    {"velocity.constant_alpha": 1.0, "velocity.beta": 0.5, "max_predict_steps": 8, "enable_predict": False},
     loss=loss,
     params=params,
     tx=optax.sgd(1e-2),
@@ -141,14 +141,9 @@ def test_predicted_steps_extrapolate_a_linear_trajectory():
   state, _ = s.run(40, batch_fn=lambda i: {})
   real_state, _ = s.run(48, batch_fn=lambda i: {})
   g = s.ctx.groups.n_groups
-  c_ = state.controller.replace(
-    phase=jnp.int32(Phase.PREDICT),
-    steps_in_phase=jnp.int32(0),
-    plan_offset=jnp.int32(0),
-    horizon=jnp.int32(8),
-    plan_alpha=jnp.ones((8, g)),
-  )
-  state = hh.commit(state.replace(controller=c_))
+  c_ = state.controller.replace(phase=jnp.int32(Phase.PREDICT), steps_in_phase=jnp.int32(0), horizon=jnp.int32(8))
+  plan = state.method.plan.replace(plan_offset=jnp.int32(0), plan_alpha=jnp.ones((8, g)))
+  state = hh.commit(state.replace(controller=c_, method=state.method.replace(plan=plan)))
   for _ in range(8):
     state, _ = s.predict(state, {}, hh.SCHEDULE)
     state = state.replace(controller=state.controller.replace(steps_in_phase=state.controller.steps_in_phase + 1))
@@ -172,9 +167,9 @@ def test_nan_loss_in_every_branch():
   for i in range(400):
     if not pending:
       break
-    c = jax.device_get(state.controller)
+    c, plan = jax.device_get((state.controller, state.method.plan))
     branch, phase = int(c.next_branch), int(c.phase)
-    k = min(max(int(c.steps_in_phase) - int(c.plan_offset), 0), ctx.hmax - 1)
+    k = min(max(int(c.steps_in_phase) - int(plan.plan_offset), 0), ctx.hmax - 1)
     validates = (k + 1) % ctx.control.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
     kind = {
       Branch.FULL_STEP: "full" if phase == Phase.FULL else None,
@@ -190,7 +185,7 @@ def test_nan_loss_in_every_branch():
     assert ran == branch
     what = f"NaN in {kind} at step {i}"
     events = after.controller.events - before.controller.events
-    assert _finite(after.train.params) and _finite(after.velocity), what
+    assert _finite(after.train.params) and _finite(after.method.velocity), what
     assert int(after.train.step) == int(before.train.step) + 1, what
     if kind in ("full", "correct"):  # a real step: the update is skipped, and counted
       assert np.isnan(m["loss"]) and m["measured"], what
@@ -199,14 +194,16 @@ def test_nan_loss_in_every_branch():
       assert int(after.controller.phase) == Phase.FULL, what
       assert int(after.train.nonfinite_streak) == int(before.train.nonfinite_streak) + 1, what
       chex.assert_trees_all_equal(after.train.opt_state, before.train.opt_state)
-      chex.assert_trees_all_equal(after.history, before.history)  # nothing recorded
-      chex.assert_trees_all_equal(after.dynamics, before.dynamics)  # no training on it
+      chex.assert_trees_all_equal(after.method.history, before.method.history)  # nothing recorded
+      chex.assert_trees_all_equal(after.method.dynamics, before.method.dynamics)  # no training on it
       if kind == "full":
         chex.assert_trees_all_equal(after.train.params, before.train.params)
       else:  # the CORRECT entry still rolls back what diverged (if anything), then skips its update
-        want = correct_lib.rollback_params(ctx, before.train.params, before.velocity, before.controller.rollback_alpha)
+        want = correct_lib.rollback_params(
+          ctx, before.train.params, before.method.velocity, before.method.plan.rollback_alpha
+        )
         chex.assert_trees_all_close(after.train.params, want, rtol=1e-6, atol=1e-7)
-        assert not np.any(after.controller.rollback_alpha), what
+        assert not np.any(after.method.plan.rollback_alpha), what
     elif kind == "predict_validated":  # the measurement is non-finite: the segment ends
       assert np.isnan(m["loss"]) and m["measured"] and m["diverged"], what
       assert events.tolist() == [1, 0, 0, 0], (what, events)
@@ -214,7 +211,7 @@ def test_nan_loss_in_every_branch():
       assert int(after.controller.last_exit) == Exit.NONFINITE, what
       assert int(after.controller.next_branch) == Branch.CORRECT_STEP, what
       np.testing.assert_allclose(
-        after.controller.rollback_alpha, before.controller.alpha_since_good + m["alpha"], rtol=1e-6
+        after.method.plan.rollback_alpha, before.method.plan.alpha_since_good + m["alpha"], rtol=1e-6
       )
     else:  # not validated: the loss is never computed, so the NaN goes unseen
       assert np.isnan(m["loss"]) and not m["measured"] and not m["diverged"], what
@@ -286,7 +283,7 @@ class StepVariantsTest(chex.TestCase):
   def test_predict_step_jit_and_nojit_agree(self):
     s = hh.setup()
     pred_state, _ = _state_in_predict(s, warm_steps=12)
-    pred = self.variant(lambda st, b: step_lib.predict_step(s.ctx, st, b, hh.SCHEDULE))
+    pred = self.variant(lambda st, b: predict_lib.predict_step(s.ctx, st, b, hh.SCHEDULE))
     a, ia = pred(pred_state, hh.batch(50))
     b, ib = s.predict(pred_state, hh.batch(50), hh.SCHEDULE)
     chex.assert_trees_all_close(a.train.params, b.train.params, rtol=1e-6)

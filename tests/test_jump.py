@@ -1,4 +1,4 @@
-"""The jump predictor (`hybrid.predictor='jump'`): the drift estimate, the jump's move and schedule
+"""The jump predictor (`hybrid.method='jump'`): the drift estimate, the jump's move and schedule
 advance, rejection leaving the state bit-identical, the skip control, its state's buffers, its
 compiled step's copies, and its life in the training loop (counters, events, resume)."""
 
@@ -39,7 +39,7 @@ def _params():
 
 
 def _context(loss_fn, *, skip_control=False, params=None, scales=(1.0,), trend_credit=0.0):
-  h = small_hybrid_config(predictor="jump", grouping="leaf")
+  h = small_hybrid_config(method="jump", grouping="leaf")
   h.jump.update(horizons=HORIZONS, scales=scales, margin=0.01, skip_control=skip_control, trend_credit=trend_credit)
   return drivers.make_context(
     h,
@@ -58,7 +58,7 @@ def _state(ctx, step=100):
   fast = jax.tree.map(lambda x: x + 0.3 + 0.01 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), p)
   slow = jax.tree.map(lambda x: x - 0.2, p)
   train = s.train.replace(step=jnp.asarray(step, jnp.int32), averaging=s.train.averaging.replace(params=fast))
-  return s.replace(train=train, drift_memory=s.drift_memory.replace(params=slow))
+  return s.replace(train=train, method=s.method.replace(drift_memory=s.method.drift_memory.replace(params=slow)))
 
 
 def _quadratic_towards(target):
@@ -71,7 +71,7 @@ def _quadratic_towards(target):
 
 
 def _drift(state):
-  return jump_lib.drift_per_step(state.train.averaging, state.drift_memory, state.train.step)
+  return jump_lib.drift_per_step(state.train.averaging, state.method.drift_memory, state.train.step)
 
 
 BATCH = {"x": jnp.zeros((1,))}
@@ -108,7 +108,7 @@ class JumpStepTest(chex.TestCase):
     ctx = _context(_quadratic_towards(target))
     scale = jnp.asarray([0.5, 2.0])  # s_g per group ('leaf' grouping: a/kernel, b/bias)
     assert ctx.groups.names == ("a/kernel", "b/bias")
-    state = state.replace(controller=state.controller.replace(group_scale=scale))
+    state = state.replace(method=state.method.replace(tracker=state.method.tracker.replace(group_scale=scale)))
     new, info = self.variant(functools.partial(jump_lib.jump_step, ctx))(state, BATCH, None)
     k = max(HORIZONS)
     for g, (name, leaf) in enumerate((("a", "kernel"), ("b", "bias"))):
@@ -118,16 +118,16 @@ class JumpStepTest(chex.TestCase):
         new.train.averaging.params[name][leaf] - state.train.averaging.params[name][leaf], moved, rtol=1e-5
       )
       chex.assert_trees_all_close(
-        new.drift_memory.params[name][leaf] - state.drift_memory.params[name][leaf], moved, rtol=1e-5
+        new.method.drift_memory.params[name][leaf] - state.method.drift_memory.params[name][leaf], moved, rtol=1e-5
       )
     assert int(new.train.step) == int(state.train.step) + k
     chex.assert_trees_all_equal(new.train.opt_state, state.train.opt_state)  # Adam's moments are kept
-    c = new.controller
+    c = new.method.tracker
     assert (int(c.jumps), int(c.jump_attempts), int(c.jump_steps), int(c.last_jump_k)) == (1, 1, k, k)
     assert not bool(info.batch_consumed) and int(info.forwards) == 1 + len(HORIZONS)
     assert float(c.last_probe_gain) > 0.01
     # The translation keeps the EMAs' difference, so the drift (at the same count) as it was.
-    kept = jump_lib.drift_per_step(new.train.averaging, new.drift_memory, state.train.step)
+    kept = jump_lib.drift_per_step(new.train.averaging, new.method.drift_memory, state.train.step)
     chex.assert_trees_all_close(kept, r, rtol=1e-4, atol=1e-6)
 
   def test_the_probe_chooses_the_move_scale_and_the_schedule_still_advances_by_k(self):
@@ -139,7 +139,7 @@ class JumpStepTest(chex.TestCase):
     ctx = _context(_quadratic_towards(target), scales=(0.75, 1.0))
     new, info = jump_lib.jump_step(ctx, state, BATCH, None)
     assert int(new.train.step) == int(state.train.step) + 40
-    assert float(new.controller.last_jump_scale) == 0.75
+    assert float(new.method.tracker.last_jump_scale) == 0.75
     moved = jax.tree.map(lambda d: 30.0 * d, r)
     chex.assert_trees_all_close(jax.tree.map(jnp.subtract, new.train.params, state.train.params), moved, rtol=1e-5)
     assert int(info.forwards) == 1 + 3 * 2
@@ -154,12 +154,10 @@ class JumpStepTest(chex.TestCase):
     ctx = _context(_quadratic_towards(target))
     new, info = self.variant(functools.partial(jump_lib.jump_step, ctx))(state, BATCH, None)
     chex.assert_trees_all_equal(new.train, state.train)
-    chex.assert_trees_all_equal(new.drift_memory, state.drift_memory)
-    chex.assert_trees_all_equal(
-      (new.dynamics, new.corrector, new.history, new.rng), (state.dynamics, state.corrector, state.history, state.rng)
-    )
-    c = new.controller
-    assert (int(c.jumps), int(c.jump_attempts), int(c.last_jump_k)) == (0, 1, 0)
+    chex.assert_trees_all_equal(new.method.drift_memory, state.method.drift_memory)
+    chex.assert_trees_all_equal((new.controller, new.rng), (state.controller, state.rng))
+    t = new.method.tracker
+    assert (int(t.jumps), int(t.jump_attempts), int(t.last_jump_k)) == (0, 1, 0)
     assert int(info.forwards) == 1 + len(HORIZONS)  # the probes are counted all the same
 
   def test_with_trend_credit_a_jump_must_beat_the_progress_of_the_steps_it_skips(self):
@@ -171,7 +169,7 @@ class JumpStepTest(chex.TestCase):
       ema_fast=jnp.float32(1.0), ema_slow=jnp.float32(1.0 + 0.01 * (lag_slow - lag_fast))
     )
     state = state.replace(controller=falling)
-    amounts = state.controller.group_scale[None, :] * jnp.asarray(HORIZONS, jnp.float32)[:, None]
+    amounts = state.method.tracker.group_scale[None, :] * jnp.asarray(HORIZONS, jnp.float32)[:, None]
     base, losses = jump_lib.score_candidates(
       _context(_quadratic_towards(target)), state.train.params, _drift(state), amounts, BATCH
     )
@@ -181,7 +179,7 @@ class JumpStepTest(chex.TestCase):
     for credit in (0.0, 0.5, 1.0, 4.0, 50.0):
       new, _ = jump_lib.jump_step(_context(_quadratic_towards(target), trend_credit=credit), state, BATCH, None)
       worth = gains - credit * 0.01 * np.asarray(HORIZONS)  # the excess over the skipped steps' progress
-      k = int(new.controller.last_jump_k)
+      k = int(new.method.tracker.last_jump_k)
       outcomes.add(k)
       if worth.max() > 0:
         assert k == HORIZONS[int(np.argmax(worth))], (credit, worth)
@@ -208,7 +206,7 @@ class JumpStepTest(chex.TestCase):
     chex.assert_trees_all_close(new.train.averaging.params, state.train.averaging.params, rtol=0, atol=0)
 
   def test_with_outer_momentum_the_drift_is_m_times_one_minus_mu_over_k_and_its_anchor_moves_too(self):
-    h = small_hybrid_config(predictor="jump", grouping="leaf")
+    h = small_hybrid_config(method="jump", grouping="leaf")
     h.jump.update(horizons=HORIZONS, margin=0.01)
     p = _params()
     probe = drivers.make_context(
@@ -221,7 +219,7 @@ class JumpStepTest(chex.TestCase):
       outer=(10, 0.8, 0.5),
     )
     s = step_lib.init_hybrid_state(probe, p, jax.random.PRNGKey(0))
-    assert s.drift_memory is None and s.train.outer is not None  # m and slow: the two buffers
+    assert s.method.drift_memory is None and s.train.outer is not None  # m and slow: the two buffers
     m = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), p)
     s = s.replace(train=s.train.replace(step=jnp.asarray(100, jnp.int32), outer=s.train.outer.replace(momentum=m)))
     r = jax.tree.map(lambda x: x * (1 - 0.5) / 10, m)
@@ -240,9 +238,9 @@ class JumpStepTest(chex.TestCase):
       params = {"a": {"kernel": jnp.zeros((width, 8))}, "b": {"bias": jnp.zeros((8,))}}
       ctx = _context(_quadratic_towards(params), params=params)
       s = jax.eval_shape(lambda: step_lib.init_hybrid_state(ctx, params, jax.random.PRNGKey(0)))
-      assert s.velocity is None
+      assert not hasattr(s.method, "velocity")
       nbytes = lambda t: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(t))  # noqa: E731
-      assert nbytes(s.drift_memory) == nbytes(params) + 4  # the slow EMA and its beta
+      assert nbytes(s.method.drift_memory) == nbytes(params) + 4  # the slow EMA and its beta
       return nbytes(s) - nbytes(s.train), nbytes(params)
 
     (small, p_small), (big, p_big) = overhead(4), overhead(400)
@@ -252,7 +250,7 @@ class JumpStepTest(chex.TestCase):
 
 
 def test_the_fused_jump_step_copies_no_state_outside_the_transitions():
-  compiled, _ = compile_fused_mlp_step(small_hybrid_config(predictor="jump"))
+  compiled, _ = compile_fused_mlp_step(small_hybrid_config(method="jump"))
   _, nbytes = memory.count_copies(compiled, entry_only=True)
   assert nbytes <= 1024
 
@@ -263,7 +261,7 @@ def test_the_fused_jump_step_copies_no_state_outside_the_transitions():
 def _jump_config(steps=120, **jump):
   c = micro_config("hybrid", steps=steps)
   c.trainer.update(averaging="ema", averaging_beta=0.9)
-  c.hybrid.update(predictor="jump", warmup_steps=10, full_steps=5)
+  c.hybrid.update(method="jump", warmup_steps=10, full_steps=5)
   c.hybrid.health.cooldown_steps = 5  # a jump of this micro model can trip the gradient check: jump again soon
   c.hybrid.jump.update(
     horizons=(4, 8, 16), every=10, margin=-0.5, stop_fraction=0.8, **jump

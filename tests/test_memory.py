@@ -28,13 +28,13 @@ from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch, Phase
+from hybridjax.hybrid.plan import init_plan
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
 from hybridjax.models import mlp
 
 DONATION_WARNING = "donated buffers were not usable"
 PHASES = tuple(Phase)
-SMALL_PARTS = ("dynamics", "corrector", "history", "controller", "rng")
 
 
 def _tree_bytes(tree) -> int:
@@ -155,31 +155,36 @@ def _abstract_states(width: int):
 def test_hybrid_state_overhead_is_one_params_sized_buffer_plus_small_fixed_buffers():
   ctx, state, base, params = _abstract_states(16)
   params_bytes = _tree_bytes(params)
-  g, f, n = ctx.groups.n_groups, ctx.groups.feature_dim, ctx.history_size
+  g, f, n = ctx.groups.n_groups, ctx.groups.feature_dim, ctx.settings.history_size
   # The small buffers, each from its own definition: the RSSM and corrector (params, Adam state,
-  # recurrent state, residual ring), the history ring buffers, the controller and the rng key.
-  dyn = _tree_bytes(jax.eval_shape(lambda: dynamics_lib.init_dynamics(jax.random.PRNGKey(0), ctx.rssm)))
+  # recurrent state, residual ring), the history ring buffers, the plan, the controller and the rng key.
+  dyn = _tree_bytes(jax.eval_shape(lambda: dynamics_lib.init_dynamics(jax.random.PRNGKey(0), ctx.settings.rssm)))
   corr = _tree_bytes(
     jax.eval_shape(
       lambda: corrector_lib.init_corrector(
-        jax.random.PRNGKey(0), f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr
+        jax.random.PRNGKey(0),
+        f,
+        ctx.settings.corrector_capacity,
+        ctx.settings.corrector_hidden,
+        ctx.settings.corrector_lr,
       )
     )
   )
   history = 4 * (n * f + n + n * g) + 4 * (2 * f + 1) + 4 + 4  # features, logloss, alpha targets,
   # the normalizer's mean, var and count, pos, count
-  ctrl = _tree_bytes(
+  ctrl = _tree_bytes(jax.eval_shape(state_lib.init_controller))
+  plan = _tree_bytes(
     jax.eval_shape(
-      lambda: state_lib.init_controller(
-        max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
+      lambda: init_plan(
+        max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.settings.accuracy_window
       )
     )
   )
   rng = 2 * 4
-  expected = 1 * params_bytes + dyn + corr + history + ctrl + rng  # velocity: the only params-sized one
+  expected = 1 * params_bytes + dyn + corr + history + plan + ctrl + rng  # velocity: the only params-sized one
   assert _tree_bytes(state.train) == _tree_bytes(base)
   assert _tree_bytes(state) - _tree_bytes(base) == expected, (_tree_bytes(state) - _tree_bytes(base), expected)
-  assert _tree_bytes(state.history) == history
+  assert _tree_bytes(state.method.history) == history
   # No small buffer grows with the model: 16x the hidden width adds exactly one params-sized
   # buffer's worth (the velocity) to the overhead, nothing else.
   _, big_state, big_base, big_params = _abstract_states(256)
@@ -214,7 +219,7 @@ def test_peak_live_bytes_bounded_by_baseline_plus_extra_buffers():
   del base
   ref = _live_bytes()[1]
   state = s.init_state()
-  extra = sum(_tree_bytes(getattr(state, n)) for n in ("velocity",) + SMALL_PARTS)
+  extra = _tree_bytes(state) - _tree_bytes(state.train)  # the velocity and the small parts
   hyb_peak, phases = 0, set()
   for i in range(n_steps):
     state, _, metrics = s.step(state, hh.batch(i))

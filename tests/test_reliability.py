@@ -275,7 +275,7 @@ def test_foreign_checkpoint_names_the_mismatched_leaves(tmp_path, baseline_run):
   with pytest.raises(ValueError) as e:
     train_lib.train(hybrid, str(workdir), **rh.mlp_task())
   msg = str(e.value)
-  assert "missing in checkpoint: " in msg and "velocity" in msg, msg
+  assert "missing in checkpoint: " in msg and "method" in msg, msg
   assert "unexpected in checkpoint: " in msg and "e.g. nonfinite_streak" in msg, msg
   assert _snapshot(workdir) == before  # nothing deleted, nothing overwritten
 
@@ -436,9 +436,9 @@ def _batch(task, i, scale=1.0):
   return b
 
 
-def _validates(c, config) -> bool:
+def _validates(c, config, plan) -> bool:
   """Whether the next predicted step measures the loss (as `predict_step` decides)."""
-  k = min(max(int(c.steps_in_phase) - int(c.plan_offset), 0), config.hybrid.max_predict_steps - 1)
+  k = min(max(int(c.steps_in_phase) - int(plan.plan_offset), 0), config.hybrid.max_predict_steps - 1)
   return (k + 1) % config.hybrid.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
 
 
@@ -454,7 +454,7 @@ def test_nan_inf_and_spikes_in_every_phase_are_survived(hybrid):
   landed, last, losses = [], -10, []
   cooldown = config.hybrid.health.cooldown_steps
   for i in range(700):
-    c = jax.device_get(state.controller)
+    c, plan = jax.device_get((state.controller, state.method.plan))
     phase, branch = int(c.phase), int(c.next_branch)
     kind = None
     for k in ("nan", "inf", "spike", "spike_micro"):
@@ -463,7 +463,9 @@ def test_nan_inf_and_spikes_in_every_phase_are_survived(hybrid):
       real = branch != Branch.PREDICT_STEP
       if k == "spike_micro" and not (phase == PREDICT and branch == Branch.FULL_STEP):
         continue
-      if phase == PREDICT and k != "spike_micro" and not (branch == Branch.PREDICT_STEP and _validates(c, config)):
+      if (
+        phase == PREDICT and k != "spike_micro" and not (branch == Branch.PREDICT_STEP and _validates(c, config, plan))
+      ):
         continue
       if k == "spike" and real and int(c.real_count) < controller_lib.HEALTH_WARMUP:
         continue  # the health statistics are not armed yet
@@ -472,7 +474,7 @@ def test_nan_inf_and_spikes_in_every_phase_are_survived(hybrid):
     before = jax.device_get(state.train.params)
     state, m = _step(driver, state, _batch(task, i, FAULTS[kind] if kind else 1.0))
     m, c2 = jax.device_get(m), jax.device_get(state.controller)
-    assert _finite(state.train.params) and _finite(state.velocity), f"non-finite state at step {i}"
+    assert _finite(state.train.params) and _finite(state.method.velocity), f"non-finite state at step {i}"
     assert _finite(state.train.opt_state)
     if not kind:
       if m["measured"]:  # an unvalidated predicted step has no loss (NaN)
@@ -518,20 +520,22 @@ def _predict_state(state, ctx, plan_alpha, start_loss=1e3):
   c = state.controller.replace(
     phase=jnp.int32(PREDICT),
     steps_in_phase=jnp.int32(0),
-    plan_offset=jnp.int32(0),
     horizon=jnp.int32(hmax),
-    plan_alpha=jnp.asarray(plan_alpha, jnp.float32),
-    plan_logloss=big(),
-    plan_raw_logloss=big(),
     start_logloss=jnp.float32(np.log(start_loss)),
-    alpha_since_good=jnp.zeros((ctx.groups.n_groups,)),
-    rollback_alpha=jnp.zeros((ctx.groups.n_groups,)),
     next_branch=jnp.int32(Branch.PREDICT_STEP),
     cooldown=jnp.int32(0),
     consecutive_failures=jnp.int32(0),
   )
+  plan = state.method.plan.replace(
+    plan_offset=jnp.int32(0),
+    plan_alpha=jnp.asarray(plan_alpha, jnp.float32),
+    plan_logloss=big(),
+    plan_raw_logloss=big(),
+    alpha_since_good=jnp.zeros((ctx.groups.n_groups,)),
+    rollback_alpha=jnp.zeros((ctx.groups.n_groups,)),
+  )
   # Committed, as the step's own outputs are: the same compiled program runs it.
-  return jax.device_put(state.replace(controller=c), jax.devices()[0])
+  return jax.device_put(state.replace(controller=c, method=state.method.replace(plan=plan)), jax.devices()[0])
 
 
 def _fresh_state(driver):
@@ -663,8 +667,11 @@ def _set(d: dict, dotted: str, value) -> None:
   d[leaf] = value
 
 
+_KNOWN_FIELDS = sorted(config_lib.known_fields())
+
+
 @hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(st.lists(st.tuples(st.sampled_from(sorted(config_lib._FIELDS)), _VALUES), min_size=1, max_size=3))
+@hypothesis.given(st.lists(st.tuples(st.sampled_from(_KNOWN_FIELDS), _VALUES), min_size=1, max_size=3))
 def test_property_random_configs_get_a_named_error_or_work(mutations):
   base = micro_config(mode="hybrid", steps=20)
   d = base.to_dict()
@@ -681,6 +688,11 @@ def test_property_random_configs_get_a_named_error_or_work(mutations):
   from hybridjax.models import gpt2
 
   gpt2.GPT2Config(**config.model.to_dict()).validate()
+  if config.optim.name not in optim.BUILTIN_OPTIMIZERS:
+    # A name of a user's optimizer: without one given to train(tx=...), a named error before anything compiles.
+    with pytest.raises(ValueError, match=r"optim\.name"):
+      optim.resolve_optimizer(config.optim, {"w": jnp.ones((3, 4))})
+    return
   tx = optim.make_optimizer(config.optim)
   params = {"w": jnp.ones((3, 4)), "b": jnp.zeros((4,))}
   tx.update(params, tx.init(params), params)
@@ -702,7 +714,7 @@ def test_property_random_configs_get_a_named_error_or_work(mutations):
   [
     ("hybrid.warmup_steps", 20, "hybrid.warmup_steps"),
     ("optim.decay_steps", 3, "optim.decay_steps"),
-    ("hybrid.window", 32, "hybrid.window"),
+    ("hybrid.velocity.window", 32, "hybrid.velocity.window"),
     ("trainer.max_nonfinite_steps", 0, "trainer.max_nonfinite_steps"),
     ("hybrid.health.max_events", 0, "hybrid.health.max_events"),
     ("preset", 7, "preset"),
@@ -731,7 +743,8 @@ def test_every_config_field_is_validated():
   from experiments.configs import gpt2_small
 
   flat = config_lib.flatten(gpt2_small.get_config("tiny"))
-  assert set(flat) <= set(config_lib._FIELDS), sorted(set(flat) - set(config_lib._FIELDS))
+  known = config_lib.known_fields()
+  assert set(flat) <= set(known), sorted(set(flat) - set(known))
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "blank", "binary", "folder of binaries"])

@@ -85,7 +85,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # x trainer.steps (= N), each its own schedule
   b.betas = (0.99, 0.995, 0.998)  # averaging betas tried on the tuning seeds
   # Arms trained with hybrid training at the tuned LR and beta, each on every headline seed:
-  # 'jump' (hybrid.predictor='jump' with the config's hybrid.jump block), 'skip_control' (the same
+  # 'jump' (hybrid.method='jump' with the config's hybrid.jump block), 'skip_control' (the same
   # jump decisions, each only advancing the schedule), 'hybrid' (the velocity predictor of the config's
   # hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM), 'no_corrector' (the
   # RSSM's plan without the residual corrector), 'outer_momentum' (below), 'jump_outer' and

@@ -41,8 +41,9 @@ def _micro(c: ml_collections.ConfigDict) -> None:
   c.model.update(n_layer=1, d_model=32, n_head=2, n_ctx=32)
   c.trainer.batch_size = 4
   c.optim.warmup_steps = 5
-  c.hybrid.update(warmup_steps=10, full_steps=5, history_size=16, window=8)
-  c.hybrid.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
+  c.hybrid.update(warmup_steps=10, full_steps=5)
+  c.hybrid.velocity.update(history_size=16, window=8)
+  c.hybrid.velocity.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -88,7 +89,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   if preset == "tiny":
     # A dynamics model in proportion to a 0.45M-param model: the default (deter 256) costs ~20 ms,
     # a quarter of each real step on 2 CPU cores, and predicted no better (docs/experiments.md).
-    c.hybrid.rssm.update(deter=64, hidden=64, latent=16)
+    c.hybrid.velocity.rssm.update(deter=64, hidden=64, latent=16)
   c.mesh = config_lib.default_mesh_config()  # default: data-parallel over every visible device
   c.distributed = config_lib.default_distributed_config()  # multi-host start-up (off)
   if "micro" in variants:

@@ -4,13 +4,13 @@ reports to the controller transition (`StepInfo`, traced)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
 import optax
 
-from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.optim import LossFn
 
@@ -35,63 +35,27 @@ class ControllerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class JumpSettings:
-  """The jump predictor's static knobs (`hybrid.jump`, docs/design.md "Jumps")."""
-
-  horizons: tuple[int, ...]  # candidate k, scored one at a time on the probe batch
-  scales: tuple[float, ...]  # candidate move scales s: a candidate moves s k r and advances k
-  margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
-  trend_credit: float  # ... and below it by this fraction of the progress k real steps would make
-  slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
-  start_fraction: float  # no jump before this fraction of the schedule
-  stop_fraction: float  # no jump may end past this fraction of the schedule
-  skip_control: bool  # True: an accepted jump advances the schedule by k and moves no weight
-
-
-@dataclasses.dataclass(frozen=True)
-class ForecastSettings:
-  """The forecaster's static knobs (`hybrid.jump.forecaster`, docs/design.md "Forecast")."""
-
-  every: int  # D: real steps between snapshots (one RSSM entry each)
-  history: int  # snapshots kept (the RSSM's training window)
-  train_steps: int  # RSSM optimizer steps at each snapshot
-  min_agreement: float  # a candidate needs this ensemble agreement on its expected gain
-  max_scale: float  # s_g is clipped to [0, max_scale]
-  rssm: dynamics_lib.RSSMConfig
-
-
-@dataclasses.dataclass(frozen=True)
 class HybridContext:
   """Everything static the step functions close over: functions, shapes and settings.
 
   Values that vary between runs of a sweep (the learning-rate schedule) are not here: they are
-  runtime arguments, so one compiled step serves them all.
+  runtime arguments, so one compiled step serves them all. `method` is the training method's module
+  (`hybridjax.methods`: its transitions, state and metrics) and `settings` its own static settings
+  (`method.make_settings`); nothing else here belongs to one method.
   """
 
   loss_fn: LossFn
   tx: optax.GradientTransformation
   groups: features_lib.ParamGroups
   control: ControllerSettings
-  rssm: dynamics_lib.RSSMConfig
   grad_accum: int
-  velocity_beta: float
-  constant_alpha: float  # > 0: the ablation, every predicted step uses this alpha (no RSSM)
-  corrector_enabled: bool  # False: the corrector is neither applied nor trained
-  window: int
   total_steps: int
-  corrector_hidden: int
-  corrector_lr: float
-  corrector_capacity: int
-  accuracy_window: int
-  history_size: int
+  method: Any  # the method's module
+  settings: Any  # the method's static settings (hashable)
   averaging_beta: float | None = None  # the train state's params average (`trainer.averaging`), or None
-  predictor: str = "velocity"  # 'velocity' (alpha . velocity steps) | 'jump' (`hybrid.jump`)
-  jump: JumpSettings | None = None  # the jump predictor's settings (predictor='jump')
-  # Outer momentum (K, eta, mu) from `optim.outer_*` (jump predictor only), or None. With it the
-  # jump's drift is m (1 - mu) / K and no slow EMA is kept.
+  # Outer momentum (K, eta, mu) from `optim.outer_*`, or None (a method that composes with it reads
+  # its state in the train state).
   outer: tuple[int, float, float] | None = None
-  # The RSSM forecaster of the jump's s_g and expected gain (`hybrid.jump.forecast='rssm'`), or None.
-  forecast: ForecastSettings | None = None
 
   @property
   def hmax(self) -> int:
@@ -113,10 +77,13 @@ class StepInfo:
   validated: jax.Array  # bool: a predicted step measured the real loss with a forward pass
   diverged: jax.Array  # bool: that measurement exceeded the prediction or the start by the tolerance
   nonfinite_prediction: jax.Array  # bool: that measurement, or the plan, was not finite
-  rollback_alpha: jax.Array  # (G,) alphas of the segment to roll back at the CORRECT entry
-  alpha: jax.Array  # (G,) the alpha this step applied (0 in real steps)
+  rolled_back: jax.Array  # bool: the step ended a segment that the method rolls back at the CORRECT entry
+  alpha: jax.Array  # (G,) the per-group move this step applied (0 in real steps)
   forwards: jax.Array  # int32: forward passes beyond a real step's own (validations, probes)
   batch_consumed: jax.Array  # bool: the step used its batch (a jump only probes it; the next step trains on it)
+  # The method's own per-step facts for its `on_transition` (a fixed structure for all its
+  # transitions, `method.step_extra`), or None.
+  extra: Any = None
 
 
 def make_step_info(
@@ -131,10 +98,11 @@ def make_step_info(
   validated,
   diverged,
   nonfinite_prediction,
-  rollback_alpha,
   alpha,
+  rolled_back=False,
   forwards=None,
   batch_consumed=True,
+  extra=None,
 ) -> StepInfo:
   """A `StepInfo` with every field cast to its dtype, so all branches return identical types."""
 
@@ -157,8 +125,9 @@ def make_step_info(
     validated=b(validated),
     diverged=b(diverged),
     nonfinite_prediction=b(nonfinite_prediction),
-    rollback_alpha=f32(rollback_alpha),
+    rolled_back=b(rolled_back),
     alpha=f32(alpha),
     forwards=jnp.asarray(forwards, jnp.int32),
     batch_consumed=b(batch_consumed),
+    extra=extra,
   )

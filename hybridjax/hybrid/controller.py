@@ -16,6 +16,8 @@ All of it runs on the device inside the jitted step; nothing here syncs with the
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -31,8 +33,19 @@ LOSS_BETA_FAST = 0.7
 LOSS_BETA_SLOW = 0.97
 
 
-def push_error(ctrl: Controller, rel_error: jax.Array, enabled: jax.Array) -> Controller:
-  """Records one relative prediction error |L / L_hat - 1| when `enabled`."""
+def entering_predict(before: Controller, after: Controller) -> jax.Array:
+  """True when the transition from `before` to `after` started a PREDICT phase."""
+  return (after.phase != before.phase) & (after.phase == Phase.PREDICT)
+
+
+def predict_done(before: Controller, after: Controller) -> jax.Array:
+  """True when the transition from `before` to `after` ended a PREDICT phase (it goes to CORRECT)."""
+  return (before.phase == Phase.PREDICT) & (after.phase == Phase.CORRECT)
+
+
+def push_error(ctrl: Any, rel_error: jax.Array, enabled: jax.Array) -> Any:
+  """Records one relative prediction error |L / L_hat - 1| when `enabled`, in a ring buffer held by
+  `ctrl` (any state with `errors`, `errors_valid`, `errors_pos`: the velocity predictor's plan)."""
   i = ctrl.errors_pos
   n = ctrl.errors.shape[0]
   ok = enabled & jnp.isfinite(rel_error)
@@ -48,7 +61,7 @@ def relative_error(logloss: jax.Array, predicted_logloss: jax.Array) -> jax.Arra
   return jnp.abs(jnp.expm1(logloss - predicted_logloss))
 
 
-def accuracy(ctrl: Controller, tolerance: float) -> jax.Array:
+def accuracy(ctrl: Any, tolerance: float) -> jax.Array:
   """Recent realised accuracy in [0, 1]: 1 at zero error, 0 at twice the divergence tolerance."""
   w = ctrl.errors_valid.astype(jnp.float32)
   mean_err = jnp.sum(w * ctrl.errors) / jnp.maximum(jnp.sum(w), 1.0)
@@ -125,12 +138,12 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
   Args:
     ctrl: the controller after the step's own bookkeeping (confidence, plan, alpha sums).
     info: what the step observed (`StepInfo`: real or predicted, finite, health checks,
-      validation outcome, the alphas to roll back).
+      validation outcome, whether the segment is rolled back).
     s: the static settings.
   """
   was_real, finite = info.was_real, info.finite
   explosion, spike, diverged = info.explosion, info.spike, info.diverged
-  nonfinite_prediction, rollback_alpha = info.nonfinite_prediction, info.rollback_alpha
+  nonfinite_prediction = info.nonfinite_prediction
   phase = ctrl.phase
   k = ctrl.steps_in_phase + 1
   in_predict = phase == Phase.PREDICT
@@ -166,15 +179,12 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
   )
   # A good segment resets the failure count.
   failures = jnp.where(predict_done & ~bad_predict, 0, failures)
-  rolled = predict_done & jnp.any(rollback_alpha != 0)
+  rolled = predict_done & info.rolled_back
   new = ctrl.replace(
     phase=nxt,
     steps_in_phase=steps_in_phase,
     horizon=jnp.where(entering_predict, horizon_for(ctrl.confidence, s), ctrl.horizon),
     start_logloss=jnp.where(entering_predict, ctrl.ema_fast, ctrl.start_logloss),
-    alpha_since_good=jnp.where(entering_predict, 0.0, ctrl.alpha_since_good),
-    plan_offset=jnp.where(entering_predict, 0, ctrl.plan_offset),
-    rollback_alpha=jnp.where(predict_done, rollback_alpha, ctrl.rollback_alpha),
     last_exit=jnp.where(predict_done, exit_reason, jnp.where(entering_predict, Exit.NONE, ctrl.last_exit)),
     cooldown=cooldown.astype(jnp.int32),
     consecutive_failures=failures.astype(jnp.int32),

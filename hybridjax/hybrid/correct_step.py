@@ -20,6 +20,7 @@ from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.full_step import full_step
+from hybridjax.hybrid.plan import VelocityState
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule
 
@@ -34,14 +35,15 @@ def correct_step(
   ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
 ) -> tuple[HybridState, StepInfo]:
   """First CORRECT step: roll back what diverged, train the corrector, then a full step."""
-  c = state.controller
-  params = rollback_params(ctx, state.train.params, state.velocity, c.rollback_alpha)
-  corr = state.corrector
-  if ctx.corrector_enabled:
-    corr, _ = corrector_lib.train_corrector(corr, ctx.corrector_hidden, ctx.corrector_lr, jnp.any(corr.valid))
+  m: VelocityState = state.method
+  params = rollback_params(ctx, state.train.params, m.velocity, m.plan.rollback_alpha)
+  corr = m.corrector
+  if ctx.settings.corrector_enabled:
+    corr, _ = corrector_lib.train_corrector(
+      corr, ctx.settings.corrector_hidden, ctx.settings.corrector_lr, jnp.any(corr.valid)
+    )
   state = state.replace(
     train=state.train.replace(params=params),
-    corrector=corr,
-    controller=c.replace(rollback_alpha=jnp.zeros_like(c.rollback_alpha)),
+    method=m.replace(corrector=corr, plan=m.plan.replace(rollback_alpha=jnp.zeros_like(m.plan.rollback_alpha))),
   )
   return full_step(ctx, state, batch, schedule)

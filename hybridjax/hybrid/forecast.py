@@ -39,6 +39,7 @@ carried raveled into one vector (each donated leaf costs a real step its dispatc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -49,9 +50,21 @@ from jax.flatten_util import ravel_pytree
 
 from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid.context import ForecastSettings
 from hybridjax.hybrid.full_step import history_window
 from hybridjax.hybrid.state import History, init_history
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecastSettings:
+  """The forecaster's static knobs (`hybrid.jump.forecaster`, docs/design.md "Forecast")."""
+
+  every: int  # D: real steps between snapshots (one RSSM entry each)
+  history: int  # snapshots kept (the RSSM's training window)
+  train_steps: int  # RSSM optimizer steps at each snapshot
+  min_agreement: float  # a candidate needs this ensemble agreement on its expected gain
+  max_scale: float  # s_g is clipped to [0, max_scale]
+  rssm: dynamics_lib.RSSMConfig
+
 
 # Entries of a snapshot's feature vector before the per-group ones (lr, progress, log-loss, trend).
 _GLOBAL_FEATURES = 4

@@ -27,6 +27,7 @@ from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.phases import Phase
+from hybridjax.hybrid.plan import Plan, VelocityState
 from hybridjax.hybrid.state import Controller, History, HybridState
 from hybridjax.optim import (
   Batch,
@@ -57,16 +58,17 @@ def history_window(history: History, window: int) -> dict[str, jax.Array]:
 
 def observe_real_step(
   ctx: HybridContext, state: HybridState, logloss: jax.Array, grad_norm: jax.Array, finite: jax.Array
-) -> tuple[Controller, jax.Array, jax.Array]:
+) -> tuple[Controller, Plan, jax.Array, jax.Array]:
   """The controller's loss/gradient statistics and health checks after a real step, and the error
-  of the one-step prediction made for it. Returns (controller, grad_explosion, loss_spike)."""
+  of the one-step prediction made for it. Returns (controller, plan, grad_explosion, loss_spike)."""
   c, explosion, spike = controller_lib.update_real_stats(state.controller, logloss, grad_norm, finite, ctx.control)
-  c = controller_lib.push_error(
-    c,
-    controller_lib.relative_error(logloss, c.one_step_pred),
-    finite & c.prev_was_real & (state.history.count > 0),
+  m: VelocityState = state.method
+  plan = controller_lib.push_error(
+    m.plan,
+    controller_lib.relative_error(logloss, m.plan.one_step_pred),
+    finite & c.prev_was_real & (m.history.count > 0),
   )
-  return c, explosion, spike
+  return c, plan, explosion, spike
 
 
 def update_velocity(velocity: Any, updates: Any, beta: float, finite: jax.Array) -> Any:
@@ -93,17 +95,17 @@ def update_trajectory(
   The history's previous entry gets its alpha target, the least-squares scale of this update
   along the velocity that preceded it; this step's feature vector `x` and log-loss are appended.
   """
-  groups, v, h = ctx.groups, state.velocity, state.history
+  groups, v, h = ctx.groups, state.method.velocity, state.method.history
   grad_sq = features_lib.group_sq_norms(groups, grads)
   update_sq = features_lib.group_sq_norms(groups, updates)
   uv = features_lib.group_dots(groups, updates, v)
   v_sq = features_lib.group_sq_norms(groups, v)
   param_sq = features_lib.group_sq_norms(groups, params)
-  velocity = update_velocity(v, updates, ctx.velocity_beta, finite)
+  velocity = update_velocity(v, updates, ctx.settings.velocity_beta, finite)
 
   n = h.features.shape[0]
   prev = (h.pos - 1) % n
-  alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -ctx.rssm.alpha_max, ctx.rssm.alpha_max)
+  alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -ctx.settings.rssm.alpha_max, ctx.settings.rssm.alpha_max)
   write_target = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
   alpha_target = jnp.where(write_target, h.alpha_target.at[prev].set(alpha_star), h.alpha_target)
   x = features_lib.feature_vector(
@@ -120,7 +122,7 @@ def update_trajectory(
     update_velocity_dot=uv,
     velocity_sq=v_sq,
   )
-  normalizer = features_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.history_size * 4))
+  normalizer = features_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.settings.history_size * 4))
   h = h.replace(
     features=jnp.where(finite, h.features.at[h.pos].set(x), h.features),
     logloss=jnp.where(finite, h.logloss.at[h.pos].set(logloss), h.logloss),
@@ -136,13 +138,14 @@ def train_dynamics(
   ctx: HybridContext, dynamics: dynamics_lib.DynamicsState, window: dict[str, jax.Array], rng: jax.Array
 ) -> dynamics_lib.DynamicsState:
   """One training step of the RSSM on the history window (online truncated BPTT)."""
-  dyn, _ = dynamics_lib.train_step(dynamics, window, rng, ctx.rssm)
+  dyn, _ = dynamics_lib.train_step(dynamics, window, rng, ctx.settings.rssm)
   return dyn
 
 
 def plan_predict_phase(
   ctx: HybridContext,
   c: Controller,
+  p: Plan,
   dynamics: dynamics_lib.DynamicsState,
   corrector: corrector_lib.CorrectorState,
   window: dict[str, jax.Array],
@@ -151,52 +154,54 @@ def plan_predict_phase(
   velocity: Any,
   rng: jax.Array,
   finite: jax.Array,
-) -> tuple[Controller, jax.Array]:
-  """Imagines the next PREDICT phase and stores its plan (log-loss and alpha per step) in the
-  controller, with the confidence it earns. Returns (controller, rollback alpha).
+) -> tuple[Controller, Plan, jax.Array]:
+  """Imagines the next PREDICT phase and stores its plan (log-loss and alpha per step), with the
+  confidence it earns in the controller. Returns (controller, plan, rollback alpha).
 
   A real step inside PREDICT (a micro-correction) commits the segment so far and restarts the plan;
   a non-finite one keeps the old plan and rolls the segment back.
   """
-  imagined = dynamics_lib.imagine(dynamics, window, ctx.hmax, rng, ctx.rssm)
+  imagined = dynamics_lib.imagine(dynamics, window, ctx.hmax, rng, ctx.settings.rssm)
   # Re-anchor the imagined curve on the smoothed loss: one batch's loss is too noisy a start.
   ens_logloss = imagined["logloss"] - logloss + c.ema_fast
   raw_logloss = jnp.mean(ens_logloss, axis=0)
   raw_alpha = jnp.mean(imagined["alpha"], axis=0)
   pos = (jnp.arange(ctx.hmax, dtype=jnp.float32) + 1.0) / ctx.hmax
-  if ctx.corrector_enabled:
-    delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, ctx.corrector_hidden)
+  if ctx.settings.corrector_enabled:
+    delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, ctx.settings.corrector_hidden)
   else:
     delta, log_scale = jnp.zeros_like(pos), jnp.zeros_like(pos)
-  if ctx.constant_alpha > 0:  # the ablation: velocity extrapolation without the RSSM's alphas
-    plan_alpha = jnp.full_like(raw_alpha, ctx.constant_alpha)
+  if ctx.settings.constant_alpha > 0:  # the ablation: velocity extrapolation without the RSSM's alphas
+    plan_alpha = jnp.full_like(raw_alpha, ctx.settings.constant_alpha)
     log_scale = jnp.zeros_like(log_scale)
+  elif ctx.settings.zero_alpha:  # the control arm: the same phases, but no predicted step moves a weight
+    plan_alpha = jnp.zeros_like(raw_alpha)
   else:
     plan_alpha = raw_alpha * jnp.exp(log_scale)[:, None]
   agree = controller_lib.agreement(ens_logloss, ctx.control.divergence_tolerance)
-  acc = controller_lib.accuracy(c, ctx.control.divergence_tolerance)
+  acc = controller_lib.accuracy(p, ctx.control.divergence_tolerance)
 
   in_predict = c.phase == Phase.PREDICT
-  rollback = jnp.where(in_predict & ~finite, c.alpha_since_good, 0.0)
+  rollback = jnp.where(in_predict & ~finite, p.alpha_since_good, 0.0)
 
   def keep(new, old):
     return jnp.where(finite, new, old)
 
-  c = c.replace(
-    plan_logloss=keep(raw_logloss + delta, c.plan_logloss),
-    plan_raw_logloss=keep(raw_logloss, c.plan_raw_logloss),
-    plan_alpha=keep(plan_alpha, c.plan_alpha),
-    plan_log_scale=keep(log_scale, c.plan_log_scale),
-    plan_x=keep(x_now, c.plan_x),
-    plan_offset=jnp.where(in_predict, c.steps_in_phase + 1, c.plan_offset).astype(jnp.int32),
-    alpha_since_good=jnp.where(in_predict & finite, 0.0, c.alpha_since_good),
-    one_step_pred=keep(jnp.mean(imagined["next_logloss"]), c.one_step_pred),
-    agreement=keep(agree, c.agreement),
-    accuracy=keep(acc, c.accuracy),
-    confidence=keep(agree * acc, c.confidence),
-    velocity_norm=keep(jnp.sqrt(features_lib.group_sq_norms(ctx.groups, velocity)), c.velocity_norm),
+  p = p.replace(
+    plan_logloss=keep(raw_logloss + delta, p.plan_logloss),
+    plan_raw_logloss=keep(raw_logloss, p.plan_raw_logloss),
+    plan_alpha=keep(plan_alpha, p.plan_alpha),
+    plan_log_scale=keep(log_scale, p.plan_log_scale),
+    plan_x=keep(x_now, p.plan_x),
+    plan_offset=jnp.where(in_predict, c.steps_in_phase + 1, p.plan_offset).astype(jnp.int32),
+    alpha_since_good=jnp.where(in_predict & finite, 0.0, p.alpha_since_good),
+    one_step_pred=keep(jnp.mean(imagined["next_logloss"]), p.one_step_pred),
+    agreement=keep(agree, p.agreement),
+    accuracy=keep(acc, p.accuracy),
+    velocity_norm=keep(jnp.sqrt(features_lib.group_sq_norms(ctx.groups, velocity)), p.velocity_norm),
   )
-  return c, rollback
+  c = c.replace(confidence=keep(agree * acc, c.confidence))
+  return c, p, rollback
 
 
 class RealUpdate(NamedTuple):
@@ -230,7 +235,8 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   loss, grads, grad_norm, finite, lr, params, opt_state, updates = real_update(ctx, tr, batch, schedule)
 
   logloss = features_lib.safe_log(loss)
-  c, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
+  m: VelocityState = state.method
+  c, plan, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
   velocity, history, x = update_trajectory(
     ctx,
     state,
@@ -246,22 +252,22 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   )
 
   rng, train_rng, imagine_rng = jax.random.split(state.rng, 3)
-  window = history_window(history, ctx.window)
-  dyn = train_dynamics(ctx, state.dynamics, window, train_rng)
+  window = history_window(history, ctx.settings.window)
+  dyn = train_dynamics(ctx, m.dynamics, window, train_rng)
   x_now = features_lib.normalize(history.normalizer, x)
-  c, rollback = plan_predict_phase(ctx, c, dyn, state.corrector, window, x_now, logloss, velocity, imagine_rng, finite)
+  c, plan, rollback = plan_predict_phase(
+    ctx, c, plan, dyn, m.corrector, window, x_now, logloss, velocity, imagine_rng, finite
+  )
 
   new_state = state.replace(
     train=next_train_state(tr, params, opt_state, finite),
-    velocity=velocity,
-    dynamics=tree_where(finite, dyn, state.dynamics),
-    history=history,
+    method=m.replace(velocity=velocity, dynamics=tree_where(finite, dyn, m.dynamics), history=history, plan=plan),
     controller=c,
     rng=rng,
   )
   info = make_step_info(
     loss=loss,
-    predicted_loss=jnp.exp(c.plan_logloss[0]),
+    predicted_loss=jnp.exp(plan.plan_logloss[0]),
     grad_norm=grad_norm,
     was_real=True,
     finite=finite,
@@ -270,7 +276,8 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     validated=False,
     diverged=False,
     nonfinite_prediction=False,
-    rollback_alpha=rollback,
+    rolled_back=jnp.any(rollback != 0),
     alpha=jnp.zeros_like(rollback),
+    extra=rollback,
   )
   return new_state, info

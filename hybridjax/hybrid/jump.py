@@ -35,8 +35,10 @@ statistics are not hidden).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -56,6 +58,79 @@ from hybridjax.optim import (
   tree_where,
   update_average,
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class JumpSettings:
+  """The jump predictor's static knobs (`hybrid.jump`, docs/design.md "Jumps")."""
+
+  horizons: tuple[int, ...]  # candidate k, scored one at a time on the probe batch
+  scales: tuple[float, ...]  # candidate move scales s: a candidate moves s k r and advances k
+  margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
+  trend_credit: float  # ... and below it by this fraction of the progress k real steps would make
+  slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
+  start_fraction: float  # no jump before this fraction of the schedule
+  stop_fraction: float  # no jump may end past this fraction of the schedule
+  skip_control: bool  # True: an accepted jump advances the schedule by k and moves no weight
+  # The RSSM forecaster of s_g and the expected gain (`hybrid.jump.forecast='rssm'`), or None.
+  forecast: forecast_lib.ForecastSettings | None = None
+
+
+@flax.struct.dataclass
+class JumpTracker:
+  """The jump predictor's counters and the persisting-gain measurement, on the device."""
+
+  jump_attempts: jax.Array  # int32: PREDICT steps that scored candidates
+  jumps: jax.Array  # int32: accepted jumps
+  jump_steps: jax.Array  # int32: schedule steps advanced by accepted jumps (sum of k)
+  last_jump_k: jax.Array  # int32: k of the last attempt (0 = rejected)
+  last_jump_scale: jax.Array  # the move scale s of the last attempt's candidate (0 = rejected)
+  last_probe_gain: jax.Array  # relative probe-loss drop of the last attempt's best candidate
+  group_scale: jax.Array  # (G,) s_g: a jump moves group g by s_g * k * r_g
+  # Persisting gain of the last accepted jump, measured over the CORRECT phase after it: the mean
+  # of (expected - measured) log-loss of its real steps, expected from the loss trend before it.
+  persist_tracking: jax.Array  # bool: a CORRECT phase after an accepted jump is being measured
+  persist_level: jax.Array  # log-loss level at the jump
+  persist_trend: jax.Array  # log-loss change per real step before the jump
+  persist_sum: jax.Array
+  persist_n: jax.Array  # int32
+  last_persisting_gain: jax.Array
+  persisting_gain_sum: jax.Array  # over all measured jumps
+  persisting_gain_count: jax.Array  # int32
+
+
+@flax.struct.dataclass
+class JumpState:
+  """The jump predictor's own state (`HybridState.method` with `hybrid.method='jump'`)."""
+
+  # The slow EMA of the params (an `optim.Averaging`), or None when outer momentum's m gives the drift.
+  drift_memory: Any
+  forecast: Any  # the RSSM forecaster (`forecast.Forecast`) with `hybrid.jump.forecast='rssm'`, else None
+  tracker: JumpTracker
+
+
+def init_tracker(n_groups: int) -> JumpTracker:
+  """No jump yet; every group's scale 1."""
+  f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
+  i32 = lambda v=0: jnp.asarray(v, jnp.int32)  # noqa: E731
+  return JumpTracker(
+    jump_attempts=i32(),
+    jumps=i32(),
+    jump_steps=i32(),
+    last_jump_k=i32(),
+    last_jump_scale=f32(),
+    last_probe_gain=f32(),
+    group_scale=jnp.ones((n_groups,), jnp.float32),
+    persist_tracking=jnp.asarray(False),
+    persist_level=f32(),
+    persist_trend=f32(),
+    persist_sum=f32(),
+    persist_n=i32(),
+    last_persisting_gain=f32(),
+    persisting_gain_sum=f32(),
+    persisting_gain_count=i32(),
+  )
+
 
 # Lags of the controller's two log-loss EMAs (`controller.update_real_stats`).
 _LOSS_LAG_FAST = controller_lib.LOSS_BETA_FAST / (1 - controller_lib.LOSS_BETA_FAST)
@@ -100,13 +175,13 @@ def jump_drift(state: HybridState) -> Any:
   tr = state.train
   if tr.outer is not None:
     return outer_momentum_drift(tr.outer)
-  return drift_per_step(tr.averaging, state.drift_memory, tr.step)
+  return drift_per_step(tr.averaging, state.method.drift_memory, tr.step)
 
 
 def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
   """True when a jump of the longest horizon from schedule step `step` starts after
   `start_fraction` and ends before `stop_fraction` of the run."""
-  j, total = ctx.jump, ctx.total_steps
+  j, total = ctx.settings, ctx.total_steps
   start = int(round(j.start_fraction * total))
   stop = int(round(j.stop_fraction * total))
   return (step >= start) & (step + max(j.horizons) <= stop)
@@ -134,7 +209,7 @@ def score_candidates(
 def candidates(ctx: HybridContext) -> tuple[jax.Array, jax.Array]:
   """(k, s) of every candidate, as two flat arrays: each horizon in `hybrid.jump.horizons` at each
   move scale in `hybrid.jump.scales` (a candidate moves s k r and advances the schedule by k)."""
-  j = ctx.jump
+  j = ctx.settings
   ks = jnp.asarray([k for k in j.horizons for _ in j.scales], jnp.int32)
   ss = jnp.asarray([x for _ in j.horizons for x in j.scales], jnp.float32)
   return ks, ss
@@ -153,26 +228,28 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   `batch` is the probe batch (the next batch of the training stream); it is not consumed.
   """
   del schedule
-  tr, c, j = state.train, state.controller, ctx.jump
+  tr, c, j = state.train, state.controller, ctx.settings
+  m: JumpState = state.method
+  t = m.tracker
   drift = jump_drift(state)
   horizons, scales = candidates(ctx)
-  n_cand, n_groups = horizons.shape[0], c.group_scale.shape[0]
-  forecast = state.forecast
+  n_cand, n_groups = horizons.shape[0], t.group_scale.shape[0]
+  forecast = m.forecast
   if forecast is not None:
     # The RSSM's s_g for each candidate, its expected persisting gain and the ensemble's agreement
     # on it: a candidate is admitted when the gain is positive and the members agree.
     group_scales, expected, agreement = forecast_lib.forecast_moves(
-      ctx.forecast,
+      j.forecast,
       forecast,
       tuple(k for k in j.horizons for _ in j.scales),  # each candidate's k, as `candidates` orders them
-      jax.random.fold_in(state.rng, c.jump_attempts),
+      jax.random.fold_in(state.rng, t.jump_attempts),
     )
-    admitted = (expected > 0) & (agreement >= ctx.forecast.min_agreement)
+    admitted = (expected > 0) & (agreement >= j.forecast.min_agreement)
   else:
     group_scales = jnp.ones((n_cand, n_groups), jnp.float32)
     admitted = jnp.ones((n_cand,), bool)
   # Candidate c moves group g by s_g(c) s_c k_c r_g (times the controller's s_g, 1).
-  amounts = c.group_scale[None, :] * group_scales * (scales * horizons.astype(jnp.float32))[:, None]
+  amounts = t.group_scale[None, :] * group_scales * (scales * horizons.astype(jnp.float32))[:, None]
   base, losses = score_candidates(ctx, tr.params, drift, amounts, batch)
   # The log-loss trend per real step before the jump (from the controller's two loss EMAs). A
   # candidate of k steps must beat the no-jump loss by `trend_credit` x the progress k real steps
@@ -202,25 +279,25 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   if tr.outer is not None:  # the jump is no inner progress: outer momentum's anchor moves with it
     slow = features_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
     moved = moved.replace(outer=tr.outer.replace(slow=slow))
-  drift_memory = translate_averaging(state.drift_memory, ctx.groups, amount, drift)  # None stays None
+  drift_memory = translate_averaging(m.drift_memory, ctx.groups, amount, drift)  # None stays None
   # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
   train = tree_where(accept, moved, tr)
   if drift_memory is not None:
-    drift_memory = tree_where(accept, drift_memory, state.drift_memory)
+    drift_memory = tree_where(accept, drift_memory, m.drift_memory)
 
-  c = c.replace(
-    jump_attempts=c.jump_attempts + 1,
-    jumps=c.jumps + accept.astype(jnp.int32),
-    jump_steps=c.jump_steps + k,
+  t = t.replace(
+    jump_attempts=t.jump_attempts + 1,
+    jumps=t.jumps + accept.astype(jnp.int32),
+    jump_steps=t.jump_steps + k,
     last_jump_k=k,
     last_jump_scale=move_scale,
     last_probe_gain=jnp.where(jnp.isfinite(base), (base - best_loss) / base, 0.0),
     # The accepted jump's persisting gain is measured over the CORRECT phase that follows.
     persist_tracking=accept,
-    persist_level=jnp.where(accept, c.ema_fast + trend * _LOSS_LAG_FAST, c.persist_level),
-    persist_trend=jnp.where(accept, trend, c.persist_trend),
-    persist_sum=jnp.where(accept, 0.0, c.persist_sum),
-    persist_n=jnp.where(accept, 0, c.persist_n),
+    persist_level=jnp.where(accept, c.ema_fast + trend * _LOSS_LAG_FAST, t.persist_level),
+    persist_trend=jnp.where(accept, trend, t.persist_trend),
+    persist_sum=jnp.where(accept, 0.0, t.persist_sum),
+    persist_n=jnp.where(accept, 0, t.persist_n),
   )
   if forecast is not None:
     # An accepted jump's move leaves the interval's realised ratio; its expected gain is kept for
@@ -233,8 +310,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
       last_agreement=agreement[best],
       last_scale=group_scales[best],
     )
-  new_state = state.replace(train=train, drift_memory=drift_memory, forecast=forecast, controller=c)
-  g = c.group_scale.shape
+  new_state = state.replace(train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t))
   info = make_step_info(
     loss=jnp.where(accept, best_loss, base),  # the probe loss where the params now are
     predicted_loss=base,  # the probe loss without a jump
@@ -246,7 +322,6 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     validated=True,
     diverged=False,
     nonfinite_prediction=False,
-    rollback_alpha=jnp.zeros(g),
     alpha=amount,
     forwards=1 + len(j.horizons) * len(j.scales),
     batch_consumed=False,
@@ -254,24 +329,26 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   return new_state, info
 
 
-def track_persisting_gain(c: Controller, logloss: jax.Array, finite: jax.Array, correct_steps: int) -> Controller:
+def track_persisting_gain(
+  t: JumpTracker, c: Controller, logloss: jax.Array, finite: jax.Array, correct_steps: int
+) -> JumpTracker:
   """Adds one CORRECT real step to the persisting gain of the jump before it, and closes the
   measurement at the phase's last step. Expected log-loss without the jump after i real steps:
   level + trend * i (the trend of the loss EMAs before the jump)."""
-  on = c.persist_tracking & (c.phase == Phase.CORRECT) & finite
-  i = (c.persist_n + 1).astype(jnp.float32)
-  gain = c.persist_level + c.persist_trend * i - logloss
-  total = c.persist_sum + jnp.where(on, gain, 0.0)
-  n = c.persist_n + on.astype(jnp.int32)
-  done = c.persist_tracking & (c.phase == Phase.CORRECT) & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
+  on = t.persist_tracking & (c.phase == Phase.CORRECT) & finite
+  i = (t.persist_n + 1).astype(jnp.float32)
+  gain = t.persist_level + t.persist_trend * i - logloss
+  total = t.persist_sum + jnp.where(on, gain, 0.0)
+  n = t.persist_n + on.astype(jnp.int32)
+  done = t.persist_tracking & (c.phase == Phase.CORRECT) & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
   mean = total / jnp.maximum(n, 1).astype(jnp.float32)
-  return c.replace(
+  return t.replace(
     persist_sum=total,
     persist_n=n,
-    persist_tracking=c.persist_tracking & ~done,
-    last_persisting_gain=jnp.where(done, mean, c.last_persisting_gain),
-    persisting_gain_sum=c.persisting_gain_sum + jnp.where(done, mean, 0.0),
-    persisting_gain_count=c.persisting_gain_count + done.astype(jnp.int32),
+    persist_tracking=t.persist_tracking & ~done,
+    last_persisting_gain=jnp.where(done, mean, t.last_persisting_gain),
+    persisting_gain_sum=t.persisting_gain_sum + jnp.where(done, mean, 0.0),
+    persisting_gain_count=t.persisting_gain_count + done.astype(jnp.int32),
   )
 
 
@@ -285,19 +362,19 @@ def jump_real_step(
   tr = state.train
   loss, _, grad_norm, finite, lr, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
   train = next_train_state(tr, params, opt_state, finite)
-  drift_memory = update_average(state.drift_memory, train.params, train.step)
+  m: JumpState = state.method
+  drift_memory = update_average(m.drift_memory, train.params, train.step)
 
   logloss = features_lib.safe_log(loss)
   # The loss statistics and health checks (no one-step loss prediction to score: jumps make none).
   c, explosion, spike = controller_lib.update_real_stats(state.controller, logloss, grad_norm, finite, ctx.control)
-  c = track_persisting_gain(c, logloss, finite, ctx.control.correct_steps)
-  window = in_jump_window(ctx, train.step).astype(jnp.float32)
-  c = c.replace(confidence=window, agreement=window, accuracy=window)
-  forecast = state.forecast
+  t = track_persisting_gain(m.tracker, c, logloss, finite, ctx.control.correct_steps)
+  c = c.replace(confidence=in_jump_window(ctx, train.step).astype(jnp.float32))
+  forecast = m.forecast
   if forecast is not None:
-    fs = ctx.forecast
-    closed = c.persisting_gain_count > state.controller.persisting_gain_count
-    forecast = forecast_lib.calibrate(forecast, c.last_persisting_gain, closed)
+    fs = ctx.settings.forecast
+    closed = t.persisting_gain_count > m.tracker.persisting_gain_count
+    forecast = forecast_lib.calibrate(forecast, t.last_persisting_gain, closed)
 
     def take_snapshot(f):
       return forecast_lib.snapshot(
@@ -315,7 +392,9 @@ def jump_real_step(
 
     # Every `every` real steps (the dynamics model trains here, not at every step).
     forecast = forecast_lib.run_if(forecast_lib.takes_snapshot(fs, c.real_count, finite), take_snapshot, forecast)
-  new_state = state.replace(train=train, drift_memory=drift_memory, forecast=forecast, controller=c)
+  new_state = state.replace(
+    train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t), controller=c
+  )
   info = make_step_info(
     loss=loss,
     predicted_loss=jnp.nan,
@@ -327,7 +406,6 @@ def jump_real_step(
     validated=False,
     diverged=False,
     nonfinite_prediction=False,
-    rollback_alpha=jnp.zeros_like(c.group_scale),
-    alpha=jnp.zeros_like(c.group_scale),
+    alpha=jnp.zeros_like(t.group_scale),
   )
   return new_state, info

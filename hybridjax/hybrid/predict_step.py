@@ -18,6 +18,7 @@ from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import corrector as corrector_lib
 from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.plan import VelocityState
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, moved_train_state
 
@@ -32,52 +33,55 @@ def predict_step(
   """
   del schedule
   tr, c, groups = state.train, state.controller, ctx.groups
-  k = jnp.clip(c.steps_in_phase - c.plan_offset, 0, ctx.hmax - 1)
-  alpha = c.plan_alpha[k]
+  m: VelocityState = state.method
+  p = m.plan
+  k = jnp.clip(c.steps_in_phase - p.plan_offset, 0, ctx.hmax - 1)
+  alpha = p.plan_alpha[k]
   # A non-finite plan (a diverged dynamics model) never moves the params: it ends the phase as a
   # non-finite prediction instead, and the segment so far is rolled back.
   bad_plan = ~jnp.all(jnp.isfinite(alpha))
   alpha = jnp.where(bad_plan, 0.0, alpha)
-  params = features_lib.add_scaled_by_group(groups, tr.params, alpha, state.velocity)
-  since_good = c.alpha_since_good + alpha
+  params = features_lib.add_scaled_by_group(groups, tr.params, alpha, m.velocity)
+  since_good = p.alpha_since_good + alpha
 
   validate = (((k + 1) % ctx.control.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
   loss = jax.lax.cond(
     validate, lambda p: ctx.loss_fn(p, batch)[0].astype(jnp.float32), lambda p: jnp.ones((), jnp.float32), params
   )
   logloss = features_lib.safe_log(loss)
-  predicted = c.plan_logloss[k]
+  predicted = p.plan_logloss[k]
   finite = jnp.isfinite(logloss)
   tol = jnp.log1p(ctx.control.divergence_tolerance)
   nonfinite_prediction = (validate & ~finite) | bad_plan
   diverged = validate & finite & ~bad_plan & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
   good = validate & finite & ~diverged & ~bad_plan
   rollback = jnp.where(diverged | nonfinite_prediction, since_good, 0.0)
-  c = controller_lib.push_error(c, controller_lib.relative_error(logloss, predicted), validate & finite)
+  p = controller_lib.push_error(p, controller_lib.relative_error(logloss, predicted), validate & finite)
 
-  corr = state.corrector
-  if ctx.corrector_enabled:
+  corr = m.corrector
+  if ctx.settings.corrector_enabled:
     # The corrector learns from every validation: the residual of the dynamics model's log-loss and
     # the alpha scale that would have matched the realised improvement.
     observed = validate & finite
     realised_gain = c.start_logloss - logloss
     predicted_gain = c.start_logloss - predicted
-    target_log_scale = c.plan_log_scale[k] + jnp.clip(
+    target_log_scale = p.plan_log_scale[k] + jnp.clip(
       jnp.log(jnp.maximum(realised_gain, 1e-3) / jnp.maximum(predicted_gain, 1e-3)), -1.5, 0.5
     )
     corr = corrector_lib.add_residual(
       corr,
-      c.plan_x,
+      p.plan_x,
       (k + 1).astype(jnp.float32) / ctx.hmax,
-      logloss - c.plan_raw_logloss[k],
+      logloss - p.plan_raw_logloss[k],
       target_log_scale,
       observed,
     )
-    corr, _ = corrector_lib.train_corrector(corr, ctx.corrector_hidden, ctx.corrector_lr, observed)
+    corr, _ = corrector_lib.train_corrector(corr, ctx.settings.corrector_hidden, ctx.settings.corrector_lr, observed)
 
-  acc = controller_lib.accuracy(c, ctx.control.divergence_tolerance)
-  c = c.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc, confidence=c.agreement * acc)
-  new_state = state.replace(train=moved_train_state(tr, params), corrector=corr, controller=c)
+  acc = controller_lib.accuracy(p, ctx.control.divergence_tolerance)
+  p = p.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc)
+  c = c.replace(confidence=p.agreement * acc)
+  new_state = state.replace(train=moved_train_state(tr, params), method=m.replace(corrector=corr, plan=p), controller=c)
   info = make_step_info(
     # Only a validated step has a measured loss; the plan's value is `predicted_loss`.
     loss=jnp.where(validate, loss, jnp.nan),
@@ -90,7 +94,8 @@ def predict_step(
     validated=validate,
     diverged=diverged,
     nonfinite_prediction=nonfinite_prediction,
-    rollback_alpha=rollback,
+    rolled_back=jnp.any(rollback != 0),
     alpha=alpha,
+    extra=rollback,
   )
   return new_state, info

@@ -1,9 +1,12 @@
-"""The hybrid step: the design card's three pure transitions, selected on the device.
+"""The hybrid step: a method's three pure transitions, selected on the device.
 
-  full_step      forward + backward + optimizer update, plus the trajectory bookkeeping (WARMUP,
-                 FULL, CORRECT, micro-corrections in PREDICT)
-  predict_step   no backward pass: theta <- theta + sum_g alpha_{g,k} velocity_g
-  correct_step   the CORRECT entry: exact rollback of what diverged, corrector update, full step
+Every training method (`hybridjax.methods`) gives three transitions, indexed by `Branch`:
+
+  full_step      a real step: forward + backward + optimizer update, plus the method's bookkeeping
+                 (WARMUP, FULL, CORRECT, micro-corrections in PREDICT)
+  predict_step   a step without a backward pass (the velocity predictor: theta <- theta +
+                 sum_g alpha_{g,k} velocity_g; the jump predictor: a jump of k schedule steps)
+  correct_step   the CORRECT entry (the velocity predictor: the exact rollback of what diverged)
 
 `hybrid_step` runs the one `Controller.next_branch` names, then the controller transition
 (`finish_step`); `hybrid_multi_step` runs K of them in one dispatch with `lax.scan`. The selection has
@@ -21,82 +24,60 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid import forecast as forecast_lib
-from hybridjax.hybrid import jump as jump_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.correct_step import correct_step
-from hybridjax.hybrid.full_step import full_step
 from hybridjax.hybrid.phases import Branch
-from hybridjax.hybrid.predict_step import predict_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, init_outer_momentum, init_train_state
 
-# The transitions `hybrid_step` selects between, indexed by `Branch`.
-TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (full_step, predict_step, correct_step)
-assert [f.__name__ for f in TRANSITIONS] == [b.name.lower() for b in Branch]
-# The jump predictor's: its real steps carry no trajectory model, and its CORRECT entry has nothing
-# to roll back (a rejected jump changes nothing).
-JUMP_TRANSITIONS: tuple[Callable[..., tuple[HybridState, StepInfo]], ...] = (
-  jump_lib.jump_real_step,
-  jump_lib.jump_step,
-  jump_lib.jump_real_step,
-)
+Transition = Callable[..., tuple[HybridState, StepInfo]]
 
 
-def transitions(ctx: HybridContext) -> tuple[Callable[..., tuple[HybridState, StepInfo]], ...]:
-  """The three transitions of `ctx.predictor`, indexed by `Branch`."""
-  return JUMP_TRANSITIONS if ctx.predictor == "jump" else TRANSITIONS
+def transitions(ctx: HybridContext) -> tuple[Transition, ...]:
+  """The method's three transitions (`ctx.method.transitions`), indexed by `Branch`."""
+  fns = tuple(ctx.method.transitions(ctx))
+  if len(fns) != len(Branch):
+    raise ValueError(
+      f"method {ctx.method.NAME!r}: transitions(ctx) must return {len(Branch)} step functions, indexed by "
+      f"Branch ({', '.join(b.name.lower() for b in Branch)}), got {len(fns)}"
+    )
+  return fns
 
 
 StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
 
 
 def init_hybrid_state(ctx: HybridContext, params: Any, rng: jax.Array) -> HybridState:
-  """A fresh state around `params` (the optimizer is initialised here)."""
-  rng, dyn_rng, corr_rng = jax.random.split(rng, 3)
-  # The forecaster's key is folded from the state's, so adding it changes no other draw.
-  forecast_rng = jax.random.fold_in(rng, 1)
-  g, f = ctx.groups.n_groups, ctx.groups.feature_dim
-  velocity = ctx.predictor == "velocity"
+  """A fresh state around `params` (the optimizer is initialised here): the train state, the
+  generic controller and the method's own state (`ctx.method.init(ctx, params, rng)`, given the
+  state's key before the state keeps `split(rng, 3)[0]` of it)."""
   return HybridState(
     train=init_train_state(
       params, ctx.tx, ctx.averaging_beta, None if ctx.outer is None else init_outer_momentum(params, *ctx.outer)
     ),
-    velocity=jax.tree.map(jnp.zeros_like, params) if velocity else None,
-    # The slow EMA of the jump's drift; outer momentum's m gives the drift when it runs.
-    drift_memory=(
-      jump_lib.init_drift_memory(params, ctx.jump.slow_beta) if ctx.predictor == "jump" and ctx.outer is None else None
-    ),
-    forecast=None if ctx.forecast is None else forecast_lib.init_forecast(ctx.forecast, params, forecast_rng),
-    # The velocity predictor's one-step RSSM, corrector and per-step history: the jump predictor
-    # uses none of them, and carrying them through its steps is not free (every donated leaf costs
-    # its dispatch: their ~120 leaves made a real step ~9% dearer on the `long` benchmark's model).
-    dynamics=dynamics_lib.init_dynamics(dyn_rng, ctx.rssm) if velocity else None,
-    corrector=(
-      corrector_lib.init_corrector(corr_rng, f, ctx.corrector_capacity, ctx.corrector_hidden, ctx.corrector_lr)
-      if velocity
-      else None
-    ),
-    history=state_lib.init_history(ctx.history_size, f, g) if velocity else None,
-    controller=state_lib.init_controller(
-      max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.accuracy_window
-    ),
-    rng=rng,
+    controller=state_lib.init_controller(),
+    method=ctx.method.init(ctx, params, rng),
+    rng=jax.random.split(rng, 3)[0],
   )
 
 
 def finish_step(
   ctx: HybridContext, state: HybridState, info: StepInfo, phase_before: jax.Array, branch: jax.Array
 ) -> tuple[HybridState, dict[str, jax.Array]]:
-  """Applies the controller transition and assembles the small dict of scalar measurements.
+  """Applies the controller transition, then the method's own (`method.on_transition`), and
+  assembles the small dict of scalar measurements: the generic ones and the method's
+  (`method.metrics`).
 
   `loss` is the measured loss (NaN in a predicted step that was not validated); `predicted_loss`
   is the plan's value for the step.
   """
-  c = controller_lib.transition(state.controller, info, ctx.control)
+  before = state.controller
+  c = controller_lib.transition(before, info, ctx.control)
+  method_state = state.method
+  on_transition = getattr(ctx.method, "on_transition", None)
+  if on_transition is not None:
+    method_state = on_transition(ctx, method_state, before, c, info)
+  state = state.replace(controller=c, method=method_state)
   metrics = {
     "loss": info.loss,
     "predicted_loss": info.predicted_loss,
@@ -108,30 +89,16 @@ def finish_step(
     "horizon": c.horizon,
     "measured": info.was_real | info.validated,
     "diverged": info.diverged | info.nonfinite_prediction,
-    # Per-group vectors (G,): the alpha this step applied (0 in real steps), velocity norms.
-    "alpha": info.alpha,
-    "velocity_norm": c.velocity_norm,
+    "alpha": info.alpha,  # (G,) the per-group move this step applied (0 in real steps)
   }
-  if ctx.predictor == "jump":
-    jumped = ~info.batch_consumed  # only a jump step leaves its batch for the next step
-    metrics.update(
-      jump_k=jnp.where(jumped, c.last_jump_k, 0),  # schedule steps this jump advanced (0: rejected)
-      jump_scale=jnp.where(jumped, c.last_jump_scale, 0.0),  # its move: jump_scale * jump_k steps of drift
-      probe_gain=jnp.where(jumped, c.last_probe_gain, jnp.nan),
-      persisting_gain=c.last_persisting_gain,
-    )
-    if state.forecast is not None:
-      f = state.forecast
-      metrics.update(
-        # The forecaster's expected persisting gain of this attempt's chosen candidate, its ensemble
-        # agreement, and the calibration (realised / expected, learned over the accepted jumps).
-        expected_gain=jnp.where(jumped, f.last_expected, jnp.nan),
-        forecast_agreement=jnp.where(jumped, f.last_agreement, jnp.nan),
-        calibration=f.calibration,
-        # This real step took a snapshot (and trained the RSSM): a step kind of its own cost.
-        snapshot=info.was_real & forecast_lib.takes_snapshot(ctx.forecast, c.real_count, info.finite),
-      )
-  return state.replace(controller=c), metrics
+  method_metrics = getattr(ctx.method, "metrics", None)
+  if method_metrics is not None:
+    extra = method_metrics(ctx, state, info)
+    clash = sorted(set(extra) & set(metrics))
+    if clash:
+      raise ValueError(f"method {ctx.method.NAME!r}: metrics() returns {clash}, names the hybrid step reports itself")
+    metrics.update(extra)
+  return state, metrics
 
 
 def make_phase_step(ctx: HybridContext, branch: int) -> StepFn:
@@ -164,15 +131,17 @@ def hybrid_step(
 def switch_in_place(
   ctx: HybridContext, branch: jax.Array, state: HybridState, batch: Batch, schedule: Schedule
 ) -> tuple[HybridState, StepInfo]:
-  """`lax.switch(branch, TRANSITIONS, ...)` with the state updated in place.
+  """`lax.switch(branch, transitions(ctx), ...)` with the state updated in place.
 
   Each transition runs inside a `lax.while_loop` of one trip when selected and none otherwise. A
   while loop's input, body and output share one buffer per carried leaf, so the selected transition
   writes the donated state in place, exactly as its own jitted function does, with the same bits,
   and the ones not selected cost one predicate each.
   """
-  branch = jnp.clip(branch, 0, len(TRANSITIONS) - 1)  # as lax.switch clamps its index
-  g = state.controller.rollback_alpha.shape
+  fns = transitions(ctx)
+  branch = jnp.clip(branch, 0, len(fns) - 1)  # as lax.switch clamps its index
+  g = ctx.groups.n_groups
+  step_extra = getattr(ctx.method, "step_extra", None)
   info = make_step_info(
     loss=0.0,
     predicted_loss=0.0,
@@ -184,12 +153,12 @@ def switch_in_place(
     validated=False,
     diverged=False,
     nonfinite_prediction=False,
-    rollback_alpha=jnp.zeros(g),
     alpha=jnp.zeros(g),
     forwards=0,
     batch_consumed=False,
+    extra=None if step_extra is None else step_extra(ctx),
   )
-  for index, transition in enumerate(transitions(ctx)):
+  for index, transition in enumerate(fns):
 
     def run_once(carry, transition=transition):
       _, s, _ = carry

@@ -30,12 +30,11 @@ import numpy as np
 import optax
 
 from hybridjax import memory as memory_lib
+from hybridjax import registry
 from hybridjax import sharding as sharding_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid import forecast as forecast_lib
 from hybridjax.hybrid import step as step_lib
-from hybridjax.hybrid.context import ControllerSettings, HybridContext, JumpSettings
+from hybridjax.hybrid.context import ControllerSettings, HybridContext
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import (
@@ -68,87 +67,49 @@ def make_context(
   averaging_beta: float | None = None,
   outer: tuple[int, float, float] | None = None,
 ) -> HybridContext:
-  """The static `HybridContext` from `config.hybrid` and the (abstract) params."""
+  """The static `HybridContext` from `config.hybrid` and the (abstract) params: the generic
+  controller's settings (with the method's overrides, `method.control`), the method's module and
+  its settings (`method.make_settings`)."""
   h = hybrid
+  method = registry.load_method(h.get("method", "velocity"))
+  if method.CONFIG_KEY and method.CONFIG_KEY not in h:  # a user's method with no block: its defaults
+    h = ml_collections.ConfigDict(h.to_dict())
+    h[method.CONFIG_KEY] = method.default_config()
   groups = features_lib.param_groups(params_shape, h.grouping)
-  predictor = h.get("predictor", "velocity")
-  jump = None
-  if predictor == "jump":
-    j = h.jump
-    jump = JumpSettings(
-      horizons=tuple(int(k) for k in j.horizons),
-      scales=tuple(float(x) for x in j.get("scales", (1.0,))),
-      margin=float(j.margin),
-      trend_credit=float(j.get("trend_credit", 0.0)),
-      slow_beta=float(j.slow_beta),
-      start_fraction=float(j.start_fraction),
-      stop_fraction=float(j.stop_fraction),
-      skip_control=bool(j.skip_control),
-    )
-  forecast = None
-  if jump is not None and h.jump.get("forecast", "none") == "rssm":
-    fc = h.jump.forecaster
-    forecast = forecast_lib.settings(
-      n_groups=groups.n_groups,
-      every=int(fc.every),
-      history=int(fc.history),
-      train_steps=int(fc.train_steps),
-      min_agreement=float(fc.min_agreement),
-      max_scale=float(fc.max_scale),
-      deter=int(fc.deter),
-      latent=int(fc.latent),
-      hidden=int(fc.hidden),
-      ensemble=int(fc.ensemble),
-      learning_rate=float(fc.learning_rate),
-    )
-  control = ControllerSettings(
+  settings = method.make_settings(h, groups=groups)
+  control = dict(
     enable_predict=bool(h.enable_predict),
     warmup_steps=h.warmup_steps,
     full_steps=h.full_steps,
-    # A jump is one PREDICT step, with no micro-corrections.
-    max_predict_steps=1 if jump else h.max_predict_steps,
+    max_predict_steps=h.max_predict_steps,
     confidence_threshold=float(h.confidence_threshold),
     divergence_tolerance=float(h.divergence_tolerance),
-    correct_steps=int(h.jump.every) if jump else h.correct_steps,
-    correction_interval=0 if jump else h.correction_interval,
+    correct_steps=h.correct_steps,
+    correction_interval=h.correction_interval,
     validate_every=h.validate_every,
     grad_explosion_factor=float(h.health.grad_explosion_factor),
     loss_spike_sigma=float(h.health.loss_spike_sigma),
     max_prediction_failures=h.health.max_prediction_failures,
     cooldown_steps=h.health.cooldown_steps,
   )
-  rssm = dynamics_lib.RSSMConfig(
-    feature_dim=groups.feature_dim,
-    n_groups=groups.n_groups,
-    deter=h.rssm.deter,
-    latent=h.rssm.latent,
-    hidden=h.rssm.hidden,
-    ensemble=h.rssm.ensemble,
-    free_bits=float(h.rssm.free_bits),
-    learning_rate=float(h.rssm.learning_rate),
-  )
+  overrides = getattr(method, "control", None)
+  if overrides is not None:
+    changes = dict(overrides(h, settings))
+    unknown = sorted(set(changes) - set(control))
+    if unknown:
+      raise ValueError(f"method {method.NAME!r}: control() overrides {unknown}, which are not controller settings")
+    control.update(changes)
   return HybridContext(
     loss_fn=loss_fn,
     tx=tx,
     groups=groups,
-    control=control,
-    rssm=rssm,
+    control=ControllerSettings(**control),
     grad_accum=grad_accum,
-    velocity_beta=float(h.velocity_beta),
-    constant_alpha=float(h.constant_alpha),
-    corrector_enabled=bool(h.corrector.enabled),
-    window=h.window,
     total_steps=total_steps,
-    corrector_hidden=h.corrector.hidden,
-    corrector_lr=float(h.corrector.learning_rate),
-    corrector_capacity=h.corrector.history,
-    accuracy_window=h.accuracy_window,
-    history_size=h.history_size,
+    method=method,
+    settings=settings,
     averaging_beta=averaging_beta,
-    predictor=predictor,
-    jump=jump,
     outer=outer,
-    forecast=forecast,
   )
 
 
@@ -292,7 +253,9 @@ class HybridDriver:
       outer=outer_settings(config.optim),
     )
     self.max_events = config.hybrid.health.max_events
-    self.schedule_jumps = self.ctx.predictor == "jump"
+    # A method whose steps may advance the schedule by other than one, or leave their batch: the
+    # loop reads the position from the device after each dispatch.
+    self.schedule_jumps = bool(getattr(self.ctx.method, "ADVANCES_SCHEDULE", False))
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
@@ -303,7 +266,9 @@ class HybridDriver:
       )
     self.state_shardings = None  # a tree like HybridState, on a multi-device mesh
     if self.mesh is not None:
-      self.state_shardings = sharding_lib.hybrid_state_shardings(jax.eval_shape(self._init_unsharded), self.mesh)
+      self.state_shardings = sharding_lib.hybrid_state_shardings(
+        jax.eval_shape(self._init_unsharded), self.mesh, self.ctx.method
+      )
     jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
     ctx = self.ctx
     self._phase_fns = [
@@ -326,6 +291,7 @@ class HybridDriver:
     self._trace_device: list[Metrics] = []
     self._trace: list[dict[str, Any]] = []
     self._last_measured_loss = float("nan")
+    self._method_trace = getattr(self.ctx.method, "trace", None)  # the method's fields of a step record
     self._compiled = False
     self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
 
@@ -451,49 +417,28 @@ class HybridDriver:
           self._last_measured_loss = rec["loss"]
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
-        if "jump_k" in row and rec["phase"] == Phase.PREDICT:
-          # A jump: `loss` is the probe loss where the params now are, `predicted_loss` the probe
-          # loss without a jump; `jump_k` the schedule steps it advanced (0: rejected).
-          rec.update(
-            jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"])
-          )
-          if "expected_gain" in row:  # the RSSM forecaster's view of this attempt
-            rec.update(expected_gain=float(row["expected_gain"]), forecast_agreement=float(row["forecast_agreement"]))
-        if "snapshot" in row:
-          rec["snapshot"] = bool(row["snapshot"])
-        if "persisting_gain" in row:
-          rec["persisting_gain"] = float(row["persisting_gain"])
+        if self._method_trace is not None:
+          rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
         self._trace.append(rec)
 
   def log_view(self, state: HybridState) -> Any:
-    """The controller: phase counts, confidence, health counters for the log record. The loop
-    fetches it with the metrics, in the log's one device->host transfer."""
-    return state.controller
+    """The controller (phase counts, confidence, health counters) and what the method's log record
+    reads of its state (`method.log_view`), fetched with the metrics in the log's one transfer."""
+    method_view = getattr(self.ctx.method, "log_view", None)
+    return state.controller, None if method_view is None else method_view(state.method)
 
   def records(self, metrics: Metrics, view: Any) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
     """(fields of the train record, extra (step, record, kind) records: the per-step trace and the
     memory readings) from fetched metrics and the fetched `log_view`. `loss` is the last measured
     loss."""
     self.flush_trace()
+    trace_only = {"step", "loss", "measured", "diverged", "branch"} | set(getattr(self.ctx.method, "TRACE_ONLY", ()))
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
-      if k
-      not in (
-        "step",
-        "loss",
-        "measured",
-        "diverged",
-        "branch",
-        "jump_k",
-        "jump_scale",
-        "probe_gain",
-        "expected_gain",
-        "forecast_agreement",
-        "snapshot",
-      )
+      if k not in trace_only
     }
-    c = jax.device_get(view)  # a no-op on what the loop fetched
+    c, method_view = jax.device_get(view)  # a no-op on what the loop fetched
     if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
       # Resumed into an interval with no measured step yet: the last real step's loss, from the state.
       self._last_measured_loss = float(np.exp(c.last_logloss))
@@ -504,12 +449,13 @@ class HybridDriver:
       predict_fraction=float(c.phase_steps[Phase.PREDICT]) / total,
       backward_passes=int(c.backward_passes),
       confidence_now=float(c.confidence),
-      accuracy=float(c.accuracy),
-      agreement=float(c.agreement),
       health_events=int(c.events.sum()),
       nonfinite_events=int(c.events[0]),
       rollbacks=int(c.rollbacks),
     )
+    log_fields = getattr(self.ctx.method, "log_fields", None)
+    if log_fields is not None and method_view is not None:
+      fields.update(log_fields(method_view))
     if self.dispatch == "switch" and self._trace:
       # The fused step never stops between steps: memory is read at a log (`step`: the steps done,
       # the log's own step) whose interval saw the phase change: from the phase at the previous
@@ -545,7 +491,7 @@ class HybridDriver:
     }
 
   def summary(self, state: HybridState) -> dict[str, Any]:
-    c = jax.device_get(state.controller)
+    c, method_state = jax.device_get((state.controller, state.method))
     steps = int(c.phase_steps.sum())
     out = {
       "phase_steps": {n: int(v) for n, v in zip(PHASE_NAMES, c.phase_steps)},
@@ -559,18 +505,11 @@ class HybridDriver:
       "group_names": list(self.ctx.groups.names),  # the order of the per-group vectors in logs
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
-      "predictor": self.ctx.predictor,
+      "method": self.ctx.method.NAME,
     }
-    if self.ctx.predictor == "jump":
-      n_gain = int(c.persisting_gain_count)
-      out.update(
-        jump_attempts=int(c.jump_attempts),
-        jumps=int(c.jumps),
-        jump_steps=int(c.jump_steps),  # schedule steps advanced without a batch or a backward pass
-        probe_forwards=int(c.forward_passes),
-        mean_persisting_gain=float(c.persisting_gain_sum) / n_gain if n_gain else None,
-        skip_control=bool(self.ctx.jump.skip_control),
-      )
+    method_summary = getattr(self.ctx.method, "summary", None)
+    if method_summary is not None:
+      out.update(method_summary(self.ctx, method_state, c))
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from hybridjax import checkpoint as ckpt_lib
+from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax import writers
@@ -206,6 +207,10 @@ def train(
     The run summary (also written to `<workdir>/summary.json`).
   """
   hooks = dict(hooks or {})
+  # The method's block at its defaults where the config has none (a user's method), then every
+  # field checked before anything is written or compiled.
+  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
+  config_lib.validate(config)
   tcfg = config.trainer
   total_steps = tcfg.steps
   os.makedirs(workdir, exist_ok=True)

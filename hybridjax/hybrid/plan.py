@@ -1,0 +1,97 @@
+"""The velocity predictor's own state (`HybridState.method` with `hybrid.method='velocity'`).
+
+VelocityState
+  velocity    params-shaped trajectory memory: the EMA of real updates
+  dynamics    RSSM params + its opt_state + recurrent state
+  corrector   residual corrector params + opt_state + its residual buffer
+  history     ring buffers of the last real steps: features, log-loss, alpha targets
+  plan        the PREDICT phase imagined at the last real step, its confidence terms, the
+              alpha sums a rollback subtracts, and the recent prediction errors
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid.state import History
+
+
+@flax.struct.dataclass
+class Plan:
+  """The imagined plan and what the velocity predictor measures of it, on the device."""
+
+  plan_logloss: jax.Array  # (Hmax,) corrected predicted log-loss after k predicted steps
+  plan_raw_logloss: jax.Array  # (Hmax,) the dynamics model's own prediction
+  plan_alpha: jax.Array  # (Hmax, G) corrected alpha
+  plan_log_scale: jax.Array  # (Hmax,) the corrector's alpha log-scale
+  plan_x: jax.Array  # (F,) normalised features the plan was made from
+  plan_offset: jax.Array  # int32: predict steps already taken when the plan was made
+  # Every predicted step is alpha . velocity, so the sums of the alphas give the segment exactly and
+  # a rollback needs no snapshot of the params.
+  alpha_since_good: jax.Array  # (G,) sum of alphas since the last validated-good point
+  rollback_alpha: jax.Array  # (G,) to subtract at the next CORRECT entry (0 = nothing)
+  one_step_pred: jax.Array  # predicted log-loss of the next real step
+  agreement: jax.Array  # the ensemble's agreement on the plan
+  accuracy: jax.Array  # recent realised accuracy of the predictions
+  # Relative errors |L/L_hat - 1| of recent predictions (one-step in FULL, validations in PREDICT).
+  errors: jax.Array  # (A,)
+  errors_valid: jax.Array  # (A,) bool
+  errors_pos: jax.Array  # int32
+  # Per-group velocity norms as of the last real step (for logs; predicted steps leave v unchanged).
+  velocity_norm: jax.Array  # (G,)
+
+
+@flax.struct.dataclass
+class VelocityState:
+  velocity: Any  # params-shaped
+  dynamics: dynamics_lib.DynamicsState
+  corrector: corrector_lib.CorrectorState
+  history: History
+  plan: Plan
+
+
+def init_plan(*, max_predict_steps: int, n_groups: int, feature_dim: int, accuracy_window: int) -> Plan:
+  """An empty plan: no confidence, nothing to roll back."""
+  f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
+  hmax, g = max_predict_steps, n_groups
+  return Plan(
+    plan_logloss=jnp.zeros((hmax,), jnp.float32),
+    plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
+    plan_alpha=jnp.zeros((hmax, g), jnp.float32),
+    plan_log_scale=jnp.zeros((hmax,), jnp.float32),
+    plan_x=jnp.zeros((feature_dim,), jnp.float32),
+    plan_offset=jnp.asarray(0, jnp.int32),
+    alpha_since_good=jnp.zeros((g,), jnp.float32),
+    rollback_alpha=jnp.zeros((g,), jnp.float32),
+    one_step_pred=f32(),
+    agreement=f32(),
+    accuracy=f32(),
+    errors=jnp.zeros((accuracy_window,), jnp.float32),
+    errors_valid=jnp.zeros((accuracy_window,), bool),
+    errors_pos=jnp.asarray(0, jnp.int32),
+    velocity_norm=jnp.zeros((g,), jnp.float32),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class VelocitySettings:
+  """The velocity predictor's static settings (`hybrid.velocity`; `HybridContext.settings`)."""
+
+  rssm: dynamics_lib.RSSMConfig
+  velocity_beta: float
+  constant_alpha: float  # > 0: the ablation, every predicted step uses this alpha (no RSSM)
+  zero_alpha: bool  # the control arm: every predicted step uses alpha = 0 (moves no weight)
+  corrector_enabled: bool  # False: the corrector is neither applied nor trained
+  window: int
+  corrector_hidden: int
+  corrector_lr: float
+  corrector_capacity: int
+  accuracy_window: int
+  history_size: int

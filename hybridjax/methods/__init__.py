@@ -1,0 +1,60 @@
+"""Training methods as plug-ins: each a module of pure functions, loaded by name
+(`registry.load_method`; `--config.hybrid.method=velocity|jump|outer_momentum|my_pkg.my_method`).
+
+The hybrid step (`hybrid.step`) runs the generic controller (WARMUP -> FULL -> PREDICT -> CORRECT,
+health, counters) and calls the method for everything else. A method module defines:
+
+Required
+  NAME                       its name in logs and errors
+  CONFIG_KEY                 the key of its block under `config.hybrid` (None: it has none)
+  default_config()           that block's defaults (an `ml_collections.ConfigDict`, or None)
+  check(config)              problems with the whole config, a list of strings that each name the
+                             field and the fix ([] when it can run); validation stays as strict
+                             as the method needs
+  make_settings(hybrid, *, groups)
+                             its static, hashable settings from `config.hybrid` (`ctx.settings`)
+  init(ctx, params, rng)     its state: a pytree of fixed-shape arrays (or None); `rng` is the
+                             hybrid state's key before the state keeps `split(rng, 3)[0]`
+  transitions(ctx)           three pure step functions `(ctx, state, batch, schedule) -> (state,
+                             hybrid.context.StepInfo)`, indexed by `hybrid.phases.Branch`: the real
+                             step, the predicted step, the CORRECT entry. Each returns the whole
+                             `HybridState` and reports its cost in `StepInfo`: `was_real` (one
+                             backward pass), `forwards` (forward passes beyond a real step's own),
+                             `batch_consumed` (False: the next step trains on this batch), and the
+                             schedule steps it advanced as the change of `train.step`
+
+Optional (the default in brackets)
+  FIELDS                     {field path inside its block: check} from `config.check_*` [{}]
+  READS                      what it reads of the run beyond its own state and the params:
+                             'averaging', 'outer', 'opt_state', 'per_example_losses' [none]
+  COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
+                             state it may read only then [none]
+  ADVANCES_SCHEDULE          True when a step may advance the schedule by other than one or leave
+                             its batch: the loop then reads both counters from the device [False]
+  CONTROL                    config overrides under `config.hybrid` that make its control arm
+                             (the same decisions, no effect), e.g. {'jump.skip_control': True} [None]
+  control(hybrid, settings)  overrides of the generic controller's settings (`ControllerSettings`
+                             fields) [none]
+  shardings(state, like_params, replicated)
+                             its state's shardings: `like_params(subtree)` lays a params-shaped
+                             subtree out as the params, `replicated(subtree)` copies it to every
+                             device [all replicated]
+  step_extra(ctx)            a zero pytree of its own per-step facts (`StepInfo.extra`) [None]
+  on_transition(ctx, state, before, after, info)
+                             its state after the controller's transition from `before` to `after`
+                             [unchanged]
+  metrics(ctx, hybrid_state, info)
+                             its per-step device scalars or small vectors [{}]
+  TRACE_ONLY                 the names of `metrics` that go to the per-step trace only [none]
+  trace(row, predicted)      a step's extra trace-record fields from its fetched metrics [{}]
+  log_view(state) / log_fields(view)
+                             what a periodic log record reads of its state, fetched with the log's
+                             one transfer, and the fields it makes [none]
+  step_kind(row)             a step's cost class from its trace record, for the benchmark's timing
+                             [its transition's name]
+  summary(ctx, state, controller)
+                             the run summary's fields, from the fetched state [{}]
+
+docs/methods.md writes a complete method outside the package and runs it through `train()` and the
+benchmark. Built-in: `velocity`, `jump` (with its RSSM forecaster), `outer_momentum`.
+"""

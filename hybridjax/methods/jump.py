@@ -1,0 +1,254 @@
+"""The jump predictor (`hybrid.method='jump'`): long moves along the drift of the averaged iterate,
+with its optional RSSM forecaster (`hybrid.jump.forecast='rssm'`). See `hybrid.jump` and
+`hybrid.forecast` for the algorithm, docs/design.md "Jumps" and "Forecast" for the account.
+
+  real step      the baseline's update, the slow EMA, the persisting-gain measurement, and every
+                 `forecaster.every` real steps the forecaster's snapshot (`jump_real_step`)
+  predicted step one attempt: candidates scored on the probe batch, then a jump of k schedule steps
+                 or nothing (`jump_step`); the batch is not consumed
+  CORRECT entry  a real step (a rejected jump changes nothing, so nothing is rolled back)
+
+It reads the train state's averaging EMA (the drift's fast EMA) and composes with outer momentum,
+whose m then gives the drift. Its control arm (`jump.skip_control`) makes the same decisions but an
+accepted jump only advances the schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hybridjax import config as config_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import forecast as forecast_lib
+from hybridjax.hybrid import jump as jump_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.state import Controller, HybridState
+
+NAME = "jump"
+CONFIG_KEY = "jump"
+READS = frozenset({"averaging", "outer"})
+COMPOSES_WITH = frozenset({"outer_momentum"})
+# A jump advances the schedule by k and leaves its batch to the next step: the loop reads both
+# counters from the device.
+ADVANCES_SCHEDULE = True
+CONTROL = {"jump.skip_control": True}
+# Metrics that belong to a step's trace record only (not to the periodic log record).
+TRACE_ONLY = frozenset({"jump_k", "jump_scale", "probe_gain", "expected_gain", "forecast_agreement", "snapshot"})
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `hybrid.jump` block (the jump needs `trainer.averaging='ema'`, whose EMA is the drift's fast one)."""
+  c = ml_collections.ConfigDict(
+    dict(
+      horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
+      scales=(1.0,),  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
+      every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
+      margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
+      trend_credit=0.0,  # and by this fraction of the k real steps' expected progress (1: all of it)
+      slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
+      start_fraction=0.05,  # no jump before this fraction of the run
+      stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
+      skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
+      forecast="none",  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
+    )
+  )
+  # The RSSM forecaster (forecast='rssm'; docs/design.md "Forecast"):
+  c.forecaster = ml_collections.ConfigDict(
+    dict(
+      every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
+      history=32,  # snapshots kept: the RSSM's training window
+      train_steps=4,  # RSSM optimizer steps per snapshot
+      min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
+      max_scale=2.0,  # s_g is clipped to [0, max_scale]
+      deter=32,  # the forecaster's RSSM: GRU state size
+      latent=8,  # its Gaussian latent size
+      hidden=32,  # its MLP width
+      ensemble=3,  # members (their disagreement on the expected gain is the gate)
+      learning_rate=3e-3,  # its Adam learning rate
+    )
+  )
+  return c
+
+
+FIELDS = {
+  "horizons": config_lib.check_int_tuple(1),
+  "every": config_lib.check_int(1),
+  "scales": config_lib.check_num_tuple(0.0),
+  "trend_credit": config_lib.check_num(0.0),
+  "margin": config_lib.check_num(-1.0, 1.0, hi_open=True),
+  "slow_beta": config_lib.check_num(0.0, 1.0, lo_open=True, hi_open=True),
+  "start_fraction": config_lib.check_num(0.0, 1.0),
+  "stop_fraction": config_lib.check_num(0.0, 1.0),
+  "skip_control": config_lib.check_bool,
+  "forecast": config_lib.check_choice("none", "rssm"),
+  "forecaster.every": config_lib.check_int(1),
+  "forecaster.history": config_lib.check_int(4, 4096),
+  "forecaster.train_steps": config_lib.check_int(0),
+  "forecaster.min_agreement": config_lib.check_num(0.0, 1.0),
+  "forecaster.max_scale": config_lib.check_num(0.0, lo_open=True),
+  "forecaster.deter": config_lib.check_int(1),
+  "forecaster.latent": config_lib.check_int(1),
+  "forecaster.hidden": config_lib.check_int(1),
+  "forecaster.ensemble": config_lib.check_int(2),
+  "forecaster.learning_rate": config_lib.check_num(0.0, lo_open=True),
+}
+
+
+def check(config: ml_collections.ConfigDict) -> list[str]:
+  """What a jump needs of the rest of the run."""
+  j, trainer = config.hybrid.jump, config.trainer
+  outer_every = config.get("optim", {}).get("outer_every", 0)
+  errors = []
+  if trainer.get("averaging", "none") != "ema":
+    errors.append(
+      "--config.hybrid.method='jump' needs --config.trainer.averaging='ema' (the averaging EMA is the fast EMA "
+      "of the drift); set it, or use --config.hybrid.method='velocity'"
+    )
+  if not outer_every and j.slow_beta <= trainer.get("averaging_beta", 0.0):
+    errors.append(
+      f"--config.hybrid.jump.slow_beta ({j.slow_beta}) must be > --config.trainer.averaging_beta "
+      f"({trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag difference, "
+      "zero when the slow EMA is not slower; raise hybrid.jump.slow_beta"
+    )
+  if j.forecast != "none" and outer_every:
+    errors.append(
+      "--config.hybrid.jump.forecast='rssm' measures the averaged iterate's moves against the slow EMA's drift, "
+      "which outer momentum replaces: set --config.optim.outer_every=0 or --config.hybrid.jump.forecast='none'"
+    )
+  if j.start_fraction >= j.stop_fraction:
+    errors.append(
+      f"--config.hybrid.jump.start_fraction ({j.start_fraction}) must be < --config.hybrid.jump.stop_fraction "
+      f"({j.stop_fraction})"
+    )
+  return errors
+
+
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> jump_lib.JumpSettings:
+  j = hybrid.jump
+  forecast = None
+  if j.get("forecast", "none") == "rssm":
+    fc = j.forecaster
+    forecast = forecast_lib.settings(
+      n_groups=groups.n_groups,
+      every=int(fc.every),
+      history=int(fc.history),
+      train_steps=int(fc.train_steps),
+      min_agreement=float(fc.min_agreement),
+      max_scale=float(fc.max_scale),
+      deter=int(fc.deter),
+      latent=int(fc.latent),
+      hidden=int(fc.hidden),
+      ensemble=int(fc.ensemble),
+      learning_rate=float(fc.learning_rate),
+    )
+  return jump_lib.JumpSettings(
+    horizons=tuple(int(k) for k in j.horizons),
+    scales=tuple(float(x) for x in j.get("scales", (1.0,))),
+    margin=float(j.margin),
+    trend_credit=float(j.get("trend_credit", 0.0)),
+    slow_beta=float(j.slow_beta),
+    start_fraction=float(j.start_fraction),
+    stop_fraction=float(j.stop_fraction),
+    skip_control=bool(j.skip_control),
+    forecast=forecast,
+  )
+
+
+def control(hybrid: ml_collections.ConfigDict, settings: jump_lib.JumpSettings) -> dict[str, Any]:
+  """The generic controller's settings a jump fixes: one PREDICT step (the attempt), no
+  micro-corrections, and `jump.every` real steps between attempts."""
+  del settings
+  return {"max_predict_steps": 1, "correct_steps": int(hybrid.jump.every), "correction_interval": 0}
+
+
+def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
+  """The slow EMA (none with outer momentum, whose m gives the drift), the forecaster, no jumps."""
+  s: jump_lib.JumpSettings = ctx.settings
+  # The forecaster's key is folded from the state's, so adding it changes no other draw.
+  forecast_rng = jax.random.fold_in(jax.random.split(rng, 3)[0], 1)
+  return jump_lib.JumpState(
+    drift_memory=jump_lib.init_drift_memory(params, s.slow_beta) if ctx.outer is None else None,
+    forecast=None if s.forecast is None else forecast_lib.init_forecast(s.forecast, params, forecast_rng),
+    tracker=jump_lib.init_tracker(ctx.groups.n_groups),
+  )
+
+
+def shardings(state: jump_lib.JumpState, like_params: Any, replicated: Any) -> Any:
+  """The slow EMA and the forecaster's snapshot drift are laid out like the params."""
+  out = replicated(state)
+  if state.drift_memory is not None:
+    out = out.replace(drift_memory=out.drift_memory.replace(params=like_params(state.drift_memory.params)))
+  if state.forecast is not None:
+    out = out.replace(forecast=out.forecast.replace(snapshot_drift=like_params(state.forecast.snapshot_drift)))
+  return out
+
+
+def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
+  del ctx
+  return (jump_lib.jump_real_step, jump_lib.jump_step, jump_lib.jump_real_step)
+
+
+def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str, jax.Array]:
+  t, f = state.method.tracker, state.method.forecast
+  jumped = ~info.batch_consumed  # only a jump step leaves its batch for the next step
+  out = {
+    "jump_k": jnp.where(jumped, t.last_jump_k, 0),  # schedule steps this jump advanced (0: rejected)
+    "jump_scale": jnp.where(jumped, t.last_jump_scale, 0.0),  # its move: jump_scale * jump_k steps of drift
+    "probe_gain": jnp.where(jumped, t.last_probe_gain, jnp.nan),
+    "persisting_gain": t.last_persisting_gain,
+  }
+  if f is not None:
+    out.update(
+      # The forecaster's expected persisting gain of this attempt's chosen candidate, its ensemble
+      # agreement, and the calibration (realised / expected, learned over the accepted jumps).
+      expected_gain=jnp.where(jumped, f.last_expected, jnp.nan),
+      forecast_agreement=jnp.where(jumped, f.last_agreement, jnp.nan),
+      calibration=f.calibration,
+      # This real step took a snapshot (and trained the RSSM): a step kind of its own cost.
+      snapshot=info.was_real
+      & forecast_lib.takes_snapshot(ctx.settings.forecast, state.controller.real_count, info.finite),
+    )
+  return out
+
+
+def trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
+  """A step's trace-record fields from its fetched metrics row; `predicted`: a PREDICT-phase step (an
+  attempt: `loss` is then the probe loss where the params now are, `predicted_loss` the probe loss
+  without a jump)."""
+  out: dict[str, Any] = {"persisting_gain": float(row["persisting_gain"])}
+  if predicted:
+    out.update(jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"]))
+    if "expected_gain" in row:  # the RSSM forecaster's view of this attempt
+      out.update(expected_gain=float(row["expected_gain"]), forecast_agreement=float(row["forecast_agreement"]))
+  if "snapshot" in row:
+    out["snapshot"] = bool(row["snapshot"])
+  return out
+
+
+def step_kind(row: dict[str, Any]) -> str:
+  """A step's cost class: an attempt (probe forwards, then a jump or nothing), a real step, or a
+  real step that took the forecaster's snapshot (rare and dearer: a median over all real steps
+  would hide it)."""
+  if row.get("snapshot", False):
+    return "full_step+snapshot"
+  if int(row["branch"]) == Branch.PREDICT_STEP:
+    return "jump_step"
+  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+
+
+def summary(ctx: HybridContext, state: jump_lib.JumpState, controller: Controller) -> dict[str, Any]:
+  t = state.tracker
+  n_gain = int(t.persisting_gain_count)
+  return {
+    "jump_attempts": int(t.jump_attempts),
+    "jumps": int(t.jumps),
+    "jump_steps": int(t.jump_steps),  # schedule steps advanced without a batch or a backward pass
+    "probe_forwards": int(controller.forward_passes),
+    "mean_persisting_gain": float(t.persisting_gain_sum) / n_gain if n_gain else None,
+    "skip_control": bool(ctx.settings.skip_control),
+  }

@@ -1,0 +1,85 @@
+"""Outer momentum (`hybrid.method='outer_momentum'` with `optim.outer_every` > 0): real steps only.
+
+Outer Nesterov momentum on K-step displacements lives in the optimizer layer (`optim.OuterMomentum`,
+in the train state), so it runs in the baseline loop too (`--config.mode=baseline`), which is how the
+benchmark runs it. As a method it is the hybrid loop's real step and nothing more: it never predicts.
+Other methods compose with it by declaring it in their `COMPOSES_WITH` (the jump then follows its m).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+
+from hybridjax.hybrid import controller as controller_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.full_step import real_update
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, Schedule, next_train_state
+
+NAME = "outer_momentum"
+CONFIG_KEY = None  # its settings are `optim.outer_every`, `optim.outer_eta`, `optim.outer_mu`
+READS = frozenset({"outer"})
+COMPOSES_WITH: frozenset[str] = frozenset()
+ADVANCES_SCHEDULE = False
+CONTROL = None  # its control is the baseline itself
+
+
+def default_config() -> None:
+  return None
+
+
+def check(config: ml_collections.ConfigDict) -> list[str]:
+  if not config.get("optim", {}).get("outer_every", 0):
+    return [
+      "--config.hybrid.method='outer_momentum' needs --config.optim.outer_every > 0 (real steps between outer "
+      "steps, e.g. 100)"
+    ]
+  return []
+
+
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> None:
+  del hybrid, groups
+  return None
+
+
+def control(hybrid: ml_collections.ConfigDict, settings: None) -> dict[str, Any]:
+  del hybrid, settings
+  return {"enable_predict": False}
+
+
+def init(ctx: HybridContext, params: Any, rng: jax.Array) -> None:
+  del ctx, params, rng
+  return None  # its state is the train state's `outer`
+
+
+def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+  """The baseline's update (outer momentum's step inside `next_train_state`) and the controller's
+  loss statistics and health checks."""
+  tr = state.train
+  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
+  c, explosion, spike = controller_lib.update_real_stats(
+    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
+  )
+  info = make_step_info(
+    loss=loss,
+    predicted_loss=jax.numpy.nan,
+    grad_norm=grad_norm,
+    was_real=True,
+    finite=finite,
+    explosion=explosion,
+    spike=spike,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    alpha=jax.numpy.zeros((ctx.groups.n_groups,)),
+  )
+  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+
+
+def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
+  del ctx
+  return (real_step, real_step, real_step)

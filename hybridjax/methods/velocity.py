@@ -1,0 +1,211 @@
+"""The velocity predictor (`hybrid.method='velocity'`, the default): predicted steps along the
+velocity, planned by an online RSSM (docs/design.md, "Steps").
+
+  real step      the optimizer update, then the velocity EMA of updates, the history, one RSSM
+                 training step and the imagined plan of the next PREDICT phase (`full_step`)
+  predicted step theta <- theta + sum_g alpha_{g,k} velocity_g, validated by a forward pass every
+                 `validate_every` steps (`predict_step`)
+  CORRECT entry  theta <- theta - sum_g A_g velocity_g: the exact rollback of what diverged, with no
+                 snapshot of the params (`correct_step`)
+
+Its state (`hybrid.plan.VelocityState`): the params-sized velocity (sharded like the params), the
+RSSM, the residual corrector, the history ring buffers and the plan. Its control arm
+(`velocity.zero_alpha`) makes the same decisions with alpha = 0: its predicted steps move no weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hybridjax import config as config_lib
+from hybridjax.hybrid import controller as controller_lib
+from hybridjax.hybrid import corrector as corrector_lib
+from hybridjax.hybrid import dynamics as dynamics_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import state as state_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.correct_step import correct_step
+from hybridjax.hybrid.full_step import full_step
+from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.plan import VelocitySettings, VelocityState, init_plan
+from hybridjax.hybrid.predict_step import predict_step
+from hybridjax.hybrid.state import Controller, HybridState
+
+NAME = "velocity"
+CONFIG_KEY = "velocity"
+READS: frozenset[str] = frozenset()  # the real step's own update is all it reads
+COMPOSES_WITH: frozenset[str] = frozenset()
+ADVANCES_SCHEDULE = False  # every step advances the schedule by one and uses its batch
+# The control arm: the same decisions, but no predicted step moves a weight (alpha = 0).
+CONTROL = {"velocity.zero_alpha": True}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `hybrid.velocity` block."""
+  c = ml_collections.ConfigDict()
+  c.beta = 0.99  # EMA factor of the trajectory memory: slow, so it tracks the drift
+  c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
+  c.zero_alpha = False  # True: the control arm, predicted steps move nothing (alpha = 0)
+  c.history_size = 64  # ring-buffer length (steps)
+  c.window = 32  # truncated-BPTT window of the dynamics model
+  c.accuracy_window = 8  # recent validations that feed confidence
+  c.rssm = ml_collections.ConfigDict(
+    dict(deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3)
+  )
+  c.corrector = ml_collections.ConfigDict(
+    dict(
+      enabled=True,  # False: plans use the RSSM's raw output; the corrector is never trained
+      hidden=64,
+      learning_rate=1e-3,
+      history=32,
+    )
+  )
+  return c
+
+
+FIELDS = {
+  "beta": config_lib.check_num(0.0, 1.0, hi_open=True),
+  "constant_alpha": config_lib.check_num(0.0, 10.0),
+  "zero_alpha": config_lib.check_bool,
+  "history_size": config_lib.check_int(4, 4096),
+  "window": config_lib.check_int(2),
+  "accuracy_window": config_lib.check_int(1, 1024),
+  "rssm.deter": config_lib.check_int(1),
+  "rssm.latent": config_lib.check_int(1),
+  "rssm.hidden": config_lib.check_int(1),
+  "rssm.ensemble": config_lib.check_int(1, 64),
+  "rssm.free_bits": config_lib.check_num(0.0),
+  "rssm.learning_rate": config_lib.check_num(0.0, lo_open=True),
+  "corrector.enabled": config_lib.check_bool,
+  "corrector.hidden": config_lib.check_int(1),
+  "corrector.learning_rate": config_lib.check_num(0.0, lo_open=True),
+  "corrector.history": config_lib.check_int(2, 4096),
+}
+
+
+def check(config: ml_collections.ConfigDict) -> list[str]:
+  """Relations between the block's fields."""
+  v = config.hybrid.velocity
+  errors = []
+  if v.window > v.history_size:
+    errors.append(
+      f"--config.hybrid.velocity.window ({v.window}) must be <= --config.hybrid.velocity.history_size "
+      f"({v.history_size})"
+    )
+  if v.accuracy_window > v.history_size:
+    errors.append(
+      f"--config.hybrid.velocity.accuracy_window ({v.accuracy_window}) must be <= "
+      f"--config.hybrid.velocity.history_size ({v.history_size})"
+    )
+  if v.zero_alpha and v.constant_alpha > 0:
+    errors.append(
+      "--config.hybrid.velocity.zero_alpha (the control arm) and --config.hybrid.velocity.constant_alpha "
+      f"({v.constant_alpha}) exclude each other: set one"
+    )
+  return errors
+
+
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> VelocitySettings:
+  v = hybrid.velocity
+  rssm = dynamics_lib.RSSMConfig(
+    feature_dim=groups.feature_dim,
+    n_groups=groups.n_groups,
+    deter=v.rssm.deter,
+    latent=v.rssm.latent,
+    hidden=v.rssm.hidden,
+    ensemble=v.rssm.ensemble,
+    free_bits=float(v.rssm.free_bits),
+    learning_rate=float(v.rssm.learning_rate),
+  )
+  return VelocitySettings(
+    rssm=rssm,
+    velocity_beta=float(v.beta),
+    constant_alpha=float(v.constant_alpha),
+    zero_alpha=bool(v.zero_alpha),
+    corrector_enabled=bool(v.corrector.enabled),
+    window=v.window,
+    corrector_hidden=v.corrector.hidden,
+    corrector_lr=float(v.corrector.learning_rate),
+    corrector_capacity=v.corrector.history,
+    accuracy_window=v.accuracy_window,
+    history_size=v.history_size,
+  )
+
+
+def init(ctx: HybridContext, params: Any, rng: jax.Array) -> VelocityState:
+  """Zero velocity, a fresh RSSM and corrector, empty history and plan."""
+  s: VelocitySettings = ctx.settings
+  _, dyn_rng, corr_rng = jax.random.split(rng, 3)
+  g, f = ctx.groups.n_groups, ctx.groups.feature_dim
+  return VelocityState(
+    velocity=jax.tree.map(jnp.zeros_like, params),
+    dynamics=dynamics_lib.init_dynamics(dyn_rng, s.rssm),
+    corrector=corrector_lib.init_corrector(corr_rng, f, s.corrector_capacity, s.corrector_hidden, s.corrector_lr),
+    history=state_lib.init_history(s.history_size, f, g),
+    plan=init_plan(max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=s.accuracy_window),
+  )
+
+
+def shardings(state: VelocityState, like_params: Any, replicated: Any) -> Any:
+  """The velocity is laid out like the params; the rest is small and replicated."""
+  return replicated(state).replace(velocity=like_params(state.velocity))
+
+
+def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
+  del ctx
+  return (full_step, predict_step, correct_step)
+
+
+def step_extra(ctx: HybridContext) -> jax.Array:
+  """The per-step fact `on_transition` reads: the (G,) alphas of the segment to roll back."""
+  return jnp.zeros((ctx.groups.n_groups,), jnp.float32)
+
+
+def on_transition(
+  ctx: HybridContext, state: VelocityState, before: Controller, after: Controller, info: StepInfo
+) -> VelocityState:
+  """A new PREDICT phase starts its alpha sums and plan offset at 0; an ended one leaves the alphas
+  to roll back at the CORRECT entry."""
+  del ctx
+  entering = controller_lib.entering_predict(before, after)
+  done = controller_lib.predict_done(before, after)
+  p = state.plan
+  return state.replace(
+    plan=p.replace(
+      alpha_since_good=jnp.where(entering, 0.0, p.alpha_since_good),
+      plan_offset=jnp.where(entering, 0, p.plan_offset),
+      rollback_alpha=jnp.where(done, info.extra, p.rollback_alpha),
+    )
+  )
+
+
+def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str, jax.Array]:
+  del ctx, info
+  return {"velocity_norm": state.method.plan.velocity_norm}  # (G,) per-group velocity norms
+
+
+def log_view(state: VelocityState) -> Any:
+  """What a log record reads of the state (fetched with the log's one transfer)."""
+  return state.plan
+
+
+def log_fields(view: Any) -> dict[str, Any]:
+  """The log record's fields from the fetched `log_view`."""
+  return {"accuracy": float(view.accuracy), "agreement": float(view.agreement)}
+
+
+def step_kind(row: dict[str, Any]) -> str:
+  """A step's cost class from its trace record: its transition, and for a predicted step whether it
+  ran a validation forward."""
+  if int(row["branch"]) == Branch.PREDICT_STEP:
+    return "predict_step+validation" if row["measured"] else "predict_step"
+  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+
+
+def summary(ctx: HybridContext, state: VelocityState, controller: Controller) -> dict[str, Any]:
+  del ctx, state, controller
+  return {}
