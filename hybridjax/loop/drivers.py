@@ -131,7 +131,7 @@ class BaselineDriver:
   mode = "baseline"
   steps_per_call = 1
   max_events = None
-  schedule_jumps = False  # every step uses one batch and advances the schedule by one
+  reads_position = False  # every step uses one batch and advances the schedule by one
 
   def __init__(
     self,
@@ -255,7 +255,7 @@ class HybridDriver:
     self.max_events = config.hybrid.health.max_events
     # A method whose steps may advance the schedule by other than one, or leave their batch: the
     # loop reads the position from the device after each dispatch.
-    self.schedule_jumps = bool(getattr(self.ctx.method, "ADVANCES_SCHEDULE", False))
+    self.reads_position = bool(getattr(self.ctx.method, "ADVANCES_SCHEDULE", False))
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
@@ -306,9 +306,10 @@ class HybridDriver:
   def init_state(self) -> HybridState:
     """A fresh state; on a multi-device mesh laid out with `state_shardings`.
 
-    The params are created directly sharded (never whole on one device); the optimizer state and
-    velocity are made from them and keep their sharding. The small replicated rest (RSSM,
-    corrector, history, controller) is built as on one device, then copied to every device.
+    The params are created directly sharded (never whole on one device); the optimizer state and the
+    method's params-sized buffers are made from them and keep their sharding. The small replicated
+    rest (the method's small state, the controller) is built as on one device, then copied to every
+    device.
     """
     if self.mesh is None:
       return self._init_unsharded()
@@ -325,7 +326,7 @@ class HybridDriver:
 
   @staticmethod
   def position(state: HybridState) -> tuple[int, int]:
-    """(schedule step, batches used), read from the device: they differ once a jump has advanced
+    """(schedule step, batches used), read from the device: they differ once a step has advanced
     the schedule without using a batch."""
     step, batches = jax.device_get((state.train.step, state.controller.batches))
     return int(step), int(batches)

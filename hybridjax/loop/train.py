@@ -144,7 +144,7 @@ def resume_or_init(
   abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
   state, meta = ckpt_lib.restore(manager, latest, abstract)
   start_step = int(meta["step"])
-  # The schedule step and the data position (batches used; the step unless jumps skip schedule
+  # The schedule step and the data position (batches used; the step unless the method skips schedule
   # steps) are in the metadata; the state's own counters must agree with them.
   position = (start_step, int(meta.get("batches", start_step)))
   state_position = driver.position(state)
@@ -163,7 +163,7 @@ def resume_or_init(
 
 def _is_time(before: int, done: int, every: int, total: int) -> bool:
   """True when the schedule step went from `before` to `done` across a multiple of `every`, or
-  reached the end (a jump can cross an interval without landing on it)."""
+  reached the end (a step that advances the schedule by k can cross an interval without landing on it)."""
   return (every > 0 and done // every != before // every) or done >= total
 
 
@@ -312,9 +312,9 @@ def train(
         state, metrics = driver.run(state, batches)
         steps_since_log += n
       before = step
-      if driver.schedule_jumps:
-        # A jump advances the schedule by k and uses no batch, as the device decided: read both
-        # counters (one small transfer per step; only the jump predictor needs it).
+      if driver.reads_position:
+        # The method's step may advance the schedule by other than one or leave its batch, as the
+        # device decided (`ADVANCES_SCHEDULE`): read both counters (one small transfer per step).
         step, batch_index = driver.position(state)
       else:
         step, batch_index = step + n, batch_index + n
@@ -391,7 +391,7 @@ def train(
     "mode": config.mode,
     "steps": total_steps,
     "start_step": start_step,
-    "batches": batch_index,  # batches used: fewer than the steps when jumps skipped schedule steps
+    "batches": batch_index,  # batches used: fewer than the steps when the method skipped schedule steps
     "first_train_loss": first_loss,
     "final_eval_loss": last_eval,  # the run's model: the averaged params when trainer.averaging='ema'
     **{f"final_{k}": v for k, v in last_evals.items() if k != "eval_loss"},
