@@ -25,6 +25,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
@@ -462,6 +463,25 @@ def all_finite(tree: Any) -> jax.Array:
   """True when every floating-point element of `tree` is finite (integer leaves always are)."""
   checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
   return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
+def per_example_losses(loss_fn: LossFn, params: Any, batch: Batch) -> jax.Array:
+  """(B,) the loss of each example of `batch` alone: `loss_fn` on one-example batches, vmapped.
+
+  What a method that declares `READS = {'per_example_losses'}` computes (e.g. to choose which
+  examples to backpropagate); any `loss_fn` of a mean loss works unchanged. Leaves whose leading
+  axis is the batch's are split; the others (a dropout key) are shared."""
+  sizes = {np.shape(x)[0] for x in jax.tree.leaves(batch) if np.ndim(x) >= 1}
+  if len(sizes) != 1:
+    raise ValueError(f"per_example_losses: the batch's leaves have leading axes {sorted(sizes)}, not one batch size")
+  (n,) = sizes
+  axes = jax.tree.map(lambda x: 0 if np.ndim(x) >= 1 and np.shape(x)[0] == n else None, batch)
+
+  def one(example):
+    single = jax.tree.map(lambda x, a: x[None] if a == 0 else x, example, axes)
+    return loss_fn(params, single)[0].astype(jnp.float32)
+
+  return jax.vmap(one, in_axes=(axes,))(batch)
 
 
 def loss_and_grads(loss_fn: LossFn, params: Any, batch: Batch, grad_accum: int = 1) -> tuple[jax.Array, Any]:

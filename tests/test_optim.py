@@ -464,3 +464,20 @@ def test_muon_and_wsd_configs_are_valid():
   c = micro_config()
   c.optim.update(name="muon", schedule="wsd", decay_fraction=1.0, adam_lr_ratio=1.0, muon_weight_decay=0.1)
   config_lib.validate(c)
+
+
+def test_per_example_losses_average_to_the_batch_loss():
+  from conftest import micro_config
+
+  from experiments import gpt2_small
+
+  task = gpt2_small.build_task(micro_config())
+  params = task.init_params(jax.random.PRNGKey(0))
+  batch = task.train_batch(0)
+  losses = jax.jit(lambda p, b: optim.per_example_losses(task.loss_fn, p, b))(params, batch)
+  chex.assert_shape(losses, (batch["inputs"].shape[0],))
+  # Equal-length sequences: the batch's mean token loss is the mean of the sequences' own.
+  chex.assert_trees_all_close(jnp.mean(losses), task.loss_fn(params, batch)[0], rtol=1e-5)
+  assert float(jnp.std(losses)) > 0  # each sequence its own loss
+  first = task.loss_fn(params, jax.tree.map(lambda x: x[:1], batch))[0]
+  chex.assert_trees_all_close(losses[0], first, rtol=1e-5)
