@@ -146,3 +146,8 @@ def test_readme_results_table_is_generated_from_the_published_headlines():
   for name, head in headlines.items():  # each row names its folder, whose report is committed too
     assert os.path.exists(os.path.join(ROOT, "docs", "results", name, "results.md")), name
     assert head["preset"] + "-" + head["family"] == name
+
+
+def test_the_readme_stays_short():
+  # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
+  assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150

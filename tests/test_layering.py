@@ -2,8 +2,11 @@
 
   optim            imports nothing from hybridjax
   hybrid/          imports only hybrid/ and optim (plus jax, flax, optax, chex, numpy)
-  infrastructure   config, data, checkpoint, memory, sharding, writers, plotting, models/: may import
-                   each other and hybrid.phases, never the loop
+  infrastructure   config, registry, data, checkpoint, memory, sharding, writers, plotting, models/:
+                   may import each other and hybrid.phases, never a method or the loop (the registry
+                   loads methods by name, with importlib)
+  methods/         the training methods: import hybrid/, optim and infrastructure, never the loop;
+                   no module below them imports one
   loop/            imports anything below it; cli imports the loop
 
 and no import cycle anywhere.
@@ -107,8 +110,18 @@ def test_only_the_loop_and_the_cli_import_the_loop():
     )
 
 
+def test_methods_sit_between_the_algorithm_and_the_loop():
+  for m, deps in graph().items():
+    if m.startswith("hybridjax.methods"):
+      above = {d for d in deps if d.startswith(("hybridjax.loop", "hybridjax.bench")) or d == "hybridjax.cli"}
+      assert not above, f"{m} imports {sorted(above)}: a method imports only the algorithm and below"
+    elif not m.startswith(("hybridjax.loop", "hybridjax.bench")) and m not in ("hybridjax", "hybridjax.cli"):
+      methods = {d for d in deps if d.startswith("hybridjax.methods")}
+      assert not methods, f"{m} imports {sorted(methods)}: only the loop and above may import a method"
+
+
 def test_infrastructure_uses_only_the_phase_names_of_the_algorithm():
-  infra = {"config", "data", "checkpoint", "memory", "sharding", "writers", "plotting"}
+  infra = {"config", "registry", "data", "checkpoint", "memory", "sharding", "writers", "plotting"}
   for m, deps in graph().items():
     top = m.split(".")[1] if "." in m else ""
     if top in infra or top == "models":
