@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from experiments import benchmark as bench  # noqa: E402
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
-from hybridjax import protocol  # noqa: E402
+from hybridjax import plotting, protocol  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with open(args.out, "w") as f:
       json.dump(rows, f, indent=1)
   if args.plot:
-    plot_lr_robustness(rows, args.method, args.plot)
+    plotting.plot_lr_robustness(rows, args.method, args.plot)
   return rows
 
 
@@ -160,31 +160,6 @@ def lr_table(rows: list[dict], method: str) -> str:
       f"| {row['difference']:+.4f} |"
     )
   return "\n".join(lines)
-
-
-def plot_lr_robustness(rows: list[dict], method: str, path: str) -> None:
-  """Final averaged loss against the LR on each tuning seed: the anchor and the method."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  seeds = sorted({r["seed"] for r in rows})
-  for i, seed in enumerate(seeds):
-    mine = sorted((r for r in rows if r["seed"] == seed), key=lambda r: r["lr"])
-    lrs = [r["lr"] for r in mine]
-    style = dict(color=f"C{i}", marker="o")
-    ax.plot(lrs, [r["anchor_averaged"] for r in mine], linestyle="--", label=f"anchor, seed {seed}", **style)
-    ax.plot(lrs, [r["final_averaged"] for r in mine], linestyle="-", label=f"{method}, seed {seed}", **style)
-  ax.set_xscale("log")
-  ax.set_xlabel("peak learning rate")
-  ax.set_ylabel("final eval loss (averaged params)")
-  ax.set_title(f"LR robustness on the tuning seeds: {method} vs the averaged anchor")
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ def test_budget_curves_png_and_artists(tmp_path):
   path = str(tmp_path / "sub" / "budget.png")
   assert plotting.plot_budget_curves(path, BUDGETS, CURVES, POINTS, title="budgets") == path
   assert os.path.getsize(path) > 10_000
-  ax = plotting._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
+  ax = plotting.benchmark._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
   assert ax.get_xscale() == "log"
   anchors = [line for line in _labelled_lines(ax) if line.get_label().split(" (")[0] in CURVES]
   assert [line.get_label().split(" (")[0] for line in anchors] == list(CURVES)
@@ -262,7 +262,7 @@ def test_lr_sweep_png_and_artists(tmp_path):
   rows = _sweep_rows()
   path = plotting.plot_lr_sweep(str(tmp_path / "sweep.png"), rows, title="sweep")
   assert path == str(tmp_path / "sweep.png") and os.path.getsize(path) > 10_000
-  ax = plotting._lr_sweep_figure(rows).axes[0]
+  ax = plotting.benchmark._lr_sweep_figure(rows).axes[0]
   assert ax.get_xscale() == "log"
   lines = ax.get_lines()
   # 4 (seed, budget) lines raw; averaged only where given (budget 100): 2 dashed.
@@ -308,7 +308,7 @@ ARMS = {
 def test_arm_eval_curves_png_and_artists(tmp_path):
   path = plotting.plot_arm_eval_curves(str(tmp_path / "arms.png"), ARMS, title="arms")
   assert path == str(tmp_path / "arms.png") and os.path.getsize(path) > 10_000
-  ax = plotting._arm_eval_figure(ARMS).axes[0]
+  ax = plotting.benchmark._arm_eval_figure(ARMS).axes[0]
   styles = [(line.get_label().split(":")[0], line.get_linestyle(), line.get_color()) for line in ax.get_lines()]
   assert [(n, s) for n, s, _ in styles] == [("baseline", "-"), ("baseline averaged", "--"), ("hybrid", "-")]
   assert styles[0][2] == styles[1][2] != styles[2][2], "one colour per arm"

@@ -1,0 +1,386 @@
+"""A hybrid run's figures: the phase timeline, predicted against realised losses, the alphas and
+velocity norms per group, and `save_run_figures`, which writes one run's whole set."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from hybridjax.hybrid.phases import PHASE_NAMES
+from hybridjax.plotting.comparisons import plot_memory
+from hybridjax.plotting.runs import (
+  RunLike,
+  after_warmup,
+  as_float,
+  as_run,
+  load_run,
+  prediction_pairs,
+  require_hybrid,
+  step_trace,
+)
+from hybridjax.plotting.style import (
+  BAND_ALPHA,
+  PHASE_COLORS,
+  PREDICT,
+  WARMUP,
+  new_figure,
+  note,
+  save_png,
+  step_axis,
+)
+
+RUN_FIGURES = (
+  "phase_timeline.png",
+  "predicted_vs_realised.png",
+  "alpha_by_group.png",
+  "velocity_norms.png",
+  "memory.png",
+)
+
+
+def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int]]:
+  """Maximal runs of consecutive steps in one phase: (first step, last step, phase)."""
+  out: list[tuple[int, int, int]] = []
+  for s, p in zip(steps.tolist(), phases.tolist()):
+    if out and out[-1][2] == p and out[-1][1] == s - 1:
+      out[-1] = (out[-1][0], s, p)
+    else:
+      out.append((s, s, p))
+  return out
+
+
+def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray, alpha: float = BAND_ALPHA) -> list[int]:
+  """Shades each phase segment (centred on its steps) behind the data; returns the phases seen."""
+  for first, last, p in _segments(steps, phases):
+    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0, zorder=0)
+  return sorted(set(phases.tolist()))
+
+
+def _phase_handles(phases: Iterable[int], alpha: float = 0.5) -> list[Patch]:
+  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, label=PHASE_NAMES[p]) for p in phases]
+
+
+def _group_style(i: int) -> dict[str, Any]:
+  """A distinct colour per group (tab20), with a line style cycle beyond 20 groups."""
+  colors = colormaps["tab20"].colors
+  return {"color": colors[i % len(colors)], "linestyle": ("-", "--", ":")[(i // len(colors)) % 3]}
+
+
+def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
+  if len(x) < 2:
+    return x.astype(np.float64), y
+  cut = np.nonzero(np.diff(x) > gap)[0] + 1
+  return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
+
+
+def _group_legend(ax: Axes, n: int) -> None:
+  # Outside the axes on the right: group names are long and the curves fill the plot.
+  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 20 else 2)
+
+
+def plot_phase_timeline(
+  ax: Axes, run: RunLike, *, show_eval: bool = True, window: tuple[int, int] | None = None
+) -> Axes:
+  """The loss of every step over coloured phase bands (WARMUP, FULL, PREDICT, CORRECT).
+
+  The line joins the measured losses (real steps and validated predicted steps). Predicted steps are
+  marked where they are: filled when validated by a forward pass (their loss is real), hollow at the
+  predicted loss when not measured, with a red cross where a validation diverged. Held-out eval
+  losses are black diamonds. A baseline run has no phases: its logged train loss is drawn alone.
+
+  Args:
+    ax: the axes to draw into.
+    run: a `Run` or its workdir.
+    show_eval: also mark the eval losses.
+    window: (first, last) step to zoom into; the loss axis is fitted to the data inside it.
+  """
+  run = as_run(run)
+  handles: list[Any] = []
+  if not run.kind("step"):
+    steps, loss = run.series("train", "loss")
+    if not len(steps):
+      raise ValueError(f"run {run.name!r} ({run.workdir}) has no loss records in metrics.jsonl yet")
+    handles += ax.plot(
+      steps, loss, color="0.25", lw=1.2, marker="o" if len(steps) < 30 else None, ms=3, label="train loss (logged)"
+    )
+    ax.set_title(f"{run.name}: {run.mode} (no phases: every step is a real step)")
+    seen: list[int] = []
+  else:
+    t = step_trace(run)
+    s, phase, loss, measured = t["step"], t["phase"], t["loss"], t["measured"]
+    seen = _phase_bands(ax, s, phase)
+    m = measured & np.isfinite(loss)
+    handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
+    pred = phase == PREDICT
+    if np.any(pred & measured):
+      ax.scatter(
+        s[pred & measured],
+        loss[pred & measured],
+        s=14,
+        color=PHASE_COLORS["PREDICT"],
+        edgecolor="black",
+        linewidth=0.5,
+        zorder=4,
+      )
+      handles.append(
+        Line2D(
+          [],
+          [],
+          ls="",
+          marker="o",
+          ms=5,
+          mfc=PHASE_COLORS["PREDICT"],
+          mec="black",
+          mew=0.5,
+          label="predicted step, validated",
+        )
+      )
+    if np.any(pred & ~measured):
+      ax.scatter(
+        s[pred & ~measured],
+        t["predicted_loss"][pred & ~measured],
+        s=16,
+        facecolor="white",
+        edgecolor=PHASE_COLORS["PREDICT"],
+        linewidth=1.0,
+        zorder=4,
+      )
+      handles.append(
+        Line2D(
+          [],
+          [],
+          ls="",
+          marker="o",
+          ms=5,
+          mfc="white",
+          mec=PHASE_COLORS["PREDICT"],
+          label="predicted step, not measured (predicted loss)",
+        )
+      )
+    if np.any(t["diverged"]):
+      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5)
+      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2, label="validation diverged"))
+    _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
+    bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
+    ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in PREDICT{bwd_text})")
+  if show_eval:
+    es, ev = run.series("eval", "eval_loss")
+    if len(es):
+      ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6)
+      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black", label="eval loss (held out)"))
+  ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
+  step_axis(ax)
+  ax.set_ylabel("loss")
+  ax.margins(x=0.01)
+  if window is not None:
+    _zoom(ax, window)
+  return ax
+
+
+def _zoom(ax: Axes, window: tuple[int, int]) -> None:
+  """Limits the x axis to `window` and fits the y axis to the plotted data inside it."""
+  lo, hi = window
+  ys = []
+  for line in ax.get_lines():
+    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    ys.append(y[(x >= lo) & (x <= hi)])
+  for coll in ax.collections:
+    off = np.asarray(coll.get_offsets(), float)
+    if off.ndim == 2 and off.shape[1] == 2:
+      ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
+  y = np.concatenate(ys) if ys else np.array([])
+  y = y[np.isfinite(y)]
+  ax.set_xlim(lo - 0.5, hi + 0.5)
+  if len(y):
+    pad = 0.08 * max(float(y.max() - y.min()), 1e-3)
+    # Headroom at the top for the legend.
+    ax.set_ylim(float(y.min()) - pad, float(y.max()) + 6 * pad)
+
+
+def plot_predicted_vs_realised(
+  ax: Axes, run: RunLike, *, color_by: str = "phase", include_warmup: bool = False
+) -> Axes:
+  """Scatter of predicted against realised loss for measured steps, with the y = x line.
+
+  Args:
+    ax: the axes to draw into.
+    run: a hybrid `Run` or its workdir.
+    color_by: 'phase' (one colour per phase, with the median relative error in the legend) or
+      'confidence' (a colour bar).
+    include_warmup: also show WARMUP steps (by default they are left out once there are others).
+  """
+  if color_by not in ("phase", "confidence"):
+    raise ValueError(f"color_by must be 'phase' or 'confidence', got {color_by!r}")
+  run = as_run(run)
+  p = after_warmup(prediction_pairs(run), include_warmup)
+  if not len(p["step"]):
+    note(ax, "no measured predictions yet")
+    return ax
+  if color_by == "phase":
+    for ph in sorted(set(p["phase"].tolist())):
+      m = p["phase"] == ph
+      err = np.median(np.abs(p["realised"][m] / p["predicted"][m] - 1.0))
+      big = ph == PREDICT  # the few validated predicted steps must stand out from the real ones
+      ax.scatter(
+        p["predicted"][m],
+        p["realised"][m],
+        s=22 if big else 8,
+        alpha=0.9 if big else 0.5,
+        color=PHASE_COLORS[PHASE_NAMES[ph]],
+        edgecolor="black" if big else "none",
+        linewidth=0.4,
+        zorder=3 if big else 2,
+        label=f"{PHASE_NAMES[ph]} (n={int(m.sum())}, median |err| {err:.1%})",
+      )
+    ax.legend(fontsize=7.5, loc="upper left")
+  else:
+    sc = ax.scatter(
+      p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0, vmax=1.0, s=10, alpha=0.8
+    )
+    ax.figure.colorbar(sc, ax=ax, label="confidence")
+  lo = float(np.nanmin([p["predicted"].min(), p["realised"].min()]))
+  hi = float(np.nanmax([p["predicted"].max(), p["realised"].max()]))
+  ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, ls="--", zorder=1, label="_y=x")
+  ax.set_xlabel("predicted loss")
+  ax.set_ylabel("realised loss")
+  ax.set_title(f"{run.name}: predicted vs realised loss")
+  return ax
+
+
+def plot_prediction_over_steps(ax: Axes, run: RunLike, *, include_warmup: bool = False) -> tuple[Axes, Axes]:
+  """Realised and predicted loss over steps (as `prediction_pairs` aligns them), with the
+  controller's confidence on a twin axis and the PREDICT segments shaded.
+
+  Args:
+    ax: the axes to draw into.
+    run: a hybrid `Run` or its workdir.
+    include_warmup: also show WARMUP steps (by default they are left out once there are others).
+
+  Returns:
+    (ax, the twin axis holding the confidence).
+  """
+  run = as_run(run)
+  p = after_warmup(prediction_pairs(run), include_warmup)
+  t = step_trace(run)
+  if not include_warmup and np.any(t["phase"] != WARMUP):
+    t = {k: v[t["phase"] != WARMUP] for k, v in t.items()}
+  pred = t["phase"] == PREDICT
+  seen = sorted(set(t["phase"][pred].tolist()))
+  _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
+  few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}
+  ax.plot(p["step"], p["realised"], color="0.25", lw=0.7, label="realised loss", **few)
+  ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss", **few)
+  step_axis(ax)
+  ax.set_ylabel("loss")
+  twin = ax.twinx()
+  twin.plot(t["step"], t["confidence"], color="#2ca02c", lw=0.9, alpha=0.8, label="confidence")
+  twin.set_ylim(-0.02, 1.02)
+  twin.set_ylabel("confidence", color="#2ca02c")
+  handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+  ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right")
+  ax.set_title(f"{run.name}: prediction and confidence over steps")
+  ax.margins(x=0.01)
+  return ax, twin
+
+
+def plot_alpha_by_group(ax: Axes, run: RunLike) -> Axes:
+  """The alpha each predicted step applied, one line per parameter group (gaps between phases)."""
+  run = as_run(run)
+  require_hybrid(run, "alpha")
+  recs = [r for r in run.kind("step") if int(r.get("phase", -1)) == PREDICT and r.get("alpha")]
+  if not recs:
+    note(ax, "no predicted steps in this run (yet)")
+    ax.set_title(f"{run.name}: alpha per parameter group")
+    return ax
+  steps = np.array([r["step"] for r in recs], np.int64)
+  alpha = np.array([[as_float(a) for a in r["alpha"]] for r in recs])
+  names = run.group_names(alpha.shape[1])
+  x, y = _break_gaps(steps, alpha)
+  for g, name in enumerate(names):
+    ax.plot(x, y[:, g], marker="o", ms=2.5, lw=0.9, label=name, **_group_style(g))
+  ax.axhline(0.0, color="0.5", lw=0.6)
+  step_axis(ax, "step (predicted steps only)")
+  ax.set_ylabel("alpha (scale of velocity)")
+  ax.set_title(f"{run.name}: alpha per parameter group ({len(recs)} predicted steps)")
+  _group_legend(ax, len(names))
+  return ax
+
+
+def plot_velocity_norms(ax: Axes, run: RunLike) -> Axes:
+  """The L2 norm of the velocity (EMA of real updates) per parameter group, at every log step."""
+  run = as_run(run)
+  require_hybrid(run, "the velocity")
+  recs = [r for r in run.kind("train") if r.get("velocity_norm")]
+  if not recs:
+    note(ax, "no velocity norms logged yet")
+    return ax
+  steps = np.array([r["step"] for r in recs], np.int64)
+  norms = np.array([[as_float(v) for v in r["velocity_norm"]] for r in recs])
+  names = run.group_names(norms.shape[1])
+  for g, name in enumerate(names):
+    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name, **_group_style(g))
+  if np.all(norms[np.isfinite(norms)] > 0):
+    ax.set_yscale("log")
+  step_axis(ax)
+  ax.set_ylabel("||velocity_g||")
+  ax.set_title(f"{run.name}: velocity norm per parameter group")
+  _group_legend(ax, len(names))
+  return ax
+
+
+def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
+  """Writes one run's figures as PNGs and returns their paths.
+
+  phase_timeline.png and memory.png always; predicted_vs_realised.png (scatter coloured by phase,
+  and prediction with confidence over steps), alpha_by_group.png and velocity_norms.png for hybrid
+  runs only.
+
+  Args:
+    workdir: the run directory.
+    out_dir: where to write (created if needed); default `<workdir>/plots`.
+  """
+  run = load_run(workdir)
+  out_dir = out_dir or os.path.join(run.workdir, "plots")
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  steps = [r["step"] for r in run.kind("step")] or [r["step"] for r in run.kind("train")]
+  if len(steps) >= 120:
+    # A second panel zooms into the last steps, where a whole-run y axis (set by the fast early
+    # descent) would flatten the PREDICT/CORRECT cycles into a line.
+    fig = new_figure(11, 7.4)
+    top, bottom = fig.subplots(2, 1, height_ratios=[1, 0.9])
+    plot_phase_timeline(top, run)
+    last = steps[-1]
+    first = max(steps[0], last - min(150, max(60, len(steps) // 4)))
+    plot_phase_timeline(bottom, run, window=(first, last))
+    bottom.set_title(f"zoom: steps {first}-{last}", fontsize=10)
+    bottom.get_legend().remove()
+  else:
+    fig = new_figure(11, 4.6)
+    plot_phase_timeline(fig.add_subplot(), run)
+  paths.append(save_png(fig, out_dir, "phase_timeline.png"))
+  if run.is_hybrid and run.kind("step"):
+    fig = new_figure(13, 4.8)
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    plot_predicted_vs_realised(left, run)
+    plot_prediction_over_steps(right, run)
+    paths.append(save_png(fig, out_dir, "predicted_vs_realised.png"))
+  if run.is_hybrid:
+    fig = new_figure(11, 4.6)
+    plot_alpha_by_group(fig.add_subplot(), run)
+    paths.append(save_png(fig, out_dir, "alpha_by_group.png"))
+    fig = new_figure(11, 4.6)
+    plot_velocity_norms(fig.add_subplot(), run)
+    paths.append(save_png(fig, out_dir, "velocity_norms.png"))
+  fig = new_figure(8, 4)
+  plot_memory(fig.add_subplot(), {run.name: run})
+  paths.append(save_png(fig, out_dir, "memory.png"))
+  return paths

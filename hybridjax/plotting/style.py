@@ -1,0 +1,74 @@
+"""The figures' shared style: phase colours, the figure and PNG helpers, axis and note helpers.
+
+Saving uses `matplotlib.figure.Figure` directly (the Agg canvas), never pyplot: it works without a
+display, leaves the caller's pyplot state alone and leaks no open figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from hybridjax.hybrid.phases import Phase
+
+WARMUP, FULL, PREDICT, CORRECT = Phase  # the integers the metrics store
+
+
+PHASE_COLORS = {"WARMUP": "#bdbdbd", "FULL": "#4c72b0", "PREDICT": "#ee8a35", "CORRECT": "#8e6bbf"}
+
+
+BAND_ALPHA = 0.28  # opacity of the phase bands: light enough to read the loss over them
+
+
+_DPI = 110
+
+
+def step_axis(ax: Axes, label: str = "step") -> None:
+  """An x axis of steps: `label`, and round integer ticks."""
+  ax.set_xlabel(label)
+  # Round ticks as matplotlib's default, but no step 2.5 on short runs.
+  ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+
+
+def note(ax: Axes, text: str) -> None:
+  """A grey note in the middle of `ax` (e.g. "no predicted steps yet")."""
+  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.4")
+
+
+def new_figure(width: float, height: float) -> Figure:
+  """A figure of `width` x `height` inches with constrained layout, on the Agg canvas (no pyplot)."""
+  return Figure(figsize=(width, height), layout="constrained")
+
+
+def save_png(fig: Figure, out_dir: str, name: str) -> str:
+  """Writes `fig` as `out_dir/name`; returns the path."""
+  path = os.path.join(out_dir, name)
+  fig.savefig(path, dpi=_DPI)
+  return path
+
+
+def save_png_to(fig: Figure, path: str) -> str:
+  """Writes `fig` to `path`, creating its folder; returns the path."""
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig.savefig(path, dpi=_DPI)
+  return path
+
+
+def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(mean, sample std (ddof=1), count) of the finite values of each column of a (seeds, n) array.
+
+  A column with no finite value has a NaN mean; one with fewer than 2 has a NaN std.
+  """
+  ok = np.isfinite(values)
+  n = ok.sum(axis=0)
+  filled = np.where(ok, values, 0.0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean = filled.sum(axis=0) / n
+    sq = np.where(ok, (values - mean) ** 2, 0.0).sum(axis=0)
+    std = np.where(n >= 2, np.sqrt(sq / np.maximum(n - 1, 1)), np.nan)
+  return mean, std, n
