@@ -154,6 +154,27 @@ def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, av
   return model_cfg
 
 
+def benchmark_notes(config: ml_collections.ConfigDict, budget_steps: dict[str, int]) -> dict[str, Any]:
+  """What a benchmark reports of this task's data: how many times each budget (name -> steps) reads
+  the training split, a line that says so, and a warning past `MAX_EPOCHS`."""
+  prepared = build_task(config).prepared
+  epochs = {}
+  for name, steps in budget_steps.items():
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.trainer.steps = steps
+    epochs[name] = corpus_epochs(c, prepared.n_train)
+  longest = ml_collections.ConfigDict(config.to_dict())
+  longest.trainer.steps = max(budget_steps.values())
+  warning = epochs_warning(longest, prepared.n_train)
+  return {
+    "corpus_epochs": epochs,
+    "lines": [
+      f"the longest budget reads the {prepared.n_train:,}-token training split {max(epochs.values()):.2f} times"
+    ]
+    + ([warning] if warning else []),
+  }
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")

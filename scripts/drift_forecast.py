@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from experiments import gpt2_small  # noqa: E402
 from hybridjax import optim as optim_lib  # noqa: E402
 from hybridjax.hybrid import jump as jump_lib  # noqa: E402
+from hybridjax.loop import baseline  # noqa: E402
 from scripts.jump_persistence import build_config, parse_ints  # noqa: E402
 
 
@@ -67,11 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
 
   task = gpt2_small.build_task(c)
   tx = optim_lib.make_optimizer(c.optim)
-  step_fn = jax.jit(
-    lambda s, b, sch: optim_lib.train_step(s, b, sch, loss_fn=task.loss_fn, tx=tx, grad_accum=c.trainer.grad_accum),
-    donate_argnums=0,
-    keep_unused=True,
-  )
+  step_fn = baseline.make_train_step(task.loss_fn, tx, c.trainer.grad_accum)  # the baseline's own step program
   average_fn = jax.jit(optim_lib.update_average)
   schedule = optim_lib.make_schedule(c.optim, n)
   params_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))

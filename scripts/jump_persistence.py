@@ -63,11 +63,12 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import benchmark as bench  # noqa: E402
 from experiments import gpt2_small  # noqa: E402
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
 from hybridjax import config as config_lib  # noqa: E402
 from hybridjax import optim as optim_lib  # noqa: E402
+from hybridjax.bench import specs as bench_specs  # noqa: E402
+from hybridjax.loop import baseline  # noqa: E402
 from hybridjax.loop import train as train_lib  # noqa: E402
 
 DEFAULT_CANDIDATES = "avg,raw+100r,raw+200r,raw+400r,avg+100r,avg+200r"
@@ -194,7 +195,7 @@ def gain(steps: list[int], losses: list[float], loss: float, at_step: int) -> fl
 
 def build_config(arg: str, seed: int, lr: float | None, steps: int | None) -> ml_collections.ConfigDict:
   """The anchor runs' experiment config of benchmark config `arg`, at `seed` and `lr`."""
-  c = bench.experiment_config(bench_cfg.get_config(arg))
+  c = bench_specs.experiment_config(bench_cfg.get_config(arg))
   c.seed = int(seed)
   if lr is not None:
     c.optim.learning_rate = float(lr)
@@ -258,12 +259,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   task = gpt2_small.build_task(c)
   tx = optim_lib.make_optimizer(c.optim)
   grad_accum = c.trainer.grad_accum
-  # The anchor runs' step (experiments/benchmark.py `_anchor_programs`): the same bits as `train()`.
-  step_fn = jax.jit(
-    lambda s, b, sch: optim_lib.train_step(s, b, sch, loss_fn=task.loss_fn, tx=tx, grad_accum=grad_accum),
-    donate_argnums=0,
-    keep_unused=True,
-  )
+  # The baseline's one step program (`loop.baseline.make_train_step`): the same bits as `train()`.
+  step_fn = baseline.make_train_step(task.loss_fn, tx, grad_accum)
   average_fn = jax.jit(optim_lib.update_average, donate_argnums=0)
   eval_fn = train_lib.make_eval_fn(task.loss_fn)
 

@@ -105,7 +105,7 @@ def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str)
   """The method arms of `methods_from` judged against the anchors of `anchors_from` (same preset,
   same headline seeds): backward ratios and paired final-loss differences. Step times of two
   families were not measured in one process, so no wall-clock ratio."""
-  from experiments import benchmark  # jax and the library: only for this table
+  from hybridjax.bench import figures  # jax and the library: only for this table
 
   m, a = results[methods_from], results[anchors_from]
   if m["steps"] != a["steps"] or m["seeds"] != a["seeds"]:
@@ -117,7 +117,7 @@ def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str)
     "|---|---|---|---|",
   ]
   for method, runs in m["method_runs"].items():
-    f = benchmark.method_figures(a["curves"], runs, None, a["budgets"])
+    f = figures.method_figures(a["curves"], runs, None, a["budgets"])
 
     def cell(r):
       if r["mean"] is None:

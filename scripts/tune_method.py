@@ -4,7 +4,7 @@
       --variant="k50-200:hybrid.jump.horizons=(50,100,200)" \\
       --variant="every50:hybrid.jump.every=50"
   python scripts/tune_method.py --config=long --method=outer_momentum --lr=3e-3,6e-3 \\
-      --variant="K100:benchmark.outer_momentum=(100,0.8,0.75)"
+      --variant="K100:benchmark.arms.outer_momentum.overrides.optim.outer_every=100"
 
 The benchmark protocol chooses a method's settings on the tuning seeds only: this runs each variant
 (a name and `field=value` overrides of the benchmark config, `;`-separated) on both tuning seeds at
@@ -30,9 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from experiments import benchmark as bench  # noqa: E402
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
 from hybridjax import plotting, protocol  # noqa: E402
+from hybridjax.bench import specs as bench_specs  # noqa: E402
+from hybridjax.bench.runner import Runner  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -51,7 +52,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default="long", help="benchmark preset and family, e.g. long or long,muon")
-  p.add_argument("--method", required=True, choices=bench.METHODS)
+  p.add_argument("--method", required=True, help="an arm of benchmark.arms")
   p.add_argument("--variant", action="append", default=[], help="name:field=value;field=value (repeatable)")
   p.add_argument("--lr", default="", help="comma-separated LRs (default: the family's tuned LR)")
   p.add_argument("--workdir", default="", help="the family's benchmark workdir (default: the benchmark's)")
@@ -75,17 +76,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     c.update_from_flattened_dict(overrides)
     for lr in lrs:
       for seed in base.benchmark.tuning_seeds:
-        specs.append(bench.run_spec(c, kind="method", seed=int(seed), lr=lr, steps=n, beta=beta, method=args.method))
+        spec = bench_specs.run_spec(c, kind="method", seed=int(seed), lr=lr, steps=n, beta=beta, method=args.method)
+        specs.append(spec)
         labels.append((name, lr, int(seed)))
   # The anchors at N on the tuning seeds at these LRs (cached by the benchmark when it swept them).
   anchors = {
-    (lr, int(s)): bench.run_spec(
+    (lr, int(s)): bench_specs.run_spec(
       base, kind="anchor", seed=int(s), lr=lr, steps=n, beta=float(base.benchmark.betas[0]), betas=base.benchmark.betas
     )
     for lr in lrs
     for s in base.benchmark.tuning_seeds
   }
-  runner = bench.Runner(workdir, args.workers, os.path.join(os.path.abspath(workdir), "jax_cache"))
+  runner = Runner(workdir, args.workers, os.path.join(os.path.abspath(workdir), "jax_cache"))
   try:
     anchor_results = dict(zip(anchors, runner.run(list(anchors.values()), "anchors (tuning seeds, N)")))
     results = runner.run(specs, f"{args.method} variants (tuning seeds)")

@@ -1,6 +1,6 @@
-"""The benchmark protocol (experiments/benchmark.py): its anchor runs compute what `train()` computes,
-the quick preset runs the whole protocol, and every figure can be recomputed from the raw numbers it
-stores. No test here asserts a speedup."""
+"""The benchmark protocol (`hybridjax.bench`, run by experiments/benchmark.py): its anchor runs compute
+what `train()` computes, the quick preset runs the whole protocol, and every figure can be recomputed
+from the raw numbers it stores. No test here asserts a speedup."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from experiments import benchmark
 from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import protocol
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import figures as figures_lib
+from hybridjax.bench import specs, tuning
+from hybridjax.bench.anchor_run import run_anchor
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import train as train_lib
 
@@ -30,10 +34,10 @@ def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
   """The anchor runner's final raw and averaged losses are train()'s, bit for bit."""
   config = _bench_config()
   config.trainer.steps = 12  # N: a run of N steps is evaluated `eval_points` times
-  spec = benchmark.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=12, beta=0.9, betas=[0.9, 0.95])
-  other = benchmark.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=18, beta=0.9)
+  spec = specs.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=12, beta=0.9, betas=[0.9, 0.95])
+  other = specs.run_spec(config, kind="anchor", seed=7, lr=0.01, steps=18, beta=0.9)
   assert other["config"]["trainer"]["eval_every"] == 18  # other budgets: only the final eval
-  anchor = benchmark.run_anchor(spec)
+  anchor = run_anchor(spec)
   c = cached(ml_collections.ConfigDict(spec["config"]), jax_cache)
   c.trainer.progress = False
   task = experiment.build_task(c)
@@ -47,36 +51,44 @@ def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
 
 def test_bad_benchmark_settings_name_the_field():
   with pytest.raises(ValueError, match="benchmark.methods"):
-    benchmark.validate_benchmark(_bench_config(methods="hybrid,magic"))
+    specs.validate_benchmark(_bench_config(methods="hybrid,magic"))
   with pytest.raises(ValueError, match="must not share a seed"):
-    benchmark.validate_benchmark(_bench_config(seeds=(1001, 5)))
+    specs.validate_benchmark(_bench_config(seeds=(1001, 5)))
   with pytest.raises(ValueError, match="benchmark.budgets"):
-    benchmark.validate_benchmark(_bench_config(budgets=(0.5, 2.0)))
+    specs.validate_benchmark(_bench_config(budgets=(0.5, 2.0)))
   c = _bench_config()
   c.trainer.averaging = "none"
   with pytest.raises(ValueError, match="trainer.averaging=ema"):
-    benchmark.validate_benchmark(c)
+    specs.validate_benchmark(c)
   with pytest.raises(ValueError, match="unknown benchmark config"):
     benchmark_cfg.get_config("long,adagrad")
 
 
 def test_lr_grid_is_a_sqrt2_grid_around_the_centre():
-  grid = benchmark.lr_grid(6e-3, 5)
+  grid = tuning.lr_grid(6e-3, 5)
   assert grid[2] == 6e-3 and len(grid) == 5
   for a, b in zip(grid, grid[1:]):
     assert b / a == pytest.approx(math.sqrt(2), rel=1e-3)
 
 
-def test_step_kinds():
-  assert benchmark.step_kind(Branch.FULL_STEP, True) == "full_step"
-  assert benchmark.step_kind(Branch.PREDICT_STEP, False) == "predict_step"
-  assert benchmark.step_kind(Branch.PREDICT_STEP, True) == benchmark.PREDICT_VALIDATED
-  assert benchmark.step_kind(Branch.CORRECT_STEP, True) == "correct_step"
+def test_step_kinds_come_from_the_arms_method():
+  velocity = arms_lib.Arm(name="hybrid", method="velocity")
+  assert arms_lib.step_kind(velocity, {"branch": Branch.FULL_STEP, "measured": True}) == "full_step"
+  assert arms_lib.step_kind(velocity, {"branch": Branch.PREDICT_STEP, "measured": False}) == "predict_step"
+  assert arms_lib.step_kind(velocity, {"branch": Branch.PREDICT_STEP, "measured": True}) == "predict_step+validation"
+  assert arms_lib.step_kind(velocity, {"branch": Branch.CORRECT_STEP, "measured": True}) == "correct_step"
+  jump = arms_lib.Arm(name="jump", method="jump")
+  assert arms_lib.step_kind(jump, {"branch": Branch.PREDICT_STEP, "measured": True}) == "jump_step"
+  assert (
+    arms_lib.step_kind(jump, {"branch": Branch.FULL_STEP, "measured": True, "snapshot": True}) == "full_step+snapshot"
+  )
+  outer = arms_lib.Arm(name="outer_momentum", method="outer_momentum", mode="baseline")
+  assert arms_lib.step_kind(outer, {"branch": Branch.PREDICT_STEP, "measured": True}) == arms_lib.REAL_STEP
 
 
 def test_method_figures_ratio_is_above_one_only_below_the_curve():
   budgets = [50, 100, 200]
-  curves = {a: {"1": [2.0, 1.8, 1.6], "2": [2.1, 1.85, 1.62]} for a in benchmark.ANCHORS}
+  curves = {a: {"1": [2.0, 1.8, 1.6], "2": [2.1, 1.85, 1.62]} for a in figures_lib.ANCHORS}
   kinds = {"full_step": 80, "predict_step": 20}
   runs = {
     "1": {"final_loss": 1.7, "final_raw": 1.75, "backward_passes": 80, "validation_forwards": 6, "steps": 100},
@@ -85,7 +97,7 @@ def test_method_figures_ratio_is_above_one_only_below_the_curve():
   for r in runs.values():
     r["step_kinds"] = kinds
   timing = {"baseline": {"baseline": 10.0}, "method": {"full_step": 10.0, "predict_step": 2.0}}
-  f = benchmark.method_figures(curves, runs, timing, budgets)["baseline"]
+  f = figures_lib.method_figures(curves, runs, timing, budgets)["baseline"]
   one, two = f["per_seed"]["backward_ratio"]
   assert one["value"] == pytest.approx(100 * 2**0.5 / 80)  # 1.7 is halfway (in log budget) from 100 to 200
   assert two["value"] < 1  # 1.95 is above the curve at 80 backward passes (1.93)
@@ -96,7 +108,7 @@ def test_method_figures_ratio_is_above_one_only_below_the_curve():
   assert f["final_loss_gap"]["anchor_final_loss"] == [1.8, 1.85]
   # A step kind without a timing gives no wall-clock ratio, never a made-up one.
   runs["1"]["step_kinds"] = {"full_step": 80, "correct_step": 20}
-  g = benchmark.method_figures(curves, runs, timing, budgets)["baseline"]
+  g = figures_lib.method_figures(curves, runs, timing, budgets)["baseline"]
   assert g["per_seed"]["wallclock_ratio"][0]["value"] is None
 
 
@@ -129,7 +141,7 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
   assert min(t["best_two_means"].values()) == t["best_two_means"][str(t["best_lr"])]
   assert t["averaging_beta"] in config.benchmark.betas
   # The anchors: every headline seed at every budget, run at its budget's LR.
-  for anchor in benchmark.ANCHORS:
+  for anchor in figures_lib.ANCHORS:
     assert sorted(stored["curves"][anchor]) == sorted(str(s) for s in config.benchmark.seeds)
     assert all(len(v) == len(head["budgets"]) and None not in v for v in stored["curves"][anchor].values())
   for key, run in stored["budget_runs"].items():
@@ -139,19 +151,20 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
   # Method runs: every step is counted once by kind; real steps are the backward passes; a jump of k
   # schedule steps is one step, and the run ends when its schedule does.
   horizons = len(config.hybrid.jump.horizons)
+  defined = arms_lib.arms(config)
   for method, runs in stored["method_runs"].items():
     for run in runs.values():
       kinds = run["step_kinds"]
-      real = kinds.get("full_step", 0) + kinds.get("correct_step", 0) + kinds.get(benchmark.REAL_STEP, 0)
+      real = kinds.get("full_step", 0) + kinds.get("correct_step", 0) + kinds.get(arms_lib.REAL_STEP, 0)
       assert real == run["backward_passes"]
-      if method in benchmark.JUMP_METHODS:
-        assert run["jumps"] > 0, method
-        assert sum(kinds.values()) == real + kinds[benchmark.JUMP_STEP]
+      if defined[method].method == "jump":
+        assert run["jumps"] > 0 and "jumps" in run["method_stats"], method
+        assert sum(kinds.values()) == real + kinds["jump_step"]
         assert real + run["jump_steps"] == n
-        assert run["validation_forwards"] == kinds[benchmark.JUMP_STEP] * (1 + horizons)
+        assert run["validation_forwards"] == kinds["jump_step"] * (1 + horizons)
       else:
         assert sum(kinds.values()) == n
-        assert kinds.get(benchmark.PREDICT_VALIDATED, 0) == run["validation_forwards"]
+        assert kinds.get("predict_step+validation", 0) == run["validation_forwards"]
       assert run["memory_growth_bytes"] == 0
       assert run["final_loss"] == run["final_averaged"]  # its model is the averaged params
   # Every figure recomputes from the stored raw numbers.
@@ -160,11 +173,11 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       "baseline": stored["timing"]["ms_per_step"]["baseline"],
       "method": stored["timing"]["ms_per_step"][method],
     }
-    again = benchmark.method_figures(stored["curves"], stored["method_runs"][method], timing, stored["budgets"])
+    again = figures_lib.method_figures(stored["curves"], stored["method_runs"][method], timing, stored["budgets"])
     assert json.loads(json.dumps({k: v for k, v in figures.items() if k != "vs_skip_control"})) == json.loads(
       json.dumps(again)
     )
-    for anchor in benchmark.ANCHORS:
+    for anchor in figures_lib.ANCHORS:
       for ratio in figures[anchor]["per_seed"]["backward_ratio"]:
         assert ratio["value"] is None or ratio["value"] > 0
   # The jump is credited only against the skip control: their paired difference, recomputed.

@@ -8,6 +8,8 @@
   methods/         the training methods: import hybrid/, optim and infrastructure, never the loop;
                    no module below them imports one
   loop/            imports anything below it; cli imports the loop
+  bench/           the benchmark as a library: above the loop (imports it and anything below), never
+                   imported by anything in the package below it; `experiments` sits above it
 
 and no import cycle anywhere.
 """
@@ -103,7 +105,7 @@ def test_the_hybrid_algorithm_imports_only_itself_and_optim():
 
 def test_only_the_loop_and_the_cli_import_the_loop():
   for m, deps in graph().items():
-    if m.startswith("hybridjax.loop") or m == "hybridjax.cli":
+    if m.startswith(("hybridjax.loop", "hybridjax.bench")) or m == "hybridjax.cli":
       continue
     assert not any(d.startswith("hybridjax.loop") or d == "hybridjax.cli" for d in deps), (
       f"{m} imports the loop: only hybridjax.loop and hybridjax.cli may"
@@ -118,6 +120,17 @@ def test_methods_sit_between_the_algorithm_and_the_loop():
     elif not m.startswith(("hybridjax.loop", "hybridjax.bench")) and m not in ("hybridjax", "hybridjax.cli"):
       methods = {d for d in deps if d.startswith("hybridjax.methods")}
       assert not methods, f"{m} imports {sorted(methods)}: only the loop and above may import a method"
+
+
+def test_the_benchmark_sits_above_the_loop():
+  g = graph()
+  for m, deps in g.items():
+    if not m.startswith("hybridjax.bench"):
+      assert not any(d.startswith("hybridjax.bench") for d in deps), f"{m} imports the benchmark library"
+  # It builds on the loop (its anchors run the baseline loop, its arms `train()`), never on experiments.
+  assert any(d.startswith("hybridjax.loop") for m, deps in g.items() if m.startswith("hybridjax.bench") for d in deps)
+  for path in sorted((PACKAGE / "bench").rglob("*.py")):
+    assert not any(i.startswith("experiments") for i in imports_of(path)), f"{module_name(path)} imports experiments"
 
 
 def test_infrastructure_uses_only_the_phase_names_of_the_algorithm():

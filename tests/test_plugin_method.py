@@ -122,3 +122,39 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   with pytest.raises(ValueError, match=r"hybrid\.repeat\.every must be >= 1"):
     _run(c, tmp_path / "c")
   assert not os.path.exists(tmp_path / "c" / "checkpoints")
+
+
+def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path, jax_cache):
+  """The `quick` protocol on a task and a method of the user's, with the method's control arm: a
+  verdict from the package's benchmark, with no file of it edited."""
+  from experiments import benchmark
+  from experiments.configs import benchmark as benchmark_cfg
+
+  # The user's task: the MLP regression, from a module of theirs.
+  (tmp_path / "user_methods" / "task.py").write_text(
+    "from hybridjax.models import mlp\n\ndef build_task(config):\n  return mlp.build_task(config)\n"
+  )
+  c = benchmark_cfg.get_config("quick")
+  del c.model, c.data  # the GPT-2 task's blocks
+  c.trainer.update(steps=40, batch_size=16, eval_batches=4, compile_cache_dir=jax_cache)
+  c.optim.learning_rate = 0.01
+  c.benchmark.update(task="user_methods.task", methods="repeat,repeat_control", timing_rounds=2, timing_steps=5)
+  c.benchmark.arms = config_lib.ml_collections.ConfigDict(
+    {
+      "repeat": {"method": user_module},
+      "repeat_control": {"method": user_module, "control": True, "control_of": "repeat"},
+    }
+  )
+  result = benchmark.run_benchmark(c, str(tmp_path / "bench"))
+  runs = result["method_runs"]
+  assert set(runs) == {"repeat", "repeat_control"} and result["task"] == "user_methods.task"
+  for arm in runs.values():
+    for run in arm.values():
+      # Every 10 real steps one repeat: a step kind of its own, no backward pass, no batch.
+      assert run["step_kinds"]["predict_step"] > 0
+      assert run["backward_passes"] == sum(run["step_kinds"].values()) - run["step_kinds"]["predict_step"]
+  f = result["figures"]["repeat"]
+  assert "vs_skip_control" in f and f["vs_skip_control"]["verdict"] in ("lower", "higher", "no difference")
+  for anchor in ("baseline", "averaged_baseline"):
+    assert f[anchor]["backward_ratio"]["mean"] is not None
+  assert os.path.exists(tmp_path / "bench" / "results.md")

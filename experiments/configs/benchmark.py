@@ -41,11 +41,11 @@ def _long(c: ml_collections.ConfigDict) -> None:
   c.hybrid.update(warmup_steps=100, full_steps=20)
   # Jumps as chosen on the tuning seeds (docs/experiments.md): the slow EMA at 0.995 with the
   # averaging EMA at 0.99 (its drift forecasts the averaged iterate better than 0.998's; the
-  # benchmark keeps that lag ratio of 2 for whatever averaging beta a family's tuning chooses,
-  # `benchmark.jump_slow_lag_ratio`), k in {50, 100, 200} every 100 real steps,
+  # slow EMA keeps that lag ratio of 2 for whatever averaging beta a family's tuning chooses,
+  # `hybrid.jump.slow_lag_ratio`), k in {50, 100, 200} every 100 real steps,
   # between 5% and 60% of the run, accepted on any probe gain (trend_credit 0: with 0.5 or 1 no
   # jump is ever accepted and the run is the averaged baseline).
-  c.hybrid.jump.update(slow_beta=0.995, horizons=(50, 100, 200), every=100, trend_credit=0.0)
+  c.hybrid.jump.update(slow_lag_ratio=2.0, horizons=(50, 100, 200), every=100, trend_credit=0.0)
 
 
 def get_config(arg: str = "long") -> ml_collections.ConfigDict:
@@ -84,24 +84,14 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.lr_max_extensions = 3  # grid points added, one at a time, while the best LR sits at an edge
   b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # x trainer.steps (= N), each its own schedule
   b.betas = (0.99, 0.995, 0.998)  # averaging betas tried on the tuning seeds
-  # Arms trained with hybrid training at the tuned LR and beta, each on every headline seed:
-  # 'jump' (hybrid.method='jump' with the config's hybrid.jump block), 'skip_control' (the same
-  # jump decisions, each only advancing the schedule), 'hybrid' (the velocity predictor of the config's
-  # hybrid block), 'constant_alpha' (every predicted step alpha=1, no RSSM), 'no_corrector' (the
-  # RSSM's plan without the residual corrector), 'outer_momentum' (below), 'jump_outer' and
-  # 'skip_control_outer' (jumps along outer momentum's drift, and their control), 'jump_forecast' and
-  # 'skip_control_forecast' (jumps whose s_g and admission the RSSM forecaster sets, and their
-  # control). The first is the headline's: outer momentum, the arm that did best on the tuning seeds.
-  # '' = anchors only.
+  b.task = "gpt2"  # the task (`hybridjax.bench.tasks`): 'gpt2', 'mlp', or a module path of your own
+  # The arms the benchmark runs (`benchmark.arms` below), the headline's first: outer momentum, the
+  # arm that did best on the tuning seeds. '' = anchors only.
   b.methods = (
     "outer_momentum,jump,skip_control,jump_outer,skip_control_outer,jump_forecast,skip_control_forecast,hybrid"
   )
-  # 'outer_momentum' (also a method name): baseline steps with outer Nesterov momentum every K steps,
-  # (K, eta, mu); (100, 0.8, 0.75) was reported best at 125M.
-  b.outer_momentum = (100, 0.8, 0.75)
-  # A jump arm's slow EMA lags this many times the averaging EMA chosen by the tuning:
-  # slow_beta = 1 - (1 - averaging_beta) / ratio (0.995 at 0.99). 0 = the config's slow_beta as is.
-  b.jump_slow_lag_ratio = 2.0
+  # Outer momentum (K, eta, mu) of the arms that use it; (100, 0.8, 0.75) was reported best at 125M.
+  outer = (100, 0.8, 0.75)
   b.workers = 2  # runs in parallel processes, one CPU core each (1 = in this process; use 1 on a GPU)
   b.eval_points = 10  # evals over each run, for the eval curves (the final eval is always one)
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
@@ -114,7 +104,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
     b.methods = "jump,skip_control"
-    b.outer_momentum = (10, 0.8, 0.75)
+    outer = (10, 0.8, 0.75)
     b.seeds = (1, 2)
     b.lr_points = 3
     b.lr_max_extensions = 1
@@ -130,4 +120,37 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     b.timing_rounds = 4
     b.timing_steps = 10
+  b.arms = arms(outer)
   return c
+
+
+def arms(outer: tuple[int, float, float]) -> ml_collections.ConfigDict:
+  """The method arms, as data (`hybridjax.bench.arms`): each a method, its mode, the config it
+  changes, and for a control arm the arm it controls. `outer`: outer momentum's (K, eta, mu)."""
+  every, eta, mu = outer
+  with_outer = {"optim": {"outer_every": every, "outer_eta": eta, "outer_mu": mu}}
+  forecast = {"hybrid": {"jump": {"forecast": "rssm"}}}
+  return ml_collections.ConfigDict(
+    {
+      # The velocity predictor of the config's hybrid block, its ablations and its control (alpha = 0).
+      "hybrid": {"method": "velocity"},
+      "constant_alpha": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"constant_alpha": 1.0}}}},
+      "no_corrector": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"corrector": {"enabled": False}}}}},
+      "velocity_control": {"method": "velocity", "control": True, "control_of": "hybrid"},
+      # Baseline steps with outer Nesterov momentum every K steps (the baseline loop's own step).
+      "outer_momentum": {"method": "outer_momentum", "mode": "baseline", "overrides": with_outer},
+      # Jumps (the config's hybrid.jump block) and their skip control (the same decisions, each only
+      # advancing the schedule); along outer momentum's drift; with the RSSM forecaster.
+      "jump": {"method": "jump"},
+      "skip_control": {"method": "jump", "control": True, "control_of": "jump"},
+      "jump_outer": {"method": "jump", "overrides": with_outer},
+      "skip_control_outer": {"method": "jump", "overrides": with_outer, "control": True, "control_of": "jump_outer"},
+      "jump_forecast": {"method": "jump", "overrides": forecast},
+      "skip_control_forecast": {
+        "method": "jump",
+        "overrides": forecast,
+        "control": True,
+        "control_of": "jump_forecast",
+      },
+    }
+  )

@@ -69,6 +69,7 @@ class JumpSettings:
   margin: float  # accept only if the probe loss falls below (1 - margin) x the no-jump loss
   trend_credit: float  # ... and below it by this fraction of the progress k real steps would make
   slow_beta: float  # the slow EMA of the params; the fast one is the averaging EMA
+  slow_lag_ratio: float  # > 0: the slow EMA's beta from the averaging beta, 1 - (1 - beta) / ratio
   start_fraction: float  # no jump before this fraction of the schedule
   stop_fraction: float  # no jump may end past this fraction of the schedule
   skip_control: bool  # True: an accepted jump advances the schedule by k and moves no weight

@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
@@ -25,7 +24,8 @@ from hybridjax import memory as memory_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax import writers
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
-from hybridjax.optim import Batch, LossFn, Optimizer, TrainState, all_finite, resolve_optimizer
+from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
+from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -48,34 +48,6 @@ class Stopwatch:
     if self._since is not None:
       self.total += time.perf_counter() - self._since
       self._since = None
-
-
-def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, Batch], jax.Array]:
-  """The jitted loss. On a multi-device `mesh` it takes the sharded params and batch as they are
-  and returns the loss replicated, so every host can read it."""
-  if sharding_lib.is_multi_device(mesh):
-    return jax.jit(lambda params, batch: loss_fn(params, batch)[0], out_shardings=sharding_lib.replicated(mesh))
-  return jax.jit(lambda params, batch: loss_fn(params, batch)[0])
-
-
-def eval_losses(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: Iterable[Batch]) -> np.ndarray:
-  """The loss of each fixed eval batch (float32), fetched in one transfer."""
-  return np.asarray(jax.device_get([eval_fn(params, b) for b in batches]))
-
-
-def evaluate(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: Iterable[Batch]) -> float:
-  """Mean loss over fixed eval batches (every run sees the same ones)."""
-  return float(np.mean(eval_losses(eval_fn, params, batches)))
-
-
-def evaluate_state(eval_fn: Callable[[Any, Batch], jax.Array], state: TrainState, batches: list[Batch]) -> dict:
-  """The eval record of a train state: `eval_loss` of the run's model (`optim.final_params`) and,
-  when the state averages its params, `eval_loss_raw` and `eval_loss_averaged` too."""
-  if state.averaging is None:
-    return {"eval_loss": evaluate(eval_fn, state.params, batches)}
-  raw = evaluate(eval_fn, state.params, batches)
-  averaged = evaluate(eval_fn, state.averaging.params, batches)
-  return {"eval_loss": averaged, "eval_loss_raw": raw, "eval_loss_averaged": averaged}
 
 
 def enable_compile_cache(trainer_cfg: ml_collections.ConfigDict) -> str | None:

@@ -52,6 +52,8 @@ Optional (the default in brackets)
                              one transfer, and the fields it makes [none]
   step_kind(row)             a step's cost class from its trace record, for the benchmark's timing
                              [its transition's name]
+  TIME_BRANCHES              the transitions a run reaches too rarely to time, which the benchmark
+                             times apart [none]
   summary(ctx, state, controller)
                              the run summary's fields, from the fetched state [{}]
 

@@ -37,6 +37,8 @@ COMPOSES_WITH = frozenset({"outer_momentum"})
 # counters from the device.
 ADVANCES_SCHEDULE = True
 CONTROL = {"jump.skip_control": True}
+# One attempt per `jump.every` real steps: too rare in a run to time, so the benchmark times it apart.
+TIME_BRANCHES = (Branch.PREDICT_STEP,)
 # Metrics that belong to a step's trace record only (not to the periodic log record).
 TRACE_ONLY = frozenset({"jump_k", "jump_scale", "probe_gain", "expected_gain", "forecast_agreement", "snapshot"})
 
@@ -51,6 +53,9 @@ def default_config() -> ml_collections.ConfigDict:
       margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
       trend_credit=0.0,  # and by this fraction of the k real steps' expected progress (1: all of it)
       slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
+      # > 0: the slow EMA lags this many times the averaging EMA instead, whatever its beta:
+      # slow_beta = 1 - (1 - trainer.averaging_beta) / ratio (2: 0.995 at 0.99); 0 = slow_beta
+      slow_lag_ratio=0.0,
       start_fraction=0.05,  # no jump before this fraction of the run
       stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
       skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
@@ -82,6 +87,7 @@ FIELDS = {
   "trend_credit": config_lib.check_num(0.0),
   "margin": config_lib.check_num(-1.0, 1.0, hi_open=True),
   "slow_beta": config_lib.check_num(0.0, 1.0, lo_open=True, hi_open=True),
+  "slow_lag_ratio": config_lib.check_num(0.0),
   "start_fraction": config_lib.check_num(0.0, 1.0),
   "stop_fraction": config_lib.check_num(0.0, 1.0),
   "skip_control": config_lib.check_bool,
@@ -109,7 +115,12 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       "--config.hybrid.method='jump' needs --config.trainer.averaging='ema' (the averaging EMA is the fast EMA "
       "of the drift); set it, or use --config.hybrid.method='velocity'"
     )
-  if not outer_every and j.slow_beta <= trainer.get("averaging_beta", 0.0):
+  if j.get("slow_lag_ratio", 0.0) and j.slow_lag_ratio <= 1.0:
+    errors.append(
+      f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) must be > 1 (the slow EMA must be slower than "
+      "the averaging EMA), or 0 to use hybrid.jump.slow_beta"
+    )
+  elif not outer_every and not j.get("slow_lag_ratio", 0.0) and j.slow_beta <= trainer.get("averaging_beta", 0.0):
     errors.append(
       f"--config.hybrid.jump.slow_beta ({j.slow_beta}) must be > --config.trainer.averaging_beta "
       f"({trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag difference, "
@@ -152,6 +163,7 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.Par
     margin=float(j.margin),
     trend_credit=float(j.get("trend_credit", 0.0)),
     slow_beta=float(j.slow_beta),
+    slow_lag_ratio=float(j.get("slow_lag_ratio", 0.0)),
     start_fraction=float(j.start_fraction),
     stop_fraction=float(j.stop_fraction),
     skip_control=bool(j.skip_control),
@@ -171,8 +183,11 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
   s: jump_lib.JumpSettings = ctx.settings
   # The forecaster's key is folded from the state's, so adding it changes no other draw.
   forecast_rng = jax.random.fold_in(jax.random.split(rng, 3)[0], 1)
+  slow_beta = s.slow_beta
+  if s.slow_lag_ratio > 0:  # the lag ratio to the averaging EMA, whatever beta the run averages with
+    slow_beta = 1.0 - (1.0 - float(ctx.averaging_beta)) / s.slow_lag_ratio
   return jump_lib.JumpState(
-    drift_memory=jump_lib.init_drift_memory(params, s.slow_beta) if ctx.outer is None else None,
+    drift_memory=jump_lib.init_drift_memory(params, slow_beta) if ctx.outer is None else None,
     forecast=None if s.forecast is None else forecast_lib.init_forecast(s.forecast, params, forecast_rng),
     tracker=jump_lib.init_tracker(ctx.groups.n_groups),
   )

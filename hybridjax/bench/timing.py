@@ -1,0 +1,104 @@
+"""Step timing: the median time of each kind of step of the baseline and every arm, measured in rounds
+that interleave the arms in one process (so a change in machine load hits them alike), each step
+timed alone. A step's kind is its arm's `arms.step_kind`; a method's `TIME_BRANCHES` are its
+transitions a run reaches too rarely to time (the jump predictor's attempt), timed explicitly twice a
+round at whatever state the arm has reached."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import jax
+import ml_collections
+
+from hybridjax import registry
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import tasks as tasks_lib
+from hybridjax.bench.specs import run_spec
+from hybridjax.loop import baseline
+from hybridjax.loop import train as train_lib
+
+BASELINE = "baseline"  # the anchor's step kind
+
+
+def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+  """Median ms per step of each kind, for the baseline and each method arm in `methods`."""
+  b = config.benchmark
+  seed = int(b.tuning_seeds[0])
+  n = int(config.trainer.steps)
+  defined = arms_lib.arms(config)
+
+  def exp_config(kind, method=""):
+    spec = run_spec(
+      config, kind=kind, seed=seed, lr=tuning["best_lr"], steps=n, beta=tuning["averaging_beta"], method=method
+    )
+    c = ml_collections.ConfigDict(spec["config"])
+    c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
+    return c
+
+  base_cfg = exp_config("anchor")
+  task = tasks_lib.build(str(b.get("task", "gpt2")), base_cfg)
+  arms: dict[str, Any] = {}
+  compile_s: dict[str, float] = {}
+  for name in [BASELINE] + methods:
+    c = base_cfg if name == BASELINE else exp_config("method", name)
+    driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
+    state = driver.init_state()
+    batch = task["train_batch"](0)
+    t0 = time.perf_counter()
+    if c.mode == "baseline":
+      step = baseline.make_train_step(task["loss_fn"], driver.tx, c.trainer.grad_accum)  # the anchors' program
+      fns = [step.lower(state, batch, driver.schedule).compile()]
+    else:
+      fns = driver.compiled_phase_steps(state, batch)
+    compile_s[name] = time.perf_counter() - t0
+    # One untimed call of every program, on a copy of the state (the programs donate it): a
+    # program's first execution carries one-time costs (~100 ms on CPU), which would dominate the
+    # median of a kind timed only a few times (a jump arm's CORRECT entry).
+    for fn in fns:
+      jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
+    arm = None if name == BASELINE else defined[name]
+    rare = ()
+    if arm is not None and c.mode == "hybrid":
+      rare = tuple(getattr(registry.load_method(arm.method), "TIME_BRANCHES", ()))
+    arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
+
+  samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
+  for _ in range(int(b.timing_rounds)):
+    for name, a in arms.items():
+      for _ in range(int(b.timing_steps)):
+        batch = task["train_batch"](a["step"] % n)
+        if len(a["fns"]) == 1:  # the baseline and baseline-mode arms
+          branch, fn = None, a["fns"][0]
+        else:
+          branch = int(jax.device_get(a["state"].controller.next_branch))
+          fn = a["fns"][branch]
+        t0 = time.perf_counter()
+        a["state"], metrics = fn(a["state"], batch, a["schedule"])
+        jax.block_until_ready(a["state"])
+        dt = time.perf_counter() - t0
+        if branch is None:
+          kind = BASELINE if name == BASELINE else arms_lib.REAL_STEP
+        else:
+          row = {k: bool(v) for k, v in jax.device_get(metrics).items() if k in ("measured", "snapshot")}
+          kind = arms_lib.step_kind(a["arm"], {"branch": branch, **row})
+        samples[name].setdefault(kind, []).append(dt)
+        a["step"] += 1
+      for branch in a["rare"]:
+        for _ in range(2):
+          t0 = time.perf_counter()
+          a["state"], metrics = a["fns"][branch](a["state"], task["train_batch"](a["step"] % n), a["schedule"])
+          jax.block_until_ready(a["state"])
+          kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
+          samples[name].setdefault(kind, []).append(time.perf_counter() - t0)
+  return {
+    "ms_per_step": {
+      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
+    },
+    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
+    "compile_s": compile_s,
+    "rounds": int(b.timing_rounds),
+    "steps_per_round": int(b.timing_steps),
+  }
