@@ -1,4 +1,5 @@
-"""A small MLP and a synthetic regression problem for fast unit tests."""
+"""A small MLP and a synthetic regression problem: the fast tests' model, and the benchmark's second
+built-in task (`benchmark.task='mlp'`, `build_task`)."""
 
 from __future__ import annotations
 
