@@ -128,7 +128,7 @@ def time_call(fn, host_state, batch, repeats):
 def lax_switch_step(ctx, state, batch, schedule):
   """The fused step as a plain `lax.switch` over the transitions (for comparison only)."""
   phase = state.controller.phase
-  branches = [functools.partial(lambda f, s, b, sch: f(ctx, s, b, sch), f) for f in step_lib.TRANSITIONS]
+  branches = [functools.partial(lambda f, s, b, sch: f(ctx, s, b, sch), f) for f in step_lib.transitions(ctx)]
   new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
   return step_lib.finish_step(ctx, new_state, info, phase, state.controller.next_branch)
 

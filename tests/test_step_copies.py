@@ -58,7 +58,7 @@ def _state_bytes() -> int:
 
 def _lax_switch_step(ctx, state, batch, schedule):
   phase = state.controller.phase
-  branches = [functools.partial(lambda f, s, b, k: f(ctx, s, b, k), f) for f in step_lib.TRANSITIONS]
+  branches = [functools.partial(lambda f, s, b, k: f(ctx, s, b, k), f) for f in step_lib.transitions(ctx)]
   new_state, info = jax.lax.switch(state.controller.next_branch, branches, state, batch, schedule)
   return step_lib.finish_step(ctx, new_state, info, phase, state.controller.next_branch)
 
@@ -86,6 +86,6 @@ def test_the_check_catches_a_lax_switch_and_the_fused_step_copies_only_what_the_
   fused = memory.count_copies(_compile(step_lib.hybrid_step))
   own = [
     memory.count_copies(_compile(lambda c, s, b, k, i=i: step_lib.make_phase_step(c, i)(s, b, k)))
-    for i in range(len(step_lib.TRANSITIONS))
+    for i in range(len(step_lib.transitions(_setup()[0])))
   ]
   assert fused[1] <= sum(b for _, b in own) + ENTRY_COPY_LIMIT_BYTES, (fused, own)
