@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hybridjax.models import layers
 from hybridjax.optim import Batch, LossFn
 
 Params = dict[str, Any]
@@ -97,7 +98,7 @@ _STD = 0.02
 
 
 def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD):
-  return nn.Dense(
+  return layers.Dense(
     features,
     use_bias=True,
     dtype=jnp.dtype(cfg.dtype),
@@ -132,14 +133,16 @@ class CausalSelfAttention(nn.Module):
     cfg = self.config
     b, t, d = x.shape
     qkv = _dense(3 * d, "c_attn", cfg)(x)
-    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim) for a in jnp.split(qkv, 3, axis=-1))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    # Heads transposed ahead of time, (b, h, t, head_dim): the batch dimensions of both batched
+    # matmuls lead, and XLA:CPU runs them, and their gradients, faster (docs/performance.md).
+    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3) for a in jnp.split(qkv, 3, axis=-1))
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
-    y = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
+    y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
     y = _dense(d, "c_proj", cfg, std=_residual_std(cfg))(y)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
 
@@ -206,12 +209,7 @@ class GPT2(nn.Module):
     for i in range(cfg.n_layer):
       x = Block(cfg, name=f"h_{i}")(x, deterministic=deterministic)
     x = _layer_norm("ln_f", cfg)(x)
-    return jnp.einsum(
-      "btd,vd->btv",
-      x,
-      wte.embedding.astype(dtype),
-      preferred_element_type=jnp.float32,
-    )
+    return layers.tied_logits(x, wte.embedding.astype(dtype))
 
 
 def count_params(params: Any) -> int:
