@@ -17,7 +17,7 @@ What it does, for one (optimizer, schedule) family, on the config's task (`bench
    ratios, final-loss gaps, paired differences from the anchors and from each arm's control.
 
 Every run is cached in `<workdir>/cache` under a hash of its spec and of the code it runs
-(`hybridjax.bench.specs.run_key`), so re-running with another arm reuses the sweep and the curves.
+(`hybridjax.bench.keys.run_key`), so re-running with another arm reuses the sweep and the curves.
 Outputs: `benchmark.json` (every figure with its raw numbers), `headline.json`, `results.md`, plots.
 """
 
@@ -37,7 +37,7 @@ from absl import app
 from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import report, specs, tasks, timing, tuning
+from hybridjax.bench import keys, report, specs, tasks, timing, tuning
 from hybridjax.bench.runner import Runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
@@ -105,7 +105,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
     "task": specs.task_name(config),
     "command": command,
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "code_version": specs.code_versions(config, methods),
+    "code_version": keys.code_versions(config, methods),
     "machine": report.machine_info(),
     "config": json.loads(config.to_json()),
     "steps": n,

@@ -19,7 +19,7 @@ from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import protocol, registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import specs, tasks, tuning
+from hybridjax.bench import keys, specs, tasks, tuning
 from hybridjax.bench.anchor_run import run_anchor
 from hybridjax.bench.method_run import run_method
 from hybridjax.hybrid.phases import Branch
@@ -96,7 +96,7 @@ def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_p
   assert run["final_averaged"] == anchor["final_averaged"]["0.9"]
   # The built-in MLP task, on the config's own optimizer (AdamW): another run, another key.
   builtin = specs.run_spec(_mlp_bench_config("mlp"), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
-  assert builtin["config"]["optim"]["name"] == "adamw" and specs.run_key(builtin) != specs.run_key(spec)
+  assert builtin["config"]["optim"]["name"] == "adamw" and keys.run_key(builtin) != keys.run_key(spec)
   assert run_anchor(builtin)["final_raw"] != anchor["final_raw"]
   # A task may not take a built-in optimizer's name for its own.
   (tmp_path / "user_tasks" / "bad.py").write_text("from hybridjax.tasks.mlp import build_task\n\nOPTIMIZER = 'adamw'\n")
@@ -112,25 +112,25 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   Editing the task's source changes the key."""
 
   def files(*modules):
-    return {os.path.relpath(p, ROOT) for m in modules for p in specs.source_closure(m)}
+    return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
 
   results_side = ("hybridjax/bench/report", "hybridjax/bench/figures", "hybridjax/bench/tuning", "hybridjax/plotting")
   for task in ("gpt2", "mlp"):
-    anchor = files(specs.RUNNER_MODULES["anchor"], tasks.task_path(task))
+    anchor = files(keys.RUNNER_MODULES["anchor"], tasks.task_path(task))
     assert {"hybridjax/loop/baseline.py", "hybridjax/optim.py", f"hybridjax/tasks/{task}.py"} <= anchor
     assert not any(f.startswith(("hybridjax/hybrid/", "hybridjax/methods/", "experiments/")) for f in anchor), anchor
     assert not any(f.startswith(results_side) for f in anchor) and "hybridjax/loop/train.py" not in anchor
-  jump = files(specs.RUNNER_MODULES["method"], tasks.task_path("mlp"), registry.method_path("jump"))
+  jump = files(keys.RUNNER_MODULES["method"], tasks.task_path("mlp"), registry.method_path("jump"))
   assert {"hybridjax/loop/train.py", "hybridjax/methods/jump.py", "hybridjax/hybrid/forecast.py"} <= jump
   assert not any(f.startswith(results_side + ("experiments/",)) for f in jump), jump
   assert "hybridjax/methods/velocity.py" not in jump  # another method's edit keeps the jump's runs
   # A user's task: its own file is hashed, the distributions it imports are versioned.
   spec = specs.run_spec(_mlp_bench_config(user_task), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
-  assert "optax" in specs._distributions([user_task])
-  key = specs.run_key(spec)
+  assert "optax" in keys._distributions([user_task])
+  key = keys.run_key(spec)
   with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
     f.write("# an edit\n")
-  assert specs.run_key(spec) != key
+  assert keys.run_key(spec) != key
 
 
 def test_bad_benchmark_settings_name_the_field():
