@@ -17,7 +17,7 @@ What it does, for one (optimizer, schedule) family, on the config's task (`bench
    ratios, final-loss gaps, paired differences from the anchors and from each arm's control.
 
 Every run is cached in `<workdir>/cache` under a hash of its spec and of the code it runs
-(`hybridjax.bench.specs.run_key`), so re-running with another arm reuses the sweep and the curves.
+(`hybridjax.bench.keys.run_key`), so re-running with another arm reuses the sweep and the curves.
 Outputs: `benchmark.json` (every figure with its raw numbers), `headline.json`, `results.md`, plots.
 """
 
@@ -34,10 +34,10 @@ from typing import Any
 import ml_collections
 from absl import app
 
-from hybridjax import cli, registry
+from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import report, specs, tasks, timing, tuning
+from hybridjax.bench import keys, report, specs, tasks, timing, tuning
 from hybridjax.bench.runner import Runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
@@ -45,23 +45,12 @@ _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py"
 
 def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The task's own report on its data per budget (`benchmark_notes`, when the task has one)."""
-  module = tasks.load_task(str(config.benchmark.get("task", "gpt2")))
+  module = tasks.load_task(specs.task_name(config))
   notes = getattr(module, "benchmark_notes", None)
   if notes is None:
     return {"lines": []}
   n = int(config.trainer.steps)
   return notes(specs.experiment_config(config), {str(float(f)): round(f * n) for f in config.benchmark.budgets})
-
-
-def code_versions(config: ml_collections.ConfigDict, methods: list[str]) -> dict[str, str]:
-  """The code version of the anchors' runs and of each arm's (`specs.code_version`): the hashes the
-  run cache keys on."""
-  task = tasks.task_path(str(config.benchmark.get("task", "gpt2")))
-  defined = arms_lib.arms(config)
-  out = {"anchor": specs.code_version([specs.RUNNER_MODULES["anchor"], task])}
-  for m in methods:
-    out[m] = specs.code_version([specs.RUNNER_MODULES["method"], task, registry.method_path(defined[m].method)])
-  return out
 
 
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
@@ -74,7 +63,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   b = config.benchmark
   n = int(config.trainer.steps)
   notes = task_notes(config)
-  print(f"benchmark {b.preset} {b.family} on task {b.get('task', 'gpt2')}: N={n}; workdir {workdir}", flush=True)
+  print(f"benchmark {b.preset} {b.family} on task {specs.task_name(config)}: N={n}; workdir {workdir}", flush=True)
   for line in notes["lines"]:
     print(line, flush=True)
   cache = None
@@ -113,10 +102,10 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   result: dict[str, Any] = {
     "preset": b.preset,
     "family": b.family,
-    "task": str(b.get("task", "gpt2")),
+    "task": specs.task_name(config),
     "command": command,
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "code_version": code_versions(config, methods),
+    "code_version": keys.code_versions(config, methods),
     "machine": report.machine_info(),
     "config": json.loads(config.to_json()),
     "steps": n,

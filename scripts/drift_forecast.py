@@ -69,29 +69,38 @@ def main(argv: list[str] | None = None) -> dict:
   task = gpt2_small.build_task(c)
   tx = optim_lib.make_optimizer(c.optim)
   step_fn = baseline.make_train_step(task.loss_fn, tx, c.trainer.grad_accum)  # the baseline's own step program
-  average_fn = jax.jit(optim_lib.update_average)
   schedule = optim_lib.make_schedule(c.optim, n)
   params_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))
   state = optim_lib.init_train_state(task.init_params(params_rng), tx, fast_beta)
-  slows = {b: jump_lib.init_drift_memory(state.params, b) for b in slow_betas}
 
   points = [t for t in range(args.every, n, args.every) if t >= max(spans) and t + max(horizons) <= n]
   need_avg = set(points) | {t + d for t in points for d in horizons} | {t - s for t in points for s in spans}
   averages: dict[int, np.ndarray] = {}
   estimates: dict[int, dict[str, np.ndarray]] = {}
-  for i in range(n):
-    state, _ = step_fn(state, task.train_batch(i), schedule)
-    done = i + 1
-    slows = {b: average_fn(s, state.params, done) for b, s in slows.items()}
+
+  def record(done: int, state, slows) -> None:
     if done in need_avg:
       averages[done] = flat(state.averaging.params)
     if done in points:
       est = {}
-      for b, s in slows.items():
+      for b, s in zip(slow_betas, slows):
         est[f"ema_pair(slow {b:g})"] = flat(jump_lib.drift_per_step(state.averaging, s, done))
       for s in spans:
         est[f"snapshot(span {s})"] = (averages[done] - averages[done - s]) / s
       estimates[done] = est
+
+  # The anchor run, the slow EMAs as its side averages (bias-corrected like the averaging EMA).
+  baseline.run(
+    state,
+    step_fn,
+    train_batch=task.train_batch,
+    eval_batches=[],
+    eval_fn=None,
+    schedule=schedule,
+    steps=n,
+    side_betas=slow_betas,
+    on_step=record,
+  )
 
   rows = []
   for t in points:

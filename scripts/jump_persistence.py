@@ -261,7 +261,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   grad_accum = c.trainer.grad_accum
   # The baseline's one step program (`loop.baseline.make_train_step`): the same bits as `train()`.
   step_fn = baseline.make_train_step(task.loss_fn, tx, grad_accum)
-  average_fn = jax.jit(optim_lib.update_average, donate_argnums=0)
   eval_fn = train_lib.make_eval_fn(task.loss_fn)
 
   def evaluate(params):
@@ -270,9 +269,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   schedule = optim_lib.make_schedule(c.optim, n)
   params_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))  # as `loop.train.make_driver`
   state = optim_lib.init_train_state(task.init_params(params_rng), tx, fast_beta)
-  slow = None
-  if args.drift == "ema_pair":
-    slow = optim_lib.Averaging(params=jax.tree.map(lambda p: p.copy(), state.params), beta=np.float32(args.slow_beta))
 
   after_of = {t: [a for a in after if t + a <= n] for t in at}
   dropped = {t: [a for a in after if t + a > n] for t in at}
@@ -290,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if d:
       print(f"  note: at {t}, after {d} would pass the run's end N={n}: not evaluated")
 
-  def jump(t: int) -> dict[str, Any]:
+  def jump(t: int, state, slow) -> dict[str, Any]:
     kept = jax.device_get(state)  # host copies: the real run continues from its own (donated) state
     raw, avg = kept.params, kept.averaging.params
     info: dict[str, Any] = {"step": t}
@@ -323,17 +319,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   curve[0] = (evaluate(state.params), evaluate(state.averaging.params))
   if 0 in snapshot_at:
     snapshots[0] = jax.device_get(state.averaging.params)
-  for i in range(n):
-    state, _ = step_fn(state, task.train_batch(i), schedule)
-    if slow is not None:
-      slow = average_fn(slow, state.params, i + 1)
-    done = i + 1
+
+  def at_step(done: int, state, side) -> None:
     if done in snapshot_at:
       snapshots[done] = jax.device_get(state.averaging.params)
-    if done in eval_steps:
-      curve[done] = (evaluate(state.params), evaluate(state.averaging.params))
     if done in at:
-      jumps.append(jump(done))
+      jumps.append(jump(done, state, side[0] if side else None))
+
+  # The anchor run (the slow EMA of `ema_pair` as its side average), evaluated at `eval_steps`.
+  out = baseline.run(
+    state,
+    step_fn,
+    train_batch=task.train_batch,
+    eval_batches=task.eval_batches,
+    eval_fn=eval_fn,
+    schedule=schedule,
+    steps=n,
+    eval_steps=eval_steps,
+    side_betas=[args.slow_beta] if args.drift == "ema_pair" else [],
+    on_step=at_step,
+  )
+  curve.update({p["step"]: (p["eval_loss_raw"], p["eval_loss_averaged"]) for p in out["curve"]})
 
   steps = sorted(curve)
   raw_curve, avg_curve = [curve[s][0] for s in steps], [curve[s][1] for s in steps]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from experiments import gpt2_small as experiment
 from hybridjax import optim, writers
-from hybridjax.loop import drivers
+from hybridjax.loop import baseline, drivers
 
 
 def _tree_bytes(tree) -> int:
@@ -66,9 +66,7 @@ def test_averaging_state_is_one_params_sized_buffer_and_is_donated():
   # The average (float32 params) and its beta: nothing else.
   assert _tree_bytes(averaged) - _tree_bytes(plain) == _tree_bytes(params) + 4
   schedule = optim.make_schedule(config.optim, 10)
-  step = jax.jit(
-    lambda s, b, sch: optim.train_step(s, b, sch, loss_fn=task.loss_fn, tx=tx), donate_argnums=0, keep_unused=True
-  )
+  step = baseline.make_train_step(task.loss_fn, tx)  # the baseline's one step program
   state = optim.init_train_state(params, tx, 0.99)
   for i in range(3):
     old = state.averaging.params

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 import ml_collections
 import pytest
@@ -15,13 +16,16 @@ from conftest import cached, micro_config
 from experiments import benchmark
 from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax import protocol
+from hybridjax import protocol, registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import specs, tuning
+from hybridjax.bench import keys, specs, tasks, tuning
 from hybridjax.bench.anchor_run import run_anchor
+from hybridjax.bench.method_run import run_method
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import train as train_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench_config(**benchmark_overrides):
@@ -47,6 +51,86 @@ def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
   assert anchor["final_averaged"]["0.95"] != anchor["final_averaged"]["0.9"]  # the side average is its own
   assert [p["step"] for p in anchor["curve"]] == [6, 12]
   assert anchor["compile_s"] > 0 and anchor["train_s"] > 0 and anchor["nonfinite_skipped"] == 0
+
+
+def _mlp_bench_config(task: str, steps: int = 12):
+  """The quick protocol's config on an MLP task (the GPT-2 blocks dropped)."""
+  c = _bench_config(task=task)
+  del c.model, c.data
+  c.trainer.update(steps=steps, batch_size=16, eval_batches=4)
+  return c
+
+
+@pytest.fixture()
+def user_task(tmp_path, monkeypatch):
+  """A user's task module: the built-in MLP task with an optimizer of its own (SGD with momentum,
+  given as a factory learning_rate -> tx) named by `OPTIMIZER`."""
+  pkg = tmp_path / "user_tasks"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "sgd_mlp.py").write_text(
+    "import optax\n\nfrom hybridjax.tasks import mlp\n\nOPTIMIZER = 'sgd_nesterov'\n\n\n"
+    "def build_task(config):\n"
+    "  return dict(mlp.build_task(config), tx=lambda lr: optax.sgd(lr, momentum=0.9, nesterov=True))\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield "user_tasks.sgd_mlp"
+  for name in [n for n in sys.modules if n.startswith("user_tasks")]:
+    del sys.modules[name]
+
+
+def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_path, jax_cache):
+  """A task's optimizer (its `tx`, named by its `OPTIMIZER`) is in every run's config and cache key;
+  the anchor and a baseline-mode arm (through `train()`) both train with it, to the same bits."""
+  c = _mlp_bench_config(user_task)
+  c.benchmark.arms.plain = {"method": "velocity", "mode": "baseline"}
+  specs.validate_benchmark(c)
+  spec = specs.run_spec(c, kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
+  assert spec["config"]["optim"]["name"] == "sgd_nesterov" and spec["task"] == user_task
+  arm = specs.run_spec(c, kind="method", seed=7, lr=0.05, steps=12, beta=0.9, method="plain")
+  assert arm["config"]["optim"]["name"] == "sgd_nesterov"
+  anchor = run_anchor(spec)
+  arm["config"]["trainer"]["compile_cache_dir"] = jax_cache
+  run = run_method(arm, str(tmp_path / "arm"), jax_cache)
+  assert run["final_raw"] == anchor["final_raw"]
+  assert run["final_averaged"] == anchor["final_averaged"]["0.9"]
+  # The built-in MLP task, on the config's own optimizer (AdamW): another run, another key.
+  builtin = specs.run_spec(_mlp_bench_config("mlp"), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
+  assert builtin["config"]["optim"]["name"] == "adamw" and keys.run_key(builtin) != keys.run_key(spec)
+  assert run_anchor(builtin)["final_raw"] != anchor["final_raw"]
+  # A task may not take a built-in optimizer's name for its own.
+  (tmp_path / "user_tasks" / "bad.py").write_text("from hybridjax.tasks.mlp import build_task\n\nOPTIMIZER = 'adamw'\n")
+  with pytest.raises(ValueError, match="OPTIMIZER='adamw', a built-in optimizer's name"):
+    specs.validate_benchmark(_mlp_bench_config("user_tasks.bad"))
+  with pytest.raises(ValueError, match="benchmark.task='user_tasks.nothing' names no task"):
+    specs.validate_benchmark(_mlp_bench_config("user_tasks.nothing"))
+
+
+def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
+  """An anchor's key covers the baseline loop and its task, never the hybrid algorithm, a method,
+  the tuning, the figures, the report or the plots; a method arm's adds the loop and its method.
+  Editing the task's source changes the key."""
+
+  def files(*modules):
+    return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
+
+  results_side = ("hybridjax/bench/report", "hybridjax/bench/figures", "hybridjax/bench/tuning", "hybridjax/plotting")
+  for task in ("gpt2", "mlp"):
+    anchor = files(keys.RUNNER_MODULES["anchor"], tasks.task_path(task))
+    assert {"hybridjax/loop/baseline.py", "hybridjax/optim.py", f"hybridjax/tasks/{task}.py"} <= anchor
+    assert not any(f.startswith(("hybridjax/hybrid/", "hybridjax/methods/", "experiments/")) for f in anchor), anchor
+    assert not any(f.startswith(results_side) for f in anchor) and "hybridjax/loop/train.py" not in anchor
+  jump = files(keys.RUNNER_MODULES["method"], tasks.task_path("mlp"), registry.method_path("jump"))
+  assert {"hybridjax/loop/train.py", "hybridjax/methods/jump.py", "hybridjax/hybrid/forecast.py"} <= jump
+  assert not any(f.startswith(results_side + ("experiments/",)) for f in jump), jump
+  assert "hybridjax/methods/velocity.py" not in jump  # another method's edit keeps the jump's runs
+  # A user's task: its own file is hashed, the distributions it imports are versioned.
+  spec = specs.run_spec(_mlp_bench_config(user_task), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
+  assert "optax" in keys._distributions([user_task])
+  key = keys.run_key(spec)
+  with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
+    f.write("# an edit\n")
+  assert keys.run_key(spec) != key
 
 
 def test_bad_benchmark_settings_name_the_field():

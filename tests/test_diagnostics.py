@@ -1,8 +1,9 @@
-"""The diagnostic scripts: scripts/jump_persistence.py and scripts/line_scan.py.
+"""The diagnostic scripts: scripts/jump_persistence.py, scripts/drift_forecast.py and scripts/line_scan.py.
 
 * jump_persistence: the drift, lag and gain arithmetic on hand examples; on a few steps of the
   `quick` benchmark config, that `raw+0r` continues the real run exactly (same batches, schedule
   and optimizer state) and that a move's loss is the loss of the moved params, rebuilt here.
+* drift_forecast: on a few steps, each estimate scored (through the baseline loop's hook).
 * line_scan: negative alphas and the averaged anchor's columns.
 """
 
@@ -187,6 +188,16 @@ def test_jump_persistence_rejects_bad_settings():
     jp.main(["--config=quick", "--steps=16", "--at=16"])
   with pytest.raises(ValueError, match="--span"):
     jp.main(["--config=quick", "--steps=16", "--at=4", "--drift=snapshot", "--span=5"])
+
+
+def test_drift_forecast_scores_each_estimate():
+  df = _load("drift_forecast")
+  args = ["--config=quick", "--steps=15", "--every=10", "--horizons=5", "--spans=5", "--slow_betas=0.995"]
+  result = df.main(args)
+  assert result["points"] == [10]
+  assert set(result["summary"]) == {"ema_pair(slow 0.995)", "snapshot(span 5)"}
+  for scores in result["summary"].values():
+    assert -1 <= scores["5"]["cos"] <= 1 and scores["5"]["rel_error"] >= 0
 
 
 def test_line_scan_reports_the_averaged_anchor(capsys):

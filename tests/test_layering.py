@@ -2,7 +2,8 @@
 
   optim            imports nothing from hybridjax
   hybrid/          imports only hybrid/ and optim (plus jax, flax, optax, chex, numpy)
-  infrastructure   config, registry, data, checkpoint, memory, sharding, writers, plotting, models/:
+  infrastructure   config, registry, data, checkpoint, memory, sharding, writers, plotting, models/,
+                   tasks/ (the benchmark's built-in tasks):
                    may import each other and hybrid.phases, never a method or the loop (the registry
                    loads methods by name, with importlib)
   methods/         the training methods: import hybrid/, optim and infrastructure, never the loop;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import sys
 
 import pytest
@@ -127,14 +129,44 @@ def test_the_benchmark_sits_above_the_loop():
   for m, deps in g.items():
     if not m.startswith("hybridjax.bench"):
       assert not any(d.startswith("hybridjax.bench") for d in deps), f"{m} imports the benchmark library"
-  # It builds on the loop (its anchors run the baseline loop, its arms `train()`), never on experiments.
+  # It builds on the loop (its anchors run the baseline loop, its arms `train()`).
   assert any(d.startswith("hybridjax.loop") for m, deps in g.items() if m.startswith("hybridjax.bench") for d in deps)
-  for path in sorted((PACKAGE / "bench").rglob("*.py")):
+  # `experiments` sits above the whole package: nothing in it imports experiments, nor loads a module
+  # of it by name (the benchmark's built-in tasks are the package's own).
+  for path in sorted(PACKAGE.rglob("*.py")):
     assert not any(i.startswith("experiments") for i in imports_of(path)), f"{module_name(path)} imports experiments"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        assert not re.fullmatch(r"experiments(\.\w+)+", node.value), f"{module_name(path)} names {node.value!r}"
+
+
+def test_the_benchmark_names_no_method():
+  """The benchmark's arms are data (`config.benchmark.arms`): no string of hybridjax/bench names a
+  built-in method (docstrings aside), so a method plug-in needs no edit of it."""
+  registry = ast.parse((PACKAGE / "registry.py").read_text(encoding="utf-8"))
+  builtin = next(
+    ast.literal_eval(n.value)
+    for n in ast.walk(registry)
+    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "BUILTIN_METHODS"
+  )
+  names = re.compile(r"\b(" + "|".join(map(re.escape, builtin)) + r")\b|hybridjax\.methods")
+  for path in sorted((PACKAGE / "bench").rglob("*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+      id(n.body[0].value)
+      for n in ast.walk(tree)
+      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+      and n.body
+      and isinstance(n.body[0], ast.Expr)
+      and isinstance(n.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        assert not names.search(node.value), f"{module_name(path)} names a method: {node.value!r}"
 
 
 def test_infrastructure_uses_only_the_phase_names_of_the_algorithm():
-  infra = {"config", "registry", "data", "checkpoint", "memory", "sharding", "writers", "plotting"}
+  infra = {"config", "registry", "data", "checkpoint", "memory", "sharding", "writers", "plotting", "tasks"}
   for m, deps in graph().items():
     top = m.split(".")[1] if "." in m else ""
     if top in infra or top == "models":

@@ -29,7 +29,7 @@ from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch, Phase
 from hybridjax.hybrid.plan import init_plan
-from hybridjax.loop import drivers
+from hybridjax.loop import baseline, drivers
 from hybridjax.loop import train as train_lib
 from hybridjax.models import mlp
 
@@ -86,9 +86,7 @@ def test_every_phase_step_consumes_its_donated_state():
 
 def test_fused_scanned_and_baseline_steps_consume_their_donated_state():
   s = hh.setup()
-  base_step = jax.jit(
-    lambda st, b, sch: optim.train_step(st, b, sch, loss_fn=hh.loss_fn, tx=hh.TX), donate_argnums=0, keep_unused=True
-  )
+  base_step = baseline.make_train_step(hh.loss_fn, hh.TX)  # the baseline's one step program
   stacked = drivers.stack_batches([hh.batch(i) for i in range(4)])
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -204,9 +202,7 @@ def test_peak_live_bytes_bounded_by_baseline_plus_extra_buffers():
   `peak_bytes_in_use`, and XLA temporaries inside a step are not jax arrays.
   """
   s = hh.setup()
-  base_step = jax.jit(
-    lambda st, b, sch: optim.train_step(st, b, sch, loss_fn=hh.loss_fn, tx=hh.TX), donate_argnums=0, keep_unused=True
-  )
+  base_step = baseline.make_train_step(hh.loss_fn, hh.TX)  # the baseline's one step program
   n_steps = 40
   ref = _live_bytes()[1]
   base = _base_state()

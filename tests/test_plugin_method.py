@@ -132,7 +132,7 @@ def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path,
 
   # The user's task: the MLP regression, from a module of theirs.
   (tmp_path / "user_methods" / "task.py").write_text(
-    "from hybridjax.models import mlp\n\ndef build_task(config):\n  return mlp.build_task(config)\n"
+    "from hybridjax.tasks import mlp\n\ndef build_task(config):\n  return mlp.build_task(config)\n"
   )
   c = benchmark_cfg.get_config("quick")
   del c.model, c.data  # the GPT-2 task's blocks

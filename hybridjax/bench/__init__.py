@@ -1,9 +1,11 @@
 """The benchmark as a library: a training method's fair verdict against tuned anchors.
 
-  specs       run specs as plain data and their cache keys (the code a run imports, the libraries)
+  specs       run specs as plain data, and the checks on the benchmark block
+  keys        the run cache's keys: a spec, the source of the code its run imports, the libraries
   arms        the method arms as data (`config.benchmark.arms`): a method, its mode, its overrides,
               its control; a step's cost class
-  tasks       the tasks as plug-ins (`config.benchmark.task`): 'gpt2', 'mlp', or a module of yours
+  tasks       the tasks as plug-ins (`config.benchmark.task`): 'gpt2', 'mlp' (`hybridjax/tasks/`), or a
+              module of yours
   anchor_run  an anchor: the baseline loop (`loop.baseline`), with side averages at several betas
   method_run  a method arm: the library's `train()`
   runs        the entry point of the runner's worker processes

@@ -1,6 +1,6 @@
 """An anchor run: the baseline loop (`loop.baseline`) on the spec's task, with the params' average at
 the spec's beta in the train state and, on tuning seeds, at the other betas beside it. It imports no
-part of the hybrid algorithm, so editing a method keeps every cached anchor (`specs.run_key`)."""
+part of the hybrid algorithm, so editing a method keeps every cached anchor (`keys.run_key`)."""
 
 from __future__ import annotations
 

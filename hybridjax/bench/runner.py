@@ -11,8 +11,8 @@ import os
 import time
 from typing import Any
 
+from hybridjax.bench.keys import run_key
 from hybridjax.bench.runs import enable_cache, execute, init_worker
-from hybridjax.bench.specs import run_key
 
 
 class Runner:

@@ -1,45 +1,34 @@
-"""Run specs as plain data (what a run trains and records), their cache keys, and the checks on the
-benchmark block.
-
-A run's cache key hashes its spec (the whole experiment config, the task, the arm) and the source of
-the code the run executes: the transitive closure of the modules its runner imports (read from
-their `import` statements), its task's module and, for a method arm, its method's module, plus the
-versions of the libraries below them. Editing the report, a figure, a plot or the tuning logic keeps
-every cached run; editing the hybrid algorithm keeps the cached anchors, which never import it.
+"""Run specs as plain data (what a run trains and records: the whole experiment config, the task,
+the arm) and the checks on the benchmark block. A spec's cache key is `keys.run_key`'s.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import hashlib
-import importlib.util
-import json
-import os
-import sysconfig
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
 
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax import registry
+from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
-
-# The module each kind of run executes (`hybridjax.bench.runs`' two entry points import no more).
-RUNNER_MODULES = {"anchor": "hybridjax.bench.anchor_run", "method": "hybridjax.bench.method_run"}
-# The distributions below the code, whose versions enter every key (their files are not hashed).
-LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
 
 
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The experiment part of a benchmark config (without the `benchmark` block)."""
+  optimizer = tasks_lib.optimizer_name(task_name(config))
   c = ml_collections.ConfigDict(config.to_dict())
   del c.benchmark
   c.mode = "baseline"  # each run sets its own
+  if optimizer is not None:  # the task's own optimizer: its name is part of what every run is
+    c.optim.name = optimizer
   return c
+
+
+def task_name(config: ml_collections.ConfigDict) -> str:
+  """The benchmark's task (`benchmark.task`, 'gpt2' when the config predates the field)."""
+  return str(config.benchmark.get("task", "gpt2"))
 
 
 def validate_benchmark(config: ml_collections.ConfigDict) -> None:
@@ -65,101 +54,20 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
   try:
-    tasks_lib.load_task(b.get("task", "gpt2"))
+    optimizer = tasks_lib.optimizer_name(task_name(config))
   except ValueError as e:
     errors.append(str(e))
+  else:
+    if optimizer in optim_lib.BUILTIN_OPTIMIZERS:
+      errors.append(
+        f"the task {task_name(config)!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
+        "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
+      )
   errors += arms_lib.check(config)
   if errors:
     raise ValueError("; ".join(errors))
   arms_lib.selected(config)
   config_lib.validate(experiment_config(config))
-
-
-def _module_file(name: str) -> str | None:
-  """The source file of module `name`, or None when it is not a plain source file."""
-  try:
-    spec = importlib.util.find_spec(name)
-  except (ImportError, ValueError):
-    return None
-  origin = getattr(spec, "origin", None)
-  return origin if origin and origin.endswith(".py") else None
-
-
-def _is_library(path: str) -> bool:
-  """A file of the standard library or an installed package (versioned by `LIBRARIES`, not hashed)."""
-  roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-  return any(os.path.abspath(path).startswith(os.path.abspath(r) + os.sep) for r in roots)
-
-
-def _imports(path: str, module: str) -> set[str]:
-  """Every module `path` (module `module`) imports, at any depth, as absolute names."""
-  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-  with open(path, encoding="utf-8") as f:
-    tree = ast.parse(f.read())
-  found = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Import):
-      found.update(a.name for a in node.names)
-    elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:
-        parts = package.split(".")
-        base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-      found.add(base)
-      found.update(f"{base}.{a.name}" for a in node.names)
-  return found
-
-
-@functools.cache
-def source_closure(module: str) -> tuple[str, ...]:
-  """The source files of `module` and of every non-library module it imports, transitively."""
-  seen: dict[str, str] = {}
-  todo = [module]
-  while todo:
-    name = todo.pop()
-    if name in seen:
-      continue
-    path = _module_file(name)
-    if path is None or _is_library(path):
-      seen[name] = ""
-      continue
-    seen[name] = path
-    # A package's __init__ runs before any of its modules.
-    parent = name.rpartition(".")[0]
-    todo += [parent] if parent else []
-    todo += sorted(_imports(path, name))
-  return tuple(sorted({p for p in seen.values() if p}))
-
-
-def code_version(modules: Sequence[str]) -> str:
-  """A hash of the source of `modules` and everything they import, and of the libraries' versions."""
-  h = hashlib.sha256()
-  files = sorted({p for m in modules for p in source_closure(m)})
-  for path in files:
-    h.update(os.path.basename(path).encode())
-    with open(path, "rb") as f:
-      h.update(f.read())
-  for lib in LIBRARIES:
-    try:
-      h.update(f"{lib} {metadata.version(lib)}".encode())
-    except metadata.PackageNotFoundError:
-      h.update(f"{lib} absent".encode())
-  return h.hexdigest()[:16]
-
-
-def spec_modules(spec: dict[str, Any]) -> list[str]:
-  """The modules a spec's run executes: its runner's, its task's, and its method's."""
-  modules = [RUNNER_MODULES[spec["kind"]], tasks_lib.task_path(spec["task"])]
-  method = spec["config"].get("hybrid", {}).get("method")
-  if spec["kind"] == "method" and method:
-    modules.append(registry.method_path(method))
-  return modules
-
-
-def run_key(spec: dict[str, Any]) -> str:
-  """The cache key of a run: its spec and the code it executes."""
-  version = code_version(spec_modules(spec))
-  return hashlib.sha256((json.dumps(spec, sort_keys=True) + version).encode()).hexdigest()[:20]
 
 
 def run_spec(
@@ -197,7 +105,7 @@ def run_spec(
   return {
     "kind": kind,
     "method": method,
-    "task": str(config.benchmark.get("task", "gpt2")),
+    "task": task_name(config),
     "config": c.to_dict(),
     "betas": [float(x) for x in betas],
   }

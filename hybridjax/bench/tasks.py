@@ -1,11 +1,24 @@
-"""Benchmark tasks as plug-ins, loaded by name or module path (`config.benchmark.task`).
+"""Benchmark tasks as plug-ins, loaded by name or module path (`config.benchmark.task`), as AlgoPerf
+loads a workload and benchopt a dataset.
 
-A task is a module with `build_task(config) -> task`, where `task` has the keyword arguments of
-`loop.train.train`: `init_params`, `loss_fn`, `train_batch`, `eval_batches` (and optionally `tx`, an
-optimizer of the task's own, `tokens_per_step`, `extra_meta`), and `train_kwargs()` returning them
-(a `dict`-like namespace works too). Built-in: 'gpt2' (the GPT-2 on a corpus, byte or BPE,
-`experiments.gpt2_small`) and 'mlp' (a regression MLP on synthetic data, `hybridjax.models.mlp`).
-Any other name is a dotted module path: `--config.benchmark.task=my_pkg.my_task`.
+A task is a module with `build_task(config) -> task`, where `task` gives the keyword arguments of
+`loop.train.train`: `init_params`, `loss_fn`, `train_batch`, `eval_batches`, and optionally `tx` (an
+optimizer of the task's own: an optax transformation with an injected learning rate, or a factory
+`learning_rate -> tx`), `tokens_per_step`, `extra_meta`; either through `train_kwargs()` or as a
+mapping. Its `loss_fn` may depend on the model's config, not on the seed: the anchors compile one
+step per model and optimizer and reuse it across seeds and learning rates. A task that gives `tx`
+names it with a module constant `OPTIMIZER` (e.g. 'my_adamw'): every run's `optim.name` becomes it,
+so the name is in the run's config record and its cache key, and both the anchors and the method
+arms train with that optimizer. A task may also define
+`benchmark_notes(config, budget_steps)` (what a report says of its data per budget).
+
+Built-in: 'gpt2' (a GPT-2 on a corpus, byte or BPE, `hybridjax.tasks.gpt2`) and 'mlp' (a
+regression MLP on synthetic data, `hybridjax.tasks.mlp`). They live in the package, below the loop,
+rather than in `experiments/` (which `experiments.gpt2_small` merely runs): the library needs no
+module of the layer above it, and an anchor's cache key, the source its task imports, holds no
+training program (`experiments.gpt2_small` imports `train()` and with it the hybrid algorithm, so an
+anchor keyed on it would retrain at every method edit). Any other name is a dotted module path:
+`--config.benchmark.task=my_pkg.my_task`.
 """
 
 from __future__ import annotations
@@ -16,18 +29,22 @@ from typing import Any
 
 import ml_collections
 
-BUILTIN_TASKS = {"gpt2": "experiments.gpt2_small", "mlp": "hybridjax.models.mlp"}
+BUILTIN_TASKS = {"gpt2": "hybridjax.tasks.gpt2", "mlp": "hybridjax.tasks.mlp"}
 
 
 def task_path(name: str) -> str:
+  """The module path of task `name`: a built-in's, or `name` itself (a user's dotted path)."""
   return BUILTIN_TASKS.get(name, name)
 
 
 def load_task(name: str) -> types.ModuleType:
   """The task module `name`; errors name `benchmark.task` and the fix."""
+  path = task_path(name)
   try:
-    module = importlib.import_module(task_path(name))
+    module = importlib.import_module(path)
   except ModuleNotFoundError as e:
+    if e.name is not None and path != e.name and not path.startswith(e.name + "."):
+      raise  # the task's module exists but imports something missing: that error is the real one
     raise ValueError(
       f"--config.benchmark.task={name!r} names no task: use {' or '.join(map(repr, BUILTIN_TASKS))}, or the dotted "
       "path of an importable module with build_task(config)"
@@ -35,6 +52,12 @@ def load_task(name: str) -> types.ModuleType:
   if not callable(getattr(module, "build_task", None)):
     raise ValueError(f"--config.benchmark.task={name!r} ({module.__name__}) defines no build_task(config)")
   return module
+
+
+def optimizer_name(name: str) -> str | None:
+  """The name of task `name`'s own optimizer (its `OPTIMIZER`), or None when it uses `config.optim`'s."""
+  value = getattr(load_task(name), "OPTIMIZER", None)
+  return None if value is None else str(value)
 
 
 def train_kwargs(task: Any) -> dict[str, Any]:

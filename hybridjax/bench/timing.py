@@ -16,7 +16,7 @@ import ml_collections
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
-from hybridjax.bench.specs import run_spec
+from hybridjax.bench.specs import run_spec, task_name
 from hybridjax.loop import baseline
 from hybridjax.loop import train as train_lib
 
@@ -39,7 +39,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     return c
 
   base_cfg = exp_config("anchor")
-  task = tasks_lib.build(str(b.get("task", "gpt2")), base_cfg)
+  task = tasks_lib.build(task_name(config), base_cfg)
   arms: dict[str, Any] = {}
   compile_s: dict[str, float] = {}
   for name in [BASELINE] + methods:

@@ -5,14 +5,15 @@ scripts, the tests).
 `make_train_step` is the one jitted, donating baseline step: `loop.drivers.BaselineDriver` jits it
 so, and so does `run`, so a run here computes the bits `train()` computes (tests/test_benchmark.py
 checks it). Beside the train state's own average, `run` keeps side averages of the params at other
-betas (the benchmark's tuning picks the averaging beta from them) and evaluates at fixed intervals.
+betas (the benchmark's tuning picks the averaging beta from them, the jump diagnostics their slow
+EMA), evaluates at fixed intervals or given steps, and calls a diagnostic's hook after each step.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -61,24 +62,34 @@ def run(
   *,
   train_batch: Callable[[int], Batch],
   eval_batches: Sequence[Batch],
-  eval_fn: Callable[[Any, Batch], jax.Array],
+  eval_fn: Callable[[Any, Batch], jax.Array] | None,
   schedule: Schedule,
   steps: int,
-  eval_every: int,
+  eval_every: int = 0,
+  eval_steps: Collection[int] = (),
   side_betas: Sequence[float] = (),
+  on_step: Callable[[int, TrainState, list[optim_lib.Averaging]], None] | None = None,
 ) -> dict[str, Any]:
   """Trains `state` for `steps` steps of `step` (which donates it), evaluating every `eval_every`
-  steps and at the end; keeps the params' average at each of `side_betas` beside the state's own.
+  steps (0: no periodic eval), at each step in `eval_steps` and at the end (never when `eval_fn` is
+  None); keeps the params' average at each of `side_betas` beside the state's own.
 
-  Returns a dict: `state`; `curve`, one point per eval ({step, eval_loss_raw, eval_loss_averaged}: the
-  raw params and the state's own average); `final_raw`; `final_averaged_per_batch` (each eval batch's
-  loss of the final averaged params); `side_averaged` (beta -> final loss of that side average);
-  `compile_s` (the first step's) and `train_s` (the steps alone, no evals).
+  `on_step(done, state, side)`, when given, is called after each step and its eval, with the side
+  averages (`optim.Averaging`, in `side_betas`' order): a diagnostic's hook (snapshots, a move
+  tried from a copy). Both are donated to the next step: it may read them or copy them to the
+  host, never keep them. Its time counts as training time.
+
+  Returns a dict: `state`; `side`, the side averages; `curve`, one point per eval ({step,
+  eval_loss_raw, eval_loss_averaged}: the raw params and the state's own average); `final_raw`;
+  `final_averaged_per_batch` (each eval batch's loss of the final averaged params); `side_averaged`
+  (beta -> final loss of that side average); `compile_s` (the first step's) and `train_s` (the steps
+  alone, no evals). Without `eval_fn`, no curve and no final losses.
   """
   side = [
     optim_lib.Averaging(params=jax.tree.map(lambda p: p.copy(), state.params), beta=jax.numpy.float32(b))
     for b in side_betas
   ]
+  eval_steps = frozenset(int(t) for t in eval_steps)
   curve, compile_s, train_s = [], 0.0, 0.0
   out: dict[str, Any] = {}
   t0 = time.perf_counter()
@@ -90,7 +101,7 @@ def run(
       jax.block_until_ready((state, side))
       compile_s, t0 = time.perf_counter() - t0, time.perf_counter()
     done = i + 1
-    if done % eval_every == 0 or done == steps:
+    if eval_fn is not None and ((eval_every and done % eval_every == 0) or done in eval_steps or done == steps):
       jax.block_until_ready((state, side))
       train_s += time.perf_counter() - t0  # training time between evals; evals are not counted
       raw = finite_or_inf(float(np.mean(eval_losses(eval_fn, state.params, eval_batches))))
@@ -109,7 +120,12 @@ def run(
           for b, a in zip(side_betas, side)
         }
       t0 = time.perf_counter()
-  out.update(state=state, curve=curve, compile_s=compile_s, train_s=train_s)
+    if on_step is not None:
+      on_step(done, state, side)
+  if eval_fn is None or steps == 0:
+    jax.block_until_ready((state, side))
+    train_s += time.perf_counter() - t0
+  out.update(state=state, side=side, curve=curve, compile_s=compile_s, train_s=train_s)
   return out
 
 

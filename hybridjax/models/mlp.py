@@ -1,5 +1,5 @@
-"""A small MLP and a synthetic regression problem: the fast tests' model, and the benchmark's second
-built-in task (`benchmark.task='mlp'`, `build_task`)."""
+"""A small MLP and a synthetic regression problem: the fast tests' model, and the model of the
+benchmark's second built-in task (`hybridjax.tasks.mlp`)."""
 
 from __future__ import annotations
 
@@ -70,33 +70,3 @@ def make_loss_fn(model: MLP) -> LossFn:
     return jnp.mean(jnp.square(pred - batch["y"])), {}
 
   return loss_fn
-
-
-def default_task_config() -> Any:
-  """The `mlp` block a config needs for `build_task`: the MLP, its synthetic data and held-out split."""
-  import ml_collections
-
-  return ml_collections.ConfigDict(dict(features=(32, 32), n_in=8, n_out=1, examples=2048, eval_examples=512))
-
-
-def build_task(config: Any) -> dict[str, Any]:
-  """The benchmark's second built-in task (`benchmark.task='mlp'`): regression of a fixed random
-  teacher by the MLP of `config.mlp` (`default_task_config`), on batches of `trainer.batch_size`
-  drawn deterministically from (seed, step); the held-out split is `trainer.eval_batches` batches.
-  Returns `loop.train.train`'s keyword arguments."""
-  m = config.get("mlp") or default_task_config()
-  model = MLP(features=tuple(m.features), n_out=int(m.n_out))
-  x, y = make_regression_problem(0, n_in=int(m.n_in), n_out=int(m.n_out), n=int(m.examples) + int(m.eval_examples))
-  n_train = int(m.examples)
-  train_x, train_y, eval_x, eval_y = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
-  batch_size, seed = int(config.trainer.batch_size), int(config.seed)
-  n_eval = max(1, min(int(config.trainer.eval_batches), len(eval_x) // batch_size))
-  return {
-    "init_params": lambda rng: model.init(rng, jnp.zeros((1, int(m.n_in))))["params"],
-    "loss_fn": make_loss_fn(model),
-    "train_batch": lambda step: regression_batch(train_x, train_y, step, batch_size, seed),
-    "eval_batches": [
-      {"x": eval_x[i * batch_size : (i + 1) * batch_size], "y": eval_y[i * batch_size : (i + 1) * batch_size]}
-      for i in range(n_eval)
-    ],
-  }

@@ -1,0 +1,138 @@
+"""The GPT-2 task: a GPT-2 (`models.gpt2`) on a corpus, byte or BPE (`data.prepare_corpus`; the bundled
+Shakespeare by default), as `loop.train.train`'s keyword arguments. `experiments/gpt2_small.py`
+trains it; the benchmark loads it as `benchmark.task='gpt2'`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from hybridjax import data as data_lib
+from hybridjax.models import gpt2
+from hybridjax.optim import Batch, LossFn
+
+
+@dataclasses.dataclass
+class Task:
+  """Everything `loop.train.train` needs besides the config, for one GPT-2 experiment."""
+
+  init_params: Callable[[jax.Array], Any]
+  loss_fn: LossFn
+  train_batch: Callable[[int], Batch]
+  eval_batches: list[Batch]
+  tokens_per_step: int
+  extra_meta: dict[str, Any]
+  model: gpt2.GPT2
+  prepared: data_lib.PreparedData
+
+  def train_kwargs(self) -> dict[str, Any]:
+    """The keyword arguments of `loop.train.train`."""
+    return dict(
+      init_params=self.init_params,
+      loss_fn=self.loss_fn,
+      train_batch=self.train_batch,
+      eval_batches=self.eval_batches,
+      tokens_per_step=self.tokens_per_step,
+      extra_meta=self.extra_meta,
+    )
+
+
+def build_task(config: ml_collections.ConfigDict) -> Task:
+  """Data, model and loss for `config`; raises ValueError on anything inconsistent."""
+  model_cfg = gpt2.GPT2Config(**config.model.to_dict())
+  model_cfg.validate()
+  prepared = data_lib.prepare_corpus(
+    config.data.path or None,
+    config.data.tokenizer,
+    cache_dir=config.data.cache_dir or None,
+    val_fraction=config.data.val_fraction,
+  )
+  data_lib.check_vocab(prepared, model_cfg.vocab_size)
+  train_tokens = data_lib.load_tokens(prepared.train_path)
+  val_tokens = data_lib.load_tokens(prepared.val_path)
+  seq_len = model_cfg.n_ctx
+  for name, toks in (("train", train_tokens), ("val", val_tokens)):
+    if len(toks) < seq_len + 1:
+      raise ValueError(
+        f"the {name} split has {len(toks)} tokens, fewer than one sequence of "
+        f"model.n_ctx + 1 = {seq_len + 1}: use a larger corpus (--config.data.path) or a "
+        "smaller --config.model.n_ctx"
+      )
+  model = gpt2.GPT2(model_cfg)
+  batch_size, seed = config.trainer.batch_size, config.seed
+
+  def init_params(rng):
+    dummy = jax.numpy.zeros((1, seq_len), jax.numpy.int32)
+    return model.init(rng, dummy)["params"]
+
+  def train_batch(step):
+    return data_lib.get_batch(
+      train_tokens, seed=seed, step=step, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
+    )
+
+  eval_batches = data_lib.eval_batches(
+    val_tokens,
+    batch_size=batch_size,
+    seq_len=seq_len,
+    n_batches=config.trainer.eval_batches,
+    vocab_size=model_cfg.vocab_size,
+  )
+  n_params = gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0)))
+  return Task(
+    init_params=init_params,
+    loss_fn=gpt2.make_loss_fn(model),
+    train_batch=train_batch,
+    eval_batches=eval_batches,
+    tokens_per_step=batch_size * seq_len,
+    extra_meta={
+      "data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train, "n_val": prepared.n_val},
+      "n_params": n_params,
+    },
+    model=model,
+    prepared=prepared,
+  )
+
+
+MAX_EPOCHS = 4.0
+
+
+def corpus_epochs(config: ml_collections.ConfigDict, n_train_tokens: int) -> float:
+  """How many times a run of `config.trainer.steps` steps reads its training split (in tokens)."""
+  return config.trainer.steps * config.trainer.batch_size * config.model.n_ctx / max(n_train_tokens, 1)
+
+
+def epochs_warning(config: ml_collections.ConfigDict, n_train_tokens: int) -> str | None:
+  """A warning when a run repeats its corpus more than `MAX_EPOCHS` times (a small corpus is
+  memorised, and losses stop meaning generalisation), naming the fix."""
+  epochs = corpus_epochs(config, n_train_tokens)
+  if epochs <= MAX_EPOCHS:
+    return None
+  return (
+    f"WARNING: {config.trainer.steps} steps read the {n_train_tokens:,}-token training split {epochs:.1f} times "
+    f"(more than {MAX_EPOCHS:g}); give a larger corpus with --config.data.path, or fewer steps"
+  )
+
+
+def benchmark_notes(config: ml_collections.ConfigDict, budget_steps: dict[str, int]) -> dict[str, Any]:
+  """What a benchmark reports of this task's data: how many times each budget (name -> steps) reads
+  the training split, a line that says so, and a warning past `MAX_EPOCHS`."""
+  prepared = build_task(config).prepared
+  epochs = {}
+  for name, steps in budget_steps.items():
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.trainer.steps = steps
+    epochs[name] = corpus_epochs(c, prepared.n_train)
+  longest = ml_collections.ConfigDict(config.to_dict())
+  longest.trainer.steps = max(budget_steps.values())
+  warning = epochs_warning(longest, prepared.n_train)
+  return {
+    "corpus_epochs": epochs,
+    "lines": [
+      f"the longest budget reads the {prepared.n_train:,}-token training split {max(epochs.values()):.2f} times"
+    ]
+    + ([warning] if warning else []),
+  }
