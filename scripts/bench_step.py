@@ -48,6 +48,7 @@ def parse_args(argv=None):
   p.add_argument("--no_torch", action="store_true", help="time the jax side only")
   p.add_argument("--no_compile", action="store_true", help="skip torch.compile")
   p.add_argument("--json", default="", help="also write the figures to this file")
+  p.add_argument("--table", nargs="*", help="print saved runs (--json files) as a markdown table, and exit")
   return p.parse_args(argv)
 
 
@@ -132,6 +133,8 @@ def torch_side(s: dict[str, int], threads: int, compiled: bool):
     embd_pdrop=0.0,
     attn_pdrop=0.0,
     tie_word_embeddings=True,
+    bos_token_id=None,
+    eos_token_id=None,
   )
   model = GPT2LMHeadModel(cfg)
   model.train()
@@ -167,8 +170,34 @@ def torch_side(s: dict[str, int], threads: int, compiled: bool):
   return forward, step
 
 
+def markdown_table(paths: list[str]) -> str:
+  """A markdown table of saved runs (`--json` files): each side's forward, step and backward+update
+  ms, and the step ratios."""
+  lines = [
+    "| run | shape | threads | side | forward ms | step ms | bwd+upd ms | bwd+upd / fwd | step / torch eager |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for path in paths:
+    with open(path) as f:
+      r = json.load(f)
+    s = r["shape"]
+    shape_text = f"{s['layers']}L d{s['d_model']} ctx{s['ctx']} b{s['batch']}"
+    eager = r["rows"].get("torch eager", {}).get("step_ms")
+    for side, row in r["rows"].items():
+      ratio = f"{row['step_ms'] / eager:.2f}x" if eager else ""
+      lines.append(
+        f"| {os.path.splitext(os.path.basename(path))[0]} | {shape_text} | {r['threads']} | {side} | "
+        f"{row['forward_ms']:.2f} | {row['step_ms']:.2f} | {row['backward_update_ms']:.2f} | "
+        f"{row['bwd_over_fwd']:.2f} | {ratio} |"
+      )
+  return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.table:
+    print(markdown_table(args.table))
+    return {}
   set_threads(args.threads)
   s = shape(args)
   sides = {}

@@ -151,3 +151,17 @@ def test_readme_results_table_is_generated_from_the_published_headlines():
 def test_the_readme_stays_short():
   # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
   assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150
+
+
+def test_the_step_speed_table_is_generated_from_the_committed_runs():
+  bench = runpy.run_path(os.path.join(ROOT, "scripts", "bench_step.py"))
+  text = _read(os.path.join(ROOT, "docs", "performance.md"))
+  m = re.search(r"<!-- step-table:start -->\n(.*?)\n<!-- step-table:end -->", text, re.S)
+  assert m, "docs/performance.md lost its step-table markers"
+  runs = list(dict.fromkeys(line.split("|")[1].strip() for line in m.group(1).splitlines()[2:]))
+  paths = [os.path.join(ROOT, "docs", "performance", f"{r}.json") for r in runs]
+  assert all(os.path.exists(p) for p in paths), paths
+  assert m.group(1) == bench["markdown_table"](paths), (
+    "docs/performance.md's table differs from docs/performance/*.json: regenerate it with "
+    "`python scripts/bench_step.py --table ...`"
+  )
