@@ -10,6 +10,7 @@ steps can see.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from typing import Any
@@ -138,6 +139,11 @@ class MemoryTracker:
     self.peak_rss = max(self.peak_rss, snap["rss_bytes"])
 
   def mark_after_warmup(self) -> None:
+    # Growth is measured from this reading to the end-of-run one, which the loop also takes after a
+    # collection. Collecting here too keeps arrays left unreachable by earlier work in the process
+    # (another run in a notebook, a previous test) from being freed in between and showing as a
+    # negative growth that could hide a real one.
+    gc.collect()
     self.after_warmup = self.record()
 
   def summary(self) -> dict[str, Any]:
