@@ -23,9 +23,6 @@ Outputs: `benchmark.json` (every figure with its raw numbers), `headline.json`, 
 
 from __future__ import annotations
 
-import datetime
-import json
-import math
 import os
 import sys
 import time
@@ -36,97 +33,41 @@ from absl import app
 
 from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import keys, report, specs, tasks, timing, tuning
+from hybridjax.bench import family, ladder, report, specs, timing
 from hybridjax.bench.runner import Runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 
 
-def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The task's own report on its data per budget (`benchmark_notes`, when the task has one)."""
-  module = tasks.load_task(specs.task_name(config))
-  notes = getattr(module, "benchmark_notes", None)
-  if notes is None:
-    return {"lines": []}
-  n = int(config.trainer.steps)
-  return notes(specs.experiment_config(config), {str(float(f)): round(f * n) for f in config.benchmark.budgets})
-
-
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
-  """The whole protocol for `config`'s family; writes benchmark.json, headline.json, results.md and
-  the plots into `workdir` (and into `benchmark.publish` when set)."""
+  """The whole protocol for `config`'s family (or the ladder, with `benchmark.ladder`); writes
+  benchmark.json, headline.json, results.md and the plots into `workdir` (and into
+  `benchmark.publish` when set)."""
+  if config.benchmark.get("ladder", False):
+    return ladder.run_ladder(config, workdir, command)
   specs.validate_benchmark(config)
   methods = arms_lib.selected(config)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   b = config.benchmark
-  n = int(config.trainer.steps)
-  notes = task_notes(config)
-  print(f"benchmark {b.preset} {b.family} on task {specs.task_name(config)}: N={n}; workdir {workdir}", flush=True)
+  notes = family.task_notes(config)
+  print(
+    f"benchmark {b.preset} {b.family} on task {specs.task_name(config)}: N={config.trainer.steps}; workdir {workdir}",
+    flush=True,
+  )
   for line in notes["lines"]:
     print(line, flush=True)
-  cache = None
-  if config.trainer.compile_cache:  # a cold benchmark starts with an empty <workdir>/jax_cache
-    cache = config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
-  runner = Runner(workdir, int(b.workers), cache)
+  runner = Runner(workdir, int(b.workers), ladder.compile_cache_dir(config, workdir))
   try:
-
-    def at_chosen_lr(lr: float, beta: float) -> list[dict[str, Any]]:
-      print(f"best LR {lr:.4g}, averaging beta {beta}", flush=True)
-      return tuning.curve_specs(config, lambda f: lr, beta) + tuning.method_specs(config, methods, lr, beta)
-
-    tuned = tuning.tune(config, runner, also=at_chosen_lr)
-    curves = tuning.budget_curves(config, runner, tuned)
-    mruns = tuning.method_runs(config, runner, tuned, methods)
+    trained = family.train_family(config, runner, methods)
   except BaseException:
     runner.close(cancel=True)
     raise
   runner.close()
   print("--- timing (interleaved, this process)", flush=True)
-  timed = timing.time_step_kinds(config, tuned, methods)
-  figures = {
-    m: figures_lib.method_figures(
-      curves["curves"],
-      mruns[m],
-      {"baseline": timed["ms_per_step"]["baseline"], "method": timed["ms_per_step"][m]},
-      curves["budgets"],
-    )
-    for m in methods
-  }
-  defined = arms_lib.arms(config)
-  controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
-  figures_lib.control_comparison(figures, mruns, controls)
-  n_runs = curves["runs"][f"{b.seeds[0]}/{n}"]
-  sampling_se = n_runs["eval_batch_std"] / math.sqrt(n_runs["eval_batches"])
-  result: dict[str, Any] = {
-    "preset": b.preset,
-    "family": b.family,
-    "task": specs.task_name(config),
-    "command": command,
-    "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "code_version": keys.code_versions(config, methods),
-    "machine": report.machine_info(),
-    "config": json.loads(config.to_json()),
-    "steps": n,
-    "tuning_seeds": [int(s) for s in b.tuning_seeds],
-    "seeds": [int(s) for s in b.seeds],
-    "budgets": curves["budgets"],
-    "corpus_epochs": notes.get("corpus_epochs"),
-    "tuning": tuned,
-    "curves": curves["curves"],
-    "budget_runs": curves["runs"],
-    "method_runs": mruns,
-    "timing": timed,
-    "anchor_figures": figures_lib.anchor_figures(curves["curves"], curves["budgets"], n),
-    "phenomena": figures_lib.phenomena(curves["curves"], curves["runs"], curves["budgets"], n),
-    "eval": {"batches": n_runs["eval_batches"], "sampling_se": sampling_se},
-    "figures": figures,
-    "runs_trained": runner.ran,
-    "runs_cached": runner.reused,
-  }
+  timed = timing.time_step_kinds(config, trained["tuning"], methods)
+  result = family.family_result(config, trained, timed, methods, command=command, notes=notes, runner=runner)
   result["wall_s"] = time.perf_counter() - t_start
-  result["headline"] = figures_lib.headline(result, methods[0] if methods else None)
   result["plots"] = report.write_results(result, workdir, b.publish)
   print("\n" + report.markdown(result))
   print(f"benchmark wall time {result['wall_s']:.0f} s; outputs in {workdir}", flush=True)

@@ -18,6 +18,7 @@ BUILTIN_METHODS = {
   "velocity": "hybridjax.methods.velocity",
   "jump": "hybridjax.methods.jump",
   "outer_momentum": "hybridjax.methods.outer_momentum",
+  "selective_backprop": "hybridjax.methods.selective_backprop",
 }
 
 # What every method module must define (the rest of the interface is optional, with defaults).
@@ -58,9 +59,18 @@ def check_interface(module: types.ModuleType, name: str) -> None:
   composes = getattr(module, "COMPOSES_WITH", frozenset())
   if isinstance(composes, str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
+  per_step = getattr(module, "BATCHES_PER_STEP", 1)
+  if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+    problems.append(f"BATCHES_PER_STEP must be an int >= 1 (the task's batches a step receives), got {per_step!r}")
   if problems:
     raise ValueError(
       f"--config.hybrid.method={name!r} ({module.__name__}) is not a method: "
       + "; ".join(problems)
       + ". See hybridjax/methods/__init__.py for the interface and docs/methods.md for a complete example."
     )
+
+
+def batches_per_step(module: types.ModuleType) -> int:
+  """How many of the task's batches each step of method `module` receives, concatenated
+  (`BATCHES_PER_STEP`, 1 unless declared: e.g. selective backprop scores 2B sequences to train on B)."""
+  return int(getattr(module, "BATCHES_PER_STEP", 1))

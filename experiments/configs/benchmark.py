@@ -99,6 +99,17 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
+  # The fairness ladder (`hybridjax.bench.ladder`, docs/benchmark.md): every arm from a claim's own
+  # conditions (R0: equal steps, untuned constant LR) up to the tuned, averaged baselines (R4, R5).
+  b.ladder = False  # True: run the ladder's rungs instead of one family's protocol
+  b.ladder_rungs = "R0,R1,R2,R3,R4,R5"
+  b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
+  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"  # arms run at R3-R5 only
+  b.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
+  b.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
+  b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
+  b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
+  b.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)
@@ -106,6 +117,11 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
     b.methods = "jump,skip_control"
+    b.ladder_rungs = "R1,R3"  # two rungs of the ladder on the micro model (the tests run them)
+    b.ladder_methods = "jump,skip_control"
+    b.ladder_cosine_methods = ""
+    b.constant_eval_points = 8
+    b.plateau_seeds = ()
     outer = (10, 0.8, 0.75)
     b.seeds = (1, 2)
     b.lr_points = 3
@@ -154,5 +170,9 @@ def arms(outer: tuple[int, float, float]) -> ml_collections.ConfigDict:
         "control": True,
         "control_of": "jump_forecast",
       },
+      # Per-sequence selective backprop: 2B sequences forwarded, the B with the highest loss
+      # backpropagated; its control backpropagates a random B of the same 2B.
+      "selective": {"method": "selective_backprop"},
+      "selective_control": {"method": "selective_backprop", "control": True, "control_of": "selective"},
     }
   )

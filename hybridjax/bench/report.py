@@ -223,3 +223,138 @@ def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> li
     for name in ["headline.json", "results.md", "benchmark.json"] + [os.path.basename(p) for p in plots]:
       shutil.copy(os.path.join(workdir, name), os.path.join(publish, name))
   return plots
+
+
+def _mean_cell(s: dict[str, Any] | None, unit: str = "×", digits: int = 2) -> str:
+  if s is None or s.get("mean") is None:
+    return "—"
+  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f}"
+  return f"{s['mean']:.{digits}f}{unit}{std}"
+
+
+def _pct(gap: dict[str, Any]) -> str:
+  std = "" if gap.get("std") is None else f" ± {100 * gap['std']:.2f}"
+  return f"{100 * gap['mean']:+.2f}%{std}"
+
+
+def _verdict(d: dict[str, Any] | None) -> str:
+  return "—" if d is None else d["verdict"]
+
+
+def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
+  """One arm at one rung, compact: R0 its equal-steps wall-clock ratio and whether it beats both
+  nulls; the other rungs the pass ratio (every forward charged) and the paired verdict at N against
+  the arm's control, or against the baseline where the arm has none."""
+  if rung["name"] == "R0":
+    e = f["equal_steps"]
+    beats = "beats both nulls" if e["claim"]["beats_both_nulls"] else "not beyond the nulls"
+    gap = e["final_loss_gap"]["mean"]
+    return f"{_mean_cell(e['wallclock_ratio'])} wall, {100 * gap:+.1f}% loss; {beats}"
+  against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
+  return f"{ratio_cell(f['pass_ratio'])}; vs {against[0]}: {_verdict(against[1])}"
+
+
+def ladder_table(result: dict[str, Any]) -> str:
+  """The ladder's headline table: one row per arm, one column per rung (R4-R5 marked the verdict)."""
+  rungs = result["rungs"]
+  names = result["rung_names"]
+  arms = list(dict.fromkeys(m for r in names for m in rungs[r]["figures"]))
+  head = [
+    f"{r} ({rungs[r]['baseline']}, {rungs[r]['iterate']})" + (" **verdict**" if rungs[r]["verdict_rung"] else "")
+    for r in names
+  ]
+  lines = ["| arm | " + " | ".join(head) + " |", "|---|" + "---|" * len(names)]
+  for m in arms:
+    cells = [ladder_headline_cell(rungs[r], rungs[r]["figures"][m]) if m in rungs[r]["figures"] else "—" for r in names]
+    lines.append(f"| {m} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _losses(f: dict[str, Any], plateau_seeds: set[str]) -> str:
+  return ", ".join(f"{x:.4f}" + ("*" if s in plateau_seeds else "") for s, x in zip(f["seeds"], f["loss"]))
+
+
+def ladder_markdown(result: dict[str, Any]) -> str:
+  """ladder-<preset>.md: the headline table, then every rung's full figures with per-seed losses,
+  the R0 nulls, the plateaus, the LR sweeps."""
+  n = result["steps"]
+  lines = [
+    f"# The fairness ladder: preset `{result['preset']}` (task `{result['task']}`, N = {n})",
+    "",
+    f"Command: `{result['command']}`; wall time {result['wall_s']:.0f} s "
+    f"({result['runs_trained']} runs trained, {result['runs_cached']} from the cache).",
+    "",
+    "Each cell: pass ratio (baseline steps to reach the arm's final loss, over the arm's backward passes",
+    "plus its extra forwards at 1/3 each), mean ± std over the headline seeds, and the paired verdict of the",
+    "arm's final loss at N against its control (or the baseline); at R0 the seed's own measure. R4 and R5",
+    "are the verdict: a tuned baseline that averages. 'no difference' = inside 2 standard errors.",
+    "",
+    ladder_table(result),
+    "",
+  ]
+  for name in result["rung_names"]:
+    rung = result["rungs"][name]
+    group = result["groups"][rung["group"]]
+    flagged = {str(p["seed"]) for p in group["plateaus"]}
+    lines += [
+      f"## {name}: {rung['baseline']} ({rung['iterate']} iterate)" + (" — verdict" if rung["verdict_rung"] else ""),
+      "",
+      f"LR {rung['lr']:.4g}; seeds {rung['seeds']}" + (f"; claim reproduced: {rung['claim']}" if rung["claim"] else ""),
+      "",
+      "| arm | backward ratio | pass ratio | wall-clock ratio | final loss gap at N | vs baseline at N "
+      "| vs control | final loss per seed |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, f in list(rung["figures"].items()) + list(rung["controls"].items()):
+      lines.append(
+        f"| {m} | {ratio_cell(f['backward_ratio'])} | {ratio_cell(f['pass_ratio'])} | "
+        f"{ratio_cell(f['wallclock_ratio'])} | {_pct(f['final_loss_gap'])} | "
+        f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | {_losses(f, flagged)} |"
+      )
+    first = next(iter(rung["figures"].values()), None)
+    if first is not None:
+      base = ", ".join(
+        f"{x:.4f}" + ("*" if s in flagged else "") for s, x in zip(first["seeds"], first["baseline_at_n"])
+      )
+      lines += ["", f"Baseline at N per seed: {base}."]
+    lines.append("")
+    if name == "R0":
+      lines += [
+        "R0 as the seed measured it: N steps of the arm against N baseline steps. The claim counts only where the",
+        "arm's loss is below both nulls: its control (the same decisions, no move) and the baseline stopped at",
+        "the arm's backward passes (which 'speeds up' by N over those passes for free).",
+        "",
+        "| arm | wall-clock ratio, N steps | loss gap at N | within 2% (per seed) | stopped baseline: wall ratio "
+        "| vs stopped baseline | vs control | speedup at ≤ 2% | beats both nulls |",
+        "|---|---|---|---|---|---|---|---|---|",
+      ]
+      for m, f in rung["figures"].items():
+        e = f["equal_steps"]
+        g = e["final_loss_gap"]
+        lines.append(
+          f"| {m} | {_mean_cell(e['wallclock_ratio'])} | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
+          f"{_mean_cell(e['null_stopped_baseline']['wallclock_ratio'])} | "
+          f"{paired_cell(e.get('vs_stopped_baseline'))} | "
+          f"{paired_cell(e.get('vs_control'))} | {e['claim']['speedup_at_2pct']} | {e['claim']['beats_both_nulls']} |"
+        )
+      lines.append("")
+  lines += ["## Plateau runs", ""]
+  any_flagged = False
+  for g, group in result["groups"].items():
+    for p in group["plateaus"]:
+      any_flagged = True
+      lines.append(
+        f"* {g}: {p['run']} seed {p['seed']}: {p['loss']:.4f} at step {p['at_step']} against the group's median "
+        f"{p['group_median']:.4f}"
+      )
+    if group.get("extended_for_plateau"):
+      lines.append(f"* {g}: seeds extended to {group['seeds']}")
+  if not any_flagged:
+    lines.append("None flagged (* marks a plateau seed in the tables above).")
+  lines += ["", "## Learning rates", ""]
+  for g, pos in result["untuned_position"].items():
+    lines.append(
+      f"* {g}: grid {pos['grid']}, best {pos['best_lr']:.4g} ({pos['best_over_untuned']:.2f}× the untuned "
+      f"{pos['untuned_lr']:.4g}, which lies {pos['untuned_vs_grid']})"
+    )
+  return "\n".join(lines)

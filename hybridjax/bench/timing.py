@@ -46,7 +46,8 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     c = base_cfg if name == BASELINE else exp_config("method", name)
     driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
     state = driver.init_state()
-    batch = task["train_batch"](0)
+    batches = train_lib.step_batches(c, task["train_batch"])  # as the arm's steps receive them
+    batch = batches(0)
     t0 = time.perf_counter()
     if c.mode == "baseline":
       step = baseline.make_train_step(task["loss_fn"], driver.tx, c.trainer.grad_accum)  # the anchors' program
@@ -63,13 +64,21 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
     rare = ()
     if arm is not None and c.mode == "hybrid":
       rare = tuple(getattr(registry.load_method(arm.method), "TIME_BRANCHES", ()))
-    arms[name] = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
+    arms[name] = {
+      "fns": fns,
+      "state": state,
+      "schedule": driver.schedule,
+      "step": 0,
+      "arm": arm,
+      "rare": rare,
+      "batches": batches,
+    }
 
   samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
   for _ in range(int(b.timing_rounds)):
     for name, a in arms.items():
       for _ in range(int(b.timing_steps)):
-        batch = task["train_batch"](a["step"] % n)
+        batch = a["batches"](a["step"] % n)
         if len(a["fns"]) == 1:  # the baseline and baseline-mode arms
           branch, fn = None, a["fns"][0]
         else:
@@ -89,7 +98,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
       for branch in a["rare"]:
         for _ in range(2):
           t0 = time.perf_counter()
-          a["state"], metrics = a["fns"][branch](a["state"], task["train_batch"](a["step"] % n), a["schedule"])
+          a["state"], metrics = a["fns"][branch](a["state"], a["batches"](a["step"] % n), a["schedule"])
           jax.block_until_ready(a["state"])
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
           samples[name].setdefault(kind, []).append(time.perf_counter() - t0)

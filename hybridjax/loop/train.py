@@ -17,12 +17,13 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
+from hybridjax import registry, writers
 from hybridjax import sharding as sharding_lib
-from hybridjax import writers
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
 from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
 from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
@@ -83,6 +84,24 @@ def make_driver(
   if config.mode == "hybrid":
     return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh)
   raise ValueError(f"--config.mode must be 'baseline' or 'hybrid', got {config.mode!r}")
+
+
+def step_batches(config: ml_collections.ConfigDict, train_batch: Callable[[int], Batch]) -> Callable[[int], Batch]:
+  """`train_batch` as the steps of `config`'s method receive it: for a method that declares
+  `BATCHES_PER_STEP = k` > 1, step i gets the task's batches k*i .. k*i+k-1 concatenated along the
+  batch axis (deterministic in the step, so a resumed run sees the same data); otherwise unchanged."""
+  if config.mode != "hybrid":
+    return train_batch
+  k = registry.batches_per_step(registry.load_method(config.hybrid.method))
+  if k == 1:
+    return train_batch
+
+  def batch(i: int) -> Batch:
+    parts = [train_batch(k * i + j) for j in range(k)]
+    # Leaves with a batch axis are joined; the others (a shared key) are the first batch's.
+    return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]) if np.ndim(xs[0]) else xs[0], *parts)
+
+  return batch
 
 
 def resume_or_init(
@@ -191,6 +210,7 @@ def train(
   sharding_lib.initialize_distributed(config)
   mesh = sharding_lib.make_mesh(config)
   driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx)
+  train_batch = step_batches(config, train_batch)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary

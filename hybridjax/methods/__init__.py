@@ -29,6 +29,8 @@ Optional (the default in brackets)
                              'averaging', 'outer', 'opt_state', 'per_example_losses' [none]
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]
+  BATCHES_PER_STEP           the task's batches each step receives, concatenated along the batch
+                             axis: step i gets batches k*i .. k*i+k-1 [1]
   ADVANCES_SCHEDULE          True when a step may advance the schedule by other than one or leave
                              its batch: the loop then reads both counters from the device [False]
   CONTROL                    config overrides under `config.hybrid` that make its control arm
@@ -58,5 +60,6 @@ Optional (the default in brackets)
                              the run summary's fields, from the fetched state [{}]
 
 docs/methods.md writes a complete method outside the package and runs it through `train()` and the
-benchmark. Built-in: `velocity`, `jump` (with its RSSM forecaster), `outer_momentum`.
+benchmark. Built-in: `velocity`, `jump` (with its RSSM forecaster), `outer_momentum`,
+`selective_backprop`.
 """

@@ -1,0 +1,126 @@
+"""Per-sequence selective backprop (`hybrid.method='selective_backprop'`): real steps only.
+
+Selective backprop (Jiang et al., 2019, "Accelerating deep learning by focusing on the biggest
+losers") forwards more examples than it trains on and backpropagates only the hardest. Here each step
+receives `BATCHES_PER_STEP` (2) of the task's batches, 2B sequences, scores every sequence with one
+forward pass (`optim.per_example_losses`, no gradient), and takes the real step (forward and backward)
+on the B with the highest loss. The control arm (`selective.random=True`) takes a uniformly random B
+of the same 2B: the same cost and the same data, without the selection.
+
+Costs are reported as performed: each step is one backward pass (`was_real`) plus the scoring
+forward of 2B sequences, two forward passes of a B batch (`forwards=2`), which the benchmark charges
+in its pass ratio; the B trained on are forwarded again inside the real step, as in the original
+method, so the step's wall-clock is about 1 + 2/3 of a baseline step's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hybridjax import config as config_lib
+from hybridjax.hybrid import controller as controller_lib
+from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.full_step import real_update
+from hybridjax.hybrid.state import HybridState
+from hybridjax.optim import Batch, Schedule, next_train_state, per_example_losses
+
+NAME = "selective_backprop"
+CONFIG_KEY = "selective"
+READS = frozenset({"per_example_losses"})
+COMPOSES_WITH: frozenset[str] = frozenset()
+ADVANCES_SCHEDULE = False
+BATCHES_PER_STEP = 2  # the loop hands each step two of the task's batches, concatenated: 2B sequences
+CONTROL = {"selective.random": True}  # the same 2B and the same cost, a random B backpropagated
+
+FIELDS = {"random": config_lib.check_bool}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({"random": False})
+
+
+def check(config: ml_collections.ConfigDict) -> list[str]:
+  del config  # any batch size works: a step receives BATCHES_PER_STEP whole batches and keeps one's worth
+  return []
+
+
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> tuple[bool]:
+  del groups
+  return (bool(hybrid.selective.random),)
+
+
+def control(hybrid: ml_collections.ConfigDict, settings: tuple[bool]) -> dict[str, Any]:
+  del hybrid, settings
+  return {"enable_predict": False}
+
+
+def init(ctx: HybridContext, params: Any, rng: jax.Array) -> None:
+  del ctx, params, rng
+  return None  # stateless: the random control draws from the hybrid state's key and the step
+
+
+def select(scores: jax.Array, keep: int, rng: jax.Array, random: bool) -> jax.Array:
+  """(keep,) indices into `scores`: those of the `keep` highest, or `keep` drawn without replacement."""
+  if random:
+    return jax.random.permutation(rng, scores.shape[0])[:keep]
+  return jax.lax.top_k(scores, keep)[1]
+
+
+def selective_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """Scores the 2B sequences of `batch`, then the baseline's real update on the chosen B."""
+  tr = state.train
+  sizes = {x.shape[0] for x in jax.tree.leaves(batch) if x.ndim >= 1}
+  (total,) = sizes
+  keep = total // BATCHES_PER_STEP
+  scores = per_example_losses(ctx.loss_fn, jax.lax.stop_gradient(tr.params), batch)
+  index = select(scores, keep, jax.random.fold_in(state.rng, tr.step), ctx.settings[0])
+  chosen = jax.tree.map(lambda x: x[index] if x.ndim >= 1 and x.shape[0] == total else x, batch)
+  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, chosen, schedule)
+  c, explosion, spike = controller_lib.update_real_stats(
+    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
+  )
+  info = make_step_info(
+    loss=loss,
+    predicted_loss=jnp.nan,
+    grad_norm=grad_norm,
+    was_real=True,
+    finite=finite,
+    explosion=explosion,
+    spike=spike,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    alpha=jnp.zeros((ctx.groups.n_groups,)),
+    forwards=BATCHES_PER_STEP,  # the scoring forward of 2B sequences: two forwards of a B batch
+    extra={"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])},
+  )
+  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+
+
+def step_extra(ctx: HybridContext) -> dict[str, jax.Array]:
+  del ctx
+  return {"scored_loss": jnp.float32(0.0), "selected_loss": jnp.float32(0.0)}
+
+
+def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str, jax.Array]:
+  """The mean loss of the 2B scored sequences and of the B trained on (their gap is the selection's
+  strength; about zero for the random control)."""
+  del ctx, state
+  return {"scored_loss": info.extra["scored_loss"], "selected_loss": info.extra["selected_loss"]}
+
+
+def step_kind(row: dict[str, Any]) -> str:
+  del row
+  return "selective_step"
+
+
+def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
+  del ctx
+  return (selective_step, selective_step, selective_step)
