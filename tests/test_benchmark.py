@@ -20,6 +20,7 @@ from hybridjax import protocol, registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import keys, specs, tasks, tuning
+from hybridjax.bench import ladder as ladder_lib
 from hybridjax.bench.anchor_run import run_anchor
 from hybridjax.bench.method_run import run_method
 from hybridjax.hybrid.phases import Branch
@@ -309,3 +310,48 @@ def test_corpus_epochs_warn_past_four():
   assert experiment.epochs_warning(c, 100 * 4 * 32) is None  # exactly one epoch
   warning = experiment.epochs_warning(c, 100)
   assert warning and "--config.data.path" in warning
+
+
+def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quick):
+  """Two rungs on the micro model: R1 (the untuned constant LR's 2N curve and its arms) trains; R3
+  reads the protocol's cosine runs from the cache. Every ladder figure recomputes from ladder.json."""
+  workdir, config, first = quick
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.ladder = True
+  n = int(c.trainer.steps)
+  result = benchmark.run_benchmark(c, workdir)
+  assert result["rung_names"] == ["R1", "R3"] and result["verdict_rungs"] == []
+  untuned, cosine = result["groups"]["untuned"], result["groups"]["cosine"]
+  # R3/R4's runs are the protocol's own: the same curves, all from the cache; only R1's group trained.
+  for s, base in cosine["baseline"].items():
+    assert base["raw"] == first["curves"]["baseline"][s] and base["averaged"] == first["curves"]["averaged_baseline"][s]
+  arms = ladder_lib.names(c.benchmark.ladder_methods)
+  seeds = [int(s) for s in c.benchmark.seeds]
+  assert result["runs_trained"] == len(seeds) * (1 + len(arms))
+  # R1's baseline: one 2N run per seed at the untuned LR held constant, evaluated along the way.
+  every = 2 * n // int(c.benchmark.constant_eval_points)
+  for base in untuned["baseline"].values():
+    assert base["steps"] == list(range(every, 2 * n + 1, every))
+  for runs in untuned["method_runs"].values():
+    assert all(r["lr"] == c.benchmark.untuned_lr and r["steps"] == n for r in runs.values())
+  # Every figure recomputes from the stored file.
+  with open(os.path.join(workdir, "ladder-quick.json")) as f:
+    stored = json.load(f)
+  ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
+  again = ladder_lib.rung_figures(c, stored["groups"], ms, n)
+  assert json.loads(json.dumps(again)) == stored["rungs"]
+  # One figure by hand: R1's pass ratio of the jump on the first seed.
+  run, base = untuned["method_runs"]["jump"]["1"], untuned["baseline"]["1"]
+  reach = protocol.steps_to_reach(base["steps"], base["raw"], run["final_raw"])
+  passes = run["backward_passes"] + figures_lib.FORWARD_COST * run["validation_forwards"]
+  got = stored["rungs"]["R1"]["figures"]["jump"]["per_seed"]["pass_ratio"][0]["value"]
+  assert (got is None and reach.steps is None) or got == pytest.approx(reach.steps / passes)
+  assert stored["rungs"]["R1"]["figures"]["jump"]["control"] == "skip_control"
+  # The outputs: the table names every arm at every rung, the figure is drawn, the cosine family's
+  # protocol results are re-written from the same runs.
+  with open(os.path.join(workdir, "ladder-quick.md")) as f:
+    md = f.read()
+  assert "| jump |" in md and "R1 (untuned LR held constant" in md
+  assert os.path.getsize(os.path.join(workdir, "ladder-quick.png")) > 1000
+  with open(os.path.join(workdir, first["family"], "benchmark.json")) as f:
+    assert json.load(f)["curves"] == first["curves"]

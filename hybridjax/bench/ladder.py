@@ -509,6 +509,7 @@ def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str,
       json.dump(result, f, indent=1)
     with open(os.path.join(folder, f"ladder-{result['preset']}.md"), "w") as f:
       f.write(report.ladder_markdown(result) + "\n")
+    report.save_ladder_plot(result, folder)
   for fam in families.values():
     fam["wall_s"] = result["wall_s"]
     out = os.path.join(workdir, fam["family"])

@@ -358,3 +358,23 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       f"{pos['untuned_lr']:.4g}, which lies {pos['untuned_vs_grid']})"
     )
   return "\n".join(lines)
+
+
+def ladder_plot_data(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """What the ladder figure draws: arm -> rung -> the per-seed ratio (R0: the equal-steps wall-clock
+  ratio; the other rungs: the pass ratio)."""
+  out: dict[str, dict[str, Any]] = {}
+  for r in result["rung_names"]:
+    for m, f in result["rungs"][r]["figures"].items():
+      values = f["equal_steps"]["wallclock_per_seed"] if r == "R0" else f["pass_ratio"]["values"]
+      out.setdefault(m, {})[r] = {"values": values}
+  return out
+
+
+def save_ladder_plot(result: dict[str, Any], folder: str) -> str:
+  return plotting.plot_ladder(
+    os.path.join(folder, f"ladder-{result['preset']}.png"),
+    result["rung_names"],
+    ladder_plot_data(result),
+    result["verdict_rungs"],
+  )

@@ -17,7 +17,13 @@ path) or, for the benchmark's, write one PNG. Every public name is re-exported h
   plotting.save_run_figures("runs/hyb")      # -> runs/hyb/plots/*.png
 """
 
-from hybridjax.plotting.benchmark import plot_arm_eval_curves, plot_budget_curves, plot_lr_robustness, plot_lr_sweep
+from hybridjax.plotting.benchmark import (
+  plot_arm_eval_curves,
+  plot_budget_curves,
+  plot_ladder,
+  plot_lr_robustness,
+  plot_lr_sweep,
+)
 from hybridjax.plotting.comparisons import COMPARISON_FIGURES, plot_eval_curves, plot_memory, save_comparison_figures
 from hybridjax.plotting.phases import (
   RUN_FIGURES,
@@ -48,6 +54,7 @@ __all__ = [
   "save_comparison_figures",
   "plot_budget_curves",
   "plot_lr_sweep",
+  "plot_ladder",
   "plot_arm_eval_curves",
   "plot_lr_robustness",
   "PHASE_COLORS",

@@ -299,3 +299,53 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   ax.set_title(f"LR robustness on the tuning seeds: {method} vs the averaged anchor")
   ax.legend(fontsize=8)
   return save_png_to(fig, path)
+
+
+def plot_ladder(path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str, Any]], verdict: Sequence[str]) -> str:
+  """Each arm's gain rung by rung: the ratio's mean over seeds with its std as an error bar and each
+  seed as a dot; 1.0 (no gain) as a line; the verdict rungs shaded.
+
+  Args:
+    path: the PNG to write (its folder is created).
+    rungs: the rungs in order (the x axis), e.g. ["R0", ..., "R5"].
+    arms: arm -> rung -> {"values": [per-seed ratio or None], "label": what the ratio is}; a rung an
+      arm was not run at is left out.
+    verdict: the rungs to shade as the verdict.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: when no arm has a value at any rung.
+  """
+  fig = new_figure(7.6, 4.4)
+  ax = fig.add_subplot()
+  x = {r: i for i, r in enumerate(rungs)}
+  for r in verdict:
+    if r in x:
+      ax.axvspan(x[r] - 0.5, x[r] + 0.5, color="0.9", zorder=0)
+  plotted = 0
+  width = 0.6 / max(len(arms), 1)
+  for i, (arm, per_rung) in enumerate(arms.items()):
+    offset = (i - (len(arms) - 1) / 2) * width
+    xs, means, stds = [], [], []
+    for r, cell in per_rung.items():
+      values = np.array([as_float(v) for v in cell["values"] if v is not None], np.float64)
+      if r not in x or not len(values):
+        continue
+      xs.append(x[r] + offset)
+      means.append(float(np.mean(values)))
+      stds.append(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+      ax.scatter(np.full(len(values), x[r] + offset), values, color=f"C{i}", s=8, alpha=0.5, zorder=3)
+    if xs:
+      ax.errorbar(xs, means, yerr=stds, color=f"C{i}", marker="o", capsize=3, label=arm, zorder=4)
+      plotted += 1
+  if not plotted:
+    raise ValueError("plot_ladder: no arm has a value at any rung")
+  ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
+  ax.set_xticks(range(len(rungs)), [f"{r}\nverdict" if r in verdict else r for r in rungs])
+  ax.set_xlim(-0.5, len(rungs) - 0.5)
+  ax.set_ylabel("speed-up (R0: wall-clock at N steps; R1-R5: pass ratio)")
+  ax.set_title("Where each claimed gain goes: the baseline made fair one condition at a time")
+  ax.legend(fontsize=8, ncols=2)
+  return save_png_to(fig, path)

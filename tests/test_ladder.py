@@ -1,0 +1,134 @@
+"""The fairness ladder's pure parts (`hybridjax.bench.ladder`): each rung's baseline condition, the
+plateau flags, the R0 nulls and the checks on its fields. The ladder run itself is tested on the
+quick protocol's runs in tests/test_benchmark.py."""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.configs import benchmark as benchmark_cfg
+from hybridjax import optim, protocol
+from hybridjax.bench import ladder
+
+
+def _config():
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.ladder = True
+  return c
+
+
+def test_constant_rungs_hold_the_lr_after_warmup_and_r5_is_muon():
+  c = _config()
+  n = int(c.trainer.steps)
+  for group, peak in (("untuned", c.benchmark.untuned_lr), ("constant", 0.004)):
+    g = ladder.group_config(c, group, [1, 2])
+    g.optim.learning_rate = peak
+    for total in (n, 2 * n):  # a constant schedule does not depend on the budget
+      schedule = optim.make_schedule(g.optim, total)
+      lrs = jnp.array([optim.learning_rate(schedule, jnp.asarray(t)) for t in range(g.optim.warmup_steps, total)])
+      chex.assert_trees_all_close(lrs, jnp.full_like(lrs, peak), rtol=1e-6)
+    assert g.benchmark.family == "adamw-constant" and list(g.benchmark.seeds) == [1, 2]
+  cosine = ladder.group_config(c, "cosine", [1, 2])
+  assert cosine.optim.min_lr_ratio == c.optim.min_lr_ratio < 1.0
+  muon = ladder.group_config(c, "muon", [3])
+  assert muon.optim.name == "muon" and muon.optim.learning_rate == c.benchmark.muon.learning_rate
+  assert muon.benchmark.family == "muon-cosine"
+
+
+def test_the_forecaster_arms_run_at_the_cosine_rungs_only():
+  c = benchmark_cfg.get_config("long")
+  assert "jump_forecast" not in ladder.arms_at(c, "untuned") and "jump_forecast" in ladder.arms_at(c, "cosine")
+  assert ladder.arms_at(c, "constant") == ladder.names(c.benchmark.ladder_methods)
+
+
+def _curve(values, n=100):
+  return [{"step": s, "eval_loss_raw": v} for s, v in zip((n // 10, n // 2, n), values)]
+
+
+def test_a_run_far_above_its_groups_median_early_or_at_n_is_a_plateau():
+  n = 100
+  base = {"steps": [], "raw": []}
+  group = {
+    "baseline": {str(s): base | {"n_run_curve": _curve([2.5, 2.0, 1.8])} for s in (1, 2, 3)},
+    "method_runs": {
+      "arm": {
+        "1": {"curve": _curve([2.5, 2.0, 1.79])},
+        "2": {"curve": _curve([2.72, 2.2, 1.80])},  # stuck early, recovered by N
+        "3": {"curve": _curve([2.5, 2.1, 1.99])},  # ends far behind
+      }
+    },
+  }
+  flagged = ladder.plateaus(group, n, margin=0.05)
+  assert {(p["run"], p["seed"], p["at_step"]) for p in flagged} == {("arm", "2", 10), ("arm", "3", 100)}
+  assert ladder.plateaus(group, n, margin=0.2) == []
+
+
+def _group(method_losses, stop_losses_at, n=100):
+  """Constant-LR baseline curves (raw = averaged) per seed, and one arm with its control."""
+  steps = [10, 20, 40, 60, 80, 100, 150, 200]
+  curve = [3.0, 2.6, 2.3, 2.15, 2.05, 2.0, 1.9, 1.85]
+  baseline = {
+    s: {"steps": steps, "raw": [x + d for x in curve], "averaged": curve}
+    for s, d in (("1", 0.0), ("2", 0.01), ("3", -0.01))
+  }
+  kinds = {"full_step": 60, "predict_step": 40}
+  runs = {
+    s: {"final_raw": loss, "final_averaged": loss, "backward_passes": 60, "validation_forwards": 0, "step_kinds": kinds}
+    for s, loss in zip(("1", "2", "3"), method_losses)
+  }
+  control = {
+    s: r | {"final_raw": stop_losses_at[s] + 0.001 * i, "final_averaged": stop_losses_at[s]}
+    for i, (s, r) in enumerate(runs.items())
+  }
+  return {"baseline": baseline, "method_runs": {"arm": runs, "arm_control": control}}
+
+
+def test_r0_credits_a_gain_only_beyond_both_nulls():
+  n = 100
+  ms = {"baseline": {"baseline": 10.0}, "arm": {"full_step": 10.0, "predict_step": 2.0}}
+  rung = ladder.RUNGS["R0"]
+  stop = {
+    s: protocol.curve_loss_at(b["steps"], b["raw"], 60)
+    for s, b in _group([0, 0, 0], {"1": 0, "2": 0, "3": 0})["baseline"].items()
+  }
+  # An arm whose loss is the baseline's stopped at its 60 backward passes: the seed's criterion may
+  # call it a speed-up, but it is no better than stopping early.
+  same = _group([stop[s] for s in ("1", "2", "3")], stop)
+  f = ladder.arm_figures(rung, same, "arm", "arm_control", ms, n)
+  e = f["equal_steps"]
+  assert e["wallclock_ratio"]["mean"] == pytest.approx(n * 10.0 / (60 * 10.0 + 40 * 2.0))
+  np.testing.assert_allclose(e["null_stopped_baseline"]["loss"], [stop[s] for s in ("1", "2", "3")])
+  assert e["null_stopped_baseline"]["wallclock_ratio"]["mean"] == pytest.approx(n / 60)
+  assert e["vs_stopped_baseline"]["verdict"] == "no difference" and not e["claim"]["beats_both_nulls"]
+  # An arm clearly below both nulls on every seed is credited.
+  better = _group([stop[s] - 0.1 - 0.002 * i for i, s in enumerate(("1", "2", "3"))], stop)
+  e = ladder.arm_figures(rung, better, "arm", "arm_control", ms, n)["equal_steps"]
+  assert e["vs_stopped_baseline"]["verdict"] == "lower" and e["vs_control"]["verdict"] == "lower"
+  assert e["claim"]["beats_both_nulls"]
+
+
+def test_the_iterate_of_a_rung_is_compared_with_the_same_iterate():
+  n = 100
+  g = _group([2.0, 2.01, 1.99], {"1": 2.1, "2": 2.1, "3": 2.1})
+  for r in g["method_runs"]["arm"].values():
+    r["final_averaged"] = r["final_raw"] - 0.05
+  raw = ladder.arm_figures(ladder.RUNGS["R3"], g, "arm", None, None, n)
+  avg = ladder.arm_figures(ladder.RUNGS["R4"], g, "arm", None, None, n)
+  assert raw["loss"] == [2.0, 2.01, 1.99] and avg["loss"] == pytest.approx([1.95, 1.96, 1.94])
+  assert raw["baseline_at_n"] == pytest.approx([2.0, 2.01, 1.99]) and avg["baseline_at_n"] == pytest.approx([2.0] * 3)
+  assert raw["vs_baseline_at_n"]["verdict"] == "no difference"
+  assert raw["wallclock_ratio"]["n_null"] == 3  # no timing given: no wall-clock figure, never a guess
+
+
+def test_bad_ladder_settings_name_the_field():
+  c = _config()
+  c.benchmark.ladder_rungs = "R1,R9"
+  c.benchmark.ladder_methods = "jump,nope"
+  c.benchmark.plateau_seeds = (1,)
+  with pytest.raises(ValueError) as e:
+    ladder.validate_ladder(c)
+  for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']", "benchmark.plateau_seeds"):
+    assert text in str(e.value)
