@@ -1,15 +1,16 @@
-"""The README's results table, generated from the published benchmark results.
+"""The per-family results table of docs/results/README.md, generated from the published protocol runs.
 
   python scripts/results_table.py            # print the table
-  python scripts/results_table.py --update   # rewrite it in README.md (between the markers)
+  python scripts/results_table.py --update   # rewrite it in docs/results/README.md (between the markers)
   python scripts/results_table.py --families # paired differences between families at N
   python scripts/results_table.py --cross=long-muon-cosine:long-adamw-cosine
       # one family's method arms against another family's anchors (labelled; never a headline)
 
 Every row comes from `docs/results/<preset>-<family>/headline.json`, which
 `python -m experiments.benchmark --config.benchmark.publish=docs/results/<preset>-<family>` writes;
-tests/test_docs.py checks that the README's table is this script's output. `--families` compares each
-family's anchors with AdamW-cosine's on the same headline seeds, from the published benchmark.json.
+tests/test_docs.py checks that the table in docs/results/README.md is this script's output.
+`--families` compares each family's anchors with AdamW-cosine's on the same headline seeds, from the
+published benchmark.json.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "results")
-README = os.path.join(ROOT, "README.md")
+README = os.path.join(RESULTS, "README.md")
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 ANCHORS = ("baseline", "averaged_baseline")
 
@@ -67,7 +68,7 @@ def table(headlines: dict[str, dict]) -> str:
     gap = h.get("final_loss_gap", {}).get("vs_averaged_baseline")
     verdict = h.get("paired_difference", {}).get("vs_averaged_baseline")
     rows.append(
-      f"| [{name}](docs/results/{name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
+      f"| [{name}]({name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
       f"{h['averaging_beta']} | {_pm(f['baseline'])} | {_pm(f['averaged_baseline'])} | {_pm(f.get('method'))} | "
       f"{_ratio(h, 'backward_ratio', 'baseline')} / {_ratio(h, 'backward_ratio', 'averaged_baseline')} | "
       f"{_ratio(h, 'pass_ratio', 'averaged_baseline')} | {_ratio(h, 'wallclock_ratio', 'averaged_baseline')} | "
@@ -137,13 +138,13 @@ def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str)
 def readme_block(text: str) -> str:
   """The table between the README's markers."""
   if START not in text or END not in text:
-    raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+    raise SystemExit(f"docs/results/README.md lacks the markers {START} ... {END}")
   return text.split(START, 1)[1].split(END, 1)[0].strip()
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--update", action="store_true", help="rewrite the table in README.md")
+  parser.add_argument("--update", action="store_true", help="rewrite the table in docs/results/README.md")
   parser.add_argument("--families", action="store_true", help="paired differences between families at N")
   parser.add_argument(
     "--cross", default="", help="METHODS_FROM:ANCHORS_FROM result folders, e.g. long-muon-cosine:long-adamw-cosine"
@@ -168,7 +169,7 @@ def main() -> None:
   text = f"{before}{START}\n{generated}\n{END}{after}"
   with open(README, "w") as f:
     f.write(text)
-  print("README.md: results table " + ("unchanged" if old == generated else "updated"))
+  print("docs/results/README.md: results table " + ("unchanged" if old == generated else "updated"))
 
 
 if __name__ == "__main__":

@@ -133,14 +133,14 @@ def test_docs_index_lists_every_page():
   assert "docs/index.md" in _read(os.path.join(ROOT, "README.md"))
 
 
-def test_readme_results_table_is_generated_from_the_published_headlines():
+def test_the_results_table_is_generated_from_the_published_headlines():
   table = runpy.run_path(os.path.join(ROOT, "scripts", "results_table.py"))
   headlines = table["load"]()
   assert headlines, "docs/results/ holds no published headline.json"
   assert "long-adamw-cosine" in headlines
-  readme = _read(os.path.join(ROOT, "README.md"))
+  readme = _read(os.path.join(ROOT, "docs", "results", "README.md"))
   assert table["readme_block"](readme) == table["table"](headlines), (
-    "README.md's results table differs from docs/results/*/headline.json: "
+    "docs/results/README.md's results table differs from docs/results/*/headline.json: "
     "run `python scripts/results_table.py --update`"
   )
   for name, head in headlines.items():  # each row names its folder, whose report is committed too

@@ -242,16 +242,20 @@ def _verdict(d: dict[str, Any] | None) -> str:
 
 
 def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
-  """One arm at one rung, compact: R0 its equal-steps wall-clock ratio and whether it beats both
-  nulls; the other rungs the pass ratio (every forward charged) and the paired verdict at N against
-  the arm's control, or against the baseline where the arm has none."""
+  """One arm at one rung, compact. R0: the seed's measure (the wall-clock ratio of N steps, the loss
+  gap at N) and whether the arm's loss beats both nulls. R1-R5: the pass ratio (every forward
+  charged), mean ± std over seeds, and the paired verdict at N against the arm's control, or against
+  the baseline where the arm has none."""
   if rung["name"] == "R0":
     e = f["equal_steps"]
     beats = "beats both nulls" if e["claim"]["beats_both_nulls"] else "not beyond the nulls"
-    gap = e["final_loss_gap"]["mean"]
-    return f"{_mean_cell(e['wallclock_ratio'])} wall, {100 * gap:+.1f}% loss; {beats}"
-  against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
-  return f"{ratio_cell(f['pass_ratio'])}; vs {against[0]}: {_verdict(against[1])}"
+    return f"{_mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
+  s = f["pass_ratio"]
+  cell = "not reached" if s["mean"] is None else _mean_cell(s)
+  if s["n_null"] and s["mean"] is not None:
+    cell += f" ({s['n_null']} not reached)"
+  against = f["vs_control"] if "vs_control" in f else f["vs_baseline_at_n"]
+  return f"{cell} ({_verdict(against)})"
 
 
 def ladder_table(result: dict[str, Any]) -> str:
