@@ -148,6 +148,19 @@ def test_the_results_table_is_generated_from_the_published_headlines():
     assert head["preset"] + "-" + head["family"] == name
 
 
+def test_the_readme_headline_is_the_ladder_generated_from_the_published_runs():
+  script = runpy.run_path(os.path.join(ROOT, "scripts", "ladder_table.py"))
+  results = script["load"]()
+  assert "long" in results, "docs/results/ladder/ holds no ladder-long.json"
+  readme = _read(os.path.join(ROOT, "README.md"))
+  assert script["START"] in readme and script["END"] in readme
+  block = readme.split(script["START"], 1)[1].split(script["END"], 1)[0].strip()
+  assert block == script["tables"](results), (
+    "README.md's ladder tables differ from docs/results/ladder/: run `python scripts/ladder_table.py --update`"
+  )
+  assert "**verdict**" in block  # R4-R5 are marked as the verdict
+
+
 def test_the_readme_stays_short():
   # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
   assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150

@@ -4,14 +4,19 @@ quick protocol's runs in tests/test_benchmark.py."""
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+
 import chex
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim, protocol
-from hybridjax.bench import ladder
+from hybridjax.bench import ladder, report
 
 
 def _config():
@@ -132,3 +137,51 @@ def test_bad_ladder_settings_name_the_field():
     ladder.validate_ladder(c)
   for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']", "benchmark.plateau_seeds"):
     assert text in str(e.value)
+
+
+PUBLISHED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+
+
+def _published():
+  paths = sorted(glob.glob(os.path.join(PUBLISHED, "ladder", "ladder-*.json")))
+  assert paths, "docs/results/ladder/ holds no published ladder-<preset>.json"
+  out = {}
+  for path in paths:
+    with open(path) as f:
+      out[path] = json.load(f)
+  return out
+
+
+def test_the_published_ladders_recompute_from_their_runs():
+  """Every figure of every published ladder, recomputed from the runs stored beside it; its tables
+  are the report's; the headline scale ran every rung with at least 3 headline seeds."""
+  results = _published()
+  presets = {r["preset"]: r for r in results.values()}
+  assert "long" in presets and presets["long"]["rung_names"] == list(ladder.RUNGS)
+  for path, r in results.items():
+    config = ml_collections.ConfigDict(r["config"])
+    ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
+    again = ladder.rung_figures(config, r["groups"], ms, r["steps"])
+    assert json.loads(json.dumps(again)) == r["rungs"], path
+    for name in r["rung_names"]:
+      assert len(r["rungs"][name]["seeds"]) >= 3, (path, name)
+    with open(path[: -len(".json")] + ".md") as f:
+      assert f.read() == report.ladder_markdown(r) + "\n", path
+    assert os.path.getsize(path[: -len(".json")] + ".png") > 1000
+
+
+def test_the_published_protocol_results_are_the_ladders_own_runs():
+  """docs/results/<preset>-<family> of the cosine families hold the very runs the ladder's R3-R5 read."""
+  for r in _published().values():
+    for group in ("cosine", "muon"):
+      if group not in r["groups"]:
+        continue
+      g = r["groups"][group]
+      with open(os.path.join(PUBLISHED, f"{r['preset']}-{g['family']}", "benchmark.json")) as f:
+        stored = json.load(f)
+      for s, base in g["baseline"].items():
+        assert stored["curves"]["baseline"][s] == base["raw"]
+        assert stored["curves"]["averaged_baseline"][s] == base["averaged"]
+      for m, runs in g["method_runs"].items():
+        for s, run in runs.items():
+          assert stored["method_runs"][m][s]["final_raw"] == run["final_raw"], (m, s)

@@ -4,6 +4,8 @@
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,wsd      # AdamW, WSD
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
   python -m experiments.benchmark --quick                                                  # the smoke run
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.ladder=True
+      # the fairness ladder: every arm from the seed's and NiNo's conditions up to R4-R5, the verdict
 
 Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
 `gpt2_small` tiny model at 600 steps, comparable with the project's earlier figures), `long` (N = 3000
