@@ -465,11 +465,14 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
   for g in ("cosine", "muon"):
     if g in groups:
       cfg = group_config(config, g, groups[g]["seeds"])
+      # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
+      ran = names(cfg.benchmark.methods)
+      first = [m for m in names(b.methods) if m in ran][:1]
       families[g] = family.family_result(
         cfg,
         groups[g].pop("family_runs"),
         timed["muon" if g == "muon" else "adamw"],
-        names(cfg.benchmark.methods),
+        first + [m for m in ran if m not in first],
         command=command,
         notes=family.task_notes(cfg),
         runner=runner,
