@@ -39,14 +39,12 @@ def load() -> dict[str, dict]:
 
 
 def tables(results: dict[str, dict]) -> str:
-  parts = []
-  for preset, r in results.items():
-    seeds = sorted({tuple(r["rungs"][x]["seeds"]) for x in r["rung_names"]})
-    parts.append(
-      f"**`{preset}`** (N = {r['steps']}; headline seeds {', '.join(str(list(s)) for s in seeds)}; "
-      f"[every figure, per seed](docs/results/ladder/ladder-{preset}.md))\n\n" + report.ladder_table(r)
-    )
-  return "\n\n".join(parts)
+  """The headline table over every published scale, then one line per scale on what it ran."""
+  scales = "\n".join(
+    f"* {report.ladder_scale(r)}; [every figure, per seed](docs/results/ladder/ladder-{p}.md)."
+    for p, r in results.items()
+  )
+  return report.ladder_table(list(results.values())) + "\n\n" + scales
 
 
 def main() -> None:

@@ -81,10 +81,12 @@ def rungs_of(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def arms_at(config: ml_collections.ConfigDict, group: str) -> list[str]:
-  """The arms a group runs: `ladder_methods` everywhere, `ladder_cosine_methods` at R3-R5 only."""
+  """The arms a group runs: `ladder_methods` everywhere; at R3-R5 also `ladder_cosine_methods` and
+  the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs
+  keep every arm the protocol runs."""
   b = config.benchmark
-  extra = names(b.ladder_cosine_methods) if group in ("cosine", "muon") else []
-  return names(b.ladder_methods) + [m for m in extra if m not in names(b.ladder_methods)]
+  extra = names(b.ladder_cosine_methods) + names(b.methods) if group in ("cosine", "muon") else []
+  return list(dict.fromkeys(names(b.ladder_methods) + extra))
 
 
 def validate_ladder(config: ml_collections.ConfigDict) -> None:
@@ -216,7 +218,8 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
     out["family_runs"] = trained
     tuned, curves = trained["tuning"], trained["curves"]
     out["lr"], out["beta"] = tuned["best_lr"], tuned["averaging_beta"]
-    out["tuning"] = {k: tuned[k] for k in ("grid", "best_lr", "averaging_beta", "per_budget_lr", "seed_noise")}
+    keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr", "seed_noise")
+    out["tuning"] = {k: tuned[k] for k in keep}
     out["baseline"] = {
       s: {
         "steps": curves["budgets"],
@@ -235,35 +238,40 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
   return out
 
 
-def _loss_near(curve: list[dict[str, Any]], step: float, key: str = "eval_loss_raw") -> float | None:
-  """The eval loss at the curve's point nearest `step`."""
+def _loss_at(curve: list[dict[str, Any]], step: float) -> tuple[int, float] | None:
+  """(step, raw eval loss) of the curve's eval point nearest `step`, when one lies within half the
+  curve's eval interval of it (else None: the curve has no reading there)."""
   if not curve:
     return None
-  return min(curve, key=lambda p: abs(p["step"] - step))[key]
+  steps = [p["step"] for p in curve]
+  interval = min(b - a for a, b in zip([0] + steps, steps))
+  p = min(curve, key=lambda p: abs(p["step"] - step))
+  return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
 
 
 def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
   """The group's runs that sit on an early plateau: a raw eval loss at N/10 or at N more than
-  `margin` (relative) above the median of the group's runs (baseline and arms, every seed) there."""
-  runs = []  # (label, seed, curve)
+  `margin` (relative) above the median of the same arm's runs (or the baseline's) over the seeds,
+  read at the eval point nearest there. Comparing a run with its own arm's other seeds flags a seed
+  that fell behind, never an arm that is simply worse."""
+  kinds: dict[str, dict[str, list[dict[str, Any]]]] = {"baseline": {}}
   for s, base in group["baseline"].items():
-    curve = base.get("n_run_curve") or [
+    kinds["baseline"][s] = base.get("n_run_curve") or [
       {"step": t, "eval_loss_raw": raw} for t, raw in zip(base["steps"], base["raw"]) if t <= n
     ]
-    runs.append(("baseline", s, curve))
   for m, per in group["method_runs"].items():
-    for s, r in per.items():
-      runs.append((m, s, r["curve"]))
+    kinds[m] = {s: r["curve"] for s, r in per.items()}
   flagged = []
-  for point in (n / 10, n):
-    values = [(label, s, _loss_near(curve, point)) for label, s, curve in runs]
-    present = [v for _, _, v in values if v is not None and math.isfinite(v)]
-    if len(present) < 3:
-      continue
-    median = statistics.median(present)
-    for label, s, v in values:
-      if v is not None and (not math.isfinite(v) or v > median * (1 + margin)):
-        flagged.append({"run": label, "seed": s, "at_step": round(point), "loss": v, "group_median": median})
+  for label, curves in kinds.items():
+    for point in (n / 10, n):
+      read = {s: _loss_at(c, point) for s, c in curves.items()}
+      present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
+      if len(present) < 3:
+        continue
+      median = statistics.median(v[1] for v in present)
+      for s, v in read.items():
+        if v is not None and (not math.isfinite(v[1]) or v[1] > median * (1 + margin)):
+          flagged.append({"run": label, "seed": s, "at_step": v[0], "loss": v[1], "median_over_seeds": median})
   return flagged
 
 
@@ -282,6 +290,22 @@ def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, di
       groups[group] = train_group(group_config(config, group, seeds + extra), group, runner)
       groups[group]["extended_for_plateau"] = True
   return groups
+
+
+def finite_curve(steps: list[float], losses: list[float]) -> tuple[list[float], list[float]]:
+  """A baseline curve up to its first non-finite loss (a diverged run reaches nothing past it)."""
+  k = next((i for i, x in enumerate(losses) if x is None or not math.isfinite(x)), len(losses))
+  return list(steps[:k]), list(losses[:k])
+
+
+def baseline_at(steps: list[float], losses: list[float], at: float) -> float | None:
+  """The baseline's loss at `at` steps: the measured point where the curve has one (as the protocol
+  reads its anchor at N), else the monotone envelope interpolated between its points."""
+  if at in steps:
+    x = losses[steps.index(at)]
+    return x if x is not None and math.isfinite(x) else None
+  steps, losses = finite_curve(steps, losses)
+  return protocol.curve_loss_at(steps, losses, at) if steps else None
 
 
 def seed_loss(run: dict[str, Any], iterate: str) -> float:
@@ -307,11 +331,11 @@ def arm_figures(
   losses, at_n = [], []
   for s in seeds:
     r, base = runs[s], group["baseline"][s]
-    curve = base[rung.iterate]
     loss = seed_loss(r, rung.iterate)
     losses.append(loss)
-    at_n.append(protocol.curve_loss_at(base["steps"], curve, n))
-    reach = protocol.steps_to_reach(base["steps"], curve, loss)
+    at_n.append(baseline_at(base["steps"], base[rung.iterate], n))
+    steps, curve = finite_curve(base["steps"], base[rung.iterate])
+    reach = protocol.steps_to_reach(steps, curve, loss) if steps else protocol.Reach(None, False)
     per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
     passes = r["backward_passes"] + figures.FORWARD_COST * r["validation_forwards"]
     per["pass_ratio"].append(protocol.ratio(reach, passes))
@@ -321,9 +345,12 @@ def arm_figures(
   out: dict[str, Any] = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
   out.update({k: protocol.summarize(v) for k, v in per.items()})
   out["per_seed"] = per
-  gaps = [(m - a) / a for m, a in zip(losses, at_n)]
-  out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(gaps))) | {"per_seed": gaps}
-  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n) if len(seeds) >= 2 else None
+  paired = len(seeds) >= 2 and None not in at_n
+  gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
+  present = [g for g in gaps if g is not None]
+  out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
+  out["final_loss_gap"]["per_seed"] = gaps
+  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n) if paired else None
   control_runs = group["method_runs"].get(control or "", {})
   if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:
     out["vs_control"] = protocol.paired_difference(losses, [seed_loss(control_runs[s], rung.iterate) for s in seeds])
@@ -345,21 +372,21 @@ def equal_steps(
 ) -> dict[str, Any]:
   """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock, with the
   final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
-  walls, gaps, stop_losses, stop_walls, losses = [], [], [], [], []
+  walls, gaps, stop_losses, stop_gaps, stop_walls, losses = [], [], [], [], [], []
   for s in seeds:
     r, base = runs[s], group["baseline"][s]
-    curve = base[iterate]
-    at_n = protocol.curve_loss_at(base["steps"], curve, n)
+    at_n = baseline_at(base["steps"], base[iterate], n)
     loss = seed_loss(r, iterate)
     losses.append(loss)
     wall = figures.run_ms(r["step_kinds"], arm_ms)
     walls.append(None if wall is None or base_ms is None else n * base_ms / wall)
     gaps.append((loss - at_n) / at_n)
-    # The baseline stopped at the arm's backward passes: its loss there, and its own equal-steps
-    # "speedup" (N steps' time over its steps' time).
-    stop = protocol.curve_loss_at(base["steps"], curve, r["backward_passes"])
+    # The baseline stopped at the arm's backward passes: its loss there, its gap at N, and its own
+    # equal-steps "speedup" (N steps' time over its steps' time).
+    stop = baseline_at(base["steps"], base[iterate], r["backward_passes"])
     stop_losses.append(stop)
-    stop_walls.append(n / r["backward_passes"])
+    stop_gaps.append(None if stop is None else (stop - at_n) / at_n)
+    stop_walls.append(n / max(r["backward_passes"], 1))
   present = [w for w in walls if w is not None]
   out: dict[str, Any] = {
     "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(present))) if present else None,
@@ -369,6 +396,8 @@ def equal_steps(
     "null_stopped_baseline": {
       "loss": stop_losses,
       "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(stop_walls))),
+      "final_loss_gap": stop_gaps,
+      "within_2pct": [g is not None and g <= WITHIN for g in stop_gaps],
     },
   }
   if len(seeds) >= 2 and all(x is not None for x in stop_losses):
@@ -411,7 +440,7 @@ def rung_figures(
 def untuned_position(groups: dict[str, Any], untuned_lr: float) -> dict[str, Any]:
   """Where the untuned LR falls against each sweep: its rank, or outside the grid."""
   out = {}
-  for g in ("constant", "cosine", "muon"):
+  for g in ("constant", "cosine"):  # AdamW's sweeps; Muon's LR is on another scale
     grid = groups.get(g, {}).get("sweep", {}).get("grid") or groups.get(g, {}).get("tuning", {}).get("grid")
     if not grid:
       continue
@@ -497,10 +526,23 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
     "runs_cached": runner.reused,
   }
   result["wall_s"] = time.perf_counter() - t_start
+  result["invocations"] = earlier_invocations(workdir, str(b.preset)) + [
+    {"date": result["date"], "wall_s": result["wall_s"], "runs_trained": runner.ran, "runs_cached": runner.reused}
+  ]
   write_ladder(result, families, workdir, str(b.publish))
   print("\n" + report.ladder_markdown(result))
   print(f"ladder wall time {result['wall_s']:.0f} s ({runner.ran} runs trained, {runner.reused} cached)", flush=True)
   return result
+
+
+def earlier_invocations(workdir: str, preset: str) -> list[dict[str, Any]]:
+  """The invocations recorded by an earlier ladder in `workdir` (a ladder resumed from its cache
+  reports the compute of every invocation, not only its own)."""
+  path = os.path.join(workdir, f"ladder-{preset}.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f).get("invocations", [])
 
 
 def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str, publish: str) -> None:

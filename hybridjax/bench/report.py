@@ -243,35 +243,59 @@ def _verdict(d: dict[str, Any] | None) -> str:
 
 def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
   """One arm at one rung, compact. R0: the seed's measure (the wall-clock ratio of N steps, the loss
-  gap at N) and whether the arm's loss beats both nulls. R1-R5: the pass ratio (every forward
-  charged), mean ± std over seeds, and the paired verdict at N against the arm's control, or against
-  the baseline where the arm has none."""
+  gap at N) and whether the arm's loss beats the nulls (both, or the stopped baseline alone for an arm
+  with no control). R1-R5: the pass ratio (every forward charged), mean ± std over seeds, and the
+  paired verdict at N against the arm's control, or against the baseline where it has none."""
   if rung["name"] == "R0":
     e = f["equal_steps"]
-    beats = "beats both nulls" if e["claim"]["beats_both_nulls"] else "not beyond the nulls"
+    compared = e["claim"]["nulls_compared"]
+    which = "both nulls" if len(compared) == 2 else "the stopped baseline (no control)"
+    beats = f"beats {which}" if e["claim"]["beats_both_nulls"] else f"not beyond {which}"
     return f"{_mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
   s = f["pass_ratio"]
   cell = "not reached" if s["mean"] is None else _mean_cell(s)
-  if s["n_null"] and s["mean"] is not None:
-    cell += f" ({s['n_null']} not reached)"
-  against = f["vs_control"] if "vs_control" in f else f["vs_baseline_at_n"]
-  return f"{cell} ({_verdict(against)})"
+  notes = ([f"{s['n_null']} not reached"] if s["n_null"] and s["mean"] is not None else []) + (
+    [f"{s['n_lower_bound']} lower bounds"] if s["n_lower_bound"] else []
+  )
+  if notes:
+    cell += f" ({', '.join(notes)})"
+  against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
+  return f"{cell}; vs {against[0]}: {_verdict(against[1])}"
 
 
-def ladder_table(result: dict[str, Any]) -> str:
-  """The ladder's headline table: one row per arm, one column per rung (R4-R5 marked the verdict)."""
-  rungs = result["rungs"]
-  names = result["rung_names"]
-  arms = list(dict.fromkeys(m for r in names for m in rungs[r]["figures"]))
+def ladder_table(results: Sequence[dict[str, Any]]) -> str:
+  """The ladder's headline table: one row per scale and arm, one column per rung (R4-R5 marked the
+  verdict); a rung a scale did not run is '—'."""
+  order = list(dict.fromkeys(r for result in results for r in result["rung_names"]))
+  first = {r: next(res["rungs"][r] for res in results if r in res["rungs"]) for r in order}
   head = [
-    f"{r} ({rungs[r]['baseline']}, {rungs[r]['iterate']})" + (" **verdict**" if rungs[r]["verdict_rung"] else "")
-    for r in names
+    f"{r}: {first[r]['baseline']} ({first[r]['iterate']})" + (" **verdict**" if first[r]["verdict_rung"] else "")
+    for r in order
   ]
-  lines = ["| arm | " + " | ".join(head) + " |", "|---|" + "---|" * len(names)]
-  for m in arms:
-    cells = [ladder_headline_cell(rungs[r], rungs[r]["figures"][m]) if m in rungs[r]["figures"] else "—" for r in names]
-    lines.append(f"| {m} | " + " | ".join(cells) + " |")
+  lines = ["| scale | arm | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(order)]
+  for result in results:
+    rungs = result["rungs"]
+    arms = list(dict.fromkeys(m for r in result["rung_names"] for m in rungs[r]["figures"]))
+    for m in arms:
+      cells = [
+        ladder_headline_cell(rungs[r], rungs[r]["figures"][m]) if r in rungs and m in rungs[r]["figures"] else "—"
+        for r in order
+      ]
+      lines.append(f"| `{result['preset']}` | {m} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+def ladder_scale(result: dict[str, Any]) -> str:
+  """One line on what a scale ran: N, its rungs' seeds, the tuned LRs against the untuned one."""
+  seeds = sorted({tuple(result["rungs"][r]["seeds"]) for r in result["rung_names"]})
+  lrs = ", ".join(f"{r} {result['rungs'][r]['lr']:.3g}" for r in result["rung_names"])
+  calls = result.get("invocations") or [{"wall_s": result["wall_s"], "runs_trained": result["runs_trained"]}]
+  return (
+    f"`{result['preset']}`: N = {result['steps']}, headline seeds {' / '.join(str(list(s)) for s in seeds)}, "
+    f"peak LR by rung {lrs}; {sum(c['runs_trained'] for c in calls)} runs trained in "
+    f"{sum(c['wall_s'] for c in calls) / 3600:.1f} h over {len(calls)} invocation(s) on "
+    f"{result['machine'].get('cpu_cores', '?')} {result['machine'].get('platform', 'cpu')} cores"
+  )
 
 
 def _losses(f: dict[str, Any], plateau_seeds: set[str]) -> str:
@@ -293,7 +317,9 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     "arm's final loss at N against its control (or the baseline); at R0 the seed's own measure. R4 and R5",
     "are the verdict: a tuned baseline that averages. 'no difference' = inside 2 standard errors.",
     "",
-    ladder_table(result),
+    ladder_table([result]),
+    "",
+    ladder_scale(result) + ".",
     "",
   ]
   for name in result["rung_names"]:
@@ -329,15 +355,15 @@ def ladder_markdown(result: dict[str, Any]) -> str:
         "the arm's backward passes (which 'speeds up' by N over those passes for free).",
         "",
         "| arm | wall-clock ratio, N steps | loss gap at N | within 2% (per seed) | stopped baseline: wall ratio "
-        "| vs stopped baseline | vs control | speedup at ≤ 2% | beats both nulls |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| stopped baseline: within 2% | vs stopped baseline | vs control | speedup at ≤ 2% | beats both nulls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
       ]
       for m, f in rung["figures"].items():
         e = f["equal_steps"]
-        g = e["final_loss_gap"]
+        g, stopped = e["final_loss_gap"], e["null_stopped_baseline"]
         lines.append(
           f"| {m} | {_mean_cell(e['wallclock_ratio'])} | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
-          f"{_mean_cell(e['null_stopped_baseline']['wallclock_ratio'])} | "
+          f"{_mean_cell(stopped['wallclock_ratio'])} | {stopped['within_2pct']} | "
           f"{paired_cell(e.get('vs_stopped_baseline'))} | "
           f"{paired_cell(e.get('vs_control'))} | {e['claim']['speedup_at_2pct']} | {e['claim']['beats_both_nulls']} |"
         )
@@ -348,14 +374,23 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     for p in group["plateaus"]:
       any_flagged = True
       lines.append(
-        f"* {g}: {p['run']} seed {p['seed']}: {p['loss']:.4f} at step {p['at_step']} against the group's median "
-        f"{p['group_median']:.4f}"
+        f"* {g}: {p['run']} seed {p['seed']}: {p['loss']:.4f} at step {p['at_step']} against its median over "
+        f"seeds {p['median_over_seeds']:.4f}"
       )
     if group.get("extended_for_plateau"):
       lines.append(f"* {g}: seeds extended to {group['seeds']}")
   if not any_flagged:
     lines.append("None flagged (* marks a plateau seed in the tables above).")
   lines += ["", "## Learning rates", ""]
+  cosine = result["groups"].get("cosine", {}).get("tuning")
+  if cosine:
+    lines.append(
+      f"* R3 compares raw iterates at the LR tuned for the averaged one ({cosine['best_lr']:.4g}); the sweep's best "
+      f"LR for the raw loss was {cosine['best_lr_for_raw_loss']:.4g}"
+    )
+  for g, group in result["groups"].items():
+    if group.get("sweep", {}).get("best_at_edge") or group.get("tuning", {}).get("best_at_edge"):
+      lines.append(f"* {g}: the best LR sits at the sweep grid's edge (raise benchmark.lr_max_extensions)")
   for g, pos in result["untuned_position"].items():
     lines.append(
       f"* {g}: grid {pos['grid']}, best {pos['best_lr']:.4g} ({pos['best_over_untuned']:.2f}× the untuned "
