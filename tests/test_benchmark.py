@@ -351,7 +351,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   # protocol results are re-written from the same runs.
   with open(os.path.join(workdir, "ladder-quick.md")) as f:
     md = f.read()
-  assert "| jump |" in md and "R1 (untuned LR held constant" in md
+  assert "| jump |" in md and "## R1: untuned LR held constant" in md
   assert os.path.getsize(os.path.join(workdir, "ladder-quick.png")) > 1000
   with open(os.path.join(workdir, first["family"], "benchmark.json")) as f:
     assert json.load(f)["curves"] == first["curves"]

@@ -185,3 +185,46 @@ def test_the_published_protocol_results_are_the_ladders_own_runs():
       for m, runs in g["method_runs"].items():
         for s, run in runs.items():
           assert stored["method_runs"][m][s]["final_raw"] == run["final_raw"], (m, s)
+
+
+def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_timing(tmp_path):
+  """The report and the figure over all six rungs on synthetic groups: an arm with a control, one
+  without (R0 compares it with the stopped baseline alone), and a muon group with no timing."""
+  c = benchmark_cfg.get_config("long")
+  c.benchmark.ladder = True
+  n = 100
+  stop = {"1": 2.3, "2": 2.3, "3": 2.3}
+  groups = {}
+  for g in ("untuned", "constant", "cosine", "muon"):
+    group = _group([2.0, 2.01, 1.99], stop)
+    runs = group["method_runs"]
+    group["method_runs"] = {"jump": runs["arm"], "skip_control": runs["arm_control"], "outer_momentum": runs["arm"]}
+    group.update(methods=list(group["method_runs"]), lr=1e-3, seeds=[1, 2, 3], beta=0.99, family=g, plateaus=[])
+    groups[g] = group
+  ms = {"adamw": {"baseline": {"baseline": 10.0}, "jump": {"full_step": 10.0, "predict_step": 2.0}}}
+  ms["adamw"]["outer_momentum"] = ms["adamw"]["jump"]
+  rungs = ladder.rung_figures(c, groups, ms, n)
+  assert list(rungs) == list(ladder.RUNGS) and rungs["R5"]["figures"]["jump"]["wallclock_ratio"]["n_null"] == 3
+  assert rungs["R0"]["figures"]["outer_momentum"]["equal_steps"]["claim"]["nulls_compared"] == ["stopped_baseline"]
+  result = {
+    "preset": "synthetic",
+    "task": "gpt2",
+    "steps": n,
+    "command": "test",
+    "wall_s": 7.0,
+    "runs_trained": 1,
+    "runs_cached": 2,
+    "machine": {"cpu_cores": 2, "platform": "cpu"},
+    "rung_names": list(ladder.RUNGS),
+    "verdict_rungs": list(ladder.VERDICT),
+    "rungs": rungs,
+    "groups": groups,
+    "untuned_position": {},
+  }
+  md = report.ladder_markdown(result)
+  for name in ladder.RUNGS:
+    assert f"## {name}: " in md
+  assert (
+    "beyond the stopped baseline (no control)" in md and "R4: R3 with weight averaging (averaged) **verdict**" in md
+  )
+  assert report.save_ladder_plot(result, str(tmp_path)).endswith("ladder-synthetic.png")

@@ -308,8 +308,8 @@ def plot_ladder(path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str,
   Args:
     path: the PNG to write (its folder is created).
     rungs: the rungs in order (the x axis), e.g. ["R0", ..., "R5"].
-    arms: arm -> rung -> {"values": [per-seed ratio or None], "label": what the ratio is}; a rung an
-      arm was not run at is left out.
+    arms: arm -> rung -> {"values": [per-seed ratio or None]}; a rung an arm was not run at is left
+      out.
     verdict: the rungs to shade as the verdict.
 
   Returns:
