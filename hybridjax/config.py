@@ -80,7 +80,8 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
   # The training method (`hybridjax.methods`): 'velocity' (steps of alpha . velocity planned by the
   # RSSM), 'jump' (one long move along the averaged iterate's drift, chosen by probe forwards),
-  # 'outer_momentum' (real steps only), or the dotted path of a module of your own.
+  # 'outer_momentum' (real steps only), 'selective_backprop' (2B sequences scored, the hardest B
+  # backpropagated), or the dotted path of a module of your own.
   c.method = "velocity"
   c.warmup_steps = 50
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start

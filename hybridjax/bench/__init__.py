@@ -13,7 +13,10 @@
   tuning      the LR sweep, the averaging beta, the budget checks, the budget curves, the arms' runs
   timing      the median time of each kind of step, interleaved
   figures     every figure, as pure functions of the results (recomputable from benchmark.json)
-  report      results.md, the plots, the files a benchmark writes and publishes
+  report      results.md, the ladder's tables, the plots, the files a benchmark writes and publishes
+  family      one family's protocol: its runs, its result record (benchmark.json) and headline
+  ladder      the fairness ladder: every arm under six baseline conditions, from a claim's own (R0:
+              equal steps, untuned constant LR) to the tuned, averaged baselines (R4, R5)
 
 `experiments/benchmark.py` is the command line that runs it (docs/benchmark.md).
 """

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -98,8 +99,17 @@ def step_batches(config: ml_collections.ConfigDict, train_batch: Callable[[int],
 
   def batch(i: int) -> Batch:
     parts = [train_batch(k * i + j) for j in range(k)]
-    # Leaves with a batch axis are joined; the others (a shared key) are the first batch's.
-    return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]) if np.ndim(xs[0]) else xs[0], *parts)
+    # Leaves along the batch axis (the leading axis most leaves share) are joined; the others (a
+    # shared key, a scale) are the first batch's. Device arrays stay on the device.
+    leading = [np.shape(x)[0] for x in jax.tree.leaves(parts[0]) if np.ndim(x)]
+    size = max(set(leading), key=leading.count) if leading else None
+
+    def join(*xs):
+      if not np.ndim(xs[0]) or np.shape(xs[0])[0] != size:
+        return xs[0]
+      return jnp.concatenate(xs) if isinstance(xs[0], jax.Array) else np.concatenate([np.asarray(x) for x in xs])
+
+    return jax.tree.map(join, *parts)
 
   return batch
 

@@ -41,7 +41,9 @@ FIELDS = {"random": config_lib.check_bool}
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({"random": False})
+  c = ml_collections.ConfigDict()
+  c.random = False  # True: the control arm, a random B of the 2B backpropagated
+  return c
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
@@ -77,6 +79,11 @@ def selective_step(
   """Scores the 2B sequences of `batch`, then the baseline's real update on the chosen B."""
   tr = state.train
   sizes = {x.shape[0] for x in jax.tree.leaves(batch) if x.ndim >= 1}
+  if len(sizes) != 1:
+    raise ValueError(
+      f"selective_backprop: the batch's leaves have leading axes {sorted(sizes)}; it needs one batch axis "
+      "on every leaf that has axes (per-example losses are taken along it)"
+    )
   (total,) = sizes
   keep = total // BATCHES_PER_STEP
   scores = per_example_losses(ctx.loss_fn, jax.lax.stop_gradient(tr.params), batch)
