@@ -123,3 +123,14 @@ def test_a_run_charges_its_scoring_forwards_and_selects_the_hardest(random, tmp_
     assert abs(gaps.mean()) < 0.5 * gaps.std() + 1e-3  # a random half: no systematic gap
   else:
     assert np.all(gaps >= -1e-6) and gaps.mean() > 0  # the top half's mean loss is above the whole's
+
+
+def test_only_leaves_along_the_batch_axis_are_joined():
+  def train_batch(i):
+    return {"x": np.full((8, 3), i, np.float32), "key": np.array([i, 7], np.uint32), "scale": np.float32(1)}
+
+  got = train_lib.step_batches(rh.mlp_config(**method_config()), train_batch)(2)
+  chex.assert_shape(got["x"], (16, 3))
+  chex.assert_trees_all_equal(got["x"][:8], train_batch(4)["x"])
+  chex.assert_trees_all_equal(got["x"][8:], train_batch(5)["x"])
+  chex.assert_trees_all_equal(got["key"], train_batch(4)["key"])  # a (2,) key is shared, not joined
