@@ -318,6 +318,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   workdir, config, first = quick
   c = ml_collections.ConfigDict(config.to_dict())
   c.benchmark.ladder = True
+  c.benchmark.update(timing_rounds=2, timing_steps=5)  # the timing's code path; its figures are not read here
   n = int(c.trainer.steps)
   result = benchmark.run_benchmark(c, workdir)
   assert result["rung_names"] == ["R1", "R3"] and result["verdict_rungs"] == []
