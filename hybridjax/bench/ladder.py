@@ -405,9 +405,12 @@ def equal_steps(
   if vs_control is not None:
     out["vs_control"] = vs_control
   beats = [out.get("vs_stopped_baseline"), vs_control]
+  compared = [d for d in beats if d is not None]
   out["claim"] = {
     "speedup_at_2pct": bool(present) and all(out["within_2pct"]) and out["wallclock_ratio"]["mean"] > 1,
-    "beats_both_nulls": all(d is not None and d["verdict"] == "lower" for d in beats),
+    "beats_both_nulls": len(compared) == 2 and all(d["verdict"] == "lower" for d in compared),
+    # An arm with no control (outer momentum) is judged against the one null it has.
+    "beats_nulls_compared": bool(compared) and all(d["verdict"] == "lower" for d in compared),
     "nulls_compared": [name for name, d in zip(("stopped_baseline", "control"), beats) if d is not None],
   }
   return out

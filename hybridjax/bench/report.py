@@ -250,7 +250,7 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
     e = f["equal_steps"]
     compared = e["claim"]["nulls_compared"]
     which = "both nulls" if len(compared) == 2 else "the stopped baseline (no control)"
-    beats = f"beats {which}" if e["claim"]["beats_both_nulls"] else f"not beyond {which}"
+    beats = f"beats {which}" if e["claim"].get("beats_nulls_compared") else f"not beyond {which}"
     return f"{_mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
   s = f["pass_ratio"]
   cell = "not reached" if s["mean"] is None else _mean_cell(s)
