@@ -224,7 +224,5 @@ def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_ti
   md = report.ladder_markdown(result)
   for name in ladder.RUNGS:
     assert f"## {name}: " in md
-  assert (
-    "the stopped baseline (no control)" in md and "R4: R3 with weight averaging (averaged) **verdict**" in md
-  )
+  assert "the stopped baseline (no control)" in md and "R4: R3 with weight averaging (averaged) **verdict**" in md
   assert report.save_ladder_plot(result, str(tmp_path)).endswith("ladder-synthetic.png")
