@@ -229,6 +229,33 @@ def real_update(ctx: HybridContext, tr: TrainState, batch: Batch, schedule: Sche
   return RealUpdate(loss, grads, grad_norm, finite, lr, params, opt_state, updates)
 
 
+def baseline_step(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo]:
+  """The baseline's update (`real_update`) with the controller's loss statistics and health checks,
+  and nothing of a predictor: the whole real step of a method that never predicts (outer momentum,
+  selective backprop on the batch it chose)."""
+  tr = state.train
+  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
+  c, explosion, spike = controller_lib.update_real_stats(
+    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
+  )
+  info = make_step_info(
+    loss=loss,
+    predicted_loss=jnp.nan,
+    grad_norm=grad_norm,
+    was_real=True,
+    finite=finite,
+    explosion=explosion,
+    spike=spike,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    alpha=jnp.zeros((ctx.groups.n_groups,)),
+  )
+  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+
+
 def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """A real gradient step plus the trajectory bookkeeping. A non-finite update is never applied."""
   tr = state.train

@@ -13,12 +13,11 @@ from typing import Any
 import jax
 import ml_collections
 
-from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.full_step import real_update
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.full_step import baseline_step
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule, next_train_state
+from hybridjax.optim import Batch, Schedule
 
 NAME = "outer_momentum"
 CONFIG_KEY = None  # its settings are `optim.outer_every`, `optim.outer_eta`, `optim.outer_mu`
@@ -59,25 +58,7 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> None:
 def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """The baseline's update (outer momentum's step inside `next_train_state`) and the controller's
   loss statistics and health checks."""
-  tr = state.train
-  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
-  c, explosion, spike = controller_lib.update_real_stats(
-    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
-  )
-  info = make_step_info(
-    loss=loss,
-    predicted_loss=jax.numpy.nan,
-    grad_norm=grad_norm,
-    was_real=True,
-    finite=finite,
-    explosion=explosion,
-    spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jax.numpy.zeros((ctx.groups.n_groups,)),
-  )
-  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+  return baseline_step(ctx, state, batch, schedule)
 
 
 def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:

@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.full_step import real_update
+from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.full_step import baseline_step
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule, next_train_state, per_example_losses
+from hybridjax.optim import Batch, Schedule, per_example_losses
 
 NAME = "selective_backprop"
 CONFIG_KEY = "selective"
@@ -89,26 +88,10 @@ def selective_step(
   scores = per_example_losses(ctx.loss_fn, jax.lax.stop_gradient(tr.params), batch)
   index = select(scores, keep, jax.random.fold_in(state.rng, tr.step), ctx.settings[0])
   chosen = jax.tree.map(lambda x: x[index] if x.ndim >= 1 and x.shape[0] == total else x, batch)
-  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, chosen, schedule)
-  c, explosion, spike = controller_lib.update_real_stats(
-    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
-  )
-  info = make_step_info(
-    loss=loss,
-    predicted_loss=jnp.nan,
-    grad_norm=grad_norm,
-    was_real=True,
-    finite=finite,
-    explosion=explosion,
-    spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros((ctx.groups.n_groups,)),
-    forwards=BATCHES_PER_STEP,  # the scoring forward of 2B sequences: two forwards of a B batch
-    extra={"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])},
-  )
-  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+  new, info = baseline_step(ctx, state, chosen, schedule)
+  # The scoring forward of 2B sequences: two forwards of a B batch, charged beside the backward pass.
+  extra = {"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])}
+  return new, info.replace(forwards=jnp.asarray(BATCHES_PER_STEP, jnp.int32), extra=extra)
 
 
 def step_extra(ctx: HybridContext) -> dict[str, jax.Array]:
