@@ -200,6 +200,7 @@ def test_drift_forecast_scores_each_estimate():
     assert -1 <= scores["5"]["cos"] <= 1 and scores["5"]["rel_error"] >= 0
 
 
+@pytest.mark.slow  # an end-to-end run; CI runs it (`-m ""`)
 def test_line_scan_reports_the_averaged_anchor(capsys):
   result = line_scan.main(["--preset=tiny,micro", "--at=3", "--alphas=-1,0,1"])
   assert result["alphas"] == [-1.0, 0.0, 1.0] and result["averaging_beta"] == 0.99

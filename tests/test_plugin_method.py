@@ -124,6 +124,7 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   assert not os.path.exists(tmp_path / "c" / "checkpoints")
 
 
+@pytest.mark.slow  # an end-to-end run; CI runs it (`-m ""`)
 def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path, jax_cache):
   """The `quick` protocol on a task and a method of the user's, with the method's control arm: a
   verdict from the package's benchmark, with no file of it edited."""

@@ -108,6 +108,7 @@ def test_a_method_that_declares_a_bad_batch_count_is_refused_by_name():
     registry.check_interface(bad, "bad_batches")
 
 
+@pytest.mark.slow  # an end-to-end run; CI runs it (`-m ""`)
 @pytest.mark.parametrize("random", [False, True])
 def test_a_run_charges_its_scoring_forwards_and_selects_the_hardest(random, tmp_path):
   c = rh.mlp_config(steps=20, **method_config())
