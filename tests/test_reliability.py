@@ -129,6 +129,7 @@ def _pick_checkpoints(phase_now: dict[int, int], last: int) -> dict[str, int]:
 PHASES_BY_ID = {v: k for k, v in PHASES.items()}
 
 
+@pytest.mark.slow  # CI runs it (`-m ""`); kept out of the default suite's 300 s
 def test_resume_from_a_checkpoint_in_every_phase_is_bit_exact(tmp_path, jax_cache, monkeypatch):
   # An uninterrupted run that keeps a checkpoint in each phase; a run that died right after the
   # checkpoint of step s leaves exactly that checkpoint directory behind. Resumed from it, the run

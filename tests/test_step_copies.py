@@ -63,11 +63,13 @@ def _lax_switch_step(ctx, state, batch, schedule):
   return step_lib.finish_step(ctx, new_state, info, phase, state.controller.next_branch)
 
 
+@pytest.mark.slow  # CI runs it (`-m ""`); kept out of the default suite's 300 s
 def test_the_fused_step_copies_no_state_outside_the_transitions():
   n, nbytes = memory.count_copies(_compile(step_lib.hybrid_step), entry_only=True)
   assert nbytes <= ENTRY_COPY_LIMIT_BYTES, f"{n} copies, {nbytes} B, outside the transitions"
 
 
+@pytest.mark.slow  # CI runs it (`-m ""`); kept out of the default suite's 300 s
 def test_the_multi_step_scan_copies_no_state_per_iteration():
   ctx, state, batch, schedule = _setup()
   batches = jax.tree.map(lambda x: jnp.stack([x] * 4), batch)
