@@ -35,6 +35,7 @@ def _bench_config(**benchmark_overrides):
   return c
 
 
+@pytest.mark.slow  # CI runs it (`-m ""`); kept out of the default suite's 300 s
 def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
   """The anchor runner's final raw and averaged losses are train()'s, bit for bit."""
   config = _bench_config()
