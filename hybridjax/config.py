@@ -13,13 +13,15 @@ from typing import Any
 import ml_collections
 
 from hybridjax import registry
+from hybridjax.models import gpt2
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
   """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
   c = ml_collections.ConfigDict()
   # 'adamw' | 'adam' | 'sgd' (momentum 0.9) | 'muon' (Muon on the hidden matrices, AdamW on
-  # embeddings, LayerNorm parameters and biases); any other name names an optimizer of the user's,
+  # embeddings, LayerNorm parameters and biases) | 'muon_groups' (the speedrun's: Muon on the
+  # hidden matrices, Adam on embeddings, head and scalars at their own ratios); any other name names an optimizer of the user's,
   # passed to `train(tx=...)` (the fields below that configure the built-ins do not apply to it).
   c.name = "adamw"
   c.learning_rate = 3e-3  # peak lr (for 'muon': of the Muon matrices)
@@ -38,6 +40,15 @@ def default_optim_config() -> ml_collections.ConfigDict:
   # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
   c.adam_lr_ratio = 0.15
   c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
+  # 'muon_groups' (the speedrun's optimizer): Muon on the hidden matrices at learning_rate; Adam on
+  # the embeddings, the head and the scalars, each at a fixed ratio of it (the speedrun's record:
+  # Muon 0.05, embeddings 0.6, head 0.008, scalars 0.04), betas (0.8, 0.95), eps 1e-10
+  c.embed_lr_ratio = 12.0
+  c.head_lr_ratio = 0.16
+  c.scalar_lr_ratio = 0.8
+  c.groups_b1 = 0.8
+  c.groups_b2 = 0.95
+  c.groups_eps = 1e-10
   # Outer Nesterov momentum on K-step displacements (baseline mode, or hybrid with the jump
   # predictor, whose drift it then gives): every `outer_every` real steps
   # d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow. 0 = off.
@@ -302,6 +313,12 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "optim.grad_clip": _num(0.0),
   "optim.adam_lr_ratio": _num(0.0, lo_open=True),
   "optim.muon_weight_decay": _num(0.0),
+  "optim.embed_lr_ratio": _num(0.0, lo_open=True),
+  "optim.head_lr_ratio": _num(0.0, lo_open=True),
+  "optim.scalar_lr_ratio": _num(0.0, lo_open=True),
+  "optim.groups_b1": _num(0.0, 1.0, hi_open=True),
+  "optim.groups_b2": _num(0.0, 1.0, hi_open=True),
+  "optim.groups_eps": _num(0.0, lo_open=True),
   "optim.outer_every": _int(0),
   "optim.outer_eta": _num(0.0, 2.0, lo_open=True),
   "optim.outer_mu": _num(0.0, 1.0, hi_open=True),
@@ -414,6 +431,8 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         m.d_model % m.n_head == 0,
         f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})",
       )
+      # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
+      errors += [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
     if "hybrid" in config and (blocks is None or "hybrid" in blocks):
       h = config.hybrid
       rel(

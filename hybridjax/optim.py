@@ -194,20 +194,76 @@ def _wsd_after_warmup(schedule: Schedule, step: jax.Array) -> jax.Array:
   return jnp.where(step < start, peak, linear)
 
 
+def _keys(path: Any) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
 def muon_labels(params: Any) -> Any:
   """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
 
   Muon orthogonalises 2-D updates, which suits the hidden (attention and MLP) matrices only; as in
   the modded-nanogpt recipes, embeddings (any leaf under a key named `embedding`, which includes a
-  head tied to the token embedding), LayerNorm parameters and biases (every leaf with ndim != 2)
-  stay on AdamW.
+  head tied to the token embedding), an untied head (`lm_head`), LayerNorm parameters and biases
+  (every leaf with ndim != 2) stay on AdamW.
   """
 
   def label(path, p):
-    under_embedding = any(getattr(k, "key", getattr(k, "name", None)) == "embedding" for k in path)
-    return "muon" if p.ndim == 2 and not under_embedding else "adamw"
+    keys = _keys(path)
+    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
 
   return jax.tree_util.tree_map_with_path(label, params)
+
+
+MUON_GROUPS = ("muon", "muon_qkv", "embed", "head", "scalar")
+
+
+def muon_group_labels(params: Any) -> Any:
+  """The speedrun's parameter groups, a pytree like `params` of labels from `MUON_GROUPS`:
+
+  * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
+    orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;
+  * 'embed': the embedding tables (token, positions, value embeddings);
+  * 'head': the output head: `lm_head`, or the token embedding when the head is tied to it;
+  * 'scalar': every leaf with ndim != 2 (biases, norm scales, the learned mixing scalars).
+  """
+  tied = "lm_head" not in params
+
+  def label(path, p):
+    keys = _keys(path)
+    if "embedding" in keys:
+      return "head" if tied and keys[0] == "wte" else "embed"
+    if keys[0] == "lm_head":
+      return "head"
+    if p.ndim != 2:
+      return "scalar"
+    return "muon_qkv" if keys[-2:] == ("c_attn", "kernel") else "muon"
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` applied to each (d, 3d) matrix seen as a batch of three (d, d) matrices (its q, k and
+  v column blocks), and the result laid out as (d, 3d) again."""
+  to = lambda x: x.reshape(x.shape[0], 3, x.shape[1] // 3).transpose(1, 0, 2)
+  back = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], 3 * x.shape[2])
+
+  def init(params):
+    return inner.init(jax.tree.map(to, params))
+
+  def update(updates, state, params=None):
+    params = None if params is None else jax.tree.map(to, params)
+    updates, state = inner.update(jax.tree.map(to, updates), state, params)
+    return jax.tree.map(back, updates), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
+  """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(
+    learning_rate=learning_rate, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+  )
 
 
 def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
@@ -250,6 +306,8 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
     # is scaled afterwards, which is AdamW at `adam_lr_ratio` times the rate.
     rest = optax.chain(adamw(), optax.scale(float(optim.adam_lr_ratio)))
     core = optax.partition({"muon": muon, "adamw": rest}, muon_labels)
+  elif optim.name == "muon_groups":
+    core = _muon_groups(optim)
   elif optim.name == "adam":
     core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
   elif optim.name == "sgd":
@@ -264,7 +322,30 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   return core
 
 
-BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
+def _muon_groups(optim: Any) -> optax.GradientTransformation:
+  """The speedrun's optimizer: Muon (no weight decay) on the hidden matrices, Adam on the
+  embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
+  of the learning rate (`optim.embed_lr_ratio`, `head_lr_ratio`, `scalar_lr_ratio`) with
+  `optim.groups_b1`, `groups_b2`, `groups_eps`. As for 'muon', every group's injected learning rate
+  is set to the one schedule's value, and an Adam group's update is scaled by its ratio after."""
+  b1, b2, eps = float(optim.groups_b1), float(optim.groups_b2), float(optim.groups_eps)
+
+  def adam(ratio):
+    return optax.chain(
+      optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps), optax.scale(float(ratio))
+    )
+
+  transforms = {
+    "muon": optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0),
+    "muon_qkv": _blocks_of_three(optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)),
+    "embed": adam(optim.embed_lr_ratio),
+    "head": adam(optim.head_lr_ratio),
+    "scalar": adam(optim.scalar_lr_ratio),
+  }
+  return optax.partition(transforms, muon_group_labels)
+
+
+BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "muon", "muon_groups")
 """The names `make_optimizer` builds from `config.optim`; any other `optim.name` names a user's optimizer."""
 
 Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]

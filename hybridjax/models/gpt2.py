@@ -8,6 +8,13 @@ the (in, out) layout of HF's ``Conv1D``, so conversion is a pure renaming.
 
 Parameters are always float32; ``GPT2Config.dtype`` selects the compute dtype.
 Attention softmax and the output logits are computed in float32.
+
+The modded-nanogpt speedrun's architecture changes are options of ``GPT2Config``, each one setting
+named as the speedrun's record history names it (rotary embeddings, QK-norm, ReLU², RMSNorm
+without parameters and no biases, zero-initialised projections, an untied zero-initialised head,
+logit soft-capping, embedding skips, value embeddings, U-net skips). All are off by default, and
+then the model is the Hugging Face GPT-2, computing the same bits as without the options
+(docs/recipe.md).
 """
 
 from __future__ import annotations
@@ -47,6 +54,26 @@ class GPT2Config:
     layer_norm_eps: LayerNorm epsilon.
     dtype: compute dtype name ("float32", "bfloat16" or "float16"); parameters
       are always stored in float32.
+
+  The speedrun's options (all off by default: the Hugging Face GPT-2):
+    rotary: rotary position embeddings on the queries and keys, in place of the learned
+      positions (no ``wpe``); needs an even head dimension.
+    rotary_base: the rotary frequencies' base.
+    qk_norm: RMSNorm (without parameters) on each head's queries and keys.
+    relu2: the MLP's activation is ReLU², in place of tanh-GELU.
+    rmsnorm: RMSNorm without parameters in place of every LayerNorm, and no biases anywhere.
+    embed_norm: the token embedding is RMS-normalised before the first block.
+    zero_init_proj: the attention and MLP output projections start at zero.
+    untied_head: a separate output head (``lm_head``, zero-initialised) in place of the tied
+      token embedding.
+    logit_softcap: logits become ``cap * tanh(logits / cap)``; 0 = off.
+    embed_skips: each block's input is ``l0 * x + l1 * x0``, with ``x0`` the (normalised)
+      embedding and learned scalars ``lambdas`` starting at (1, 0).
+    value_embeds: k extra embedding tables; table j is mixed into the attention values of layer j
+      and of layer n_layer - k + j (``v = l0 * v + l1 * ve``, learned ``value_lambdas`` starting
+      at (0.5, 0.5)); needs 2k <= n_layer. 0 = off.
+    unet_skips: the first half's block outputs are added, last first, into the second half's
+      inputs with learned weights starting at 1 (``skip_weights``); needs an even n_layer.
   """
 
   vocab_size: int
@@ -57,6 +84,18 @@ class GPT2Config:
   dropout: float = 0.0
   layer_norm_eps: float = 1e-5
   dtype: str = "float32"
+  rotary: bool = False
+  rotary_base: float = 10000.0
+  qk_norm: bool = False
+  relu2: bool = False
+  rmsnorm: bool = False
+  embed_norm: bool = False
+  zero_init_proj: bool = False
+  untied_head: bool = False
+  logit_softcap: float = 0.0
+  embed_skips: bool = False
+  value_embeds: int = 0
+  unet_skips: bool = False
 
   def validate(self) -> None:
     """Raises ValueError naming the first invalid field."""
@@ -74,10 +113,75 @@ class GPT2Config:
       raise ValueError(f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}")
     if self.dtype not in _COMPUTE_DTYPES:
       raise ValueError(f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}")
+    errors = option_errors(dataclasses.asdict(self))
+    if errors:
+      raise ValueError(errors[0])
+
+  @property
+  def speedrun_options(self) -> list[str]:
+    """The speedrun options that are on (empty for the Hugging Face GPT-2)."""
+    defaults = GPT2Config(vocab_size=1, n_ctx=1, n_layer=1, n_head=1, d_model=1)
+    return [name for name in OPTIONS if getattr(self, name) != getattr(defaults, name)]
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.n_head
+
+
+OPTIONS = (
+  "rotary",
+  "rotary_base",
+  "qk_norm",
+  "relu2",
+  "rmsnorm",
+  "embed_norm",
+  "zero_init_proj",
+  "untied_head",
+  "logit_softcap",
+  "embed_skips",
+  "value_embeds",
+  "unet_skips",
+)
+"""The speedrun's architecture options of `GPT2Config`, all off by default."""
+
+
+def option_errors(model: Mapping[str, Any]) -> list[str]:
+  """The problems of a model block's speedrun options, alone and in combination (a mapping of the
+  `GPT2Config` fields; missing fields take their defaults). Each names the field and the fix."""
+  get = lambda name, default: model.get(name, default)
+  errors = []
+  flags = ("rotary", "qk_norm", "relu2", "rmsnorm", "embed_norm", "zero_init_proj", "untied_head")
+  for name in flags + ("embed_skips", "unet_skips"):
+    if not isinstance(get(name, False), bool):
+      errors.append(f"model.{name} must be True or False, got {get(name, False)!r}")
+  cap, base, k = get("logit_softcap", 0.0), get("rotary_base", 10000.0), get("value_embeds", 0)
+  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 0:
+    errors.append(f"model.logit_softcap must be a number >= 0 (0 = off; the speedrun used 30, then 15), got {cap!r}")
+  if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+    errors.append(f"model.rotary_base must be a number > 1 (e.g. 10000.0), got {base!r}")
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+    errors.append(f"model.value_embeds must be an int >= 0 (the number of value-embedding tables), got {k!r}")
+    k = 0
+  n_layer, n_head, d_model = get("n_layer", 1), get("n_head", 1), get("d_model", 1)
+  if errors or not all(isinstance(v, (int, np.integer)) and v > 0 for v in (n_layer, n_head, d_model)):
+    return errors
+  head_dim = d_model // n_head
+  if get("rotary", False) and head_dim % 2:
+    errors.append(
+      f"model.rotary needs an even head dimension, but model.d_model / model.n_head = {d_model} / {n_head} = "
+      f"{head_dim}: change model.n_head or model.d_model, or set model.rotary=False"
+    )
+  if get("unet_skips", False) and n_layer % 2:
+    errors.append(
+      f"model.unet_skips pairs the first half's layers with the second half's, so it needs an even "
+      f"model.n_layer, got {n_layer}: use an even layer count or set model.unet_skips=False"
+    )
+  if 2 * k > n_layer:
+    errors.append(
+      f"model.value_embeds={k} mixes each table into a layer of the first {k} and of the last {k}, which needs "
+      f"2 * value_embeds <= model.n_layer ({n_layer}): use model.value_embeds <= {n_layer // 2}"
+    )
+  return errors
 
 
 PRESETS: dict[str, GPT2Config] = {
@@ -97,19 +201,27 @@ PRESETS: dict[str, GPT2Config] = {
 _STD = 0.02
 
 
-def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD):
+def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD, zero: bool = False):
   return layers.Dense(
     features,
-    use_bias=True,
+    use_bias=not cfg.rmsnorm,
     dtype=jnp.dtype(cfg.dtype),
     param_dtype=jnp.float32,
-    kernel_init=nn.initializers.normal(std),
+    kernel_init=nn.initializers.zeros if zero else nn.initializers.normal(std),
     bias_init=nn.initializers.zeros,
     name=name,
   )
 
 
-def _layer_norm(name: str, cfg: GPT2Config) -> nn.LayerNorm:
+def rms_norm(x: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm without parameters over the last axis, computed in float32 (as `F.rms_norm`)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def _layer_norm(name: str, cfg: GPT2Config):
+  if cfg.rmsnorm:
+    return lambda x: rms_norm(x, cfg.layer_norm_eps)
   return nn.LayerNorm(
     epsilon=cfg.layer_norm_eps,
     dtype=jnp.dtype(cfg.dtype),
@@ -123,19 +235,44 @@ def _residual_std(cfg: GPT2Config) -> float:
   return _STD / math.sqrt(2 * cfg.n_layer)
 
 
+def rotate(x: jax.Array, base: float) -> jax.Array:
+  """Rotary position embedding of `x` (batch, heads, time, head_dim): the pairs (i, i + head_dim/2)
+  rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
+  t, dim = x.shape[-2], x.shape[-1]
+  inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+  freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq)  # (t, dim / 2)
+  cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
+
+
+def _pair(name: str, module: nn.Module, init: tuple[float, float]) -> jax.Array:
+  """A learned pair of scalars, (2,) float32, starting at `init`."""
+  return module.param(name, lambda _, shape: jnp.asarray(init, jnp.float32), (2,))
+
+
 class CausalSelfAttention(nn.Module):
-  """Multi-head causal self-attention with a fused qkv projection."""
+  """Multi-head causal self-attention with a fused qkv projection; with the speedrun's options,
+  value embeddings mixed into the values, QK-norm and rotary embeddings (in the speedrun's order)."""
 
   config: GPT2Config
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, value_embed: jax.Array | None = None, *, deterministic: bool) -> jax.Array:
     cfg = self.config
     b, t, d = x.shape
     qkv = _dense(3 * d, "c_attn", cfg)(x)
     # Heads transposed ahead of time, (b, h, t, head_dim): the batch dimensions of both batched
     # matmuls lead, and XLA:CPU runs them, and their gradients, faster (docs/performance.md).
     q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3) for a in jnp.split(qkv, 3, axis=-1))
+    if value_embed is not None:
+      lambdas = _pair("value_lambdas", self, (0.5, 0.5))
+      ve = value_embed.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
+      v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
+    if cfg.qk_norm:
+      q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
+    if cfg.rotary:
+      q, k = rotate(q, cfg.rotary_base), rotate(k, cfg.rotary_base)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
@@ -143,12 +280,12 @@ class CausalSelfAttention(nn.Module):
     weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
     y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    y = _dense(d, "c_proj", cfg, std=_residual_std(cfg))(y)
+    y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
 
 
 class MLPBlock(nn.Module):
-  """Position-wise feed-forward network: d -> 4d -> d with tanh GELU."""
+  """Position-wise feed-forward network: d -> 4d -> d with tanh GELU (ReLU² with `relu2`)."""
 
   config: GPT2Config
 
@@ -156,23 +293,44 @@ class MLPBlock(nn.Module):
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     cfg = self.config
     h = _dense(4 * cfg.d_model, "c_fc", cfg)(x)
-    h = nn.gelu(h, approximate=True)
-    h = _dense(cfg.d_model, "c_proj", cfg, std=_residual_std(cfg))(h)
+    h = jnp.square(nn.relu(h)) if cfg.relu2 else nn.gelu(h, approximate=True)
+    h = _dense(cfg.d_model, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(h)
     return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
 
 
 class Block(nn.Module):
-  """Pre-LayerNorm transformer block."""
+  """Pre-norm transformer block; with `embed_skips` its input first mixes in the embedding `x0`."""
 
   config: GPT2Config
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    x0: jax.Array | None = None,
+    value_embed: jax.Array | None = None,
+    *,
+    deterministic: bool,
+  ) -> jax.Array:
     cfg = self.config
+    if cfg.embed_skips:
+      lambdas = _pair("lambdas", self, (1.0, 0.0))
+      x = (lambdas[0] * x + lambdas[1] * x0).astype(x.dtype)
     h = _layer_norm("ln_1", cfg)(x)
-    x = x + CausalSelfAttention(cfg, name="attn")(h, deterministic=deterministic)
+    x = x + CausalSelfAttention(cfg, name="attn")(h, value_embed, deterministic=deterministic)
     h = _layer_norm("ln_2", cfg)(x)
     return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic)
+
+
+def value_embed_layer(cfg: GPT2Config, layer: int) -> int | None:
+  """The value-embedding table layer `layer` mixes in (the first k layers take tables 0..k-1, the
+  last k the same tables again), or None."""
+  k, n = cfg.value_embeds, cfg.n_layer
+  if layer < k:
+    return layer
+  if layer >= n - k:
+    return layer - (n - k)
+  return None
 
 
 class GPT2(nn.Module):
@@ -203,13 +361,36 @@ class GPT2(nn.Module):
       name=name,
     )
     wte = embed(cfg.vocab_size, "wte")
-    wpe = embed(cfg.n_ctx, "wpe")
-    x = wte(tokens) + wpe(jnp.arange(t))[None]
+    if cfg.rotary:  # positions enter through the queries and keys: no learned positions
+      x = wte(tokens)
+    else:
+      wpe = embed(cfg.n_ctx, "wpe")
+      x = wte(tokens) + wpe(jnp.arange(t))[None]
+    if cfg.embed_norm:
+      x = rms_norm(x, cfg.layer_norm_eps)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    x0 = x if cfg.embed_skips else None
+    values = [embed(cfg.vocab_size, f"value_embed_{j}")(tokens) for j in range(cfg.value_embeds)]
+    half = cfg.n_layer // 2
+    skips = []
     for i in range(cfg.n_layer):
-      x = Block(cfg, name=f"h_{i}")(x, deterministic=deterministic)
+      if cfg.unet_skips and i >= half:
+        if i == half:
+          skip_weights = self.param("skip_weights", nn.initializers.ones, (cfg.n_layer - half,), jnp.float32)
+        x = (x + skip_weights[i - half] * skips.pop()).astype(x.dtype)
+      table = value_embed_layer(cfg, i)
+      x = Block(cfg, name=f"h_{i}")(x, x0, None if table is None else values[table], deterministic=deterministic)
+      if cfg.unet_skips and i < half:
+        skips.append(x)
     x = _layer_norm("ln_f", cfg)(x)
-    return layers.tied_logits(x, wte.embedding.astype(dtype))
+    if cfg.untied_head:
+      head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
+      logits = layers.untied_logits(x, head.astype(dtype))
+    else:
+      logits = layers.tied_logits(x, wte.embedding.astype(dtype))
+    if cfg.logit_softcap:
+      logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+    return logits
 
 
 def count_params(params: Any) -> int:
@@ -270,6 +451,11 @@ def _hf_layout(
   config: GPT2Config,
 ) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
   """HF name (without prefix) -> (flax path, shape) for every parameter."""
+  if config.speedrun_options:
+    raise ValueError(
+      f"the speedrun options {config.speedrun_options} have no Hugging Face GPT-2 equivalent: only the plain "
+      "GPT-2 (every model option off) converts to and from a Hugging Face checkpoint"
+    )
   d, v = config.d_model, config.vocab_size
   block_shapes = {
       "ln_1.weight": (d,), "ln_1.bias": (d,),
