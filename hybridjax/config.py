@@ -22,7 +22,8 @@ def default_optim_config() -> ml_collections.ConfigDict:
   # 'adamw' | 'adam' | 'sgd' (momentum 0.9) | 'muon' (Muon on the hidden matrices, AdamW on
   # embeddings, LayerNorm parameters and biases) | 'muon_groups' (the speedrun's: Muon on the
   # hidden matrices, Adam on embeddings, head and scalars at their own ratios); any other name
-  # names an optimizer of the user's, passed to `train(tx=...)` (the fields below that configure the built-ins do not apply to it).
+  # names an optimizer of the user's, passed to `train(tx=...)` (the fields below that configure the
+  # built-ins do not apply to it).
   c.name = "adamw"
   c.learning_rate = 3e-3  # peak lr (for 'muon': of the Muon matrices)
   # 'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over
