@@ -33,7 +33,7 @@ from absl import app
 
 from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import family, ladder, report, specs, timing
+from hybridjax.bench import family, ladder, recipe, report, specs, timing
 from hybridjax.bench.runner import Runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
@@ -45,6 +45,8 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   `benchmark.publish` when set)."""
   if config.benchmark.get("ladder", False):
     return ladder.run_ladder(config, workdir, command)
+  if config.benchmark.get("recipe", False):
+    return recipe.run_recipe(config, workdir, command)
   specs.validate_benchmark(config)
   methods = arms_lib.selected(config)
   os.makedirs(workdir, exist_ok=True)

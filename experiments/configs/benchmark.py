@@ -3,6 +3,9 @@
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long          # AdamW, cosine
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,wsd      # AdamW, WSD
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,speedrun # the speedrun recipe
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.recipe=True
+      # the speedrun recipe trick by trick against the R4 anchor (`hybridjax.bench.recipe`)
   python -m experiments.benchmark --quick                                                  # the smoke run
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.ladder=True
       # the fairness ladder: every arm from the seed's and NiNo's conditions up to R4-R5, the verdict
@@ -10,8 +13,9 @@
 Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
 `gpt2_small` tiny model at 600 steps, comparable with the project's earlier figures), `long` (N = 3000
 steps of a 0.12M-param model: the preset sized for 2 CPU cores) and `124m` (GPT-2 Small on a GPU).
-The family variants `wsd` and `muon` change the optimizer or the schedule; each family gets its own
-learning-rate sweep and budget curve, and no figure mixes families.
+The family variants `wsd` and `muon` change the optimizer or the schedule, `speedrun` applies the whole
+speedrun recipe (its architecture, Muon with its parameter groups, its schedule); each family gets its
+own learning-rate sweep and budget curve, and no figure mixes families.
 
 The experiment blocks (model, data, optim, trainer, hybrid) are those of every run; `benchmark`
 holds the protocol's settings.
@@ -22,9 +26,10 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import gpt2_small
+from hybridjax.bench import recipe
 
 PRESETS = ("quick", "tiny", "long", "124m")
-FAMILIES = ("wsd", "muon")
+FAMILIES = ("wsd", "muon", "speedrun")
 
 
 def _long(c: ml_collections.ConfigDict) -> None:
@@ -112,6 +117,13 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
   b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
   b.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
+  # The speedrun recipe trick by trick (`hybridjax.bench.recipe`, docs/recipe.md), and R6 (the whole recipe).
+  b.recipe = False  # True: run the recipe's steps against the R4 anchor instead of one family's protocol
+  b.recipe_tricks = ",".join(recipe.TRICKS)  # cumulative, in the record's order
+  b.recipe_muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
+  b.recipe_budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
+  b.recipe_budget_extensions = (6.0, 8.0)  # added one at a time while a step's loss lies below the curve
+  b.iterate = "averaged"  # what the tuning ranks runs by: 'averaged', or 'best' (the better iterate)
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)
@@ -119,7 +131,10 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
     b.methods = "jump,skip_control"
-    b.ladder_rungs = "R1,R3"  # two rungs of the ladder on the micro model (the tests run them)
+    b.ladder_rungs = "R1,R3,R6"  # three rungs of the ladder on the micro model (the tests run them)
+    b.recipe_tricks = "schedule,muon"  # two tricks (the micro model's one layer takes no U-net skips)
+    b.recipe_budgets = (3.0,)
+    b.recipe_budget_extensions = (4.0,)
     b.ladder_methods = "jump,skip_control"
     b.ladder_cosine_methods = ""
     b.constant_eval_points = 8
@@ -141,6 +156,12 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     b.timing_rounds = 4
     b.timing_steps = 10
   b.arms = arms(outer)
+  if "speedrun" in variants:
+    if len(variants) > 1:
+      raise ValueError(
+        f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
+      )
+    c = recipe.speedrun_config(c)
   return c
 
 

@@ -11,6 +11,8 @@ headline seeds, with the arm's settings as configured (no per-rung tuning):
   R3  the tuned LR with cosine decay, each budget its own schedule (the protocol's raw anchor)
   R4  R3 with weight averaging (the protocol's averaged anchor)                        -- verdict
   R5  Muon, tuned, cosine, averaged                                                      -- verdict
+  R6  the speedrun recipe (`bench.recipe`: its architecture, Muon with its groups, its schedule),
+      tuned, averaged where averaging helps on the tuning seeds                         -- verdict
 
 R0-R3 compare raw iterates, R4-R5 averaged ones. A constant schedule is the cosine one with its floor
 at the peak (`optim.min_lr_ratio=1.0`), so a constant LR's budget curve is the eval curve of one 2N
@@ -38,7 +40,7 @@ import ml_collections
 
 from hybridjax import protocol
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import family, figures, keys, report, specs, timing, tuning
+from hybridjax.bench import family, figures, keys, recipe, report, specs, timing, tuning
 from hybridjax.bench.runner import Runner
 
 
@@ -47,8 +49,8 @@ class Rung:
   name: str
   claim: str  # whose conditions it reproduces
   baseline: str  # the baseline condition
-  iterate: str  # 'raw' or 'averaged': the iterate compared, the arm's and the baseline's
-  group: str  # the runs it reads: 'untuned', 'constant', 'cosine', 'muon'
+  iterate: str  # 'raw', 'averaged', or 'chosen' (the one the group's tuning chose): compared, arm's and baseline's
+  group: str  # the runs it reads: 'untuned', 'constant', 'cosine', 'muon', 'speedrun'
 
 
 RUNGS = {
@@ -58,18 +60,16 @@ RUNGS = {
   "R3": Rung("R3", "", "tuned LR, cosine, each budget its own schedule", "raw", "cosine"),
   "R4": Rung("R4", "the verdict", "R3 with weight averaging", "averaged", "cosine"),
   "R5": Rung("R5", "the verdict", "Muon, tuned, cosine, averaged", "averaged", "muon"),
+  "R6": Rung("R6", "the verdict", "the speedrun recipe, tuned", "chosen", "speedrun"),
 }
-VERDICT = ("R4", "R5")
-GROUP_ORDER = ("cosine", "untuned", "constant", "muon")  # the verdict's runs first, the costliest last
+VERDICT = ("R4", "R5", "R6")
+GROUP_ORDER = ("cosine", "untuned", "constant", "muon", "speedrun")  # the verdict's runs first, the costliest last
+TUNED_GROUPS = ("cosine", "muon", "speedrun")  # the groups that run the protocol's own tuning and budget curves
 CONSTANT_GROUPS = ("untuned", "constant")
 WITHIN = 0.02  # the seed's own criterion: a speedup counts at <= 2% final-loss gap
 
 
-def compile_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
-  """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
-  if not config.trainer.compile_cache:
-    return None
-  return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+compile_cache_dir = specs.compile_cache_dir
 
 
 def names(text: str) -> list[str]:
@@ -85,8 +85,13 @@ def arms_at(config: ml_collections.ConfigDict, group: str) -> list[str]:
   the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs
   keep every arm the protocol runs."""
   b = config.benchmark
-  extra = names(b.ladder_cosine_methods) + names(b.methods) if group in ("cosine", "muon") else []
+  extra = names(b.ladder_cosine_methods) + names(b.methods) if group in TUNED_GROUPS else []
   return list(dict.fromkeys(names(b.ladder_methods) + extra))
+
+
+def timing_key(group: str) -> str:
+  """The timing a group's arms read: their own for Muon and the speedrun, AdamW's for the rest."""
+  return group if group in ("muon", "speedrun") else "adamw"
 
 
 def validate_ladder(config: ml_collections.ConfigDict) -> None:
@@ -117,7 +122,7 @@ def validate_ladder(config: ml_collections.ConfigDict) -> None:
 
 def group_config(config: ml_collections.ConfigDict, group: str, seeds: list[int]) -> ml_collections.ConfigDict:
   """The benchmark config whose runs a group trains: constant schedules for R0-R2 (the untuned LR for
-  R0/R1), the `benchmark.muon` overrides for R5; `seeds` as its headline seeds."""
+  R0/R1), the `benchmark.muon` overrides for R5, the whole recipe for R6; `seeds` as its headline seeds."""
   c = ml_collections.ConfigDict(config.to_dict())
   if group in CONSTANT_GROUPS:
     c.optim.schedule = "cosine"
@@ -126,8 +131,11 @@ def group_config(config: ml_collections.ConfigDict, group: str, seeds: list[int]
     c.optim.learning_rate = float(config.benchmark.untuned_lr)
   if group == "muon":
     c.update_from_flattened_dict({"optim." + k: v for k, v in config.benchmark.muon.to_dict().items()})
+  if group == "speedrun":
+    c = recipe.speedrun_config(c)
   c.benchmark.seeds = tuple(int(s) for s in seeds)
-  c.benchmark.family = f"{c.optim.name}-{'constant' if group in CONSTANT_GROUPS else c.optim.schedule}"
+  if group != "speedrun":  # the recipe names its own family
+    c.benchmark.family = f"{c.optim.name}-{'constant' if group in CONSTANT_GROUPS else c.optim.schedule}"
   c.benchmark.methods = ",".join(arms_at(config, group))
   return c
 
@@ -219,6 +227,7 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
     tuned, curves = trained["tuning"], trained["curves"]
     out["lr"], out["beta"] = tuned["best_lr"], tuned["averaging_beta"]
     keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr", "seed_noise")
+    keep += ("iterate", "iterate_losses")
     out["tuning"] = {k: tuned[k] for k in keep}
     out["baseline"] = {
       s: {
@@ -427,7 +436,9 @@ def rung_figures(
   for name in rungs_of(config):
     rung = RUNGS[name]
     group = groups[rung.group]
-    timing_ms = ms.get("muon" if rung.group == "muon" else "adamw")
+    if rung.iterate == "chosen":  # R6: averaged where averaging helped on the tuning seeds, else raw
+      rung = dataclasses.replace(rung, iterate=group["tuning"]["iterate"])
+    timing_ms = ms.get(timing_key(rung.group))
     arms = [m for m in group["methods"] if not defined[m].control]
     out[name] = {
       **dataclasses.asdict(rung),
@@ -487,14 +498,15 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
     timed["adamw"] = timing.time_step_kinds(
       group_config(config, adamw[0], g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, all_arms
     )
-  if "muon" in groups:
-    g = groups["muon"]
-    timed["muon"] = timing.time_step_kinds(
-      group_config(config, "muon", g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
-    )
+  for name in ("muon", "speedrun"):
+    if name in groups:
+      g = groups[name]
+      timed[name] = timing.time_step_kinds(
+        group_config(config, name, g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
+      )
   ms = {k: v["ms_per_step"] for k, v in timed.items()}
   families = {}
-  for g in ("cosine", "muon"):
+  for g in TUNED_GROUPS:
     if g in groups:
       cfg = group_config(config, g, groups[g]["seeds"])
       # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
@@ -503,7 +515,7 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
       families[g] = family.family_result(
         cfg,
         groups[g].pop("family_runs"),
-        timed["muon" if g == "muon" else "adamw"],
+        timed[timing_key(g)],
         first + [m for m in ran if m not in first],
         command=command,
         notes=family.task_notes(cfg),

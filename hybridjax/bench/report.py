@@ -417,3 +417,85 @@ def save_ladder_plot(result: dict[str, Any], folder: str) -> str:
     ladder_plot_data(result),
     result["verdict_rungs"],
   )
+
+
+def speedup_cell(s: dict[str, Any]) -> str:
+  """A step's speed-up: mean ± std over seeds, '> x' where a seed's loss lies below the anchor's
+  curve (a lower bound), 'not reached' where the anchor never got that high."""
+  if s["mean"] is None:
+    return "not reached"
+  return ("> " if s.get("lower_bound") else "") + _mean_cell(s)
+
+
+def recipe_table(results: Sequence[dict[str, Any]]) -> str:
+  """What trains faster: one row per step, one column per scale with the cumulative speed-up over
+  the R4 anchor and the paired verdict against the previous step."""
+  order = list(dict.fromkeys(r["name"] for res in results for r in res["figures"]))
+  records = {r["name"]: r["record"] for res in results for r in res["figures"]}
+  head = " | ".join(f"`{res['preset']}`: speed-up (vs previous step)" for res in results)
+  lines = [f"| step | from the record | {head} |", "|---|---|" + "---|" * len(results)]
+  for name in order:
+    cells = []
+    for res in results:
+      row = next((r for r in res["figures"] if r["name"] == name), None)
+      cells.append(
+        "—"
+        if row is None
+        else f"{speedup_cell(row['speedup'])} ({_verdict(row['vs_previous']) if row['vs_previous'] else 'anchor'})"
+      )
+    lines.append(f"| {name} | {records[name]} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def recipe_scale(result: dict[str, Any]) -> str:
+  """One line on what a scale ran."""
+  calls = result.get("invocations") or [{"wall_s": result["wall_s"], "runs_trained": result["runs_trained"]}]
+  total = result["total_speedup"]
+  wall = total.get("wallclock_ratio") or {}
+  wall_text = f", {wall['mean']:.2f}× in wall-clock" if wall.get("mean") is not None else ""
+  return (
+    f"`{result['preset']}`: N = {result['steps']}, headline seeds {result['figures'][0]['seeds']}; the whole "
+    f"recipe {speedup_cell(total)} fewer steps than R4{wall_text}; {sum(c['runs_trained'] for c in calls)} runs "
+    f"trained in {sum(c['wall_s'] for c in calls) / 3600:.1f} h over {len(calls)} invocation(s) on "
+    f"{result['machine'].get('cpu_cores', '?')} {result['machine'].get('platform', 'cpu')} cores"
+  )
+
+
+def recipe_markdown(result: dict[str, Any]) -> str:
+  """recipe-<preset>.md: the table, then every step per seed (loss, speed-up, LR, iterate)."""
+  out = [
+    f"# The speedrun recipe, trick by trick: `{result['preset']}`",
+    "",
+    f"Command: `{result['command']}`" if result.get("command") else "",
+    "",
+    recipe_scale(result),
+    "",
+    "Speed-up: the R4 anchor's (tuned AdamW, cosine, averaged) steps to reach the step's final loss, read "
+    "on its averaged budget curve per seed, over N; '> x': below the curve's end. Wall-clock: the "
+    "speed-up times the anchor's step time over the step's. Verdict: the paired difference of final "
+    "losses against the previous step, 'lower'/'higher' beyond 2 se.",
+    "",
+    recipe_table([result]),
+    "",
+    "| step | loss per seed | speed-up per seed | wall-clock ratio | step ms | LR | iterate (beta) |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for r in result["figures"]:
+    wall = r["wallclock_ratio"]
+    out.append(
+      f"| {r['name']} | {', '.join(f'{x:.4f}' for x in r['loss'])} | "
+      f"{', '.join('—' if x is None else f'{x:.2f}' for x in r['speedup']['per_seed'])} | "
+      f"{'—' if wall is None else format(wall['mean'], '.2f') + '×'} | "
+      f"{'—' if wall is None else format(wall['step_ms'], '.1f')} | {r['lr']:.4g} | {r['iterate']} ({r['beta']}) |"
+    )
+  out += ["", f"The anchor's budgets: {result['anchor']['budgets']} steps."]
+  return "\n".join(x for x in out if x is not None)
+
+
+def save_recipe_plot(result: dict[str, Any], folder: str) -> str:
+  return plotting.plot_recipe(
+    os.path.join(folder, f"recipe-{result['preset']}.png"),
+    [r["name"] for r in result["figures"]],
+    [r["speedup"]["per_seed"] for r in result["figures"]],
+    f"The speedrun recipe over R4, trick by trick: {result['preset']}",
+  )

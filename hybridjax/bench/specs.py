@@ -4,6 +4,7 @@ the arm) and the checks on the benchmark block. A spec's cache key is `keys.run_
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,13 @@ def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
   if optimizer is not None:  # the task's own optimizer: its name is part of what every run is
     c.optim.name = optimizer
   return c
+
+
+def compile_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
+  if not config.trainer.compile_cache:
+    return None
+  return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
 
 
 def task_name(config: ml_collections.ConfigDict) -> str:

@@ -44,40 +44,74 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
   compile_s: dict[str, float] = {}
   for name in [BASELINE] + methods:
     c = base_cfg if name == BASELINE else exp_config("method", name)
-    driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
-    state = driver.init_state()
-    batches = train_lib.step_batches(c, task["train_batch"])  # as the arm's steps receive them
-    batch = batches(0)
-    t0 = time.perf_counter()
-    if c.mode == "baseline":
-      step = baseline.make_train_step(task["loss_fn"], driver.tx, c.trainer.grad_accum)  # the anchors' program
-      fns = [step.lower(state, batch, driver.schedule).compile()]
-    else:
-      fns = driver.compiled_phase_steps(state, batch)
-    compile_s[name] = time.perf_counter() - t0
-    # One untimed call of every program, on a copy of the state (the programs donate it): a
-    # program's first execution carries one-time costs (~100 ms on CPU), which would dominate the
-    # median of a kind timed only a few times (a jump arm's CORRECT entry).
-    for fn in fns:
-      jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
-    arm = None if name == BASELINE else defined[name]
-    rare = ()
-    if arm is not None and c.mode == "hybrid":
-      rare = tuple(getattr(registry.load_method(arm.method), "TIME_BRANCHES", ()))
-    arms[name] = {
-      "fns": fns,
-      "state": state,
-      "schedule": driver.schedule,
-      "step": 0,
-      "arm": arm,
-      "rare": rare,
-      "batches": batches,
-    }
+    arms[name], compile_s[name] = _prepare(c, task, None if name == BASELINE else defined[name])
+  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), n)
+  return {
+    "ms_per_step": {
+      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
+    },
+    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
+    "compile_s": compile_s,
+    "rounds": int(b.timing_rounds),
+    "steps_per_round": int(b.timing_steps),
+  }
 
+
+def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, float]]) -> dict[str, Any]:
+  """Median ms per baseline step of several configs (name -> (benchmark config, LR, averaging beta)),
+  interleaved in rounds as `time_step_kinds` times arms; the rounds and steps are the first
+  config's `benchmark.timing_rounds` and `timing_steps`."""
+  arms: dict[str, Any] = {}
+  compile_s: dict[str, float] = {}
+  first = next(iter(entries.values()))[0]
+  for name, (config, lr, beta) in entries.items():
+    n = int(config.trainer.steps)
+    spec = run_spec(config, kind="anchor", seed=int(config.benchmark.tuning_seeds[0]), lr=lr, steps=n, beta=beta)
+    c = ml_collections.ConfigDict(spec["config"])
+    c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
+    arms[name], compile_s[name] = _prepare(c, tasks_lib.build(task_name(config), c), None)
+  b = first.benchmark
+  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(first.trainer.steps))
+  return {
+    "ms_per_step": {name: 1e3 * statistics.median(per[BASELINE]) for name, per in samples.items()},
+    "samples": {name: len(per[BASELINE]) for name, per in samples.items()},
+    "compile_s": compile_s,
+    "rounds": int(b.timing_rounds),
+    "steps_per_round": int(b.timing_steps),
+  }
+
+
+def _prepare(c: ml_collections.ConfigDict, task: dict[str, Any], arm: Any) -> tuple[dict[str, Any], float]:
+  """A timed arm's compiled programs and state (`arm` None: the baseline), and its compile time."""
+  driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
+  state = driver.init_state()
+  batches = train_lib.step_batches(c, task["train_batch"])  # as the arm's steps receive them
+  batch = batches(0)
+  t0 = time.perf_counter()
+  if c.mode == "baseline":
+    step = baseline.make_train_step(task["loss_fn"], driver.tx, c.trainer.grad_accum)  # the anchors' program
+    fns = [step.lower(state, batch, driver.schedule).compile()]
+  else:
+    fns = driver.compiled_phase_steps(state, batch)
+  compile_s = time.perf_counter() - t0
+  # One untimed call of every program, on a copy of the state (the programs donate it): a
+  # program's first execution carries one-time costs (~100 ms on CPU), which would dominate the
+  # median of a kind timed only a few times (a jump arm's CORRECT entry).
+  for fn in fns:
+    jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
+  rare = ()
+  if arm is not None and c.mode == "hybrid":
+    rare = tuple(getattr(registry.load_method(arm.method), "TIME_BRANCHES", ()))
+  prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
+  return prepared | {"batches": batches, "baseline": arm is None}, compile_s
+
+
+def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict[str, dict[str, list[float]]]:
+  """Seconds of each step kind of each arm, over `rounds` rounds of `steps` steps of every arm."""
   samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
-  for _ in range(int(b.timing_rounds)):
+  for _ in range(rounds):
     for name, a in arms.items():
-      for _ in range(int(b.timing_steps)):
+      for _ in range(steps):
         batch = a["batches"](a["step"] % n)
         if len(a["fns"]) == 1:  # the baseline and baseline-mode arms
           branch, fn = None, a["fns"][0]
@@ -89,7 +123,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
         jax.block_until_ready(a["state"])
         dt = time.perf_counter() - t0
         if branch is None:
-          kind = BASELINE if name == BASELINE else arms_lib.REAL_STEP
+          kind = BASELINE if a["baseline"] else arms_lib.REAL_STEP
         else:
           row = {k: bool(v) for k, v in jax.device_get(metrics).items() if k in ("measured", "snapshot")}
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, **row})
@@ -102,12 +136,4 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
           jax.block_until_ready(a["state"])
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
           samples[name].setdefault(kind, []).append(time.perf_counter() - t0)
-  return {
-    "ms_per_step": {
-      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
-    },
-    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
-    "compile_s": compile_s,
-    "rounds": int(b.timing_rounds),
-    "steps_per_round": int(b.timing_steps),
-  }
+  return samples

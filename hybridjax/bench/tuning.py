@@ -32,6 +32,89 @@ def averaged_loss(result: dict[str, Any], beta: float | None = None) -> float:
   return result["final_averaged"][str(float(beta))]
 
 
+def best_loss(result: dict[str, Any]) -> float:
+  """A run's better iterate: the lower of its raw and its best averaged loss."""
+  return min(result["final_raw"], averaged_loss(result))
+
+
+Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], dict[str, Any]], Callable[[dict[str, Any]], float]]
+"""One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
+
+
+def sweep_lr(
+  config: ml_collections.ConfigDict,
+  runner: Runner,
+  spec: Callable[[int, float, int], dict[str, Any]],
+  loss: Callable[[dict[str, Any]], float],
+) -> dict[str, Any]:
+  """The LR sweep: `benchmark.lr_points` LRs on a sqrt(2) grid around `optim.learning_rate` on the
+  first tuning seed at N, extended while the best (lowest `loss(run)`) sits at an edge; then the
+  best two on the second tuning seed, the better mean over both seeds winning. `spec(seed, lr,
+  steps)` makes a run's spec."""
+  return sweep_lrs([(config, spec, loss)], runner)[0]
+
+
+def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
+  """`sweep_lr` for several configs in lockstep: each stage's runs of every sweep in one batch, so
+  the workers never wait on one sweep's extension."""
+  state = []
+  for config, spec, _ in sweeps:
+    n = int(config.trainer.steps)
+    grid = lr_grid(float(config.optim.learning_rate), int(config.benchmark.lr_points))
+    state.append({"grid": grid, "pending": [(lr, spec(int(config.benchmark.tuning_seeds[0]), lr, n)) for lr in grid]})
+  results = runner.run([x for st in state for _, x in st["pending"]], "LR sweep (tuning seed 1, N)")
+  for st in state:
+    st["sweep"], results = results[: len(st["grid"])], results[len(st["grid"]) :]
+  for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
+    extend = []
+    for i, ((config, spec, loss), st) in enumerate(zip(sweeps, state)):
+      grid, sweep = st["grid"], st["sweep"]
+      best = min(range(len(grid)), key=lambda j: loss(sweep[j]))
+      if 0 < best < len(grid) - 1 or st.get("extensions", 0) >= int(config.benchmark.lr_max_extensions):
+        continue
+      new = round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
+      st["extensions"] = st.get("extensions", 0) + 1
+      extend.append((i, best == 0, new, spec(int(config.benchmark.tuning_seeds[0]), new, int(config.trainer.steps))))
+    if not extend:
+      break
+    added = runner.run([x[3] for x in extend], "LR sweep: the best LR is at the grid's edge; extending")
+    for (i, low, new, _), result in zip(extend, added):
+      st = state[i]
+      if low:
+        st["grid"], st["sweep"] = [new] + st["grid"], [result] + st["sweep"]
+      else:
+        st["grid"], st["sweep"] = st["grid"] + [new], st["sweep"] + [result]
+  for (config, _, loss), st in zip(sweeps, state):
+    grid, sweep = st["grid"], st["sweep"]
+    ranked = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))
+    st["best_at_edge"] = ranked[0] in (0, len(grid) - 1)
+    if st["best_at_edge"]:
+      print(
+        f"WARNING: the best LR {grid[ranked[0]]:.4g} is still at the grid's edge after "
+        f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
+        "--config.optim.learning_rate towards it",
+        flush=True,
+      )
+    st["top2"] = [grid[j] for j in ranked[:2]]
+  second = runner.run(
+    [
+      spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
+      for (c, spec, _), st in zip(sweeps, state)
+      for lr in st["top2"]
+    ],
+    "LR check (tuning seed 2, N)",
+  )
+  out = []
+  for (_, _, loss), st in zip(sweeps, state):
+    st["second"], second = second[:2], second[2:]
+    grid, sweep, top2 = st["grid"], st["sweep"], st["top2"]
+    means = {lr: (loss(sweep[grid.index(lr)]) + loss(r)) / 2 for lr, r in zip(top2, st["second"])}
+    best_lr = min(means, key=means.get)
+    keep = ("grid", "sweep", "top2", "second", "best_at_edge")
+    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr})
+  return out
+
+
 def tune(
   config: ml_collections.ConfigDict,
   runner: Runner,
@@ -45,42 +128,30 @@ def tune(
   """
   b = config.benchmark
   n = int(config.trainer.steps)
-  t1, t2 = (int(s) for s in b.tuning_seeds)
+  t1 = int(b.tuning_seeds[0])
   betas = [float(x) for x in b.betas]
   beta0 = betas[0]
 
   def spec(seed, lr, steps):
     return run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta0, betas=betas)
 
-  # 1. The sweep on the first tuning seed at N; extended while the best is at an edge. LRs are
-  # ranked by the averaged loss (the best over the betas): the headline anchor averages.
-  grid = lr_grid(float(config.optim.learning_rate), int(b.lr_points))
-  sweep = runner.run([spec(t1, lr, n) for lr in grid], "LR sweep (tuning seed 1, N)")
-  for _ in range(int(b.lr_max_extensions)):
-    best = min(range(len(grid)), key=lambda i: averaged_loss(sweep[i]))
-    if 0 < best < len(grid) - 1:
-      break
-    new = round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
-    result = runner.run([spec(t1, new, n)], "LR sweep: the best LR is at the grid's edge; extending")[0]
-    grid, sweep = ([new] + grid, [result] + sweep) if best == 0 else (grid + [new], sweep + [result])
-  ranked = sorted(range(len(grid)), key=lambda i: averaged_loss(sweep[i]))
-  best_at_edge = ranked[0] in (0, len(grid) - 1)
-  if best_at_edge:
-    print(
-      f"WARNING: the best LR {grid[ranked[0]]:.4g} is still at the grid's edge after "
-      f"{b.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
-      "--config.optim.learning_rate towards it",
-      flush=True,
-    )
-  top2 = [grid[i] for i in ranked[:2]]
-  # 2. The best two on the second tuning seed; the better mean over both seeds wins.
-  second = runner.run([spec(t2, lr, n) for lr in top2], "LR check (tuning seed 2, N)")
-  means = {lr: (averaged_loss(sweep[grid.index(lr)]) + averaged_loss(r)) / 2 for lr, r in zip(top2, second)}
-  best_lr = min(means, key=means.get)
+  # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
+  # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
+  # by the better of the raw and the averaged loss (a family whose schedule may not gain from
+  # averaging: its headline reads whichever iterate the tuning seeds chose).
+  swept = sweep_lr(config, runner, spec, best_loss if b.get("iterate", "averaged") == "best" else averaged_loss)
+  grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
+  means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
   # 3. The averaging beta: the best mean over both tuning seeds at the chosen LR.
   at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
   beta_table = {str(x): [averaged_loss(r, x) for r in at_best] for x in betas}
   beta = min(betas, key=lambda x: statistics.fmean(beta_table[str(x)]))
+  # Whether averaging helps: the raw and the averaged loss at the chosen LR and beta, mean over the
+  # tuning seeds ('iterate': the lower; what a family with `benchmark.iterate='best'` reads).
+  iterate_losses = {
+    "raw": statistics.fmean(r["final_raw"] for r in at_best),
+    "averaged": statistics.fmean(beta_table[str(beta)]),
+  }
   # The noise of one final loss: the two tuning seeds' spread at the chosen LR and beta, and never
   # less than the eval set's sampling error (two seeds can agree by chance).
   sampling = max(r["eval_batch_std"] / math.sqrt(r["eval_batches"]) for r in at_best)
@@ -136,6 +207,8 @@ def tune(
     "best_at_edge": best_at_edge,
     "averaging_beta": beta,
     "beta_table": beta_table,
+    "iterate_losses": iterate_losses,
+    "iterate": min(iterate_losses, key=iterate_losses.get),
     "seed_noise": noise,
     "budget_checks": checks,
     "per_budget_lr": per_budget_lr,

@@ -23,6 +23,7 @@ from hybridjax.plotting.benchmark import (
   plot_ladder,
   plot_lr_robustness,
   plot_lr_sweep,
+  plot_recipe,
 )
 from hybridjax.plotting.comparisons import COMPARISON_FIGURES, plot_eval_curves, plot_memory, save_comparison_figures
 from hybridjax.plotting.phases import (
@@ -55,6 +56,7 @@ __all__ = [
   "plot_budget_curves",
   "plot_lr_sweep",
   "plot_ladder",
+  "plot_recipe",
   "plot_arm_eval_curves",
   "plot_lr_robustness",
   "PHASE_COLORS",

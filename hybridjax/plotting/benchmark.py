@@ -349,3 +349,43 @@ def plot_ladder(path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str,
   ax.set_title("Where each claimed gain goes: the baseline made fair one condition at a time")
   ax.legend(fontsize=8, ncols=2)
   return save_png_to(fig, path)
+
+
+def plot_recipe(path: str, steps: Sequence[str], per_seed: Sequence[Sequence[float | None]], title: str = "") -> str:
+  """The recipe's cumulative speed-up step by step: each seed as a dot, the mean with its std as an
+  error bar, on a log axis; 1.0 (the anchor) as a line.
+
+  Args:
+    path: the PNG to write (its folder is created).
+    steps: the steps in order (the x axis), the anchor first.
+    per_seed: for each step, its per-seed speed-up (None where the anchor's curve never reached it).
+    title: the figure's title.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: when `steps` and `per_seed` differ in length, or no step has a value.
+  """
+  if len(steps) != len(per_seed):
+    raise ValueError(f"plot_recipe: {len(steps)} steps but {len(per_seed)} rows of values")
+  fig = new_figure(7.6, 4.4)
+  ax = fig.add_subplot()
+  xs, means, stds = [], [], []
+  for i, values in enumerate(per_seed):
+    v = np.array([as_float(x) for x in values if x is not None], np.float64)
+    if not len(v):
+      continue
+    ax.scatter(np.full(len(v), i), v, color="C0", s=10, alpha=0.5, zorder=3)
+    xs.append(i)
+    means.append(float(np.mean(v)))
+    stds.append(float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
+  if not xs:
+    raise ValueError("plot_recipe: no step has a value")
+  ax.errorbar(xs, means, yerr=stds, color="C0", marker="o", capsize=3, zorder=4)
+  ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
+  ax.set_yscale("log")
+  ax.set_xticks(range(len(steps)), [s.replace("_", "\n") for s in steps], fontsize=8)
+  ax.set_ylabel("speed-up over R4 (anchor steps to reach / N)")
+  ax.set_title(title or "The speedrun recipe, trick by trick (cumulative)")
+  return save_png_to(fig, path)

@@ -1,0 +1,414 @@
+"""The speedrun recipe, trick by trick: what actually trains GPT-2 faster, measured against R4.
+
+The modded-nanogpt speedrun reaches llm.c's GPT-2 loss with 13.7x fewer tokens through an
+architecture, the Muon optimizer and a schedule. This module adds its changes one at a time, in the
+order of its record history and grouped as its records grouped them (`TRICKS`), to the ladder's R4
+anchor (the tuned, averaged AdamW-cosine GPT-2), and measures each cumulative step:
+
+* every step gets the anchor's LR sweep (`tuning.sweep_lrs`: the same grid size, extensions and
+  second-seed check, on the tuning seeds); AdamW steps centre it on the anchor's tuned LR, Muon steps
+  on `benchmark.recipe_muon_lr`; the averaging beta and whether the averaged or the raw iterate is
+  reported are chosen there too, on the tuning seeds;
+* its headline: N steps on each headline seed at the tuned LR;
+* its **speed-up**: the R4 anchor's steps to reach the step's final loss, read on the anchor's
+  averaged budget curve (paired by seed), over N. The curve is extended past the protocol's 2N by
+  `benchmark.recipe_budgets`, and further by `recipe_budget_extensions` while a step's loss lies
+  below its end; a loss still below it reads "> x" (a lower bound);
+* its wall-clock ratio: the speed-up times the anchor's step time over the step's, both timed
+  interleaved in one process, as the ladder times its arms;
+* its paired verdict against the previous step (the anchor's N-step runs for the first).
+
+A trick that does not help is reported as it measured ("no difference", "higher"); none is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+from hybridjax import protocol
+from hybridjax.bench import keys, report, specs, timing, tuning
+from hybridjax.bench.runner import Runner
+
+
+@dataclasses.dataclass(frozen=True)
+class Trick:
+  """One step of the recipe: the record that introduced it and the config it changes."""
+
+  name: str  # as the record history names it
+  record: str  # the speedrun record(s) it comes from
+  changes: Callable[[ml_collections.ConfigDict], dict[str, Any]]  # config -> {"block.field": value}
+
+
+def _value_embeds(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  # The record's 3 tables in 12 layers (the first 3 and the last 3): a quarter of the layers, at least one.
+  return {"model.value_embeds": max(1, int(c.model.n_layer) // 4)}
+
+
+TRICKS: dict[str, Trick] = {
+  t.name: t
+  for t in (
+    Trick(
+      "schedule",
+      "#2 tuned LR: constant, then a linear cool-down over the last 40% to zero",
+      lambda c: {"optim.schedule": "wsd", "optim.decay_fraction": 0.4, "optim.min_lr_ratio": 0.0},
+    ),
+    Trick(
+      "rotary",
+      "#2-#4 rotary embeddings, RMSNorm without parameters, no biases",
+      lambda c: {"model.rotary": True, "model.rmsnorm": True},
+    ),
+    Trick(
+      "muon",
+      "#3-#4 Muon on the hidden matrices, Adam on embeddings, head and scalars; no clipping or weight decay",
+      lambda c: {"optim.name": "muon_groups", "optim.grad_clip": 0.0, "optim.weight_decay": 0.0},
+    ),
+    Trick(
+      "modern_arch",
+      "#5 ReLU², QK-norm, zero-init projections, the normalised embedding",
+      lambda c: {"model.relu2": True, "model.qk_norm": True, "model.zero_init_proj": True, "model.embed_norm": True},
+    ),
+    Trick("untied_head", "#8 untied embedding and head (zero-initialised head)", lambda c: {"model.untied_head": True}),
+    Trick(
+      "embed_skips",
+      "#9 embedding skip connections, logit soft-cap (at #18's 15)",
+      lambda c: {"model.embed_skips": True, "model.logit_softcap": 15.0},
+    ),
+    Trick("unet", "#11 U-net pattern skip connections", lambda c: {"model.unet_skips": True}),
+    Trick("value_embeds", "#14-#15 value embeddings, U-net pattern (first and last layers)", _value_embeds),
+  )
+}
+
+
+def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
+  return [x.strip() for x in str(config.benchmark.recipe_tricks).split(",") if x.strip()]
+
+
+def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_collections.ConfigDict:
+  """A copy of the benchmark `config` with the tricks `names` applied, in order."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for name in names:
+    c.update_from_flattened_dict(TRICKS[name].changes(c))
+  return c
+
+
+def uses_muon(config: ml_collections.ConfigDict) -> bool:
+  return config.optim.name in ("muon", "muon_groups")
+
+
+def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The whole recipe (`benchmark.recipe_tricks`, all applied) as a family of the protocol: the
+  ladder's R6 and the `speedrun` family. Its sweep centres on `benchmark.recipe_muon_lr` when it
+  uses Muon; its tuning ranks each run by its better iterate (`benchmark.iterate='best'`), so it
+  averages only where averaging helps on the tuning seeds."""
+  c = apply_tricks(config, tricks_of(config))
+  if uses_muon(c):
+    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr)
+  c.benchmark.iterate = "best"
+  c.benchmark.family = f"speedrun-{c.optim.name}-{c.optim.schedule}"
+  return c
+
+
+def validate_recipe(config: ml_collections.ConfigDict) -> None:
+  """Checks the recipe's fields and that every cumulative step is a valid experiment (an option the
+  model cannot take, e.g. U-net skips with an odd layer count, fails here, before any training)."""
+  b = config.benchmark
+  names = tricks_of(config)
+  errors = []
+  unknown = [n for n in names if n not in TRICKS]
+  if unknown or not names:
+    errors.append(f"benchmark.recipe_tricks={b.recipe_tricks!r}: give tricks from {','.join(TRICKS)}")
+  if len(set(names)) != len(names):
+    errors.append(f"benchmark.recipe_tricks={b.recipe_tricks!r} names a trick twice")
+  budgets = list(b.recipe_budgets) + list(b.recipe_budget_extensions)
+  if any(float(f) <= max(float(x) for x in b.budgets) for f in budgets) or budgets != sorted(budgets):
+    errors.append(
+      "benchmark.recipe_budgets and recipe_budget_extensions must be increasing factors of N beyond "
+      f"benchmark.budgets (max {max(b.budgets)}), got {tuple(b.recipe_budgets)} and {tuple(b.recipe_budget_extensions)}"
+    )
+  if not float(b.recipe_muon_lr) > 0:
+    errors.append(f"benchmark.recipe_muon_lr must be > 0, got {b.recipe_muon_lr}")
+  if errors:
+    raise ValueError("; ".join(errors))
+  for k in range(1, len(names) + 1):
+    try:
+      specs.validate_benchmark(apply_tricks(config, names[:k]))
+    except ValueError as e:
+      raise ValueError(
+        f"the recipe's step {names[k - 1]!r} (with {names[: k - 1]} before it) is not a valid run: {e}"
+      ) from None
+
+
+def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_collections.ConfigDict:
+  """The R4 anchor's config: the protocol's AdamW-cosine family with its budget curve extended."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
+  c.benchmark.methods = ""
+  return c
+
+
+def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[str, ml_collections.ConfigDict]:
+  """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
+  on `benchmark.recipe_muon_lr` (Muon)."""
+  names = tricks_of(config)
+  out = {}
+  for k, name in enumerate(names):
+    c = apply_tricks(config, names[: k + 1])
+    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr) if uses_muon(c) else float(anchor_lr)
+    c.benchmark.methods = ""
+    out[name] = c
+  return out
+
+
+def _spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], dict[str, Any]]:
+  betas = [float(x) for x in c.benchmark.betas]
+  return lambda seed, lr, steps: specs.run_spec(
+    c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas
+  )
+
+
+def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
+  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run, beta)
+
+
+def choose_iterate(at_best: list[dict[str, Any]], betas: list[float]) -> dict[str, Any]:
+  """The averaging beta (the best mean over the tuning runs) and the iterate a step reports: the
+  averaged one where it beats the raw one on the tuning seeds' mean, else the raw one."""
+  table = {str(b): statistics.fmean(tuning.averaged_loss(r, b) for r in at_best) for b in betas}
+  beta = min(betas, key=lambda b: table[str(b)])
+  raw = statistics.fmean(r["final_raw"] for r in at_best)
+  return {
+    "beta": beta,
+    "iterate": "averaged" if table[str(beta)] < raw else "raw",
+    "tuning_losses": {"raw": raw, "averaged": table[str(beta)]},
+  }
+
+
+def train_steps(config: ml_collections.ConfigDict, runner: Runner, anchor_lr: float) -> dict[str, dict[str, Any]]:
+  """Every step's tuning (all sweeps in lockstep) and headline runs."""
+  configs = step_configs(config, anchor_lr)
+  swept = tuning.sweep_lrs([(c, _spec_of(c), tuning.best_loss) for c in configs.values()], runner)
+  chosen = {}
+  for (name, c), sw in zip(configs.items(), swept):
+    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
+    chosen[name] = choose_iterate(at_best, [float(x) for x in c.benchmark.betas]) | {
+      "lr": sw["best_lr"],
+      "grid": sw["grid"],
+      "best_at_edge": sw["best_at_edge"],
+      "sweep_loss": [tuning.best_loss(r) for r in sw["sweep"]],
+    }
+  n = int(config.trainer.steps)
+  seeds = [int(s) for s in config.benchmark.seeds]
+  headline = [
+    specs.run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
+    for name, c in configs.items()
+    for s in seeds
+  ]
+  results = runner.run(headline, "recipe steps (headline seeds, N)")
+  out = {}
+  for k, name in enumerate(configs):
+    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+    ch = chosen[name]
+    out[name] = ch | {
+      "runs": {
+        str(r["seed"]): {
+          "final_raw": r["final_raw"],
+          "final_averaged": r["final_averaged"],
+          "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
+          "key": r.get("key"),
+        }
+        for r in runs
+      },
+    }
+  return out
+
+
+def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+  """Per seed, the anchor's averaged budget curve: {'steps', 'loss'}."""
+  return {
+    s: {"steps": list(curves["budgets"]), "loss": losses} for s, losses in curves["curves"]["averaged_baseline"].items()
+  }
+
+
+def step_figures(
+  name: str,
+  step: dict[str, Any],
+  previous: dict[str, float],
+  anchor: dict[str, dict[str, list[float]]],
+  ms: dict[str, float],
+  n: int,
+) -> dict[str, Any]:
+  """One step's speed-up (per seed and summarised), wall-clock ratio and paired verdict against the
+  previous step (`previous`: seed -> loss). Pure: the tests recompute it from recipe.json."""
+  seeds = sorted(step["runs"], key=int)
+  losses = [step["runs"][s]["loss"] for s in seeds]
+  per_seed, lower_bound = [], []
+  for s, loss in zip(seeds, losses):
+    steps, curve = anchor[s]["steps"], anchor[s]["loss"]
+    reach = protocol.steps_to_reach(steps, curve, loss)
+    per_seed.append(None if reach.steps is None else reach.steps / n)
+    lower_bound.append(reach.lower_bound)
+  present = [x for x in per_seed if x is not None]
+  mean, std = protocol.mean_std(present) if present else (None, None)
+  speedup = {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower_bound)}
+  wall = None
+  if mean is not None and name in ms and "anchor" in ms:
+    wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}
+  return {
+    "name": name,
+    "seeds": [int(s) for s in seeds],
+    "loss": losses,
+    "speedup": speedup,
+    "wallclock_ratio": wall,
+    "vs_previous": protocol.paired_difference(losses, [previous[s] for s in seeds]),
+  }
+
+
+def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+  """Every step's figures, the anchor first (its own N-step loss read on its curve), from a
+  recipe.json record: what the report shows and the tests recompute."""
+  n = int(result["steps"])
+  anchor = result["anchor"]["curves"]
+  ms = result["timing"]["ms_per_step"]
+  previous = dict(result["anchor"]["at_n"])
+  rows = [step_figures("anchor", {"runs": {s: {"loss": x} for s, x in previous.items()}}, previous, anchor, ms, n)]
+  rows[0]["vs_previous"] = None
+  for name in result["tricks"]:
+    step = result["step_runs"][name]
+    row = step_figures(name, step, previous, anchor, ms, n)
+    row.update(lr=step["lr"], iterate=step["iterate"], beta=step["beta"], record=result["records"][name])
+    rows.append(row)
+    previous = {s: r["loss"] for s, r in step["runs"].items()}
+  rows[0].update(lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4")
+  return rows
+
+
+def _below_curve(steps: dict[str, Any], anchor: dict[str, dict[str, list[float]]]) -> bool:
+  """Whether any step's loss on any seed lies below the end of the anchor's curve (a lower bound)."""
+  for step in steps.values():
+    for s, r in step["runs"].items():
+      if s in anchor and protocol.steps_to_reach(anchor[s]["steps"], anchor[s]["loss"], r["loss"]).lower_bound:
+        return True
+  return False
+
+
+def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
+  """The trick-by-trick recipe for `config`: trains the anchor and every step, times them, writes
+  recipe-<preset>.{json,md,png} into `workdir` (and `benchmark.publish`). Every run goes through the
+  runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
+  specs.validate_benchmark(config)
+  validate_recipe(config)
+  os.makedirs(workdir, exist_ok=True)
+  t_start = time.perf_counter()
+  b = config.benchmark
+  n = int(config.trainer.steps)
+  print(f"recipe {b.preset}: tricks {b.recipe_tricks}, N={n}; workdir {workdir}", flush=True)
+  runner = Runner(workdir, int(b.workers), specs.compile_cache_dir(config, workdir))
+  extra = [float(f) for f in b.recipe_budgets]
+  try:
+    acfg = anchor_config(config, extra)
+
+    def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
+      # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
+      # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
+      first = [
+        _spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
+        for c in step_configs(config, lr).values()
+        for lr_ in tuning.lr_grid(float(c.optim.learning_rate), int(b.lr_points))
+      ]
+      return tuning.curve_specs(acfg, lambda f: lr, beta) + first
+
+    tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
+    curves = tuning.budget_curves(acfg, runner, tuned)
+    steps = train_steps(config, runner, tuned["best_lr"])
+    for factor in b.recipe_budget_extensions:
+      if not _below_curve(steps, anchor_curves(curves)):
+        break
+      print(f"--- a step's loss lies below the anchor's curve; extending it to {factor} N", flush=True)
+      extra.append(float(factor))
+      acfg = anchor_config(config, extra)
+      curves = tuning.budget_curves(acfg, runner, tuned | {"per_budget_lr": _per_budget_lr(tuned, acfg)})
+  except BaseException:
+    runner.close(cancel=True)
+    raise
+  runner.close()
+  print("--- timing (interleaved, this process)", flush=True)
+  configs = step_configs(config, tuned["best_lr"])
+  entries = {"anchor": (acfg, tuned["best_lr"], tuned["averaging_beta"])}
+  entries |= {name: (configs[name], steps[name]["lr"], steps[name]["beta"]) for name in steps}
+  timed = timing.time_baselines(entries)
+  at_n = {
+    s: curves["curves"]["averaged_baseline"][s][curves["budgets"].index(n)]
+    for s in curves["curves"]["averaged_baseline"]
+  }
+  result: dict[str, Any] = {
+    "preset": b.preset,
+    "task": specs.task_name(config),
+    "command": command,
+    "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    "machine": report.machine_info(),
+    "code_version": keys.code_versions(config, []),
+    "config": json.loads(config.to_json()),
+    "steps": n,
+    "tricks": tricks_of(config),
+    "records": {name: TRICKS[name].record for name in tricks_of(config)},
+    "anchor": {
+      "lr": tuned["best_lr"],
+      "beta": tuned["averaging_beta"],
+      "grid": tuned["grid"],
+      "per_budget_lr": _per_budget_lr(tuned, acfg),
+      "budgets": curves["budgets"],
+      "curves": anchor_curves(curves),
+      "at_n": at_n,
+    },
+    "step_runs": steps,
+    "timing": timed,
+    "runs_trained": runner.ran,
+    "runs_cached": runner.reused,
+  }
+  rows = recipe_figures(result)
+  result["figures"] = rows
+  last = rows[-1]
+  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
+  result["wall_s"] = time.perf_counter() - t_start
+  result["invocations"] = _earlier_invocations(workdir, str(b.preset)) + [
+    {"date": result["date"], "wall_s": result["wall_s"], "runs_trained": runner.ran, "runs_cached": runner.reused}
+  ]
+  write_recipe(result, workdir, str(b.publish))
+  print("\n" + report.recipe_markdown(result))
+  print(f"recipe wall time {result['wall_s']:.0f} s ({runner.ran} runs trained, {runner.reused} cached)", flush=True)
+  return result
+
+
+def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> dict[str, float]:
+  """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
+  base = tuned["per_budget_lr"]
+  beyond = base.get("2.0", tuned["best_lr"])
+  return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
+
+
+def _earlier_invocations(workdir: str, preset: str) -> list[dict[str, Any]]:
+  path = os.path.join(workdir, f"recipe-{preset}.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f).get("invocations", [])
+
+
+def write_recipe(result: dict[str, Any], workdir: str, publish: str) -> None:
+  """recipe-<preset>.{json,md,png} into `workdir` and `publish`."""
+  for folder in [workdir] + ([publish] if publish else []):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"recipe-{result['preset']}.json"), "w") as f:
+      json.dump(result, f, indent=1)
+    with open(os.path.join(folder, f"recipe-{result['preset']}.md"), "w") as f:
+      f.write(report.recipe_markdown(result) + "\n")
+    report.save_recipe_plot(result, folder)
