@@ -54,8 +54,6 @@ class GPT2Config:
     layer_norm_eps: LayerNorm epsilon.
     dtype: compute dtype name ("float32", "bfloat16" or "float16"); parameters
       are always stored in float32.
-
-  The speedrun's options (all off by default: the Hugging Face GPT-2):
     rotary: rotary position embeddings on the queries and keys, in place of the learned
       positions (no ``wpe``); needs an even head dimension.
     rotary_base: the rotary frequencies' base.
@@ -74,6 +72,9 @@ class GPT2Config:
       at (0.5, 0.5)); needs 2k <= n_layer. 0 = off.
     unet_skips: the first half's block outputs are added, last first, into the second half's
       inputs with learned weights starting at 1 (``skip_weights``); needs an even n_layer.
+
+  The fields from ``rotary`` on are the speedrun's options (`OPTIONS`), all off by default: the
+  Hugging Face GPT-2.
   """
 
   vocab_size: int

@@ -1,0 +1,270 @@
+"""The speedrun's architecture options of the GPT-2 and its grouped optimizer: each option does what
+the record's code does (a known value, a shape, or what zero initialisation implies), impossible
+combinations are refused naming the field, and with every option off the model computes what it
+computed before the options existed (tests/data/gpt2_plain_reference.npz)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments.configs import gpt2_small
+from hybridjax import config as config_lib
+from hybridjax import optim
+from hybridjax.models import gpt2
+
+REFERENCE = os.path.join(os.path.dirname(__file__), "data", "gpt2_plain_reference.npz")
+BASE = gpt2.GPT2Config(vocab_size=256, n_ctx=16, n_layer=2, n_head=2, d_model=32)
+TOKENS = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)
+ALL_ON = dict(
+  rotary=True,
+  qk_norm=True,
+  relu2=True,
+  rmsnorm=True,
+  embed_norm=True,
+  zero_init_proj=True,
+  untied_head=True,
+  logit_softcap=15.0,
+  embed_skips=True,
+  value_embeds=1,
+  unet_skips=True,
+)
+
+
+def _model(**options):
+  cfg = dataclasses.replace(BASE, **options)
+  model = gpt2.GPT2(cfg)
+  return model, model.init(jax.random.PRNGKey(0), TOKENS)["params"]
+
+
+def _logits(model, params):
+  return jax.jit(lambda p: model.apply({"params": p}, TOKENS))(params)
+
+
+def test_with_every_option_off_the_model_computes_the_reference():
+  """The reference was written by the model before the options existed: logits, loss and every
+  gradient agree (bit for bit on the jax that wrote it; to float32 rounding on another)."""
+  ref = np.load(REFERENCE)
+  model, params = _model()
+  batch = {"inputs": TOKENS, "targets": jnp.roll(TOKENS, -1, 1)}
+  (loss, _), grads = jax.value_and_grad(gpt2.make_loss_fn(model), has_aux=True)(params, batch)
+  got = {"logits": _logits(model, params), "loss": loss}
+  got |= {"grad/" + "/".join(k.key for k in p): v for p, v in jax.tree_util.tree_leaves_with_path(grads)}
+  assert set(got) == set(ref.files)
+  chex.assert_trees_all_close(got, {k: ref[k] for k in ref.files}, rtol=1e-6, atol=1e-7)
+
+
+def test_every_option_on_trains_and_its_params_are_the_records():
+  model, params = _model(**ALL_ON)
+  assert "wpe" not in params  # rotary: no learned positions
+  chex.assert_shape(params["lm_head"], (32, 256))
+  chex.assert_shape(params["skip_weights"], (1,))
+  chex.assert_shape(params["value_embed_0"]["embedding"], (256, 32))
+  for i in range(2):  # the one table goes into the first and the last layer
+    chex.assert_shape(params[f"h_{i}"]["attn"]["value_lambdas"], (2,))
+    chex.assert_shape(params[f"h_{i}"]["lambdas"], (2,))
+  # RMSNorm without parameters and no biases.
+  for path, _ in jax.tree_util.tree_leaves_with_path(params):
+    keys = [k.key for k in path]
+    assert "bias" not in keys and "scale" not in keys, keys
+  logits = _logits(model, params)
+  chex.assert_shape(logits, (2, 16, 256))
+  chex.assert_trees_all_close(logits, jnp.zeros_like(logits))  # the zero-initialised head
+
+
+def test_untied_zero_head_starts_at_the_uniform_loss():
+  model, params = _model(untied_head=True)
+  batch = {"inputs": TOKENS, "targets": jnp.roll(TOKENS, -1, 1)}
+  loss, _ = gpt2.make_loss_fn(model)(params, batch)
+  chex.assert_trees_all_close(loss, jnp.log(256.0), rtol=1e-6)
+
+
+def test_zero_init_projections_make_every_block_the_identity():
+  """With both output projections at zero, a block adds nothing: the logits are the final norm of
+  the embedding against the tied embedding."""
+  model, params = _model(zero_init_proj=True)
+  for i in range(2):
+    for part in ("attn", "mlp"):
+      assert not np.any(params[f"h_{i}"][part]["c_proj"]["kernel"])
+  x = params["wte"]["embedding"][TOKENS] + params["wpe"]["embedding"][jnp.arange(16)][None]
+  mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  h = (x - mean) / jnp.sqrt(var + BASE.layer_norm_eps) * params["ln_f"]["scale"] + params["ln_f"]["bias"]
+  chex.assert_trees_all_close(_logits(model, params), h @ params["wte"]["embedding"].T, rtol=1e-5, atol=1e-5)
+
+
+def test_logit_softcap_is_cap_tanh_of_the_plain_logits():
+  plain, params = _model()
+  capped, _ = _model(logit_softcap=0.5)
+  want = 0.5 * jnp.tanh(_logits(plain, params) / 0.5)
+  chex.assert_trees_all_close(_logits(capped, params), want, rtol=1e-6, atol=1e-7)
+  assert float(jnp.abs(_logits(capped, params)).max()) < 0.5
+
+
+def test_rotary_rotates_pairs_by_position_so_scores_depend_on_the_offset():
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 1, 8, 16))
+  r = gpt2.rotate(x, 10000.0)
+  chex.assert_shape(r, x.shape)
+  chex.assert_trees_all_close(r[..., 0, :], x[..., 0, :])  # position 0 is not rotated
+  half = lambda a: jnp.sqrt(a[..., :8] ** 2 + a[..., 8:] ** 2)
+  chex.assert_trees_all_close(half(r), half(x), rtol=1e-5)  # each pair keeps its length
+  # <q_m, k_n> after rotation depends on m - n only: one vector at every position.
+  q = jnp.broadcast_to(x[..., :1, :], x.shape)
+  s = jnp.einsum("bhqd,bhkd->bhqk", gpt2.rotate(q, 10000.0), gpt2.rotate(q, 10000.0))[0, 0]
+  chex.assert_trees_all_close(s[3, 1], s[7, 5], rtol=1e-5)
+  chex.assert_trees_all_close(s[2, 2], s[6, 6], rtol=1e-5)
+
+
+def test_qk_norm_makes_the_scores_blind_to_the_scale_of_q_and_k():
+  model, params = _model(qk_norm=True, rmsnorm=True)  # no biases: q and k scale with their columns
+  scaled = jax.tree.map(lambda x: x, params)
+  kernel = params["h_0"]["attn"]["c_attn"]["kernel"]
+  scaled["h_0"]["attn"]["c_attn"]["kernel"] = kernel.at[:, :64].multiply(7.0)  # q and k columns
+  # Equal up to the norm's epsilon, which weighs less at the larger scale.
+  chex.assert_trees_all_close(_logits(model, scaled), _logits(model, params), atol=2e-4)
+  plain, _ = _model(rmsnorm=True)
+  assert float(jnp.abs(_logits(plain, scaled) - _logits(plain, params)).max()) > 1e-2
+
+
+def test_relu2_is_the_square_of_the_relu():
+  cfg = dataclasses.replace(BASE, relu2=True)
+  mlp = gpt2.MLPBlock(cfg)
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 4, 32))
+  p = mlp.init(jax.random.PRNGKey(0), x, deterministic=True)["params"]
+  h = x @ p["c_fc"]["kernel"] + p["c_fc"]["bias"]
+  want = jnp.maximum(h, 0) ** 2 @ p["c_proj"]["kernel"] + p["c_proj"]["bias"]
+  chex.assert_trees_all_close(mlp.apply({"params": p}, x, deterministic=True), want, rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_has_unit_root_mean_square():
+  x = 3.0 * jax.random.normal(jax.random.PRNGKey(0), (4, 64)) + 1.0
+  y = gpt2.rms_norm(x, 1e-6)
+  chex.assert_trees_all_close(jnp.sqrt(jnp.mean(y**2, -1)), jnp.ones(4), rtol=1e-5)
+
+
+def _plain_plus(init, params, **set_blocks):
+  """`params` of the plain model with the leaves only `init` has added, the blocks' ones overridden
+  by `set_blocks` (name -> value, set wherever the block has that leaf)."""
+  merged = jax.tree.map(lambda x: x, params)
+  for key, leaf in init.items():
+    if key not in merged:
+      merged[key] = leaf
+  for i in range(BASE.n_layer):
+    block = init[f"h_{i}"]
+    for name, value in set_blocks.items():
+      if name in block:
+        merged[f"h_{i}"][name] = value
+      if name in block["attn"]:
+        merged[f"h_{i}"]["attn"][name] = value
+  return merged
+
+
+def test_embedding_skips_start_at_the_plain_model_and_mix_in_the_embedding():
+  plain, params = _model()
+  model, init = _model(embed_skips=True)
+  chex.assert_trees_all_close(init["h_0"]["lambdas"], jnp.array([1.0, 0.0]))
+  same = _plain_plus(init, params, lambdas=jnp.array([1.0, 0.0]))
+  chex.assert_trees_all_close(_logits(model, same), _logits(plain, params), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(
+    _logits(model, _plain_plus(init, params, lambdas=jnp.array([1.0, 1.0]))), _logits(plain, params)
+  )
+
+
+def test_unet_skips_with_zero_weights_are_the_plain_model():
+  plain, params = _model()
+  model, init = _model(unet_skips=True)
+  chex.assert_trees_all_close(init["skip_weights"], jnp.ones(1))
+  same = _plain_plus(init, params) | {"skip_weights": jnp.zeros(1)}
+  chex.assert_trees_all_close(_logits(model, same), _logits(plain, params), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(_logits(model, _plain_plus(init, params)), _logits(plain, params))
+
+
+def test_value_embeddings_mix_into_the_values_with_learned_lambdas():
+  plain, params = _model()
+  model, init = _model(value_embeds=1)
+  chex.assert_trees_all_close(init["h_1"]["attn"]["value_lambdas"], jnp.array([0.5, 0.5]))
+  same = _plain_plus(init, params, value_lambdas=jnp.array([1.0, 0.0]))
+  chex.assert_trees_all_close(_logits(model, same), _logits(plain, params), rtol=1e-5, atol=1e-6)
+  mixed = _plain_plus(init, params, value_lambdas=jnp.array([0.5, 0.5]))
+  assert not np.allclose(_logits(model, mixed), _logits(plain, params))
+
+
+def test_value_embedding_tables_go_to_the_first_and_the_last_layers():
+  cfg = dataclasses.replace(BASE, n_layer=6, value_embeds=2)
+  assert [gpt2.value_embed_layer(cfg, i) for i in range(6)] == [0, 1, None, None, 0, 1]
+
+
+@pytest.mark.parametrize(
+  "options, field",
+  [
+    ({"rotary": True, "n_head": 32}, "model.rotary"),  # head dimension 1
+    ({"unet_skips": True, "n_layer": 3}, "model.unet_skips"),
+    ({"value_embeds": 2, "n_layer": 3}, "model.value_embeds"),
+    ({"logit_softcap": -1.0}, "model.logit_softcap"),
+    ({"relu2": "yes"}, "model.relu2"),
+  ],
+)
+def test_an_impossible_option_is_refused_naming_the_field(options, field):
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    dataclasses.replace(BASE, **options).validate()
+  if not all(type(v) is type(getattr(BASE, k)) for k, v in options.items()):
+    return  # the config's own types refuse it before validation does
+  c = gpt2_small.get_config("tiny,micro")
+  c.model.update(options)
+  with pytest.raises(ValueError, match="--config." + field.replace(".", r"\.")):
+    config_lib.validate(c)
+
+
+def test_a_model_with_options_does_not_convert_to_hugging_face():
+  model, params = _model(rotary=True)
+  with pytest.raises(ValueError, match="no Hugging Face GPT-2 equivalent"):
+    gpt2.to_hf_state_dict(params, model.config)
+
+
+# ----------------------------------------------------------------------------
+# The grouped optimizer ('muon_groups').
+# ----------------------------------------------------------------------------
+
+
+def test_the_groups_follow_the_record():
+  _, tied = _model(rmsnorm=True)
+  _, untied = _model(**ALL_ON)
+  lt, lu = optim.muon_group_labels(tied), optim.muon_group_labels(untied)
+  assert lt["wte"]["embedding"] == "head" and lt["wpe"]["embedding"] == "embed"  # the tied head
+  assert lu["wte"]["embedding"] == "embed" and lu["lm_head"] == "head"
+  assert lu["value_embed_0"]["embedding"] == "embed" and lu["skip_weights"] == "scalar"
+  assert lu["h_0"]["attn"]["c_attn"]["kernel"] == "muon_qkv" and lu["h_0"]["mlp"]["c_fc"]["kernel"] == "muon"
+  assert lu["h_0"]["attn"]["value_lambdas"] == "scalar" and lu["h_1"]["lambdas"] == "scalar"
+  assert optim.muon_labels(untied)["lm_head"] == "adamw"  # plain Muon keeps the head off Muon too
+
+
+def test_muon_orthogonalises_a_fused_qkv_matrix_block_by_block():
+  g = jax.random.normal(jax.random.PRNGKey(3), (16, 48))
+  whole = optim._blocks_of_three(optim._muon_batched(1.0))
+  u, _ = whole.update(g, whole.init(g), g)
+  one = optax.contrib.muon(1.0)
+  parts = [one.update(g[:, 16 * i : 16 * (i + 1)], one.init(g[:, :16]), g[:, :16])[0] for i in range(3)]
+  chex.assert_trees_all_close(u, jnp.concatenate(parts, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_each_adam_group_steps_at_its_ratio_of_the_learning_rate():
+  o = config_lib.default_optim_config()
+  o.update(name="muon_groups", grad_clip=0.0, embed_lr_ratio=3.0, head_lr_ratio=0.5, scalar_lr_ratio=2.0)
+  _, params = _model(**ALL_ON)
+  tx = optim.make_optimizer(o)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+  state = optim.with_learning_rate(tx.init(params), 0.01)
+  updates, _ = jax.jit(tx.update)(grads, state, params)
+  labels = optim.muon_group_labels(params)
+  ratio = {"embed": 3.0, "head": 0.5, "scalar": 2.0}
+  for u, label in zip(jax.tree.leaves(updates), jax.tree.leaves(labels)):
+    if label in ratio:  # one Adam step from zero moments moves each entry by lr * ratio (the sign's)
+      adam = optax.adam(0.01 * ratio[label], b1=0.8, b2=0.95, eps=1e-10)
+      want, _ = adam.update(jnp.full_like(u, 0.1), adam.init(u))
+      chex.assert_trees_all_close(u, want, rtol=1e-5)
