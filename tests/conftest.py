@@ -198,6 +198,7 @@ _COST = {
   "test_forecast.py": 25,
   "test_averaging.py": 30,
   "test_outer_momentum.py": 20,
+  "test_speedrun_model.py": 25,
 }
 
 

@@ -21,6 +21,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import keys, specs, tasks, tuning
 from hybridjax.bench import ladder as ladder_lib
+from hybridjax.bench import recipe as recipe_lib
 from hybridjax.bench.anchor_run import run_anchor
 from hybridjax.bench.method_run import run_method
 from hybridjax.hybrid.phases import Branch
@@ -320,6 +321,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   c = ml_collections.ConfigDict(config.to_dict())
   c.benchmark.ladder = True
   c.benchmark.update(timing_rounds=2, timing_steps=5)  # the timing's code path; its figures are not read here
+  c.benchmark.ladder_rungs = "R1,R3"  # R6 (a whole family on Muon) is the slow test below
   n = int(c.trainer.steps)
   result = benchmark.run_benchmark(c, workdir)
   assert result["rung_names"] == ["R1", "R3"] and result["verdict_rungs"] == []
@@ -357,3 +359,62 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   assert os.path.getsize(os.path.join(workdir, "ladder-quick.png")) > 1000
   with open(os.path.join(workdir, first["family"], "benchmark.json")) as f:
     assert json.load(f)["curves"] == first["curves"]
+
+
+def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(quick):
+  """The recipe's code path on the micro model: two tricks against the protocol's cosine anchor (its
+  runs from the cache, its curve extended), every figure recomputed from recipe.json; the last step
+  is the whole quick recipe, R6's family, so its tuning runs are the ladder's."""
+  workdir, config, first = quick
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.recipe = True
+  c.benchmark.update(timing_rounds=2, timing_steps=5)
+  n = int(c.trainer.steps)
+  result = benchmark.run_benchmark(c, workdir)
+  assert result["tricks"] == ["schedule", "muon"]
+  anchor = result["anchor"]
+  assert anchor["lr"] == first["tuning"]["best_lr"]
+  assert anchor["budgets"][-1] >= 3 * n  # the curve extended past the protocol's 2N
+  for s, curve in anchor["curves"].items():  # the protocol's own averaged anchor, where both have a budget
+    for b, loss in zip(first["budgets"], first["curves"]["averaged_baseline"][s]):
+      assert curve["loss"][curve["steps"].index(b)] == loss
+  with open(os.path.join(workdir, "recipe-quick.json")) as f:
+    stored = json.load(f)
+  assert json.loads(json.dumps(recipe_lib.recipe_figures(stored))) == stored["figures"]
+  # One speed-up by hand: the last step on the first seed, read on that seed's anchor curve.
+  muon = stored["step_runs"]["muon"]
+  assert muon["iterate"] in ("raw", "averaged") and muon["lr"] in muon["grid"]
+  s = sorted(muon["runs"], key=int)[0]
+  reach = protocol.steps_to_reach(anchor["curves"][s]["steps"], anchor["curves"][s]["loss"], muon["runs"][s]["loss"])
+  got = stored["figures"][-1]["speedup"]["per_seed"][0]
+  assert (got is None and reach.steps is None) or got == pytest.approx(reach.steps / n)
+  assert stored["total_speedup"]["name"] == "muon"
+  # Each step is paired with the one before it; the anchor with nothing.
+  assert stored["figures"][0]["vs_previous"] is None and stored["figures"][2]["vs_previous"]["n"] == len(
+    c.benchmark.seeds
+  )
+  with open(os.path.join(workdir, "recipe-quick.md")) as f:
+    assert "| schedule |" in f.read()
+  assert os.path.getsize(os.path.join(workdir, "recipe-quick.png")) > 1000
+
+
+@pytest.mark.slow
+def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
+  """R6 as the quick preset runs it: the whole quick recipe (the schedule and Muon with its groups),
+  tuned like a family, read at the iterate its tuning seeds chose, its one arm against its control;
+  every figure recomputes from ladder.json."""
+  workdir, config, _ = quick
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.ladder = True
+  c.benchmark.update(timing_rounds=2, timing_steps=5, ladder_rungs="R6")
+  result = benchmark.run_benchmark(c, workdir)
+  speedrun = result["groups"]["speedrun"]
+  r6 = result["rungs"]["R6"]
+  assert result["verdict_rungs"] == ["R6"] and speedrun["family"] == "speedrun-muon_groups-wsd"
+  assert r6["iterate"] == speedrun["tuning"]["iterate"] in ("raw", "averaged")
+  assert set(r6["figures"]) == {"jump"} and r6["figures"]["jump"]["control"] == "skip_control"
+  with open(os.path.join(workdir, "ladder-quick.json")) as f:
+    stored = json.load(f)
+  ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
+  again = ladder_lib.rung_figures(c, stored["groups"], ms, int(c.trainer.steps))
+  assert json.loads(json.dumps(again)) == stored["rungs"]
