@@ -361,6 +361,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
     assert json.load(f)["curves"] == first["curves"]
 
 
+@pytest.mark.slow
 def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(quick):
   """The recipe's code path on the micro model: two tricks against the protocol's cosine anchor (its
   runs from the cache, its curve extended), every figure recomputed from recipe.json; the last step

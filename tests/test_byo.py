@@ -219,6 +219,7 @@ def readme_example() -> str:
   return m.group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_as_printed(tmp_path, monkeypatch):
   code = readme_example()
   assert len(code.strip().splitlines()) <= 40

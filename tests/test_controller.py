@@ -233,6 +233,7 @@ class TransitionVariantsTest(chex.TestCase):
 # --- the confidence gate inside real hybrid steps -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_confidence_gate_decides_when_to_predict():
   # The MLP's confidences range over roughly 0.3-0.85 (0.55-0.8 in the first FULL phase); at 0.8
   # the gate must refuse some eligible steps and admit others. (The context also has the corrector

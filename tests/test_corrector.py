@@ -9,6 +9,7 @@ import hybrid_helper as hh
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -134,6 +135,7 @@ def test_log_scale_saturates_at_the_bounds():
 # --- inside hybrid training -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_disabled_corrector_is_never_touched_by_hybrid_steps():
   # corrector.enabled=False: through WARMUP, FULL, PREDICT (validated predicted steps) and CORRECT
   # entries, the corrector state stays bit-identical to its initial value; enabled (the control

@@ -16,7 +16,7 @@ import pytest
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim, protocol
-from hybridjax.bench import ladder, report
+from hybridjax.bench import ladder, recipe, report
 
 
 def _config():
@@ -230,3 +230,30 @@ def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_ti
     assert f"## {name}: " in md
   assert "the stopped baseline (no control)" in md and "R4: R3 with weight averaging (averaged) **verdict**" in md
   assert report.save_ladder_plot(result, str(tmp_path)).endswith("ladder-synthetic.png")
+
+
+def test_a_recipe_step_reads_its_speedup_on_the_anchors_curve():
+  """The recipe's figures on a synthetic anchor: a loss on the curve reads the interpolated steps, one
+  below its end a lower bound ('> x'), and each step is paired with the one before it."""
+  anchor = {s: {"steps": [50, 100, 200, 400], "loss": [3.0, 2.0, 1.5, 1.2]} for s in ("1", "2", "3")}
+  step = {"runs": {"1": {"loss": 1.5}, "2": {"loss": 2.0}, "3": {"loss": 1.1}}}
+  previous = {"1": 2.0, "2": 2.1, "3": 1.9}
+  f = recipe.step_figures("x", step, previous, anchor, {"anchor": 10.0, "x": 20.0}, 100)
+  assert f["speedup"]["per_seed"] == [2.0, 1.0, 4.0] and f["speedup"]["lower_bound"]
+  assert f["wallclock_ratio"]["mean"] == pytest.approx(f["speedup"]["mean"] / 2)
+  assert f["vs_previous"]["differences"] == pytest.approx([-0.5, -0.1, -0.8])
+  assert report.speedup_cell(f["speedup"]).startswith("> ")
+
+
+def test_bad_recipe_settings_name_the_field_and_the_step():
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.recipe_tricks = "schedule,warp"
+  with pytest.raises(ValueError, match="benchmark.recipe_tricks"):
+    recipe.validate_recipe(c)
+  c.benchmark.recipe_tricks = "schedule,unet"  # the micro model has one layer
+  with pytest.raises(ValueError, match="(?s)step 'unet'.*model.unet_skips"):
+    recipe.validate_recipe(c)
+  c.benchmark.recipe_tricks = "schedule"
+  c.benchmark.recipe_budgets = (1.5,)
+  with pytest.raises(ValueError, match="recipe_budgets"):
+    recipe.validate_recipe(c)

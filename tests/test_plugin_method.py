@@ -81,6 +81,7 @@ def _restore(workdir, config):
     manager.close()
 
 
+@pytest.mark.slow
 def test_a_method_from_a_user_module_trains_resumes_and_has_a_control(user_module, tmp_path, monkeypatch):
   import conftest
 

@@ -443,6 +443,7 @@ def _validates(c, config, plan) -> bool:
   return (k + 1) % config.hybrid.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
 
 
+@pytest.mark.slow
 def test_nan_inf_and_spikes_in_every_phase_are_survived(hybrid):
   # NaN and Inf losses and a gradient spike, each injected in WARMUP, FULL, PREDICT and CORRECT (in
   # PREDICT at a validating step, and the spike also at a micro-correction): the params never hold
