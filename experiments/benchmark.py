@@ -59,13 +59,8 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   )
   for line in notes["lines"]:
     print(line, flush=True)
-  runner = Runner(workdir, int(b.workers), ladder.compile_cache_dir(config, workdir))
-  try:
+  with Runner(workdir, int(b.workers), ladder.compile_cache_dir(config, workdir)) as runner:
     trained = family.train_family(config, runner, methods)
-  except BaseException:
-    runner.close(cancel=True)
-    raise
-  runner.close()
   print("--- timing (interleaved, this process)", flush=True)
   timed = timing.time_step_kinds(config, trained["tuning"], methods)
   result = family.family_result(config, trained, timed, methods, command=command, notes=notes, runner=runner)

@@ -54,17 +54,22 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
   return out
 
 
+def names(text: str) -> list[str]:
+  """The names of a comma-separated field (`benchmark.methods`, `ladder_rungs`, `recipe_tricks`)."""
+  return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
 def selected(config: ml_collections.ConfigDict) -> list[str]:
   """The arms `benchmark.methods` names, in its order; errors name the field and the arms defined."""
   defined = arms(config)
-  names = [n.strip() for n in str(config.benchmark.methods).split(",") if n.strip()]
-  bad = [n for n in names if n not in defined]
-  if bad or len(set(names)) != len(names):
+  chosen = names(config.benchmark.methods)
+  bad = [n for n in chosen if n not in defined]
+  if bad or len(set(chosen)) != len(chosen):
     raise ValueError(
       f"--config.benchmark.methods={config.benchmark.methods!r}: give distinct names from "
       f"{','.join(defined)} (the arms of benchmark.arms), or '' for the anchors only"
     )
-  return names
+  return chosen
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:

@@ -72,8 +72,7 @@ WITHIN = 0.02  # the seed's own criterion: a speedup counts at <= 2% final-loss 
 compile_cache_dir = specs.compile_cache_dir
 
 
-def names(text: str) -> list[str]:
-  return [x.strip() for x in str(text).split(",") if x.strip()]
+names = arms_lib.names
 
 
 def rungs_of(config: ml_collections.ConfigDict) -> list[str]:
@@ -482,13 +481,8 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
   b = config.benchmark
   n = int(config.trainer.steps)
   print(f"ladder {b.preset}: rungs {b.ladder_rungs}, N={n}; workdir {workdir}", flush=True)
-  runner = Runner(workdir, int(b.workers), compile_cache_dir(config, workdir))
-  try:
+  with Runner(workdir, int(b.workers), compile_cache_dir(config, workdir)) as runner:
     groups = train_all(config, runner)
-  except BaseException:
-    runner.close(cancel=True)
-    raise
-  runner.close()
   print("--- timing (interleaved, this process)", flush=True)
   timed: dict[str, Any] = {}
   adamw = [g for g in ("cosine", "untuned", "constant") if g in groups]
@@ -541,23 +535,13 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
     "runs_cached": runner.reused,
   }
   result["wall_s"] = time.perf_counter() - t_start
-  result["invocations"] = earlier_invocations(workdir, str(b.preset)) + [
+  result["invocations"] = report.earlier_invocations(os.path.join(workdir, f"ladder-{b.preset}.json")) + [
     {"date": result["date"], "wall_s": result["wall_s"], "runs_trained": runner.ran, "runs_cached": runner.reused}
   ]
   write_ladder(result, families, workdir, str(b.publish))
   print("\n" + report.ladder_markdown(result))
   print(f"ladder wall time {result['wall_s']:.0f} s ({runner.ran} runs trained, {runner.reused} cached)", flush=True)
   return result
-
-
-def earlier_invocations(workdir: str, preset: str) -> list[dict[str, Any]]:
-  """The invocations recorded by an earlier ladder in `workdir` (a ladder resumed from its cache
-  reports the compute of every invocation, not only its own)."""
-  path = os.path.join(workdir, f"ladder-{preset}.json")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return json.load(f).get("invocations", [])
 
 
 def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str, publish: str) -> None:

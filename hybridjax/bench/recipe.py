@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import protocol
+from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import keys, report, specs, timing, tuning
 from hybridjax.bench.runner import Runner
 
@@ -89,7 +89,7 @@ TRICKS: dict[str, Trick] = {
 
 
 def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
-  return [x.strip() for x in str(config.benchmark.recipe_tricks).split(",") if x.strip()]
+  return arms_lib.names(config.benchmark.recipe_tricks)
 
 
 def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_collections.ConfigDict:
@@ -179,27 +179,16 @@ def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
   return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run, beta)
 
 
-def choose_iterate(at_best: list[dict[str, Any]], betas: list[float]) -> dict[str, Any]:
-  """The averaging beta (the best mean over the tuning runs) and the iterate a step reports: the
-  averaged one where it beats the raw one on the tuning seeds' mean, else the raw one."""
-  table = {str(b): statistics.fmean(tuning.averaged_loss(r, b) for r in at_best) for b in betas}
-  beta = min(betas, key=lambda b: table[str(b)])
-  raw = statistics.fmean(r["final_raw"] for r in at_best)
-  return {
-    "beta": beta,
-    "iterate": "averaged" if table[str(beta)] < raw else "raw",
-    "tuning_losses": {"raw": raw, "averaged": table[str(beta)]},
-  }
-
-
-def train_steps(config: ml_collections.ConfigDict, runner: Runner, anchor_lr: float) -> dict[str, dict[str, Any]]:
-  """Every step's tuning (all sweeps in lockstep) and headline runs."""
-  configs = step_configs(config, anchor_lr)
+def train_steps(
+  configs: dict[str, ml_collections.ConfigDict], config: ml_collections.ConfigDict, runner: Runner
+) -> dict[str, dict[str, Any]]:
+  """Every step's tuning (all sweeps in lockstep; `configs`: `step_configs`') and headline runs."""
   swept = tuning.sweep_lrs([(c, _spec_of(c), tuning.best_loss) for c in configs.values()], runner)
   chosen = {}
   for (name, c), sw in zip(configs.items(), swept):
     at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
-    chosen[name] = choose_iterate(at_best, [float(x) for x in c.benchmark.betas]) | {
+    averaging = tuning.choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
+    chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
       "lr": sw["best_lr"],
       "grid": sw["grid"],
       "best_at_edge": sw["best_at_edge"],
@@ -311,24 +300,24 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
   b = config.benchmark
   n = int(config.trainer.steps)
   print(f"recipe {b.preset}: tricks {b.recipe_tricks}, N={n}; workdir {workdir}", flush=True)
-  runner = Runner(workdir, int(b.workers), specs.compile_cache_dir(config, workdir))
   extra = [float(f) for f in b.recipe_budgets]
-  try:
-    acfg = anchor_config(config, extra)
+  acfg = anchor_config(config, extra)
 
-    def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
-      # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
-      # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
-      first = [
-        _spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
-        for c in step_configs(config, lr).values()
-        for lr_ in tuning.lr_grid(float(c.optim.learning_rate), int(b.lr_points))
-      ]
-      return tuning.curve_specs(acfg, lambda f: lr, beta) + first
+  def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
+    # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
+    # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
+    first = [
+      _spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
+      for c in step_configs(config, lr).values()
+      for lr_ in tuning.lr_grid(float(c.optim.learning_rate), int(b.lr_points))
+    ]
+    return tuning.curve_specs(acfg, lambda f: lr, beta) + first
 
+  with Runner(workdir, int(b.workers), specs.compile_cache_dir(config, workdir)) as runner:
     tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
     curves = tuning.budget_curves(acfg, runner, tuned)
-    steps = train_steps(config, runner, tuned["best_lr"])
+    configs = step_configs(config, tuned["best_lr"])
+    steps = train_steps(configs, config, runner)
     for factor in b.recipe_budget_extensions:
       if not _below_curve(steps, anchor_curves(curves)):
         break
@@ -336,12 +325,7 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
       extra.append(float(factor))
       acfg = anchor_config(config, extra)
       curves = tuning.budget_curves(acfg, runner, tuned | {"per_budget_lr": _per_budget_lr(tuned, acfg)})
-  except BaseException:
-    runner.close(cancel=True)
-    raise
-  runner.close()
   print("--- timing (interleaved, this process)", flush=True)
-  configs = step_configs(config, tuned["best_lr"])
   entries = {"anchor": (acfg, tuned["best_lr"], tuned["averaging_beta"])}
   entries |= {name: (configs[name], steps[name]["lr"], steps[name]["beta"]) for name in steps}
   timed = timing.time_baselines(entries)
@@ -379,7 +363,7 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
   last = rows[-1]
   result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
   result["wall_s"] = time.perf_counter() - t_start
-  result["invocations"] = _earlier_invocations(workdir, str(b.preset)) + [
+  result["invocations"] = report.earlier_invocations(os.path.join(workdir, f"recipe-{b.preset}.json")) + [
     {"date": result["date"], "wall_s": result["wall_s"], "runs_trained": runner.ran, "runs_cached": runner.reused}
   ]
   write_recipe(result, workdir, str(b.publish))
@@ -393,14 +377,6 @@ def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> di
   base = tuned["per_budget_lr"]
   beyond = base.get("2.0", tuned["best_lr"])
   return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
-
-
-def _earlier_invocations(workdir: str, preset: str) -> list[dict[str, Any]]:
-  path = os.path.join(workdir, f"recipe-{preset}.json")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return json.load(f).get("invocations", [])
 
 
 def write_recipe(result: dict[str, Any], workdir: str, publish: str) -> None:

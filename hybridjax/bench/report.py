@@ -190,6 +190,15 @@ def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
   return paths
 
 
+def earlier_invocations(path: str) -> list[dict[str, Any]]:
+  """The invocations an earlier ladder or recipe recorded in its json at `path` (one resumed from
+  its cache reports the compute of every invocation, not only its own); [] when there is none."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f).get("invocations", [])
+
+
 def machine_info() -> dict[str, Any]:
   dev = jax.devices()[0]
   try:
@@ -489,7 +498,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
       f"{'—' if wall is None else format(wall['step_ms'], '.1f')} | {r['lr']:.4g} | {r['iterate']} ({r['beta']}) |"
     )
   out += ["", f"The anchor's budgets: {result['anchor']['budgets']} steps."]
-  return "\n".join(x for x in out if x is not None)
+  return "\n".join(out)
 
 
 def save_recipe_plot(result: dict[str, Any], folder: str) -> str:

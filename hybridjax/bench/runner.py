@@ -35,6 +35,13 @@ class Runner:
   def reused(self) -> int:
     return len(self._reused)
 
+  def __enter__(self) -> Runner:
+    return self
+
+  def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    """Stops the workers; after a failure (or Ctrl-C) the runs still queued are dropped."""
+    self.close(cancel=exc_type is not None)
+
   def close(self, cancel: bool = False) -> None:
     """Stops the worker processes (they live across `run` calls: each compiles its programs once);
     `cancel`: drop the runs still queued (after a failure)."""

@@ -61,8 +61,8 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
   for config, spec, _ in sweeps:
     n = int(config.trainer.steps)
     grid = lr_grid(float(config.optim.learning_rate), int(config.benchmark.lr_points))
-    state.append({"grid": grid, "pending": [(lr, spec(int(config.benchmark.tuning_seeds[0]), lr, n)) for lr in grid]})
-  results = runner.run([x for st in state for _, x in st["pending"]], "LR sweep (tuning seed 1, N)")
+    state.append({"grid": grid, "first": [spec(int(config.benchmark.tuning_seeds[0]), lr, n) for lr in grid]})
+  results = runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)")
   for st in state:
     st["sweep"], results = results[: len(st["grid"])], results[len(st["grid"]) :]
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
@@ -115,6 +115,16 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
   return out
 
 
+def choose_averaging(at_best: list[dict[str, Any]], betas: list[float]) -> dict[str, Any]:
+  """The averaging beta of runs at one LR (the lowest mean averaged loss over them) and whether
+  averaging helps there: the raw and the averaged loss at that beta, mean over the runs, and the
+  lower of the two ('iterate': what a family with `benchmark.iterate='best'` reads; 'raw' on a tie)."""
+  table = {str(x): [averaged_loss(r, x) for r in at_best] for x in betas}
+  beta = min(betas, key=lambda x: statistics.fmean(table[str(x)]))
+  losses = {"raw": statistics.fmean(r["final_raw"] for r in at_best), "averaged": statistics.fmean(table[str(beta)])}
+  return {"beta": beta, "beta_table": table, "iterate_losses": losses, "iterate": min(losses, key=losses.get)}
+
+
 def tune(
   config: ml_collections.ConfigDict,
   runner: Runner,
@@ -142,16 +152,10 @@ def tune(
   swept = sweep_lr(config, runner, spec, best_loss if b.get("iterate", "averaged") == "best" else averaged_loss)
   grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
   means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
-  # 3. The averaging beta: the best mean over both tuning seeds at the chosen LR.
+  # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
   at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
-  beta_table = {str(x): [averaged_loss(r, x) for r in at_best] for x in betas}
-  beta = min(betas, key=lambda x: statistics.fmean(beta_table[str(x)]))
-  # Whether averaging helps: the raw and the averaged loss at the chosen LR and beta, mean over the
-  # tuning seeds ('iterate': the lower; what a family with `benchmark.iterate='best'` reads).
-  iterate_losses = {
-    "raw": statistics.fmean(r["final_raw"] for r in at_best),
-    "averaged": statistics.fmean(beta_table[str(beta)]),
-  }
+  averaging = choose_averaging(at_best, betas)
+  beta, beta_table = averaging["beta"], averaging["beta_table"]
   # The noise of one final loss: the two tuning seeds' spread at the chosen LR and beta, and never
   # less than the eval set's sampling error (two seeds can agree by chance).
   sampling = max(r["eval_batch_std"] / math.sqrt(r["eval_batches"]) for r in at_best)
@@ -207,8 +211,8 @@ def tune(
     "best_at_edge": best_at_edge,
     "averaging_beta": beta,
     "beta_table": beta_table,
-    "iterate_losses": iterate_losses,
-    "iterate": min(iterate_losses, key=iterate_losses.get),
+    "iterate_losses": averaging["iterate_losses"],
+    "iterate": averaging["iterate"],
     "seed_noise": noise,
     "budget_checks": checks,
     "per_budget_lr": per_budget_lr,
