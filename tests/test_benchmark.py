@@ -314,6 +314,7 @@ def test_corpus_epochs_warn_past_four():
   assert warning and "--config.data.path" in warning
 
 
+@pytest.mark.slow
 def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quick):
   """Two rungs on the micro model: R1 (the untuned constant LR's 2N curve and its arms) trains; R3
   reads the protocol's cosine runs from the cache. Every ladder figure recomputes from ladder.json."""
@@ -321,7 +322,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   c = ml_collections.ConfigDict(config.to_dict())
   c.benchmark.ladder = True
   c.benchmark.update(timing_rounds=2, timing_steps=5)  # the timing's code path; its figures are not read here
-  c.benchmark.ladder_rungs = "R1,R3"  # R6 (a whole family on Muon) is the slow test below
+  c.benchmark.ladder_rungs = "R1,R3"  # R6 (a whole family on Muon) is its own test below
   n = int(c.trainer.steps)
   result = benchmark.run_benchmark(c, workdir)
   assert result["rung_names"] == ["R1", "R3"] and result["verdict_rungs"] == []

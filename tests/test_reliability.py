@@ -195,6 +195,7 @@ def test_resume_from_a_checkpoint_in_every_phase_is_bit_exact(tmp_path, jax_cach
 # --- 2. crash during a save -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_during_async_save_keeps_the_previous_checkpoint(tmp_path, jax_cache):
   workdir = tmp_path / "run"
   steps = 30

@@ -161,6 +161,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_on_one_mesh_and_the_checkpoint_restores_here(tmp_path):
   # Two processes of 4 CPU devices each join through jax.distributed.initialize() (config block
   # `distributed`) into one 4x2 mesh of 8 devices, train the baseline for 6 steps and save one
