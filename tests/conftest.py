@@ -61,6 +61,21 @@ def cached(config, jax_cache: str):
   return config
 
 
+def load_script(name: str):
+  """A script under scripts/ as a module (registered, so its dataclasses resolve)."""
+  import importlib.util
+  import sys
+
+  mod_name = f"_script_{name}"
+  if mod_name not in sys.modules:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(root, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[mod_name]
+
+
 def run_experiment(config, workdir, hooks=None) -> dict:
   """Trains a `gpt2_small` experiment config in `workdir` through `loop.train.train`; the summary."""
   from experiments import gpt2_small

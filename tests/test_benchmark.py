@@ -9,9 +9,11 @@ import math
 import os
 import sys
 
+import chex
+import jax
 import ml_collections
 import pytest
-from conftest import cached, micro_config
+from conftest import cached, load_script, micro_config
 
 from experiments import benchmark
 from experiments import gpt2_small as experiment
@@ -205,6 +207,25 @@ def quick(tmp_path_factory, jax_cache):
   config = _bench_config()
   config.trainer.compile_cache_dir = jax_cache  # the test run's shared cache; a real benchmark starts cold
   return workdir, config, benchmark.run_benchmark(config, workdir)
+
+
+def test_quick_protocol_computes_what_it_did_when_recorded(quick):
+  """The quick protocol's losses and step counts, kept as recorded (scripts/method_numerics.py): on the
+  recording's machine kind bit for bit, elsewhere to float32 rounding."""
+  workdir, _, _ = quick
+  numerics = load_script("method_numerics")
+  with open(os.path.join(workdir, "benchmark.json")) as f:
+    got = numerics.quick_numerics(json.load(f))
+  if os.environ.get("HYBRIDJAX_WRITE_NUMERICS"):
+    with open(numerics.QUICK_RECORD, "w") as f:
+      json.dump({"machine": numerics.machine(), "numerics": got}, f, indent=1)
+  with open(numerics.QUICK_RECORD) as f:
+    recorded = json.load(f)
+  if numerics.machine() == recorded["machine"]:
+    assert got == recorded["numerics"]
+  else:
+    assert jax.tree.structure(got) == jax.tree.structure(recorded["numerics"])
+    chex.assert_trees_all_close(got, recorded["numerics"], rtol=1e-3)
 
 
 def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):

@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import jax
 import numpy as np
 import pytest
+from conftest import load_script
 
 from experiments import gpt2_small
 from hybridjax import optim as optim_lib
@@ -25,19 +24,8 @@ from hybridjax.loop import train as train_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load(name: str):
-  """A script under scripts/ as a module (registered, so its dataclasses resolve)."""
-  mod_name = f"_script_{name}"
-  if mod_name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[mod_name]
-
-
-jp = _load("jump_persistence")
-line_scan = _load("line_scan")
+jp = load_script("jump_persistence")
+line_scan = load_script("line_scan")
 
 
 # --- arithmetic ---------------------------------------------------------------------------------
@@ -191,7 +179,7 @@ def test_jump_persistence_rejects_bad_settings():
 
 
 def test_drift_forecast_scores_each_estimate():
-  df = _load("drift_forecast")
+  df = load_script("drift_forecast")
   args = ["--config=quick", "--steps=15", "--every=10", "--horizons=5", "--spans=5", "--slow_betas=0.995"]
   result = df.main(args)
   assert result["points"] == [10]
