@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 
 from experiments import gpt2_small  # noqa: E402
 from hybridjax import optim as optim_lib  # noqa: E402
-from hybridjax.hybrid import jump as jump_lib  # noqa: E402
 from hybridjax.loop import baseline  # noqa: E402
+from hybridjax.methods.jump import steps as jump_lib  # noqa: E402
 from scripts.jump_persistence import build_config, parse_ints  # noqa: E402
 
 

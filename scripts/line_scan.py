@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from experiments import gpt2_small  # noqa: E402
 from experiments.configs import gpt2_small as gpt2_cfg  # noqa: E402
-from hybridjax.hybrid import features as features_lib  # noqa: E402
+from hybridjax.hybrid import groups as groups_lib  # noqa: E402
 from hybridjax.hybrid import step as step_lib  # noqa: E402
 from hybridjax.hybrid.phases import Branch  # noqa: E402
 from hybridjax.loop import train as train_lib  # noqa: E402
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
   step_fn = lambda s, b: full_step(s, b, schedule)  # noqa: E731
   eval_fn = train_lib.make_eval_fn(task.loss_fn)
   move = jax.jit(
-    lambda p, v, a: features_lib.add_scaled_by_group(ctx.groups, p, a * np.ones(ctx.groups.n_groups, np.float32), v)
+    lambda p, v, a: groups_lib.add_scaled_by_group(ctx.groups, p, a * np.ones(ctx.groups.n_groups, np.float32), v)
   )
   evaluate = lambda p: train_lib.evaluate(eval_fn, p, task.eval_batches)  # noqa: E731
 

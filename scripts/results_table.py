@@ -28,7 +28,7 @@ START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 ANCHORS = ("baseline", "averaged_baseline")
 
 sys.path.insert(0, ROOT)
-from hybridjax import protocol  # noqa: E402
+from hybridjax.bench import protocol  # noqa: E402
 
 
 def load(kind: str = "headline.json") -> dict[str, dict]:

@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
-from hybridjax import plotting, protocol  # noqa: E402
+from hybridjax import plotting  # noqa: E402
+from hybridjax.bench import protocol  # noqa: E402
 from hybridjax.bench import specs as bench_specs  # noqa: E402
 from hybridjax.bench.runner import Runner  # noqa: E402
 

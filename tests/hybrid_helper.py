@@ -23,10 +23,10 @@ from conftest import STD, small_hybrid_config
 
 from hybridjax import config as config_lib
 from hybridjax import optim
-from hybridjax.hybrid import predict_step as predict_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import drivers
+from hybridjax.methods.velocity import predict_step as predict_lib
 from hybridjax.models import mlp
 
 # The run length the hybrid context is compiled for (`HybridContext.total_steps`, the progress

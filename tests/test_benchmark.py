@@ -18,10 +18,10 @@ from conftest import cached, load_script, micro_config
 from experiments import benchmark
 from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax import protocol, registry
+from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import keys, specs, tasks, tuning
+from hybridjax.bench import keys, protocol, specs, tasks, tuning
 from hybridjax.bench import ladder as ladder_lib
 from hybridjax.bench import recipe as recipe_lib
 from hybridjax.bench.anchor_run import run_anchor
@@ -126,9 +126,9 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
     assert not any(f.startswith(("hybridjax/hybrid/", "hybridjax/methods/", "experiments/")) for f in anchor), anchor
     assert not any(f.startswith(results_side) for f in anchor) and "hybridjax/loop/train.py" not in anchor
   jump = files(keys.RUNNER_MODULES["method"], tasks.task_path("mlp"), registry.method_path("jump"))
-  assert {"hybridjax/loop/train.py", "hybridjax/methods/jump.py", "hybridjax/hybrid/forecast.py"} <= jump
+  assert {"hybridjax/loop/train.py", "hybridjax/methods/jump/__init__.py", "hybridjax/methods/jump/forecast.py"} <= jump
   assert not any(f.startswith(results_side + ("experiments/",)) for f in jump), jump
-  assert "hybridjax/methods/velocity.py" not in jump  # another method's edit keeps the jump's runs
+  assert "hybridjax/methods/velocity/__init__.py" not in jump  # another method's edit keeps the jump's runs
   # A user's task: its own file is hashed, the distributions it imports are versioned.
   spec = specs.run_spec(_mlp_bench_config(user_task), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
   assert "optax" in keys._distributions([user_task])

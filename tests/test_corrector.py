@@ -1,4 +1,4 @@
-"""The residual corrector (hybridjax.hybrid.corrector) on its own, and `hybrid.corrector.enabled`."""
+"""The residual corrector (hybridjax.methods.velocity.corrector) on its own, and `hybrid.corrector.enabled`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridjax.hybrid import corrector as corr
 from hybridjax.hybrid.phases import Phase
+from hybridjax.methods.velocity import corrector as corr
 
 F, CAP, HIDDEN, LR = 5, 4, 16, 1e-2
 

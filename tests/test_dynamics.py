@@ -1,4 +1,4 @@
-"""Tests of the trajectory model (hybridjax.hybrid.dynamics): shapes, masking, jit, and that it learns."""
+"""Tests of the trajectory model (hybridjax.models.rssm): shapes, masking, jit, and that it learns."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybridjax.hybrid import dynamics as dyn
+from hybridjax.models import rssm as dyn
 
 # A tiny config for the structural tests: compile time dominates them.
 SMALL = dyn.RSSMConfig(feature_dim=6, n_groups=3, deter=16, latent=4, hidden=16, ensemble=3)
@@ -155,7 +155,7 @@ class JitAgreementTest(chex.TestCase):
 
 def test_hoisted_recurrent_gradients_match_autodiff(state):
   """The custom VJP that moves the recurrent-kernel gradients out of the scan is exact."""
-  from hybridjax.hybrid.dynamics import _clean_window, _recurrence, _recurrence_hoisted  # private
+  from hybridjax.models.rssm import _clean_window, _recurrence, _recurrence_hoisted  # private
 
   obs = _clean_window(_window(SMALL, n_valid=7), SMALL)
   params = jax.tree_util.tree_map(lambda a: a[0], state.params)
@@ -270,7 +270,7 @@ def test_invalid_prefix_acts_as_absent(state):
 def test_window_may_be_an_object():
   from types import SimpleNamespace
 
-  from hybridjax.hybrid.dynamics import _clean_window  # private
+  from hybridjax.models.rssm import _clean_window  # private
 
   w = _window(SMALL, n_valid=7)
   chex.assert_trees_all_equal(tuple(_clean_window(w, SMALL)), tuple(_clean_window(SimpleNamespace(**w), SMALL)))

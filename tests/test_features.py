@@ -1,4 +1,4 @@
-"""Parameter groups and per-group arithmetic (hybridjax.hybrid.features)."""
+"""Parameter groups and per-group arithmetic (hybridjax.methods.velocity.features)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
+from hybridjax.hybrid import trajectory as trajectory_lib
 from hybridjax.hybrid.phases import PHASE_NAMES
+from hybridjax.methods.velocity import features as features_lib
 
 
 def test_param_groups_by_kind():
@@ -16,27 +18,27 @@ def test_param_groups_by_kind():
 
   cfg = gpt2.PRESETS["tiny"]
   shapes = jax.eval_shape(lambda: gpt2.GPT2(cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  g = features_lib.param_groups(shapes, "kind")
+  g = groups_lib.param_groups(shapes, "kind")
   assert g.n_groups == 16  # wte, wpe, ln_f (2), and 12 per-block kinds shared by both blocks
   assert "h_*/attn/c_attn/kernel" in g.names
-  assert features_lib.param_groups(shapes, "leaf").n_groups == len(jax.tree.leaves(shapes))
-  assert features_lib.param_groups(shapes, "global").n_groups == 1
-  assert g.feature_dim == len(features_lib.GLOBAL_FEATURES) + 4 * 16
+  assert groups_lib.param_groups(shapes, "leaf").n_groups == len(jax.tree.leaves(shapes))
+  assert groups_lib.param_groups(shapes, "global").n_groups == 1
+  assert features_lib.feature_dim(g) == len(features_lib.GLOBAL_FEATURES) + 4 * 16
   assert len(features_lib.GLOBAL_FEATURES) == 7 + len(PHASE_NAMES)
 
 
 def test_group_sums_and_scaled_steps():
   params = {"h_0": {"w": jnp.full((2, 2), 1.0)}, "h_1": {"w": jnp.full((2, 2), 2.0)}, "out": jnp.full((3,), 3.0)}
-  g = features_lib.param_groups(params, "kind")
+  g = groups_lib.param_groups(params, "kind")
   assert g.n_groups == 2
-  np.testing.assert_allclose(features_lib.group_sq_norms(g, params), [4 * 1.0 + 4 * 4.0, 3 * 9.0])
+  np.testing.assert_allclose(groups_lib.group_sq_norms(g, params), [4 * 1.0 + 4 * 4.0, 3 * 9.0])
   ones = jax.tree.map(jnp.ones_like, params)
-  np.testing.assert_allclose(features_lib.group_dots(g, params, ones), [4 + 8, 9])
-  moved = features_lib.add_scaled_by_group(g, params, jnp.asarray([0.5, -1.0]), ones)
+  np.testing.assert_allclose(groups_lib.group_dots(g, params, ones), [4 + 8, 9])
+  moved = groups_lib.add_scaled_by_group(g, params, jnp.asarray([0.5, -1.0]), ones)
   chex.assert_trees_all_close(
     moved, {"h_0": {"w": jnp.full((2, 2), 1.5)}, "h_1": {"w": jnp.full((2, 2), 2.5)}, "out": jnp.full((3,), 2.0)}
   )
-  back = features_lib.add_scaled_by_group(g, moved, jnp.asarray([-0.5, 1.0]), ones)
+  back = groups_lib.add_scaled_by_group(g, moved, jnp.asarray([-0.5, 1.0]), ones)
   chex.assert_trees_all_equal(back, params)
 
 
@@ -59,7 +61,7 @@ def test_feature_vector_is_finite_and_normalised():
   chex.assert_shape(x, (len(features_lib.GLOBAL_FEATURES) + 4 * g,))
   assert np.all(np.isfinite(x))
   assert x[7 + 2] == 1.0 and x[7 : 7 + len(PHASE_NAMES)].sum() == 1.0  # the one-hot phase
-  norm = features_lib.init_normalizer(x.shape[0])
+  norm = trajectory_lib.init_normalizer(x.shape[0])
   for _ in range(3):
-    norm = features_lib.update_normalizer(norm, x)
-  assert np.all(np.abs(features_lib.normalize(norm, x * 1e6)) <= 5.0)
+    norm = trajectory_lib.update_normalizer(norm, x)
+  assert np.all(np.abs(trajectory_lib.normalize(norm, x * 1e6)) <= 5.0)

@@ -1,4 +1,4 @@
-"""The jump's RSSM forecaster (`hybrid.jump.forecast='rssm'`, `hybridjax.hybrid.forecast`): the realised
+"""The jump's RSSM forecaster (`hybrid.jump.forecast='rssm'`, `hybridjax.methods.jump.forecast`): the realised
 ratio it learns from, the aggregation of its imagined intervals into each candidate's s_g, expected
 gain and agreement, that it learns a trajectory's ratios, the gate on jumps, its buffers, its settings,
 and its life in the training loop (resume)."""
@@ -16,11 +16,11 @@ from conftest import cached, compile_fused_mlp_step, micro_config, small_hybrid_
 
 from hybridjax import config as config_lib
 from hybridjax import optim
-from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid import forecast as forecast_lib
-from hybridjax.hybrid import jump as jump_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.loop import drivers
+from hybridjax.methods.jump import forecast as forecast_lib
+from hybridjax.methods.jump import steps as jump_lib
 
 EVERY = 10
 HORIZONS = (10, 20, 40)
@@ -106,8 +106,8 @@ class SnapshotTest(chex.TestCase):
     f = f.replace(
       history=f.history.replace(count=jnp.asarray(1, jnp.int32)),
       snapshot_drift=V,
-      snap_dot=features_lib.group_dots(ctx.groups, _along(EVERY), V),
-      snap_rsq=features_lib.group_sq_norms(ctx.groups, V),
+      snap_dot=groups_lib.group_dots(ctx.groups, _along(EVERY), V),
+      snap_rsq=groups_lib.group_sq_norms(ctx.groups, V),
     )
     # A jump of 25 steps of 0.5 V (group a) and 25 steps of 2 V (group b) inside the interval.
     amount = jnp.asarray([12.5, 50.0])

@@ -18,10 +18,10 @@ import optax
 import pytest
 
 from hybridjax import optim
-from hybridjax.hybrid import correct_step as correct_lib
-from hybridjax.hybrid import predict_step as predict_lib
 from hybridjax.hybrid.phases import BRANCH_NAMES, Branch, Exit, Phase
 from hybridjax.methods import velocity as velocity_method
+from hybridjax.methods.velocity import correct_step as correct_lib
+from hybridjax.methods.velocity import predict_step as predict_lib
 
 
 def _assert_legal_sequence(phases):

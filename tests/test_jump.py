@@ -25,10 +25,10 @@ from conftest import run_experiment as _run
 
 from hybridjax import config as config_lib
 from hybridjax import memory, optim
-from hybridjax.hybrid import jump as jump_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import drivers
+from hybridjax.methods.jump import steps as jump_lib
 
 TOTAL = 1000
 HORIZONS = (10, 20, 40)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax import optim, protocol
-from hybridjax.bench import ladder, recipe, report
+from hybridjax import optim
+from hybridjax.bench import ladder, protocol, recipe, report
 
 
 def _config():

@@ -23,15 +23,16 @@ from conftest import cached, small_hybrid_config
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import memory as memory_lib
 from hybridjax import optim, writers
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch, Phase
-from hybridjax.hybrid.plan import init_plan
 from hybridjax.loop import baseline, drivers
 from hybridjax.loop import train as train_lib
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.methods.velocity import features as velocity_features
+from hybridjax.methods.velocity.plan import init_plan
 from hybridjax.models import mlp
+from hybridjax.models import rssm as dynamics_lib
 
 DONATION_WARNING = "donated buffers were not usable"
 PHASES = tuple(Phase)
@@ -153,7 +154,7 @@ def _abstract_states(width: int):
 def test_hybrid_state_overhead_is_one_params_sized_buffer_plus_small_fixed_buffers():
   ctx, state, base, params = _abstract_states(16)
   params_bytes = _tree_bytes(params)
-  g, f, n = ctx.groups.n_groups, ctx.groups.feature_dim, ctx.settings.history_size
+  g, f, n = ctx.groups.n_groups, velocity_features.feature_dim(ctx.groups), ctx.settings.history_size
   # The small buffers, each from its own definition: the RSSM and corrector (params, Adam state,
   # recurrent state, residual ring), the history ring buffers, the plan, the controller and the rng key.
   dyn = _tree_bytes(jax.eval_shape(lambda: dynamics_lib.init_dynamics(jax.random.PRNGKey(0), ctx.settings.rssm)))

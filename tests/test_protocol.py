@@ -1,4 +1,4 @@
-"""hybridjax.protocol: the monotone envelope, steps to reach a loss, the ratio and its aggregates."""
+"""hybridjax.bench.protocol: the monotone envelope, steps to reach a loss, the ratio and its aggregates."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from hybridjax import protocol
-from hybridjax.protocol import Reach
+from hybridjax.bench import protocol
+from hybridjax.bench.protocol import Reach
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

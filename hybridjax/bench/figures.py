@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridjax import protocol
+from hybridjax.bench import protocol
 
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 

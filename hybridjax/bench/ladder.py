@@ -38,9 +38,8 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import protocol
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import family, figures, keys, recipe, report, specs, timing, tuning
+from hybridjax.bench import family, figures, keys, protocol, recipe, report, specs, timing, tuning
 from hybridjax.bench.runner import Runner
 
 

@@ -33,9 +33,8 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import protocol
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import keys, report, specs, timing, tuning
+from hybridjax.bench import keys, protocol, report, specs, timing, tuning
 from hybridjax.bench.runner import Runner
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import jax
 
-from hybridjax import plotting, protocol
+from hybridjax import plotting
+from hybridjax.bench import protocol
 from hybridjax.bench.figures import ANCHORS
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.optim import LossFn
 
 
@@ -46,7 +46,7 @@ class HybridContext:
 
   loss_fn: LossFn
   tx: optax.GradientTransformation
-  groups: features_lib.ParamGroups
+  groups: groups_lib.ParamGroups
   control: ControllerSettings
   grad_accum: int
   total_steps: int

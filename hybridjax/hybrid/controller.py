@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid.context import ControllerSettings, StepInfo
-from hybridjax.hybrid.dynamics import ensemble_disagreement
 from hybridjax.hybrid.phases import Branch, Exit, Phase
 from hybridjax.hybrid.state import Controller
 
@@ -68,15 +67,6 @@ def accuracy(ctrl: Any, tolerance: float) -> jax.Array:
   acc = jnp.clip(1.0 - mean_err / (2.0 * tolerance), 0.0, 1.0)
   # No evidence yet: no confidence.
   return jnp.where(jnp.sum(w) > 0, acc, 0.0)
-
-
-def agreement(ensemble_logloss: jax.Array, tolerance: float) -> jax.Array:
-  """Ensemble agreement in (0, 1]: exp(-spread / log(1 + tolerance)).
-
-  `ensemble_logloss` is (E, H): each member's imagined log-loss over the horizon; the spread is the
-  member standard deviation, averaged over the horizon.
-  """
-  return jnp.exp(-ensemble_disagreement(ensemble_logloss) / jnp.log1p(tolerance))
 
 
 def horizon_for(confidence: jax.Array, s: ControllerSettings) -> jax.Array:

@@ -8,8 +8,6 @@
                 slow EMA, forecaster and jump counters; nothing of any other method
     rng
 
-`History` (ring buffers of per-step features) is a building block the methods' states share.
-
 Every leaf is a fixed-shape jax array, so the whole state is donated to the jitted step and its
 buffers are reused in place.
 """
@@ -22,21 +20,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from hybridjax.hybrid import features as features_lib
 from hybridjax.hybrid.phases import EVENT_NAMES, Branch, Exit, Phase
 from hybridjax.optim import TrainState
-
-
-@flax.struct.dataclass
-class History:
-  """Ring buffers of the last N real steps, in write order (slot `pos` is written next)."""
-
-  features: jax.Array  # (N, F) raw feature vectors
-  logloss: jax.Array  # (N,)
-  alpha_target: jax.Array  # (N, G) ideal alpha for the update after each entry
-  normalizer: features_lib.Normalizer
-  pos: jax.Array  # int32
-  count: jax.Array  # int32, saturates at N
 
 
 @flax.struct.dataclass
@@ -83,17 +68,6 @@ class HybridState:
   controller: Controller
   method: Any  # the method's own state (`method.init`), or None
   rng: jax.Array
-
-
-def init_history(size: int, feature_dim: int, n_groups: int) -> History:
-  return History(
-    features=jnp.zeros((size, feature_dim), jnp.float32),
-    logloss=jnp.zeros((size,), jnp.float32),
-    alpha_target=jnp.zeros((size, n_groups), jnp.float32),
-    normalizer=features_lib.init_normalizer(feature_dim),
-    pos=jnp.zeros((), jnp.int32),
-    count=jnp.zeros((), jnp.int32),
-  )
 
 
 def init_controller() -> Controller:

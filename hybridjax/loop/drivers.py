@@ -32,7 +32,7 @@ import optax
 from hybridjax import memory as memory_lib
 from hybridjax import registry
 from hybridjax import sharding as sharding_lib
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.context import ControllerSettings, HybridContext
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
@@ -75,7 +75,7 @@ def make_context(
   if method.CONFIG_KEY and method.CONFIG_KEY not in h:  # a user's method with no block: its defaults
     h = ml_collections.ConfigDict(h.to_dict())
     h[method.CONFIG_KEY] = method.default_config()
-  groups = features_lib.param_groups(params_shape, h.grouping)
+  groups = groups_lib.param_groups(params_shape, h.grouping)
   settings = method.make_settings(h, groups=groups)
   control = dict(
     enable_predict=bool(h.enable_predict),

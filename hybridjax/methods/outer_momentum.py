@@ -13,9 +13,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.full_step import baseline_step
+from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule
 
@@ -40,7 +40,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   return []
 
 
-def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> None:
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> None:
   del hybrid, groups
   return None
 

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.full_step import baseline_step
+from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, per_example_losses
 
@@ -50,7 +50,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   return []
 
 
-def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> tuple[bool]:
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> tuple[bool]:
   del groups
   return (bool(hybrid.selective.random),)
 

@@ -22,12 +22,12 @@ import jax.numpy as jnp
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid import forecast as forecast_lib
-from hybridjax.hybrid import jump as jump_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.phases import Branch
 from hybridjax.hybrid.state import Controller, HybridState
+from hybridjax.methods.jump import forecast as forecast_lib
+from hybridjax.methods.jump import steps as jump_lib
 
 NAME = "jump"
 CONFIG_KEY = "jump"
@@ -139,7 +139,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> jump_lib.JumpSettings:
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> jump_lib.JumpSettings:
   j = hybrid.jump
   forecast = None
   if j.get("forecast", "none") == "rssm":

@@ -48,10 +48,10 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid.full_step import history_window
-from hybridjax.hybrid.state import History, init_history
+from hybridjax.hybrid import groups as groups_lib
+from hybridjax.hybrid import trajectory as trajectory_lib
+from hybridjax.hybrid.trajectory import History, history_window, init_history
+from hybridjax.models import rssm as dynamics_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +178,10 @@ def takes_snapshot(fs: ForecastSettings, real_count: jax.Array, finite: jax.Arra
   return finite & (real_count % fs.every == 0)
 
 
-def interval_ratio(f: Forecast, groups: features_lib.ParamGroups, fast: Any, every: int) -> tuple[jax.Array, jax.Array]:
+def interval_ratio(f: Forecast, groups: groups_lib.ParamGroups, fast: Any, every: int) -> tuple[jax.Array, jax.Array]:
   """(a_g, valid): the realised ratio of the interval since the last snapshot, per group, and
   whether there was a drift to measure it against."""
-  moved = features_lib.group_dots(groups, fast, f.snapshot_drift) - f.snap_dot - f.jump_dot
+  moved = groups_lib.group_dots(groups, fast, f.snapshot_drift) - f.snap_dot - f.jump_dot
   valid = (f.history.count > 0) & jnp.all(f.snap_rsq > 0)
   ratio = moved / jnp.maximum(every * f.snap_rsq, 1e-30)
   return jnp.where(valid, ratio, 0.0), valid
@@ -189,7 +189,7 @@ def interval_ratio(f: Forecast, groups: features_lib.ParamGroups, fast: Any, eve
 
 def snapshot(
   fs: ForecastSettings,
-  groups: features_lib.ParamGroups,
+  groups: groups_lib.ParamGroups,
   f: Forecast,
   *,
   fast: Any,
@@ -206,12 +206,12 @@ def snapshot(
   alpha_max = fs.rssm.alpha_max
   ratio, valid = interval_ratio(f, groups, fast, fs.every)
   ratio = jnp.clip(ratio, -alpha_max, alpha_max)
-  rsq = features_lib.group_sq_norms(groups, drift)
-  cos = features_lib.group_dots(groups, drift, f.snapshot_drift) * jax.lax.rsqrt(jnp.maximum(rsq * f.snap_rsq, 1e-30))
+  rsq = groups_lib.group_sq_norms(groups, drift)
+  cos = groups_lib.group_dots(groups, drift, f.snapshot_drift) * jax.lax.rsqrt(jnp.maximum(rsq * f.snap_rsq, 1e-30))
   x = jnp.concatenate(
     [
       jnp.stack([lr, progress, loss_fast, loss_fast - loss_slow]).astype(jnp.float32),
-      0.5 * features_lib.safe_log(rsq),
+      0.5 * groups_lib.safe_log(rsq),
       jnp.where(valid, cos, 0.0),
       ratio,
     ]
@@ -222,7 +222,7 @@ def snapshot(
     alpha_target=jnp.where(valid, h.alpha_target.at[prev].set(ratio), h.alpha_target).at[h.pos].set(0.0),
     features=h.features.at[h.pos].set(x),
     logloss=h.logloss.at[h.pos].set(loss_fast),
-    normalizer=features_lib.update_normalizer(h.normalizer, x, max_count=float(4 * n)),
+    normalizer=trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(4 * n)),
     pos=(h.pos + 1) % n,
     count=jnp.minimum(h.count + 1, n),
   )
@@ -238,7 +238,7 @@ def snapshot(
     dynamics=ravel_pytree(dyn)[0],
     history=h,
     snapshot_drift=drift,
-    snap_dot=features_lib.group_dots(groups, fast, drift),
+    snap_dot=groups_lib.group_dots(groups, fast, drift),
     snap_rsq=rsq,
     jump_dot=jnp.zeros_like(f.jump_dot),
     last_ratio=jnp.where(valid, ratio, f.last_ratio),
@@ -295,11 +295,11 @@ def forecast_moves(
 
 
 def record_jump(
-  groups: features_lib.ParamGroups, f: Forecast, amount: jax.Array, drift: Any, expected: jax.Array
+  groups: groups_lib.ParamGroups, f: Forecast, amount: jax.Array, drift: Any, expected: jax.Array
 ) -> Forecast:
   """After an accepted jump that moved group g by amount_g r_g: its part of the interval's move
   (excluded from the realised ratio) and its expected gain (for the calibration)."""
-  dots = features_lib.group_dots(groups, drift, f.snapshot_drift)
+  dots = groups_lib.group_dots(groups, drift, f.snapshot_drift)
   return f.replace(jump_dot=f.jump_dot + amount * dots, expected_gain=expected)
 
 

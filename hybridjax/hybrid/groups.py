@@ -1,4 +1,5 @@
-"""Parameter groups and the training-state feature vector x_t (docs/design.md, "Features").
+"""Parameter groups: a static grouping of a param tree's leaves, and per-group sums over it
+(docs/design.md, "Features").
 
 Groups are derived from the param tree's paths, so they work for any model: with `grouping='kind'`
 repeated blocks (`h_0`, `h_1`, ... with identical structure and shapes) fall into one group per
@@ -12,19 +13,10 @@ import dataclasses
 import re
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybridjax.hybrid.phases import PHASE_NAMES
-
-N_PHASES = len(PHASE_NAMES)
-# Global (non-per-group) features, in order. Per-group features follow, 4 per group.
-GLOBAL_FEATURES = ("loss", "log_loss", "ema_fast", "ema_slow", "log_grad_norm", "log_lr", "progress") + tuple(
-  f"phase_{p.lower()}" for p in PHASE_NAMES
-)
-GROUP_FEATURES = ("log_grad_norm", "log_update_norm", "log_param_norm", "cos_update_velocity")
 _EPS = 1e-12
 
 
@@ -39,10 +31,6 @@ class ParamGroups:
   @property
   def n_groups(self) -> int:
     return len(self.names)
-
-  @property
-  def feature_dim(self) -> int:
-    return len(GLOBAL_FEATURES) + len(GROUP_FEATURES) * self.n_groups
 
 
 def _path_parts(path) -> list[str]:
@@ -138,59 +126,5 @@ def add_scaled_by_group(groups: ParamGroups, params: Any, alpha: jax.Array, dire
   return jax.tree.unflatten(groups.treedef, out)
 
 
-@flax.struct.dataclass
-class Normalizer:
-  """Online mean/variance of the features (Welford, with the count capped so it tracks drift)."""
-
-  mean: jax.Array  # (F,)
-  var: jax.Array  # (F,)
-  count: jax.Array  # f32 scalar
-
-
-def init_normalizer(dim: int) -> Normalizer:
-  return Normalizer(jnp.zeros((dim,), jnp.float32), jnp.ones((dim,), jnp.float32), jnp.zeros((), jnp.float32))
-
-
-def update_normalizer(norm: Normalizer, x: jax.Array, max_count: float = 256.0) -> Normalizer:
-  count = jnp.minimum(norm.count + 1.0, max_count)
-  delta = x - norm.mean
-  mean = norm.mean + delta / count
-  # At count 1 the variance is undefined; keep 1 so the first normalised values are x - mean = 0.
-  var = jnp.where(count > 1.0, norm.var + (delta * (x - mean) - norm.var) / count, norm.var)
-  return Normalizer(mean, var, count)
-
-
-def normalize(norm: Normalizer, x: jax.Array) -> jax.Array:
-  """Standardised features, clipped to +-5 so one outlier cannot saturate the dynamics model."""
-  return jnp.clip((x - norm.mean) * jax.lax.rsqrt(norm.var + 1e-6), -5.0, 5.0)
-
-
 def safe_log(x: jax.Array) -> jax.Array:
   return jnp.log(jnp.maximum(x, _EPS))
-
-
-def feature_vector(
-  *,
-  loss: jax.Array,
-  ema_fast: jax.Array,
-  ema_slow: jax.Array,
-  grad_norm: jax.Array,
-  lr: jax.Array,
-  progress: jax.Array,
-  phase: jax.Array,
-  grad_sq: jax.Array,
-  update_sq: jax.Array,
-  param_sq: jax.Array,
-  update_velocity_dot: jax.Array,
-  velocity_sq: jax.Array,
-) -> jax.Array:
-  """Assembles x_t (see GLOBAL_FEATURES and GROUP_FEATURES). Per-group inputs have shape (G,)."""
-  log_loss = safe_log(loss)
-  phase_onehot = jax.nn.one_hot(phase, N_PHASES, dtype=jnp.float32)
-  cos = update_velocity_dot * jax.lax.rsqrt(jnp.maximum(update_sq * velocity_sq, _EPS))
-  glob = jnp.stack([loss, log_loss, ema_fast, ema_slow, safe_log(grad_norm), safe_log(lr), progress]).astype(
-    jnp.float32
-  )
-  per_group = jnp.concatenate([0.5 * safe_log(grad_sq), 0.5 * safe_log(update_sq), 0.5 * safe_log(param_sq), cos])
-  x = jnp.concatenate([glob, phase_onehot, per_group.astype(jnp.float32)])
-  return jnp.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.plan import VelocityState
 from hybridjax.hybrid.state import HybridState
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.methods.velocity.plan import VelocityState
 from hybridjax.optim import Batch, Schedule, moved_train_state
 
 
@@ -41,14 +41,14 @@ def predict_step(
   # non-finite prediction instead, and the segment so far is rolled back.
   bad_plan = ~jnp.all(jnp.isfinite(alpha))
   alpha = jnp.where(bad_plan, 0.0, alpha)
-  params = features_lib.add_scaled_by_group(groups, tr.params, alpha, m.velocity)
+  params = groups_lib.add_scaled_by_group(groups, tr.params, alpha, m.velocity)
   since_good = p.alpha_since_good + alpha
 
   validate = (((k + 1) % ctx.control.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
   loss = jax.lax.cond(
     validate, lambda p: ctx.loss_fn(p, batch)[0].astype(jnp.float32), lambda p: jnp.ones((), jnp.float32), params
   )
-  logloss = features_lib.safe_log(loss)
+  logloss = groups_lib.safe_log(loss)
   predicted = p.plan_logloss[k]
   finite = jnp.isfinite(logloss)
   tol = jnp.log1p(ctx.control.divergence_tolerance)

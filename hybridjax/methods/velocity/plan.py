@@ -18,9 +18,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid.state import History
+from hybridjax.hybrid.trajectory import History
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.models import rssm as dynamics_lib
 
 
 @flax.struct.dataclass

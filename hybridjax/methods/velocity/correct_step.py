@@ -16,19 +16,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.full_step import full_step
-from hybridjax.hybrid.plan import VelocityState
 from hybridjax.hybrid.state import HybridState
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.methods.velocity.full_step import full_step
+from hybridjax.methods.velocity.plan import VelocityState
 from hybridjax.optim import Batch, Schedule
 
 
 def rollback_params(ctx: HybridContext, params: Any, velocity: Any, alpha_sum: jax.Array) -> Any:
   """theta - sum_g A_g velocity_g: undoes predicted steps whose alphas sum to `alpha_sum`, exactly
   up to float rounding, with no snapshot of the params."""
-  return features_lib.add_scaled_by_group(ctx.groups, params, -alpha_sum, velocity)
+  return groups_lib.add_scaled_by_group(ctx.groups, params, -alpha_sum, velocity)
 
 
 def correct_step(

@@ -43,12 +43,12 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid import forecast as forecast_lib
+from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.full_step import real_update
 from hybridjax.hybrid.phases import Phase
+from hybridjax.hybrid.real_step import real_update
 from hybridjax.hybrid.state import Controller, HybridState
+from hybridjax.methods.jump import forecast as forecast_lib
 from hybridjax.optim import (
   Averaging,
   Batch,
@@ -200,7 +200,7 @@ def score_candidates(
   base = ctx.loss_fn(params, batch)[0].astype(jnp.float32)
 
   def score(carry, amount):
-    moved = features_lib.add_scaled_by_group(ctx.groups, params, amount, drift)
+    moved = groups_lib.add_scaled_by_group(ctx.groups, params, amount, drift)
     return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
 
   _, losses = jax.lax.scan(score, None, amounts)
@@ -220,7 +220,7 @@ def translate_averaging(averaging: Averaging | None, groups: Any, amount: jax.Ar
   """The average moved by sum_g amount_g r_g (None stays None)."""
   if averaging is None:
     return None
-  return averaging.replace(params=features_lib.add_scaled_by_group(groups, averaging.params, amount, drift))
+  return averaging.replace(params=groups_lib.add_scaled_by_group(groups, averaging.params, amount, drift))
 
 
 def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
@@ -257,7 +257,7 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   # are expected to make (with trend_credit 0, by nothing: the best probe loss wins).
   trend = (c.ema_fast - c.ema_slow) / (_LOSS_LAG_SLOW - _LOSS_LAG_FAST)
   expected_trend = j.trend_credit * horizons.astype(jnp.float32) * jnp.minimum(trend, 0.0)
-  excess = features_lib.safe_log(losses) - features_lib.safe_log(base) - expected_trend
+  excess = groups_lib.safe_log(losses) - groups_lib.safe_log(base) - expected_trend
   best = jnp.argmin(jnp.where(jnp.isfinite(excess) & admitted, excess, jnp.inf))
   best_loss = losses[best]
   # Accepted when L_k < (1 - margin) L_0 exp(trend_credit k trend): in log-loss, excess < log(1 - margin).
@@ -273,12 +273,12 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   # The move: amounts[best] on the params and both EMAs; none in the skip control or when rejected.
   amount = jnp.where(accept, amounts[best], 0.0) * (0.0 if j.skip_control else 1.0)
   moved = tr.replace(
-    params=features_lib.add_scaled_by_group(ctx.groups, tr.params, amount, drift),
+    params=groups_lib.add_scaled_by_group(ctx.groups, tr.params, amount, drift),
     averaging=translate_averaging(tr.averaging, ctx.groups, amount, drift),
     step=tr.step + k,
   )
   if tr.outer is not None:  # the jump is no inner progress: outer momentum's anchor moves with it
-    slow = features_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
+    slow = groups_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
     moved = moved.replace(outer=tr.outer.replace(slow=slow))
   drift_memory = translate_averaging(m.drift_memory, ctx.groups, amount, drift)  # None stays None
   # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
@@ -366,7 +366,7 @@ def jump_real_step(
   m: JumpState = state.method
   drift_memory = update_average(m.drift_memory, train.params, train.step)
 
-  logloss = features_lib.safe_log(loss)
+  logloss = groups_lib.safe_log(loss)
   # The loss statistics and health checks (no one-step loss prediction to score: jumps make none).
   c, explosion, spike = controller_lib.update_real_stats(state.controller, logloss, grad_norm, finite, ctx.control)
   t = track_persisting_gain(m.tracker, c, logloss, finite, ctx.control.correct_steps)

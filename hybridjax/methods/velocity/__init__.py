@@ -23,17 +23,18 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid import features as features_lib
-from hybridjax.hybrid import state as state_lib
+from hybridjax.hybrid import groups as groups_lib
+from hybridjax.hybrid import trajectory as trajectory_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.correct_step import correct_step
-from hybridjax.hybrid.full_step import full_step
 from hybridjax.hybrid.phases import Branch
-from hybridjax.hybrid.plan import VelocitySettings, VelocityState, init_plan
-from hybridjax.hybrid.predict_step import predict_step
 from hybridjax.hybrid.state import Controller, HybridState
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.methods.velocity import features as features_lib
+from hybridjax.methods.velocity.correct_step import correct_step
+from hybridjax.methods.velocity.full_step import full_step
+from hybridjax.methods.velocity.plan import VelocitySettings, VelocityState, init_plan
+from hybridjax.methods.velocity.predict_step import predict_step
+from hybridjax.models import rssm as dynamics_lib
 
 NAME = "velocity"
 CONFIG_KEY = "velocity"
@@ -109,10 +110,10 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def make_settings(hybrid: ml_collections.ConfigDict, *, groups: features_lib.ParamGroups) -> VelocitySettings:
+def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> VelocitySettings:
   v = hybrid.velocity
   rssm = dynamics_lib.RSSMConfig(
-    feature_dim=groups.feature_dim,
+    feature_dim=features_lib.feature_dim(groups),
     n_groups=groups.n_groups,
     deter=v.rssm.deter,
     latent=v.rssm.latent,
@@ -140,12 +141,12 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> VelocityState:
   """Zero velocity, a fresh RSSM and corrector, empty history and plan."""
   s: VelocitySettings = ctx.settings
   _, dyn_rng, corr_rng = jax.random.split(rng, 3)
-  g, f = ctx.groups.n_groups, ctx.groups.feature_dim
+  g, f = ctx.groups.n_groups, features_lib.feature_dim(ctx.groups)
   return VelocityState(
     velocity=jax.tree.map(jnp.zeros_like, params),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, s.rssm),
     corrector=corrector_lib.init_corrector(corr_rng, f, s.corrector_capacity, s.corrector_hidden, s.corrector_lr),
-    history=state_lib.init_history(s.history_size, f, g),
+    history=trajectory_lib.init_history(s.history_size, f, g),
     plan=init_plan(max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=s.accuracy_window),
   )
 

@@ -16,44 +16,38 @@ and plan keep their values.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid import corrector as corrector_lib
-from hybridjax.hybrid import dynamics as dynamics_lib
-from hybridjax.hybrid import features as features_lib
+from hybridjax.hybrid import groups as groups_lib
+from hybridjax.hybrid import trajectory as trajectory_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.phases import Phase
-from hybridjax.hybrid.plan import Plan, VelocityState
-from hybridjax.hybrid.state import Controller, History, HybridState
+from hybridjax.hybrid.real_step import real_update
+from hybridjax.hybrid.state import Controller, HybridState
+from hybridjax.hybrid.trajectory import History, history_window
+from hybridjax.methods.velocity import corrector as corrector_lib
+from hybridjax.methods.velocity import features as features_lib
+from hybridjax.methods.velocity.plan import Plan, VelocityState
+from hybridjax.models import rssm as dynamics_lib
 from hybridjax.optim import (
   Batch,
   Schedule,
-  TrainState,
-  global_norm,
-  guarded_update,
-  learning_rate,
-  loss_and_grads,
   next_train_state,
   tree_where,
 )
 
 
-def history_window(history: History, window: int) -> dict[str, jax.Array]:
-  """The last `window` entries, oldest first, normalised, with a validity mask."""
-  n = history.features.shape[0]
-  idx = (history.pos - window + jnp.arange(window)) % n
-  valid = jnp.arange(window) >= window - jnp.minimum(history.count, window)
-  x = features_lib.normalize(history.normalizer, history.features[idx])
-  return {
-    "x": jnp.where(valid[:, None], x, 0.0),
-    "logloss": history.logloss[idx],
-    "alpha_target": history.alpha_target[idx],
-    "valid": valid,
-  }
+def agreement(ensemble_logloss: jax.Array, tolerance: float) -> jax.Array:
+  """Ensemble agreement in (0, 1]: exp(-spread / log(1 + tolerance)).
+
+  `ensemble_logloss` is (E, H): each member's imagined log-loss over the horizon; the spread is the
+  member standard deviation, averaged over the horizon.
+  """
+  return jnp.exp(-dynamics_lib.ensemble_disagreement(ensemble_logloss) / jnp.log1p(tolerance))
 
 
 def observe_real_step(
@@ -96,11 +90,11 @@ def update_trajectory(
   along the velocity that preceded it; this step's feature vector `x` and log-loss are appended.
   """
   groups, v, h = ctx.groups, state.method.velocity, state.method.history
-  grad_sq = features_lib.group_sq_norms(groups, grads)
-  update_sq = features_lib.group_sq_norms(groups, updates)
-  uv = features_lib.group_dots(groups, updates, v)
-  v_sq = features_lib.group_sq_norms(groups, v)
-  param_sq = features_lib.group_sq_norms(groups, params)
+  grad_sq = groups_lib.group_sq_norms(groups, grads)
+  update_sq = groups_lib.group_sq_norms(groups, updates)
+  uv = groups_lib.group_dots(groups, updates, v)
+  v_sq = groups_lib.group_sq_norms(groups, v)
+  param_sq = groups_lib.group_sq_norms(groups, params)
   velocity = update_velocity(v, updates, ctx.settings.velocity_beta, finite)
 
   n = h.features.shape[0]
@@ -122,7 +116,7 @@ def update_trajectory(
     update_velocity_dot=uv,
     velocity_sq=v_sq,
   )
-  normalizer = features_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.settings.history_size * 4))
+  normalizer = trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.settings.history_size * 4))
   h = h.replace(
     features=jnp.where(finite, h.features.at[h.pos].set(x), h.features),
     logloss=jnp.where(finite, h.logloss.at[h.pos].set(logloss), h.logloss),
@@ -178,7 +172,7 @@ def plan_predict_phase(
     plan_alpha = jnp.zeros_like(raw_alpha)
   else:
     plan_alpha = raw_alpha * jnp.exp(log_scale)[:, None]
-  agree = controller_lib.agreement(ens_logloss, ctx.control.divergence_tolerance)
+  agree = agreement(ens_logloss, ctx.control.divergence_tolerance)
   acc = controller_lib.accuracy(p, ctx.control.divergence_tolerance)
 
   in_predict = c.phase == Phase.PREDICT
@@ -198,62 +192,10 @@ def plan_predict_phase(
     one_step_pred=keep(jnp.mean(imagined["next_logloss"]), p.one_step_pred),
     agreement=keep(agree, p.agreement),
     accuracy=keep(acc, p.accuracy),
-    velocity_norm=keep(jnp.sqrt(features_lib.group_sq_norms(ctx.groups, velocity)), p.velocity_norm),
+    velocity_norm=keep(jnp.sqrt(groups_lib.group_sq_norms(ctx.groups, velocity)), p.velocity_norm),
   )
   c = c.replace(confidence=keep(agree * acc, c.confidence))
   return c, p, rollback
-
-
-class RealUpdate(NamedTuple):
-  """What the optimizer update of a real step computed (`real_update`)."""
-
-  loss: jax.Array  # float32
-  grads: Any
-  grad_norm: jax.Array
-  finite: jax.Array  # the loss and the gradient norm are finite (else nothing is applied)
-  lr: jax.Array
-  params: Any  # the params after the update (the old ones when not `finite`)
-  opt_state: Any
-  updates: Any
-
-
-def real_update(ctx: HybridContext, tr: TrainState, batch: Batch, schedule: Schedule) -> RealUpdate:
-  """The baseline's optimizer update (the same functions `optim.train_step` runs, so the same bits):
-  forward, backward, the guarded optax update. Every real step of every predictor starts here."""
-  loss, grads = loss_and_grads(ctx.loss_fn, tr.params, batch, ctx.grad_accum)
-  loss = loss.astype(jnp.float32)
-  grad_norm = global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  lr = learning_rate(schedule, tr.step)
-  params, opt_state, updates = guarded_update(ctx.tx, grads, tr.opt_state, tr.params, lr, finite)
-  return RealUpdate(loss, grads, grad_norm, finite, lr, params, opt_state, updates)
-
-
-def baseline_step(
-  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
-) -> tuple[HybridState, StepInfo]:
-  """The baseline's update (`real_update`) with the controller's loss statistics and health checks,
-  and nothing of a predictor: the whole real step of a method that never predicts (outer momentum,
-  selective backprop on the batch it chose)."""
-  tr = state.train
-  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
-  c, explosion, spike = controller_lib.update_real_stats(
-    state.controller, features_lib.safe_log(loss), grad_norm, finite, ctx.control
-  )
-  info = make_step_info(
-    loss=loss,
-    predicted_loss=jnp.nan,
-    grad_norm=grad_norm,
-    was_real=True,
-    finite=finite,
-    explosion=explosion,
-    spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros((ctx.groups.n_groups,)),
-  )
-  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
 
 
 def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
@@ -261,7 +203,7 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   tr = state.train
   loss, grads, grad_norm, finite, lr, params, opt_state, updates = real_update(ctx, tr, batch, schedule)
 
-  logloss = features_lib.safe_log(loss)
+  logloss = groups_lib.safe_log(loss)
   m: VelocityState = state.method
   c, plan, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
   velocity, history, x = update_trajectory(
@@ -281,7 +223,7 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   rng, train_rng, imagine_rng = jax.random.split(state.rng, 3)
   window = history_window(history, ctx.settings.window)
   dyn = train_dynamics(ctx, m.dynamics, window, train_rng)
-  x_now = features_lib.normalize(history.normalizer, x)
+  x_now = trajectory_lib.normalize(history.normalizer, x)
   c, plan, rollback = plan_predict_phase(
     ctx, c, plan, dyn, m.corrector, window, x_now, logloss, velocity, imagine_rng, finite
   )
