@@ -6,12 +6,12 @@ checks every field before anything is compiled, and its errors name the field an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
+from hybridjax import fields as fields_lib
 from hybridjax import registry
 from hybridjax.models import gpt2
 
@@ -120,8 +120,8 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   )
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
-    if method.CONFIG_KEY:
-      c[method.CONFIG_KEY] = method.default_config()
+    if method.config_key:
+      c[method.config_key] = method.default_config()
   return c
 
 
@@ -131,7 +131,7 @@ def with_method_block(config: ml_collections.ConfigDict) -> ml_collections.Confi
   if "hybrid" not in config:
     return config
   method = registry.load_method(config.hybrid.get("method", "velocity"))
-  key = method.CONFIG_KEY
+  key = method.config_key
   if key:
     block = method.default_config()
     if key in config.hybrid:
@@ -203,83 +203,17 @@ def flatten(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[
 # --- validation -------------------------------------------------------------------------------
 
 
-def _is_int(v: Any) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-  return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:
-  def check(v):
-    if not _is_int(v):
-      return f"must be an integer, got {v!r}"
-    if lo is not None and v < lo:
-      return f"must be >= {lo}, got {v}"
-    if hi is not None and v > hi:
-      return f"must be <= {hi}, got {v}"
-    return None
-
-  return check
-
-
-def _num(
-  lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
-) -> Callable[[Any], str | None]:
-  def check(v):
-    if not _is_num(v):
-      return f"must be a finite number, got {v!r}"
-    if lo is not None and (v <= lo if lo_open else v < lo):
-      return f"must be {'>' if lo_open else '>='} {lo}, got {v}"
-    if hi is not None and (v >= hi if hi_open else v > hi):
-      return f"must be {'<' if hi_open else '<='} {hi}, got {v}"
-    return None
-
-  return check
-
-
-def _int_tuple(lo: int) -> Callable[[Any], str | None]:
-  def check(v):
-    if not isinstance(v, (tuple, list)) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-      return f"must be a non-empty tuple of integers, e.g. (50, 100, 200), got {v!r}"
-    if min(v) < lo:
-      return f"must hold integers >= {lo}, got {v!r}"
-    return None
-
-  return check
-
-
-def _num_tuple(lo: float) -> Callable[[Any], str | None]:
-  def check(v):
-    if not isinstance(v, (tuple, list)) or not v or not all(_is_num(x) for x in v):
-      return f"must be a non-empty tuple of numbers, e.g. (0.5, 1.0), got {v!r}"
-    if min(v) <= lo:
-      return f"must hold numbers > {lo}, got {v!r}"
-    return None
-
-  return check
-
-
-def _choice(*options: str) -> Callable[[Any], str | None]:
-  def check(v):
-    return None if v in options else f"must be one of {list(options)}, got {v!r}"
-
-  return check
-
-
-def _bool(v: Any) -> str | None:
-  return None if isinstance(v, bool) else f"must be True or False, got {v!r}"
-
-
-def _str(v: Any) -> str | None:
-  return None if isinstance(v, str) else f"must be a string, got {v!r}"
-
-
-def _name(v: Any) -> str | None:
-  if not isinstance(v, str) or not v.strip():
-    return f"must be a non-empty name, got {v!r}"
-  return None
+# The field checks, under the short names the table below uses.
+_int = fields_lib.check_int
+_num = fields_lib.check_num
+_int_tuple = fields_lib.check_int_tuple
+_num_tuple = fields_lib.check_num_tuple
+_choice = fields_lib.check_choice
+_bool = fields_lib.check_bool
+_str = fields_lib.check_str
+_name = fields_lib.check_name
+_is_int = fields_lib.is_int
+_is_num = fields_lib.is_num
 
 
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
@@ -463,7 +397,7 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
 
 def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = True) -> list[str]:
   """The problems of `config.hybrid`'s method: a name that loads no method, its block's fields
-  (`method.FIELDS`), and, with `check_relations` in a hybrid run, its checks on the whole config
+  (`method.fields`), and, with `check_relations` in a hybrid run, its checks on the whole config
   (`method.check`) and what it composes with (outer momentum runs with a method only if the method
   declares it in `COMPOSES_WITH`). Each names the field and the fix."""
   h = config.hybrid
@@ -473,14 +407,14 @@ def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = 
   except ValueError as e:
     return [str(e)]
   errors = []
-  key = method.CONFIG_KEY
+  key = method.config_key
   if key:
     if key not in h:
       return [
         f"--config.hybrid.{key} is missing: method {name!r} reads its settings there "
         f"(hybridjax.config.with_method_block(config) adds its defaults)"
       ]
-    for field, check in getattr(method, "FIELDS", {}).items():
+    for field, check in method.fields.items():
       try:
         value = _get(h[key], field)
       except (KeyError, AttributeError):
@@ -491,14 +425,14 @@ def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = 
         errors.append(f"--config.hybrid.{key}.{field} {msg}")
   if errors or not check_relations or config.get("mode") != "hybrid":
     return errors
-  if getattr(method, "ADVANCES_SCHEDULE", False) and h.steps_per_call != 1:
+  if method.advances_schedule and h.steps_per_call != 1:
     errors.append(
       f"--config.hybrid.method={name!r} decides on the device whether a step uses its batch and how far it "
       "advances the schedule, so the host reads the data position after each step: set "
       f"--config.hybrid.steps_per_call=1 (got {h.steps_per_call})"
     )
   outer_every = config.get("optim", {}).get("outer_every", 0)
-  if outer_every and "outer_momentum" not in getattr(method, "COMPOSES_WITH", frozenset()) and name != "outer_momentum":
+  if outer_every and "outer_momentum" not in method.composes_with and name != "outer_momentum":
     errors.append(
       f"--config.optim.outer_every ({outer_every}) turns on outer momentum, which method {name!r} does not "
       "compose with (its COMPOSES_WITH): set --config.optim.outer_every=0, or --config.mode=baseline"
@@ -511,18 +445,9 @@ def known_fields() -> dict[str, Callable[[Any], str | None]]:
   fields = dict(_FIELDS)
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
-    for field, check in getattr(method, "FIELDS", {}).items():
-      fields[f"hybrid.{method.CONFIG_KEY}.{field}"] = check
+    for field, check in method.fields.items():
+      fields[f"hybrid.{method.config_key}.{field}"] = check
   return fields
-
-
-# Field checks a method's `FIELDS` may use (each returns None or what is wrong with a value).
-check_int = _int
-check_num = _num
-check_choice = _choice
-check_bool = _bool
-check_int_tuple = _int_tuple
-check_num_tuple = _num_tuple
 
 
 def _mesh_errors(config: ml_collections.ConfigDict, n_devices: int | None) -> tuple[list[str], int, int]:

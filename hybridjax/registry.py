@@ -4,14 +4,20 @@ A method is a module of pure functions (`hybridjax/methods/__init__.py` lists th
 built-in ones are named here by their module path and imported with `importlib` when a run asks
 for them, as big_vision loads its models and trainers by name; any other name is taken as the dotted
 path of a user's module (`--config.hybrid.method=my_pkg.my_method`), so a new method needs no edit of
-the package. This module imports nothing of the package: the config checks, the loop and the
+the package. `load_method` checks the module against the interface once and returns a `Method`: a
+frozen record of its hooks with every optional one's default filled in, which is all the rest of
+the package reads. This module imports nothing of the package: the config checks, the loop and the
 benchmark load methods through it without importing any of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import types
+from collections.abc import Callable, Mapping
+from typing import Any
 
 # name -> module path of the built-in methods.
 BUILTIN_METHODS = {
@@ -22,9 +28,98 @@ BUILTIN_METHODS = {
 }
 
 # What every method module must define (the rest of the interface is optional, with defaults).
-REQUIRED = ("NAME", "CONFIG_KEY", "default_config", "check", "make_settings", "init", "transitions")
-# What a method may declare it reads of the run beyond its own state and the params.
-READABLE = frozenset({"averaging", "outer", "opt_state", "per_example_losses"})
+REQUIRED = ("NAME", "CONFIG_KEY", "default_config", "check", "make_settings", "init")
+
+
+def _unchanged(ctx: Any, state: Any, before: Any, after: Any, info: Any) -> Any:
+  del ctx, before, after, info
+  return state
+
+
+def _no_metrics(ctx: Any, state: Any, info: Any) -> dict[str, Any]:
+  del ctx, state, info
+  return {}
+
+
+def _no_extra(ctx: Any) -> None:
+  del ctx
+  return None
+
+
+def _no_trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
+  del row, predicted
+  return {}
+
+
+def _no_view(state: Any) -> None:
+  del state
+  return None
+
+
+def _no_fields(view: Any) -> dict[str, Any]:
+  del view
+  return {}
+
+
+def _no_summary(ctx: Any, state: Any, controller: Any) -> dict[str, Any]:
+  del ctx, state, controller
+  return {}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Method:
+  """A training method's hooks, resolved once from its module (`load_method`), with every optional
+  one's default filled in. `hybridjax/methods/__init__.py` documents each; the module's own names
+  are in brackets.
+
+  `real_step`, `predict_step` and `correct_step` are the transitions indexed by `hybrid.phases.Branch`.
+  A method that defines no `real_step` gets None here, and the hybrid step uses the baseline's real
+  step (`hybrid.real_step.baseline_step`); an undefined `correct_step` or `predict_step` is the
+  real step.
+  """
+
+  name: str  # [NAME]
+  path: str  # its module's dotted path
+  config_key: str | None  # [CONFIG_KEY] its block under config.hybrid, or None
+  default_config: Callable[[], Any]
+  check: Callable[[Any], list[str]]
+  make_settings: Callable[..., Any]
+  init: Callable[..., Any]
+  real_step: Callable[..., Any] | None = None
+  predict_step: Callable[..., Any] | None = None
+  correct_step: Callable[..., Any] | None = None
+  fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS]
+  composes_with: frozenset[str] = frozenset()  # [COMPOSES_WITH]
+  batches_per_step: int = 1  # [BATCHES_PER_STEP]
+  advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
+  control_arm: Mapping[str, Any] | None = None  # [CONTROL] config overrides that make its control arm
+  controller_overrides: Callable[..., Mapping[str, Any]] | None = None  # [control]
+  shardings: Callable[..., Any] | None = None  # None: params-shaped subtrees as the params, the rest replicated
+  step_extra: Callable[[Any], Any] = _no_extra
+  on_transition: Callable[..., Any] = _unchanged
+  metrics: Callable[..., dict[str, Any]] = _no_metrics
+  trace_only: frozenset[str] = frozenset()  # [TRACE_ONLY]
+  trace: Callable[..., dict[str, Any]] = _no_trace
+  log_view: Callable[[Any], Any] = _no_view
+  log_fields: Callable[[Any], dict[str, Any]] = _no_fields
+  step_kind: Callable[[dict[str, Any]], str] | None = None  # None: its transition's name
+  time_branches: tuple[int, ...] = ()  # [TIME_BRANCHES]
+  summary: Callable[..., dict[str, Any]] = _no_summary
+
+
+# Record field -> the module attribute that defines it (its own name unless listed).
+_ATTRIBUTES = {f.name: f.name for f in dataclasses.fields(Method) if f.name != "path"} | {
+  "name": "NAME",
+  "config_key": "CONFIG_KEY",
+  "fields": "FIELDS",
+  "composes_with": "COMPOSES_WITH",
+  "batches_per_step": "BATCHES_PER_STEP",
+  "advances_schedule": "ADVANCES_SCHEDULE",
+  "control_arm": "CONTROL",
+  "controller_overrides": "control",
+  "trace_only": "TRACE_ONLY",
+  "time_branches": "TIME_BRANCHES",
+}
 
 
 def method_path(name: str) -> str:
@@ -32,8 +127,9 @@ def method_path(name: str) -> str:
   return BUILTIN_METHODS.get(name, name)
 
 
-def load_method(name: str) -> types.ModuleType:
-  """The method module named `name` (a built-in name or a dotted module path), checked against the
+@functools.cache
+def load_method(name: str) -> Method:
+  """The method named `name` (a built-in name or a dotted module path), checked against the
   interface; errors name `--config.hybrid.method` and the fix."""
   path = method_path(name)
   try:
@@ -46,31 +142,31 @@ def load_method(name: str) -> types.ModuleType:
       "or the dotted path of an importable module of yours (e.g. 'my_pkg.my_method'; its folder must be on "
       "sys.path)"
     ) from e
-  check_interface(module, name)
-  return module
+  return method_record(module, name)
 
 
-def check_interface(module: types.ModuleType, name: str) -> None:
-  """Raises a ValueError listing what `module` lacks to be a method, or declares wrongly."""
+def method_record(module: types.ModuleType, name: str) -> Method:
+  """`module` as a `Method`; a ValueError lists what it lacks to be one, or declares wrongly."""
   problems = [f"it defines no {attr}" for attr in REQUIRED if not hasattr(module, attr)]
-  reads = frozenset(getattr(module, "READS", frozenset()))
-  if reads - READABLE:
-    problems.append(f"READS names {sorted(reads - READABLE)}, not among {sorted(READABLE)}")
-  composes = getattr(module, "COMPOSES_WITH", frozenset())
-  if isinstance(composes, str):
+  if hasattr(module, "transitions"):
+    problems.append("transitions(ctx) is no longer read: define real_step, predict_step and correct_step")
+  hooks = {field: getattr(module, attr) for field, attr in _ATTRIBUTES.items() if hasattr(module, attr)}
+  if isinstance(hooks.get("composes_with"), str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
-  per_step = getattr(module, "BATCHES_PER_STEP", 1)
+  per_step = hooks.get("batches_per_step", 1)
   if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
     problems.append(f"BATCHES_PER_STEP must be an int >= 1 (the task's batches a step receives), got {per_step!r}")
+  for hook in ("real_step", "predict_step", "correct_step", "step_extra", "on_transition", "metrics", "summary"):
+    if hook in hooks and not callable(hooks[hook]):
+      problems.append(f"{hook} must be a function, got {type(hooks[hook]).__name__}")
   if problems:
     raise ValueError(
       f"--config.hybrid.method={name!r} ({module.__name__}) is not a method: "
       + "; ".join(problems)
       + ". See hybridjax/methods/__init__.py for the interface and docs/methods.md for a complete example."
     )
-
-
-def batches_per_step(module: types.ModuleType) -> int:
-  """How many of the task's batches each step of method `module` receives, concatenated
-  (`BATCHES_PER_STEP`, 1 unless declared: e.g. selective backprop scores 2B sequences to train on B)."""
-  return int(getattr(module, "BATCHES_PER_STEP", 1))
+  hooks["composes_with"] = frozenset(hooks.get("composes_with", ()))
+  hooks["trace_only"] = frozenset(hooks.get("trace_only", ()))
+  hooks["time_branches"] = tuple(hooks.get("time_branches", ()))
+  hooks["fields"] = dict(hooks.get("fields", {}))
+  return Method(path=module.__name__, **hooks)

@@ -140,20 +140,37 @@ def train_state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
   return out
 
 
-def hybrid_state_shardings(abstract_state: Any, mesh: Mesh, method: Any = None) -> Any:
+def hybrid_state_shardings(abstract_state: Any, mesh: Mesh, method: Any) -> Any:
   """Shardings of a `hybrid.state.HybridState`: the train state FSDP, the controller and rng
-  replicated, and the method's own state as its `shardings(state, like_params, replicated)` says
-  (params-sized buffers laid out like the params; replicated when it says nothing)."""
+  replicated, and the method's own state as its `shardings(state, like_params, replicated)` says;
+  a method that says nothing gets every params-shaped subtree of its state laid out like the params
+  (FSDP) and the rest replicated."""
   rest = replicated_tree(abstract_state, mesh)
   out = rest.replace(train=train_state_shardings(abstract_state.train, mesh))
-  method_shardings = getattr(method, "shardings", None)
-  if method_shardings is not None and abstract_state.method is not None:
-    out = out.replace(
-      method=method_shardings(
-        abstract_state.method, lambda tree: fsdp_sharding(tree, mesh), lambda tree: replicated_tree(tree, mesh)
-      )
-    )
-  return out
+  if abstract_state.method is None:
+    return out
+
+  def like_params(tree: Any) -> Any:
+    return fsdp_sharding(tree, mesh)
+
+  def replicated(tree: Any) -> Any:
+    return replicated_tree(tree, mesh)
+
+  if method.shardings is not None:
+    return out.replace(method=method.shardings(abstract_state.method, like_params, replicated))
+  params = abstract_state.train.params
+  params_def = jax.tree.structure(params)
+  shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
+
+  def params_shaped(tree: Any) -> bool:
+    return jax.tree.structure(tree) == params_def and [tuple(x.shape) for x in jax.tree.leaves(tree)] == shapes
+
+  layout = jax.tree.map(
+    lambda sub: like_params(sub) if params_shaped(sub) else replicated(sub),
+    abstract_state.method,
+    is_leaf=params_shaped,
+  )
+  return out.replace(method=layout)
 
 
 def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from hybridjax import optim
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import drivers
-from hybridjax.methods.velocity import predict_step as predict_lib
+from hybridjax.methods.velocity import predict as predict_lib
 from hybridjax.models import mlp
 
 # The run length the hybrid context is compiled for (`HybridContext.total_steps`, the progress

@@ -19,7 +19,7 @@ from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import ControllerSettings, make_step_info
 from hybridjax.hybrid.phases import Branch, Exit, Phase
 from hybridjax.methods import velocity as velocity_method
-from hybridjax.methods.velocity import full_step as full_step_lib
+from hybridjax.methods.velocity import real as real_step_lib
 from hybridjax.methods.velocity.plan import VelocityState, init_plan
 
 SETTINGS = ControllerSettings(
@@ -199,9 +199,9 @@ def test_accuracy_and_agreement():
   assert int(c.errors_pos) == 1 and float(c.errors[0]) == pytest.approx(0.2)
   np.testing.assert_allclose(float(controller_lib.relative_error(jnp.log(1.1), 0.0)), 0.1, rtol=1e-5)
   same = jnp.ones((3, 4))
-  assert float(full_step_lib.agreement(same, 0.05)) == 1.0
+  assert float(real_step_lib.agreement(same, 0.05)) == 1.0
   spread = jnp.stack([jnp.zeros(4), jnp.full(4, 0.1)])
-  assert 0.0 < float(full_step_lib.agreement(spread, 0.05)) < float(full_step_lib.agreement(spread / 10, 0.05)) < 1.0
+  assert 0.0 < float(real_step_lib.agreement(spread, 0.05)) < float(real_step_lib.agreement(spread / 10, 0.05)) < 1.0
 
 
 def test_next_branch_schedules_micro_corrections():

@@ -8,6 +8,7 @@ Everything runs on the MLP problem of tests/hybrid_helper.py with the module-wid
 from __future__ import annotations
 
 import functools
+import types
 
 import chex
 import hybrid_helper as hh
@@ -17,11 +18,13 @@ import numpy as np
 import optax
 import pytest
 
-from hybridjax import optim
+from hybridjax import optim, registry
+from hybridjax.hybrid import real_step as real_step_lib
+from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import BRANCH_NAMES, Branch, Exit, Phase
 from hybridjax.methods import velocity as velocity_method
-from hybridjax.methods.velocity import correct_step as correct_lib
-from hybridjax.methods.velocity import predict_step as predict_lib
+from hybridjax.methods.velocity import correct as correct_lib
+from hybridjax.methods.velocity import predict as predict_lib
 
 
 def _assert_legal_sequence(phases):
@@ -31,8 +34,16 @@ def _assert_legal_sequence(phases):
 
 
 def test_branches_are_the_three_transitions():
-  # The velocity predictor's transitions, indexed by `Branch`, are named after it.
-  assert [f.__name__ for f in velocity_method.transitions(None)] == list(BRANCH_NAMES)
+  # The velocity predictor's transitions, indexed by `Branch`: its real step, then the two its
+  # branches are named after.
+  method = registry.load_method("velocity")
+  assert (method.predict_step.__name__, method.correct_step.__name__) == tuple(BRANCH_NAMES[1:])
+  assert method.real_step is velocity_method.real_step
+  # A method that defines only its real step takes it in every branch; one that defines none, the baseline's.
+  ctx = types.SimpleNamespace(method=registry.load_method("selective_backprop"))
+  assert step_lib.transitions(ctx) == (ctx.method.real_step,) * 3
+  ctx = types.SimpleNamespace(method=registry.load_method("outer_momentum"))
+  assert step_lib.transitions(ctx) == (real_step_lib.baseline_step,) * 3
   assert [int(b) for b in Branch] == list(range(len(BRANCH_NAMES)))
 
 

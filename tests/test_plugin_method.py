@@ -99,7 +99,7 @@ def test_a_method_from_a_user_module_trains_resumes_and_has_a_control(user_modul
   # The control arm: the same decisions (the same schedule, batches and passes), no weight moved by a repeat.
   method = registry.load_method(user_module)
   control = config_lib.with_method_block(_config(user_module))
-  control.hybrid.update_from_flattened_dict(method.CONTROL)
+  control.hybrid.update_from_flattened_dict(method.control_arm)
   same = _run(control, tmp_path / "control")
   assert (same["phase_steps"], same["batches"], same["backward_passes"]) == (
     straight["phase_steps"],
@@ -114,7 +114,9 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   c.hybrid.method = "user_methods.no_such_method"
   with pytest.raises(ValueError, match=r"hybrid\.method='user_methods\.no_such_method' names no method"):
     _run(c, tmp_path / "a")
-  (tmp_path / "user_methods" / "half.py").write_text("NAME = 'half'\ndef transitions(ctx):\n  return ()\n")
+  (tmp_path / "user_methods" / "half.py").write_text(
+    "NAME = 'half'\ndef real_step(ctx, state, batch, schedule):\n  return state\n"
+  )
   c.hybrid.method = "user_methods.half"
   with pytest.raises(ValueError, match=r"is not a method: it defines no CONFIG_KEY; it defines no default_config"):
     _run(c, tmp_path / "b")

@@ -15,10 +15,10 @@ import reliability_helper as rh
 from conftest import small_hybrid_config
 
 from hybridjax import optim, registry, writers
+from hybridjax.hybrid import real_step as real_step_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
-from hybridjax.methods import outer_momentum
 from hybridjax.methods import selective_backprop as sb
 
 
@@ -68,7 +68,7 @@ class SelectiveStepTest(chex.TestCase):
     n = batch["x"].shape[0]
     chex.assert_shape(batch["x"], (2 * task["train_batch"](0)["x"].shape[0], 4))
     schedule = optim.make_schedule(rh.mlp_config().optim, 40)
-    new, info = self.variant(lambda s, b: sb.selective_step(ctx, s, b, schedule))(state, batch)
+    new, info = self.variant(lambda s, b: sb.real_step(ctx, s, b, schedule))(state, batch)
     # The reference: each example's loss alone, the top half by a host sort, the baseline's real step.
     one = jax.jit(lambda p, b: task["loss_fn"](p, b)[0])  # one example at a time, compiled once
     losses = np.array(
@@ -76,7 +76,7 @@ class SelectiveStepTest(chex.TestCase):
     )
     top = np.sort(np.argsort(-losses)[: n // 2])
     chosen = jax.tree.map(lambda x: x[top] if np.ndim(x) else x, batch)
-    expected, _ = outer_momentum.real_step(ctx, state, chosen, schedule)
+    expected, _ = real_step_lib.baseline_step(ctx, state, chosen, schedule)
     chex.assert_trees_all_close(new.train.params, expected.train.params, rtol=1e-5, atol=1e-6)
     assert bool(info.was_real) and int(info.forwards) == 2
     chex.assert_trees_all_close(info.extra["scored_loss"], losses.mean(), rtol=1e-4)
@@ -105,7 +105,7 @@ def test_a_method_that_declares_a_bad_batch_count_is_refused_by_name():
     setattr(bad, attr, getattr(sb, attr))
   bad.BATCHES_PER_STEP = 0
   with pytest.raises(ValueError, match="BATCHES_PER_STEP must be an int >= 1"):
-    registry.check_interface(bad, "bad_batches")
+    registry.method_record(bad, "bad_batches")
 
 
 @pytest.mark.slow  # an end-to-end run; CI runs it (`-m ""`)

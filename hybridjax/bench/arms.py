@@ -83,7 +83,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       continue
     if arm.mode not in ("hybrid", "baseline"):
       errors.append(f"benchmark.arms.{arm.name}.mode must be 'hybrid' or 'baseline', got {arm.mode!r}")
-    if arm.control and not getattr(method, "CONTROL", None):
+    if arm.control and not method.control_arm:
       errors.append(f"benchmark.arms.{arm.name}.control: method {arm.method!r} declares no CONTROL arm")
     if arm.control_of and arm.control_of not in arms(config):
       errors.append(f"benchmark.arms.{arm.name}.control_of names no arm: {arm.control_of!r}")
@@ -99,7 +99,7 @@ def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
   if arm.overrides:
     c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`
-    c.hybrid.update_from_flattened_dict(dict(registry.load_method(arm.method).CONTROL))
+    c.hybrid.update_from_flattened_dict(dict(registry.load_method(arm.method).control_arm))
 
 
 def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:
   if arm is None or arm.mode == "baseline":
     return REAL_STEP
   method = registry.load_method(arm.method)
-  kind = getattr(method, "step_kind", None)
+  kind = method.step_kind
   if kind is not None:
     return kind(row)
   return ("full_step", "predict_step", "correct_step")[int(row["branch"])]

@@ -101,7 +101,7 @@ def _prepare(c: ml_collections.ConfigDict, task: dict[str, Any], arm: Any) -> tu
     jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
   rare = ()
   if arm is not None and c.mode == "hybrid":
-    rare = tuple(getattr(registry.load_method(arm.method), "TIME_BRANCHES", ()))
+    rare = registry.load_method(arm.method).time_branches
   prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 

@@ -85,6 +85,72 @@ class StepInfo:
   # transitions, `method.step_extra`), or None.
   extra: Any = None
 
+  @classmethod
+  def real(
+    cls,
+    *,
+    loss: Any,
+    grad_norm: Any,
+    finite: Any,
+    explosion: Any,
+    spike: Any,
+    n_groups: int,
+    predicted_loss: Any = jnp.nan,
+    forwards: Any = 0,
+    extra: Any = None,
+  ) -> StepInfo:
+    """A real step's facts: one backward pass, its batch used, no weight moved by a prediction."""
+    return make_step_info(
+      loss=loss,
+      predicted_loss=predicted_loss,
+      grad_norm=grad_norm,
+      was_real=True,
+      finite=finite,
+      explosion=explosion,
+      spike=spike,
+      validated=False,
+      diverged=False,
+      nonfinite_prediction=False,
+      alpha=jnp.zeros((n_groups,)),
+      forwards=forwards,
+      extra=extra,
+    )
+
+  @classmethod
+  def predicted(
+    cls,
+    *,
+    alpha: Any,
+    loss: Any = jnp.nan,
+    predicted_loss: Any = jnp.nan,
+    validated: Any = False,
+    diverged: Any = False,
+    nonfinite_prediction: Any = False,
+    rolled_back: Any = False,
+    forwards: Any = None,
+    batch_consumed: Any = True,
+    extra: Any = None,
+  ) -> StepInfo:
+    """A predicted step's facts: no backward pass; `alpha` is the (G,) per-group move it applied,
+    `forwards` its forward passes (default: one if it `validated`)."""
+    return make_step_info(
+      loss=loss,
+      predicted_loss=predicted_loss,
+      grad_norm=0.0,
+      was_real=False,
+      finite=True,
+      explosion=False,
+      spike=False,
+      validated=validated,
+      diverged=diverged,
+      nonfinite_prediction=nonfinite_prediction,
+      rolled_back=rolled_back,
+      alpha=alpha,
+      forwards=forwards,
+      batch_consumed=batch_consumed,
+      extra=extra,
+    )
+
 
 def make_step_info(
   *,

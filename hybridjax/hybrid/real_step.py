@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.groups import safe_log
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import (
@@ -50,28 +50,27 @@ def real_update(ctx: HybridContext, tr: TrainState, batch: Batch, schedule: Sche
   return RealUpdate(loss, grads, grad_norm, finite, lr, params, opt_state, updates)
 
 
+def baseline_update(
+  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+) -> tuple[HybridState, StepInfo, Any]:
+  """`baseline_step`, also returning the optimizer's update (zero-free: the update as computed,
+  applied only when `info.finite`), for a method that keeps something of it."""
+  tr = state.train
+  loss, _, grad_norm, finite, _, params, opt_state, updates = real_update(ctx, tr, batch, schedule)
+  c, explosion, spike = controller_lib.update_real_stats(
+    state.controller, safe_log(loss), grad_norm, finite, ctx.control
+  )
+  info = StepInfo.real(
+    loss=loss, grad_norm=grad_norm, finite=finite, explosion=explosion, spike=spike, n_groups=ctx.groups.n_groups
+  )
+  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info, updates
+
+
 def baseline_step(
   ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
 ) -> tuple[HybridState, StepInfo]:
   """The baseline's update (`real_update`) with the controller's loss statistics and health checks,
   and nothing of a predictor: the whole real step of a method that never predicts (outer momentum,
-  selective backprop on the batch it chose)."""
-  tr = state.train
-  loss, _, grad_norm, finite, _, params, opt_state, _ = real_update(ctx, tr, batch, schedule)
-  c, explosion, spike = controller_lib.update_real_stats(
-    state.controller, safe_log(loss), grad_norm, finite, ctx.control
-  )
-  info = make_step_info(
-    loss=loss,
-    predicted_loss=jnp.nan,
-    grad_norm=grad_norm,
-    was_real=True,
-    finite=finite,
-    explosion=explosion,
-    spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros((ctx.groups.n_groups,)),
-  )
-  return state.replace(train=next_train_state(tr, params, opt_state, finite), controller=c), info
+  selective backprop on the batch it chose), and the default `real_step` of every method."""
+  new, info, _ = baseline_update(ctx, state, batch, schedule)
+  return new, info

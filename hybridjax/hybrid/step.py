@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
-from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, init_outer_momentum, init_train_state
 
@@ -34,14 +34,12 @@ Transition = Callable[..., tuple[HybridState, StepInfo]]
 
 
 def transitions(ctx: HybridContext) -> tuple[Transition, ...]:
-  """The method's three transitions (`ctx.method.transitions`), indexed by `Branch`."""
-  fns = tuple(ctx.method.transitions(ctx))
-  if len(fns) != len(Branch):
-    raise ValueError(
-      f"method {ctx.method.NAME!r}: transitions(ctx) must return {len(Branch)} step functions, indexed by "
-      f"Branch ({', '.join(b.name.lower() for b in Branch)}), got {len(fns)}"
-    )
-  return fns
+  """The method's three transitions, indexed by `Branch`: its `real_step` (the baseline's,
+  `real_step.baseline_step`, when it defines none), its `predict_step` and its `correct_step` (each
+  the real step when it defines none)."""
+  m = ctx.method
+  real = m.real_step or baseline_step
+  return (real, m.predict_step or real, m.correct_step or real)
 
 
 StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
@@ -74,9 +72,7 @@ def finish_step(
   before = state.controller
   c = controller_lib.transition(before, info, ctx.control)
   method_state = state.method
-  on_transition = getattr(ctx.method, "on_transition", None)
-  if on_transition is not None:
-    method_state = on_transition(ctx, method_state, before, c, info)
+  method_state = ctx.method.on_transition(ctx, method_state, before, c, info)
   state = state.replace(controller=c, method=method_state)
   metrics = {
     "loss": info.loss,
@@ -91,13 +87,11 @@ def finish_step(
     "diverged": info.diverged | info.nonfinite_prediction,
     "alpha": info.alpha,  # (G,) the per-group move this step applied (0 in real steps)
   }
-  method_metrics = getattr(ctx.method, "metrics", None)
-  if method_metrics is not None:
-    extra = method_metrics(ctx, state, info)
-    clash = sorted(set(extra) & set(metrics))
-    if clash:
-      raise ValueError(f"method {ctx.method.NAME!r}: metrics() returns {clash}, names the hybrid step reports itself")
-    metrics.update(extra)
+  extra = ctx.method.metrics(ctx, state, info)
+  clash = sorted(set(extra) & set(metrics))
+  if clash:
+    raise ValueError(f"method {ctx.method.name!r}: metrics() returns {clash}, names the hybrid step reports itself")
+  metrics.update(extra)
   return state, metrics
 
 
@@ -141,7 +135,6 @@ def switch_in_place(
   fns = transitions(ctx)
   branch = jnp.clip(branch, 0, len(fns) - 1)  # as lax.switch clamps its index
   g = ctx.groups.n_groups
-  step_extra = getattr(ctx.method, "step_extra", None)
   info = make_step_info(
     loss=0.0,
     predicted_loss=0.0,
@@ -156,7 +149,7 @@ def switch_in_place(
     alpha=jnp.zeros(g),
     forwards=0,
     batch_consumed=False,
-    extra=None if step_extra is None else step_extra(ctx),
+    extra=ctx.method.step_extra(ctx),
   )
   for index, transition in enumerate(fns):
 

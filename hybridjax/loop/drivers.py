@@ -72,9 +72,9 @@ def make_context(
   its settings (`method.make_settings`)."""
   h = hybrid
   method = registry.load_method(h.get("method", "velocity"))
-  if method.CONFIG_KEY and method.CONFIG_KEY not in h:  # a user's method with no block: its defaults
+  if method.config_key and method.config_key not in h:  # a user's method with no block: its defaults
     h = ml_collections.ConfigDict(h.to_dict())
-    h[method.CONFIG_KEY] = method.default_config()
+    h[method.config_key] = method.default_config()
   groups = groups_lib.param_groups(params_shape, h.grouping)
   settings = method.make_settings(h, groups=groups)
   control = dict(
@@ -92,12 +92,11 @@ def make_context(
     max_prediction_failures=h.health.max_prediction_failures,
     cooldown_steps=h.health.cooldown_steps,
   )
-  overrides = getattr(method, "control", None)
-  if overrides is not None:
-    changes = dict(overrides(h, settings))
+  if method.controller_overrides is not None:
+    changes = dict(method.controller_overrides(h, settings))
     unknown = sorted(set(changes) - set(control))
     if unknown:
-      raise ValueError(f"method {method.NAME!r}: control() overrides {unknown}, which are not controller settings")
+      raise ValueError(f"method {method.name!r}: control() overrides {unknown}, which are not controller settings")
     control.update(changes)
   return HybridContext(
     loss_fn=loss_fn,
@@ -248,7 +247,7 @@ class HybridDriver:
     self.max_events = config.hybrid.health.max_events
     # A method whose steps may advance the schedule by other than one, or leave their batch: the
     # loop reads the position from the device after each dispatch.
-    self.reads_position = bool(getattr(self.ctx.method, "ADVANCES_SCHEDULE", False))
+    self.reads_position = self.ctx.method.advances_schedule
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
@@ -284,7 +283,7 @@ class HybridDriver:
     self._trace_device: list[Metrics] = []
     self._trace: list[dict[str, Any]] = []
     self._last_measured_loss = float("nan")
-    self._method_trace = getattr(self.ctx.method, "trace", None)  # the method's fields of a step record
+    self._method_trace = self.ctx.method.trace  # the method's fields of a step record
     self._compiled = False
     self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
 
@@ -411,22 +410,20 @@ class HybridDriver:
           self._last_measured_loss = rec["loss"]
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
-        if self._method_trace is not None:
-          rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
+        rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
         self._trace.append(rec)
 
   def log_view(self, state: HybridState) -> Any:
     """The controller (phase counts, confidence, health counters) and what the method's log record
     reads of its state (`method.log_view`), fetched with the metrics in the log's one transfer."""
-    method_view = getattr(self.ctx.method, "log_view", None)
-    return state.controller, None if method_view is None else method_view(state.method)
+    return state.controller, self.ctx.method.log_view(state.method)
 
   def records(self, metrics: Metrics, view: Any) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
     """(fields of the train record, extra (step, record, kind) records: the per-step trace and the
     memory readings) from fetched metrics and the fetched `log_view`. `loss` is the last measured
     loss."""
     self.flush_trace()
-    trace_only = {"step", "loss", "measured", "diverged", "branch"} | set(getattr(self.ctx.method, "TRACE_ONLY", ()))
+    trace_only = {"step", "loss", "measured", "diverged", "branch"} | set(self.ctx.method.trace_only)
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
@@ -447,9 +444,8 @@ class HybridDriver:
       nonfinite_events=int(c.events[0]),
       rollbacks=int(c.rollbacks),
     )
-    log_fields = getattr(self.ctx.method, "log_fields", None)
-    if log_fields is not None and method_view is not None:
-      fields.update(log_fields(method_view))
+    if method_view is not None:
+      fields.update(self.ctx.method.log_fields(method_view))
     if self.dispatch == "switch" and self._trace:
       # The fused step never stops between steps: memory is read at a log (`step`: the steps done,
       # the log's own step) whose interval saw the phase change: from the phase at the previous
@@ -499,13 +495,11 @@ class HybridDriver:
       "group_names": list(self.ctx.groups.names),  # the order of the per-group vectors in logs
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
-      "method": self.ctx.method.NAME,
+      "method": self.ctx.method.name,
     }
-    method_summary = getattr(self.ctx.method, "summary", None)
-    if method_summary is not None:
-      own = method_summary(self.ctx, method_state, c)
-      out.update(own)
-      out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run
+    own = self.ctx.method.summary(self.ctx, method_state, c)
+    out.update(own)
+    out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {

@@ -93,7 +93,7 @@ def step_batches(config: ml_collections.ConfigDict, train_batch: Callable[[int],
   batch axis (deterministic in the step, so a resumed run sees the same data); otherwise unchanged."""
   if config.mode != "hybrid":
     return train_batch
-  k = registry.batches_per_step(registry.load_method(config.hybrid.method))
+  k = registry.load_method(config.hybrid.method).batches_per_step
   if k == 1:
     return train_batch
 

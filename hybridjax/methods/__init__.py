@@ -1,7 +1,9 @@
 """Training methods as plug-ins: each a module of pure functions, loaded by name
 (`registry.load_method`; `--config.hybrid.method=velocity|jump|outer_momentum|my_pkg.my_method`).
 
-The hybrid step (`hybrid.step`) runs the generic controller (WARMUP -> FULL -> PREDICT -> CORRECT,
+`registry.load_method` checks a module against this interface once and returns a `registry.Method`,
+a frozen record of its hooks with every default below filled in: the rest of the package reads only
+that. The hybrid step (`hybrid.step`) runs the generic controller (WARMUP -> FULL -> PREDICT -> CORRECT,
 health, counters) and calls the method for everything else. A method module defines:
 
 Required
@@ -15,18 +17,18 @@ Required
                              its static, hashable settings from `config.hybrid` (`ctx.settings`)
   init(ctx, params, rng)     its state: a pytree of fixed-shape arrays (or None); `rng` is the
                              hybrid state's key before the state keeps `split(rng, 3)[0]`
-  transitions(ctx)           three pure step functions `(ctx, state, batch, schedule) -> (state,
-                             hybrid.context.StepInfo)`, indexed by `hybrid.phases.Branch`: the real
-                             step, the predicted step, the CORRECT entry. Each returns the whole
-                             `HybridState` and reports its cost in `StepInfo`: `was_real` (one
-                             backward pass), `forwards` (forward passes beyond a real step's own),
-                             `batch_consumed` (False: the next step trains on this batch), and the
-                             schedule steps it advanced as the change of `train.step`
-
 Optional (the default in brackets)
-  FIELDS                     {field path inside its block: check} from `config.check_*` [{}]
-  READS                      what it reads of the run beyond its own state and the params:
-                             'averaging', 'outer', 'opt_state', 'per_example_losses' [none]
+  real_step(ctx, state, batch, schedule) -> (state, hybrid.context.StepInfo)
+                             its real step, a pure function [the baseline's,
+                             `hybrid.real_step.baseline_step`]. Every transition returns the whole
+                             `HybridState` and reports its cost in `StepInfo` (`StepInfo.real` and
+                             `StepInfo.predicted` build one): `was_real` (one backward pass),
+                             `forwards` (forward passes beyond a real step's own), `batch_consumed`
+                             (False: the next step trains on this batch), and the schedule steps it
+                             advanced as the change of `train.step`
+  predict_step, correct_step the predicted step and the CORRECT entry, as `real_step` [the real
+                             step]; the three are indexed by `hybrid.phases.Branch`
+  FIELDS                     {field path inside its block: check} from `fields.check_*` [{}]
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]
   BATCHES_PER_STEP           the task's batches each step receives, concatenated along the batch
@@ -40,7 +42,7 @@ Optional (the default in brackets)
   shardings(state, like_params, replicated)
                              its state's shardings: `like_params(subtree)` lays a params-shaped
                              subtree out as the params, `replicated(subtree)` copies it to every
-                             device [all replicated]
+                             device [params-shaped subtrees laid out like the params, the rest replicated]
   step_extra(ctx)            a zero pytree of its own per-step facts (`StepInfo.extra`) [None]
   on_transition(ctx, state, before, after, info)
                              its state after the controller's transition from `before` to `after`

@@ -2,8 +2,9 @@
 
 Outer Nesterov momentum on K-step displacements lives in the optimizer layer (`optim.OuterMomentum`,
 in the train state), so it runs in the baseline loop too (`--config.mode=baseline`), which is how the
-benchmark runs it. As a method it is the hybrid loop's real step and nothing more: it never predicts.
-Other methods compose with it by declaring it in their `COMPOSES_WITH` (the jump then follows its m).
+benchmark runs it. As a method it is the hybrid loop's real step and nothing more (the default
+`real_step`, the baseline's): it never predicts. Other methods compose with it by declaring it in
+their `COMPOSES_WITH` (the jump then follows its m).
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ import jax
 import ml_collections
 
 from hybridjax.hybrid import groups as groups_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.real_step import baseline_step
-from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule
+from hybridjax.hybrid.context import HybridContext
 
 NAME = "outer_momentum"
 CONFIG_KEY = None  # its settings are `optim.outer_every`, `optim.outer_eta`, `optim.outer_mu`
-READS = frozenset({"outer"})
 COMPOSES_WITH: frozenset[str] = frozenset()
 ADVANCES_SCHEDULE = False
 CONTROL = None  # its control is the baseline itself
@@ -53,14 +50,3 @@ def control(hybrid: ml_collections.ConfigDict, settings: None) -> dict[str, Any]
 def init(ctx: HybridContext, params: Any, rng: jax.Array) -> None:
   del ctx, params, rng
   return None  # its state is the train state's `outer`
-
-
-def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
-  """The baseline's update (outer momentum's step inside `next_train_state`) and the controller's
-  loss statistics and health checks."""
-  return baseline_step(ctx, state, batch, schedule)
-
-
-def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
-  del ctx
-  return (real_step, real_step, real_step)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import config as config_lib
+from hybridjax import fields
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.real_step import baseline_step
@@ -30,13 +30,12 @@ from hybridjax.optim import Batch, Schedule, per_example_losses
 
 NAME = "selective_backprop"
 CONFIG_KEY = "selective"
-READS = frozenset({"per_example_losses"})
 COMPOSES_WITH: frozenset[str] = frozenset()
 ADVANCES_SCHEDULE = False
 BATCHES_PER_STEP = 2  # the loop hands each step two of the task's batches, concatenated: 2B sequences
 CONTROL = {"selective.random": True}  # the same 2B and the same cost, a random B backpropagated
 
-FIELDS = {"random": config_lib.check_bool}
+FIELDS = {"random": fields.check_bool}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -72,9 +71,7 @@ def select(scores: jax.Array, keep: int, rng: jax.Array, random: bool) -> jax.Ar
   return jax.lax.top_k(scores, keep)[1]
 
 
-def selective_step(
-  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
-) -> tuple[HybridState, StepInfo]:
+def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """Scores the 2B sequences of `batch`, then the baseline's real update on the chosen B."""
   tr = state.train
   sizes = {x.shape[0] for x in jax.tree.leaves(batch) if x.ndim >= 1}
@@ -109,8 +106,3 @@ def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str,
 def step_kind(row: dict[str, Any]) -> str:
   del row
   return "selective_step"
-
-
-def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
-  del ctx
-  return (selective_step, selective_step, selective_step)

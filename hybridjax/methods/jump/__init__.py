@@ -3,7 +3,7 @@ with its optional RSSM forecaster (`hybrid.jump.forecast='rssm'`). See `hybrid.j
 `hybrid.forecast` for the algorithm, docs/design.md "Jumps" and "Forecast" for the account.
 
   real step      the baseline's update, the slow EMA, the persisting-gain measurement, and every
-                 `forecaster.every` real steps the forecaster's snapshot (`jump_real_step`)
+                 `forecaster.every` real steps the forecaster's snapshot (`real_step`)
   predicted step one attempt: candidates scored on the probe batch, then a jump of k schedule steps
                  or nothing (`jump_step`); the batch is not consumed
   CORRECT entry  a real step (a rejected jump changes nothing, so nothing is rolled back)
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import config as config_lib
+from hybridjax import fields
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.phases import Branch
@@ -31,7 +31,6 @@ from hybridjax.methods.jump import steps as jump_lib
 
 NAME = "jump"
 CONFIG_KEY = "jump"
-READS = frozenset({"averaging", "outer"})
 COMPOSES_WITH = frozenset({"outer_momentum"})
 # A jump advances the schedule by k and leaves its batch to the next step: the loop reads both
 # counters from the device.
@@ -81,27 +80,27 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 FIELDS = {
-  "horizons": config_lib.check_int_tuple(1),
-  "every": config_lib.check_int(1),
-  "scales": config_lib.check_num_tuple(0.0),
-  "trend_credit": config_lib.check_num(0.0),
-  "margin": config_lib.check_num(-1.0, 1.0, hi_open=True),
-  "slow_beta": config_lib.check_num(0.0, 1.0, lo_open=True, hi_open=True),
-  "slow_lag_ratio": config_lib.check_num(0.0),
-  "start_fraction": config_lib.check_num(0.0, 1.0),
-  "stop_fraction": config_lib.check_num(0.0, 1.0),
-  "skip_control": config_lib.check_bool,
-  "forecast": config_lib.check_choice("none", "rssm"),
-  "forecaster.every": config_lib.check_int(1),
-  "forecaster.history": config_lib.check_int(4, 4096),
-  "forecaster.train_steps": config_lib.check_int(0),
-  "forecaster.min_agreement": config_lib.check_num(0.0, 1.0),
-  "forecaster.max_scale": config_lib.check_num(0.0, lo_open=True),
-  "forecaster.deter": config_lib.check_int(1),
-  "forecaster.latent": config_lib.check_int(1),
-  "forecaster.hidden": config_lib.check_int(1),
-  "forecaster.ensemble": config_lib.check_int(2),
-  "forecaster.learning_rate": config_lib.check_num(0.0, lo_open=True),
+  "horizons": fields.check_int_tuple(1),
+  "every": fields.check_int(1),
+  "scales": fields.check_num_tuple(0.0),
+  "trend_credit": fields.check_num(0.0),
+  "margin": fields.check_num(-1.0, 1.0, hi_open=True),
+  "slow_beta": fields.check_num(0.0, 1.0, lo_open=True, hi_open=True),
+  "slow_lag_ratio": fields.check_num(0.0),
+  "start_fraction": fields.check_num(0.0, 1.0),
+  "stop_fraction": fields.check_num(0.0, 1.0),
+  "skip_control": fields.check_bool,
+  "forecast": fields.check_choice("none", "rssm"),
+  "forecaster.every": fields.check_int(1),
+  "forecaster.history": fields.check_int(4, 4096),
+  "forecaster.train_steps": fields.check_int(0),
+  "forecaster.min_agreement": fields.check_num(0.0, 1.0),
+  "forecaster.max_scale": fields.check_num(0.0, lo_open=True),
+  "forecaster.deter": fields.check_int(1),
+  "forecaster.latent": fields.check_int(1),
+  "forecaster.hidden": fields.check_int(1),
+  "forecaster.ensemble": fields.check_int(2),
+  "forecaster.learning_rate": fields.check_num(0.0, lo_open=True),
 }
 
 
@@ -203,9 +202,9 @@ def shardings(state: jump_lib.JumpState, like_params: Any, replicated: Any) -> A
   return out
 
 
-def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
-  del ctx
-  return (jump_lib.jump_real_step, jump_lib.jump_step, jump_lib.jump_real_step)
+# The transitions: a real step (also the CORRECT entry) and the jump as the predicted step.
+real_step = jump_lib.real_step
+predict_step = jump_lib.jump_step
 
 
 def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str, jax.Array]:

@@ -2,7 +2,7 @@
 velocity, planned by an online RSSM (docs/design.md, "Steps").
 
   real step      the optimizer update, then the velocity EMA of updates, the history, one RSSM
-                 training step and the imagined plan of the next PREDICT phase (`full_step`)
+                 training step and the imagined plan of the next PREDICT phase (`real_step`)
   predicted step theta <- theta + sum_g alpha_{g,k} velocity_g, validated by a forward pass every
                  `validate_every` steps (`predict_step`)
   CORRECT entry  theta <- theta - sum_g A_g velocity_g: the exact rollback of what diverged, with no
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import config as config_lib
+from hybridjax import fields
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import trajectory as trajectory_lib
@@ -30,15 +30,14 @@ from hybridjax.hybrid.phases import Branch
 from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.methods.velocity import corrector as corrector_lib
 from hybridjax.methods.velocity import features as features_lib
-from hybridjax.methods.velocity.correct_step import correct_step
-from hybridjax.methods.velocity.full_step import full_step
+from hybridjax.methods.velocity.correct import correct_step as correct_step
 from hybridjax.methods.velocity.plan import VelocitySettings, VelocityState, init_plan
-from hybridjax.methods.velocity.predict_step import predict_step
+from hybridjax.methods.velocity.predict import predict_step as predict_step
+from hybridjax.methods.velocity.real import real_step as real_step  # with the two above: its transitions
 from hybridjax.models import rssm as dynamics_lib
 
 NAME = "velocity"
 CONFIG_KEY = "velocity"
-READS: frozenset[str] = frozenset()  # the real step's own update is all it reads
 COMPOSES_WITH: frozenset[str] = frozenset()
 ADVANCES_SCHEDULE = False  # every step advances the schedule by one and uses its batch
 # The control arm: the same decisions, but no predicted step moves a weight (alpha = 0).
@@ -69,22 +68,22 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 FIELDS = {
-  "beta": config_lib.check_num(0.0, 1.0, hi_open=True),
-  "constant_alpha": config_lib.check_num(0.0, 10.0),
-  "zero_alpha": config_lib.check_bool,
-  "history_size": config_lib.check_int(4, 4096),
-  "window": config_lib.check_int(2),
-  "accuracy_window": config_lib.check_int(1, 1024),
-  "rssm.deter": config_lib.check_int(1),
-  "rssm.latent": config_lib.check_int(1),
-  "rssm.hidden": config_lib.check_int(1),
-  "rssm.ensemble": config_lib.check_int(1, 64),
-  "rssm.free_bits": config_lib.check_num(0.0),
-  "rssm.learning_rate": config_lib.check_num(0.0, lo_open=True),
-  "corrector.enabled": config_lib.check_bool,
-  "corrector.hidden": config_lib.check_int(1),
-  "corrector.learning_rate": config_lib.check_num(0.0, lo_open=True),
-  "corrector.history": config_lib.check_int(2, 4096),
+  "beta": fields.check_num(0.0, 1.0, hi_open=True),
+  "constant_alpha": fields.check_num(0.0, 10.0),
+  "zero_alpha": fields.check_bool,
+  "history_size": fields.check_int(4, 4096),
+  "window": fields.check_int(2),
+  "accuracy_window": fields.check_int(1, 1024),
+  "rssm.deter": fields.check_int(1),
+  "rssm.latent": fields.check_int(1),
+  "rssm.hidden": fields.check_int(1),
+  "rssm.ensemble": fields.check_int(1, 64),
+  "rssm.free_bits": fields.check_num(0.0),
+  "rssm.learning_rate": fields.check_num(0.0, lo_open=True),
+  "corrector.enabled": fields.check_bool,
+  "corrector.hidden": fields.check_int(1),
+  "corrector.learning_rate": fields.check_num(0.0, lo_open=True),
+  "corrector.history": fields.check_int(2, 4096),
 }
 
 
@@ -156,11 +155,6 @@ def shardings(state: VelocityState, like_params: Any, replicated: Any) -> Any:
   return replicated(state).replace(velocity=like_params(state.velocity))
 
 
-def transitions(ctx: HybridContext) -> tuple[Any, Any, Any]:
-  del ctx
-  return (full_step, predict_step, correct_step)
-
-
 def step_extra(ctx: HybridContext) -> jax.Array:
   """The per-step fact `on_transition` reads: the (G,) alphas of the segment to roll back."""
   return jnp.zeros((ctx.groups.n_groups,), jnp.float32)
@@ -205,8 +199,3 @@ def step_kind(row: dict[str, Any]) -> str:
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "predict_step+validation" if row["measured"] else "predict_step"
   return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
-
-
-def summary(ctx: HybridContext, state: VelocityState, controller: Controller) -> dict[str, Any]:
-  del ctx, state, controller
-  return {}
