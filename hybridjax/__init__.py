@@ -5,7 +5,8 @@ planned by an online-trained RSSM of the training trajectory. The layers, each i
 below it:
 
   hybridjax.optim     the optimizer layer: TrainState, the runtime LR schedule, the baseline step
-  hybridjax.hybrid    the pure algorithm: full_step, predict_step, correct_step, the fused hybrid_step
+  hybridjax.hybrid    the framework: the controller, the state, the shared real step, the fused hybrid_step
+  hybridjax.methods   the training methods as plug-ins (velocity, jump, ...), loaded by name
   hybridjax.loop      the host loop: drivers (baseline, hybrid) and train()
 
 The package root is the public entry point, re-exporting (on first use, so that importing a

@@ -99,10 +99,8 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
   c.confidence_threshold = 0.5  # PREDICT only at confidence >= this
-  c.divergence_tolerance = 0.05  # relative excess of real over predicted loss that ends PREDICT
   c.correct_steps = 12
   c.correction_interval = 0  # one real step every N predict steps; 0 = off
-  c.validate_every = 2  # forward-pass validation every N predict steps
   c.grouping = "kind"  # parameter groups: 'kind' (layer index stripped) | 'leaf' | 'global'
   c.dispatch = "switch"  # 'switch': one fused step, no host sync; 'host': each transition's own jitted function
   # With dispatch='switch': hybrid steps per dispatch (lax.scan when > 1). A dispatch never crosses a
@@ -291,10 +289,8 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "hybrid.full_steps": _int(1),
   "hybrid.max_predict_steps": _int(1, 1000),
   "hybrid.confidence_threshold": _num(0.0, 1.0),
-  "hybrid.divergence_tolerance": _num(0.0, lo_open=True),
   "hybrid.correct_steps": _int(1),
   "hybrid.correction_interval": _int(0),
-  "hybrid.validate_every": _int(1),
   "hybrid.grouping": _choice("kind", "leaf", "global"),
   "hybrid.steps_per_call": _int(1),
   "hybrid.dispatch": _choice("host", "switch"),

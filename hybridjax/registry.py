@@ -28,7 +28,16 @@ BUILTIN_METHODS = {
 }
 
 # What every method module must define (the rest of the interface is optional, with defaults).
-REQUIRED = ("NAME", "CONFIG_KEY", "default_config", "check", "make_settings", "init")
+REQUIRED = ("NAME", "make_settings", "init")
+
+
+def _no_block() -> None:
+  return None
+
+
+def _no_errors(config: Any) -> list[str]:
+  del config
+  return []
 
 
 def _unchanged(ctx: Any, state: Any, before: Any, after: Any, info: Any) -> Any:
@@ -80,15 +89,15 @@ class Method:
 
   name: str  # [NAME]
   path: str  # its module's dotted path
-  config_key: str | None  # [CONFIG_KEY] its block under config.hybrid, or None
-  default_config: Callable[[], Any]
-  check: Callable[[Any], list[str]]
   make_settings: Callable[..., Any]
   init: Callable[..., Any]
+  config_key: str | None = None  # [CONFIG_KEY] its block under config.hybrid, or None
+  default_config: Callable[[], Any] = _no_block  # [default_config, or the defaults of CONFIG]
+  check: Callable[[Any], list[str]] = _no_errors  # its checks of relations across the whole config
   real_step: Callable[..., Any] | None = None
   predict_step: Callable[..., Any] | None = None
   correct_step: Callable[..., Any] | None = None
-  fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS]
+  fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS, or CONFIG's checks]
   composes_with: frozenset[str] = frozenset()  # [COMPOSES_WITH]
   batches_per_step: int = 1  # [BATCHES_PER_STEP]
   advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
@@ -127,22 +136,47 @@ def method_path(name: str) -> str:
   return BUILTIN_METHODS.get(name, name)
 
 
+def load_plugin(name: str, builtin: Mapping[str, str], flag: str, what: str) -> types.ModuleType:
+  """The module of plug-in `name`: a built-in's (`builtin`: name -> module path) or a user's dotted
+  module path. A name that imports nothing gets a ValueError naming `flag` (e.g.
+  '--config.hybrid.method') and the fix; a module that exists but imports something missing raises
+  that error itself."""
+  path = builtin.get(name, name)
+  try:
+    return importlib.import_module(path)
+  except ModuleNotFoundError as e:
+    if e.name is not None and path != e.name and not path.startswith(e.name + "."):
+      raise  # the plug-in's module exists but imports something missing: that error is the real one
+    raise ValueError(
+      f"{flag}={name!r} names no {what}: use a built-in one ({', '.join(builtin)}) or the dotted path of an "
+      f"importable module of yours (e.g. 'my_pkg.my_{what}'; its folder must be on sys.path)"
+    ) from e
+
+
 @functools.cache
 def load_method(name: str) -> Method:
   """The method named `name` (a built-in name or a dotted module path), checked against the
   interface; errors name `--config.hybrid.method` and the fix."""
-  path = method_path(name)
-  try:
-    module = importlib.import_module(path)
-  except ModuleNotFoundError as e:
-    if e.name is not None and path != e.name and not path.startswith(e.name + "."):
-      raise  # the method's module exists but imports something missing: that error is the real one
-    raise ValueError(
-      f"--config.hybrid.method={name!r} names no method: use a built-in one ({', '.join(BUILTIN_METHODS)}) "
-      "or the dotted path of an importable module of yours (e.g. 'my_pkg.my_method'; its folder must be on "
-      "sys.path)"
-    ) from e
-  return method_record(module, name)
+  return method_record(load_plugin(name, BUILTIN_METHODS, "--config.hybrid.method", "method"), name)
+
+
+def declared_block(declaration: Mapping[str, tuple[Any, Callable[..., Any]]]) -> tuple[Callable[[], Any], dict]:
+  """(default_config, FIELDS) from a block declared as {dotted field: (default, check)}."""
+  import ml_collections
+
+  def default_config() -> ml_collections.ConfigDict:
+    block = ml_collections.ConfigDict()
+    for path, (default, _) in declaration.items():
+      *parents, leaf = path.split(".")
+      node = block
+      for p in parents:
+        if p not in node:
+          node[p] = ml_collections.ConfigDict()
+        node = node[p]
+      node[leaf] = default
+    return block
+
+  return default_config, {path: check for path, (_, check) in declaration.items()}
 
 
 def method_record(module: types.ModuleType, name: str) -> Method:
@@ -151,6 +185,12 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   if hasattr(module, "transitions"):
     problems.append("transitions(ctx) is no longer read: define real_step, predict_step and correct_step")
   hooks = {field: getattr(module, attr) for field, attr in _ATTRIBUTES.items() if hasattr(module, attr)}
+  if hasattr(module, "CONFIG"):  # the block declared once: {field: (default, check)}
+    if "default_config" in hooks or "fields" in hooks:
+      problems.append("CONFIG declares the block's defaults and checks: define no default_config or FIELDS beside it")
+    hooks["default_config"], hooks["fields"] = declared_block(module.CONFIG)
+  if not hooks.get("config_key") and hooks.get("default_config", _no_block)() is not None:
+    problems.append("it has a config block but no CONFIG_KEY (its key under config.hybrid)")
   if isinstance(hooks.get("composes_with"), str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
   per_step = hooks.get("batches_per_step", 1)

@@ -38,14 +38,14 @@ from hybridjax.hybrid.phases import BRANCH_NAMES, Branch, Phase  # noqa: E402
 from hybridjax.loop import drivers  # noqa: E402
 
 # Predict early and often, so every phase is reached in a few steps.
-HYBRID_OVERRIDES = dict(
-  confidence_threshold=0.0,
-  max_predict_steps=4,
-  divergence_tolerance=0.5,
-  correction_interval=2,
-  warmup_steps=10,
-  full_steps=5,
-)
+HYBRID_OVERRIDES = {
+  "confidence_threshold": 0.0,
+  "max_predict_steps": 4,
+  "velocity.divergence_tolerance": 0.5,
+  "correction_interval": 2,
+  "warmup_steps": 10,
+  "full_steps": 5,
+}
 # (label, phase, branch) of the step kinds timed.
 KINDS = (
   ("WARMUP full", Phase.WARMUP, Branch.FULL_STEP),
@@ -56,7 +56,7 @@ KINDS = (
 
 
 def _small_hybrid(h):
-  h.update(HYBRID_OVERRIDES)
+  h.update_from_flattened_dict(HYBRID_OVERRIDES)
   h.velocity.update(history_size=16, window=8)
   h.velocity.rssm.update(deter=32, latent=8, hidden=32, ensemble=2)
   return h

@@ -168,7 +168,12 @@ def micro_config(mode: str = "baseline", steps: int = 20):
 
 
 # Hybrid overrides that cycle through every phase quickly on the test MLP.
-STD = dict(confidence_threshold=0.0, max_predict_steps=4, divergence_tolerance=0.5, correction_interval=2)
+STD = {
+  "confidence_threshold": 0.0,
+  "max_predict_steps": 4,
+  "velocity.divergence_tolerance": 0.5,
+  "correction_interval": 2,
+}
 
 
 def small_hybrid_config(**overrides):

@@ -28,10 +28,8 @@ SETTINGS = ControllerSettings(
   full_steps=2,
   max_predict_steps=5,
   confidence_threshold=0.4,
-  divergence_tolerance=0.05,
   correct_steps=2,
   correction_interval=0,
-  validate_every=2,
   grad_explosion_factor=10.0,
   loss_spike_sigma=6.0,
   max_prediction_failures=2,
@@ -270,7 +268,7 @@ def test_confidence_gate_decides_when_to_predict():
   for i in entered:
     want = int(controller_lib.horizon_for(jnp.float32(conf[i]), ctx.control))
     assert int(trace[i + 1]["horizon"]) == want
-    assert 1 <= want <= ctx.hmax
+    assert 1 <= want <= ctx.control.max_predict_steps
   assert int(state.controller.predict_phases) == len(entered) + (
     phases[-1] == Phase.PREDICT and phases[-2] != Phase.PREDICT
   )

@@ -74,11 +74,11 @@ def _state_in_predict(s, warm_steps=30, seed=0):
   state, _ = s.run(warm_steps, state=s.init_state(seed))
   ctx = s.ctx
   g = ctx.groups.n_groups
-  alpha = jnp.linspace(0.5, 1.5, ctx.hmax * g).reshape(ctx.hmax, g)
+  alpha = jnp.linspace(0.5, 1.5, ctx.control.max_predict_steps * g).reshape(ctx.control.max_predict_steps, g)
   c = state.controller.replace(
     phase=jnp.int32(Phase.PREDICT),
     steps_in_phase=jnp.int32(0),
-    horizon=jnp.int32(ctx.hmax),
+    horizon=jnp.int32(ctx.control.max_predict_steps),
     next_branch=jnp.int32(Branch.PREDICT_STEP),
   )
   plan = state.method.plan.replace(plan_offset=jnp.int32(0), plan_alpha=alpha, alpha_since_good=jnp.zeros((g,)))
@@ -108,7 +108,7 @@ def test_predicted_step_moves_every_parameter_by_alpha_velocity():
 def test_unvalidated_predicted_step_reports_no_loss_but_a_predicted_loss():
   s = hh.setup()
   state, _ = _state_in_predict(s)
-  assert s.ctx.control.validate_every == 2
+  assert s.ctx.settings.validate_every == 2
   # k = 0: not a validation step (validate_every 2, horizon 4): no forward pass, no measured loss.
   state, branch, m = s.step(state, hh.batch(0))
   m = jax.device_get(m)
@@ -125,7 +125,7 @@ def test_rollback_is_exact_without_snapshot():
   s = hh.setup()
   state, alpha = _state_in_predict(s)
   start = jax.device_get(state.train.params)
-  n = s.ctx.hmax - 1
+  n = s.ctx.control.max_predict_steps - 1
   for k in range(n):
     state, _ = s.predict(state, hh.batch(200 + k), hh.SCHEDULE)
     state = state.replace(controller=state.controller.replace(steps_in_phase=state.controller.steps_in_phase + 1))
@@ -180,8 +180,8 @@ def test_nan_loss_in_every_branch():
       break
     c, plan = jax.device_get((state.controller, state.method.plan))
     branch, phase = int(c.next_branch), int(c.phase)
-    k = min(max(int(c.steps_in_phase) - int(plan.plan_offset), 0), ctx.hmax - 1)
-    validates = (k + 1) % ctx.control.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
+    k = min(max(int(c.steps_in_phase) - int(plan.plan_offset), 0), ctx.control.max_predict_steps - 1)
+    validates = (k + 1) % ctx.settings.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
     kind = {
       Branch.FULL_STEP: "full" if phase == Phase.FULL else None,
       Branch.PREDICT_STEP: "predict_validated" if validates else "predict_unvalidated",

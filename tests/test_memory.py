@@ -175,7 +175,10 @@ def test_hybrid_state_overhead_is_one_params_sized_buffer_plus_small_fixed_buffe
   plan = _tree_bytes(
     jax.eval_shape(
       lambda: init_plan(
-        max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=ctx.settings.accuracy_window
+        max_predict_steps=ctx.control.max_predict_steps,
+        n_groups=g,
+        feature_dim=f,
+        accuracy_window=ctx.settings.accuracy_window,
       )
     )
   )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import types
 
 import chex
 import jax
@@ -27,6 +28,21 @@ def method_source() -> str:
   m = re.search(r"<!-- method-example:start -->\s*```python\n(.*?)```\s*<!-- method-example:end -->", text, re.S)
   assert m, "docs/methods.md lost its example markers (<!-- method-example:start/end -->)"
   return m.group(1)
+
+
+def test_the_documented_method_is_complete_in_40_lines():
+  source = method_source()
+  assert len(source.rstrip("\n").split("\n")) <= 40, "the simplest complete method grew beyond 40 lines"
+  record = registry.method_record(_module_from(source), "repeat_update")
+  assert record.config_key == "repeat" and dict(record.default_config()) == {"every": 10, "move": True}
+  assert record.fields["every"](0) and record.fields["every"](3) is None  # the declared checks
+  assert record.correct_step is None and record.predict_step is not None  # CORRECT is the real step
+
+
+def _module_from(source: str):
+  module = types.ModuleType("repeat_update")
+  exec(compile(source, "repeat_update.py", "exec"), module.__dict__)
+  return module
 
 
 @pytest.fixture()
@@ -95,7 +111,7 @@ def test_a_method_from_a_user_module_trains_resumes_and_has_a_control(user_modul
   assert straight["phase_steps"]["PREDICT"] == 5 and straight["method"] == "repeat_update"
   assert straight["batches"] == straight["backward_passes"] == 60 - 5
   assert straight["memory"]["growth_bytes"] == 0
-  assert jax.tree.structure(a.method["last_update"]) == jax.tree.structure(a.train.params)
+  assert jax.tree.structure(a.method) == jax.tree.structure(a.train.params)
   # The control arm: the same decisions (the same schedule, batches and passes), no weight moved by a repeat.
   method = registry.load_method(user_module)
   control = config_lib.with_method_block(_config(user_module))
@@ -118,7 +134,7 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
     "NAME = 'half'\ndef real_step(ctx, state, batch, schedule):\n  return state\n"
   )
   c.hybrid.method = "user_methods.half"
-  with pytest.raises(ValueError, match=r"is not a method: it defines no CONFIG_KEY; it defines no default_config"):
+  with pytest.raises(ValueError, match=r"is not a method: it defines no make_settings; it defines no init"):
     _run(c, tmp_path / "b")
   c = _config(user_module)
   c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})

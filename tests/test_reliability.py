@@ -441,7 +441,7 @@ def _batch(task, i, scale=1.0):
 def _validates(c, config, plan) -> bool:
   """Whether the next predicted step measures the loss (as `predict_step` decides)."""
   k = min(max(int(c.steps_in_phase) - int(plan.plan_offset), 0), config.hybrid.max_predict_steps - 1)
-  return (k + 1) % config.hybrid.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
+  return (k + 1) % config.hybrid.velocity.validate_every == 0 or int(c.steps_in_phase) + 1 >= int(c.horizon)
 
 
 @pytest.mark.slow
@@ -517,7 +517,7 @@ def test_nan_inf_and_spikes_in_every_phase_are_survived(hybrid):
 
 def _predict_state(state, ctx, plan_alpha, start_loss=1e3):
   """`state` switched to the start of a PREDICT phase with a given plan and a high start loss."""
-  hmax = ctx.hmax
+  hmax = ctx.control.max_predict_steps
   # Distinct buffers for every leaf: the state is donated, and a buffer cannot be donated twice.
   big = lambda: jnp.full((hmax,), np.log(start_loss), jnp.float32)  # noqa: E731
   c = state.controller.replace(
@@ -570,9 +570,13 @@ def test_diverged_prediction_is_rolled_back_to_the_validated_point(hybrid):
   # update is made non-finite (skipped), so its params are the rolled-back ones.
   config, driver, task = hybrid
   ctx = driver.ctx
-  assert config.hybrid.correction_interval == 2 and config.hybrid.validate_every == 2
+  assert config.hybrid.correction_interval == 2 and config.hybrid.velocity.validate_every == 2
   g = ctx.groups.n_groups
-  state = _predict_state(_warm_state(driver, task), ctx, np.linspace(0.5, 1.5, ctx.hmax * g).reshape(ctx.hmax, g))
+  state = _predict_state(
+    _warm_state(driver, task),
+    ctx,
+    np.linspace(0.5, 1.5, ctx.control.max_predict_steps * g).reshape(ctx.control.max_predict_steps, g),
+  )
   start = jax.device_get(state.train.params)
   state, m = _step(driver, state, _batch(task, 0))  # predicted, not validated
   assert not bool(m["measured"])
@@ -601,7 +605,7 @@ def test_diverged_prediction_is_rolled_back_to_the_validated_point(hybrid):
 def test_non_finite_plan_never_moves_the_params(hybrid):
   config, driver, task = hybrid
   ctx = driver.ctx
-  alpha = np.ones((ctx.hmax, ctx.groups.n_groups), np.float32)
+  alpha = np.ones((ctx.control.max_predict_steps, ctx.groups.n_groups), np.float32)
   alpha[0, 0] = np.nan
   state = _predict_state(_warm_state(driver, task, n=5), ctx, alpha)
   before = jax.device_get(state.train.params)

@@ -23,11 +23,12 @@ anchor keyed on it would retrain at every method edit). Any other name is a dott
 
 from __future__ import annotations
 
-import importlib
 import types
 from typing import Any
 
 import ml_collections
+
+from hybridjax import registry
 
 BUILTIN_TASKS = {"gpt2": "hybridjax.tasks.gpt2", "mlp": "hybridjax.tasks.mlp"}
 
@@ -39,16 +40,7 @@ def task_path(name: str) -> str:
 
 def load_task(name: str) -> types.ModuleType:
   """The task module `name`; errors name `benchmark.task` and the fix."""
-  path = task_path(name)
-  try:
-    module = importlib.import_module(path)
-  except ModuleNotFoundError as e:
-    if e.name is not None and path != e.name and not path.startswith(e.name + "."):
-      raise  # the task's module exists but imports something missing: that error is the real one
-    raise ValueError(
-      f"--config.benchmark.task={name!r} names no task: use {' or '.join(map(repr, BUILTIN_TASKS))}, or the dotted "
-      "path of an importable module with build_task(config)"
-    ) from e
+  module = registry.load_plugin(name, BUILTIN_TASKS, "--config.benchmark.task", "task")
   if not callable(getattr(module, "build_task", None)):
     raise ValueError(f"--config.benchmark.task={name!r} ({module.__name__}) defines no build_task(config)")
   return module

@@ -24,10 +24,8 @@ class ControllerSettings:
   full_steps: int
   max_predict_steps: int
   confidence_threshold: float
-  divergence_tolerance: float
   correct_steps: int
   correction_interval: int
-  validate_every: int
   grad_explosion_factor: float
   loss_spike_sigma: float
   max_prediction_failures: int
@@ -56,11 +54,6 @@ class HybridContext:
   # Outer momentum (K, eta, mu) from `optim.outer_*`, or None (a method that composes with it reads
   # its state in the train state).
   outer: tuple[int, float, float] | None = None
-
-  @property
-  def hmax(self) -> int:
-    """The longest PREDICT horizon (the length of every plan)."""
-    return self.control.max_predict_steps
 
 
 @flax.struct.dataclass

@@ -2,11 +2,12 @@
 
 Every training method (`hybridjax.methods`) gives three transitions, indexed by `Branch`:
 
-  full_step      a real step: forward + backward + optimizer update, plus the method's bookkeeping
-                 (WARMUP, FULL, CORRECT, micro-corrections in PREDICT)
+  real_step      a real step: forward + backward + optimizer update, plus the method's bookkeeping
+                 (WARMUP, FULL, CORRECT, micro-corrections in PREDICT); the baseline's by default
   predict_step   a step without a backward pass (the velocity predictor: theta <- theta +
                  sum_g alpha_{g,k} velocity_g; the jump predictor: a jump of k schedule steps)
-  correct_step   the CORRECT entry (the velocity predictor: the exact rollback of what diverged)
+  correct_step   the CORRECT entry (the velocity predictor: the exact rollback of what diverged);
+                 the real step by default
 
 `hybrid_step` runs the one `Controller.next_branch` names, then the controller transition
 (`finish_step`); `hybrid_multi_step` runs K of them in one dispatch with `lax.scan`. The selection has

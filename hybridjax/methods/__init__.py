@@ -8,16 +8,19 @@ health, counters) and calls the method for everything else. A method module defi
 
 Required
   NAME                       its name in logs and errors
-  CONFIG_KEY                 the key of its block under `config.hybrid` (None: it has none)
-  default_config()           that block's defaults (an `ml_collections.ConfigDict`, or None)
-  check(config)              problems with the whole config, a list of strings that each name the
-                             field and the fix ([] when it can run); validation stays as strict
-                             as the method needs
   make_settings(hybrid, *, groups)
                              its static, hashable settings from `config.hybrid` (`ctx.settings`)
   init(ctx, params, rng)     its state: a pytree of fixed-shape arrays (or None); `rng` is the
                              hybrid state's key before the state keeps `split(rng, 3)[0]`
+
 Optional (the default in brackets)
+  CONFIG_KEY                 the key of its block under `config.hybrid` [None: it has none]
+  CONFIG                     that block declared once: {dotted field: (default, check)}, the checks
+                             from `hybridjax.fields` [no block]; or, instead, the two below
+  default_config()           the block's defaults (an `ml_collections.ConfigDict`)
+  FIELDS                     {dotted field inside the block: check} [{}]
+  check(config)              problems across the whole config, a list of strings that each name the
+                             field and the fix ([] when it can run) [none]
   real_step(ctx, state, batch, schedule) -> (state, hybrid.context.StepInfo)
                              its real step, a pure function [the baseline's,
                              `hybrid.real_step.baseline_step`]. Every transition returns the whole
@@ -28,7 +31,6 @@ Optional (the default in brackets)
                              advanced as the change of `train.step`
   predict_step, correct_step the predicted step and the CORRECT entry, as `real_step` [the real
                              step]; the three are indexed by `hybrid.phases.Branch`
-  FIELDS                     {field path inside its block: check} from `fields.check_*` [{}]
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]
   BATCHES_PER_STEP           the task's batches each step receives, concatenated along the batch

@@ -18,14 +18,8 @@ from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext
 
 NAME = "outer_momentum"
-CONFIG_KEY = None  # its settings are `optim.outer_every`, `optim.outer_eta`, `optim.outer_mu`
-COMPOSES_WITH: frozenset[str] = frozenset()
-ADVANCES_SCHEDULE = False
-CONTROL = None  # its control is the baseline itself
-
-
-def default_config() -> None:
-  return None
+# No block of its own: its settings are `optim.outer_every`, `optim.outer_eta` and `optim.outer_mu`.
+# Its control arm is the baseline itself (no CONTROL).
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:

@@ -1,4 +1,4 @@
-"""The jump predictor (`hybrid.predictor='jump'`): long moves along the drift of the averaged iterate.
+"""The jump predictor (`hybrid.method='jump'`): long moves along the drift of the averaged iterate.
 
 A jump of k steps stands in for k real steps (docs/design.md, "Jumps"):
 
@@ -12,7 +12,7 @@ EMAs by the move keeps r as it was and puts the averaged model where the move pu
 With outer momentum (`optim.outer_every` > 0) the drift is m (1 - mu) / K instead, and outer
 momentum's slow params move with the jump (no slow EMA is kept: two params-sized buffers, m and slow).
 
-s_g is the per-group scale (`Controller.group_scale`, 1), s the candidate's move scale.
+s_g is the per-group scale (`JumpTracker.group_scale`, 1), s the candidate's move scale.
 
 At a PREDICT step (`jump_step`) the candidates (k, s) in `hybrid.jump.horizons` x `hybrid.jump.scales`
 are scored one at a time

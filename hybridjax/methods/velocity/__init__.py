@@ -47,6 +47,8 @@ CONTROL = {"velocity.zero_alpha": True}
 def default_config() -> ml_collections.ConfigDict:
   """The `hybrid.velocity` block."""
   c = ml_collections.ConfigDict()
+  c.validate_every = 2  # forward-pass validation every N predicted steps (and at the horizon)
+  c.divergence_tolerance = 0.05  # relative excess of real over predicted loss that ends PREDICT
   c.beta = 0.99  # EMA factor of the trajectory memory: slow, so it tracks the drift
   c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
   c.zero_alpha = False  # True: the control arm, predicted steps move nothing (alpha = 0)
@@ -68,6 +70,8 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 FIELDS = {
+  "validate_every": fields.check_int(1),
+  "divergence_tolerance": fields.check_num(0.0, lo_open=True),
   "beta": fields.check_num(0.0, 1.0, hi_open=True),
   "constant_alpha": fields.check_num(0.0, 10.0),
   "zero_alpha": fields.check_bool,
@@ -133,6 +137,8 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
     corrector_capacity=v.corrector.history,
     accuracy_window=v.accuracy_window,
     history_size=v.history_size,
+    validate_every=v.validate_every,
+    divergence_tolerance=float(v.divergence_tolerance),
   )
 
 
@@ -146,7 +152,9 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> VelocityState:
     dynamics=dynamics_lib.init_dynamics(dyn_rng, s.rssm),
     corrector=corrector_lib.init_corrector(corr_rng, f, s.corrector_capacity, s.corrector_hidden, s.corrector_lr),
     history=trajectory_lib.init_history(s.history_size, f, g),
-    plan=init_plan(max_predict_steps=ctx.hmax, n_groups=g, feature_dim=f, accuracy_window=s.accuracy_window),
+    plan=init_plan(
+      max_predict_steps=ctx.control.max_predict_steps, n_groups=g, feature_dim=f, accuracy_window=s.accuracy_window
+    ),
   )
 
 

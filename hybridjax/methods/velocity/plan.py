@@ -95,3 +95,5 @@ class VelocitySettings:
   corrector_capacity: int
   accuracy_window: int
   history_size: int
+  validate_every: int  # a forward-pass validation every N predicted steps (and at the horizon)
+  divergence_tolerance: float  # relative excess of measured over predicted loss that ends PREDICT

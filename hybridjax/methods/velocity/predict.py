@@ -35,7 +35,7 @@ def predict_step(
   tr, c, groups = state.train, state.controller, ctx.groups
   m: VelocityState = state.method
   p = m.plan
-  k = jnp.clip(c.steps_in_phase - p.plan_offset, 0, ctx.hmax - 1)
+  k = jnp.clip(c.steps_in_phase - p.plan_offset, 0, ctx.control.max_predict_steps - 1)
   alpha = p.plan_alpha[k]
   # A non-finite plan (a diverged dynamics model) never moves the params: it ends the phase as a
   # non-finite prediction instead, and the segment so far is rolled back.
@@ -44,14 +44,14 @@ def predict_step(
   params = groups_lib.add_scaled_by_group(groups, tr.params, alpha, m.velocity)
   since_good = p.alpha_since_good + alpha
 
-  validate = (((k + 1) % ctx.control.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
+  validate = (((k + 1) % ctx.settings.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
   loss = jax.lax.cond(
     validate, lambda p: ctx.loss_fn(p, batch)[0].astype(jnp.float32), lambda p: jnp.ones((), jnp.float32), params
   )
   logloss = groups_lib.safe_log(loss)
   predicted = p.plan_logloss[k]
   finite = jnp.isfinite(logloss)
-  tol = jnp.log1p(ctx.control.divergence_tolerance)
+  tol = jnp.log1p(ctx.settings.divergence_tolerance)
   nonfinite_prediction = (validate & ~finite) | bad_plan
   diverged = validate & finite & ~bad_plan & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
   good = validate & finite & ~diverged & ~bad_plan
@@ -71,14 +71,14 @@ def predict_step(
     corr = corrector_lib.add_residual(
       corr,
       p.plan_x,
-      (k + 1).astype(jnp.float32) / ctx.hmax,
+      (k + 1).astype(jnp.float32) / ctx.control.max_predict_steps,
       logloss - p.plan_raw_logloss[k],
       target_log_scale,
       observed,
     )
     corr, _ = corrector_lib.train_corrector(corr, ctx.settings.corrector_hidden, ctx.settings.corrector_lr, observed)
 
-  acc = controller_lib.accuracy(p, ctx.control.divergence_tolerance)
+  acc = controller_lib.accuracy(p, ctx.settings.divergence_tolerance)
   p = p.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc)
   c = c.replace(confidence=p.agreement * acc)
   new_state = state.replace(train=moved_train_state(tr, params), method=m.replace(corrector=corr, plan=p), controller=c)

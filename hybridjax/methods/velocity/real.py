@@ -155,12 +155,12 @@ def plan_predict_phase(
   A real step inside PREDICT (a micro-correction) commits the segment so far and restarts the plan;
   a non-finite one keeps the old plan and rolls the segment back.
   """
-  imagined = dynamics_lib.imagine(dynamics, window, ctx.hmax, rng, ctx.settings.rssm)
+  imagined = dynamics_lib.imagine(dynamics, window, ctx.control.max_predict_steps, rng, ctx.settings.rssm)
   # Re-anchor the imagined curve on the smoothed loss: one batch's loss is too noisy a start.
   ens_logloss = imagined["logloss"] - logloss + c.ema_fast
   raw_logloss = jnp.mean(ens_logloss, axis=0)
   raw_alpha = jnp.mean(imagined["alpha"], axis=0)
-  pos = (jnp.arange(ctx.hmax, dtype=jnp.float32) + 1.0) / ctx.hmax
+  pos = (jnp.arange(ctx.control.max_predict_steps, dtype=jnp.float32) + 1.0) / ctx.control.max_predict_steps
   if ctx.settings.corrector_enabled:
     delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, ctx.settings.corrector_hidden)
   else:
@@ -172,8 +172,8 @@ def plan_predict_phase(
     plan_alpha = jnp.zeros_like(raw_alpha)
   else:
     plan_alpha = raw_alpha * jnp.exp(log_scale)[:, None]
-  agree = agreement(ens_logloss, ctx.control.divergence_tolerance)
-  acc = controller_lib.accuracy(p, ctx.control.divergence_tolerance)
+  agree = agreement(ens_logloss, ctx.settings.divergence_tolerance)
+  acc = controller_lib.accuracy(p, ctx.settings.divergence_tolerance)
 
   in_predict = c.phase == Phase.PREDICT
   rollback = jnp.where(in_predict & ~finite, p.alpha_since_good, 0.0)
