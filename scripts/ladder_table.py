@@ -7,7 +7,7 @@ Every cell comes from `docs/results/ladder/ladder-<preset>.json`, which
 `python -m experiments.benchmark --config=experiments/configs/benchmark.py:<preset>
 --config.benchmark.ladder=True --config.benchmark.publish=docs/results/ladder` writes (with the full
 per-rung tables in ladder-<preset>.md); tests/test_docs.py checks that the README's tables are this
-script's output and tests/test_ladder.py that every figure in the files recomputes from their runs.
+script's output and tests/bench/test_ladder.py that every figure in the files recomputes from their runs.
 """
 
 from __future__ import annotations

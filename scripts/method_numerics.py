@@ -2,7 +2,7 @@
 
 Each built-in method trains the `tiny,micro` GPT-2 for 300 steps through `train()` on a config that
 visits each of its phases; the record keeps every logged training loss, the final eval loss and a
-checksum of the final params (as the float32 bits, summed per leaf). `tests/test_numerics.py`
+checksum of the final params (as the float32 bits, summed per leaf). `tests/methods/test_numerics.py`
 re-runs them and compares with `tests/data/method_numerics.json`.
 
   python scripts/method_numerics.py --write     # re-record (only when numerics are meant to change)
@@ -135,7 +135,7 @@ QUICK_RECORD = os.path.join(ROOT, "tests", "data", "quick_numerics.json")
 def quick_numerics(stored: dict[str, Any]) -> dict[str, Any]:
   """What the `quick` protocol computed (its benchmark.json less timings and dates): the anchors'
   budget curves, every tuning run's loss, and each method run's losses and step counts.
-  `tests/test_benchmark.py` compares it with `tests/data/quick_numerics.json`; run that test with
+  `tests/bench/test_benchmark.py` compares it with `tests/data/quick_numerics.json`; run that test with
   HYBRIDJAX_WRITE_NUMERICS=1 to re-record it."""
   return {
     "curves": stored["curves"],

@@ -14,10 +14,14 @@ import os
 
 import pytest
 
+# The repository's root and the tests' shared data (tests/data/), wherever a test module sits.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_DATA = os.path.join(ROOT, "tests", "data")
+
 # Keep tests off the user's caches and make CPU runs deterministic and quiet. Compiling dominates
 # the suite's run time: LLVM at -O0 cuts XLA's CPU compile time severalfold (the tests check
 # results, never speed). Set XLA_FLAGS to run the suite at another optimisation level;
-# tests/test_train.py::test_bit_exact_claims_at_default_xla_optimization (slow) re-runs the
+# tests/loop/test_train.py::test_bit_exact_claims_at_default_xla_optimization (slow) re-runs the
 # bit-exact tests at XLA's default level.
 XLA_TEST_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
@@ -68,8 +72,7 @@ def load_script(name: str):
 
   mod_name = f"_script_{name}"
   if mod_name not in sys.modules:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(root, "scripts", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(ROOT, "scripts", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     spec.loader.exec_module(module)
@@ -85,20 +88,33 @@ def run_experiment(config, workdir, hooks=None) -> dict:
   return train_lib.train(config, str(workdir), hooks=hooks, **task.train_kwargs())
 
 
+def restore_checkpoint(workdir, abstract_state, step=None):
+  """(step, state, meta) of checkpoint `step` (default: the latest) in `workdir`, restored into
+  `abstract_state` (a driver's `abstract_state()`)."""
+  from hybridjax import checkpoint as ckpt_lib
+
+  manager = ckpt_lib.make_manager(os.path.join(str(workdir), "checkpoints"))
+  try:
+    step = manager.latest_step() if step is None else step
+    state, meta = ckpt_lib.restore(manager, step, abstract_state)
+  finally:
+    manager.close()
+  return step, state, meta
+
+
+def abstract_driver_state(config, task) -> object:
+  """The abstract state of `config`'s driver for a task's `init_params` and `loss_fn`."""
+  from hybridjax.loop import train as train_lib
+
+  return train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"]).abstract_state()
+
+
 def restore_latest(workdir, config):
   """(step, state) of the latest checkpoint in `workdir`, restored as `config`'s driver state."""
   from experiments import gpt2_small
-  from hybridjax import checkpoint as ckpt_lib
-  from hybridjax.loop import train as train_lib
 
   task = gpt2_small.build_task(config)
-  driver = train_lib.make_driver(config, init_params=task.init_params, loss_fn=task.loss_fn)
-  manager = ckpt_lib.make_manager(os.path.join(str(workdir), "checkpoints"))
-  try:
-    step = manager.latest_step()
-    state, _ = ckpt_lib.restore(manager, step, driver.abstract_state())
-  finally:
-    manager.close()
+  step, state, _ = restore_checkpoint(workdir, abstract_driver_state(config, task.train_kwargs()))
   return step, state
 
 
@@ -199,14 +215,14 @@ def small_hybrid_config(**overrides):
 # first (rough seconds on 2 unloaded cores), so the last to finish is a short one.
 _UNITS = {
   name: "hybrid steps"
-  for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_hybrid_step.py", "test_memory.py")
+  for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_velocity.py", "test_memory.py")
 }
 _COST = {
   "hybrid steps": 160,
   "test_reliability.py": 95,
   "test_train.py": 45,
   "test_plotting.py": 35,
-  "test_dynamics.py": 25,
+  "test_rssm.py": 25,
   "test_optim.py": 25,
   "test_models.py": 15,
   "test_data.py": 10,

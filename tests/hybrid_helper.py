@@ -1,4 +1,4 @@
-"""The hybrid test problem shared by the step-level test modules (test_hybrid_step, test_controller,
+"""The hybrid test problem shared by the step-level test modules (test_velocity, test_controller,
 test_corrector, test_memory): the small MLP regression problem, its optimizer and schedule, and
 compiled, donating step functions per hybrid config.
 
@@ -30,7 +30,7 @@ from hybridjax.methods.velocity import predict as predict_lib
 from hybridjax.models import mlp
 
 # The run length the hybrid context is compiled for (`HybridContext.total_steps`, the progress
-# feature): that of the `train` runs in tests/test_drivers.py and tests/test_memory.py
+# feature): that of the `train` runs in tests/loop/test_drivers.py and tests/test_memory.py
 # (`train_config`), so that they run these very programs (loaded from the compilation cache). The
 # learning-rate schedule is a runtime argument: `SCHEDULE` spans the longest run here.
 CTX_STEPS = 40

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import cached, micro_config, restore_latest, run_experiment
+from conftest import abstract_driver_state, cached, micro_config, restore_checkpoint, restore_latest, run_experiment
 
 import hybridjax
 from hybridjax import config as config_lib
@@ -179,17 +179,8 @@ def test_export_params_of_a_run_that_did_not_average_says_so(tmp_path, jax_cache
 
 
 def _restore_mlp(workdir, config):
-  from hybridjax import checkpoint as ckpt_lib
-  from hybridjax.loop import train as train_lib
-
-  task = _mlp_task()
-  driver = train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"])
-  manager = ckpt_lib.make_manager(os.path.join(str(workdir), "checkpoints"))
-  try:
-    step = manager.latest_step()
-    return step, ckpt_lib.restore(manager, step, driver.abstract_state())[0]
-  finally:
-    manager.close()
+  step, state, _ = restore_checkpoint(workdir, abstract_driver_state(config, _mlp_task()))
+  return step, state
 
 
 def test_a_gpt2_run_writes_hugging_face_safetensors(tmp_path, jax_cache):

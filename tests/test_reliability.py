@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 import pytest
 import reliability_helper as rh
-from conftest import cached, micro_config
+from conftest import cached, micro_config, restore_checkpoint
 from hypothesis import strategies as st
 
 from experiments import gpt2_small as experiment
@@ -79,11 +79,7 @@ def _abstract_state(config, task):
 
 
 def _restore(workdir, step, abstract):
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
-  try:
-    return ckpt_lib.restore(manager, step, abstract)
-  finally:
-    manager.close()
+  return restore_checkpoint(workdir, abstract, step)[1:]
 
 
 def _finite(tree) -> bool:

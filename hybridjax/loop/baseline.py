@@ -3,7 +3,7 @@ that needs the run's raw numbers rather than a workdir (the benchmark's anchors,
 scripts, the tests).
 
 `make_train_step` is the one jitted, donating baseline step: `loop.drivers.BaselineDriver` jits it
-so, and so does `run`, so a run here computes the bits `train()` computes (tests/test_benchmark.py
+so, and so does `run`, so a run here computes the bits `train()` computes (tests/bench/test_benchmark.py
 checks it). Beside the train state's own average, `run` keeps side averages of the params at other
 betas (the benchmark's tuning picks the averaging beta from them, the jump diagnostics their slow
 EMA), evaluates at fixed intervals or given steps, and calls a diagnostic's hook after each step.

@@ -13,7 +13,7 @@ import chex
 import hybrid_helper as hh
 import pytest
 import reliability_helper as rh
-from conftest import cached
+from conftest import abstract_driver_state, cached, restore_checkpoint
 
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import writers
@@ -40,12 +40,10 @@ def _records(workdir):
 
 
 def _restore(workdir, config, step=None):
-  task = rh.mlp_task()
-  driver = train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"])
+  _, state, meta = restore_checkpoint(workdir, abstract_driver_state(config, rh.mlp_task()), step)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"))
   try:
     steps = list(manager.all_steps())
-    state, meta = ckpt_lib.restore(manager, step or manager.latest_step(), driver.abstract_state())
   finally:
     manager.close()
   return state, meta, steps

@@ -50,7 +50,7 @@ def test_branches_are_the_three_transitions():
 def test_real_steps_equal_baseline_steps_bit_exactly():
   # Before its first PREDICT phase a hybrid run takes only real steps (WARMUP, FULL): each is the
   # baseline's optimizer step, bit for bit, with the trajectory bookkeeping beside it. (With
-  # prediction off for a whole run, through `train`: tests/test_train.py.)
+  # prediction off for a whole run, through `train`: tests/loop/test_train.py.)
   s = hh.setup()
   n = s.ctx.control.warmup_steps + s.ctx.control.full_steps
   state, trace = s.run(n)
@@ -267,7 +267,7 @@ def test_fused_switch_and_scan_equal_host_dispatch():
   fused, tf = s.run(48, dispatch="switch")
   state = s.init_state()
   ts = []
-  k = 4  # as tests/test_drivers.py's K=4 run: the same program
+  k = 4  # as tests/loop/test_drivers.py's K=4 run: the same program
   for start in range(0, 48, k):
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[hh.batch(i) for i in range(start, start + k)])
     state, m = s.multi(state, stacked, hh.SCHEDULE)

@@ -1,6 +1,6 @@
 """The fairness ladder's pure parts (`hybridjax.bench.ladder`): each rung's baseline condition, the
 plateau flags, the R0 nulls and the checks on its fields. The ladder run itself is tested on the
-quick protocol's runs in tests/test_benchmark.py."""
+quick protocol's runs in tests/bench/test_benchmark.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
@@ -139,7 +140,7 @@ def test_bad_ladder_settings_name_the_field():
     assert text in str(e.value)
 
 
-PUBLISHED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+PUBLISHED = os.path.join(ROOT, "docs", "results")
 
 
 def _published():

@@ -14,13 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import TEST_DATA
 
 from experiments.configs import gpt2_small
 from hybridjax import config as config_lib
 from hybridjax import optim
 from hybridjax.models import gpt2
 
-REFERENCE = os.path.join(os.path.dirname(__file__), "data", "gpt2_plain_reference.npz")
+REFERENCE = os.path.join(TEST_DATA, "gpt2_plain_reference.npz")
 BASE = gpt2.GPT2Config(vocab_size=256, n_ctx=16, n_layer=2, n_head=2, d_model=32)
 TOKENS = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)
 ALL_ON = dict(

@@ -274,7 +274,7 @@ def _records(workdir, kind):
     return [r for r in map(json.loads, f) if r.get("kind", "train") == kind]
 
 
-@pytest.mark.slow  # the default suite trains jump runs through `train()` in tests/test_benchmark.py
+@pytest.mark.slow  # the default suite trains jump runs through `train()` in tests/bench/test_benchmark.py
 def test_a_jump_run_counts_backward_passes_batches_and_skipped_steps(tmp_path, jax_cache):
   c = cached(_jump_config(), jax_cache)
   c.trainer.update(eval_every=25, log_every=10)

@@ -12,14 +12,12 @@ import time
 import chex
 import numpy as np
 import pytest
-from conftest import cached, micro_config, restore_latest
+from conftest import ROOT, cached, micro_config, restore_latest
 from conftest import run_experiment as _run
 
 from hybridjax import writers
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _records(workdir, kind="train"):
@@ -87,7 +85,7 @@ def test_resume_refuses_other_config(tmp_path, jax_cache):
 
 
 # Both dispatches run with the slow tests (CI): the default suite's budget; the transitions' own
-# equality with the baseline step is checked in tests/test_hybrid_step.py.
+# equality with the baseline step is checked in tests/methods/test_velocity.py.
 @pytest.mark.parametrize(
   "dispatch", [pytest.param("switch", marks=pytest.mark.slow), pytest.param("host", marks=pytest.mark.slow)]
 )
@@ -124,10 +122,10 @@ def test_bit_exact_claims_at_default_xla_optimization(tmp_path):
   # The suite compiles at LLVM -O0 (tests/conftest.py: compiling dominates its run time). The
   # bit-exact claims must hold for the programs users run: the same tests at the default level.
   tests = [
-    "tests/test_train.py::test_hybrid_without_prediction_equals_baseline_through_train",
-    "tests/test_hybrid_step.py::test_real_steps_equal_baseline_steps_bit_exactly",
-    "tests/test_hybrid_step.py::test_fused_switch_and_scan_equal_host_dispatch",
-    "tests/test_drivers.py",
+    "tests/loop/test_train.py::test_hybrid_without_prediction_equals_baseline_through_train",
+    "tests/methods/test_velocity.py::test_real_steps_equal_baseline_steps_bit_exactly",
+    "tests/methods/test_velocity.py::test_fused_switch_and_scan_equal_host_dispatch",
+    "tests/loop/test_drivers.py",
   ]
   env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false", JAX_PLATFORMS="cpu")
   r = subprocess.run(

@@ -12,14 +12,12 @@ import types
 import chex
 import jax
 import pytest
-from conftest import straight_and_resumed
+from conftest import ROOT, abstract_driver_state, restore_checkpoint, straight_and_resumed
 
 import hybridjax
 from hybridjax import config as config_lib
 from hybridjax import registry
 from hybridjax.models import mlp
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def method_source() -> str:
@@ -83,18 +81,8 @@ def _run(config, workdir, hooks=None):
 
 
 def _restore(workdir, config):
-  from hybridjax import checkpoint as ckpt_lib
-  from hybridjax.loop import train as train_lib
-
-  task = _task()
-  config = config_lib.with_method_block(config)
-  driver = train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"])
-  manager = ckpt_lib.make_manager(os.path.join(str(workdir), "checkpoints"))
-  try:
-    step = manager.latest_step()
-    return step, ckpt_lib.restore(manager, step, driver.abstract_state())[0]
-  finally:
-    manager.close()
+  step, state, _ = restore_checkpoint(workdir, abstract_driver_state(config_lib.with_method_block(config), _task()))
+  return step, state
 
 
 @pytest.mark.slow

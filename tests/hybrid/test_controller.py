@@ -236,7 +236,7 @@ class TransitionVariantsTest(chex.TestCase):
 def test_confidence_gate_decides_when_to_predict():
   # The MLP's confidences range over roughly 0.3-0.85 (0.55-0.8 in the first FULL phase); at 0.8
   # the gate must refuse some eligible steps and admit others. (The context also has the corrector
-  # off: `hh.GATED` serves tests/test_corrector.py too.)
+  # off: `hh.GATED` serves tests/methods/test_corrector.py too.)
   s = hh.setup(**hh.GATED)
   threshold = s.ctx.control.confidence_threshold
   assert threshold == 0.8

@@ -13,7 +13,7 @@ import chex
 import jax
 import ml_collections
 import pytest
-from conftest import cached, load_script, micro_config
+from conftest import ROOT, cached, load_script, micro_config
 
 from experiments import benchmark
 from experiments import gpt2_small as experiment
@@ -28,8 +28,6 @@ from hybridjax.bench.anchor_run import run_anchor
 from hybridjax.bench.method_run import run_method
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import train as train_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench_config(**benchmark_overrides):
