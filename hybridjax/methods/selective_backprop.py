@@ -30,23 +30,12 @@ from hybridjax.optim import Batch, Schedule, per_example_losses
 
 NAME = "selective_backprop"
 CONFIG_KEY = "selective"
-COMPOSES_WITH: frozenset[str] = frozenset()
-ADVANCES_SCHEDULE = False
 BATCHES_PER_STEP = 2  # the loop hands each step two of the task's batches, concatenated: 2B sequences
 CONTROL = {"selective.random": True}  # the same 2B and the same cost, a random B backpropagated
 
-FIELDS = {"random": fields.check_bool}
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.random = False  # True: the control arm, a random B of the 2B backpropagated
-  return c
-
-
-def check(config: ml_collections.ConfigDict) -> list[str]:
-  del config  # any batch size works: a step receives BATCHES_PER_STEP whole batches and keeps one's worth
-  return []
+# True: the control arm, a random B of the 2B backpropagated. Any batch size works: a step receives
+# BATCHES_PER_STEP whole batches and keeps one's worth, so the method has no check across fields.
+CONFIG = {"random": (False, fields.check_bool)}
 
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> tuple[bool]:

@@ -45,7 +45,7 @@ class SelectTest(chex.TestCase):
 def _context(random: bool):
   h = small_hybrid_config()
   h.method = "selective_backprop"
-  h.selective = sb.default_config()
+  h.selective = registry.load_method("selective_backprop").default_config()
   h.selective.random = random
   params = rh_params()
   tx = optim.make_optimizer(rh.mlp_config().optim)
@@ -112,7 +112,7 @@ def test_a_method_that_declares_a_bad_batch_count_is_refused_by_name():
 @pytest.mark.parametrize("random", [False, True])
 def test_a_run_charges_its_scoring_forwards_and_selects_the_hardest(random, tmp_path):
   c = rh.mlp_config(steps=20, **method_config())
-  c.hybrid.selective = sb.default_config()
+  c.hybrid.selective = registry.load_method("selective_backprop").default_config()
   c.hybrid.selective.random = random
   summary = train_lib.train(c, str(tmp_path), **rh.mlp_task())
   assert summary["backward_passes"] == 20 and summary["validation_forwards"] == 2 * 20

@@ -42,65 +42,41 @@ TIME_BRANCHES = (Branch.PREDICT_STEP,)
 TRACE_ONLY = frozenset({"jump_k", "jump_scale", "probe_gain", "expected_gain", "forecast_agreement", "snapshot"})
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """The `hybrid.jump` block (the jump needs `trainer.averaging='ema'`, whose EMA is the drift's fast one)."""
-  c = ml_collections.ConfigDict(
-    dict(
-      horizons=(50, 100, 200),  # candidate k (schedule steps a jump advances), scored one at a time
-      scales=(1.0,),  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
-      every=100,  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
-      margin=0.0,  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
-      trend_credit=0.0,  # and by this fraction of the k real steps' expected progress (1: all of it)
-      slow_beta=0.998,  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
-      # > 0: the slow EMA lags this many times the averaging EMA instead, whatever its beta:
-      # slow_beta = 1 - (1 - trainer.averaging_beta) / ratio (2: 0.995 at 0.99); 0 = slow_beta
-      slow_lag_ratio=0.0,
-      start_fraction=0.05,  # no jump before this fraction of the run
-      stop_fraction=0.6,  # nor one that would end past this fraction (the late, low-LR part)
-      skip_control=False,  # True: an accepted jump advances the schedule by k, moving no weight
-      forecast="none",  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
-    )
-  )
+# The `hybrid.jump` block: {field: (default, check)}. The jump needs `trainer.averaging='ema'`, whose
+# EMA is the drift's fast one.
+CONFIG = {
+  # candidate k (schedule steps a jump advances), scored one at a time
+  "horizons": ((50, 100, 200), fields.check_int_tuple(1)),
+  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
+  "scales": ((1.0,), fields.check_num_tuple(0.0)),
+  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
+  "every": (100, fields.check_int(1)),
+  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
+  "margin": (0.0, fields.check_num(-1.0, 1.0, hi_open=True)),
+  # and by this fraction of the k real steps' expected progress (1: all of it)
+  "trend_credit": (0.0, fields.check_num(0.0)),
+  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
+  "slow_beta": (0.998, fields.check_num(0.0, 1.0, lo_open=True, hi_open=True)),
+  # > 0: the slow EMA lags this many times the averaging EMA instead, whatever its beta:
+  # slow_beta = 1 - (1 - trainer.averaging_beta) / ratio (2: 0.995 at 0.99); 0 = slow_beta
+  "slow_lag_ratio": (0.0, fields.check_num(0.0)),
+  "start_fraction": (0.05, fields.check_num(0.0, 1.0)),  # no jump before this fraction of the run
+  "stop_fraction": (0.6, fields.check_num(0.0, 1.0)),  # nor one that would end past this fraction (low LR)
+  "skip_control": (False, fields.check_bool),  # True: an accepted jump advances the schedule by k, moving no weight
+  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
+  "forecast": ("none", fields.check_choice("none", "rssm")),
   # The RSSM forecaster (forecast='rssm'; docs/design.md "Forecast"):
-  c.forecaster = ml_collections.ConfigDict(
-    dict(
-      every=50,  # real steps between snapshots (one RSSM entry; the RSSM trains here)
-      history=32,  # snapshots kept: the RSSM's training window
-      train_steps=4,  # RSSM optimizer steps per snapshot
-      min_agreement=0.5,  # exp(-std/|mean|) of the members' expected gains a candidate needs
-      max_scale=2.0,  # s_g is clipped to [0, max_scale]
-      deter=32,  # the forecaster's RSSM: GRU state size
-      latent=8,  # its Gaussian latent size
-      hidden=32,  # its MLP width
-      ensemble=3,  # members (their disagreement on the expected gain is the gate)
-      learning_rate=3e-3,  # its Adam learning rate
-    )
-  )
-  return c
-
-
-FIELDS = {
-  "horizons": fields.check_int_tuple(1),
-  "every": fields.check_int(1),
-  "scales": fields.check_num_tuple(0.0),
-  "trend_credit": fields.check_num(0.0),
-  "margin": fields.check_num(-1.0, 1.0, hi_open=True),
-  "slow_beta": fields.check_num(0.0, 1.0, lo_open=True, hi_open=True),
-  "slow_lag_ratio": fields.check_num(0.0),
-  "start_fraction": fields.check_num(0.0, 1.0),
-  "stop_fraction": fields.check_num(0.0, 1.0),
-  "skip_control": fields.check_bool,
-  "forecast": fields.check_choice("none", "rssm"),
-  "forecaster.every": fields.check_int(1),
-  "forecaster.history": fields.check_int(4, 4096),
-  "forecaster.train_steps": fields.check_int(0),
-  "forecaster.min_agreement": fields.check_num(0.0, 1.0),
-  "forecaster.max_scale": fields.check_num(0.0, lo_open=True),
-  "forecaster.deter": fields.check_int(1),
-  "forecaster.latent": fields.check_int(1),
-  "forecaster.hidden": fields.check_int(1),
-  "forecaster.ensemble": fields.check_int(2),
-  "forecaster.learning_rate": fields.check_num(0.0, lo_open=True),
+  "forecaster.every": (50, fields.check_int(1)),  # real steps between snapshots (one RSSM entry; it trains here)
+  "forecaster.history": (32, fields.check_int(4, 4096)),  # snapshots kept: the RSSM's training window
+  "forecaster.train_steps": (4, fields.check_int(0)),  # RSSM optimizer steps per snapshot
+  # exp(-std/|mean|) of the members' expected gains a candidate needs
+  "forecaster.min_agreement": (0.5, fields.check_num(0.0, 1.0)),
+  "forecaster.max_scale": (2.0, fields.check_num(0.0, lo_open=True)),  # s_g is clipped to [0, max_scale]
+  "forecaster.deter": (32, fields.check_int(1)),  # the forecaster's RSSM: GRU state size
+  "forecaster.latent": (8, fields.check_int(1)),  # its Gaussian latent size
+  "forecaster.hidden": (32, fields.check_int(1)),  # its MLP width
+  "forecaster.ensemble": (3, fields.check_int(2)),  # members (their disagreement on the gain is the gate)
+  "forecaster.learning_rate": (3e-3, fields.check_num(0.0, lo_open=True)),  # its Adam learning rate
 }
 
 

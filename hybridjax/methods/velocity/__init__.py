@@ -8,7 +8,7 @@ velocity, planned by an online RSSM (docs/design.md, "Steps").
   CORRECT entry  theta <- theta - sum_g A_g velocity_g: the exact rollback of what diverged, with no
                  snapshot of the params (`correct_step`)
 
-Its state (`hybrid.plan.VelocityState`): the params-sized velocity (sharded like the params), the
+Its state (`plan.VelocityState`): the params-sized velocity (sharded like the params, the default), the
 RSSM, the residual corrector, the history ring buffers and the plan. Its control arm
 (`velocity.zero_alpha`) makes the same decisions with alpha = 0: its predicted steps move no weight.
 """
@@ -38,56 +38,30 @@ from hybridjax.models import rssm as dynamics_lib
 
 NAME = "velocity"
 CONFIG_KEY = "velocity"
-COMPOSES_WITH: frozenset[str] = frozenset()
-ADVANCES_SCHEDULE = False  # every step advances the schedule by one and uses its batch
 # The control arm: the same decisions, but no predicted step moves a weight (alpha = 0).
 CONTROL = {"velocity.zero_alpha": True}
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """The `hybrid.velocity` block."""
-  c = ml_collections.ConfigDict()
-  c.validate_every = 2  # forward-pass validation every N predicted steps (and at the horizon)
-  c.divergence_tolerance = 0.05  # relative excess of real over predicted loss that ends PREDICT
-  c.beta = 0.99  # EMA factor of the trajectory memory: slow, so it tracks the drift
-  c.constant_alpha = 0.0  # > 0: ablation, every predicted step uses this alpha (no RSSM)
-  c.zero_alpha = False  # True: the control arm, predicted steps move nothing (alpha = 0)
-  c.history_size = 64  # ring-buffer length (steps)
-  c.window = 32  # truncated-BPTT window of the dynamics model
-  c.accuracy_window = 8  # recent validations that feed confidence
-  c.rssm = ml_collections.ConfigDict(
-    dict(deter=256, latent=32, hidden=256, ensemble=3, free_bits=1.0, learning_rate=1e-3)
-  )
-  c.corrector = ml_collections.ConfigDict(
-    dict(
-      enabled=True,  # False: plans use the RSSM's raw output; the corrector is never trained
-      hidden=64,
-      learning_rate=1e-3,
-      history=32,
-    )
-  )
-  return c
-
-
-FIELDS = {
-  "validate_every": fields.check_int(1),
-  "divergence_tolerance": fields.check_num(0.0, lo_open=True),
-  "beta": fields.check_num(0.0, 1.0, hi_open=True),
-  "constant_alpha": fields.check_num(0.0, 10.0),
-  "zero_alpha": fields.check_bool,
-  "history_size": fields.check_int(4, 4096),
-  "window": fields.check_int(2),
-  "accuracy_window": fields.check_int(1, 1024),
-  "rssm.deter": fields.check_int(1),
-  "rssm.latent": fields.check_int(1),
-  "rssm.hidden": fields.check_int(1),
-  "rssm.ensemble": fields.check_int(1, 64),
-  "rssm.free_bits": fields.check_num(0.0),
-  "rssm.learning_rate": fields.check_num(0.0, lo_open=True),
-  "corrector.enabled": fields.check_bool,
-  "corrector.hidden": fields.check_int(1),
-  "corrector.learning_rate": fields.check_num(0.0, lo_open=True),
-  "corrector.history": fields.check_int(2, 4096),
+# The `hybrid.velocity` block: {field: (default, check)}.
+CONFIG = {
+  "validate_every": (2, fields.check_int(1)),  # forward-pass validation every N predicted steps (and at the horizon)
+  "divergence_tolerance": (0.05, fields.check_num(0.0, lo_open=True)),  # real over predicted loss excess ending PREDICT
+  "beta": (0.99, fields.check_num(0.0, 1.0, hi_open=True)),  # EMA of the trajectory memory: slow, it tracks the drift
+  "constant_alpha": (0.0, fields.check_num(0.0, 10.0)),  # > 0: ablation, every predicted step uses this alpha (no RSSM)
+  "zero_alpha": (False, fields.check_bool),  # True: the control arm, predicted steps move nothing (alpha = 0)
+  "history_size": (64, fields.check_int(4, 4096)),  # ring-buffer length (steps)
+  "window": (32, fields.check_int(2)),  # truncated-BPTT window of the dynamics model
+  "accuracy_window": (8, fields.check_int(1, 1024)),  # recent validations that feed confidence
+  "rssm.deter": (256, fields.check_int(1)),
+  "rssm.latent": (32, fields.check_int(1)),
+  "rssm.hidden": (256, fields.check_int(1)),
+  "rssm.ensemble": (3, fields.check_int(1, 64)),
+  "rssm.free_bits": (1.0, fields.check_num(0.0)),
+  "rssm.learning_rate": (1e-3, fields.check_num(0.0, lo_open=True)),
+  "corrector.enabled": (True, fields.check_bool),  # False: plans use the RSSM's raw output; no corrector is trained
+  "corrector.hidden": (64, fields.check_int(1)),
+  "corrector.learning_rate": (1e-3, fields.check_num(0.0, lo_open=True)),
+  "corrector.history": (32, fields.check_int(2, 4096)),
 }
 
 
@@ -156,11 +130,6 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> VelocityState:
       max_predict_steps=ctx.control.max_predict_steps, n_groups=g, feature_dim=f, accuracy_window=s.accuracy_window
     ),
   )
-
-
-def shardings(state: VelocityState, like_params: Any, replicated: Any) -> Any:
-  """The velocity is laid out like the params; the rest is small and replicated."""
-  return replicated(state).replace(velocity=like_params(state.velocity))
 
 
 def step_extra(ctx: HybridContext) -> jax.Array:
