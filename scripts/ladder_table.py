@@ -55,14 +55,7 @@ def main() -> None:
   if not args.update:
     print(text)
     return
-  with open(README) as f:
-    readme = f.read()
-  if START not in readme or END not in readme:
-    sys.exit(f"README.md lacks the markers {START} ... {END}")
-  head, rest = readme.split(START, 1)
-  _, tail = rest.split(END, 1)
-  with open(README, "w") as f:
-    f.write(f"{head}{START}\n{text}\n{END}{tail}")
+  report.replace_between_markers(README, START, END, text)
   print(f"updated {README}")
 
 

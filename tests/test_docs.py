@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import runpy
@@ -159,6 +160,32 @@ def test_the_readme_headline_is_the_ladder_generated_from_the_published_runs():
     "README.md's ladder tables differ from docs/results/ladder/: run `python scripts/ladder_table.py --update`"
   )
   assert "**verdict**" in block  # R4-R5 are marked as the verdict
+
+
+def test_the_readme_says_what_trains_faster_from_the_published_recipes():
+  script = runpy.run_path(os.path.join(ROOT, "scripts", "recipe_table.py"))
+  results = script["load"]()
+  assert "long" in results, "docs/results/recipe/ holds no recipe-long.json"
+  readme = _read(os.path.join(ROOT, "README.md"))
+  assert script["START"] in readme and script["END"] in readme
+  block = readme.split(script["START"], 1)[1].split(script["END"], 1)[0].strip()
+  assert block == script["tables"](results), (
+    "README.md's recipe table differs from docs/results/recipe/: run `python scripts/recipe_table.py --update`"
+  )
+
+
+def test_the_readmes_recipe_figures_are_the_published_ones():
+  """The figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio, and its
+  best step's) are those of docs/results/recipe/recipe-long.json."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-long.json")) as f:
+    result = json.load(f)
+  total = result["total_speedup"]
+  best = max(result["figures"], key=lambda r: r["speedup"]["mean"])
+  readme = _read(os.path.join(ROOT, "README.md"))
+  assert f"**{total['mean']:.2f}× fewer steps" in readme
+  assert f"({total['wallclock_ratio']['mean']:.2f}× in wall-clock)" in readme
+  assert f"Muon is the one large gain ({best['speedup']['mean']:.2f}×" in readme and best["name"] == "muon"
+  assert f"the\nrecipe ends at {total['mean']:.2f}×" in readme
 
 
 def test_the_readme_stays_short():

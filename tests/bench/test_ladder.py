@@ -172,6 +172,30 @@ def test_the_published_ladders_recompute_from_their_runs():
     assert os.path.getsize(path[: -len(".json")] + ".png") > 1000
 
 
+def test_the_published_recipes_recompute_from_their_runs():
+  """Every figure of every published recipe, recomputed from the runs stored in it; its report is the
+  report's; every trick of the record is a step, each with at least 3 headline seeds, and the fields
+  the json promises are there."""
+  paths = sorted(glob.glob(os.path.join(PUBLISHED, "recipe", "recipe-*.json")))
+  presets = {}
+  for path in paths:
+    with open(path) as f:
+      r = json.load(f)
+    presets[r["preset"]] = r
+    assert json.loads(json.dumps(recipe.recipe_figures(r))) == r["figures"], path
+    assert r["tricks"] == list(recipe.TRICKS), path  # no trick dropped, in the record's order
+    for row in r["figures"]:
+      assert {"name", "speedup", "seeds", "wallclock_ratio", "vs_previous"} <= set(row)
+      assert row["name"] == "anchor" or "lr" in row
+      assert set(row["speedup"]) >= {"mean", "std", "per_seed"} and len(row["seeds"]) >= 3, (path, row["name"])
+    last = r["figures"][-1]
+    assert r["total_speedup"] == {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
+    with open(path[: -len(".json")] + ".md") as f:
+      assert f.read() == report.recipe_markdown(r) + "\n", path
+    assert os.path.getsize(path[: -len(".json")] + ".png") > 1000
+  assert "long" in presets, "docs/results/recipe/ holds no published recipe-long.json"
+
+
 def test_the_published_protocol_results_are_the_ladders_own_runs():
   """docs/results/<preset>-<family> of the cosine families hold the very runs the ladder's R3-R5 read."""
   for r in _published().values():
