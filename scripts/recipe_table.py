@@ -7,7 +7,7 @@ Every cell comes from `docs/results/recipe/recipe-<preset>.json`, which
 `python -m experiments.benchmark --config=experiments/configs/benchmark.py:<preset>
 --config.benchmark.recipe=True --config.benchmark.publish=docs/results/recipe` writes (with every step
 per seed in recipe-<preset>.md); tests/test_docs.py checks that the README's table is this script's
-output and tests/test_ladder.py that every figure in the files recomputes from their runs.
+output and tests/bench/test_ladder.py that every figure in the files recomputes from their runs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the rest of the suite runs on one device, so this module runs in its own process
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest tests/multidevice_checks.py
 
 (its name keeps the main run from collecting it). Everything uses the small MLP and the
-fast-cycling hybrid config of tests/test_hybrid.py, and one driver per mesh shape: compiling the
+fast-cycling hybrid config of tests/conftest.py (`STD`), and one driver per mesh shape: compiling the
 three step kinds per mesh dominates the run time, so the tests share them (and `_reference_runs`).
 """
 
