@@ -13,6 +13,8 @@ import os
 import re
 import runpy
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "config_reference.py")
 CONFIG_DOC = os.path.join(ROOT, "docs", "config.md")
@@ -149,29 +151,20 @@ def test_the_results_table_is_generated_from_the_published_headlines():
     assert head["preset"] + "-" + head["family"] == name
 
 
-def test_the_readme_headline_is_the_ladder_generated_from_the_published_runs():
-  script = runpy.run_path(os.path.join(ROOT, "scripts", "ladder_table.py"))
-  results = script["load"]()
-  assert "long" in results, "docs/results/ladder/ holds no ladder-long.json"
+@pytest.mark.parametrize("kind", ["ladder", "recipe"])
+def test_the_readmes_tables_are_generated_from_the_published_runs(kind):
+  script = runpy.run_path(os.path.join(ROOT, "scripts", "readme_tables.py"))
+  results = script["load"](kind)
+  assert "long" in results, f"docs/results/{kind}/ holds no {kind}-long.json"
   readme = _read(os.path.join(ROOT, "README.md"))
-  assert script["START"] in readme and script["END"] in readme
-  block = readme.split(script["START"], 1)[1].split(script["END"], 1)[0].strip()
-  assert block == script["tables"](results), (
-    "README.md's ladder tables differ from docs/results/ladder/: run `python scripts/ladder_table.py --update`"
+  start, end = script["markers"](kind)
+  assert start in readme and end in readme
+  block = readme.split(start, 1)[1].split(end, 1)[0].strip()
+  assert block == script["tables"](kind, results), (
+    f"README.md's {kind} table differs from docs/results/{kind}/: run `python scripts/readme_tables.py --update`"
   )
-  assert "**verdict**" in block  # R4-R5 are marked as the verdict
-
-
-def test_the_readme_says_what_trains_faster_from_the_published_recipes():
-  script = runpy.run_path(os.path.join(ROOT, "scripts", "recipe_table.py"))
-  results = script["load"]()
-  assert "long" in results, "docs/results/recipe/ holds no recipe-long.json"
-  readme = _read(os.path.join(ROOT, "README.md"))
-  assert script["START"] in readme and script["END"] in readme
-  block = readme.split(script["START"], 1)[1].split(script["END"], 1)[0].strip()
-  assert block == script["tables"](results), (
-    "README.md's recipe table differs from docs/results/recipe/: run `python scripts/recipe_table.py --update`"
-  )
+  if kind == "ladder":
+    assert "**verdict**" in block  # R4-R5 are marked as the verdict
 
 
 def test_the_readmes_recipe_figures_are_the_published_ones():

@@ -1,0 +1,71 @@
+"""The README's generated tables: the fairness ladder and the speedrun recipe, from the published runs.
+
+  python scripts/readme_tables.py            # print both
+  python scripts/readme_tables.py --update   # rewrite them in README.md (between their markers)
+
+Every cell comes from `docs/results/<kind>/<kind>-<preset>.json`, which `python -m experiments.benchmark
+--config=experiments/configs/benchmark.py:<preset> --config.benchmark.<kind>=True
+--config.benchmark.publish=docs/results/<kind>` writes (with every figure per seed in
+<kind>-<preset>.md); tests/test_docs.py checks that the README's tables are this script's output and
+tests/bench/test_ladder.py that every figure in the files recomputes from their runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+ORDER = ("long", "tiny")  # the headline scale first
+
+sys.path.insert(0, ROOT)
+from hybridjax.bench import report  # noqa: E402
+
+# kind -> (the table over every scale, one scale's line, what its per-seed report holds)
+KINDS = {
+  "ladder": (report.ladder_table, report.ladder_scale, "every figure, per seed"),
+  "recipe": (report.recipe_table, report.recipe_scale, "every step, per seed"),
+}
+
+
+def markers(kind: str) -> tuple[str, str]:
+  """The README lines that enclose `kind`'s table."""
+  return f"<!-- {kind}-table:start -->", f"<!-- {kind}-table:end -->"
+
+
+def load(kind: str) -> dict[str, dict]:
+  """{preset: parsed <kind>-<preset>.json} of every published `kind`, headline scale first."""
+  out = {}
+  for path in glob.glob(os.path.join(ROOT, "docs", "results", kind, f"{kind}-*.json")):
+    with open(path) as f:
+      result = json.load(f)
+    out[result["preset"]] = result
+  return dict(sorted(out.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER)))
+
+
+def tables(kind: str, results: dict[str, dict]) -> str:
+  """`kind`'s table over every published scale, then one line per scale on what it ran."""
+  table, scale, link = KINDS[kind]
+  lines = "\n".join(f"* {scale(r)}; [{link}](docs/results/{kind}/{kind}-{p}.md)." for p, r in results.items())
+  return table(list(results.values())) + "\n\n" + lines
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--update", action="store_true", help="rewrite the tables in README.md")
+  args = parser.parse_args()
+  for kind in KINDS:
+    text = tables(kind, load(kind))
+    if args.update:
+      report.replace_between_markers(README, *markers(kind), text)
+      print(f"updated {kind} table in {README}")
+    else:
+      print(text + "\n")
+
+
+if __name__ == "__main__":
+  main()
