@@ -89,10 +89,12 @@ class StepInfo:
     spike: Any,
     n_groups: int,
     predicted_loss: Any = jnp.nan,
+    rolled_back: Any = False,
     forwards: Any = 0,
     extra: Any = None,
   ) -> StepInfo:
-    """A real step's facts: one backward pass, its batch used, no weight moved by a prediction."""
+    """A real step's facts: one backward pass, its batch used, no weight moved by a prediction
+    (`rolled_back`: it ended a segment the method rolls back at the CORRECT entry)."""
     return make_step_info(
       loss=loss,
       predicted_loss=predicted_loss,
@@ -104,6 +106,7 @@ class StepInfo:
       validated=False,
       diverged=False,
       nonfinite_prediction=False,
+      rolled_back=rolled_back,
       alpha=jnp.zeros((n_groups,)),
       forwards=forwards,
       extra=extra,

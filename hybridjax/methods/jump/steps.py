@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.phases import Phase
 from hybridjax.hybrid.real_step import real_update
 from hybridjax.hybrid.state import Controller, HybridState
@@ -312,17 +312,10 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
       last_scale=group_scales[best],
     )
   new_state = state.replace(train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t))
-  info = make_step_info(
+  info = StepInfo.predicted(
     loss=jnp.where(accept, best_loss, base),  # the probe loss where the params now are
     predicted_loss=base,  # the probe loss without a jump
-    grad_norm=0.0,
-    was_real=False,
-    finite=True,
-    explosion=False,
-    spike=False,
     validated=True,
-    diverged=False,
-    nonfinite_prediction=False,
     alpha=amount,
     forwards=1 + len(j.horizons) * len(j.scales),
     batch_consumed=False,
@@ -394,17 +387,7 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   new_state = state.replace(
     train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t), controller=c
   )
-  info = make_step_info(
-    loss=loss,
-    predicted_loss=jnp.nan,
-    grad_norm=grad_norm,
-    was_real=True,
-    finite=finite,
-    explosion=explosion,
-    spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros_like(t.group_scale),
+  info = StepInfo.real(
+    loss=loss, grad_norm=grad_norm, finite=finite, explosion=explosion, spike=spike, n_groups=ctx.groups.n_groups
   )
   return new_state, info

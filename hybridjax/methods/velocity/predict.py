@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.state import HybridState
 from hybridjax.methods.velocity import corrector as corrector_lib
 from hybridjax.methods.velocity.plan import VelocityState
@@ -82,15 +82,10 @@ def predict_step(
   p = p.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc)
   c = c.replace(confidence=p.agreement * acc)
   new_state = state.replace(train=moved_train_state(tr, params), method=m.replace(corrector=corr, plan=p), controller=c)
-  info = make_step_info(
+  info = StepInfo.predicted(
     # Only a validated step has a measured loss; the plan's value is `predicted_loss`.
     loss=jnp.where(validate, loss, jnp.nan),
     predicted_loss=jnp.exp(predicted),
-    grad_norm=0.0,
-    was_real=False,
-    finite=True,
-    explosion=False,
-    spike=False,
     validated=validate,
     diverged=diverged,
     nonfinite_prediction=nonfinite_prediction,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import trajectory as trajectory_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
+from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.phases import Phase
 from hybridjax.hybrid.real_step import real_update
 from hybridjax.hybrid.state import Controller, HybridState
@@ -234,19 +234,15 @@ def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     controller=c,
     rng=rng,
   )
-  info = make_step_info(
+  info = StepInfo.real(
     loss=loss,
     predicted_loss=jnp.exp(plan.plan_logloss[0]),
     grad_norm=grad_norm,
-    was_real=True,
     finite=finite,
     explosion=explosion,
     spike=spike,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
+    n_groups=ctx.groups.n_groups,
     rolled_back=jnp.any(rollback != 0),
-    alpha=jnp.zeros_like(rollback),
     extra=rollback,
   )
   return new_state, info
