@@ -214,11 +214,8 @@ def muon_labels(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-MUON_GROUPS = ("muon", "muon_qkv", "embed", "head", "scalar")
-
-
 def muon_group_labels(params: Any) -> Any:
-  """The speedrun's parameter groups, a pytree like `params` of labels from `MUON_GROUPS`:
+  """The speedrun's parameter groups, a pytree like `params` of labels:
 
   * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
     orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;

@@ -386,7 +386,7 @@ class GPT2(nn.Module):
     x = _layer_norm("ln_f", cfg)(x)
     if cfg.untied_head:
       head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
-      logits = layers.untied_logits(x, head.astype(dtype))
+      logits = layers.tied_logits(x, head.astype(dtype).T)  # x @ head, head (d, vocab)
     else:
       logits = layers.tied_logits(x, wte.embedding.astype(dtype))
     if cfg.logit_softcap:

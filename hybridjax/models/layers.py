@@ -31,10 +31,3 @@ def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
   lead = x.shape[:-1]
   logits = jnp.dot(x.reshape(-1, x.shape[-1]), embedding.T, preferred_element_type=jnp.float32)
   return logits.reshape(*lead, embedding.shape[0])
-
-
-def untied_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`x @ kernel` for x of shape (..., d) and a (d, vocab) head, in float32, on the flattened rows."""
-  lead = x.shape[:-1]
-  logits = jnp.dot(x.reshape(-1, x.shape[-1]), kernel, preferred_element_type=jnp.float32)
-  return logits.reshape(*lead, kernel.shape[1])
