@@ -34,7 +34,7 @@ from absl import app
 from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import family, ladder, recipe, report, specs, timing
-from hybridjax.bench.runner import Runner
+from hybridjax.bench.runner import make_runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 
@@ -59,7 +59,7 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   )
   for line in notes["lines"]:
     print(line, flush=True)
-  with Runner(workdir, int(b.workers), ladder.compile_cache_dir(config, workdir)) as runner:
+  with make_runner(config, workdir) as runner:
     trained = family.train_family(config, runner, methods)
   print("--- timing (interleaved, this process)", flush=True)
   timed = timing.time_step_kinds(config, trained["tuning"], methods)

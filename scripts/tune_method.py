@@ -34,7 +34,7 @@ from experiments.configs import benchmark as bench_cfg  # noqa: E402
 from hybridjax import plotting  # noqa: E402
 from hybridjax.bench import protocol  # noqa: E402
 from hybridjax.bench import specs as bench_specs  # noqa: E402
-from hybridjax.bench.runner import Runner  # noqa: E402
+from hybridjax.bench.runner import make_runner  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for lr in lrs
     for s in base.benchmark.tuning_seeds
   }
-  runner = Runner(workdir, args.workers, os.path.join(os.path.abspath(workdir), "jax_cache"))
+  base.benchmark.workers = args.workers
+  runner = make_runner(base, workdir)
   try:
     anchor_results = dict(zip(anchors, runner.run(list(anchors.values()), "anchors (tuning seeds, N)")))
     results = runner.run(specs, f"{args.method} variants (tuning seeds)")

@@ -101,7 +101,12 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   )
   # Outer momentum (K, eta, mu) of the arms that use it; (100, 0.8, 0.75) was reported best at 125M.
   outer = (100, 0.8, 0.75)
-  b.workers = 2  # runs in parallel processes, one CPU core each (1 = in this process; use 1 on a GPU)
+  # Who trains the runs (docs/benchmark.md, "Run the ladder on a cluster"); never part of a run's key.
+  b.executor = "local"  # 'local': worker processes on this machine; 'ray': each run a Ray task ('.[cluster]')
+  b.workers = 2  # local: runs in parallel processes, one CPU core each (1 = in this process; use 1 on a GPU)
+  b.cpus_per_run = 1.0  # ray: CPUs each run's task reserves (XLA:CPU runs one thread either way)
+  b.gpus_per_run = 0.0  # ray: GPUs per run; a share such as 0.25 packs 4 runs on one GPU; 0 = on the CPU
+  b.ray_address = ""  # ray: '' starts Ray on this machine; 'auto' or 'host:port' joins a running cluster
   b.eval_points = 10  # evals over each run, for the eval curves (the final eval is always one)
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
   b.timing_steps = 25  # steps per arm and round

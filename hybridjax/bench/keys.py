@@ -134,6 +134,17 @@ def _distributions(modules: Sequence[str]) -> list[str]:
   return sorted(names, key=str.lower)
 
 
+def library_versions(modules: Sequence[str]) -> dict[str, str]:
+  """The version of each installed distribution whose version enters the key ('absent' if none)."""
+  versions = {}
+  for lib in _distributions(modules):
+    try:
+      versions[lib] = metadata.version(lib)
+    except metadata.PackageNotFoundError:
+      versions[lib] = "absent"
+  return versions
+
+
 def code_version(modules: Sequence[str]) -> str:
   """A hash of the source of `modules` and everything they import, and of the libraries' versions."""
   h = hashlib.sha256()
@@ -142,12 +153,24 @@ def code_version(modules: Sequence[str]) -> str:
     h.update(os.path.basename(path).encode())
     with open(path, "rb") as f:
       h.update(f.read())
-  for lib in _distributions(modules):
-    try:
-      h.update(f"{lib} {metadata.version(lib)}".encode())
-    except metadata.PackageNotFoundError:
-      h.update(f"{lib} absent".encode())
+  for lib, version in library_versions(modules).items():
+    h.update(f"{lib} {version}".encode())
   return h.hexdigest()[:16]
+
+
+def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
+  """The folders of the top-level packages (or the files of the top-level modules) that hold the
+  source of `modules` and of what they import: the code a worker on another machine needs."""
+  roots = set()
+  for path in {p for m in modules for p in source_closure(m)}:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(os.path.join(folder, "__init__.py")):
+      roots.add(os.path.abspath(path))  # a module outside any package
+      continue
+    while os.path.exists(os.path.join(os.path.dirname(folder), "__init__.py")):
+      folder = os.path.dirname(folder)
+    roots.add(folder)
+  return tuple(sorted(roots))
 
 
 def spec_modules(spec: dict[str, Any]) -> list[str]:

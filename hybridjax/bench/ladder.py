@@ -40,7 +40,7 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import family, figures, keys, protocol, recipe, report, specs, timing, tuning
-from hybridjax.bench.runner import Runner
+from hybridjax.bench.runner import Runner, make_runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +66,6 @@ GROUP_ORDER = ("cosine", "untuned", "constant", "muon", "speedrun")  # the verdi
 TUNED_GROUPS = ("cosine", "muon", "speedrun")  # the groups that run the protocol's own tuning and budget curves
 CONSTANT_GROUPS = ("untuned", "constant")
 WITHIN = 0.02  # the seed's own criterion: a speedup counts at <= 2% final-loss gap
-
-
-compile_cache_dir = specs.compile_cache_dir
 
 
 names = arms_lib.names
@@ -480,7 +477,7 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
   b = config.benchmark
   n = int(config.trainer.steps)
   print(f"ladder {b.preset}: rungs {b.ladder_rungs}, N={n}; workdir {workdir}", flush=True)
-  with Runner(workdir, int(b.workers), compile_cache_dir(config, workdir)) as runner:
+  with make_runner(config, workdir) as runner:
     groups = train_all(config, runner)
   print("--- timing (interleaved, this process)", flush=True)
   timed: dict[str, Any] = {}

@@ -35,7 +35,7 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import keys, protocol, report, specs, timing, tuning
-from hybridjax.bench.runner import Runner
+from hybridjax.bench.runner import Runner, make_runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +312,7 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
     ]
     return tuning.curve_specs(acfg, lambda f: lr, beta) + first
 
-  with Runner(workdir, int(b.workers), specs.compile_cache_dir(config, workdir)) as runner:
+  with make_runner(config, workdir) as runner:
     tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
     curves = tuning.budget_curves(acfg, runner, tuned)
     configs = step_configs(config, tuned["best_lr"])

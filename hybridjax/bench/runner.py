@@ -1,31 +1,66 @@
-"""The runner: each spec trained once, in worker processes (one CPU core and one XLA thread each) or
-in this one, its result cached on disk under its key.
+"""The runner: each spec trained once, its result cached on disk under its key, by an executor.
+
+Two executors train the runs a cache does not hold (`benchmark.executor`):
+
+* `local` (the default): worker processes on this machine, one CPU core and one XLA thread each
+  (`benchmark.workers`), or this process when `workers` is 1;
+* `ray`: each run a Ray task on a Ray cluster (`hybridjax.bench.cluster`, the `[cluster]` extra).
+
+Either way only this process, the driver, reads and writes the run cache, so a run cached by one
+executor is reused by the other; both run `runs.execute` in a process set up by `runs.init_worker`'s
+rules, so they compute the same bits.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import multiprocessing
 import os
 import time
 from typing import Any
 
+import ml_collections
+
+from hybridjax.bench import specs as specs_lib
+from hybridjax.bench.executor import Executor, LocalExecutor, Todo, describe
 from hybridjax.bench.keys import run_key
-from hybridjax.bench.runs import enable_cache, execute, init_worker
+
+
+class Progress:
+  """Runs done out of total and an ETA, from the steps trained so far (runs differ in length)."""
+
+  def __init__(self, todo: Todo):
+    self.total = len(todo)
+    self.steps_left = sum(int(s["config"]["trainer"]["steps"]) for _, s in todo)
+    self.steps_done = 0
+    self.done = 0
+    self.t0 = time.perf_counter()
+
+  def line(self, result: dict[str, Any]) -> str:
+    self.done += 1
+    self.steps_done += int(result["steps"])
+    self.steps_left -= int(result["steps"])
+    elapsed = time.perf_counter() - self.t0
+    eta = elapsed / self.steps_done * max(self.steps_left, 0) if self.steps_done else 0.0
+    return f"    done {describe(result)} ({elapsed:.0f} s) [{self.done}/{self.total}, ETA {_duration(eta)}]"
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 90:
+    return f"{seconds:.0f} s"
+  if seconds < 90 * 60:
+    return f"{seconds / 60:.0f} min"
+  return f"{seconds / 3600:.1f} h"
 
 
 class Runner:
-  """Runs specs once: cached results by key, the rest in `workers` processes (or in this one)."""
+  """Runs specs once: cached results by key, the rest by `executor`."""
 
-  def __init__(self, workdir: str, workers: int, compile_cache_dir: str | None):
+  def __init__(self, workdir: str, executor: Executor):
     self.cache_dir = os.path.join(workdir, "cache")
-    self.jax_cache = compile_cache_dir
     os.makedirs(self.cache_dir, exist_ok=True)
-    self.workers = workers
+    self.executor = executor
     self._trained: set[str] = set()  # runs trained by this benchmark
     self._reused: set[str] = set()  # runs found in the cache from an earlier benchmark
-    self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
   @property
   def ran(self) -> int:
@@ -43,24 +78,14 @@ class Runner:
     self.close(cancel=exc_type is not None)
 
   def close(self, cancel: bool = False) -> None:
-    """Stops the worker processes (they live across `run` calls: each compiles its programs once);
-    `cancel`: drop the runs still queued (after a failure)."""
-    if self._pool is not None:
-      self._pool.shutdown(cancel_futures=cancel)
-      self._pool = None
-
-  def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
-    if self._pool is None:
-      ctx = multiprocessing.get_context("spawn")
-      counter = ctx.Value("i", 0)
-      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-      self._pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=self.workers, mp_context=ctx, initializer=init_worker, initargs=(counter, cores, self.jax_cache)
-      )
-    return self._pool
+    """Stops the executor's workers; `cancel`: drop the runs still queued (after a failure)."""
+    self.executor.close(cancel=cancel)
 
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key + ".json")
+
+  def _run_dir(self, key: str) -> str:
+    return os.path.join(self.cache_dir, "runs", key)
 
   def run(self, specs: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
     keys = [run_key(s) for s in specs]
@@ -78,31 +103,33 @@ class Runner:
         todo.append((key, spec))
         results[key] = None
     print(f"--- {label}: {len(specs)} runs, {len(todo)} to train, {len(specs) - len(todo)} cached", flush=True)
-    t0 = time.perf_counter()
-
-    def finish(key: str, result: dict[str, Any]) -> None:
+    progress = Progress(todo)
+    for key, result in self.executor.map(todo, self._run_dir):
       result["key"] = key
       with open(self._path(key) + ".tmp", "w") as f:
         json.dump(result, f)
       os.replace(self._path(key) + ".tmp", self._path(key))
       results[key] = result
       self._trained.add(key)
-      what = f"{result['kind']} {result.get('method') or ''} seed {result['seed']} lr {result['lr']:.3g} "
-      print(f"    done {what}steps {result['steps']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-
-    if self.workers <= 1:
-      enable_cache(self.jax_cache)
-      for key, spec in todo:
-        finish(key, execute(spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache))
-    elif todo:
-      pool = self._get_pool()
-      # Longest first (method runs first among equals: they compile more), so the last runs to
-      # finish are short ones and no worker waits long for the other.
-      order = sorted(todo, key=lambda kv: (-kv[1]["config"]["trainer"]["steps"], kv[1]["kind"] != "method"))
-      futures = {
-        pool.submit(execute, spec, os.path.join(self.cache_dir, "runs", key), self.jax_cache): key
-        for key, spec in order
-      }
-      for fut in concurrent.futures.as_completed(futures):
-        finish(futures[fut], fut.result())
+      print(progress.line(result), flush=True)
     return [results[k] for k in keys]
+
+
+def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
+  """The runner of a benchmark config: its executor (`benchmark.executor`), its workers or its Ray
+  resources, and its compilation cache. A Ray cluster that cannot be reached is refused here, before
+  any run is trained."""
+  b = config.benchmark
+  errors = specs_lib.check_executor(b)
+  if errors:
+    raise ValueError("; ".join(errors))
+  jax_cache = specs_lib.compile_cache_dir(config, workdir)
+  if b.executor == "ray":
+    from hybridjax.bench import cluster
+
+    executor: Executor = cluster.RayExecutor(
+      b.ray_address, cpus_per_run=float(b.cpus_per_run), gpus_per_run=float(b.gpus_per_run), compile_cache_dir=jax_cache
+    )
+  else:
+    executor = LocalExecutor(int(b.workers), jax_cache)
+  return Runner(workdir, executor)

@@ -1,14 +1,18 @@
 """One run of a spec, in this process or a worker: the entry point of the runner's workers. An anchor
-runs through the baseline loop (`anchor_run`), a method arm through `train()` (`method_run`)."""
+runs through the baseline loop (`anchor_run`), a method arm through `train()` (`method_run`).
+
+It imports no jax at module level: a worker's process is set up (`worker_xla_flags`, one thread)
+before jax first builds its backend, whichever executor started it."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-import ml_collections
-
-from hybridjax.loop import train as train_lib
+# XLA:CPU on one thread: small models are overhead-bound, so two single-thread processes get more
+# steps per second from 2 cores than one two-thread process. Every executor's workers run with it,
+# so their programs (and their bits) are the same.
+SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 
 def execute(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
@@ -22,19 +26,27 @@ def execute(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = 
   return run_method(spec, workdir, compile_cache_dir)
 
 
+def worker_xla_flags(flags: str) -> str:
+  """A worker's XLA_FLAGS: the driver's `flags` with XLA:CPU on one thread."""
+  return flags if SINGLE_THREAD_FLAG in flags.split() else f"{flags} {SINGLE_THREAD_FLAG}".strip()
+
+
 def init_worker(counter: Any, cores: list[int], cache_dir: str | None) -> None:
-  """A worker: one CPU core and one XLA thread (small models are overhead-bound; two single-thread
-  processes get more steps per second from 2 cores than one two-thread process)."""
+  """A local worker: one CPU core (its index in the pool's `counter`) and one XLA thread."""
   with counter.get_lock():
     index = counter.value
     counter.value += 1
   if cores and hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {cores[index % len(cores)]})
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+  os.environ["XLA_FLAGS"] = worker_xla_flags(os.environ.get("XLA_FLAGS", ""))
   enable_cache(cache_dir)
 
 
 def enable_cache(cache_dir: str | None) -> None:
   """JAX's persistent compilation cache in `cache_dir` (None: off)."""
   if cache_dir is not None:
+    import ml_collections
+
+    from hybridjax.loop import train as train_lib
+
     train_lib.enable_compile_cache(ml_collections.ConfigDict({"compile_cache": True, "compile_cache_dir": cache_dir}))

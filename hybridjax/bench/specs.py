@@ -15,6 +15,9 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 
+# How the runs are trained (`benchmark.executor`, `hybridjax.bench.runner`): never part of what a run is.
+EXECUTORS = ("local", "ray")
+
 
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The experiment part of a benchmark config (without the `benchmark` block)."""
@@ -37,6 +40,21 @@ def compile_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | 
 def task_name(config: ml_collections.ConfigDict) -> str:
   """The benchmark's task (`benchmark.task`, 'gpt2' when the config predates the field)."""
   return str(config.benchmark.get("task", "gpt2"))
+
+
+def check_executor(b: ml_collections.ConfigDict) -> list[str]:
+  """The errors of the benchmark block's executor settings (empty when they can work)."""
+  errors = []
+  if b.executor not in EXECUTORS:
+    errors.append(f"benchmark.executor must be one of {list(EXECUTORS)}, got {b.executor!r}")
+  cpus, gpus = b.cpus_per_run, b.gpus_per_run
+  if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not cpus > 0:
+    errors.append(f"benchmark.cpus_per_run must be a positive number of CPUs per run, got {cpus!r}")
+  if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0 or (gpus > 1 and gpus != int(gpus)):
+    errors.append(
+      f"benchmark.gpus_per_run must be 0 (no GPU), a share of one GPU in (0, 1], or a whole number, got {gpus!r}"
+    )
+  return errors
 
 
 def validate_benchmark(config: ml_collections.ConfigDict) -> None:
@@ -71,6 +89,7 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
         f"the task {task_name(config)!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
+  errors += check_executor(b)
   errors += arms_lib.check(config)
   if errors:
     raise ValueError("; ".join(errors))
