@@ -181,6 +181,22 @@ def test_the_readmes_recipe_figures_are_the_published_ones():
   assert f"the\nrecipe ends at {total['mean']:.2f}×" in readme
 
 
+def test_the_readmes_r6_figures_are_the_published_ones():
+  """The R6 figures the README's prose quotes (the best arm's pass ratio, selective backprop's loss gap,
+  pass and wall-clock ratios) are those of docs/results/ladder/ladder-long.json."""
+  with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-long.json")) as f:
+    arms = json.load(f)["rungs"]["R6"]["figures"]
+  best = max(arms, key=lambda m: arms[m]["pass_ratio"]["mean"])
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  ratio = arms[best]["pass_ratio"]
+  assert best == "hybrid" and arms[best]["vs_control"]["verdict"] == "no difference"
+  assert f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} (the velocity predictor" in readme
+  sel = arms["selective"]
+  assert sel["vs_baseline_at_n"]["verdict"] == "lower"
+  assert f"selective backprop ends {-100 * sel['final_loss_gap']['mean']:.2f}% lower at N" in readme
+  assert f"({sel['pass_ratio']['mean']:.2f}× in passes, {sel['wallclock_ratio']['mean']:.2f}× in wall-clock)" in readme
+
+
 def test_the_readme_stays_short():
   # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
   assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150

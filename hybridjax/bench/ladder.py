@@ -540,16 +540,57 @@ def run_ladder(config: ml_collections.ConfigDict, workdir: str, command: str = "
   return result
 
 
+def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+  """One ladder of the same scale from two invocations that ran different rungs (e.g. R6 added to a
+  published R0-R5): the groups and timings of both, every rung recomputed from them, the commands in
+  order (running both reproduces the result), the compute and code versions of every invocation."""
+  for field in ("preset", "task", "steps"):
+    if earlier[field] != later[field]:
+      raise ValueError(f"cannot join ladders with different {field}: {earlier[field]!r} and {later[field]!r}")
+  shared = set(earlier["rung_names"]) & set(later["rung_names"]) | set(earlier["groups"]) & set(later["groups"])
+  if shared:
+    raise ValueError(f"cannot join ladders that both ran {sorted(shared)}: publish the whole ladder instead")
+  out = json.loads(json.dumps(earlier))
+  out["rung_names"] = [r for r in RUNGS if r in earlier["rung_names"] + later["rung_names"]]
+  out["verdict_rungs"] = [r for r in VERDICT if r in out["rung_names"]]
+  out["config"]["benchmark"]["ladder_rungs"] = ",".join(out["rung_names"])
+  out["groups"] = {**out["groups"], **later["groups"]}
+  out["timing"] = {**out["timing"], **later["timing"]}
+  ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
+  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"])
+  out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
+  out["command"] = f"{earlier['command']}; {later['command']}"
+  out["date"] = later["date"]
+  for field in ("wall_s", "runs_trained", "runs_cached"):
+    out[field] = earlier[field] + later[field]
+
+  def calls(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"rungs": result["rung_names"], "code_version": result["code_version"], **c} for c in result["invocations"]]
+
+  out["invocations"] = calls(earlier) + calls(later)
+  return out
+
+
 def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str, publish: str) -> None:
   """ladder-<preset>.json and ladder-<preset>.md into `workdir` and `publish`; each cosine family's
-  protocol results into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`."""
+  protocol results into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`.
+  A published ladder of the same scale that ran other rungs (on other runs) is joined with this one
+  (`join`); any other is replaced."""
   for folder in [workdir] + ([publish] if publish else []):
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"ladder-{result['preset']}.json"), "w") as f:
-      json.dump(result, f, indent=1)
-    with open(os.path.join(folder, f"ladder-{result['preset']}.md"), "w") as f:
-      f.write(report.ladder_markdown(result) + "\n")
-    report.save_ladder_plot(result, folder)
+    path = os.path.join(folder, f"ladder-{result['preset']}.json")
+    written = result
+    if folder == publish and os.path.exists(path):
+      with open(path) as f:
+        earlier = json.load(f)
+      disjoint = not set(earlier["rung_names"]) & set(result["rung_names"])
+      if disjoint and not set(earlier["groups"]) & set(result["groups"]) and earlier["steps"] == result["steps"]:
+        written = join(earlier, result)  # else this ladder replaces it, as a whole re-run does
+    with open(path, "w") as f:
+      json.dump(written, f, indent=1)
+    with open(path[: -len(".json")] + ".md", "w") as f:
+      f.write(report.ladder_markdown(written) + "\n")
+    report.save_ladder_plot(written, folder)
   for fam in families.values():
     fam["wall_s"] = result["wall_s"]
     out = os.path.join(workdir, fam["family"])

@@ -158,8 +158,8 @@ def test_the_published_ladders_recompute_from_their_runs():
   are the report's; the headline scale ran every rung with at least 3 headline seeds."""
   results = _published()
   presets = {r["preset"]: r for r in results.values()}
-  # R6 (the speedrun recipe) joined the ladder after `long` was published: its rungs are R0-R5.
-  assert "long" in presets and presets["long"]["rung_names"] == [r for r in ladder.RUNGS if r != "R6"]
+  # R6 (the speedrun recipe) ran later and was joined in (`ladder.join`): every rung, in order.
+  assert "long" in presets and presets["long"]["rung_names"] == list(ladder.RUNGS)
   for path, r in results.items():
     config = ml_collections.ConfigDict(r["config"])
     ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
@@ -282,3 +282,42 @@ def test_bad_recipe_settings_name_the_field_and_the_step():
   c.benchmark.recipe_budgets = (1.5,)
   with pytest.raises(ValueError, match="recipe_budgets"):
     recipe.validate_recipe(c)
+
+
+def _split(result, rungs):
+  """The part of a published ladder that ran `rungs` (its groups and timings), as one invocation."""
+  part = json.loads(json.dumps(result))
+  groups = {ladder.RUNGS[r].group for r in rungs}
+  part["rung_names"] = list(rungs)
+  part["verdict_rungs"] = [r for r in result["verdict_rungs"] if r in rungs]
+  part["config"]["benchmark"]["ladder_rungs"] = ",".join(rungs)
+  part["groups"] = {g: v for g, v in result["groups"].items() if g in groups}
+  part["timing"] = {k: v for k, v in result["timing"].items() if k in {ladder.timing_key(g) for g in groups}}
+  part["rungs"] = {r: result["rungs"][r] for r in rungs}
+  part["invocations"] = [{"date": "d", "wall_s": 1.0, "runs_trained": 2, "runs_cached": 0}]
+  part.update(wall_s=1.0, runs_trained=2, runs_cached=0, command=f"run {','.join(rungs)}")
+  return part
+
+
+def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_path):
+  """Publishing R6 alone into a folder whose ladder ran R0-R5 writes one ladder with every rung,
+  each recomputed from the groups of both; a ladder that ran a rung again replaces it instead."""
+  (published,) = [r for r in _published().values() if r["preset"] == "long"]
+  earlier, later = _split(published, list(ladder.RUNGS)[:-1]), _split(published, ["R6"])
+  folder = tmp_path / "ladder"
+  ladder.write_ladder(earlier, {}, str(tmp_path / "work1"), str(folder))
+  ladder.write_ladder(later, {}, str(tmp_path / "work2"), str(folder))
+  with open(folder / "ladder-long.json") as f:
+    joined = json.load(f)
+  assert joined["rung_names"] == list(ladder.RUNGS) and joined["rungs"] == published["rungs"]
+  assert joined["command"] == "run R0,R1,R2,R3,R4,R5; run R6" and joined["runs_trained"] == 4
+  assert [c["rungs"] for c in joined["invocations"]] == [list(ladder.RUNGS)[:-1], ["R6"]]
+  with open(tmp_path / "work2" / "ladder-long.json") as f:
+    assert json.load(f)["rung_names"] == ["R6"]  # the workdir keeps what this invocation ran
+  with pytest.raises(ValueError, match=r"both ran \['R6', 'speedrun'\]"):
+    ladder.join(joined, later)
+  with pytest.raises(ValueError, match="different steps"):
+    ladder.join(earlier, {**later, "steps": 10})
+  ladder.write_ladder(later, {}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
+  with open(folder / "ladder-long.json") as f:
+    assert json.load(f)["rung_names"] == ["R6"]
