@@ -123,12 +123,21 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   return c
 
 
-def with_method_block(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def resolve_method(config: ml_collections.ConfigDict) -> registry.Method:
+  """The method `config.hybrid.method` names (the velocity predictor where the config has no
+  `hybrid` block); an error naming `--config.hybrid.method` when no method loads from it."""
+  return registry.load_method(config.get("hybrid", {}).get("method", "velocity"))
+
+
+def with_method_block(
+  config: ml_collections.ConfigDict, method: registry.Method | None = None
+) -> ml_collections.ConfigDict:
   """`config` with its method's block (`hybrid.<CONFIG_KEY>`) at the method's defaults where the
-  config has none (a user's method, whose block a preset cannot know); fields already set win."""
+  config has none (a user's method, whose block a preset cannot know); fields already set win.
+  `method`: the config's method, resolved already (`resolve_method`)."""
   if "hybrid" not in config:
     return config
-  method = registry.load_method(config.hybrid.get("method", "velocity"))
+  method = method or resolve_method(config)
   key = method.config_key
   if key:
     block = method.default_config()
@@ -315,12 +324,15 @@ def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
   return node
 
 
-def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None) -> None:
+def validate(
+  config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None, method: registry.Method | None = None
+) -> None:
   """Checks every known field of `config`; raises `ValueError` naming each bad field.
 
   Args:
     config: the experiment config.
     blocks: check only fields under these top-level keys (default: all present).
+    method: the config's method, resolved already (default: loaded from `hybrid.method`).
   """
   errors = []
   for name, check in _FIELDS.items():
@@ -384,14 +396,16 @@ def validate(config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | Non
         f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
         "'switch' (host dispatch reads the device after every step); set one or the other",
       )
-      errors += method_errors(config, check_relations=blocks is None)
+      errors += method_errors(config, check_relations=blocks is None, method=method)
     if blocks is None or "mesh" in blocks or "distributed" in blocks:
       errors += _mesh_errors(config, n_devices=None)[0]
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
-def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = True) -> list[str]:
+def method_errors(
+  config: ml_collections.ConfigDict, *, check_relations: bool = True, method: registry.Method | None = None
+) -> list[str]:
   """The problems of `config.hybrid`'s method: a name that loads no method, its block's fields
   (`method.fields`), and, with `check_relations` in a hybrid run, its checks on the whole config
   (`method.check`) and what it composes with (outer momentum runs with a method only if the method
@@ -399,7 +413,7 @@ def method_errors(config: ml_collections.ConfigDict, *, check_relations: bool = 
   h = config.hybrid
   name = h.get("method", "velocity")
   try:
-    method = registry.load_method(name)
+    method = method or registry.load_method(name)
   except ValueError as e:
     return [str(e)]
   errors = []

@@ -66,12 +66,14 @@ def make_context(
   grad_accum: int = 1,
   averaging_beta: float | None = None,
   outer: tuple[int, float, float] | None = None,
+  method: registry.Method | None = None,
 ) -> HybridContext:
   """The static `HybridContext` from `config.hybrid` and the (abstract) params: the generic
   controller's settings (with the method's overrides, `method.control`), the method's module and
-  its settings (`method.make_settings`)."""
+  its settings (`method.make_settings`). `method`: `hybrid.method`'s record, resolved already
+  (default: loaded by its name)."""
   h = hybrid
-  method = registry.load_method(h.get("method", "velocity"))
+  method = method or registry.load_method(h.get("method", "velocity"))
   if method.config_key and method.config_key not in h:  # a user's method with no block: its defaults
     h = ml_collections.ConfigDict(h.to_dict())
     h[method.config_key] = method.default_config()
@@ -225,9 +227,11 @@ class HybridDriver:
     rng: jax.Array,
     init_params: Callable[[], Any],
     mesh: jax.sharding.Mesh | None = None,
+    method: registry.Method | None = None,
   ):
     """`mesh` (from `sharding.make_mesh`): the state is created and kept sharded on it, and every
-    step is jitted with matching in/out shardings. None or one device: plain single-device jit."""
+    step is jitted with matching in/out shardings. None or one device: plain single-device jit.
+    `method`: the config's method record, resolved once by `train()` (default: by its name)."""
     self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
     self._init_params = init_params
     self._rng = rng
@@ -241,6 +245,7 @@ class HybridDriver:
       grad_accum=config.trainer.grad_accum,
       averaging_beta=averaging_beta(config.trainer),
       outer=outer_settings(config.optim),
+      method=method,
     )
     self.max_events = config.hybrid.health.max_events
     # A method whose steps may advance the schedule by other than one, or leave their batch: the

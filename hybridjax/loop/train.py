@@ -71,9 +71,11 @@ def make_driver(
   loss_fn: LossFn,
   mesh: jax.sharding.Mesh | None = None,
   tx: Optimizer | None = None,
+  method: registry.Method | None = None,
 ) -> BaselineDriver | HybridDriver:
   """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)` and the
-  optimizer `optim.resolve_optimizer(config.optim, params, tx)`."""
+  optimizer `optim.resolve_optimizer(config.optim, params, tx)`; a hybrid driver runs `method` (the
+  config's, resolved already; default: by its name)."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   tx = resolve_optimizer(config.optim, jax.eval_shape(init_params, params_rng), tx)
 
@@ -83,17 +85,20 @@ def make_driver(
   if config.mode == "baseline":
     return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
   if config.mode == "hybrid":
-    return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh)
+    return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
   raise ValueError(f"--config.mode must be 'baseline' or 'hybrid', got {config.mode!r}")
 
 
-def step_batches(config: ml_collections.ConfigDict, train_batch: Callable[[int], Batch]) -> Callable[[int], Batch]:
-  """`train_batch` as the steps of `config`'s method receive it: for a method that declares
-  `BATCHES_PER_STEP = k` > 1, step i gets the task's batches k*i .. k*i+k-1 concatenated along the
-  batch axis (deterministic in the step, so a resumed run sees the same data); otherwise unchanged."""
+def step_batches(
+  config: ml_collections.ConfigDict, train_batch: Callable[[int], Batch], method: registry.Method | None = None
+) -> Callable[[int], Batch]:
+  """`train_batch` as the steps of `config`'s method (`method`, resolved already; default: by its
+  name) receive it: for a method that declares `BATCHES_PER_STEP = k` > 1, step i gets the task's
+  batches k*i .. k*i+k-1 concatenated along the batch axis (deterministic in the step, so a resumed
+  run sees the same data); otherwise unchanged."""
   if config.mode != "hybrid":
     return train_batch
-  k = registry.load_method(config.hybrid.method).batches_per_step
+  k = (method or config_lib.resolve_method(config)).batches_per_step
   if k == 1:
     return train_batch
 
@@ -208,10 +213,12 @@ def train(
     The run summary (also written to `<workdir>/summary.json`).
   """
   hooks = dict(hooks or {})
-  # The method's block at its defaults where the config has none (a user's method), then every
-  # field checked before anything is written or compiled.
-  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
-  config_lib.validate(config)
+  # The method, resolved once (every part below gets its record); its block at its defaults where
+  # the config has none (a user's method); then every field checked before anything is written or
+  # compiled.
+  method = config_lib.resolve_method(config)
+  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
+  config_lib.validate(config, method=method)
   tcfg = config.trainer
   total_steps = tcfg.steps
   os.makedirs(workdir, exist_ok=True)
@@ -219,8 +226,8 @@ def train(
   # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
   sharding_lib.initialize_distributed(config)
   mesh = sharding_lib.make_mesh(config)
-  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx)
-  train_batch = step_batches(config, train_batch)
+  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
+  train_batch = step_batches(config, train_batch, method)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary

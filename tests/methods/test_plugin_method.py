@@ -166,3 +166,15 @@ def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path,
   for anchor in ("baseline", "averaged_baseline"):
     assert f[anchor]["backward_ratio"]["mean"] is not None
   assert os.path.exists(tmp_path / "bench" / "results.md")
+
+
+def test_train_resolves_the_method_once_and_passes_its_record_down(user_module, tmp_path, monkeypatch):
+  """`train()` looks its method up by name once: the config's checks, the driver's context and the
+  batches per step all get that record."""
+  config = _config(user_module, steps=24)
+  calls = []
+  load = registry.load_method
+  monkeypatch.setattr(registry, "load_method", lambda name: calls.append(name) or load(name))
+  summary = _run(config, tmp_path / "run")
+  assert calls == [user_module] and summary["method"] == "repeat_update"
+  assert summary["phase_steps"]["PREDICT"] >= 1  # the method ran
