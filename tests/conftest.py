@@ -218,17 +218,17 @@ _UNITS = {
   for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_velocity.py", "test_memory.py")
 }
 _COST = {
-  "hybrid steps": 160,
+  "hybrid steps": 140,
   "test_reliability.py": 95,
   "test_train.py": 45,
-  "test_plotting.py": 35,
+  "test_plotting.py": 5,
   "test_rssm.py": 25,
   "test_optim.py": 25,
   "test_models.py": 15,
   "test_data.py": 10,
   "test_step_copies.py": 20,
   "test_sharding.py": 8,
-  "test_benchmark.py": 120,
+  "test_benchmark.py": 15,
   "test_selective_backprop.py": 15,
   "test_jump.py": 55,
   "test_forecast.py": 25,

@@ -1,4 +1,5 @@
-"""hybridjax.plotting on real tiny runs (hybrid and baseline) and on hand-written metrics files."""
+"""hybridjax.plotting on real tiny runs (hybrid and baseline; slow, as the notebook test that trains the
+same runs) and on hand-written metrics files and figures (fast)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def runs(tmp_path_factory, jax_cache):
   return out
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_load_run_reads_a_hybrid_run(runs):
   run = plotting.load_run(runs["hybrid"])
   assert run.is_hybrid and run.name == "hybrid"
@@ -49,6 +51,7 @@ def test_load_run_reads_a_hybrid_run(runs):
   assert not plotting.load_run(runs["baseline"]).is_hybrid
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_save_run_figures_hybrid(runs, tmp_path):
   paths = plotting.save_run_figures(runs["hybrid"], str(tmp_path))
   assert [os.path.basename(p) for p in paths] == list(plotting.RUN_FIGURES)
@@ -60,6 +63,7 @@ def test_save_run_figures_hybrid(runs, tmp_path):
     assert has_band(timeline, phase), f"no {phase} band in {timeline}"
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_save_run_figures_baseline_skips_hybrid_only_plots(runs):
   paths = plotting.save_run_figures(runs["baseline"])  # default: <workdir>/plots
   assert [os.path.basename(p) for p in paths] == ["phase_timeline.png", "memory.png"]
@@ -68,6 +72,7 @@ def test_save_run_figures_baseline_skips_hybrid_only_plots(runs):
     plotting.plot_alpha_by_group(Figure().add_subplot(), runs["baseline"])
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_comparison_figures_and_eval_axes(runs, tmp_path):
   loaded = {m: plotting.load_run(w) for m, w in runs.items()}
   paths = plotting.save_comparison_figures(loaded, str(tmp_path))
@@ -85,6 +90,7 @@ def test_comparison_figures_and_eval_axes(runs, tmp_path):
     plotting.plot_eval_curves(Figure().add_subplot(), loaded, x="wall")
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_prediction_pairs_align_real_steps_one_ahead(runs):
   run = plotting.load_run(runs["hybrid"])
   trace = {r["step"]: r for r in run.kind("step")}
@@ -172,6 +178,7 @@ def test_resumed_run_keeps_the_last_record_of_each_step(tmp_path):
   plotting.plot_alpha_by_group(fig.add_subplot(), run)  # no predicted steps: a note, no error
 
 
+@pytest.mark.slow  # trains a hybrid and a baseline GPT-2; the figures' own tests below stay fast
 def test_cli_writes_and_prints_paths(runs, tmp_path, capsys):
   out = str(tmp_path / "figs")
   proc = subprocess.run(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 import chex
@@ -202,11 +203,14 @@ def test_method_figures_ratio_is_above_one_only_below_the_curve():
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory, jax_cache):
   workdir = str(tmp_path_factory.mktemp("bench") / "quick")
-  config = _bench_config()
+  # In this process: its runs compile once here rather than once in each of two fresh worker
+  # processes (the same programs and flags, so the same bits: test_cluster.py compares executors).
+  config = _bench_config(workers=1)
   config.trainer.compile_cache_dir = jax_cache  # the test run's shared cache; a real benchmark starts cold
   return workdir, config, benchmark.run_benchmark(config, workdir)
 
 
+@pytest.mark.slow  # the whole GPT-2 protocol (~70 s); the default suite runs it on the MLP (below)
 def test_quick_protocol_computes_what_it_did_when_recorded(quick):
   """The quick protocol's losses and step counts, kept as recorded (scripts/method_numerics.py): on the
   recording's machine kind bit for bit; elsewhere, where rounding may flip a method's phase decision,
@@ -227,6 +231,7 @@ def test_quick_protocol_computes_what_it_did_when_recorded(quick):
     chex.assert_trees_all_close(got["curves"], recorded["numerics"]["curves"], rtol=1e-2)
 
 
+@pytest.mark.slow  # the whole GPT-2 protocol (~70 s); the default suite runs it on the MLP (below)
 def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
   workdir, config, result = quick
   n = config.trainer.steps
@@ -316,6 +321,31 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
     assert os.path.getsize(os.path.join(workdir, name)) > 1000, name
 
 
+def test_the_protocol_runs_whole_on_the_mlp_task_and_a_rerun_trains_nothing(tmp_path, jax_cache, capsys):
+  """The whole protocol at its smallest (the MLP task, one arm, in this process): the tuning, both
+  anchors' budget curves, the arm, the timing, every figure recomputed from the stored numbers, the
+  progress lines; run again, every run comes from the cache and every figure is the same."""
+  c = _mlp_bench_config("mlp", steps=24)
+  c.trainer.compile_cache_dir = jax_cache
+  c.benchmark.update(methods="outer_momentum", workers=1, timing_rounds=2, timing_steps=5)
+  workdir = str(tmp_path / "bench")
+  result = benchmark.run_benchmark(c, workdir)
+  assert re.search(r"done anchor seed 1001 lr \S+ steps 24 \(\d+ s\) \[1/\d+, ETA", capsys.readouterr().out)
+  with open(os.path.join(workdir, "benchmark.json")) as f:
+    stored = json.load(f)
+  n_runs = len(stored["tuning"]["rows"]) + len(stored["budget_runs"]) + len(stored["method_runs"]["outer_momentum"])
+  assert result["runs_trained"] >= n_runs - len(stored["tuning"]["rows"]) > 0
+  timing = {"baseline": stored["timing"]["ms_per_step"]["baseline"]}
+  timing["method"] = stored["timing"]["ms_per_step"]["outer_momentum"]
+  runs = stored["method_runs"]["outer_momentum"]
+  again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"])
+  assert json.loads(json.dumps(again)) == json.loads(json.dumps(stored["figures"]["outer_momentum"]))
+  rerun = benchmark.run_benchmark(c, workdir)
+  assert rerun["runs_trained"] == 0 and rerun["runs_cached"] == result["runs_trained"]
+  assert rerun["curves"] == result["curves"] and rerun["method_runs"] == result["method_runs"]
+
+
+@pytest.mark.slow  # the whole GPT-2 protocol (~70 s); the default suite runs it on the MLP (above)
 def test_rerun_with_other_methods_reuses_the_cached_runs(quick):
   workdir, config, first = quick
   again = ml_collections.ConfigDict(config.to_dict())

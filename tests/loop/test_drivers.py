@@ -21,13 +21,17 @@ from hybridjax.hybrid.phases import PHASE_NAMES, Phase
 from hybridjax.loop import train as train_lib
 
 STEPS, LOG, CKPT = hh.CTX_STEPS, 4, 8
-RUNS = {"host": ("host", 1), "switch": ("switch", 1), "switch_k4": ("switch", 4)}
+# The default suite compares host dispatch with fused dispatch at K=4 (the case with the most to get
+# wrong); the slow set adds fused dispatch at K=1 (`test_one_step_per_call_is_host_dispatch_too`).
+RUNS = {"host": ("host", 1), "switch_k4": ("switch", 4)}
+SLOW_RUNS = {"switch": ("switch", 1)}
+FUSED = [name for name in RUNS if name != "host"]
 
 
 def _config(name, jax_cache):
   # The programs of tests/hybrid_helper.py's `setup()`: loaded from the compilation cache when the
   # step-level modules compiled them first.
-  c = cached(hh.train_config(*RUNS[name]), jax_cache)
+  c = cached(hh.train_config(*(RUNS | SLOW_RUNS)[name]), jax_cache)
   c.trainer.update(log_every=LOG, checkpoint_every=CKPT)
   return c
 
@@ -66,7 +70,7 @@ def test_same_phase_sequence_and_per_step_trace(runs):
   assert [r["step"] for r in host] == list(range(1, STEPS + 1))
   phases = [r["phase"] for r in host]
   assert set(phases) == set(Phase), "".join("WFPC"[p] for p in phases)
-  for name in ("switch", "switch_k4"):
+  for name in FUSED:
     assert [r["phase"] for r in traces[name]] == phases, name
     # Every field of every step, bit for bit (floats through JSON: exact).
     assert traces[name] == host, name
@@ -80,15 +84,15 @@ def test_same_final_state_and_checkpoints(runs):
     assert meta["step"] == STEPS and int(state.train.step) == STEPS and meta["mode"] == "hybrid"
     states[name] = state
   # Bit for bit: params, optimizer, velocity, RSSM, corrector, history, controller and rng.
-  chex.assert_trees_all_equal(states["switch"], states["host"])
-  chex.assert_trees_all_equal(states["switch_k4"], states["host"])
+  for name in FUSED:
+    chex.assert_trees_all_equal(states[name], states["host"])
 
 
 def test_same_train_records_and_summaries(runs):
   recs = {name: _records(w) for name, (_, w, _) in runs.items()}
   host = recs["host"]["train"]
   assert [r["step"] for r in host] == list(range(LOG, STEPS + 1, LOG))
-  for name in ("switch", "switch_k4"):
+  for name in FUSED:
     train = recs[name]["train"]
     assert [r["step"] for r in train] == [r["step"] for r in host], name
     for a, b in zip(train, host):
@@ -101,28 +105,35 @@ def test_same_train_records_and_summaries(runs):
       last = [s["loss"] for s in trace if s["step"] <= r["step"] and s["measured"]][-1]
       assert r["loss"] == last, (name, r["step"])
   sums = {name: s for name, (_, _, s) in runs.items()}
-  for key in (
-    "phase_steps",
-    "backward_passes",
-    "validation_forwards",
-    "predict_phases",
-    "rollbacks",
-    "health_events",
-    "final_eval_loss",
-    "first_train_loss",
-    "nonfinite_skipped",
-  ):
-    assert sums["switch"][key] == sums["switch_k4"][key] == sums["host"][key], key
-  assert (sums["host"]["dispatch"], sums["switch"]["dispatch"], sums["switch_k4"]["dispatch"]) == (
+  for name in FUSED:
+    _same_summary(sums[name], sums["host"], name)
+  assert (sums["host"]["dispatch"], sums["switch_k4"]["dispatch"], sums["switch_k4"]["steps_per_call"]) == (
     "host",
     "switch",
-    "switch",
+    4,
   )
-  assert (sums["switch"]["steps_per_call"], sums["switch_k4"]["steps_per_call"]) == (1, 4)
   # Per-phase timings exist with host dispatch only.
   assert set(sums["host"]["phase_ms_per_step"]) == set(PHASE_NAMES)
   assert all(v > 0 for v in sums["host"]["phase_ms_per_step"].values())
-  assert "phase_ms_per_step" not in sums["switch"] and "phase_ms_per_step" not in sums["switch_k4"]
+
+
+_SHARED = (
+  "phase_steps",
+  "backward_passes",
+  "validation_forwards",
+  "predict_phases",
+  "rollbacks",
+  "health_events",
+  "final_eval_loss",
+  "first_train_loss",
+  "nonfinite_skipped",
+)
+
+
+def _same_summary(fused, host, name):
+  for key in _SHARED:
+    assert fused[key] == host[key], (name, key)
+  assert "phase_ms_per_step" not in fused, name
 
 
 def test_unvalidated_predicted_steps_log_a_predicted_loss_and_no_loss(runs):
@@ -155,7 +166,7 @@ def test_memory_records_where_each_dispatch_takes_them(runs):
   assert host == changes and len(changes) >= 4
   # Fused dispatch: a reading at each log whose interval saw the phase change, from the phase at
   # the previous log to the phase now; it shares the log's step.
-  for name in ("switch", "switch_k4"):
+  for name in FUSED:
     train = recs[name]["train"]
     want, before = [], Phase.WARMUP
     for r in train:
@@ -186,3 +197,18 @@ def test_resume_from_a_k4_checkpoint_continues_identically(runs, tmp_path):
   for r in got["train"]:
     for k in rh.DETERMINISTIC:
       assert r[k] == ref_train[r["step"]][k], (r["step"], k)
+
+
+@pytest.mark.slow
+def test_one_step_per_call_is_host_dispatch_too(runs, tmp_path, jax_cache):
+  """Fused dispatch at K=1: host dispatch's trace, records, summary and final state, bit for bit."""
+  c, w = _config("switch", jax_cache), str(tmp_path / "switch")
+  summary = train_lib.train(c, w, **rh.mlp_task())
+  host_c, host_w, host_summary = runs["host"]
+  assert _records(w)["step"] == _records(host_w)["step"]
+  for a, b in zip(_records(w)["train"], _records(host_w)["train"], strict=True):
+    for k in rh.DETERMINISTIC:
+      assert a[k] == b[k], (a["step"], k)
+  _same_summary(summary, host_summary, "switch")
+  assert (summary["dispatch"], summary["steps_per_call"]) == ("switch", 1)
+  chex.assert_trees_all_equal(_restore(w, c)[0], _restore(host_w, host_c)[0])
