@@ -166,7 +166,8 @@ class RayExecutor:
       self.ray.shutdown()
     kwargs: dict[str, Any] = {"include_dashboard": False} if self.address == "" else {}
     try:
-      self.ray.init(address=self.address or None, runtime_env=runtime_env, log_to_driver=False, **kwargs)
+      # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.
+      self.ray.init(address=self.address or "local", runtime_env=runtime_env, log_to_driver=False, **kwargs)
     except ConnectionError as e:
       raise ConnectionError(
         f"benchmark.ray_address={self.address!r}: {e} (start a cluster with `ray start --head`, or use '' to start "

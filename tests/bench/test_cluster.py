@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -196,6 +197,12 @@ def two_node_cluster():
   finally:
     for node in reversed(nodes):
       _stop(node)
+    # Ray records the newest cluster for `ray.init()` to join; this one is gone.
+    record = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    if os.path.exists(record):
+      with open(record) as f:
+        if f.read().strip().endswith(f":{port}"):  # this cluster's head, under the node's address
+          os.remove(record)
 
 
 def _cache_entries(workdir: str) -> dict[str, dict]:
@@ -205,6 +212,19 @@ def _cache_entries(workdir: str) -> dict[str, dict]:
       result = json.load(f)
     out[os.path.basename(path)] = {k: v for k, v in result.items() if k not in _NOT_BITS}
   return out
+
+
+def _processes_titled(title: str) -> list[int]:
+  """The pids whose command line starts with `title` (Ray titles a worker by the task it runs)."""
+  pids = []
+  for entry in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        if f.read().startswith(title.encode()):
+          pids.append(int(entry))
+    except (OSError, ValueError):
+      continue
+  return pids
 
 
 class _WorkerKiller(threading.Thread):
@@ -217,7 +237,7 @@ class _WorkerKiller(threading.Thread):
 
   def run(self) -> None:
     while not self.stop.is_set() and self.killed is None:
-      found = subprocess.run(["pgrep", "-f", "ray::_run_on_worker"], capture_output=True, text=True).stdout.split()
+      found = _processes_titled("ray::_run_on_worker")
       if found:
         time.sleep(1.0)  # well into the run
         try:
