@@ -218,7 +218,7 @@ _UNITS = {
   for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_velocity.py", "test_memory.py")
 }
 _COST = {
-  "hybrid steps": 140,
+  "hybrid steps": 90,
   "test_reliability.py": 95,
   "test_train.py": 45,
   "test_plotting.py": 5,

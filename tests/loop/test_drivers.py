@@ -20,9 +20,14 @@ from hybridjax import writers
 from hybridjax.hybrid.phases import PHASE_NAMES, Phase
 from hybridjax.loop import train as train_lib
 
+# Three hybrid trainings through `train()` (~75 s): the slow set CI runs. The default suite keeps the
+# same equivalence at the step level (tests/methods/test_velocity.py::
+# test_fused_switch_and_scan_equal_host_dispatch), on the same programs.
+pytestmark = pytest.mark.slow
+
 STEPS, LOG, CKPT = hh.CTX_STEPS, 4, 8
-# The default suite compares host dispatch with fused dispatch at K=4 (the case with the most to get
-# wrong); the slow set adds fused dispatch at K=1 (`test_one_step_per_call_is_host_dispatch_too`).
+# The module fixture compares host dispatch with fused dispatch at K=4 (the case with the most to get
+# wrong); `test_one_step_per_call_is_host_dispatch_too` adds fused dispatch at K=1.
 RUNS = {"host": ("host", 1), "switch_k4": ("switch", 4)}
 SLOW_RUNS = {"switch": ("switch", 1)}
 FUSED = [name for name in RUNS if name != "host"]
@@ -199,7 +204,6 @@ def test_resume_from_a_k4_checkpoint_continues_identically(runs, tmp_path):
       assert r[k] == ref_train[r["step"]][k], (r["step"], k)
 
 
-@pytest.mark.slow
 def test_one_step_per_call_is_host_dispatch_too(runs, tmp_path, jax_cache):
   """Fused dispatch at K=1: host dispatch's trace, records, summary and final state, bit for bit."""
   c, w = _config("switch", jax_cache), str(tmp_path / "switch")
