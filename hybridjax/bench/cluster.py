@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from typing import Any
 
 from hybridjax.bench import keys as keys_lib
@@ -101,8 +100,8 @@ def _task_env(gpus_per_run: float) -> dict[str, str]:
   """The workers' environment: the driver's XLA/JAX/hybridjax variables, XLA:CPU on one thread."""
   env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
   env["XLA_FLAGS"] = runs.worker_xla_flags(os.environ.get("XLA_FLAGS", ""))
-  if gpus_per_run == 0:
-    env.setdefault("JAX_PLATFORMS", "cpu")
+  if gpus_per_run == 0:  # a run that reserved no GPU must not take one
+    env["JAX_PLATFORMS"] = "cpu"
   elif gpus_per_run < 1:
     env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.95 * gpus_per_run:.3f}"
   return env
@@ -112,12 +111,7 @@ def _run_on_worker(
   spec: dict[str, Any], key: str, compile_cache_dir: str | None, versions: dict[str, str]
 ) -> dict[str, Any]:
   """A Ray task: one run, in a temporary folder of this node; its result goes back to the driver."""
-  found = {}
-  for lib in versions:
-    try:
-      found[lib] = metadata.version(lib)
-    except metadata.PackageNotFoundError:
-      found[lib] = "absent"
+  found = keys_lib.installed_versions(list(versions))
   differ = {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}
   if differ:
     raise RuntimeError(

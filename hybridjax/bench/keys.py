@@ -134,15 +134,20 @@ def _distributions(modules: Sequence[str]) -> list[str]:
   return sorted(names, key=str.lower)
 
 
-def library_versions(modules: Sequence[str]) -> dict[str, str]:
-  """The version of each installed distribution whose version enters the key ('absent' if none)."""
+def installed_versions(distributions: Sequence[str]) -> dict[str, str]:
+  """The installed version of each distribution ('absent' where it is not installed)."""
   versions = {}
-  for lib in _distributions(modules):
+  for lib in distributions:
     try:
       versions[lib] = metadata.version(lib)
     except metadata.PackageNotFoundError:
       versions[lib] = "absent"
   return versions
+
+
+def library_versions(modules: Sequence[str]) -> dict[str, str]:
+  """The version of each installed distribution whose version enters the key ('absent' if none)."""
+  return installed_versions(_distributions(modules))
 
 
 def code_version(modules: Sequence[str]) -> str:
