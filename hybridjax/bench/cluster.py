@@ -8,9 +8,11 @@ What reaches the workers, and how:
   worker imports them ahead of anything installed on its node. So a run on any node executes the
   source its cache key hashes. The libraries are the node's own: a task checks that their versions
   are the driver's (the key holds those too) and fails, naming them, when one differs.
-* **The data.** The bundled corpus travels in the package. A corpus of the user's (`data.path`) is
-  read by each node at that path (a shared filesystem, or the same files on every node); its
-  tokenized splits are prepared on each node into that node's `HYBRIDJAX_CACHE`.
+* **The data.** The bundled corpus travels in the package. A corpus of the user's (`data.path`, a
+  file or a folder) is packed by the driver into Ray's object store once per batch of runs and unpacked
+  once per node (`pack_corpus`, `unpack_corpus`): its file names and bytes, which are all its tokens
+  depend on, so the node's copy gives the same tokens; each node tokenizes it into its own
+  `HYBRIDJAX_CACHE`.
 * **The process.** The driver's `XLA_*` and `JAX_*` variables, with XLA:CPU on one thread
   (`runs.worker_xla_flags`), are the workers' environment from their start, before they import
   jax, exactly as a local worker's: the programs, and so the bits, are the same. A task reserves
@@ -27,11 +29,15 @@ spec named; on Ctrl-C or any failure the outstanding tasks are cancelled.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +102,38 @@ def probe(address: str, timeout_s: float) -> None:
   )
 
 
+def corpus_paths(todo: Todo) -> list[str]:
+  """The corpora of the user's (`data.path`) that runs in `todo` read."""
+  return sorted({str(s["config"].get("data", {}).get("path") or "") for _, s in todo} - {""})
+
+
+def pack_corpus(path: str) -> bytes:
+  """`path` (a text file or a folder), as an uncompressed tar whose one top entry is its base name:
+  the names and bytes the corpus's content hash reads, so the tokens a node prepares are the same."""
+  root = os.path.abspath(os.path.expanduser(path))
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode="w") as tar:
+    tar.add(root, arcname=os.path.basename(root))
+  return buffer.getvalue()
+
+
+def unpack_corpus(packed: bytes, name: str) -> str:
+  """The corpus `packed` on this node (extracted once per content, under the temporary folder): the
+  path that stands for `data.path` here."""
+  digest = hashlib.sha256(packed).hexdigest()[:16]
+  folder = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", digest)
+  if not os.path.isdir(folder):
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    partial = tempfile.mkdtemp(dir=os.path.dirname(folder))  # renamed whole: never read half-written
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
+      tar.extractall(partial, filter="data")
+    try:
+      os.replace(partial, folder)
+    except OSError:  # another task on this node extracted it first
+      shutil.rmtree(partial, ignore_errors=True)
+  return os.path.join(folder, name)
+
+
 def _task_env(gpus_per_run: float) -> dict[str, str]:
   """The workers' environment: the driver's XLA/JAX/hybridjax variables, XLA:CPU on one thread."""
   env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
@@ -108,9 +146,11 @@ def _task_env(gpus_per_run: float) -> dict[str, str]:
 
 
 def _run_on_worker(
-  spec: dict[str, Any], key: str, compile_cache_dir: str | None, versions: dict[str, str]
+  spec: dict[str, Any], key: str, compile_cache_dir: str | None, versions: dict[str, str], corpora: dict[str, Any]
 ) -> dict[str, Any]:
-  """A Ray task: one run, in a temporary folder of this node; its result goes back to the driver."""
+  """A Ray task: one run, in a temporary folder of this node, on this node's copy of its corpus
+  (`corpora`: the driver's `data.path` -> the packed corpus in Ray's object store); its result goes
+  back to the driver."""
   found = keys_lib.installed_versions(list(versions))
   differ = {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}
   if differ:
@@ -124,6 +164,12 @@ def _run_on_worker(
     except OSError:
       compile_cache_dir = None
   runs.enable_cache(compile_cache_dir)
+  path = spec["config"].get("data", {}).get("path") or ""
+  if path in corpora:
+    import ray
+
+    spec = json.loads(json.dumps(spec))  # the driver's spec (and key) unchanged; this run reads the copy
+    spec["config"]["data"]["path"] = unpack_corpus(ray.get(corpora[path]), os.path.basename(os.path.abspath(path)))
   run_dir = os.path.join(tempfile.gettempdir(), "hybridjax-ray-runs", key)
   try:
     return runs.execute(spec, run_dir, compile_cache_dir)
@@ -176,11 +222,14 @@ class RayExecutor:
     modules = sorted({m for _, spec in todo for m in keys_lib.spec_modules(spec)})
     self._connect({"py_modules": list(keys_lib.code_packages(modules)), "env_vars": _task_env(self.gpus_per_run)})
     versions = keys_lib.library_versions(modules)
+    # A corpus of the user's goes to the object store once; each node unpacks it once.
+    corpora = {path: self.ray.put(pack_corpus(path)) for path in corpus_paths(todo)}
     remote = self.ray.remote(_run_on_worker).options(
       num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False
     )
     specs = dict(todo)
-    self._pending = {remote.remote(spec, key, self.jax_cache, versions): key for key, spec in longest_first(todo)}
+    args = (self.jax_cache, versions, corpora)
+    self._pending = {remote.remote(spec, key, *args): key for key, spec in longest_first(todo)}
     while self._pending:
       ready, _ = self.ray.wait(list(self._pending), num_returns=1)
       key = self._pending.pop(ready[0])

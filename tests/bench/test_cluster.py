@@ -113,6 +113,23 @@ def test_the_code_a_worker_needs_is_the_code_the_key_hashes(tmp_path, monkeypatc
   assert set(keys.library_versions(modules)) >= {"jax", "jaxlib", "flax", "optax"}
 
 
+def test_a_shipped_corpus_is_the_same_corpus_on_the_node(tmp_path):
+  """A user's corpus (a folder, or one file) packed by the driver and unpacked on a node: the same
+  content hash, so the same tokens."""
+  from hybridjax import data
+
+  (tmp_path / "corpus" / "sub").mkdir(parents=True)
+  (tmp_path / "corpus" / "a.txt").write_text("the first document\n" * 40)
+  (tmp_path / "corpus" / "sub" / "b.txt").write_text("a second one, in a subfolder\n" * 40)
+  (tmp_path / "one.txt").write_text("a corpus of one file\n" * 40)
+  for path in (tmp_path / "corpus", tmp_path / "one.txt"):
+    copy = cluster.unpack_corpus(cluster.pack_corpus(str(path)), path.name)
+    assert copy != str(path) and os.path.basename(copy) == path.name
+    assert data._hash_and_check(*data._list_documents(copy)) == data._hash_and_check(*data._list_documents(str(path)))
+  todo = [("k1", {"config": {"data": {"path": str(tmp_path / "one.txt")}}}), ("k2", {"config": {"data": {"path": ""}}})]
+  assert cluster.corpus_paths(todo) == [str(tmp_path / "one.txt")]
+
+
 def test_progress_counts_runs_and_estimates_the_time_left_from_the_steps(monkeypatch):
   todo = [(str(i), {"config": {"trainer": {"steps": n}}}) for i, n in enumerate((300, 100, 100))]
   clock = iter([0.0, 30.0, 40.0, 50.0])
@@ -306,3 +323,40 @@ def test_a_run_that_fails_is_reported_once_naming_its_spec(two_node_cluster, tmp
   assert re.search(r"ERROR the run anchor seed 1 lr 0\.01 steps 4 \(key [0-9a-f]+\) failed on the Ray cluster", out)
   assert out.count("ERROR") == 1 and time.perf_counter() - t0 < 120
   assert not glob.glob(str(tmp_path / "bench" / "cache" / "*.json"))  # nothing cached for it
+
+
+_USER_CORPUS = """
+import hashlib, json, os, random, shutil, sys, tempfile
+from experiments.configs import benchmark as benchmark_cfg
+from hybridjax.bench import cluster, runner, specs
+address, work, corpus = sys.argv[1:]
+os.makedirs(corpus, exist_ok=True)
+words = random.Random(0).choices(["the", "run", "a", "node", "token", "corpus", "ships", "once", "bits"], k=60000)
+with open(os.path.join(corpus, "text.txt"), "w") as f:
+  f.write(" ".join(words))
+# Where a node unpacks this corpus (this machine's nodes share its temporary folder): not there yet.
+digest = hashlib.sha256(cluster.pack_corpus(corpus)).hexdigest()[:16]
+on_node = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", digest)
+shutil.rmtree(on_node, ignore_errors=True)
+config = benchmark_cfg.get_config("quick")
+config.data.path = corpus
+runs = [specs.run_spec(config, kind="anchor", seed=s, lr=0.01, steps=4, beta=0.9) for s in (1, 2)]
+out = {}
+for executor in ("local", "ray"):
+  config.benchmark.update(executor=executor, workers=1, ray_address=address)
+  with runner.make_runner(config, os.path.join(work, executor)) as r:
+    out[executor] = [{k: v for k, v in x.items() if k not in ("compile_s", "train_s")} for x in r.run(runs, executor)]
+  if executor == "local":
+    assert not os.path.exists(on_node)
+print(json.dumps({"same": out["local"] == out["ray"], "unpacked_on_node": os.path.isdir(on_node)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_users_corpus_reaches_the_nodes_and_gives_the_local_bits(two_node_cluster, tmp_path):
+  """Runs on a corpus of the user's (`data.path`): on the cluster, each node reads the copy the
+  driver shipped (unpacked under the node's temporary folder), with the local executor's results."""
+  address, env = two_node_cluster
+  out = _python(["-c", _USER_CORPUS, address, str(tmp_path / "work"), str(tmp_path / "my_corpus")], env, 300).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result == {"same": True, "unpacked_on_node": True}
