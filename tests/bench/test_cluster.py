@@ -360,3 +360,28 @@ def test_a_users_corpus_reaches_the_nodes_and_gives_the_local_bits(two_node_clus
   out = _python(["-c", _USER_CORPUS, address, str(tmp_path / "work"), str(tmp_path / "my_corpus")], env, 300).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result == {"same": True, "unpacked_on_node": True}
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_runs_on_the_cluster(two_node_cluster, tmp_path, jax_cache):
+  """SIGINT to a protocol training on the cluster: it stops, and no worker goes on training a run."""
+  address, env = two_node_cluster
+  args = [sys.executable, "-m", "experiments.benchmark", "--quick", f"--workdir={tmp_path / 'bench'}"]
+  args += ["--config.benchmark.executor=ray", f"--config.benchmark.ray_address={address}"]
+  args.append(f"--config.trainer.compile_cache_dir={jax_cache}")
+  driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline = time.monotonic() + 180
+    while not _processes_titled("ray::_run_on_worker"):  # a run is training on a node
+      assert time.monotonic() < deadline and driver.poll() is None, "no run started on the cluster"
+      time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    driver.wait(timeout=60)
+    assert driver.returncode != 0  # interrupted, not finished
+    deadline = time.monotonic() + 30
+    while _processes_titled("ray::_run_on_worker"):
+      assert time.monotonic() < deadline, "a worker went on training after Ctrl-C"
+      time.sleep(0.5)
+  finally:
+    if driver.poll() is None:
+      driver.kill()
