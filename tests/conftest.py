@@ -120,8 +120,10 @@ def restore_latest(workdir, config):
 
 def straight_and_resumed(config, tmp_path, stop_after: int):
   """Trains `config` straight through, and again interrupted at the first log at or after
-  `stop_after` and resumed from its last checkpoint. Returns (straight summary, resumed summary,
-  (step, state) of each run's latest checkpoint)."""
+  `stop_after` and resumed from its last checkpoint; checks that the second run resumed from a
+  checkpoint (at or after `trainer.checkpoint_every`, before `stop_after`), that both saved their last
+  step and that their final states are equal, bit for bit. Returns (straight summary, resumed
+  summary, the final state)."""
 
   class Interrupt(Exception):
     pass
@@ -134,7 +136,13 @@ def straight_and_resumed(config, tmp_path, stop_after: int):
   with pytest.raises(Interrupt):
     run_experiment(config, tmp_path / "resumed", hooks={"on_log": on_log})
   resumed = run_experiment(config, tmp_path / "resumed")
-  return straight, resumed, restore_latest(tmp_path / "straight", config), restore_latest(tmp_path / "resumed", config)
+  import chex
+
+  (step_a, a), (step_b, b) = restore_latest(tmp_path / "straight", config), restore_latest(tmp_path / "resumed", config)
+  assert config.trainer.checkpoint_every <= resumed["start_step"] < stop_after
+  assert step_a == step_b == config.trainer.steps
+  chex.assert_trees_all_equal(a, b)
+  return straight, resumed, a
 
 
 def compile_fused_mlp_step(hybrid, width: int = 16, averaging_beta: float | None = 0.9):
