@@ -11,6 +11,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import fields
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
@@ -48,9 +49,9 @@ def check_executor(b: ml_collections.ConfigDict) -> list[str]:
   if b.executor not in EXECUTORS:
     errors.append(f"benchmark.executor must be one of {list(EXECUTORS)}, got {b.executor!r}")
   cpus, gpus = b.cpus_per_run, b.gpus_per_run
-  if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not cpus > 0:
+  if not fields.is_num(cpus) or not cpus > 0:
     errors.append(f"benchmark.cpus_per_run must be a positive number of CPUs per run, got {cpus!r}")
-  if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0 or (gpus > 1 and gpus != int(gpus)):
+  if not fields.is_num(gpus) or gpus < 0 or (gpus > 1 and gpus != int(gpus)):
     errors.append(
       f"benchmark.gpus_per_run must be 0 (no GPU), a share of one GPU in (0, 1], or a whole number, got {gpus!r}"
     )
