@@ -9,7 +9,7 @@ What reaches the workers, and how:
   source its cache key hashes. The libraries are the node's own: a task checks that their versions
   are the driver's (the key holds those too) and fails, naming them, when one differs.
 * **The data.** The bundled corpus travels in the package. A corpus of the user's (`data.path`, a
-  file or a folder) is packed by the driver into Ray's object store once per batch of runs and unpacked
+  file or a folder) is packed by the driver into Ray's object store once per benchmark and unpacked
   once per node (`pack_corpus`, `unpack_corpus`): its file names and bytes, which are all its tokens
   depend on, so the node's copy gives the same tokens; each node tokenizes it into its own
   `HYBRIDJAX_CACHE`.
@@ -195,6 +195,7 @@ class RayExecutor:
     self.jax_cache = compile_cache_dir
     self._pending: dict[Any, str] = {}
     self._runtime_env: dict[str, Any] | None = None  # that of the connection, once connected
+    self._corpora: dict[str, Any] = {}  # data.path -> the packed corpus in this connection's object store
 
   def _connect(self, runtime_env: dict[str, Any]) -> None:
     """Joins (or starts) the cluster with `runtime_env`, the code and the environment of every
@@ -204,6 +205,7 @@ class RayExecutor:
       return
     if self._runtime_env is not None:
       self.ray.shutdown()
+      self._corpora = {}  # gone with the connection's object store
     kwargs: dict[str, Any] = {"include_dashboard": False} if self.address == "" else {}
     try:
       # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.
@@ -222,8 +224,11 @@ class RayExecutor:
     modules = sorted({m for _, spec in todo for m in keys_lib.spec_modules(spec)})
     self._connect({"py_modules": list(keys_lib.code_packages(modules)), "env_vars": _task_env(self.gpus_per_run)})
     versions = keys_lib.library_versions(modules)
-    # A corpus of the user's goes to the object store once; each node unpacks it once.
-    corpora = {path: self.ray.put(pack_corpus(path)) for path in corpus_paths(todo)}
+    # A corpus of the user's goes to the object store once per benchmark; each node unpacks it once.
+    for path in corpus_paths(todo):
+      if path not in self._corpora:
+        self._corpora[path] = self.ray.put(pack_corpus(path))
+    corpora = {path: self._corpora[path] for path in corpus_paths(todo)}
     remote = self.ray.remote(_run_on_worker).options(
       num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False
     )
@@ -249,4 +254,4 @@ class RayExecutor:
     self._pending = {}
     if self._runtime_env is not None:
       self.ray.shutdown()
-      self._runtime_env = None
+      self._runtime_env, self._corpora = None, {}
