@@ -123,10 +123,17 @@ def source_closure(module: str) -> tuple[str, ...]:
   return _closure(module)[0]
 
 
+@functools.cache
+def _providers() -> dict[str, list[str]]:
+  """Which installed distributions provide each top-level module. Reading it walks every installed
+  distribution's file list (about half a second), so a process reads it once: every run key needs it."""
+  return metadata.packages_distributions()
+
+
 def _distributions(modules: Sequence[str]) -> list[str]:
   """The installed distributions whose versions enter the key: `LIBRARIES`, and those providing
   the top-level modules the code of `modules` imports."""
-  providers = metadata.packages_distributions()
+  providers = _providers()
   names = set(LIBRARIES)
   for m in modules:
     for top in _closure(m)[1]:
