@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 
 import chex
 import numpy as np
 import pytest
-from conftest import ROOT, cached, micro_config, restore_latest
+from conftest import cached, micro_config, restore_latest, run_pytest
 from conftest import run_experiment as _run
 
 from hybridjax import writers
@@ -119,36 +117,17 @@ def test_hybrid_without_prediction_equals_baseline_through_train(tmp_path, jax_c
 
 @pytest.mark.slow  # every bit-exact test again, at XLA's default level: several minutes
 def test_bit_exact_claims_at_default_xla_optimization(tmp_path):
-  # The suite compiles at LLVM -O0 (tests/conftest.py: compiling dominates its run time). The
-  # bit-exact claims must hold for the programs users run: the same tests at the default level.
+  # The suite compiles at LLVM -O0 with the older fusion emitters (tests/conftest.py: compiling
+  # dominates its run time). The bit-exact claims must hold for the programs users run: the same
+  # tests at XLA's default level and emitters.
   tests = [
     "tests/loop/test_train.py::test_hybrid_without_prediction_equals_baseline_through_train",
     "tests/methods/test_velocity.py::test_real_steps_equal_baseline_steps_bit_exactly",
     "tests/methods/test_velocity.py::test_fused_switch_and_scan_equal_host_dispatch",
+    "tests/methods/test_outer_momentum.py::test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not",
     "tests/loop/test_drivers.py",
   ]
-  env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false", JAX_PLATFORMS="cpu")
-  r = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "pytest",
-      "-q",
-      "-p",
-      "no:cacheprovider",
-      "-p",
-      "no:xdist",
-      f"--basetemp={tmp_path / 'tmp'}",
-      *tests,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=3000,
-  )
-  assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-  assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+  run_pytest(tests, tmp_path / "tmp", "--xla_cpu_multi_thread_eigen=false")
 
 
 @pytest.mark.slow  # three 120-step runs of GPT-2 micro, two of them hybrid

@@ -47,6 +47,7 @@ def test_branches_are_the_three_transitions():
   assert [int(b) for b in Branch] == list(range(len(BRANCH_NAMES)))
 
 
+@pytest.mark.cross_program
 def test_real_steps_equal_baseline_steps_bit_exactly():
   # Before its first PREDICT phase a hybrid run takes only real steps (WARMUP, FULL): each is the
   # baseline's optimizer step, bit for bit, with the trajectory bookkeeping beside it. (With
