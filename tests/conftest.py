@@ -28,8 +28,9 @@ TEST_DATA = os.path.join(ROOT, "tests", "data")
 # The older emitters compile a reduction differently by what it is fused with, so two different
 # programs that compute the same thing may round it differently: a hybrid real step, whose
 # statistics share the gradient norm's per-leaf sums, and the baseline's step do. A test that
-# compares two such programs bit for bit is marked `cross_program` and runs in a subprocess with
-# XLA's own fusion emitters (`EMITTER_FLAGS`), which users' programs compile with.
+# compares two different programs bit for bit, or a program with a record made at `EMITTER_FLAGS`
+# (tests/data/*_numerics.json, by scripts/method_numerics.py), is marked `cross_program` and runs
+# in a subprocess with XLA's own fusion emitters (`EMITTER_FLAGS`), which users' programs use.
 EMITTER_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 XLA_TEST_FLAGS = f"{EMITTER_FLAGS} {LEGACY_EMITTERS}"
@@ -260,31 +261,62 @@ _COST = {
 }
 
 
-def run_pytest(nodeids: list[str], basetemp, xla_flags: str, timeout: int = 3000) -> None:
-  """Runs `nodeids` in a fresh pytest process (no xdist) with `xla_flags`; fails with its output
-  unless every one ran and passed."""
+def subprocess_outcomes(
+  nodeids: list[str], basetemp, xla_flags: str, timeout: int = 3000
+) -> tuple[dict[str, str], str]:
+  """Runs `nodeids` in a fresh pytest process (no xdist) with `xla_flags`. Returns each node's
+  outcome as pytest's summary names it ('PASSED', 'FAILED', 'ERROR', ...) and the output's tail."""
   import subprocess
   import sys
 
   env = dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
-  args = ["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "", f"--basetemp={basetemp}", *nodeids]
+  args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "", f"--basetemp={basetemp}", *nodeids]
   r = subprocess.run(
     [sys.executable, "-m", "pytest", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
   )
-  assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-  last = r.stdout.strip().splitlines()[-1]
-  assert " passed" in last and "skipped" not in last and "deselected" not in last, r.stdout[-2000:]
+  outcomes = {}
+  _, _, summary = r.stdout.partition("short test summary info")
+  for line in summary.splitlines():
+    outcome, _, rest = line.partition(" ")
+    if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS") and rest:
+      outcomes[rest.split(" - ", 1)[0]] = outcome
+  return outcomes, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+def run_pytest(nodeids: list[str], basetemp, xla_flags: str, timeout: int = 3000) -> None:
+  """Runs `nodeids` as `subprocess_outcomes` does; fails with its output unless every test they name
+  ran and passed."""
+  outcomes, output = subprocess_outcomes(nodeids, basetemp, xla_flags, timeout)
+  assert outcomes and set(outcomes.values()) == {"PASSED"}, output
+
+
+# The outcome of each `cross_program` test run so far in a subprocess, and that subprocess's output.
+_CROSS_PROGRAM: dict[str, tuple[str, str]] = {}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
   """A `cross_program` test in a process compiled with the older emitters runs in a subprocess
-  with `EMITTER_FLAGS` instead (see `XLA_TEST_FLAGS`)."""
-  if pyfuncitem.get_closest_marker("cross_program") and LEGACY_EMITTERS in os.environ.get("XLA_FLAGS", "").split():
+  with `EMITTER_FLAGS` instead (see `XLA_TEST_FLAGS`): with the other selected `cross_program`
+  tests of its module, so that its module's fixtures are made once."""
+  if not pyfuncitem.get_closest_marker("cross_program"):
+    return None
+  if LEGACY_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
+    return None
+  nodeid = pyfuncitem.nodeid
+  if nodeid not in _CROSS_PROGRAM:
+    module = nodeid.split("::", 1)[0]
+    batch = [
+      item.nodeid
+      for item in pyfuncitem.session.items
+      if item.nodeid.split("::", 1)[0] == module and item.get_closest_marker("cross_program")
+    ]
     basetemp = pyfuncitem.config._tmp_path_factory.mktemp("cross_program")
-    run_pytest([pyfuncitem.nodeid], basetemp, EMITTER_FLAGS)
-    return True
-  return None
+    outcomes, output = subprocess_outcomes(batch, basetemp, EMITTER_FLAGS)
+    _CROSS_PROGRAM.update({n: (outcomes.get(n, "NOT RUN"), output) for n in batch})
+  outcome, output = _CROSS_PROGRAM[nodeid]
+  assert outcome == "PASSED", f"{nodeid}, run with XLA's fusion emitters ({EMITTER_FLAGS}): {outcome}\n{output}"
+  return True
 
 
 def _unit(nodeid: str) -> str:

@@ -210,6 +210,7 @@ def quick(tmp_path_factory, jax_cache):
   return workdir, config, benchmark.run_benchmark(config, workdir)
 
 
+@pytest.mark.cross_program
 @pytest.mark.slow  # the whole GPT-2 protocol (~70 s); the default suite runs it on the MLP (below)
 def test_quick_protocol_computes_what_it_did_when_recorded(quick):
   """The quick protocol's losses and step counts, kept as recorded (scripts/method_numerics.py): on the

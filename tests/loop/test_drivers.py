@@ -69,6 +69,7 @@ def runs(tmp_path_factory, jax_cache):
   return out
 
 
+@pytest.mark.cross_program
 def test_same_phase_sequence_and_per_step_trace(runs):
   traces = {name: _records(w)["step"] for name, (_, w, _) in runs.items()}
   host = traces["host"]
@@ -81,6 +82,7 @@ def test_same_phase_sequence_and_per_step_trace(runs):
     assert traces[name] == host, name
 
 
+@pytest.mark.cross_program
 def test_same_final_state_and_checkpoints(runs):
   states = {}
   for name, (c, w, _) in runs.items():
@@ -204,6 +206,7 @@ def test_resume_from_a_k4_checkpoint_continues_identically(runs, tmp_path):
       assert r[k] == ref_train[r["step"]][k], (r["step"], k)
 
 
+@pytest.mark.cross_program
 def test_one_step_per_call_is_host_dispatch_too(runs, tmp_path, jax_cache):
   """Fused dispatch at K=1: host dispatch's trace, records, summary and final state, bit for bit."""
   c, w = _config("switch", jax_cache), str(tmp_path / "switch")

@@ -84,6 +84,7 @@ def test_resume_refuses_other_config(tmp_path, jax_cache):
 
 # Both dispatches run with the slow tests (CI): the default suite's budget; the transitions' own
 # equality with the baseline step is checked in tests/methods/test_velocity.py.
+@pytest.mark.cross_program
 @pytest.mark.parametrize(
   "dispatch", [pytest.param("switch", marks=pytest.mark.slow), pytest.param("host", marks=pytest.mark.slow)]
 )
@@ -130,6 +131,7 @@ def test_bit_exact_claims_at_default_xla_optimization(tmp_path):
   run_pytest(tests, tmp_path / "tmp", "--xla_cpu_multi_thread_eigen=false")
 
 
+@pytest.mark.cross_program
 @pytest.mark.slow  # three 120-step runs of GPT-2 micro, two of them hybrid
 def test_micro_gpt2_hybrid_close_to_baseline_with_flat_memory_at_phase_changes(tmp_path, jax_cache):
   # Hybrid training on GPT-2 micro ends within 5% of the baseline's eval loss while predicting,

@@ -291,6 +291,7 @@ def test_a_jump_run_counts_backward_passes_batches_and_skipped_steps(tmp_path, j
   assert len(jumps) == s["jumps"] and sum(r["jump_k"] for r in jumps) == s["jump_steps"]
 
 
+@pytest.mark.cross_program
 @pytest.mark.slow  # two end-to-end runs; CI runs the slow tests
 def test_with_prediction_off_the_jump_predictor_is_the_averaged_baseline_bit_for_bit(tmp_path, jax_cache):
   base = cached(micro_config(steps=30), jax_cache)

@@ -20,6 +20,7 @@ from conftest import load_script
 EARLY = 10  # steps every recorded config takes as real steps (its warm-up is longer)
 
 
+@pytest.mark.cross_program
 @pytest.mark.slow  # six 300-step runs, mostly compiling; CI runs the slow tests
 def test_every_built_in_method_computes_what_it_did_when_recorded():
   numerics = load_script("method_numerics")
