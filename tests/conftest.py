@@ -19,9 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_DATA = os.path.join(ROOT, "tests", "data")
 
 # Keep tests off the user's caches and make CPU runs deterministic and quiet. Compiling dominates
-# the suite's run time, so the suite compiles at LLVM -O0 and with XLA:CPU's older fusion emitters
-# (`LEGACY_EMITTERS`): together about 4x faster to compile than XLA's defaults, and the tests check
-# results, never speed. Set XLA_FLAGS to run the suite with other flags;
+# the suite's run time, so the suite compiles at LLVM -O0 (severalfold faster to compile) and with
+# XLA:CPU's older fusion emitters (`LEGACY_EMITTERS`: the hybrid step's programs compile about 2.5x
+# faster again). The tests check results, never speed. Set XLA_FLAGS to run the suite with other flags;
 # tests/loop/test_train.py::test_bit_exact_claims_at_default_xla_optimization (slow) re-runs the
 # bit-exact tests at XLA's default level.
 #
