@@ -269,7 +269,9 @@ def subprocess_outcomes(
   import subprocess
   import sys
 
-  env = dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
+  # Not an xdist worker: the subprocess keeps its own compilation cache under its own basetemp.
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+  env.update(XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
   args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "", f"--basetemp={basetemp}", *nodeids]
   r = subprocess.run(
     [sys.executable, "-m", "pytest", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
