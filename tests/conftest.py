@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -296,29 +297,35 @@ def run_pytest(nodeids: list[str], basetemp, xla_flags: str, timeout: int = 3000
 _CROSS_PROGRAM: dict[str, tuple[str, str]] = {}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-  """A `cross_program` test in a process compiled with the older emitters runs in a subprocess
-  with `EMITTER_FLAGS` instead (see `XLA_TEST_FLAGS`): with the other selected `cross_program`
-  tests of its module, so that its module's fixtures are made once."""
-  if not pyfuncitem.get_closest_marker("cross_program"):
-    return None
-  if LEGACY_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
-    return None
-  nodeid = pyfuncitem.nodeid
+def _run_cross_program(item: pytest.Function) -> None:
+  """`item`, run in a subprocess with `EMITTER_FLAGS` together with the other selected
+  `cross_program` tests of its module (so that its module's fixtures are made once), unless an
+  earlier test of the module ran it already; fails unless it passed there."""
+  nodeid = item.nodeid
   if nodeid not in _CROSS_PROGRAM:
     module = nodeid.split("::", 1)[0]
-    batch = [
-      item.nodeid
-      for item in pyfuncitem.session.items
-      if item.nodeid.split("::", 1)[0] == module and item.get_closest_marker("cross_program")
-    ]
-    basetemp = pyfuncitem.config._tmp_path_factory.mktemp("cross_program")
+    batch = [i.nodeid for i in item.session.items if i.nodeid.split("::", 1)[0] == module and _is_cross_program(i)]
+    basetemp = item.config._tmp_path_factory.mktemp("cross_program")
     outcomes, output = subprocess_outcomes(batch, basetemp, EMITTER_FLAGS)
     _CROSS_PROGRAM.update({n: (outcomes.get(n, "NOT RUN"), output) for n in batch})
   outcome, output = _CROSS_PROGRAM[nodeid]
   assert outcome == "PASSED", f"{nodeid}, run with XLA's fusion emitters ({EMITTER_FLAGS}): {outcome}\n{output}"
-  return True
+
+
+def _is_cross_program(item: pytest.Item) -> bool:
+  return item.get_closest_marker("cross_program") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+  """In a process compiled with the older emitters, a `cross_program` test runs in a subprocess
+  instead (see `XLA_TEST_FLAGS` and `_run_cross_program`), and sets up none of its fixtures here:
+  the subprocess makes them."""
+  if LEGACY_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
+    return
+  for item in items:
+    if _is_cross_program(item):
+      item.setup = lambda: None
+      item.runtest = functools.partial(_run_cross_program, item)
 
 
 def _unit(nodeid: str) -> str:

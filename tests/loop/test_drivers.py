@@ -22,8 +22,10 @@ from hybridjax.loop import train as train_lib
 
 # Three hybrid trainings through `train()` (~75 s): the slow set CI runs. The default suite keeps the
 # same equivalence at the step level (tests/methods/test_velocity.py::
-# test_fused_switch_and_scan_equal_host_dispatch), on the same programs.
-pytestmark = pytest.mark.slow
+# test_fused_switch_and_scan_equal_host_dispatch), on the same programs. Every test here compares
+# the dispatches' programs (or reads the runs that do), so the module is `cross_program` as a whole:
+# one subprocess with XLA's fusion emitters trains the runs once (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.cross_program]
 
 STEPS, LOG, CKPT = hh.CTX_STEPS, 4, 8
 # The module fixture compares host dispatch with fused dispatch at K=4 (the case with the most to get
@@ -69,7 +71,6 @@ def runs(tmp_path_factory, jax_cache):
   return out
 
 
-@pytest.mark.cross_program
 def test_same_phase_sequence_and_per_step_trace(runs):
   traces = {name: _records(w)["step"] for name, (_, w, _) in runs.items()}
   host = traces["host"]
@@ -82,7 +83,6 @@ def test_same_phase_sequence_and_per_step_trace(runs):
     assert traces[name] == host, name
 
 
-@pytest.mark.cross_program
 def test_same_final_state_and_checkpoints(runs):
   states = {}
   for name, (c, w, _) in runs.items():
@@ -206,7 +206,6 @@ def test_resume_from_a_k4_checkpoint_continues_identically(runs, tmp_path):
       assert r[k] == ref_train[r["step"]][k], (r["step"], k)
 
 
-@pytest.mark.cross_program
 def test_one_step_per_call_is_host_dispatch_too(runs, tmp_path, jax_cache):
   """Fused dispatch at K=1: host dispatch's trace, records, summary and final state, bit for bit."""
   c, w = _config("switch", jax_cache), str(tmp_path / "switch")
