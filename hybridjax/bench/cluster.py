@@ -225,10 +225,11 @@ class RayExecutor:
     self._connect({"py_modules": list(keys_lib.code_packages(modules)), "env_vars": _task_env(self.gpus_per_run)})
     versions = keys_lib.library_versions(modules)
     # A corpus of the user's goes to the object store once per benchmark; each node unpacks it once.
-    for path in corpus_paths(todo):
+    paths = corpus_paths(todo)
+    for path in paths:
       if path not in self._corpora:
         self._corpora[path] = self.ray.put(pack_corpus(path))
-    corpora = {path: self._corpora[path] for path in corpus_paths(todo)}
+    corpora = {path: self._corpora[path] for path in paths}
     remote = self.ray.remote(_run_on_worker).options(
       num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False
     )
