@@ -54,6 +54,7 @@ def _latest(workdir, config):
   return restore_latest(workdir, config)[1]
 
 
+@pytest.mark.slow  # three GPT-2 runs compiled in a subprocess; OuterStepTest checks the update itself
 @pytest.mark.cross_program
 def test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not(tmp_path, jax_cache):
   base = cached(micro_config(steps=12), jax_cache)

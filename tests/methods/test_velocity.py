@@ -47,11 +47,10 @@ def test_branches_are_the_three_transitions():
   assert [int(b) for b in Branch] == list(range(len(BRANCH_NAMES)))
 
 
-@pytest.mark.cross_program
-def test_real_steps_equal_baseline_steps_bit_exactly():
+def _real_steps_and_baseline_steps(exact: bool):
   # Before its first PREDICT phase a hybrid run takes only real steps (WARMUP, FULL): each is the
-  # baseline's optimizer step, bit for bit, with the trajectory bookkeeping beside it. (With
-  # prediction off for a whole run, through `train`: tests/loop/test_train.py.)
+  # baseline's optimizer step, with the trajectory bookkeeping beside it. (With prediction off for
+  # a whole run, through `train`: tests/loop/test_train.py.)
   s = hh.setup()
   n = s.ctx.control.warmup_steps + s.ctx.control.full_steps
   state, trace = s.run(n)
@@ -64,10 +63,28 @@ def test_real_steps_equal_baseline_steps_bit_exactly():
   assert [int(m["phase"]) for m in trace] == [Phase.WARMUP] * s.ctx.control.warmup_steps + [Phase.FULL] * (
     n - s.ctx.control.warmup_steps
   )
-  chex.assert_trees_all_equal(state.train.params, base.params)
-  chex.assert_trees_all_equal(state.train.opt_state, base.opt_state)
-  np.testing.assert_array_equal([m["loss"] for m in trace], jax.device_get(losses))
   assert int(state.train.step) == int(base.step) == n
+  hybrid_losses, base_losses = [m["loss"] for m in trace], jax.device_get(losses)
+  if exact:
+    chex.assert_trees_all_equal(state.train.params, base.params)
+    chex.assert_trees_all_equal(state.train.opt_state, base.opt_state)
+    np.testing.assert_array_equal(hybrid_losses, base_losses)
+  else:
+    chex.assert_trees_all_close(state.train.params, base.params, rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(state.train.opt_state, base.opt_state, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(hybrid_losses, base_losses, rtol=1e-5)
+
+
+def test_real_steps_are_baseline_steps():
+  # In this process (the suite's older fusion emitters, tests/conftest.py) the two different programs
+  # may round a reduction differently: equal up to float32 rounding. Bit for bit: the test below.
+  _real_steps_and_baseline_steps(exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.cross_program
+def test_real_steps_equal_baseline_steps_bit_exactly():
+  _real_steps_and_baseline_steps(exact=True)
 
 
 def _state_in_predict(s, warm_steps=30, seed=0):
