@@ -112,11 +112,11 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
   # The fairness ladder (`hybridjax.bench.ladder`, docs/benchmark.md): every arm from a claim's own
-  # conditions (R0: equal steps, untuned constant LR) up to the tuned, averaged baselines (R4, R5).
+  # conditions (R0: equal steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6).
   b.ladder = False  # True: run the ladder's rungs instead of one family's protocol
   b.ladder_rungs = "R0,R1,R2,R3,R4,R5,R6"
   b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
-  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"  # arms run at R3-R5 only
+  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"  # arms run at the tuned rungs R3-R6 only
   b.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
   b.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau

@@ -76,7 +76,7 @@ def rungs_of(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def arms_at(config: ml_collections.ConfigDict, group: str) -> list[str]:
-  """The arms a group runs: `ladder_methods` everywhere; at R3-R5 also `ladder_cosine_methods` and
+  """The arms a group runs: `ladder_methods` everywhere; at R3-R6 also `ladder_cosine_methods` and
   the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs
   keep every arm the protocol runs."""
   b = config.benchmark
