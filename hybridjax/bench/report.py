@@ -295,16 +295,28 @@ def ladder_table(results: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def compute_clause(result: dict[str, Any]) -> str:
+  """What a published ladder or recipe cost: the runs its invocations trained and in how long, and
+  how many more it read from the run cache (trained by a family's benchmark, or by a sitting that
+  was stopped before it published: those runs' compute is not in the hours)."""
+  calls = result.get("invocations") or [
+    {"wall_s": result["wall_s"], "runs_trained": result["runs_trained"], "runs_cached": result["runs_cached"]}
+  ]
+  cached = sum(c.get("runs_cached", 0) for c in calls)
+  return (
+    f"{sum(c['runs_trained'] for c in calls)} runs trained in {sum(c['wall_s'] for c in calls) / 3600:.1f} h "
+    f"over {len(calls)} invocation(s) on {result['machine'].get('cpu_cores', '?')} "
+    f"{result['machine'].get('platform', 'cpu')} cores" + (f", {cached} more read from the run cache" if cached else "")
+  )
+
+
 def ladder_scale(result: dict[str, Any]) -> str:
   """One line on what a scale ran: N, its rungs' seeds, the tuned LRs against the untuned one."""
   seeds = sorted({tuple(result["rungs"][r]["seeds"]) for r in result["rung_names"]})
   lrs = ", ".join(f"{r} {result['rungs'][r]['lr']:.3g}" for r in result["rung_names"])
-  calls = result.get("invocations") or [{"wall_s": result["wall_s"], "runs_trained": result["runs_trained"]}]
   return (
     f"`{result['preset']}`: N = {result['steps']}, headline seeds {' / '.join(str(list(s)) for s in seeds)}, "
-    f"peak LR by rung {lrs}; {sum(c['runs_trained'] for c in calls)} runs trained in "
-    f"{sum(c['wall_s'] for c in calls) / 3600:.1f} h over {len(calls)} invocation(s) on "
-    f"{result['machine'].get('cpu_cores', '?')} {result['machine'].get('platform', 'cpu')} cores"
+    f"peak LR by rung {lrs}; {compute_clause(result)}"
   )
 
 
@@ -459,15 +471,12 @@ def recipe_table(results: Sequence[dict[str, Any]]) -> str:
 
 def recipe_scale(result: dict[str, Any]) -> str:
   """One line on what a scale ran."""
-  calls = result.get("invocations") or [{"wall_s": result["wall_s"], "runs_trained": result["runs_trained"]}]
   total = result["total_speedup"]
   wall = total.get("wallclock_ratio") or {}
   wall_text = f", {wall['mean']:.2f}× in wall-clock" if wall.get("mean") is not None else ""
   return (
     f"`{result['preset']}`: N = {result['steps']}, headline seeds {result['figures'][0]['seeds']}; the whole "
-    f"recipe {speedup_cell(total)} fewer steps than R4{wall_text}; {sum(c['runs_trained'] for c in calls)} runs "
-    f"trained in {sum(c['wall_s'] for c in calls) / 3600:.1f} h over {len(calls)} invocation(s) on "
-    f"{result['machine'].get('cpu_cores', '?')} {result['machine'].get('platform', 'cpu')} cores"
+    f"recipe {speedup_cell(total)} fewer steps than R4{wall_text}; {compute_clause(result)}"
   )
 
 

@@ -270,6 +270,21 @@ def test_a_recipe_step_reads_its_speedup_on_the_anchors_curve():
   assert report.speedup_cell(f["speedup"]).startswith("> ")
 
 
+def test_a_published_scale_names_the_runs_it_read_from_the_cache():
+  """A ladder or recipe resumed from runs an earlier, stopped sitting trained says so: their compute
+  is not in its hours."""
+  machine = {"cpu_cores": 2, "platform": "cpu"}
+  calls = [
+    {"wall_s": 3600.0, "runs_trained": 5, "runs_cached": 0},
+    {"wall_s": 1800.0, "runs_trained": 2, "runs_cached": 3},
+  ]
+  assert report.compute_clause({"machine": machine, "invocations": calls}) == (
+    "7 runs trained in 1.5 h over 2 invocation(s) on 2 cpu cores, 3 more read from the run cache"
+  )
+  alone = {"machine": machine, "wall_s": 720.0, "runs_trained": 4, "runs_cached": 0}
+  assert report.compute_clause(alone) == "4 runs trained in 0.2 h over 1 invocation(s) on 2 cpu cores"
+
+
 def test_bad_recipe_settings_name_the_field_and_the_step():
   c = benchmark_cfg.get_config("quick")
   c.benchmark.recipe_tricks = "schedule,warp"
