@@ -181,6 +181,60 @@ def test_the_readmes_recipe_figures_are_the_published_ones():
   assert f"the\nrecipe ends at {total['mean']:.2f}×" in readme
 
 
+def test_the_readmes_tiny_recipe_figures_are_the_published_ones():
+  """The `tiny` figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio,
+  Muon's and the #5 group's steps, and that the last step is the best) are those of
+  docs/results/recipe/recipe-tiny.json."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
+    result = json.load(f)
+  total = result["total_speedup"]
+  steps = {r["name"]: r["speedup"]["mean"] for r in result["figures"]}
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert f"**{total['mean']:.2f}× ({total['wallclock_ratio']['mean']:.2f}× in wall-clock)** on `tiny`" in readme
+  assert f"Muon again gives most of it ({steps['muon']:.2f}×)" in readme
+  assert f"the #5 group again loses ground ({steps['modern_arch']:.2f}×)" in readme
+  assert steps["modern_arch"] < steps["muon"] and steps["rotary"] < steps["muon"]
+  assert f"the recipe ends at {total['mean']:.2f}×, its best step" in readme
+  assert max(steps, key=steps.get) == total["name"] == "value_embeds"
+
+
+def test_the_recipe_pages_tiny_figures_are_the_published_ones():
+  """docs/recipe.md's account of `tiny` (each quoted step, the total, what the last invocation trained
+  and read from the cache, the curve's end) is docs/results/recipe/recipe-tiny.json's."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
+    result = json.load(f)
+  rows = {r["name"]: r for r in result["figures"]}
+  page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
+  total = result["total_speedup"]
+  wall = total["wallclock_ratio"]["mean"]
+  assert f"{total['mean']:.2f}× ± {total['std']:.2f} as many steps for ({wall:.2f}× in wall-clock)" in page
+  for text, name in [
+    ("the schedule", "schedule"),
+    ("rotary", "rotary"),
+    ("Muon", "muon"),
+    ("the untied head", "untied_head"),
+  ]:
+    assert (
+      f"{text} {rows[name]['speedup']['mean']:.2f}×" in page or f"{text} ({rows[name]['speedup']['mean']:.2f}×)" in page
+    )
+  assert f"the step before ({rows['modern_arch']['speedup']['mean']:.2f}×)" in page
+  assert f"the U-net skips ({rows['unet']['speedup']['mean']:.2f}×)" in page
+  assert [rows[n]["vs_previous"]["verdict"] for n in ("modern_arch", "untied_head", "unet")] == [
+    "higher",
+    "lower",
+    "lower",
+  ]
+  assert [rows[n]["vs_previous"]["verdict"] for n in ("embed_skips", "value_embeds")] == ["no difference"] * 2
+  assert result["anchor"]["budgets"][-1] == 6 * result["steps"] and not any(
+    r["speedup"]["lower_bound"] for r in rows.values()
+  )
+  (call,) = result["invocations"]
+  assert f"({call['runs_trained']} runs)" in page and f"from the cache ({call['runs_cached']}," in page
+  assert len(os.listdir(os.path.join(ROOT, "docs", "results", "recipe", "tiny-run-cache"))) == (
+    call["runs_trained"] + call["runs_cached"]
+  )
+
+
 def test_the_readmes_r6_figures_are_the_published_ones():
   """The R6 figures the README's prose quotes (the best arm's pass ratio, selective backprop's loss gap,
   pass and wall-clock ratios) are those of docs/results/ladder/ladder-long.json."""
