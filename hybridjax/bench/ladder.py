@@ -32,7 +32,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import time
 from typing import Any
 
@@ -242,17 +241,6 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
   return out
 
 
-def _loss_at(curve: list[dict[str, Any]], step: float) -> tuple[int, float] | None:
-  """(step, raw eval loss) of the curve's eval point nearest `step`, when one lies within half the
-  curve's eval interval of it (else None: the curve has no reading there)."""
-  if not curve:
-    return None
-  steps = [p["step"] for p in curve]
-  interval = min(b - a for a, b in zip([0] + steps, steps))
-  p = min(curve, key=lambda p: abs(p["step"] - step))
-  return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
-
-
 def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
   """The group's runs that sit on an early plateau: a raw eval loss at N/10 or at N more than
   `margin` (relative) above the median of the same arm's runs (or the baseline's) over the seeds,
@@ -265,18 +253,7 @@ def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any
     ]
   for m, per in group["method_runs"].items():
     kinds[m] = {s: r["curve"] for s, r in per.items()}
-  flagged = []
-  for label, curves in kinds.items():
-    for point in (n / 10, n):
-      read = {s: _loss_at(c, point) for s, c in curves.items()}
-      present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
-      if len(present) < 3:
-        continue
-      median = statistics.median(v[1] for v in present)
-      for s, v in read.items():
-        if v is not None and (not math.isfinite(v[1]) or v[1] > median * (1 + margin)):
-          flagged.append({"run": label, "seed": s, "at_step": v[0], "loss": v[1], "median_over_seeds": median})
-  return flagged
+  return protocol.plateau_runs(kinds, n, margin)
 
 
 def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, dict[str, Any]]:

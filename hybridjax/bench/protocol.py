@@ -25,12 +25,16 @@ The protocol compares a method with a baseline on one figure, the *step ratio*:
    counts of nulls and lower bounds), and two settings measured on the same seeds are compared with
    `paired_difference` (mean difference against twice its standard error). `mean_std` is the plain
    [mean, sample std] of a list of numbers.
+5. A run that sits on an early plateau (`plateau_runs`: its eval loss at N/10 or at N more than a margin
+   above the median of the same runs' over the seeds) is flagged; the ladder and the recipe then add
+   headline seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -257,3 +261,34 @@ def paired_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.n
   else:
     verdict = "lower" if mean < 0 else "higher"
   return {"mean": mean, "std": std, "se": se, "n": n, "differences": d.tolist(), "verdict": verdict}
+
+
+def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, float] | None:
+  """(step, raw eval loss) of the eval point of `curve` nearest `step`, or None when none lies within
+  half an eval interval of it."""
+  if not curve:
+    return None
+  steps = [p["step"] for p in curve]
+  interval = min(b - a for a, b in zip([0] + steps, steps))
+  p = min(curve, key=lambda p: abs(p["step"] - step))
+  return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
+
+
+def plateau_runs(curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float) -> list[dict[str, Any]]:
+  """The runs that sit on an early plateau. `curves`: {label: {seed: eval curve}}, the runs of one
+  setting per label. A run is flagged whose raw eval loss at N/10 or at N (the eval point nearest
+  there) is more than `margin` (relative) above the median of its label's runs over the seeds, or
+  not finite. Comparing a run with its own setting's other seeds flags a seed that fell behind, never
+  a setting that is simply worse; a label with fewer than three seeds read is not judged."""
+  flagged = []
+  for label, per_seed in curves.items():
+    for point in (n / 10, n):
+      read = {s: eval_loss_near(c, point) for s, c in per_seed.items()}
+      present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
+      if len(present) < 3:
+        continue
+      median = statistics.median(v[1] for v in present)
+      for s, v in read.items():
+        if v is not None and (not math.isfinite(v[1]) or v[1] > median * (1 + margin)):
+          flagged.append({"run": label, "seed": s, "at_step": v[0], "loss": v[1], "median_over_seeds": median})
+  return flagged

@@ -18,6 +18,11 @@ anchor (the tuned, averaged AdamW-cosine GPT-2), and measures each cumulative st
   interleaved in one process, as the ladder times its arms;
 * its paired verdict against the previous step (the anchor's N-step runs for the first).
 
+Three headline seeds, and more when the plateau rule fires (`protocol.plateau_runs`: a step's run, or
+the anchor's N-step run, far above its seeds' median at N/10 or N): then every step and the anchor's
+curve add `benchmark.plateau_seeds`, so each step stays paired with the one before it and read on
+the anchor's curve seed by seed.
+
 A trick that does not help is reported as it measured ("no difference", "higher"); none is dropped.
 """
 
@@ -205,7 +210,9 @@ def train_steps(
   for k, name in enumerate(configs):
     runs = results[k * len(seeds) : (k + 1) * len(seeds)]
     ch = chosen[name]
+    curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
+      "plateaus": protocol.plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
       "runs": {
         str(r["seed"]): {
           "final_raw": r["final_raw"],
@@ -217,6 +224,20 @@ def train_steps(
       },
     }
   return out
+
+
+def anchor_plateaus(curves: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
+  """The anchor's N-step runs (`tuning.budget_curves`' runs) that sit on an early plateau."""
+  at_n = {key.split("/")[0]: r["curve"] for key, r in curves["runs"].items() if r["steps"] == n}
+  return protocol.plateau_runs({"anchor": at_n}, n, margin)
+
+
+def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collections.ConfigDict:
+  """`config` with `seeds` as its headline seeds (a run's spec holds no benchmark field: the runs
+  already trained stay cached)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.seeds = tuple(seeds)
+  return c
 
 
 def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -317,6 +338,16 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
     curves = tuning.budget_curves(acfg, runner, tuned)
     configs = step_configs(config, tuned["best_lr"])
     steps = train_steps(configs, config, runner)
+    flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]
+    added = [int(s) for s in b.plateau_seeds if int(s) not in [int(x) for x in b.seeds]]
+    if flagged and added:
+      print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
+      config = with_seeds(config, [int(x) for x in b.seeds] + added)
+      b = config.benchmark
+      acfg = anchor_config(config, extra)
+      curves = tuning.budget_curves(acfg, runner, tuned)
+      steps = train_steps(configs, config, runner)
+    plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
     for factor in b.recipe_budget_extensions:
       if not _below_curve(steps, anchor_curves(curves)):
         break
@@ -353,6 +384,7 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
       "at_n": at_n,
     },
     "step_runs": steps,
+    "plateaus": plateaus,
     "timing": timed,
     "runs_trained": runner.ran,
     "runs_cached": runner.reused,

@@ -442,6 +442,9 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
   got = stored["figures"][-1]["speedup"]["per_seed"][0]
   assert (got is None and reach.steps is None) or got == pytest.approx(reach.steps / n)
   assert stored["total_speedup"]["name"] == "muon"
+  # Two headline seeds are too few to judge a plateau (three at least): none flagged, none added.
+  assert stored["plateaus"] == {"runs": [], "seeds_added": []}
+  assert all(step["plateaus"] == [] for step in stored["step_runs"].values())
   # Each step is paired with the one before it; the anchor with nothing.
   assert stored["figures"][0]["vs_previous"] is None and stored["figures"][2]["vs_previous"]["n"] == len(
     c.benchmark.seeds

@@ -4,6 +4,7 @@ quick protocol's runs in tests/bench/test_benchmark.py."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -17,7 +18,7 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import ladder, protocol, recipe, report
+from hybridjax.bench import keys, ladder, protocol, recipe, report, specs, tuning
 
 
 def _config():
@@ -283,6 +284,51 @@ def test_a_published_scale_names_the_runs_it_read_from_the_cache():
   )
   alone = {"machine": machine, "wall_s": 720.0, "runs_trained": 4, "runs_cached": 0}
   assert report.compute_clause(alone) == "4 runs trained in 0.2 h over 1 invocation(s) on 2 cpu cores"
+
+
+def test_the_recipe_flags_an_anchor_run_on_a_plateau_and_adds_seeds_that_keep_every_key():
+  """The recipe's plateau rule on the anchor's N-step runs (one seed stuck at N/10), and the config
+  with the added seeds: a run's spec holds no benchmark field, so every run already trained keeps its
+  cache key."""
+  n = 100
+  runs = {f"{s}/{n}": {"steps": n, "curve": _curve([2.5, 2.0, 1.8])} for s in ("1", "2")}
+  runs["3/100"] = {"steps": n, "curve": _curve([2.9, 2.0, 1.8])}  # stuck early, recovered by N
+  runs["3/200"] = {"steps": 200, "curve": _curve([9.0])}  # another budget: not an N-step run
+  flagged = recipe.anchor_plateaus({"runs": runs}, n, margin=0.05)
+  assert [(p["run"], p["seed"], p["at_step"]) for p in flagged] == [("anchor", "3", 10)]
+  c = benchmark_cfg.get_config("quick")
+  more = recipe.with_seeds(c, [1, 2, 4, 5])
+  assert tuple(more.benchmark.seeds) == (1, 2, 4, 5) and tuple(c.benchmark.seeds) != (1, 2, 4, 5)
+  spec = functools.partial(specs.run_spec, kind="anchor", seed=4, lr=1e-3, steps=40, beta=0.9)
+  assert keys.run_key(spec(more)) == keys.run_key(spec(c))
+
+
+def test_the_tiny_recipes_runs_sit_on_no_plateau():
+  """The plateau rule on the published `tiny` recipe, read from its committed run cache (each run's
+  eval curve): no step's run and no anchor N-step run is flagged, so its three headline seeds stand."""
+  path = os.path.join(PUBLISHED, "recipe", "recipe-tiny.json")
+  with open(path) as f:
+    result = json.load(f)
+  cache = os.path.join(PUBLISHED, "recipe", "tiny-run-cache")
+
+  def curve(key):
+    with open(os.path.join(cache, key + ".json")) as f:
+      return json.load(f)["curve"]
+
+  n, margin = result["steps"], result["config"]["benchmark"]["plateau_margin"]
+  steps = {name: {s: curve(r["key"]) for s, r in st["runs"].items()} for name, st in result["step_runs"].items()}
+  assert all(len(per_seed) == 3 for per_seed in steps.values())
+  assert protocol.plateau_runs(steps, n, margin) == []
+  a = result["anchor"]  # its N-step runs: the cached runs at its LR whose averaged loss is its loss at N
+  anchor = {}
+  for name in os.listdir(cache):
+    with open(os.path.join(cache, name)) as f:
+      run = json.load(f)
+    s = str(run["seed"])
+    if run["steps"] == n and run["lr"] == a["lr"] and tuning.averaged_loss(run, a["beta"]) == a["at_n"].get(s):
+      anchor[s] = run["curve"]
+  assert sorted(anchor) == sorted(a["at_n"]) == ["1", "2", "3"]
+  assert protocol.plateau_runs({"anchor": anchor}, n, margin) == []
 
 
 def test_bad_recipe_settings_name_the_field_and_the_step():
