@@ -106,10 +106,6 @@ def validate_ladder(config: ml_collections.ConfigDict) -> None:
     errors.append(
       f"benchmark.constant_eval_points must be >= 4 (eval points over a 2N constant run), got {b.constant_eval_points}"
     )
-  if not float(b.plateau_margin) > 0:
-    errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
-  if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):
-    errors.append("benchmark.plateau_seeds must not repeat a headline or tuning seed")
   if errors:
     raise ValueError("; ".join(errors))
 

@@ -346,8 +346,11 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
       b = config.benchmark
       acfg = anchor_config(config, extra)
       curves = tuning.budget_curves(acfg, runner, tuned)
+      configs = step_configs(config, tuned["best_lr"])
       steps = train_steps(configs, config, runner)
     plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
+    if plateaus["seeds_added"]:  # the rule read again over every seed (each step's own: its `plateaus`)
+      plateaus["anchor_after"] = anchor_plateaus(curves, n, float(b.plateau_margin))
     for factor in b.recipe_budget_extensions:
       if not _below_curve(steps, anchor_curves(curves)):
         break

@@ -297,10 +297,10 @@ def ladder_table(results: Sequence[dict[str, Any]]) -> str:
 
 def compute_clause(result: dict[str, Any]) -> str:
   """What a published ladder or recipe cost: the runs its invocations trained and in how long, and
-  how many more it read from the run cache (trained by a family's benchmark, or by a sitting that
-  was stopped before it published: those runs' compute is not in the hours)."""
+  how many more it read from the run cache (trained by a family's benchmark, or by an invocation
+  that was stopped before it published: those runs' compute is not in the hours)."""
   calls = result.get("invocations") or [
-    {"wall_s": result["wall_s"], "runs_trained": result["runs_trained"], "runs_cached": result["runs_cached"]}
+    {"wall_s": result["wall_s"], "runs_trained": result["runs_trained"], "runs_cached": result.get("runs_cached", 0)}
   ]
   cached = sum(c.get("runs_cached", 0) for c in calls)
   return (

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 
 import chex
@@ -452,6 +453,36 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
   with open(os.path.join(workdir, "recipe-quick.md")) as f:
     assert "| schedule |" in f.read()
   assert os.path.getsize(os.path.join(workdir, "recipe-quick.png")) > 1000
+
+
+@pytest.mark.slow
+def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(quick, tmp_path, monkeypatch):
+  """The recipe's plateau extension on the quick runs (a copy of their cache): an anchor run flagged
+  as a plateau adds `benchmark.plateau_seeds` to the anchor's curve and every step, each step stays
+  paired seed by seed with the one before it, and every figure recomputes from recipe.json."""
+  workdir, config, _ = quick
+  shutil.copytree(os.path.join(workdir, "cache"), tmp_path / "cache")
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.recipe = True
+  c.benchmark.update(timing_rounds=2, timing_steps=5, plateau_seeds=(3,))
+  flag = {"run": "anchor", "seed": "2", "at_step": 4, "loss": 9.0, "median_over_seeds": 3.0}
+  seen = []
+
+  def flagged_once(curves, n, margin):  # the first reading flags a run; the reading after the extension none
+    seen.append(sorted({key.split("/")[0] for key in curves["runs"]}))
+    return [flag] if len(seen) == 1 else []
+
+  monkeypatch.setattr(recipe_lib, "anchor_plateaus", flagged_once)
+  result = benchmark.run_benchmark(c, str(tmp_path))
+  assert seen == [["1", "2"], ["1", "2", "3"]]
+  assert result["plateaus"] == {"runs": [flag], "seeds_added": [3], "anchor_after": []}
+  assert sorted(result["anchor"]["at_n"]) == sorted(result["anchor"]["curves"]) == ["1", "2", "3"]
+  for row in result["figures"]:
+    assert row["seeds"] == [1, 2, 3], row["name"]
+  assert result["figures"][-1]["vs_previous"]["n"] == 3
+  with open(tmp_path / "recipe-quick.json") as f:
+    stored = json.load(f)
+  assert json.loads(json.dumps(recipe_lib.recipe_figures(stored))) == stored["figures"]
 
 
 @pytest.mark.slow

@@ -134,11 +134,14 @@ def test_bad_ladder_settings_name_the_field():
   c = _config()
   c.benchmark.ladder_rungs = "R1,R9"
   c.benchmark.ladder_methods = "jump,nope"
-  c.benchmark.plateau_seeds = (1,)
   with pytest.raises(ValueError) as e:
     ladder.validate_ladder(c)
-  for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']", "benchmark.plateau_seeds"):
+  for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']"):
     assert text in str(e.value)
+  c = _config()  # the plateau rule's fields: every protocol's check (the ladder's and the recipe's)
+  c.benchmark.plateau_seeds = (1,)
+  with pytest.raises(ValueError, match="benchmark.plateau_seeds must not repeat a headline"):
+    specs.validate_benchmark(c)
 
 
 PUBLISHED = os.path.join(ROOT, "docs", "results")
@@ -272,8 +275,8 @@ def test_a_recipe_step_reads_its_speedup_on_the_anchors_curve():
 
 
 def test_a_published_scale_names_the_runs_it_read_from_the_cache():
-  """A ladder or recipe resumed from runs an earlier, stopped sitting trained says so: their compute
-  is not in its hours."""
+  """A ladder or recipe resumed from runs an earlier, stopped invocation trained says so: their
+  compute is not in its hours."""
   machine = {"cpu_cores": 2, "platform": "cpu"}
   calls = [
     {"wall_s": 3600.0, "runs_trained": 5, "runs_cached": 0},
@@ -319,19 +322,23 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
   steps = {name: {s: curve(r["key"]) for s, r in st["runs"].items()} for name, st in result["step_runs"].items()}
   assert all(len(per_seed) == 3 for per_seed in steps.values())
   assert protocol.plateau_runs(steps, n, margin) == []
-  a = result["anchor"]  # its N-step runs: the cached runs at its LR whose averaged loss is its loss at N
+  a = result["anchor"]  # its N-step runs: the cached runs at its LR, not a step's, whose averaged loss is its loss at N
+  step_keys = {r["key"] for st in result["step_runs"].values() for r in st["runs"].values()}
   anchor = {}
-  for name in os.listdir(cache):
+  for name in sorted(os.listdir(cache)):
     with open(os.path.join(cache, name)) as f:
       run = json.load(f)
     s = str(run["seed"])
-    if run["steps"] == n and run["lr"] == a["lr"] and tuning.averaged_loss(run, a["beta"]) == a["at_n"].get(s):
+    if run["key"] in step_keys or run["steps"] != n or run["lr"] != a["lr"]:
+      continue
+    if tuning.averaged_loss(run, a["beta"]) == a["at_n"].get(s):
+      assert s not in anchor, f"two cached runs match the anchor's seed {s} at N"
       anchor[s] = run["curve"]
   assert sorted(anchor) == sorted(a["at_n"]) == ["1", "2", "3"]
   assert protocol.plateau_runs({"anchor": anchor}, n, margin) == []
 
 
-def test_bad_recipe_settings_name_the_field_and_the_step():
+def test_bad_recipe_settings_name_the_field_and_the_step(tmp_path):
   c = benchmark_cfg.get_config("quick")
   c.benchmark.recipe_tricks = "schedule,warp"
   with pytest.raises(ValueError, match="benchmark.recipe_tricks"):
@@ -343,6 +350,11 @@ def test_bad_recipe_settings_name_the_field_and_the_step():
   c.benchmark.recipe_budgets = (1.5,)
   with pytest.raises(ValueError, match="recipe_budgets"):
     recipe.validate_recipe(c)
+  c = benchmark_cfg.get_config("quick")  # the plateau rule's fields: the recipe refuses before writing
+  c.benchmark.update(recipe=True, plateau_margin=0.0, plateau_seeds=(1,))
+  with pytest.raises(ValueError, match=r"plateau_margin must be > 0.*plateau_seeds must not repeat a headline"):
+    recipe.run_recipe(c, str(tmp_path / "recipe"))
+  assert not (tmp_path / "recipe").exists()
 
 
 def _split(result, rungs):
