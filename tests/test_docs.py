@@ -251,6 +251,32 @@ def test_the_readmes_r6_figures_are_the_published_ones():
   assert f"({sel['pass_ratio']['mean']:.2f}× in passes, {sel['wallclock_ratio']['mean']:.2f}× in wall-clock)" in readme
 
 
+def test_the_readmes_tiny_r6_figures_are_the_published_ones():
+  """The `tiny` R6 figures the README's prose quotes (the best arm's pass ratio, that the jumps never
+  fired, selective backprop's loss gap and pass ratio) are those of docs/results/ladder/ladder-tiny.json."""
+  with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-tiny.json")) as f:
+    result = json.load(f)
+  arms = result["rungs"]["R6"]["figures"]
+  best = max(arms, key=lambda m: arms[m]["pass_ratio"]["mean"])
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  ratio = arms[best]["pass_ratio"]
+  assert best == "hybrid" and arms[best]["vs_control"]["verdict"] == "no difference"
+  assert (
+    f"Nor at `tiny`: the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} (the velocity predictor"
+    in readme
+  )
+  # "The jumps left no mark": each jump arm's losses are its control's, seed for seed.
+  runs = result["groups"]["speedrun"]["method_runs"]
+  losses = {m: {s: (r["final_raw"], r["final_averaged"]) for s, r in per.items()} for m, per in runs.items()}
+  for jump in ("jump", "jump_forecast", "jump_outer"):
+    assert losses[jump] == losses[arms[jump]["control"]], jump
+  assert "the jumps left no mark (their losses are their controls')" in readme
+  sel = arms["selective"]
+  assert sel["vs_baseline_at_n"]["verdict"] == "lower" and sel["final_loss_gap"]["mean"] < 0
+  assert f"selective backprop again ends lower at N ({-100 * sel['final_loss_gap']['mean']:.2f}%)" in readme
+  assert f"at {sel['pass_ratio']['mean']:.2f}× in passes" in readme
+
+
 def test_the_readme_stays_short():
   # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
   assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150
