@@ -135,8 +135,8 @@ QUICK_RECORD = os.path.join(ROOT, "tests", "data", "quick_numerics.json")
 def quick_numerics(stored: dict[str, Any]) -> dict[str, Any]:
   """What the `quick` protocol computed (its benchmark.json less timings and dates): the anchors'
   budget curves, every tuning run's loss, and each method run's losses and step counts.
-  `tests/bench/test_benchmark.py` compares it with `tests/data/quick_numerics.json`; run that test with
-  HYBRIDJAX_WRITE_NUMERICS=1 to re-record it."""
+  `tests/bench/test_benchmark.py` compares it with `tests/data/quick_numerics.json` (one record per
+  machine kind); run that test with HYBRIDJAX_WRITE_NUMERICS=1 to record this machine kind's."""
   return {
     "curves": stored["curves"],
     "tuning": stored["tuning"]["rows"],
