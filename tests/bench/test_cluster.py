@@ -369,15 +369,24 @@ def test_ctrl_c_cancels_the_runs_on_the_cluster(two_node_cluster, tmp_path, jax_
   args = [sys.executable, "-m", "experiments.benchmark", "--quick", f"--workdir={tmp_path / 'bench'}"]
   args += ["--config.benchmark.executor=ray", f"--config.benchmark.ray_address={address}"]
   args.append(f"--config.trainer.compile_cache_dir={jax_cache}")
-  driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  # The driver gets SIGINT's default disposition, as from a shell, whatever this test process inherited.
+  driver = subprocess.Popen(
+    args,
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+  )
   try:
     deadline = time.monotonic() + 180
     while not _processes_titled("ray::_run_on_worker"):  # a run is training on a node
       assert time.monotonic() < deadline and driver.poll() is None, "no run started on the cluster"
       time.sleep(0.2)
     driver.send_signal(signal.SIGINT)
-    driver.wait(timeout=60)
-    assert driver.returncode != 0  # interrupted, not finished
+    output, _ = driver.communicate(timeout=60)
+    assert driver.returncode != 0, f"the driver finished after SIGINT:\n{output[-3000:]}"  # interrupted, not finished
     deadline = time.monotonic() + 30
     while _processes_titled("ray::_run_on_worker"):
       assert time.monotonic() < deadline, "a worker went on training after Ctrl-C"
