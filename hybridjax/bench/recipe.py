@@ -339,10 +339,11 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
     configs = step_configs(config, tuned["best_lr"])
     steps = train_steps(configs, config, runner)
     flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]
-    added = [int(s) for s in b.plateau_seeds if int(s) not in [int(x) for x in b.seeds]]
+    seeds = [int(s) for s in b.seeds]
+    added = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
     if flagged and added:
       print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
-      config = with_seeds(config, [int(x) for x in b.seeds] + added)
+      config = with_seeds(config, seeds + added)
       b = config.benchmark
       acfg = anchor_config(config, extra)
       curves = tuning.budget_curves(acfg, runner, tuned)
