@@ -1,7 +1,7 @@
 """The benchmark as a library: a training method's fair verdict against tuned anchors.
 
   specs       run specs as plain data, and the checks on the benchmark block
-  keys        the run cache's keys: a spec, the source of the code its run imports, the libraries
+  keys        the run cache's keys: a spec, the code its run imports, the libraries
   arms        the method arms as data (`config.benchmark.arms`): a method, its mode, its overrides,
               its control; a step's cost class
   tasks       the tasks as plug-ins (`config.benchmark.task`): 'gpt2', 'mlp' (`hybridjax/tasks/`), or a

@@ -114,7 +114,7 @@ def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_p
 def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   """An anchor's key covers the baseline loop and its task, never the hybrid algorithm, a method,
   the tuning, the figures, the report or the plots; a method arm's adds the loop and its method.
-  Editing the task's source changes the key."""
+  Editing the task's code changes the key; a comment does not."""
 
   def files(*modules):
     return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
@@ -134,7 +134,10 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   assert "optax" in keys._distributions([user_task])
   key = keys.run_key(spec)
   with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
-    f.write("# an edit\n")
+    f.write("# a comment\n")
+  assert keys.run_key(spec) == key
+  with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
+    f.write("MOMENTUM = 0.9\n")
   assert keys.run_key(spec) != key
 
 
