@@ -96,4 +96,4 @@ if __name__ == "__main__":
     _CONFIG_PATH + ":long",
     "Output folder (default: runs/benchmark-<preset>-<family>); its cache/ is reused by a later run.",
   )
-  app.run(main)
+  cli.run_app(main)

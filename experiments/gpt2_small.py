@@ -70,6 +70,9 @@ def main(argv: list[str]) -> None:
 
 def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   """Validates `config`, builds the task and trains; returns the run summary."""
+  # A user's method brings its block (`hybrid.<CONFIG_KEY>`, at its defaults where unset) before the
+  # checks, which read it.
+  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
   config_lib.validate(config)
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)
@@ -89,4 +92,4 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
 
 if __name__ == "__main__":
   _FLAGS = cli.define_flags(_CONFIG_PATH + ":tiny", "Run directory (default: runs/<preset>-<mode>-<time>).")
-  app.run(main)
+  cli.run_app(main)

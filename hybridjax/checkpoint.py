@@ -65,16 +65,31 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
   )
 
 
+def _comparable(flat: dict[str, Any]) -> dict[str, Any]:
+  """A flattened config as a resume compares it: `hybrid.method` as the method the run trains (a
+  baseline run trains none, whatever the field says; a hybrid run's '' is the default method, as
+  configs older than the '' default spelt it)."""
+  flat = dict(flat)
+  if "hybrid.method" in flat:
+    hybrid = flat.get("mode") == "hybrid"
+    flat["hybrid.method"] = (flat["hybrid.method"] or config_lib.DEFAULT_METHOD) if hybrid else ""
+  return flat
+
+
 def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
-  """Fields (outside RUNTIME_FIELDS) whose values differ, as readable lines."""
-  a = config_lib.flatten(saved)
-  b = config_lib.flatten(json.loads(current.to_json()))
+  """Fields (outside RUNTIME_FIELDS) whose values differ, as readable lines. A field missing from one
+  side (a checkpoint written before the field existed) compares as its default
+  (`config.field_defaults`)."""
+  defaults = config_lib.field_defaults()
+  a = _comparable(config_lib.flatten(saved))
+  b = _comparable(config_lib.flatten(json.loads(current.to_json())))
   diffs = []
   for k in sorted(set(a) | set(b)):
     if k in RUNTIME_FIELDS:
       continue
-    if a.get(k, "<absent>") != b.get(k, "<absent>"):
-      diffs.append(f"{k}: checkpoint has {a.get(k, '<absent>')!r}, config has {b.get(k, '<absent>')!r}")
+    old, new = a.get(k, defaults.get(k, "<absent>")), b.get(k, defaults.get(k, "<absent>"))
+    if old != new:
+      diffs.append(f"{k}: checkpoint has {old!r}, config has {new!r}")
   return diffs
 
 

@@ -4,25 +4,134 @@
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
+import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import ml_collections
-from absl import flags, logging
-from ml_collections import config_flags
+from absl import app, flags, logging
+from ml_collections.config_flags import config_flags as config_flags_impl
 
+from hybridjax import config as config_lib
 from hybridjax.loop.train import TrainingDiverged
 
 
+def _override_value(argv: list[str], field: str) -> str | None:
+  """The last value `argv` gives `--config.<field>` (as `--config.f=v` or `--config.f v`), or None."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--config.{field}="):
+      value = arg.split("=", 1)[1]
+    elif arg == f"--config.{field}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def _override_paths(argv: list[str]) -> list[str]:
+  """The config fields `argv` overrides (`--config.a.b=...`, `--config.a.b ...`, `--noconfig.a.b`)."""
+  paths = []
+  for arg in argv:
+    m = re.match(r"^--?(?:no)?config\.([^=]+)", arg)
+    if m:
+      paths.append(m.group(1))
+  return paths
+
+
+def _has_path(config: ml_collections.ConfigDict, path: str) -> bool:
+  node: Any = config
+  for part in path.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> ml_collections.ConfigDict:
+  """`config` made ready for `argv`'s `--config.*` overrides, which ml_collections applies while it
+  parses the flags, only to fields that exist: the block of the method `--config.hybrid.method`
+  names (a user's method brings its own, at its defaults), and the entries of `benchmark.arms` the
+  command line defines (`--config.benchmark.arms.<name>.method=...`). An override of a field that
+  still does not exist is refused here, naming it and the nearest field (a misspelt key would leave
+  the field it meant at its default)."""
+  method = _override_value(argv, "hybrid.method")
+  if method is not None and "hybrid" in config:
+    config.hybrid.method = method
+    config = config_lib.with_method_block(config)
+  arms = config.get("benchmark", {}).get("arms")
+  if arms is not None:
+    for path in _override_paths(argv):
+      parts = path.split(".")
+      if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
+        arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
+  fields = sorted(config_lib.flatten(config))
+  errors = []
+  for path in _override_paths(argv):
+    if not _has_path(config, path):
+      nearest = difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
+      hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+      parts = path.split(".")
+      if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
+        hint += f"(a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r}) "
+      errors.append(f"--config.{path} is not a field of the config: {hint}")
+  if errors:
+    raise ValueError("\n".join(errors))
+  return config
+
+
+class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
+  """The config file's `get_config(arg)`, made ready for the command line's overrides
+  (`prepare_for_overrides`), then locked."""
+
+  def parse(self, path: str) -> ml_collections.ConfigDict:
+    config = super().parse(path)
+    if isinstance(config, ml_collections.ConfigDict):
+      config = prepare_for_overrides(config, sys.argv)
+      config.lock()
+    return config
+
+
 def define_flags(default_config: str, workdir_help: str) -> tuple[flags.FlagHolder, flags.FlagHolder]:
-  """--config (a `get_config(arg)` file, default `default_config`) and --workdir. Call it only
-  when run as a program, so importing a CLI module has no side effects."""
+  """--config (a `get_config(arg)` file, default `default_config`; its overrides may set a user's
+  method's fields, `prepare_for_overrides`) and --workdir. Call it only when run as a program, so
+  importing a CLI module has no side effects."""
+  # As `config_flags.DEFINE_config_file` builds it, with the parser that prepares the config.
+  try:  # without --config on the command line, the default file is loaded (and overridden) here
+    flag = config_flags_impl._ConfigFlag(  # noqa: SLF001 (no public hook runs between loading and overriding)
+      parser=_ConfigFileParser(name="config", lock_config=False),
+      serializer=flags.ArgumentSerializer(),
+      name="config",
+      default=default_config,
+      help_string="Experiment config file[:preset].",
+      flag_values=flags.FLAGS,
+    )
+  except flags.Error as e:
+    _flag_error(e)
   return (
-    config_flags.DEFINE_config_file("config", default_config, "Experiment config file[:preset]."),
+    flags.DEFINE_flag(flag, flags.FLAGS),
     flags.DEFINE_string("workdir", "", workdir_help),
   )
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a mistake on the command line (a misspelt field, a value of the wrong
+  type) ending as every bad input does: the message, and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _flag_error(e)
+
+
+def _flag_error(e: Exception) -> NoReturn:
+  print(f"error: {e}\n(--helpfull lists the flags; docs/config.md the config's fields)", file=sys.stderr)
+  sys.exit(2)
+
+
+def run_app(main: Callable[[list[str]], None]) -> None:
+  """`absl.app.run(main)` with `parse_flags`."""
+  app.run(main, flags_parser=parse_flags)
 
 
 def default_workdir(config: ml_collections.ConfigDict, kind: str | None = None) -> str:

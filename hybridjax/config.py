@@ -6,6 +6,9 @@ checks every field before anything is compiled, and its errors name the field an
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -90,11 +93,13 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   them can be chosen and tuned from the command line."""
   c = ml_collections.ConfigDict()
   c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
-  # The training method (`hybridjax.methods`): 'velocity' (steps of alpha . velocity planned by the
-  # RSSM), 'jump' (one long move along the averaged iterate's drift, chosen by probe forwards),
-  # 'outer_momentum' (real steps only), 'selective_backprop' (2B sequences scored, the hardest B
-  # backpropagated), or the dotted path of a module of your own.
-  c.method = "velocity"
+  # The training method (`hybridjax.methods`) of a hybrid run: 'velocity' (steps of alpha . velocity
+  # planned by the RSSM), 'jump' (one long move along the averaged iterate's drift, chosen by probe
+  # forwards), 'outer_momentum' (real steps only), 'selective_backprop' (2B sequences scored, the
+  # hardest B backpropagated), or the dotted path of a module of your own. '' = none chosen: the
+  # velocity predictor in hybrid mode. A method named in baseline mode is refused (the baseline
+  # would train, not the method).
+  c.method = ""
   c.warmup_steps = 50
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
@@ -123,10 +128,20 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The method a hybrid run trains when `hybrid.method` names none ('').
+DEFAULT_METHOD = "velocity"
+
+
+def method_name(config: ml_collections.ConfigDict | dict) -> str:
+  """The method `config` trains in hybrid mode: `hybrid.method`, or `DEFAULT_METHOD` where it names
+  none ('' or no `hybrid` block)."""
+  return (config.get("hybrid") or {}).get("method") or DEFAULT_METHOD
+
+
 def resolve_method(config: ml_collections.ConfigDict) -> registry.Method:
-  """The method `config.hybrid.method` names (the velocity predictor where the config has no
-  `hybrid` block); an error naming `--config.hybrid.method` when no method loads from it."""
-  return registry.load_method(config.get("hybrid", {}).get("method", "velocity"))
+  """The method `config` trains (`method_name`); an error naming `--config.hybrid.method` when no
+  method loads from it."""
+  return registry.load_method(method_name(config))
 
 
 def with_method_block(
@@ -141,8 +156,23 @@ def with_method_block(
   key = method.config_key
   if key:
     block = method.default_config()
-    if key in config.hybrid:
-      block.update_from_flattened_dict(flatten(config.hybrid[key]))
+    defaults = flatten(block)
+    given = config.hybrid[key] if key in config.hybrid else {}
+    with block.unlocked():
+      for field, value in flatten(given).items():
+        *parents, leaf = field.split(".")
+        node = block
+        for p in parents:  # a field the block does not declare stays, for `validate` to name it
+          if p not in node:
+            node[p] = ml_collections.ConfigDict()
+          node = node[p]
+        try:
+          node[leaf] = value
+        except TypeError as e:
+          raise ValueError(
+            f"--config.hybrid.{key}.{field}={value!r}: method {method.name!r} declares it as "
+            f"{type(defaults[field]).__name__} (default {defaults[field]!r}); give a value of that type"
+          ) from e
     with config.unlocked():
       config.hybrid[key] = block
   return config
@@ -174,10 +204,19 @@ def default_distributed_config() -> ml_collections.ConfigDict:
   return c
 
 
-def default_config(mode: str = "baseline") -> ml_collections.ConfigDict:
+def default_config(mode: str = "baseline", method: str = "") -> ml_collections.ConfigDict:
   """A complete config for `train()` on a task of your own (no `model` or `data` block: your
   `init_params`, `loss_fn` and batches stand for them): `mode`, `seed`, `resume` and the `optim`,
-  `trainer`, `hybrid`, `mesh` and `distributed` blocks at their defaults."""
+  `trainer`, `hybrid`, `mesh` and `distributed` blocks at their defaults.
+
+  `method` (hybrid mode only): the method to train, a built-in name or your module's dotted path;
+  its block (`hybrid.<CONFIG_KEY>`) is added at its defaults, so its fields can be set at once.
+  """
+  if method and mode != "hybrid":
+    raise ValueError(
+      f"default_config(mode={mode!r}, method={method!r}): a method trains only in hybrid mode; "
+      "pass mode='hybrid', or no method for the plain baseline"
+    )
   c = ml_collections.ConfigDict()
   c.mode = mode  # 'baseline' (plain optax loop) | 'hybrid'
   c.seed = 0
@@ -189,6 +228,9 @@ def default_config(mode: str = "baseline") -> ml_collections.ConfigDict:
   c.hybrid = default_hybrid_config()
   c.mesh = default_mesh_config()
   c.distributed = default_distributed_config()
+  if method:
+    c.hybrid.method = method
+    with_method_block(c)
   return c
 
 
@@ -293,7 +335,9 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "trainer.averaging": _choice("none", "ema"),
   "trainer.averaging_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "hybrid.enable_predict": _bool,
-  "hybrid.method": _name,  # a built-in method or the dotted path of a module (`registry.load_method`)
+  # '' (none: the velocity predictor in hybrid mode), a built-in method or the dotted path of a module
+  # (`registry.load_method`).
+  "hybrid.method": _str,
   "hybrid.warmup_steps": _int(1),
   "hybrid.full_steps": _int(1),
   "hybrid.max_predict_steps": _int(1, 1000),
@@ -353,6 +397,19 @@ def validate(
     if not cond:
       errors.append(msg)
 
+  method_set = (config.get("hybrid") or {}).get("method") or ""
+  if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
+    errors.append(
+      f"--config.hybrid.method={method_set!r} is set but --config.mode='baseline' trains the plain baseline, "
+      f"not the method: set --config.mode=hybrid to train {method_set!r}, or --config.hybrid.method='' for the "
+      "baseline (outer momentum in baseline mode is --config.optim.outer_every)"
+    )
+  if not errors:
+    try:
+      resolved = method or resolve_method(config)
+    except ValueError:
+      resolved = None  # the method's own error comes from `method_errors` below
+    errors += unknown_field_errors(config, resolved, blocks=blocks)
   if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
     errors.append(
       "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
@@ -403,6 +460,57 @@ def validate(
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
+# The blocks of an experiment config whose every field is declared (`_FIELDS`, a method's block,
+# the GPT-2 model's fields); a misspelt key in them is an error, not a new field.
+DECLARED_BLOCKS = ("model", "data", "optim", "trainer", "hybrid", "mesh", "distributed")
+# Blocks that other code checks field by field (the benchmark's, `bench.specs.validate_benchmark`).
+OTHER_BLOCKS = ("benchmark",)
+
+
+def declared_fields(method: registry.Method | None = None) -> set[str]:
+  """Every field an experiment config may hold in `DECLARED_BLOCKS` and at its top level: the
+  validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
+  model's, and `method`'s block (a user's method: its declared fields, or its defaults' leaves)."""
+  names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
+  if method is not None and method.config_key:
+    block = set(method.fields)
+    default = method.default_config()
+    if default is not None:
+      block |= set(flatten(default))
+    names |= {f"hybrid.{method.config_key}.{f}" for f in block}
+  return names
+
+
+def unknown_field_errors(
+  config: ml_collections.ConfigDict, method: registry.Method | None = None, *, blocks: tuple[str, ...] | None = None
+) -> list[str]:
+  """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
+  the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
+  otherwise train on the default, without a word. A block of the config's own outside
+  `DECLARED_BLOCKS` (a task's, e.g. `mlp`) and `OTHER_BLOCKS` are left to their owners."""
+  known = declared_fields(method)
+  errors = []
+  for name in flatten(config):
+    top = name.split(".")[0]
+    if name in known or top in OTHER_BLOCKS or (blocks is not None and top not in blocks):
+      continue
+    near_block = difflib.get_close_matches(top, DECLARED_BLOCKS + OTHER_BLOCKS, n=1, cutoff=0.8)
+    if "." in name and top not in DECLARED_BLOCKS and not near_block:
+      continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
+    nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if not nearest:  # a misspelt block name (`trainr.steps`): the nearest field of the nearest block
+      parts = name.split(".")
+      blocks_near = difflib.get_close_matches(parts[0], DECLARED_BLOCKS, n=1)
+      if blocks_near:
+        nearest = difflib.get_close_matches(".".join([blocks_near[0], *parts[1:]]), sorted(known), n=1, cutoff=0.5)
+    hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+    errors.append(
+      f"--config.{name} is not a field of the config: {hint}A misspelt key would leave the field it "
+      "meant at its default; rename or remove it"
+    )
+  return errors
+
+
 def method_errors(
   config: ml_collections.ConfigDict, *, check_relations: bool = True, method: registry.Method | None = None
 ) -> list[str]:
@@ -411,7 +519,7 @@ def method_errors(
   (`method.check`) and what it composes with (outer momentum runs with a method only if the method
   declares it in `COMPOSES_WITH`). Each names the field and the fix."""
   h = config.hybrid
-  name = h.get("method", "velocity")
+  name = method_name(config)
   try:
     method = method or registry.load_method(name)
   except ValueError as e:
@@ -448,6 +556,16 @@ def method_errors(
       "compose with (its COMPOSES_WITH): set --config.optim.outer_every=0, or --config.mode=baseline"
     )
   return errors + list(method.check(config))
+
+
+def field_defaults() -> dict[str, Any]:
+  """The default of every field (as its JSON record holds it): `default_config`'s, the built-in
+  methods' blocks and the GPT-2 model's. What a field missing from an older run's saved config meant."""
+  defaults = flatten(json.loads(default_config().to_json()))
+  for f in dataclasses.fields(gpt2.GPT2Config):
+    if f.default is not dataclasses.MISSING:
+      defaults[f"model.{f.name}"] = json.loads(json.dumps(f.default))
+  return defaults
 
 
 def known_fields() -> dict[str, Callable[[Any], str | None]]:

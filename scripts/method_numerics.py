@@ -60,8 +60,7 @@ def method_configs() -> dict[str, Any]:
   jf.hybrid.health.cooldown_steps = 5
   jf.hybrid.jump.update(horizons=(4, 8, 16), every=10, margin=-0.5, stop_fraction=0.8, forecast="rssm")
   configs["jump_forecast"] = jf
-  o = base("baseline")  # outer momentum runs inside the baseline loop's own step
-  o.hybrid.method = "outer_momentum"
+  o = base("baseline")  # outer momentum runs inside the baseline loop's own step (no hybrid method)
   o.optim.outer_every = 10
   configs["outer_momentum"] = o
   s = base("hybrid")

@@ -26,12 +26,22 @@ def _cli(*args, timeout=120):
   )
 
 
-def test_cli_rejects_unknown_key_and_bad_value(tmp_path):
-  r = _cli("--config.trainer.stepz=5", f"--workdir={tmp_path}/a")
-  assert r.returncode != 0 and "stepz" in r.stderr
-  r = _cli("--config.trainer.steps=-3", f"--workdir={tmp_path}/b")
-  assert r.returncode == 2 and "trainer.steps" in r.stderr
-  assert not os.path.exists(tmp_path / "b")  # failed before anything was written
+def test_cli_mistakes_print_the_message_and_exit_2(tmp_path):
+  """A misspelt key, a value of the wrong type, a bad value, a method with no hybrid mode and a
+  method's field before its method is named: each the message (field named, fix given), exit 2,
+  no traceback, nothing written."""
+  cases = [
+    (("--config.trainer.stepz=5",), "--config.trainer.stepz is not a field of the config: did you mean "),
+    (("--config.trainer.steps=abc",), "--config.trainer.steps=abc"),
+    (("--config.trainer.steps=-3",), "--config.trainer.steps"),
+    (("--config.hybrid.method=jump",), "--config.mode='baseline' trains the plain baseline"),
+    (("--config.hybrid.repeat.every=5",), "once --config.hybrid.method names the method"),
+  ]
+  for i, (args, message) in enumerate(cases):
+    r = _cli(*args, f"--workdir={tmp_path}/{i}")
+    assert r.returncode == 2, (args, r.returncode, r.stderr[-2000:])
+    assert message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+    assert not os.path.exists(tmp_path / str(i))  # failed before anything was written
 
 
 def test_cli_missing_corpus(tmp_path):

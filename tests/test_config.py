@@ -64,3 +64,109 @@ def test_flatten_is_the_inverse_of_update_from_flattened_dict():
   other.update_from_flattened_dict(flat)
   assert config_lib.flatten(other) == flat
   assert config_lib.flatten({"a": {"b": 1}, "c": 2}) == {"a.b": 1, "c": 2}
+
+
+# --- no silent wrong result: misspelt keys, a method without hybrid mode, older checkpoints ----------
+
+
+def _misspelt(c):
+  c.trainer.stepz = 50
+
+
+@pytest.mark.parametrize(
+  "mistake,field,nearest",
+  [
+    (_misspelt, "trainer.stepz", "trainer.steps"),
+    (lambda c: c.trainer.update(stepz=50), "trainer.stepz", "trainer.steps"),
+    (lambda c: setattr(c.hybrid, "warmup_step", 10), "hybrid.warmup_step", "hybrid.warmup_steps"),
+    (lambda c: setattr(c.hybrid.velocity, "betaa", 0.5), "hybrid.velocity.betaa", "hybrid.velocity.beta"),
+    (lambda c: setattr(c, "sed", 3), "sed", "seed"),
+    (lambda c: setattr(c, "trainr", {"steps": 3}), "trainr.steps", "trainer.steps"),
+  ],
+)
+def test_a_misspelt_key_set_from_python_is_refused_naming_the_nearest_field(mistake, field, nearest):
+  c = config_lib.default_config("hybrid")
+  mistake(c)
+  message = rf"--config\.{field} is not a field of the config: did you mean --config\.{nearest}\?"
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(c)
+
+
+def test_every_preset_field_is_declared_and_a_task_block_is_its_own():
+  """Nothing a preset or `default_config` holds is refused; a block of the config's own (a task's)
+  is left to the task."""
+  for arg in ("tiny", "small", "124m", "tiny,micro"):
+    assert config_lib.unknown_field_errors(micro_config() if arg == "tiny,micro" else _preset(arg)) == []
+  c = config_lib.default_config()
+  c.mlp = {"features": (32, 32)}
+  config_lib.validate(c)
+
+
+def _preset(arg):
+  from experiments.configs import gpt2_small
+
+  return gpt2_small.get_config(arg)
+
+
+def test_a_method_named_in_baseline_mode_is_refused_and_none_means_velocity():
+  c = config_lib.default_config()
+  assert c.hybrid.method == "" and config_lib.method_name(c) == "velocity"
+  c.hybrid.method = "jump"
+  with pytest.raises(ValueError, match=r"--config\.hybrid\.method='jump' is set but --config\.mode='baseline'"):
+    config_lib.validate(c)
+  with pytest.raises(ValueError, match=r"pass mode='hybrid'"):
+    config_lib.default_config("baseline", method="jump")
+  c = config_lib.default_config("hybrid")
+  config_lib.validate(c)
+  assert config_lib.resolve_method(c).name == "velocity"
+
+
+def test_a_method_block_comes_with_default_config_and_its_fields_are_checked(tmp_path, monkeypatch):
+  """`default_config('hybrid', method=...)` adds the method's block, so its fields can be set at
+  once; a misspelt one, or one of the wrong type, is refused naming it."""
+  pkg = tmp_path / "user_cfg_methods"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "counted.py").write_text(
+    "from hybridjax import fields\n"
+    "NAME = 'counted'\nCONFIG_KEY = 'counted'\n"
+    "CONFIG = {'every': (10, fields.check_int(1))}\n"
+    "def make_settings(hybrid, *, groups):\n  return int(hybrid.counted.every)\n"
+    "def init(ctx, params, rng):\n  return None\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  c = config_lib.default_config("hybrid", method="user_cfg_methods.counted")
+  c.hybrid.counted.every = 3
+  config_lib.validate(c)
+  c.hybrid.counted.everyy = 3
+  message = r"--config\.hybrid\.counted\.everyy is not a field.*--config\.hybrid\.counted\.every\?"
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(c)
+  c = config_lib.default_config("hybrid")
+  c.hybrid.method = "user_cfg_methods.counted"
+  c.hybrid.counted = {"every": "often"}
+  message = r"--config\.hybrid\.counted\.every='often': method 'counted' declares it as int"
+  with pytest.raises(ValueError, match=message):
+    config_lib.with_method_block(c)
+
+
+def test_an_older_checkpoints_config_compares_equal_where_it_means_the_same():
+  """A field missing from a saved config compares as its default; a saved hybrid.method='velocity'
+  (the old default) equals the new '' in hybrid mode, and any method equals '' in baseline mode."""
+  import json
+
+  from hybridjax import checkpoint as ckpt_lib
+
+  for mode in ("baseline", "hybrid"):
+    current = config_lib.default_config(mode)
+    saved = json.loads(current.to_json())
+    saved["hybrid"]["method"] = "velocity"
+    del saved["trainer"]["averaging_beta"]  # a field a newer version added
+    assert ckpt_lib.config_differences(saved, current) == []
+    saved["trainer"]["averaging_beta"] = 0.5  # a real difference still shows
+    expected = ["trainer.averaging_beta: checkpoint has 0.5, config has 0.99"]
+    assert ckpt_lib.config_differences(saved, current) == expected
+  current = config_lib.default_config("hybrid")
+  saved = json.loads(current.to_json())
+  saved["hybrid"]["method"] = "jump"
+  assert ckpt_lib.config_differences(saved, current) == ["hybrid.method: checkpoint has 'jump', config has 'velocity'"]

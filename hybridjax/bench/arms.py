@@ -38,19 +38,40 @@ class Arm:
 
 
 def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
-  """Every arm the config defines, by name."""
+  """Every arm the config defines, by name: the entries of `benchmark.arms`, and for each method
+  that `benchmark.methods` names by its module path (or built-in name) rather than by an arm, the
+  arm named by the method's `NAME` and, where it declares a `CONTROL`, its control arm
+  `<NAME>_control`."""
   out = {}
   for name, a in config.benchmark.get("arms", {}).items():
     a = a.to_dict() if hasattr(a, "to_dict") else dict(a)
     overrides = config_lib.flatten(a.get("overrides") or {})
     out[name] = Arm(
       name=name,
-      method=str(a["method"]),
+      method=str(a.get("method", "")),
       mode=str(a.get("mode", "hybrid")),
       overrides=overrides,
       control=bool(a.get("control", False)),
       control_of=str(a.get("control_of", "")),
     )
+  for entry, method in _methods_named(config, out).items():
+    out.setdefault(method.name, Arm(name=method.name, method=entry))
+    if method.control_arm:
+      control = f"{method.name}_control"
+      out.setdefault(control, Arm(name=control, method=entry, control=True, control_of=method.name))
+  return out
+
+
+def _methods_named(config: ml_collections.ConfigDict, defined: dict[str, Arm]) -> dict[str, registry.Method]:
+  """The entries of `benchmark.methods` that name no arm of `defined` but load as a method."""
+  out = {}
+  for entry in names(config.benchmark.get("methods", "")):
+    if entry in defined:
+      continue
+    try:
+      out[entry] = registry.load_method(entry)
+    except ValueError:
+      continue  # `selected` names it
   return out
 
 
@@ -60,14 +81,34 @@ def names(text: str) -> list[str]:
 
 
 def selected(config: ml_collections.ConfigDict) -> list[str]:
-  """The arms `benchmark.methods` names, in its order; errors name the field and the arms defined."""
+  """The arms `benchmark.methods` names, in its order: an arm's name, or a method's module path,
+  which selects the method's arm and its control arm (`arms`). Errors name the field and the arms."""
+  explicit = {name: arm for name, arm in arms(config).items() if name in config.benchmark.get("arms", {})}
   defined = arms(config)
-  chosen = names(config.benchmark.methods)
+  chosen = []
+  for entry in names(config.benchmark.methods):
+    if entry in explicit:
+      chosen.append(entry)
+      continue
+    method = _methods_named(config, explicit).get(entry)
+    if method is None:
+      chosen.append(entry)  # refused below
+      continue
+    arm = defined[method.name]
+    if arm.method != entry:
+      raise ValueError(
+        f"--config.benchmark.methods: method {entry!r} is named {method.name!r}, the name of an arm of "
+        f"benchmark.arms that runs {arm.method!r}: rename one of them (the method's NAME, or the arm)"
+      )
+    chosen.append(method.name)
+    if method.control_arm:
+      chosen.append(f"{method.name}_control")
   bad = [n for n in chosen if n not in defined]
   if bad or len(set(chosen)) != len(chosen):
     raise ValueError(
       f"--config.benchmark.methods={config.benchmark.methods!r}: give distinct names from "
-      f"{','.join(defined)} (the arms of benchmark.arms), or '' for the anchors only"
+      f"{','.join(defined)} (the arms of benchmark.arms), a built-in method's name or the module path "
+      "of a method of yours (e.g. my_pkg.my_method: its arm and its control arm), or '' for the anchors only"
     )
   return chosen
 
@@ -76,6 +117,9 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   """The arms' problems: a method that does not load, an unknown mode, a control without one."""
   errors = []
   for arm in arms(config).values():
+    if not arm.method:
+      errors.append(f"benchmark.arms.{arm.name}.method is missing: set --config.benchmark.arms.{arm.name}.method=")
+      continue
     try:
       method = registry.load_method(arm.method)
     except ValueError as e:
@@ -94,8 +138,9 @@ def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
   """Makes `c` (a run's experiment config) the arm's: its mode, its method and the method's block,
   its overrides, and the method's control overrides for a control arm."""
   c.mode = arm.mode
-  c.hybrid.method = arm.method
-  config_lib.with_method_block(c)
+  if arm.mode == "hybrid":  # a baseline-mode arm's steps are the baseline loop's: it names no hybrid method
+    c.hybrid.method = arm.method
+    config_lib.with_method_block(c)
   if arm.overrides:
     c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`

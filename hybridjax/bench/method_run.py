@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import config as config_lib
 from hybridjax import writers
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
@@ -37,7 +38,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     for r in records
     if r["kind"] == "eval"
   ]
-  arm = arms_lib.Arm(name=spec["method"], method=c.hybrid.method, mode=c.mode)
+  arm = arms_lib.Arm(name=spec["method"], method=c.hybrid.method or config_lib.DEFAULT_METHOD, mode=c.mode)
   kinds = dict(collections.Counter(arms_lib.step_kind(arm, r) for r in records if r["kind"] == "step"))
   if c.mode == "baseline":  # every step a real one, no validation
     summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps})

@@ -235,3 +235,57 @@ def test_stack_batches_adds_a_leading_axis():
   stacked = drivers.stack_batches(batches)
   assert stacked["x"].shape == (4, 2, 3) and stacked["y"].shape == (4,)
   np.testing.assert_array_equal(stacked["y"], np.arange(4))
+
+
+# --- a workdir of an older version, and a mistake caught before anything is written ---------------
+
+LEGACY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "legacy_workdirs")
+
+
+def _legacy_task():
+  from hybridjax.models import mlp
+
+  model = mlp.MLP(features=(16,), n_out=1)
+  x, y = mlp.make_regression_problem(0, n_in=4, n=256)
+  return dict(
+    init_params=lambda rng: model.init(rng, x[:1])["params"],
+    loss_fn=mlp.make_loss_fn(model),
+    train_batch=lambda step: mlp.regression_batch(x[:192], y[:192], step, 32, seed=0),
+    eval_batches=[{"x": x[192:], "y": y[192:]}],
+  )
+
+
+def _legacy_config(mode, steps):
+  """The config that wrote `tests/data/legacy_workdirs/<mode>` (20 steps, a checkpoint at 10 and 20),
+  at the version before `hybrid.method` defaulted to '' (its saved config says 'velocity')."""
+  from hybridjax import config as config_lib
+
+  c = config_lib.default_config(mode)
+  c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=10, max_to_keep=1)
+  c.trainer.compile_cache = False
+  c.optim.update(learning_rate=1e-2, warmup_steps=5)
+  c.hybrid.update(warmup_steps=10, full_steps=5)
+  c.hybrid.velocity.update(history_size=16, window=8)
+  c.hybrid.velocity.rssm.update(deter=16, latent=4, hidden=16, ensemble=2)
+  return c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["baseline", "hybrid"])
+def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path):
+  import shutil
+
+  workdir = tmp_path / mode
+  shutil.copytree(os.path.join(LEGACY, mode), workdir)
+  summary = train_lib.train(_legacy_config(mode, steps=30), str(workdir), **_legacy_task())
+  assert summary["start_step"] == 20 and summary["steps"] == 30 and summary["mode"] == mode
+  assert np.isfinite(summary["final_eval_loss"])
+
+
+def test_a_misspelt_key_stops_train_before_the_workdir_is_made(tmp_path):
+  c = _legacy_config("hybrid", steps=30)
+  c.hybrid.warmup_step = 5
+  message = r"--config\.hybrid\.warmup_step is not a field.*--config\.hybrid\.warmup_steps\?"
+  with pytest.raises(ValueError, match=message):
+    train_lib.train(c, str(tmp_path / "run"), **_legacy_task())
+  assert not os.path.exists(tmp_path / "run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import types
 
@@ -168,11 +169,81 @@ def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path,
 
 def test_train_resolves_the_method_once_and_passes_its_record_down(user_module, tmp_path, monkeypatch):
   """`train()` looks its method up by name once: the config's checks, the driver's context and the
-  batches per step all get that record."""
+  batches per step all get that record. (The built-in methods are loaded too, for the table of the
+  config's declared fields that the unknown-key check reads.)"""
   config = _config(user_module, steps=24)
   calls = []
   load = registry.load_method
   monkeypatch.setattr(registry, "load_method", lambda name: calls.append(name) or load(name))
   summary = _run(config, tmp_path / "run")
-  assert calls == [user_module] and summary["method"] == "repeat_update"
+  own = [name for name in calls if name not in registry.BUILTIN_METHODS]
+  assert own == [user_module] and summary["method"] == "repeat_update"
   assert summary["phase_steps"]["PREDICT"] >= 1  # the method ran
+
+
+# --- the documented command lines, as printed ------------------------------------------------------
+
+
+def _doc_command(page: str, program: str) -> list[str]:
+  """The first `python -m <program>` command of docs/<page> (its bash block, continuation lines
+  joined), as argv."""
+  import shlex
+
+  with open(os.path.join(ROOT, "docs", page), encoding="utf-8") as f:
+    text = f.read()
+  for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    joined = re.sub(r"\\\n\s*", " ", block)
+    for line in joined.splitlines():
+      line = line.strip()
+      if line.startswith(f"python -m {program} ") and "my_pkg.repeat_update" in line:
+        return shlex.split(line)
+  raise AssertionError(f"docs/{page} lost its `python -m {program} ... my_pkg.repeat_update` command")
+
+
+def _run_documented(argv: list[str], tmp_path, workdir_flag: str) -> subprocess.CompletedProcess:
+  pkg = tmp_path / "users" / "my_pkg"
+  pkg.mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "repeat_update.py").write_text(method_source())
+  env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'users'}{os.pathsep}{ROOT}", JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, *argv[1:], workdir_flag]
+  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_a_module_path_in_benchmark_methods_is_the_methods_arm_and_its_control(user_module):
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import arms as arms_lib
+
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.methods = f"jump,{user_module}"
+  assert arms_lib.selected(c) == ["jump", "repeat_update", "repeat_update_control"]
+  defined = arms_lib.arms(c)
+  assert defined["repeat_update"].method == user_module and not defined["repeat_update"].control
+  assert defined["repeat_update_control"].control and defined["repeat_update_control"].control_of == "repeat_update"
+  c.benchmark.methods = "user_methods.nothing_here"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.methods=.*module path of a method of yours"):
+    arms_lib.selected(c)
+
+
+@pytest.mark.slow  # trains through the command line; CI runs it
+def test_the_training_command_of_methods_md_runs_as_printed(tmp_path):
+  argv = _doc_command("methods.md", "experiments.gpt2_small")
+  r = _run_documented(argv, tmp_path, f"--workdir={tmp_path / 'run'}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  import json
+
+  with open(tmp_path / "run" / "summary.json") as f:
+    summary = json.load(f)
+  assert summary["method"] == "repeat_update" and summary["phase_steps"]["PREDICT"] >= 1
+
+
+@pytest.mark.slow  # the quick protocol through the command line; CI runs it
+def test_the_benchmark_command_of_benchmark_md_runs_as_printed(tmp_path):
+  argv = _doc_command("benchmark.md", "experiments.benchmark")
+  r = _run_documented(argv, tmp_path, f"--workdir={tmp_path / 'bench'}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  import json
+
+  with open(tmp_path / "bench" / "benchmark.json") as f:
+    result = json.load(f)
+  assert set(result["method_runs"]) == {"repeat_update", "repeat_update_control"}
