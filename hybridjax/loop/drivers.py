@@ -20,6 +20,8 @@ function, which also gives exact per-phase timings and memory readings at every 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,7 +36,7 @@ from hybridjax import registry
 from hybridjax import sharding as sharding_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
-from hybridjax.hybrid.context import ControllerSettings, HybridContext
+from hybridjax.hybrid.context import ControllerSettings, HybridContext, StepInfo
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
 from hybridjax.hybrid.state import HybridState
 from hybridjax.loop.baseline import make_train_step
@@ -314,6 +316,48 @@ class HybridDriver:
 
   def abstract_state(self) -> Any:
     return jax.eval_shape(self._init_unsharded)
+
+  def check_method_hooks(self, batch: Batch) -> None:
+    """Traces a user's method's transitions (`real_step`, `predict_step`, `correct_step`) on the
+    abstract state and `batch` (`jax.eval_shape`: nothing is compiled or run), so that a wrong
+    signature or return is refused before the workdir is made, naming the hook and what it must be.
+    The built-in methods' hooks are the test suite's to check."""
+    m = self.ctx.method
+    if m.path in registry.BUILTIN_METHODS.values():
+      return
+    state = self.abstract_state()
+    expected = "(ctx, state, batch, schedule) -> (state, StepInfo)"
+    for name in ("real_step", "predict_step", "correct_step"):
+      hook = getattr(m, name)
+      if hook is None:
+        continue
+      where = f"method {m.name!r} ({m.path}): {name}"
+      try:
+        inspect.signature(hook).bind(self.ctx, state, batch, self.schedule)
+      except TypeError as e:
+        raise ValueError(f"{where}{inspect.signature(hook)} cannot be called as {name}{expected}: {e}") from e
+      except ValueError:  # no signature to read (a builtin or C function): the trace below checks the call
+        pass
+      try:
+        out = jax.eval_shape(functools.partial(hook, self.ctx), state, batch, self.schedule)
+      except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
+        raise ValueError(
+          f"{where} fails when traced on the run's state and first batch ({name}{expected}): "
+          f"{type(e).__name__}: {e}"
+        ) from e
+      if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], StepInfo)):
+        got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+        raise ValueError(
+          f"{where} must return (state, StepInfo) as {name}{expected}; it returned {got} (build the "
+          "StepInfo with StepInfo.real or StepInfo.predicted)"
+        )
+      if jax.tree.structure(out[0]) != jax.tree.structure(state) or any(
+        a.shape != b.shape or a.dtype != b.dtype for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(state))
+      ):
+        raise ValueError(
+          f"{where} returns a state whose structure, shapes or dtypes differ from the state it received: "
+          "a transition must return the HybridState it was given, updated (state.replace(...))"
+        )
 
   @staticmethod
   def train_state(state: HybridState) -> TrainState:

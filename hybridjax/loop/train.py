@@ -167,6 +167,33 @@ def resume_or_init(
   return state, position, None
 
 
+def check_loss_fn(
+  loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0
+) -> None:
+  """Traces `loss_fn(params, batch)` on the abstract params (`jax.eval_shape`: nothing is run) and
+  refuses, naming `loss_fn` and its contract, one that fails or does not return `(scalar loss, aux)`."""
+  contract = "loss_fn(params, batch) -> (loss, aux): a scalar mean loss and a pytree of extras ({} for none)"
+  params = jax.eval_shape(init_params, jax.random.PRNGKey(seed))
+  try:
+    out = jax.eval_shape(loss_fn, params, batch)
+  except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
+    raise ValueError(
+      f"loss_fn fails when traced on init_params' params and train_batch(0) ({contract}): {type(e).__name__}: {e}"
+    ) from e
+  if not (isinstance(out, tuple) and len(out) == 2):
+    if hasattr(out, "shape"):
+      got = f"an array of shape {tuple(out.shape)}"
+    else:
+      got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    raise ValueError(f"loss_fn must be {contract}; it returned {got} (a loss alone: return (loss, {{}}))")
+  loss = out[0]
+  if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+    raise ValueError(
+      f"loss_fn must be {contract}; its loss is {getattr(loss, 'shape', type(loss).__name__)} "
+      f"{getattr(loss, 'dtype', '')} (take the mean over the batch)"
+    )
+
+
 def _is_time(before: int, done: int, every: int, total: int) -> bool:
   """True when the schedule step went from `before` to `done` across a multiple of `every`, or
   reached the end (a step that advances the schedule by k can cross an interval without landing on it)."""
@@ -221,13 +248,16 @@ def train(
   config_lib.validate(config, method=method)
   tcfg = config.trainer
   total_steps = tcfg.steps
-  os.makedirs(workdir, exist_ok=True)
   enable_compile_cache(tcfg)
   # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
   sharding_lib.initialize_distributed(config)
   mesh = sharding_lib.make_mesh(config)
+  check_loss_fn(loss_fn, init_params, train_batch(0), config.seed)
   driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
   train_batch = step_batches(config, train_batch, method)
+  if isinstance(driver, HybridDriver):
+    driver.check_method_hooks(train_batch(0))
+  os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary

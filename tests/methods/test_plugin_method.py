@@ -247,3 +247,60 @@ def test_the_benchmark_command_of_benchmark_md_runs_as_printed(tmp_path):
   with open(tmp_path / "bench" / "benchmark.json") as f:
     result = json.load(f)
   assert set(result["method_runs"]) == {"repeat_update", "repeat_update_control"}
+
+
+# --- a user's mistakes, caught before the workdir is made -------------------------------------------
+
+
+def _broken(user_module, tmp_path, old: str, new: str) -> str:
+  source = method_source()
+  assert old in source
+  name = f"broken_{abs(hash(new)) % 10**6}"
+  (tmp_path / "user_methods" / f"{name}.py").write_text(source.replace(old, new))
+  return f"user_methods.{name}"
+
+
+@pytest.mark.parametrize(
+  "old,new,message",
+  [
+    (  # a real step that returns only the state
+      "state.method)), info",
+      "state.method))",
+      r"real_step must return \(state, StepInfo\) as real_step\(ctx, state, batch, schedule\) -> "
+      r"\(state, StepInfo\); it returned a HybridState",
+    ),
+    (  # a predicted step without the schedule argument
+      "def predict_step(ctx, state, batch, schedule):",
+      "def predict_step(ctx, state, batch):",
+      r"predict_step\(ctx, state, batch\) cannot be called as predict_step\(ctx, state, batch, schedule\)",
+    ),
+  ],
+)
+def test_a_hook_with_the_wrong_signature_or_return_is_refused_before_the_workdir(
+  user_module, tmp_path, old, new, message
+):
+  config = _config(_broken(user_module, tmp_path, old, new), steps=24)
+  with pytest.raises(ValueError, match=message):
+    _run(config, tmp_path / "run")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_loss_fn_without_aux_is_refused_before_the_workdir(tmp_path):
+  model = mlp.MLP(features=(16,), n_out=1)
+  x, y = mlp.make_regression_problem(0, n_in=4, n=256)
+
+  def loss_alone(params, batch):
+    return ((model.apply({"params": params}, batch["x"]) - batch["y"]) ** 2).mean()
+
+  config = hybridjax.default_config()
+  config.trainer.update(steps=10, progress=False)
+  with pytest.raises(ValueError, match=r"loss_fn must be loss_fn\(params, batch\) -> \(loss, aux\).*an array of shape"):
+    hybridjax.train(
+      config,
+      str(tmp_path / "run"),
+      init_params=lambda rng: model.init(rng, x[:1])["params"],
+      loss_fn=loss_alone,
+      train_batch=lambda step: mlp.regression_batch(x, y, step, 32, seed=0),
+      eval_batches=[{"x": x[:32], "y": y[:32]}],
+    )
+  assert not os.path.exists(tmp_path / "run")
