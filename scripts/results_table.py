@@ -51,9 +51,13 @@ def _ratio(h, key, anchor):
   if value is None:
     return "not reached"
   std = h.get(key + "_std", {}).get(f"vs_{anchor}")
-  null, bound = h.get(key + "_null_or_bound", {}).get(f"vs_{anchor}", [0, 0])
+  # [nulls, lower bounds, upper bounds]; a headline from before the upper bounds has two.
+  null, bound, upper = ([*h.get(key + "_null_or_bound", {}).get(f"vs_{anchor}", [0, 0]), 0])[:3]
   notes = ([f"{null} not reached"] if null else []) + ([f"{bound} lower bounds"] if bound else [])
-  return f"{value:.2f}×" + ("" if std is None else f" ± {std:.2f}") + (f" ({', '.join(notes)})" if notes else "")
+  notes += [f"{upper} upper bounds"] if upper else []
+  prefix = "≤ " if upper and not bound else ""
+  std_text = "" if std is None else f" ± {std:.2f}"
+  return f"{prefix}{value:.2f}×{std_text}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def table(headlines: dict[str, dict]) -> str:

@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
       points[n] = anchor_avg
       budgets = sorted(b for b, v in points.items() if v is not None)
       reach = protocol.steps_to_reach(budgets, [points[b] for b in budgets], r["final_loss"])
-      row["backward_ratio"] = protocol.ratio(reach, r["backward_passes"])["value"]
+      value = protocol.ratio(reach, r["backward_passes"])["value"]
+      # Above the curve's start the ratio is an upper bound; below its end a lower bound.
+      bound = "<= " if reach.upper_bound else (">= " if reach.lower_bound else "")
+      row["backward_ratio"] = f"{bound}{value:.4g}" if bound else value
     rows.append(row)
 
   print(f"\n{args.method} on the tuning seeds, N = {n}, beta {beta} (difference: method - anchor, averaged)")

@@ -258,6 +258,7 @@ _COST = {
   "test_ladder.py": 4,
   "test_plugin_method.py": 4,
   "test_protocol.py": 4,
+  "test_readings.py": 4,
 }
 
 

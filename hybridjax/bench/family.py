@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from typing import Any
 
 import ml_collections
@@ -56,21 +55,6 @@ def family_result(
   b = config.benchmark
   n = int(config.trainer.steps)
   tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
-  figures = {
-    m: figures_lib.method_figures(
-      curves["curves"],
-      mruns[m],
-      {"baseline": timed["ms_per_step"]["baseline"], "method": timed["ms_per_step"][m]},
-      curves["budgets"],
-    )
-    for m in methods
-  }
-  defined = arms_lib.arms(config)
-  controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
-  figures_lib.control_comparison(figures, mruns, controls)
-  seeds = sorted({int(k.split("/")[0]) for k in curves["runs"]})
-  n_runs = curves["runs"][f"{seeds[0]}/{n}"]
-  sampling_se = n_runs["eval_batch_std"] / math.sqrt(n_runs["eval_batches"])
   result: dict[str, Any] = {
     "preset": b.preset,
     "family": b.family,
@@ -88,14 +72,44 @@ def family_result(
     "tuning": tuned,
     "curves": curves["curves"],
     "budget_runs": curves["runs"],
-    "method_runs": mruns,
+    "method_runs": {m: mruns[m] for m in methods},
     "timing": timed,
-    "anchor_figures": figures_lib.anchor_figures(curves["curves"], curves["budgets"], n),
-    "phenomena": figures_lib.phenomena(curves["curves"], curves["runs"], curves["budgets"], n),
-    "eval": {"batches": n_runs["eval_batches"], "sampling_se": sampling_se},
-    "figures": figures,
     "runs_trained": runner.ran,
     "runs_cached": runner.reused,
   }
-  result["headline"] = figures_lib.headline(result, methods[0] if methods else None)
-  return result
+  return result | family_figures(result)
+
+
+def family_figures(result: dict[str, Any], controls: dict[str, str] | None = None) -> dict[str, Any]:
+  """Every figure of a family's record (benchmark.json), from the runs stored in it: the eval errors,
+  the anchors' figures and phenomena, every arm's figures (judged with the eval set's paired per-batch
+  error besides the seeds'), the headline of its first arm. Pure: `family_result` computes it, and the
+  tests and scripts/reread_results.py recompute it from a published benchmark.json.
+
+  `controls` (arm -> its control arm) defaults to those of the record's `benchmark.arms`; a record from
+  before the arms were data names them only through its stored comparisons (`vs_skip_control`)."""
+  config = ml_collections.ConfigDict(result["config"])
+  n, budgets, curves, runs = result["steps"], result["budgets"], result["curves"], result["budget_runs"]
+  seeds = sorted({k.split("/")[0] for k in runs}, key=int)
+  errors = figures_lib.eval_errors(runs, seeds, budgets, n)
+  eval_se = errors["paired_se"]
+  methods = list(result.get("figures") or result["method_runs"])  # the headline arm first
+  ms = result["timing"]["ms_per_step"]
+  figures = {
+    m: figures_lib.method_figures(
+      curves, result["method_runs"][m], {"baseline": ms["baseline"], "method": ms[m]}, budgets, eval_se
+    )
+    for m in methods
+  }
+  if controls is None:
+    defined = arms_lib.arms(config)
+    controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
+  figures_lib.control_comparison(figures, result["method_runs"], controls, eval_se)
+  out = {
+    "anchor_figures": figures_lib.anchor_figures(curves, budgets, n, eval_se),
+    "phenomena": figures_lib.phenomena(curves, runs, budgets, n),
+    "eval": errors,
+    "figures": figures,
+  }
+  out["headline"] = figures_lib.headline(result | out, methods[0] if methods else None)
+  return out

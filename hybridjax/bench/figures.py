@@ -19,10 +19,15 @@ FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (for
 
 
 def method_figures(
-  curves: dict[str, Any], runs: dict[str, Any], timing: dict[str, Any] | None, budgets: list[int]
+  curves: dict[str, Any],
+  runs: dict[str, Any],
+  timing: dict[str, Any] | None,
+  budgets: list[int],
+  eval_se: float | None = None,
 ) -> dict[str, Any]:
   """Every figure of one method arm against both anchors, per seed and summarised (pure: the tests
-  recompute it)."""
+  recompute it). `eval_se`: the paired per-batch standard error (`eval_paired_se`) that every paired
+  difference and the verdict are judged with, besides the seeds' (None: the seeds' alone)."""
   seeds = sorted(runs, key=int)
   out: dict[str, Any] = {"seeds": seeds}
   base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
@@ -44,12 +49,14 @@ def method_figures(
           {
             "value": None if base_wall is None else base_wall / wall,
             "lower_bound": reach.lower_bound,
+            "upper_bound": reach.upper_bound,
             "baseline_ms": base_wall,
             "method_ms": wall,
           }
         )
     at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
     final = [runs[s]["final_loss"] for s in seeds]
+    passes = [r["method_cost"] for r in per["pass_ratio"]]
     out[anchor] = {
       **{k: protocol.summarize(v) for k, v in per.items()},
       "per_seed": per,
@@ -58,7 +65,13 @@ def method_figures(
         "anchor_final_loss": at_n,
         "method_final_loss": final,
       },
-      "paired_difference": protocol.paired_difference(final, at_n) if len(seeds) >= 2 else None,
+      "paired_difference": protocol.paired_difference(final, at_n, eval_se) if len(seeds) >= 2 else None,
+      # Whether the pass ratio pays, judged in loss at the arm's passes as the anchor reads itself at N.
+      "verdict": protocol.cost_verdict(
+        final, passes, [(budgets, curves[anchor][s]) for s in seeds], runs[seeds[0]]["steps"], eval_se
+      )
+      if seeds
+      else None,
     }
   out["final_loss"] = protocol.mean_std([runs[s]["final_loss"] for s in seeds])
   out["final_loss_raw"] = protocol.mean_std([runs[s]["final_raw"] for s in seeds])
@@ -75,11 +88,17 @@ def method_figures(
   return out
 
 
-def control_comparison(figures: dict[str, Any], runs: dict[str, dict[str, Any]], controls: dict[str, str]) -> None:
+def control_comparison(
+  figures: dict[str, Any],
+  runs: dict[str, dict[str, Any]],
+  controls: dict[str, str],
+  eval_se: float | None = None,
+) -> None:
   """Adds to every arm's figures its paired final-loss difference from its control arm (`controls`:
   arm -> its control; the same decisions without the effect, e.g. the jump's skip control, which
   advances the schedule without moving a weight), when that control ran: a method is credited only
-  with what it adds to its control. Stored as `vs_skip_control`, the name the published results use."""
+  with what it adds to its control. Stored as `vs_skip_control`, the name the published results use;
+  judged with `eval_se` (the paired per-batch standard error) besides the seeds'."""
   for m, f in figures.items():
     control = controls.get(m)
     if control is None or control not in runs:
@@ -88,8 +107,9 @@ def control_comparison(figures: dict[str, Any], runs: dict[str, dict[str, Any]],
     seeds = [s for s in sorted(runs[m], key=int) if s in skip]
     if len(seeds) >= 2:
       f["vs_skip_control"] = protocol.paired_difference(
-        [runs[m][s]["final_loss"] for s in seeds], [skip[s]["final_loss"] for s in seeds]
+        [runs[m][s]["final_loss"] for s in seeds], [skip[s]["final_loss"] for s in seeds], eval_se
       )
+      f["vs_skip_control"]["control"] = control
 
 
 def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
@@ -99,9 +119,10 @@ def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
   return sum(count * ms[k] for k, count in kinds.items())
 
 
-def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int) -> dict[str, Any]:
+def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int, eval_se: float | None = None) -> dict[str, Any]:
   """The anchors themselves: final losses at N, and the averaging anchor's lead over the raw one in
-  steps (baseline steps needed to reach the averaged loss at N, per seed)."""
+  steps (baseline steps needed to reach the averaged loss at N, per seed; a lower or an upper bound
+  where the averaged loss lies below or above the raw curve)."""
   seeds = sorted(curves["baseline"], key=int)
   i = budgets.index(n)
   raw = [curves["baseline"][s][i] for s in seeds]
@@ -109,10 +130,11 @@ def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int) -> dict[s
   lead = [protocol.steps_to_reach(budgets, curves["baseline"][s], a) for s, a in zip(seeds, avg)]
   return {
     "final_loss": {"baseline": protocol.mean_std(raw), "averaged_baseline": protocol.mean_std(avg)},
-    "averaging_vs_raw": protocol.paired_difference(avg, raw) if len(seeds) >= 2 else None,
+    "averaging_vs_raw": protocol.paired_difference(avg, raw, eval_se) if len(seeds) >= 2 else None,
     "averaging_lead_steps": {
       "per_seed": [None if r.steps is None else r.steps - n for r in lead],
       "lower_bound": [r.lower_bound for r in lead],
+      "upper_bound": [r.upper_bound for r in lead],
     },
   }
 
@@ -145,19 +167,66 @@ def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list
   f125 = round(1.25 * n)
   if f125 in budgets and len(seeds) >= 2:
     i, j = budgets.index(n), budgets.index(f125)
-    out["budget_1.25N_vs_N"] = {
-      a: protocol.paired_difference([curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]) for a in ANCHORS
-    }
     # The eval set's own sampling error of that gain: the same eval batches score both runs, so it
-    # is the standard error of the per-batch difference (averaged params), per seed.
-    ses = []
-    for s in seeds:
-      a, b = budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"]
-      if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b:
-        d = np.subtract(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
-        ses.append(float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0)
+    # is the standard error of the per-batch difference (averaged params), per seed; None where it
+    # cannot be estimated (one eval batch).
+    ses = [
+      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
+      for s in seeds
+      for a, b in [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"])]
+      if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
+    ]
+    eval_se = _mean_or_none(ses)
+    out["budget_1.25N_vs_N"] = {
+      a: protocol.paired_difference([curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds], eval_se)
+      for a in ANCHORS
+    }
     out["eval_sampling_se_of_the_1.25N_gain"] = ses
   return out
+
+
+def _mean_or_none(xs: list[float | None]) -> float | None:
+  """The mean of `xs`, or None when it is empty or any value is None (an error that cannot be estimated)."""
+  return None if not xs or any(x is None for x in xs) else float(np.mean(xs))
+
+
+def eval_errors(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int], n: int) -> dict[str, Any]:
+  """benchmark.json's `eval` record: the eval batches, one averaged loss's sampling error (the first
+  headline seed's N-step run) and the paired per-batch standard error of a difference of two runs at N
+  (`eval_paired_se`), which every verdict is judged with; either error None where it cannot be
+  estimated (one eval batch)."""
+  first = budget_runs[f"{seeds[0]}/{n}"]
+  batches = int(first["eval_batches"])
+  single = first["eval_batch_std"] / math.sqrt(batches) if batches > 1 else None
+  return eval_paired_se(budget_runs, seeds, budgets, n) | {"batches": batches, "sampling_se": single}
+
+
+def eval_paired_se(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int], n: int) -> dict[str, Any]:
+  """The eval set's paired sampling error of a difference of two runs at N, from the anchors' own runs:
+  per headline seed, the per-batch standard error (`protocol.paired_batch_se`) of the difference of the
+  averaged params' losses of the N-step run and the next budget's (1.25N by default; the one below N
+  where N is the largest), scored on the same batches.
+
+  Every paired difference of a study is judged with its mean over the seeds, beside the seeds' own
+  standard error. It stands for any two runs at N: a method's runs keep no per-batch losses.
+
+  Returns:
+    {"paired_se": the mean over the seeds, or None where it cannot be estimated (fewer than 2 eval
+    batches, or a run that kept no per-batch losses), "per_seed", "budgets": the pair, "batches"}.
+  """
+  others = [b for b in budgets if b > n] or [b for b in budgets if b < n][-1:]
+  if not others:
+    return {"paired_se": None, "per_seed": [None for _ in seeds], "budgets": [n], "batches": None}
+  other = min(others, key=lambda b: abs(math.log(b / n)))
+  per_seed, batches = [], None
+  for s in seeds:
+    a, b = budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})
+    if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b:
+      per_seed.append(protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"]))
+      batches = len(a["final_averaged_per_batch"])
+    else:
+      per_seed.append(None)
+  return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other], "batches": batches}
 
 
 def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
@@ -189,9 +258,12 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
     for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
       h[key] = {f"vs_{a}": f[a][key]["mean"] for a in ANCHORS}
       h[key + "_std"] = {f"vs_{a}": f[a][key]["std"] for a in ANCHORS}
-      h[key + "_null_or_bound"] = {f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"]] for a in ANCHORS}
+      h[key + "_null_or_bound"] = {
+        f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"], f[a][key]["n_upper_bound"]] for a in ANCHORS
+      }
     h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
     h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
+    h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}
     if "vs_skip_control" in f:
       h["vs_skip_control"] = f["vs_skip_control"]
     final["method"] = f["final_loss"]

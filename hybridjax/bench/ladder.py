@@ -215,6 +215,7 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
     trained = family.train_family(config, runner, methods)
     out["family_runs"] = trained
     tuned, curves = trained["tuning"], trained["curves"]
+    out["eval"] = figures.eval_errors(curves["runs"], [str(s) for s in seeds], curves["budgets"], n)
     out["lr"], out["beta"] = tuned["best_lr"], tuned["averaging_beta"]
     keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr", "seed_noise")
     keep += ("iterate", "iterate_losses")
@@ -289,6 +290,19 @@ def seed_loss(run: dict[str, Any], iterate: str) -> float:
   return run["final_raw"] if iterate == "raw" else run["final_averaged"]
 
 
+def eval_record(groups: dict[str, Any], name: str) -> dict[str, Any] | None:
+  """The eval errors a group's differences are judged with (`figures.eval_errors`): its own where it
+  has them (the tuned groups: their anchors' N and 1.25N runs), else the first tuned group's of the
+  same scale (the same eval batches; a constant group's runs give no N/1.25N pair), named as such."""
+  own = groups[name].get("eval")
+  if own is not None:
+    return own
+  for g in TUNED_GROUPS:
+    if groups.get(g, {}).get("eval") is not None:
+      return groups[g]["eval"] | {"source": f"the {g} group's, on the same eval batches"}
+  return None
+
+
 def arm_figures(
   rung: Rung,
   group: dict[str, Any],
@@ -296,44 +310,55 @@ def arm_figures(
   control: str | None,
   ms: dict[str, dict[str, float]] | None,
   n: int,
+  eval_se: float | None = None,
 ) -> dict[str, Any]:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
-  the rung's budget curve, the final-loss gap and paired difference at N, the paired difference from
-  the arm's control; at R0 the equal-steps wall-clock ratio and the two nulls."""
+  the rung's budget curve, whether the pass ratio pays (`protocol.cost_verdict`), the final-loss gap
+  and paired difference at N, the paired difference from the arm's control; at R0 the equal-steps
+  wall-clock ratio and the two nulls. Every paired difference is judged with `eval_se` (the paired
+  per-batch standard error) besides the seeds'."""
   runs = group["method_runs"][arm]
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
   base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
   arm_ms = None if ms is None else ms.get(arm)
   per: dict[str, list[Any]] = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
-  losses, at_n = [], []
+  losses, at_n, curves = [], [], []
   for s in seeds:
     r, base = runs[s], group["baseline"][s]
     loss = seed_loss(r, rung.iterate)
     losses.append(loss)
     at_n.append(baseline_at(base["steps"], base[rung.iterate], n))
     steps, curve = finite_curve(base["steps"], base[rung.iterate])
+    curves.append((steps, curve))
     reach = protocol.steps_to_reach(steps, curve, loss) if steps else protocol.Reach(None, False)
     per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
     passes = r["backward_passes"] + figures.FORWARD_COST * r["validation_forwards"]
     per["pass_ratio"].append(protocol.ratio(reach, passes))
     wall = figures.run_ms(r["step_kinds"], arm_ms)
     value = None if (wall is None or base_ms is None or reach.steps is None) else reach.steps * base_ms / wall
-    per["wallclock_ratio"].append({"value": value, "lower_bound": reach.lower_bound, "method_ms": wall})
+    per["wallclock_ratio"].append(
+      {"value": value, "lower_bound": reach.lower_bound, "upper_bound": reach.upper_bound, "method_ms": wall}
+    )
   out: dict[str, Any] = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
   out.update({k: protocol.summarize(v) for k, v in per.items()})
   out["per_seed"] = per
+  costs = [x["method_cost"] for x in per["pass_ratio"]]
+  out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se)
   paired = len(seeds) >= 2 and None not in at_n
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
   out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
   out["final_loss_gap"]["per_seed"] = gaps
-  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n) if paired else None
+  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n, eval_se) if paired else None
   control_runs = group["method_runs"].get(control or "", {})
   if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:
-    out["vs_control"] = protocol.paired_difference(losses, [seed_loss(control_runs[s], rung.iterate) for s in seeds])
+    control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
+    out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se)
     out["control"] = control
   if rung.name == "R0":
-    out["equal_steps"] = equal_steps(group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"))
+    out["equal_steps"] = equal_steps(
+      group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se
+    )
   return out
 
 
@@ -346,6 +371,7 @@ def equal_steps(
   base_ms: float | None,
   n: int,
   vs_control: dict[str, Any] | None,
+  eval_se: float | None = None,
 ) -> dict[str, Any]:
   """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock, with the
   final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
@@ -378,7 +404,7 @@ def equal_steps(
     },
   }
   if len(seeds) >= 2 and all(x is not None for x in stop_losses):
-    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses)
+    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses, eval_se)
   if vs_control is not None:
     out["vs_control"] = vs_control
   beats = [out.get("vs_stopped_baseline"), vs_control]
@@ -408,13 +434,18 @@ def rung_figures(
       rung = dataclasses.replace(rung, iterate=group["tuning"]["iterate"])
     timing_ms = ms.get(timing_key(rung.group))
     arms = [m for m in group["methods"] if not defined[m].control]
+    errors = eval_record(groups, rung.group)
+    se = None if errors is None else errors.get("paired_se")
     out[name] = {
       **dataclasses.asdict(rung),
       "verdict_rung": name in VERDICT,
       "lr": group["lr"],
       "seeds": group["seeds"],
-      "figures": {m: arm_figures(rung, group, m, controls.get(m), timing_ms, n) for m in arms},
-      "controls": {m: arm_figures(rung, group, m, None, timing_ms, n) for m in group["methods"] if defined[m].control},
+      "eval": errors,
+      "figures": {m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se) for m in arms},
+      "controls": {
+        m: arm_figures(rung, group, m, None, timing_ms, n, se) for m in group["methods"] if defined[m].control
+      },
     }
   return out
 

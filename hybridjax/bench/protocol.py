@@ -9,22 +9,32 @@ The protocol compares a method with a baseline on one figure, the *step ratio*:
    minimum of the losses, so the curve never goes up with more steps (a baseline with a larger budget is
    credited with the best loss of any smaller one).
 2. A method run has a cost (`method_cost`, in baseline-step equivalents, e.g. backward passes) and reaches
-   an eval loss L. `steps_to_reach` reads off the envelope the baseline steps needed to reach L,
-   interpolating linearly in log(budget) between neighbouring budgets. Three outcomes:
+   an eval loss L. `steps_to_reach` reads off the curve the baseline steps needed to reach L, interpolating
+   linearly in log(budget) between the envelope's drops (`reading_knots`): a flat stretch of the envelope
+   is read from its first budget, so a run equal to the baseline at a budget where its envelope drops
+   reads that budget on either side of float rounding. Four outcomes:
 
    * reached: a number of steps inside [smallest budget, largest budget];
    * a lower bound: L is below the end of the curve, so the baseline needs *more* than its largest budget;
-     we report the largest budget and flag it (the ratio is then conservative);
-   * not reached (None): L is above the start of the curve; the baseline's smallest budget already does
-     better, so the steps it needs are unknown.
+     we report the envelope's last drop (the largest budget, or the first of a flat stretch at the end)
+     and flag it (the ratio is then conservative);
+   * an upper bound: L is above the start of the curve; the baseline's smallest budget already does
+     better, so it needs *at most* that budget: we report the smallest budget and flag it (the ratio reads
+     "<= b_min / cost");
+   * not reached (None): L is NaN or +inf (a diverged run).
 
 3. `ratio` divides the baseline steps by the method's cost: above 1 means the method reached its loss with
    fewer steps than the baseline needs, which happens exactly when the method's loss is below the
-   baseline curve at the method's cost (`curve_loss_at` is that inverse reading).
+   baseline curve at the method's cost (`curve_loss_at` is that inverse reading). Where the anchor's own
+   N-step loss lies above its curve at N (a noisy budget curve), the anchor itself reads below 1x:
+   `cost_verdict` judges a method as the anchor reads itself there, so a method equal to the anchor reads
+   "no difference".
 4. Per-seed ratios are aggregated by `summarize` (mean and sample std over the non-null values, with the
-   counts of nulls and lower bounds), and two settings measured on the same seeds are compared with
-   `paired_difference` (mean difference against twice its standard error). `mean_std` is the plain
-   [mean, sample std] of a list of numbers.
+   counts of nulls and bounds), and two settings measured on the same seeds are compared with
+   `paired_difference`: the mean difference against twice its standard error, the seeds' and the eval
+   set's (`paired_batch_se`: the per-batch standard error of a difference of two runs scored on the same
+   batches; None, "cannot be estimated", with one batch). `mean_std` is the plain [mean, sample std] of a
+   list of numbers.
 5. A run that sits on an early plateau (`plateau_runs`: its eval loss at N/10 or at N more than a margin
    above the median of the same runs' over the seeds) is flagged; the ladder and the recipe then add
    headline seeds.
@@ -89,26 +99,53 @@ def monotone_envelope(
   return b[order], np.minimum.accumulate(loss[order])
 
 
+def reading_knots(
+  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float]:
+  """The points the baseline curve is read between: the envelope's first budget and every budget at which
+  the envelope drops (a new best loss), with the largest budget.
+
+  A flat stretch of the envelope (budgets that did no better than a smaller one) has no point of its own:
+  the curve runs from the stretch's first budget straight to the next drop, linearly in log(budget), and is
+  flat from the last drop to the largest budget. So the curve is continuous in the target: a loss a hair
+  below a flat stretch is reached just after the stretch's first budget, never at its far end.
+
+  Returns:
+    (knot budgets ascending, their losses, strictly decreasing; the largest budget), float64.
+
+  Raises:
+    ValueError: on a bad curve (see `monotone_envelope`).
+  """
+  b, env = monotone_envelope(budgets, losses)
+  drops = np.concatenate([[True], env[1:] < env[:-1]])
+  return b[drops], env[drops], float(b[-1])
+
+
 @dataclasses.dataclass(frozen=True)
 class Reach:
   """Baseline steps needed to reach a loss.
 
   Attributes:
-    steps: the steps, or None when not reached (the target is above the start of the curve).
+    steps: the steps, or None when not reached (the target is NaN or +inf: a diverged run).
     lower_bound: True when the target is below the end of the curve: the baseline needs more than `steps`
-      (its largest budget).
+      (the envelope's last drop: its largest budget, unless the budgets after the drop did no better).
+    upper_bound: True when the target is above the start of the curve: the baseline's smallest budget
+      already does better, so it needs at most `steps` (its smallest budget).
   """
 
   steps: float | None
   lower_bound: bool
+  upper_bound: bool = False
 
 
 def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, target: float) -> Reach:
-  """Baseline steps needed to reach eval loss `target`, read off the monotone envelope.
+  """Baseline steps needed to reach eval loss `target`, read off the curve between `reading_knots`.
 
-  Between the last budget b_i whose envelope is above the target and the next one b_{i+1} (the first at
-  which the envelope is <= target), the steps are interpolated linearly in log(budget):
+  Between the knot b_i whose loss is above the target and the next knot b_{i+1} (loss below it), the steps
+  are interpolated linearly in log(budget):
   log b = log b_i + (env_i - target) / (env_i - env_{i+1}) * (log b_{i+1} - log b_i).
+  A flat stretch of the envelope is read from its first budget: a run equal to the baseline at a budget
+  where the envelope drops reads that budget, up to float rounding, on either side.
 
   Args:
     budgets: step budgets of the baseline runs.
@@ -116,27 +153,30 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
     target: the eval loss to reach.
 
   Returns:
-    `Reach(steps, False)` when reached (steps in [smallest budget, largest budget]; the smallest budget when
-    the target equals the envelope's start); `Reach(largest budget, True)` when the target is below the end
-    of the envelope (a lower bound); `Reach(None, False)` when the target is above the start of the envelope
-    or is NaN (not reached).
+    `Reach(steps, False)` when reached (steps in [smallest budget, largest budget]; the first budget of the
+    envelope's stretch at exactly the target's loss); `Reach(b, True)` when the target is below the end of
+    the envelope (a lower bound: the baseline needs more than b, the envelope's last drop, which is the
+    largest budget unless the budgets after it did no better, so a run a hair below a flat end reads its
+    first budget, as on a flat stretch inside the curve); `Reach(smallest budget, False, True)` when the
+    target is above the start of the envelope (an upper bound: the smallest budget already does better);
+    `Reach(None, False)` when the target is NaN or +inf (a diverged run: not reached).
 
   Raises:
     ValueError: on a bad curve (see `monotone_envelope`).
   """
-  b, env = monotone_envelope(budgets, losses)
+  kb, ke, last = reading_knots(budgets, losses)
   target = float(target)
-  if math.isnan(target) or target > env[0]:
+  if math.isnan(target) or target == math.inf:
     return Reach(None, False)
-  if target == env[0]:
-    return Reach(float(b[0]), False)
-  if target < env[-1]:
-    return Reach(float(b[-1]), True)
-  j = int(np.argmax(env <= target))  # the first budget at which the envelope is <= target; j >= 1 here
-  if env[j] == target:
-    return Reach(float(b[j]), False)
-  lo, hi = b[j - 1], b[j]
-  frac = (env[j - 1] - target) / (env[j - 1] - env[j])
+  if target > ke[0]:
+    return Reach(float(kb[0]), False, True)
+  if target < ke[-1]:
+    return Reach(float(kb[-1]), True)
+  j = int(np.argmax(ke <= target))  # the first knot whose loss is <= target
+  if ke[j] == target:
+    return Reach(float(kb[j]), False)
+  lo, hi = kb[j - 1], kb[j]  # j >= 1 here: ke[0] > target >= ke[-1]
+  frac = (ke[j - 1] - target) / (ke[j - 1] - ke[j])
   steps = lo * math.exp(frac * math.log(hi / lo))
   return Reach(float(min(max(steps, lo), hi)), False)
 
@@ -144,7 +184,8 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
 def curve_loss_at(
   budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, steps: float
 ) -> float | None:
-  """The envelope's loss at `steps`, interpolated linearly in log(budget): the inverse of `steps_to_reach`.
+  """The curve's loss at `steps` (between `reading_knots`, linearly in log(budget)): the inverse of
+  `steps_to_reach`, never above the monotone envelope.
 
   Args:
     budgets: step budgets of the baseline runs.
@@ -157,16 +198,18 @@ def curve_loss_at(
   Raises:
     ValueError: on a bad curve (see `monotone_envelope`).
   """
-  b, env = monotone_envelope(budgets, losses)
+  kb, ke, last = reading_knots(budgets, losses)
   steps = float(steps)
-  if not (b[0] <= steps <= b[-1]):
+  if not (kb[0] <= steps <= last):
     return None
-  j = int(np.searchsorted(b, steps, side="left"))
-  if b[j] == steps:
-    return float(env[j])
-  lo, hi = b[j - 1], b[j]
+  if steps >= kb[-1]:
+    return float(ke[-1])
+  j = int(np.searchsorted(kb, steps, side="left"))
+  if kb[j] == steps:
+    return float(ke[j])
+  lo, hi = kb[j - 1], kb[j]
   frac = math.log(steps / lo) / math.log(hi / lo)
-  return float(env[j - 1] + frac * (env[j] - env[j - 1]))
+  return float(ke[j - 1] + frac * (ke[j] - ke[j - 1]))
 
 
 def ratio(reach: Reach, method_cost: float) -> dict[str, Any]:
@@ -177,7 +220,8 @@ def ratio(reach: Reach, method_cost: float) -> dict[str, Any]:
     method_cost: the method's cost in baseline-step equivalents (> 0).
 
   Returns:
-    {"value": reach.steps / method_cost, or None when not reached, "lower_bound": reach.lower_bound,
+    {"value": reach.steps / method_cost, or None when not reached, "lower_bound": reach.lower_bound (the
+    ratio is at least the value), "upper_bound": reach.upper_bound (the ratio is at most the value),
     "baseline_steps": reach.steps, "method_cost": method_cost}.
 
   Raises:
@@ -187,14 +231,20 @@ def ratio(reach: Reach, method_cost: float) -> dict[str, Any]:
   if not (math.isfinite(cost) and cost > 0):
     raise ValueError(f"method_cost must be a positive finite number, got {method_cost!r}")
   value = None if reach.steps is None else float(reach.steps) / cost
-  return {"value": value, "lower_bound": bool(reach.lower_bound), "baseline_steps": reach.steps, "method_cost": cost}
+  return {
+    "value": value,
+    "lower_bound": bool(reach.lower_bound),
+    "upper_bound": bool(reach.upper_bound),
+    "baseline_steps": reach.steps,
+    "method_cost": cost,
+  }
 
 
 def summarize(values: Sequence[dict[str, Any]]) -> dict[str, Any]:
   """Aggregates per-seed ratio dicts (from `ratio`).
 
-  Lower bounds enter the mean at their (conservative) value; nulls are left out of the mean and std but
-  counted.
+  Bounds enter the mean at their value (a lower bound's is conservative; an upper bound's makes the mean an
+  upper bound too where no seed is a lower bound); nulls are left out of the mean and std but counted.
 
   Args:
     values: one `ratio` dict per seed.
@@ -202,7 +252,7 @@ def summarize(values: Sequence[dict[str, Any]]) -> dict[str, Any]:
   Returns:
     {"mean": mean of the non-null values or None, "std": their sample std (ddof=1) or None with fewer than 2,
     "n": number of seeds, "n_null": number of None values, "n_lower_bound": number of lower bounds,
-    "values": the values in order}.
+    "n_upper_bound": number of upper bounds, "values": the values in order}.
   """
   vals = [None if v["value"] is None else float(v["value"]) for v in values]
   present = [v for v in vals if v is not None]
@@ -212,6 +262,7 @@ def summarize(values: Sequence[dict[str, Any]]) -> dict[str, Any]:
     "n": len(vals),
     "n_null": len(vals) - len(present),
     "n_lower_bound": sum(1 for v in values if v["lower_bound"]),
+    "n_upper_bound": sum(1 for v in values if v.get("upper_bound")),
     "values": vals,
   }
 
@@ -228,20 +279,59 @@ def mean_std(xs: Sequence[float] | np.ndarray) -> list[float]:
   return [float(np.mean(x)), float(np.std(x, ddof=1)) if x.size > 1 else 0.0]
 
 
-def paired_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> dict[str, Any]:
+def paired_batch_se(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float | None:
+  """The eval set's sampling error of the difference of two runs' losses scored on the same batches: the
+  standard error of the per-batch difference, std(a_j - b_j, ddof=1) / sqrt(batches).
+
+  The batches' own difficulty is common to both runs and cancels, so this is the error a difference of two
+  final losses carries, far smaller than one loss's sampling error (std(a_j) / sqrt(batches)).
+
+  Args:
+    a: one run's loss on each eval batch.
+    b: the other run's, on the same batches in the same order.
+
+  Returns:
+    The standard error, or None when it cannot be estimated (fewer than 2 batches).
+
+  Raises:
+    ValueError: on mismatched lengths or non-finite values.
+  """
+  x = np.asarray(a, dtype=np.float64).ravel()
+  y = np.asarray(b, dtype=np.float64).ravel()
+  if x.size != y.size:
+    raise ValueError(f"mismatched lengths: {x.size} batches in a but {y.size} in b (the same batches score both)")
+  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+    raise ValueError("per-batch losses must be finite")
+  if x.size < 2:
+    return None
+  return float(np.std(x - y, ddof=1) / math.sqrt(x.size))
+
+
+def paired_difference(
+  a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, eval_se: float | None = None
+) -> dict[str, Any]:
   """Per-seed differences a_i - b_i of two settings measured on the same seeds.
+
+  The mean difference is judged against the seeds' standard error and the eval set's: `eval_se`, the
+  paired per-batch standard error of a difference of two runs (`paired_batch_se`). The eval batches are
+  the same for every seed, so their sampling error does not average out over the seeds; it enters whole:
+  se_total = sqrt(se^2 + eval_se^2). Two runs equal up to float rounding then read "no difference" even
+  where the rounding happens to have one sign on every seed.
 
   Args:
     a: one value per seed.
     b: one value per seed, in the same seed order.
+    eval_se: the paired per-batch standard error, or None where it cannot be estimated (one eval batch)
+      or was not recorded: the seeds' standard error alone judges.
 
   Returns:
-    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "n", "differences", "verdict"}: the verdict is "no
-    difference" when |mean| < 2 se (or se == 0 and mean == 0), else "lower" (a below b) when the mean is
-    negative and "higher" when it is positive.
+    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "eval_se", "se_total", "n", "differences", "verdict"}:
+    the verdict is "no difference" when |mean| < 2 se_total (or se_total == 0 and mean == 0), else "lower"
+    (a below b) when the mean is negative and "higher" when it is positive.
 
   Raises:
-    ValueError: on mismatched lengths, fewer than 2 pairs, or non-finite values.
+    ValueError: on mismatched lengths, fewer than 2 pairs, non-finite values or a negative or non-finite
+      eval_se.
   """
   x = np.asarray(a, dtype=np.float64).ravel()
   y = np.asarray(b, dtype=np.float64).ravel()
@@ -251,16 +341,89 @@ def paired_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.n
     raise ValueError(f"at least 2 pairs are needed, got {x.size}")
   if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
     raise ValueError(f"values must be finite, got a={x.tolist()} b={y.tolist()}")
+  if eval_se is not None and not (math.isfinite(eval_se) and eval_se >= 0):
+    raise ValueError(f"eval_se must be a finite standard error >= 0 or None, got {eval_se!r}")
   d = x - y
   n = int(d.size)
   mean = float(np.mean(d))
   std = float(np.std(d, ddof=1))
   se = std / math.sqrt(n)
-  if abs(mean) < 2 * se or (se == 0 and mean == 0):
+  total = math.hypot(se, eval_se or 0.0)
+  if abs(mean) < 2 * total or (total == 0 and mean == 0):
     verdict = "no difference"
   else:
     verdict = "lower" if mean < 0 else "higher"
-  return {"mean": mean, "std": std, "se": se, "n": n, "differences": d.tolist(), "verdict": verdict}
+  return {
+    "mean": mean,
+    "std": std,
+    "se": se,
+    "eval_se": None if eval_se is None else float(eval_se),
+    "se_total": total,
+    "n": n,
+    "differences": d.tolist(),
+    "verdict": verdict,
+  }
+
+
+PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no difference"}
+
+
+def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tuple[float | None, float | None]:
+  """(the anchor's own loss at N, the curve's loss at N): the measured point where the curve has one at N
+  (else the curve's), and `curve_loss_at`. The first lies above the second exactly where the anchor's
+  N-step loss lies above its envelope (N is no drop of it), so the anchor reads below 1x against itself."""
+  curve = curve_loss_at(steps, losses, n)
+  own = float(losses[list(steps).index(n)]) if n in list(steps) else curve
+  return own, curve
+
+
+def cost_verdict(
+  losses: Sequence[float],
+  costs: Sequence[float],
+  curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+  n: float,
+  eval_se: float | None,
+) -> dict[str, Any]:
+  """Whether a method pays against an anchor: per seed, its loss against the anchor's curve at its cost,
+  read as the anchor reads itself at N, then paired over the seeds (`paired_difference` against zero).
+
+  The difference per seed is (loss - curve(cost)) - (anchor(N) - curve(N)): the second term, zero where
+  the anchor's curve drops at N, is how far the anchor's own N-step loss lies above its curve. So a
+  method equal to the anchor at N reads "no difference" on every seed, and one below the curve at its
+  cost by more than the noise (seeds' and eval set's) "pays": its ratio is above the anchor's own.
+
+  Args:
+    losses: the method's loss per seed.
+    costs: its cost per seed, in baseline steps (e.g. passes).
+    curves: per seed, the anchor's (budgets, losses).
+    n: the budget N (where the anchor reads itself).
+    eval_se: the paired per-batch standard error (`paired_batch_se`), or None.
+
+  Returns:
+    {"verdict": "pays" | "does not pay" | "no difference" | "not judged", "paired": the paired difference
+    or None, "differences_at_cost": per seed (None where the cost lies outside the anchor's budgets),
+    "anchor_above_envelope_at_n": per seed, "anchor_excess_at_n": per seed}.
+  """
+  diffs, above, excess = [], [], []
+  for loss, cost, (steps, curve) in zip(losses, costs, curves):
+    own, at_n = anchor_at_n(steps, curve, n) if len(steps) else (None, None)
+    at_cost = curve_loss_at(steps, curve, cost) if len(steps) else None
+    gap = None if own is None or at_n is None else own - at_n
+    excess.append(gap)
+    above.append(bool(gap is not None and gap > 0))
+    ok = at_cost is not None and gap is not None and math.isfinite(loss)
+    diffs.append(float(loss - at_cost - gap) if ok else None)
+  out: dict[str, Any] = {
+    "differences_at_cost": diffs,
+    "anchor_above_envelope_at_n": above,
+    "anchor_excess_at_n": excess,
+    "paired": None,
+    "verdict": "not judged",
+  }
+  if len(diffs) >= 2 and None not in diffs:
+    out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se)
+    out["verdict"] = PAYS[out["paired"]["verdict"]]
+  return out
 
 
 def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, float] | None:

@@ -39,7 +39,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import keys, protocol, report, specs, timing, tuning
+from hybridjax.bench import figures, keys, protocol, report, specs, timing, tuning
 from hybridjax.bench.runner import Runner, make_runner
 
 
@@ -254,30 +254,44 @@ def step_figures(
   anchor: dict[str, dict[str, list[float]]],
   ms: dict[str, float],
   n: int,
+  eval_se: float | None = None,
 ) -> dict[str, Any]:
-  """One step's speed-up (per seed and summarised), wall-clock ratio and paired verdict against the
-  previous step (`previous`: seed -> loss). Pure: the tests recompute it from recipe.json."""
+  """One step's speed-up (per seed and summarised), whether it pays against the anchor
+  (`protocol.cost_verdict` at N steps), its wall-clock ratio and paired verdict against the previous
+  step (`previous`: seed -> loss), judged with `eval_se` (the paired per-batch standard error) besides
+  the seeds'. Pure: the tests recompute it from recipe.json."""
   seeds = sorted(step["runs"], key=int)
   losses = [step["runs"][s]["loss"] for s in seeds]
-  per_seed, lower_bound = [], []
+  per_seed, lower_bound, upper_bound = [], [], []
   for s, loss in zip(seeds, losses):
     steps, curve = anchor[s]["steps"], anchor[s]["loss"]
     reach = protocol.steps_to_reach(steps, curve, loss)
     per_seed.append(None if reach.steps is None else reach.steps / n)
     lower_bound.append(reach.lower_bound)
+    upper_bound.append(reach.upper_bound)
   present = [x for x in per_seed if x is not None]
   mean, std = protocol.mean_std(present) if present else (None, None)
-  speedup = {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower_bound)}
+  speedup = {
+    "mean": mean,
+    "std": std,
+    "per_seed": per_seed,
+    "lower_bound": any(lower_bound),
+    "upper_bound": any(upper_bound),
+    "n_lower_bound": sum(lower_bound),
+    "n_upper_bound": sum(upper_bound),
+  }
   wall = None
   if mean is not None and name in ms and "anchor" in ms:
     wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}
+  curves = [(anchor[s]["steps"], anchor[s]["loss"]) for s in seeds]
   return {
     "name": name,
     "seeds": [int(s) for s in seeds],
     "loss": losses,
     "speedup": speedup,
+    "verdict": protocol.cost_verdict(losses, [n] * len(seeds), curves, n, eval_se),
     "wallclock_ratio": wall,
-    "vs_previous": protocol.paired_difference(losses, [previous[s] for s in seeds]),
+    "vs_previous": protocol.paired_difference(losses, [previous[s] for s in seeds], eval_se),
   }
 
 
@@ -287,12 +301,14 @@ def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
   n = int(result["steps"])
   anchor = result["anchor"]["curves"]
   ms = result["timing"]["ms_per_step"]
+  eval_se = (result["anchor"].get("eval") or {}).get("paired_se")
   previous = dict(result["anchor"]["at_n"])
-  rows = [step_figures("anchor", {"runs": {s: {"loss": x} for s, x in previous.items()}}, previous, anchor, ms, n)]
+  anchor_runs = {"runs": {s: {"loss": x} for s, x in previous.items()}}
+  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se)]
   rows[0]["vs_previous"] = None
   for name in result["tricks"]:
     step = result["step_runs"][name]
-    row = step_figures(name, step, previous, anchor, ms, n)
+    row = step_figures(name, step, previous, anchor, ms, n, eval_se)
     row.update(lr=step["lr"], iterate=step["iterate"], beta=step["beta"], record=result["records"][name])
     rows.append(row)
     previous = {s: r["loss"] for s, r in step["runs"].items()}
@@ -386,6 +402,9 @@ def run_recipe(config: ml_collections.ConfigDict, workdir: str, command: str = "
       "budgets": curves["budgets"],
       "curves": anchor_curves(curves),
       "at_n": at_n,
+      "eval": figures.eval_errors(
+        curves["runs"], sorted(curves["curves"]["averaged_baseline"], key=int), curves["budgets"], n
+      ),
     },
     "step_runs": steps,
     "plateaus": plateaus,

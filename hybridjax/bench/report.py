@@ -19,8 +19,45 @@ from hybridjax.bench import protocol
 from hybridjax.bench.figures import ANCHORS
 
 
+def se_cell(d: dict[str, Any]) -> str:
+  """A paired difference's mean ± the standard error it is judged with (the seeds' and the eval set's)."""
+  return f"{d['mean']:+.4f} ± {d.get('se_total', d['se']):.4f} se"
+
+
 def paired_cell(d: dict[str, Any] | None) -> str:
-  return "—" if d is None else f"{d['mean']:+.4f} ± {d['se']:.4f} se ({d['verdict']})"
+  return "—" if d is None else f"{se_cell(d)} ({d['verdict']})"
+
+
+def eval_note(record: dict[str, Any] | None) -> str:
+  """The sentence on what every difference of a study is judged with: the seeds' standard error and
+  the eval set's paired per-batch one (`figures.eval_paired_se`), or why the latter is missing."""
+  record = record or {}
+  se, batches = record.get("paired_se"), record.get("batches")
+  if se is not None:
+    pair = record.get("budgets")
+    of = f" (the anchor's {pair[0]}-step run against its {pair[1]}-step one, mean over the seeds)" if pair else ""
+    source = f"; {record['source']}" if record.get("source") else ""
+    return (
+      f"Every difference is judged at 2 standard errors, the seeds' and the eval set's: a difference of two "
+      f"runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, the paired "
+      f"per-batch standard error{of}{source}."
+    )
+  if batches == 1:
+    return (
+      "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
+      "on the seeds' spread alone."
+    )
+  return "The eval set's error of a difference was not recorded: every difference is judged on the seeds' spread alone."
+
+
+def above_note(verdict: dict[str, Any] | None) -> str:
+  """'anchor at N above its envelope: k/n seeds' where the anchor's own N-step loss lies above its curve
+  (it then reads below 1x against itself, and so does an arm equal to it), else ''."""
+  if not verdict:
+    return ""
+  above = verdict.get("anchor_above_envelope_at_n") or []
+  k = sum(bool(x) for x in above)
+  return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
 
 
 def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
@@ -29,16 +66,55 @@ def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
   return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
 
 
-def ratio_cell(s: dict[str, Any]) -> str:
+def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+  """A ratio's mean ± std over the seeds, with its notes: seeds not reached (a diverged run), lower
+  bounds (below the curve's end), upper bounds (above its start: the mean reads '≤' where no seed is a
+  lower bound), and, from the arm's `verdict` (`protocol.cost_verdict`), the seeds where the anchor's
+  own N-step loss lies above its envelope."""
+  above = above_note(verdict)
   if s["mean"] is None:
-    return f"not reached ({s['n_null']}/{s['n']} seeds)"
+    return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
   std = "" if s["std"] is None else f" ± {s['std']:.2f}"
+  upper = s.get("n_upper_bound", 0)
   notes = []
   if s["n_null"]:
     notes.append(f"{s['n_null']} not reached")
   if s["n_lower_bound"]:
     notes.append(f"{s['n_lower_bound']} lower bounds")
-  return f"{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
+  if upper:
+    notes.append(f"{upper} upper bounds")
+  if above:
+    notes.append(above)
+  prefix = "≤ " if upper and not s["n_lower_bound"] else ""
+  return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def pays_clause(verdict: dict[str, Any], ratio: dict[str, Any], against: str, cost: str = "its passes") -> str:
+  """'**pays**' / '**does not pay**' / '**no difference**' with the ratio it reads, the loss difference
+  it was judged on (`protocol.cost_verdict`) and the seeds where the anchor's N-step loss lies above its
+  envelope."""
+  parts = [f"{'pass ratio' if cost == 'its passes' else 'speed-up'} {ratio_cell(ratio)}{against}"]
+  if verdict.get("paired"):
+    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve")
+  else:
+    parts.append("not judged: fewer than 2 seeds, or a cost outside the anchor's budgets")
+  above = above_note(verdict)
+  if above:
+    parts.append(above)
+  return f"**{verdict['verdict']}** ({'; '.join(parts)})"
+
+
+def tuning_noise(t: dict[str, Any]) -> str:
+  """The sentence on the noise the tuning's budget checks judge a difference of two LRs' losses by."""
+  if "seed_spread" not in t:  # a tuning recorded before the paired per-batch error
+    return f"Seed noise of one final loss: {t['seed_noise']:.4f}."
+  paired = t.get("eval_paired_se")
+  floor = "cannot be estimated (one eval batch)" if paired is None else f"{paired:.4f}"
+  return (
+    f"Noise of a difference of two final losses (the budget checks'): {t['seed_noise']:.4f}, the larger of the "
+    f"tuning seeds' spread ({t['seed_spread']:.4f}) and the eval set's paired per-batch error of the best two "
+    f"LRs' runs ({floor})."
+  )
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -66,7 +142,7 @@ def markdown(result: dict[str, Any]) -> str:
     + ".",
     f"Averaging beta {t['averaging_beta']} (averaged loss on the two tuning seeds: "
     + ", ".join(f"{k}: {statistics.fmean(v):.4f}" for k, v in t["beta_table"].items())
-    + f"). Seed noise of one final loss: {t['seed_noise']:.4f}.",
+    + f"). {tuning_noise(t)}",
     "",
     "## Anchors (headline seeds)",
     "",
@@ -77,10 +153,14 @@ def markdown(result: dict[str, Any]) -> str:
     cells = [protocol.mean_std([result["curves"][an][s][i] for s in result["curves"][an]]) for an in ANCHORS]
     lines.append(f"| {steps} | " + " | ".join(pm(c) for c in cells) + " |")
   lead = [x for x in a["averaging_lead_steps"]["per_seed"] if x is not None]
+  upper = a["averaging_lead_steps"].get("upper_bound") or [False] * len(lead)
   lines += [
     "",
     "Averaging's lead at N, in baseline steps (per seed): "
-    + ", ".join("not reached" if x is None else f"{x:+.0f}" for x in a["averaging_lead_steps"]["per_seed"])
+    + ", ".join(
+      "not reached" if x is None else ("≤ " if up else "") + f"{x:+.0f}"
+      for x, up in zip(a["averaging_lead_steps"]["per_seed"], upper)
+    )
     + (f" (mean {statistics.fmean(lead):+.0f})" if lead else "")
     + (
       "; lower bounds: " + str(a["averaging_lead_steps"]["lower_bound"])
@@ -99,17 +179,10 @@ def markdown(result: dict[str, Any]) -> str:
   if "budget_1.25N_vs_N" in ph:
     lines.append(
       "1.25N against N (paired): "
-      + "; ".join(
-        f"{an} {d['mean']:+.4f} ± {d['se']:.4f} (se) → {d['verdict']}" for an, d in ph["budget_1.25N_vs_N"].items()
-      )
+      + "; ".join(f"{an} {se_cell(d)} → {d['verdict']}" for an, d in ph["budget_1.25N_vs_N"].items())
       + "."
     )
-  ses = ph.get("eval_sampling_se_of_the_1.25N_gain") or []
-  lines.append(
-    f"Eval set: {result['eval']['batches']} batches; the sampling standard error of one averaged loss is about "
-    f"{result['eval']['sampling_se']:.4f}"
-    + (f", and of the 1.25N-vs-N gain (the same batches score both runs) {statistics.fmean(ses):.4f}." if ses else ".")
-  )
+  lines.append(f"Eval set: {result['eval']['batches']} batches. {eval_note(result['eval'])}")
   methods = list(result["figures"])
   if methods:
     lines += ["", "## Method arms (headline seeds; ratios > 1 mean fewer than the anchor needs)", ""]
@@ -121,7 +194,7 @@ def markdown(result: dict[str, Any]) -> str:
 
     for an in ANCHORS:
       for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
-        row(f"{key} vs {an}", lambda f, m, an=an, key=key: ratio_cell(f[an][key]))
+        row(f"{key} vs {an}", lambda f, m, an=an, key=key: ratio_cell(f[an][key], f[an].get("verdict")))
     for an in ANCHORS:
       row(
         f"final loss − {an} at N",
@@ -145,6 +218,7 @@ def markdown(result: dict[str, Any]) -> str:
     row("median ms per step by kind", lambda f, m: ", ".join(f"{k} {v:.1f}" for k, v in sorted(ms[m].items())))
     lines.append("")
     lines.append(f"Baseline step: {ms['baseline']['baseline']:.2f} ms (median, interleaved).")
+    lines += ["", "## Verdicts (against the averaged anchor)", "", *family_verdicts(result)]
   lines += [
     "",
     "Compile time (s, separate from every figure): "
@@ -155,6 +229,31 @@ def markdown(result: dict[str, Any]) -> str:
     f"{result['machine']['jax']}.",
   ]
   return "\n".join(lines) + "\n"
+
+
+def verdict_rule(anchor: str = "the anchor") -> str:
+  """How a verdict line reads: when an arm pays against `anchor`."""
+  return (
+    f"An arm pays where its final loss lies below {anchor}'s curve at its passes (every forward at 1/3 of a "
+    f"step) by more than 2 standard errors, read as {anchor} reads itself at N (so an arm equal to {anchor} "
+    f"reads 'no difference' even where its N-step loss lies above its envelope); 'does not pay' where it "
+    "lies above by as much."
+  )
+
+
+def family_verdicts(result: dict[str, Any]) -> list[str]:
+  """One line per method arm: whether it pays against the averaged anchor, and against its control."""
+  lines = [verdict_rule("the averaged anchor"), ""]
+  for m, f in result["figures"].items():
+    a = f["averaged_baseline"]
+    if not a.get("verdict"):
+      continue
+    line = f"* `{m}`: {pays_clause(a['verdict'], a['pass_ratio'], ' against the averaged anchor')}"
+    control = f.get("vs_skip_control")
+    if control:
+      line += f"; vs its control{' ' + control['control'] if control.get('control') else ''}: {paired_cell(control)}"
+    lines.append(line)
+  return lines
 
 
 def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
@@ -263,12 +362,7 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
     beats = f"beats {which}" if e["claim"].get("beats_nulls_compared") else f"not beyond {which}"
     return f"{_mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
   s = f["pass_ratio"]
-  cell = "not reached" if s["mean"] is None else _mean_cell(s)
-  notes = ([f"{s['n_null']} not reached"] if s["n_null"] and s["mean"] is not None else []) + (
-    [f"{s['n_lower_bound']} lower bounds"] if s["n_lower_bound"] else []
-  )
-  if notes:
-    cell += f" ({', '.join(notes)})"
+  cell = "not reached" if s["mean"] is None else ratio_cell(s, f.get("verdict"))
   against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
   return f"{cell}; vs {against[0]}: {_verdict(against[1])}"
 
@@ -343,6 +437,8 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     "",
     ladder_scale(result) + ".",
     "",
+    eval_note(next((result["rungs"][r].get("eval") for r in result["rung_names"]), None)),
+    "",
   ]
   for name in result["rung_names"]:
     rung = result["rungs"][name]
@@ -351,16 +447,19 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     lines += [
       f"## {name}: {rung['baseline']} ({rung['iterate']} iterate)" + (" — verdict" if rung["verdict_rung"] else ""),
       "",
-      f"LR {rung['lr']:.4g}; seeds {rung['seeds']}" + (f"; claim reproduced: {rung['claim']}" if rung["claim"] else ""),
+      f"LR {rung['lr']:.4g}; seeds {rung['seeds']}"
+      + (f"; claim reproduced: {rung['claim']}" if rung["claim"] else "")
+      + f"; {eval_clause(rung.get('eval'))}",
       "",
       "| arm | backward ratio | pass ratio | wall-clock ratio | final loss gap at N | vs baseline at N "
       "| vs control | final loss per seed |",
       "|---|---|---|---|---|---|---|---|",
     ]
     for m, f in list(rung["figures"].items()) + list(rung["controls"].items()):
+      v = f.get("verdict")
       lines.append(
-        f"| {m} | {ratio_cell(f['backward_ratio'])} | {ratio_cell(f['pass_ratio'])} | "
-        f"{ratio_cell(f['wallclock_ratio'])} | {_pct(f['final_loss_gap'])} | "
+        f"| {m} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
+        f"{ratio_cell(f['wallclock_ratio'], v)} | {_pct(f['final_loss_gap'])} | "
         f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | {_losses(f, flagged)} |"
       )
     first = next(iter(rung["figures"].values()), None)
@@ -418,7 +517,39 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       f"* {g}: grid {pos['grid']}, best {pos['best_lr']:.4g} ({pos['best_over_untuned']:.2f}× the untuned "
       f"{pos['untuned_lr']:.4g}, which lies {pos['untuned_vs_grid']})"
     )
+  lines += ["", "## Verdicts", "", *ladder_verdicts(result)]
   return "\n".join(lines)
+
+
+def eval_clause(record: dict[str, Any] | None) -> str:
+  """A rung's eval error of a difference, in a few words."""
+  se = (record or {}).get("paired_se")
+  if se is None:
+    return "eval error of a difference: " + (
+      "cannot be estimated (one eval batch)" if (record or {}).get("batches") == 1 else "not recorded"
+    )
+  return f"eval error of a difference {se:.4f}" + (f" ({record['source']})" if record.get("source") else "")
+
+
+def ladder_verdicts(result: dict[str, Any]) -> list[str]:
+  """One line per arm: at each verdict rung (every rung but R0 where the ladder ran none), whether its
+  pass ratio pays against the rung's baseline and how it compares with its control."""
+  rungs = result["verdict_rungs"] or [r for r in result["rung_names"] if r != "R0"]
+  arms = list(dict.fromkeys(m for r in rungs for m in result["rungs"][r]["figures"]))
+  lines = [verdict_rule("the rung's baseline"), ""]
+  for m in arms:
+    parts = []
+    for r in rungs:
+      f = result["rungs"][r]["figures"].get(m)
+      if f is None or not f.get("verdict"):
+        continue
+      part = f"{r} {pays_clause(f['verdict'], f['pass_ratio'], '')}"
+      if f.get("vs_control"):
+        part += f", vs its control: {paired_cell(f['vs_control'])}"
+      parts.append(part)
+    if parts:
+      lines.append(f"* `{m}`: " + "; ".join(parts))
+  return lines
 
 
 def ladder_plot_data(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -441,12 +572,16 @@ def save_ladder_plot(result: dict[str, Any], folder: str) -> str:
   )
 
 
-def speedup_cell(s: dict[str, Any]) -> str:
+def speedup_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
   """A step's speed-up: mean ± std over seeds, '> x' where a seed's loss lies below the anchor's
-  curve (a lower bound), 'not reached' where the anchor never got that high."""
+  curve (a lower bound), '≤ x' where one lies above its start (an upper bound: the anchor's smallest
+  budget already does better), 'not reached' for a diverged run; with the seeds where the anchor's own
+  N-step loss lies above its envelope (`verdict`: the step's `protocol.cost_verdict`)."""
   if s["mean"] is None:
     return "not reached"
-  return ("> " if s.get("lower_bound") else "") + _mean_cell(s)
+  prefix = "> " if s.get("lower_bound") else ("≤ " if s.get("upper_bound") else "")
+  above = above_note(verdict)
+  return prefix + _mean_cell(s) + (f" ({above})" if above else "")
 
 
 def recipe_table(results: Sequence[dict[str, Any]]) -> str:
@@ -463,7 +598,8 @@ def recipe_table(results: Sequence[dict[str, Any]]) -> str:
       cells.append(
         "—"
         if row is None
-        else f"{speedup_cell(row['speedup'])} ({_verdict(row['vs_previous']) if row['vs_previous'] else 'anchor'})"
+        else f"{speedup_cell(row['speedup'], row.get('verdict'))} "
+        f"({_verdict(row['vs_previous']) if row['vs_previous'] else 'anchor'})"
       )
     lines.append(f"| {name} | {records[name]} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -496,6 +632,8 @@ def recipe_markdown(result: dict[str, Any]) -> str:
     "",
     recipe_table([result]),
     "",
+    eval_note(result["anchor"].get("eval")),
+    "",
     "| step | loss per seed | speed-up per seed | wall-clock ratio | step ms | LR | iterate (beta) |",
     "|---|---|---|---|---|---|---|",
   ]
@@ -508,7 +646,41 @@ def recipe_markdown(result: dict[str, Any]) -> str:
       f"{'—' if wall is None else format(wall['step_ms'], '.1f')} | {r['lr']:.4g} | {r['iterate']} ({r['beta']}) |"
     )
   out += ["", f"The anchor's budgets: {result['anchor']['budgets']} steps."]
+  out += ["", "## Verdicts", "", *recipe_verdicts(result)]
   return "\n".join(out)
+
+
+def recipe_verdicts(result: dict[str, Any]) -> list[str]:
+  """One line per step: whether its speed-up pays against the R4 anchor (its loss at N against the
+  anchor's curve at N, read as the anchor reads itself), and how it compares with the step before."""
+  lines = [
+    "A step pays where its final loss at N lies below the anchor's curve at N by more than 2 standard errors, "
+    "read as the anchor reads itself at N; 'does not pay' where it lies above by as much.",
+    "",
+  ]
+  for r in result["figures"]:
+    v = r.get("verdict")
+    if not v:
+      continue
+    if r["vs_previous"] is None:
+      lines.append(f"* anchor: speed-up {speedup_cell(r['speedup'], v)} against its own curve")
+      continue
+    lines.append(
+      f"* {r['name']}: {pays_clause(v, r['speedup'] | speedup_counts(r['speedup']), ' over the R4 anchor', 'N')}"
+      f"; against the step before: {paired_cell(r['vs_previous'])}"
+    )
+  return lines
+
+
+def speedup_counts(s: dict[str, Any]) -> dict[str, Any]:
+  """A speed-up's summary in the shape `ratio_cell` reads (counts of nulls and bounds)."""
+  per_seed = s["per_seed"]
+  return {
+    "n": len(per_seed),
+    "n_null": sum(x is None for x in per_seed),
+    "n_lower_bound": s.get("n_lower_bound", int(bool(s.get("lower_bound")))),
+    "n_upper_bound": s.get("n_upper_bound", int(bool(s.get("upper_bound")))),
+  }
 
 
 def save_recipe_plot(result: dict[str, Any], folder: str) -> str:

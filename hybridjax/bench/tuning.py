@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax.bench import protocol
 from hybridjax.bench.runner import Runner
 from hybridjax.bench.specs import run_spec
 
@@ -30,6 +31,33 @@ def averaged_loss(result: dict[str, Any], beta: float | None = None) -> float:
   if beta is None:
     return min(result["final_averaged"].values())
   return result["final_averaged"][str(float(beta))]
+
+
+def paired_batch_se_of(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+  """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
+  batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
+  batch, or a run that kept no per-batch losses)."""
+  if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
+    return None
+  return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
+
+
+def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+  """The noise of a difference of two final losses, which the budget checks judge two LRs' runs by.
+
+  The two tuning seeds' spread at the chosen LR and beta (`tuning_losses`, one loss per tuning seed,
+  over sqrt(2)), never less than the eval set's sampling error of such a difference (two seeds can agree
+  by chance): the paired per-batch standard error of runs `a` and `b` (the best two LRs on the first
+  tuning seed, scored on the same batches). Not one loss's sampling error: the batches' difficulty is
+  common to both runs and cancels. One eval batch cannot estimate it: the seeds' spread alone is the
+  noise then, and `eval_paired_se` is None.
+
+  Returns:
+    {"noise", "seed_spread", "eval_paired_se"}.
+  """
+  spread = abs(tuning_losses[0] - tuning_losses[1]) / math.sqrt(2)
+  paired = paired_batch_se_of(a, b)
+  return {"noise": max(spread, paired or 0.0), "seed_spread": spread, "eval_paired_se": paired}
 
 
 def best_loss(result: dict[str, Any]) -> float:
@@ -156,10 +184,7 @@ def tune(
   at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
   averaging = choose_averaging(at_best, betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
-  # The noise of one final loss: the two tuning seeds' spread at the chosen LR and beta, and never
-  # less than the eval set's sampling error (two seeds can agree by chance).
-  sampling = max(r["eval_batch_std"] / math.sqrt(r["eval_batches"]) for r in at_best)
-  noise = max(abs(beta_table[str(beta)][0] - beta_table[str(beta)][1]) / math.sqrt(2), sampling)
+  noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
   checks: dict[str, Any] = {}
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
@@ -173,7 +198,7 @@ def tune(
     res = checked[k * len(lrs) : (k + 1) * len(lrs)]
     losses = {lr: averaged_loss(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
-    moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise
+    moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
     checks[str(factor)] = {
       "lrs": lrs,
       "averaged_loss": [losses[lr] for lr in lrs],
@@ -213,7 +238,9 @@ def tune(
     "beta_table": beta_table,
     "iterate_losses": averaging["iterate_losses"],
     "iterate": averaging["iterate"],
-    "seed_noise": noise,
+    "seed_noise": noise["noise"],
+    "seed_spread": noise["seed_spread"],
+    "eval_paired_se": noise["eval_paired_se"],
     "budget_checks": checks,
     "per_budget_lr": per_budget_lr,
   }

@@ -22,6 +22,7 @@ from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import family as family_lib
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import keys, protocol, specs, tasks, tuning
 from hybridjax.bench import ladder as ladder_lib
@@ -295,7 +296,9 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       "baseline": stored["timing"]["ms_per_step"]["baseline"],
       "method": stored["timing"]["ms_per_step"][method],
     }
-    again = figures_lib.method_figures(stored["curves"], stored["method_runs"][method], timing, stored["budgets"])
+    again = figures_lib.method_figures(
+      stored["curves"], stored["method_runs"][method], timing, stored["budgets"], stored["eval"]["paired_se"]
+    )
     assert json.loads(json.dumps({k: v for k, v in figures.items() if k != "vs_skip_control"})) == json.loads(
       json.dumps(again)
     )
@@ -308,10 +311,15 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
   assert stored["figures"]["jump"]["vs_skip_control"] == json.loads(
     json.dumps(
       protocol.paired_difference(
-        [runs["jump"][s]["final_loss"] for s in seeds], [runs["skip_control"][s]["final_loss"] for s in seeds]
+        [runs["jump"][s]["final_loss"] for s in seeds],
+        [runs["skip_control"][s]["final_loss"] for s in seeds],
+        stored["eval"]["paired_se"],
       )
+      | {"control": "skip_control"}
     )
   )
+  refigured = json.loads(json.dumps(family_lib.family_figures(stored)))
+  assert {k: stored[k] for k in refigured} == refigured
   assert head["method"] == "jump" and head["vs_skip_control"] == stored["figures"]["jump"]["vs_skip_control"]
   assert (
     head["backward_ratio"]["vs_averaged_baseline"]
@@ -348,8 +356,11 @@ def test_the_protocol_runs_whole_on_the_mlp_task_and_a_rerun_trains_nothing(tmp_
   timing = {"baseline": stored["timing"]["ms_per_step"]["baseline"]}
   timing["method"] = stored["timing"]["ms_per_step"]["outer_momentum"]
   runs = stored["method_runs"]["outer_momentum"]
-  again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"])
+  eval_se = stored["eval"]["paired_se"]  # every difference is judged with it besides the seeds'
+  again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"], eval_se)
   assert json.loads(json.dumps(again)) == json.loads(json.dumps(stored["figures"]["outer_momentum"]))
+  refigured = json.loads(json.dumps(family_lib.family_figures(stored)))
+  assert {k: stored[k] for k in refigured} == refigured
   rerun = benchmark.run_benchmark(c, workdir)
   assert rerun["runs_trained"] == 0 and rerun["runs_cached"] == result["runs_trained"]
   assert rerun["curves"] == result["curves"] and rerun["method_runs"] == result["method_runs"]

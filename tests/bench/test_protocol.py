@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import chex
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -82,12 +83,13 @@ def test_steps_to_reach_is_inside_the_budgets_and_inverts_curve_loss_at(curve, d
   target = _target(data, env)
   reach = protocol.steps_to_reach(budgets, losses, target)
   if target > env[0]:
-    assert reach == Reach(None, False)
+    assert reach == Reach(float(b[0]), False, True)  # the smallest budget already does better
     return
   assert reach.steps is not None
   assert b[0] <= reach.steps <= b[-1]
   if target < env[-1]:
-    assert reach == Reach(float(b[-1]), True)
+    kb, _, _ = protocol.reading_knots(budgets, losses)
+    assert reach == Reach(float(kb[-1]), True)  # the last drop: the largest budget unless the end is flat
     return
   assert not reach.lower_bound
   back = protocol.curve_loss_at(budgets, losses, reach.steps)
@@ -104,28 +106,27 @@ def test_steps_to_reach_is_monotone_in_the_target(curve, data):
   t1, t2 = sorted([_target(data, env), _target(data, env)])
   r1 = protocol.steps_to_reach(budgets, losses, t1)  # the lower target
   r2 = protocol.steps_to_reach(budgets, losses, t2)
-  if r2.steps is not None:
-    assert r1.steps is not None
-    assert r1.steps >= r2.steps  # a lower target never needs fewer steps
+  assert r1.steps is not None and r2.steps is not None  # finite targets: reached or a bound
+  assert r1.steps >= r2.steps  # a lower target never needs fewer steps
   if r2.lower_bound:
     assert r1.lower_bound
-  if r1.steps is None:
-    assert r2.steps is None
+  if r1.upper_bound:
+    assert r2.upper_bound
 
 
 def test_steps_to_reach_lower_bound_not_reached_and_edges():
   budgets, losses = [1000, 100], [2.0, 3.0]  # given out of order on purpose
   assert protocol.steps_to_reach(budgets, losses, 1.0) == Reach(1000.0, True)  # below the curve's end
-  assert protocol.steps_to_reach(budgets, losses, 3.5) == Reach(None, False)  # above the curve's start
+  assert protocol.steps_to_reach(budgets, losses, 3.5) == Reach(100.0, False, True)  # above its start: <= 100
   assert protocol.steps_to_reach(budgets, losses, 3.0) == Reach(100.0, False)  # exactly the start
   assert protocol.steps_to_reach(budgets, losses, 2.0) == Reach(1000.0, False)  # exactly the end
   assert protocol.steps_to_reach(budgets, losses, float("nan")) == Reach(None, False)
-  assert protocol.steps_to_reach(budgets, losses, float("inf")) == Reach(None, False)
+  assert protocol.steps_to_reach(budgets, losses, float("inf")) == Reach(None, False)  # a diverged run
   assert protocol.steps_to_reach(budgets, losses, float("-inf")) == Reach(1000.0, True)
   # A single budget: reached only at its own loss.
   assert protocol.steps_to_reach([50], [1.0], 1.0) == Reach(50.0, False)
   assert protocol.steps_to_reach([50], [1.0], 0.5) == Reach(50.0, True)
-  assert protocol.steps_to_reach([50], [1.0], 1.5) == Reach(None, False)
+  assert protocol.steps_to_reach([50], [1.0], 1.5) == Reach(50.0, False, True)
 
 
 def test_log_linear_interpolation_hand_example():
@@ -136,16 +137,26 @@ def test_log_linear_interpolation_hand_example():
   assert protocol.steps_to_reach([1000, 4000], [2.0, 1.0], 1.75).steps == pytest.approx(1000 * 2**0.5, rel=1e-12)
 
 
-def test_flat_stretches_are_reached_at_their_first_budget():
+def test_flat_stretches_are_read_from_their_first_budget():
   budgets = [10, 100, 1000, 10000]
-  # The envelope of [4, 2, 3, 1] is [4, 2, 2, 1]: the loss 3 at 1000 steps is credited with 2.
+  # The envelope of [4, 2, 3, 1] is [4, 2, 2, 1]: the loss 3 at 1000 steps is credited with 2, and the
+  # curve is read between the envelope's drops (10, 100, 10000): 1000 is no point of its own.
   _, env = protocol.monotone_envelope(budgets, [4.0, 2.0, 3.0, 1.0])
   assert env.tolist() == [4.0, 2.0, 2.0, 1.0]
+  kb, ke, last = protocol.reading_knots(budgets, [4.0, 2.0, 3.0, 1.0])
+  assert kb.tolist() == [10.0, 100.0, 10000.0] and ke.tolist() == [4.0, 2.0, 1.0] and last == 10000.0
   assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 2.0) == Reach(100.0, False)
   assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 2.5).steps == pytest.approx(10 * 10**0.75)
-  # Below the flat stretch: interpolate from its last point (1000), not its first.
-  assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 1.5).steps == pytest.approx(1000 * 10**0.5)
-  assert protocol.curve_loss_at(budgets, [4.0, 2.0, 3.0, 1.0], 500) == 2.0
+  # Below the flat stretch: interpolate from its first budget (100) to the next drop (10000), half-way.
+  assert protocol.steps_to_reach(budgets, [4.0, 2.0, 3.0, 1.0], 1.5).steps == pytest.approx(1000.0)
+  assert protocol.curve_loss_at(budgets, [4.0, 2.0, 3.0, 1.0], 1000) == pytest.approx(1.5)
+  assert protocol.curve_loss_at(budgets, [4.0, 2.0, 3.0, 1.0], 500) == pytest.approx(2.0 - math.log10(5) / 2)
+  # A flat stretch at the curve's end: reached at its first budget, and a hair below it a lower bound
+  # there too (1000 steps did worse than 100: reading 1000 would make rounding a 10x jump).
+  assert protocol.steps_to_reach([10, 100, 1000], [2.0, 1.0, 1.5], 1.0) == Reach(100.0, False)
+  assert protocol.steps_to_reach([10, 100, 1000], [2.0, 1.0, 1.5], 1.0 - 1e-9) == Reach(100.0, True)
+  assert protocol.steps_to_reach([10, 100, 1000], [2.0, 1.0, 0.5], 0.4) == Reach(1000.0, True)
+  assert protocol.curve_loss_at([10, 100, 1000], [2.0, 1.0, 1.5], 500) == 1.0
 
 
 def test_curve_loss_at_reads_the_envelope_and_is_none_outside():
@@ -154,9 +165,11 @@ def test_curve_loss_at_reads_the_envelope_and_is_none_outside():
   assert protocol.curve_loss_at(budgets, losses, 1000.001) is None
   assert protocol.curve_loss_at(budgets, losses, float("nan")) is None
   assert protocol.curve_loss_at(budgets, losses, 10) == 3.0
-  assert protocol.curve_loss_at(budgets, losses, 100) == 3.0  # the envelope, not the raw 4.0
+  # 100 steps did worse than 10 (the envelope is flat there): the curve runs from 10 to 1000, so it reads
+  # 2.0 at 100, below the envelope's 3.0 and the raw 4.0.
+  assert protocol.curve_loss_at(budgets, losses, 100) == pytest.approx(2.0)
   assert protocol.curve_loss_at(budgets, losses, 1000) == 1.0
-  assert protocol.curve_loss_at(budgets, losses, math.sqrt(100 * 1000)) == pytest.approx(2.0)
+  assert protocol.curve_loss_at(budgets, losses, math.sqrt(100 * 1000)) == pytest.approx(1.5)
 
 
 # --- the ratio ------------------------------------------------------------------------------------
@@ -182,9 +195,12 @@ def test_ratio_fields_and_bad_cost():
   assert protocol.ratio(Reach(2000.0, False), 500) == {
     "value": 4.0,
     "lower_bound": False,
+    "upper_bound": False,
     "baseline_steps": 2000.0,
     "method_cost": 500.0,
   }
+  r = protocol.ratio(Reach(100.0, False, True), 200)
+  assert r["value"] == 0.5 and r["upper_bound"] is True and r["lower_bound"] is False
   r = protocol.ratio(Reach(1000.0, True), 250)
   assert r["value"] == 4.0 and r["lower_bound"] is True
   r = protocol.ratio(Reach(None, False), 250)
@@ -314,3 +330,118 @@ def test_bad_curves_are_rejected_with_the_problem_named(budgets, losses, match):
     protocol.steps_to_reach(budgets, losses, 1.5)
   with pytest.raises(ValueError, match=match):
     protocol.curve_loss_at(budgets, losses, 150)
+
+
+# --- readings that cannot mislead -----------------------------------------------------------------
+
+
+@SETTINGS
+@given(curves(min_size=2, shuffle=False), st.data())
+def test_an_arm_equal_to_the_anchor_reads_one_where_the_curve_drops_at_n(curve, data):
+  """An arm whose loss is the anchor's N-step loss up to float rounding, on either side, reads 1.00x
+  wherever the anchor's curve is monotone up to N (N a drop of its envelope), whatever comes after N."""
+  budgets, losses = curve
+  k = data.draw(st.integers(0, len(budgets) - 1))
+  # Monotone up to N: strictly decreasing before it; anything after it (above or below).
+  head = sorted(losses[: k + 1], reverse=True)
+  assume(len(set(head)) == len(head))
+  losses = head + losses[k + 1 :]
+  n, at_n = budgets[k], losses[k]
+  for eps in (-2e-7, 0.0, 2e-7):
+    r = protocol.ratio(protocol.steps_to_reach(budgets, losses, at_n + eps), n)
+    assert not r["upper_bound"] or (eps > 0 and k == 0)  # above the start: "<= 1.00x"
+    np.testing.assert_allclose(r["value"], 1.0, rtol=1e-4)  # 1.00x as the report prints it
+
+
+@SETTINGS
+@given(curves(min_size=2), st.data())
+def test_steps_to_reach_is_continuous_in_the_target(curve, data):
+  """A hair either side of any loss on the curve reads about the same steps: no flat stretch makes a
+  jump (a loss a hair below a flat stretch reads the stretch's first budget, not its far end)."""
+  budgets, losses = curve
+  _, env = protocol.monotone_envelope(budgets, losses)
+  target = data.draw(st.sampled_from(sorted(set(env.tolist()))))
+  lo, hi = (protocol.steps_to_reach(budgets, losses, target + d) for d in (-1e-9, 1e-9))
+  if lo.lower_bound or hi.upper_bound:  # past the curve's end or before its start
+    return
+  chex.assert_trees_all_close(np.log(lo.steps), np.log(hi.steps), atol=1e-6)
+
+
+def test_a_control_equal_to_its_anchor_reads_one_not_the_far_end_of_a_flat_stretch():
+  """The quick protocol's averaged anchor (seed 2): 40 steps reach 3.3732448, 50 steps do worse (a flat
+  stretch of the envelope from 40 to 50), 80 steps better. A control 2e-7 below the anchor at N = 40 read
+  1.25x (the stretch's far end, 50 steps, over 40); it reads 1.00x, as one 2e-7 above does."""
+  budgets = [20, 40, 50, 80]
+  anchor = [3.4029784202575684, 3.3732447624206543, 3.380293846130371, 3.3620588779449463]
+  for eps in (-2e-7, 2e-7):
+    reach = protocol.steps_to_reach(budgets, anchor, anchor[1] + eps)
+    assert protocol.ratio(reach, 40)["value"] == pytest.approx(1.0, abs=1e-4)
+  # A hair below the flat stretch: the stretch's first budget, interpolated towards the next drop.
+  hair = protocol.steps_to_reach(budgets, anchor, anchor[1] - 1e-6)
+  assert 40 < hair.steps < 40.01 and not hair.lower_bound
+
+
+def test_a_loss_above_the_curves_start_is_an_upper_bound_not_not_reached():
+  """The quick protocol's averaged anchor (seed 1) lies above its envelope at N (40 steps did worse than
+  20): a control equal to it was 'not reached'; it reads an upper bound, the smallest budget over its
+  cost, and the anchor's own N-step point is flagged as above its envelope."""
+  budgets = [20, 40, 50, 80]
+  anchor = [3.4012084007263184, 3.4475488662719727, 3.384679079055786, 3.303293228149414]
+  reach = protocol.steps_to_reach(budgets, anchor, anchor[1] + 2e-7)
+  assert reach == Reach(20.0, False, True)
+  r = protocol.ratio(reach, 40)
+  assert r["value"] == 0.5 and r["upper_bound"]
+  s = protocol.summarize([r, protocol.ratio(Reach(42.0, False), 40)])
+  assert s["n_upper_bound"] == 1 and s["n_null"] == 0 and s["mean"] == pytest.approx(0.775)
+  own, curve = protocol.anchor_at_n(budgets, anchor, 40)
+  assert own == anchor[1] and curve < anchor[0] < own  # N is no drop: the curve runs from 20 to 50
+
+
+def test_the_verdict_reads_an_arm_as_the_anchor_reads_itself_at_n():
+  """`cost_verdict`: an arm equal to the anchor (2e-7 apart, the same sign on both seeds) reads 'no
+  difference' on a seed whose anchor lies above its envelope at N as on one whose does not; an arm below
+  the curve at its cost pays, one above it does not."""
+  budgets = [20, 40, 50, 80]
+  curves = [
+    (budgets, [3.4012084007263184, 3.4475488662719727, 3.384679079055786, 3.303293228149414]),  # above at N
+    (budgets, [3.4029784202575684, 3.3732447624206543, 3.380293846130371, 3.3620588779449463]),  # a drop at N
+  ]
+  at_n = [c[1][1] for c in curves]
+  equal = protocol.cost_verdict([x + 2e-7 for x in at_n], [40, 40], curves, 40, eval_se=0.04)
+  assert equal["verdict"] == "no difference"
+  assert equal["anchor_above_envelope_at_n"] == [True, False]
+  chex.assert_trees_all_close(np.array(equal["differences_at_cost"]), np.full(2, 2e-7), atol=1e-12)
+  assert equal["anchor_excess_at_n"][0] > 0 and equal["anchor_excess_at_n"][1] == 0
+  # The same rounding without the eval set's error: two same-sign differences of 2e-7 are "higher" on
+  # the seeds' spread alone (se 0 here): only the eval set's error makes them no difference.
+  alone = protocol.cost_verdict([x + 2e-7 for x in at_n], [40, 40], curves, 40, eval_se=None)
+  assert alone["paired"]["se_total"] == alone["paired"]["se"]
+  # Below the curve at a cheaper cost: pays; above it: does not pay.
+  assert protocol.cost_verdict([x - 0.05 for x in at_n], [38, 37], curves, 40, 0.01)["verdict"] == "pays"
+  assert protocol.cost_verdict([x + 0.05 for x in at_n], [40, 41], curves, 40, 0.01)["verdict"] == "does not pay"
+  # A cost outside the anchor's budgets, or one seed: not judged.
+  assert protocol.cost_verdict(at_n, [10, 40], curves, 40, 0.01)["verdict"] == "not judged"
+  assert protocol.cost_verdict(at_n[:1], [40], curves[:1], 40, 0.01)["verdict"] == "not judged"
+
+
+def test_the_paired_per_batch_error_and_the_verdicts_it_judges():
+  rng = np.random.default_rng(0)
+  a = rng.normal(3.0, 0.3, size=48)  # the batches' own difficulty: one loss's sampling error ~0.3/sqrt(48)
+  b = a + rng.normal(0.01, 0.002, size=48)  # a second run on the same batches
+  se = protocol.paired_batch_se(a, b)
+  assert se == pytest.approx(np.std(a - b, ddof=1) / math.sqrt(48))
+  assert se < 0.01 * np.std(a, ddof=1) / math.sqrt(48) * 100 and se < 0.001  # the difficulty cancels
+  assert protocol.paired_batch_se([3.2], [3.1]) is None  # one batch: cannot be estimated
+  with pytest.raises(ValueError, match="mismatched lengths"):
+    protocol.paired_batch_se([1.0, 2.0], [1.0])
+  # The eval set's error enters whole: a shift of 0.002 on every seed is "higher" on the seeds alone,
+  # "no difference" against an eval error of 0.002, "higher" again against 0.0005.
+  x, y = [1.002, 2.0021, 3.0019], [1.0, 2.0, 3.0]
+  assert protocol.paired_difference(x, y)["verdict"] == "higher"
+  d = protocol.paired_difference(x, y, eval_se=0.002)
+  assert d["verdict"] == "no difference" and d["eval_se"] == 0.002
+  assert d["se_total"] == pytest.approx(math.hypot(d["se"], 0.002))
+  assert protocol.paired_difference(x, y, eval_se=0.0005)["verdict"] == "higher"
+  for bad in (-0.1, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match="eval_se must be"):
+      protocol.paired_difference(x, y, eval_se=bad)

@@ -1,0 +1,170 @@
+"""How a study reads its figures, cell by cell: a control equal to its anchor, a loss above the curve's
+start, the eval set's error of a difference (and one eval batch, which cannot estimate it), the one-line
+verdicts; and every published result reads as the current code reads it (scripts/reread_results.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import chex
+import numpy as np
+import pytest
+from conftest import ROOT, load_script
+
+from hybridjax.bench import figures, protocol, report, tuning
+
+# The quick protocol's averaged anchor, as a run recorded it: on seed 1 the N-step loss (40 steps) lies
+# above the 20-step one, on seed 2 the 50-step loss above the 40-step one (a flat stretch from N).
+BUDGETS = [20, 40, 50, 80]
+ANCHOR = {
+  "1": [3.4012084007263184, 3.4475488662719727, 3.384679079055786, 3.303293228149414],
+  "2": [3.4029784202575684, 3.3732447624206543, 3.380293846130371, 3.3620588779449463],
+}
+
+
+def _equal_control(eps: float = 2e-7) -> dict[str, dict[str, float]]:
+  """A control arm whose final loss is the anchor's at N up to float rounding, N backward passes."""
+  return {
+    s: {
+      "final_loss": curve[1] + eps,
+      "final_raw": curve[1] + eps,
+      "backward_passes": 40,
+      "validation_forwards": 0,
+      "steps": 40,
+      "step_kinds": {"real_step": 40},
+    }
+    for s, curve in ANCHOR.items()
+  }
+
+
+def test_a_control_equal_to_its_anchor_reads_no_difference_and_says_why_its_ratio_is_low():
+  """The reported case: the control read 1.25x on seed 2 (a hair below the flat stretch 40-50, read at
+  its far end) and 'not reached' on seed 1 (above the curve's start). Now seed 2 reads 1.00x, seed 1 the
+  upper bound 20/40, the cell says the anchor's own N-step loss lies above its envelope on seed 1, and
+  the verdict is 'no difference'."""
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+  timing = {"baseline": {"baseline": 10.0}, "method": {"real_step": 10.0}}
+  f = figures.method_figures(curves, _equal_control(), timing, BUDGETS, eval_se=0.0418)["averaged_baseline"]
+  values = [r["value"] for r in f["per_seed"]["pass_ratio"]]
+  chex.assert_trees_all_close(np.array(values), np.array([0.5, 1.0]), atol=1e-4)
+  assert [r["upper_bound"] for r in f["per_seed"]["pass_ratio"]] == [True, False]
+  assert f["verdict"]["verdict"] == "no difference"
+  assert f["verdict"]["anchor_above_envelope_at_n"] == [True, False]
+  assert report.ratio_cell(f["pass_ratio"], f["verdict"]) == (
+    "≤ 0.75× ± 0.35 (1 upper bounds, anchor at N above its envelope: 1/2 seeds)"
+  )
+  (line,) = report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
+  assert line == (
+    "* `skip_control`: **no difference** (pass ratio ≤ 0.75× ± 0.35 (1 upper bounds) against the averaged "
+    "anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve; anchor at N above its "
+    "envelope: 1/2 seeds)"
+  )
+  # The paired difference at N of two runs 2e-7 apart on both seeds: "higher" on the seeds' spread alone
+  # (both differences have one sign and almost no spread), "no difference" with the eval set's error.
+  assert protocol.paired_difference([x + 2e-7 for x in (1.0, 2.0)], [1.0, 2.0])["verdict"] == "higher"
+  assert f["paired_difference"]["verdict"] == "no difference"
+
+
+def test_an_arm_that_does_not_pay_reads_so_in_one_line():
+  """An arm 0.01 above the anchor's curve at N on both seeds, with the eval error well below that."""
+  curves = {a: {"1": [3.0, 2.5, 2.4, 2.2], "2": [3.1, 2.6, 2.45, 2.3]} for a in figures.ANCHORS}
+  runs = _equal_control()
+  for s, r in runs.items():
+    r["final_loss"] = curves["averaged_baseline"][s][1] + 0.01
+  f = figures.method_figures(curves, runs, None, BUDGETS, eval_se=0.001)["averaged_baseline"]
+  assert f["verdict"]["verdict"] == "does not pay" and f["pass_ratio"]["mean"] < 1
+  (line,) = report.family_verdicts({"figures": {"arm": {"averaged_baseline": f}}})[2:]
+  assert line.startswith("* `arm`: **does not pay** (pass ratio 0.9")
+  assert "loss at its passes +0.0100 ± 0.0010 se from the anchor's curve)" in line
+
+
+def _anchor_run(per_batch: list[float]) -> dict[str, object]:
+  return {
+    "final_averaged_per_batch": per_batch,
+    "eval_batches": len(per_batch),
+    "eval_batch_std": float(np.std(per_batch, ddof=1)) if len(per_batch) > 1 else 0.0,  # as anchor_run records
+  }
+
+
+def test_one_eval_batch_cannot_estimate_the_eval_error_and_says_so():
+  runs = {f"{s}/{b}": _anchor_run([3.0 - 0.01 * b / 40]) for s in ("1", "2") for b in BUDGETS}
+  record = figures.eval_errors(runs, ["1", "2"], BUDGETS, 40)
+  assert record["paired_se"] is None and record["sampling_se"] is None and record["batches"] == 1
+  assert record["budgets"] == [40, 50]
+  note = report.eval_note(record)
+  assert note == (
+    "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
+    "on the seeds' spread alone."
+  )
+  assert "0.0000" not in note
+  # The tuning's noise floor: the seeds' spread alone, never a 0.0 floor read as an estimate.
+  noise = tuning.difference_noise([3.40, 3.41], runs["1/40"], runs["1/50"])
+  assert noise["eval_paired_se"] is None and noise["noise"] == pytest.approx(0.01 / math.sqrt(2))
+  t = {"seed_noise": noise["noise"], "seed_spread": noise["seed_spread"], "eval_paired_se": None}
+  assert "the best two LRs' runs (cannot be estimated (one eval batch))" in report.tuning_noise(t)
+
+
+def test_the_eval_error_of_a_difference_is_the_paired_per_batch_one():
+  """Two runs on the same 48 batches: the batches' difficulty (spread 0.3) cancels in their difference,
+  so the error a difference carries is the per-batch difference's standard error, not one loss's."""
+  rng = np.random.default_rng(0)
+  difficulty = rng.normal(3.0, 0.3, size=48)
+  runs = {}
+  for s in ("1", "2"):
+    for b in BUDGETS:
+      runs[f"{s}/{b}"] = _anchor_run((difficulty - 0.001 * b + rng.normal(0, 0.01, size=48)).tolist())
+  record = figures.eval_errors(runs, ["1", "2"], BUDGETS, 40)
+  expected = np.mean(
+    [
+      protocol.paired_batch_se(runs[f"{s}/40"]["final_averaged_per_batch"], runs[f"{s}/50"]["final_averaged_per_batch"])
+      for s in ("1", "2")
+    ]
+  )
+  assert record["paired_se"] == pytest.approx(expected) and record["paired_se"] < 0.005
+  assert record["sampling_se"] > 0.03  # one loss's: ten times the paired one, and not what judges a difference
+  note = report.eval_note(record)
+  assert f"{record['paired_se']:.4f}" in note and f"{record['sampling_se']:.4f}" not in note
+  noise = tuning.difference_noise([3.40, 3.4001], runs["1/40"], runs["1/50"])
+  assert (
+    noise["noise"]
+    == noise["eval_paired_se"]
+    == pytest.approx(
+      protocol.paired_batch_se(runs["1/40"]["final_averaged_per_batch"], runs["1/50"]["final_averaged_per_batch"])
+    )
+  )
+
+
+def test_every_published_result_reads_as_the_current_code_reads_it():
+  """scripts/reread_results.py's output for every published family, ladder and recipe is what is
+  committed: each figure, each table, each verdict line (the ladder and recipe tests recompute their
+  figures too; this covers the families' benchmark.json, headline.json and results.md)."""
+  script = load_script("reread_results")
+  stale = []
+  for path, text, _ in script.rewrites():
+    with open(path) as f:
+      if f.read() != text:
+        stale.append(os.path.relpath(path, ROOT))
+  assert not stale, f"{stale} differ from their re-reading: run `python scripts/reread_results.py`"
+
+
+def test_every_published_study_ends_with_a_verdict_per_arm():
+  results = os.path.join(ROOT, "docs", "results")
+  for folder in sorted(os.listdir(results)):
+    path = os.path.join(results, folder, "benchmark.json")
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      stored = json.load(f)
+    with open(os.path.join(results, folder, "results.md")) as f:
+      md = f.read()
+    verdicts = md.split("## Verdicts (against the averaged anchor)", 1)[1]
+    for m in stored["figures"]:
+      assert f"* `{m}`: **" in verdicts, (folder, m)
+  for kind in ("ladder", "recipe"):
+    for name in sorted(os.listdir(os.path.join(results, kind))):
+      if name.endswith(".md"):
+        with open(os.path.join(results, kind, name)) as f:
+          verdicts = f.read().split("## Verdicts", 1)[1]
+        assert verdicts.count("\n* ") >= 3, name
