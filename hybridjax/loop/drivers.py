@@ -342,8 +342,7 @@ class HybridDriver:
         out = jax.eval_shape(functools.partial(hook, self.ctx), state, batch, self.schedule)
       except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
         raise ValueError(
-          f"{where} fails when traced on the run's state and first batch ({name}{expected}): "
-          f"{type(e).__name__}: {e}"
+          f"{where} fails when traced on the run's state and first batch ({name}{expected}): {type(e).__name__}: {e}"
         ) from e
       if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], StepInfo)):
         got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")

@@ -167,9 +167,7 @@ def resume_or_init(
   return state, position, None
 
 
-def check_loss_fn(
-  loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0
-) -> None:
+def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0) -> None:
   """Traces `loss_fn(params, batch)` on the abstract params (`jax.eval_shape`: nothing is run) and
   refuses, naming `loss_fn` and its contract, one that fails or does not return `(scalar loss, aux)`."""
   contract = "loss_fn(params, batch) -> (loss, aux): a scalar mean loss and a pytree of extras ({} for none)"
