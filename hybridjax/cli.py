@@ -16,7 +16,7 @@ from absl import app, flags, logging
 from ml_collections.config_flags import config_flags as config_flags_impl
 
 from hybridjax import config as config_lib
-from hybridjax.loop.train import TrainingDiverged
+from hybridjax.loop.train import TrainingDiverged, TrainingInterrupted
 
 
 def _override_value(argv: list[str], field: str) -> str | None:
@@ -144,7 +144,9 @@ def run_as_program(work: Callable[[], Any]) -> None:
   """Runs `work()` as a command-line program: bad input and divergence end in a one-line error.
 
   Bad input (ValueError, FileNotFoundError; the message says what to change) exits 2, a diverged
-  run (`TrainingDiverged`; the message names the step, the count and the fix) exits 3.
+  run (`TrainingDiverged`; the message names the step, the count and the fix) exits 3, a run stopped
+  by SIGINT or SIGTERM (`TrainingInterrupted`, once saved) exits 130 or 143, as does a Ctrl-C
+  elsewhere (130).
   HYBRIDJAX_TRACEBACK=1 re-raises instead.
   """
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -160,3 +162,11 @@ def run_as_program(work: Callable[[], Any]) -> None:
       raise
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
+  except TrainingInterrupted as e:  # saved, then stopped: the shell's status for the signal
+    print(str(e), file=sys.stderr)
+    sys.exit(e.exit_code)
+  except KeyboardInterrupt:
+    if os.environ.get("HYBRIDJAX_TRACEBACK"):
+      raise
+    print("interrupted (a benchmark resumes from its run cache: run the same command again)", file=sys.stderr)
+    sys.exit(130)

@@ -27,12 +27,20 @@ def _to_python(v: Any) -> Any:
 class MetricWriter:
   """Writes scalar metrics to `<workdir>/metrics.jsonl` and TensorBoard (`<workdir>/tb`).
 
-  JSONL lines are appended, so a resumed run continues the same file.
+  JSONL lines are appended, so a resumed run continues the same file (TensorBoard shows a replayed
+  step's newer value).
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, keep_through: int | None = None):
+    """`keep_through`: the step a run resumes from. The records of later steps, which the resumed
+    run replays and writes again, are dropped from the file first, so no step appears twice."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
+    if keep_through is not None and os.path.exists(self.path):
+      kept = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= keep_through]
+      with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+      os.replace(self.path + ".tmp", self.path)  # a crash here leaves the old file or the new, whole
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hybridjax import cli
-from hybridjax.loop.train import TrainingDiverged
+from hybridjax.loop.train import TrainingDiverged, TrainingInterrupted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,3 +88,21 @@ def test_default_workdir_names_preset_and_mode():
   path = cli.default_workdir(c)
   assert path.startswith(os.path.join("runs", "tiny-hybrid-"))
   assert cli.default_workdir(c, "benchmark").startswith(os.path.join("runs", "tiny-benchmark-"))
+
+
+@pytest.mark.parametrize("signum,code", [(15, 143), (2, 130)])
+def test_an_interrupted_run_exits_with_the_signals_status_and_says_where_it_is_saved(signum, code, capsys):
+  def work():
+    raise TrainingInterrupted(signum, 40, True, "runs/x")
+
+  with pytest.raises(SystemExit) as e:
+    cli.run_as_program(work)
+  assert e.value.code == code
+  assert "the state at step 40 is saved in runs/x: run the same command to resume it" in capsys.readouterr().err
+
+  def ctrl_c():
+    raise KeyboardInterrupt()
+
+  with pytest.raises(SystemExit) as e:
+    cli.run_as_program(ctrl_c)
+  assert e.value.code == 130 and "interrupted" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     # An interrupted run with no checkpoint starts again from step 0: its old records would be
     # counted twice (the metrics file is appended to).
     shutil.rmtree(workdir)
-  summary = train_lib.train(c, workdir, **task)
+  summary = train_lib.train(c, workdir, save_on_interrupt=False, **task)  # the run cache is the unit of resume
   records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   curve = [
     {"step": r["step"], "eval_loss_raw": r["eval_loss_raw"], "eval_loss_averaged": r["eval_loss_averaged"]}

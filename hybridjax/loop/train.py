@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -33,6 +35,56 @@ from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimi
 class TrainingDiverged(RuntimeError):
   """Raised by `train` when updates stay non-finite (`trainer.max_nonfinite_steps` in a row, or
   `hybrid.health.max_events` non-finite events); no checkpoint of the diverged state is written."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+  """Raised by `train` after SIGINT (Ctrl-C) or SIGTERM, once the state at the last finished step is
+  saved; `exit_code` is the shell's for the signal (130, 143). A second Ctrl-C aborts at once, with a
+  plain KeyboardInterrupt and no save."""
+
+  def __init__(self, signum: int, step: int, saved: bool, workdir: str):
+    self.signum, self.step, self.saved = signum, step, saved
+    self.exit_code = 128 + signum
+    name = signal.Signals(signum).name
+    kept = (
+      f"the state at step {step} is saved in {workdir}: run the same command to resume it"
+      if saved
+      else f"nothing was saved at step {step} (its last step was non-finite); the last checkpoint is kept"
+    )
+    super().__init__(f"interrupted by {name}: {kept}")
+
+
+class _Interrupts:
+  """SIGINT and SIGTERM, caught while `train` runs in the main thread: the first sets `signum` (the
+  loop saves and stops at its next step boundary), a second SIGINT raises KeyboardInterrupt at once.
+  The previous handlers are back on exit."""
+
+  def __init__(self, enabled: bool):
+    self.signum: int | None = None
+    self._enabled = enabled and threading.current_thread() is threading.main_thread()
+    self._previous: dict[int, Any] = {}
+
+  def _handle(self, signum: int, frame: Any) -> None:
+    del frame
+    if self.signum is not None and signum == signal.SIGINT:
+      signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
+      raise KeyboardInterrupt("second Ctrl-C: aborted without saving")
+    self.signum = signum
+    print(
+      f"\n{signal.Signals(signum).name}: saving a checkpoint at the end of this step, then stopping "
+      "(Ctrl-C again aborts without saving)",
+      flush=True,
+    )
+
+  def __enter__(self) -> _Interrupts:
+    if self._enabled:
+      for sig in (signal.SIGINT, signal.SIGTERM):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
 
 class Stopwatch:
@@ -215,6 +267,7 @@ def train(
   tokens_per_step: int | None = None,
   extra_meta: dict | None = None,
   hooks: Mapping[str, Callable] | None = None,
+  save_on_interrupt: bool = True,
 ) -> dict[str, Any]:
   """Trains `config.mode` ('baseline' or 'hybrid') for `config.trainer.steps` steps.
 
@@ -233,6 +286,9 @@ def train(
     tokens_per_step: for the tokens/s figure.
     extra_meta: JSON-able facts stored with every checkpoint (e.g. the data source).
     hooks: optional callbacks; `on_log(step, record)` is called at every log.
+    save_on_interrupt: on SIGINT (Ctrl-C) or SIGTERM, save the state at the end of the step under
+      way and raise `TrainingInterrupted` (in the main thread only; a second Ctrl-C aborts at once).
+      False: the signals keep their handlers (a benchmark worker, whose unit of resume is the run).
 
   Returns:
     The run summary (also written to `<workdir>/summary.json`).
@@ -309,7 +365,7 @@ def train(
   # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
   # process but the first writes its own under process_<i>/.
   log_dir = workdir if jax.process_index() == 0 else os.path.join(workdir, f"process_{jax.process_index()}")
-  writer = writers.MetricWriter(log_dir)
+  writer = writers.MetricWriter(log_dir, keep_through=start_step)
   eval_fn = make_eval_fn(loss_fn, mesh)
   eval_batches = [sharding_lib.shard_batch(b, mesh) for b in eval_batches]  # as-is on one device
   mem = memory_lib.MemoryTracker()
@@ -331,8 +387,18 @@ def train(
   memory_warned = False
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
   step, batch_index = start_step, start_batches
+  interrupts = _Interrupts(save_on_interrupt)
   try:
+    interrupts.__enter__()
     while step < total_steps:
+      if interrupts.signum is not None:
+        clock.pause()
+        health = jax.device_get(driver.health(state))
+        saved = not int(health["streak"])  # a non-finite last step: keep the previous checkpoint
+        if saved and manager.latest_step() != step:
+          save(step)
+        manager.wait_until_finished()
+        raise TrainingInterrupted(interrupts.signum, step, saved, workdir)
       n = min(driver.steps_per_call, _next_boundary(step, total_steps, intervals) - step)
       batches = [sharding_lib.shard_batch(train_batch(i), mesh) for i in range(batch_index, batch_index + n)]
       if step == start_step:
@@ -417,6 +483,7 @@ def train(
           save(step)
     manager.wait_until_finished()
   finally:
+    interrupts.__exit__()
     if bar is not None:
       bar.close()
     writer.close()

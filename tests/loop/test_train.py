@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import chex
@@ -54,13 +55,41 @@ def test_resume_is_bit_exact(tmp_path, jax_cache):
   step_b, b = restore_latest(tmp_path / "resumed", c)
   assert step_a == step_b == 20
   chex.assert_trees_all_equal(a, b)
-  # The resumed log repeats steps 15 (written before the interrupt) and 20 with the same losses.
+  # The resumed log replays step 15 (written before the interrupt) once, with the same loss.
   straight = {r["step"]: r["loss"] for r in _records(tmp_path / "straight")}
   resumed = {r["step"]: r["loss"] for r in _records(tmp_path / "resumed")}
   assert resumed == straight
+  steps = [(r["step"], r["kind"]) for r in writers.read_jsonl(os.path.join(tmp_path / "resumed", "metrics.jsonl"))]
+  assert len(steps) == len(set(steps)), f"a step logged twice after the resume: {steps}"
   # A finished run is not trained again, and its summary is kept.
   again = _run(c, tmp_path / "resumed")
   assert again["start_step"] == 10 and again == summary
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_the_step_and_the_resume_is_bit_exact(signum, tmp_path, jax_cache):
+  """SIGTERM or Ctrl-C mid-run: the state at the end of the step under way is saved, the run stops
+  with `TrainingInterrupted` (exit code 143 or 130), and resuming it ends bit for bit where the
+  uninterrupted run ends, with no step logged twice."""
+  c = cached(micro_config(steps=20), jax_cache)
+  c.trainer.checkpoint_every = 0  # no periodic checkpoint: only the interrupt saves
+  _run(c, tmp_path / "straight")
+  handler = signal.getsignal(signal.SIGINT)
+
+  def on_log(step, record):
+    if step == 10:
+      os.kill(os.getpid(), signum)
+
+  with pytest.raises(train_lib.TrainingInterrupted) as caught:
+    _run(c, tmp_path / "resumed", hooks={"on_log": on_log})
+  assert caught.value.exit_code == 128 + signum and caught.value.saved and caught.value.step == 10
+  assert signal.getsignal(signal.SIGINT) is handler  # the handlers are back
+  summary = _run(c, tmp_path / "resumed")
+  assert summary["start_step"] == 10
+  (_, a), (_, b) = restore_latest(tmp_path / "straight", c), restore_latest(tmp_path / "resumed", c)
+  chex.assert_trees_all_equal(a, b)
+  steps = [(r["step"], r["kind"]) for r in writers.read_jsonl(os.path.join(tmp_path / "resumed", "metrics.jsonl"))]
+  assert len(steps) == len(set(steps)), f"a step logged twice after the resume: {steps}"
 
 
 def test_resume_refuses_other_config(tmp_path, jax_cache):
