@@ -84,6 +84,8 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
     f"({config.data.tokenizer}; the run reads them {corpus_epochs(config, task.prepared.n_train):.2f} times), "
     f"mode={config.mode}, workdir={workdir}, devices={jax.devices()}"
   )
+  if config.get("notes"):
+    print(f"note: {config.notes}")
   warning = epochs_warning(config, task.prepared.n_train)
   if warning:
     print(warning)

@@ -24,6 +24,7 @@ from hybridjax import config as config_lib
 RUNTIME_FIELDS = frozenset(
   {
     "resume",
+    "notes",
     "trainer.steps",
     "trainer.log_every",
     "trainer.eval_every",

@@ -267,6 +267,7 @@ _is_num = fields_lib.is_num
 
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "preset": _str,  # experiment configs only; the experiment checks the name itself
+  "notes": _str,  # experiment configs only: what the preset's settings rest on (printed at the start)
   "mode": _choice("baseline", "hybrid"),
   "seed": _int(0),
   "resume": _choice("auto", "force", "never"),

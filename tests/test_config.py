@@ -170,3 +170,28 @@ def test_an_older_checkpoints_config_compares_equal_where_it_means_the_same():
   saved = json.loads(current.to_json())
   saved["hybrid"]["method"] = "jump"
   assert ckpt_lib.config_differences(saved, current) == ["hybrid.method: checkpoint has 'jump', config has 'velocity'"]
+
+
+def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatch):
+  """`tiny,speedrun` is the recipe as the benchmark applies it, at its published LR; `124m,speedrun`
+  has no published table: the record's LRs, and its notes say they are untuned; a published table of
+  an earlier trick list says its LR was tuned before today's tricks."""
+  import dataclasses
+
+  from hybridjax.bench import recipe
+
+  for arg in ("tiny", "124m"):
+    c = _preset(f"{arg},speedrun")
+    config_lib.validate(c)
+    expected = recipe.apply_tricks(_preset(arg), list(recipe.TRICKS))
+    for name, trick in recipe.TRICKS.items():
+      for field, value in trick.changes(expected).items():
+        assert config_lib.flatten(c)[field] == value, (arg, name, field)
+  assert "docs/results/recipe/recipe-tiny.json tuned" in _preset("tiny,speedrun").notes
+  assert "earlier definition" not in _preset("tiny,speedrun").notes
+  big = _preset("124m,speedrun")
+  assert "untuned at 124m" in big.notes and big.optim.learning_rate == 0.05
+  changed = dict(recipe.TRICKS)
+  changed["muon"] = dataclasses.replace(changed["muon"], record="#3 something else")
+  monkeypatch.setattr(recipe, "TRICKS", changed)
+  assert "tuned before today's tricks" in _preset("tiny,speedrun").notes

@@ -290,3 +290,22 @@ def test_the_step_speed_table_is_generated_from_the_committed_runs():
     "docs/performance.md's table differs from docs/performance/*.json: regenerate it with "
     "`python scripts/bench_step.py --table ...`"
   )
+
+
+def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
+  """The README's `tiny,speedrun` line: the recipe's last step and the R4 anchor at N, mean ± std over
+  the headline seeds of docs/results/recipe/recipe-tiny.json; and the preset trains at that LR."""
+  import statistics
+
+  from experiments.configs import gpt2_small
+
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
+    result = json.load(f)
+  last, anchor = result["figures"][-1], list(result["anchor"]["at_n"].values())
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  recipe_loss = f"{statistics.mean(last['loss']):.3f} ± {statistics.stdev(last['loss']):.3f}"
+  anchor_loss = f"{statistics.mean(anchor):.3f} ± {statistics.stdev(anchor):.3f}"
+  assert f"eval loss {recipe_loss} at {result['steps']} steps, against {anchor_loss} for the tuned" in readme
+  config = gpt2_small.get_config("tiny,speedrun")
+  assert config.optim.learning_rate == last["lr"] and config.trainer.steps == result["steps"]
+  assert (config.trainer.averaging == "ema") == (last["iterate"] == "averaged")
