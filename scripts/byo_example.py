@@ -1,0 +1,75 @@
+"""Runs the README's bring-your-own example as printed, and again as the plain baseline (the same code
+with `mode="baseline"`), and writes what it measured to docs/results/byo-example.json: the steps each
+phase took, the backward passes saved, the raw and averaged eval losses of both runs, and their
+compile and training seconds. The README quotes it; a test checks the quotes against the file.
+
+  python scripts/byo_example.py           # writes docs/results/byo-example.json (a quiet machine: it times)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import tempfile
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "docs", "results", "byo-example.json")
+KEPT = (
+  "phase_steps",
+  "backward_passes",
+  "backward_passes_saved",
+  "final_eval_loss_raw",
+  "final_eval_loss_averaged",
+  "compile_s",
+  "train_s",
+)
+
+
+def readme_example() -> str:
+  """The example between the README's byo-example markers."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  m = re.search(r"<!-- byo-example:start -->\s*```python\n(.*?)```\s*<!-- byo-example:end -->", text, re.S)
+  if not m:
+    raise SystemExit("README.md lost its bring-your-own example markers (<!-- byo-example:start/end -->)")
+  return m.group(1)
+
+
+def run(code: str) -> dict[str, Any]:
+  """Runs `code` in a fresh folder; the summary's kept fields."""
+  cwd = os.getcwd()
+  with tempfile.TemporaryDirectory() as tmp:
+    os.chdir(tmp)
+    try:
+      namespace: dict[str, Any] = {"__name__": "readme_example"}
+      exec(compile(code, "README.md (bring your own)", "exec"), namespace)
+    finally:
+      os.chdir(cwd)
+  summary = namespace["summary"]
+  return {k: summary.get(k) for k in KEPT}
+
+
+def main() -> None:
+  argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+  code = readme_example()
+  if 'default_config(mode="hybrid")' not in code:
+    raise SystemExit('the README example no longer builds its config with default_config(mode="hybrid")')
+  baseline = code.replace('default_config(mode="hybrid")', 'default_config(mode="baseline")')
+  result = {
+    "what": "the README's bring-your-own example as printed (hybrid) and with mode='baseline'",
+    "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+    "hybrid": run(code),
+    "baseline": run(baseline),
+  }
+  with open(OUT, "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=2)
+    f.write("\n")
+  print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+  main()
