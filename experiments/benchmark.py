@@ -54,7 +54,8 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
   b = config.benchmark
   notes = family.task_notes(config)
   print(
-    f"benchmark {b.preset} {b.family} on task {specs.task_name(config)}: N={config.trainer.steps}; workdir {workdir}",
+    f"benchmark {b.preset} {specs.family_name(config)} on task {specs.task_name(config)}: N={config.trainer.steps}; "
+    f"workdir {workdir}",
     flush=True,
   )
   for line in notes["lines"]:

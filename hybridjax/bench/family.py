@@ -57,7 +57,7 @@ def family_result(
   tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
   result: dict[str, Any] = {
     "preset": b.preset,
-    "family": b.family,
+    "family": specs.family_name(config),
     "task": specs.task_name(config),
     "command": command,
     "date": datetime.datetime.now().isoformat(timespec="seconds"),

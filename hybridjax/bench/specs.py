@@ -31,6 +31,15 @@ def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
   return c
 
 
+def family_name(config: ml_collections.ConfigDict) -> str:
+  """The family the runs train: `benchmark.family`, or, for a task that brings its own optimizer
+  (its `OPTIMIZER`), that optimizer's name with the schedule, since no built-in one runs."""
+  optimizer = tasks_lib.optimizer_name(task_name(config))
+  if optimizer is None:
+    return str(config.benchmark.family)
+  return f"{optimizer}-{config.optim.schedule}"
+
+
 def compile_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
   if not config.trainer.compile_cache:

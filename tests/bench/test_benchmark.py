@@ -91,6 +91,8 @@ def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_p
   c = _mlp_bench_config(user_task)
   c.benchmark.arms.plain = {"method": "velocity", "mode": "baseline"}
   specs.validate_benchmark(c)
+  assert specs.family_name(c) == f"sgd_nesterov-{c.optim.schedule}"  # the optimizer that runs, in the header
+  assert specs.family_name(_mlp_bench_config("mlp")) == _mlp_bench_config("mlp").benchmark.family
   spec = specs.run_spec(c, kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
   assert spec["config"]["optim"]["name"] == "sgd_nesterov" and spec["task"] == user_task
   arm = specs.run_spec(c, kind="method", seed=7, lr=0.05, steps=12, beta=0.9, method="plain")
