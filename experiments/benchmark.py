@@ -75,7 +75,8 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _FLAGS[0].value
+  # A trick of the recipe (and R6) leaves a field the command line set as given.
+  config = recipe.keep_command_line(_FLAGS[0].value, cli.command_line_fields(sys.argv))
   workdir = _FLAGS[1].value or os.path.join("runs", f"benchmark-{config.benchmark.preset}-{config.benchmark.family}")
   command = "python -m experiments.benchmark " + " ".join(sys.argv[1:])
   cli.run_as_program(lambda: run_benchmark(config, workdir, command))

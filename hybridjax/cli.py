@@ -40,6 +40,11 @@ def _override_paths(argv: list[str]) -> list[str]:
   return paths
 
 
+def command_line_fields(argv: list[str]) -> list[str]:
+  """The config fields `argv` sets (`--config.a.b=...`), as dotted names ('a.b')."""
+  return _override_paths(argv)
+
+
 def _has_path(config: ml_collections.ConfigDict, path: str) -> bool:
   node: Any = config
   for part in path.split("."):

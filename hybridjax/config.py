@@ -53,6 +53,17 @@ def default_optim_config() -> ml_collections.ConfigDict:
   c.groups_b1 = 0.8
   c.groups_b2 = 0.95
   c.groups_eps = 1e-10
+  # 'muon_groups', a token embedding tied to the head (no untied head): its Adam settings. These
+  # defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
+  # about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those)
+  c.tied_lr_ratio = 0.16
+  c.tied_b1 = 0.8
+  c.tied_b2 = 0.95
+  c.tied_eps = 1e-10
+  # 'muon' and 'muon_groups': Muon's momentum rises linearly from muon_momentum_start to 0.95 over
+  # this many Muon updates (the records from #9: 0.85 over 500 steps, later 300). 0 = off (0.95 throughout)
+  c.muon_momentum_warmup_steps = 0
+  c.muon_momentum_start = 0.85
   # Outer Nesterov momentum on K-step displacements (baseline mode, or hybrid with the jump
   # predictor, whose drift it then gives): every `outer_every` real steps
   # d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow. 0 = off.
@@ -292,6 +303,10 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "model.embed_skips": _bool,
   "model.value_embeds": _int(0),
   "model.unet_skips": _bool,
+  "model.value_residual": _bool,
+  "model.attn_scale": _num(0.0),  # 0 = 1/sqrt(head_dim)
+  "model.learned_attn_scale": _choice(*gpt2.LEARNED_ATTN_SCALES),
+  "model.init": _choice(*gpt2.INITS),
   "data.path": _str,
   "data.tokenizer": _choice("byte", "gpt2"),
   "data.cache_dir": _str,
@@ -317,6 +332,12 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "optim.groups_b1": _num(0.0, 1.0, hi_open=True),
   "optim.groups_b2": _num(0.0, 1.0, hi_open=True),
   "optim.groups_eps": _num(0.0, lo_open=True),
+  "optim.tied_lr_ratio": _num(0.0, lo_open=True),
+  "optim.tied_b1": _num(0.0, 1.0, hi_open=True),
+  "optim.tied_b2": _num(0.0, 1.0, hi_open=True),
+  "optim.tied_eps": _num(0.0, lo_open=True),
+  "optim.muon_momentum_warmup_steps": _int(0),
+  "optim.muon_momentum_start": _num(0.0, 1.0, hi_open=True),
   "optim.outer_every": _int(0),
   "optim.outer_eta": _num(0.0, 2.0, lo_open=True),
   "optim.outer_mu": _num(0.0, 1.0, hi_open=True),
@@ -439,6 +460,19 @@ def validate(
         f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
         f"> --config.optim.warmup_steps ({o.warmup_steps})",
       )
+      warm = o.get("muon_momentum_warmup_steps", 0)
+      if warm:  # Muon's momentum warm-up: a Muon optimizer, and a run it fits in
+        rel(
+          o.name in ("muon", "muon_groups"),
+          f"--config.optim.muon_momentum_warmup_steps ({warm}) warms up Muon's momentum, but --config.optim.name="
+          f"{o.name!r} has no Muon: set --config.optim.name to 'muon' or 'muon_groups', or the warm-up to 0",
+        )
+        steps = config.get("trainer", {}).get("steps")
+        rel(
+          steps is None or warm <= steps,
+          f"--config.optim.muon_momentum_warmup_steps ({warm}) is longer than the run (--config.trainer.steps="
+          f"{steps}): the momentum would never reach 0.95; use at most {steps} steps, or 0 for no warm-up",
+        )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model
       rel(

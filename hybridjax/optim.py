@@ -18,6 +18,7 @@ host loop (`hybridjax.loop`) are built on it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -214,13 +215,14 @@ def muon_labels(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def muon_group_labels(params: Any) -> Any:
+def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
   """The speedrun's parameter groups, a pytree like `params` of labels:
 
   * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
     orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;
   * 'embed': the embedding tables (token, positions, value embeddings);
-  * 'head': the output head: `lm_head`, or the token embedding when the head is tied to it;
+  * 'head': the output head, `lm_head`; a token embedding tied to the head is labelled `tied_label`
+    ('head', or 'tied_head' when it has settings of its own: `tied_head_settings`);
   * 'scalar': every leaf with ndim != 2 (biases, norm scales, the learned mixing scalars).
   """
   tied = "lm_head" not in params
@@ -228,7 +230,7 @@ def muon_group_labels(params: Any) -> Any:
   def label(path, p):
     keys = _keys(path)
     if "embedding" in keys:
-      return "head" if tied and keys[0] == "wte" else "embed"
+      return tied_label if tied and keys[0] == "wte" else "embed"
     if keys[0] == "lm_head":
       return "head"
     if p.ndim != 2:
@@ -270,6 +272,44 @@ def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation
   return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
 
 
+def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> optax.GradientTransformation:
+  """`_muon` with its momentum `beta` a hyperparameter too (injected only with a momentum warm-up, so
+  that without one the optimizer state keeps its earlier layout)."""
+  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay, beta=beta)
+
+
+def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
+  """`_muon_batched` with its momentum `beta` a hyperparameter."""
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(
+    learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+  )
+
+
+MUON_MOMENTUM = 0.95
+"""Muon's momentum (optax's default, the records'): where a momentum warm-up ends."""
+
+
+def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | None:
+  """Muon's momentum as a function of the number of Muon updates so far, or None when constant.
+
+  With `optim.muon_momentum_warmup_steps` = W > 0 the momentum goes linearly from
+  `optim.muon_momentum_start` at the first update to `MUON_MOMENTUM` at update W and stays there,
+  as the records compute it from #9 on: `frac = min(step / W, 1); (1 - frac) * start + frac * 0.95`.
+  It counts the optimizer's own updates (a momentum averages the updates it has taken), which in a
+  baseline run are its steps; a step skipped as non-finite is not one."""
+  steps = int(optim.get("muon_momentum_warmup_steps", 0))
+  if steps == 0:
+    return None
+  start = float(optim.muon_momentum_start)
+
+  def momentum(count: jax.Array) -> jax.Array:
+    frac = jnp.minimum(jnp.asarray(count, jnp.float32) / steps, 1.0)
+    return (1 - frac) * start + frac * MUON_MOMENTUM
+
+  return momentum
+
+
 def _decay_mask(params: Any) -> Any:
   """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
   return jax.tree.map(lambda p: p.ndim >= 2, params)
@@ -298,7 +338,13 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   if optim.name == "adamw":
     core = adamw()
   elif optim.name == "muon":
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(optim.muon_weight_decay))
+    momentum = muon_momentum(optim)
+    if momentum is None:
+      muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(optim.muon_weight_decay))
+    else:
+      muon = optax.inject_hyperparams(_muon_with_momentum)(
+        learning_rate=0.0, weight_decay=float(optim.muon_weight_decay), beta=momentum
+      )
     # One injected learning rate per group, both set to the same value: the AdamW group's update
     # is scaled afterwards, which is AdamW at `adam_lr_ratio` times the rate.
     rest = optax.chain(adamw(), optax.scale(float(optim.adam_lr_ratio)))
@@ -319,27 +365,58 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   return core
 
 
+def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
+  """(LR ratio, b1, b2, eps) of a token embedding tied to the head under 'muon_groups':
+  `optim.tied_lr_ratio`, `tied_b1`, `tied_b2`, `tied_eps` (the records #3-#7 gave the tied matrix
+  AdamW at about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8). A block without them (written
+  before they existed) gives the head group's, which is what it trained with."""
+  get = lambda name, fallback: float(optim.get(name, optim[fallback]))
+  return (
+    get("tied_lr_ratio", "head_lr_ratio"),
+    get("tied_b1", "groups_b1"),
+    get("tied_b2", "groups_b2"),
+    get("tied_eps", "groups_eps"),
+  )
+
+
 def _muon_groups(optim: Any) -> optax.GradientTransformation:
   """The speedrun's optimizer: Muon (no weight decay) on the hidden matrices, Adam on the
   embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
   of the learning rate (`optim.embed_lr_ratio`, `head_lr_ratio`, `scalar_lr_ratio`) with
-  `optim.groups_b1`, `groups_b2`, `groups_eps`. As for 'muon', every group's injected learning rate
-  is set to the one schedule's value, and an Adam group's update is scaled by its ratio after."""
+  `optim.groups_b1`, `groups_b2`, `groups_eps`; a token embedding tied to the head at
+  `tied_head_settings`. As for 'muon', every group's injected learning rate is set to the one
+  schedule's value, and an Adam group's update is scaled by its ratio after. Muon's momentum warms up
+  with `optim.muon_momentum_warmup_steps` (`muon_momentum`).
+
+  A tied head whose settings are the untied head's shares its group ('head'): the optimizer state
+  then has the layout it had before the tied head had settings of its own, and the same numbers."""
   b1, b2, eps = float(optim.groups_b1), float(optim.groups_b2), float(optim.groups_eps)
 
-  def adam(ratio):
+  def adam(ratio, b1=b1, b2=b2, eps=eps):
     return optax.chain(
       optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps), optax.scale(float(ratio))
     )
 
+  momentum = muon_momentum(optim)
+  if momentum is None:
+    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0)
+    muon_qkv = optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)
+  else:
+    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=0.0, beta=momentum)
+    muon_qkv = optax.inject_hyperparams(_muon_batched_with_momentum)(learning_rate=0.0, beta=momentum)
   transforms = {
-    "muon": optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0),
-    "muon_qkv": _blocks_of_three(optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)),
+    "muon": muon,
+    "muon_qkv": _blocks_of_three(muon_qkv),
     "embed": adam(optim.embed_lr_ratio),
     "head": adam(optim.head_lr_ratio),
     "scalar": adam(optim.scalar_lr_ratio),
   }
-  return optax.partition(transforms, muon_group_labels)
+  tied = tied_head_settings(optim)
+  tied_label = "head"
+  if tied != (float(optim.head_lr_ratio), b1, b2, eps):
+    tied_label = "tied_head"
+    transforms["tied_head"] = adam(tied[0], b1=tied[1], b2=tied[2], eps=tied[3])
+  return optax.partition(transforms, functools.partial(muon_group_labels, tied_label=tied_label))
 
 
 BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "muon", "muon_groups")

@@ -419,6 +419,95 @@ def test_with_learning_rate_reaches_both_muon_groups():
   chex.assert_trees_all_equal(zero, jax.tree.map(jnp.zeros_like, small))
 
 
+def _gpt2_micro_grads(params, seed):
+  return jax.tree.map(lambda p: jnp.sin((3.0 + seed) * p + seed) + 0.1 * seed, params)
+
+
+def test_a_tied_head_gets_adam_settings_of_its_own_under_muon_groups():
+  """The records #3-#7 gave the tied embedding-head matrix AdamW at about 0.36 of Muon's rate with
+  betas (0.9, 0.95) and eps 1e-8 (`optim.tied_*`): two steps move it as that Adam does. At their
+  defaults (the untied head's settings) the tied head shares the 'head' group, and the optimizer
+  state keeps the layout it had before the fields existed."""
+  params = _gpt2_micro_params()
+  plain = _optim_config(name="muon_groups", grad_clip=0.0)
+  assert set(optim.make_optimizer(plain).init(params).inner_states) == {"muon", "muon_qkv", "embed", "head", "scalar"}
+  oc = _optim_config(name="muon_groups", grad_clip=0.0, tied_lr_ratio=0.36, tied_b1=0.9, tied_eps=1e-8)
+  tx = optim.make_optimizer(oc)
+  state = optim.with_learning_rate(tx.init(params), jnp.float32(0.01))
+  assert "tied_head" in state.inner_states
+  adam = optax.adam(0.01 * 0.36, b1=0.9, b2=0.95, eps=1e-8)
+  adam_state = adam.init(params["wte"]["embedding"])
+  for seed in (1, 2):  # two steps: the second depends on b1 and b2
+    grads = _gpt2_micro_grads(params, seed)
+    updates, state = tx.update(grads, state, params)
+    want, adam_state = adam.update(grads["wte"]["embedding"], adam_state)
+    chex.assert_trees_all_close(updates["wte"]["embedding"], want, rtol=1e-5, atol=1e-9)
+  # The untied head's ratio does not reach the tied head: its first step is the same.
+  oc.head_lr_ratio = 5.0
+  other = optim.make_optimizer(oc)
+  grads = _gpt2_micro_grads(params, 1)
+  u = other.update(grads, optim.with_learning_rate(other.init(params), jnp.float32(0.01)), params)[0]
+  first, _ = adam.update(grads["wte"]["embedding"], adam.init(params["wte"]["embedding"]))
+  chex.assert_trees_all_close(u["wte"]["embedding"], first, rtol=1e-5, atol=1e-9)
+
+
+def test_muons_momentum_warms_up_linearly_as_the_records_do():
+  """`optim.muon_momentum_warmup_steps` = W: momentum (1 - f) * start + f * 0.95 with f = min(n / W, 1)
+  at Muon's n-th update (from 0). Two steps of a hidden matrix equal optax's Muon at 0.85, then at
+  0.85 + 0.1 / W, and differ from Muon at a constant 0.95."""
+  oc = _optim_config(name="muon_groups", grad_clip=0.0, muon_momentum_warmup_steps=4, muon_momentum_start=0.85)
+  momentum = optim.muon_momentum(oc)
+  assert [float(momentum(n)) for n in (0, 2, 4, 8)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+  assert optim.muon_momentum(_optim_config(name="muon_groups")) is None
+  params = _gpt2_micro_params()
+  p = params["h_0"]["mlp"]["c_fc"]["kernel"]
+
+  def two_steps(tx):
+    state = optim.with_learning_rate(tx.init(params), jnp.float32(0.02))
+    for seed in (1, 2):
+      updates, state = tx.update(_gpt2_micro_grads(params, seed), state, params)
+    return updates["h_0"]["mlp"]["c_fc"]["kernel"]
+
+  g = [_gpt2_micro_grads(params, seed)["h_0"]["mlp"]["c_fc"]["kernel"] for seed in (1, 2)]
+  first = optax.contrib.muon(0.02, beta=0.85)
+  _, s = first.update(g[0], first.init(p), p)
+  want, _ = optax.contrib.muon(0.02, beta=0.875).update(g[1], s, p)
+  got = two_steps(optim.make_optimizer(oc))
+  # Newton-Schulz iterations amplify float32 rounding differences: agreement to 1e-6 of entries ~1e-2.
+  chex.assert_trees_all_close(got, want, atol=1e-6)
+  constant = two_steps(optim.make_optimizer(_optim_config(name="muon_groups", grad_clip=0.0)))
+  assert float(jnp.max(jnp.abs(got - constant))) > 1e-4
+  # Plain 'muon' warms up too.
+  plain = optim.make_optimizer(_optim_config(name="muon", muon_momentum_warmup_steps=4))
+  states = [n for n in jax.tree.leaves(plain.init(params), is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  assert [float(n.hyperparams["beta"]) for n in states if "beta" in n.hyperparams] == [pytest.approx(0.85)]
+
+
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (
+      {"muon_momentum_warmup_steps": 10},
+      r"--config\.optim\.muon_momentum_warmup_steps \(10\) warms up Muon's momentum, but --config\.optim\.name='adamw'",
+    ),
+    (
+      {"name": "muon_groups", "muon_momentum_warmup_steps": 21},
+      r"--config\.optim\.muon_momentum_warmup_steps \(21\) is longer than the run \(--config\.trainer\.steps=20\)",
+    ),
+  ],
+)
+def test_a_momentum_warm_up_without_muon_or_past_the_run_is_refused(changes, message):
+  from conftest import micro_config
+
+  c = micro_config(steps=20)
+  c.optim.update(changes)
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(c)
+  c.optim.muon_momentum_warmup_steps = 20
+  c.optim.name = "muon"
+  config_lib.validate(c)
+
+
 def test_muon_train_step_learns():
   oc = _optim_config(name="muon", learning_rate=2e-2, warmup_steps=0, schedule="wsd")
   tx = optim.make_optimizer(oc)
@@ -442,6 +531,11 @@ def test_muon_train_step_learns():
     ("optim.decay_fraction", 1.5),
     ("optim.adam_lr_ratio", 0.0),
     ("optim.muon_weight_decay", -0.1),
+    ("optim.tied_lr_ratio", 0.0),
+    ("optim.tied_b1", 1.0),
+    ("optim.tied_eps", 0.0),
+    ("optim.muon_momentum_warmup_steps", -1),
+    ("optim.muon_momentum_start", 1.0),
   ],
 )
 def test_optim_config_errors_name_the_field(field, value):

@@ -12,7 +12,9 @@
 
 Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
 `gpt2_small` tiny model at 600 steps, comparable with the project's earlier figures), `long` (N = 3000
-steps of a 0.12M-param model: the preset sized for 2 CPU cores) and `124m` (GPT-2 Small on a GPU).
+steps of a 0.12M-param model: the preset sized for 2 CPU cores), `deep` (6 layers of head dimension
+32 at N = 1500: where the recipe's U-net, value-embedding and value-residual steps connect distinct
+layers) and `124m` (GPT-2 Small on a GPU).
 The family variants `wsd` and `muon` change the optimizer or the schedule, `speedrun` applies the whole
 speedrun recipe (its architecture, Muon with its parameter groups, its schedule); each family gets its
 own learning-rate sweep and budget curve, and no figure mixes families.
@@ -28,7 +30,7 @@ import ml_collections
 from experiments.configs import gpt2_small
 from hybridjax.bench import recipe
 
-PRESETS = ("quick", "tiny", "long", "124m")
+PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")
 
 
@@ -55,6 +57,23 @@ def _long(c: ml_collections.ConfigDict) -> None:
   c.hybrid.jump.update(horizons=(50, 100, 200), every=100, trend_credit=0.0)
 
 
+def _deep(c: ml_collections.ConfigDict) -> None:
+  """`long` made deeper: 6 layers, d_model 64, 2 heads (head_dim 32), context 64, batch 12, N = 1500
+  (0.31M params; about three times `long`'s step time, so a run costs about what `long`'s does).
+
+  For the speedrun recipe: at `long`'s 2 layers its later steps have nothing to connect (the U-net's
+  one skip only rescales block 1's input, the one value-embedding table reaches every layer, the
+  value residual has one later layer to reach). With 6 layers, an even count, the U-net pairs
+  distinct layers (2-3, 1-4, 0-5), the value-embedding table reaches the first and the last layer
+  only, and the value residual reaches five later layers; head_dim 32 (not 16) leaves QK-normed
+  scores a wider range (±5.7 at GPT-2's scale). The LR sweep starts at `long`'s 6e-3 and extends
+  while the best LR sits at an edge.
+  """
+  _long(c)
+  c.model.update(n_layer=6, n_head=2)
+  c.trainer.steps = 1500
+
+
 def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   """Returns the benchmark config for `arg`: a preset from `PRESETS`, optionally followed by family
   variants (`long,muon`, `long,wsd`, `long,muon,wsd`)."""
@@ -64,11 +83,13 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
       f"unknown benchmark config {arg!r}: use a preset from {list(PRESETS)} optionally followed by "
       f"{list(FAMILIES)}, e.g. --config=experiments/configs/benchmark.py:long,muon"
     )
-  base = {"quick": "tiny,micro", "long": "tiny"}.get(preset, preset)
+  base = {"quick": "tiny,micro", "long": "tiny", "deep": "tiny"}.get(preset, preset)
   c = gpt2_small.get_config(base)
   c.preset = preset
   if preset == "long":
     _long(c)
+  if preset == "deep":
+    _deep(c)
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False
   c.trainer.checkpoint_every = 0  # method runs save only at the end
@@ -125,6 +146,9 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   # The speedrun recipe trick by trick (`hybridjax.bench.recipe`, docs/recipe.md), and R6 (the whole recipe).
   b.recipe = False  # True: run the recipe's steps against the R4 anchor instead of one family's protocol
   b.recipe_tricks = ",".join(recipe.TRICKS)  # cumulative, in the record's order
+  # Fields no trick changes: their values as given win (comma-separated, dotted). The command line's
+  # --config.<field> overrides are added by `python -m experiments.benchmark` (`recipe.keep_command_line`).
+  b.recipe_keep = ""
   b.recipe_muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
   b.recipe_budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
   b.recipe_budget_extensions = (6.0, 8.0)  # added one at a time while a step's loss lies below the curve

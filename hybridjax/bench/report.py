@@ -616,6 +616,19 @@ def recipe_scale(result: dict[str, Any]) -> str:
   )
 
 
+def kept_lines(result: dict[str, Any]) -> list[str]:
+  """The fields a recipe kept as given where a step's trick would have changed them (its `kept`:
+  the command line's overrides), as a paragraph; none for a recipe that kept none."""
+  kept = result.get("kept") or {}
+  if not kept:
+    return []
+  steps = "; ".join(
+    f"`{name}`: " + ", ".join(f"{field}={values[1]!r} (the trick's {values[0]!r})" for field, values in fields.items())
+    for name, fields in kept.items()
+  )
+  return [f"Kept as given, not as the step's trick sets them (`benchmark.recipe_keep`): {steps}.", ""]
+
+
 def recipe_markdown(result: dict[str, Any]) -> str:
   """recipe-<preset>.md: the table, then every step per seed (loss, speed-up, LR, iterate)."""
   out = [
@@ -625,6 +638,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
     "",
     recipe_scale(result),
     "",
+    *kept_lines(result),
     "Speed-up: the R4 anchor's (tuned AdamW, cosine, averaged) steps to reach the step's final loss, read "
     "on its averaged budget curve per seed, over N; '> x': below the curve's end. Wall-clock: the "
     "speed-up times the anchor's step time over the step's. Verdict: the paired difference of final "

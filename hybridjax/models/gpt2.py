@@ -12,9 +12,9 @@ Attention softmax and the output logits are computed in float32.
 The modded-nanogpt speedrun's architecture changes are options of ``GPT2Config``, each one setting
 named as the speedrun's record history names it (rotary embeddings, QK-norm, ReLU², RMSNorm
 without parameters and no biases, zero-initialised projections, an untied zero-initialised head,
-logit soft-capping, embedding skips, value embeddings, U-net skips). All are off by default, and
-then the model is the Hugging Face GPT-2, computing the same bits as without the options
-(docs/recipe.md).
+logit soft-capping, embedding skips, the value residual, value embeddings, U-net skips, a fixed or
+learned attention scale, the records' initialisation). All are off by default, and then the model
+is the Hugging Face GPT-2, computing the same bits as without the options (docs/recipe.md).
 """
 
 from __future__ import annotations
@@ -72,6 +72,22 @@ class GPT2Config:
       at (0.5, 0.5)); needs 2k <= n_layer. 0 = off.
     unet_skips: the first half's block outputs are added, last first, into the second half's
       inputs with learned weights starting at 1 (``skip_weights``); needs an even n_layer.
+    value_residual: the first layer's attention values are mixed into every later layer's,
+      ``v = (1 - l) * v + l * v1``, with a learned scalar ``value_residual_lambda`` per layer
+      starting at 0.5 (record #9); needs n_layer >= 2. With value embeddings too, the residual
+      is mixed in first.
+    attn_scale: the factor on the query-key scores; 0 = 1/sqrt(head_dim), GPT-2's. Record #20 fixed
+      it (0.12 at head_dim 128), because QK-norm bounds the scores by attn_scale * head_dim.
+    learned_attn_scale: 'none' (the scale is fixed), 'layer' (a learned scalar ``attn_scale`` per
+      attention layer, as record #20's README describes trying) or 'head' (one per head, shape
+      (n_head,)); it starts at attn_scale's value (its default 1/sqrt(head_dim) for 0).
+    init: the initial weights. 'gpt2': GPT-2's, N(0, 0.02) for every matrix and table, the
+      residual projections N(0, 0.02 / sqrt(2 n_layer)). 'fan_in': PyTorch's defaults, which the
+      records use up to #19: each matrix U(+-1/sqrt(fan_in)) (std 1/sqrt(3 fan_in)), a tied token
+      embedding as the head it is (fan_in = d_model), every other embedding table (an untied token
+      embedding, positions, value embeddings) N(0, 1). 'fan_in_0.5': record #20's, the same with
+      each matrix U(+-sqrt(3) * 0.5/sqrt(fan_in)) (std 0.5/sqrt(fan_in)). Biases start at zero and
+      zero-initialised weights (``zero_init_proj``, the untied head) at zero under every init.
 
   The fields from ``rotary`` on are the speedrun's options (`OPTIONS`), all off by default: the
   Hugging Face GPT-2.
@@ -97,6 +113,10 @@ class GPT2Config:
   embed_skips: bool = False
   value_embeds: int = 0
   unet_skips: bool = False
+  value_residual: bool = False
+  attn_scale: float = 0.0
+  learned_attn_scale: str = "none"
+  init: str = "gpt2"
 
   def validate(self) -> None:
     """Raises ValueError naming the first invalid field."""
@@ -142,8 +162,18 @@ OPTIONS = (
   "embed_skips",
   "value_embeds",
   "unet_skips",
+  "value_residual",
+  "attn_scale",
+  "learned_attn_scale",
+  "init",
 )
 """The speedrun's architecture options of `GPT2Config`, all off by default."""
+
+INITS = ("gpt2", "fan_in", "fan_in_0.5")
+"""`GPT2Config.init`'s choices: GPT-2's, the records' up to #19 (PyTorch's defaults), record #20's."""
+
+LEARNED_ATTN_SCALES = ("none", "layer", "head")
+"""`GPT2Config.learned_attn_scale`'s choices."""
 
 
 def option_errors(model: Mapping[str, Any]) -> list[str]:
@@ -152,10 +182,23 @@ def option_errors(model: Mapping[str, Any]) -> list[str]:
   get = lambda name, default: model.get(name, default)
   errors = []
   flags = ("rotary", "qk_norm", "relu2", "rmsnorm", "embed_norm", "zero_init_proj", "untied_head")
-  for name in flags + ("embed_skips", "unet_skips"):
+  for name in flags + ("embed_skips", "unet_skips", "value_residual"):
     if not isinstance(get(name, False), bool):
       errors.append(f"model.{name} must be True or False, got {get(name, False)!r}")
   cap, base, k = get("logit_softcap", 0.0), get("rotary_base", 10000.0), get("value_embeds", 0)
+  scale, learned, init = get("attn_scale", 0.0), get("learned_attn_scale", "none"), get("init", "gpt2")
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
+    errors.append(
+      f"model.attn_scale must be a number > 0, or 0 for GPT-2's 1/sqrt(head_dim) (record #20: 0.12 at head_dim "
+      f"128), got {scale!r}"
+    )
+  if learned not in LEARNED_ATTN_SCALES:
+    errors.append(f"model.learned_attn_scale must be one of {LEARNED_ATTN_SCALES} ('none': fixed), got {learned!r}")
+  if init not in INITS:
+    errors.append(
+      f"model.init must be one of {INITS} ('gpt2': N(0, 0.02); 'fan_in': the records' up to #19; 'fan_in_0.5': "
+      f"record #20's), got {init!r}"
+    )
   if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 0:
     errors.append(f"model.logit_softcap must be a number >= 0 (0 = off; the speedrun used 30, then 15), got {cap!r}")
   if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
@@ -176,6 +219,11 @@ def option_errors(model: Mapping[str, Any]) -> list[str]:
     errors.append(
       f"model.unet_skips pairs the first half's layers with the second half's, so it needs an even "
       f"model.n_layer, got {n_layer}: use an even layer count or set model.unet_skips=False"
+    )
+  if get("value_residual", False) and n_layer < 2:
+    errors.append(
+      f"model.value_residual mixes the first layer's values into the later layers', so it needs model.n_layer >= 2, "
+      f"got {n_layer}: add a layer or set model.value_residual=False"
     )
   if 2 * k > n_layer:
     errors.append(
@@ -200,6 +248,17 @@ PRESETS: dict[str, GPT2Config] = {
 # ----------------------------------------------------------------------------
 
 _STD = 0.02
+# The variance of a matrix's entries times its fan-in, under each fan-in init: U(+-1/sqrt(fan_in))
+# has variance 1/(3 fan_in) (PyTorch's `nn.Linear` default); record #20's std 0.5/sqrt(fan_in) 1/4.
+_FAN_IN_VARIANCE = {"fan_in": 1.0 / 3.0, "fan_in_0.5": 0.25}
+
+
+def _matrix_init(cfg: GPT2Config, std: float, in_axis: int = -2, out_axis: int = -1) -> nn.initializers.Initializer:
+  """A matrix's init under `cfg.init`: N(0, `std`) for 'gpt2', else uniform with the fan-in variance
+  (the fan-in is the size of `in_axis`)."""
+  if cfg.init == "gpt2":
+    return nn.initializers.normal(std)
+  return nn.initializers.variance_scaling(_FAN_IN_VARIANCE[cfg.init], "fan_in", "uniform", in_axis, out_axis)
 
 
 def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD, zero: bool = False):
@@ -208,10 +267,21 @@ def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD, zero: b
     use_bias=not cfg.rmsnorm,
     dtype=jnp.dtype(cfg.dtype),
     param_dtype=jnp.float32,
-    kernel_init=nn.initializers.zeros if zero else nn.initializers.normal(std),
+    kernel_init=nn.initializers.zeros if zero else _matrix_init(cfg, std),
     bias_init=nn.initializers.zeros,
     name=name,
   )
+
+
+def _embedding_init(cfg: GPT2Config, name: str) -> nn.initializers.Initializer:
+  """An embedding table's init: N(0, 0.02) under 'gpt2'; under the records' inits a token embedding
+  tied to the head is the head's matrix (a (vocab, d) table whose fan-in is d, as the records' tied
+  `lm_head`), and every other table PyTorch's `nn.Embedding` default, N(0, 1)."""
+  if cfg.init == "gpt2":
+    return nn.initializers.normal(_STD)
+  if name == "wte" and not cfg.untied_head:
+    return _matrix_init(cfg, _STD, in_axis=-1, out_axis=-2)
+  return nn.initializers.normal(1.0)
 
 
 def rms_norm(x: jax.Array, eps: float) -> jax.Array:
@@ -259,13 +329,27 @@ class CausalSelfAttention(nn.Module):
   config: GPT2Config
 
   @nn.compact
-  def __call__(self, x: jax.Array, value_embed: jax.Array | None = None, *, deterministic: bool) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    value_embed: jax.Array | None = None,
+    first_values: jax.Array | None = None,
+    *,
+    deterministic: bool,
+  ) -> tuple[jax.Array, jax.Array]:
+    """(output, values): the block's attention output, and its values as projected (before any
+    mixing), which the first layer's call hands to the later layers as `first_values` (the value
+    residual's v1)."""
     cfg = self.config
     b, t, d = x.shape
     qkv = _dense(3 * d, "c_attn", cfg)(x)
     # Heads transposed ahead of time, (b, h, t, head_dim): the batch dimensions of both batched
     # matmuls lead, and XLA:CPU runs them, and their gradients, faster (docs/performance.md).
     q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3) for a in jnp.split(qkv, 3, axis=-1))
+    projected = v
+    if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
+      lam = self.param("value_residual_lambda", lambda _, shape: jnp.full(shape, 0.5, jnp.float32), ())
+      v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
       lambdas = _pair("value_lambdas", self, (0.5, 0.5))
       ve = value_embed.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
@@ -275,14 +359,29 @@ class CausalSelfAttention(nn.Module):
     if cfg.rotary:
       q, k = rotate(q, cfg.rotary_base), rotate(k, cfg.rotary_base)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
+    if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
+      scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
+    else:
+      scores = scores * attention_scale(cfg, self)
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
     y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
     y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
-    return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+    return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
+
+
+def attention_scale(cfg: GPT2Config, module: nn.Module | None = None) -> jax.Array:
+  """The factor on the query-key scores: `cfg.attn_scale` (1/sqrt(head_dim) for 0), fixed, or as a
+  learned parameter of `module` starting there (`learned_attn_scale`: a scalar per layer, or
+  (n_head, 1, 1) per head), in float32."""
+  value = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
+  if cfg.learned_attn_scale == "none" or module is None:
+    return jnp.float32(value)
+  shape = () if cfg.learned_attn_scale == "layer" else (cfg.n_head,)
+  scale = module.param("attn_scale", lambda _, s: jnp.full(s, value, jnp.float32), shape)
+  return scale if cfg.learned_attn_scale == "layer" else scale[:, None, None]
 
 
 class MLPBlock(nn.Module):
@@ -310,17 +409,20 @@ class Block(nn.Module):
     x: jax.Array,
     x0: jax.Array | None = None,
     value_embed: jax.Array | None = None,
+    first_values: jax.Array | None = None,
     *,
     deterministic: bool,
-  ) -> jax.Array:
+  ) -> tuple[jax.Array, jax.Array]:
+    """(output, the attention's projected values): see `CausalSelfAttention`."""
     cfg = self.config
     if cfg.embed_skips:
       lambdas = _pair("lambdas", self, (1.0, 0.0))
       x = (lambdas[0] * x + lambdas[1] * x0).astype(x.dtype)
     h = _layer_norm("ln_1", cfg)(x)
-    x = x + CausalSelfAttention(cfg, name="attn")(h, value_embed, deterministic=deterministic)
+    y, values = CausalSelfAttention(cfg, name="attn")(h, value_embed, first_values, deterministic=deterministic)
+    x = x + y
     h = _layer_norm("ln_2", cfg)(x)
-    return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic)
+    return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic), values
 
 
 def value_embed_layer(cfg: GPT2Config, layer: int) -> int | None:
@@ -358,7 +460,7 @@ class GPT2(nn.Module):
       cfg.d_model,
       dtype=dtype,
       param_dtype=jnp.float32,
-      embedding_init=nn.initializers.normal(_STD),
+      embedding_init=_embedding_init(cfg, name),
       name=name,
     )
     wte = embed(cfg.vocab_size, "wte")
@@ -374,13 +476,17 @@ class GPT2(nn.Module):
     values = [embed(cfg.vocab_size, f"value_embed_{j}")(tokens) for j in range(cfg.value_embeds)]
     half = cfg.n_layer // 2
     skips = []
+    first_values = None
     for i in range(cfg.n_layer):
       if cfg.unet_skips and i >= half:
         if i == half:
           skip_weights = self.param("skip_weights", nn.initializers.ones, (cfg.n_layer - half,), jnp.float32)
         x = (x + skip_weights[i - half] * skips.pop()).astype(x.dtype)
       table = value_embed_layer(cfg, i)
-      x = Block(cfg, name=f"h_{i}")(x, x0, None if table is None else values[table], deterministic=deterministic)
+      ve = None if table is None else values[table]
+      x, projected = Block(cfg, name=f"h_{i}")(x, x0, ve, first_values, deterministic=deterministic)
+      if cfg.value_residual and i == 0:
+        first_values = projected
       if cfg.unet_skips and i < half:
         skips.append(x)
     x = _layer_norm("ln_f", cfg)(x)
@@ -452,10 +558,12 @@ def _hf_layout(
   config: GPT2Config,
 ) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
   """HF name (without prefix) -> (flax path, shape) for every parameter."""
-  if config.speedrun_options:
+  # The init changes only where training starts: a model trained from any init converts.
+  options = [name for name in config.speedrun_options if name != "init"]
+  if options:
     raise ValueError(
-      f"the speedrun options {config.speedrun_options} have no Hugging Face GPT-2 equivalent: only the plain "
-      "GPT-2 (every model option off) converts to and from a Hugging Face checkpoint"
+      f"the speedrun options {options} have no Hugging Face GPT-2 equivalent: only the plain "
+      "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
     )
   d, v = config.d_model, config.vocab_size
   block_shapes = {

@@ -456,6 +456,9 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
   with open(os.path.join(workdir, "recipe-quick.json")) as f:
     stored = json.load(f)
   assert json.loads(json.dumps(recipe_lib.recipe_figures(stored))) == stored["figures"]
+  # Measured with today's trick list, which it names; nothing kept from a command line here.
+  assert stored["trick_list"] == recipe_lib.TRICK_LIST_VERSION and recipe_lib.trick_list(stored) is recipe_lib.TRICKS
+  assert stored["kept"] == {} and set(stored["adapted"]) == {"muon"}
   # One speed-up by hand: the last step on the first seed, read on that seed's anchor curve.
   muon = stored["step_runs"]["muon"]
   assert muon["iterate"] in ("raw", "averaged") and muon["lr"] in muon["grid"]

@@ -202,6 +202,131 @@ def test_value_embedding_tables_go_to_the_first_and_the_last_layers():
   assert [gpt2.value_embed_layer(cfg, i) for i in range(6)] == [0, 1, None, None, 0, 1]
 
 
+# ----------------------------------------------------------------------------
+# The records' initialisation, attention scale and value residual.
+# ----------------------------------------------------------------------------
+
+WIDE = gpt2.GPT2Config(vocab_size=256, n_ctx=8, n_layer=2, n_head=2, d_model=64)
+
+
+def _wide(**options):
+  cfg = dataclasses.replace(WIDE, **options)
+  return gpt2.GPT2(cfg).init(jax.random.PRNGKey(0), TOKENS[:, :8])["params"]
+
+
+@pytest.mark.parametrize("init, std_times_root_fan_in", [("fan_in", 1 / np.sqrt(3)), ("fan_in_0.5", 0.5)])
+def test_the_records_init_draws_each_matrix_uniformly_at_its_fan_in_scale(init, std_times_root_fan_in):
+  """Under 'fan_in' (PyTorch's `nn.Linear` default, the records to #19) a matrix is U(±1/√fan_in),
+  std 1/√(3 fan_in): at width 64, c_attn's std is 1/√(3·64) = 0.0722 and the MLP's output projection's
+  (fan-in 256) 1/√(3·256) = 0.0361. Under 'fan_in_0.5' (record #20) the std is 0.5/√fan_in. The tied
+  token embedding is the records' tied head (fan-in d_model); a bound of √3 std holds every entry."""
+  p = _wide(init=init)
+  for leaf, fan_in in [
+    (p["h_0"]["attn"]["c_attn"]["kernel"], 64),
+    (p["h_1"]["attn"]["c_proj"]["kernel"], 64),
+    (p["h_0"]["mlp"]["c_fc"]["kernel"], 64),
+    (p["h_1"]["mlp"]["c_proj"]["kernel"], 256),
+    (p["wte"]["embedding"], 64),
+  ]:
+    std = std_times_root_fan_in / np.sqrt(fan_in)
+    chex.assert_trees_all_close(float(jnp.std(leaf)), std, rtol=0.03)
+    assert float(jnp.max(jnp.abs(leaf))) <= np.sqrt(3) * std * (1 + 1e-6)
+    assert abs(float(jnp.mean(leaf))) < 0.05 * std
+  # GPT-2's init is width-independent: N(0, 0.02), whatever d_model.
+  chex.assert_trees_all_close(float(jnp.std(_wide()["h_0"]["attn"]["c_attn"]["kernel"])), 0.02, rtol=0.03)
+
+
+def test_under_the_records_init_every_other_table_is_unit_normal_and_zeroed_weights_stay_zero():
+  """An untied token embedding, the positions and the value-embedding tables are PyTorch's
+  `nn.Embedding` default, N(0, 1) (50x GPT-2's 0.02); the untied head and the zero-initialised
+  projections stay zero; biases stay zero."""
+  p = _wide(init="fan_in", untied_head=True, value_embeds=1, zero_init_proj=True)
+  for table in (p["wte"]["embedding"], p["wpe"]["embedding"], p["value_embed_0"]["embedding"]):
+    chex.assert_trees_all_close(float(jnp.std(table)), 1.0, rtol=0.05)
+  assert not np.any(p["lm_head"]) and not np.any(p["h_0"]["mlp"]["c_proj"]["kernel"])
+  assert not np.any(p["h_0"]["attn"]["c_attn"]["bias"])
+
+
+def test_a_model_trained_from_the_records_init_still_converts_to_hugging_face():
+  cfg = dataclasses.replace(BASE, init="fan_in")
+  params = gpt2.GPT2(cfg).init(jax.random.PRNGKey(0), TOKENS)["params"]
+  state = gpt2.to_hf_state_dict(params, cfg)
+  chex.assert_trees_all_close(state["transformer.wte.weight"], np.asarray(params["wte"]["embedding"]))
+
+
+def test_the_attention_scale_multiplies_the_scores():
+  """Scaling the query and key columns by c multiplies every score by c², as a scale c² times GPT-2's
+  1/√head_dim does (no biases, no QK-norm: q and k scale with their columns). The default 0 is GPT-2's
+  1/√head_dim."""
+  plain, params = _model(rmsnorm=True)
+  c = 1.7
+  scaled = jax.tree.map(lambda x: x, params)
+  for i in range(2):
+    kernel = params[f"h_{i}"]["attn"]["c_attn"]["kernel"]
+    scaled[f"h_{i}"]["attn"]["c_attn"]["kernel"] = kernel.at[:, :64].multiply(c)
+  model, _ = _model(rmsnorm=True, attn_scale=c**2 / np.sqrt(BASE.head_dim))
+  chex.assert_trees_all_close(_logits(model, params), _logits(plain, scaled), rtol=1e-5, atol=1e-6)
+  default, _ = _model(rmsnorm=True, attn_scale=1 / np.sqrt(BASE.head_dim))
+  chex.assert_trees_all_close(_logits(default, params), _logits(plain, params), rtol=1e-5, atol=1e-6)
+  assert float(gpt2.attention_scale(BASE)) == pytest.approx(1 / 4)  # head_dim 16
+
+
+@pytest.mark.parametrize("learned, shape", [("layer", ()), ("head", (2,))])
+def test_a_learned_attention_scale_starts_at_the_fixed_one_and_is_a_parameter(learned, shape):
+  fixed, params = _model(qk_norm=True, attn_scale=0.6)
+  model, init = _model(qk_norm=True, attn_scale=0.6, learned_attn_scale=learned)
+  for i in range(2):
+    chex.assert_trees_all_close(init[f"h_{i}"]["attn"]["attn_scale"], jnp.full(shape, 0.6))
+  same = _plain_plus(init, params, attn_scale=init["h_0"]["attn"]["attn_scale"])
+  chex.assert_trees_all_close(_logits(model, same), _logits(fixed, params), rtol=1e-6, atol=1e-6)
+  other = _plain_plus(init, params, attn_scale=jnp.full(shape, 2.0))
+  assert not np.allclose(_logits(model, other), _logits(fixed, params))
+  assert optim.muon_group_labels(init)["h_0"]["attn"]["attn_scale"] == "scalar"  # on Adam, not Muon
+
+
+def test_the_value_residual_mixes_the_first_layers_values_into_the_later_layers():
+  """Record #9's v = (1 - l) v + l v1, l learned from 0.5: the first layer has no lambda (v1 is its
+  own v); l = 0 is the plain model; on the attention alone (no biases: the output is linear in v),
+  v1 = 2 v at l = 0.25 gives v' = 0.75 v + 0.5 v = 1.25 v, so 1.25 times the output."""
+  plain, params = _model(rmsnorm=True)
+  model, init = _model(rmsnorm=True, value_residual=True)
+  assert "value_residual_lambda" not in init["h_0"]["attn"]
+  chex.assert_trees_all_close(init["h_1"]["attn"]["value_residual_lambda"], jnp.asarray(0.5))
+  same = _plain_plus(init, params, value_residual_lambda=jnp.asarray(0.0))
+  chex.assert_trees_all_close(_logits(model, same), _logits(plain, params), rtol=1e-5, atol=1e-6)
+  mixed = _plain_plus(init, params, value_residual_lambda=jnp.asarray(0.5))
+  assert not np.allclose(_logits(model, mixed), _logits(plain, params))
+  cfg = dataclasses.replace(BASE, rmsnorm=True, value_residual=True)
+  attn = gpt2.CausalSelfAttention(cfg)
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 8, 32))
+  p = attn.init(jax.random.PRNGKey(0), x, None, jnp.zeros((2, 2, 8, 16)), deterministic=True)["params"]
+  y, v = attn.apply({"params": p}, x, None, None, deterministic=True)
+  chex.assert_shape(v, (2, 2, 8, 16))
+  y_own, _ = attn.apply({"params": p}, x, None, v, deterministic=True)  # v1 = v: the first block's case
+  chex.assert_trees_all_close(y_own, y, rtol=1e-5, atol=1e-6)
+  p = p | {"value_residual_lambda": jnp.asarray(0.25)}
+  y_mixed, _ = attn.apply({"params": p}, x, None, 2 * v, deterministic=True)
+  chex.assert_trees_all_close(y_mixed, 1.25 * y, rtol=1e-5, atol=1e-6)
+
+
+def test_an_older_runs_config_without_the_new_options_compares_equal():
+  """A checkpoint's config written before the init, attention scale, value residual and the
+  optimizer's tied-head and momentum warm-up fields existed means their defaults."""
+  import json
+
+  from hybridjax import checkpoint as ckpt_lib
+
+  current = gpt2_small.get_config("tiny,micro")
+  saved = json.loads(current.to_json())
+  for name in ("init", "attn_scale", "learned_attn_scale", "value_residual"):
+    del saved["model"][name]
+  for name in ("tied_lr_ratio", "tied_b1", "tied_b2", "tied_eps", "muon_momentum_warmup_steps", "muon_momentum_start"):
+    del saved["optim"][name]
+  assert ckpt_lib.config_differences(saved, current) == []
+  current.model.init = "fan_in"
+  assert ckpt_lib.config_differences(saved, current) == ["model.init: checkpoint has 'gpt2', config has 'fan_in'"]
+
+
 @pytest.mark.parametrize(
   "options, field",
   [
@@ -210,6 +335,10 @@ def test_value_embedding_tables_go_to_the_first_and_the_last_layers():
     ({"value_embeds": 2, "n_layer": 3}, "model.value_embeds"),
     ({"logit_softcap": -1.0}, "model.logit_softcap"),
     ({"relu2": "yes"}, "model.relu2"),
+    ({"attn_scale": -0.12}, "model.attn_scale"),
+    ({"learned_attn_scale": "per_token"}, "model.learned_attn_scale"),
+    ({"init": "xavier"}, "model.init"),
+    ({"value_residual": True, "n_layer": 1}, "model.value_residual"),
   ],
 )
 def test_an_impossible_option_is_refused_naming_the_field(options, field):
