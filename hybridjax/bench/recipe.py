@@ -199,7 +199,7 @@ def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
 
 def kept_fields(config: ml_collections.ConfigDict) -> list[str]:
   """The fields no trick changes (`benchmark.recipe_keep`): their values in `config` win."""
-  return arms_lib.names(config.benchmark.get("recipe_keep", ""))
+  return arms_lib.names((config.get("benchmark") or {}).get("recipe_keep", ""))  # none in a training config
 
 
 def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> ml_collections.ConfigDict:
