@@ -81,8 +81,8 @@ class Method:
   one's default filled in. `hybridjax/methods/__init__.py` documents each; the module's own names
   are in brackets.
 
-  `real_step`, `predict_step` and `correct_step` are the transitions indexed by `hybrid.phases.Branch`.
-  A method that defines no `real_step` gets None here, and the hybrid step uses the baseline's real
+  `full_step`, `predict_step` and `correct_step` are the transitions indexed by `hybrid.phases.Branch`.
+  A method that defines no `full_step` gets None here, and the hybrid step uses the baseline's real
   step (`hybrid.real_step.baseline_step`); an undefined `correct_step` or `predict_step` is the
   real step.
   """
@@ -94,7 +94,7 @@ class Method:
   config_key: str | None = None  # [CONFIG_KEY] its block under config.hybrid, or None
   default_config: Callable[[], Any] = _no_block  # [default_config, or the defaults of CONFIG]
   check: Callable[[Any], list[str]] = _no_errors  # its checks of relations across the whole config
-  real_step: Callable[..., Any] | None = None
+  full_step: Callable[..., Any] | None = None
   predict_step: Callable[..., Any] | None = None
   correct_step: Callable[..., Any] | None = None
   fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS, or CONFIG's checks]
@@ -183,7 +183,9 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   """`module` as a `Method`; a ValueError lists what it lacks to be one, or declares wrongly."""
   problems = [f"it defines no {attr}" for attr in REQUIRED if not hasattr(module, attr)]
   if hasattr(module, "transitions"):
-    problems.append("transitions(ctx) is no longer read: define real_step, predict_step and correct_step")
+    problems.append("transitions(ctx) is no longer read: define full_step, predict_step and correct_step")
+  if hasattr(module, "real_step"):  # the earlier name: read as nothing, it would train the baseline's step
+    problems.append("it defines real_step, the earlier name of the real transition: rename it full_step")
   hooks = {field: getattr(module, attr) for field, attr in _ATTRIBUTES.items() if hasattr(module, attr)}
   if hasattr(module, "CONFIG"):  # the block declared once: {field: (default, check)}
     if "default_config" in hooks or "fields" in hooks:
@@ -196,7 +198,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   per_step = hooks.get("batches_per_step", 1)
   if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
     problems.append(f"BATCHES_PER_STEP must be an int >= 1 (the task's batches a step receives), got {per_step!r}")
-  for hook in ("real_step", "predict_step", "correct_step", "step_extra", "on_transition", "metrics", "summary"):
+  for hook in ("full_step", "predict_step", "correct_step", "step_extra", "on_transition", "metrics", "summary"):
     if hook in hooks and not callable(hooks[hook]):
       problems.append(f"{hook} must be a function, got {type(hooks[hook]).__name__}")
   if problems:

@@ -71,6 +71,6 @@ def baseline_step(
 ) -> tuple[HybridState, StepInfo]:
   """The baseline's update (`real_update`) with the controller's loss statistics and health checks,
   and nothing of a predictor: the whole real step of a method that never predicts (outer momentum,
-  selective backprop on the batch it chose), and the default `real_step` of every method."""
+  selective backprop on the batch it chose), and the default `full_step` of every method."""
   new, info, _ = baseline_update(ctx, state, batch, schedule)
   return new, info

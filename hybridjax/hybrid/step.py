@@ -2,7 +2,7 @@
 
 Every training method (`hybridjax.methods`) gives three transitions, indexed by `Branch`:
 
-  real_step      a real step: forward + backward + optimizer update, plus the method's bookkeeping
+  full_step      a real step: forward + backward + optimizer update, plus the method's bookkeeping
                  (WARMUP, FULL, CORRECT, micro-corrections in PREDICT); the baseline's by default
   predict_step   a step without a backward pass (the velocity predictor: theta <- theta +
                  sum_g alpha_{g,k} velocity_g; the jump predictor: a jump of k schedule steps)
@@ -35,11 +35,11 @@ Transition = Callable[..., tuple[HybridState, StepInfo]]
 
 
 def transitions(ctx: HybridContext) -> tuple[Transition, ...]:
-  """The method's three transitions, indexed by `Branch`: its `real_step` (the baseline's,
+  """The method's three transitions, indexed by `Branch`: its `full_step` (the baseline's,
   `real_step.baseline_step`, when it defines none), its `predict_step` and its `correct_step` (each
   the real step when it defines none)."""
   m = ctx.method
-  real = m.real_step or baseline_step
+  real = m.full_step or baseline_step
   return (real, m.predict_step or real, m.correct_step or real)
 
 

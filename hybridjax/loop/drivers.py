@@ -318,7 +318,7 @@ class HybridDriver:
     return jax.eval_shape(self._init_unsharded)
 
   def check_method_hooks(self, batch: Batch) -> None:
-    """Traces a user's method's transitions (`real_step`, `predict_step`, `correct_step`) on the
+    """Traces a user's method's transitions (`full_step`, `predict_step`, `correct_step`) on the
     abstract state and `batch` (`jax.eval_shape`: nothing is compiled or run), so that a wrong
     signature or return is refused before the workdir is made, naming the hook and what it must be.
     The built-in methods' hooks are the test suite's to check."""
@@ -327,7 +327,7 @@ class HybridDriver:
       return
     state = self.abstract_state()
     expected = "(ctx, state, batch, schedule) -> (state, StepInfo)"
-    for name in ("real_step", "predict_step", "correct_step"):
+    for name in ("full_step", "predict_step", "correct_step"):
       hook = getattr(m, name)
       if hook is None:
         continue

@@ -21,7 +21,7 @@ Optional (the default in brackets)
   FIELDS                     {dotted field inside the block: check} [{}]
   check(config)              problems across the whole config, a list of strings that each name the
                              field and the fix ([] when it can run) [none]
-  real_step(ctx, state, batch, schedule) -> (state, hybrid.context.StepInfo)
+  full_step(ctx, state, batch, schedule) -> (state, hybrid.context.StepInfo)
                              its real step, a pure function [the baseline's,
                              `hybrid.real_step.baseline_step`]. Every transition returns the whole
                              `HybridState` and reports its cost in `StepInfo` (`StepInfo.real` and
@@ -29,7 +29,7 @@ Optional (the default in brackets)
                              `forwards` (forward passes beyond a real step's own), `batch_consumed`
                              (False: the next step trains on this batch), and the schedule steps it
                              advanced as the change of `train.step`
-  predict_step, correct_step the predicted step and the CORRECT entry, as `real_step` [the real
+  predict_step, correct_step the predicted step and the CORRECT entry, as `full_step` [the real
                              step]; the three are indexed by `hybrid.phases.Branch`
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]

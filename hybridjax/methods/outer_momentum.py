@@ -3,7 +3,7 @@
 Outer Nesterov momentum on K-step displacements lives in the optimizer layer (`optim.OuterMomentum`,
 in the train state), so it runs in the baseline loop too (`--config.mode=baseline`), which is how the
 benchmark runs it. As a method it is the hybrid loop's real step and nothing more (the default
-`real_step`, the baseline's): it never predicts. Other methods compose with it by declaring it in
+`full_step`, the baseline's): it never predicts. Other methods compose with it by declaring it in
 their `COMPOSES_WITH` (the jump then follows its m).
 """
 

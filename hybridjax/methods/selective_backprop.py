@@ -60,7 +60,7 @@ def select(scores: jax.Array, keep: int, rng: jax.Array, random: bool) -> jax.Ar
   return jax.lax.top_k(scores, keep)[1]
 
 
-def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """Scores the 2B sequences of `batch`, then the baseline's real update on the chosen B."""
   tr = state.train
   sizes = {x.shape[0] for x in jax.tree.leaves(batch) if x.ndim >= 1}

@@ -118,11 +118,18 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   with pytest.raises(ValueError, match=r"hybrid\.method='user_methods\.no_such_method' names no method"):
     _run(c, tmp_path / "a")
   (tmp_path / "user_methods" / "half.py").write_text(
-    "NAME = 'half'\ndef real_step(ctx, state, batch, schedule):\n  return state\n"
+    "NAME = 'half'\ndef full_step(ctx, state, batch, schedule):\n  return state\n"
   )
   c.hybrid.method = "user_methods.half"
   with pytest.raises(ValueError, match=r"is not a method: it defines no make_settings; it defines no init"):
     _run(c, tmp_path / "b")
+  # A method written against the earlier name of the real transition would train the baseline's step.
+  (tmp_path / "user_methods" / "old_name.py").write_text(method_source().replace("def full_step(", "def real_step("))
+  c.hybrid.method = "user_methods.old_name"
+  with pytest.raises(
+    ValueError, match=r"it defines real_step, the earlier name of the real transition: rename it full_step"
+  ):
+    _run(c, tmp_path / "d")
   c = _config(user_module)
   c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})
   with pytest.raises(ValueError, match=r"hybrid\.repeat\.every must be >= 1"):
@@ -266,7 +273,7 @@ def _broken(user_module, tmp_path, old: str, new: str) -> str:
     (  # a real step that returns only the state
       "state.method)), info",
       "state.method))",
-      r"real_step must return \(state, StepInfo\) as real_step\(ctx, state, batch, schedule\) -> "
+      r"full_step must return \(state, StepInfo\) as full_step\(ctx, state, batch, schedule\) -> "
       r"\(state, StepInfo\); it returned a HybridState",
     ),
     (  # a predicted step without the schedule argument

@@ -68,7 +68,7 @@ class SelectiveStepTest(chex.TestCase):
     n = batch["x"].shape[0]
     chex.assert_shape(batch["x"], (2 * task["train_batch"](0)["x"].shape[0], 4))
     schedule = optim.make_schedule(rh.mlp_config().optim, 40)
-    new, info = self.variant(lambda s, b: sb.real_step(ctx, s, b, schedule))(state, batch)
+    new, info = self.variant(lambda s, b: sb.full_step(ctx, s, b, schedule))(state, batch)
     # The reference: each example's loss alone, the top half by a host sort, the baseline's real step.
     one = jax.jit(lambda p, b: task["loss_fn"](p, b)[0])  # one example at a time, compiled once
     losses = np.array(

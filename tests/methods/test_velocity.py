@@ -38,10 +38,10 @@ def test_branches_are_the_three_transitions():
   # branches are named after.
   method = registry.load_method("velocity")
   assert (method.predict_step.__name__, method.correct_step.__name__) == tuple(BRANCH_NAMES[1:])
-  assert method.real_step is velocity_method.real_step
+  assert method.full_step is velocity_method.full_step
   # A method that defines only its real step takes it in every branch; one that defines none, the baseline's.
   ctx = types.SimpleNamespace(method=registry.load_method("selective_backprop"))
-  assert step_lib.transitions(ctx) == (ctx.method.real_step,) * 3
+  assert step_lib.transitions(ctx) == (ctx.method.full_step,) * 3
   ctx = types.SimpleNamespace(method=registry.load_method("outer_momentum"))
   assert step_lib.transitions(ctx) == (real_step_lib.baseline_step,) * 3
   assert [int(b) for b in Branch] == list(range(len(BRANCH_NAMES)))

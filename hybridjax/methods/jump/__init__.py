@@ -3,7 +3,7 @@ with its optional RSSM forecaster (`hybrid.jump.forecast='rssm'`). See `hybrid.j
 `hybrid.forecast` for the algorithm, docs/design.md "Jumps" and "Forecast" for the account.
 
   real step      the baseline's update, the slow EMA, the persisting-gain measurement, and every
-                 `forecaster.every` real steps the forecaster's snapshot (`real_step`)
+                 `forecaster.every` real steps the forecaster's snapshot (`full_step`)
   predicted step one attempt: candidates scored on the probe batch, then a jump of k schedule steps
                  or nothing (`jump_step`); the batch is not consumed
   CORRECT entry  a real step (a rejected jump changes nothing, so nothing is rolled back)
@@ -179,7 +179,7 @@ def shardings(state: jump_lib.JumpState, like_params: Any, replicated: Any) -> A
 
 
 # The transitions: a real step (also the CORRECT entry) and the jump as the predicted step.
-real_step = jump_lib.real_step
+full_step = jump_lib.full_step
 predict_step = jump_lib.jump_step
 
 

@@ -27,7 +27,7 @@ measures the accepted jump's persisting gain.
 The skip control (`hybrid.jump.skip_control`) runs the same decisions but an accepted jump only
 advances the schedule: what skipping schedule steps alone buys.
 
-Real steps (`real_step`) are the baseline's step plus the slow EMA and the controller's loss
+Real steps (`full_step`) are the baseline's step plus the slow EMA and the controller's loss
 statistics: no dynamics training, no history (1.12x a baseline step on the `long` benchmark's
 0.12M-param model, where the slow EMA's pass over the params and the controller's scalar
 statistics are not hidden).
@@ -346,7 +346,7 @@ def track_persisting_gain(
   )
 
 
-def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """A real step of the jump predictor: the baseline's update (same function, same bits), the slow
   EMA, the controller's loss statistics and health checks, the persisting-gain measurement. The
   confidence is 1 inside the jump window and 0 outside, which is what lets the controller enter

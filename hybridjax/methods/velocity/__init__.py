@@ -2,7 +2,7 @@
 velocity, planned by an online RSSM (docs/design.md, "Steps").
 
   real step      the optimizer update, then the velocity EMA of updates, the history, one RSSM
-                 training step and the imagined plan of the next PREDICT phase (`real_step`)
+                 training step and the imagined plan of the next PREDICT phase (`full_step`)
   predicted step theta <- theta + sum_g alpha_{g,k} velocity_g, validated by a forward pass every
                  `validate_every` steps (`predict_step`)
   CORRECT entry  theta <- theta - sum_g A_g velocity_g: the exact rollback of what diverged, with no
@@ -33,7 +33,7 @@ from hybridjax.methods.velocity import features as features_lib
 from hybridjax.methods.velocity.correct import correct_step as correct_step
 from hybridjax.methods.velocity.plan import VelocitySettings, VelocityState, init_plan
 from hybridjax.methods.velocity.predict import predict_step as predict_step
-from hybridjax.methods.velocity.real import real_step as real_step  # with the two above: its transitions
+from hybridjax.methods.velocity.real import full_step as full_step  # with the two above: its transitions
 from hybridjax.models import rssm as dynamics_lib
 
 NAME = "velocity"

@@ -6,7 +6,7 @@ predicted step moved the params by alpha . velocity with the velocity fixed duri
   theta <- theta - sum_g A_g * velocity_g,   A = the alphas summed since the last good validation.
 
 Then it trains the residual corrector on what the phase's validations observed, and takes a
-`real_step`. The rest of CORRECT is ordinary real steps.
+`full_step`. The rest of CORRECT is ordinary real steps.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.state import HybridState
 from hybridjax.methods.velocity import corrector as corrector_lib
 from hybridjax.methods.velocity.plan import VelocityState
-from hybridjax.methods.velocity.real import real_step
+from hybridjax.methods.velocity.real import full_step
 from hybridjax.optim import Batch, Schedule
 
 
@@ -46,4 +46,4 @@ def correct_step(
     train=state.train.replace(params=params),
     method=m.replace(corrector=corr, plan=m.plan.replace(rollback_alpha=jnp.zeros_like(m.plan.rollback_alpha))),
   )
-  return real_step(ctx, state, batch, schedule)
+  return full_step(ctx, state, batch, schedule)

@@ -1,4 +1,4 @@
-"""`real_step`: the velocity predictor's real gradient step plus the trajectory bookkeeping (docs/design.md, "Steps").
+"""`full_step`: the velocity predictor's real gradient step plus the trajectory bookkeeping (docs/design.md, "Steps").
 
 Runs in WARMUP, FULL and CORRECT, and as a micro-correction inside PREDICT. On top of the optimizer
 update it shares with the baseline (`optim.guarded_update`), it
@@ -198,7 +198,7 @@ def plan_predict_phase(
   return c, p, rollback
 
 
-def real_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
   """A real gradient step plus the trajectory bookkeeping. A non-finite update is never applied."""
   tr = state.train
   loss, grads, grad_norm, finite, lr, params, opt_state, updates = real_update(ctx, tr, batch, schedule)
