@@ -235,7 +235,9 @@ class RayExecutor:
     )
     specs = dict(todo)
     args = (self.jax_cache, versions, corpora)
-    self._pending = {remote.remote(spec, key, *args): key for key, spec in longest_first(todo)}
+    self._pending = {}
+    for key, spec in longest_first(todo):  # each task recorded as it is submitted: Ctrl-C here cancels those
+      self._pending[remote.remote(spec, key, *args)] = key
     while self._pending:
       ready, _ = self.ray.wait(list(self._pending), num_returns=1)
       key = self._pending.pop(ready[0])

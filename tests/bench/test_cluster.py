@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import NamedTuple
 
 import pytest
 from conftest import ROOT
@@ -182,11 +183,16 @@ while sum(node["Alive"] for node in ray.nodes()) < int(sys.argv[2]):
 """
 
 
+class _Cluster(NamedTuple):
+  address: str  # what a driver joins
+  env: dict[str, str]  # the environment a driver joins it with (its token)
+  sessions: frozenset[int]  # the process sessions of its nodes: its workers' too, not another cluster's
+
+
 @pytest.fixture(scope="module")
 def two_node_cluster():
   """`ray start --head --num-cpus=1` and a second node of one CPU joining it on 127.0.0.1, with a
-  token of their own: (the address, the environment a driver joins it with). Both nodes are
-  stopped at the end, whatever the tests did."""
+  token of their own (`_Cluster`). Both nodes are stopped at the end, whatever the tests did."""
   if not HAVE_RAY:
     pytest.skip("Ray is not installed: pip install -e '.[cluster]' (.ci/run does)")
   ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
@@ -210,7 +216,9 @@ def two_node_cluster():
         time.sleep(0.2)
     nodes.append(subprocess.Popen([ray_cli, "start", f"--address={address}", *common], **quiet))
     _python(["-c", _NODES, address, "2"], env, timeout=120)
-    yield address, env
+    # Each `ray start` leads a session of its own (start_new_session), and its node's raylet starts
+    # the workers in it.
+    yield _Cluster(address, env, frozenset(node.pid for node in nodes))
   finally:
     for node in reversed(nodes):
       _stop(node)
@@ -231,30 +239,40 @@ def _cache_entries(workdir: str) -> dict[str, dict]:
   return out
 
 
-def _processes_titled(title: str) -> list[int]:
-  """The pids whose command line starts with `title` (Ray titles a worker by the task it runs)."""
+RUN_TITLE = "ray::_run_on_worker"  # Ray titles a worker by the task it runs
+
+
+def _processes_titled(title: str, sessions: frozenset[int]) -> list[int]:
+  """The pids in `sessions` (a cluster's nodes and their workers) whose command line starts with
+  `title`. Only that cluster's: another Ray cluster on this machine (another checkout's tests, a
+  user's benchmark) may be training runs titled the same."""
   pids = []
   for entry in os.listdir("/proc"):
     try:
       with open(f"/proc/{entry}/cmdline", "rb") as f:
-        if f.read().startswith(title.encode()):
-          pids.append(int(entry))
-    except (OSError, ValueError):
+        if not f.read().startswith(title.encode()):
+          continue
+      with open(f"/proc/{entry}/stat") as f:  # 'pid (comm) state ppid pgrp session ...'
+        session = int(f.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
       continue
+    if session in sessions:
+      pids.append(int(entry))
   return pids
 
 
 class _WorkerKiller(threading.Thread):
-  """Kills (SIGKILL) the first Ray worker process it sees training a run, once."""
+  """Kills (SIGKILL) the first worker of the cluster of `sessions` it sees training a run, once."""
 
-  def __init__(self):
+  def __init__(self, sessions: frozenset[int]):
     super().__init__(daemon=True)
+    self.sessions = sessions
     self.killed: int | None = None
     self.stop = threading.Event()
 
   def run(self) -> None:
     while not self.stop.is_set() and self.killed is None:
-      found = _processes_titled("ray::_run_on_worker")
+      found = _processes_titled(RUN_TITLE, self.sessions)
       if found:
         time.sleep(1.0)  # well into the run
         try:
@@ -271,7 +289,7 @@ def test_the_quick_protocol_on_two_ray_nodes_computes_the_local_bits_though_a_wo
 ):
   """The quick protocol on the local executor and on the two-node cluster, a worker killed during one
   of its runs: the same runs (the same cache keys), each with the same results, bit for bit."""
-  address, env = two_node_cluster
+  address, env, sessions = two_node_cluster
   quick = ["-m", "experiments.benchmark", "--quick", f"--config.trainer.compile_cache_dir={jax_cache}"]
   t0 = time.perf_counter()
   _python([*quick, f"--workdir={tmp_path / 'local'}"], env, timeout=900)
@@ -282,7 +300,7 @@ def test_the_quick_protocol_on_two_ray_nodes_computes_the_local_bits_though_a_wo
     "--config.benchmark.executor=ray",
     f"--config.benchmark.ray_address={address}",
   ]
-  killer = _WorkerKiller()
+  killer = _WorkerKiller(sessions)
   killer.start()
   t0 = time.perf_counter()
   try:
@@ -317,7 +335,7 @@ with runner.make_runner(config, sys.argv[2]) as r:
 
 @pytest.mark.slow
 def test_a_run_that_fails_is_reported_once_naming_its_spec(two_node_cluster, tmp_path):
-  address, env = two_node_cluster
+  address, env, _ = two_node_cluster
   t0 = time.perf_counter()
   out = _python(["-c", _FAILING_RUN, address, str(tmp_path / "bench")], env, timeout=300).stdout
   assert re.search(r"ERROR the run anchor seed 1 lr 0\.01 steps 4 \(key [0-9a-f]+\) failed on the Ray cluster", out)
@@ -356,7 +374,7 @@ print(json.dumps({"same": out["local"] == out["ray"], "unpacked_on_node": os.pat
 def test_a_users_corpus_reaches_the_nodes_and_gives_the_local_bits(two_node_cluster, tmp_path):
   """Runs on a corpus of the user's (`data.path`): on the cluster, each node reads the copy the
   driver shipped (unpacked under the node's temporary folder), with the local executor's results."""
-  address, env = two_node_cluster
+  address, env, _ = two_node_cluster
   out = _python(["-c", _USER_CORPUS, address, str(tmp_path / "work"), str(tmp_path / "my_corpus")], env, 300).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result == {"same": True, "unpacked_on_node": True}
@@ -365,7 +383,7 @@ def test_a_users_corpus_reaches_the_nodes_and_gives_the_local_bits(two_node_clus
 @pytest.mark.slow
 def test_ctrl_c_cancels_the_runs_on_the_cluster(two_node_cluster, tmp_path, jax_cache):
   """SIGINT to a protocol training on the cluster: it stops, and no worker goes on training a run."""
-  address, env = two_node_cluster
+  address, env, sessions = two_node_cluster
   args = [sys.executable, "-m", "experiments.benchmark", "--quick", f"--workdir={tmp_path / 'bench'}"]
   args += ["--config.benchmark.executor=ray", f"--config.benchmark.ray_address={address}"]
   args.append(f"--config.trainer.compile_cache_dir={jax_cache}")
@@ -379,17 +397,32 @@ def test_ctrl_c_cancels_the_runs_on_the_cluster(two_node_cluster, tmp_path, jax_
     text=True,
     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
+  t0 = time.monotonic()
+
+  def fail(what: str, output: str | None = None) -> None:
+    """Fails naming `what`, when, and what the driver printed (stopped first if it still runs)."""
+    if output is None:
+      if driver.poll() is None:
+        driver.kill()
+      output = driver.communicate()[0]
+    pytest.fail(f"{what} ({time.monotonic() - t0:.0f} s after the driver started); its output:\n{output[-3000:]}")
+
   try:
-    deadline = time.monotonic() + 180
-    while not _processes_titled("ray::_run_on_worker"):  # a run is training on a node
-      assert time.monotonic() < deadline and driver.poll() is None, "no run started on the cluster"
+    while not _processes_titled(RUN_TITLE, sessions):  # a run is training on one of this cluster's nodes
+      if driver.poll() is not None or time.monotonic() - t0 > 180:
+        fail(f"no run started on the cluster (driver exit status {driver.poll()})")
       time.sleep(0.2)
     driver.send_signal(signal.SIGINT)
-    output, _ = driver.communicate(timeout=60)
-    assert driver.returncode != 0, f"the driver finished after SIGINT:\n{output[-3000:]}"  # interrupted, not finished
+    try:
+      output, _ = driver.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+      fail("the driver did not stop within 60 s of SIGINT")
+    if driver.returncode == 0:  # interrupted, not finished
+      fail("the driver finished after SIGINT", output)
     deadline = time.monotonic() + 30
-    while _processes_titled("ray::_run_on_worker"):
-      assert time.monotonic() < deadline, "a worker went on training after Ctrl-C"
+    while left := _processes_titled(RUN_TITLE, sessions):
+      if time.monotonic() > deadline:
+        fail(f"workers {left} went on training 30 s after the driver stopped", output)
       time.sleep(0.5)
   finally:
     if driver.poll() is None:
