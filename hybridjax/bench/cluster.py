@@ -182,8 +182,16 @@ class RayExecutor:
   `address` ('' starts a Ray instance on this machine; 'auto' joins the one `ray start` started)."""
 
   def __init__(
-    self, address: str, *, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0, compile_cache_dir: str | None = None
+    self,
+    address: str,
+    *,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    compile_cache_dir: str | None = None,
+    modules: list[str] | tuple[str, ...] = (),
   ):
+    """`modules`: every module the protocol's runs may execute (`runner.protocol_modules`): their
+    packages are shipped with the first connection, so the phases share it."""
     self.ray = _import_ray()
     if address not in ("", "auto"):
       check_reachable(address)
@@ -196,6 +204,8 @@ class RayExecutor:
     self._pending: dict[Any, str] = {}
     self._runtime_env: dict[str, Any] | None = None  # that of the connection, once connected
     self._corpora: dict[str, Any] = {}  # data.path -> the packed corpus in this connection's object store
+    self._modules = tuple(modules)
+    self.connections = 0  # how many times it joined the cluster: once for a whole protocol
 
   def _connect(self, runtime_env: dict[str, Any]) -> None:
     """Joins (or starts) the cluster with `runtime_env`, the code and the environment of every
@@ -216,12 +226,13 @@ class RayExecutor:
         "Ray on this machine); nothing was trained"
       ) from e
     self._runtime_env = runtime_env
+    self.connections += 1
 
   def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any]]]:
     del run_dir  # the driver's folder: a task trains in its own node's temporary folder
     if not todo:
       return
-    modules = sorted({m for _, spec in todo for m in keys_lib.spec_modules(spec)})
+    modules = sorted({m for _, spec in todo for m in keys_lib.spec_modules(spec)} | set(self._modules))
     self._connect({"py_modules": list(keys_lib.code_packages(modules)), "env_vars": _task_env(self.gpus_per_run)})
     versions = keys_lib.library_versions(modules)
     # A corpus of the user's goes to the object store once per benchmark; each node unpacks it once.

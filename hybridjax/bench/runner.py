@@ -115,6 +115,22 @@ class Runner:
     return [results[k] for k in keys]
 
 
+def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
+  """Every module a benchmark of `config` may run: both runners', its task's, and the method of each
+  arm it defines. The Ray executor ships their packages once, so one connection serves the whole
+  protocol (Ray uploads code per connection)."""
+  from hybridjax import registry
+  from hybridjax.bench import arms as arms_lib
+  from hybridjax.bench import keys as keys_lib
+  from hybridjax.bench import tasks as tasks_lib
+
+  modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
+  for arm in arms_lib.arms(config).values():
+    if arm.method:
+      modules.append(registry.method_path(arm.method))
+  return sorted(set(modules))
+
+
 def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
   """The runner of a benchmark config: its executor (`benchmark.executor`), its workers or its Ray
   resources, and its compilation cache. A Ray cluster that cannot be reached is refused here, before
@@ -128,7 +144,11 @@ def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
     from hybridjax.bench import cluster
 
     executor: Executor = cluster.RayExecutor(
-      b.ray_address, cpus_per_run=float(b.cpus_per_run), gpus_per_run=float(b.gpus_per_run), compile_cache_dir=jax_cache
+      b.ray_address,
+      cpus_per_run=float(b.cpus_per_run),
+      gpus_per_run=float(b.gpus_per_run),
+      compile_cache_dir=jax_cache,
+      modules=protocol_modules(config),
     )
   else:
     executor = LocalExecutor(int(b.workers), jax_cache)

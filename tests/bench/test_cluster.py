@@ -62,6 +62,70 @@ def test_the_ray_executor_without_ray_names_the_extra(monkeypatch, tmp_path):
   assert os.listdir(tmp_path) == []  # refused before anything was created
 
 
+class _FakeTask:
+  def options(self, **kwargs):
+    return self
+
+  def remote(self, spec, key, *args):
+    return (spec["kind"], key)  # a hashable reference
+
+
+class _FakeRay:
+  """Ray's driver API as the executor uses it, in process: each task's result is its key; `inits`
+  counts the connections."""
+
+  class exceptions:  # noqa: N801 (as `ray.exceptions`)
+    RayError = RuntimeError
+
+  def __init__(self):
+    self.inits = 0
+
+  def init(self, **kwargs):
+    self.inits += 1
+
+  def shutdown(self):
+    pass
+
+  def put(self, value):
+    return value
+
+  def remote(self, fn):
+    return _FakeTask()
+
+  def wait(self, refs, num_returns):
+    return refs[:num_returns], refs[num_returns:]
+
+  def get(self, ref):
+    return {"key": ref[1]}
+
+  def cancel(self, ref, force):
+    pass
+
+
+def test_the_ray_executor_joins_the_cluster_once_for_a_whole_protocol(monkeypatch, tmp_path):
+  """The anchors' and the arms' runs of a user's method (its own package, which Ray ships per
+  connection) share one connection: the executor ships every package the protocol may run at once."""
+  pkg = tmp_path / "users" / "user_arm_pkg"
+  pkg.mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "mine.py").write_text(
+    "NAME = 'mine'\ndef make_settings(hybrid, *, groups):\n  return ()\ndef init(ctx, params, rng):\n  return None\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path / "users"))
+  fake = _FakeRay()
+  monkeypatch.setattr(cluster, "_import_ray", lambda: fake)
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.arms.mine = {"method": "user_arm_pkg.mine"}
+  anchor = specs.run_spec(c, kind="anchor", seed=1, lr=0.01, steps=4, beta=0.9)
+  arm = specs.run_spec(c, kind="method", seed=1, lr=0.01, steps=4, beta=0.9, method="mine")
+  executor = cluster.RayExecutor("", modules=runner.protocol_modules(c))
+  assert [k for k, _ in executor.map([("a", anchor)], str)] == ["a"]
+  assert [k for k, _ in executor.map([("m", arm)], str)] == ["m"]
+  assert fake.inits == executor.connections == 1
+  shipped = {os.path.basename(p) for p in keys.code_packages(runner.protocol_modules(c))}
+  assert {"hybridjax", "user_arm_pkg"} <= shipped
+
+
 @needs_ray
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1", "no-port"])
 def test_a_ray_address_that_cannot_be_reached_is_refused_at_once(address, tmp_path):
