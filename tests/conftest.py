@@ -251,6 +251,7 @@ _COST = {
   "test_diagnostics.py": 9,
   "test_selective_backprop.py": 8,
   "test_cli.py": 8,
+  "test_nonfinite_prediction.py": 8,
   "test_jump.py": 7,
   "test_cluster.py": 6,
   "test_data.py": 5,

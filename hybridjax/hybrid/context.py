@@ -74,6 +74,10 @@ class StepInfo:
   alpha: jax.Array  # (G,) the per-group move this step applied (0 in real steps)
   forwards: jax.Array  # int32: forward passes beyond a real step's own (validations, probes)
   batch_consumed: jax.Array  # bool: the step used its batch (a jump only probes it; the next step trains on it)
+  # bool: the framework discarded this predicted step, which left a non-finite value in the params or
+  # the method's state (`step.discard_nonfinite`): the state is the one before it; it counts as a
+  # non-finite prediction.
+  discarded: jax.Array
   # The method's own per-step facts for its `on_transition` (a fixed structure for all its
   # transitions, `method.step_extra`), or None.
   extra: Any = None
@@ -164,6 +168,7 @@ def make_step_info(
   rolled_back=False,
   forwards=None,
   batch_consumed=True,
+  discarded=False,
   extra=None,
 ) -> StepInfo:
   """A `StepInfo` with every field cast to its dtype, so all branches return identical types."""
@@ -191,5 +196,6 @@ def make_step_info(
     alpha=f32(alpha),
     forwards=jnp.asarray(forwards, jnp.int32),
     batch_consumed=b(batch_consumed),
+    discarded=b(discarded),
     extra=extra,
   )

@@ -4,7 +4,8 @@ Transition table (k = steps taken in the current phase, after this step):
 
   WARMUP   k >= warmup_steps                                   -> FULL
   FULL     k >= full_steps and eligible                        -> PREDICT
-  PREDICT  diverged, non-finite loss, or k >= horizon          -> CORRECT (rolls back on entry)
+  PREDICT  diverged, non-finite loss, a discarded step         -> CORRECT (rolls back on entry)
+           (non-finite params), or k >= horizon
   CORRECT  k >= correct_steps: eligible -> PREDICT, else       -> FULL
   any      health event (non-finite, explosion, spike,         -> FULL (from PREDICT via CORRECT,
            repeated prediction failure)                           so the segment is rolled back)
@@ -169,7 +170,10 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
   )
   # A good segment resets the failure count.
   failures = jnp.where(predict_done & ~bad_predict, 0, failures)
-  rolled = predict_done & info.rolled_back
+  # A discarded step ends its segment too: the framework undid the step, the method undoes at the
+  # CORRECT entry what it had not validated before it.
+  rolled = predict_done & (info.rolled_back | info.discarded)
+  predicted_nonfinite = ~was_real & nonfinite
   new = ctrl.replace(
     phase=nxt,
     steps_in_phase=steps_in_phase,
@@ -179,6 +183,8 @@ def transition(ctrl: Controller, info: StepInfo, s: ControllerSettings) -> Contr
     cooldown=cooldown.astype(jnp.int32),
     consecutive_failures=failures.astype(jnp.int32),
     events=events,
+    nonfinite_predicted=ctrl.nonfinite_predicted + predicted_nonfinite.astype(jnp.int32),
+    discarded=ctrl.discarded + info.discarded.astype(jnp.int32),
     phase_steps=ctrl.phase_steps.at[phase].add(1),
     backward_passes=ctrl.backward_passes + was_real.astype(jnp.int32),
     forward_passes=ctrl.forward_passes + info.forwards,

@@ -51,6 +51,11 @@ class Controller:
   cooldown: jax.Array  # int32
   consecutive_failures: jax.Array  # int32
   events: jax.Array  # (len(EVENT_NAMES),) int32
+  # Of the non-finite events, those of predicted steps (a non-finite validation or plan, or a
+  # discarded step), and the predicted steps discarded for leaving a non-finite value in the params
+  # or the method's state: what names the method, not the optimizer, when a run diverges.
+  nonfinite_predicted: jax.Array  # int32
+  discarded: jax.Array  # int32
   # Counters.
   phase_steps: jax.Array  # (len(Phase),) int32: steps taken in each phase
   backward_passes: jax.Array  # int32
@@ -93,6 +98,8 @@ def init_controller() -> Controller:
     cooldown=i32(),
     consecutive_failures=i32(),
     events=jnp.zeros((len(EVENT_NAMES),), jnp.int32),
+    nonfinite_predicted=i32(),
+    discarded=i32(),
     phase_steps=jnp.zeros((len(Phase),), jnp.int32),
     backward_passes=i32(),
     forward_passes=i32(),

@@ -18,6 +18,7 @@ Every function here is pure: jit it with the state donated (`donate_argnums=0`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,18 +30,100 @@ from hybridjax.hybrid import state as state_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo, make_step_info
 from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
-from hybridjax.optim import Batch, Schedule, init_outer_momentum, init_train_state
+from hybridjax.optim import Batch, Schedule, all_finite, init_outer_momentum, init_train_state
 
 Transition = Callable[..., tuple[HybridState, StepInfo]]
 
 
 def transitions(ctx: HybridContext) -> tuple[Transition, ...]:
   """The method's three transitions, indexed by `Branch`: its `full_step` (the baseline's,
-  `real_step.baseline_step`, when it defines none), its `predict_step` and its `correct_step` (each
-  the real step when it defines none)."""
+  `real_step.baseline_step`, when it defines none), its `predict_step` behind the framework's
+  non-finite guard (`discard_nonfinite`) and its `correct_step` (each the real step when it defines
+  none: a real step guards its own update, `optim.guarded_update`)."""
   m = ctx.method
   real = m.full_step or baseline_step
-  return (real, m.predict_step or real, m.correct_step or real)
+  predict = discard_nonfinite(m.predict_step) if m.predict_step is not None else real
+  return (real, predict, m.correct_step or real)
+
+
+def discard_nonfinite(predict_step: Transition) -> Transition:
+  """`predict_step`, discarded when it leaves a non-finite value in the params (or anything else of
+  the train state) or in the method's state, as `optim.guarded_update` skips a real step's
+  non-finite update. See `keep_if_finite`."""
+
+  @functools.wraps(predict_step)
+  def guarded(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> tuple[HybridState, StepInfo]:
+    after, info = predict_step(ctx, state, batch, schedule)
+    return keep_if_finite(state, after, info)
+
+  return guarded
+
+
+def keep_if_finite(before: HybridState, after: HybridState, info: StepInfo) -> tuple[HybridState, StepInfo]:
+  """(`after`, `info`) when every floating-point leaf the predicted step changed in the train state
+  and the method's state is finite; else the state `before` it and `info` marked `discarded`.
+
+  A discarded step is kept as a non-finite prediction: no move applied (alpha 0), the PREDICT phase
+  ends (the controller goes to CORRECT and counts a non-finite event), and the method's
+  `on_transition` sees `info.discarded` to undo at the CORRECT entry only what was applied before
+  it. Of the state, only the schedule step moves on: by one when the step used its batch, as every
+  step does (so the data position and the schedule stay in step with the host), not at all when it
+  left its batch (a jump's probe). The params average does not take the step in.
+
+  Only the leaves the step changed are checked and selected: a leaf it passed through is the same
+  traced value (`is`), already finite or not before the step, and costs nothing here. The changed
+  leaves are `materialized` before the check and the select read them, so that a step that is kept
+  computes the same bits as without them.
+  """
+  after_leaves, treedef = jax.tree.flatten(after)
+  before_leaves = treedef.flatten_up_to(before)
+  # Which leaves belong to the train state or the method's state: the parts that are checked.
+  checked_part = treedef.flatten_up_to(
+    after.replace(
+      train=jax.tree.map(lambda _: True, after.train),
+      controller=jax.tree.map(lambda _: False, after.controller),
+      method=jax.tree.map(lambda _: True, after.method),
+      rng=False,
+    )
+  )
+  changed = [i for i, (a, b) in enumerate(zip(after_leaves, before_leaves)) if a is not b]
+  if not any(checked_part[i] and jnp.issubdtype(after_leaves[i].dtype, jnp.inexact) for i in changed):
+    return after, info  # the step moved nothing that could be non-finite
+  moved = dict(zip(changed, materialized([after_leaves[i] for i in changed], before.train.step < 0)))
+  ok = all_finite([moved[i] for i in changed if checked_part[i]])
+  kept = treedef.unflatten([jnp.where(ok, moved[i], b) if i in moved else b for i, b in enumerate(before_leaves)])
+  step = jnp.where(ok, after.train.step, before.train.step + info.batch_consumed.astype(before.train.step.dtype))
+  kept = kept.replace(train=kept.train.replace(step=step))
+  bad = ~ok
+  info = info.replace(
+    discarded=bad,
+    nonfinite_prediction=info.nonfinite_prediction | bad,
+    diverged=info.diverged & ok,
+    alpha=jnp.where(ok, info.alpha, 0.0),
+  )
+  return kept, info
+
+
+def materialized(values: list[jax.Array], never: jax.Array) -> list[jax.Array]:
+  """`values`, computed once into buffers of their own that later operations read.
+
+  Without this, XLA fuses the operations that compute a value into each of its consumers (on CPU an
+  `optimization_barrier` does not stop it): the check and the select of `keep_if_finite` would each
+  compute the step's values again in fusions of their own, which round differently (an Adam update
+  of the velocity predictor's corrector did), so a kept step would not be the step the method
+  computed. A while loop is never fused with anything: `values` pass through one whose condition,
+  `never`, is False at run time but not known to the compiler. Its body, which never runs, negates
+  them: a body that returned `values` unchanged would let the compiler drop the loop, and one that
+  returned other arrays would copy them into the loop's buffers (copies that never run, but count).
+  """
+
+  def flip(v):
+    return jnp.logical_not(v) if v.dtype == jnp.bool_ else -v
+
+  _, out = jax.lax.while_loop(
+    lambda c: c[0], lambda c: (jnp.logical_and(c[0], False), [flip(v) for v in c[1]]), (never, values)
+  )
+  return out
 
 
 StepFn = Callable[[HybridState, Batch, Schedule], tuple[HybridState, dict[str, jax.Array]]]
@@ -68,7 +151,7 @@ def finish_step(
   (`method.metrics`).
 
   `loss` is the measured loss (NaN in a predicted step that was not validated); `predicted_loss`
-  is the plan's value for the step.
+  is the plan's value for the step; `discarded` says the step was discarded (`discard_nonfinite`).
   """
   before = state.controller
   c = controller_lib.transition(before, info, ctx.control)
@@ -86,6 +169,7 @@ def finish_step(
     "horizon": c.horizon,
     "measured": info.was_real | info.validated,
     "diverged": info.diverged | info.nonfinite_prediction,
+    "discarded": info.discarded,  # a predicted step the framework discarded (`discard_nonfinite`)
     "alpha": info.alpha,  # (G,) the per-group move this step applied (0 in real steps)
   }
   extra = ctx.method.metrics(ctx, state, info)

@@ -199,6 +199,13 @@ class BaselineDriver:
   def health(self, state: TrainState) -> dict[str, jax.Array]:
     return {"streak": state.nonfinite_streak}
 
+  @staticmethod
+  def divergence(health: Mapping[str, Any]) -> tuple[str, bool]:
+    """What failed, for `TrainingDiverged` (nothing to add: every step is a real step), and whether
+    a method's predicted steps, not the optimizer, did (never)."""
+    del health
+    return "", False
+
   def first_loss(self, metrics: Metrics) -> float:
     """The loss of the first step of the first dispatch."""
     return float(jax.device_get(metrics["loss"]))
@@ -287,7 +294,10 @@ class HybridDriver:
     # log step, so the trace adds no per-step host synchronisation.
     self._trace_device: list[Metrics] = []
     self._trace: list[dict[str, Any]] = []
+    # The train record's loss: that of the last measured step (NaN when it was non-finite or the step
+    # was discarded), never an older finite one; `_measured` says a step since start-up measured one.
     self._last_measured_loss = float("nan")
+    self._measured = False
     self._method_trace = self.ctx.method.trace  # the method's fields of a step record
     self._compiled = False
     self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
@@ -451,9 +461,14 @@ class HybridDriver:
           "horizon": int(row["horizon"]),
           "measured": measured,
           "diverged": bool(row["diverged"]),
+          # The framework discarded the predicted step: it left a non-finite value in the params or
+          # the method's state, and the state is the one before it.
+          "discarded": bool(row["discarded"]),
         }
-        if measured:
-          self._last_measured_loss = rec["loss"]
+        if measured or rec["discarded"]:
+          # A discarded step has no loss to report as the run's: its state was not kept.
+          self._last_measured_loss = float("nan") if rec["discarded"] else rec["loss"]
+          self._measured = True
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
         rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
@@ -467,19 +482,22 @@ class HybridDriver:
   def records(self, metrics: Metrics, view: Any) -> tuple[dict[str, Any], list[tuple[int, dict, str]]]:
     """(fields of the train record, extra (step, record, kind) records: the per-step trace and the
     memory readings) from fetched metrics and the fetched `log_view`. `loss` is the last measured
-    loss."""
+    loss: NaN when that was non-finite or the step was discarded (`discarded`: the log's own step),
+    never an older finite loss."""
     self.flush_trace()
-    trace_only = {"step", "loss", "measured", "diverged", "branch"} | set(self.ctx.method.trace_only)
+    trace_only = {"step", "loss", "measured", "diverged", "branch", "discarded"} | set(self.ctx.method.trace_only)
     fields = {
       k: (float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64).round(6).tolist())
       for k, v in metrics.items()
       if k not in trace_only
     }
     c, method_view = jax.device_get(view)  # a no-op on what the loop fetched
-    if np.isnan(self._last_measured_loss) and int(c.real_count) > 0:
-      # Resumed into an interval with no measured step yet: the last real step's loss, from the state.
+    if not self._measured and int(c.real_count) > 0:
+      # Resumed into an interval with no measured step yet: the last real step's loss, from the state
+      # (a checkpoint is never taken after a non-finite step, so it is the state's current one).
       self._last_measured_loss = float(np.exp(c.last_logloss))
     fields["loss"] = self._last_measured_loss
+    fields["discarded"] = bool(metrics["discarded"])
     total = max(int(c.phase_steps.sum()), 1)
     fields.update(
       phase_now=int(c.phase),
@@ -488,6 +506,7 @@ class HybridDriver:
       confidence_now=float(c.confidence),
       health_events=int(c.events.sum()),
       nonfinite_events=int(c.events[0]),
+      discarded_steps=int(c.discarded),
       rollbacks=int(c.rollbacks),
     )
     if method_view is not None:
@@ -515,7 +534,33 @@ class HybridDriver:
     return next((r["loss"] for r in self._trace if r["measured"]), float("nan"))
 
   def health(self, state: HybridState) -> dict[str, jax.Array]:
-    return {"streak": state.train.nonfinite_streak, "events": state.controller.events[0]}
+    c = state.controller
+    return {
+      "streak": state.train.nonfinite_streak,
+      "events": c.events[0],
+      "predicted": c.nonfinite_predicted,
+      "discarded": c.discarded,
+      "phase": c.phase,
+    }
+
+  def divergence(self, health: Mapping[str, Any]) -> tuple[str, bool]:
+    """What failed, for `TrainingDiverged`, from the fetched `health`: the non-finite events by the
+    kind of step that raised them, naming the method and the phase; and whether the method's
+    predicted steps, rather than the optimizer's real steps, raised most of them."""
+    name = self.ctx.method.name
+    events, predicted, discarded = int(health["events"]), int(health["predicted"]), int(health["discarded"])
+    real = events - predicted
+    phase = PHASE_NAMES[int(health["phase"])]
+    if not predicted:
+      return f", all of them real steps of method {name!r} (a non-finite loss or gradient; now in {phase})", False
+    kept = ""
+    if discarded:
+      kept = (
+        f"; {discarded} discarded: they left a non-finite value in the params or the method's state, "
+        "and the state before them was kept"
+      )
+    text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
+    return text, predicted >= real
 
   @staticmethod
   def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:

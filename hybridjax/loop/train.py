@@ -34,7 +34,8 @@ from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimi
 
 class TrainingDiverged(RuntimeError):
   """Raised by `train` when updates stay non-finite (`trainer.max_nonfinite_steps` in a row, or
-  `hybrid.health.max_events` non-finite events); no checkpoint of the diverged state is written."""
+  `hybrid.health.max_events` non-finite events, the message saying how many came from the method's
+  predicted steps and from real steps); no checkpoint of the diverged state is written."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -334,6 +335,7 @@ def train(
   def check_health(done: int, health: Mapping[str, Any], params_ok: bool = True) -> None:
     """Raises TrainingDiverged when the non-finite limits are reached; nothing more is saved."""
     streak, events = int(health["streak"]), health.get("events")
+    method_failed = False
     if not params_ok:  # only an absurd learning rate gets here: every skipped update is checked
       reason = f"the params became non-finite by step {done}"
     elif streak >= tcfg.max_nonfinite_steps:
@@ -343,8 +345,12 @@ def train(
         f"{tcfg.max_nonfinite_steps})"
       )
     elif events is not None and int(events) >= driver.max_events:
+      # Which steps raised them: a method's predicted steps (discarded when they made the params
+      # non-finite) or real steps; the advice follows whichever raised most.
+      account, method_failed = driver.divergence(health)
       reason = (
-        f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events={driver.max_events})"
+        f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events="
+        f"{driver.max_events}){account}"
       )
     else:
       return
@@ -357,9 +363,15 @@ def train(
       )
     else:
       kept = "no checkpoint had been written yet"
+    if method_failed:
+      advice = (
+        f"The predicted steps of method {driver.ctx.method.name!r} raised most of them, not the optimizer's "
+        "updates: check the method, or train without predicted steps (--config.hybrid.enable_predict=False)."
+      )
+    else:
+      advice = f"Lower --config.optim.learning_rate (now {config.optim.learning_rate}) or check the data."
     raise TrainingDiverged(
-      f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. "
-      f"Lower --config.optim.learning_rate (now {config.optim.learning_rate}) or check the data."
+      f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. {advice}"
     )
 
   # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
@@ -449,7 +461,7 @@ def train(
           hooks["on_log"](step, record)
         check_health(step, health)
         if bar is not None:
-          post = {"loss": f"{record['loss']:.3f}", **driver.progress_fields(record)}
+          post = {"loss": format_loss(record), **driver.progress_fields(record)}
           if tokens_per_step:
             post["tok/s"] = f"{record['tokens_per_s']:.0f}"
           post["mem"] = memory_lib.format_bytes(snap["bytes_in_use"])
@@ -514,6 +526,14 @@ def train(
     json.dump(summary, f, indent=2, default=str)
   print(format_summary(summary))
   return summary
+
+
+def format_loss(record: Mapping[str, Any]) -> str:
+  """A train record's loss for the progress bar: "discarded" when the log's step was a predicted
+  step the framework discarded, "nan"/"inf" when the loss was non-finite, never an older loss."""
+  if record.get("discarded"):
+    return "discarded"
+  return f"{record['loss']:.3f}"
 
 
 def format_value(v: Any) -> str:

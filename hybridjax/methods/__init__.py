@@ -30,7 +30,11 @@ Optional (the default in brackets)
                              (False: the next step trains on this batch), and the schedule steps it
                              advanced as the change of `train.step`
   predict_step, correct_step the predicted step and the CORRECT entry, as `full_step` [the real
-                             step]; the three are indexed by `hybrid.phases.Branch`
+                             step]; the three are indexed by `hybrid.phases.Branch`. The framework
+                             runs `predict_step` behind `hybrid.step.discard_nonfinite`: a step that
+                             leaves a non-finite value in the train state or the method's state is
+                             discarded (the state before it kept) and ends PREDICT as a non-finite
+                             prediction, with `StepInfo.discarded` set
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]
   BATCHES_PER_STEP           the task's batches each step receives, concatenated along the batch
@@ -48,7 +52,9 @@ Optional (the default in brackets)
   step_extra(ctx)            a zero pytree of its own per-step facts (`StepInfo.extra`) [None]
   on_transition(ctx, state, before, after, info)
                              its state after the controller's transition from `before` to `after`
-                             [unchanged]
+                             (after a discarded step, `info.discarded`, `state` is the state before
+                             that step, and what the method undoes at the CORRECT entry must not
+                             count its move) [unchanged]
   metrics(ctx, hybrid_state, info)
                              its per-step device scalars or small vectors [{}]
   TRACE_ONLY                 the names of `metrics` that go to the per-step trace only [none]

@@ -334,4 +334,6 @@ def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):
 
 
 def test_the_branch_of_a_jump_is_the_predict_step():
-  assert step_lib.transitions(_context(_quadratic_towards(_params())))[Branch.PREDICT_STEP] is jump_lib.jump_step
+  # The jump step, behind the framework's non-finite guard (`step.discard_nonfinite`).
+  branch = step_lib.transitions(_context(_quadratic_towards(_params())))[Branch.PREDICT_STEP]
+  assert branch.__wrapped__ is jump_lib.jump_step

@@ -119,6 +119,39 @@ def test_predicted_step_moves_every_parameter_by_alpha_velocity():
   np.testing.assert_allclose(info.alpha, alpha[0])
 
 
+def _kept_predicted_steps_and_bare_ones(exact: bool):
+  """The fused step runs the method's `predict_step` behind the framework's non-finite guard
+  (`step.discard_nonfinite`); a step it keeps must be the method's own step: the same state and
+  facts as `predict_step` alone, over predicted steps that validate and train the corrector."""
+  s = hh.setup()
+  guarded = jax.jit(lambda st, b: step_lib.transitions(s.ctx)[Branch.PREDICT_STEP](s.ctx, st, b, hh.SCHEDULE))
+  same = chex.assert_trees_all_equal if exact else functools.partial(chex.assert_trees_all_close, rtol=1e-5, atol=1e-7)
+  validated = 0
+  warm_starts = (20, 30, 40) if exact else (30,)
+  for warm in warm_starts:
+    state, _ = _state_in_predict(s, warm_steps=warm)
+    for k in range(s.ctx.control.max_predict_steps):
+      kept, kept_info = guarded(state, hh.batch(300 + k))
+      bare, bare_info = s.predict(state, hh.batch(300 + k), hh.SCHEDULE)
+      assert not bool(kept_info.discarded)
+      same(kept, bare)
+      same(kept_info, bare_info)
+      validated += int(bare_info.validated)
+      state = bare.replace(controller=bare.controller.replace(steps_in_phase=bare.controller.steps_in_phase + 1))
+  assert validated >= 2 * len(warm_starts)  # the corrector trained at each validation
+
+
+def test_a_kept_predicted_step_is_the_methods_own_step():
+  # In this process (the suite's older fusion emitters) up to float32 rounding; bit for bit below.
+  _kept_predicted_steps_and_bare_ones(exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.cross_program
+def test_a_kept_predicted_step_is_the_methods_own_step_bit_exactly():
+  _kept_predicted_steps_and_bare_ones(exact=True)
+
+
 def test_unvalidated_predicted_step_reports_no_loss_but_a_predicted_loss():
   s = hh.setup()
   state, _ = _state_in_predict(s)

@@ -141,16 +141,19 @@ def on_transition(
   ctx: HybridContext, state: VelocityState, before: Controller, after: Controller, info: StepInfo
 ) -> VelocityState:
   """A new PREDICT phase starts its alpha sums and plan offset at 0; an ended one leaves the alphas
-  to roll back at the CORRECT entry."""
+  to roll back at the CORRECT entry. A step the framework discarded (`info.discarded`) applied no
+  move, and `state` is the state before it: what to roll back is then the alphas applied since the
+  last good validation before it, not the step's own report (which counts its move)."""
   del ctx
   entering = controller_lib.entering_predict(before, after)
   done = controller_lib.predict_done(before, after)
   p = state.plan
+  rollback = jnp.where(info.discarded, p.alpha_since_good, info.extra)
   return state.replace(
     plan=p.replace(
       alpha_since_good=jnp.where(entering, 0.0, p.alpha_since_good),
       plan_offset=jnp.where(entering, 0, p.plan_offset),
-      rollback_alpha=jnp.where(done, info.extra, p.rollback_alpha),
+      rollback_alpha=jnp.where(done, rollback, p.rollback_alpha),
     )
   )
 

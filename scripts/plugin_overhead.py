@@ -1,0 +1,91 @@
+"""What the hybrid loop costs a plug-in method that uses none of it: a method whose real step is the
+baseline's and which never predicts (`control` turns PREDICT off), timed against the plain baseline
+in one process, step by step, in rounds that interleave the two (so a change in the machine's load
+hits them alike). Reported: each side's median ms per step over the rounds, its spread (the
+interquartile range of the rounds' medians), and the method's overhead over the baseline.
+
+  python scripts/plugin_overhead.py                      # tiny,micro; 12 rounds of 25 steps each
+  python scripts/plugin_overhead.py --rounds=20 --steps=50
+
+Run it on a quiet machine: it times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import types
+from typing import Any
+
+import jax
+
+# A method of the user's that uses nothing of the hybrid loop: the baseline's real step (it defines
+# no transitions), no state, and PREDICT turned off.
+IDLE_METHOD = types.ModuleType("idle_method")
+exec(  # noqa: S102 (a module written here, so the script stands alone)
+  "NAME = 'idle'\n"
+  "def make_settings(hybrid, *, groups):\n  return ()\n"
+  "def init(ctx, params, rng):\n  return None\n"
+  "def control(hybrid, settings):\n  return {'enable_predict': False}\n",
+  IDLE_METHOD.__dict__,
+)
+
+
+def _driver(mode: str, steps: int) -> tuple[Any, Any, Any]:
+  from experiments import gpt2_small
+  from experiments.configs import gpt2_small as configs
+  from hybridjax.loop import train as train_lib
+
+  c = configs.get_config("tiny,micro")
+  c.mode = mode
+  c.trainer.steps = 100_000  # the schedule: never at its end while timed
+  if mode == "hybrid":
+    c.hybrid.method = "idle_method"
+  task = gpt2_small.build_task(c)
+  driver = train_lib.make_driver(c, init_params=task.init_params, loss_fn=task.loss_fn)
+  state = driver.init_state()
+  batches = [task.train_batch(i) for i in range(steps)]
+  return driver, state, batches
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--rounds", type=int, default=12)
+  p.add_argument("--steps", type=int, default=25, help="steps per side and round")
+  args = p.parse_args(argv)
+  sys.modules["idle_method"] = IDLE_METHOD
+  sides = {"baseline": _driver("baseline", args.steps), "idle method": _driver("hybrid", args.steps)}
+  states = {}
+  for name, (driver, state, batches) in sides.items():  # compile, and a first step, untimed
+    state, _ = driver.run(state, batches[:1])
+    states[name] = jax.block_until_ready(state)
+  per_round: dict[str, list[float]] = {name: [] for name in sides}
+  for _ in range(args.rounds):
+    for name, (driver, _, batches) in sides.items():
+      times = []
+      state = states[name]
+      for batch in batches:
+        t0 = time.perf_counter()
+        state, _ = driver.run(state, [batch])
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+      states[name] = state
+      per_round[name].append(1e3 * statistics.median(times))
+  out: dict[str, Any] = {"rounds": args.rounds, "steps": args.steps}
+  for name, ms in per_round.items():
+    q1, _, q3 = statistics.quantiles(ms, n=4)
+    out[name] = {"median_ms": statistics.median(ms), "iqr_ms": q3 - q1}
+  base, idle = out["baseline"]["median_ms"], out["idle method"]["median_ms"]
+  out["overhead"] = idle / base - 1
+  for name in sides:
+    print(f"{name:12s} {out[name]['median_ms']:.3f} ms/step (IQR {out[name]['iqr_ms']:.3f})")
+  print(f"overhead of the idle method: {100 * out['overhead']:+.1f}%")
+  print(json.dumps(out))
+  return out
+
+
+if __name__ == "__main__":
+  main()
