@@ -164,8 +164,17 @@ def _tree_lines(tree: Any) -> dict[str, tuple]:
   }
 
 
+# Leaves of the state added after checkpoints were first written, with the value they take when a
+# checkpoint written before them resumes: counters of events that run could not have had.
+ADDED_LEAVES = {
+  "controller.nonfinite_predicted": 0,  # predicted steps discarded as non-finite (they were kept before)
+  "controller.discarded": 0,
+}
+
+
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:
-  """Restores (state, meta) at `step` onto the structure of `abstract_state`.
+  """Restores (state, meta) at `step` onto the structure of `abstract_state`. A checkpoint written
+  before a leaf of `ADDED_LEAVES` existed resumes with that leaf at its value there.
 
   Raises a ValueError that lists the mismatched leaves (expected against found) when the
   checkpoint holds another model or state layout, instead of an error from deep inside orbax.
@@ -191,7 +200,8 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
         problems.append(f"{k}: expected shape {expected[k][0]}, found {got[k][0]}")
       elif expected[k][1] and got[k][1] and expected[k][1] != got[k][1]:
         problems.append(f"{k}: expected dtype {expected[k][1]}, found {got[k][1]}")
-    missing = sorted(set(expected) - set(got))
+    added = sorted(set(expected) - set(got) & set(ADDED_LEAVES))
+    missing = sorted(set(expected) - set(got) - set(added))
     unexpected = sorted(set(got) - set(expected))
     # Another state layout misses or adds whole subtrees: list a few leaves, summarise the rest.
     for what, keys, shapes in (
@@ -210,6 +220,8 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
         f"checkpoint {manager.directory}/{step} does not match this model/config:\n  {shown}{more}\n"
         "Use a fresh --workdir for a different model, or the config the checkpoint was made with."
       )
+    if added:
+      return _restore_adding(manager, step, abstract_state, added)
   try:
     restored = manager.restore(
       step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
@@ -219,6 +231,38 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
       f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
     ) from e
   return restored["state"], restored["meta"]
+
+
+def _restore_adding(
+  manager: ocp.CheckpointManager, step: int, abstract_state: Any, added: list[str]
+) -> tuple[Any, dict]:
+  """`restore` of a checkpoint that lacks the leaves `added` (of `ADDED_LEAVES`): the saved tree as
+  it is, those leaves at their `ADDED_LEAVES` values, laid out as `abstract_state`."""
+  import numpy as np
+
+  try:
+    restored = manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    )
+  except Exception as e:
+    raise ValueError(
+      f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
+    ) from e
+  tree = restored["state"]
+
+  def saved(path: tuple) -> Any:
+    node = tree
+    for part in (_key_name(k) for k in path):
+      node = node[int(part)] if isinstance(node, (list, tuple)) else node[part]
+    return node
+
+  def value(path: tuple, like: Any) -> Any:
+    name = ".".join(_key_name(k) for k in path)
+    x = np.full(like.shape, ADDED_LEAVES[name], like.dtype) if name in added else saved(path)
+    sharding = getattr(like, "sharding", None)
+    return jax.device_put(x, sharding) if sharding is not None else jax.numpy.asarray(x)
+
+  return jax.tree_util.tree_map_with_path(value, abstract_state), restored["meta"]
 
 
 def _params_of(state: Any, averaged: bool) -> tuple[Any, bool]:
