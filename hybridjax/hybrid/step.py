@@ -200,10 +200,16 @@ def hybrid_step(
   The selection is `switch_in_place`, not `lax.switch`: XLA gives a conditional's results buffers of
   their own, so a `lax.switch` branch copies every leaf it passes through unchanged (a predicted step
   copied the optimizer state, the velocity and the RSSM) and the results are copied back into the
-  donated state afterwards, whichever branch ran. See `switch_in_place`.
+  donated state afterwards, whichever branch ran. See `switch_in_place`. A method with one transition
+  (no `predict_step` or `correct_step` of its own: it never predicts) has nothing to select, and runs
+  it directly: it pays only for the controller's transition.
   """
   phase, branch = state.controller.phase, state.controller.next_branch
-  new_state, info = switch_in_place(ctx, branch, state, batch, schedule)
+  fns = transitions(ctx)
+  if all(f is fns[0] for f in fns):
+    new_state, info = fns[0](ctx, state, batch, schedule)
+  else:
+    new_state, info = switch_in_place(ctx, branch, state, batch, schedule)
   return finish_step(ctx, new_state, info, phase, branch)
 
 
