@@ -17,7 +17,7 @@ What it does, for one (optimizer, schedule) family, on the config's task (`bench
    ratios, final-loss gaps, paired differences from the anchors and from each arm's control.
 
 Every run is cached in `<workdir>/cache` under a hash of its spec and of the code it runs
-(`hybridjax.bench.keys.run_key`), so re-running with another arm reuses the sweep and the curves.
+(`hybridjax.bench.runs.keys.run_key`), so re-running with another arm reuses the sweep and the curves.
 Outputs: `benchmark.json` (every figure with its raw numbers), `headline.json`, `results.md`, plots.
 """
 
@@ -34,7 +34,7 @@ from absl import app
 from hybridjax import cli
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import family, ladder, recipe, report, specs, timing
-from hybridjax.bench.runner import make_runner
+from hybridjax.bench.runs.runner import make_runner
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 

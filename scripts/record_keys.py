@@ -39,7 +39,8 @@ sys.path.insert(0, ROOT)
 from experiments.configs import benchmark as benchmark_cfg  # noqa: E402
 from hybridjax import registry  # noqa: E402
 from hybridjax.bench import arms as arms_lib  # noqa: E402
-from hybridjax.bench import keys, ladder, recipe, specs, tasks, tuning  # noqa: E402
+from hybridjax.bench import ladder, recipe, specs, tasks, tuning  # noqa: E402
+from hybridjax.bench.runs import keys  # noqa: E402
 
 
 def _combos(config: Any, methods: list[str]) -> dict[str, list[str]]:

@@ -13,8 +13,9 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import keys, report, specs, tasks, tuning
-from hybridjax.bench.runner import Runner
+from hybridjax.bench import report, specs, tasks, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
 
 
 def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:

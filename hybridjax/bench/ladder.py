@@ -38,8 +38,9 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import family, figures, keys, protocol, recipe, report, specs, timing, tuning
-from hybridjax.bench.runner import Runner, make_runner
+from hybridjax.bench import family, figures, protocol, recipe, report, specs, timing, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner, make_runner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,8 +40,9 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import figures, keys, protocol, report, specs, timing, tuning
-from hybridjax.bench.runner import Runner, make_runner
+from hybridjax.bench import figures, protocol, report, specs, timing, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner, make_runner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 
-# How the runs are trained (`benchmark.executor`, `hybridjax.bench.runner`): never part of what a run is.
+# How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
 
 

@@ -24,11 +24,12 @@ from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import family as family_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import keys, protocol, specs, tasks, tuning
 from hybridjax.bench import ladder as ladder_lib
+from hybridjax.bench import protocol, specs, tasks, tuning
 from hybridjax.bench import recipe as recipe_lib
-from hybridjax.bench.anchor_run import run_anchor
-from hybridjax.bench.method_run import run_method
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.anchor_run import run_anchor
+from hybridjax.bench.runs.method_run import run_method
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import train as train_lib
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import load_script
 
-from hybridjax.bench import keys
+from hybridjax.bench.runs import keys
 
 SOURCE = (
   "# -*- coding: latin-1 -*-\n"

@@ -18,7 +18,8 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import keys, ladder, protocol, recipe, report, specs, tuning
+from hybridjax.bench import ladder, protocol, recipe, report, specs, tuning
+from hybridjax.bench.runs import keys
 
 
 def _config():

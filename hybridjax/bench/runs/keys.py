@@ -78,8 +78,8 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.specs import task_name
 
-# The module each kind of run executes (`hybridjax.bench.runs`' two entry points import no more).
-RUNNER_MODULES = {"anchor": "hybridjax.bench.anchor_run", "method": "hybridjax.bench.method_run"}
+# The module each kind of run executes (`runs.worker`'s two entry points import no more).
+RUNNER_MODULES = {"anchor": "hybridjax.bench.runs.anchor_run", "method": "hybridjax.bench.runs.method_run"}
 # The distributions below the code whose versions enter every key (their files are not hashed),
 # besides those the code imports directly: jaxlib, XLA's, is imported by jax alone.
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
