@@ -4,10 +4,10 @@
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,wsd      # AdamW, WSD
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,speedrun # the speedrun recipe
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.recipe=True
-      # the speedrun recipe trick by trick against the R4 anchor (`hybridjax.bench.recipe`)
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.study=recipe
+      # the speedrun recipe trick by trick against the R4 anchor (`hybridjax/bench/studies/recipe`)
   python -m experiments.benchmark --quick                                                  # the smoke run
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.ladder=True
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.study=ladder
       # the fairness ladder: every arm from the seed's and NiNo's conditions up to R4-R5, the verdict
 
 Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
@@ -28,7 +28,7 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import gpt2_small
-from hybridjax.bench import recipe
+from hybridjax.bench import speedrun
 
 PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")
@@ -132,9 +132,10 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
-  # The fairness ladder (`hybridjax.bench.ladder`, docs/benchmark.md): every arm from a claim's own
+  b.study = "family"  # 'family': one family's protocol; 'ladder'; 'recipe' (`hybridjax/bench/studies/`)
+  # The fairness ladder (`bench/studies/ladder`, docs/benchmark.md): every arm from a claim's own
   # conditions (R0: equal steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6).
-  b.ladder = False  # True: run the ladder's rungs instead of one family's protocol
+  b.ladder = False  # deprecated, goes in the next release: benchmark.study='ladder'
   b.ladder_rungs = "R0,R1,R2,R3,R4,R5,R6"
   b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
   b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"  # arms run at the tuned rungs R3-R6 only
@@ -143,11 +144,11 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
   b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
   b.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
-  # The speedrun recipe trick by trick (`hybridjax.bench.recipe`, docs/recipe.md), and R6 (the whole recipe).
-  b.recipe = False  # True: run the recipe's steps against the R4 anchor instead of one family's protocol
-  b.recipe_tricks = ",".join(recipe.TRICKS)  # cumulative, in the record's order
+  # The speedrun recipe trick by trick (`bench/studies/recipe`, docs/recipe.md), and R6 (the whole recipe).
+  b.recipe = False  # deprecated, goes in the next release: benchmark.study='recipe'
+  b.recipe_tricks = ",".join(speedrun.TRICKS)  # cumulative, in the record's order
   # Fields no trick changes: their values as given win (comma-separated, dotted). The command line's
-  # --config.<field> overrides are added by `python -m experiments.benchmark` (`recipe.keep_command_line`).
+  # --config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`).
   b.recipe_keep = ""
   b.recipe_muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
   b.recipe_budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
@@ -190,7 +191,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
       raise ValueError(
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
-    c = recipe.speedrun_config(c)
+    c = speedrun.speedrun_config(c)
   return c
 
 

@@ -1,0 +1,32 @@
+"""The ladder's fields of the benchmark block (ladder_*, untuned_lr, constant_eval_points) and their checks."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench.studies.ladder.rungs import RUNGS, names, rungs_of
+
+
+def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Checks the ladder's fields; errors name the field and the fix. It trains no other config that
+  needs a check of its own (its groups' are the config's with a schedule or an optimizer changed)."""
+  b = config.benchmark
+  errors = []
+  bad = [r for r in rungs_of(config) if r not in RUNGS]
+  if bad or not rungs_of(config):
+    errors.append(f"benchmark.ladder_rungs={b.ladder_rungs!r}: give rungs from {','.join(RUNGS)}")
+  defined = arms_lib.arms(config)
+  for field in ("ladder_methods", "ladder_cosine_methods"):
+    unknown = [m for m in names(b[field]) if m not in defined]
+    if unknown:
+      errors.append(f"benchmark.{field} names {unknown}, not arms of benchmark.arms ({','.join(defined)})")
+  if not float(b.untuned_lr) > 0:
+    errors.append(f"benchmark.untuned_lr must be > 0, got {b.untuned_lr}")
+  if int(b.constant_eval_points) < 4:
+    errors.append(
+      f"benchmark.constant_eval_points must be >= 4 (eval points over a 2N constant run), got {b.constant_eval_points}"
+    )
+  if errors:
+    raise ValueError("; ".join(errors))
+  return {}
