@@ -2,8 +2,9 @@
 the runner, train, time, build the record (its header here, its figures the study's), write its json,
 markdown and plots (and the published copy), print it.
 
-A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `validate(config)`,
-which checks its fields and returns the other configs it trains (checked here like the config itself);
+A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `add_defaults(b,
+preset)` (its fields of the benchmark block) and `validate(config)`, which checks them and returns the
+other configs it trains (checked here like the config itself);
 its `run.py` has `header(config, workdir)` (the lines printed first), `train(config, runner)`,
 `time_steps(config, trained)`, `record(config, trained, timed, command, runner)`,
 `write(result, trained, workdir, publish)`, `markdown(result)` and `RECORD` (its json, whose
@@ -58,6 +59,12 @@ def study_name(config: ml_collections.ConfigDict) -> str:
   if name not in STUDIES:
     raise ValueError(f"--config.benchmark.study={name!r}: give one of {', '.join(STUDIES)}")
   return name
+
+
+def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
+  """Every study's fields of the benchmark block `b`, with their defaults at `preset` (its config.py)."""
+  for package in STUDIES.values():
+    importlib.import_module(package + ".config").add_defaults(b, preset)
 
 
 def validate(config: ml_collections.ConfigDict) -> ModuleType:

@@ -1,56 +1,9 @@
-"""The run cache's keys.
-
-A run's cache key hashes its spec (the whole experiment config, the task, the arm) and the code the
-run executes, found from the source rather than listed by hand: the modules its runner imports
-(`RUNNER_MODULES`: the anchor's and the method arm's entry points), its task's module and, for a
-method arm, its method's module (both loaded by name, so no `import` statement reaches them), and
-everything of the package or of the user's code those import, transitively, read from their
-`import` statements with `ast` (imports inside functions included; nothing is imported to find
-them). Of the libraries below the code, the versions enter the key, not the files: those of
-`LIBRARIES` and of every other installed distribution the code imports directly.
-
-Why this and not the alternatives: hashing every .py file retrains every run at a report edit; a
-fixed list of files per run kind goes stale at the first new module; the modules loaded in a
-process (`sys.modules`) are known only after the run, and the benchmark's own process has the
-report, the figures and the plots loaded too. The closure from the runners' imports holds exactly
-what a worker runs, and nothing that only reads results: editing the report, a figure, a plot or
-the tuning logic keeps every cached run; an anchor imports neither the hybrid algorithm nor a
-method, so editing those keeps the cached anchors; editing one method keeps the other methods'
-runs. What the closure cannot see: code reached only through a name in a config (a method composed
-by name, a module given as a string); a run of this library reaches the method and the task that
-way, and both are added above.
-
-What of a file is hashed: its code, not its text (`code_lines`). That is the `tokenize` token stream
-of its logical lines, each with its indentation depth, without comments, blank lines, spacing, line
-continuations, the indent's width, the encoding declaration and docstrings (a string-expression
-statement that is the first statement of a module, class or function body: found with `ast`, their
-tokens dropped; a string anywhere else is code). A file's name and folder are not hashed, and a file
-left with no code (a package's `__init__.py` holding only a docstring) adds nothing. So a prose edit
-(a docstring, a comment) or a reformat keeps every cached run, and any edit to what Python executes
-re-keys the runs whose closure holds the file. The stream is built from the tokens' source text and
-the depth alone, so the hash is the same on every supported Python: not from `ast.dump`, whose text
-changed in 3.13, nor from token types, and an f-string (one token before 3.12, a run of tokens
-since) is taken as its source text.
-
-Where a module lives: an `import` statement names a module by its path, so a module moved into
-another package would re-key every run whose code imports it, for a changed import line. The key
-reads an `import` statement as what it binds instead: each name bound to a module of the closure,
-to an attribute of one, or to a library's module or attribute (as written). A module of the closure
-is then named by its content: the hash of its code together with those of the modules it imports,
-in turn (a colour refinement over the import graph, until the hashes tell apart all the modules they
-can). The code version hashes these hashes, sorted, and those of the run's entry points (its
-runner's, task's and method's modules: which module is the task is part of it). So a module moved,
-unchanged, into another package, with its importers' import lines (absolute or relative) changed to
-the new place, keeps every key; so does `anchor_run` moved with `RUNNER_MODULES` changed, since this
-module is in no run's closure. The key still tells apart what
-runs differently: which module an import names is part of its importer's hash, and two modules
-whose code and imports are alike all the way down are told apart by their names. What a move does
-re-key: a line that names the moved module's path outside an import binding (`import a.b` used as
-`a.b.f()`, which is hashed as written; a module path in a string, such as the registry's built-in
-methods, the built-in tasks' or `importlib`'s), and the runs that now also execute the code of a
-package `__init__.py` they did not run before. What the key does not hold: a module's `__name__` and
-`__file__` (code that reads them, or files beside them, sees a move the key does not), and the order
-in which packages' `__init__`s run.
+"""The run cache's keys: a run's spec (the whole experiment config, the task, the arm) and the code
+the run executes, found from the source: the modules its runner imports (`RUNNER_MODULES`), its
+task's and its method's modules, and what those import, transitively (read with `ast`), each hashed
+as its code (`code_lines`: tokens without docstrings, comments or layout) and named by its content,
+not its place, so a pure move keeps every key; of the libraries, their versions. Why this and not a
+list of files, and what a move keeps: docs/design.md, "The run cache's keys".
 """
 
 from __future__ import annotations

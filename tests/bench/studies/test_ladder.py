@@ -18,7 +18,7 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import cells, protocol, specs, speedrun, study, tuning
+from hybridjax.bench import cells, figures, protocol, specs, speedrun, study, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.studies.ladder import figures as ladder_figs
 from hybridjax.bench.studies.ladder import report as ladder_report
@@ -335,7 +335,7 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
   n, margin = result["steps"], result["config"]["benchmark"]["plateau_margin"]
   steps = {name: {s: curve(r["key"]) for s, r in st["runs"].items()} for name, st in result["step_runs"].items()}
   assert all(len(per_seed) == 3 for per_seed in steps.values())
-  assert protocol.plateau_runs(steps, n, margin) == []
+  assert figures.plateau_runs(steps, n, margin) == []
   a = result["anchor"]  # its N-step runs: the cached runs at its LR, not a step's, whose averaged loss is its loss at N
   step_keys = {r["key"] for st in result["step_runs"].values() for r in st["runs"].values()}
   anchor = {}
@@ -349,7 +349,7 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
       assert s not in anchor, f"two cached runs match the anchor's seed {s} at N"
       anchor[s] = run["curve"]
   assert sorted(anchor) == sorted(a["at_n"]) == ["1", "2", "3"]
-  assert protocol.plateau_runs({"anchor": anchor}, n, margin) == []
+  assert figures.plateau_runs({"anchor": anchor}, n, margin) == []
 
 
 def test_bad_recipe_settings_name_the_field_and_the_step(tmp_path):

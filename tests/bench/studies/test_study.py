@@ -52,6 +52,10 @@ def test_only_the_skeleton_makes_a_runner_or_checks_the_benchmark_block():
 
 
 TOY_CONFIG = """
+def add_defaults(b, preset):
+  b.toy_size = 1
+
+
 def validate(config):
   if config.benchmark.toy_size < 1:
     raise ValueError("--config.benchmark.toy_size must be >= 1")
@@ -108,6 +112,7 @@ def test_a_new_study_is_one_folder_and_one_line(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(_StubRunner()))
   c = benchmark_cfg.get_config("quick")
   c.benchmark.study = "toy"
+  assert c.benchmark.toy_size == 1  # its field, declared in its folder
   c.benchmark.toy_size = 0
   with pytest.raises(ValueError, match="toy_size"):  # its own check, before anything is written
     study.run(c, str(tmp_path / "work"))
@@ -132,4 +137,5 @@ def test_every_study_has_the_skeletons_hooks(name):
   run = importlib.import_module(study.STUDIES[name] + ".run")
   for hook in ("header", "train", "time_steps", "record", "write", "markdown"):
     assert callable(getattr(run, hook, None)), f"{name}'s run.py has no {hook}()"
-  assert hasattr(run, "RECORD") and callable(importlib.import_module(study.STUDIES[name] + ".config").validate)
+  config = importlib.import_module(study.STUDIES[name] + ".config")
+  assert hasattr(run, "RECORD") and callable(config.validate) and callable(config.add_defaults)

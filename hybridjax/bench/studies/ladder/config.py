@@ -8,6 +8,18 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench.studies.ladder.rungs import RUNGS, names, rungs_of
 
 
+def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
+  """The ladder's fields of the benchmark block `b`: every arm from a claim's own conditions (R0: equal
+  steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6)."""
+  b.ladder = False  # deprecated, goes in the next release: benchmark.study='ladder'
+  b.ladder_rungs = "R0,R1,R2,R3,R4,R5,R6"
+  # ladder_methods, ladder_cosine_methods: the arms it runs name the experiment's arms, so they are set
+  # where `benchmark.arms` is (experiments/configs/benchmark.py).
+  b.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
+  b.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
+  b.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
+
+
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """Checks the ladder's fields; errors name the field and the fix. It trains no other config that
   needs a check of its own (its groups' are the config's with a schedule or an optimizer changed)."""

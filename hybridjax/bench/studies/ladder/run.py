@@ -4,7 +4,7 @@ baselines (R4-R6), on the same headline seeds, with the arm's settings as config
 
 Runs are shared where rungs allow (a group: R0/R1 one set, R3/R4 another, one run recording its raw
 and its averaged iterate), and go through the runner's cache, so a ladder resumes where it stopped.
-Runs on an early plateau (`protocol.plateau_runs`) are flagged; a group with one extends its headline
+Runs on an early plateau (`figures.plateau_runs`) are flagged; a group with one extends its headline
 seeds by `benchmark.plateau_seeds`.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import figures, protocol, specs, timing, tuning
+from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.family import report as family_report
@@ -159,7 +159,7 @@ def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any
     ]
   for m, per in group["method_runs"].items():
     kinds[m] = {s: r["curve"] for s, r in per.items()}
-  return protocol.plateau_runs(kinds, n, margin)
+  return figures.plateau_runs(kinds, n, margin)
 
 
 def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,18 @@ from hybridjax import config as config_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
 
 
+def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
+  """The recipe's fields of the benchmark block `b` (R6, the whole recipe, reads them too)."""
+  b.recipe = False  # deprecated, goes in the next release: benchmark.study='recipe'
+  b.recipe_tricks = ",".join(TRICKS)  # cumulative, in the record's order
+  # Fields no trick changes: their values as given win (comma-separated, dotted). The command line's
+  # --config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`).
+  b.recipe_keep = ""
+  b.recipe_muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
+  b.recipe_budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
+  b.recipe_budget_extensions = (6.0, 8.0)  # added one at a time while a step's loss lies below the curve
+
+
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """Checks the recipe's fields; returns every cumulative step's config, which the skeleton checks
   too (an option the model cannot take, e.g. U-net skips with an odd layer count, fails before any

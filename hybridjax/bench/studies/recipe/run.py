@@ -16,7 +16,7 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax.bench import figures, protocol, specs, timing, tuning
+from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
@@ -82,7 +82,7 @@ def train_steps(
     ch = chosen[name]
     curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
-      "plateaus": protocol.plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
+      "plateaus": figures.plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
       "runs": {
         str(r["seed"]): {
           "final_raw": r["final_raw"],
@@ -99,7 +99,7 @@ def train_steps(
 def anchor_plateaus(curves: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
   """The anchor's N-step runs (`tuning.budget_curves`' runs) that sit on an early plateau."""
   at_n = {key.split("/")[0]: r["curve"] for key, r in curves["runs"].items() if r["steps"] == n}
-  return protocol.plateau_runs({"anchor": at_n}, n, margin)
+  return figures.plateau_runs({"anchor": at_n}, n, margin)
 
 
 def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collections.ConfigDict:
