@@ -67,10 +67,10 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
     importlib.import_module(package + ".config").add_defaults(b, preset)
 
 
-def validate(config: ml_collections.ConfigDict) -> ModuleType:
-  """Checks `config` for its study (the benchmark block, the study's fields, every other config it
-  trains) before anything is compiled or written; returns the study's `run` module."""
-  name = study_name(config)
+def validate(config: ml_collections.ConfigDict, name: str | None = None) -> ModuleType:
+  """Checks `config` for its study (`name`, else `study_name`'s): the benchmark block, the study's
+  fields, every other config it trains, before anything is compiled or written; returns its `run`."""
+  name = name or study_name(config)
   specs.validate_benchmark(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   for what, other in checks.validate(config).items():
@@ -83,8 +83,8 @@ def validate(config: ml_collections.ConfigDict) -> ModuleType:
 
 def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
   """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record."""
-  study = validate(config)
-  name = study_name(config)
+  name = study_name(config)  # once: an old flag warns once
+  study = validate(config, name)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   for line in study.header(config, workdir):

@@ -126,6 +126,11 @@ def test_a_new_study_is_one_folder_and_one_line(tmp_path, monkeypatch, capsys):
   assert len(result["invocations"]) == 2 and result["runs_trained"] == 1
   out = capsys.readouterr().out
   assert "toy quick" in out and "toy trained [6]" in out and "toy wall time" in out
+  monkeypatch.setitem(study.STUDIES, "ladder", "toy_study")  # an old flag, for a study that trains nothing
+  c.benchmark.update(study="family", ladder=True)
+  with pytest.warns(FutureWarning) as warned:
+    study.run(c, str(tmp_path / "old"))
+  assert len([w for w in warned if issubclass(w.category, FutureWarning)]) == 1  # once, not per check
   for name in ("toy_study.run", "toy_study.config", "toy_study"):  # another test may make another toy_study
     sys.modules.pop(name, None)
 

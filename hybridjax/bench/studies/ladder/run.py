@@ -23,20 +23,10 @@ from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
+from hybridjax.bench.studies.ladder import rungs
 from hybridjax.bench.studies.ladder.figures import rung_figures, untuned_position
 from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
 from hybridjax.bench.studies.ladder.report import save_ladder_plot
-from hybridjax.bench.studies.ladder.rungs import (
-  CONSTANT_GROUPS,
-  GROUP_ORDER,
-  RUNGS,
-  TUNED_GROUPS,
-  VERDICT,
-  group_config,
-  names,
-  rungs_of,
-  timing_key,
-)
 
 
 def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> dict[str, Any]:
@@ -96,11 +86,11 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
   the N-step run's curve for the plateau check), and every arm's method runs."""
   n = int(config.trainer.steps)
   b = config.benchmark
-  methods = names(b.methods)
+  methods = rungs.names(b.methods)
   seeds = [int(s) for s in b.seeds]
   out: dict[str, Any] = {"seeds": seeds, "methods": methods, "family": b.family}
   beta = float(config.trainer.averaging_beta)
-  if group in CONSTANT_GROUPS:
+  if group in rungs.CONSTANT_GROUPS:
     if group == "untuned":
       lr = float(b.untuned_lr)
     else:
@@ -166,15 +156,15 @@ def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, di
   """Every group the chosen rungs need, in `GROUP_ORDER`; a group with a plateau run is extended to
   the plateau seeds (its runs already trained are cached)."""
   b = config.benchmark
-  needed = {RUNGS[r].group for r in rungs_of(config)}
+  needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
   groups: dict[str, dict[str, Any]] = {}
-  for group in [g for g in GROUP_ORDER if g in needed]:
+  for group in [g for g in rungs.GROUP_ORDER if g in needed]:
     seeds = [int(s) for s in b.seeds]
-    groups[group] = train_group(group_config(config, group, seeds), group, runner)
+    groups[group] = train_group(rungs.group_config(config, group, seeds), group, runner)
     extra = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
     if groups[group]["plateaus"] and extra:
       print(f"--- {group}: plateau runs {groups[group]['plateaus']}; adding seeds {extra}", flush=True)
-      groups[group] = train_group(group_config(config, group, seeds + extra), group, runner)
+      groups[group] = train_group(rungs.group_config(config, group, seeds + extra), group, runner)
       groups[group]["extended_for_plateau"] = True
   return groups
 
@@ -201,13 +191,13 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
     all_arms = list(dict.fromkeys(m for g in adamw for m in groups[g]["methods"]))
     g = groups[adamw[0]]
     timed["adamw"] = timing.time_step_kinds(
-      group_config(config, adamw[0], g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, all_arms
+      rungs.group_config(config, adamw[0], g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, all_arms
     )
   for name in ("muon", "speedrun"):
     if name in groups:
       g = groups[name]
       timed[name] = timing.time_step_kinds(
-        group_config(config, name, g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
+        rungs.group_config(config, name, g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
       )
   return timed
 
@@ -221,16 +211,16 @@ def record(
   groups = trained["groups"]
   ms = {k: v["ms_per_step"] for k, v in timed.items()}
   families = {}
-  for g in TUNED_GROUPS:
+  for g in rungs.TUNED_GROUPS:
     if g in groups:
-      cfg = group_config(config, g, groups[g]["seeds"])
+      cfg = rungs.group_config(config, g, groups[g]["seeds"])
       # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
-      ran = names(cfg.benchmark.methods)
-      first = [m for m in names(b.methods) if m in ran][:1]
+      ran = rungs.names(cfg.benchmark.methods)
+      first = [m for m in rungs.names(b.methods) if m in ran][:1]
       families[g] = family_run.family_result(
         cfg,
         groups[g].pop("family_runs"),
-        timed[timing_key(g)],
+        timed[rungs.timing_key(g)],
         first + [m for m in ran if m not in first],
         command=command,
         notes=family_run.task_notes(cfg),
@@ -239,8 +229,8 @@ def record(
   trained["families"] = families
   return {
     "code_version": keys.code_versions(config, list(arms_lib.arms(config))),
-    "rung_names": rungs_of(config),
-    "verdict_rungs": [r for r in VERDICT if r in rungs_of(config)],
+    "rung_names": rungs.rungs_of(config),
+    "verdict_rungs": [r for r in rungs.VERDICT if r in rungs.rungs_of(config)],
     "untuned_lr": float(b.untuned_lr),
     "untuned_position": untuned_position(groups, float(b.untuned_lr)),
     "groups": groups,
@@ -264,8 +254,8 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   if shared:
     raise ValueError(f"cannot join ladders that both ran {sorted(shared)}: publish the whole ladder instead")
   out = json.loads(json.dumps(earlier))
-  out["rung_names"] = [r for r in RUNGS if r in earlier["rung_names"] + later["rung_names"]]
-  out["verdict_rungs"] = [r for r in VERDICT if r in out["rung_names"]]
+  out["rung_names"] = [r for r in rungs.RUNGS if r in earlier["rung_names"] + later["rung_names"]]
+  out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
   out["config"]["benchmark"]["ladder_rungs"] = ",".join(out["rung_names"])
   out["groups"] = {**out["groups"], **later["groups"]}
   out["timing"] = {**out["timing"], **later["timing"]}

@@ -192,7 +192,8 @@ def record(
   }
   result: dict[str, Any] = {
     "code_version": keys.code_versions(config, []),
-    "config": json.loads(config.to_json()),
+    "config": json.loads(config.to_json()),  # with the plateau seeds (the header holds the config as given)
+    "steps": n,  # the figures below read it from the record
     "trick_list": TRICK_LIST_VERSION,
     "tricks": tricks_of(config),
     "records": {name: TRICKS[name].record for name in tricks_of(config)},
