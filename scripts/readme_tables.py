@@ -7,7 +7,7 @@ Every cell comes from `docs/results/<kind>/<kind>-<preset>.json`, which `python 
 --config=experiments/configs/benchmark.py:<preset> --config.benchmark.<kind>=True
 --config.benchmark.publish=docs/results/<kind>` writes (with every figure per seed in
 <kind>-<preset>.md); tests/test_docs.py checks that the README's tables are this script's output and
-tests/bench/test_ladder.py that every figure in the files recomputes from their runs.
+tests/bench/studies/test_ladder.py that every figure in the files recomputes from their runs.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ README = os.path.join(ROOT, "README.md")
 ORDER = ("long", "tiny")  # the headline scale first
 
 sys.path.insert(0, ROOT)
-from hybridjax.bench import report  # noqa: E402
+from hybridjax.bench import cells  # noqa: E402
+from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
+from hybridjax.bench.studies.recipe import report as recipe_report  # noqa: E402
 
 # kind -> (the table over every scale, one scale's line, what its per-seed report holds)
 KINDS = {
-  "ladder": (report.ladder_table, report.ladder_scale, "every figure, per seed"),
-  "recipe": (report.recipe_table, report.recipe_scale, "every step, per seed"),
+  "ladder": (ladder_report.ladder_table, ladder_report.ladder_scale, "every figure, per seed"),
+  "recipe": (recipe_report.recipe_table, recipe_report.recipe_scale, "every step, per seed"),
 }
 
 
@@ -61,7 +63,7 @@ def main() -> None:
   for kind in KINDS:
     text = tables(kind, load(kind))
     if args.update:
-      report.replace_between_markers(README, *markers(kind), text)
+      cells.replace_between_markers(README, *markers(kind), text)
       print(f"updated {kind} table in {README}")
     else:
       print(text + "\n")

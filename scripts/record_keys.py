@@ -7,7 +7,7 @@ For each preset (`quick`, `tiny`, `long`; experiments/configs/benchmark.py) and 
 family benchmark, the ladder, the recipe), the record holds `keys.code_version` of every (runner,
 task, method) whose runs the study trains, and `keys.run_key` of one spec per study and run kind (an
 anchor, a method arm) at a fixed LR. A run's key names its file in the run cache: when a key changes,
-every cached run it names would retrain. tests/bench/test_keys.py checks the record against the code;
+every cached run it names would retrain. tests/bench/runs/test_keys.py checks the record against the code;
 after an intended change to the code the runs execute (or to the experiment config, which every
 spec holds), re-record it. The record holds the library versions its keys were computed with
 (`libraries`); the check computes today's keys under those, so on a machine with other versions it
@@ -39,7 +39,11 @@ sys.path.insert(0, ROOT)
 from experiments.configs import benchmark as benchmark_cfg  # noqa: E402
 from hybridjax import registry  # noqa: E402
 from hybridjax.bench import arms as arms_lib  # noqa: E402
-from hybridjax.bench import keys, ladder, recipe, specs, tasks, tuning  # noqa: E402
+from hybridjax.bench import specs, tasks, tuning  # noqa: E402
+from hybridjax.bench.runs import keys  # noqa: E402
+from hybridjax.bench.studies.ladder import run as ladder_run  # noqa: E402
+from hybridjax.bench.studies.ladder import rungs as ladder_rungs  # noqa: E402
+from hybridjax.bench.studies.recipe import run as recipe_run  # noqa: E402
 
 
 def _combos(config: Any, methods: list[str]) -> dict[str, list[str]]:
@@ -64,13 +68,13 @@ def study_modules(preset: str) -> dict[str, dict[str, list[str]]]:
   seeds = [int(s) for s in c.benchmark.seeds]
   family = _combos(c, arms_lib.names(c.benchmark.methods))
   rungs: dict[str, list[str]] = {}
-  for rung in ladder.rungs_of(c):
-    group = ladder.RUNGS[rung].group
-    rungs |= _combos(ladder.group_config(c, group, seeds), ladder.arms_at(c, group))
+  for rung in ladder_rungs.rungs_of(c):
+    group = ladder_rungs.RUNGS[rung].group
+    rungs |= _combos(ladder_rungs.group_config(c, group, seeds), ladder_rungs.arms_at(c, group))
   steps: dict[str, list[str]] = {}
-  for step in recipe.step_configs(c, LR).values():
+  for step in recipe_run.step_configs(c, LR).values():
     steps |= _combos(step, [])
-  return {"family": family, "ladder": rungs, "recipe": _combos(recipe.anchor_config(c, []), []) | steps}
+  return {"family": family, "ladder": rungs, "recipe": _combos(recipe_run.anchor_config(c, []), []) | steps}
 
 
 def example_specs(preset: str) -> dict[str, dict[str, Any]]:
@@ -84,15 +88,15 @@ def example_specs(preset: str) -> dict[str, dict[str, Any]]:
     "family anchor": specs.run_spec(c, kind="anchor", seed=seed, lr=LR, steps=n, beta=beta),
     "family method": tuning.method_specs(c, arms_lib.names(b.methods)[:1], LR, beta)[0],
   }
-  group = ladder.RUNGS[ladder.rungs_of(c)[0]].group
-  g = ladder.group_config(c, group, [seed])
-  if group in ladder.CONSTANT_GROUPS:
-    out["ladder anchor"] = ladder.constant_curve_spec(g, seed, LR)
+  group = ladder_rungs.RUNGS[ladder_rungs.rungs_of(c)[0]].group
+  g = ladder_rungs.group_config(c, group, [seed])
+  if group in ladder_rungs.CONSTANT_GROUPS:
+    out["ladder anchor"] = ladder_run.constant_curve_spec(g, seed, LR)
   else:
     out["ladder anchor"] = specs.run_spec(g, kind="anchor", seed=seed, lr=LR, steps=n, beta=beta)
-  out["ladder method"] = tuning.method_specs(g, ladder.arms_at(c, group)[:1], LR, beta)[0]
-  last = list(recipe.step_configs(c, LR).values())[-1]
-  out["recipe anchor"] = recipe._spec_of(last)(seed, LR, n)
+  out["ladder method"] = tuning.method_specs(g, ladder_rungs.arms_at(c, group)[:1], LR, beta)[0]
+  last = list(recipe_run.step_configs(c, LR).values())[-1]
+  out["recipe anchor"] = recipe_run._spec_of(last)(seed, LR, n)
   return out
 
 

@@ -5,14 +5,14 @@ recipe's json, md and figure.
   python scripts/reread_results.py           # rewrite what the current reading changes
   python scripts/reread_results.py --check   # exit 1 naming each file the current reading would change
 
-The figures are pure functions of the stored runs (`family.family_figures`, `ladder.rung_figures`,
-`recipe.recipe_figures`); the tests recompute them from the published files (tests/bench/test_ladder.py,
+The figures are pure functions of the stored runs (`family_figs.family_figures`, `ladder_figs.rung_figures`,
+`recipe_figs.recipe_figures`); the tests recompute them from the published files (tests/bench/studies/test_ladder.py,
 tests/bench/test_reread.py). Then `python scripts/readme_tables.py --update` and
 `python scripts/results_table.py --update` regenerate the tables the READMEs hold.
 
 A published ladder or recipe that ran before its runs' eval errors were recorded gets them here, from
 the per-batch losses of the same runs where they are stored (`eval` of each tuned ladder group: its
-family's benchmark.json, which holds the very runs, as tests/bench/test_ladder.py checks; the `tiny`
+family's benchmark.json, which holds the very runs, as tests/bench/studies/test_ladder.py checks; the `tiny`
 recipe's anchor: its run cache). The `long` recipe's anchor runs kept no per-batch losses: it gets
 the `long-adamw-cosine` family's (the same eval batches, the same R4 anchor but for its averaging
 beta), named as such in its `source`.
@@ -33,7 +33,14 @@ RESULTS = os.path.join(ROOT, "docs", "results")
 sys.path.insert(0, ROOT)
 import ml_collections  # noqa: E402
 
-from hybridjax.bench import family, figures, ladder, recipe, report  # noqa: E402
+from hybridjax.bench import figures  # noqa: E402
+from hybridjax.bench.studies.family import figures as family_figs  # noqa: E402
+from hybridjax.bench.studies.family import report as family_report  # noqa: E402
+from hybridjax.bench.studies.ladder import figures as ladder_figs  # noqa: E402
+from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
+from hybridjax.bench.studies.ladder import rungs as ladder_rungs  # noqa: E402
+from hybridjax.bench.studies.recipe import figures as recipe_figs  # noqa: E402
+from hybridjax.bench.studies.recipe import report as recipe_report  # noqa: E402
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -69,7 +76,7 @@ def family_files(result: dict[str, Any]) -> dict[str, str]:
   """{file name: text} of a family's re-read results (the plots do not read a ratio: unchanged)."""
   result = dict(result)
   stored = result["figures"]
-  result.update(family.family_figures(result, stored_controls(result)))
+  result.update(family_figs.family_figures(result, stored_controls(result)))
   for m, f in result["figures"].items():
     # A record's own fields the current figures no longer make (an old record's method statistics,
     # e.g. its accepted jumps) are kept, and reported as the method's statistics.
@@ -80,7 +87,7 @@ def family_files(result: dict[str, Any]) -> dict[str, str]:
   return {
     "benchmark.json": _text(result, 2),
     "headline.json": _text(result["headline"], 2),
-    "results.md": report.markdown(result),
+    "results.md": family_report.markdown(result),
   }
 
 
@@ -99,13 +106,13 @@ def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
   has none, every rung recomputed."""
   result = json.loads(json.dumps(result))
   for name, group in result["groups"].items():
-    if name in ladder.TUNED_GROUPS and group.get("eval") is None:
+    if name in ladder_rungs.TUNED_GROUPS and group.get("eval") is None:
       errors = _family_eval(result["preset"], group["family"])
       if errors is not None:
         group["eval"] = errors
   config = ml_collections.ConfigDict(result["config"])
   ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
-  result["rungs"] = ladder.rung_figures(config, result["groups"], ms, result["steps"])
+  result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"])
   return result
 
 
@@ -146,7 +153,7 @@ def recipe_result(result: dict[str, Any]) -> dict[str, Any]:
           "anchor runs kept no per-batch losses)"
         )
     result["anchor"]["eval"] = errors
-  rows = recipe.recipe_figures(result)
+  rows = recipe_figs.recipe_figures(result)
   result["figures"] = rows
   last = rows[-1]
   result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
@@ -161,8 +168,8 @@ def rewrites() -> list[tuple[str, str, Any]]:
     for name, text in family_files(_load(path)).items():
       out.append((os.path.join(folder, name), text, None))
   for kind, reread, markdown in (
-    ("ladder", ladder_result, report.ladder_markdown),
-    ("recipe", recipe_result, report.recipe_markdown),
+    ("ladder", ladder_result, ladder_report.ladder_markdown),
+    ("recipe", recipe_result, recipe_report.recipe_markdown),
   ):
     for path in sorted(glob.glob(os.path.join(RESULTS, kind, f"{kind}-*.json"))):
       result = reread(_load(path))
@@ -174,7 +181,7 @@ def rewrites() -> list[tuple[str, str, Any]]:
 def _drawn(result: dict[str, Any]) -> Any:
   """What a ladder's or a recipe's figure draws."""
   if "rung_names" in result:
-    return report.ladder_plot_data(result)
+    return ladder_report.ladder_plot_data(result)
   return [r["speedup"]["per_seed"] for r in result["figures"]]
 
 
@@ -194,7 +201,7 @@ def main() -> None:
     with open(path, "w") as f:
       f.write(text)
     if result is not None and _drawn(json.loads(old)) != _drawn(result):  # the figure draws per-seed ratios
-      save = report.save_ladder_plot if "rung_names" in result else report.save_recipe_plot
+      save = ladder_report.save_ladder_plot if "rung_names" in result else recipe_report.save_recipe_plot
       save(result, os.path.dirname(path))
   print("\n".join(changed) if changed else "every published result reads as it is published")
   if args.check and changed:

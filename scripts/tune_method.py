@@ -34,7 +34,7 @@ from experiments.configs import benchmark as bench_cfg  # noqa: E402
 from hybridjax import plotting  # noqa: E402
 from hybridjax.bench import protocol  # noqa: E402
 from hybridjax.bench import specs as bench_specs  # noqa: E402
-from hybridjax.bench.runner import make_runner  # noqa: E402
+from hybridjax.bench.runs.runner import make_runner  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

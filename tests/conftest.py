@@ -260,6 +260,9 @@ _COST = {
   "test_plugin_method.py": 4,
   "test_protocol.py": 4,
   "test_readings.py": 4,
+  "test_recipe.py": 4,
+  "test_study.py": 3,
+  "test_keys.py": 2,
 }
 
 

@@ -178,12 +178,12 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
   an earlier trick list says its LR was tuned before today's tricks."""
   import dataclasses
 
-  from hybridjax.bench import recipe
+  from hybridjax.bench import speedrun
 
   for arg in ("tiny", "124m"):
     c = _preset(f"{arg},speedrun")
     config_lib.validate(c)
-    expected = config_lib.flatten(recipe.apply_tricks(_preset(arg), list(recipe.TRICKS)))
+    expected = config_lib.flatten(speedrun.apply_tricks(_preset(arg), list(speedrun.TRICKS)))
     own = {"optim.learning_rate", "trainer.averaging", "trainer.averaging_beta", "notes"}  # the preset's
     got = config_lib.flatten(c)
     assert {k: v for k, v in got.items() if k not in own} == {k: v for k, v in expected.items() if k not in own}
@@ -198,10 +198,10 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
 
   with open(os.path.join(gpt2_small._RECIPE_RESULTS, "recipe-tiny.json")) as f:
     published = json.load(f)["records"]
-  same = {name: recipe.Trick(name, record, lambda c: {}) for name, record in published.items()}
-  monkeypatch.setattr(recipe, "TRICKS", same)  # a definition equal to the published one: no caveat
+  same = {name: speedrun.Trick(name, record, lambda c: {}) for name, record in published.items()}
+  monkeypatch.setattr(speedrun, "TRICKS", same)  # a definition equal to the published one: no caveat
   assert "earlier definition" not in _preset("tiny,speedrun").notes
   changed = dict(same)
   changed["muon"] = dataclasses.replace(changed["muon"], record="#3 something else")
-  monkeypatch.setattr(recipe, "TRICKS", changed)
+  monkeypatch.setattr(speedrun, "TRICKS", changed)
   assert "tuned before today's tricks" in _preset("tiny,speedrun").notes

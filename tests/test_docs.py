@@ -308,9 +308,9 @@ def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
   assert f"eval loss {recipe_loss} at {result['steps']} steps, against {anchor_loss} for the tuned" in readme
   config = gpt2_small.get_config("tiny,speedrun")
   assert config.optim.learning_rate == last["lr"] and config.trainer.steps == result["steps"]
-  from hybridjax.bench import recipe
+  from hybridjax.bench import speedrun
 
-  stale = result["records"] != {name: t.record for name, t in recipe.TRICKS.items()}
+  stale = result["records"] != {name: t.record for name, t in speedrun.TRICKS.items()}
   # While the published table measured an earlier trick list, the preset and the README say so.
   assert stale == ("at the LR tuned for its earlier definition (until `tiny` is re-measured)" in readme)
   assert stale == ("tuned before today's tricks" in config.notes)

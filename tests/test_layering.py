@@ -223,3 +223,18 @@ def test_an_import_by_name_that_closes_a_loop_is_a_cycle(tmp_path, monkeypatch):
 if __name__ == "__main__":
   for mod, deps in graph().items():
     print(f"{mod} -> {', '.join(sorted(d.removeprefix('hybridjax.') for d in deps)) or '(nothing)'}")
+
+
+def test_a_study_imports_no_other_study_but_the_ladder_reads_the_family_protocol():
+  """bench/studies/<name>/ are the studies: none imports another, except the ladder's tuned rungs,
+  which run the family protocol; only the skeleton (bench/study.py, by name) reaches a study."""
+  for m, deps in graph().items():
+    own = m.split(".")[3] if m.startswith("hybridjax.bench.studies.") else None
+    for d in deps:
+      if not d.startswith("hybridjax.bench.studies."):
+        continue
+      other = d.split(".")[3]
+      if own is None:
+        assert m == "hybridjax.bench.study", f"{m} imports the study {d}: only hybridjax.bench.study loads studies"
+      elif other != own:
+        assert (own, other) == ("ladder", "family"), f"{m} imports {d}: a study imports no other study"

@@ -4,10 +4,10 @@
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,wsd      # AdamW, WSD
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,muon     # Muon, cosine
   python -m experiments.benchmark --config=experiments/configs/benchmark.py:long,speedrun # the speedrun recipe
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.recipe=True
-      # the speedrun recipe trick by trick against the R4 anchor (`hybridjax.bench.recipe`)
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.study=recipe
+      # the speedrun recipe trick by trick against the R4 anchor (`hybridjax/bench/studies/recipe`)
   python -m experiments.benchmark --quick                                                  # the smoke run
-  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.ladder=True
+  python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.study=ladder
       # the fairness ladder: every arm from the seed's and NiNo's conditions up to R4-R5, the verdict
 
 Presets: `quick` (the protocol on a one-layer model in 2-3 minutes; the tests run it), `tiny` (the
@@ -28,7 +28,8 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import gpt2_small
-from hybridjax.bench import recipe
+from hybridjax.bench import speedrun
+from hybridjax.bench import study as study_lib
 
 PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")
@@ -132,26 +133,14 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
-  # The fairness ladder (`hybridjax.bench.ladder`, docs/benchmark.md): every arm from a claim's own
-  # conditions (R0: equal steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6).
-  b.ladder = False  # True: run the ladder's rungs instead of one family's protocol
-  b.ladder_rungs = "R0,R1,R2,R3,R4,R5,R6"
-  b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
-  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"  # arms run at the tuned rungs R3-R6 only
-  b.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
-  b.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
+  b.study = "family"  # 'family': one family's protocol; 'ladder'; 'recipe' (`hybridjax/bench/studies/`)
+  # The plateau rule (the ladder's and the recipe's): flags a run, adds headline seeds.
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
   b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
-  b.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
-  # The speedrun recipe trick by trick (`hybridjax.bench.recipe`, docs/recipe.md), and R6 (the whole recipe).
-  b.recipe = False  # True: run the recipe's steps against the R4 anchor instead of one family's protocol
-  b.recipe_tricks = ",".join(recipe.TRICKS)  # cumulative, in the record's order
-  # Fields no trick changes: their values as given win (comma-separated, dotted). The command line's
-  # --config.<field> overrides are added by `python -m experiments.benchmark` (`recipe.keep_command_line`).
-  b.recipe_keep = ""
-  b.recipe_muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
-  b.recipe_budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
-  b.recipe_budget_extensions = (6.0, 8.0)  # added one at a time while a step's loss lies below the curve
+  study_lib.add_defaults(b, preset)  # each study's own fields (its config.py): ladder_*, recipe_*, ...
+  # The arms the ladder runs (`bench/studies/ladder`): at every rung, and at the tuned rungs R3-R6 only.
+  b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
+  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"
   b.iterate = "averaged"  # what the tuning ranks runs by: 'averaged', or 'best' (the better iterate)
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
@@ -190,7 +179,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
       raise ValueError(
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
-    c = recipe.speedrun_config(c)
+    c = speedrun.speedrun_config(c)
   return c
 
 

@@ -9,7 +9,7 @@ Read with `ml_collections.config_flags`:
 Presets: `tiny` (CPU, minutes; the default), `small` (CPU, under an hour), `124m` (GPT-2 Small, GPU).
 Comma-separated variants follow: `tiny,micro` is a one-layer model with a small dynamics model that
 trains in seconds (the tests and quick benchmarks use it); `tiny,speedrun` is the whole speedrun
-recipe (`hybridjax.bench.recipe`) at its published tuned LR.
+recipe (`hybridjax.bench.speedrun`) at its published tuned LR.
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ def _micro(c: ml_collections.ConfigDict) -> None:
 
 
 def _speedrun(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The whole speedrun recipe, as the benchmark applies it (`hybridjax.bench.recipe.TRICKS`, every
+  """The whole speedrun recipe, as the benchmark applies it (`hybridjax.bench.speedrun.TRICKS`, every
   trick in order), at the peak LR and with the iterate (averaged or raw) that its published table
   chose for this preset on the tuning seeds (`docs/results/recipe/recipe-<preset>.json`); a preset
   with no published table gets the record's own LRs, untuned here. `notes` says which."""
-  from hybridjax.bench import recipe
+  from hybridjax.bench import speedrun
 
-  c = recipe.apply_tricks(c, list(recipe.TRICKS))
+  c = speedrun.apply_tricks(c, list(speedrun.TRICKS))
   path = os.path.join(_RECIPE_RESULTS, f"recipe-{c.preset}.json")
   if not os.path.exists(path):
     c.optim.learning_rate = _RECORD_MUON_LR
@@ -76,7 +76,7 @@ def _speedrun(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.optim.learning_rate = float(last["lr"])
   if last["iterate"] == "averaged":
     c.trainer.update(averaging="ema", averaging_beta=float(last["beta"]))
-  current = {name: t.record for name, t in recipe.TRICKS.items()}
+  current = {name: t.record for name, t in speedrun.TRICKS.items()}
   stale = (
     ""
     if published["records"] == current

@@ -6,6 +6,8 @@ headline.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -269,3 +271,34 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h
+
+
+def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, float] | None:
+  """(step, raw eval loss) of the eval point of `curve` nearest `step`, or None when none lies within
+  half an eval interval of it."""
+  if not curve:
+    return None
+  steps = [p["step"] for p in curve]
+  interval = min(b - a for a, b in zip([0] + steps, steps))
+  p = min(curve, key=lambda p: abs(p["step"] - step))
+  return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
+
+
+def plateau_runs(curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float) -> list[dict[str, Any]]:
+  """The runs that sit on an early plateau. `curves`: {label: {seed: eval curve}}, the runs of one
+  setting per label. A run is flagged whose raw eval loss at N/10 or at N (the eval point nearest
+  there) is more than `margin` (relative) above the median of its label's runs over the seeds, or
+  not finite. Comparing a run with its own setting's other seeds flags a seed that fell behind, never
+  a setting that is simply worse; a label with fewer than three seeds read is not judged."""
+  flagged = []
+  for label, per_seed in curves.items():
+    for point in (n / 10, n):
+      read = {s: eval_loss_near(c, point) for s, c in per_seed.items()}
+      present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
+      if len(present) < 3:
+        continue
+      median = statistics.median(v[1] for v in present)
+      for s, v in read.items():
+        if v is not None and (not math.isfinite(v[1]) or v[1] > median * (1 + margin)):
+          flagged.append({"run": label, "seed": s, "at_step": v[0], "loss": v[1], "median_over_seeds": median})
+  return flagged

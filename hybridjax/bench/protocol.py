@@ -1,50 +1,20 @@
-"""The benchmark protocol: from benchmark runs to the figures we report.
+"""The benchmark protocol: from benchmark runs to the figures we report (docs/benchmark.md, "Figures").
 
 Pure numpy; nothing here imports jax or the rest of hybridjax.
 
-The protocol compares a method with a baseline on one figure, the *step ratio*:
-
-1. The baseline is trained once per step budget (several budgets, several seeds). Its runs give a curve of
-   final eval loss against budget. `monotone_envelope` sorts that curve by budget and takes the running
-   minimum of the losses, so the curve never goes up with more steps (a baseline with a larger budget is
-   credited with the best loss of any smaller one).
-2. A method run has a cost (`method_cost`, in baseline-step equivalents, e.g. backward passes) and reaches
-   an eval loss L. `steps_to_reach` reads off the curve the baseline steps needed to reach L, interpolating
-   linearly in log(budget) between the envelope's drops (`reading_knots`): a flat stretch of the envelope
-   is read from its first budget, so a run equal to the baseline at a budget where its envelope drops
-   reads that budget on either side of float rounding. Four outcomes:
-
-   * reached: a number of steps inside [smallest budget, largest budget];
-   * a lower bound: L is below the end of the curve, so the baseline needs *more* than its largest budget;
-     we report the envelope's last drop (the largest budget, or the first of a flat stretch at the end)
-     and flag it (the ratio is then conservative);
-   * an upper bound: L is above the start of the curve; the baseline's smallest budget already does
-     better, so it needs *at most* that budget: we report the smallest budget and flag it (the ratio reads
-     "<= b_min / cost");
-   * not reached (None): L is NaN or +inf (a diverged run).
-
-3. `ratio` divides the baseline steps by the method's cost: above 1 means the method reached its loss with
-   fewer steps than the baseline needs, which happens exactly when the method's loss is below the
-   baseline curve at the method's cost (`curve_loss_at` is that inverse reading). Where the anchor's own
-   N-step loss lies above its curve at N (a noisy budget curve), the anchor itself reads below 1x:
-   `cost_verdict` judges a method as the anchor reads itself there, so a method equal to the anchor reads
-   "no difference".
-4. Per-seed ratios are aggregated by `summarize` (mean and sample std over the non-null values, with the
-   counts of nulls and bounds), and two settings measured on the same seeds are compared with
-   `paired_difference`: the mean difference against twice its standard error, the seeds' and the eval
-   set's (`paired_batch_se`: the per-batch standard error of a difference of two runs scored on the same
-   batches; None, "cannot be estimated", with one batch). `mean_std` is the plain [mean, sample std] of a
-   list of numbers.
-5. A run that sits on an early plateau (`plateau_runs`: its eval loss at N/10 or at N more than a margin
-   above the median of the same runs' over the seeds) is flagged; the ladder and the recipe then add
-   headline seeds.
+A baseline's budget curve is made monotone (`monotone_envelope`); a method's final loss is read on it
+as the baseline steps to reach it (`steps_to_reach`, interpolated in log(budget) between the
+envelope's drops, `reading_knots`; reached, a lower or an upper bound, or not reached), divided by
+the method's cost (`ratio`; `curve_loss_at` is the inverse reading). Per-seed ratios are aggregated
+(`summarize`, `mean_std`); two settings on the same seeds are compared (`paired_difference`, with
+the eval set's paired per-batch error, `paired_batch_se`) and judged as the anchor reads itself at N
+(`cost_verdict`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -424,34 +394,3 @@ def cost_verdict(
     out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se)
     out["verdict"] = PAYS[out["paired"]["verdict"]]
   return out
-
-
-def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, float] | None:
-  """(step, raw eval loss) of the eval point of `curve` nearest `step`, or None when none lies within
-  half an eval interval of it."""
-  if not curve:
-    return None
-  steps = [p["step"] for p in curve]
-  interval = min(b - a for a, b in zip([0] + steps, steps))
-  p = min(curve, key=lambda p: abs(p["step"] - step))
-  return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
-
-
-def plateau_runs(curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float) -> list[dict[str, Any]]:
-  """The runs that sit on an early plateau. `curves`: {label: {seed: eval curve}}, the runs of one
-  setting per label. A run is flagged whose raw eval loss at N/10 or at N (the eval point nearest
-  there) is more than `margin` (relative) above the median of its label's runs over the seeds, or
-  not finite. Comparing a run with its own setting's other seeds flags a seed that fell behind, never
-  a setting that is simply worse; a label with fewer than three seeds read is not judged."""
-  flagged = []
-  for label, per_seed in curves.items():
-    for point in (n / 10, n):
-      read = {s: eval_loss_near(c, point) for s, c in per_seed.items()}
-      present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
-      if len(present) < 3:
-        continue
-      median = statistics.median(v[1] for v in present)
-      for s, v in read.items():
-        if v is not None and (not math.isfinite(v[1]) or v[1] > median * (1 + margin)):
-          flagged.append({"run": label, "seed": s, "at_step": v[0], "loss": v[1], "median_over_seeds": median})
-  return flagged

@@ -16,7 +16,7 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 
-# How the runs are trained (`benchmark.executor`, `hybridjax.bench.runner`): never part of what a run is.
+# How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
 
 
@@ -89,7 +89,7 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     errors.append("benchmark.eval_points, timing_rounds and timing_steps must be >= 1")
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
-  # The plateau rule (the ladder's and the recipe's: `protocol.plateau_runs`).
+  # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
   if not float(b.plateau_margin) > 0:
     errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
   if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):

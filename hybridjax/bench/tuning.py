@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import protocol
-from hybridjax.bench.runner import Runner
+from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
 
 

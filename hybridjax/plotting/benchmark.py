@@ -301,16 +301,19 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   return save_png_to(fig, path)
 
 
-def plot_ladder(path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str, Any]], verdict: Sequence[str]) -> str:
+def plot_ladder(
+  path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str, Any]], verdict: Sequence[str], ylabel: str
+) -> str:
   """Each arm's gain rung by rung: the ratio's mean over seeds with its std as an error bar and each
   seed as a dot; 1.0 (no gain) as a line; the verdict rungs shaded.
 
   Args:
     path: the PNG to write (its folder is created).
-    rungs: the rungs in order (the x axis), e.g. ["R0", ..., "R5"].
+    rungs: the rungs in order (the x axis), as the study names them.
     arms: arm -> rung -> {"values": [per-seed ratio or None]}; a rung an arm was not run at is left
       out.
     verdict: the rungs to shade as the verdict.
+    ylabel: what the ratios are, rung by rung (the study's words).
 
   Returns:
     `path`.
@@ -345,13 +348,15 @@ def plot_ladder(path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str,
   ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
   ax.set_xticks(range(len(rungs)), [f"{r}\nverdict" if r in verdict else r for r in rungs])
   ax.set_xlim(-0.5, len(rungs) - 0.5)
-  ax.set_ylabel("speed-up (R0: wall-clock at N steps; R1-R5: pass ratio)")
+  ax.set_ylabel(ylabel)
   ax.set_title("Where each claimed gain goes: the baseline made fair one condition at a time")
   ax.legend(fontsize=8, ncols=2)
   return save_png_to(fig, path)
 
 
-def plot_recipe(path: str, steps: Sequence[str], per_seed: Sequence[Sequence[float | None]], title: str = "") -> str:
+def plot_recipe(
+  path: str, steps: Sequence[str], per_seed: Sequence[Sequence[float | None]], ylabel: str, title: str = ""
+) -> str:
   """The recipe's cumulative speed-up step by step: each seed as a dot, the mean with its std as an
   error bar, on a log axis; 1.0 (the anchor) as a line.
 
@@ -359,6 +364,7 @@ def plot_recipe(path: str, steps: Sequence[str], per_seed: Sequence[Sequence[flo
     path: the PNG to write (its folder is created).
     steps: the steps in order (the x axis), the anchor first.
     per_seed: for each step, its per-seed speed-up (None where the anchor's curve never reached it).
+    ylabel: what a speed-up is measured against (the study's words).
     title: the figure's title.
 
   Returns:
@@ -386,6 +392,6 @@ def plot_recipe(path: str, steps: Sequence[str], per_seed: Sequence[Sequence[flo
   ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
   ax.set_yscale("log")
   ax.set_xticks(range(len(steps)), [s.replace("_", "\n") for s in steps], fontsize=8)
-  ax.set_ylabel("speed-up over R4 (anchor steps to reach / N)")
+  ax.set_ylabel(ylabel)
   ax.set_title(title or "The speedrun recipe, trick by trick (cumulative)")
   return save_png_to(fig, path)

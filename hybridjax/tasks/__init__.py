@@ -5,6 +5,6 @@ loads them by name, `config.benchmark.task`):
   mlp    a regression MLP on a fixed random teacher's synthetic data
 
 They sit with the infrastructure (data, models, optim, config), below the loop: building a task
-imports no training code, so an anchor run's cache key (`bench.keys.run_key`) changes with the task
+imports no training code, so an anchor run's cache key (`bench.runs.keys.run_key`) changes with the task
 and the baseline loop, never with the hybrid algorithm or a method.
 """

@@ -22,13 +22,16 @@ from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import family as family_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import keys, protocol, specs, tasks, tuning
-from hybridjax.bench import ladder as ladder_lib
-from hybridjax.bench import recipe as recipe_lib
-from hybridjax.bench.anchor_run import run_anchor
-from hybridjax.bench.method_run import run_method
+from hybridjax.bench import protocol, specs, speedrun, tasks, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.anchor_run import run_anchor
+from hybridjax.bench.runs.method_run import run_method
+from hybridjax.bench.studies.family import figures as family_figs
+from hybridjax.bench.studies.ladder import figures as ladder_figs
+from hybridjax.bench.studies.ladder import rungs as ladder_rungs
+from hybridjax.bench.studies.recipe import figures as recipe_figs
+from hybridjax.bench.studies.recipe import run as recipe_run
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import train as train_lib
 
@@ -122,7 +125,14 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   def files(*modules):
     return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
 
-  results_side = ("hybridjax/bench/report", "hybridjax/bench/figures", "hybridjax/bench/tuning", "hybridjax/plotting")
+  results_side = (
+    "hybridjax/bench/study",
+    "hybridjax/bench/studies/",
+    "hybridjax/bench/cells",
+    "hybridjax/bench/figures",
+    "hybridjax/bench/tuning",
+    "hybridjax/plotting",
+  )
   for task in ("gpt2", "mlp"):
     anchor = files(keys.RUNNER_MODULES["anchor"], tasks.task_path(task))
     assert {"hybridjax/loop/baseline.py", "hybridjax/optim.py", f"hybridjax/tasks/{task}.py"} <= anchor
@@ -320,7 +330,7 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       | {"control": "skip_control"}
     )
   )
-  refigured = json.loads(json.dumps(family_lib.family_figures(stored)))
+  refigured = json.loads(json.dumps(family_figs.family_figures(stored)))
   assert {k: stored[k] for k in refigured} == refigured
   assert head["method"] == "jump" and head["vs_skip_control"] == stored["figures"]["jump"]["vs_skip_control"]
   assert (
@@ -361,7 +371,7 @@ def test_the_protocol_runs_whole_on_the_mlp_task_and_a_rerun_trains_nothing(tmp_
   eval_se = stored["eval"]["paired_se"]  # every difference is judged with it besides the seeds'
   again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"], eval_se)
   assert json.loads(json.dumps(again)) == json.loads(json.dumps(stored["figures"]["outer_momentum"]))
-  refigured = json.loads(json.dumps(family_lib.family_figures(stored)))
+  refigured = json.loads(json.dumps(family_figs.family_figures(stored)))
   assert {k: stored[k] for k in refigured} == refigured
   rerun = benchmark.run_benchmark(c, workdir)
   assert rerun["runs_trained"] == 0 and rerun["runs_cached"] == result["runs_trained"]
@@ -393,7 +403,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   reads the protocol's cosine runs from the cache. Every ladder figure recomputes from ladder.json."""
   workdir, config, first = quick
   c = ml_collections.ConfigDict(config.to_dict())
-  c.benchmark.ladder = True
+  c.benchmark.study = "ladder"
   c.benchmark.update(timing_rounds=2, timing_steps=5)  # the timing's code path; its figures are not read here
   c.benchmark.ladder_rungs = "R1,R3"  # R6 (a whole family on Muon) is its own test below
   n = int(c.trainer.steps)
@@ -403,7 +413,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   # R3/R4's runs are the protocol's own: the same curves, all from the cache; only R1's group trained.
   for s, base in cosine["baseline"].items():
     assert base["raw"] == first["curves"]["baseline"][s] and base["averaged"] == first["curves"]["averaged_baseline"][s]
-  arms = ladder_lib.names(c.benchmark.ladder_methods)
+  arms = ladder_rungs.names(c.benchmark.ladder_methods)
   seeds = [int(s) for s in c.benchmark.seeds]
   assert result["runs_trained"] == len(seeds) * (1 + len(arms))
   # R1's baseline: one 2N run per seed at the untuned LR held constant, evaluated along the way.
@@ -416,7 +426,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   with open(os.path.join(workdir, "ladder-quick.json")) as f:
     stored = json.load(f)
   ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
-  again = ladder_lib.rung_figures(c, stored["groups"], ms, n)
+  again = ladder_figs.rung_figures(c, stored["groups"], ms, n)
   assert json.loads(json.dumps(again)) == stored["rungs"]
   # One figure by hand: R1's pass ratio of the jump on the first seed.
   run, base = untuned["method_runs"]["jump"]["1"], untuned["baseline"]["1"]
@@ -442,7 +452,7 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
   is the whole quick recipe, R6's family, so its tuning runs are the ladder's."""
   workdir, config, first = quick
   c = ml_collections.ConfigDict(config.to_dict())
-  c.benchmark.recipe = True
+  c.benchmark.study = "recipe"
   c.benchmark.update(timing_rounds=2, timing_steps=5)
   n = int(c.trainer.steps)
   result = benchmark.run_benchmark(c, workdir)
@@ -455,9 +465,9 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
       assert curve["loss"][curve["steps"].index(b)] == loss
   with open(os.path.join(workdir, "recipe-quick.json")) as f:
     stored = json.load(f)
-  assert json.loads(json.dumps(recipe_lib.recipe_figures(stored))) == stored["figures"]
+  assert json.loads(json.dumps(recipe_figs.recipe_figures(stored))) == stored["figures"]
   # Measured with today's trick list, which it names; nothing kept from a command line here.
-  assert stored["trick_list"] == recipe_lib.TRICK_LIST_VERSION and recipe_lib.trick_list(stored) is recipe_lib.TRICKS
+  assert stored["trick_list"] == speedrun.TRICK_LIST_VERSION and speedrun.trick_list(stored) is speedrun.TRICKS
   assert stored["kept"] == {} and set(stored["adapted"]) == {"muon"}
   # One speed-up by hand: the last step on the first seed, read on that seed's anchor curve.
   muon = stored["step_runs"]["muon"]
@@ -487,7 +497,7 @@ def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(qu
   workdir, config, _ = quick
   shutil.copytree(os.path.join(workdir, "cache"), tmp_path / "cache")
   c = ml_collections.ConfigDict(config.to_dict())
-  c.benchmark.recipe = True
+  c.benchmark.study = "recipe"
   c.benchmark.update(timing_rounds=2, timing_steps=5, plateau_seeds=(3,))
   flag = {"run": "anchor", "seed": "2", "at_step": 4, "loss": 9.0, "median_over_seeds": 3.0}
   seen = []
@@ -496,7 +506,7 @@ def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(qu
     seen.append(sorted({key.split("/")[0] for key in curves["runs"]}))
     return [flag] if len(seen) == 1 else []
 
-  monkeypatch.setattr(recipe_lib, "anchor_plateaus", flagged_once)
+  monkeypatch.setattr(recipe_run, "anchor_plateaus", flagged_once)
   result = benchmark.run_benchmark(c, str(tmp_path))
   assert seen == [["1", "2"], ["1", "2", "3"]]
   assert result["plateaus"] == {"runs": [flag], "seeds_added": [3], "anchor_after": []}
@@ -506,7 +516,7 @@ def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(qu
   assert result["figures"][-1]["vs_previous"]["n"] == 3
   with open(tmp_path / "recipe-quick.json") as f:
     stored = json.load(f)
-  assert json.loads(json.dumps(recipe_lib.recipe_figures(stored))) == stored["figures"]
+  assert json.loads(json.dumps(recipe_figs.recipe_figures(stored))) == stored["figures"]
 
 
 @pytest.mark.slow
@@ -516,7 +526,7 @@ def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   every figure recomputes from ladder.json."""
   workdir, config, _ = quick
   c = ml_collections.ConfigDict(config.to_dict())
-  c.benchmark.ladder = True
+  c.benchmark.study = "ladder"
   c.benchmark.update(timing_rounds=2, timing_steps=5, ladder_rungs="R6")
   result = benchmark.run_benchmark(c, workdir)
   speedrun = result["groups"]["speedrun"]
@@ -527,5 +537,5 @@ def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   with open(os.path.join(workdir, "ladder-quick.json")) as f:
     stored = json.load(f)
   ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
-  again = ladder_lib.rung_figures(c, stored["groups"], ms, int(c.trainer.steps))
+  again = ladder_figs.rung_figures(c, stored["groups"], ms, int(c.trainer.steps))
   assert json.loads(json.dumps(again)) == stored["rungs"]

@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 from conftest import ROOT, load_script
 
-from hybridjax.bench import figures, protocol, report, tuning
+# The quick protocol's averaged anchor, as a run recorded it: on seed 1 the N-step loss (40 steps) lies
+from hybridjax.bench import cells, figures, protocol, tuning
+
+# The quick protocol's averaged anchor, as a run recorded it: on seed 1 the N-step loss (40 steps) lies
+from hybridjax.bench.studies.family import report as family_report
 
 # The quick protocol's averaged anchor, as a run recorded it: on seed 1 the N-step loss (40 steps) lies
 # above the 20-step one, on seed 2 the 50-step loss above the 40-step one (a flat stretch from N).
@@ -52,10 +56,10 @@ def test_a_control_equal_to_its_anchor_reads_no_difference_and_says_why_its_rati
   assert [r["upper_bound"] for r in f["per_seed"]["pass_ratio"]] == [True, False]
   assert f["verdict"]["verdict"] == "no difference"
   assert f["verdict"]["anchor_above_envelope_at_n"] == [True, False]
-  assert report.ratio_cell(f["pass_ratio"], f["verdict"]) == (
+  assert cells.ratio_cell(f["pass_ratio"], f["verdict"]) == (
     "≤ 0.75× ± 0.35 (1 upper bounds, anchor at N above its envelope: 1/2 seeds)"
   )
-  (line,) = report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
+  (line,) = family_report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
   assert line == (
     "* `skip_control`: **no difference** (pass ratio ≤ 0.75× ± 0.35 (1 upper bounds) against the averaged "
     "anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve; anchor at N above its "
@@ -75,7 +79,7 @@ def test_an_arm_that_does_not_pay_reads_so_in_one_line():
     r["final_loss"] = curves["averaged_baseline"][s][1] + 0.01
   f = figures.method_figures(curves, runs, None, BUDGETS, eval_se=0.001)["averaged_baseline"]
   assert f["verdict"]["verdict"] == "does not pay" and f["pass_ratio"]["mean"] < 1
-  (line,) = report.family_verdicts({"figures": {"arm": {"averaged_baseline": f}}})[2:]
+  (line,) = family_report.family_verdicts({"figures": {"arm": {"averaged_baseline": f}}})[2:]
   assert line.startswith("* `arm`: **does not pay** (pass ratio 0.9")
   assert "loss at its passes +0.0100 ± 0.0010 se from the anchor's curve)" in line
 
@@ -93,7 +97,7 @@ def test_one_eval_batch_cannot_estimate_the_eval_error_and_says_so():
   record = figures.eval_errors(runs, ["1", "2"], BUDGETS, 40)
   assert record["paired_se"] is None and record["sampling_se"] is None and record["batches"] == 1
   assert record["budgets"] == [40, 50]
-  note = report.eval_note(record)
+  note = cells.eval_note(record)
   assert note == (
     "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
     "on the seeds' spread alone."
@@ -103,7 +107,7 @@ def test_one_eval_batch_cannot_estimate_the_eval_error_and_says_so():
   noise = tuning.difference_noise([3.40, 3.41], runs["1/40"], runs["1/50"])
   assert noise["eval_paired_se"] is None and noise["noise"] == pytest.approx(0.01 / math.sqrt(2))
   t = {"seed_noise": noise["noise"], "seed_spread": noise["seed_spread"], "eval_paired_se": None}
-  assert "the best two LRs' runs (cannot be estimated (one eval batch))" in report.tuning_noise(t)
+  assert "the best two LRs' runs (cannot be estimated (one eval batch))" in family_report.tuning_noise(t)
 
 
 def test_the_eval_error_of_a_difference_is_the_paired_per_batch_one():
@@ -124,7 +128,7 @@ def test_the_eval_error_of_a_difference_is_the_paired_per_batch_one():
   )
   assert record["paired_se"] == pytest.approx(expected) and record["paired_se"] < 0.005
   assert record["sampling_se"] > 0.03  # one loss's: ten times the paired one, and not what judges a difference
-  note = report.eval_note(record)
+  note = cells.eval_note(record)
   assert f"{record['paired_se']:.4f}" in note and f"{record['sampling_se']:.4f}" not in note
   noise = tuning.difference_noise([3.40, 3.4001], runs["1/40"], runs["1/50"])
   assert (

@@ -4,7 +4,7 @@ Two executors train the runs a cache does not hold (`benchmark.executor`):
 
 * `local` (the default): worker processes on this machine, one CPU core and one XLA thread each
   (`benchmark.workers`), or this process when `workers` is 1;
-* `ray`: each run a Ray task on a Ray cluster (`hybridjax.bench.cluster`, the `[cluster]` extra).
+* `ray`: each run a Ray task on a Ray cluster (`hybridjax.bench.runs.cluster`, the `[cluster]` extra).
 
 Either way only this process, the driver, reads and writes the run cache, so a run cached by one
 executor is reused by the other; both run `runs.execute` in a process set up by `runs.init_worker`'s
@@ -21,8 +21,8 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import specs as specs_lib
-from hybridjax.bench.executor import Executor, LocalExecutor, Todo, describe
-from hybridjax.bench.keys import run_key
+from hybridjax.bench.runs.executors import Executor, LocalExecutor, Todo, describe
+from hybridjax.bench.runs.keys import run_key
 
 
 class Progress:
@@ -141,7 +141,7 @@ def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
     raise ValueError("; ".join(errors))
   jax_cache = specs_lib.compile_cache_dir(config, workdir)
   if b.executor == "ray":
-    from hybridjax.bench import cluster
+    from hybridjax.bench.runs import cluster
 
     executor: Executor = cluster.RayExecutor(
       b.ray_address,

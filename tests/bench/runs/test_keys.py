@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import load_script
 
-from hybridjax.bench import keys
+from hybridjax.bench.runs import code, keys
 
 SOURCE = (
   "# -*- coding: latin-1 -*-\n"
@@ -55,16 +55,16 @@ CODE = [
 def test_a_files_code_is_its_tokens_without_prose_or_layout():
   """Comments, docstrings, blank lines, the spacing, the indent's width, line continuations, line
   endings and the encoding are not code; a string that is not a docstring is."""
-  assert keys.code_lines(SOURCE.encode("latin-1")) == CODE
-  assert keys.code_lines(SOURCE.replace("\n", "\r\n").encode("latin-1")) == CODE
-  assert keys.code_lines(SOURCE.replace("# -*- coding: latin-1 -*-\n", "").encode("utf-8")) == CODE
+  assert code.code_lines(SOURCE.encode("latin-1")) == CODE
+  assert code.code_lines(SOURCE.replace("\n", "\r\n").encode("latin-1")) == CODE
+  assert code.code_lines(SOURCE.replace("# -*- coding: latin-1 -*-\n", "").encode("utf-8")) == CODE
   relaid = SOURCE.replace("x + \\\n      y", "x+y").replace("x,\n               y", "x, y").replace("\n  ", "\n    ")
-  assert relaid != SOURCE and keys.code_lines(relaid.encode("latin-1")) == CODE
+  assert relaid != SOURCE and code.code_lines(relaid.encode("latin-1")) == CODE
   # Python's own reading agrees that a string statement after the first is no docstring.
   namespace: dict = {}
   exec(compile(SOURCE.split("class Scaled")[0], "<source>", "exec"), namespace)
   assert namespace["__doc__"] == "The module's docstring." and namespace["NOTE"] == "a string, not a docstring"
-  assert keys.code_lines('"""Only a docstring."""\n# and a comment\n') == []
+  assert code.code_lines('"""Only a docstring."""\n# and a comment\n') == []
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
 def execute(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
   """Runs one spec (a worker process's entry point)."""
   if spec["kind"] == "anchor":
-    from hybridjax.bench.anchor_run import run_anchor
+    from hybridjax.bench.runs.anchor_run import run_anchor
 
     return run_anchor(spec)
-  from hybridjax.bench.method_run import run_method
+  from hybridjax.bench.runs.method_run import run_method
 
   return run_method(spec, workdir, compile_cache_dir)
 

@@ -1,72 +1,22 @@
-"""The run cache's keys.
-
-A run's cache key hashes its spec (the whole experiment config, the task, the arm) and the code the
-run executes, found from the source rather than listed by hand: the modules its runner imports
-(`RUNNER_MODULES`: the anchor's and the method arm's entry points), its task's module and, for a
-method arm, its method's module (both loaded by name, so no `import` statement reaches them), and
-everything of the package or of the user's code those import, transitively, read from their
-`import` statements with `ast` (imports inside functions included; nothing is imported to find
-them). Of the libraries below the code, the versions enter the key, not the files: those of
-`LIBRARIES` and of every other installed distribution the code imports directly.
-
-Why this and not the alternatives: hashing every .py file retrains every run at a report edit; a
-fixed list of files per run kind goes stale at the first new module; the modules loaded in a
-process (`sys.modules`) are known only after the run, and the benchmark's own process has the
-report, the figures and the plots loaded too. The closure from the runners' imports holds exactly
-what a worker runs, and nothing that only reads results: editing the report, a figure, a plot or
-the tuning logic keeps every cached run; an anchor imports neither the hybrid algorithm nor a
-method, so editing those keeps the cached anchors; editing one method keeps the other methods'
-runs. What the closure cannot see: code reached only through a name in a config (a method composed
-by name, a module given as a string); a run of this library reaches the method and the task that
-way, and both are added above.
-
-What of a file is hashed: its code, not its text (`code_lines`). That is the `tokenize` token stream
-of its logical lines, each with its indentation depth, without comments, blank lines, spacing, line
-continuations, the indent's width, the encoding declaration and docstrings (a string-expression
-statement that is the first statement of a module, class or function body: found with `ast`, their
-tokens dropped; a string anywhere else is code). A file's name and folder are not hashed, and a file
-left with no code (a package's `__init__.py` holding only a docstring) adds nothing. So a prose edit
-(a docstring, a comment) or a reformat keeps every cached run, and any edit to what Python executes
-re-keys the runs whose closure holds the file. The stream is built from the tokens' source text and
-the depth alone, so the hash is the same on every supported Python: not from `ast.dump`, whose text
-changed in 3.13, nor from token types, and an f-string (one token before 3.12, a run of tokens
-since) is taken as its source text.
-
-Where a module lives: an `import` statement names a module by its path, so a module moved into
-another package would re-key every run whose code imports it, for a changed import line. The key
-reads an `import` statement as what it binds instead: each name bound to a module of the closure,
-to an attribute of one, or to a library's module or attribute (as written). A module of the closure
-is then named by its content: the hash of its code together with those of the modules it imports,
-in turn (a colour refinement over the import graph, until the hashes tell apart all the modules they
-can). The code version hashes these hashes, sorted, and those of the run's entry points (its
-runner's, task's and method's modules: which module is the task is part of it). So a module moved,
-unchanged, into another package, with its importers' import lines (absolute or relative) changed to
-the new place, keeps every key; so does `anchor_run` moved with `RUNNER_MODULES` changed, since this
-module is in no run's closure. The key still tells apart what
-runs differently: which module an import names is part of its importer's hash, and two modules
-whose code and imports are alike all the way down are told apart by their names. What a move does
-re-key: a line that names the moved module's path outside an import binding (`import a.b` used as
-`a.b.f()`, which is hashed as written; a module path in a string, such as the registry's built-in
-methods, the built-in tasks' or `importlib`'s), and the runs that now also execute the code of a
-package `__init__.py` they did not run before. What the key does not hold: a module's `__name__` and
-`__file__` (code that reads them, or files beside them, sees a move the key does not), and the order
-in which packages' `__init__`s run.
+"""The run cache's keys: a run's spec (the whole experiment config, the task, the arm) and the code
+the run executes, found from the source: the modules its runner imports (`RUNNER_MODULES`), its
+task's and its method's modules, and what those import, transitively (read with `ast`), each hashed
+as its code (`code.code_lines`: tokens without docstrings, comments or layout) and named by its content,
+not its place, so a pure move keeps every key; of the libraries, their versions. Why this and not a
+list of files, and what a move keeps: docs/design.md, "The run cache's keys".
 """
 
 from __future__ import annotations
 
 import ast
-import bisect
 import collections
 import functools
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import sys
 import sysconfig
-import tokenize
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
@@ -76,10 +26,11 @@ import ml_collections
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.bench.runs.code import read_code
 from hybridjax.bench.specs import task_name
 
-# The module each kind of run executes (`hybridjax.bench.runs`' two entry points import no more).
-RUNNER_MODULES = {"anchor": "hybridjax.bench.anchor_run", "method": "hybridjax.bench.method_run"}
+# The module each kind of run executes (`runs.worker`'s two entry points import no more).
+RUNNER_MODULES = {"anchor": "hybridjax.bench.runs.anchor_run", "method": "hybridjax.bench.runs.method_run"}
 # The distributions below the code whose versions enter every key (their files are not hashed),
 # besides those the code imports directly: jaxlib, XLA's, is imported by jax alone.
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
@@ -171,125 +122,6 @@ def source_closure(module: str) -> tuple[str, ...]:
   return tuple(sorted(set(_closure(module)[0].values())))
 
 
-# --- A file's code, as the key reads it.
-
-_Pos = tuple[int, int]  # (line, column in characters), as `tokenize` gives them
-# The tokens that are no part of the code: a comment, a line break inside a statement or after a
-# blank line or a comment, the encoding (the decoded text is read), the end of the file.
-_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
-# Since 3.12 an f-string is a run of tokens (3.14 adds t-strings): read as its source text, the one
-# token it is on 3.11.
-_STRING_STARTS = {getattr(tokenize, n) for n in ("FSTRING_START", "TSTRING_START") if hasattr(tokenize, n)}
-_STRING_ENDS = {getattr(tokenize, n) for n in ("FSTRING_END", "TSTRING_END") if hasattr(tokenize, n)}
-
-
-def _source_text(data: bytes) -> str:
-  """A file's text as Python reads it: decoded by its encoding declaration or BOM (UTF-8 without
-  either), with universal newlines."""
-  encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-  return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _char_pos(lines: list[str], line: int, byte_col: int) -> _Pos:
-  """An `ast` position (its column counts UTF-8 bytes) as a `tokenize` one (its column counts characters)."""
-  return line, len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8"))
-
-
-def _slice(lines: list[str], start: _Pos, end: _Pos) -> str:
-  """The source text from `start` to `end`."""
-  if start[0] == end[0]:
-    return lines[start[0] - 1][start[1] : end[1]]
-  middle = lines[start[0] : end[0] - 1]
-  return "\n".join([lines[start[0] - 1][start[1] :], *middle, lines[end[0] - 1][: end[1]]])
-
-
-def _is_docstring(body: list[ast.stmt]) -> bool:
-  first = body[0] if body else None
-  return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
-
-
-# A logical line: its indentation depth and its items, each a token's text or, for an import
-# statement, its index in the file's imports.
-_Line = tuple[int, tuple[str | int, ...]]
-
-
-@functools.lru_cache(maxsize=4096)
-def _read_code(
-  data: bytes,
-) -> tuple[tuple[_Line, ...], tuple[tuple[ast.Import | ast.ImportFrom, tuple[str, ...]], ...]]:
-  """A file's code (`code_lines`), each import statement standing as one item: the index of its
-  (node, tokens) in the second element. Cached by content: every run key reads every file."""
-  text = _source_text(data)
-  lines = text.split("\n")
-  tree = ast.parse(text)
-  spans: list[tuple[_Pos, _Pos, int | None]] = []  # (start, end, import index or None: a docstring)
-  nodes: list[ast.Import | ast.ImportFrom] = []
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and _is_docstring(
-      node.body
-    ):
-      doc = node.body[0]
-      spans.append(
-        (_char_pos(lines, doc.lineno, doc.col_offset), _char_pos(lines, doc.end_lineno, doc.end_col_offset), None)
-      )
-    elif isinstance(node, ast.Import | ast.ImportFrom):
-      start = _char_pos(lines, node.lineno, node.col_offset)
-      end = _char_pos(lines, node.end_lineno, node.end_col_offset)
-      spans.append((start, end, len(nodes)))
-      nodes.append(node)
-  spans.sort(key=lambda s: s[0])
-  starts = [s[0] for s in spans]
-
-  out: list[_Line] = []
-  depth, items, line_depth = 0, [], 0
-  import_tokens: list[list[str]] = [[] for _ in nodes]
-  nested, string_start = 0, (0, 0)
-  for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-    if nested:  # inside an f-string: only its end matters
-      nested += (tok.type in _STRING_STARTS) - (tok.type in _STRING_ENDS)
-      if not nested:
-        items.append(_slice(lines, string_start, tok.end))
-      continue
-    if tok.type in _NOT_CODE:
-      continue
-    if tok.type == tokenize.INDENT:
-      depth += 1
-      continue
-    if tok.type == tokenize.DEDENT:
-      depth -= 1
-      continue
-    if tok.type == tokenize.NEWLINE:  # the end of a logical line
-      if items:
-        out.append((line_depth, tuple(items)))
-      items = []
-      continue
-    if not items:
-      line_depth = depth
-    i = bisect.bisect_right(starts, tok.start) - 1
-    if i >= 0 and tok.start < spans[i][1]:  # in a docstring (dropped) or an import (one item)
-      k = spans[i][2]
-      if k is not None:
-        items += [k] if tok.start == spans[i][0] else []
-        import_tokens[k].append(tok.string)
-      continue
-    if tok.type in _STRING_STARTS:
-      nested, string_start = 1, tok.start
-      continue
-    items.append(tok.string)
-  if items:
-    out.append((line_depth, tuple(items)))
-  return tuple(out), tuple((node, tuple(t)) for node, t in zip(nodes, import_tokens))
-
-
-def code_lines(source: bytes | str) -> list[tuple[int, tuple[str, ...]]]:
-  """A Python file's code as the key reads it: its logical lines, each (indentation depth, its
-  tokens' text), without comments, blank lines, layout and docstrings. (The key reads its import
-  statements as what they bind: `_bindings`.)"""
-  data = source.encode("utf-8") if isinstance(source, str) else source
-  lines, imports = _read_code(data)
-  return [(d, tuple(t for x in items for t in (imports[x][1] if isinstance(x, int) else (x,)))) for d, items in lines]
-
-
 def _bindings(
   node: ast.Import | ast.ImportFrom, package: str, modules: dict[str, str]
 ) -> tuple[list[list[str | None]], list[str]]:
@@ -342,7 +174,7 @@ def _module_hashes(files: tuple[tuple[str, str, bytes], ...]) -> dict[str, str]:
   code: dict[str, str] = {}
   imported: dict[str, list[str]] = {}
   for name, path, data in files:
-    lines, imports = _read_code(data)
+    lines, imports = read_code(data)
     if not lines:
       continue
     package = _package_of(name, path)

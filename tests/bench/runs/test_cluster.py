@@ -1,4 +1,4 @@
-"""The benchmark's executors (`hybridjax.bench.executor`, `runner`, `cluster`): the settings they
+"""The benchmark's executors (`hybridjax.bench.runs.executors`, `runner`, `cluster`): the settings they
 refuse, and the Ray executor on a real two-node Ray cluster on loopback, whose runs must be the local
 executor's bits, even when a worker is killed mid-run (slow: CI runs them with the `cluster` extra).
 """
@@ -25,7 +25,9 @@ import pytest
 from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import cluster, keys, runner, runs, specs
+from hybridjax.bench import specs
+from hybridjax.bench.runs import cluster, keys, runner
+from hybridjax.bench.runs import worker as runs
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None  # found, not imported: this process never joins a cluster
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed: pip install -e '.[cluster]' (.ci/run does)")
@@ -168,12 +170,12 @@ def test_the_code_a_worker_needs_is_the_code_the_key_hashes(tmp_path, monkeypatc
   plug-in outside any package is shipped as its file."""
   (tmp_path / "my_task_mod.py").write_text("from hybridjax.tasks.mlp import build_task  # noqa: F401\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  modules = ["hybridjax.bench.anchor_run", "my_task_mod"]
+  modules = ["hybridjax.bench.runs.anchor_run", "my_task_mod"]
   shipped = keys.code_packages(modules)
   assert str(tmp_path / "my_task_mod.py") in shipped
   package = [p for p in shipped if os.path.basename(p) == "hybridjax"]
   assert len(package) == 1 and os.path.isdir(package[0])
-  for path in keys.source_closure("hybridjax.bench.anchor_run") + keys.source_closure("my_task_mod"):
+  for path in keys.source_closure("hybridjax.bench.runs.anchor_run") + keys.source_closure("my_task_mod"):
     assert any(path == p or path.startswith(p + os.sep) for p in shipped), path
   assert set(keys.library_versions(modules)) >= {"jax", "jaxlib", "flax", "optax"}
 
@@ -384,7 +386,8 @@ def test_the_quick_protocol_on_two_ray_nodes_computes_the_local_bits_though_a_wo
 _FAILING_RUN = """
 import json, sys
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import runner, specs
+from hybridjax.bench import specs
+from hybridjax.bench.runs import runner
 config = benchmark_cfg.get_config("quick")
 config.benchmark.update(executor="ray", ray_address=sys.argv[1])
 spec = specs.run_spec(config, kind="anchor", seed=1, lr=0.01, steps=4, beta=0.9)
@@ -410,7 +413,8 @@ def test_a_run_that_fails_is_reported_once_naming_its_spec(two_node_cluster, tmp
 _USER_CORPUS = """
 import hashlib, json, os, random, shutil, sys, tempfile
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import cluster, runner, specs
+from hybridjax.bench import specs
+from hybridjax.bench.runs import cluster, runner
 address, work, corpus = sys.argv[1:]
 os.makedirs(corpus, exist_ok=True)
 words = random.Random(0).choices(["the", "run", "a", "node", "token", "corpus", "ships", "once", "bits"], k=60000)

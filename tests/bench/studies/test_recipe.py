@@ -1,4 +1,4 @@
-"""The speedrun recipe's steps (`hybridjax.bench.recipe.TRICKS`): each changes what its record changed
+"""The speedrun recipe's steps (`hybridjax.bench.speedrun.TRICKS`): each changes what its record changed
 and only that, every step is a valid run at every CPU preset, the `deep` preset's later steps connect
 distinct layers, and a field the command line set wins over a trick, with the record saying so."""
 
@@ -11,14 +11,16 @@ import pytest
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import cli
 from hybridjax import config as config_lib
-from hybridjax.bench import recipe, report
+from hybridjax.bench import speedrun, study
+from hybridjax.bench.studies.recipe import report as recipe_report
+from hybridjax.bench.studies.recipe import run as recipe_run
 from hybridjax.models import gpt2
 
 
 def _steps(config):
   """{step: the config with every trick up to it applied}."""
-  names = recipe.tricks_of(config)
-  return {name: recipe.apply_tricks(config, names[: k + 1]) for k, name in enumerate(names)}
+  names = speedrun.tricks_of(config)
+  return {name: speedrun.apply_tricks(config, names[: k + 1]) for k, name in enumerate(names)}
 
 
 def _changed(before, after):
@@ -28,7 +30,7 @@ def _changed(before, after):
 
 def test_each_step_changes_what_its_record_changed():
   c = benchmark_cfg.get_config("long")
-  assert list(recipe.TRICKS) == [
+  assert list(speedrun.TRICKS) == [
     "schedule",
     "rotary",
     "muon",
@@ -39,7 +41,7 @@ def test_each_step_changes_what_its_record_changed():
     "value_embeds",
     "attn_scale",
   ]
-  assert recipe.tricks_of(c) == list(recipe.TRICKS)
+  assert speedrun.tricks_of(c) == list(speedrun.TRICKS)
   steps = _steps(c)
   before, changed = c, {}
   for name, after in steps.items():
@@ -70,14 +72,15 @@ def test_each_step_changes_what_its_record_changed():
   assert changed["value_embeds"] == {"model.value_embeds": 1, "model.value_residual": False}
   # #20: the record's bound on the QK-normed scores, 0.12 * 128, at long's head_dim 16; its init.
   assert changed["attn_scale"] == {"model.attn_scale": pytest.approx(0.12 * 128 / 16), "model.init": "fan_in_0.5"}
-  for name, trick in recipe.TRICKS.items():
+  for name, trick in speedrun.TRICKS.items():
     assert trick.record.startswith("#"), name
 
 
 @pytest.mark.parametrize("preset", ["tiny", "long", "deep"])
 def test_every_step_is_a_valid_run_at_every_cpu_preset(preset):
   c = benchmark_cfg.get_config(preset)
-  recipe.validate_recipe(c)
+  c.benchmark.study = "recipe"
+  study.validate(c)
   last = _steps(c)["attn_scale"]
   head_dim = last.model.d_model // last.model.n_head
   assert last.model.attn_scale * head_dim == pytest.approx(15.36)  # the record's bound at every head_dim
@@ -109,33 +112,33 @@ def test_a_field_the_command_line_set_wins_over_a_trick_and_the_record_says_so()
   """`--config.model.relu2=False` with the recipe: every step from #5 on trains without ReLU², and
   the record names the field, the trick's value and the one kept. Fields of the benchmark block are
   not kept (no trick sets them)."""
-  argv = ["prog", "--config.model.relu2=False", "--config.benchmark.recipe=True", "--config.optim.warmup_steps", "20"]
+  argv = ["prog", "--config.model.relu2=False", "--config.benchmark.study=recipe", "--config.optim.warmup_steps", "20"]
   fields = cli.command_line_fields(argv)
-  assert fields == ["model.relu2", "benchmark.recipe", "optim.warmup_steps"]
+  assert fields == ["model.relu2", "benchmark.study", "optim.warmup_steps"]
   c = benchmark_cfg.get_config("long")
   c.model.relu2 = False
   c.optim.warmup_steps = 20
-  c = recipe.keep_command_line(c, fields)
+  c = speedrun.keep_command_line(c, fields)
   assert c.benchmark.recipe_keep == "model.relu2,optim.warmup_steps"
-  steps = recipe.step_configs(c, 6e-3)
+  steps = recipe_run.step_configs(c, 6e-3)
   assert not any(s.model.relu2 for s in steps.values())
   assert steps["modern_arch"].model.qk_norm and all(s.optim.warmup_steps == 20 for s in steps.values())
-  kept = recipe.kept_changes(c)
+  kept = speedrun.kept_changes(c)
   assert kept == {"muon": {"optim.warmup_steps": [0, 20]}, "modern_arch": {"model.relu2": [True, False]}}
-  assert not recipe.speedrun_config(c).model.relu2  # R6 keeps it too
-  text = " ".join(report.kept_lines({"kept": kept}))
+  assert not speedrun.speedrun_config(c).model.relu2  # R6 keeps it too
+  text = " ".join(recipe_report.kept_lines({"kept": kept}))
   assert "`modern_arch`: model.relu2=False (the trick's True)" in text
-  assert report.kept_lines({}) == []
+  assert recipe_report.kept_lines({}) == []
   # A kept field that is no field of the config is refused, naming it.
-  c.benchmark.recipe_keep = "model.relu3"
+  c.benchmark.update(recipe_keep="model.relu3", study="recipe")
   with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe_keep='model\.relu3' names \['model\.relu3'\]"):
-    recipe.validate_recipe(c)
+    study.validate(c)
 
 
 def test_the_first_trick_list_is_kept_to_read_the_published_recipes():
   """`TRICKS_V1` is what the published recipes measured: the embedding norm in the #5 group, no
   warm-up change, the tied head at the untied head's settings, and no step after the value embeddings."""
-  assert list(recipe.TRICKS_V1) == [
+  assert list(speedrun.TRICKS_V1) == [
     "schedule",
     "rotary",
     "muon",
@@ -146,7 +149,7 @@ def test_the_first_trick_list_is_kept_to_read_the_published_recipes():
     "value_embeds",
   ]
   c = benchmark_cfg.get_config("long")
-  assert recipe.TRICKS_V1["modern_arch"].changes(c)["model.embed_norm"] is True
-  assert set(recipe.TRICKS_V1["muon"].changes(c)) == {"optim.name", "optim.grad_clip", "optim.weight_decay"}
-  assert recipe.trick_list({}) is recipe.TRICKS_V1
-  assert recipe.trick_list({"trick_list": recipe.TRICK_LIST_VERSION}) is recipe.TRICKS
+  assert speedrun.TRICKS_V1["modern_arch"].changes(c)["model.embed_norm"] is True
+  assert set(speedrun.TRICKS_V1["muon"].changes(c)) == {"optim.name", "optim.grad_clip", "optim.weight_decay"}
+  assert speedrun.trick_list({}) is speedrun.TRICKS_V1
+  assert speedrun.trick_list({"trick_list": speedrun.TRICK_LIST_VERSION}) is speedrun.TRICKS

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from hybridjax.bench.runs import enable_cache, execute, init_worker
+from hybridjax.bench.runs.worker import enable_cache, execute, init_worker
 
 Todo = Sequence[tuple[str, dict[str, Any]]]  # (key, spec) of each run to train
 

@@ -1,4 +1,4 @@
-"""The fairness ladder's pure parts (`hybridjax.bench.ladder`): each rung's baseline condition, the
+"""The fairness ladder's pure parts (`hybridjax/bench/studies/ladder/`): each rung's baseline condition, the
 plateau flags, the R0 nulls and the checks on its fields. The ladder run itself is tested on the
 quick protocol's runs in tests/bench/test_benchmark.py."""
 
@@ -18,12 +18,20 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import keys, ladder, protocol, recipe, report, specs, tuning
+from hybridjax.bench import cells, figures, protocol, specs, speedrun, study, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.studies.ladder import figures as ladder_figs
+from hybridjax.bench.studies.ladder import report as ladder_report
+from hybridjax.bench.studies.ladder import run as ladder_run
+from hybridjax.bench.studies.ladder import rungs as ladder_rungs
+from hybridjax.bench.studies.recipe import figures as recipe_figs
+from hybridjax.bench.studies.recipe import report as recipe_report
+from hybridjax.bench.studies.recipe import run as recipe_run
 
 
 def _config():
   c = benchmark_cfg.get_config("quick")
-  c.benchmark.ladder = True
+  c.benchmark.study = "ladder"
   return c
 
 
@@ -31,24 +39,26 @@ def test_constant_rungs_hold_the_lr_after_warmup_and_r5_is_muon():
   c = _config()
   n = int(c.trainer.steps)
   for group, peak in (("untuned", c.benchmark.untuned_lr), ("constant", 0.004)):
-    g = ladder.group_config(c, group, [1, 2])
+    g = ladder_rungs.group_config(c, group, [1, 2])
     g.optim.learning_rate = peak
     for total in (n, 2 * n):  # a constant schedule does not depend on the budget
       schedule = optim.make_schedule(g.optim, total)
       lrs = jnp.array([optim.learning_rate(schedule, jnp.asarray(t)) for t in range(g.optim.warmup_steps, total)])
       chex.assert_trees_all_close(lrs, jnp.full_like(lrs, peak), rtol=1e-6)
     assert g.benchmark.family == "adamw-constant" and list(g.benchmark.seeds) == [1, 2]
-  cosine = ladder.group_config(c, "cosine", [1, 2])
+  cosine = ladder_rungs.group_config(c, "cosine", [1, 2])
   assert cosine.optim.min_lr_ratio == c.optim.min_lr_ratio < 1.0
-  muon = ladder.group_config(c, "muon", [3])
+  muon = ladder_rungs.group_config(c, "muon", [3])
   assert muon.optim.name == "muon" and muon.optim.learning_rate == c.benchmark.muon.learning_rate
   assert muon.benchmark.family == "muon-cosine"
 
 
 def test_the_forecaster_arms_run_at_the_cosine_rungs_only():
   c = benchmark_cfg.get_config("long")
-  assert "jump_forecast" not in ladder.arms_at(c, "untuned") and "jump_forecast" in ladder.arms_at(c, "cosine")
-  assert ladder.arms_at(c, "constant") == ladder.names(c.benchmark.ladder_methods)
+  assert "jump_forecast" not in ladder_rungs.arms_at(c, "untuned") and "jump_forecast" in ladder_rungs.arms_at(
+    c, "cosine"
+  )
+  assert ladder_rungs.arms_at(c, "constant") == ladder_rungs.names(c.benchmark.ladder_methods)
 
 
 def _curve(values, n=100):
@@ -68,9 +78,9 @@ def test_a_run_far_above_its_groups_median_early_or_at_n_is_a_plateau():
       }
     },
   }
-  flagged = ladder.plateaus(group, n, margin=0.05)
+  flagged = ladder_run.plateaus(group, n, margin=0.05)
   assert {(p["run"], p["seed"], p["at_step"]) for p in flagged} == {("arm", "2", 10), ("arm", "3", 100)}
-  assert ladder.plateaus(group, n, margin=0.2) == []
+  assert ladder_run.plateaus(group, n, margin=0.2) == []
 
 
 def _group(method_losses, stop_losses_at, n=100):
@@ -96,7 +106,7 @@ def _group(method_losses, stop_losses_at, n=100):
 def test_r0_credits_a_gain_only_beyond_both_nulls():
   n = 100
   ms = {"baseline": {"baseline": 10.0}, "arm": {"full_step": 10.0, "predict_step": 2.0}}
-  rung = ladder.RUNGS["R0"]
+  rung = ladder_rungs.RUNGS["R0"]
   stop = {
     s: protocol.curve_loss_at(b["steps"], b["raw"], 60)
     for s, b in _group([0, 0, 0], {"1": 0, "2": 0, "3": 0})["baseline"].items()
@@ -104,7 +114,7 @@ def test_r0_credits_a_gain_only_beyond_both_nulls():
   # An arm whose loss is the baseline's stopped at its 60 backward passes: the seed's criterion may
   # call it a speed-up, but it is no better than stopping early.
   same = _group([stop[s] for s in ("1", "2", "3")], stop)
-  f = ladder.arm_figures(rung, same, "arm", "arm_control", ms, n)
+  f = ladder_figs.arm_figures(rung, same, "arm", "arm_control", ms, n)
   e = f["equal_steps"]
   assert e["wallclock_ratio"]["mean"] == pytest.approx(n * 10.0 / (60 * 10.0 + 40 * 2.0))
   np.testing.assert_allclose(e["null_stopped_baseline"]["loss"], [stop[s] for s in ("1", "2", "3")])
@@ -112,7 +122,7 @@ def test_r0_credits_a_gain_only_beyond_both_nulls():
   assert e["vs_stopped_baseline"]["verdict"] == "no difference" and not e["claim"]["beats_both_nulls"]
   # An arm clearly below both nulls on every seed is credited.
   better = _group([stop[s] - 0.1 - 0.002 * i for i, s in enumerate(("1", "2", "3"))], stop)
-  e = ladder.arm_figures(rung, better, "arm", "arm_control", ms, n)["equal_steps"]
+  e = ladder_figs.arm_figures(rung, better, "arm", "arm_control", ms, n)["equal_steps"]
   assert e["vs_stopped_baseline"]["verdict"] == "lower" and e["vs_control"]["verdict"] == "lower"
   assert e["claim"]["beats_both_nulls"]
 
@@ -122,8 +132,8 @@ def test_the_iterate_of_a_rung_is_compared_with_the_same_iterate():
   g = _group([2.0, 2.01, 1.99], {"1": 2.1, "2": 2.1, "3": 2.1})
   for r in g["method_runs"]["arm"].values():
     r["final_averaged"] = r["final_raw"] - 0.05
-  raw = ladder.arm_figures(ladder.RUNGS["R3"], g, "arm", None, None, n)
-  avg = ladder.arm_figures(ladder.RUNGS["R4"], g, "arm", None, None, n)
+  raw = ladder_figs.arm_figures(ladder_rungs.RUNGS["R3"], g, "arm", None, None, n)
+  avg = ladder_figs.arm_figures(ladder_rungs.RUNGS["R4"], g, "arm", None, None, n)
   assert raw["loss"] == [2.0, 2.01, 1.99] and avg["loss"] == pytest.approx([1.95, 1.96, 1.94])
   assert raw["baseline_at_n"] == pytest.approx([2.0, 2.01, 1.99]) and avg["baseline_at_n"] == pytest.approx([2.0] * 3)
   assert raw["vs_baseline_at_n"]["verdict"] == "no difference"
@@ -135,7 +145,7 @@ def test_bad_ladder_settings_name_the_field():
   c.benchmark.ladder_rungs = "R1,R9"
   c.benchmark.ladder_methods = "jump,nope"
   with pytest.raises(ValueError) as e:
-    ladder.validate_ladder(c)
+    study.validate(c)
   for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']"):
     assert text in str(e.value)
   c = _config()  # the plateau rule's fields: every protocol's check (the ladder's and the recipe's)
@@ -162,17 +172,17 @@ def test_the_published_ladders_recompute_from_their_runs():
   are the report's; the headline scale ran every rung with at least 3 headline seeds."""
   results = _published()
   presets = {r["preset"]: r for r in results.values()}
-  # R6 (the speedrun recipe) ran later and was joined in (`ladder.join`): every rung, in order.
-  assert "long" in presets and presets["long"]["rung_names"] == list(ladder.RUNGS)
+  # R6 (the speedrun recipe) ran later and was joined in (`ladder_run.join`): every rung, in order.
+  assert "long" in presets and presets["long"]["rung_names"] == list(ladder_rungs.RUNGS)
   for path, r in results.items():
     config = ml_collections.ConfigDict(r["config"])
     ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
-    again = ladder.rung_figures(config, r["groups"], ms, r["steps"])
+    again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"])
     assert json.loads(json.dumps(again)) == r["rungs"], path
     for name in r["rung_names"]:
       assert len(r["rungs"][name]["seeds"]) >= 3, (path, name)
     with open(path[: -len(".json")] + ".md") as f:
-      assert f.read() == report.ladder_markdown(r) + "\n", path
+      assert f.read() == ladder_report.ladder_markdown(r) + "\n", path
     assert os.path.getsize(path[: -len(".json")] + ".png") > 1000
 
 
@@ -186,10 +196,10 @@ def test_the_published_recipes_recompute_from_their_runs():
     with open(path) as f:
       r = json.load(f)
     presets[r["preset"]] = r
-    assert json.loads(json.dumps(recipe.recipe_figures(r))) == r["figures"], path
+    assert json.loads(json.dumps(recipe_figs.recipe_figures(r))) == r["figures"], path
     # No trick dropped, in the record's order, each as the list it was measured with describes it
-    # (the published recipes hold no `trick_list`: the first list, `recipe.TRICKS_V1`).
-    tricks = recipe.trick_list(r)
+    # (the published recipes hold no `trick_list`: the first list, `speedrun.TRICKS_V1`).
+    tricks = speedrun.trick_list(r)
     assert r["tricks"] == list(tricks), path
     assert r["records"] == {name: trick.record for name, trick in tricks.items()}, path
     for row in r["figures"]:
@@ -199,7 +209,7 @@ def test_the_published_recipes_recompute_from_their_runs():
     last = r["figures"][-1]
     assert r["total_speedup"] == {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
     with open(path[: -len(".json")] + ".md") as f:
-      assert f.read() == report.recipe_markdown(r) + "\n", path
+      assert f.read() == recipe_report.recipe_markdown(r) + "\n", path
     assert os.path.getsize(path[: -len(".json")] + ".png") > 1000
   assert "long" in presets, "docs/results/recipe/ holds no published recipe-long.json"
 
@@ -225,7 +235,7 @@ def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_ti
   """The report and the figure over all six rungs on synthetic groups: an arm with a control, one
   without (R0 compares it with the stopped baseline alone), and a muon group with no timing."""
   c = benchmark_cfg.get_config("long")
-  c.benchmark.ladder = True
+  c.benchmark.study = "ladder"
   n = 100
   stop = {"1": 2.3, "2": 2.3, "3": 2.3}
   groups = {}
@@ -239,8 +249,8 @@ def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_ti
     groups[g] = group
   ms = {"adamw": {"baseline": {"baseline": 10.0}, "jump": {"full_step": 10.0, "predict_step": 2.0}}}
   ms["adamw"]["outer_momentum"] = ms["adamw"]["jump"]
-  rungs = ladder.rung_figures(c, groups, ms, n)
-  assert list(rungs) == list(ladder.RUNGS) and rungs["R5"]["figures"]["jump"]["wallclock_ratio"]["n_null"] == 3
+  rungs = ladder_figs.rung_figures(c, groups, ms, n)
+  assert list(rungs) == list(ladder_rungs.RUNGS) and rungs["R5"]["figures"]["jump"]["wallclock_ratio"]["n_null"] == 3
   assert rungs["R6"]["iterate"] == "raw" and rungs["R6"]["verdict_rung"]
   assert rungs["R0"]["figures"]["outer_momentum"]["equal_steps"]["claim"]["nulls_compared"] == ["stopped_baseline"]
   result = {
@@ -252,17 +262,17 @@ def test_every_rung_reports_and_draws_with_an_arm_without_control_and_without_ti
     "runs_trained": 1,
     "runs_cached": 2,
     "machine": {"cpu_cores": 2, "platform": "cpu"},
-    "rung_names": list(ladder.RUNGS),
-    "verdict_rungs": list(ladder.VERDICT),
+    "rung_names": list(ladder_rungs.RUNGS),
+    "verdict_rungs": list(ladder_rungs.VERDICT),
     "rungs": rungs,
     "groups": groups,
     "untuned_position": {},
   }
-  md = report.ladder_markdown(result)
-  for name in ladder.RUNGS:
+  md = ladder_report.ladder_markdown(result)
+  for name in ladder_rungs.RUNGS:
     assert f"## {name}: " in md
   assert "the stopped baseline (no control)" in md and "R4: R3 with weight averaging (averaged) **verdict**" in md
-  assert report.save_ladder_plot(result, str(tmp_path)).endswith("ladder-synthetic.png")
+  assert ladder_report.save_ladder_plot(result, str(tmp_path)).endswith("ladder-synthetic.png")
 
 
 def test_a_recipe_step_reads_its_speedup_on_the_anchors_curve():
@@ -271,11 +281,11 @@ def test_a_recipe_step_reads_its_speedup_on_the_anchors_curve():
   anchor = {s: {"steps": [50, 100, 200, 400], "loss": [3.0, 2.0, 1.5, 1.2]} for s in ("1", "2", "3")}
   step = {"runs": {"1": {"loss": 1.5}, "2": {"loss": 2.0}, "3": {"loss": 1.1}}}
   previous = {"1": 2.0, "2": 2.1, "3": 1.9}
-  f = recipe.step_figures("x", step, previous, anchor, {"anchor": 10.0, "x": 20.0}, 100)
+  f = recipe_figs.step_figures("x", step, previous, anchor, {"anchor": 10.0, "x": 20.0}, 100)
   assert f["speedup"]["per_seed"] == [2.0, 1.0, 4.0] and f["speedup"]["lower_bound"]
   assert f["wallclock_ratio"]["mean"] == pytest.approx(f["speedup"]["mean"] / 2)
   assert f["vs_previous"]["differences"] == pytest.approx([-0.5, -0.1, -0.8])
-  assert report.speedup_cell(f["speedup"]).startswith("> ")
+  assert cells.speedup_cell(f["speedup"]).startswith("> ")
 
 
 def test_a_published_scale_names_the_runs_it_read_from_the_cache():
@@ -286,11 +296,11 @@ def test_a_published_scale_names_the_runs_it_read_from_the_cache():
     {"wall_s": 3600.0, "runs_trained": 5, "runs_cached": 0},
     {"wall_s": 1800.0, "runs_trained": 2, "runs_cached": 3},
   ]
-  assert report.compute_clause({"machine": machine, "invocations": calls}) == (
+  assert cells.compute_clause({"machine": machine, "invocations": calls}) == (
     "7 runs trained in 1.5 h over 2 invocation(s) on 2 cpu cores, 3 more read from the run cache"
   )
   alone = {"machine": machine, "wall_s": 720.0, "runs_trained": 4, "runs_cached": 0}
-  assert report.compute_clause(alone) == "4 runs trained in 0.2 h over 1 invocation(s) on 2 cpu cores"
+  assert cells.compute_clause(alone) == "4 runs trained in 0.2 h over 1 invocation(s) on 2 cpu cores"
 
 
 def test_the_recipe_flags_an_anchor_run_on_a_plateau_and_adds_seeds_that_keep_every_key():
@@ -301,10 +311,10 @@ def test_the_recipe_flags_an_anchor_run_on_a_plateau_and_adds_seeds_that_keep_ev
   runs = {f"{s}/{n}": {"steps": n, "curve": _curve([2.5, 2.0, 1.8])} for s in ("1", "2")}
   runs["3/100"] = {"steps": n, "curve": _curve([2.9, 2.0, 1.8])}  # stuck early, recovered by N
   runs["3/200"] = {"steps": 200, "curve": _curve([9.0])}  # another budget: not an N-step run
-  flagged = recipe.anchor_plateaus({"runs": runs}, n, margin=0.05)
+  flagged = recipe_run.anchor_plateaus({"runs": runs}, n, margin=0.05)
   assert [(p["run"], p["seed"], p["at_step"]) for p in flagged] == [("anchor", "3", 10)]
   c = benchmark_cfg.get_config("quick")
-  more = recipe.with_seeds(c, [1, 2, 4, 5])
+  more = recipe_run.with_seeds(c, [1, 2, 4, 5])
   assert tuple(more.benchmark.seeds) == (1, 2, 4, 5) and tuple(c.benchmark.seeds) != (1, 2, 4, 5)
   spec = functools.partial(specs.run_spec, kind="anchor", seed=4, lr=1e-3, steps=40, beta=0.9)
   assert keys.run_key(spec(more)) == keys.run_key(spec(c))
@@ -325,7 +335,7 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
   n, margin = result["steps"], result["config"]["benchmark"]["plateau_margin"]
   steps = {name: {s: curve(r["key"]) for s, r in st["runs"].items()} for name, st in result["step_runs"].items()}
   assert all(len(per_seed) == 3 for per_seed in steps.values())
-  assert protocol.plateau_runs(steps, n, margin) == []
+  assert figures.plateau_runs(steps, n, margin) == []
   a = result["anchor"]  # its N-step runs: the cached runs at its LR, not a step's, whose averaged loss is its loss at N
   step_keys = {r["key"] for st in result["step_runs"].values() for r in st["runs"].values()}
   anchor = {}
@@ -339,37 +349,38 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
       assert s not in anchor, f"two cached runs match the anchor's seed {s} at N"
       anchor[s] = run["curve"]
   assert sorted(anchor) == sorted(a["at_n"]) == ["1", "2", "3"]
-  assert protocol.plateau_runs({"anchor": anchor}, n, margin) == []
+  assert figures.plateau_runs({"anchor": anchor}, n, margin) == []
 
 
 def test_bad_recipe_settings_name_the_field_and_the_step(tmp_path):
   c = benchmark_cfg.get_config("quick")
+  c.benchmark.study = "recipe"
   c.benchmark.recipe_tricks = "schedule,warp"
   with pytest.raises(ValueError, match="benchmark.recipe_tricks"):
-    recipe.validate_recipe(c)
+    study.validate(c)
   c.benchmark.recipe_tricks = "schedule,unet"  # the micro model has one layer
   with pytest.raises(ValueError, match="(?s)step 'unet'.*model.unet_skips"):
-    recipe.validate_recipe(c)
+    study.validate(c)
   c.benchmark.recipe_tricks = "schedule"
   c.benchmark.recipe_budgets = (1.5,)
   with pytest.raises(ValueError, match="recipe_budgets"):
-    recipe.validate_recipe(c)
+    study.validate(c)
   c = benchmark_cfg.get_config("quick")  # the plateau rule's fields: the recipe refuses before writing
-  c.benchmark.update(recipe=True, plateau_margin=0.0, plateau_seeds=(1,))
+  c.benchmark.update(study="recipe", plateau_margin=0.0, plateau_seeds=(1,))
   with pytest.raises(ValueError, match=r"plateau_margin must be > 0.*plateau_seeds must not repeat a headline"):
-    recipe.run_recipe(c, str(tmp_path / "recipe"))
+    study.run(c, str(tmp_path / "recipe"))
   assert not (tmp_path / "recipe").exists()
 
 
 def _split(result, rungs):
   """The part of a published ladder that ran `rungs` (its groups and timings), as one invocation."""
   part = json.loads(json.dumps(result))
-  groups = {ladder.RUNGS[r].group for r in rungs}
+  groups = {ladder_rungs.RUNGS[r].group for r in rungs}
   part["rung_names"] = list(rungs)
   part["verdict_rungs"] = [r for r in result["verdict_rungs"] if r in rungs]
   part["config"]["benchmark"]["ladder_rungs"] = ",".join(rungs)
   part["groups"] = {g: v for g, v in result["groups"].items() if g in groups}
-  part["timing"] = {k: v for k, v in result["timing"].items() if k in {ladder.timing_key(g) for g in groups}}
+  part["timing"] = {k: v for k, v in result["timing"].items() if k in {ladder_rungs.timing_key(g) for g in groups}}
   part["rungs"] = {r: result["rungs"][r] for r in rungs}
   part["invocations"] = [{"date": "d", "wall_s": 1.0, "runs_trained": 2, "runs_cached": 0}]
   part.update(wall_s=1.0, runs_trained=2, runs_cached=0, command=f"run {','.join(rungs)}")
@@ -380,21 +391,21 @@ def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_
   """Publishing R6 alone into a folder whose ladder ran R0-R5 writes one ladder with every rung,
   each recomputed from the groups of both; a ladder that ran a rung again replaces it instead."""
   (published,) = [r for r in _published().values() if r["preset"] == "long"]
-  earlier, later = _split(published, list(ladder.RUNGS)[:-1]), _split(published, ["R6"])
+  earlier, later = _split(published, list(ladder_rungs.RUNGS)[:-1]), _split(published, ["R6"])
   folder = tmp_path / "ladder"
-  ladder.write_ladder(earlier, {}, str(tmp_path / "work1"), str(folder))
-  ladder.write_ladder(later, {}, str(tmp_path / "work2"), str(folder))
+  ladder_run.write_ladder(earlier, {}, str(tmp_path / "work1"), str(folder))
+  ladder_run.write_ladder(later, {}, str(tmp_path / "work2"), str(folder))
   with open(folder / "ladder-long.json") as f:
     joined = json.load(f)
-  assert joined["rung_names"] == list(ladder.RUNGS) and joined["rungs"] == published["rungs"]
+  assert joined["rung_names"] == list(ladder_rungs.RUNGS) and joined["rungs"] == published["rungs"]
   assert joined["command"] == "run R0,R1,R2,R3,R4,R5; run R6" and joined["runs_trained"] == 4
-  assert [c["rungs"] for c in joined["invocations"]] == [list(ladder.RUNGS)[:-1], ["R6"]]
+  assert [c["rungs"] for c in joined["invocations"]] == [list(ladder_rungs.RUNGS)[:-1], ["R6"]]
   with open(tmp_path / "work2" / "ladder-long.json") as f:
     assert json.load(f)["rung_names"] == ["R6"]  # the workdir keeps what this invocation ran
   with pytest.raises(ValueError, match=r"both ran \['R6', 'speedrun'\]"):
-    ladder.join(joined, later)
+    ladder_run.join(joined, later)
   with pytest.raises(ValueError, match="different steps"):
-    ladder.join(earlier, {**later, "steps": 10})
-  ladder.write_ladder(later, {}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
+    ladder_run.join(earlier, {**later, "steps": 10})
+  ladder_run.write_ladder(later, {}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
   with open(folder / "ladder-long.json") as f:
     assert json.load(f)["rung_names"] == ["R6"]

@@ -42,9 +42,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hybridjax.bench import keys as keys_lib
-from hybridjax.bench import runs
-from hybridjax.bench.executor import Todo, describe, longest_first
+from hybridjax.bench.runs import keys as keys_lib
+from hybridjax.bench.runs import worker as runs
+from hybridjax.bench.runs.executors import Todo, describe, longest_first
 
 MAX_RETRIES = 3  # a run's retries after its worker died (Ray's default for tasks)
 CONNECT_TIMEOUT_S = 10.0  # how long a `ray_address` may take to accept a connection

@@ -1,0 +1,167 @@
+"""The table cells, clauses and verdict words every study's report uses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def se_cell(d: dict[str, Any]) -> str:
+  """A paired difference's mean ± the standard error it is judged with (the seeds' and the eval set's)."""
+  return f"{d['mean']:+.4f} ± {d.get('se_total', d['se']):.4f} se"
+
+
+def paired_cell(d: dict[str, Any] | None) -> str:
+  return "—" if d is None else f"{se_cell(d)} ({d['verdict']})"
+
+
+def eval_note(record: dict[str, Any] | None) -> str:
+  """The sentence on what every difference of a study is judged with: the seeds' standard error and
+  the eval set's paired per-batch one (`figures.eval_paired_se`), or why the latter is missing."""
+  record = record or {}
+  se, batches = record.get("paired_se"), record.get("batches")
+  if se is not None:
+    pair = record.get("budgets")
+    of = f" (the anchor's {pair[0]}-step run against its {pair[1]}-step one, mean over the seeds)" if pair else ""
+    source = f"; {record['source']}" if record.get("source") else ""
+    return (
+      f"Every difference is judged at 2 standard errors, the seeds' and the eval set's: a difference of two "
+      f"runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, the paired "
+      f"per-batch standard error{of}{source}."
+    )
+  if batches == 1:
+    return (
+      "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
+      "on the seeds' spread alone."
+    )
+  return "The eval set's error of a difference was not recorded: every difference is judged on the seeds' spread alone."
+
+
+def above_note(verdict: dict[str, Any] | None) -> str:
+  """'anchor at N above its envelope: k/n seeds' where the anchor's own N-step loss lies above its curve
+  (it then reads below 1x against itself, and so does an arm equal to it), else ''."""
+  if not verdict:
+    return ""
+  above = verdict.get("anchor_above_envelope_at_n") or []
+  k = sum(bool(x) for x in above)
+  return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
+
+
+def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
+  if pair is None or pair[0] is None:
+    return "n/a"
+  return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+  """A ratio's mean ± std over the seeds, with its notes: seeds not reached (a diverged run), lower
+  bounds (below the curve's end), upper bounds (above its start: the mean reads '≤' where no seed is a
+  lower bound), and, from the arm's `verdict` (`protocol.cost_verdict`), the seeds where the anchor's
+  own N-step loss lies above its envelope."""
+  above = above_note(verdict)
+  if s["mean"] is None:
+    return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
+  std = "" if s["std"] is None else f" ± {s['std']:.2f}"
+  upper = s.get("n_upper_bound", 0)
+  notes = []
+  if s["n_null"]:
+    notes.append(f"{s['n_null']} not reached")
+  if s["n_lower_bound"]:
+    notes.append(f"{s['n_lower_bound']} lower bounds")
+  if upper:
+    notes.append(f"{upper} upper bounds")
+  if above:
+    notes.append(above)
+  prefix = "≤ " if upper and not s["n_lower_bound"] else ""
+  return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def pays_clause(verdict: dict[str, Any], ratio: dict[str, Any], against: str, cost: str = "its passes") -> str:
+  """'**pays**' / '**does not pay**' / '**no difference**' with the ratio it reads, the loss difference
+  it was judged on (`protocol.cost_verdict`) and the seeds where the anchor's N-step loss lies above its
+  envelope."""
+  parts = [f"{'pass ratio' if cost == 'its passes' else 'speed-up'} {ratio_cell(ratio)}{against}"]
+  if verdict.get("paired"):
+    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve")
+  else:
+    parts.append("not judged: fewer than 2 seeds, or a cost outside the anchor's budgets")
+  above = above_note(verdict)
+  if above:
+    parts.append(above)
+  return f"**{verdict['verdict']}** ({'; '.join(parts)})"
+
+
+def verdict_rule(anchor: str = "the anchor") -> str:
+  """How a verdict line reads: when an arm pays against `anchor`."""
+  return (
+    f"An arm pays where its final loss lies below {anchor}'s curve at its passes (every forward at 1/3 of a "
+    f"step) by more than 2 standard errors, read as {anchor} reads itself at N (so an arm equal to {anchor} "
+    f"reads 'no difference' even where its N-step loss lies above its envelope); 'does not pay' where it "
+    "lies above by as much."
+  )
+
+
+def mean_cell(s: dict[str, Any] | None, unit: str = "×", digits: int = 2) -> str:
+  if s is None or s.get("mean") is None:
+    return "—"
+  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f}"
+  return f"{s['mean']:.{digits}f}{unit}{std}"
+
+
+def pct_cell(gap: dict[str, Any]) -> str:
+  std = "" if gap.get("std") is None else f" ± {100 * gap['std']:.2f}"
+  return f"{100 * gap['mean']:+.2f}%{std}"
+
+
+def verdict_cell(d: dict[str, Any] | None) -> str:
+  return "—" if d is None else d["verdict"]
+
+
+def eval_clause(record: dict[str, Any] | None) -> str:
+  """A rung's eval error of a difference, in a few words."""
+  se = (record or {}).get("paired_se")
+  if se is None:
+    return "eval error of a difference: " + (
+      "cannot be estimated (one eval batch)" if (record or {}).get("batches") == 1 else "not recorded"
+    )
+  return f"eval error of a difference {se:.4f}" + (f" ({record['source']})" if record.get("source") else "")
+
+
+def compute_clause(result: dict[str, Any]) -> str:
+  """What a published ladder or recipe cost: the runs its invocations trained and in how long, and
+  how many more it read from the run cache (trained by a family's benchmark, or by an invocation
+  that was stopped before it published: those runs' compute is not in the hours)."""
+  calls = result.get("invocations") or [
+    {"wall_s": result["wall_s"], "runs_trained": result["runs_trained"], "runs_cached": result.get("runs_cached", 0)}
+  ]
+  cached = sum(c.get("runs_cached", 0) for c in calls)
+  return (
+    f"{sum(c['runs_trained'] for c in calls)} runs trained in {sum(c['wall_s'] for c in calls) / 3600:.1f} h "
+    f"over {len(calls)} invocation(s) on {result['machine'].get('cpu_cores', '?')} "
+    f"{result['machine'].get('platform', 'cpu')} cores" + (f", {cached} more read from the run cache" if cached else "")
+  )
+
+
+def speedup_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+  """A step's speed-up: mean ± std over seeds, '> x' where a seed's loss lies below the anchor's
+  curve (a lower bound), '≤ x' where one lies above its start (an upper bound: the anchor's smallest
+  budget already does better), 'not reached' for a diverged run; with the seeds where the anchor's own
+  N-step loss lies above its envelope (`verdict`: the step's `protocol.cost_verdict`)."""
+  if s["mean"] is None:
+    return "not reached"
+  prefix = "> " if s.get("lower_bound") else ("≤ " if s.get("upper_bound") else "")
+  above = above_note(verdict)
+  return prefix + mean_cell(s) + (f" ({above})" if above else "")
+
+
+def replace_between_markers(path: str, start: str, end: str, text: str) -> None:
+  """Rewrites what lies between the lines `start` and `end` of the file at `path` with `text` (a
+  generated table in a README); a ValueError when the file lacks either marker."""
+  with open(path) as f:
+    content = f.read()
+  if start not in content or end not in content:
+    raise ValueError(f"{path} lacks the markers {start} ... {end}")
+  head, rest = content.split(start, 1)
+  _, tail = rest.split(end, 1)
+  with open(path, "w") as f:
+    f.write(f"{head}{start}\n{text}\n{end}{tail}")

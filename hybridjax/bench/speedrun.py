@@ -1,0 +1,238 @@
+"""The speedrun recipe's tricks as data, in its record's order, and what each changes in a config
+(read by the recipe study and by the ladder's R6)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Trick:
+  """One step of the recipe: the record that introduced it and the config it changes."""
+
+  name: str  # as the record history names it
+  record: str  # the speedrun record(s) it comes from
+  changes: Callable[[ml_collections.ConfigDict], dict[str, Any]]  # config -> {"block.field": value}
+  # How a record's value is carried over to a smaller model where it is not copied as it stands.
+  adapted: str = ""
+
+
+def _value_embeds(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  # The record's 3 tables in 12 layers reach the first 3 and the last 3, half the layers: k =
+  # n_layer // 4 tables, at least one, reach 2k layers (at 2 layers the one table reaches both).
+  return {"model.value_embeds": max(1, int(c.model.n_layer) // 4)}
+
+
+# Record #9 warmed Muon's momentum up over its first 500 of 3200 steps; the step keeps that share of
+# the run (the records' later 300 of 1393 is a larger one).
+MOMENTUM_WARMUP_FRACTION = 500 / 3200
+
+
+# Record #20's attention scale, 0.12 at head_dim 128: with QK-norm, |q . k| <= head_dim, so the
+# scores are bounded by 0.12 * 128 = 15.36, which the step keeps whatever the head dimension.
+RECORD_SCORE_BOUND = 0.12 * 128
+
+
+def _shortcuts(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {
+    "model.embed_skips": True,
+    "model.logit_softcap": 15.0,
+    "model.value_residual": True,
+    "optim.muon_momentum_warmup_steps": max(1, round(MOMENTUM_WARMUP_FRACTION * int(c.trainer.steps))),
+    "optim.muon_momentum_start": 0.85,
+  }
+
+
+def _attn_scale(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  head_dim = int(c.model.d_model) // int(c.model.n_head)
+  return {"model.attn_scale": RECORD_SCORE_BOUND / head_dim, "model.init": "fan_in_0.5"}
+
+
+TRICKS: dict[str, Trick] = {
+  t.name: t
+  for t in (
+    Trick(
+      "schedule",
+      "#2 tuned LR: constant, then a linear cool-down over the last 40% to zero",
+      lambda c: {"optim.schedule": "wsd", "optim.decay_fraction": 0.4, "optim.min_lr_ratio": 0.0},
+    ),
+    Trick(
+      "rotary",
+      "#2-#4 rotary embeddings, RMSNorm without parameters, no biases",
+      lambda c: {"model.rotary": True, "model.rmsnorm": True},
+    ),
+    Trick(
+      "muon",
+      "#3-#4 Muon on the hidden matrices, AdamW (betas (0.9, 0.95), eps 1e-8) on the tied embedding and head; "
+      "no LR warm-up, clipping or weight decay; PyTorch's default init (U(±1/√fan_in); #4's code, #3's is not "
+      "published)",
+      lambda c: {
+        "optim.name": "muon_groups",
+        "optim.grad_clip": 0.0,
+        "optim.weight_decay": 0.0,
+        "optim.warmup_steps": 0,
+        "optim.tied_lr_ratio": 0.36,
+        "optim.tied_b1": 0.9,
+        "optim.tied_b2": 0.95,
+        "optim.tied_eps": 1e-8,
+        "model.init": "fan_in",
+      },
+      adapted="the tied matrix's LR 0.0036 over Muon's 0.1 * 0.0036 * √768 (its scale at width 768) = 0.36 of "
+      "Muon's rate in optax's units",
+    ),
+    Trick(
+      "modern_arch",
+      "#5 ReLU², QK-norm, zero-init projections",
+      lambda c: {"model.relu2": True, "model.qk_norm": True, "model.zero_init_proj": True},
+    ),
+    Trick(
+      "untied_head",
+      "#8 untied embedding and head (zero-initialised head), RMSNorm after the embedding",
+      lambda c: {"model.untied_head": True, "model.embed_norm": True},
+    ),
+    Trick(
+      "shortcuts",
+      "#9 embedding skip connections, the value residual, Muon's momentum warm-up from 0.85, logit soft-cap "
+      "(at #18's 15)",
+      _shortcuts,
+      adapted=f"the momentum warm-up over the record's share of the run, {MOMENTUM_WARMUP_FRACTION:.4g} N "
+      "(500 of 3200 steps)",
+    ),
+    Trick("unet", "#11 U-net pattern skip connections", lambda c: {"model.unet_skips": True}),
+    Trick(
+      "value_embeds",
+      "#14-#17 value embeddings in place of the value residual, U-net pattern (first and last layers)",
+      lambda c: _value_embeds(c) | {"model.value_residual": False},
+      adapted="n_layer // 4 tables (at least one), each into a first and a last layer: the record's 3 tables "
+      "reach half of its 12 layers",
+    ),
+    Trick(
+      "attn_scale",
+      "#20 attention scale (0.12 at head_dim 128), matrices initialised at std 0.5/√fan_in",
+      _attn_scale,
+      adapted=f"the scale that keeps the record's bound on the QK-normed scores, {RECORD_SCORE_BOUND:.2f} / "
+      "head_dim (0.12 at head_dim 128)",
+    ),
+  )
+}
+
+
+TRICKS_V1: dict[str, Trick] = {
+  t.name: t
+  for t in (
+    TRICKS["schedule"],
+    TRICKS["rotary"],
+    Trick(
+      "muon",
+      "#3-#4 Muon on the hidden matrices, Adam on embeddings, head and scalars; no clipping or weight decay",
+      lambda c: {"optim.name": "muon_groups", "optim.grad_clip": 0.0, "optim.weight_decay": 0.0},
+    ),
+    Trick(
+      "modern_arch",
+      "#5 ReLU², QK-norm, zero-init projections, the normalised embedding",
+      lambda c: {"model.relu2": True, "model.qk_norm": True, "model.zero_init_proj": True, "model.embed_norm": True},
+    ),
+    Trick("untied_head", "#8 untied embedding and head (zero-initialised head)", lambda c: {"model.untied_head": True}),
+    Trick(
+      "embed_skips",
+      "#9 embedding skip connections, logit soft-cap (at #18's 15)",
+      lambda c: {"model.embed_skips": True, "model.logit_softcap": 15.0},
+    ),
+    TRICKS["unet"],
+    Trick("value_embeds", "#14-#15 value embeddings, U-net pattern (first and last layers)", _value_embeds),
+  )
+}
+
+
+TRICK_LIST_VERSION = 2
+
+
+TRICK_LISTS = {1: TRICKS_V1, TRICK_LIST_VERSION: TRICKS}
+
+
+def trick_list(result: dict[str, Any]) -> dict[str, Trick]:
+  """The trick list a recipe.json was measured with: `TRICK_LISTS[result['trick_list']]`, the first
+  list for a json written before the list had a version."""
+  return TRICK_LISTS[int(result.get("trick_list", 1))]
+
+
+def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
+  return arms_lib.names(config.benchmark.recipe_tricks)
+
+
+def kept_fields(config: ml_collections.ConfigDict) -> list[str]:
+  """The fields no trick changes (`benchmark.recipe_keep`): their values in `config` win."""
+  return arms_lib.names((config.get("benchmark") or {}).get("recipe_keep", ""))  # none in a training config
+
+
+def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> ml_collections.ConfigDict:
+  """`config` with the fields the command line set (`fields`, dotted) added to `benchmark.recipe_keep`,
+  outside the benchmark block: a trick leaves them as given (`apply_tricks`)."""
+  if "benchmark" not in config:
+    return config
+  kept = kept_fields(config)
+  kept += [f for f in fields if not f.startswith("benchmark.") and f not in kept]
+  with config.unlocked():
+    config.benchmark.recipe_keep = ",".join(kept)
+  return config
+
+
+def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(applied, kept): what trick `name` changes in `config`, and the changes it leaves out because
+  `benchmark.recipe_keep` keeps the field ({field: the trick's value})."""
+  keep = set(kept_fields(config))
+  changes = TRICKS[name].changes(config)
+  applied = {k: v for k, v in changes.items() if k not in keep}
+  return applied, {k: v for k, v in changes.items() if k in keep}
+
+
+def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_collections.ConfigDict:
+  """A copy of the benchmark `config` with the tricks `names` applied, in order; a field
+  `benchmark.recipe_keep` keeps (one the command line set) keeps its value."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for name in names:
+    c.update_from_flattened_dict(trick_changes(c, name)[0])
+  return c
+
+
+def kept_changes(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
+  """Per step of the recipe, the trick changes a kept field left out ({step: {field: [the trick's
+  value, the value kept]}}); steps with none are absent."""
+  out = {}
+  c = ml_collections.ConfigDict(config.to_dict())
+  for name in tricks_of(config):
+    applied, kept = trick_changes(c, name)
+    if kept:
+      out[name] = {k: [v, _get(c, k)] for k, v in kept.items()}
+    c.update_from_flattened_dict(applied)
+  return out
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def uses_muon(config: ml_collections.ConfigDict) -> bool:
+  return config.optim.name in ("muon", "muon_groups")
+
+
+def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The whole recipe (`benchmark.recipe_tricks`, all applied) as a family of the protocol: the
+  ladder's R6 and the `speedrun` family. Its sweep centres on `benchmark.recipe_muon_lr` when it
+  uses Muon; its tuning ranks each run by its better iterate (`benchmark.iterate='best'`), so it
+  averages only where averaging helps on the tuning seeds."""
+  c = apply_tricks(config, tricks_of(config))
+  if uses_muon(c):
+    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr)
+  c.benchmark.iterate = "best"
+  c.benchmark.family = f"speedrun-{c.optim.name}-{c.optim.schedule}"
+  return c

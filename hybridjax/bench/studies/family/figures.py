@@ -1,0 +1,45 @@
+"""Every figure of a family's record, from the runs stored in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import figures as figures_lib
+
+
+def family_figures(result: dict[str, Any], controls: dict[str, str] | None = None) -> dict[str, Any]:
+  """Every figure of a family's record (benchmark.json), from the runs stored in it: the eval errors,
+  the anchors' figures and phenomena, every arm's figures (judged with the eval set's paired per-batch
+  error besides the seeds'), the headline of its first arm. Pure: `family_result` computes it, and the
+  tests and scripts/reread_results.py recompute it from a published benchmark.json.
+
+  `controls` (arm -> its control arm) defaults to those of the record's `benchmark.arms`; a record from
+  before the arms were data names them only through its stored comparisons (`vs_skip_control`)."""
+  config = ml_collections.ConfigDict(result["config"])
+  n, budgets, curves, runs = result["steps"], result["budgets"], result["curves"], result["budget_runs"]
+  seeds = sorted({k.split("/")[0] for k in runs}, key=int)
+  errors = figures_lib.eval_errors(runs, seeds, budgets, n)
+  eval_se = errors["paired_se"]
+  methods = list(result.get("figures") or result["method_runs"])  # the headline arm first
+  ms = result["timing"]["ms_per_step"]
+  figures = {
+    m: figures_lib.method_figures(
+      curves, result["method_runs"][m], {"baseline": ms["baseline"], "method": ms[m]}, budgets, eval_se
+    )
+    for m in methods
+  }
+  if controls is None:
+    defined = arms_lib.arms(config)
+    controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
+  figures_lib.control_comparison(figures, result["method_runs"], controls, eval_se)
+  out = {
+    "anchor_figures": figures_lib.anchor_figures(curves, budgets, n, eval_se),
+    "phenomena": figures_lib.phenomena(curves, runs, budgets, n),
+    "eval": errors,
+    "figures": figures,
+  }
+  out["headline"] = figures_lib.headline(result | out, methods[0] if methods else None)
+  return out

@@ -1,0 +1,106 @@
+"""One family's protocol (an optimizer and a schedule): its runs, its timing, its record
+(benchmark.json); the ladder runs it for its tuned rungs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import record as record_lib
+from hybridjax.bench import specs, tasks, timing, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.family.figures import family_figures
+from hybridjax.bench.studies.family.report import markdown as markdown  # the skeleton prints it
+from hybridjax.bench.studies.family.report import write_results
+
+
+def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The task's own report on its data per budget (`benchmark_notes`, when the task has one)."""
+  module = tasks.load_task(specs.task_name(config))
+  notes = getattr(module, "benchmark_notes", None)
+  if notes is None:
+    return {"lines": []}
+  n = int(config.trainer.steps)
+  return notes(specs.experiment_config(config), {str(float(f)): round(f * n) for f in config.benchmark.budgets})
+
+
+def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: list[str]) -> dict[str, Any]:
+  """The family's runs: the LR sweep and checks on the tuning seeds, the budget curves and the
+  method arms on the headline seeds. Returns {'tuning', 'curves', 'method_runs'}."""
+
+  def at_chosen_lr(lr: float, beta: float) -> list[dict[str, Any]]:
+    print(f"best LR {lr:.4g}, averaging beta {beta}", flush=True)
+    return tuning.curve_specs(config, lambda f: lr, beta) + tuning.method_specs(config, methods, lr, beta)
+
+  tuned = tuning.tune(config, runner, also=at_chosen_lr)
+  curves = tuning.budget_curves(config, runner, tuned)
+  mruns = tuning.method_runs(config, runner, tuned, methods)
+  return {"tuning": tuned, "curves": curves, "method_runs": mruns}
+
+
+def family_result(
+  config: ml_collections.ConfigDict,
+  trained: dict[str, Any],
+  timed: dict[str, Any],
+  methods: list[str],
+  *,
+  command: str,
+  notes: dict[str, Any],
+  runner: Runner,
+) -> dict[str, Any]:
+  """benchmark.json's record of one family: every run's numbers, every figure, the headline."""
+  b = config.benchmark
+  tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
+  result: dict[str, Any] = record_lib.header(config, command) | {
+    "family": specs.family_name(config),
+    "code_version": keys.code_versions(config, methods),
+    "tuning_seeds": [int(s) for s in b.tuning_seeds],
+    "seeds": [int(s) for s in b.seeds],
+    "budgets": curves["budgets"],
+    "corpus_epochs": notes.get("corpus_epochs"),
+    "tuning": tuned,
+    "curves": curves["curves"],
+    "budget_runs": curves["runs"],
+    "method_runs": {m: mruns[m] for m in methods},
+    "timing": timed,
+    "runs_trained": runner.ran,
+    "runs_cached": runner.reused,
+  }
+  return result | family_figures(result)
+
+
+RECORD = None  # a family keeps no invocations: its record is rewritten whole
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  return [
+    f"benchmark {config.benchmark.preset} {specs.family_name(config)} on task {specs.task_name(config)}: "
+    f"N={config.trainer.steps}; workdir {workdir}"
+  ]
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """The family's runs (`train_family`) for its selected arms, and the task's notes on its data."""
+  notes = task_notes(config)
+  for line in notes["lines"]:
+    print(line, flush=True)
+  methods = arms_lib.selected(config)
+  return train_family(config, runner, methods) | {"notes": notes, "methods": methods}
+
+
+def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+  return timing.time_step_kinds(config, trained["tuning"], trained["methods"])
+
+
+def record(
+  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
+) -> dict[str, Any]:
+  methods, notes = trained["methods"], trained["notes"]
+  return family_result(config, trained, timed, methods, command=command, notes=notes, runner=runner)
+
+
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  result["plots"] = write_results(result, workdir, publish)

@@ -1,0 +1,212 @@
+"""Every rung's figures, as pure functions of the ladder's groups (recomputable from ladder.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import figures, protocol
+from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, VERDICT, WITHIN, Rung, rungs_of, timing_key
+
+
+def finite_curve(steps: list[float], losses: list[float]) -> tuple[list[float], list[float]]:
+  """A baseline curve up to its first non-finite loss (a diverged run reaches nothing past it)."""
+  k = next((i for i, x in enumerate(losses) if x is None or not math.isfinite(x)), len(losses))
+  return list(steps[:k]), list(losses[:k])
+
+
+def baseline_at(steps: list[float], losses: list[float], at: float) -> float | None:
+  """The baseline's loss at `at` steps: the measured point where the curve has one (as the protocol
+  reads its anchor at N), else the monotone envelope interpolated between its points."""
+  if at in steps:
+    x = losses[steps.index(at)]
+    return x if x is not None and math.isfinite(x) else None
+  steps, losses = finite_curve(steps, losses)
+  return protocol.curve_loss_at(steps, losses, at) if steps else None
+
+
+def seed_loss(run: dict[str, Any], iterate: str) -> float:
+  return run["final_raw"] if iterate == "raw" else run["final_averaged"]
+
+
+def eval_record(groups: dict[str, Any], name: str) -> dict[str, Any] | None:
+  """The eval errors a group's differences are judged with (`figures.eval_errors`): its own where it
+  has them (the tuned groups: their anchors' N and 1.25N runs), else the first tuned group's of the
+  same scale (the same eval batches; a constant group's runs give no N/1.25N pair), named as such."""
+  own = groups[name].get("eval")
+  if own is not None:
+    return own
+  for g in TUNED_GROUPS:
+    if groups.get(g, {}).get("eval") is not None:
+      return groups[g]["eval"] | {"source": f"the {g} group's, on the same eval batches"}
+  return None
+
+
+def arm_figures(
+  rung: Rung,
+  group: dict[str, Any],
+  arm: str,
+  control: str | None,
+  ms: dict[str, dict[str, float]] | None,
+  n: int,
+  eval_se: float | None = None,
+) -> dict[str, Any]:
+  """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
+  the rung's budget curve, whether the pass ratio pays (`protocol.cost_verdict`), the final-loss gap
+  and paired difference at N, the paired difference from the arm's control; at R0 the equal-steps
+  wall-clock ratio and the two nulls. Every paired difference is judged with `eval_se` (the paired
+  per-batch standard error) besides the seeds'."""
+  runs = group["method_runs"][arm]
+  seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
+  base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
+  arm_ms = None if ms is None else ms.get(arm)
+  per: dict[str, list[Any]] = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
+  losses, at_n, curves = [], [], []
+  for s in seeds:
+    r, base = runs[s], group["baseline"][s]
+    loss = seed_loss(r, rung.iterate)
+    losses.append(loss)
+    at_n.append(baseline_at(base["steps"], base[rung.iterate], n))
+    steps, curve = finite_curve(base["steps"], base[rung.iterate])
+    curves.append((steps, curve))
+    reach = protocol.steps_to_reach(steps, curve, loss) if steps else protocol.Reach(None, False)
+    per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
+    passes = r["backward_passes"] + figures.FORWARD_COST * r["validation_forwards"]
+    per["pass_ratio"].append(protocol.ratio(reach, passes))
+    wall = figures.run_ms(r["step_kinds"], arm_ms)
+    value = None if (wall is None or base_ms is None or reach.steps is None) else reach.steps * base_ms / wall
+    per["wallclock_ratio"].append(
+      {"value": value, "lower_bound": reach.lower_bound, "upper_bound": reach.upper_bound, "method_ms": wall}
+    )
+  out: dict[str, Any] = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
+  out.update({k: protocol.summarize(v) for k, v in per.items()})
+  out["per_seed"] = per
+  costs = [x["method_cost"] for x in per["pass_ratio"]]
+  out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se)
+  paired = len(seeds) >= 2 and None not in at_n
+  gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
+  present = [g for g in gaps if g is not None]
+  out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
+  out["final_loss_gap"]["per_seed"] = gaps
+  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n, eval_se) if paired else None
+  control_runs = group["method_runs"].get(control or "", {})
+  if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:
+    control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
+    out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se)
+    out["control"] = control
+  if rung.name == "R0":
+    out["equal_steps"] = equal_steps(
+      group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se
+    )
+  return out
+
+
+def equal_steps(
+  group: dict[str, Any],
+  runs: dict[str, Any],
+  seeds: list[str],
+  iterate: str,
+  arm_ms: dict[str, float] | None,
+  base_ms: float | None,
+  n: int,
+  vs_control: dict[str, Any] | None,
+  eval_se: float | None = None,
+) -> dict[str, Any]:
+  """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock, with the
+  final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
+  walls, gaps, stop_losses, stop_gaps, stop_walls, losses = [], [], [], [], [], []
+  for s in seeds:
+    r, base = runs[s], group["baseline"][s]
+    at_n = baseline_at(base["steps"], base[iterate], n)
+    loss = seed_loss(r, iterate)
+    losses.append(loss)
+    wall = figures.run_ms(r["step_kinds"], arm_ms)
+    walls.append(None if wall is None or base_ms is None else n * base_ms / wall)
+    gaps.append((loss - at_n) / at_n)
+    # The baseline stopped at the arm's backward passes: its loss there, its gap at N, and its own
+    # equal-steps "speedup" (N steps' time over its steps' time).
+    stop = baseline_at(base["steps"], base[iterate], r["backward_passes"])
+    stop_losses.append(stop)
+    stop_gaps.append(None if stop is None else (stop - at_n) / at_n)
+    stop_walls.append(n / max(r["backward_passes"], 1))
+  present = [w for w in walls if w is not None]
+  out: dict[str, Any] = {
+    "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(present))) if present else None,
+    "wallclock_per_seed": walls,
+    "final_loss_gap": dict(zip(("mean", "std"), protocol.mean_std(gaps))) | {"per_seed": gaps},
+    "within_2pct": [g <= WITHIN for g in gaps],
+    "null_stopped_baseline": {
+      "loss": stop_losses,
+      "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(stop_walls))),
+      "final_loss_gap": stop_gaps,
+      "within_2pct": [g is not None and g <= WITHIN for g in stop_gaps],
+    },
+  }
+  if len(seeds) >= 2 and all(x is not None for x in stop_losses):
+    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses, eval_se)
+  if vs_control is not None:
+    out["vs_control"] = vs_control
+  beats = [out.get("vs_stopped_baseline"), vs_control]
+  compared = [d for d in beats if d is not None]
+  out["claim"] = {
+    "speedup_at_2pct": bool(present) and all(out["within_2pct"]) and out["wallclock_ratio"]["mean"] > 1,
+    "beats_both_nulls": len(compared) == 2 and all(d["verdict"] == "lower" for d in compared),
+    # An arm with no control (outer momentum) is judged against the one null it has.
+    "beats_nulls_compared": bool(compared) and all(d["verdict"] == "lower" for d in compared),
+    "nulls_compared": [name for name, d in zip(("stopped_baseline", "control"), beats) if d is not None],
+  }
+  return out
+
+
+def rung_figures(
+  config: ml_collections.ConfigDict, groups: dict[str, Any], ms: dict[str, Any], n: int
+) -> dict[str, dict[str, Any]]:
+  """Every chosen rung: its condition, and every arm's figures against its baseline (pure: the tests
+  recompute it from ladder.json)."""
+  defined = arms_lib.arms(config)
+  controls = {defined[m].control_of: m for m in defined if defined[m].control_of}
+  out = {}
+  for name in rungs_of(config):
+    rung = RUNGS[name]
+    group = groups[rung.group]
+    if rung.iterate == "chosen":  # R6: averaged where averaging helped on the tuning seeds, else raw
+      rung = dataclasses.replace(rung, iterate=group["tuning"]["iterate"])
+    timing_ms = ms.get(timing_key(rung.group))
+    arms = [m for m in group["methods"] if not defined[m].control]
+    errors = eval_record(groups, rung.group)
+    se = None if errors is None else errors.get("paired_se")
+    out[name] = {
+      **dataclasses.asdict(rung),
+      "verdict_rung": name in VERDICT,
+      "lr": group["lr"],
+      "seeds": group["seeds"],
+      "eval": errors,
+      "figures": {m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se) for m in arms},
+      "controls": {
+        m: arm_figures(rung, group, m, None, timing_ms, n, se) for m in group["methods"] if defined[m].control
+      },
+    }
+  return out
+
+
+def untuned_position(groups: dict[str, Any], untuned_lr: float) -> dict[str, Any]:
+  """Where the untuned LR falls against each sweep: its rank, or outside the grid."""
+  out = {}
+  for g in ("constant", "cosine"):  # AdamW's sweeps; Muon's LR is on another scale
+    grid = groups.get(g, {}).get("sweep", {}).get("grid") or groups.get(g, {}).get("tuning", {}).get("grid")
+    if not grid:
+      continue
+    best = groups[g]["lr"]
+    where = "in the grid" if min(grid) <= untuned_lr <= max(grid) else ("below" if untuned_lr < min(grid) else "above")
+    out[g] = {
+      "grid": grid,
+      "best_lr": best,
+      "untuned_lr": untuned_lr,
+      "untuned_vs_grid": where,
+      "best_over_untuned": best / untuned_lr,
+    }
+  return out

@@ -1,0 +1,304 @@
+"""The fairness ladder (docs/benchmark.md, "The fairness ladder"): every method arm measured against
+the baseline of each rung (`rungs.py`), from a claim's own conditions (R0) up to the tuned, averaged
+baselines (R4-R6), on the same headline seeds, with the arm's settings as configured.
+
+Runs are shared where rungs allow (a group: R0/R1 one set, R3/R4 another, one run recording its raw
+and its averaged iterate), and go through the runner's cache, so a ladder resumes where it stopped.
+Runs on an early plateau (`figures.plateau_runs`) are flagged; a group with one extends its headline
+seeds by `benchmark.plateau_seeds`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import figures, specs, timing, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.family import report as family_report
+from hybridjax.bench.studies.family import run as family_run
+from hybridjax.bench.studies.ladder import rungs
+from hybridjax.bench.studies.ladder.figures import rung_figures, untuned_position
+from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
+from hybridjax.bench.studies.ladder.report import save_ladder_plot
+
+
+def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> dict[str, Any]:
+  """One 2N run at a constant LR, evaluated `constant_eval_points` times: its eval curve is the
+  budget curve of every budget up to 2N (a constant schedule does not depend on the budget)."""
+  n = int(config.trainer.steps)
+  spec = specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=2 * n, beta=float(config.trainer.averaging_beta))
+  every = max(2 * n // int(config.benchmark.constant_eval_points), 1)
+  spec["config"]["trainer"].update(eval_every=every, log_every=every)
+  return spec
+
+
+def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """R2's LR sweep at a constant LR on the tuning seeds: a sqrt(2) grid upwards from the untuned LR,
+  extended while the best sits at an edge; ranked by the raw loss at N (R2's iterate); the best two
+  checked on the second tuning seed."""
+  b = config.benchmark
+  n = int(config.trainer.steps)
+  t1, t2 = (int(s) for s in b.tuning_seeds)
+  beta = float(config.trainer.averaging_beta)
+
+  def spec(seed, lr):
+    return specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=n, beta=beta)
+
+  start = float(b.untuned_lr)
+  grid = [tuning.round_lr(start * math.sqrt(2) ** i) for i in range(int(b.lr_points))]
+  sweep = runner.run([spec(t1, lr) for lr in grid], "R2 sweep, constant LR (tuning seed 1, N)")
+  for _ in range(int(b.lr_max_extensions)):
+    best = min(range(len(grid)), key=lambda i: sweep[i]["final_raw"])
+    if 0 < best < len(grid) - 1:
+      break
+    new = tuning.round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
+    result = runner.run([spec(t1, new)], "R2 sweep: the best LR is at the grid's edge; extending")[0]
+    grid, sweep = ([new] + grid, [result] + sweep) if best == 0 else (grid + [new], sweep + [result])
+  ranked = sorted(range(len(grid)), key=lambda i: sweep[i]["final_raw"])
+  top2 = [grid[i] for i in ranked[:2]]
+  second = runner.run([spec(t2, lr) for lr in top2], "R2 check (tuning seed 2, N)")
+  means = {lr: (sweep[grid.index(lr)]["final_raw"] + r["final_raw"]) / 2 for lr, r in zip(top2, second)}
+  best_lr = min(means, key=means.get)
+  return {
+    "grid": grid,
+    "raw_loss": [r["final_raw"] for r in sweep],
+    "best_two_means": {str(k): v for k, v in means.items()},
+    "best_lr": best_lr,
+    "best_at_edge": ranked[0] in (0, len(grid) - 1),
+  }
+
+
+def method_record(r: dict[str, Any]) -> dict[str, Any]:
+  """What ladder.json keeps of a method run: enough to recompute every figure."""
+  keep = ("method", "seed", "lr", "steps", "final_raw", "final_averaged", "backward_passes", "validation_forwards")
+  return {k: r[k] for k in keep} | {"step_kinds": r["step_kinds"], "curve": r["curve"], "key": r.get("key")}
+
+
+def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> dict[str, Any]:
+  """A group's runs, as plain data: per seed the baseline's curve ({'steps', 'raw', 'averaged'} and
+  the N-step run's curve for the plateau check), and every arm's method runs."""
+  n = int(config.trainer.steps)
+  b = config.benchmark
+  methods = rungs.names(b.methods)
+  seeds = [int(s) for s in b.seeds]
+  out: dict[str, Any] = {"seeds": seeds, "methods": methods, "family": b.family}
+  beta = float(config.trainer.averaging_beta)
+  if group in rungs.CONSTANT_GROUPS:
+    if group == "untuned":
+      lr = float(b.untuned_lr)
+    else:
+      out["sweep"] = constant_sweep(config, runner)
+      lr = out["sweep"]["best_lr"]
+    curve_specs = [constant_curve_spec(config, s, lr) for s in seeds]
+    mspecs = tuning.method_specs(config, methods, lr, beta)
+    results = runner.run(curve_specs + mspecs, f"{group} group: 2N constant curves and the arms")
+    out["lr"], out["beta"] = lr, beta
+    out["baseline"] = {
+      str(r["seed"]): {
+        "steps": [p["step"] for p in r["curve"]],
+        "raw": [p["eval_loss_raw"] for p in r["curve"]],
+        "averaged": [p["eval_loss_averaged"] for p in r["curve"]],
+        "key": r.get("key"),
+      }
+      for r in results[: len(seeds)]
+    }
+    mruns = results[len(seeds) :]
+  else:
+    trained = family_run.train_family(config, runner, methods)
+    out["family_runs"] = trained
+    tuned, curves = trained["tuning"], trained["curves"]
+    out["eval"] = figures.eval_errors(curves["runs"], [str(s) for s in seeds], curves["budgets"], n)
+    out["lr"], out["beta"] = tuned["best_lr"], tuned["averaging_beta"]
+    keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr", "seed_noise")
+    keep += ("iterate", "iterate_losses")
+    out["tuning"] = {k: tuned[k] for k in keep}
+    out["baseline"] = {
+      s: {
+        "steps": curves["budgets"],
+        "raw": curves["curves"]["baseline"][s],
+        "averaged": curves["curves"]["averaged_baseline"][s],
+        "n_run_curve": curves["runs"][f"{s}/{n}"]["curve"],
+        "key": curves["runs"][f"{s}/{n}"].get("key"),
+      }
+      for s in curves["curves"]["baseline"]
+    }
+    mruns = [r for m in methods for r in trained["method_runs"][m].values()]
+  out["method_runs"] = {m: {} for m in methods}
+  for r in mruns:
+    out["method_runs"][r["method"]][str(r["seed"])] = method_record(r)
+  out["plateaus"] = plateaus(out, n, float(b.plateau_margin))
+  return out
+
+
+def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
+  """The group's runs that sit on an early plateau: a raw eval loss at N/10 or at N more than
+  `margin` (relative) above the median of the same arm's runs (or the baseline's) over the seeds,
+  read at the eval point nearest there. Comparing a run with its own arm's other seeds flags a seed
+  that fell behind, never an arm that is simply worse."""
+  kinds: dict[str, dict[str, list[dict[str, Any]]]] = {"baseline": {}}
+  for s, base in group["baseline"].items():
+    kinds["baseline"][s] = base.get("n_run_curve") or [
+      {"step": t, "eval_loss_raw": raw} for t, raw in zip(base["steps"], base["raw"]) if t <= n
+    ]
+  for m, per in group["method_runs"].items():
+    kinds[m] = {s: r["curve"] for s, r in per.items()}
+  return figures.plateau_runs(kinds, n, margin)
+
+
+def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, dict[str, Any]]:
+  """Every group the chosen rungs need, in `GROUP_ORDER`; a group with a plateau run is extended to
+  the plateau seeds (its runs already trained are cached)."""
+  b = config.benchmark
+  needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
+  groups: dict[str, dict[str, Any]] = {}
+  for group in [g for g in rungs.GROUP_ORDER if g in needed]:
+    seeds = [int(s) for s in b.seeds]
+    groups[group] = train_group(rungs.group_config(config, group, seeds), group, runner)
+    extra = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
+    if groups[group]["plateaus"] and extra:
+      print(f"--- {group}: plateau runs {groups[group]['plateaus']}; adding seeds {extra}", flush=True)
+      groups[group] = train_group(rungs.group_config(config, group, seeds + extra), group, runner)
+      groups[group]["extended_for_plateau"] = True
+  return groups
+
+
+RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  b = config.benchmark
+  return [f"ladder {b.preset}: rungs {b.ladder_rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """What the ladder's rungs need: {'groups': the runs of each group}."""
+  return {"groups": train_all(config, runner)}
+
+
+def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+  """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
+  groups = trained["groups"]
+  timed: dict[str, Any] = {}
+  adamw = [g for g in ("cosine", "untuned", "constant") if g in groups]
+  if adamw:
+    all_arms = list(dict.fromkeys(m for g in adamw for m in groups[g]["methods"]))
+    g = groups[adamw[0]]
+    timed["adamw"] = timing.time_step_kinds(
+      rungs.group_config(config, adamw[0], g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, all_arms
+    )
+  for name in ("muon", "speedrun"):
+    if name in groups:
+      g = groups[name]
+      timed[name] = timing.time_step_kinds(
+        rungs.group_config(config, name, g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
+      )
+  return timed
+
+
+def record(
+  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
+) -> dict[str, Any]:
+  """ladder.json's record (after the header); each tuned group's family record goes into `trained`
+  ('families'), for `write`."""
+  b = config.benchmark
+  groups = trained["groups"]
+  ms = {k: v["ms_per_step"] for k, v in timed.items()}
+  families = {}
+  for g in rungs.TUNED_GROUPS:
+    if g in groups:
+      cfg = rungs.group_config(config, g, groups[g]["seeds"])
+      # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
+      ran = rungs.names(cfg.benchmark.methods)
+      first = [m for m in rungs.names(b.methods) if m in ran][:1]
+      families[g] = family_run.family_result(
+        cfg,
+        groups[g].pop("family_runs"),
+        timed[rungs.timing_key(g)],
+        first + [m for m in ran if m not in first],
+        command=command,
+        notes=family_run.task_notes(cfg),
+        runner=runner,
+      )
+  trained["families"] = families
+  return {
+    "code_version": keys.code_versions(config, list(arms_lib.arms(config))),
+    "rung_names": rungs.rungs_of(config),
+    "verdict_rungs": [r for r in rungs.VERDICT if r in rungs.rungs_of(config)],
+    "untuned_lr": float(b.untuned_lr),
+    "untuned_position": untuned_position(groups, float(b.untuned_lr)),
+    "groups": groups,
+    "timing": timed,
+    "rungs": rung_figures(config, groups, ms, int(config.trainer.steps)),
+  }
+
+
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  write_ladder(result, trained["families"], workdir, publish)
+
+
+def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+  """One ladder of the same scale from two invocations that ran different rungs (e.g. R6 added to a
+  published R0-R5): the groups and timings of both, every rung recomputed from them, the commands in
+  order (running both reproduces the result), the compute and code versions of every invocation."""
+  for field in ("preset", "task", "steps"):
+    if earlier[field] != later[field]:
+      raise ValueError(f"cannot join ladders with different {field}: {earlier[field]!r} and {later[field]!r}")
+  shared = set(earlier["rung_names"]) & set(later["rung_names"]) | set(earlier["groups"]) & set(later["groups"])
+  if shared:
+    raise ValueError(f"cannot join ladders that both ran {sorted(shared)}: publish the whole ladder instead")
+  out = json.loads(json.dumps(earlier))
+  out["rung_names"] = [r for r in rungs.RUNGS if r in earlier["rung_names"] + later["rung_names"]]
+  out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
+  out["config"]["benchmark"]["ladder_rungs"] = ",".join(out["rung_names"])
+  out["groups"] = {**out["groups"], **later["groups"]}
+  out["timing"] = {**out["timing"], **later["timing"]}
+  ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
+  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"])
+  out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
+  out["command"] = f"{earlier['command']}; {later['command']}"
+  out["date"] = later["date"]
+  for field in ("wall_s", "runs_trained", "runs_cached"):
+    out[field] = earlier[field] + later[field]
+
+  def calls(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"rungs": result["rung_names"], "code_version": result["code_version"], **c} for c in result["invocations"]]
+
+  out["invocations"] = calls(earlier) + calls(later)
+  return out
+
+
+def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str, publish: str) -> None:
+  """ladder-<preset>.json and ladder-<preset>.md into `workdir` and `publish`; each cosine family's
+  protocol results into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`.
+  A published ladder of the same scale that ran other rungs (on other runs) is joined with this one
+  (`join`); any other is replaced."""
+  for folder in [workdir] + ([publish] if publish else []):
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"ladder-{result['preset']}.json")
+    written = result
+    if folder == publish and os.path.exists(path):
+      with open(path) as f:
+        earlier = json.load(f)
+      disjoint = not set(earlier["rung_names"]) & set(result["rung_names"])
+      if disjoint and not set(earlier["groups"]) & set(result["groups"]) and earlier["steps"] == result["steps"]:
+        written = join(earlier, result)  # else this ladder replaces it, as a whole re-run does
+    with open(path, "w") as f:
+      json.dump(written, f, indent=1)
+    with open(path[: -len(".json")] + ".md", "w") as f:
+      f.write(markdown(written) + "\n")
+    save_ladder_plot(written, folder)
+  for fam in families.values():
+    fam["wall_s"] = result["wall_s"]
+    out = os.path.join(workdir, fam["family"])
+    os.makedirs(out, exist_ok=True)
+    target = (
+      os.path.join(os.path.dirname(os.path.normpath(publish)), f"{fam['preset']}-{fam['family']}") if publish else ""
+    )
+    fam["plots"] = family_report.write_results(fam, out, target)

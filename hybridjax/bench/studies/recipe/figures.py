@@ -1,0 +1,96 @@
+"""Every recipe step's figures, as pure functions of its runs (recomputable from recipe.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridjax.bench import protocol, tuning
+
+
+def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
+  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run, beta)
+
+
+def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+  """Per seed, the anchor's averaged budget curve: {'steps', 'loss'}."""
+  return {
+    s: {"steps": list(curves["budgets"]), "loss": losses} for s, losses in curves["curves"]["averaged_baseline"].items()
+  }
+
+
+def step_figures(
+  name: str,
+  step: dict[str, Any],
+  previous: dict[str, float],
+  anchor: dict[str, dict[str, list[float]]],
+  ms: dict[str, float],
+  n: int,
+  eval_se: float | None = None,
+) -> dict[str, Any]:
+  """One step's speed-up (per seed and summarised), whether it pays against the anchor
+  (`protocol.cost_verdict` at N steps), its wall-clock ratio and paired verdict against the previous
+  step (`previous`: seed -> loss), judged with `eval_se` (the paired per-batch standard error) besides
+  the seeds'. Pure: the tests recompute it from recipe.json."""
+  seeds = sorted(step["runs"], key=int)
+  losses = [step["runs"][s]["loss"] for s in seeds]
+  per_seed, lower_bound, upper_bound = [], [], []
+  for s, loss in zip(seeds, losses):
+    steps, curve = anchor[s]["steps"], anchor[s]["loss"]
+    reach = protocol.steps_to_reach(steps, curve, loss)
+    per_seed.append(None if reach.steps is None else reach.steps / n)
+    lower_bound.append(reach.lower_bound)
+    upper_bound.append(reach.upper_bound)
+  present = [x for x in per_seed if x is not None]
+  mean, std = protocol.mean_std(present) if present else (None, None)
+  speedup = {
+    "mean": mean,
+    "std": std,
+    "per_seed": per_seed,
+    "lower_bound": any(lower_bound),
+    "upper_bound": any(upper_bound),
+    "n_lower_bound": sum(lower_bound),
+    "n_upper_bound": sum(upper_bound),
+  }
+  wall = None
+  if mean is not None and name in ms and "anchor" in ms:
+    wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}
+  curves = [(anchor[s]["steps"], anchor[s]["loss"]) for s in seeds]
+  return {
+    "name": name,
+    "seeds": [int(s) for s in seeds],
+    "loss": losses,
+    "speedup": speedup,
+    "verdict": protocol.cost_verdict(losses, [n] * len(seeds), curves, n, eval_se),
+    "wallclock_ratio": wall,
+    "vs_previous": protocol.paired_difference(losses, [previous[s] for s in seeds], eval_se),
+  }
+
+
+def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+  """Every step's figures, the anchor first (its own N-step loss read on its curve), from a
+  recipe.json record: what the report shows and the tests recompute."""
+  n = int(result["steps"])
+  anchor = result["anchor"]["curves"]
+  ms = result["timing"]["ms_per_step"]
+  eval_se = (result["anchor"].get("eval") or {}).get("paired_se")
+  previous = dict(result["anchor"]["at_n"])
+  anchor_runs = {"runs": {s: {"loss": x} for s, x in previous.items()}}
+  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se)]
+  rows[0]["vs_previous"] = None
+  for name in result["tricks"]:
+    step = result["step_runs"][name]
+    row = step_figures(name, step, previous, anchor, ms, n, eval_se)
+    row.update(lr=step["lr"], iterate=step["iterate"], beta=step["beta"], record=result["records"][name])
+    rows.append(row)
+    previous = {s: r["loss"] for s, r in step["runs"].items()}
+  rows[0].update(lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4")
+  return rows
+
+
+def below_curve(steps: dict[str, Any], anchor: dict[str, dict[str, list[float]]]) -> bool:
+  """Whether any step's loss on any seed lies below the end of the anchor's curve (a lower bound)."""
+  for step in steps.values():
+    for s, r in step["runs"].items():
+      if s in anchor and protocol.steps_to_reach(anchor[s]["steps"], anchor[s]["loss"], r["loss"]).lower_bound:
+        return True
+  return False

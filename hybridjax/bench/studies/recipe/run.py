@@ -1,0 +1,244 @@
+"""The speedrun recipe trick by trick against the ladder's R4 anchor (docs/recipe.md): its tricks
+(`bench.speedrun`) added one at a time, each cumulative step tuned with the anchor's LR sweep, run N
+steps on each headline seed, and read as a speed-up on the anchor's averaged budget curve (extended
+past 2N by `benchmark.recipe_budgets`, then `recipe_budget_extensions` while a step lies below it),
+with its wall-clock ratio (interleaved timing) and its paired verdict against the step before. When
+the plateau rule fires, every step and the anchor add `benchmark.plateau_seeds`. A trick that does not
+help is reported as it measured; none is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import figures, specs, timing, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
+from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, iterate_loss, recipe_figures
+from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
+from hybridjax.bench.studies.recipe.report import save_recipe_plot
+
+
+def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_collections.ConfigDict:
+  """The R4 anchor's config: the protocol's AdamW-cosine family with its budget curve extended."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
+  c.benchmark.methods = ""
+  return c
+
+
+def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[str, ml_collections.ConfigDict]:
+  """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
+  on `benchmark.recipe_muon_lr` (Muon)."""
+  names = tricks_of(config)
+  out = {}
+  for k, name in enumerate(names):
+    c = apply_tricks(config, names[: k + 1])
+    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr) if uses_muon(c) else float(anchor_lr)
+    c.benchmark.methods = ""
+    out[name] = c
+  return out
+
+
+def _spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], dict[str, Any]]:
+  betas = [float(x) for x in c.benchmark.betas]
+  return lambda seed, lr, steps: specs.run_spec(
+    c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas
+  )
+
+
+def train_steps(
+  configs: dict[str, ml_collections.ConfigDict], config: ml_collections.ConfigDict, runner: Runner
+) -> dict[str, dict[str, Any]]:
+  """Every step's tuning (all sweeps in lockstep; `configs`: `step_configs`') and headline runs."""
+  swept = tuning.sweep_lrs([(c, _spec_of(c), tuning.best_loss) for c in configs.values()], runner)
+  chosen = {}
+  for (name, c), sw in zip(configs.items(), swept):
+    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
+    averaging = tuning.choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
+    chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
+      "lr": sw["best_lr"],
+      "grid": sw["grid"],
+      "best_at_edge": sw["best_at_edge"],
+      "sweep_loss": [tuning.best_loss(r) for r in sw["sweep"]],
+    }
+  n = int(config.trainer.steps)
+  seeds = [int(s) for s in config.benchmark.seeds]
+  headline = [
+    specs.run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
+    for name, c in configs.items()
+    for s in seeds
+  ]
+  results = runner.run(headline, "recipe steps (headline seeds, N)")
+  out = {}
+  for k, name in enumerate(configs):
+    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+    ch = chosen[name]
+    curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
+    out[name] = ch | {
+      "plateaus": figures.plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
+      "runs": {
+        str(r["seed"]): {
+          "final_raw": r["final_raw"],
+          "final_averaged": r["final_averaged"],
+          "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
+          "key": r.get("key"),
+        }
+        for r in runs
+      },
+    }
+  return out
+
+
+def anchor_plateaus(curves: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
+  """The anchor's N-step runs (`tuning.budget_curves`' runs) that sit on an early plateau."""
+  at_n = {key.split("/")[0]: r["curve"] for key, r in curves["runs"].items() if r["steps"] == n}
+  return figures.plateau_runs({"anchor": at_n}, n, margin)
+
+
+def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collections.ConfigDict:
+  """`config` with `seeds` as its headline seeds (a run's spec holds no benchmark field: the runs
+  already trained stay cached)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.benchmark.seeds = tuple(seeds)
+  return c
+
+
+RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  b = config.benchmark
+  lines = [f"recipe {b.preset}: tricks {b.recipe_tricks}, N={int(config.trainer.steps)}; workdir {workdir}"]
+  for name, fields in kept_changes(config).items():
+    kept = ", ".join(f"{k}={v[1]!r} (the trick's {v[0]!r})" for k, v in fields.items())
+    lines.append(f"  step {name}: kept as given (benchmark.recipe_keep): {kept}")
+  return lines
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """The anchor (tuned, its budget curve) and every cumulative step; with the plateau seeds, when the
+  rule fires, and the anchor's curve extended while a step lies below it. Every run goes through the
+  runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
+  b = config.benchmark
+  n = int(config.trainer.steps)
+  extra = [float(f) for f in b.recipe_budgets]
+  acfg = anchor_config(config, extra)
+
+  def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
+    # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
+    # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
+    first = [
+      _spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
+      for c in step_configs(config, lr).values()
+      for lr_ in tuning.lr_grid(float(c.optim.learning_rate), int(b.lr_points))
+    ]
+    return tuning.curve_specs(acfg, lambda f: lr, beta) + first
+
+  tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
+  curves = tuning.budget_curves(acfg, runner, tuned)
+  configs = step_configs(config, tuned["best_lr"])
+  steps = train_steps(configs, config, runner)
+  flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]
+  seeds = [int(s) for s in b.seeds]
+  added = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
+  if flagged and added:
+    print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
+    config = with_seeds(config, seeds + added)
+    b = config.benchmark
+    acfg = anchor_config(config, extra)
+    curves = tuning.budget_curves(acfg, runner, tuned)
+    configs = step_configs(config, tuned["best_lr"])
+    steps = train_steps(configs, config, runner)
+  plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
+  if plateaus["seeds_added"]:  # the rule read again over every seed (each step's own: its `plateaus`)
+    plateaus["anchor_after"] = anchor_plateaus(curves, n, float(b.plateau_margin))
+  for factor in b.recipe_budget_extensions:
+    if not below_curve(steps, anchor_curves(curves)):
+      break
+    print(f"--- a step's loss lies below the anchor's curve; extending it to {factor} N", flush=True)
+    extra.append(float(factor))
+    acfg = anchor_config(config, extra)
+    curves = tuning.budget_curves(acfg, runner, tuned | {"per_budget_lr": _per_budget_lr(tuned, acfg)})
+  return {"config": config, "anchor": acfg, "tuned": tuned, "curves": curves, "configs": configs, "steps": steps} | {
+    "plateaus": plateaus
+  }
+
+
+def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+  """The anchor's and every step's time per step, interleaved."""
+  tuned, configs, steps = trained["tuned"], trained["configs"], trained["steps"]
+  entries = {"anchor": (trained["anchor"], tuned["best_lr"], tuned["averaging_beta"])}
+  entries |= {name: (configs[name], steps[name]["lr"], steps[name]["beta"]) for name in steps}
+  return timing.time_baselines(entries)
+
+
+def record(
+  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
+) -> dict[str, Any]:
+  """recipe.json's record (after the header): the anchor, every step's runs and figures."""
+  config = trained["config"]  # with the plateau seeds, where they were added
+  n = int(config.trainer.steps)
+  acfg, tuned, curves, steps, plateaus = (trained[k] for k in ("anchor", "tuned", "curves", "steps", "plateaus"))
+  at_n = {
+    s: curves["curves"]["averaged_baseline"][s][curves["budgets"].index(n)]
+    for s in curves["curves"]["averaged_baseline"]
+  }
+  result: dict[str, Any] = {
+    "code_version": keys.code_versions(config, []),
+    "config": json.loads(config.to_json()),  # with the plateau seeds (the header holds the config as given)
+    "steps": n,  # the figures below read it from the record
+    "trick_list": TRICK_LIST_VERSION,
+    "tricks": tricks_of(config),
+    "records": {name: TRICKS[name].record for name in tricks_of(config)},
+    "adapted": {name: TRICKS[name].adapted for name in tricks_of(config) if TRICKS[name].adapted},
+    "kept": kept_changes(config),
+    "anchor": {
+      "lr": tuned["best_lr"],
+      "beta": tuned["averaging_beta"],
+      "grid": tuned["grid"],
+      "per_budget_lr": _per_budget_lr(tuned, acfg),
+      "budgets": curves["budgets"],
+      "curves": anchor_curves(curves),
+      "at_n": at_n,
+      "eval": figures.eval_errors(
+        curves["runs"], sorted(curves["curves"]["averaged_baseline"], key=int), curves["budgets"], n
+      ),
+    },
+    "step_runs": steps,
+    "plateaus": plateaus,
+    "timing": timed,
+  }
+  rows = recipe_figures(result)
+  result["figures"] = rows
+  last = rows[-1]
+  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
+  return result
+
+
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  write_recipe(result, workdir, publish)
+
+
+def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> dict[str, float]:
+  """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
+  base = tuned["per_budget_lr"]
+  beyond = base.get("2.0", tuned["best_lr"])
+  return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
+
+
+def write_recipe(result: dict[str, Any], workdir: str, publish: str) -> None:
+  """recipe-<preset>.{json,md,png} into `workdir` and `publish`."""
+  for folder in [workdir] + ([publish] if publish else []):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"recipe-{result['preset']}.json"), "w") as f:
+      json.dump(result, f, indent=1)
+    with open(os.path.join(folder, f"recipe-{result['preset']}.md"), "w") as f:
+      f.write(markdown(result) + "\n")
+    save_recipe_plot(result, folder)
