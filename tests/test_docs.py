@@ -315,3 +315,27 @@ def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
   assert stale == ("at the LR tuned for its earlier definition (until `tiny` is re-measured)" in readme)
   assert stale == ("tuned before today's tricks" in config.notes)
   assert (config.trainer.averaging == "ema") == (last["iterate"] == "averaged")
+
+
+def test_the_readmes_hybrid_example_figures_are_the_measured_ones():
+  """The sentence under the README's bring-your-own example: what `scripts/byo_example.py` measured
+  running it as printed and as a baseline (docs/results/byo-example.json)."""
+  with open(os.path.join(ROOT, "docs", "results", "byo-example.json")) as f:
+    result = json.load(f)
+  hybrid, baseline = result["hybrid"], result["baseline"]
+  steps = sum(hybrid["phase_steps"].values())
+
+  def better(run):
+    return min(run["final_eval_loss_raw"], run["final_eval_loss_averaged"])
+
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert (
+    f"It predicts {hybrid['phase_steps']['PREDICT']} of its {steps} steps ({hybrid['backward_passes_saved']} "
+    f"backward passes saved); its better weights reach eval loss {better(hybrid):.3f}, the plain baseline's "
+    f"{better(baseline):.3f}" in readme
+  )
+  assert (
+    f"It trains in {hybrid['train_s']:.1f} s, the baseline in {baseline['train_s']:.1f} s, and it compiles in "
+    f"{hybrid['compile_s']:.0f} s, the baseline in {baseline['compile_s']:.0f} s" in readme
+  )
+  assert hybrid["phase_steps"]["PREDICT"] > 0

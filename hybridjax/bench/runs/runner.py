@@ -121,8 +121,8 @@ def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
   protocol (Ray uploads code per connection)."""
   from hybridjax import registry
   from hybridjax.bench import arms as arms_lib
-  from hybridjax.bench import keys as keys_lib
   from hybridjax.bench import tasks as tasks_lib
+  from hybridjax.bench.runs import keys as keys_lib
 
   modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
   for arm in arms_lib.arms(config).values():
