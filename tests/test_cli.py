@@ -26,6 +26,24 @@ def _cli(*args, timeout=120):
   )
 
 
+def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
+  """`prepare_for_overrides`, as the command line's config parser calls it: a misspelt field names the
+  nearest one; a method's field exists once `--config.hybrid.method` names the method."""
+  from experiments.configs import gpt2_small
+
+  with pytest.raises(
+    ValueError, match=r"--config\.trainer\.stepz is not a field of the config: did you mean --config\.trainer\.steps\?"
+  ):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.trainer.stepz=5"])
+  with pytest.raises(ValueError, match=r"once --config\.hybrid\.method names the method that declares 'jump2'"):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.hybrid.jump2.every=5"])
+  c = cli.prepare_for_overrides(
+    gpt2_small.get_config("tiny"), ["prog", "--config.hybrid.method=jump", "--config.hybrid.jump.every=5"]
+  )
+  assert c.hybrid.method == "jump"
+
+
+@pytest.mark.slow  # five programs started; the default suite checks the messages in process (above)
 def test_cli_mistakes_print_the_message_and_exit_2(tmp_path):
   """A misspelt key, a value of the wrong type, a bad value, a method with no hybrid mode and a
   method's field before its method is named: each the message (field named, fix given), exit 2,

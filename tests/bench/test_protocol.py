@@ -350,7 +350,9 @@ def test_an_arm_equal_to_the_anchor_reads_one_where_the_curve_drops_at_n(curve, 
   for eps in (-2e-7, 0.0, 2e-7):
     r = protocol.ratio(protocol.steps_to_reach(budgets, losses, at_n + eps), n)
     assert not r["upper_bound"] or (eps > 0 and k == 0)  # above the start: "<= 1.00x"
-    np.testing.assert_allclose(r["value"], 1.0, rtol=1e-4)  # 1.00x as the report prints it
+    # 1.00x as the report prints it: a hair below a flat start reads a hair past its first budget, by
+    # eps over the next drop (continuous in the loss), e.g. 1.0002x for a drop of 0.004.
+    np.testing.assert_allclose(r["value"], 1.0, atol=4e-3)
 
 
 @SETTINGS
