@@ -66,7 +66,8 @@ def test_resume_is_bit_exact(tmp_path, jax_cache):
   assert again["start_step"] == 10 and again == summary
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.slow  # trains twice; the default suite checks the exit codes (tests/test_cli.py)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_saves_the_step_and_the_resume_is_bit_exact(signum, tmp_path, jax_cache):
   """SIGTERM or Ctrl-C mid-run: the state at the end of the step under way is saved, the run stops
   with `TrainingInterrupted` (exit code 143 or 130), and resuming it ends bit for bit where the
