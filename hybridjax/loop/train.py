@@ -556,6 +556,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     ("steps", f"{summary['start_step']} -> {summary['steps']}"),
     ("first train loss", summary["first_train_loss"]),
     ("final eval loss", summary["final_eval_loss"]),
+  ]
+  raw, averaged = summary.get("final_eval_loss_raw"), summary.get("final_eval_loss_averaged")
+  if raw is not None and averaged is not None:  # an averaging run: both, and which weights are better
+    better = "averaged" if averaged <= raw else "raw"
+    rows.append(("eval loss raw / averaged", f"{raw:.4g} / {averaged:.4g} (the {better} weights are better)"))
+  rows += [
     ("compile s", summary["compile_s"]),
     ("train s", summary["train_s"]),
     ("s / step", summary["s_per_step"]),
