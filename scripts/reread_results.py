@@ -31,9 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "results")
 
 sys.path.insert(0, ROOT)
-import ml_collections  # noqa: E402
 
-from hybridjax.bench import figures  # noqa: E402
+from hybridjax.bench import figures, record  # noqa: E402
 from hybridjax.bench.studies.family import figures as family_figs  # noqa: E402
 from hybridjax.bench.studies.family import report as family_report  # noqa: E402
 from hybridjax.bench.studies.ladder import figures as ladder_figs  # noqa: E402
@@ -110,7 +109,7 @@ def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
       errors = _family_eval(result["preset"], group["family"])
       if errors is not None:
         group["eval"] = errors
-  config = ml_collections.ConfigDict(result["config"])
+  config = record.stored_config(result)  # an old record's flat study fields too
   ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
   result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"])
   return result

@@ -20,7 +20,7 @@ speedrun recipe (its architecture, Muon with its parameter groups, its schedule)
 own learning-rate sweep and budget curve, and no figure mixes families.
 
 The experiment blocks (model, data, optim, trainer, hybrid) are those of every run; `benchmark`
-holds the protocol's settings.
+holds the protocol's settings, a study's own in its block (`benchmark.ladder`, `benchmark.recipe`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import gpt2_small
-from hybridjax.bench import speedrun
+from hybridjax.bench import specs, speedrun
 from hybridjax.bench import study as study_lib
 
 PRESETS = ("quick", "tiny", "long", "deep", "124m")
@@ -104,7 +104,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   if "wsd" in variants:
     c.optim.schedule = "wsd"
 
-  b = c.benchmark = ml_collections.ConfigDict()
+  b = c.benchmark = specs.BenchmarkBlock()
   b.preset = preset
   b.family = f"{c.optim.name}-{c.optim.schedule}"
   # Seeds: the LR sweep, the averaging beta and any method setting are chosen on the tuning seeds;
@@ -137,10 +137,10 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   # The plateau rule (the ladder's and the recipe's): flags a run, adds headline seeds.
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
   b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
-  study_lib.add_defaults(b, preset)  # each study's own fields (its config.py): ladder_*, recipe_*, ...
+  study_lib.add_defaults(b, preset)  # each study's block (its config.py): benchmark.ladder, benchmark.recipe
   # The arms the ladder runs (`bench/studies/ladder`): at every rung, and at the tuned rungs R3-R6 only.
-  b.ladder_methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
-  b.ladder_cosine_methods = "jump_forecast,skip_control_forecast"
+  b.ladder.methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
+  b.ladder.cosine_methods = "jump_forecast,skip_control_forecast"
   b.iterate = "averaged"  # what the tuning ranks runs by: 'averaged', or 'best' (the better iterate)
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
@@ -149,13 +149,10 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
     b.methods = "jump,skip_control"
-    b.ladder_rungs = "R1,R3,R6"  # three rungs of the ladder on the micro model (the tests run them)
-    b.recipe_tricks = "schedule,muon"  # two tricks (the micro model's one layer takes no U-net skips)
-    b.recipe_budgets = (3.0,)
-    b.recipe_budget_extensions = (4.0,)
-    b.ladder_methods = "jump,skip_control"
-    b.ladder_cosine_methods = ""
-    b.constant_eval_points = 8
+    # Three rungs of the ladder and two tricks of the recipe on the micro model (the tests run them;
+    # its one layer takes no U-net skips).
+    b.ladder.update(rungs="R1,R3,R6", methods="jump,skip_control", cosine_methods="", constant_eval_points=8)
+    b.recipe.update(tricks="schedule,muon", budgets=(3.0,), budget_extensions=(4.0,))
     b.plateau_seeds = ()
     outer = (10, 0.8, 0.75)
     b.seeds = (1, 2)
@@ -180,6 +177,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
     c = speedrun.speedrun_config(c)
+    c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
   return c
 
 

@@ -76,7 +76,7 @@ def _methods_named(config: ml_collections.ConfigDict, defined: dict[str, Arm]) -
 
 
 def names(text: str) -> list[str]:
-  """The names of a comma-separated field (`benchmark.methods`, `ladder_rungs`, `recipe_tricks`)."""
+  """The names of a comma-separated field (`benchmark.methods`, `ladder.rungs`, `recipe.tricks`)."""
   return [x.strip() for x in str(text).split(",") if x.strip()]
 
 

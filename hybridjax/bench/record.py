@@ -1,5 +1,5 @@
-"""What every study's record starts with (`header`: its command, date, machine, config), and the
-invocations of a resumed study."""
+"""What every study's record starts with (`header`: its command, date, machine, config), the
+invocations of a resumed study, and the config of a record written before the study blocks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import datetime
 import json
 import os
 import platform
+import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,21 +35,64 @@ def machine_info() -> dict[str, Any]:
   }
 
 
-def earlier_invocations(path: str) -> list[dict[str, Any]]:
-  """The invocations an earlier ladder or recipe recorded in its json at `path` (one resumed from
-  its cache reports the compute of every invocation, not only its own); [] when there is none."""
+def stored(path: str) -> dict[str, Any]:
+  """The record at `path` ({} where there is none): an earlier invocation's, whose invocations a
+  resumed ladder or recipe extends (it reports the compute of every invocation, not only its own)."""
   if not os.path.exists(path):
-    return []
+    return {}
   with open(path) as f:
-    return json.load(f).get("invocations", [])
+    return json.load(f)
+
+
+def write_files(
+  result: dict[str, Any], folder: str, record: str, markdown: Callable[[dict], str], plot: Callable[[dict, str], Any]
+) -> None:
+  """A study's `result` into `folder`: its json (`record`, e.g. 'recipe-{preset}.json'), markdown and plot."""
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, record.format(preset=result["preset"]))
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  with open(path[: -len(".json")] + ".md", "w") as f:
+    f.write(markdown(result) + "\n")
+  plot(result, folder)
+
+
+def stored_config(result: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config a record holds, in today's shape: a record written before the study blocks holds
+  their fields flat in the benchmark block (`specs.MOVED`) and `ladder` / `recipe` as booleans."""
+  config = json.loads(json.dumps(result["config"]))
+  b = config["benchmark"]
+  for flag in specs.OLD_FLAGS:
+    if not isinstance(b.get(flag, {}), dict):
+      del b[flag]
+  for old, new in specs.MOVED.items():
+    if old in b:
+      block, field = new.split(".")
+      b.setdefault(block, {})[field] = b.pop(old)
+  return ml_collections.ConfigDict(config)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's
+
+
+def relative_folders(command: str) -> str:
+  """`command` with its `--workdir` and `--config.benchmark.publish` folders relative to the repository
+  when they lie inside it (a record names no folder of one machine), the others as given."""
+
+  def relative(m: re.Match) -> str:
+    path = os.path.abspath(m[2])
+    inside = path == ROOT or path.startswith(ROOT + os.sep)
+    return m[1] + (os.path.relpath(path, ROOT) if inside else m[2])
+
+  return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
 
 
 def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
-  """The fields every study's record starts with."""
+  """The fields every study's record starts with (its command with `relative_folders`)."""
   return {
     "preset": config.benchmark.preset,
     "task": specs.task_name(config),
-    "command": command,
+    "command": relative_folders(command),
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
     "machine": machine_info(),
     "config": json.loads(config.to_json()),

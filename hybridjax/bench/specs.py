@@ -5,7 +5,7 @@ the arm) and the checks on the benchmark block. A spec's cache key is `keys.run_
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -18,6 +18,43 @@ from hybridjax.bench import tasks as tasks_lib
 
 # How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
+# The studies' fields once flat in the benchmark block, and where they live now (their study's block,
+# `benchmark.<study>`): refused from Python (`BenchmarkBlock`), renamed with a warning on the command line
+# (experiments/benchmark.py), read in the records written before (`record.stored_config`).
+MOVED = {f"ladder_{f}": f"ladder.{f}" for f in ("rungs", "methods", "cosine_methods")} | {
+  f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon")
+}
+MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "budgets", "budget_extensions")}
+OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
+
+
+def moved_errors(fields: Mapping[str, Any]) -> list[str]:
+  """The errors of setting the benchmark block's `fields` ({name: value}) by their names before the study blocks."""
+  errors = []
+  for field, value in fields.items():
+    if field in MOVED:
+      errors.append(f"--config.benchmark.{field} is now --config.benchmark.{MOVED[field]}: set that field instead")
+    elif field in OLD_FLAGS and not isinstance(value, (dict, ml_collections.ConfigDict)):
+      errors.append(
+        f"--config.benchmark.{field}={value!r} is gone (benchmark.{field} is the {field} study's block now): "
+        f"pick the study with --config.benchmark.study={field}"
+      )
+  return errors
+
+
+class BenchmarkBlock(ml_collections.ConfigDict):
+  """The benchmark block (`config.benchmark`): setting a study's field by its old name fails, naming
+  its field now (else a flat field would be added unread and the study would run on its default)."""
+
+  def __setitem__(self, key: str, value: Any) -> None:
+    if errors := moved_errors({key: value}):
+      raise ValueError("; ".join(errors))
+    super().__setitem__(key, value)
+
+  def update(self, *other: Any, **kwargs: Any) -> None:
+    if errors := moved_errors(dict(*other, **kwargs)):
+      raise ValueError("; ".join(errors))
+    super().update(*other, **kwargs)
 
 
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -105,6 +142,7 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
   errors += check_executor(b)
+  errors += moved_errors(b)  # a block copied without its guard
   errors += arms_lib.check(config)
   if errors:
     raise ValueError("; ".join(errors))

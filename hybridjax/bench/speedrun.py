@@ -9,6 +9,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import config as config_lib
 from hybridjax.bench import arms as arms_lib
 
 
@@ -163,29 +164,30 @@ def trick_list(result: dict[str, Any]) -> dict[str, Trick]:
 
 
 def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
-  return arms_lib.names(config.benchmark.recipe_tricks)
+  return arms_lib.names(config.benchmark.recipe.tricks)
 
 
 def kept_fields(config: ml_collections.ConfigDict) -> list[str]:
-  """The fields no trick changes (`benchmark.recipe_keep`): their values in `config` win."""
-  return arms_lib.names((config.get("benchmark") or {}).get("recipe_keep", ""))  # none in a training config
+  """The fields no trick changes (`benchmark.recipe.keep`): their values in `config` win; none in a
+  training config (it has no benchmark block)."""
+  return arms_lib.names(config.get("benchmark", {}).get("recipe", {}).get("keep", ""))
 
 
 def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> ml_collections.ConfigDict:
-  """`config` with the fields the command line set (`fields`, dotted) added to `benchmark.recipe_keep`,
+  """`config` with the fields the command line set (`fields`, dotted) added to `benchmark.recipe.keep`,
   outside the benchmark block: a trick leaves them as given (`apply_tricks`)."""
-  if "benchmark" not in config:
+  if "recipe" not in config.get("benchmark", {}):
     return config
   kept = kept_fields(config)
-  kept += [f for f in fields if not f.startswith("benchmark.") and f not in kept]
-  with config.unlocked():
-    config.benchmark.recipe_keep = ",".join(kept)
+  config.benchmark.recipe.keep = ",".join(
+    kept + [f for f in fields if not f.startswith("benchmark.") and f not in kept]
+  )
   return config
 
 
 def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(applied, kept): what trick `name` changes in `config`, and the changes it leaves out because
-  `benchmark.recipe_keep` keeps the field ({field: the trick's value})."""
+  `benchmark.recipe.keep` keeps the field ({field: the trick's value})."""
   keep = set(kept_fields(config))
   changes = TRICKS[name].changes(config)
   applied = {k: v for k, v in changes.items() if k not in keep}
@@ -194,7 +196,7 @@ def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[dict[st
 
 def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_collections.ConfigDict:
   """A copy of the benchmark `config` with the tricks `names` applied, in order; a field
-  `benchmark.recipe_keep` keeps (one the command line set) keeps its value."""
+  `benchmark.recipe.keep` keeps (one the command line set) keeps its value."""
   c = ml_collections.ConfigDict(config.to_dict())
   for name in names:
     c.update_from_flattened_dict(trick_changes(c, name)[0])
@@ -209,16 +211,9 @@ def kept_changes(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]
   for name in tricks_of(config):
     applied, kept = trick_changes(c, name)
     if kept:
-      out[name] = {k: [v, _get(c, k)] for k, v in kept.items()}
+      out[name] = {k: [v, config_lib.flatten(c)[k]] for k, v in kept.items()}
     c.update_from_flattened_dict(applied)
   return out
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
 
 
 def uses_muon(config: ml_collections.ConfigDict) -> bool:
@@ -226,13 +221,13 @@ def uses_muon(config: ml_collections.ConfigDict) -> bool:
 
 
 def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The whole recipe (`benchmark.recipe_tricks`, all applied) as a family of the protocol: the
-  ladder's R6 and the `speedrun` family. Its sweep centres on `benchmark.recipe_muon_lr` when it
+  """The whole recipe (`benchmark.recipe.tricks`, all applied) as a family of the protocol: the
+  ladder's R6 and the `speedrun` family. Its sweep centres on `benchmark.recipe.muon_lr` when it
   uses Muon; its tuning ranks each run by its better iterate (`benchmark.iterate='best'`), so it
   averages only where averaging helps on the tuning seeds."""
   c = apply_tricks(config, tricks_of(config))
   if uses_muon(c):
-    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr)
+    c.optim.learning_rate = float(config.benchmark.recipe.muon_lr)
   c.benchmark.iterate = "best"
   c.benchmark.family = f"speedrun-{c.optim.name}-{c.optim.schedule}"
   return c

@@ -25,36 +25,16 @@ BASELINE = "baseline"  # the anchor's step kind
 
 def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], methods: list[str]) -> dict[str, Any]:
   """Median ms per step of each kind, for the baseline and each method arm in `methods`."""
-  b = config.benchmark
-  seed = int(b.tuning_seeds[0])
-  n = int(config.trainer.steps)
   defined = arms_lib.arms(config)
-
-  def exp_config(kind, method=""):
-    spec = run_spec(
-      config, kind=kind, seed=seed, lr=tuning["best_lr"], steps=n, beta=tuning["averaging_beta"], method=method
-    )
-    c = ml_collections.ConfigDict(spec["config"])
-    c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
-    return c
-
-  base_cfg = exp_config("anchor")
+  lr, beta = tuning["best_lr"], tuning["averaging_beta"]
+  base_cfg = _run_config(config, "anchor", lr, beta)
   task = tasks_lib.build(task_name(config), base_cfg)
   arms: dict[str, Any] = {}
   compile_s: dict[str, float] = {}
   for name in [BASELINE] + methods:
-    c = base_cfg if name == BASELINE else exp_config("method", name)
+    c = base_cfg if name == BASELINE else _run_config(config, "method", lr, beta, name)
     arms[name], compile_s[name] = _prepare(c, task, None if name == BASELINE else defined[name])
-  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), n)
-  return {
-    "ms_per_step": {
-      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
-    },
-    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
-    "compile_s": compile_s,
-    "rounds": int(b.timing_rounds),
-    "steps_per_round": int(b.timing_steps),
-  }
+  return _summary(arms, compile_s, config)
 
 
 def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, float]]) -> dict[str, Any]:
@@ -63,18 +43,35 @@ def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, fl
   config's `benchmark.timing_rounds` and `timing_steps`."""
   arms: dict[str, Any] = {}
   compile_s: dict[str, float] = {}
-  first = next(iter(entries.values()))[0]
   for name, (config, lr, beta) in entries.items():
-    n = int(config.trainer.steps)
-    spec = run_spec(config, kind="anchor", seed=int(config.benchmark.tuning_seeds[0]), lr=lr, steps=n, beta=beta)
-    c = ml_collections.ConfigDict(spec["config"])
-    c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
+    c = _run_config(config, "anchor", lr, beta)
     arms[name], compile_s[name] = _prepare(c, tasks_lib.build(task_name(config), c), None)
-  b = first.benchmark
-  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(first.trainer.steps))
+  out = _summary(arms, compile_s, next(iter(entries.values()))[0])
+  return out | {
+    field: {name: per[BASELINE] for name, per in out[field].items()} for field in ("ms_per_step", "samples")
+  }
+
+
+def _run_config(
+  config: ml_collections.ConfigDict, kind: str, lr: float, beta: float, method: str = ""
+) -> ml_collections.ConfigDict:
+  """The experiment config of `config`'s N-step run of `kind` (and arm `method`) on the first tuning seed."""
+  seed, n = int(config.benchmark.tuning_seeds[0]), int(config.trainer.steps)
+  spec = run_spec(config, kind=kind, seed=seed, lr=lr, steps=n, beta=beta, method=method)
+  c = ml_collections.ConfigDict(spec["config"])
+  c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
+  return c
+
+
+def _summary(arms: dict[str, Any], compile_s: dict[str, float], config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms and samples."""
+  b = config.benchmark
+  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
   return {
-    "ms_per_step": {name: 1e3 * statistics.median(per[BASELINE]) for name, per in samples.items()},
-    "samples": {name: len(per[BASELINE]) for name, per in samples.items()},
+    "ms_per_step": {
+      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
+    },
+    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
     "compile_s": compile_s,
     "rounds": int(b.timing_rounds),
     "steps_per_round": int(b.timing_steps),

@@ -405,7 +405,7 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   c = ml_collections.ConfigDict(config.to_dict())
   c.benchmark.study = "ladder"
   c.benchmark.update(timing_rounds=2, timing_steps=5)  # the timing's code path; its figures are not read here
-  c.benchmark.ladder_rungs = "R1,R3"  # R6 (a whole family on Muon) is its own test below
+  c.benchmark.ladder.rungs = "R1,R3"  # R6 (a whole family on Muon) is its own test below
   n = int(c.trainer.steps)
   result = benchmark.run_benchmark(c, workdir)
   assert result["rung_names"] == ["R1", "R3"] and result["verdict_rungs"] == []
@@ -413,15 +413,15 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   # R3/R4's runs are the protocol's own: the same curves, all from the cache; only R1's group trained.
   for s, base in cosine["baseline"].items():
     assert base["raw"] == first["curves"]["baseline"][s] and base["averaged"] == first["curves"]["averaged_baseline"][s]
-  arms = ladder_rungs.names(c.benchmark.ladder_methods)
+  arms = ladder_rungs.names(c.benchmark.ladder.methods)
   seeds = [int(s) for s in c.benchmark.seeds]
   assert result["runs_trained"] == len(seeds) * (1 + len(arms))
   # R1's baseline: one 2N run per seed at the untuned LR held constant, evaluated along the way.
-  every = 2 * n // int(c.benchmark.constant_eval_points)
+  every = 2 * n // int(c.benchmark.ladder.constant_eval_points)
   for base in untuned["baseline"].values():
     assert base["steps"] == list(range(every, 2 * n + 1, every))
   for runs in untuned["method_runs"].values():
-    assert all(r["lr"] == c.benchmark.untuned_lr and r["steps"] == n for r in runs.values())
+    assert all(r["lr"] == c.benchmark.ladder.untuned_lr and r["steps"] == n for r in runs.values())
   # Every figure recomputes from the stored file.
   with open(os.path.join(workdir, "ladder-quick.json")) as f:
     stored = json.load(f)
@@ -527,7 +527,8 @@ def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   workdir, config, _ = quick
   c = ml_collections.ConfigDict(config.to_dict())
   c.benchmark.study = "ladder"
-  c.benchmark.update(timing_rounds=2, timing_steps=5, ladder_rungs="R6")
+  c.benchmark.update(timing_rounds=2, timing_steps=5)
+  c.benchmark.ladder.rungs = "R6"
   result = benchmark.run_benchmark(c, workdir)
   speedrun = result["groups"]["speedrun"]
   r6 = result["rungs"]["R6"]

@@ -11,14 +11,13 @@ import os
 
 import chex
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import cells, figures, protocol, specs, speedrun, study, tuning
+from hybridjax.bench import cells, figures, protocol, record, specs, speedrun, study, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.studies.ladder import figures as ladder_figs
 from hybridjax.bench.studies.ladder import report as ladder_report
@@ -38,7 +37,7 @@ def _config():
 def test_constant_rungs_hold_the_lr_after_warmup_and_r5_is_muon():
   c = _config()
   n = int(c.trainer.steps)
-  for group, peak in (("untuned", c.benchmark.untuned_lr), ("constant", 0.004)):
+  for group, peak in (("untuned", c.benchmark.ladder.untuned_lr), ("constant", 0.004)):
     g = ladder_rungs.group_config(c, group, [1, 2])
     g.optim.learning_rate = peak
     for total in (n, 2 * n):  # a constant schedule does not depend on the budget
@@ -49,7 +48,7 @@ def test_constant_rungs_hold_the_lr_after_warmup_and_r5_is_muon():
   cosine = ladder_rungs.group_config(c, "cosine", [1, 2])
   assert cosine.optim.min_lr_ratio == c.optim.min_lr_ratio < 1.0
   muon = ladder_rungs.group_config(c, "muon", [3])
-  assert muon.optim.name == "muon" and muon.optim.learning_rate == c.benchmark.muon.learning_rate
+  assert muon.optim.name == "muon" and muon.optim.learning_rate == c.benchmark.ladder.muon.learning_rate
   assert muon.benchmark.family == "muon-cosine"
 
 
@@ -58,7 +57,7 @@ def test_the_forecaster_arms_run_at_the_cosine_rungs_only():
   assert "jump_forecast" not in ladder_rungs.arms_at(c, "untuned") and "jump_forecast" in ladder_rungs.arms_at(
     c, "cosine"
   )
-  assert ladder_rungs.arms_at(c, "constant") == ladder_rungs.names(c.benchmark.ladder_methods)
+  assert ladder_rungs.arms_at(c, "constant") == ladder_rungs.names(c.benchmark.ladder.methods)
 
 
 def _curve(values, n=100):
@@ -142,11 +141,10 @@ def test_the_iterate_of_a_rung_is_compared_with_the_same_iterate():
 
 def test_bad_ladder_settings_name_the_field():
   c = _config()
-  c.benchmark.ladder_rungs = "R1,R9"
-  c.benchmark.ladder_methods = "jump,nope"
+  c.benchmark.ladder.update(rungs="R1,R9", methods="jump,nope")
   with pytest.raises(ValueError) as e:
     study.validate(c)
-  for text in ("benchmark.ladder_rungs", "benchmark.ladder_methods names ['nope']"):
+  for text in ("--config.benchmark.ladder.rungs='R1,R9'", "--config.benchmark.ladder.methods names ['nope']"):
     assert text in str(e.value)
   c = _config()  # the plateau rule's fields: every protocol's check (the ladder's and the recipe's)
   c.benchmark.plateau_seeds = (1,)
@@ -175,7 +173,7 @@ def test_the_published_ladders_recompute_from_their_runs():
   # R6 (the speedrun recipe) ran later and was joined in (`ladder_run.join`): every rung, in order.
   assert "long" in presets and presets["long"]["rung_names"] == list(ladder_rungs.RUNGS)
   for path, r in results.items():
-    config = ml_collections.ConfigDict(r["config"])
+    config = record.stored_config(r)  # an old record's flat study fields too
     ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
     again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"])
     assert json.loads(json.dumps(again)) == r["rungs"], path
@@ -355,15 +353,14 @@ def test_the_tiny_recipes_runs_sit_on_no_plateau():
 def test_bad_recipe_settings_name_the_field_and_the_step(tmp_path):
   c = benchmark_cfg.get_config("quick")
   c.benchmark.study = "recipe"
-  c.benchmark.recipe_tricks = "schedule,warp"
-  with pytest.raises(ValueError, match="benchmark.recipe_tricks"):
+  c.benchmark.recipe.tricks = "schedule,warp"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe\.tricks='schedule,warp'"):
     study.validate(c)
-  c.benchmark.recipe_tricks = "schedule,unet"  # the micro model has one layer
+  c.benchmark.recipe.tricks = "schedule,unet"  # the micro model has one layer
   with pytest.raises(ValueError, match="(?s)step 'unet'.*model.unet_skips"):
     study.validate(c)
-  c.benchmark.recipe_tricks = "schedule"
-  c.benchmark.recipe_budgets = (1.5,)
-  with pytest.raises(ValueError, match="recipe_budgets"):
+  c.benchmark.recipe.update(tricks="schedule", budgets=(1.5,))
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe\.budgets"):
     study.validate(c)
   c = benchmark_cfg.get_config("quick")  # the plateau rule's fields: the recipe refuses before writing
   c.benchmark.update(study="recipe", plateau_margin=0.0, plateau_seeds=(1,))
@@ -378,7 +375,8 @@ def _split(result, rungs):
   groups = {ladder_rungs.RUNGS[r].group for r in rungs}
   part["rung_names"] = list(rungs)
   part["verdict_rungs"] = [r for r in result["verdict_rungs"] if r in rungs]
-  part["config"]["benchmark"]["ladder_rungs"] = ",".join(rungs)
+  part["config"] = record.stored_config(result).to_dict()
+  part["config"]["benchmark"]["ladder"]["rungs"] = ",".join(rungs)
   part["groups"] = {g: v for g, v in result["groups"].items() if g in groups}
   part["timing"] = {k: v for k, v in result["timing"].items() if k in {ladder_rungs.timing_key(g) for g in groups}}
   part["rungs"] = {r: result["rungs"][r] for r in rungs}
@@ -393,8 +391,8 @@ def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_
   (published,) = [r for r in _published().values() if r["preset"] == "long"]
   earlier, later = _split(published, list(ladder_rungs.RUNGS)[:-1]), _split(published, ["R6"])
   folder = tmp_path / "ladder"
-  ladder_run.write_ladder(earlier, {}, str(tmp_path / "work1"), str(folder))
-  ladder_run.write_ladder(later, {}, str(tmp_path / "work2"), str(folder))
+  ladder_run.write(earlier, {"families": {}}, str(tmp_path / "work1"), str(folder))
+  ladder_run.write(later, {"families": {}}, str(tmp_path / "work2"), str(folder))
   with open(folder / "ladder-long.json") as f:
     joined = json.load(f)
   assert joined["rung_names"] == list(ladder_rungs.RUNGS) and joined["rungs"] == published["rungs"]
@@ -406,6 +404,6 @@ def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_
     ladder_run.join(joined, later)
   with pytest.raises(ValueError, match="different steps"):
     ladder_run.join(earlier, {**later, "steps": 10})
-  ladder_run.write_ladder(later, {}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
+  ladder_run.write(later, {"families": {}}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
   with open(folder / "ladder-long.json") as f:
     assert json.load(f)["rung_names"] == ["R6"]

@@ -119,7 +119,7 @@ def test_a_field_the_command_line_set_wins_over_a_trick_and_the_record_says_so()
   c.model.relu2 = False
   c.optim.warmup_steps = 20
   c = speedrun.keep_command_line(c, fields)
-  assert c.benchmark.recipe_keep == "model.relu2,optim.warmup_steps"
+  assert c.benchmark.recipe.keep == "model.relu2,optim.warmup_steps"
   steps = recipe_run.step_configs(c, 6e-3)
   assert not any(s.model.relu2 for s in steps.values())
   assert steps["modern_arch"].model.qk_norm and all(s.optim.warmup_steps == 20 for s in steps.values())
@@ -130,8 +130,9 @@ def test_a_field_the_command_line_set_wins_over_a_trick_and_the_record_says_so()
   assert "`modern_arch`: model.relu2=False (the trick's True)" in text
   assert recipe_report.kept_lines({}) == []
   # A kept field that is no field of the config is refused, naming it.
-  c.benchmark.update(recipe_keep="model.relu3", study="recipe")
-  with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe_keep='model\.relu3' names \['model\.relu3'\]"):
+  c.benchmark.update(study="recipe")
+  c.benchmark.recipe.keep = "model.relu3"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe\.keep='model\.relu3' names \['model\.relu3'\]"):
     study.validate(c)
 
 

@@ -19,6 +19,7 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, specs, timing, tuning
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.family import report as family_report
@@ -30,48 +31,34 @@ from hybridjax.bench.studies.ladder.report import save_ladder_plot
 
 
 def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> dict[str, Any]:
-  """One 2N run at a constant LR, evaluated `constant_eval_points` times: its eval curve is the
+  """One 2N run at a constant LR, evaluated `ladder.constant_eval_points` times: its eval curve is the
   budget curve of every budget up to 2N (a constant schedule does not depend on the budget)."""
   n = int(config.trainer.steps)
   spec = specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=2 * n, beta=float(config.trainer.averaging_beta))
-  every = max(2 * n // int(config.benchmark.constant_eval_points), 1)
+  every = max(2 * n // int(config.benchmark.ladder.constant_eval_points), 1)
   spec["config"]["trainer"].update(eval_every=every, log_every=every)
   return spec
 
 
 def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """R2's LR sweep at a constant LR on the tuning seeds: a sqrt(2) grid upwards from the untuned LR,
-  extended while the best sits at an edge; ranked by the raw loss at N (R2's iterate); the best two
-  checked on the second tuning seed."""
+  """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lr`): a sqrt(2) grid upwards
+  from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
+  iterate); the best two checked on the second tuning seed."""
   b = config.benchmark
-  n = int(config.trainer.steps)
-  t1, t2 = (int(s) for s in b.tuning_seeds)
+  centred = ml_collections.ConfigDict(config.to_dict())  # the grid's first LR is the untuned one
+  centred.optim.learning_rate = float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)
   beta = float(config.trainer.averaging_beta)
 
-  def spec(seed, lr):
-    return specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=n, beta=beta)
+  def spec(seed: int, lr: float, steps: int) -> dict[str, Any]:
+    return specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta)
 
-  start = float(b.untuned_lr)
-  grid = [tuning.round_lr(start * math.sqrt(2) ** i) for i in range(int(b.lr_points))]
-  sweep = runner.run([spec(t1, lr) for lr in grid], "R2 sweep, constant LR (tuning seed 1, N)")
-  for _ in range(int(b.lr_max_extensions)):
-    best = min(range(len(grid)), key=lambda i: sweep[i]["final_raw"])
-    if 0 < best < len(grid) - 1:
-      break
-    new = tuning.round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
-    result = runner.run([spec(t1, new)], "R2 sweep: the best LR is at the grid's edge; extending")[0]
-    grid, sweep = ([new] + grid, [result] + sweep) if best == 0 else (grid + [new], sweep + [result])
-  ranked = sorted(range(len(grid)), key=lambda i: sweep[i]["final_raw"])
-  top2 = [grid[i] for i in ranked[:2]]
-  second = runner.run([spec(t2, lr) for lr in top2], "R2 check (tuning seed 2, N)")
-  means = {lr: (sweep[grid.index(lr)]["final_raw"] + r["final_raw"]) / 2 for lr, r in zip(top2, second)}
-  best_lr = min(means, key=means.get)
+  swept = tuning.sweep_lr(centred, runner, spec, lambda r: r["final_raw"])
   return {
-    "grid": grid,
-    "raw_loss": [r["final_raw"] for r in sweep],
-    "best_two_means": {str(k): v for k, v in means.items()},
-    "best_lr": best_lr,
-    "best_at_edge": ranked[0] in (0, len(grid) - 1),
+    "grid": swept["grid"],
+    "raw_loss": [r["final_raw"] for r in swept["sweep"]],
+    "best_two_means": {str(k): v for k, v in swept["means"].items()},
+    "best_lr": swept["best_lr"],
+    "best_at_edge": swept["best_at_edge"],
   }
 
 
@@ -92,7 +79,7 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
   beta = float(config.trainer.averaging_beta)
   if group in rungs.CONSTANT_GROUPS:
     if group == "untuned":
-      lr = float(b.untuned_lr)
+      lr = float(b.ladder.untuned_lr)
     else:
       out["sweep"] = constant_sweep(config, runner)
       lr = out["sweep"]["best_lr"]
@@ -174,7 +161,7 @@ RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladde
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   b = config.benchmark
-  return [f"ladder {b.preset}: rungs {b.ladder_rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
+  return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
 def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
@@ -186,19 +173,12 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
   """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
   groups = trained["groups"]
   timed: dict[str, Any] = {}
-  adamw = [g for g in ("cosine", "untuned", "constant") if g in groups]
-  if adamw:
-    all_arms = list(dict.fromkeys(m for g in adamw for m in groups[g]["methods"]))
-    g = groups[adamw[0]]
-    timed["adamw"] = timing.time_step_kinds(
-      rungs.group_config(config, adamw[0], g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, all_arms
-    )
-  for name in ("muon", "speedrun"):
-    if name in groups:
-      g = groups[name]
-      timed[name] = timing.time_step_kinds(
-        rungs.group_config(config, name, g["seeds"]), {"best_lr": g["lr"], "averaging_beta": g["beta"]}, g["methods"]
-      )
+  for key, together in (("adamw", ("cosine", "untuned", "constant")), ("muon", ("muon",)), ("speedrun", ("speedrun",))):
+    ran = [g for g in together if g in groups]
+    if ran:
+      g, all_arms = groups[ran[0]], list(dict.fromkeys(m for name in ran for m in groups[name]["methods"]))
+      tuned = {"best_lr": g["lr"], "averaging_beta": g["beta"]}
+      timed[key] = timing.time_step_kinds(rungs.group_config(config, ran[0], g["seeds"]), tuned, all_arms)
   return timed
 
 
@@ -231,16 +211,12 @@ def record(
     "code_version": keys.code_versions(config, list(arms_lib.arms(config))),
     "rung_names": rungs.rungs_of(config),
     "verdict_rungs": [r for r in rungs.VERDICT if r in rungs.rungs_of(config)],
-    "untuned_lr": float(b.untuned_lr),
-    "untuned_position": untuned_position(groups, float(b.untuned_lr)),
+    "untuned_lr": float(b.ladder.untuned_lr),
+    "untuned_position": untuned_position(groups, float(b.ladder.untuned_lr)),
     "groups": groups,
     "timing": timed,
     "rungs": rung_figures(config, groups, ms, int(config.trainer.steps)),
   }
-
-
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  write_ladder(result, trained["families"], workdir, publish)
 
 
 def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -256,7 +232,8 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   out = json.loads(json.dumps(earlier))
   out["rung_names"] = [r for r in rungs.RUNGS if r in earlier["rung_names"] + later["rung_names"]]
   out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
-  out["config"]["benchmark"]["ladder_rungs"] = ",".join(out["rung_names"])
+  out["config"] = record_lib.stored_config(earlier).to_dict()  # in today's shape, an old record's too
+  out["config"]["benchmark"]["ladder"]["rungs"] = ",".join(out["rung_names"])
   out["groups"] = {**out["groups"], **later["groups"]}
   out["timing"] = {**out["timing"], **later["timing"]}
   ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
@@ -274,27 +251,20 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def write_ladder(result: dict[str, Any], families: dict[str, Any], workdir: str, publish: str) -> None:
-  """ladder-<preset>.json and ladder-<preset>.md into `workdir` and `publish`; each cosine family's
-  protocol results into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`.
-  A published ladder of the same scale that ran other rungs (on other runs) is joined with this one
-  (`join`); any other is replaced."""
-  for folder in [workdir] + ([publish] if publish else []):
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"ladder-{result['preset']}.json")
-    written = result
-    if folder == publish and os.path.exists(path):
-      with open(path) as f:
-        earlier = json.load(f)
-      disjoint = not set(earlier["rung_names"]) & set(result["rung_names"])
-      if disjoint and not set(earlier["groups"]) & set(result["groups"]) and earlier["steps"] == result["steps"]:
-        written = join(earlier, result)  # else this ladder replaces it, as a whole re-run does
-    with open(path, "w") as f:
-      json.dump(written, f, indent=1)
-    with open(path[: -len(".json")] + ".md", "w") as f:
-      f.write(markdown(written) + "\n")
-    save_ladder_plot(written, folder)
-  for fam in families.values():
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  """ladder-<preset>.{json,md,png} into `workdir` and `publish`; each cosine family's protocol results
+  into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`. A published ladder
+  of the same scale that ran other rungs (on other runs) is joined with this one (`join`); any other
+  is replaced, as a whole re-run replaces it."""
+  record_lib.write_files(result, workdir, RECORD, markdown, save_ladder_plot)
+  if publish:
+    earlier = record_lib.stored(os.path.join(publish, RECORD.format(preset=result["preset"])))
+    try:
+      written = join(earlier, result) if earlier else result
+    except ValueError:  # one that ran a rung or a group again, or of another scale or task
+      written = result
+    record_lib.write_files(written, publish, RECORD, markdown, save_ladder_plot)
+  for fam in trained["families"].values():
     fam["wall_s"] = result["wall_s"]
     out = os.path.join(workdir, fam["family"])
     os.makedirs(out, exist_ok=True)

@@ -49,16 +49,16 @@ names = arms_lib.names
 
 
 def rungs_of(config: ml_collections.ConfigDict) -> list[str]:
-  return names(config.benchmark.ladder_rungs)
+  return names(config.benchmark.ladder.rungs)
 
 
 def arms_at(config: ml_collections.ConfigDict, group: str) -> list[str]:
-  """The arms a group runs: `ladder_methods` everywhere; at R3-R6 also `ladder_cosine_methods` and
+  """The arms a group runs: `ladder.methods` everywhere; at R3-R6 also `ladder.cosine_methods` and
   the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs
   keep every arm the protocol runs."""
   b = config.benchmark
-  extra = names(b.ladder_cosine_methods) + names(b.methods) if group in TUNED_GROUPS else []
-  return list(dict.fromkeys(names(b.ladder_methods) + extra))
+  extra = names(b.ladder.cosine_methods) + names(b.methods) if group in TUNED_GROUPS else []
+  return list(dict.fromkeys(names(b.ladder.methods) + extra))
 
 
 def timing_key(group: str) -> str:
@@ -68,15 +68,15 @@ def timing_key(group: str) -> str:
 
 def group_config(config: ml_collections.ConfigDict, group: str, seeds: list[int]) -> ml_collections.ConfigDict:
   """The benchmark config whose runs a group trains: constant schedules for R0-R2 (the untuned LR for
-  R0/R1), the `benchmark.muon` overrides for R5, the whole recipe for R6; `seeds` as its headline seeds."""
+  R0/R1), the `benchmark.ladder.muon` overrides for R5, the whole recipe for R6; `seeds` as its headline seeds."""
   c = ml_collections.ConfigDict(config.to_dict())
   if group in CONSTANT_GROUPS:
     c.optim.schedule = "cosine"
     c.optim.min_lr_ratio = 1.0  # cosine with its floor at the peak: constant after the warm-up
   if group == "untuned":
-    c.optim.learning_rate = float(config.benchmark.untuned_lr)
+    c.optim.learning_rate = float(config.benchmark.ladder.untuned_lr)
   if group == "muon":
-    c.update_from_flattened_dict({"optim." + k: v for k, v in config.benchmark.muon.to_dict().items()})
+    c.update_from_flattened_dict({"optim." + k: v for k, v in config.benchmark.ladder.muon.to_dict().items()})
   if group == "speedrun":
     c = speedrun.speedrun_config(c)
   c.benchmark.seeds = tuple(int(s) for s in seeds)

@@ -52,7 +52,7 @@ def kept_lines(result: dict[str, Any]) -> list[str]:
     f"`{name}`: " + ", ".join(f"{field}={values[1]!r} (the trick's {values[0]!r})" for field, values in fields.items())
     for name, fields in kept.items()
   )
-  return [f"Kept as given, not as the step's trick sets them (`benchmark.recipe_keep`): {steps}.", ""]
+  return [f"Kept as given, not as the step's trick sets them (`benchmark.recipe.keep`): {steps}.", ""]
 
 
 def recipe_markdown(result: dict[str, Any]) -> str:

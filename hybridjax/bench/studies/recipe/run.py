@@ -1,7 +1,7 @@
 """The speedrun recipe trick by trick against the ladder's R4 anchor (docs/recipe.md): its tricks
 (`bench.speedrun`) added one at a time, each cumulative step tuned with the anchor's LR sweep, run N
 steps on each headline seed, and read as a speed-up on the anchor's averaged budget curve (extended
-past 2N by `benchmark.recipe_budgets`, then `recipe_budget_extensions` while a step lies below it),
+past 2N by `benchmark.recipe.budgets`, then `recipe.budget_extensions` while a step lies below it),
 with its wall-clock ratio (interleaved timing) and its paired verdict against the step before. When
 the plateau rule fires, every step and the anchor add `benchmark.plateau_seeds`. A trick that does not
 help is reported as it measured; none is dropped.
@@ -10,13 +10,13 @@ help is reported as it measured; none is dropped.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
 from hybridjax.bench import figures, specs, timing, tuning
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
@@ -35,12 +35,12 @@ def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_c
 
 def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[str, ml_collections.ConfigDict]:
   """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
-  on `benchmark.recipe_muon_lr` (Muon)."""
+  on `benchmark.recipe.muon_lr` (Muon)."""
   names = tricks_of(config)
   out = {}
   for k, name in enumerate(names):
     c = apply_tricks(config, names[: k + 1])
-    c.optim.learning_rate = float(config.benchmark.recipe_muon_lr) if uses_muon(c) else float(anchor_lr)
+    c.optim.learning_rate = float(config.benchmark.recipe.muon_lr) if uses_muon(c) else float(anchor_lr)
     c.benchmark.methods = ""
     out[name] = c
   return out
@@ -115,10 +115,10 @@ RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recip
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   b = config.benchmark
-  lines = [f"recipe {b.preset}: tricks {b.recipe_tricks}, N={int(config.trainer.steps)}; workdir {workdir}"]
+  lines = [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"]
   for name, fields in kept_changes(config).items():
     kept = ", ".join(f"{k}={v[1]!r} (the trick's {v[0]!r})" for k, v in fields.items())
-    lines.append(f"  step {name}: kept as given (benchmark.recipe_keep): {kept}")
+    lines.append(f"  step {name}: kept as given (benchmark.recipe.keep): {kept}")
   return lines
 
 
@@ -128,7 +128,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
   b = config.benchmark
   n = int(config.trainer.steps)
-  extra = [float(f) for f in b.recipe_budgets]
+  extra = [float(f) for f in b.recipe.budgets]
   acfg = anchor_config(config, extra)
 
   def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
@@ -142,24 +142,23 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
     return tuning.curve_specs(acfg, lambda f: lr, beta) + first
 
   tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
-  curves = tuning.budget_curves(acfg, runner, tuned)
-  configs = step_configs(config, tuned["best_lr"])
-  steps = train_steps(configs, config, runner)
+
+  def anchor_and_steps(config: ml_collections.ConfigDict) -> tuple[Any, ...]:  # on its headline seeds
+    acfg, configs = anchor_config(config, extra), step_configs(config, tuned["best_lr"])
+    return acfg, tuning.budget_curves(acfg, runner, tuned), configs, train_steps(configs, config, runner)
+
+  acfg, curves, configs, steps = anchor_and_steps(config)
   flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]
   seeds = [int(s) for s in b.seeds]
   added = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
     config = with_seeds(config, seeds + added)
-    b = config.benchmark
-    acfg = anchor_config(config, extra)
-    curves = tuning.budget_curves(acfg, runner, tuned)
-    configs = step_configs(config, tuned["best_lr"])
-    steps = train_steps(configs, config, runner)
+    acfg, curves, configs, steps = anchor_and_steps(config)
   plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
   if plateaus["seeds_added"]:  # the rule read again over every seed (each step's own: its `plateaus`)
     plateaus["anchor_after"] = anchor_plateaus(curves, n, float(b.plateau_margin))
-  for factor in b.recipe_budget_extensions:
+  for factor in b.recipe.budget_extensions:
     if not below_curve(steps, anchor_curves(curves)):
       break
     print(f"--- a step's loss lies below the anchor's curve; extending it to {factor} N", flush=True)
@@ -222,10 +221,6 @@ def record(
   return result
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  write_recipe(result, workdir, publish)
-
-
 def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> dict[str, float]:
   """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
   base = tuned["per_budget_lr"]
@@ -233,12 +228,7 @@ def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> di
   return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
 
 
-def write_recipe(result: dict[str, Any], workdir: str, publish: str) -> None:
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
   """recipe-<preset>.{json,md,png} into `workdir` and `publish`."""
   for folder in [workdir] + ([publish] if publish else []):
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"recipe-{result['preset']}.json"), "w") as f:
-      json.dump(result, f, indent=1)
-    with open(os.path.join(folder, f"recipe-{result['preset']}.md"), "w") as f:
-      f.write(markdown(result) + "\n")
-    save_recipe_plot(result, folder)
+    record_lib.write_files(result, folder, RECORD, markdown, save_recipe_plot)
