@@ -18,6 +18,7 @@ from hybridjax import cli
 from hybridjax.bench import specs, speedrun, study
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
+_DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line
 
 
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict:
@@ -55,21 +56,17 @@ def current_names(argv: list[str]) -> list[str]:
     new = arg
     if m and m[2] in specs.MOVED:
       new = m[1] + specs.MOVED[m[2]] + m[3]
-      _deprecated(arg.split("=")[0], f"use {new.split('=')[0]}")
+      warnings.warn(_DEPRECATED.format(arg.split("=")[0], f"use {new.split('=')[0]}"), FutureWarning, stacklevel=2)
     elif m and m[2] in specs.OLD_FLAGS and m[3][:1] in ("", "="):
       on = m[1] == "--config.benchmark." and m[3].lower() in ("", "=true", "=1")
       new = f"--config.benchmark.study={m[2]}" if on else ""
-      _deprecated(arg, f"use {new}" if on else "leave it out")
+      warnings.warn(_DEPRECATED.format(arg, f"use {new}" if on else "leave it out"), FutureWarning, stacklevel=2)
     if new.startswith("--config.benchmark.study="):
       named[arg] = new.split("=", 1)[1]
     out += [new] if new else []
   if len(set(named.values())) > 1 and any(not a.startswith("--config.benchmark.study=") for a in named):
     sys.exit(f"error: {' and '.join(named)} name different studies: set --config.benchmark.study alone")
   return out
-
-
-def _deprecated(given: str, instead: str) -> None:
-  warnings.warn(f"{given} is deprecated and goes in the next release: {instead}", FutureWarning, stacklevel=3)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ README = os.path.join(ROOT, "README.md")
 ORDER = ("long", "tiny")  # the headline scale first
 
 sys.path.insert(0, ROOT)
-from hybridjax.bench import cells  # noqa: E402
 from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
 from hybridjax.bench.studies.recipe import report as recipe_report  # noqa: E402
 
@@ -56,6 +55,19 @@ def tables(kind: str, results: dict[str, dict]) -> str:
   return table(list(results.values())) + "\n\n" + lines
 
 
+def replace_between_markers(path: str, start: str, end: str, text: str) -> None:
+  """Rewrites what lies between the lines `start` and `end` of the file at `path` with `text` (a
+  generated table in a README); a ValueError when the file lacks either marker."""
+  with open(path) as f:
+    content = f.read()
+  if start not in content or end not in content:
+    raise ValueError(f"{path} lacks the markers {start} ... {end}")
+  head, rest = content.split(start, 1)
+  _, tail = rest.split(end, 1)
+  with open(path, "w") as f:
+    f.write(f"{head}{start}\n{text}\n{end}{tail}")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--update", action="store_true", help="rewrite the tables in README.md")
@@ -63,7 +75,7 @@ def main() -> None:
   for kind in KINDS:
     text = tables(kind, load(kind))
     if args.update:
-      cells.replace_between_markers(README, *markers(kind), text)
+      replace_between_markers(README, *markers(kind), text)
       print(f"updated {kind} table in {README}")
     else:
       print(text + "\n")

@@ -148,28 +148,15 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c.optim.update(warmup_steps=4, learning_rate=0.012)
     c.hybrid.update(warmup_steps=8, full_steps=4, confidence_threshold=0.0)
     c.hybrid.jump.update(horizons=(2, 4, 8), every=6, start_fraction=0.2, stop_fraction=0.8)
-    b.methods = "jump,skip_control"
+    b.update(methods="jump,skip_control", seeds=(1, 2), plateau_seeds=(), budgets=(0.5, 1.0, 1.25, 2.0))
+    b.update(lr_points=3, lr_max_extensions=1, workers=1, eval_points=2, timing_rounds=4, timing_steps=10)
     # Three rungs of the ladder and two tricks of the recipe on the micro model (the tests run them;
     # its one layer takes no U-net skips).
     b.ladder.update(rungs="R1,R3,R6", methods="jump,skip_control", cosine_methods="", constant_eval_points=8)
     b.recipe.update(tricks="schedule,muon", budgets=(3.0,), budget_extensions=(4.0,))
-    b.plateau_seeds = ()
     outer = (10, 0.8, 0.75)
-    b.seeds = (1, 2)
-    b.lr_points = 3
-    b.lr_max_extensions = 1
-    b.budgets = (0.5, 1.0, 1.25, 2.0)
-    b.workers = 1
-    b.eval_points = 2
-    b.timing_rounds = 4
-    b.timing_steps = 10
-  elif preset == "tiny":
-    b.workers = 2
   elif preset == "124m":
-    b.workers = 1
-    b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
-    b.timing_rounds = 4
-    b.timing_steps = 10
+    b.update(workers=1, timing_rounds=4, timing_steps=10)
   b.arms = arms(outer)
   if "speedrun" in variants:
     if len(variants) > 1:
@@ -187,31 +174,24 @@ def arms(outer: tuple[int, float, float]) -> ml_collections.ConfigDict:
   every, eta, mu = outer
   with_outer = {"optim": {"outer_every": every, "outer_eta": eta, "outer_mu": mu}}
   forecast = {"hybrid": {"jump": {"forecast": "rssm"}}}
+  arms = {
+    # The velocity predictor of the config's hybrid block, its ablations and its control (alpha = 0).
+    "hybrid": {"method": "velocity"},
+    "constant_alpha": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"constant_alpha": 1.0}}}},
+    "no_corrector": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"corrector": {"enabled": False}}}}},
+    # Baseline steps with outer Nesterov momentum every K steps (the baseline loop's own step).
+    "outer_momentum": {"method": "outer_momentum", "mode": "baseline", "overrides": with_outer},
+    # Jumps (the config's hybrid.jump block) and their skip control (the same decisions, each only
+    # advancing the schedule); along outer momentum's drift; with the RSSM forecaster.
+    "jump": {"method": "jump"},
+    "jump_outer": {"method": "jump", "overrides": with_outer},
+    "jump_forecast": {"method": "jump", "overrides": forecast},
+    # Per-sequence selective backprop: 2B sequences forwarded, the B with the highest loss
+    # backpropagated; its control backpropagates a random B of the same 2B.
+    "selective": {"method": "selective_backprop"},
+  }
+  controls = {"velocity_control": "hybrid", "selective_control": "selective"}  # each the control of an arm
+  controls |= {"skip_control": "jump", "skip_control_outer": "jump_outer", "skip_control_forecast": "jump_forecast"}
   return ml_collections.ConfigDict(
-    {
-      # The velocity predictor of the config's hybrid block, its ablations and its control (alpha = 0).
-      "hybrid": {"method": "velocity"},
-      "constant_alpha": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"constant_alpha": 1.0}}}},
-      "no_corrector": {"method": "velocity", "overrides": {"hybrid": {"velocity": {"corrector": {"enabled": False}}}}},
-      "velocity_control": {"method": "velocity", "control": True, "control_of": "hybrid"},
-      # Baseline steps with outer Nesterov momentum every K steps (the baseline loop's own step).
-      "outer_momentum": {"method": "outer_momentum", "mode": "baseline", "overrides": with_outer},
-      # Jumps (the config's hybrid.jump block) and their skip control (the same decisions, each only
-      # advancing the schedule); along outer momentum's drift; with the RSSM forecaster.
-      "jump": {"method": "jump"},
-      "skip_control": {"method": "jump", "control": True, "control_of": "jump"},
-      "jump_outer": {"method": "jump", "overrides": with_outer},
-      "skip_control_outer": {"method": "jump", "overrides": with_outer, "control": True, "control_of": "jump_outer"},
-      "jump_forecast": {"method": "jump", "overrides": forecast},
-      "skip_control_forecast": {
-        "method": "jump",
-        "overrides": forecast,
-        "control": True,
-        "control_of": "jump_forecast",
-      },
-      # Per-sequence selective backprop: 2B sequences forwarded, the B with the highest loss
-      # backpropagated; its control backpropagates a random B of the same 2B.
-      "selective": {"method": "selective_backprop"},
-      "selective_control": {"method": "selective_backprop", "control": True, "control_of": "selective"},
-    }
+    arms | {name: arms[of] | {"control": True, "control_of": of} for name, of in controls.items()}
   )

@@ -152,16 +152,3 @@ def speedup_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> st
   prefix = "> " if s.get("lower_bound") else ("≤ " if s.get("upper_bound") else "")
   above = above_note(verdict)
   return prefix + mean_cell(s) + (f" ({above})" if above else "")
-
-
-def replace_between_markers(path: str, start: str, end: str, text: str) -> None:
-  """Rewrites what lies between the lines `start` and `end` of the file at `path` with `text` (a
-  generated table in a README); a ValueError when the file lacks either marker."""
-  with open(path) as f:
-    content = f.read()
-  if start not in content or end not in content:
-    raise ValueError(f"{path} lacks the markers {start} ... {end}")
-  head, rest = content.split(start, 1)
-  _, tail = rest.split(end, 1)
-  with open(path, "w") as f:
-    f.write(f"{head}{start}\n{text}\n{end}{tail}")

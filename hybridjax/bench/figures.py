@@ -15,8 +15,6 @@ import numpy as np
 from hybridjax.bench import protocol
 
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
-
-
 FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
 
 

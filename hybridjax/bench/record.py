@@ -19,10 +19,7 @@ from hybridjax.bench import specs
 
 def machine_info() -> dict[str, Any]:
   dev = jax.devices()[0]
-  try:
-    cores = len(os.sched_getaffinity(0))
-  except AttributeError:
-    cores = os.cpu_count()
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {
     "platform": dev.platform,
     "device_kind": dev.device_kind,
@@ -44,9 +41,7 @@ def stored(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def write_files(
-  result: dict[str, Any], folder: str, record: str, markdown: Callable[[dict], str], plot: Callable[[dict, str], Any]
-) -> None:
+def write_files(result: dict[str, Any], folder: str, record: str, markdown: Callable, plot: Callable) -> None:
   """A study's `result` into `folder`: its json (`record`, e.g. 'recipe-{preset}.json'), markdown and plot."""
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, record.format(preset=result["preset"]))
@@ -61,15 +56,11 @@ def stored_config(result: dict[str, Any]) -> ml_collections.ConfigDict:
   """The config a record holds, in today's shape: a record written before the study blocks holds
   their fields flat in the benchmark block (`specs.MOVED`) and `ladder` / `recipe` as booleans."""
   config = json.loads(json.dumps(result["config"]))
-  b = config["benchmark"]
-  for flag in specs.OLD_FLAGS:
-    if not isinstance(b.get(flag, {}), dict):
-      del b[flag]
-  for old, new in specs.MOVED.items():
-    if old in b:
-      block, field = new.split(".")
-      b.setdefault(block, {})[field] = b.pop(old)
-  return ml_collections.ConfigDict(config)
+  b = {k: v for k, v in config["benchmark"].items() if k not in specs.OLD_FLAGS or isinstance(v, dict)}
+  for old in [f for f in specs.MOVED if f in b]:
+    block, field = specs.MOVED[old].split(".")
+    b.setdefault(block, {})[field] = b.pop(old)
+  return ml_collections.ConfigDict(config | {"benchmark": b})
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's
@@ -81,8 +72,7 @@ def relative_folders(command: str) -> str:
 
   def relative(m: re.Match) -> str:
     path = os.path.abspath(m[2])
-    inside = path == ROOT or path.startswith(ROOT + os.sep)
-    return m[1] + (os.path.relpath(path, ROOT) if inside else m[2])
+    return m[1] + (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else m[2])
 
   return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
 

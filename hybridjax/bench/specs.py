@@ -21,9 +21,8 @@ EXECUTORS = ("local", "ray")
 # The studies' fields once flat in the benchmark block, and where they live now (their study's block,
 # `benchmark.<study>`): refused from Python (`BenchmarkBlock`), renamed with a warning on the command line
 # (experiments/benchmark.py), read in the records written before (`record.stored_config`).
-MOVED = {f"ladder_{f}": f"ladder.{f}" for f in ("rungs", "methods", "cosine_methods")} | {
-  f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon")
-}
+MOVED = {f"ladder_{f}": f"ladder.{f}" for f in ("rungs", "methods", "cosine_methods")}
+MOVED |= {f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon")}
 MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "budgets", "budget_extensions")}
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
 

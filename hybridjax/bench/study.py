@@ -69,8 +69,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> d
   study = validate(config)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
-  for line in study.header(config, workdir):
-    print(line, flush=True)
+  print("\n".join(study.header(config, workdir)), flush=True)
   with make_runner(config, workdir) as runner:
     trained = study.train(config, runner)
   print("--- timing (interleaved, this process)", flush=True)
@@ -83,9 +82,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> d
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
   study.write(result, trained, workdir, str(config.benchmark.publish))
   print("\n" + study.markdown(result))
-  print(
-    f"{name} wall time {result['wall_s']:.0f} s ({runner.ran} runs trained, {runner.reused} cached); "
-    f"outputs in {workdir}",
-    flush=True,
-  )
+  done = f"{runner.ran} runs trained, {runner.reused} cached"
+  print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)
   return result

@@ -69,22 +69,12 @@ Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], dict[str, A
 """One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
 
 
-def sweep_lr(
-  config: ml_collections.ConfigDict,
-  runner: Runner,
-  spec: Callable[[int, float, int], dict[str, Any]],
-  loss: Callable[[dict[str, Any]], float],
-) -> dict[str, Any]:
-  """The LR sweep: `benchmark.lr_points` LRs on a sqrt(2) grid around `optim.learning_rate` on the
-  first tuning seed at N, extended while the best (lowest `loss(run)`) sits at an edge; then the
-  best two on the second tuning seed, the better mean over both seeds winning. `spec(seed, lr,
-  steps)` makes a run's spec."""
-  return sweep_lrs([(config, spec, loss)], runner)[0]
-
-
 def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
-  """`sweep_lr` for several configs in lockstep: each stage's runs of every sweep in one batch, so
-  the workers never wait on one sweep's extension."""
+  """The LR sweep of each of `sweeps`: `benchmark.lr_points` LRs on a sqrt(2) grid around
+  `optim.learning_rate` on the first tuning seed at N, extended while the best (lowest `loss(run)`)
+  sits at an edge; then the best two on the second tuning seed, the better mean over both seeds
+  winning. The sweeps run in lockstep: each stage's runs of every sweep in one batch, so the workers
+  never wait on one sweep's extension."""
   state = []
   for config, spec, _ in sweeps:
     n = int(config.trainer.steps)
@@ -177,7 +167,8 @@ def tune(
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
   # by the better of the raw and the averaged loss (a family whose schedule may not gain from
   # averaging: its headline reads whichever iterate the tuning seeds chose).
-  swept = sweep_lr(config, runner, spec, best_loss if b.get("iterate", "averaged") == "best" else averaged_loss)
+  ranked_by = best_loss if b.get("iterate", "averaged") == "best" else averaged_loss
+  swept = sweep_lrs([(config, spec, ranked_by)], runner)[0]
   grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
   means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
@@ -194,8 +185,7 @@ def tune(
     check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
   )
   for k, factor in enumerate((0.5, 2.0)):
-    lrs = neighbours
-    res = checked[k * len(lrs) : (k + 1) * len(lrs)]
+    lrs, res = neighbours, checked[k * len(neighbours) : (k + 1) * len(neighbours)]
     losses = {lr: averaged_loss(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import math
 import os
 
 import chex
@@ -50,6 +51,29 @@ def test_constant_rungs_hold_the_lr_after_warmup_and_r5_is_muon():
   muon = ladder_rungs.group_config(c, "muon", [3])
   assert muon.optim.name == "muon" and muon.optim.learning_rate == c.benchmark.ladder.muon.learning_rate
   assert muon.benchmark.family == "muon-cosine"
+
+
+class _LogDistanceRunner:
+  """Trains nothing: a run's raw loss at N is its LR's distance in log from `best` (the seed adds a hair)."""
+
+  def __init__(self, best: float):
+    self.best, self.ran = best, []
+
+  def run(self, specs_: list, label: str) -> list:
+    self.ran += [(s["config"]["seed"], s["config"]["optim"]["learning_rate"]) for s in specs_]
+    return [{"final_raw": abs(math.log(lr / self.best)) + 1e-4 * seed} for seed, lr in self.ran[-len(specs_) :]]
+
+
+def test_r2_sweeps_up_from_the_untuned_lr_and_extends_while_the_best_is_at_the_edge():
+  c = ladder_rungs.group_config(_config(), "constant", [1, 2])
+  c.benchmark.update(lr_points=3, lr_max_extensions=3)
+  runner = _LogDistanceRunner(best=3e-3)
+  sweep = ladder_run.constant_sweep(c, runner)
+  grid = [0.001, 0.001414, 0.002, 0.002828, 0.003999]  # from the untuned LR up; two extensions from the edge
+  assert c.benchmark.ladder.untuned_lr == grid[0] and sweep["grid"] == grid and not sweep["best_at_edge"]
+  assert runner.ran == [(1001, lr) for lr in grid] + [(1002, 0.002828), (1002, 0.003999)]
+  assert sweep["best_lr"] == 0.002828 and list(sweep["best_two_means"]) == ["0.002828", "0.003999"]
+  assert sweep["raw_loss"] == [pytest.approx(abs(math.log(lr / 3e-3)) + 0.1001) for lr in grid]
 
 
 def test_the_forecaster_arms_run_at_the_cosine_rungs_only():

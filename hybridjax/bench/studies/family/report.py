@@ -159,13 +159,9 @@ def family_verdicts(result: dict[str, Any]) -> list[str]:
 def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
   """Budget curves with the method points, the LR sweep and every arm's eval curve (one seed)."""
   paths = []
+  # Each arm's backward passes (x) and final loss (y), mean and std over the seeds.
   points = {
-    m: {
-      "x": f["backward_passes"][0],
-      "x_std": f["backward_passes"][1],
-      "y": f["final_loss"][0],
-      "y_std": f["final_loss"][1],
-    }
+    m: dict(zip(("x", "x_std", "y", "y_std"), f["backward_passes"] + f["final_loss"]))
     for m, f in result["figures"].items()
   }
   names = {"baseline": "baseline (raw)", "averaged_baseline": "averaged baseline"}
@@ -193,10 +189,9 @@ def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
 def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> list[str]:
   """Writes benchmark.json, headline.json, results.md and the plots into `workdir`, and copies them
   into `publish` when set; returns the plots' paths."""
-  with open(os.path.join(workdir, "benchmark.json"), "w") as f:
-    json.dump(result, f, indent=2)
-  with open(os.path.join(workdir, "headline.json"), "w") as f:
-    json.dump(result["headline"], f, indent=2)
+  for name, data in (("benchmark.json", result), ("headline.json", result["headline"])):
+    with open(os.path.join(workdir, name), "w") as f:
+      json.dump(data, f, indent=2)
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(markdown(result))
   plots = save_plots(result, workdir)

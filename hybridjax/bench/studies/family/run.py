@@ -98,8 +98,9 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
 def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
-  methods, notes = trained["methods"], trained["notes"]
-  return family_result(config, trained, timed, methods, command=command, notes=notes, runner=runner)
+  return family_result(
+    config, trained, timed, trained["methods"], command=command, notes=trained["notes"], runner=runner
+  )
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:

@@ -70,8 +70,8 @@ def ladder_scale(result: dict[str, Any]) -> str:
   )
 
 
-def _losses(f: dict[str, Any], plateau_seeds: set[str]) -> str:
-  return ", ".join(f"{x:.4f}" + ("*" if s in plateau_seeds else "") for s, x in zip(f["seeds"], f["loss"]))
+def _losses(seeds: list[str], losses: list[float], plateau_seeds: set[str]) -> str:
+  return ", ".join(f"{x:.4f}" + ("*" if s in plateau_seeds else "") for s, x in zip(seeds, losses))
 
 
 def ladder_markdown(result: dict[str, Any]) -> str:
@@ -116,14 +116,12 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       lines.append(
         f"| {m} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
         f"{ratio_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
-        f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | {_losses(f, flagged)} |"
+        f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | "
+        f"{_losses(f['seeds'], f['loss'], flagged)} |"
       )
     first = next(iter(rung["figures"].values()), None)
     if first is not None:
-      base = ", ".join(
-        f"{x:.4f}" + ("*" if s in flagged else "") for s, x in zip(first["seeds"], first["baseline_at_n"])
-      )
-      lines += ["", f"Baseline at N per seed: {base}."]
+      lines += ["", f"Baseline at N per seed: {_losses(first['seeds'], first['baseline_at_n'], flagged)}."]
     lines.append("")
     if name == "R0":
       lines += [

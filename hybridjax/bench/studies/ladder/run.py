@@ -41,7 +41,7 @@ def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float)
 
 
 def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lr`): a sqrt(2) grid upwards
+  """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lrs`): a sqrt(2) grid upwards
   from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
   iterate); the best two checked on the second tuning seed."""
   b = config.benchmark
@@ -52,7 +52,7 @@ def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[st
   def spec(seed: int, lr: float, steps: int) -> dict[str, Any]:
     return specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta)
 
-  swept = tuning.sweep_lr(centred, runner, spec, lambda r: r["final_raw"])
+  swept = tuning.sweep_lrs([(centred, spec, lambda r: r["final_raw"])], runner)[0]
   return {
     "grid": swept["grid"],
     "raw_loss": [r["final_raw"] for r in swept["sweep"]],
@@ -139,9 +139,18 @@ def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any
   return figures.plateau_runs(kinds, n, margin)
 
 
-def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, dict[str, Any]]:
-  """Every group the chosen rungs need, in `GROUP_ORDER`; a group with a plateau run is extended to
-  the plateau seeds (its runs already trained are cached)."""
+RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  b = config.benchmark
+  return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
+  need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
+  already trained are cached)."""
   b = config.benchmark
   needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
   groups: dict[str, dict[str, Any]] = {}
@@ -153,20 +162,7 @@ def train_all(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, di
       print(f"--- {group}: plateau runs {groups[group]['plateaus']}; adding seeds {extra}", flush=True)
       groups[group] = train_group(rungs.group_config(config, group, seeds + extra), group, runner)
       groups[group]["extended_for_plateau"] = True
-  return groups
-
-
-RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
-
-
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  b = config.benchmark
-  return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
-
-
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """What the ladder's rungs need: {'groups': the runs of each group}."""
-  return {"groups": train_all(config, runner)}
+  return {"groups": groups}
 
 
 def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
@@ -197,15 +193,9 @@ def record(
       # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
       ran = rungs.names(cfg.benchmark.methods)
       first = [m for m in rungs.names(b.methods) if m in ran][:1]
-      families[g] = family_run.family_result(
-        cfg,
-        groups[g].pop("family_runs"),
-        timed[rungs.timing_key(g)],
-        first + [m for m in ran if m not in first],
-        command=command,
-        notes=family_run.task_notes(cfg),
-        runner=runner,
-      )
+      runs, arms = groups[g].pop("family_runs"), first + [m for m in ran if m not in first]
+      ms_g, notes = timed[rungs.timing_key(g)], family_run.task_notes(cfg)
+      families[g] = family_run.family_result(cfg, runs, ms_g, arms, command=command, notes=notes, runner=runner)
   trained["families"] = families
   return {
     "code_version": keys.code_versions(config, list(arms_lib.arms(config))),

@@ -31,20 +31,10 @@ RUNGS = {
 
 
 VERDICT = ("R4", "R5", "R6")
-
-
 GROUP_ORDER = ("cosine", "untuned", "constant", "muon", "speedrun")  # the verdict's runs first, the costliest last
-
-
 TUNED_GROUPS = ("cosine", "muon", "speedrun")  # the groups that run the protocol's own tuning and budget curves
-
-
 CONSTANT_GROUPS = ("untuned", "constant")
-
-
 WITHIN = 0.02  # the seed's own criterion: a speedup counts at <= 2% final-loss gap
-
-
 names = arms_lib.names
 
 
