@@ -29,6 +29,7 @@ STUDIES = {  # name -> the package of its folder
   "family": "hybridjax.bench.studies.family",
   "ladder": "hybridjax.bench.studies.ladder",
   "recipe": "hybridjax.bench.studies.recipe",
+  "variants": "hybridjax.bench.studies.variants",
 }
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder` / `benchmark.recipe`: `benchmark.study` before it existed
 
@@ -96,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> d
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
   if study.RECORD:
-    earlier = record.earlier_invocations(os.path.join(workdir, study.RECORD.format(preset=result["preset"])))
+    earlier = record.earlier_invocations(os.path.join(workdir, study.RECORD.format(**result)))
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
   study.write(result, trained, workdir, str(config.benchmark.publish))
