@@ -28,6 +28,7 @@ STUDIES = {  # name -> the package of its folder
   "family": "hybridjax.bench.studies.family",
   "ladder": "hybridjax.bench.studies.ladder",
   "recipe": "hybridjax.bench.studies.recipe",
+  "variants": "hybridjax.bench.studies.variants",
 }
 
 
@@ -77,7 +78,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> d
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
   if study.RECORD:
-    earlier = record.stored(os.path.join(workdir, study.RECORD.format(preset=result["preset"]))).get("invocations", [])
+    earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
   study.write(result, trained, workdir, str(config.benchmark.publish))

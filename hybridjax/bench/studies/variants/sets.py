@@ -1,0 +1,62 @@
+"""Variant sets of the speedrun recipe: named before/after pairs, each run at the LR its recipe row
+was tuned to, on the same seeds, so that one change is all that differs between the two.
+
+A `Pair` starts from a cumulative row of the recipe (`bench.speedrun.TRICKS` through `row`, as the
+recipe trains it) and sets `before` on one side and `after` on the other ({dotted field: value}; {}:
+the row as the recipe runs it). Its figure is loss(after) - loss(before): negative where the change
+lowers the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """One change measured on one row of the recipe."""
+
+  name: str
+  row: str  # the recipe's cumulative step both sides start from
+  what: str  # the change, from before to after
+  before: dict[str, Any]
+  after: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# Each fidelity fix and missing piece of the recipe, measured where it enters, against the behaviour
+# the recipe had before it (its first trick list); and ReLU² under both initialisations, which tells
+# an initialisation fault from an effect of the small width.
+FIXES = (
+  Pair("init", "muon", "the records' init U(±1/√fan_in), for GPT-2's N(0, 0.02)", {"model.init": "gpt2"}),
+  Pair(
+    "tied_head",
+    "muon",
+    "the tied matrix at the records' 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8, for the head group's "
+    "0.16, (0.8, 0.95), 1e-10",
+    {"optim.tied_lr_ratio": 0.16, "optim.tied_b1": 0.8, "optim.tied_b2": 0.95, "optim.tied_eps": 1e-10},
+  ),
+  Pair("lr_warmup", "muon", "no LR warm-up, for 50 warm-up steps", {"optim.warmup_steps": 50}),
+  Pair("embed_norm", "modern_arch", "no embedding norm at #5 (it comes with #8), for one", {"model.embed_norm": True}),
+  Pair("value_residual", "shortcuts", "the value residual (#9), for none", {"model.value_residual": False}),
+  Pair(
+    "momentum_warmup",
+    "shortcuts",
+    "Muon's momentum warmed up from 0.85, for 0.95 throughout",
+    {"optim.muon_momentum_warmup_steps": 0},
+  ),
+  Pair(
+    "attn_scale", "attn_scale", "the records' score bound 15.36/head_dim, for 1/√head_dim", {"model.attn_scale": 0.0}
+  ),
+  Pair("init_0.5", "attn_scale", "#20's init 0.5/√fan_in, for U(±1/√fan_in)", {"model.init": "fan_in"}),
+  Pair("relu2", "attn_scale", "ReLU², for GELU (the records' init)", {"model.relu2": False}),
+  Pair(
+    "relu2_gpt2_init",
+    "attn_scale",
+    "ReLU², for GELU, under GPT-2's init",
+    {"model.relu2": False, "model.init": "gpt2"},
+    {"model.init": "gpt2"},
+  ),
+)
+
+SETS: dict[str, tuple[Pair, ...]] = {"fixes": FIXES}

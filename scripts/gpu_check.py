@@ -1,0 +1,194 @@
+"""The GPU checks in one process: the 124m training step of the plain GPT-2, of the speedrun recipe
+and of the hybrid trainer, timed step by step in rounds that interleave them (so a change in the
+machine's load hits them alike), and the device's memory statistics around each.
+
+  python scripts/gpu_check.py                           # 124m, 8 rounds of 10 steps per side
+  python scripts/gpu_check.py --preset=tiny --rounds=4  # any preset of experiments/configs/gpt2_small.py
+  python scripts/gpu_check.py --json=gpu.json
+  python scripts/gpu_check.py --sides=gpt2,recipe_steps  # each cumulative step of the speedrun recipe
+
+Each side is the training driver that `python -m experiments.gpt2_small` runs (`loop.train.make_driver`:
+one jitted, donated update; the hybrid side selects its transition with `lax.switch`), on the task's
+own batches (the bundled corpus, tokenised as the preset says). Reported for each side:
+  median_ms   the median over rounds of each round's median step time (iqr_ms: their spread)
+  ratio       median_ms over the plain GPT-2's, measured in the same rounds
+  first_step_s  the side's first step, compile included
+Memory (`memory`): `jax.devices()[0].memory_stats()` (bytes in use, and the peak so far) after each
+side's state is made and after its first (compiling) step, then after every round of all the sides;
+`growth_bytes` is the change in bytes in use from the first round's end to the last's: 0 when
+donation reuses each state's buffers in place. The hybrid driver's per-step metrics, held on the
+device until the training loop logs them, are fetched after each round, as the loop does at a log. On
+a CPU backend, which keeps no such statistics, the live-array bytes stand in
+(`hybridjax.memory.memory_snapshot`).
+The hybrid side counts the phase of each step it took while timed; its warm-up and minimum full phase are shortened
+(`--hybrid_warmup`) and its confidence threshold is 0, so that the timed steps reach its predicted and
+correcting steps.
+
+Run it on a quiet machine: it times. A side that fails is reported with its error; the others run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import time
+import traceback
+from typing import Any
+
+import jax
+
+SIDES = {  # name -> (the gpt2_small config argument, mode)
+  "gpt2": ("{preset}", "baseline"),
+  "speedrun": ("{preset},speedrun", "baseline"),
+  "hybrid": ("{preset}", "hybrid"),
+}
+# `step:<trick>`: the plain GPT-2 with the recipe's tricks applied up to and including <trick>, as the
+# recipe study trains its cumulative steps (the LRs do not change a step's cost); `recipe_steps`
+# names them all.
+STEP = "step:"
+
+
+def side_names(arg: str) -> list[str]:
+  """The sides `--sides` names, `recipe_steps` expanded into every cumulative step of the recipe."""
+  from hybridjax.bench import speedrun
+
+  names = []
+  for name in arg.split(","):
+    names += [STEP + t for t in speedrun.TRICKS] if name == "recipe_steps" else [name]
+  for name in names:
+    if name not in SIDES and not (name.startswith(STEP) and name[len(STEP) :] in speedrun.TRICKS):
+      raise SystemExit(f"--sides: unknown side {name!r}: give {', '.join(SIDES)}, recipe_steps or {STEP}<trick>")
+  return names
+
+
+def _memory() -> dict[str, Any]:
+  from hybridjax import memory
+
+  snap = memory.memory_snapshot(jax.devices()[0])
+  keys = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "source", "live_bytes")
+  return {k: snap[k] for k in keys if k in snap}
+
+
+def _side(preset: str, name: str, steps: int, hybrid_warmup: int, batch: int) -> dict[str, Any]:
+  from experiments import gpt2_small
+  from experiments.configs import gpt2_small as configs
+  from hybridjax.bench import speedrun
+  from hybridjax.loop import train as train_lib
+
+  arg, mode = SIDES.get(name, ("{preset}", "baseline"))
+  c = configs.get_config(arg.format(preset=preset))
+  if name.startswith(STEP):
+    tricks = list(speedrun.TRICKS)
+    c = speedrun.apply_tricks(c, tricks[: tricks.index(name[len(STEP) :]) + 1])
+  c.mode = mode
+  c.trainer.batch_size = batch or c.trainer.batch_size
+  c.trainer.steps = 100_000  # the schedule: never at its end while timed
+  if mode == "hybrid":  # so that the timed steps reach its predicted and correcting steps
+    c.hybrid.warmup_steps = hybrid_warmup
+    c.hybrid.full_steps = min(int(c.hybrid.full_steps), hybrid_warmup)
+    c.hybrid.confidence_threshold = 0.0  # predict whenever the phase allows: the predicted step is timed
+  task = gpt2_small.build_task(c)
+  driver = train_lib.make_driver(c, init_params=task.init_params, loss_fn=task.loss_fn)
+  state = driver.init_state()
+  side = {"driver": driver, "batches": [task.train_batch(i) for i in range(steps + 1)], "memory": {}}
+  side["memory"]["state made"] = _memory()  # device-wide: every side made before it included
+  t0 = time.perf_counter()
+  state, _ = driver.run(state, side["batches"][:1])
+  side["state"] = jax.block_until_ready(state)
+  side["first_step_s"] = time.perf_counter() - t0
+  side["memory"]["first step"] = _memory()
+  side["params"] = sum(x.size for x in jax.tree_util.tree_leaves(task.init_params(jax.random.PRNGKey(0))))
+  return side
+
+
+def _kind(metrics: Any) -> str:
+  """The step kind a step's metrics name (a hybrid step's phase), else 'full'."""
+  from hybridjax.hybrid.phases import Phase
+
+  if isinstance(metrics, dict) and "phase" in metrics:
+    return Phase(int(jax.device_get(metrics["phase"]))).name.lower()
+  return "full"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--preset", default="124m")
+  p.add_argument("--rounds", type=int, default=8)
+  p.add_argument("--steps", type=int, default=10, help="steps per side and round")
+  p.add_argument(
+    "--sides", default=",".join(SIDES), help=f"comma-separated: {', '.join(SIDES)}, recipe_steps, {STEP}<trick>"
+  )
+  p.add_argument("--hybrid_warmup", type=int, default=10, help="the hybrid side's hybrid.warmup_steps")
+  p.add_argument(
+    "--batch", type=int, default=0, help="the batch size (0: the preset's); every side's state stays on the device"
+  )
+  p.add_argument("--json", default="")
+  args = p.parse_args(argv)
+  out: dict[str, Any] = {
+    "preset": args.preset,
+    "rounds": args.rounds,
+    "steps": args.steps,
+    "device": str(jax.devices()[0]),
+    "device_kind": jax.devices()[0].device_kind,
+    "jax": jax.__version__,
+    "batch": args.batch or "the preset's",
+    "sides": {},
+  }
+  sides = {}
+  for name in side_names(args.sides):
+    try:
+      sides[name] = _side(args.preset, name, args.steps, args.hybrid_warmup, args.batch)
+      print(f"{name}: compiled; first step {sides[name]['first_step_s']:.1f} s", flush=True)
+    except Exception as e:  # noqa: BLE001 (the other sides still run; the error is reported)
+      out["sides"][name] = {"error": f"{type(e).__name__}: {e}"}
+      traceback.print_exc()
+  per_round: dict[str, list[float]] = {name: [] for name in sides}
+  kinds: dict[str, collections.Counter] = {name: collections.Counter() for name in sides}
+  for r in range(args.rounds):
+    for name, side in sides.items():
+      times, state = [], side["state"]
+      for batch in side["batches"][1:]:
+        t0 = time.perf_counter()
+        state, metrics = side["driver"].run(state, [batch])
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+        kinds[name][_kind(metrics)] += 1
+      side["state"] = state
+      per_round[name].append(1e3 * statistics.median(times))
+      if hasattr(side["driver"], "flush_trace"):  # as the training loop does at each log
+        side["driver"].flush_trace()
+    out.setdefault("memory", {})[f"round {r + 1}"] = _memory()
+    print(f"round {r + 1}: " + ", ".join(f"{n} {ms[-1]:.1f}" for n, ms in per_round.items()) + " ms/step", flush=True)
+  base = statistics.median(per_round["gpt2"]) if per_round.get("gpt2") else None
+  for name, ms in per_round.items():
+    q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], 0, ms[0])
+    out["sides"][name] = {
+      "params": int(sides[name]["params"]),
+      "median_ms": statistics.median(ms),
+      "iqr_ms": q3 - q1,
+      "ratio": statistics.median(ms) / base if base else None,
+      "first_step_s": sides[name]["first_step_s"],
+      "step_kinds": dict(kinds[name]),
+      "memory": sides[name]["memory"],
+    }
+    s = out["sides"][name]
+    print(
+      f"{name:9s} {s['median_ms']:9.2f} ms/step (IQR {s['iqr_ms']:.2f})  x{s['ratio'] or float('nan'):.3f} "
+      f"of gpt2  kinds {s['step_kinds']}",
+      flush=True,
+    )
+  used = [m["bytes_in_use"] for m in out.get("memory", {}).values()]
+  out["growth_bytes"] = used[-1] - used[0] if used else None
+  print(f"bytes in use, rounds 1..{len(used)}: {used} (growth {out['growth_bytes']} B)", flush=True)
+  text = json.dumps(out, indent=1, default=str)
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(text)
+  print(text)
+  return out
+
+
+if __name__ == "__main__":
+  main()
