@@ -41,7 +41,9 @@ def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict
   for k, row in enumerate(TRICKS):
     source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
     out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
-  return os.path.relpath(os.path.abspath(path), os.path.join(os.path.dirname(PUBLISHED), "..", "..")), out
+  root = os.path.abspath(os.path.join(PUBLISHED, "..", "..", ".."))
+  inside = os.path.abspath(path).startswith(root + os.sep)
+  return (os.path.relpath(os.path.abspath(path), root) if inside else path), out
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:

@@ -1,0 +1,118 @@
+"""The variants study: its pairs' configs, the LRs it reads from a recipe record, its figures, and a
+whole study through the skeleton with a stub runner (nothing trains)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+
+import pytest
+from conftest import ROOT
+
+from experiments.configs import benchmark as benchmark_cfg
+from hybridjax.bench import protocol, speedrun, study
+from hybridjax.bench.studies.variants import config as variants_config
+from hybridjax.bench.studies.variants import report, run
+from hybridjax.bench.studies.variants.sets import SETS, Pair
+
+
+def _config(tmp_path, **fields):
+  c = benchmark_cfg.get_config("quick")
+  c.model.n_layer = 2  # the value residual needs a later layer
+  c.benchmark.study = "variants"
+  recipe = {"trick_list": 1, "step_runs": {}}  # the first trick list: shortcuts was embed_skips
+  for k, name in enumerate(speedrun.TRICKS_V1):
+    recipe["step_runs"][name] = {"lr": 0.001 * (k + 1), "beta": 0.99, "iterate": "raw" if k % 2 else "averaged"}
+  path = tmp_path / "recipe-quick.json"
+  path.write_text(json.dumps(recipe))
+  c.benchmark.variants.lrs_from = str(path)
+  c.benchmark.variants.update(fields)
+  return c
+
+
+def test_a_side_is_its_row_of_the_recipe_then_its_own_fields(tmp_path):
+  c = _config(tmp_path)
+  pair = Pair("p", "modern_arch", "x", {"model.embed_norm": True}, {"model.relu2": False})
+  before, after = (variants_config.side_config(c, pair, side) for side in ("before", "after"))
+  as_recipe = speedrun.apply_tricks(c, list(speedrun.TRICKS)[:4])  # through modern_arch
+  assert before.optim.name == after.optim.name == "muon_groups" and as_recipe.model.relu2
+  assert before.model.embed_norm and not as_recipe.model.embed_norm and before.model.relu2
+  assert not after.model.relu2 and not after.model.untied_head  # a later row's trick is not applied
+
+
+def test_each_row_takes_the_lr_of_its_step_by_name_else_by_place_else_the_last(tmp_path):
+  _, rows = run.row_settings(_config(tmp_path))
+  assert rows["muon"] == {"lr": 0.003, "beta": 0.99, "iterate": "averaged", "from": "muon"}
+  assert rows["shortcuts"]["from"] == "embed_skips" and rows["shortcuts"]["lr"] == 0.006
+  assert rows["attn_scale"]["from"] == "value_embeds" and rows["attn_scale"]["lr"] == 0.008
+
+
+def test_bad_settings_are_refused_naming_the_field(tmp_path):
+  with pytest.raises(ValueError, match=r"--config.benchmark.variants.set='nope': give one of fixes"):
+    study.validate(_config(tmp_path, set="nope"))
+  with pytest.raises(ValueError, match=r"--config.benchmark.variants.lrs_from=.* does not exist"):
+    study.validate(_config(tmp_path, lrs_from=str(tmp_path / "missing.json")))
+  c = _config(tmp_path)
+  c.model.n_layer = 1
+  with pytest.raises(ValueError, match=r"(?s)pair 'value_residual', after is not a valid run: .*model.value_residual"):
+    study.validate(c)
+
+
+def _stub_result(spec, k):
+  """A run's figures, made up from its spec: what the study reads of a run."""
+  loss = 3.0 + 0.01 * spec["config"]["seed"] + 0.001 * (k % 7)
+  return {
+    "seed": spec["config"]["seed"],
+    "final_raw": loss,
+    "final_averaged": {str(spec["config"]["trainer"]["averaging_beta"]): loss - 0.01},
+    "final_averaged_per_batch": [loss - 0.01 + 0.001 * j for j in range(3)],
+    "key": f"k{k}",
+  }
+
+
+class _StubRunner:
+  ran, reused = 0, 0
+
+  def __init__(self):
+    self.specs = []
+
+  def run(self, specs, label):
+    self.specs += specs
+    self.ran += len(specs)
+    return [_stub_result(s, len(self.specs) - len(specs) + k) for k, s in enumerate(specs)]
+
+
+def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_path, monkeypatch):
+  runner = _StubRunner()
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  result = study.run(c, str(tmp_path / "work"), command="variants command")
+  pairs = SETS["fixes"]
+  distinct = {(p.row, json.dumps(sorted(getattr(p, s).items()))) for p in pairs for s in ("before", "after")}
+  assert len(runner.specs) == len(distinct) * len(c.benchmark.seeds)
+  written = json.loads((tmp_path / "work" / "variants-fixes-quick.json").read_text())
+  assert [p["name"] for p in written["pairs"]] == [p.name for p in pairs]
+  _, rows = run.row_settings(c)
+  assert {s["config"]["optim"]["learning_rate"] for s in runner.specs} == {rows[p.row]["lr"] for p in pairs}
+  for p in written["pairs"]:
+    assert p["settings"] == rows[p["row"]]
+    again = run.pair_figures(p["runs"]["before"], p["runs"]["after"], p["settings"])
+    assert again["difference"] == p["difference"] and again["before"] == p["before"]
+  assert (tmp_path / "work" / "variants-fixes-quick.md").read_text() == report.markdown(written) + "\n"
+  assert result["invocations"][0]["runs_trained"] == runner.ran
+
+
+def test_published_variants_recompute_from_their_runs():
+  """Every published variants record: each pair's figures from its runs, and its markdown."""
+  paths = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "variants-*.json")))
+  for path in paths:
+    with open(path) as f:
+      result = json.load(f)
+    for p in result["pairs"]:
+      again = run.pair_figures(p["runs"]["before"], p["runs"]["after"], p["settings"])
+      assert again == {k: p[k] for k in ("before", "after", "difference")}, p["name"]
+      assert protocol.paired_difference(p["after"], p["before"], p["difference"]["eval_se"]) == p["difference"]
+    with open(path.replace(".json", ".md")) as f:
+      assert f.read() == report.markdown(result) + "\n"
