@@ -6,6 +6,7 @@ machine's load hits them alike), and the device's memory statistics around each.
   python scripts/gpu_check.py --preset=tiny --rounds=4  # any preset of experiments/configs/gpt2_small.py
   python scripts/gpu_check.py --json=gpu.json
   python scripts/gpu_check.py --sides=gpt2,recipe_steps  # each cumulative step of the speedrun recipe
+  python scripts/gpu_check.py --table docs/results/gpu/*.json  # saved runs as markdown, and exit
 
 Each side is the training driver that `python -m experiments.gpt2_small` runs (`loop.train.make_driver`:
 one jitted, donated update; the hybrid side selects its transition with `lax.switch`), on the task's
@@ -112,6 +113,45 @@ def _kind(metrics: Any) -> str:
   return "full"
 
 
+def _mib(n: float) -> str:
+  return f"{n / 2**20:,.0f} MiB"
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+  """Saved runs (`--json` files) as markdown: per run, each side's step time and ratio, its first
+  step, the memory in use after it, and the run's growth over its rounds."""
+  out = []
+  for r in results:
+    batch = r.get("batch", "the preset's")
+    out += [
+      f"**{r['preset']}, batch {batch}, {r['device_kind']}, jax {r['jax']}**: `{r['command']}`",
+      "",
+      "| side | ms / step (IQR) | × the plain GPT-2's | first step (compile) | params | phases timed |",
+      "|---|---|---|---|---|---|",
+    ]
+    for name, s in r["sides"].items():
+      if "error" in s:
+        out.append(f"| {name} | failed: {s['error']} | | | | |")
+        continue
+      kinds = ", ".join(f"{k} {v}" for k, v in s["step_kinds"].items())
+      out.append(
+        f"| {name} | {s['median_ms']:.1f} ({s['iqr_ms']:.1f}) | {s['ratio']:.3f} | {s['first_step_s']:.1f} s | "
+        f"{s['params'] / 1e6:.1f}M | {kinds} |"
+      )
+    if "memory" in r:
+      rounds = [m["bytes_in_use"] for m in r["memory"].values()]
+      peak = max(m["peak_bytes_in_use"] for m in r["memory"].values())
+      out += [
+        "",
+        f"Device memory in use after each round: {', '.join(_mib(b) for b in rounds)} (growth "
+        f"{r['growth_bytes']} B); peak {_mib(peak)} of {_mib(r['memory']['round 1']['bytes_limit'])}.",
+      ]
+    if "note" in r:
+      out += ["", r["note"]]
+    out.append("")
+  return "\n".join(out).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--preset", default="124m")
@@ -125,7 +165,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     "--batch", type=int, default=0, help="the batch size (0: the preset's); every side's state stays on the device"
   )
   p.add_argument("--json", default="")
+  p.add_argument("--table", nargs="*", help="print saved runs (--json files) as markdown, and exit")
   args = p.parse_args(argv)
+  if args.table:
+    results = []
+    for path in args.table:
+      with open(path) as f:
+        results.append(json.load(f))
+    print(markdown(results), end="")
+    return {}
   out: dict[str, Any] = {
     "preset": args.preset,
     "rounds": args.rounds,
