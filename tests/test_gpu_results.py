@@ -53,3 +53,5 @@ def test_the_prose_quotes_the_figures_as_measured():
   assert steps["growth_bytes"] == 0 and "(growth 0 B)" in prose
   added = steps["sides"]["step:value_embeds"]["params"] - steps["sides"]["step:unet"]["params"]
   assert f"{added / 1e6:.0f}M more" in prose
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert f"costs {at_16:.2f}–{at_32:.2f}× the plain GPT-2's" in f.read()
