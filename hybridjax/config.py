@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import fields as fields_lib
+from hybridjax import optim as optim_lib
 from hybridjax import registry
 from hybridjax.models import gpt2
 
@@ -41,6 +42,11 @@ def default_optim_config() -> ml_collections.ConfigDict:
   c.b2 = 0.95
   c.eps = 1e-8
   c.grad_clip = 1.0  # 0 = no clipping
+  # 'adamw' and 'adam' only: the LR of the embeddings (token, positions, value embeddings; a head tied
+  # to the token embedding with them) and of an untied output head, as ratios of learning_rate (the
+  # groups of 'muon_groups': `optim.muon_group_labels`); 1.0 = every parameter at learning_rate
+  c.adamw_embed_lr_ratio = 1.0
+  c.adamw_head_lr_ratio = 1.0
   # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
   c.adam_lr_ratio = 0.15
   c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
@@ -53,6 +59,8 @@ def default_optim_config() -> ml_collections.ConfigDict:
   c.groups_b1 = 0.8
   c.groups_b2 = 0.95
   c.groups_eps = 1e-10
+  # 'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once
+  c.groups_lr_scale = 1.0
   # 'muon_groups', a token embedding tied to the head (no untied head): its Adam settings. These
   # defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
   # about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those)
@@ -60,8 +68,11 @@ def default_optim_config() -> ml_collections.ConfigDict:
   c.tied_b1 = 0.8
   c.tied_b2 = 0.95
   c.tied_eps = 1e-10
-  # 'muon' and 'muon_groups': Muon's momentum rises linearly from muon_momentum_start to 0.95 over
-  # this many Muon updates (the records from #9: 0.85 over 500 steps, later 300). 0 = off (0.95 throughout)
+  # 'muon' and 'muon_groups': Muon's momentum (optax's default and the records', 0.95), in (0, 1)
+  c.muon_momentum = 0.95
+  # 'muon' and 'muon_groups': Muon's momentum rises linearly from muon_momentum_start to muon_momentum
+  # over this many Muon updates (the records from #9: 0.85 to 0.95 over 500 steps, later 300). 0 = off
+  # (muon_momentum throughout)
   c.muon_momentum_warmup_steps = 0
   c.muon_momentum_start = 0.85
   # Outer Nesterov momentum on K-step displacements (baseline mode, or hybrid with the jump
@@ -324,6 +335,8 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "optim.b2": _num(0.0, 1.0, hi_open=True),
   "optim.eps": _num(0.0, lo_open=True),
   "optim.grad_clip": _num(0.0),
+  "optim.adamw_embed_lr_ratio": _num(0.0, lo_open=True),
+  "optim.adamw_head_lr_ratio": _num(0.0, lo_open=True),
   "optim.adam_lr_ratio": _num(0.0, lo_open=True),
   "optim.muon_weight_decay": _num(0.0),
   "optim.embed_lr_ratio": _num(0.0, lo_open=True),
@@ -332,10 +345,12 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "optim.groups_b1": _num(0.0, 1.0, hi_open=True),
   "optim.groups_b2": _num(0.0, 1.0, hi_open=True),
   "optim.groups_eps": _num(0.0, lo_open=True),
+  "optim.groups_lr_scale": _num(0.0, lo_open=True),
   "optim.tied_lr_ratio": _num(0.0, lo_open=True),
   "optim.tied_b1": _num(0.0, 1.0, hi_open=True),
   "optim.tied_b2": _num(0.0, 1.0, hi_open=True),
   "optim.tied_eps": _num(0.0, lo_open=True),
+  "optim.muon_momentum": _num(0.0, 1.0, lo_open=True, hi_open=True),
   "optim.muon_momentum_warmup_steps": _int(0),
   "optim.muon_momentum_start": _num(0.0, 1.0, hi_open=True),
   "optim.outer_every": _int(0),
@@ -460,6 +475,32 @@ def validate(
         f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
         f"> --config.optim.warmup_steps ({o.warmup_steps})",
       )
+      steps = config.get("trainer", {}).get("steps")
+      # A warm-up as long as the run never reaches the peak learning rate, nor decays: a run of a few
+      # steps with the default warm-up is a mistake, not a run.
+      rel(
+        steps is None or o.warmup_steps == 0 or o.warmup_steps < steps,
+        f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
+        f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
+        f"--config.optim.warmup_steps below {steps} (e.g. {steps // 10}), or 0 for no warm-up",
+      )
+      # The optimizer-specific knobs: set away from their defaults with another optimizer they would be
+      # silently ignored.
+      ratios = optim_lib.adamw_lr_ratios(o)
+      if ratios != (1.0, 1.0) and o.name not in ("adamw", "adam"):
+        errors.append(optim_lib.adamw_ratio_error(o.name, ratios))
+      final = optim_lib.final_muon_momentum(o)
+      rel(
+        final == optim_lib.MUON_MOMENTUM or o.name in ("muon", "muon_groups"),
+        f"--config.optim.muon_momentum ({final}) is Muon's momentum, but --config.optim.name={o.name!r} has no "
+        f"Muon: set --config.optim.name to 'muon' or 'muon_groups', or the momentum back to {optim_lib.MUON_MOMENTUM}",
+      )
+      scale = float(o.get("groups_lr_scale", 1.0))
+      rel(
+        scale == 1.0 or o.name == "muon_groups",
+        f"--config.optim.groups_lr_scale ({scale}) scales the Adam groups of 'muon_groups', but --config.optim.name="
+        f"{o.name!r}: set --config.optim.name='muon_groups', or the scale back to 1.0",
+      )
       warm = o.get("muon_momentum_warmup_steps", 0)
       if warm:  # Muon's momentum warm-up: a Muon optimizer, and a run it fits in
         rel(
@@ -467,11 +508,17 @@ def validate(
           f"--config.optim.muon_momentum_warmup_steps ({warm}) warms up Muon's momentum, but --config.optim.name="
           f"{o.name!r} has no Muon: set --config.optim.name to 'muon' or 'muon_groups', or the warm-up to 0",
         )
-        steps = config.get("trainer", {}).get("steps")
         rel(
           steps is None or warm <= steps,
           f"--config.optim.muon_momentum_warmup_steps ({warm}) is longer than the run (--config.trainer.steps="
-          f"{steps}): the momentum would never reach 0.95; use at most {steps} steps, or 0 for no warm-up",
+          f"{steps}): the momentum would never reach --config.optim.muon_momentum ({final}); use at most {steps} "
+          "steps, or 0 for no warm-up",
+        )
+        rel(
+          o.muon_momentum_start <= final,
+          f"--config.optim.muon_momentum_start ({o.muon_momentum_start}) is above --config.optim.muon_momentum "
+          f"({final}): the warm-up rises from the start to the momentum; set the start at most {final}, or "
+          "--config.optim.muon_momentum_warmup_steps=0 for no warm-up",
         )
     if "model" in config and (blocks is None or "model" in blocks):
       m = config.model

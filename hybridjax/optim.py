@@ -287,25 +287,34 @@ def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.Gradient
 
 
 MUON_MOMENTUM = 0.95
-"""Muon's momentum (optax's default, the records'): where a momentum warm-up ends."""
+"""Muon's momentum by default (optax's default, the records'): `optim.muon_momentum`'s default."""
 
 
-def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | None:
-  """Muon's momentum as a function of the number of Muon updates so far, or None when constant.
+def final_muon_momentum(optim: Any) -> float:
+  """Muon's momentum, `optim.muon_momentum` (where a warm-up ends); a block written before the field
+  existed gives `MUON_MOMENTUM`, which it trained with."""
+  return float(optim.get("muon_momentum", MUON_MOMENTUM))
+
+
+def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | float | None:
+  """Muon's momentum: a function of the number of Muon updates so far during a warm-up, a float when
+  constant and not `MUON_MOMENTUM`, or None when it is optax's default `MUON_MOMENTUM` throughout (the
+  optimizer is then built as before the momentum was a field, with the same state and numbers).
 
   With `optim.muon_momentum_warmup_steps` = W > 0 the momentum goes linearly from
-  `optim.muon_momentum_start` at the first update to `MUON_MOMENTUM` at update W and stays there,
-  as the records compute it from #9 on: `frac = min(step / W, 1); (1 - frac) * start + frac * 0.95`.
+  `optim.muon_momentum_start` at the first update to `optim.muon_momentum` (m) at update W and stays
+  there, as the records compute it from #9 on: `frac = min(step / W, 1); (1 - frac) * start + frac * m`.
   It counts the optimizer's own updates (a momentum averages the updates it has taken), which in a
   baseline run are its steps; a step skipped as non-finite is not one."""
+  final = final_muon_momentum(optim)
   steps = int(optim.get("muon_momentum_warmup_steps", 0))
   if steps == 0:
-    return None
+    return None if final == MUON_MOMENTUM else final
   start = float(optim.muon_momentum_start)
 
   def momentum(count: jax.Array) -> jax.Array:
     frac = jnp.minimum(jnp.asarray(count, jnp.float32) / steps, 1.0)
-    return (1 - frac) * start + frac * MUON_MOMENTUM
+    return (1 - frac) * start + frac * final
 
   return momentum
 
@@ -315,13 +324,46 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+ADAMW_LR_RATIOS = ("adamw_embed_lr_ratio", "adamw_head_lr_ratio")
+"""The fields of `config.optim` that set the LR of the embeddings and of the head under 'adamw' and
+'adam' (`adamw_group_labels`), as ratios of the learning rate; 1.0 by default."""
+
+
+def adamw_lr_ratios(optim: Any) -> tuple[float, float]:
+  """(`optim.adamw_embed_lr_ratio`, `optim.adamw_head_lr_ratio`); a block written before they existed
+  gives 1.0, 1.0 (every parameter at the learning rate, which it trained with)."""
+  return tuple(float(optim.get(name, 1.0)) for name in ADAMW_LR_RATIOS)
+
+
+def adamw_group_labels(params: Any) -> Any:
+  """'embed', 'head' or 'rest' for each leaf of `params`: the embed and head groups of
+  `muon_group_labels` (a token embedding tied to the head is in 'embed'), and every other leaf."""
+  groups = muon_group_labels(params, tied_label="embed")
+  return jax.tree.map(lambda label: label if label in ("embed", "head") else "rest", groups)
+
+
+def _scale_groups(embed_ratio: float, head_ratio: float) -> optax.GradientTransformation:
+  """Multiplies the updates of the embed and head groups (`adamw_group_labels`) by their ratios. After
+  AdamW, whose whole update (weight decay included) is proportional to its rate, that is AdamW at the
+  ratio times the rate on the group; it keeps no state, so the Adam(W) state keeps its layout."""
+  return optax.partition(
+    {"embed": optax.scale(embed_ratio), "head": optax.scale(head_ratio), "rest": optax.identity()},
+    adamw_group_labels,
+  )
+
+
 def make_optimizer(optim: Any) -> optax.GradientTransformation:
   """The optimizer named by `optim.name` ('adamw', 'adam', 'sgd' with momentum 0.9, 'muon'), with
   global-norm clipping at `optim.grad_clip` (0 = off).
 
   'muon': `optax.contrib.muon` (weight decay `optim.muon_weight_decay`) on the hidden matrices and
   AdamW (`b1`, `b2`, `eps`, `weight_decay`) at `optim.adam_lr_ratio` times the learning rate on the
-  rest, split by `muon_labels`.
+  rest, split by `muon_labels`. Its momentum is `optim.muon_momentum`, warmed up with
+  `optim.muon_momentum_warmup_steps` (`muon_momentum`).
+
+  'adamw' and 'adam': the embeddings' and the head's updates (`adamw_group_labels`) are multiplied by
+  `optim.adamw_embed_lr_ratio` and `adamw_head_lr_ratio` when either is not 1.0 (another optimizer
+  with either set is refused: `adamw_ratio_error`).
 
   The learning rate is an injected hyperparameter whose value `with_learning_rate` sets before
   each update (for 'muon', in both groups); it is never a schedule of the optimizer's own update
@@ -335,6 +377,9 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
       learning_rate=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=_decay_mask
     )
 
+  ratios = adamw_lr_ratios(optim)
+  if ratios != (1.0, 1.0) and optim.name not in ("adamw", "adam"):
+    raise ValueError(adamw_ratio_error(optim.name, ratios))
   if optim.name == "adamw":
     core = adamw()
   elif optim.name == "muon":
@@ -360,9 +405,21 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
       f"--config.optim.name={optim.name!r} is not a built-in optimizer {BUILTIN_OPTIMIZERS}: use one of them, "
       "or pass an optimizer of your own to `train(tx=...)` under this name"
     )
+  if ratios != (1.0, 1.0):  # only then: at the defaults the optimizer is built as before the fields existed
+    core = optax.chain(core, _scale_groups(*ratios))
   if optim.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
   return core
+
+
+def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
+  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
+  optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
+  set_ = ", ".join(f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0)
+  return (
+    f"{set_} applies to --config.optim.name='adamw' or 'adam' only, not {name!r}: set them back to 1.0, or "
+    "use 'adamw'/'adam' ('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+  )
 
 
 def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
@@ -384,17 +441,22 @@ def _muon_groups(optim: Any) -> optax.GradientTransformation:
   embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
   of the learning rate (`optim.embed_lr_ratio`, `head_lr_ratio`, `scalar_lr_ratio`) with
   `optim.groups_b1`, `groups_b2`, `groups_eps`; a token embedding tied to the head at
-  `tied_head_settings`. As for 'muon', every group's injected learning rate is set to the one
-  schedule's value, and an Adam group's update is scaled by its ratio after. Muon's momentum warms up
-  with `optim.muon_momentum_warmup_steps` (`muon_momentum`).
+  `tied_head_settings`; `optim.groups_lr_scale` multiplies all of these ratios. As for 'muon', every
+  group's injected learning rate is set to the one schedule's value, and an Adam group's update is
+  scaled by its ratio after. Muon's momentum is `optim.muon_momentum`, warmed up with
+  `optim.muon_momentum_warmup_steps` (`muon_momentum`).
 
   A tied head whose settings are the untied head's shares its group ('head'): the optimizer state
   then has the layout it had before the tied head had settings of its own, and the same numbers."""
   b1, b2, eps = float(optim.groups_b1), float(optim.groups_b2), float(optim.groups_eps)
+  # `optim.groups_lr_scale` multiplies every Adam group's ratio; times 1.0 (the default) a ratio is
+  # exactly itself. A block written before the field existed gives 1.0.
+  scale = float(optim.get("groups_lr_scale", 1.0))
 
   def adam(ratio, b1=b1, b2=b2, eps=eps):
     return optax.chain(
-      optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps), optax.scale(float(ratio))
+      optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps),
+      optax.scale(float(ratio) * scale),
     )
 
   momentum = muon_momentum(optim)
