@@ -478,12 +478,13 @@ def validate(
       steps = config.get("trainer", {}).get("steps")
       # A warm-up as long as the run never reaches the peak learning rate, nor decays: a run of a few
       # steps with the default warm-up is a mistake, not a run.
-      rel(
-        steps is None or o.warmup_steps == 0 or o.warmup_steps < steps,
-        f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
-        f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
-        f"--config.optim.warmup_steps below {steps} (e.g. {steps // 10}), or 0 for no warm-up",
-      )
+      if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
+        fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
+        errors.append(
+          f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
+          f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
+          f"--config.optim.warmup_steps {fix}"
+        )
       # The optimizer-specific knobs: set away from their defaults with another optimizer they would be
       # silently ignored.
       ratios = optim_lib.adamw_lr_ratios(o)

@@ -415,10 +415,11 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
 def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
   """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
   optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
-  set_ = ", ".join(f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0)
+  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
   return (
-    f"{set_} applies to --config.optim.name='adamw' or 'adam' only, not {name!r}: set them back to 1.0, or "
-    "use 'adamw'/'adam' ('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+    f"{' and '.join(set_)} {'apply' if len(set_) > 1 else 'applies'} to --config.optim.name='adamw' or 'adam' "
+    f"only, not {name!r}: set {'them' if len(set_) > 1 else 'it'} back to 1.0, or use 'adamw'/'adam' "
+    "('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
   )
 
 

@@ -45,15 +45,16 @@ def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
 
 @pytest.mark.slow  # five programs started; the default suite checks the messages in process (above)
 def test_cli_mistakes_print_the_message_and_exit_2(tmp_path):
-  """A misspelt key, a value of the wrong type, a bad value, a method with no hybrid mode and a
-  method's field before its method is named: each the message (field named, fix given), exit 2,
-  no traceback, nothing written."""
+  """A misspelt key, a value of the wrong type, a bad value, a method with no hybrid mode, a
+  method's field before its method is named and a run shorter than the default warm-up: each the
+  message (field named, fix given), exit 2, no traceback, nothing written."""
   cases = [
     (("--config.trainer.stepz=5",), "--config.trainer.stepz is not a field of the config: did you mean "),
     (("--config.trainer.steps=abc",), "--config.trainer.steps=abc"),
     (("--config.trainer.steps=-3",), "--config.trainer.steps"),
     (("--config.hybrid.method=jump",), "--config.mode='baseline' trains the plain baseline"),
     (("--config.hybrid.repeat.every=5",), "once --config.hybrid.method names the method"),
+    (("--config.trainer.steps=20",), "--config.optim.warmup_steps (50) is at least the run's length"),
   ]
   for i, (args, message) in enumerate(cases):
     r = _cli(*args, f"--workdir={tmp_path}/{i}")

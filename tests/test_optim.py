@@ -508,6 +508,228 @@ def test_a_momentum_warm_up_without_muon_or_past_the_run_is_refused(changes, mes
   config_lib.validate(c)
 
 
+# --- the tuning knobs: the AdamW groups' LR ratios, Muon's momentum, the Adam groups' scale -----------
+
+
+@functools.cache
+def _gpt2_micro_params_untied():
+  """The `tiny,micro` model with an untied head (`lm_head`): every group of `adamw_group_labels`."""
+  from experiments.configs import gpt2_small
+  from hybridjax.models import gpt2
+
+  c = gpt2_small.get_config("tiny,micro")
+  c.model.untied_head = True
+  model = gpt2.GPT2(gpt2.GPT2Config(**c.model.to_dict()))
+  return model.init(jax.random.PRNGKey(0), jnp.zeros((1, c.model.n_ctx), jnp.int32))["params"]
+
+
+def _steps(tx, params, n=2, lr=0.01):
+  """The updates of `n` steps of `tx` from its initial state (each step's gradient its own), as a list."""
+  state = optim.with_learning_rate(tx.init(params), jnp.float32(lr))
+  out = []
+  for seed in range(1, n + 1):
+    updates, state = tx.update(_gpt2_micro_grads(params, seed), state, params)
+    out.append(updates)
+  return out
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_adamw_lr_ratios_scale_the_embeddings_and_the_head_only(name):
+  """`optim.adamw_embed_lr_ratio` = 0.5 and `adamw_head_lr_ratio` = 3: over two steps from the same
+  state the embeddings (token and positions) move 0.5x and the untied head 3x as far as at 1.0, and
+  every other leaf moves identically (weight decay, betas and clipping unchanged)."""
+  params = _gpt2_micro_params_untied()
+  base = _steps(optim.make_optimizer(_optim_config(name=name)), params)
+  scaled = _steps(
+    optim.make_optimizer(_optim_config(name=name, adamw_embed_lr_ratio=0.5, adamw_head_lr_ratio=3.0)), params
+  )
+  for b, s in zip(base, scaled):
+    for table in ("wte", "wpe"):
+      chex.assert_trees_all_close(s[table], jax.tree.map(lambda u: 0.5 * u, b[table]), rtol=1e-6, atol=1e-12)
+    chex.assert_trees_all_close(s["lm_head"], jax.tree.map(lambda u: 3.0 * u, b["lm_head"]), rtol=1e-6, atol=1e-12)
+    assert float(jnp.max(jnp.abs(b["lm_head"]))) > 0
+    rest = lambda t: {k: v for k, v in t.items() if k not in ("wte", "wpe", "lm_head")}
+    chex.assert_trees_all_equal(rest(s), rest(b))
+
+
+def test_a_tied_head_is_in_the_embedding_group_of_the_adamw_ratios():
+  """With the head tied to the token embedding, the embedding ratio moves the tied matrix, and the
+  head ratio moves nothing (there is no head of its own)."""
+  params = _gpt2_micro_params()
+  assert "lm_head" not in params
+  labels = optim.adamw_group_labels(params)
+  assert labels["wte"]["embedding"] == labels["wpe"]["embedding"] == "embed"
+  base = _steps(optim.make_optimizer(_optim_config()), params, n=1)[0]
+  embed = _steps(optim.make_optimizer(_optim_config(adamw_embed_lr_ratio=2.0)), params, n=1)[0]
+  chex.assert_trees_all_close(embed["wte"], jax.tree.map(lambda u: 2.0 * u, base["wte"]), rtol=1e-6, atol=1e-12)
+  head = _steps(optim.make_optimizer(_optim_config(adamw_head_lr_ratio=2.0)), params, n=1)[0]
+  chex.assert_trees_all_equal(head, base)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_adamw_at_default_ratios_is_the_plain_optax_chain_bit_for_bit(name):
+  """At the default ratios (1.0) the optimizer is today's: clipping then optax's AdamW (decay on the
+  matrices) or Adam with an injected LR; the same state layout and, over two steps, the same bits."""
+  b1, b2, eps, wd = 0.9, 0.95, 1e-8, 0.1
+  if name == "adamw":
+    inner = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+      learning_rate=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+    )
+  else:
+    inner = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
+  hand_built = optax.chain(optax.clip_by_global_norm(1.0), inner)
+  params = _gpt2_micro_params_untied()
+  tx = optim.make_optimizer(_optim_config(name=name))
+  assert jax.tree.structure(tx.init(params)) == jax.tree.structure(hand_built.init(params))
+  chex.assert_trees_all_equal(_steps(tx, params), _steps(hand_built, params))
+
+
+def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
+  """`optim.muon_momentum` = 0.95 and `groups_lr_scale` = 1.0 (the defaults) take today's path: no
+  momentum is injected, and the updates are those of a block without the fields (written before
+  them), bit for bit; the hidden matrix's update is optax's Muon at its default momentum."""
+  params = _gpt2_micro_params()
+  default = _optim_config(name="muon_groups", grad_clip=0.0)
+  old = _optim_config(name="muon_groups", grad_clip=0.0)
+  with old.unlocked():
+    del old["muon_momentum"], old["groups_lr_scale"]
+  tx = optim.make_optimizer(default)
+  state = tx.init(params)
+  injected = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  assert not any("beta" in n.hyperparams for n in injected)
+  got = _steps(tx, params)
+  chex.assert_trees_all_equal(got, _steps(optim.make_optimizer(old), params))
+  p = params["h_0"]["mlp"]["c_fc"]["kernel"]
+  muon = optax.contrib.muon(0.01)
+  s = muon.init(p)
+  for seed, updates in zip((1, 2), got):
+    want, s = muon.update(_gpt2_micro_grads(params, seed)["h_0"]["mlp"]["c_fc"]["kernel"], s, p)
+    chex.assert_trees_all_close(updates["h_0"]["mlp"]["c_fc"]["kernel"], want, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["muon", "muon_groups"])
+def test_muon_momentum_sets_muons_momentum_and_where_its_warm_up_ends(name):
+  """`optim.muon_momentum` = 0.9: two steps of a hidden matrix are optax's Muon at beta 0.9 (not at
+  0.95); with a warm-up of W updates the momentum rises from the start to 0.9 at W and stays."""
+  params = _gpt2_micro_params()
+  path = ("h_0", "mlp", "c_fc", "kernel")
+  leaf = lambda t: t[path[0]][path[1]][path[2]][path[3]]
+  got = _steps(optim.make_optimizer(_optim_config(name=name, grad_clip=0.0, muon_momentum=0.9)), params)
+  default = _steps(optim.make_optimizer(_optim_config(name=name, grad_clip=0.0)), params)
+  p = leaf(params)
+  muon = optax.contrib.muon(0.01, beta=0.9)
+  s = muon.init(p)
+  for seed, updates in zip((1, 2), got):
+    want, s = muon.update(leaf(_gpt2_micro_grads(params, seed)), s, p)
+    chex.assert_trees_all_close(leaf(updates), want, atol=1e-6)
+  assert float(jnp.max(jnp.abs(leaf(got[1]) - leaf(default[1])))) > 1e-4
+  warm = optim.muon_momentum(_optim_config(name=name, muon_momentum=0.9, muon_momentum_warmup_steps=4))
+  assert [float(warm(n)) for n in (0, 2, 4, 8)] == pytest.approx([0.85, 0.875, 0.9, 0.9])
+
+
+def test_groups_lr_scale_multiplies_every_adam_group_of_muon_groups():
+  """`optim.groups_lr_scale` = 2: the embeddings', the head's (untied or tied, at its own settings)
+  and the scalars' updates double; Muon's are the same bits."""
+  for params, tied in ((_gpt2_micro_params_untied(), {}), (_gpt2_micro_params(), {"tied_lr_ratio": 0.36})):
+    oc = dict(name="muon_groups", grad_clip=0.0, **tied)
+    labels = optim.muon_group_labels(params, tied_label="tied_head" if tied else "head")
+    base = _steps(optim.make_optimizer(_optim_config(**oc)), params, n=1)
+    scaled = _steps(optim.make_optimizer(_optim_config(groups_lr_scale=2.0, **oc)), params, n=1)
+    for b, s in zip(base, scaled):
+      for x, y, label in zip(jax.tree.leaves(b), jax.tree.leaves(s), jax.tree.leaves(labels)):
+        if label.startswith("muon"):
+          chex.assert_trees_all_equal(y, x)
+        else:
+          chex.assert_trees_all_close(y, 2.0 * x, rtol=1e-6, atol=1e-12)
+    assert {"embed", "scalar"} <= set(jax.tree.leaves(labels)) and ({"tied_head"} if tied else {"head"}) <= set(
+      jax.tree.leaves(labels)
+    )
+
+
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    ({"adamw_embed_lr_ratio": 0.0}, r"--config\.optim\.adamw_embed_lr_ratio must be > 0\.0, got 0\.0"),
+    ({"adamw_head_lr_ratio": -1.0}, r"--config\.optim\.adamw_head_lr_ratio must be > 0\.0, got -1\.0"),
+    (
+      {"name": "muon", "adamw_embed_lr_ratio": 2.0},
+      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 applies to --config\.optim\.name='adamw' or 'adam' only, "
+      r"not 'muon': set it back to 1\.0",
+    ),
+    (
+      {"name": "sgd", "adamw_embed_lr_ratio": 2.0, "adamw_head_lr_ratio": 0.5},
+      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 and --config\.optim\.adamw_head_lr_ratio=0\.5 apply to "
+      r"--config\.optim\.name='adamw' or 'adam' only, not 'sgd': set them back to 1\.0",
+    ),
+    ({"name": "muon", "muon_momentum": 1.0}, r"--config\.optim\.muon_momentum must be < 1\.0, got 1\.0"),
+    ({"name": "muon", "muon_momentum": 0.0}, r"--config\.optim\.muon_momentum must be > 0\.0, got 0\.0"),
+    (
+      {"muon_momentum": 0.9},
+      r"--config\.optim\.muon_momentum \(0\.9\) is Muon's momentum, but --config\.optim\.name='adamw' has no Muon",
+    ),
+    (
+      {"name": "muon_groups", "muon_momentum": 0.8, "muon_momentum_warmup_steps": 10},
+      r"--config\.optim\.muon_momentum_start \(0\.85\) is above --config\.optim\.muon_momentum \(0\.8\)",
+    ),
+    ({"name": "muon_groups", "groups_lr_scale": 0.0}, r"--config\.optim\.groups_lr_scale must be > 0\.0, got 0\.0"),
+    (
+      {"name": "muon", "groups_lr_scale": 2.0},
+      r"--config\.optim\.groups_lr_scale \(2\.0\) scales the Adam groups of 'muon_groups', but "
+      r"--config\.optim\.name='muon'",
+    ),
+    (
+      {"warmup_steps": 20},
+      r"--config\.optim\.warmup_steps \(20\) is at least the run's length \(--config\.trainer\.steps=20\): the "
+      r"learning rate would never reach its peak --config\.optim\.learning_rate nor decay; set "
+      r"--config\.optim\.warmup_steps below 20 \(e\.g\. 2\), or 0 for no warm-up",
+    ),
+  ],
+)
+def test_the_tuning_knobs_bad_values_are_refused_naming_the_field(changes, message):
+  from conftest import micro_config
+
+  c = micro_config(steps=20)
+  config_lib.validate(c)
+  c.optim.update(changes)
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(c)
+
+
+def test_the_tuning_knobs_valid_values_pass_and_an_unused_start_is_not_checked():
+  from conftest import micro_config
+
+  c = micro_config(steps=20)
+  for changes in (
+    {"name": "adam", "adamw_embed_lr_ratio": 0.3, "adamw_head_lr_ratio": 4.0},
+    {"name": "muon", "muon_momentum": 0.98, "muon_momentum_warmup_steps": 10},
+    # Without a warm-up the start is unused: a momentum below it is no error.
+    {"name": "muon_groups", "muon_momentum": 0.8, "groups_lr_scale": 0.5},
+    {"warmup_steps": 19},
+    {"warmup_steps": 0},
+  ):
+    d = micro_config(steps=20)
+    d.optim.update(changes)
+    config_lib.validate(d)
+  c.trainer.steps = 1
+  c.optim.warmup_steps = 1
+  with pytest.raises(ValueError, match=r"set --config\.optim\.warmup_steps to 0$"):
+    config_lib.validate(c)
+
+
+def test_the_default_warm_up_on_a_short_run_is_refused():
+  """`trainer.steps` = 20 with the default warm-up (50): the clear error (the command line's is in
+  tests/test_cli.py)."""
+  c = config_lib.default_config()
+  c.trainer.steps = 20
+  with pytest.raises(ValueError, match=r"--config\.optim\.warmup_steps \(50\) is at least the run's length"):
+    config_lib.validate(c)
+
+
+def test_adamw_ratios_with_another_optimizer_are_refused_by_make_optimizer_too():
+  with pytest.raises(ValueError, match=r"--config\.optim\.adamw_head_lr_ratio=2\.0 applies to .* not 'muon_groups'"):
+    optim.make_optimizer(_optim_config(name="muon_groups", adamw_head_lr_ratio=2.0))
+
+
 def test_muon_train_step_learns():
   oc = _optim_config(name="muon", learning_rate=2e-2, warmup_steps=0, schedule="wsd")
   tx = optim.make_optimizer(oc)

@@ -301,6 +301,7 @@ def test_a_loss_fn_without_aux_is_refused_before_the_workdir(tmp_path):
 
   config = hybridjax.default_config()
   config.trainer.update(steps=10, progress=False)
+  config.optim.warmup_steps = 2  # the default 50 is refused on a 10-step run
   with pytest.raises(ValueError, match=r"loss_fn must be loss_fn\(params, batch\) -> \(loss, aux\).*an array of shape"):
     hybridjax.train(
       config,

@@ -390,6 +390,7 @@ from hybridjax.bench import specs
 from hybridjax.bench.runs import runner
 config = benchmark_cfg.get_config("quick")
 config.benchmark.update(executor="ray", ray_address=sys.argv[1])
+config.optim.warmup_steps = 2  # the preset's 4 is refused on a 4-step run
 spec = specs.run_spec(config, kind="anchor", seed=1, lr=0.01, steps=4, beta=0.9)
 spec["config"]["model"]["n_head"] = 3  # d_model 32 is not a multiple of 3: the model cannot be built
 with runner.make_runner(config, sys.argv[2]) as r:
@@ -426,6 +427,7 @@ on_node = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", digest)
 shutil.rmtree(on_node, ignore_errors=True)
 config = benchmark_cfg.get_config("quick")
 config.data.path = corpus
+config.optim.warmup_steps = 2  # the preset's 4 is refused on a 4-step run
 runs = [specs.run_spec(config, kind="anchor", seed=s, lr=0.01, steps=4, beta=0.9) for s in (1, 2)]
 out = {}
 for executor in ("local", "ray"):
