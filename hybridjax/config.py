@@ -33,7 +33,7 @@ def default_optim_config() -> ml_collections.ConfigDict:
   # 'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over
   # the last decay_fraction of the schedule
   c.schedule = "cosine"
-  c.warmup_steps = 50
+  c.warmup_steps = 50  # below trainer.steps, or 0 = none (a warm-up as long as the run is refused)
   c.decay_steps = 0  # 0 = decay over the whole run (trainer.steps)
   c.decay_fraction = 0.2  # 'wsd' only: the fraction of decay_steps spent decaying, in (0, 1]
   c.min_lr_ratio = 0.1  # final lr = learning_rate * min_lr_ratio
@@ -44,7 +44,7 @@ def default_optim_config() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0  # 0 = no clipping
   # 'adamw' and 'adam' only: the LR of the embeddings (token, positions, value embeddings; a head tied
   # to the token embedding with them) and of an untied output head, as ratios of learning_rate (the
-  # groups of 'muon_groups': `optim.muon_group_labels`); 1.0 = every parameter at learning_rate
+  # groups of 'muon_groups': `hybridjax.optim.muon_group_labels`); 1.0 = every parameter at learning_rate
   c.adamw_embed_lr_ratio = 1.0
   c.adamw_head_lr_ratio = 1.0
   # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
@@ -122,7 +122,7 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   # velocity predictor in hybrid mode. A method named in baseline mode is refused (the baseline
   # would train, not the method).
   c.method = ""
-  c.warmup_steps = 50
+  c.warmup_steps = 50  # below trainer.steps, or 0 = none (a warm-up as long as the run is refused)
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
   c.confidence_threshold = 0.5  # PREDICT only at confidence >= this

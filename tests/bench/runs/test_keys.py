@@ -187,3 +187,27 @@ def test_the_studies_keys_are_the_recorded_ones(monkeypatch):
   # And a key that differs is a difference.
   recorded["quick"]["run_keys"]["family anchor"] = "0" * 20
   assert '-   "family anchor": "00000000000000000000"' in record_keys.check(recorded)[0]
+
+
+@pytest.mark.parametrize(
+  "name, field, value",
+  [
+    ("adamw", "adamw_embed_lr_ratio", 0.5),
+    ("adamw", "adamw_head_lr_ratio", 2.0),
+    ("muon", "muon_momentum", 0.9),
+    ("muon_groups", "groups_lr_scale", 0.5),
+  ],
+)
+def test_the_tuning_knobs_reach_a_runs_key(name, field, value):
+  """A run's spec holds its whole experiment config, so each optimizer knob's value is in its key."""
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import specs
+
+  c = benchmark_cfg.get_config("quick")
+  c.optim.name = name
+  spec = lambda config: specs.run_spec(config, kind="anchor", seed=1, lr=0.01, steps=40, beta=0.9)
+  base = keys.run_key(spec(c))
+  assert c.optim[field] != value
+  c.optim[field] = value
+  assert spec(c)["config"]["optim"][field] == value
+  assert keys.run_key(spec(c)) != base
