@@ -96,7 +96,7 @@ def example_specs(preset: str) -> dict[str, dict[str, Any]]:
     out["ladder anchor"] = specs.run_spec(g, kind="anchor", seed=seed, lr=LR, steps=n, beta=beta)
   out["ladder method"] = tuning.method_specs(g, ladder_rungs.arms_at(c, group)[:1], LR, beta)[0]
   last = list(recipe_run.step_configs(c, LR).values())[-1]
-  out["recipe anchor"] = recipe_run._spec_of(last)(seed, LR, n)
+  out["recipe anchor"] = tuning.spec_of(last)(seed, LR, n)
   return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import protocol
+from hybridjax.bench.figures import plateau_runs
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
 
@@ -58,6 +59,11 @@ def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str,
   spread = abs(tuning_losses[0] - tuning_losses[1]) / math.sqrt(2)
   paired = paired_batch_se_of(a, b)
   return {"noise": max(spread, paired or 0.0), "seed_spread": spread, "eval_paired_se": paired}
+
+
+def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
+  """A run's loss as read: its raw iterate's, or its averaged one's at `beta`."""
+  return run["final_raw"] if iterate == "raw" else averaged_loss(run, beta)
 
 
 def best_loss(result: dict[str, Any]) -> float:
@@ -284,4 +290,59 @@ def method_runs(
   out: dict[str, dict[str, Any]] = {m: {} for m in methods}
   for r in results:
     out[r["method"]][str(r["seed"])] = r
+  return out
+
+
+def spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], dict[str, Any]]:
+  """An anchor run's spec(seed, lr, steps) of `c`, recording every averaging beta of `benchmark.betas`."""
+  betas = [float(x) for x in c.benchmark.betas]
+  return lambda seed, lr, steps: run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas)
+
+
+def train_steps(
+  configs: dict[str, ml_collections.ConfigDict],
+  config: ml_collections.ConfigDict,
+  runner: Runner,
+  label: str = "recipe steps (headline seeds, N)",
+) -> dict[str, dict[str, Any]]:
+  """Each of `configs` tuned as a recipe step is (its LR sweep on the tuning seeds, all sweeps in
+  lockstep; its averaging beta and iterate) and run N steps at its best LR on the headline seeds
+  (`config`'s), each headline run flagged by the plateau rule."""
+  swept = sweep_lrs([(c, spec_of(c), best_loss) for c in configs.values()], runner)
+  chosen = {}
+  for (name, c), sw in zip(configs.items(), swept):
+    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
+    averaging = choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
+    chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
+      "lr": sw["best_lr"],
+      "grid": sw["grid"],
+      "best_at_edge": sw["best_at_edge"],
+      "sweep_loss": [best_loss(r) for r in sw["sweep"]],
+    }
+  n = int(config.trainer.steps)
+  seeds = [int(s) for s in config.benchmark.seeds]
+  headline = [
+    run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
+    for name, c in configs.items()
+    for s in seeds
+  ]
+  results = runner.run(headline, label)
+  out = {}
+  for k, name in enumerate(configs):
+    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+    ch = chosen[name]
+    curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
+    out[name] = ch | {
+      "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
+      "runs": {
+        str(r["seed"]): {
+          "final_raw": r["final_raw"],
+          "final_averaged": r["final_averaged"],
+          **({"final_averaged_per_batch": r["final_averaged_per_batch"]} if "final_averaged_per_batch" in r else {}),
+          "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
+          "key": r.get("key"),
+        }
+        for r in runs
+      },
+    }
   return out

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
+import math
 import os
+import statistics
 
 import pytest
 from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import protocol, speedrun, study
+from hybridjax.bench import protocol, speedrun, study, tuning
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants import report, run
 from hybridjax.bench.studies.variants.sets import SETS, Pair
@@ -61,14 +64,17 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
 
 
 def _stub_result(spec, k):
-  """A run's figures, made up from its spec: what the study reads of a run."""
-  loss = 3.0 + 0.01 * spec["config"]["seed"] + 0.001 * (k % 7)
+  """A run's figures, made up from its spec: what the study reads of a run (lowest at LR 0.004)."""
+  lr = spec["config"]["optim"]["learning_rate"]
+  noise = int(hashlib.md5(json.dumps(spec, sort_keys=True).encode()).hexdigest(), 16) % 1000 * 1e-5
+  loss = 3.0 + 0.01 * spec["config"]["seed"] + noise + math.log(lr / 0.004) ** 2
   return {
     "seed": spec["config"]["seed"],
     "final_raw": loss,
-    "final_averaged": {str(spec["config"]["trainer"]["averaging_beta"]): loss - 0.01},
+    "final_averaged": {str(b): loss - 0.01 * b for b in spec["betas"] or [spec["config"]["trainer"]["averaging_beta"]]},
     "final_averaged_per_batch": [loss - 0.01 + 0.001 * j for j in range(3)],
     "key": f"k{k}",
+    "curve": [{"step": spec["config"]["trainer"]["steps"], "eval_loss_raw": loss}],
   }
 
 
@@ -89,16 +95,17 @@ def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_pa
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path)
   result = study.run(c, str(tmp_path / "work"), command="variants command")
-  pairs = SETS["fixes"]
-  distinct = {(p.row, json.dumps(sorted(getattr(p, s).items()))) for p in pairs for s in ("before", "after")}
+  pairs = SETS["fixes"].pairs
+  distinct = {run._side_key(p, side) for p in pairs for side in ("before", "after")}
   assert len(runner.specs) == len(distinct) * len(c.benchmark.seeds)
   written = json.loads((tmp_path / "work" / "variants-fixes-quick.json").read_text())
   assert [p["name"] for p in written["pairs"]] == [p.name for p in pairs]
   _, rows = run.row_settings(c)
   assert {s["config"]["optim"]["learning_rate"] for s in runner.specs} == {rows[p.row]["lr"] for p in pairs}
   for p in written["pairs"]:
-    assert p["settings"] == rows[p["row"]]
-    again = run.pair_figures(p["runs"]["before"], p["runs"]["after"], p["settings"])
+    assert p["settings"]["after"] == {k: rows[p["row"]][k] for k in ("lr", "beta", "iterate")}
+    sides = {k: {"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")}
+    again = run.pair_figures(sides["before"], sides["after"])
     assert again["difference"] == p["difference"] and again["before"] == p["before"]
   assert (tmp_path / "work" / "variants-fixes-quick.md").read_text() == report.markdown(written) + "\n"
   assert result["invocations"][0]["runs_trained"] == runner.ran
@@ -111,8 +118,37 @@ def test_published_variants_recompute_from_their_runs():
     with open(path) as f:
       result = json.load(f)
     for p in result["pairs"]:
-      again = run.pair_figures(p["runs"]["before"], p["runs"]["after"], p["settings"])
-      assert again == {k: p[k] for k in ("before", "after", "difference")}, p["name"]
+      sides = {k: {"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")}
+      again = run.pair_figures(sides["before"], sides["after"])
+      assert again == {k: p[k] for k in ("seeds", "before", "after", "difference")}, p["name"]
       assert protocol.paired_difference(p["after"], p["before"], p["difference"]["eval_se"]) == p["difference"]
+    assert result["resolution"] == 2 * statistics.median(p["difference"]["se_total"] for p in result["pairs"])
     with open(path.replace(".json", ".md")) as f:
       assert f.read() == report.markdown(result) + "\n"
+
+
+def test_leave_one_out_tunes_each_side_and_states_what_goes_with_a_trick(tmp_path, monkeypatch):
+  runner = _StubRunner()
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path, set="leave_one_out")
+  c.model.n_layer = 4  # the U-net pairs layers
+  c.benchmark.plateau_seeds = (4,)
+  result = study.run(c, str(tmp_path / "work"))
+  pairs = {p["name"]: p for p in result["pairs"]}
+  assert list(pairs) == ["schedule", "rotary", "muon", "relu2", "qk_norm", "zero_init_proj"] + list(speedrun.TRICKS)[4:]
+  _, rows = run.row_settings(c)
+  full = pairs["unet"]["settings"]["after"]  # every pair's after side is the whole recipe, tuned once
+  assert all(p["settings"]["after"] == full for p in pairs.values())
+  assert set(tuning.lr_grid(rows["attn_scale"]["lr"], 3)) <= set(full["grid"])  # 3 points, extended at an edge
+  assert set(tuning.lr_grid(rows["rotary"]["lr"], 3)) <= set(pairs["muon"]["settings"]["before"]["grid"])  # AdamW
+  assert "AdamW" in pairs["muon"]["rule"] and "value residual" in pairs["value_embeds"]["rule"]
+  sweeps = [s for s in runner.specs if s["config"]["seed"] in c.benchmark.tuning_seeds]
+  assert {s["config"]["optim"]["name"] for s in sweeps} == {"adamw", "muon_groups"}
+  no_embeds = [s for s in runner.specs if not s["config"]["model"]["value_embeds"]]
+  assert no_embeds and all(s["config"]["model"]["value_residual"] for s in no_embeds)
+  close = result["seeds_added"]["pairs"]
+  assert close and result["seeds_added"]["seeds"] == [4]
+  for name, p in pairs.items():
+    assert p["seeds"] == (["1", "2", "4"] if name in close else ["1", "2"])
+  md = report.markdown(result)
+  assert "Where one trick needs another:" in md and f"Seeds [4] were added to both sides of {', '.join(close)}" in md

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridjax.bench import protocol, tuning
-
-
-def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
-  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run, beta)
+from hybridjax.bench import protocol
 
 
 def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:

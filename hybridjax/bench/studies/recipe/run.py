@@ -10,17 +10,16 @@ help is reported as it measured; none is dropped.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
-from hybridjax.bench import figures, specs, timing, tuning
+from hybridjax.bench import figures, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
-from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, iterate_loss, recipe_figures
+from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
 from hybridjax.bench.studies.recipe.report import save_recipe_plot
 
@@ -43,56 +42,6 @@ def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[st
     c.optim.learning_rate = float(config.benchmark.recipe.muon_lr) if uses_muon(c) else float(anchor_lr)
     c.benchmark.methods = ""
     out[name] = c
-  return out
-
-
-def _spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], dict[str, Any]]:
-  betas = [float(x) for x in c.benchmark.betas]
-  return lambda seed, lr, steps: specs.run_spec(
-    c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas
-  )
-
-
-def train_steps(
-  configs: dict[str, ml_collections.ConfigDict], config: ml_collections.ConfigDict, runner: Runner
-) -> dict[str, dict[str, Any]]:
-  """Every step's tuning (all sweeps in lockstep; `configs`: `step_configs`') and headline runs."""
-  swept = tuning.sweep_lrs([(c, _spec_of(c), tuning.best_loss) for c in configs.values()], runner)
-  chosen = {}
-  for (name, c), sw in zip(configs.items(), swept):
-    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
-    averaging = tuning.choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
-    chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
-      "lr": sw["best_lr"],
-      "grid": sw["grid"],
-      "best_at_edge": sw["best_at_edge"],
-      "sweep_loss": [tuning.best_loss(r) for r in sw["sweep"]],
-    }
-  n = int(config.trainer.steps)
-  seeds = [int(s) for s in config.benchmark.seeds]
-  headline = [
-    specs.run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
-    for name, c in configs.items()
-    for s in seeds
-  ]
-  results = runner.run(headline, "recipe steps (headline seeds, N)")
-  out = {}
-  for k, name in enumerate(configs):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    ch = chosen[name]
-    curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
-    out[name] = ch | {
-      "plateaus": figures.plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
-      "runs": {
-        str(r["seed"]): {
-          "final_raw": r["final_raw"],
-          "final_averaged": r["final_averaged"],
-          "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
-          "key": r.get("key"),
-        }
-        for r in runs
-      },
-    }
   return out
 
 
@@ -135,7 +84,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
     # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
     # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
     first = [
-      _spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
+      tuning.spec_of(c)(int(b.tuning_seeds[0]), lr_, n)
       for c in step_configs(config, lr).values()
       for lr_ in tuning.lr_grid(float(c.optim.learning_rate), int(b.lr_points))
     ]
@@ -145,7 +94,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
 
   def anchor_and_steps(config: ml_collections.ConfigDict) -> tuple[Any, ...]:  # on its headline seeds
     acfg, configs = anchor_config(config, extra), step_configs(config, tuned["best_lr"])
-    return acfg, tuning.budget_curves(acfg, runner, tuned), configs, train_steps(configs, config, runner)
+    return acfg, tuning.budget_curves(acfg, runner, tuned), configs, tuning.train_steps(configs, config, runner)
 
   acfg, curves, configs, steps = anchor_and_steps(config)
   flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]

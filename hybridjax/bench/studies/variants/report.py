@@ -1,4 +1,4 @@
-"""The variants study's markdown: one row per pair, its losses per seed and its paired difference."""
+"""The variants study's markdown: one row per pair, its losses and its paired difference."""
 
 from __future__ import annotations
 
@@ -7,25 +7,50 @@ from typing import Any
 from hybridjax.bench import cells, protocol
 
 
+def _settings(s: dict[str, Any]) -> str:
+  return f"{s['lr']:.4g}, {s['iterate']}" + (" (grid edge)" if s.get("best_at_edge") else "")
+
+
 def markdown(result: dict[str, Any]) -> str:
   """variants-<set>-<preset>.md, from the record alone."""
-  n, seeds = result["steps"], result["seeds"]
+  n, seeds = result["steps"], ", ".join(map(str, result["seeds"]))
+  if result.get("tuned"):
+    how = (
+      f"Each side is tuned as a step of the recipe is (its LR sweep on the tuning seeds, centred on the LR "
+      f"the recipe tuned for its row in {result['lrs_from']}; its averaging beta and iterate), then runs N = {n} "
+      f"steps on the headline seeds {seeds} at its best LR."
+    )
+  else:
+    how = (
+      f"Both sides run N = {n} steps on the headline seeds {seeds} at the LR, averaging beta and iterate the "
+      f"recipe tuned for the pair's row ({result['lrs_from']}; a row it did not have takes the step at its place)."
+    )
   lines = [
     f"# Recipe variants `{result['set']}` at `{result['preset']}`",
     "",
-    f"Each pair starts from a row of the recipe (its tricks through that row), changes one thing, and runs "
-    f"both sides N = {n} steps on the headline seeds {', '.join(map(str, seeds))} at the LR, averaging beta "
-    f"and iterate the recipe tuned for the row ({result['lrs_from']}; a row it did not have takes the step "
-    "at its place). after − before < 0: the change lowers the loss. Judged at 2 standard errors, the "
-    "seeds' and the eval set's paired per-batch one.",
+    f"Each pair starts from a row of the recipe (its tricks through that row) and differs in one change. {how} "
+    "after − before < 0: the change lowers the loss. Judged at 2 standard errors, the seeds' and the eval "
+    f"set's paired per-batch one; the smallest difference this table resolves is {result['resolution']:.4f} "
+    "(2 standard errors, the median over its pairs).",
     "",
-    "| pair | row (LR) | change (after, for before) | before | after | after − before |",
+    "| pair | row | change (after, for before) | before (LR, iterate) | after (LR, iterate) | after − before |",
     "|---|---|---|---|---|---|",
   ]
   for p in result["pairs"]:
-    s = p["settings"]
-    lr = f"{p['row']} ({s['lr']:.4g}, {s['iterate']})"
-    before, after = (cells.pm(protocol.mean_std(p[k])) for k in ("before", "after"))
-    lines.append(f"| {p['name']} | {lr} | {p['what']} | {before} | {after} | {cells.paired_cell(p['difference'])} |")
-  lines += ["", "Losses are means ± std over the seeds; the code version and library versions are in the json."]
+    before, after = (
+      f"{cells.pm(protocol.mean_std(p[k]))} ({_settings(p['settings'][k])})" for k in ("before", "after")
+    )
+    lines.append(
+      f"| {p['name']} | {p['row']} | {p['what']} | {before} | {after} | {cells.paired_cell(p['difference'])} |"
+    )
+  rules = [f"* {p['name']}: {p['rule']}" for p in result["pairs"] if p.get("rule")]
+  if rules:
+    lines += ["", "Where one trick needs another:", *rules]
+  added = result.get("seeds_added") or {}
+  if added.get("seeds"):
+    lines += [
+      "",
+      f"Seeds {added['seeds']} were added to both sides of {', '.join(added['pairs'])} (within twice the resolution).",
+    ]
+  lines += ["", "Losses are means ± std over the seeds; the code and library versions are in the json."]
   return "\n".join(lines)

@@ -1,13 +1,15 @@
 """The variants study: before/after pairs of the speedrun recipe (`sets.SETS`), each side run N steps
-on the headline seeds at the LR, averaging beta and iterate the recipe tuned for the pair's row, and
-read as a paired difference at N (no tuning of its own, no timing: a pair differs in one change, at
-one LR, so its figure is the change's effect at that LR, not a speed-up).
+on the headline seeds, read as a paired difference at N. A fixed set runs each side at the LR,
+averaging beta and iterate the recipe tuned for its row (the change's effect at that LR); a tuned set
+tunes each side as the recipe tunes a step (the change's effect with both sides tuned alike). No
+timing: a pair's figure is a loss difference, not a speed-up.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 from typing import Any
 
 import ml_collections
@@ -17,8 +19,9 @@ from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICKS, trick_list
-from hybridjax.bench.studies.variants.config import pairs_of, side_config
+from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown
+from hybridjax.bench.studies.variants.sets import Pair
 from hybridjax.bench.tasks import task_path
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -52,80 +55,132 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [f"variants {b.preset}: set {b.variants.set} ({names}), N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def _side_key(pair: Any, side: str) -> str:
-  return json.dumps([pair.row, sorted(getattr(pair, side).items())])
+def _side_key(pair: Pair, side: str) -> str:
+  drop = pair.drop if side == "before" else ()
+  return json.dumps([pair.row, sorted(drop), sorted(getattr(pair, side).items())])
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """Every distinct side on every headline seed (a side two pairs share trains once)."""
-  source, rows = row_settings(config)
-  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
+def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+  """Every distinct side of the set's pairs (a side two pairs share trains once): its config and the
+  row whose tuned settings it starts from."""
   sides = {}
   for pair in pairs_of(config):
     for side in ("before", "after"):
-      sides.setdefault(_side_key(pair, side), (side_config(config, pair, side), rows[pair.row]))
+      row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
+      sides.setdefault(_side_key(pair, side), (side_config(config, pair, side), rows[row]))
+  return sides
+
+
+def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> dict[str, Any]:
+  """Each side N steps on the headline seeds at its row's tuned LR, beta and iterate."""
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   run_specs = [
     specs.run_spec(c, kind="anchor", seed=s, lr=row["lr"], steps=n, beta=row["beta"])
     for c, row in sides.values()
     for s in seeds
   ]
   results = runner.run(run_specs, "variant pairs (headline seeds, N)")
-  runs = {key: results[k * len(seeds) : (k + 1) * len(seeds)] for k, key in enumerate(sides)}
-  return {"source": source, "rows": rows, "runs": runs}
+  keep = ("final_raw", "final_averaged", "final_averaged_per_batch", "key")
+  out = {}
+  for k, (key, (_, row)) in enumerate(sides.items()):
+    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+    out[key] = {
+      "settings": {x: row[x] for x in ("lr", "beta", "iterate")},
+      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in runs},
+    }
+  return out
+
+
+def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> dict[str, Any]:
+  """Each side tuned as a recipe step is (`tuning.train_steps`), its sweep centred on its row's
+  tuned LR, then N steps on the headline seeds (`config`'s) at its best LR."""
+  configs = {}
+  for key, (c, row) in sides.items():
+    c.optim.learning_rate = float(row["lr"])
+    c.benchmark.lr_points = int(config.benchmark.variants.lr_points)
+    configs[key] = c
+  steps = tuning.train_steps(configs, config, runner, "variant sides (headline seeds, N)")
+  settings = ("lr", "beta", "iterate", "grid", "sweep_loss", "best_at_edge")
+  return {key: {"settings": {x: st[x] for x in settings}, "runs": st["runs"]} for key, st in steps.items()}
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """Every distinct side on every headline seed, at its row's LR or tuned; a tuned set adds the
+  plateau seeds to both sides of a pair whose difference lies within twice the table's resolution."""
+  source, rows = row_settings(config)
+  sides = _sides(config, rows)
+  if not set_of(config).tuned:
+    return {"source": source, "sides": _fixed(config, sides, runner), "seeds_added": {}}
+  trained = _tuned(config, sides, runner)
+  table = pair_table(config, trained)
+  close = [p["name"] for p in table["pairs"] if abs(p["difference"]["mean"]) < 2 * table["resolution"]]
+  added = [int(s) for s in config.benchmark.plateau_seeds if int(s) not in config.benchmark.seeds]
+  if close and added:
+    print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
+    more = ml_collections.ConfigDict(config.to_dict())
+    more.benchmark.seeds = tuple(int(s) for s in config.benchmark.seeds) + tuple(added)
+    near = {_side_key(p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
+    trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
+  return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
 def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: a pair's figure is a loss difference at one LR."""
+  """None: a pair's figure is a loss difference."""
   del config, trained
   return {}
 
 
-def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
-  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run, beta)
+def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
+  st = side["settings"]
+  return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
 
 
-def pair_figures(before: list[dict[str, Any]], after: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
-  """One pair's losses per seed and its paired difference (after - before), judged with the eval
-  set's paired per-batch standard error (mean over the seeds) besides the seeds'. Pure: the tests
-  recompute it from the record."""
-  loss_b = [iterate_loss(r, row["iterate"], row["beta"]) for r in before]
-  loss_a = [iterate_loss(r, row["iterate"], row["beta"]) for r in after]
-  ses = [tuning.paired_batch_se_of(a, b) for a, b in zip(after, before)]
+def pair_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+  """One pair's losses on the seeds both sides ran and its paired difference (after - before),
+  judged with the eval set's paired per-batch standard error (mean over the seeds) besides the
+  seeds'. Pure: the tests recompute it from the record."""
+  seeds = sorted(set(before["runs"]) & set(after["runs"]), key=int)
+  ses = [tuning.paired_batch_se_of(after["runs"][s], before["runs"][s]) for s in seeds]
   eval_se = sum(ses) / len(ses) if ses and None not in ses else None
+  loss_b, loss_a = _losses(before, seeds), _losses(after, seeds)
   return {
+    "seeds": seeds,
     "before": loss_b,
     "after": loss_a,
     "difference": protocol.paired_difference(loss_a, loss_b, eval_se),
   }
 
 
+def pair_table(config: ml_collections.ConfigDict, sides: dict[str, Any]) -> dict[str, Any]:
+  """Every pair's figures, and the table's resolution: 2 standard errors of a paired difference
+  (the median over the pairs of the standard error each is judged with)."""
+  pairs = []
+  for pair in pairs_of(config):
+    before, after = sides[_side_key(pair, "before")], sides[_side_key(pair, "after")]
+    pairs.append(
+      {"name": pair.name, "row": pair.row, "what": pair.what, "rule": pair.rule, "drop": list(pair.drop)}
+      | {"before_fields": pair.before, "after_fields": pair.after}
+      | {"settings": {"before": before["settings"], "after": after["settings"]}}
+      | pair_figures(before, after)
+      | {"runs": {"before": before["runs"], "after": after["runs"]}}
+    )
+  return {"pairs": pairs, "resolution": 2 * statistics.median(p["difference"]["se_total"] for p in pairs)}
+
+
 def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
-  rows, runs = trained["rows"], trained["runs"]
-  keep = ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key")
-  pairs = []
-  for pair in pairs_of(config):
-    before, after = runs[_side_key(pair, "before")], runs[_side_key(pair, "after")]
-    pairs.append(
-      {"name": pair.name, "row": pair.row, "what": pair.what, "before_fields": pair.before, "after_fields": pair.after}
-      | {"settings": rows[pair.row]}
-      | pair_figures(before, after, rows[pair.row])
-      | {
-        "runs": {
-          side: [{k: r[k] for k in keep if k in r} for r in rs] for side, rs in (("before", before), ("after", after))
-        }
-      }
-    )
+  task = task_path(specs.task_name(config))
   return {
     "set": str(config.benchmark.variants.set),
+    "tuned": set_of(config).tuned,
     "code_version": keys.code_versions(config, []),
-    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task_path(specs.task_name(config))]),
+    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
     "seeds": [int(s) for s in config.benchmark.seeds],
+    "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
-    "pairs": pairs,
-  }
+  } | pair_table(config, trained["sides"])
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:

@@ -1,16 +1,22 @@
-"""Variant sets of the speedrun recipe: named before/after pairs, each run at the LR its recipe row
-was tuned to, on the same seeds, so that one change is all that differs between the two.
+"""Variant sets of the speedrun recipe: named before/after pairs on the same seeds, so that one
+change is all that differs between the two sides.
 
 A `Pair` starts from a cumulative row of the recipe (`bench.speedrun.TRICKS` through `row`, as the
-recipe trains it) and sets `before` on one side and `after` on the other ({dotted field: value}; {}:
-the row as the recipe runs it). Its figure is loss(after) - loss(before): negative where the change
-lowers the loss.
+recipe trains it), leaves the tricks `drop` out of its before side, and sets `before` on one side and
+`after` on the other ({dotted field: value}; {}: the row as the recipe runs it). Its figure is
+loss(after) - loss(before): negative where the change lowers the loss.
+
+A set is run at fixed LRs (each side at the LR the recipe tuned for its row: a change's effect at
+that LR) or tuned (each side its own LR sweep on the tuning seeds, centred on its row's tuned LR, as
+every step of the recipe is: a change's effect with both sides tuned alike).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from hybridjax.bench.speedrun import TRICKS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +28,15 @@ class Pair:
   what: str  # the change, from before to after
   before: dict[str, Any]
   after: dict[str, Any] = dataclasses.field(default_factory=dict)
+  drop: tuple[str, ...] = ()  # tricks of the row the before side leaves out
+  rule: str = ""  # what else goes with the change, where one trick needs another
+  before_lr_row: str = ""  # the row whose tuned LR centres the before side's sweep ('': `row`)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSet:
+  pairs: tuple[Pair, ...]
+  tuned: bool  # each side its own LR sweep (else the row's tuned LR)
 
 
 # Each fidelity fix and missing piece of the recipe, measured where it enters, against the behaviour
@@ -59,4 +74,36 @@ FIXES = (
   ),
 )
 
-SETS: dict[str, tuple[Pair, ...]] = {"fixes": FIXES}
+
+def leave_one_out(tricks: list[str]) -> tuple[Pair, ...]:
+  """The whole recipe against the recipe without one of its tricks, for each trick (#5's group
+  split into its three changes): what each adds in the company of all the others."""
+  last, pairs = tricks[-1], []
+  for name in tricks:
+    if name == "modern_arch":
+      for field, what in (("relu2", "ReLU²"), ("qk_norm", "QK-norm"), ("zero_init_proj", "zero-init projections")):
+        pairs.append(Pair(field, last, f"{what} (#5), with every other trick", {f"model.{field}": False}))
+    elif name == "muon":
+      pairs.append(
+        Pair(
+          "muon",
+          last,
+          "Muon with its Adam groups (#3-#4), with every other trick",
+          {"optim.muon_momentum_warmup_steps": 0},
+          drop=("muon",),
+          rule="without Muon go its groups' ratios, the tied head's settings, its momentum warm-up and its "
+          "dropped clipping, weight decay and LR warm-up: the variant is AdamW as the anchor runs it, its "
+          "sweep centred on the last AdamW row's LR",
+          before_lr_row=tricks[tricks.index("muon") - 1],
+        )
+      )
+    else:
+      rule = "without the value embeddings, the value residual they replaced (#9) is back" * (name == "value_embeds")
+      pairs.append(Pair(name, last, f"{name}, with every other trick", {}, drop=(name,), rule=rule))
+  return tuple(pairs)
+
+
+SETS: dict[str, VariantSet] = {
+  "fixes": VariantSet(FIXES, tuned=False),
+  "leave_one_out": VariantSet(leave_one_out(list(TRICKS)), tuned=True),
+}
