@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -229,3 +231,33 @@ def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   c.benchmark.iterate = "best"
   c.benchmark.family = f"speedrun-{c.optim.name}-{c.optim.schedule}"
   return c
+
+
+# The published recipe records (docs/results/recipe/recipe-<preset>.json), beside the package.
+PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "recipe"))
+
+
+def recipe_record(preset: str, path: str, field: str) -> tuple[str, dict[str, Any]]:
+  """(its path as shown, the record) of the recipe record at `path` ('': the published one for
+  `preset`); a missing one is refused naming `field`, the config field that gives another."""
+  path = path or os.path.join(PUBLISHED, f"recipe-{preset}.json")
+  if not os.path.exists(path):
+    raise ValueError(
+      f"no recipe record at {path}: run the recipe at this preset first, or give one with --config.{field}"
+    )
+  with open(path) as f:
+    result = json.load(f)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(PUBLISHED)))
+  inside = os.path.abspath(path).startswith(root + os.sep)
+  return (os.path.relpath(os.path.abspath(path), root) if inside else path), result
+
+
+def tuned_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{row: {lr, beta, iterate, from}} for every row of today's recipe, from a recipe record: its step
+  of the same name, else the step at the same place in its trick list, else its last."""
+  steps, listed = result["step_runs"], list(trick_list(result))
+  out = {}
+  for k, row in enumerate(TRICKS):
+    source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
+    out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
+  return out

@@ -96,7 +96,7 @@ def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_pa
   c = _config(tmp_path)
   result = study.run(c, str(tmp_path / "work"), command="variants command")
   pairs = SETS["fixes"].pairs
-  distinct = {run._side_key(p, side) for p in pairs for side in ("before", "after")}
+  distinct = {run._side_key(c, p, side) for p in pairs for side in ("before", "after")}
   assert len(runner.specs) == len(distinct) * len(c.benchmark.seeds)
   written = json.loads((tmp_path / "work" / "variants-fixes-quick.json").read_text())
   assert [p["name"] for p in written["pairs"]] == [p.name for p in pairs]

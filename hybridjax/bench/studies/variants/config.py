@@ -34,7 +34,7 @@ def side_config(config: ml_collections.ConfigDict, pair: Pair, side: str) -> ml_
   names = list(TRICKS)
   drop = pair.drop if side == "before" else ()
   c = apply_tricks(config, [n for n in names[: names.index(pair.row) + 1] if n not in drop])
-  c.update_from_flattened_dict(getattr(pair, side))
+  c.update_from_flattened_dict(pair.fields(side, config))
   c.benchmark.methods = ""
   return c
 

@@ -14,39 +14,24 @@ from typing import Any
 
 import ml_collections
 
-import hybridjax
 from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.speedrun import TRICKS, trick_list
+from hybridjax.bench.speedrun import recipe_record, tuned_rows
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown
 from hybridjax.bench.studies.variants.sets import Pair
 from hybridjax.bench.tasks import task_path
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
-PUBLISHED = os.path.join(os.path.dirname(hybridjax.__file__), "..", "docs", "results", "recipe")
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
-  """(the recipe record read, {row: {lr, beta, iterate, from}}) for every row of the recipe: the
-  record's step of the same name, else the step at the same place in its trick list, else its last."""
-  path = str(config.benchmark.variants.lrs_from) or os.path.join(PUBLISHED, f"recipe-{config.benchmark.preset}.json")
-  if not os.path.exists(path):
-    raise ValueError(
-      f"no recipe record at {path}: run the recipe at this preset first, or give one with "
-      "--config.benchmark.variants.lrs_from"
-    )
-  with open(path) as f:
-    result = json.load(f)
-  steps, listed = result["step_runs"], list(trick_list(result))
-  out = {}
-  for k, row in enumerate(TRICKS):
-    source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
-    out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
-  root = os.path.abspath(os.path.join(PUBLISHED, "..", "..", ".."))
-  inside = os.path.abspath(path).startswith(root + os.sep)
-  return (os.path.relpath(os.path.abspath(path), root) if inside else path), out
+  """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
+  record `benchmark.variants.lrs_from` names ('': the published one)."""
+  b = config.benchmark
+  shown, result = recipe_record(str(b.preset), str(b.variants.lrs_from), "benchmark.variants.lrs_from")
+  return shown, tuned_rows(result)
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -55,9 +40,9 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [f"variants {b.preset}: set {b.variants.set} ({names}), N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def _side_key(pair: Pair, side: str) -> str:
+def _side_key(config: ml_collections.ConfigDict, pair: Pair, side: str) -> str:
   drop = pair.drop if side == "before" else ()
-  return json.dumps([pair.row, sorted(drop), sorted(getattr(pair, side).items())])
+  return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items())])
 
 
 def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
@@ -67,7 +52,7 @@ def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -
   for pair in pairs_of(config):
     for side in ("before", "after"):
       row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
-      sides.setdefault(_side_key(pair, side), (side_config(config, pair, side), rows[row]))
+      sides.setdefault(_side_key(config, pair, side), (side_config(config, pair, side), rows[row]))
   return sides
 
 
@@ -119,7 +104,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
     print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
     more = ml_collections.ConfigDict(config.to_dict())
     more.benchmark.seeds = tuple(int(s) for s in config.benchmark.seeds) + tuple(added)
-    near = {_side_key(p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
+    near = {_side_key(config, p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
     trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
@@ -156,10 +141,10 @@ def pair_table(config: ml_collections.ConfigDict, sides: dict[str, Any]) -> dict
   (the median over the pairs of the standard error each is judged with)."""
   pairs = []
   for pair in pairs_of(config):
-    before, after = sides[_side_key(pair, "before")], sides[_side_key(pair, "after")]
+    before, after = (sides[_side_key(config, pair, side)] for side in ("before", "after"))
     pairs.append(
       {"name": pair.name, "row": pair.row, "what": pair.what, "rule": pair.rule, "drop": list(pair.drop)}
-      | {"before_fields": pair.before, "after_fields": pair.after}
+      | {"before_fields": pair.fields("before", config), "after_fields": pair.fields("after", config)}
       | {"settings": {"before": before["settings"], "after": after["settings"]}}
       | pair_figures(before, after)
       | {"runs": {"before": before["runs"], "after": after["runs"]}}

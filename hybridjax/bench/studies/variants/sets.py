@@ -32,6 +32,10 @@ class Pair:
   rule: str = ""  # what else goes with the change, where one trick needs another
   before_lr_row: str = ""  # the row whose tuned LR centres the before side's sweep ('': `row`)
 
+  def fields(self, side: str, config: Any) -> dict[str, Any]:
+    """The fields `side` sets, a function's value read from `config` (the preset's, before any trick)."""
+    return {k: (v(config) if callable(v) else v) for k, v in getattr(self, side).items()}
+
 
 @dataclasses.dataclass(frozen=True)
 class VariantSet:
@@ -51,7 +55,12 @@ FIXES = (
     "0.16, (0.8, 0.95), 1e-10",
     {"optim.tied_lr_ratio": 0.16, "optim.tied_b1": 0.8, "optim.tied_b2": 0.95, "optim.tied_eps": 1e-10},
   ),
-  Pair("lr_warmup", "muon", "no LR warm-up, for 50 warm-up steps", {"optim.warmup_steps": 50}),
+  Pair(
+    "lr_warmup",
+    "muon",
+    "no LR warm-up, for the preset's (50 steps at long)",
+    {"optim.warmup_steps": lambda c: int(c.optim.warmup_steps)},
+  ),
   Pair("embed_norm", "modern_arch", "no embedding norm at #5 (it comes with #8), for one", {"model.embed_norm": True}),
   Pair("value_residual", "shortcuts", "the value residual (#9), for none", {"model.value_residual": False}),
   Pair(
