@@ -29,6 +29,7 @@ STUDIES = {  # name -> the package of its folder
   "ladder": "hybridjax.bench.studies.ladder",
   "recipe": "hybridjax.bench.studies.recipe",
   "variants": "hybridjax.bench.studies.variants",
+  "knobs": "hybridjax.bench.studies.knobs",
 }
 
 

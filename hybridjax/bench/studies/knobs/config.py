@@ -1,0 +1,63 @@
+"""The knobs study's block, `benchmark.knobs`, and its checks."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
+from hybridjax.bench.studies.knobs.sets import SIDES
+
+
+def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+  """`benchmark.knobs`: the sides to tune (`sets.SIDES`), the recipe record whose tuned LRs they
+  start from ('': the published `recipe-<preset>.json`), and the points of the closing LR sweep."""
+  del preset
+  block.sides = ",".join(SIDES)
+  block.lrs_from = ""
+  block.lr_points = 3
+
+
+def sides_of(config: ml_collections.ConfigDict) -> list[str]:
+  return arms_lib.names(config.benchmark.knobs.sides)
+
+
+def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
+  """(the recipe record read, {side: (its config at its starting LR, its tuned settings)}): the
+  anchor is the protocol's AdamW family at the record's R4 LR and beta; `muon` the recipe through
+  its Muon row, `recipe` all of it, each at the LR, beta and iterate the record tuned for it."""
+  b = config.benchmark
+  shown, result = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
+  rows, names = tuned_rows(result), list(TRICKS)
+  out = {}
+  for side in sides_of(config):
+    if side == "anchor":
+      c = ml_collections.ConfigDict(config.to_dict())
+      settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
+    else:
+      row = "muon" if side == "muon" else names[-1]
+      c = apply_tricks(config, names[: names.index(row) + 1])
+      settings = {k: rows[row][k] for k in ("lr", "beta", "iterate")}
+    c.optim.learning_rate = float(settings["lr"])
+    c.benchmark.methods = ""
+    out[side] = (c, settings)
+  return shown, out
+
+
+def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Checks the block; returns every setting the search may try (each side's with one knob moved),
+  which the skeleton checks too: a value a side cannot take fails before any training."""
+  k = config.benchmark.knobs
+  bad = [s for s in sides_of(config) if s not in SIDES]
+  if bad or not sides_of(config):
+    raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
+  if int(k.lr_points) < 2:
+    raise ValueError(f"--config.benchmark.knobs.lr_points={k.lr_points}: give at least 2")
+  out = {}
+  for side, (c, _) in side_configs(config)[1].items():
+    for knob in SIDES[side]:
+      for value in knob.values_at(int(config.trainer.steps)):
+        tried = ml_collections.ConfigDict(c.to_dict())
+        tried.update_from_flattened_dict(knob.changes(value))
+        out[f"side {side!r}, {knob.name}={value!r}"] = tried
+  return out

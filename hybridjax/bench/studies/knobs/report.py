@@ -1,0 +1,46 @@
+"""The knobs study's markdown: each side's knob sweeps, its tuning runs, and the headline difference
+between the side as published and as tuned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridjax.bench import cells, protocol
+
+SIDE_NAMES = {"anchor": "the R4 anchor (AdamW)", "muon": "the recipe's Muon row", "recipe": "the whole recipe"}
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """knobs-<preset>.md, from the record alone."""
+  lines = [
+    f"# Both sides tuned alike at `{result['preset']}`",
+    "",
+    f"Each side starts from the settings and LR of {result['lrs_from']} and searches its own knobs one at a "
+    f"time on the tuning seeds {result['tuning_seeds']} (a value is kept where its mean loss at N is lower), "
+    f"then sweeps its LR again; then it runs N = {result['steps']} steps on the headline seeds "
+    f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss.",
+    "",
+    "| side | tuning runs | tuned settings | published | tuned | tuned − published |",
+    "|---|---|---|---|---|---|",
+  ]
+  for side, s in result["sides"].items():
+    fields = ", ".join(f"{k}={v}" for k, v in s["tuned_fields"].items()) or "as published"
+    fields += f"; LR {s['tuned_lr']:.4g} (published {s['published_settings']['lr']:.4g})"
+    pub, tun = (cells.pm(protocol.mean_std(s[k])) for k in ("published", "tuned"))
+    lines.append(
+      f"| {SIDE_NAMES.get(side, side)} | {s['tuning_runs']} | {fields} | {pub} | {tun} | "
+      f"{cells.paired_cell(s['difference'])} |"
+    )
+  for side, s in result["sides"].items():
+    lines += [
+      "",
+      f"**{SIDE_NAMES.get(side, side)}**: each knob's sweep (value: mean loss at N on the tuning seeds; "
+      "'as is': the value it had).",
+      "",
+    ]
+    for sw in s["sweeps"]:
+      values = ", ".join(f"{v}: {loss:.4f}" for v, loss in sw["values"].items())
+      lines.append(f"* {sw['knob']}: {values} → {sw['chosen']}")
+    values = ", ".join(f"{lr}: {loss:.4f}" for lr, loss in s["lr_sweep"].items())
+    lines.append(f"* LR, again: {values}")
+  return "\n".join(lines)

@@ -1,0 +1,195 @@
+"""The knobs study: each side (the R4 anchor, the recipe's Muon row, the whole recipe) tuned by a
+coordinate search over its own knobs (`sets.SIDES`, the same number of settings per side) on the
+tuning seeds, from the settings and LR the recipe's record gives it, then its LR swept again; then
+each side as published and as tuned, N steps on the headline seeds, read as a paired difference.
+Both sides spend the same number of tuning runs, and the record lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import protocol, specs, tuning
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.knobs.config import side_configs
+from hybridjax.bench.studies.knobs.report import markdown
+from hybridjax.bench.studies.knobs.sets import SIDES
+from hybridjax.bench.tasks import task_path
+
+RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
+AS_IS = "as is"  # a sweep's entry for the value a knob had
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  b = config.benchmark
+  return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
+
+
+def side_loss(run: dict[str, Any], iterate: str) -> float:
+  """A run's loss as its side reads it: raw, or averaged at the best of the betas it recorded."""
+  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
+
+
+def _with(c: ml_collections.ConfigDict, fields: dict[str, Any], lr: float | None = None) -> ml_collections.ConfigDict:
+  out = ml_collections.ConfigDict(c.to_dict())
+  out.update_from_flattened_dict(fields)
+  if lr is not None:
+    out.optim.learning_rate = float(lr)
+  return out
+
+
+def _evaluate(tries: list[tuple[str, ml_collections.ConfigDict]], config, runner: Runner, label: str) -> list[dict]:
+  """Each (side, config) on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
+  side spent: a setting tried twice counts once)."""
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.tuning_seeds]
+  run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for _, c in tries for s in seeds]
+  results = runner.run(run_specs, label)
+  return [
+    {
+      "runs": results[k * len(seeds) : (k + 1) * len(seeds)],
+      "spec_keys": [keys.run_key(x) for x in run_specs[k * len(seeds) : (k + 1) * len(seeds)]],
+    }
+    for k in range(len(tries))
+  ]
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
+  swept again, and the headline runs of each side as published and as tuned."""
+  source, sides = side_configs(config)
+  state = {s: {"fields": {}, "lr": settings["lr"], "sweeps": [], "keys": set()} for s, (_, settings) in sides.items()}
+
+  def loss_of(side: str, ev: dict) -> float:
+    state[side]["keys"].update(ev["spec_keys"])
+    return statistics.fmean(side_loss(r, sides[side][1]["iterate"]) for r in ev["runs"])
+
+  base = _evaluate(
+    [(s, c) for s, (c, _) in sides.items()], config, runner, "knobs: each side as published (tuning seeds, N)"
+  )
+  for side, ev in zip(sides, base):
+    state[side]["loss"] = loss_of(side, ev)
+  for i in range(max(len(SIDES[s]) for s in sides)):
+    tries = [
+      (side, knob, value)
+      for side in sides
+      if i < len(SIDES[side])
+      for knob in [SIDES[side][i]]
+      for value in knob.values_at(int(config.trainer.steps))
+    ]
+    evs = _evaluate(
+      [(s, _with(sides[s][0], state[s]["fields"] | k.changes(v))) for s, k, v in tries],
+      config,
+      runner,
+      f"knobs: knob {i + 1} of each side",
+    )
+    for side in sides:
+      if i >= len(SIDES[side]):
+        continue
+      knob, st = SIDES[side][i], state[side]
+      current = ml_collections.ConfigDict(sides[side][0].to_dict())
+      current.update_from_flattened_dict(st["fields"])
+      now = current
+      for part in knob.fields[0].split("."):
+        now = now[part]
+      values = {AS_IS: st["loss"]}  # the value it had (with its schedule, for a knob that sets one)
+      values |= {json.dumps(v): loss_of(s, ev) for (s, _, v), ev in zip(tries, evs) if s == side}
+      chosen = min(values, key=values.get)
+      if chosen != AS_IS:
+        st["fields"] |= knob.changes(json.loads(chosen))
+        st["loss"] = values[chosen]
+      st["sweeps"].append({"knob": knob.name, "current": json.dumps(now), "values": values, "chosen": chosen})
+  grids = {s: tuning.lr_grid(float(state[s]["lr"]), int(config.benchmark.knobs.lr_points)) for s in sides}
+  tries = [(s, _with(sides[s][0], state[s]["fields"], lr)) for s in sides for lr in grids[s]]
+  evs = _evaluate(tries, config, runner, "knobs: each side's LR swept again (tuning seeds, N)")
+  for side in sides:
+    lr_losses = {
+      str(lr): loss_of(side, ev)
+      for (s, c), ev, lr in zip(tries, evs, [x for s in sides for x in grids[s]])
+      if s == side
+    }
+    best = min(lr_losses, key=lr_losses.get)
+    state[side] |= {"lr_sweep": lr_losses, "lr": float(best), "loss": lr_losses[best]}
+  return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}
+
+
+def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
+  """Each side as published and as tuned, N steps on the headline seeds."""
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
+  betas = [float(x) for x in config.benchmark.betas]
+  run_specs = []
+  for side, (c, settings) in sides.items():
+    for fields, lr in (({}, settings["lr"]), (state[side]["fields"], state[side]["lr"])):
+      run_specs += [
+        specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=betas[0], betas=betas)
+        for s in seeds
+      ]
+  results = runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)")
+  out = {}
+  for k, side in enumerate(sides):
+    runs = results[2 * k * len(seeds) : 2 * (k + 1) * len(seeds)]
+    out[side] = {"published": runs[: len(seeds)], "tuned": runs[len(seeds) :]}
+  return out
+
+
+def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+  """None: the figures are losses."""
+  del config, trained
+  return {}
+
+
+def _keep(run: dict[str, Any]) -> dict[str, Any]:
+  return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
+
+
+def side_figures(published: list[dict], tuned: list[dict], iterate: str) -> dict[str, Any]:
+  """A side's headline losses as published and as tuned, and the paired difference (tuned -
+  published) with the eval set's paired per-batch standard error (mean over the seeds). Pure."""
+  ses = [tuning.paired_batch_se_of(t, p) for t, p in zip(tuned, published)]
+  eval_se = sum(ses) / len(ses) if ses and None not in ses else None
+  before = [side_loss(r, iterate) for r in published]
+  after = [side_loss(r, iterate) for r in tuned]
+  return {"published": before, "tuned": after, "difference": protocol.paired_difference(after, before, eval_se)}
+
+
+def record(
+  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
+) -> dict[str, Any]:
+  del timed, command, runner
+  task = task_path(specs.task_name(config))
+  out = {}
+  for side, (_, settings) in trained["sides"].items():
+    st, head = trained["state"][side], trained["headline"][side]
+    out[side] = {
+      "published_settings": settings,
+      "tuned_fields": st["fields"],
+      "tuned_lr": st["lr"],
+      "sweeps": st["sweeps"],
+      "lr_sweep": st["lr_sweep"],
+      "tuning_runs": len(st["keys"]),
+      "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
+    } | side_figures(head["published"], head["tuned"], settings["iterate"])
+  return {
+    "code_version": keys.code_versions(config, []),
+    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+    "lrs_from": trained["source"],
+    "seeds": [int(s) for s in config.benchmark.seeds],
+    "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
+    "sides": out,
+  }
+
+
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  del trained
+  name = RECORD.format(**result)
+  for folder in [workdir] + ([publish] if publish else []):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as f:
+      json.dump(result, f, indent=1)
+    with open(os.path.join(folder, name.replace(".json", ".md")), "w") as f:
+      f.write(markdown(result) + "\n")

@@ -1,0 +1,90 @@
+"""The knobs study through the skeleton with a stub runner (nothing trains): the same tuning budget
+per side, the coordinate search keeping what lowers the loss, and its figures from its record."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+
+import pytest
+
+from experiments.configs import benchmark as benchmark_cfg
+from hybridjax.bench import speedrun, study
+from hybridjax.bench.studies.knobs import report, run
+from hybridjax.bench.studies.knobs.sets import SIDES
+
+
+def _config(tmp_path):
+  c = benchmark_cfg.get_config("quick")
+  c.model.n_layer = 2
+  c.trainer.steps = 300  # a warm-up knob's values are fractions of it: distinct values (nothing trains)
+  c.benchmark.study = "knobs"
+  recipe = {"trick_list": 2, "anchor": {"lr": 0.004, "beta": 0.99}, "step_runs": {}}
+  for k, name in enumerate(speedrun.TRICKS):
+    recipe["step_runs"][name] = {"lr": 0.01 * (k + 1), "beta": 0.99, "iterate": "averaged"}
+  path = tmp_path / "recipe-quick.json"
+  path.write_text(json.dumps(recipe))
+  c.benchmark.knobs.lrs_from = str(path)
+  return c
+
+
+def _stub_result(spec):
+  """Lowest with b2 0.99 under AdamW and Muon's momentum 0.9, and at each side's published LR."""
+  c = spec["config"]
+  noise = int(hashlib.md5(json.dumps(spec, sort_keys=True).encode()).hexdigest(), 16) % 1000 * 1e-5
+  loss = 3.0 + 0.01 * c["seed"] + noise + 0.1 * math.log(c["optim"]["learning_rate"] / 0.004) ** 2
+  loss -= 0.05 * (c["optim"]["name"] == "adamw" and c["optim"]["b2"] == 0.99)
+  loss -= 0.05 * (c["optim"]["muon_momentum"] == 0.9)
+  return {
+    "seed": c["seed"],
+    "final_raw": loss,
+    "final_averaged": {str(b): loss - 0.01 for b in spec["betas"]},
+    "final_averaged_per_batch": [loss - 0.01 + 0.001 * j for j in range(3)],
+  }
+
+
+class _StubRunner:
+  ran, reused = 0, 0
+
+  def __init__(self):
+    self.specs = []
+
+  def run(self, specs, label):
+    self.specs += specs
+    self.ran += len(specs)
+    return [_stub_result(s) for s in specs]
+
+
+def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path, monkeypatch):
+  runner = _StubRunner()
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  result = study.run(_config(tmp_path), str(tmp_path / "work"))
+  sides = result["sides"]
+  assert {s["tuning_runs"] for s in sides.values()} == {2 * (1 + 14 + 2)}  # as is, 14 settings, 2 new LRs
+  assert all(sum(len(set(k.values_at(300))) for k in SIDES[s]) == 14 for s in SIDES)
+  anchor, muon = sides["anchor"], sides["muon"]
+  assert anchor["tuned_fields"].get("optim.b2") == 0.99 and "optim.b2" not in muon["tuned_fields"]
+  assert muon["tuned_fields"].get("optim.muon_momentum") == 0.9
+  assert [sw["knob"] for sw in anchor["sweeps"]] == [k.name for k in SIDES["anchor"]]
+  assert anchor["sweeps"][1]["chosen"] == "0.99" and anchor["sweeps"][0]["chosen"] in anchor["sweeps"][0]["values"]
+  wsd = anchor["sweeps"][-1]
+  assert set(wsd["values"]) == {run.AS_IS, "0.2", "0.4"}  # cosine as it is, and wsd at each cool-down
+  for s in sides.values():
+    again = run.side_figures(s["runs"]["published"], s["runs"]["tuned"], s["published_settings"]["iterate"])
+    assert again["difference"] == s["difference"] and again["tuned"] == s["tuned"]
+    assert s["difference"]["mean"] < 0  # the stub rewards what the search keeps
+  written = json.loads((tmp_path / "work" / "knobs-quick.json").read_text())
+  assert (tmp_path / "work" / "knobs-quick.md").read_text() == report.markdown(written) + "\n"
+
+
+def test_bad_settings_are_refused_naming_the_field(tmp_path):
+  c = _config(tmp_path)
+  c.benchmark.knobs.sides = "anchor,adam"
+  with pytest.raises(ValueError, match=r"--config.benchmark.knobs.sides='anchor,adam': give sides from"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.knobs.lrs_from = str(tmp_path / "none.json")
+  with pytest.raises(ValueError, match=r"give one with --config.benchmark.knobs.lrs_from"):
+    study.validate(c)
