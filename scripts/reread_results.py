@@ -15,7 +15,9 @@ the per-batch losses of the same runs where they are stored (`eval` of each tune
 family's benchmark.json, which holds the very runs, as tests/bench/studies/test_ladder.py checks; the `tiny`
 recipe's anchor: its run cache). The `long` recipe's anchor runs kept no per-batch losses: it gets
 the `long-adamw-cosine` family's (the same eval batches, the same R4 anchor but for its averaging
-beta), named as such in its `source`.
+beta), named as such in its `source`. A ladder's tuned groups get their method runs' statistics (the
+jump predictor's accepted jumps, which mark an arm "not exercised") the same way, where ladder.json
+kept none.
 """
 
 from __future__ import annotations
@@ -100,15 +102,40 @@ def _family_eval(preset: str, family_name: str) -> dict[str, Any] | None:
   return figures.eval_errors(r["budget_runs"], seeds, r["budgets"], r["steps"])
 
 
+def _family_method_stats(preset: str, group: dict[str, Any]) -> None:
+  """Gives each method run of a tuned ladder group that kept no method statistics (a ladder published
+  before ladder.json kept them) those of the same run in its family's published benchmark.json (the
+  very run: the same seed, key and final losses, as tests/bench/studies/test_ladder.py checks), e.g.
+  the jump predictor's accepted jumps, which say whether an arm was exercised."""
+  path = os.path.join(RESULTS, f"{preset}-{group['family']}", "benchmark.json")
+  if not os.path.exists(path):
+    return
+  stored = _load(path)["method_runs"]
+  for m, runs in group["method_runs"].items():
+    for s, run in runs.items():
+      same = stored.get(m, {}).get(s)
+      if "method_stats" in run or same is None or not same.get("method_stats"):
+        continue
+      if (same["final_raw"], same["final_averaged"], same.get("key")) != (
+        run["final_raw"],
+        run["final_averaged"],
+        run.get("key"),
+      ):
+        raise SystemExit(f"{preset} ladder: {m} seed {s} is not the run {path} holds")
+      run.update({k: same[k] for k in same["method_stats"]}, method_stats=list(same["method_stats"]))
+
+
 def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
-  """A ladder re-read: each tuned group given its eval errors (from its family's stored runs) where it
-  has none, every rung recomputed."""
+  """A ladder re-read: each tuned group given its eval errors and its method runs' statistics (from its
+  family's stored runs) where it has none, every rung recomputed."""
   result = json.loads(json.dumps(result))
   for name, group in result["groups"].items():
     if name in ladder_rungs.TUNED_GROUPS and group.get("eval") is None:
       errors = _family_eval(result["preset"], group["family"])
       if errors is not None:
         group["eval"] = errors
+    if name in ladder_rungs.TUNED_GROUPS:
+      _family_method_stats(result["preset"], group)
   config = record.stored_config(result)  # an old record's flat study fields too
   ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
   result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"])

@@ -71,6 +71,9 @@ def table(headlines: dict[str, dict]) -> str:
     f = h["final_loss"]
     gap = h.get("final_loss_gap", {}).get("vs_averaged_baseline")
     verdict = h.get("paired_difference", {}).get("vs_averaged_baseline")
+    exercise = h.get("exercise")
+    if exercise and not exercise["exercised"]:  # `figures.exercise`: too few jumps to test anything
+      verdict += f"; not exercised ({exercise['jumps_per_run']:.1f} jumps per run)"
     rows.append(
       f"| [{name}]({name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
       f"{h['averaging_beta']} | {_pm(f['baseline'])} | {_pm(f['averaged_baseline'])} | {_pm(f.get('method'))} | "

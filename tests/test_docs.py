@@ -249,7 +249,7 @@ def test_the_readmes_r6_figures_are_the_published_ones():
 
 def test_the_readmes_tiny_r6_figures_are_the_published_ones():
   """The `tiny` R6 figures the README's prose quotes (the best arm's pass ratio, that the jumps never
-  fired, selective backprop's loss gap and pass ratio) are those of docs/results/ladder/ladder-tiny.json."""
+  jumped, selective backprop's loss gap and pass ratio) are those of docs/results/ladder/ladder-tiny.json."""
   with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-tiny.json")) as f:
     result = json.load(f)
   arms = result["rungs"]["R6"]["figures"]
@@ -261,12 +261,18 @@ def test_the_readmes_tiny_r6_figures_are_the_published_ones():
     f"Nor at `tiny`: the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} (the velocity predictor"
     in readme
   )
-  # "The jumps left no mark": each jump arm's losses are its control's, seed for seed.
+  # "The jumps never jumped": no run of a jump arm accepted a jump (so each is marked not exercised),
+  # and each jump arm's losses are its control's, seed for seed.
   runs = result["groups"]["speedrun"]["method_runs"]
   losses = {m: {s: (r["final_raw"], r["final_averaged"]) for s, r in per.items()} for m, per in runs.items()}
   for jump in ("jump", "jump_forecast", "jump_outer"):
     assert losses[jump] == losses[arms[jump]["control"]], jump
-  assert "the jumps left no mark (their losses are their controls')" in readme
+    assert [r["jumps"] for r in runs[jump].values()] == [0, 0, 0], jump
+    assert arms[jump]["exercise"] == {"jumps_per_run": 0.0, "minimum": 3, "exercised": False}, jump
+  assert (
+    "the jumps never jumped (0 accepted per run: not exercised, the comparison tested nothing; their losses are "
+    "their controls')" in readme
+  )
   sel = arms["selective"]
   assert sel["vs_baseline_at_n"]["verdict"] == "lower" and sel["final_loss_gap"]["mean"] < 0
   assert f"selective backprop again ends lower at N ({-100 * sel['final_loss_gap']['mean']:.2f}%)" in readme

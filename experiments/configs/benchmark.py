@@ -35,6 +35,41 @@ PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")
 
 
+# The jump schedule as chosen at `long` (N = LONG_STEPS; `_long`): candidate horizons k, real steps
+# between attempts, and the RSSM forecaster's real steps between snapshots (the forecast arms').
+LONG_STEPS = 3000
+LONG_JUMP_HORIZONS = (50, 100, 200)
+LONG_JUMP_EVERY = 100
+LONG_FORECAST_EVERY = 50
+
+
+def scaled_steps(steps: int, n: int) -> int:
+  """`steps` (a count of real or schedule steps chosen at N = LONG_STEPS) in proportion to a run of
+  `n` steps: rounded, at least 1."""
+  return max(1, round(steps * n / LONG_STEPS))
+
+
+def scale_jump_schedule(c: ml_collections.ConfigDict) -> None:
+  """Sets `hybrid.jump.horizons`, `hybrid.jump.every` and `hybrid.jump.forecaster.every` to long's
+  values in proportion to the run's N (`trainer.steps`): at long, long's values unchanged.
+
+  Why: the jump arms attempt a jump every `every` real steps between `start_fraction` and
+  `stop_fraction` of the run, and only where the longest horizon still ends inside that window. At
+  long's absolute settings a run of N = 600 (`tiny`) has room for about one attempt, so its jump arms
+  barely jump and their comparison tests nothing; scaled, every preset's arms attempt about as many
+  jumps per run as long's (about 15), each the same fraction of the schedule. The horizons stay
+  distinct (a collision after rounding takes the next integer up).
+  """
+  n = int(c.trainer.steps)
+  if n == LONG_STEPS:
+    return  # long's own values, exactly (its published runs keep their keys)
+  horizons: list[int] = []
+  for k in LONG_JUMP_HORIZONS:
+    horizons.append(max(scaled_steps(k, n), horizons[-1] + 1 if horizons else 1))
+  c.hybrid.jump.update(horizons=tuple(horizons), every=scaled_steps(LONG_JUMP_EVERY, n))
+  c.hybrid.jump.forecaster.every = scaled_steps(LONG_FORECAST_EVERY, n)
+
+
 def _long(c: ml_collections.ConfigDict) -> None:
   """2 layers, d_model 64, context 64, batch 12 (0.12M params; ~18 ms a step in each of two
   single-thread workers on 2 cores).
@@ -55,7 +90,8 @@ def _long(c: ml_collections.ConfigDict) -> None:
   # `hybrid.jump.slow_lag_ratio`), k in {50, 100, 200} every 100 real steps,
   # between 5% and 60% of the run, accepted on any probe gain (trend_credit 0: with 0.5 or 1 no
   # jump is ever accepted and the run is the averaged baseline).
-  c.hybrid.jump.update(horizons=(50, 100, 200), every=100, trend_credit=0.0)
+  c.hybrid.jump.update(horizons=LONG_JUMP_HORIZONS, every=LONG_JUMP_EVERY, trend_credit=0.0)
+  c.hybrid.jump.forecaster.every = LONG_FORECAST_EVERY
 
 
 def _deep(c: ml_collections.ConfigDict) -> None:
@@ -91,6 +127,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     _long(c)
   if preset == "deep":
     _deep(c)
+  if preset != "quick":  # quick sets its own jump schedule below
+    scale_jump_schedule(c)
   c.mode = "benchmark"  # informational: each run sets its own mode
   c.trainer.progress = False
   c.trainer.checkpoint_every = 0  # method runs save only at the end

@@ -47,6 +47,21 @@ def above_note(verdict: dict[str, Any] | None) -> str:
   return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
 
 
+def exercise_mark(figures: dict[str, Any]) -> str:
+  """'not exercised (x.x jumps per run)' for an arm whose figures' `exercise` (`figures.exercise`) says
+  it took fewer jumps per run than the minimum; '' for any other arm (one that does not jump included)."""
+  e = figures.get("exercise")
+  if not e or e["exercised"]:
+    return ""
+  return f"not exercised ({e['jumps_per_run']:.1f} jumps per run)"
+
+
+def with_exercise(cell: str, figures: dict[str, Any]) -> str:
+  """`cell` (an arm's verdict cell) followed by its 'not exercised' mark, if it has one."""
+  mark = exercise_mark(figures)
+  return f"{cell}; {mark}" if mark else cell
+
+
 def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
   if pair is None or pair[0] is None:
     return "n/a"
@@ -76,11 +91,21 @@ def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
   return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def pays_clause(verdict: dict[str, Any], ratio: dict[str, Any], against: str, cost: str = "its passes") -> str:
+def pays_clause(
+  verdict: dict[str, Any],
+  ratio: dict[str, Any],
+  against: str,
+  cost: str = "its passes",
+  figures: dict[str, Any] | None = None,
+) -> str:
   """'**pays**' / '**does not pay**' / '**no difference**' with the ratio it reads, the loss difference
   it was judged on (`protocol.cost_verdict`) and the seeds where the anchor's N-step loss lies above its
-  envelope."""
+  envelope; first, for an arm whose `figures` mark it not exercised (`exercise_mark`), that its
+  comparison tested nothing."""
   parts = [f"{'pass ratio' if cost == 'its passes' else 'speed-up'} {ratio_cell(ratio)}{against}"]
+  mark = exercise_mark(figures or {})
+  if mark:
+    parts.insert(0, f"{mark}: the comparison tested nothing of its jumps")
   if verdict.get("paired"):
     parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve")
   else:

@@ -16,6 +16,22 @@ from hybridjax.bench import protocol
 
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
+# An arm whose headline runs took fewer accepted jumps than this per run (their mean) is "not
+# exercised": with one or two jumps in a run of thousands of steps its loss is its control's up to
+# noise, so a "no difference" it reads says nothing about jumping. Judged on the runs' `jumps` stat
+# (the jump predictor's `method_summary`); an arm with none is not judged.
+MIN_JUMPS_PER_RUN = 3
+
+
+def exercise(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+  """Whether an arm was exercised, from its headline runs' accepted `jumps`: {'jumps_per_run': the
+  mean over the runs that record it, 'minimum': MIN_JUMPS_PER_RUN, 'exercised': mean >= minimum};
+  None where no run records jumps (an arm that does not jump is not judged)."""
+  jumps = [r["jumps"] for r in runs if r.get("jumps") is not None]
+  if not jumps:
+    return None
+  per_run = float(statistics.fmean(jumps))
+  return {"jumps_per_run": per_run, "minimum": MIN_JUMPS_PER_RUN, "exercised": per_run >= MIN_JUMPS_PER_RUN}
 
 
 def method_figures(
@@ -85,6 +101,9 @@ def method_figures(
     out[k] = protocol.mean_std(values) if values else None
   if stats:
     out["method_stats"] = list(stats)
+  exercised = exercise([runs[s] for s in seeds])
+  if exercised is not None:
+    out["exercise"] = exercised
   return out
 
 
@@ -266,6 +285,8 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
     h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}
     if "vs_skip_control" in f:
       h["vs_skip_control"] = f["vs_skip_control"]
+    if "exercise" in f:  # a jump arm: whether it jumped enough for its comparison to test anything
+      h["exercise"] = f["exercise"]
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h

@@ -540,3 +540,32 @@ def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
   again = ladder_figs.rung_figures(c, stored["groups"], ms, int(c.trainer.steps))
   assert json.loads(json.dumps(again)) == stored["rungs"]
+
+
+def test_the_jump_schedule_scales_with_the_runs_length():
+  """long's jump schedule (chosen at N = 3000) as it is; tiny's (N = 600) and deep's (N = 1500) in
+  proportion, so that their jump arms attempt about as many jumps per run as long's; quick keeps its own."""
+  expected = {
+    "long": ((50, 100, 200), 100, 50),
+    "tiny": ((10, 20, 40), 20, 10),
+    "deep": ((25, 50, 100), 50, 25),
+    "124m": ((83, 167, 333), 167, 83),
+    "quick": ((2, 4, 8), 6, 50),
+  }
+  for preset, (horizons, every, forecast_every) in expected.items():
+    for arg in (preset, f"{preset},muon"):
+      c = benchmark_cfg.get_config(arg)
+      j = c.hybrid.jump
+      assert (tuple(j.horizons), j.every, j.forecaster.every) == (horizons, every, forecast_every), arg
+      # Every jump arm's run spec trains with it (no arm overrides the schedule).
+      lr, beta = 1e-3, float(c.benchmark.betas[0])
+      for spec in tuning.method_specs(c, ["jump", "skip_control", "jump_forecast"], lr, beta)[
+        :: len(c.benchmark.seeds)
+      ]:
+        sj = spec["config"]["hybrid"]["jump"]
+        assert (tuple(sj["horizons"]), sj["every"], sj["forecaster"]["every"]) == (horizons, every, forecast_every)
+  # Horizons stay distinct where rounding would merge them.
+  c = benchmark_cfg.get_config("tiny")
+  c.trainer.steps = 10
+  benchmark_cfg.scale_jump_schedule(c)
+  assert tuple(c.hybrid.jump.horizons) == (1, 2, 3) and c.hybrid.jump.every == 1 and c.hybrid.jump.forecaster.every == 1

@@ -172,3 +172,39 @@ def test_every_published_study_ends_with_a_verdict_per_arm():
         with open(os.path.join(results, kind, name)) as f:
           verdicts = f.read().split("## Verdicts", 1)[1]
         assert verdicts.count("\n* ") >= 3, name
+
+
+def test_a_jump_arm_with_fewer_than_3_jumps_per_run_reads_not_exercised():
+  """The mean of the headline runs' accepted jumps: 2 per run marks the arm "not exercised" in its table
+  cells and its verdict line (the comparison tested nothing of its jumps); 3 per run (2 and 4) does not;
+  an arm whose runs record no jumps is not judged."""
+  assert figures.MIN_JUMPS_PER_RUN == 3
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+
+  def arm(jumps: list[int] | None) -> dict:
+    runs = _equal_control()
+    if jumps is not None:
+      for r, k in zip(runs.values(), jumps):
+        r.update(jumps=k, method_stats=["jumps"])
+    return figures.method_figures(curves, runs, None, BUDGETS, eval_se=0.0418)
+
+  few, enough, none = arm([2, 2]), arm([2, 4]), arm(None)
+  assert few["exercise"] == {"jumps_per_run": 2.0, "minimum": 3, "exercised": False}
+  assert enough["exercise"] == {"jumps_per_run": 3.0, "minimum": 3, "exercised": True}
+  assert "exercise" not in none
+  assert cells.exercise_mark(few) == "not exercised (2.0 jumps per run)"
+  assert cells.exercise_mark(enough) == cells.exercise_mark(none) == ""
+  result = {"figures": {"few": few, "enough": enough, "none": none}}
+  lines = family_report.family_verdicts(result)[2:]
+  assert lines[0].startswith(
+    "* `few`: **no difference** (not exercised (2.0 jumps per run): the comparison tested nothing of its jumps; "
+    "pass ratio"
+  )
+  for line in lines[1:]:
+    assert "exercised" not in line and "tested nothing" not in line
+  # The verdict cells of the family table carry the mark; the headline (a jump arm first) too.
+  assert cells.with_exercise("+0.00% (no difference)", few) == (
+    "+0.00% (no difference); not exercised (2.0 jumps per run)"
+  )
+  assert cells.with_exercise("+0.00% (no difference)", enough) == "+0.00% (no difference)"
+  assert figures.exercise([{"jumps": None}, {"final_loss": 1.0}]) is None

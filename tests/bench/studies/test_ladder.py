@@ -431,3 +431,37 @@ def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_
   ladder_run.write(later, {"families": {}}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
   with open(folder / "ladder-long.json") as f:
     assert json.load(f)["rung_names"] == ["R6"]
+
+
+def test_a_ladder_arm_with_fewer_than_3_jumps_per_run_reads_not_exercised():
+  """ladder.json keeps each method run's own statistics (the accepted jumps); an arm at a rung whose runs
+  took fewer than 3 jumps per run is marked in the headline cell, the rung's table and the verdict line;
+  the published tiny ladder's R6 jump arms (no jump in any run at N = 600) read so."""
+  run = {
+    "method": "jump",
+    "seed": 1,
+    "lr": 1e-3,
+    "steps": 10,
+    "final_raw": 2.0,
+    "final_averaged": {"0.99": 2.0},
+    "backward_passes": 10,
+    "validation_forwards": 4,
+    "step_kinds": {"real_step": 10},
+    "curve": [],
+    "jumps": 2,
+    "jump_steps": 100,
+    "method_stats": ["jumps", "jump_steps"],
+  }
+  kept = ladder_run.method_record(run)
+  assert kept["jumps"] == 2 and kept["jump_steps"] == 100 and kept["method_stats"] == ["jumps", "jump_steps"]
+  assert "jumps" not in ladder_run.method_record({k: v for k, v in run.items() if k not in ("jumps", "method_stats")})
+  (tiny,) = [r for r in _published().values() if r["preset"] == "tiny"]
+  r6 = tiny["rungs"]["R6"]
+  for arm in ("jump", "jump_forecast", "jump_outer"):
+    f = r6["figures"][arm]
+    assert f["exercise"]["exercised"] is False and f["exercise"]["jumps_per_run"] < figures.MIN_JUMPS_PER_RUN
+    assert ladder_report.ladder_headline_cell(r6, f).endswith(f"; {cells.exercise_mark(f)}")
+  assert "exercise" not in r6["figures"]["outer_momentum"]
+  verdicts = "\n".join(ladder_report.ladder_verdicts(tiny))
+  assert "* `jump`: R6 **no difference** (not exercised (0.0 jumps per run): the comparison tested nothing" in verdicts
+  assert "| jump, not exercised (0.0 jumps per run) |" in ladder_report.ladder_markdown(tiny)

@@ -10,7 +10,16 @@ from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench import protocol
-from hybridjax.bench.cells import eval_note, paired_cell, pays_clause, pm, ratio_cell, se_cell, verdict_rule
+from hybridjax.bench.cells import (
+  eval_note,
+  paired_cell,
+  pays_clause,
+  pm,
+  ratio_cell,
+  se_cell,
+  verdict_rule,
+  with_exercise,
+)
 from hybridjax.bench.figures import ANCHORS
 
 
@@ -108,10 +117,11 @@ def markdown(result: dict[str, Any]) -> str:
     for an in ANCHORS:
       row(
         f"final loss − {an} at N",
-        lambda f, m, an=an: (
+        lambda f, m, an=an: with_exercise(
           f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({f[an]['paired_difference']['verdict']})"
           if f[an]["paired_difference"]
-          else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%"
+          else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%",
+          f,
         ),
       )
     row("final loss (its model: averaged)", lambda f, m: pm(f["final_loss"]))
@@ -123,7 +133,10 @@ def markdown(result: dict[str, Any]) -> str:
     for k in stats:
       row(k.replace("_", " "), lambda f, m, k=k: pm(f.get(k), 4) if f.get(k) else "")
     if any("vs_skip_control" in f for f in result["figures"].values()):
-      row("final loss − control arm (paired)", lambda f, m: paired_cell(f.get("vs_skip_control")))
+      row(
+        "final loss − control arm (paired)",
+        lambda f, m: with_exercise(paired_cell(f.get("vs_skip_control")), f) if "vs_skip_control" in f else "—",
+      )
     ms = result["timing"]["ms_per_step"]
     row("median ms per step by kind", lambda f, m: ", ".join(f"{k} {v:.1f}" for k, v in sorted(ms[m].items())))
     lines.append("")
@@ -148,7 +161,7 @@ def family_verdicts(result: dict[str, Any]) -> list[str]:
     a = f["averaged_baseline"]
     if not a.get("verdict"):
       continue
-    line = f"* `{m}`: {pays_clause(a['verdict'], a['pass_ratio'], ' against the averaged anchor')}"
+    line = f"* `{m}`: {pays_clause(a['verdict'], a['pass_ratio'], ' against the averaged anchor', figures=f)}"
     control = f.get("vs_skip_control")
     if control:
       line += f"; vs its control{' ' + control['control'] if control.get('control') else ''}: {paired_cell(control)}"

@@ -98,6 +98,9 @@ def arm_figures(
     control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
     out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se)
     out["control"] = control
+  exercised = figures.exercise([runs[s] for s in seeds])
+  if exercised is not None:  # fewer than figures.MIN_JUMPS_PER_RUN jumps a run: the comparison tested nothing
+    out["exercise"] = exercised
   if rung.name == "R0":
     out["equal_steps"] = equal_steps(
       group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se

@@ -11,6 +11,7 @@ from hybridjax.bench.cells import (
   compute_clause,
   eval_clause,
   eval_note,
+  exercise_mark,
   mean_cell,
   paired_cell,
   pays_clause,
@@ -18,6 +19,7 @@ from hybridjax.bench.cells import (
   ratio_cell,
   verdict_cell,
   verdict_rule,
+  with_exercise,
 )
 
 
@@ -35,7 +37,7 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
   s = f["pass_ratio"]
   cell = "not reached" if s["mean"] is None else ratio_cell(s, f.get("verdict"))
   against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
-  return f"{cell}; vs {against[0]}: {verdict_cell(against[1])}"
+  return with_exercise(f"{cell}; vs {against[0]}: {verdict_cell(against[1])}", f)
 
 
 def ladder_table(results: Sequence[dict[str, Any]]) -> str:
@@ -112,9 +114,10 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       "|---|---|---|---|---|---|---|---|",
     ]
     for m, f in list(rung["figures"].items()) + list(rung["controls"].items()):
-      v = f.get("verdict")
+      v, mark = f.get("verdict"), exercise_mark(f)
+      arm = f"{m}, {mark}" if mark else m
       lines.append(
-        f"| {m} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
+        f"| {arm} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
         f"{ratio_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
         f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | "
         f"{_losses(f['seeds'], f['loss'], flagged)} |"
@@ -187,7 +190,7 @@ def ladder_verdicts(result: dict[str, Any]) -> list[str]:
       f = result["rungs"][r]["figures"].get(m)
       if f is None or not f.get("verdict"):
         continue
-      part = f"{r} {pays_clause(f['verdict'], f['pass_ratio'], '')}"
+      part = f"{r} {pays_clause(f['verdict'], f['pass_ratio'], '', figures=f)}"
       if f.get("vs_control"):
         part += f", vs its control: {paired_cell(f['vs_control'])}"
       parts.append(part)

@@ -63,9 +63,16 @@ def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[st
 
 
 def method_record(r: dict[str, Any]) -> dict[str, Any]:
-  """What ladder.json keeps of a method run: enough to recompute every figure."""
+  """What ladder.json keeps of a method run: enough to recompute every figure, with the method's own
+  summary figures (e.g. the jump predictor's accepted jumps, which say whether the arm was exercised)."""
   keep = ("method", "seed", "lr", "steps", "final_raw", "final_averaged", "backward_passes", "validation_forwards")
-  return {k: r[k] for k in keep} | {"step_kinds": r["step_kinds"], "curve": r["curve"], "key": r.get("key")}
+  stats = list(r.get("method_stats", []))
+  return (
+    {k: r[k] for k in keep}
+    | {"step_kinds": r["step_kinds"], "curve": r["curve"], "key": r.get("key")}
+    | {k: r[k] for k in stats if k in r}
+    | ({"method_stats": stats} if stats else {})
+  )
 
 
 def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> dict[str, Any]:
