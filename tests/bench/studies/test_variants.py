@@ -152,3 +152,23 @@ def test_leave_one_out_tunes_each_side_and_states_what_goes_with_a_trick(tmp_pat
     assert p["seeds"] == (["1", "2", "4"] if name in close else ["1", "2"])
   md = report.markdown(result)
   assert "Where one trick needs another:" in md and f"Seeds [4] were added to both sides of {', '.join(close)}" in md
+
+
+def test_recipe_md_quotes_each_fix_as_measured():
+  """docs/recipe.md's table of the fixes: each row's difference and verdict as the record has them."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "variants-fixes-long.json")) as f:
+    result = json.load(f)
+  with open(os.path.join(ROOT, "docs", "recipe.md")) as f:
+    text = f.read()
+  table = text.split("<!-- fixes-table:start -->")[1].split("<!-- fixes-table:end -->")[0]
+  rows = [line for line in table.strip().splitlines()[2:]]
+  assert len(rows) == len(result["pairs"])
+  for row, p in zip(rows, result["pairs"]):
+    d = p["difference"]
+    assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} | {d['verdict']} |" in row, (p["name"], row)
+    assert f"(`{p['row']}`)" in row
+  assert f"resolves about {result['resolution']:.4f}" in text
+  relu2 = {p["name"]: p["difference"]["mean"] for p in result["pairs"]}
+  assert f"{relu2['relu2_gpt2_init']:+.4f} under GPT-2's" in text and f"{relu2['relu2']:+.4f} under the records'" in text
+  assert result["code_version"]["anchor"] in text
+  assert f"{result['runs_trained']} runs, {result['wall_s'] / 3600:.1f} h on 2 cores" in text
