@@ -172,3 +172,7 @@ def test_recipe_md_quotes_each_fix_as_measured():
   assert f"{relu2['relu2_gpt2_init']:+.4f} under GPT-2's" in text and f"{relu2['relu2']:+.4f} under the records'" in text
   assert result["code_version"]["anchor"] in text
   assert f"{result['runs_trained']} runs, {result['wall_s'] / 3600:.1f} h on 2 cores" in text
+  pays = [p["name"] for p in result["pairs"] if p["difference"]["verdict"] == "lower"]
+  assert pays == ["momentum_warmup", "attn_scale"]  # as recipe.md and the README name them
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert "(Muon's momentum warm-up and the attention scale pay;" in f.read()
