@@ -250,6 +250,8 @@ _COST = {
   "test_byo.py": 15,
   "test_diagnostics.py": 9,
   "test_selective_backprop.py": 8,
+  "test_variants.py": 8,
+  "test_knobs.py": 6,
   "test_cli.py": 8,
   "test_nonfinite_prediction.py": 8,
   "test_jump.py": 7,
