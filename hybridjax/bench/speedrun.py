@@ -252,10 +252,18 @@ def recipe_record(preset: str, path: str, field: str) -> tuple[str, dict[str, An
   return (os.path.relpath(os.path.abspath(path), root) if inside else path), result
 
 
-def tuned_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def tuned_rows(result: dict[str, Any], field: str) -> dict[str, dict[str, Any]]:
   """{row: {lr, beta, iterate, from}} for every row of today's recipe, from a recipe record: its step
-  of the same name, else the step at the same place in its trick list, else its last."""
+  of the same name, else the step at the same place in its trick list, else (a row past its list's
+  end, such as `attn_scale` in the first list's records) its last step. A record of part of the
+  recipe is refused naming `field`, the config field that gives another."""
   steps, listed = result["step_runs"], list(trick_list(result))
+  missing = [t for t in listed if t not in steps]
+  if missing:
+    raise ValueError(
+      f"the recipe record holds no step {missing} of its trick list (it ran {sorted(steps)}): give the record "
+      f"of a whole recipe with --config.{field}"
+    )
   out = {}
   for k, row in enumerate(TRICKS):
     source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])

@@ -12,7 +12,7 @@ import os
 import statistics
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import protocol, speedrun, study, tuning
@@ -57,6 +57,15 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
     study.validate(_config(tmp_path, set="nope"))
   with pytest.raises(ValueError, match=r"--config.benchmark.variants.lrs_from=.* does not exist"):
     study.validate(_config(tmp_path, lrs_from=str(tmp_path / "missing.json")))
+  c = _config(tmp_path)
+  c.model.relu2 = False
+  c.benchmark.recipe.keep = "model.relu2"  # as the command line's --config.model.relu2=False does
+  with pytest.raises(ValueError, match=r"pair 'relu2': its two sides are the same config, so it would read"):
+    study.validate(c)
+  partial = tmp_path / "partial.json"
+  partial.write_text(json.dumps({"trick_list": 2, "step_runs": {"schedule": {"lr": 1, "beta": 1, "iterate": "raw"}}}))
+  with pytest.raises(ValueError, match=r"holds no step .* give the record of a whole recipe with --config.benchmark"):
+    study.validate(_config(tmp_path, lrs_from=str(partial)))
   c = _config(tmp_path)
   c.model.n_layer = 1
   with pytest.raises(ValueError, match=r"(?s)pair 'value_residual', after is not a valid run: .*model.value_residual"):
@@ -103,7 +112,7 @@ def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_pa
   _, rows = run.row_settings(c)
   assert {s["config"]["optim"]["learning_rate"] for s in runner.specs} == {rows[p.row]["lr"] for p in pairs}
   for p in written["pairs"]:
-    assert p["settings"]["after"] == {k: rows[p["row"]][k] for k in ("lr", "beta", "iterate")}
+    assert p["settings"]["after"] == rows[p["row"]]
     sides = {k: {"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")}
     again = run.pair_figures(sides["before"], sides["after"])
     assert again["difference"] == p["difference"] and again["before"] == p["before"]
@@ -111,9 +120,21 @@ def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_pa
   assert result["invocations"][0]["runs_trained"] == runner.ran
 
 
+def test_the_published_fixes_are_the_record_as_written_reshaped():
+  """The record the study's first reader wrote, reshaped by scripts/reshape_variants.py: the
+  published one, every run's numbers kept."""
+  folder = os.path.join(ROOT, "docs", "results", "recipe")
+  with open(os.path.join(folder, "variants-fixes-long.as-written.json")) as f:
+    written = json.load(f)
+  with open(os.path.join(folder, "variants-fixes-long.json")) as f:
+    assert load_script("reshape_variants").reshape(written) == json.load(f)
+
+
 def test_published_variants_recompute_from_their_runs():
   """Every published variants record: each pair's figures from its runs, and its markdown."""
-  paths = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "variants-*.json")))
+  paths = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "variants-*-*.json")))
+  paths = [p for p in paths if not p.endswith(".as-written.json")]
+  assert paths
   for path in paths:
     with open(path) as f:
       result = json.load(f)
@@ -169,7 +190,9 @@ def test_recipe_md_quotes_each_fix_as_measured():
     assert f"(`{p['row']}`)" in row
   assert f"resolves about {result['resolution']:.4f}" in text
   relu2 = {p["name"]: p["difference"]["mean"] for p in result["pairs"]}
-  assert f"{relu2['relu2_gpt2_init']:+.4f} under GPT-2's" in text and f"{relu2['relu2']:+.4f} under the records'" in text
+  assert (
+    f"{relu2['relu2_gpt2_init']:+.4f} under GPT-2's" in text and f"{relu2['relu2']:+.4f} under the records'" in text
+  )
   assert result["code_version"]["anchor"] in text
   assert f"{result['runs_trained']} runs, {result['wall_s'] / 3600:.1f} h on 2 cores" in text
   pays = [p["name"] for p in result["pairs"] if p["difference"]["verdict"] == "lower"]

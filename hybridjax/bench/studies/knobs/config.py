@@ -28,7 +28,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   its Muon row, `recipe` all of it, each at the LR, beta and iterate the record tuned for it."""
   b = config.benchmark
   shown, result = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
-  rows, names = tuned_rows(result), list(TRICKS)
+  rows, names = tuned_rows(result, "benchmark.knobs.lrs_from"), list(TRICKS)
   out = {}
   for side in sides_of(config):
     if side == "anchor":

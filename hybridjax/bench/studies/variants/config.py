@@ -7,7 +7,7 @@ import os
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax.bench.speedrun import TRICKS, apply_tricks
+from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
 
 
@@ -21,10 +21,12 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
 
 
 def set_of(config: ml_collections.ConfigDict) -> VariantSet:
+  """The set `benchmark.variants.set` names."""
   return SETS[str(config.benchmark.variants.set)]
 
 
 def pairs_of(config: ml_collections.ConfigDict) -> tuple[Pair, ...]:
+  """The pairs of that set, in its order."""
   return set_of(config).pairs
 
 
@@ -53,12 +55,21 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     raise ValueError(
       f"--config.benchmark.variants.lr_points={v.lr_points}: give at least 2 (a sweep of one LR tunes nothing)"
     )
+  _, record = recipe_record(str(config.benchmark.preset), str(v.lrs_from), "benchmark.variants.lrs_from")
+  tuned_rows(record, "benchmark.variants.lrs_from")  # a record that cannot give every row its LR fails here
   fields = set(config_lib.flatten(config))
   out = {}
   for pair in pairs_of(config):
     unknown = [f for f in {**pair.before, **pair.after} if f not in fields]
     if pair.row not in TRICKS or unknown or any(t not in TRICKS for t in pair.drop):
       raise ValueError(f"variant pair {pair.name!r}: row {pair.row!r} or fields {unknown} are not the recipe's")
-    for side in ("before", "after"):
-      out[f"pair {pair.name!r}, {side}"] = side_config(config, pair, side)
+    before, after = (side_config(config, pair, side) for side in ("before", "after"))
+    if before.to_dict() == after.to_dict():
+      raise ValueError(
+        f"variant pair {pair.name!r}: its two sides are the same config, so it would read 'no difference' "
+        f"having compared nothing (a field the command line set is kept over the tricks and the pair: "
+        f"--config.benchmark.recipe.keep={config.benchmark.recipe.keep!r}): leave out the override of "
+        f"{sorted({**pair.before, **pair.after})}, or run the pair without it"
+      )
+    out[f"pair {pair.name!r}, before"], out[f"pair {pair.name!r}, after"] = before, after
   return out

@@ -23,7 +23,8 @@ def markdown(result: dict[str, Any]) -> str:
   else:
     how = (
       f"Both sides run N = {n} steps on the headline seeds {seeds} at the LR, averaging beta and iterate the "
-      f"recipe tuned for the pair's row ({result['lrs_from']}; a row it did not have takes the step at its place)."
+      f"recipe tuned for the pair's row ({result['lrs_from']}; a row it did not have takes the step at its place, "
+      "or its last step past its list's end)."
     )
   lines = [
     f"# Recipe variants `{result['set']}` at `{result['preset']}`",

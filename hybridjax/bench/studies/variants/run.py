@@ -31,7 +31,7 @@ def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict
   record `benchmark.variants.lrs_from` names ('': the published one)."""
   b = config.benchmark
   shown, result = recipe_record(str(b.preset), str(b.variants.lrs_from), "benchmark.variants.lrs_from")
-  return shown, tuned_rows(result)
+  return shown, tuned_rows(result, "benchmark.variants.lrs_from")
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -41,8 +41,10 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
 
 
 def _side_key(config: ml_collections.ConfigDict, pair: Pair, side: str) -> str:
+  """What makes a side: its row, the tricks it drops, its fields and the row its LR comes from."""
   drop = pair.drop if side == "before" else ()
-  return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items())])
+  lr_row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
+  return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items()), lr_row])
 
 
 def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
@@ -70,7 +72,7 @@ def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   for k, (key, (_, row)) in enumerate(sides.items()):
     runs = results[k * len(seeds) : (k + 1) * len(seeds)]
     out[key] = {
-      "settings": {x: row[x] for x in ("lr", "beta", "iterate")},
+      "settings": {x: row[x] for x in ("lr", "beta", "iterate", "from")},
       "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in runs},
     }
   return out
@@ -122,10 +124,12 @@ def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
 
 def pair_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
   """One pair's losses on the seeds both sides ran and its paired difference (after - before),
-  judged with the eval set's paired per-batch standard error (mean over the seeds) besides the
-  seeds'. Pure: the tests recompute it from the record."""
+  judged with the eval set's paired per-batch standard error (mean over the seeds; the runs keep
+  the averaged iterate's per-batch losses only, so a side read raw leaves the seeds' spread to judge
+  alone) besides the seeds'. Pure: the tests recompute it from the record."""
   seeds = sorted(set(before["runs"]) & set(after["runs"]), key=int)
-  ses = [tuning.paired_batch_se_of(after["runs"][s], before["runs"][s]) for s in seeds]
+  averaged = all(side["settings"]["iterate"] == "averaged" for side in (before, after))
+  ses = [tuning.paired_batch_se_of(after["runs"][s], before["runs"][s]) for s in seeds] if averaged else [None]
   eval_se = sum(ses) / len(ses) if ses and None not in ses else None
   loss_b, loss_a = _losses(before, seeds), _losses(after, seeds)
   return {

@@ -39,6 +39,8 @@ class Pair:
 
 @dataclasses.dataclass(frozen=True)
 class VariantSet:
+  """A named list of pairs, and how its sides get their LRs."""
+
   pairs: tuple[Pair, ...]
   tuned: bool  # each side its own LR sweep (else the row's tuned LR)
 
