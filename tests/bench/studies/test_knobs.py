@@ -72,7 +72,8 @@ def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path,
   wsd = anchor["sweeps"][-1]
   assert set(wsd["values"]) == {run.AS_IS, "0.2", "0.4"}  # cosine as it is, and wsd at each cool-down
   for s in sides.values():
-    again = run.side_figures(s["runs"]["published"], s["runs"]["tuned"], s["published_settings"]["iterate"])
+    read = run.read_of(s["published_settings"], s["tuned_read"])
+    again = run.side_figures(s["runs"]["published"], s["runs"]["tuned"], read)
     assert again["difference"] == s["difference"] and again["tuned"] == s["tuned"]
     assert s["difference"]["mean"] < 0  # the stub rewards what the search keeps
   written = json.loads((tmp_path / "work" / "knobs-quick.json").read_text())
@@ -83,6 +84,14 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
   c = _config(tmp_path)
   c.benchmark.knobs.sides = "anchor,adam"
   with pytest.raises(ValueError, match=r"--config.benchmark.knobs.sides='anchor,adam': give sides from"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.optim.schedule = "wsd"
+  with pytest.raises(ValueError, match=r"the knobs study's anchor is R4 \(AdamW, cosine\)"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.optim.b1 = 0.8
+  with pytest.raises(ValueError, match=r"side 'anchor': knob b1=0.8 is the side's own setting"):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.knobs.lrs_from = str(tmp_path / "none.json")

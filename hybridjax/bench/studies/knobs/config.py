@@ -53,11 +53,21 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
   if int(k.lr_points) < 2:
     raise ValueError(f"--config.benchmark.knobs.lr_points={k.lr_points}: give at least 2")
+  if "anchor" in sides_of(config) and (config.optim.name != "adamw" or config.optim.schedule != "cosine"):
+    raise ValueError(
+      f"the knobs study's anchor is R4 (AdamW, cosine), but this config trains {config.optim.name!r} with "
+      f"{config.optim.schedule!r}: run it on the preset's AdamW-cosine family (no ,muon or ,wsd variant)"
+    )
   out = {}
   for side, (c, _) in side_configs(config)[1].items():
     for knob in SIDES[side]:
       for value in knob.values_at(int(config.trainer.steps)):
         tried = ml_collections.ConfigDict(c.to_dict())
         tried.update_from_flattened_dict(knob.changes(value))
+        if tried.to_dict() == c.to_dict():
+          raise ValueError(
+            f"side {side!r}: knob {knob.name}={value!r} is the side's own setting, so trying it would spend "
+            "none of the tuning budget the sides share: leave out the override that set it"
+          )
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
   return out

@@ -32,7 +32,8 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
 
 
 def side_loss(run: dict[str, Any], iterate: str) -> float:
-  """A run's loss as its side reads it: raw, or averaged at the best of the betas it recorded."""
+  """A tuning run's loss as the search ranks it: raw, or averaged at the best of the betas it
+  recorded (the beta is tuned with the rest; the headline runs are read at the beta chosen here)."""
   return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
 
 
@@ -107,27 +108,29 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   grids = {s: tuning.lr_grid(float(state[s]["lr"]), int(config.benchmark.knobs.lr_points)) for s in sides}
   tries = [(s, _with(sides[s][0], state[s]["fields"], lr)) for s in sides for lr in grids[s]]
   evs = _evaluate(tries, config, runner, "knobs: each side's LR swept again (tuning seeds, N)")
+  lrs = [lr for s in sides for lr in grids[s]]
+  betas = [float(x) for x in config.benchmark.betas]
   for side in sides:
-    lr_losses = {
-      str(lr): loss_of(side, ev)
-      for (s, c), ev, lr in zip(tries, evs, [x for s in sides for x in grids[s]])
-      if s == side
-    }
+    at = {str(lr): ev for (s, _), ev, lr in zip(tries, evs, lrs) if s == side}
+    lr_losses = {lr: loss_of(side, ev) for lr, ev in at.items()}
     best = min(lr_losses, key=lr_losses.get)
+    # The tuned side's averaging beta and iterate, chosen on the tuning seeds at its best LR.
+    averaging = tuning.choose_averaging(at[best]["runs"], betas)
     state[side] |= {"lr_sweep": lr_losses, "lr": float(best), "loss": lr_losses[best]}
+    state[side] |= {"beta": averaging["beta"], "iterate": averaging["iterate"]}
   return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}
 
 
 def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
-  """Each side as published and as tuned, N steps on the headline seeds."""
+  """Each side as published (at its published beta) and as tuned (at the beta its tuning chose), N
+  steps on the headline seeds."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
-  betas = [float(x) for x in config.benchmark.betas]
   run_specs = []
   for side, (c, settings) in sides.items():
-    for fields, lr in (({}, settings["lr"]), (state[side]["fields"], state[side]["lr"])):
+    st = state[side]
+    for fields, lr, beta in (({}, settings["lr"], settings["beta"]), (st["fields"], st["lr"], st["beta"])):
       run_specs += [
-        specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=betas[0], betas=betas)
-        for s in seeds
+        specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
       ]
   results = runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)")
   out = {}
@@ -147,13 +150,26 @@ def _keep(run: dict[str, Any]) -> dict[str, Any]:
   return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
 
 
-def side_figures(published: list[dict], tuned: list[dict], iterate: str) -> dict[str, Any]:
-  """A side's headline losses as published and as tuned, and the paired difference (tuned -
-  published) with the eval set's paired per-batch standard error (mean over the seeds). Pure."""
-  ses = [tuning.paired_batch_se_of(t, p) for t, p in zip(tuned, published)]
+def read_of(settings: dict[str, Any], tuned: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """How each headline side is read: as published, at the record's iterate and beta; as tuned, at
+  the ones its tuning chose."""
+  return {
+    "published": {"iterate": settings["iterate"], "beta": settings["beta"]},
+    "tuned": {"iterate": tuned["iterate"], "beta": tuned["beta"]},
+  }
+
+
+def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[str, Any]]) -> dict[str, Any]:
+  """A side's headline losses as published and as tuned, each read at its own iterate and beta
+  (`read`: {"published", "tuned"} -> {"iterate", "beta"}), and the paired difference (tuned -
+  published) with the eval set's paired per-batch standard error (mean over the seeds; the runs keep
+  the averaged iterate's per-batch losses only, so a side read raw is judged on the seeds' spread).
+  Pure."""
+  averaged = all(r["iterate"] == "averaged" for r in read.values())
+  ses = [tuning.paired_batch_se_of(t, p) for t, p in zip(tuned, published)] if averaged else [None]
   eval_se = sum(ses) / len(ses) if ses and None not in ses else None
-  before = [side_loss(r, iterate) for r in published]
-  after = [side_loss(r, iterate) for r in tuned]
+  before = [tuning.iterate_loss(r, read["published"]["iterate"], read["published"]["beta"]) for r in published]
+  after = [tuning.iterate_loss(r, read["tuned"]["iterate"], read["tuned"]["beta"]) for r in tuned]
   return {"published": before, "tuned": after, "difference": protocol.paired_difference(after, before, eval_se)}
 
 
@@ -169,11 +185,12 @@ def record(
       "published_settings": settings,
       "tuned_fields": st["fields"],
       "tuned_lr": st["lr"],
+      "tuned_read": {"iterate": st["iterate"], "beta": st["beta"]},
       "sweeps": st["sweeps"],
       "lr_sweep": st["lr_sweep"],
       "tuning_runs": len(st["keys"]),
       "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
-    } | side_figures(head["published"], head["tuned"], settings["iterate"])
+    } | side_figures(head["published"], head["tuned"], read_of(settings, st))
   return {
     "code_version": keys.code_versions(config, []),
     "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
