@@ -34,6 +34,7 @@ import argparse
 import collections
 import json
 import statistics
+import sys
 import time
 import traceback
 from typing import Any
@@ -139,13 +140,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
         f"{s['params'] / 1e6:.1f}M | {kinds} |"
       )
     if "memory" in r:
-      rounds = [m["bytes_in_use"] for m in r["memory"].values()]
-      peak = max(m["peak_bytes_in_use"] for m in r["memory"].values())
-      out += [
-        "",
-        f"Device memory in use after each round: {', '.join(_mib(b) for b in rounds)} (growth "
-        f"{r['growth_bytes']} B); peak {_mib(peak)} of {_mib(r['memory']['round 1']['bytes_limit'])}.",
-      ]
+      readings = list(r["memory"].values())
+      rounds = ", ".join(_mib(m["bytes_in_use"]) for m in readings)
+      if all("peak_bytes_in_use" in m for m in readings):
+        peak = max(m["peak_bytes_in_use"] for m in readings)
+        limit = f"; peak {_mib(peak)} of {_mib(readings[0]['bytes_limit'])}"
+      else:  # a backend without memory statistics: the live arrays' bytes (`memory_snapshot`)
+        limit = f" ({readings[0].get('source', 'jax.live_arrays')})"
+      out += ["", f"Device memory in use after each round: {rounds} (growth {r['growth_bytes']} B){limit}."]
     if "note" in r:
       out += ["", r["note"]]
     out.append("")
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown(results), end="")
     return {}
   out: dict[str, Any] = {
+    "command": " ".join(["python scripts/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
     "preset": args.preset,
     "rounds": args.rounds,
     "steps": args.steps,

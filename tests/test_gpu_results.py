@@ -7,6 +7,7 @@ import glob
 import json
 import os
 
+import pytest
 from conftest import ROOT, load_script
 
 FOLDER = os.path.join(ROOT, "docs", "results", "gpu")
@@ -55,3 +56,16 @@ def test_the_prose_quotes_the_figures_as_measured():
   assert f"{added / 1e6:.0f}M more" in prose
   with open(os.path.join(ROOT, "README.md")) as f:
     assert f"costs {at_16:.2f}–{at_32:.2f}× the plain GPT-2's" in f.read()
+
+
+@pytest.mark.slow  # compiles a micro model's step
+def test_the_script_writes_a_json_its_table_reads(tmp_path, capsys):
+  script = load_script("gpu_check")
+  path = str(tmp_path / "check.json")
+  argv = ["--preset=tiny,micro", "--sides=gpt2,step:schedule", "--rounds=2", "--steps=2", f"--json={path}"]
+  out = script.main(argv)
+  assert out["command"] == "python scripts/gpu_check.py " + " ".join(argv)
+  assert set(out["sides"]) == {"gpt2", "step:schedule"} and out["sides"]["gpt2"]["ratio"] == 1.0
+  assert out["growth_bytes"] == 0  # donation: the live bytes are the same after every round
+  with open(path) as f:
+    assert script.markdown([json.load(f)]).startswith("**tiny,micro, batch the preset's")

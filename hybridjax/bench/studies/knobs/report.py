@@ -43,4 +43,9 @@ def markdown(result: dict[str, Any]) -> str:
       lines.append(f"* {sw['knob']}: {values} → {sw['chosen']}")
     values = ", ".join(f"{lr}: {loss:.4f}" for lr, loss in s["lr_sweep"].items())
     lines.append(f"* LR, again: {values}")
+  lines += ["", "## Verdicts", ""]
+  for side, s in result["sides"].items():
+    d = s["difference"]
+    word = {"lower": "its tuning lowers the loss", "higher": "its tuning raises the loss"}.get(d["verdict"], "")
+    lines.append(f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}.")
   return "\n".join(lines)

@@ -54,4 +54,9 @@ def markdown(result: dict[str, Any]) -> str:
       f"Seeds {added['seeds']} were added to both sides of {', '.join(added['pairs'])} (within twice the resolution).",
     ]
   lines += ["", "Losses are means ± std over the seeds; the code and library versions are in the json."]
+  lines += ["", "## Verdicts", ""]
+  for p in result["pairs"]:
+    d = p["difference"]
+    word = {"lower": "the change lowers the loss", "higher": "the change raises the loss"}.get(d["verdict"], "")
+    lines.append(f"* `{p['name']}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}.")
   return "\n".join(lines)
