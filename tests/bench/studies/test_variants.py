@@ -10,6 +10,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, load_script
@@ -189,13 +191,31 @@ def test_recipe_md_quotes_each_fix_as_measured():
     assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} | {d['verdict']} |" in row, (p["name"], row)
     assert f"(`{p['row']}`)" in row
   assert f"resolves about {result['resolution']:.4f}" in text
-  relu2 = {p["name"]: p["difference"]["mean"] for p in result["pairs"]}
-  assert (
-    f"{relu2['relu2_gpt2_init']:+.4f} under GPT-2's" in text and f"{relu2['relu2']:+.4f} under the records'" in text
-  )
+  pairs = {p["name"]: p for p in result["pairs"]}
+  gpt2, fan_in = (pairs[k]["difference"]["mean"] for k in ("relu2_gpt2_init", "relu2"))
+  assert f"({gpt2:+.4f} against {fan_in:+.4f} under the records' init)" in text
+  per_seed = [[a - b for a, b in zip(pairs[k]["after"], pairs[k]["before"])] for k in ("relu2_gpt2_init", "relu2")]
+  d = protocol.paired_difference(*per_seed)
+  assert f"paired by seed, is {d['mean']:+.4f} ± {d['se']:.4f}: {d['verdict']}" in text
+  relu2 = pairs["relu2"]["difference"]
+  assert f"(ReLU²'s by {abs(relu2['mean']) - 2 * relu2['se_total']:.4f})" in text
   assert result["code_version"]["anchor"] in text
   assert f"{result['runs_trained']} runs, {result['wall_s'] / 3600:.1f} h on 2 cores" in text
   pays = [p["name"] for p in result["pairs"] if p["difference"]["verdict"] == "lower"]
   assert pays == ["momentum_warmup", "attn_scale"]  # as recipe.md and the README name them
   with open(os.path.join(ROOT, "README.md")) as f:
     assert "(Muon's momentum warm-up and the attention scale pay;" in f.read()
+
+
+@pytest.mark.slow  # one run of the published record (3000 steps of the long model, about 2 minutes)
+def test_a_published_fix_run_gives_the_same_bits_on_todays_code():
+  """recipe.md says the fixes, run on an earlier code version, stand for today's: one run re-run
+  under a worker's conditions (one core, one XLA thread) gives the published bits."""
+  r = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "scripts", "rerun_variant.py"), "init", "after", "1"],
+    capture_output=True,
+    text=True,
+    timeout=1800,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert json.loads(r.stdout.strip().splitlines()[-1])["same_bits"], r.stdout
