@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import sys
 import time
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -87,3 +90,30 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> d
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)
   return result
+
+
+_DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line
+
+
+def current_names(argv: list[str]) -> list[str]:
+  """`argv` with the study flags and fields of the release before the study blocks in today's names,
+  each with a FutureWarning naming the field now: `--config.benchmark.ladder=True` is
+  `--config.benchmark.study=ladder` (`=False`: left out), `--config.benchmark.ladder_rungs=R6` is
+  `--config.benchmark.ladder.rungs=R6` (`specs.MOVED`)."""
+  out, named = [], {}  # named: each argument that names a study -> the study
+  for arg in argv:
+    m = re.fullmatch(r"(--(?:no)?config\.benchmark\.)(\w+)(.*)", arg)
+    new = arg
+    if m and m[2] in specs.MOVED:
+      new = m[1] + specs.MOVED[m[2]] + m[3]
+      warnings.warn(_DEPRECATED.format(arg.split("=")[0], f"use {new.split('=')[0]}"), FutureWarning, stacklevel=2)
+    elif m and m[2] in specs.OLD_FLAGS and m[3][:1] in ("", "="):
+      on = m[1] == "--config.benchmark." and m[3].lower() in ("", "=true", "=1")
+      new = f"--config.benchmark.study={m[2]}" if on else ""
+      warnings.warn(_DEPRECATED.format(arg, f"use {new}" if on else "leave it out"), FutureWarning, stacklevel=2)
+    if new.startswith("--config.benchmark.study="):
+      named[arg] = new.split("=", 1)[1]
+    out += [new] if new else []
+  if len(set(named.values())) > 1 and any(not a.startswith("--config.benchmark.study=") for a in named):
+    sys.exit(f"error: {' and '.join(named)} name different studies: set --config.benchmark.study alone")
+  return out
