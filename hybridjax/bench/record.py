@@ -41,15 +41,19 @@ def stored(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def write_files(result: dict[str, Any], folder: str, record: str, markdown: Callable, plot: Callable) -> None:
-  """A study's `result` into `folder`: its json (`record`, e.g. 'recipe-{preset}.json'), markdown and plot."""
+def write_files(
+  result: dict[str, Any], folder: str, record: str, markdown: Callable, plot: Callable | None = None
+) -> None:
+  """A study's `result` into `folder`: its json (`record`, e.g. 'recipe-{preset}.json', formatted
+  with the result's fields), markdown and plot (None: it draws none)."""
   os.makedirs(folder, exist_ok=True)
-  path = os.path.join(folder, record.format(preset=result["preset"]))
+  path = os.path.join(folder, record.format(**result))
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
   with open(path[: -len(".json")] + ".md", "w") as f:
     f.write(markdown(result) + "\n")
-  plot(result, folder)
+  if plot is not None:
+    plot(result, folder)
 
 
 def stored_config(result: dict[str, Any]) -> ml_collections.ConfigDict:

@@ -8,13 +8,13 @@ timing: a pair's figure is a loss difference, not a speed-up.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from typing import Any
 
 import ml_collections
 
 from hybridjax.bench import protocol, specs, tuning
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
@@ -174,10 +174,5 @@ def record(
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
   del trained
-  name = RECORD.format(**result)
   for folder in [workdir] + ([publish] if publish else []):
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, name), "w") as f:
-      json.dump(result, f, indent=1)
-    with open(os.path.join(folder, name.replace(".json", ".md")), "w") as f:
-      f.write(markdown(result) + "\n")
+    record_lib.write_files(result, folder, RECORD, markdown)
