@@ -552,6 +552,7 @@ def test_adamw_lr_ratios_scale_the_embeddings_and_the_head_only(name):
     chex.assert_trees_all_equal(rest(s), rest(b))
 
 
+@pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
 def test_a_tied_head_is_in_the_embedding_group_of_the_adamw_ratios():
   """With the head tied to the token embedding, the embedding ratio moves the tied matrix, and the
   head ratio moves nothing (there is no head of its own)."""
@@ -584,6 +585,7 @@ def test_adamw_at_default_ratios_is_the_plain_optax_chain_bit_for_bit(name):
   chex.assert_trees_all_equal(_steps(tx, params), _steps(hand_built, params))
 
 
+@pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
 def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
   """`optim.muon_momentum` = 0.95 and `groups_lr_scale` = 1.0 (the defaults) take today's path: no
   momentum is injected, and the updates are those of a block without the fields (written before
@@ -607,6 +609,7 @@ def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
     chex.assert_trees_all_close(updates["h_0"]["mlp"]["c_fc"]["kernel"], want, atol=1e-6)
 
 
+@pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
 @pytest.mark.parametrize("name", ["muon", "muon_groups"])
 def test_muon_momentum_sets_muons_momentum_and_where_its_warm_up_ends(name):
   """`optim.muon_momentum` = 0.9: two steps of a hidden matrix are optax's Muon at beta 0.9 (not at
@@ -627,6 +630,7 @@ def test_muon_momentum_sets_muons_momentum_and_where_its_warm_up_ends(name):
   assert [float(warm(n)) for n in (0, 2, 4, 8)] == pytest.approx([0.85, 0.875, 0.9, 0.9])
 
 
+@pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
 def test_groups_lr_scale_multiplies_every_adam_group_of_muon_groups():
   """`optim.groups_lr_scale` = 2: the embeddings', the head's (untied or tied, at its own settings)
   and the scalars' updates double; Muon's are the same bits."""
