@@ -9,6 +9,7 @@ import json
 import math
 
 import pytest
+from conftest import SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import speedrun, study
@@ -45,20 +46,8 @@ def _stub_result(spec):
   }
 
 
-class _StubRunner:
-  ran, reused = 0, 0
-
-  def __init__(self):
-    self.specs = []
-
-  def run(self, specs, label):
-    self.specs += specs
-    self.ran += len(specs)
-    return [_stub_result(s) for s in specs]
-
-
 def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path, monkeypatch):
-  runner = _StubRunner()
+  runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   result = study.run(_config(tmp_path), str(tmp_path / "work"))
   sides = result["sides"]

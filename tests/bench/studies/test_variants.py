@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT, SpecRunner, load_script
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import protocol, speedrun, study, tuning
@@ -74,7 +74,7 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
     study.validate(c)
 
 
-def _stub_result(spec, k):
+def _stub_result(spec):
   """A run's figures, made up from its spec: what the study reads of a run (lowest at LR 0.004)."""
   lr = spec["config"]["optim"]["learning_rate"]
   noise = int(hashlib.md5(json.dumps(spec, sort_keys=True).encode()).hexdigest(), 16) % 1000 * 1e-5
@@ -84,25 +84,13 @@ def _stub_result(spec, k):
     "final_raw": loss,
     "final_averaged": {str(b): loss - 0.01 * b for b in spec["betas"] or [spec["config"]["trainer"]["averaging_beta"]]},
     "final_averaged_per_batch": [loss - 0.01 + 0.001 * j for j in range(3)],
-    "key": f"k{k}",
+    "key": f"k{noise:.5f}",
     "curve": [{"step": spec["config"]["trainer"]["steps"], "eval_loss_raw": loss}],
   }
 
 
-class _StubRunner:
-  ran, reused = 0, 0
-
-  def __init__(self):
-    self.specs = []
-
-  def run(self, specs, label):
-    self.specs += specs
-    self.ran += len(specs)
-    return [_stub_result(s, len(self.specs) - len(specs) + k) for k, s in enumerate(specs)]
-
-
 def test_the_study_runs_each_distinct_side_once_and_its_figures_recompute(tmp_path, monkeypatch):
-  runner = _StubRunner()
+  runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path)
   result = study.run(c, str(tmp_path / "work"), command="variants command")
@@ -151,7 +139,7 @@ def test_published_variants_recompute_from_their_runs():
 
 
 def test_leave_one_out_tunes_each_side_and_states_what_goes_with_a_trick(tmp_path, monkeypatch):
-  runner = _StubRunner()
+  runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path, set="leave_one_out")
   c.model.n_layer = 4  # the U-net pairs layers
