@@ -21,8 +21,8 @@ from hybridjax.hybrid.phases import PHASE_NAMES, Phase
 from hybridjax.loop import train as train_lib
 
 # Three hybrid trainings through `train()` (~75 s): the slow set CI runs. The default suite keeps the
-# same equivalence at the step level (tests/methods/test_velocity.py::
-# test_fused_switch_and_scan_equal_host_dispatch), on the same programs. Every test here compares
+# same equivalence at the step level for one step per call (tests/methods/test_velocity.py::
+# test_fused_switch_equals_host_dispatch), on the same programs. Every test here compares
 # the dispatches' programs (or reads the runs that do), so the module is `cross_program` as a whole:
 # one subprocess with XLA's fusion emitters trains the runs once (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.cross_program]

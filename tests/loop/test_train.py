@@ -154,7 +154,8 @@ def test_bit_exact_claims_at_default_xla_optimization(tmp_path):
   tests = [
     "tests/loop/test_train.py::test_hybrid_without_prediction_equals_baseline_through_train",
     "tests/methods/test_velocity.py::test_real_steps_equal_baseline_steps_bit_exactly",
-    "tests/methods/test_velocity.py::test_fused_switch_and_scan_equal_host_dispatch",
+    "tests/methods/test_velocity.py::test_fused_switch_equals_host_dispatch",
+    "tests/methods/test_velocity.py::test_fused_scan_equals_host_dispatch",
     "tests/methods/test_outer_momentum.py::test_identity_setting_is_the_baseline_exactly_and_a_real_setting_is_not",
     "tests/loop/test_drivers.py",
   ]

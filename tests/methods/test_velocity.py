@@ -308,10 +308,33 @@ def test_hybrid_moves_through_all_phases_and_horizon_is_bounded():
   assert all(np.isnan(m["loss"]) for m in trace if not m["measured"])
 
 
-def test_fused_switch_and_scan_equal_host_dispatch():
+@pytest.fixture(scope="module")
+def host_run():
+  """48 steps with host dispatch: the reference both fused dispatches are held to."""
   s = hh.setup()
-  host, th = s.run(48, dispatch="host")
+  return s, *s.run(48, dispatch="host")
+
+
+def _assert_same_run(name, run, trace, host, th):
+  phases = [int(m["phase"]) for m in th]
+  assert {0, 1, 2, 3} <= set(phases), phases
+  assert [int(m["phase"]) for m in trace] == phases, name
+  assert [bool(m["measured"]) for m in trace] == [bool(m["measured"]) for m in th], name
+  # Bit for bit: each branch is one program either way, its fusion fixed by optimization barriers.
+  chex.assert_trees_all_equal(run.train, host.train)
+  chex.assert_trees_all_equal(run.controller, host.controller)
+  np.testing.assert_array_equal([m["loss"] for m in trace], [m["loss"] for m in th])
+
+
+def test_fused_switch_equals_host_dispatch(host_run):
+  s, host, th = host_run
   fused, tf = s.run(48, dispatch="switch")
+  _assert_same_run("switch", fused, tf, host, th)
+
+
+@pytest.mark.slow  # a third program to compile (K steps per call); CI runs it, and tests/loop/test_drivers.py
+def test_fused_scan_equals_host_dispatch(host_run):
+  s, host, th = host_run
   state = s.init_state()
   ts = []
   k = 4  # as tests/loop/test_drivers.py's K=4 run: the same program
@@ -321,15 +344,7 @@ def test_fused_switch_and_scan_equal_host_dispatch():
     chex.assert_shape(m["loss"], (k,))
     m = jax.device_get(m)
     ts += [{key: v[j] for key, v in m.items()} for j in range(k)]
-  phases = [int(m["phase"]) for m in th]
-  assert {0, 1, 2, 3} <= set(phases), phases
-  for name, run, trace in (("switch", fused, tf), ("scan", state, ts)):
-    assert [int(m["phase"]) for m in trace] == phases, name
-    assert [bool(m["measured"]) for m in trace] == [bool(m["measured"]) for m in th], name
-    # Bit for bit: each branch is one program either way, its fusion fixed by optimization barriers.
-    chex.assert_trees_all_equal(run.train, host.train)
-    chex.assert_trees_all_equal(run.controller, host.controller)
-    np.testing.assert_array_equal([m["loss"] for m in trace], [m["loss"] for m in th])
+  _assert_same_run("scan", state, ts, host, th)
 
 
 class StepVariantsTest(chex.TestCase):
