@@ -20,7 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-ORDER = ("long", "tiny")  # the headline scale first
+ORDER = ("deep", "long", "tiny")  # the headline scale first
 
 sys.path.insert(0, ROOT)
 from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
@@ -49,10 +49,21 @@ def load(kind: str) -> dict[str, dict]:
 
 
 def tables(kind: str, results: dict[str, dict]) -> str:
-  """`kind`'s table over every published scale, then one line per scale on what it ran."""
+  """`kind`'s table over every published scale, then one line per scale on what it ran. A recipe
+  measured with an earlier trick list than the newest published one gets its line, not a column: its
+  steps are other changes under the same names (docs/recipe.md)."""
   table, scale, link = KINDS[kind]
-  lines = "\n".join(f"* {scale(r)}; [{link}](docs/results/{kind}/{kind}-{p}.md)." for p, r in results.items())
-  return table(list(results.values())) + "\n\n" + lines
+  newest = max((int(r.get("trick_list", 1)) for r in results.values()), default=1)
+  columns = {p: r for p, r in results.items() if kind != "recipe" or int(r.get("trick_list", 1)) == newest}
+  lines = [f"* {scale(r)}; [{link}](docs/results/{kind}/{kind}-{p}.md)." for p, r in columns.items()]
+  changed = "docs/recipe.md#what-changed-from-the-first-trick-list"
+  lines += [
+    f"* Before the fixes (trick list {r.get('trick_list', 1)}, [what changed]({changed})): "
+    f"{scale(r)}; [{link}](docs/results/{kind}/{kind}-{p}.md)."
+    for p, r in results.items()
+    if p not in columns
+  ]
+  return table(list(columns.values())) + "\n\n" + "\n".join(lines)
 
 
 def replace_between_markers(path: str, start: str, end: str, text: str) -> None:

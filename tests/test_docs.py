@@ -167,6 +167,24 @@ def test_the_readmes_tables_are_generated_from_the_published_runs(kind):
     assert "**verdict**" in block  # R4-R5 are marked as the verdict
 
 
+def test_a_recipe_of_an_earlier_trick_list_gets_a_line_not_a_column():
+  # Its steps are other changes under the same names: beside the newest list's columns they would read
+  # as the same rows.
+  script = runpy.run_path(os.path.join(ROOT, "scripts", "readme_tables.py"))
+  published = script["load"]("recipe")
+  old = published["long"]
+  assert int(old.get("trick_list", 1)) == 1
+  new = json.loads(json.dumps(old)) | {"preset": "deep", "trick_list": 2}
+  text = script["tables"]("recipe", {"deep": new, "long": old})
+  header = text.splitlines()[0]
+  assert "`deep`" in header and "`long`" not in header
+  assert (
+    "* Before the fixes (trick list 1, [what changed](docs/recipe.md#what-changed-from-the-first-trick-list)): `long`"
+    in text
+  )
+  assert script["tables"]("recipe", {"long": old}).splitlines()[0].count("`long`") == 1  # one list: columns
+
+
 def test_the_readmes_recipe_figures_are_the_published_ones():
   """The figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio, and its
   best step's) are those of docs/results/recipe/recipe-long.json."""
