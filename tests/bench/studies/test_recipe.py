@@ -4,6 +4,9 @@ distinct layers, and a field the command line set wins over a trick, with the re
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -154,3 +157,12 @@ def test_the_first_trick_list_is_kept_to_read_the_published_recipes():
   assert set(speedrun.TRICKS_V1["muon"].changes(c)) == {"optim.name", "optim.grad_clip", "optim.weight_decay"}
   assert speedrun.trick_list({}) is speedrun.TRICKS_V1
   assert speedrun.trick_list({"trick_list": speedrun.TRICK_LIST_VERSION}) is speedrun.TRICKS
+
+
+def test_a_recipe_of_an_earlier_trick_list_says_so_in_its_report():
+  path = pathlib.Path(__file__).parents[3] / "docs" / "results" / "recipe" / "recipe-long.json"
+  published = json.loads(path.read_text())
+  assert "trick_list" not in published  # measured with the first list
+  assert "Measured with trick list 1, before the fixes of list 2" in recipe_report.recipe_markdown(published)
+  today = published | {"trick_list": speedrun.TRICK_LIST_VERSION}
+  assert recipe_report.trick_list_lines(today) == [] and "before the fixes" not in recipe_report.recipe_markdown(today)

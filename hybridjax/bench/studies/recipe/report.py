@@ -8,6 +8,7 @@ from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench.cells import compute_clause, eval_note, paired_cell, pays_clause, speedup_cell, verdict_cell
+from hybridjax.bench.speedrun import TRICK_LIST_VERSION
 
 
 def recipe_table(results: Sequence[dict[str, Any]]) -> str:
@@ -42,6 +43,20 @@ def recipe_scale(result: dict[str, Any]) -> str:
   )
 
 
+def trick_list_lines(result: dict[str, Any]) -> list[str]:
+  """For a recipe measured with an earlier trick list than today's, a paragraph that says so; none
+  otherwise."""
+  measured = int(result.get("trick_list", 1))
+  if measured == TRICK_LIST_VERSION:
+    return []
+  return [
+    f"Measured with trick list {measured}, before the fixes of list {TRICK_LIST_VERSION}: its steps are other "
+    "changes than today's under the same names "
+    "([what changed](../../recipe.md#what-changed-from-the-first-trick-list)).",
+    "",
+  ]
+
+
 def kept_lines(result: dict[str, Any]) -> list[str]:
   """The fields a recipe kept as given where a step's trick would have changed them (its `kept`:
   the command line's overrides), as a paragraph; none for a recipe that kept none."""
@@ -64,6 +79,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
     "",
     recipe_scale(result),
     "",
+    *trick_list_lines(result),
     *kept_lines(result),
     "Speed-up: the R4 anchor's (tuned AdamW, cosine, averaged) steps to reach the step's final loss, read "
     "on its averaged budget curve per seed, over N; '> x': below the curve's end. Wall-clock: the "
