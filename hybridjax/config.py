@@ -122,7 +122,7 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   # velocity predictor in hybrid mode. A method named in baseline mode is refused (the baseline
   # would train, not the method).
   c.method = ""
-  c.warmup_steps = 50  # below trainer.steps, or 0 = none (a warm-up as long as the run is refused)
+  c.warmup_steps = 50  # at least 1 (the history needs a step) and below trainer.steps
   c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
   c.max_predict_steps = 4  # upper bound of the horizon H
   c.confidence_threshold = 0.5  # PREDICT only at confidence >= this
