@@ -28,7 +28,7 @@ START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 ANCHORS = ("baseline", "averaged_baseline")
 
 sys.path.insert(0, ROOT)
-from hybridjax.bench import protocol  # noqa: E402
+from hybridjax.bench import cells, protocol  # noqa: E402
 
 
 def load(kind: str = "headline.json") -> dict[str, dict]:
@@ -71,9 +71,9 @@ def table(headlines: dict[str, dict]) -> str:
     f = h["final_loss"]
     gap = h.get("final_loss_gap", {}).get("vs_averaged_baseline")
     verdict = h.get("paired_difference", {}).get("vs_averaged_baseline")
-    exercise = h.get("exercise")
-    if exercise and not exercise["exercised"]:  # `figures.exercise`: too few jumps to test anything
-      verdict += f"; not exercised ({exercise['jumps_per_run']:.1f} jumps per run)"
+    mark = cells.exercise_mark(h)  # `figures.exercise`: too few jumps or predicted steps to test anything
+    if mark:
+      verdict += f"; {mark}"
     rows.append(
       f"| [{name}]({name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
       f"{h['averaging_beta']} | {_pm(f['baseline'])} | {_pm(f['averaged_baseline'])} | {_pm(f.get('method'))} | "

@@ -23,6 +23,7 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import registry
+from hybridjax.bench import tasks as tasks_lib
 
 REAL_STEP = "real_step"  # the one step kind of an arm that trains in baseline mode
 
@@ -114,9 +115,21 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
-  """The arms' problems: a method that does not load, an unknown mode, a control without one."""
+  """The arms' problems: a method that does not load, an unknown mode, a baseline-mode arm whose method
+  has steps of its own (it would train the plain baseline under the method's name), a control without
+  one or with an empty one, and a hybrid arm's run config that is not valid (`config.validate`), or a
+  control arm's equal to its arm's (the method's CONTROL changes nothing: the comparison would test
+  nothing; `run_errors`)."""
   errors = []
-  for arm in arms(config).values():
+  defined = arms(config)
+  empty: set[str] = set()  # the methods whose CONTROL = {} is named already
+  runs: dict[str, list[str]] = {}  # a run config's problem -> the arms that have it
+  try:
+    config_lib.validate(base_config(config))
+    base_valid = True
+  except ValueError:
+    base_valid = False  # `specs.validate_benchmark` names it, once: not again in every arm's run config
+  for arm in defined.values():
     if not arm.method:
       errors.append(f"benchmark.arms.{arm.name}.method is missing: set --config.benchmark.arms.{arm.name}.method=")
       continue
@@ -127,16 +140,145 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       continue
     if arm.mode not in ("hybrid", "baseline"):
       errors.append(f"benchmark.arms.{arm.name}.mode must be 'hybrid' or 'baseline', got {arm.mode!r}")
+    elif arm.mode == "baseline" and (own := transitions(method)):
+      errors.append(
+        f"--config.benchmark.arms.{arm.name}.mode='baseline' trains the baseline loop's own steps, but method "
+        f"{arm.method!r} defines its own ({', '.join(own)}): the arm would train the plain baseline under the "
+        f"method's name; set --config.benchmark.arms.{arm.name}.mode=hybrid (baseline mode is for a method that "
+        "defines none of them, whose steps are the baseline's)"
+      )
+    if method.control_arm is not None and not method.control_arm and arm.method not in empty:
+      empty.add(arm.method)
+      errors.append(
+        f"{where(config, arm)}: method {arm.method!r} ({method.path}) declares CONTROL = {{}}, a "
+        f"control arm that changes nothing: give CONTROL in {method.path} the fields under config.hybrid that "
+        f"remove the method's effect (e.g. {example(method)}), or leave CONTROL out for no control arm"
+      )
     if arm.control and not method.control_arm:
       errors.append(f"benchmark.arms.{arm.name}.control: method {arm.method!r} declares no CONTROL arm")
-    if arm.control_of and arm.control_of not in arms(config):
+    elif arm.control and arm.mode == "baseline":
+      errors.append(
+        f"--config.benchmark.arms.{arm.name}.control: a baseline-mode arm reads nothing under config.hybrid, so "
+        f"method {arm.method!r}'s CONTROL would change nothing: set --config.benchmark.arms.{arm.name}.mode=hybrid"
+      )
+    elif arm.mode == "hybrid" and base_valid:
+      for at, problem in run_errors(config, arm, method):
+        runs.setdefault(problem, []).append(at)
+    if arm.control_of and arm.control_of not in defined:
       errors.append(f"benchmark.arms.{arm.name}.control_of names no arm: {arm.control_of!r}")
-  return errors
+  # A problem every arm shares (a hybrid setting of the experiment config) is named once, with its arms.
+  return errors + [f"{', '.join(arms_named)}: {problem}" for problem, arms_named in runs.items()]
+
+
+def transitions(method: registry.Method) -> list[str]:
+  """The transitions `method` defines of its own (`full_step`, `predict_step`, `correct_step`): none for
+  a method whose steps are the baseline's (outer momentum)."""
+  return [name for name in ("full_step", "predict_step", "correct_step") if getattr(method, name) is not None]
+
+
+def predicts(arm: Arm) -> bool:
+  """Whether `arm` is meant to predict steps (take steps without a backward pass), so that runs which
+  predicted (nearly) none did not exercise it (`figures.exercise`): a hybrid-mode arm whose method
+  defines a `predict_step`. Outer momentum and selective backprop define none (their every step is a
+  real one, and their `control` turns predicting off): they never predict by design. False for a
+  method that does not load here (a record read where its module is not importable)."""
+  if arm.mode != "hybrid":
+    return False
+  try:
+    return registry.load_method(arm.method).predict_step is not None
+  except ValueError:
+    return False
+
+
+def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The experiment part of benchmark config `config`, as `bench.specs.experiment_config` makes it:
+  without its benchmark block, in baseline mode, with the task's own optimizer."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  del c.benchmark
+  c.mode = "baseline"
+  try:
+    optimizer = tasks_lib.optimizer_name(str(config.benchmark.get("task", "gpt2")))
+  except ValueError:
+    optimizer = None  # a task that does not load: `specs.validate_benchmark` names it
+  if optimizer is not None:
+    c.optim.name = optimizer
+  return c
+
+
+def run_config(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.ConfigDict:
+  """The experiment config a run of `arm` trains, as `bench.specs.run_spec` makes it (but for its seed,
+  LR and budget): `base_config` made the arm's (`apply`)."""
+  c = base_config(config)
+  apply(arm, c)
+  return c
+
+
+def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Method) -> list[tuple[str, str]]:
+  """The problems of `arm`'s run config (`config.validate`'s), and for a control arm those of its CONTROL:
+  one the run config cannot take or that makes it invalid (a misspelt key, a path written with
+  'hybrid.'), or one that leaves it equal to the arm's own without CONTROL (the control would train the
+  method itself). Each as (the arm, the problem), naming the method's module and its CONTROL entry,
+  and the fix."""
+  explicit = arm.name in config.benchmark.get("arms", {})
+  at = where(config, arm)
+  treated = dataclasses.replace(arm, control=False, control_of="")
+  try:
+    own = run_config(config, treated)
+    config_lib.validate(own)
+  except ValueError as e:
+    return [(at, f"the arm's run config is not valid: {one_line(e)}")]
+  if not arm.control:
+    return []
+  control = dict(method.control_arm or {})
+  at = f"{at}, the control arm of method {arm.method!r}" if explicit else f"control {at}"
+  try:
+    c = run_config(config, arm)
+  except ValueError as e:  # `apply`'s: a CONTROL key config.hybrid cannot take
+    return [(at, str(e))]
+  try:
+    config_lib.validate(c)
+  except ValueError as e:
+    return [
+      (
+        at,
+        f"{method.path}'s CONTROL = {control!r} makes no valid run: {one_line(e)}. Fix CONTROL in "
+        f"{method.path} (its keys are dotted fields under config.hybrid, without 'hybrid.')",
+      )
+    ]
+  if config_lib.flatten(c) == config_lib.flatten(own):
+    return [
+      (
+        at,
+        f"{method.path}'s CONTROL = {control!r} leaves the run config as the method's own: the control would "
+        f"train the method itself and 'vs control' would compare nothing; make CONTROL in {method.path} set a "
+        f"field of its block to the value that removes the method's effect (e.g. {example(method)})",
+      )
+    ]
+  return []
+
+
+def where(config: ml_collections.ConfigDict, arm: Arm) -> str:
+  """How an error names `arm`: its field for an arm of `benchmark.arms`, else by its name and method
+  (an arm that `benchmark.methods` selects by the method's module path)."""
+  if arm.name in config.benchmark.get("arms", {}):
+    return f"--config.benchmark.arms.{arm.name}"
+  return f"arm {arm.name!r} (method {arm.method!r})"
+
+
+def example(method: registry.Method) -> str:
+  """A CONTROL entry's shape for `method`: a field of its block under config.hybrid, and a value."""
+  return f"{{'{method.config_key or '<its block>'}.<field>': <value>}}"
+
+
+def one_line(e: Exception) -> str:
+  """`e`'s message on one line (`config.validate` lists its errors one a line)."""
+  return str(e).replace("\n  ", " ")
 
 
 def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
   """Makes `c` (a run's experiment config) the arm's: its mode, its method and the method's block,
-  its overrides, and the method's control overrides for a control arm."""
+  its overrides, and the method's control overrides for a control arm (a CONTROL key that names no
+  field under `config.hybrid` is a ValueError naming the method's module and the fix)."""
   c.mode = arm.mode
   if arm.mode == "hybrid":  # a baseline-mode arm's steps are the baseline loop's: it names no hybrid method
     c.hybrid.method = arm.method
@@ -144,7 +286,16 @@ def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
   if arm.overrides:
     c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`
-    c.hybrid.update_from_flattened_dict(dict(registry.load_method(arm.method).control_arm))
+    method = registry.load_method(arm.method)
+    control = dict(method.control_arm or {})
+    try:
+      c.hybrid.update_from_flattened_dict(control)
+    except (KeyError, AttributeError, TypeError) as e:
+      raise ValueError(
+        f"{method.path}'s CONTROL = {control!r} sets a field config.hybrid does not have "
+        f"({e.args[0] if e.args else e}): CONTROL's keys are dotted fields under config.hybrid, without "
+        f"'hybrid.' (e.g. {example(method)}); fix CONTROL in {method.path}"
+      ) from None
 
 
 def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:

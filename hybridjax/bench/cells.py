@@ -49,11 +49,15 @@ def above_note(verdict: dict[str, Any] | None) -> str:
 
 def exercise_mark(figures: dict[str, Any]) -> str:
   """'not exercised (x.x jumps per run)' for an arm whose figures' `exercise` (`figures.exercise`) says
-  it took fewer jumps per run than the minimum; '' for any other arm (one that does not jump included)."""
+  it took fewer jumps per run than the minimum, 'not exercised (x.x predicted steps per run)' for an
+  arm meant to predict whose runs predicted fewer steps than the minimum; '' for any other arm (one that
+  never predicts by design included)."""
   e = figures.get("exercise")
   if not e or e["exercised"]:
     return ""
-  return f"not exercised ({e['jumps_per_run']:.1f} jumps per run)"
+  if "jumps_per_run" in e:
+    return f"not exercised ({e['jumps_per_run']:.1f} jumps per run)"
+  return f"not exercised ({e['predicted_steps_per_run']:.1f} predicted steps per run)"
 
 
 def with_exercise(cell: str, figures: dict[str, Any]) -> str:
@@ -105,7 +109,8 @@ def pays_clause(
   parts = [f"{'pass ratio' if cost == 'its passes' else 'speed-up'} {ratio_cell(ratio)}{against}"]
   mark = exercise_mark(figures or {})
   if mark:
-    parts.insert(0, f"{mark}: the comparison tested nothing of its jumps")
+    what = "jumps" if "jumps_per_run" in figures["exercise"] else "predictions"
+    parts.insert(0, f"{mark}: the comparison tested nothing of its {what}")
   if verdict.get("paired"):
     parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve")
   else:

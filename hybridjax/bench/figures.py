@@ -19,19 +19,34 @@ FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (for
 # An arm whose headline runs took fewer accepted jumps than this per run (their mean) is "not
 # exercised": with one or two jumps in a run of thousands of steps its loss is its control's up to
 # noise, so a "no difference" it reads says nothing about jumping. Judged on the runs' `jumps` stat
-# (the jump predictor's `method_summary`); an arm with none is not judged.
+# (the jump predictor's `method_summary`).
 MIN_JUMPS_PER_RUN = 3
+# Any other arm that is meant to predict (`arms.predicts`: a hybrid arm whose method has a
+# `predict_step`) is "not exercised" where its headline runs predicted fewer than this fraction of their
+# steps (the mean over the runs of steps - backward_passes, the steps taken without a backward pass):
+# a velocity arm that never left its real steps (`hybrid.enable_predict=False`, a confidence threshold
+# it never reaches) trains the baseline, and its comparisons test nothing of the method. The published
+# velocity arms predicted about 1 step in 10.
+MIN_PREDICTED_FRACTION = 0.01
 
 
-def exercise(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-  """Whether an arm was exercised, from its headline runs' accepted `jumps`: {'jumps_per_run': the
-  mean over the runs that record it, 'minimum': MIN_JUMPS_PER_RUN, 'exercised': mean >= minimum};
-  None where no run records jumps (an arm that does not jump is not judged)."""
+def exercise(runs: Sequence[dict[str, Any]], predicts: bool = False) -> dict[str, Any] | None:
+  """Whether an arm was exercised, from its headline runs. Where they record the jump predictor's
+  accepted `jumps`: {'jumps_per_run': the mean over the runs that record it, 'minimum':
+  MIN_JUMPS_PER_RUN, 'exercised': mean >= minimum}. Else, for an arm that `predicts` (`arms.predicts`):
+  {'predicted_steps_per_run': the mean of steps - backward_passes, 'minimum': MIN_PREDICTED_FRACTION
+  of the runs' mean steps, 'exercised': mean >= minimum}. None for any other arm (one that never predicts
+  by design, outer momentum or selective backprop, is not judged)."""
   jumps = [r["jumps"] for r in runs if r.get("jumps") is not None]
-  if not jumps:
+  if jumps:
+    per_run = float(statistics.fmean(jumps))
+    return {"jumps_per_run": per_run, "minimum": MIN_JUMPS_PER_RUN, "exercised": per_run >= MIN_JUMPS_PER_RUN}
+  counted = [r for r in runs if r.get("steps") is not None and r.get("backward_passes") is not None]
+  if not predicts or not counted:
     return None
-  per_run = float(statistics.fmean(jumps))
-  return {"jumps_per_run": per_run, "minimum": MIN_JUMPS_PER_RUN, "exercised": per_run >= MIN_JUMPS_PER_RUN}
+  per_run = float(statistics.fmean(r["steps"] - r["backward_passes"] for r in counted))
+  minimum = MIN_PREDICTED_FRACTION * float(statistics.fmean(r["steps"] for r in counted))
+  return {"predicted_steps_per_run": per_run, "minimum": minimum, "exercised": per_run >= minimum}
 
 
 def method_figures(
@@ -40,10 +55,13 @@ def method_figures(
   timing: dict[str, Any] | None,
   budgets: list[int],
   eval_se: float | None = None,
+  predicts: bool = False,
 ) -> dict[str, Any]:
   """Every figure of one method arm against both anchors, per seed and summarised (pure: the tests
   recompute it). `eval_se`: the paired per-batch standard error (`eval_paired_se`) that every paired
-  difference and the verdict are judged with, besides the seeds' (None: the seeds' alone)."""
+  difference and the verdict are judged with, besides the seeds' (None: the seeds' alone). `predicts`:
+  the arm is meant to predict steps (`arms.predicts`), so runs that predicted none mark it not
+  exercised (`exercise`)."""
   seeds = sorted(runs, key=int)
   out: dict[str, Any] = {"seeds": seeds}
   base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
@@ -101,7 +119,7 @@ def method_figures(
     out[k] = protocol.mean_std(values) if values else None
   if stats:
     out["method_stats"] = list(stats)
-  exercised = exercise([runs[s] for s in seeds])
+  exercised = exercise([runs[s] for s in seeds], predicts)
   if exercised is not None:
     out["exercise"] = exercised
   return out
@@ -285,7 +303,7 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
     h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}
     if "vs_skip_control" in f:
       h["vs_skip_control"] = f["vs_skip_control"]
-    if "exercise" in f:  # a jump arm: whether it jumped enough for its comparison to test anything
+    if "exercise" in f:  # whether it jumped or predicted enough for its comparison to test anything
       h["exercise"] = f["exercise"]
     final["method"] = f["final_loss"]
   h["final_loss"] = final

@@ -92,7 +92,8 @@ def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_p
   """A task's optimizer (its `tx`, named by its `OPTIMIZER`) is in every run's config and cache key;
   the anchor and a baseline-mode arm (through `train()`) both train with it, to the same bits."""
   c = _mlp_bench_config(user_task)
-  c.benchmark.arms.plain = {"method": "velocity", "mode": "baseline"}
+  # Outer momentum's steps are the baseline loop's (it defines none of its own), here with outer_every = 0.
+  c.benchmark.arms.plain = {"method": "outer_momentum", "mode": "baseline"}
   specs.validate_benchmark(c)
   assert specs.family_name(c) == f"sgd_nesterov-{c.optim.schedule}"  # the optimizer that runs, in the header
   assert specs.family_name(_mlp_bench_config("mlp")) == _mlp_bench_config("mlp").benchmark.family

@@ -208,3 +208,76 @@ def test_a_jump_arm_with_fewer_than_3_jumps_per_run_reads_not_exercised():
   )
   assert cells.with_exercise("+0.00% (no difference)", enough) == "+0.00% (no difference)"
   assert figures.exercise([{"jumps": None}, {"final_loss": 1.0}]) is None
+
+
+def test_an_arm_meant_to_predict_whose_runs_predicted_no_step_reads_not_exercised():
+  """A predicting arm (a velocity arm, a user's method with a `predict_step`) whose headline runs took
+  every step with a backward pass (`hybrid.enable_predict=False`, a confidence threshold never reached)
+  is marked "not exercised" with its predicted steps per run, in its cells and its verdict line; 1% of
+  the steps predicted is enough; an arm that never predicts by design (outer momentum, selective
+  backprop: `predicts` False) is not judged; a jump arm stays judged on its jumps."""
+  assert figures.MIN_PREDICTED_FRACTION == 0.01
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+
+  def arm(backward_passes: list[int], predicts: bool, jumps: list[int] | None = None) -> dict:
+    runs = _equal_control()
+    for i, r in enumerate(runs.values()):
+      r.update(backward_passes=backward_passes[i], step_kinds={"full_step": backward_passes[i]})
+      if jumps is not None:
+        r.update(jumps=jumps[i], method_stats=["jumps"])
+    return figures.method_figures(curves, runs, None, BUDGETS, eval_se=0.0418, predicts=predicts)
+
+  never, once, by_design, jumping = (
+    arm([40, 40], True),
+    arm([40, 39], True),
+    arm([40, 40], False),
+    arm([30, 30], True, [4, 4]),
+  )
+  assert never["exercise"] == {"predicted_steps_per_run": 0.0, "minimum": 0.4, "exercised": False}
+  assert once["exercise"] == {"predicted_steps_per_run": 0.5, "minimum": 0.4, "exercised": True}
+  assert "exercise" not in by_design
+  assert jumping["exercise"] == {"jumps_per_run": 4.0, "minimum": 3, "exercised": True}
+  assert cells.exercise_mark(never) == "not exercised (0.0 predicted steps per run)"
+  assert cells.exercise_mark(once) == cells.exercise_mark(by_design) == cells.exercise_mark(jumping) == ""
+  assert cells.with_exercise("+0.00% (no difference)", never) == (
+    "+0.00% (no difference); not exercised (0.0 predicted steps per run)"
+  )
+  lines = family_report.family_verdicts({"figures": {"never": never, "once": once, "by_design": by_design}})[2:]
+  assert lines[0].startswith(
+    "* `never`: **no difference** (not exercised (0.0 predicted steps per run): the comparison tested nothing "
+    "of its predictions; pass ratio"
+  )
+  for line in lines[1:]:
+    assert "exercised" not in line and "tested nothing" not in line
+
+
+def test_a_published_family_marks_a_velocity_arm_whose_runs_never_predicted():
+  """The published long-adamw-cosine record with its velocity arm's runs made to predict nothing (every
+  step a backward pass, as `--config.hybrid.enable_predict=False` would give): re-read, that arm and only
+  that arm is marked in every table and its verdict; the record as published marks no velocity arm (its
+  runs predicted about 320 of 3000 steps)."""
+  from hybridjax.bench.studies.family import figures as family_figs
+
+  with open(os.path.join(ROOT, "docs", "results", "long-adamw-cosine", "benchmark.json")) as f:
+    stored = json.load(f)
+  published = family_figs.family_figures(stored)["figures"]
+  assert published["hybrid"]["exercise"]["exercised"] and published["velocity_control"]["exercise"]["exercised"]
+  assert published["hybrid"]["exercise"]["predicted_steps_per_run"] > 300
+  for m in ("outer_momentum", "selective", "selective_control"):  # never predict by design: not judged
+    assert "exercise" not in published[m], m
+  for r in stored["method_runs"]["hybrid"].values():
+    r["backward_passes"] = r["steps"]
+  result = stored | family_figs.family_figures(stored)
+  assert result["figures"]["hybrid"]["exercise"] == {
+    "predicted_steps_per_run": 0.0,
+    "minimum": 30.0,
+    "exercised": False,
+  }
+  md = family_report.markdown(result)
+  mark = "not exercised (0.0 predicted steps per run)"
+  rows = [line.split(" | ") for line in md.splitlines() if mark in line and line.startswith("| final loss")]
+  assert len(rows) == 3  # vs each anchor at N and vs the control arm: in the hybrid arm's column, the second
+  assert all(row[2].endswith(f"; {mark}") and sum(mark in cell for cell in row) == 1 for row in rows)
+  verdicts = [line for line in md.splitlines() if line.startswith("* `") and "predicted steps per run" in line]
+  assert len(verdicts) == 1 and verdicts[0].startswith("* `hybrid`: **")
+  assert f"({mark}: the comparison tested nothing of its predictions; pass ratio" in verdicts[0]

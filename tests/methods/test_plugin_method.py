@@ -232,6 +232,96 @@ def test_a_module_path_in_benchmark_methods_is_the_methods_arm_and_its_control(u
     arms_lib.selected(c)
 
 
+def _user_method(tmp_path, name: str, control: str) -> str:
+  """docs/methods.md's method as module `user_methods.<name>`, with its CONTROL line set to `control`."""
+  source = method_source()
+  line = 'CONTROL = {"repeat.move": False}'
+  assert line in source
+  (tmp_path / "user_methods" / f"{name}.py").write_text(source.replace(line, f"CONTROL = {control}"))
+  return f"user_methods.{name}"
+
+
+def test_a_control_arm_that_is_not_a_valid_run_or_changes_nothing_is_refused(user_module, tmp_path):
+  """A method's control arm is built and validated with the config before anything runs: a CONTROL that
+  leaves the run as the method's own (the report would compare the method with itself), an empty one, a
+  misspelt key, a key written with 'hybrid.' (once a raw KeyError when the control's run started) are
+  refused, naming the arm, the method's module and its CONTROL, and the fix; the documented one passes."""
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import arms as arms_lib
+  from hybridjax.bench import specs
+
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.methods = user_module
+  specs.validate_benchmark(c)
+  cases = {
+    "noop": ('{"repeat.move": True}', r"CONTROL = \{'repeat.move': True\} leaves the run config as the method's own"),
+    "empty": ("{}", r"declares CONTROL = \{\}, a control arm that changes nothing: give CONTROL in user_methods.empty"),
+    "misspelt": (
+      '{"repeat.mov": False}',
+      r"CONTROL = \{'repeat.mov': False\} makes no valid run: .*did you mean --config.hybrid.repeat.move\?.*"
+      r"Fix CONTROL in user_methods.misspelt",
+    ),
+    "prefixed": (
+      '{"hybrid.repeat.move": False}',
+      r"CONTROL = \{'hybrid.repeat.move': False\} sets a field config.hybrid does not have .*without 'hybrid.'",
+    ),
+  }
+  for name, (control, message) in cases.items():
+    c.benchmark.methods = _user_method(tmp_path, name, control)
+    with pytest.raises(ValueError, match=message):
+      specs.validate_benchmark(c)
+  # The arm's own run (a spec built without the check) names the module and the fix, not a KeyError.
+  c.benchmark.methods = "user_methods.prefixed"
+  with pytest.raises(ValueError, match=r"user_methods.prefixed's CONTROL .* fix CONTROL in user_methods.prefixed"):
+    specs.run_spec(c, kind="method", seed=1, lr=1e-3, steps=10, beta=0.9, method="repeat_update_control")
+  # An arm of benchmark.arms is named by its field.
+  c.benchmark.methods = "mine"
+  c.benchmark.arms.mine = {"method": "user_methods.noop", "control": True}
+  with pytest.raises(
+    ValueError, match=r"--config\.benchmark\.arms\.mine, the control arm of method 'user_methods.noop'"
+  ):
+    specs.validate_benchmark(c)
+  assert "mine" in arms_lib.arms(c)
+
+
+def test_a_baseline_mode_arm_of_a_method_with_its_own_steps_is_refused(user_module):
+  """mode='baseline' runs the baseline loop's step: an arm of a method that defines its own transitions
+  (the user's method, the jump) would train the plain baseline under the method's name, so it is refused,
+  naming the field and the fix; outer momentum, whose steps are the baseline's, keeps its baseline arm."""
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import specs
+
+  c = benchmark_cfg.get_config("quick")
+  assert c.benchmark.arms.outer_momentum.mode == "baseline"
+  c.benchmark.methods = "outer_momentum"
+  specs.validate_benchmark(c)
+  for method, own in ((user_module, "full_step, predict_step"), ("jump", "full_step, predict_step")):
+    c.benchmark.arms.mine = {"method": method, "mode": "baseline"}
+    c.benchmark.methods = "mine"
+    with pytest.raises(
+      ValueError,
+      match=rf"--config\.benchmark\.arms\.mine\.mode='baseline' trains the baseline loop's own steps, but method "
+      rf"'{method}' defines its own \({own}\): .*set --config\.benchmark\.arms\.mine\.mode=hybrid",
+    ):
+      specs.validate_benchmark(c)
+
+
+def test_an_arm_predicts_unless_its_method_never_predicts_by_design(user_module):
+  """`arms.predicts`, which decides whether an arm whose runs predicted no step is marked not exercised:
+  the velocity arms, the jump arms and a user's method with a `predict_step`, not outer momentum (in
+  either mode) nor selective backprop, which define no `predict_step` (their every step is real)."""
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import arms as arms_lib
+
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.methods = user_module
+  defined = arms_lib.arms(c)
+  predicting = {name for name, arm in defined.items() if arms_lib.predicts(arm)}
+  assert predicting == set(defined) - {"outer_momentum", "selective", "selective_control"}
+  assert {"hybrid", "velocity_control", "jump", "repeat_update", "repeat_update_control"} <= predicting
+  assert not arms_lib.predicts(arms_lib.Arm(name="om", method="outer_momentum"))
+
+
 @pytest.mark.slow  # trains through the command line; CI runs it
 def test_the_training_command_of_methods_md_runs_as_printed(tmp_path):
   argv = _doc_command("methods.md", "experiments.gpt2_small")

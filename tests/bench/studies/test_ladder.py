@@ -465,3 +465,30 @@ def test_a_ladder_arm_with_fewer_than_3_jumps_per_run_reads_not_exercised():
   verdicts = "\n".join(ladder_report.ladder_verdicts(tiny))
   assert "* `jump`: R6 **no difference** (not exercised (0.0 jumps per run): the comparison tested nothing" in verdicts
   assert "| jump, not exercised (0.0 jumps per run) |" in ladder_report.ladder_markdown(tiny)
+
+
+def test_a_ladder_velocity_arm_whose_runs_never_predicted_reads_not_exercised():
+  """The published tiny ladder with its velocity arm's runs made to predict nothing (every step a
+  backward pass, as `--config.hybrid.enable_predict=False` gives): recomputed, the arm is marked with
+  its predicted steps per run in the headline cell, the rung's table and the verdict line; as published
+  (about 70 of 600 steps predicted) it is not, and the arms that never predict by design are not judged."""
+  (tiny,) = [json.loads(json.dumps(r)) for r in _published().values() if r["preset"] == "tiny"]
+  config = record.stored_config(tiny)
+  ms = {k: v["ms_per_step"] for k, v in tiny["timing"].items()}
+  r6 = tiny["rungs"]["R6"]
+  assert (
+    r6["figures"]["hybrid"]["exercise"]["exercised"] and r6["controls"]["velocity_control"]["exercise"]["exercised"]
+  )
+  for arm in ("outer_momentum", "selective"):
+    assert "exercise" not in r6["figures"][arm], arm
+  for r in tiny["groups"][r6["group"]]["method_runs"]["hybrid"].values():
+    r["backward_passes"] = r["steps"]
+  tiny["rungs"] = ladder_figs.rung_figures(config, tiny["groups"], ms, tiny["steps"])
+  f = tiny["rungs"]["R6"]["figures"]["hybrid"]
+  assert f["exercise"] == {"predicted_steps_per_run": 0.0, "minimum": 6.0, "exercised": False}
+  mark = "not exercised (0.0 predicted steps per run)"
+  assert ladder_report.ladder_headline_cell(tiny["rungs"]["R6"], f).endswith(f"; {mark}")
+  assert f"| hybrid, {mark} |" in ladder_report.ladder_markdown(tiny)
+  verdicts = "\n".join(ladder_report.ladder_verdicts(tiny))
+  assert "* `hybrid`: R6 **" in verdicts and f"({mark}: the comparison tested nothing of its predictions" in verdicts
+  assert "exercise" not in tiny["rungs"]["R6"]["figures"]["outer_momentum"]

@@ -25,14 +25,19 @@ def family_figures(result: dict[str, Any], controls: dict[str, str] | None = Non
   eval_se = errors["paired_se"]
   methods = list(result.get("figures") or result["method_runs"])  # the headline arm first
   ms = result["timing"]["ms_per_step"]
+  defined = arms_lib.arms(config)  # a record from before the arms were data: the built-in methods' names only
   figures = {
     m: figures_lib.method_figures(
-      curves, result["method_runs"][m], {"baseline": ms["baseline"], "method": ms[m]}, budgets, eval_se
+      curves,
+      result["method_runs"][m],
+      {"baseline": ms["baseline"], "method": ms[m]},
+      budgets,
+      eval_se,
+      predicts=m in defined and arms_lib.predicts(defined[m]),
     )
     for m in methods
   }
   if controls is None:
-    defined = arms_lib.arms(config)
     controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
   figures_lib.control_comparison(figures, result["method_runs"], controls, eval_se)
   out = {

@@ -54,12 +54,14 @@ def arm_figures(
   ms: dict[str, dict[str, float]] | None,
   n: int,
   eval_se: float | None = None,
+  predicts: bool = False,
 ) -> dict[str, Any]:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
   the rung's budget curve, whether the pass ratio pays (`protocol.cost_verdict`), the final-loss gap
   and paired difference at N, the paired difference from the arm's control; at R0 the equal-steps
   wall-clock ratio and the two nulls. Every paired difference is judged with `eval_se` (the paired
-  per-batch standard error) besides the seeds'."""
+  per-batch standard error) besides the seeds'. `predicts`: the arm is meant to predict steps
+  (`arms.predicts`; `figures.exercise` marks it where its runs predicted none)."""
   runs = group["method_runs"][arm]
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
   base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
@@ -98,8 +100,8 @@ def arm_figures(
     control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
     out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se)
     out["control"] = control
-  exercised = figures.exercise([runs[s] for s in seeds])
-  if exercised is not None:  # fewer than figures.MIN_JUMPS_PER_RUN jumps a run: the comparison tested nothing
+  exercised = figures.exercise([runs[s] for s in seeds], predicts)
+  if exercised is not None:  # too few jumps or predicted steps a run (`figures.exercise`): it tested nothing
     out["exercise"] = exercised
   if rung.name == "R0":
     out["equal_steps"] = equal_steps(
@@ -188,9 +190,13 @@ def rung_figures(
       "lr": group["lr"],
       "seeds": group["seeds"],
       "eval": errors,
-      "figures": {m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se) for m in arms},
+      "figures": {
+        m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m])) for m in arms
+      },
       "controls": {
-        m: arm_figures(rung, group, m, None, timing_ms, n, se) for m in group["methods"] if defined[m].control
+        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]))
+        for m in group["methods"]
+        if defined[m].control
       },
     }
   return out
