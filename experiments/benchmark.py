@@ -18,19 +18,25 @@ from hybridjax.bench import speedrun, study
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 
 
-def run_benchmark(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict:
-  """`config`'s study (`hybridjax.bench.study.run`): its json, markdown and plots into `workdir`."""
-  return study.run(config, workdir, command)
+def run_benchmark(
+  config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()
+) -> dict:
+  """`config`'s study (`hybridjax.bench.study.run`): its json, markdown and plots into `workdir`.
+  `command_line`: the fields the command line set (dotted); one the study would overwrite or never
+  read is refused (`study.unused_field_errors`)."""
+  return study.run(config, workdir, command, command_line)
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # A trick of the recipe (and R6) leaves a field the command line set as given.
-  config = speedrun.keep_command_line(_FLAGS[0].value, cli.command_line_fields(sys.argv))
+  fields = cli.command_line_fields(sys.argv)
+  # A trick of the recipe (and R6) leaves a field the command line set as given; the config file's
+  # `after_command_line` (run by the flag parsing) did this already, a config file of yours may not.
+  config = speedrun.keep_command_line(_FLAGS[0].value, fields)
   workdir = _FLAGS[1].value or os.path.join("runs", f"benchmark-{config.benchmark.preset}-{config.benchmark.family}")
   command = "python -m experiments.benchmark " + " ".join(sys.argv[1:])
-  cli.run_as_program(lambda: run_benchmark(config, workdir, command))
+  cli.run_as_program(lambda: run_benchmark(config, workdir, command, fields))
 
 
 def _expand_quick(argv: list[str]) -> list[str]:

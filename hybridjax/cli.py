@@ -88,14 +88,39 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
   """The config file's `get_config(arg)`, made ready for the command line's overrides
-  (`prepare_for_overrides`), then locked."""
+  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if
+  it has one, is kept for `finish_config`."""
+
+  after_command_line: Callable[[ml_collections.ConfigDict, list[str]], ml_collections.ConfigDict] | None = None
 
   def parse(self, path: str) -> ml_collections.ConfigDict:
     config = super().parse(path)
     if isinstance(config, ml_collections.ConfigDict):
       config = prepare_for_overrides(config, sys.argv)
       config.lock()
+      file, _, arg = path.partition(":")
+      module = config_flags_impl._LoadConfigModule(f"{self.name}_config", file)  # noqa: SLF001 (as parse loads it)
+      hook = getattr(module, "after_command_line", None)
+      self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
+
+
+def finish_config(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Once the flags are parsed: the config file's `after_command_line(config, arg, fields)` (where it
+  has one) given the config with the command line's overrides applied and the fields `argv` sets;
+  what it returns is written into the `--config` flag's config. A preset whose values derive from
+  others (the speedrun recipe's tricks: a warm-up in proportion to `trainer.steps`, an attention
+  scale from the head dimension) computes them again there, so that they follow the overrides."""
+  if "config" not in flag_values:
+    return
+  flag = flag_values["config"]
+  hook = getattr(flag.parser, "after_command_line", None)
+  if hook is None or not isinstance(flag.value, ml_collections.ConfigDict):
+    return
+  config = flag.value
+  finished = config_lib.flatten(hook(config, command_line_fields(argv)))
+  current = config_lib.flatten(config)
+  config.update_from_flattened_dict({k: v for k, v in finished.items() if current.get(k) != v})
 
 
 def define_flags(default_config: str, workdir_help: str) -> tuple[flags.FlagHolder, flags.FlagHolder]:
@@ -121,12 +146,18 @@ def define_flags(default_config: str, workdir_help: str) -> tuple[flags.FlagHold
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a mistake on the command line (a misspelt field, a value of the wrong
-  type) ending as every bad input does: the message, and exit status 2."""
+  """absl's flag parsing, then the config file's `after_command_line` (`finish_config`), with a
+  mistake on the command line (a misspelt field, a value of the wrong type, a field the program
+  refuses) ending as every bad input does: the message, and exit status 2."""
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
     _flag_error(e)
+  try:
+    finish_config(argv)
+  except ValueError as e:
+    _flag_error(e)
+  return rest
 
 
 def _flag_error(e: Exception) -> NoReturn:

@@ -125,3 +125,89 @@ def test_an_interrupted_run_exits_with_the_signals_status_and_says_where_it_is_s
   with pytest.raises(SystemExit) as e:
     cli.run_as_program(ctrl_c)
   assert e.value.code == 130 and "interrupted" in capsys.readouterr().err
+
+
+def _parsed(monkeypatch, default, *overrides):
+  """The `--config` flag's config as a program parses it (`cli.parse_flags`' two steps, on flags of its
+  own): the file's config, the overrides, then the file's `after_command_line` (`cli.finish_config`)."""
+  from absl import flags
+  from ml_collections.config_flags import config_flags as config_flags_impl
+
+  argv = ["prog", f"--config={default}", *overrides]
+  monkeypatch.setattr(sys, "argv", argv)  # config_flags and the parser read the overrides there
+  flag_values = flags.FlagValues()
+  flag = config_flags_impl._ConfigFlag(  # noqa: SLF001 (as `cli.define_flags` builds it)
+    parser=cli._ConfigFileParser(name="config", lock_config=False),  # noqa: SLF001
+    serializer=flags.ArgumentSerializer(),
+    name="config",
+    default=default,
+    help_string="",
+    flag_values=flag_values,
+  )
+  flags.DEFINE_flag(flag, flag_values)
+  flag_values(argv)
+  cli.finish_config(argv, flag_values)
+  return flag_values["config"].value
+
+
+def test_the_speedrun_presets_derived_values_follow_the_command_line(monkeypatch):
+  """`tiny,speedrun`: the tricks apply again after the overrides, so the momentum warm-up is the
+  recipe's share of the overridden run, the attention scale and the value-embedding tables follow the
+  overridden heads and layers; a field the command line set keeps its value, and so does the rest."""
+  from experiments.configs import gpt2_small
+  from hybridjax import config as config_lib
+  from hybridjax.bench import speedrun
+
+  path = os.path.join(ROOT, "experiments", "configs", "gpt2_small.py")
+  c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.trainer.steps=3000")
+  assert c.optim.muon_momentum_warmup_steps == round(speedrun.MOMENTUM_WARMUP_FRACTION * 3000) == 469
+  c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.model.n_head=2", "--config.model.n_layer=8")
+  assert c.model.attn_scale == speedrun.RECORD_SCORE_BOUND / (c.model.d_model // 2) and c.model.value_embeds == 2
+  c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.trainer.steps=20")
+  assert c.optim.muon_momentum_warmup_steps == 3  # the recipe's share of 20 steps: the run is valid
+  config_lib.validate(c)
+  c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.trainer.steps=3000", "--config.model.attn_scale=0.3")
+  assert c.model.attn_scale == 0.3  # set on the command line: kept over the trick
+  as_given = config_lib.flatten(_parsed(monkeypatch, f"{path}:tiny,speedrun"))
+  assert as_given == config_lib.flatten(gpt2_small.get_config("tiny,speedrun"))  # no override: the preset
+  c = _parsed(monkeypatch, f"{path}:tiny", "--config.trainer.steps=3000")
+  assert c.optim.muon_momentum_warmup_steps == 0  # no speedrun: nothing applied
+
+
+def test_a_config_files_refusal_after_the_command_line_exits_2_with_its_message(monkeypatch, capsys):
+  """A file's `after_command_line` raising ValueError ends as a bad flag does: the message, exit 2."""
+  from absl import flags
+
+  monkeypatch.setattr(flags, "FLAGS", flags.FlagValues())  # no flag of the test process's own
+
+  def refuse(argv, flag_values=None):
+    raise ValueError("--config.x.y=1: set --config.x.z instead")
+
+  monkeypatch.setattr(cli, "finish_config", refuse)
+  with pytest.raises(SystemExit) as e:
+    cli.parse_flags(["prog"])
+  assert e.value.code == 2 and "error: --config.x.y=1: set --config.x.z instead" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two programs started; the default suite checks the messages in process (tests/bench/studies)
+def test_benchmark_flags_it_would_overwrite_or_not_read_exit_2_before_anything_trains(tmp_path):
+  """`python -m experiments.benchmark` refuses a field it sets per run, another study's field, and a
+  method named in `hybrid.method`: each the message naming the field and the fix, exit 2, nothing written."""
+  cases = [
+    (("--config.seed=7",), "--config.seed=7 is set but unused: the benchmark sets each run's seed"),
+    (("--config.benchmark.ladder.rungs=R3,R4",), "add --config.benchmark.study=ladder"),
+    (("--config.mode=hybrid", "--config.hybrid.method=jump"), "name the method in --config.benchmark.methods"),
+  ]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  for i, (args, message) in enumerate(cases):
+    r = subprocess.run(
+      [sys.executable, "-m", "experiments.benchmark", "--quick", *args, f"--workdir={tmp_path}/{i}"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=env,
+    )
+    assert r.returncode == 2, (args, r.returncode, r.stderr[-2000:])
+    assert message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+    assert not os.path.exists(tmp_path / str(i))

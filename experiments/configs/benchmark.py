@@ -17,7 +17,8 @@ steps of a 0.12M-param model: the preset sized for 2 CPU cores), `deep` (6 layer
 layers) and `124m` (GPT-2 Small on a GPU).
 The family variants `wsd` and `muon` change the optimizer or the schedule, `speedrun` applies the whole
 speedrun recipe (its architecture, Muon with its parameter groups, its schedule); each family gets its
-own learning-rate sweep and budget curve, and no figure mixes families.
+own learning-rate sweep and budget curve, and no figure mixes families. The speedrun family's tricks
+apply after the command line (`after_command_line`), with its `benchmark.recipe` fields.
 
 The experiment blocks (model, data, optim, trainer, hybrid) are those of every run; `benchmark`
 holds the protocol's settings, a study's own in its block (`benchmark.ladder`, `benchmark.recipe`).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import gpt2_small
+from hybridjax import config as config_lib
 from hybridjax.bench import specs, speedrun
 from hybridjax.bench import study as study_lib
 
@@ -205,6 +207,33 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c = speedrun.speedrun_config(c)
     c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
   return c
+
+
+def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list[str]) -> ml_collections.ConfigDict:
+  """`get_config(arg)` once the command line's overrides (`fields`, dotted) are applied (`hybridjax.cli`
+  calls it): the fields the command line set outside the benchmark block join `benchmark.recipe.keep`
+  (a trick of the recipe, R6 or the speedrun family leaves them as given), and the `speedrun` family's
+  tricks are applied after the command line, as the ladder's R6 applies them: every field the command
+  line did not set back at the preset's value, then `speedrun.speedrun_config` with the command line's
+  `benchmark.recipe.tricks`, `muon_lr` and `keep`, then the command line's values again (its LR, its
+  `benchmark.iterate`). So a value a trick derives follows the overrides (the momentum warm-up
+  follows `trainer.steps`, the attention scale the head dimension)."""
+  speedrun.keep_command_line(config, fields)
+  preset, *variants = (arg or "long").split(",")
+  if "speedrun" not in variants:
+    return config
+  given = {k: v for k, v in config_lib.flatten(config).items() if _is_given(k, fields)}
+  untricked = config_lib.flatten(get_config(preset))
+  restored = {k: v for k, v in untricked.items() if not _is_given(k, fields) and not k.startswith("benchmark.")}
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.update_from_flattened_dict(restored | {k: untricked[k] for k in ("benchmark.iterate", "benchmark.family")})
+  c = speedrun.speedrun_config(c)
+  c.update_from_flattened_dict(given)
+  return c
+
+
+def _is_given(field: str, fields: list[str]) -> bool:
+  return any(field == f or field.startswith(f + ".") for f in fields)
 
 
 def arms(outer: tuple[int, float, float]) -> ml_collections.ConfigDict:

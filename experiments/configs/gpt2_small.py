@@ -9,7 +9,8 @@ Read with `ml_collections.config_flags`:
 Presets: `tiny` (CPU, minutes; the default), `small` (CPU, under an hour), `124m` (GPT-2 Small, GPU).
 Comma-separated variants follow: `tiny,micro` is a one-layer model with a small dynamics model that
 trains in seconds (the tests and quick benchmarks use it); `tiny,speedrun` is the whole speedrun
-recipe (`hybridjax.bench.speedrun`) at its published tuned LR.
+recipe (`hybridjax.bench.speedrun`) at its published tuned LR; its tricks apply again after the
+command line's overrides (`after_command_line`), so a value a trick derives follows them.
 """
 
 from __future__ import annotations
@@ -90,6 +91,36 @@ def _speedrun(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     f"docs/results/recipe/recipe-{c.preset}.json tuned for its last step{stale}"
   )
   return c
+
+
+def reapply_tricks(config: ml_collections.ConfigDict, names: list[str], given: list[str]) -> ml_collections.ConfigDict:
+  """`config` with the speedrun tricks `names` applied again, in order, to its current values, except
+  to the fields `given` (dotted; a block's name covers its fields), which keep their values: a trick's
+  value derived from another field (the momentum warm-up from `trainer.steps`, the attention scale
+  from the head dimension, the value-embedding tables from `n_layer`) follows that field's value."""
+  from hybridjax.bench import speedrun
+
+  c = ml_collections.ConfigDict(config.to_dict())
+  for name in names:
+    changes = speedrun.TRICKS[name].changes(c)
+    c.update_from_flattened_dict({k: v for k, v in changes.items() if not _is_given(k, given)})
+  return c
+
+
+def _is_given(field: str, given: list[str]) -> bool:
+  return any(field == g or field.startswith(g + ".") for g in given)
+
+
+def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list[str]) -> ml_collections.ConfigDict:
+  """`get_config(arg)` once the command line's overrides (`fields`, dotted) are applied (`hybridjax.cli`
+  calls it): for `speedrun`, every trick applied again to the overridden config, the fields the
+  command line set kept as given, so a value a trick derives follows the overrides
+  (`--config.trainer.steps=3000` gets the recipe's warm-up of 500/3200 of 3000 steps, not 600's)."""
+  if "speedrun" not in (arg or "tiny").split(",")[1:]:
+    return config
+  from hybridjax.bench import speedrun
+
+  return reapply_tricks(config, list(speedrun.TRICKS), fields)
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:

@@ -14,6 +14,7 @@ from hybridjax import config as config_lib
 from hybridjax import fields
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
 
 # How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
@@ -25,6 +26,14 @@ MOVED = {f"ladder_{f}": f"ladder.{f}" for f in ("rungs", "methods", "cosine_meth
 MOVED |= {f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon")}
 MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "budgets", "budget_extensions")}
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
+# The benchmark block's own fields (experiments/configs/benchmark.py writes them), besides the study
+# blocks (`study.add_defaults`): a key outside them is a typo, refused (`study.unknown_benchmark_fields`).
+FIELDS = (
+  "preset", "family", "tuning_seeds", "seeds", "lr_points", "lr_max_extensions", "budgets", "betas", "task",
+  "methods", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address", "eval_points", "timing_rounds",
+  "timing_steps", "publish", "study", "plateau_margin", "plateau_seeds", "iterate", "arms",
+)  # fmt: skip
+ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
 
 
 def moved_errors(fields: Mapping[str, Any]) -> list[str]:
@@ -125,6 +134,13 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     errors.append("benchmark.eval_points, timing_rounds and timing_steps must be >= 1")
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
+  if b.get("iterate", "averaged") not in ITERATES:
+    errors.append(
+      f"--config.benchmark.iterate={b.iterate!r}: give 'averaged' (the tuning ranks runs by their averaged "
+      "loss) or 'best' (by each run's better iterate, raw or averaged)"
+    )
+  if config.get("hybrid", {}).get("method", ""):
+    errors.append(method_field_error(config.hybrid.method))
   # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
   if not float(b.plateau_margin) > 0:
     errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
@@ -149,6 +165,31 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   config_lib.validate(experiment_config(config))
 
 
+def method_field_error(method: str) -> str:
+  """The error of a benchmark config that names a method in `hybrid.method`: each run's method is its
+  arm's, so that field would be overwritten (and in the experiment config, in baseline mode, refused)."""
+  return (
+    f"--config.hybrid.method={method!r}: the benchmark runs a method as an arm, each run in its arm's mode "
+    f"with its arm's method, so it reads no --config.hybrid.method (nor --config.mode): leave them out and name "
+    f"the method in --config.benchmark.methods (e.g. --config.benchmark.methods={method}: its arm and its control "
+    f"arm), or define an arm with --config.benchmark.arms.<name>.method={method} and name <name> there"
+  )
+
+
+def budget_warmup_steps(config: ml_collections.ConfigDict, steps: int) -> int:
+  """Muon's momentum warm-up (`optim.muon_momentum_warmup_steps`) of a run of `steps` steps in a
+  family whose N-step runs (N = `trainer.steps`) warm it up over W steps: each budget its own
+  schedule, so its warm-up is the same share of its run (W/N of it, at least one step); W as the
+  recipe's `shortcuts` trick sets it (`speedrun.MOMENTUM_WARMUP_FRACTION` of the run) gives exactly
+  what the trick gives a run of `steps` steps. 0 (no warm-up) stays 0; N keeps W."""
+  n, warmup = int(config.trainer.steps), int(config.optim.get("muon_momentum_warmup_steps", 0))
+  if warmup == 0 or int(steps) == n:
+    return warmup
+  if warmup == max(1, round(speedrun.MOMENTUM_WARMUP_FRACTION * n)):
+    return max(1, round(speedrun.MOMENTUM_WARMUP_FRACTION * int(steps)))
+  return max(1, round(warmup * int(steps) / n))
+
+
 def run_spec(
   config: ml_collections.ConfigDict,
   *,
@@ -170,6 +211,8 @@ def run_spec(
   c.seed = int(seed)
   c.optim.learning_rate = float(lr)
   c.trainer.steps = int(steps)
+  if "muon_momentum_warmup_steps" in c.optim:  # each budget its own schedule: its warm-up too
+    c.optim.muon_momentum_warmup_steps = budget_warmup_steps(config, steps)
   c.trainer.averaging_beta = float(beta)
   points = int(config.benchmark.eval_points) if int(steps) == int(config.trainer.steps) else 1
   c.trainer.eval_every = max(int(steps) // points, 1)

@@ -13,6 +13,7 @@ invocations a resumed study extends; None: it keeps none).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -24,7 +25,9 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax.bench import record, specs
+from hybridjax import config as config_lib
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench.runs.runner import make_runner
 
 STUDIES = {  # name -> the package of its folder
@@ -54,10 +57,166 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
       b[name] = block
 
 
-def validate(config: ml_collections.ConfigDict) -> ModuleType:
-  """Checks `config` for its study (`study_name`'s): the benchmark block, the study's block, every
-  other config it trains, before anything is compiled or written; returns its `run`."""
+def known_fields(preset: str) -> set[str]:
+  """The dotted fields of a benchmark block (`specs.FIELDS` and every study's block at `preset`; the
+  ladder's arms, `ladder.methods` and `ladder.cosine_methods`, are set where `benchmark.arms` is)."""
+  b = ml_collections.ConfigDict()
+  add_defaults(b, preset)
+  return set(specs.FIELDS) | set(config_lib.flatten(b)) | {"ladder.methods", "ladder.cosine_methods"}
+
+
+def unknown_benchmark_fields(config: ml_collections.ConfigDict) -> list[str]:
+  """A line for each key of the benchmark block that is no field of it (`known_fields`), naming the
+  nearest: ml_collections adds a key set from Python to an unlocked config (`c.benchmark.method = ...`)
+  and the study would run on the field's default, without a word. The arms (`benchmark.arms`, checked by
+  `arms.check`) are an open block; `benchmark.ladder.muon`'s keys are optimizer fields. The experiment
+  blocks' keys are `config.unknown_field_errors`' (`specs.validate_benchmark` calls it)."""
+  b = config.benchmark
+  known = known_fields(str(b.get("preset", "long")))
+  optim = set(config.get("optim", {}))
+  errors = []
+  for name in config_lib.flatten(b):
+    top = name.split(".")[0]
+    if name in known or top == "arms" or top in specs.MOVED or top in specs.OLD_FLAGS and "." not in name:
+      continue  # an old name: `specs.moved_errors` names its field now
+    if name.startswith("ladder.muon."):
+      if name.split(".", 2)[2] in optim:
+        continue
+      nearest = difflib.get_close_matches(name.split(".", 2)[2], sorted(optim), n=1, cutoff=0.6)
+      nearest = ["ladder.muon." + n for n in nearest]
+    else:
+      nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean --config.benchmark.{nearest[0]}? " if nearest else "(docs/benchmark.md lists the fields) "
+    errors.append(
+      f"--config.benchmark.{name} is not a field of the benchmark block: {hint}A misspelt key would leave the "
+      "field it meant at its default; rename or remove it"
+    )
+  return errors
+
+
+# The experiment fields a benchmark sets per run (`specs.run_spec`, the tuning), and why: given on the
+# command line (or, from Python, away from every preset's value), they are refused, not ignored.
+OVERWRITTEN = {
+  "seed": "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
+  "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
+  "mode": "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
+  "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
+  "trainer.eval_every": "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
+  "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
+  "trainer.log_every": "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out "
+  "--config.trainer.log_every",
+  "trainer.averaging_beta": "the benchmark tunes the averaging beta on the tuning seeds over "
+  "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+}
+# The value of an OVERWRITTEN field in every preset of experiments/configs/benchmark.py: from Python,
+# another value was set and is refused (the preset-dependent ones are checked on the command line only).
+PRESET_VALUES = {
+  "seed": 0,
+  "mode": "benchmark",
+  "trainer.averaging_beta": config_lib.default_trainer_config().averaging_beta,
+}
+CONSTANT_RUNGS = ("R0", "R1", "R2")  # the ladder's rungs that train at trainer.averaging_beta, untuned
+TUNED_RUNGS = ("R3", "R4", "R5", "R6")  # the ladder's rungs that run benchmark.methods too
+
+
+def is_speedrun_family(config: ml_collections.ConfigDict) -> bool:
+  """Whether `config` is the `speedrun` family (`experiments/configs/benchmark.py:<preset>,speedrun`:
+  the whole recipe, `speedrun.speedrun_config`) run as a family."""
+  return study_name(config) == "family" and str(config.benchmark.family).startswith("speedrun-")
+
+
+def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
+  """(who reads the study-block field `field` (dotted, in the benchmark block), whether this config's
+  study does)."""
+  name, block = study_name(config), field.split(".")[0]
+  rungs = arms_lib.names(config.benchmark.ladder.rungs) if "ladder" in config.benchmark else []
+  r6, speedrun_family = "R6" in rungs and name == "ladder", is_speedrun_family(config)
+  if field in ("recipe.tricks", "recipe.muon_lr"):
+    return "the recipe study, the ladder's R6 and the speedrun family", name == "recipe" or r6 or speedrun_family
+  if field == "recipe.keep":
+    readers = "the recipe, variants and knobs studies, the ladder's R6 and the speedrun family"
+    return readers, name in ("recipe", "variants", "knobs") or r6 or speedrun_family
+  return f"the {block} study", name == block
+
+
+def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
+  """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
+  value away from every preset's (`PRESET_VALUES`) gives, but that the study would overwrite or never
+  read, naming it and the fix: a field the benchmark sets per run (`OVERWRITTEN`), another study's block,
+  `benchmark.methods` in a study that runs no method arm (or in a ladder without a tuned rung)."""
+  name, b = study_name(config), config.benchmark
+  flat = config_lib.flatten(config)
+  given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
+  rungs = arms_lib.names(b.ladder.rungs) if "ladder" in b else []
+  errors = []
+  for field in sorted(given):
+    if field in OVERWRITTEN:
+      if field == "trainer.averaging_beta" and name == "ladder" and set(rungs) & set(CONSTANT_RUNGS):
+        continue  # R0-R2 train at it (untuned); they compare the raw iterate
+      errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field]}")
+    parts = field.split(".")
+    if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
+      readers, read = _readers(config, ".".join(parts[1:]))
+      if not read:
+        runs = "the family protocol" if name == "family" else f"the {name} study"
+        errors.append(
+          f"--config.{field}={flat.get(field)!r} is set but unused: it is read by {readers}, and "
+          f"--config.benchmark.study={name!r} runs {runs}: add "
+          f"--config.benchmark.study={parts[1]} (its study), or leave out --config.{field}"
+        )
+  if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs"):
+    errors.append(
+      f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
+      "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "
+      "--config.benchmark.methods"
+    )
+  if "benchmark.methods" in fields and name == "ladder" and rungs and not set(rungs) & set(TUNED_RUNGS):
+    errors.append(
+      f"--config.benchmark.methods={b.methods!r} is set but unused: the ladder runs --config.benchmark.methods "
+      f"only at its tuned rungs {','.join(TUNED_RUNGS)}, and --config.benchmark.ladder.rungs={b.ladder.rungs!r} "
+      "has none: name the arms in --config.benchmark.ladder.methods (run at every rung), or add a rung from "
+      f"{','.join(TUNED_RUNGS)}"
+    )
+  return errors
+
+
+def speedrun_family_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The speedrun family's config against its own recipe: `speedrun.speedrun_config` applied the
+  tricks when the config was built; a field a trick derives from that changed after (from Python:
+  `c.trainer.steps = 3000` after `get_config('long,speedrun')`), or `benchmark.recipe.tricks`,
+  `muon_lr` set after, would leave a value no trick gives this config (the command line's overrides
+  are applied before the tricks: `after_command_line` in experiments/configs/benchmark.py)."""
+  if not is_speedrun_family(config):
+    return []
+  kept = set(speedrun.kept_fields(config))
+  expected = speedrun.apply_tricks(config, speedrun.tricks_of(config))
+  if speedrun.uses_muon(expected) and "optim.learning_rate" not in kept:
+    expected.optim.learning_rate = float(config.benchmark.recipe.muon_lr)
+  flat, want = config_lib.flatten(config), config_lib.flatten(expected)
+  stale = [k for k, v in want.items() if not k.startswith("benchmark.") and flat.get(k) != v]
+  if not stale:
+    return []
+  return [
+    "the speedrun family's config is not its recipe's ("
+    + ", ".join(f"--config.{k}={flat.get(k)!r} where benchmark.recipe gives {want[k]!r}" for k in stale)
+    + "): the tricks were applied before a field they derive from, or benchmark.recipe.tricks/muon_lr, changed. "
+    f"Set the fields on the preset without the family (get_config({str(config.benchmark.preset)!r})) and apply "
+    "hybridjax.bench.speedrun.speedrun_config to it, or keep a value as given with --config.benchmark.recipe.keep"
+  ]
+
+
+def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> ModuleType:
+  """Checks `config` for its study (`study_name`'s): the benchmark block's keys, the fields it would
+  overwrite or not read (`command_line`: the fields the command line set, dotted), the benchmark
+  block, the study's block, every other config it trains, before anything is compiled or written;
+  returns its `run`."""
   name = study_name(config)
+  errors = unknown_benchmark_fields(config) + unused_field_errors(config, list(command_line))
+  errors += speedrun_family_errors(config)
+  if errors and config.get("hybrid", {}).get("method", ""):
+    errors.append(specs.method_field_error(config.hybrid.method))  # else `validate_benchmark` says it
+  if errors:
+    raise ValueError("; ".join(errors))
   specs.validate_benchmark(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   for what, other in checks.validate(config).items():
@@ -68,10 +227,13 @@ def validate(config: ml_collections.ConfigDict) -> ModuleType:
   return importlib.import_module(STUDIES[name] + ".run")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> dict[str, Any]:
-  """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record."""
+def run(
+  config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()
+) -> dict[str, Any]:
+  """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record.
+  `command_line`: the fields the command line set (dotted), which `validate` checks."""
   name = study_name(config)
-  study = validate(config)
+  study = validate(config, command_line)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   print("\n".join(study.header(config, workdir)), flush=True)

@@ -237,3 +237,181 @@ def test_every_study_has_the_skeletons_hooks(name):
     assert callable(getattr(run, hook, None)), f"{name}'s run.py has no {hook}()"
   config = importlib.import_module(study.STUDIES[name] + ".config")
   assert hasattr(run, "RECORD") and callable(config.validate) and callable(config.add_defaults)
+
+
+def test_the_speedrun_family_applies_its_tricks_after_the_command_line():
+  """`long,speedrun` with the command line's recipe fields trains those tricks at that LR (as R6 would),
+  a derived value follows an override (the warm-up, `trainer.steps`), a field the command line set wins
+  (the LR, the iterate); with no override the family is the preset as `get_config` builds it."""
+  from hybridjax import config as config_lib
+  from hybridjax.bench import speedrun
+
+  def parsed(overrides):  # as the program parses it: the overrides, then the file's after_command_line
+    c = benchmark_cfg.get_config("long,speedrun")
+    c.update_from_flattened_dict(overrides)
+    return benchmark_cfg.after_command_line(c, "long,speedrun", list(overrides))
+
+  c = parsed({"benchmark.recipe.tricks": "schedule,muon", "benchmark.recipe.muon_lr": 0.05})
+  base = benchmark_cfg.get_config("long")
+  base.benchmark.recipe.update(tricks="schedule,muon", muon_lr=0.05)
+  assert config_lib.flatten(c) == config_lib.flatten(speedrun.speedrun_config(base))
+  assert c.optim.learning_rate == 0.05 and c.optim.name == "muon_groups" and not c.model.rotary
+  study.validate(c)
+  c = parsed({"trainer.steps": 1000})
+  assert c.optim.muon_momentum_warmup_steps == round(speedrun.MOMENTUM_WARMUP_FRACTION * 1000) == 156
+  assert c.benchmark.recipe.keep == "trainer.steps"
+  study.validate(c)
+  c = parsed({"optim.learning_rate": 0.03, "benchmark.iterate": "averaged"})
+  assert (c.optim.learning_rate, c.benchmark.iterate) == (0.03, "averaged")
+  study.validate(c)
+  assert config_lib.flatten(parsed({})) == config_lib.flatten(benchmark_cfg.get_config("long,speedrun"))
+
+
+@pytest.mark.parametrize(
+  "change,match",
+  [
+    (lambda c: setattr(c.trainer, "steps", 1000), r"muon_momentum_warmup_steps=469 where benchmark\.recipe gives 156"),
+    (
+      lambda c: setattr(c.benchmark.recipe, "muon_lr", 0.05),
+      r"learning_rate=0\.02 where benchmark\.recipe gives 0\.05",
+    ),
+  ],
+)
+def test_the_speedrun_family_changed_from_python_after_its_tricks_is_refused(change, match):
+  c = benchmark_cfg.get_config("long,speedrun")
+  study.validate(c)
+  change(c)
+  with pytest.raises(ValueError, match=rf"the speedrun family's config is not its recipe's \(.*{match}.*get_config"):
+    study.validate(c)
+
+
+@pytest.mark.parametrize(
+  "field,value,nearest",
+  [
+    ("method", "mypkg.x", "methods"),
+    ("seed", (4, 5, 6), "seeds"),
+    ("recipe.trick", "schedule", "recipe.tricks"),
+    ("ladder.rung", "R3", "ladder.rungs"),
+    ("ladder.muon.learnin_rate", 0.1, "ladder.muon.learning_rate"),
+  ],
+)
+def test_a_misspelt_benchmark_key_set_from_python_is_refused_naming_the_nearest(field, value, nearest):
+  c = benchmark_cfg.get_config("quick")
+  block, *path = ["benchmark", *field.split(".")]
+  node = c[block]
+  for part in path[:-1]:
+    node = node[part]
+  setattr(node, path[-1], value)  # ml_collections adds a key to an unlocked config
+  message = rf"--config\.benchmark\.{field} is not a field of the benchmark block: did you mean "
+  message += rf"--config\.benchmark\.{nearest}\?"
+  with pytest.raises(ValueError, match=message):
+    study.validate(c)
+
+
+def test_the_benchmark_blocks_fields_are_the_presets_and_the_iterate_is_checked():
+  """`specs.FIELDS` and the study blocks are every field a preset writes (else the check refuses one
+  of them, or takes a typo); `benchmark.iterate` is 'averaged' or 'best'."""
+  from hybridjax import config as config_lib
+
+  for arg in ("quick", "long", "124m", "long,speedrun"):
+    c = benchmark_cfg.get_config(arg)
+    written = {k for k in config_lib.flatten(c.benchmark) if not k.startswith(("arms.", "ladder.muon."))} | {"arms"}
+    assert written == {k for k in study.known_fields(c.benchmark.preset) if not k.startswith("ladder.muon.")}
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.iterate = "bset"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.iterate='bset': give 'averaged' .* or 'best'"):
+    study.validate(c)
+
+
+_UNUSED = "is set but unused"
+_ADD = r"add --config\.benchmark\.study="
+
+
+@pytest.mark.parametrize(
+  "fields,study_name,match",
+  [
+    ({"seed": 7}, "family", rf"--config\.seed=7 {_UNUSED}: .*benchmark\.seeds .*: leave out --config\.seed"),
+    ({"mode": "hybrid"}, "family", rf"--config\.mode='hybrid' {_UNUSED}: .*--config\.benchmark\.methods"),
+    ({"trainer.eval_every": 5}, "family", r"leave out --config\.trainer\.eval_every and set .*eval_points"),
+    ({"trainer.log_every": 5}, "recipe", rf"--config\.trainer\.log_every=5 {_UNUSED}"),
+    ({"trainer.averaging_beta": 0.9}, "family", r"leave out --config\.trainer\.averaging_beta and set .*betas"),
+    (
+      {"benchmark.ladder.rungs": "R3,R4"},
+      "family",
+      rf"ladder\.rungs='R3,R4' {_UNUSED}: it is read by the ladder study, and --config\.benchmark\.study='family' "
+      rf"runs the family protocol: {_ADD}ladder",
+    ),
+    ({"benchmark.variants.set": "fixes"}, "ladder", rf"{_ADD}variants"),
+    ({"benchmark.knobs.lr_points": 4}, "recipe", rf"{_ADD}knobs"),
+    ({"benchmark.recipe.tricks": "schedule"}, "family", r"read by the recipe study, the ladder's R6 and the speedrun"),
+    ({"benchmark.recipe.budgets": (5.0,)}, "ladder", rf"recipe\.budgets=\(5\.0,\) {_UNUSED}: it is read by the recipe"),
+    ({"benchmark.methods": "jump"}, "recipe", r"the recipe study trains anchors only, no method arm"),
+    ({"benchmark.methods": "jump"}, "knobs", r"the knobs study trains anchors only"),
+    (
+      {"benchmark.methods": "jump", "benchmark.ladder.rungs": "R0,R1"},
+      "ladder",
+      r"only at its tuned rungs R3,R4,R5,R6, and --config\.benchmark\.ladder\.rungs='R0,R1' has none",
+    ),
+  ],
+)
+def test_a_field_the_study_would_overwrite_or_not_read_is_refused_naming_the_fix(fields, study_name, match):
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.study = study_name
+  c.update_from_flattened_dict(fields)
+  with pytest.raises(ValueError, match=match):
+    study.validate(c, list(fields))
+
+
+@pytest.mark.parametrize(
+  "fields,study_name",
+  [
+    ({"trainer.averaging_beta": 0.9}, "ladder"),  # R0-R2 train at it
+    ({"benchmark.recipe.tricks": "schedule,muon"}, "ladder"),  # R6 reads it
+    ({"benchmark.recipe.keep": "model.relu2"}, "recipe"),
+    ({"benchmark.methods": "jump", "benchmark.ladder.rungs": "R1,R3"}, "ladder"),
+    ({"benchmark.methods": "jump"}, "family"),
+    ({"trainer.steps": 80, "optim.learning_rate": 0.01}, "family"),
+  ],
+)
+def test_a_field_the_study_reads_is_taken(fields, study_name):
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.study = study_name
+  c.update_from_flattened_dict(fields)
+  assert study.unused_field_errors(c, list(fields)) == []
+
+
+def test_a_method_named_in_hybrid_method_points_to_the_benchmarks_methods_and_arms():
+  """`--config.mode=hybrid --config.hybrid.method=...` is not what the benchmark reads: the message
+  names `benchmark.methods` and `benchmark.arms`, not `mode=hybrid` (the runs' experiment config is in
+  baseline mode until an arm sets its own)."""
+  c = benchmark_cfg.get_config("quick")
+  c.hybrid.method = "jump"
+  message = r"--config\.hybrid\.method='jump': the benchmark runs a method as an arm.*"
+  message += r"--config\.benchmark\.methods=jump.*--config\.benchmark\.arms\.<name>\.method=jump"
+  with pytest.raises(ValueError, match=message):
+    specs.validate_benchmark(c)
+  c.mode = "hybrid"
+  with pytest.raises(ValueError, match=r"--config\.mode='hybrid' is set but unused.*; " + message):
+    study.validate(c, ["mode", "hybrid.method"])
+
+
+def test_each_budget_gets_its_own_muon_momentum_warmup():
+  """Each budget its own schedule, its momentum warm-up too: the recipe's share of its run (as the
+  `shortcuts` trick gives a run of that length), a warm-up of the config's own in proportion; N keeps
+  its warm-up (its runs keep their keys) and a family without one has none."""
+  from hybridjax.bench import speedrun
+
+  def warmup(c, steps):
+    spec = specs.run_spec(c, kind="anchor", seed=1, lr=0.02, steps=steps, beta=0.99)
+    return spec["config"]["optim"]["muon_momentum_warmup_steps"]
+
+  c = benchmark_cfg.get_config("long,speedrun")
+  n = int(c.trainer.steps)
+  assert warmup(c, n) == c.optim.muon_momentum_warmup_steps == round(speedrun.MOMENTUM_WARMUP_FRACTION * n)
+  for f in c.benchmark.budgets:
+    steps = round(f * n)
+    assert warmup(c, steps) == max(1, round(speedrun.MOMENTUM_WARMUP_FRACTION * steps)), f
+  assert warmup(c, n // 2) == 234 and warmup(c, 2 * n) == 938
+  c.optim.muon_momentum_warmup_steps = 300  # not the recipe's share: the same share of each budget
+  assert (warmup(c, n), warmup(c, n // 2), warmup(c, 2 * n)) == (300, 150, 600)
+  assert warmup(benchmark_cfg.get_config("long,muon"), 2 * n) == 0
