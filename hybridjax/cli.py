@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import importlib.util
 import os
 import re
 import sys
+import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -99,10 +101,17 @@ class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
       config = prepare_for_overrides(config, sys.argv)
       config.lock()
       file, _, arg = path.partition(":")
-      module = config_flags_impl._LoadConfigModule(f"{self.name}_config", file)  # noqa: SLF001 (as parse loads it)
-      hook = getattr(module, "after_command_line", None)
+      hook = getattr(_load_module(f"{self.name}_config_hooks", file), "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
+
+
+def _load_module(name: str, path: str) -> types.ModuleType:
+  """The Python file at `path` as a module (executed again: `parse` does not keep the one it loads)."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def finish_config(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:
