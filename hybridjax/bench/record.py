@@ -1,5 +1,7 @@
 """What every study's record starts with (`header`: its command, date, machine, config), the
-invocations of a resumed study, and the config of a record written before the study blocks."""
+invocations of a resumed study, the config of a record written before the study blocks, and the
+check that a publish neither replaces nor mixes a published record of another config
+(`config_differences`, `check_publish`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 import jax
 import ml_collections
 
+from hybridjax import config as config_lib
+from hybridjax import registry
 from hybridjax.bench import specs
 
 
@@ -92,3 +96,140 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
     "config": json.loads(config.to_json()),
     "steps": int(config.trainer.steps),
   }
+
+
+# Fields that say how and where a study ran and where it is published, never what it measured: two
+# records differing only in these hold the same measurement.
+RUNTIME_FIELDS = frozenset(
+  {
+    "resume",
+    "notes",
+    "trainer.progress",
+    "trainer.compile_cache",
+    "trainer.compile_cache_dir",
+    "trainer.memory_limit_bytes",
+    "data.cache_dir",
+    "mesh.data",
+    "mesh.fsdp",
+    "distributed.enabled",
+    "distributed.coordinator_address",
+    "distributed.num_processes",
+    "distributed.process_id",
+    "benchmark.publish",
+    "benchmark.study",
+    "benchmark.executor",
+    "benchmark.workers",
+    "benchmark.cpus_per_run",
+    "benchmark.gpus_per_run",
+    "benchmark.ray_address",
+  }
+)
+STUDY_BLOCKS = ("ladder", "recipe", "variants", "knobs")  # `benchmark.<name>`: each study's own fields
+FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
+
+
+def _comparable(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+  """A config's leaves by dotted name, as two records' configs compare: `hybrid.method` as the
+  method it names ('' is the default), and the default method's
+  fields at their place today (`hybrid.<its block>.<field>`) where an old record holds them flat in
+  the hybrid block (`hybrid.<field>`, its `beta` as `hybrid.<method>_beta`; `hybrid.predictor`, the
+  method's field before `method`)."""
+  out = config_lib.flatten(json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config)))
+  if "hybrid.predictor" in out:
+    out.setdefault("hybrid.method", out.pop("hybrid.predictor"))
+  if "hybrid.method" in out:
+    out["hybrid.method"] = out["hybrid.method"] or config_lib.DEFAULT_METHOD
+  block = f"hybrid.{registry.load_method(config_lib.DEFAULT_METHOD).config_key}."
+  own = {k[len(block) :].split(".")[0] for k in config_lib.field_defaults() if k.startswith(block)}
+  renamed = {f"{config_lib.DEFAULT_METHOD}_beta": "beta"}
+  for k in [k for k in out if k.startswith("hybrid.")]:
+    head, _, rest = k[len("hybrid.") :].partition(".")
+    if renamed.get(head, head) in own:  # one of the default method's fields, flat in an old record
+      out.setdefault(block + renamed.get(head, head) + ("." + rest if rest else ""), out.pop(k))
+  return out
+
+
+def config_differences(
+  earlier: ml_collections.ConfigDict | dict[str, Any],
+  later: ml_collections.ConfigDict | dict[str, Any],
+  ignore: tuple[str, ...] = (),
+) -> list[str]:
+  """The fields whose values differ between two configs (a published record's, `stored_config`'s,
+  and another's), as 'field: <earlier> there, <later> here' lines, `FIRST_SHOWN` first; outside
+  `RUNTIME_FIELDS` and `ignore` (dotted fields, or blocks: 'benchmark.knobs' ignores its fields).
+  A field one config lacks (its record was written before the field existed) compares as its default
+  (`config.field_defaults`); one with no default (a benchmark field or study block added since) is
+  not compared: the older record cannot say what it was."""
+  defaults = config_lib.field_defaults()
+  a, b = _comparable(earlier), _comparable(later)
+  absent = object()
+
+  def ignored(k: str) -> bool:
+    return k in RUNTIME_FIELDS or any(k == i or k.startswith(i + ".") for i in ignore)
+
+  shown = {k: i for i, k in enumerate(FIRST_SHOWN)}
+  keys = sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k))
+  diffs = []
+  for k in [k for k in keys if not ignored(k)]:
+    old, new = a.get(k, defaults.get(k, absent)), b.get(k, defaults.get(k, absent))
+    if absent not in (old, new) and _plain(old) != _plain(new):
+      diffs.append(f"{k}: {_plain(old)!r} there, {_plain(new)!r} here")
+  return diffs
+
+
+def _plain(value: Any) -> Any:
+  """`value` with its lists as tuples, so a default read from json equals a config's tuple."""
+  return tuple(_plain(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def other_studies(study: str) -> tuple[str, ...]:
+  """The blocks of the studies `study` does not read (`benchmark.<name>`, `STUDY_BLOCKS`): a record
+  of `study` compares without them. Every study but the family reads the recipe's block (the ladder's
+  R6, the variants' and knobs' rows are the recipe's), and a speedrun family is the recipe whole."""
+  return tuple(f"benchmark.{s}" for s in STUDY_BLOCKS if s not in (study, "recipe"))
+
+
+def publish_refusal(folder: str, path: str, why: str, lines: list[str] = ()) -> str:
+  """The error of a publish refused because `folder` holds `path` (`why`), its config differences
+  (`lines`, the first five shown): the fix is another folder, or deleting the published record."""
+  shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
+  return (
+    f"--config.benchmark.publish={folder!r} holds {path}, {why}{' (' + shown + ')' if shown else ''}: publishing "
+    "here would replace or mix published results. Give --config.benchmark.publish another folder (or '' to "
+    f"publish nothing), or delete {path} deliberately to replace it"
+  )
+
+
+def check_publish(
+  config: ml_collections.ConfigDict | dict[str, Any], folder: str, name: str, ignore: tuple[str, ...] = ()
+) -> None:
+  """Refuses (ValueError, `publish_refusal`) to publish a record of `config` as `folder/name` where
+  the record there holds another config (`config_differences`, outside `ignore`); a record of the
+  same config is a re-run, which replaces it."""
+  path = os.path.join(folder, name)
+  earlier = stored(path)
+  if earlier:
+    lines = config_differences(stored_config(earlier), config, ignore)
+    if lines:
+      raise ValueError(publish_refusal(folder, path, "a record of another config", lines))
+
+
+def write_and_publish(
+  result: dict[str, Any],
+  workdir: str,
+  publish: str,
+  record: str,
+  markdown: Callable,
+  plot: Callable | None = None,
+  ignore: tuple[str, ...] = (),
+) -> None:
+  """`write_files` into `workdir`, then into `publish` when set, unless `publish` holds the record
+  `record` of another config (`check_publish`, outside `ignore`): then a ValueError, with nothing
+  published and the workdir's copy written."""
+  write_files(result, workdir, record, markdown, plot)
+  if publish:
+    try:
+      check_publish(result["config"], publish, record.format(**result), ignore)
+    except ValueError as e:
+      raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
+    write_files(result, publish, record, markdown, plot)

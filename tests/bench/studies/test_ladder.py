@@ -411,7 +411,8 @@ def _split(result, rungs):
 
 def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_path):
   """Publishing R6 alone into a folder whose ladder ran R0-R5 writes one ladder with every rung,
-  each recomputed from the groups of both; a ladder that ran a rung again replaces it instead."""
+  each recomputed from the groups of both; a ladder that ran a rung again, or of another config, is
+  refused: the published ladder stays as it was, the workdir keeps the new one."""
   (published,) = [r for r in _published().values() if r["preset"] == "long"]
   earlier, later = _split(published, list(ladder_rungs.RUNGS)[:-1]), _split(published, ["R6"])
   folder = tmp_path / "ladder"
@@ -422,15 +423,23 @@ def test_a_ladder_published_with_new_rungs_is_joined_with_the_published_one(tmp_
   assert joined["rung_names"] == list(ladder_rungs.RUNGS) and joined["rungs"] == published["rungs"]
   assert joined["command"] == "run R0,R1,R2,R3,R4,R5; run R6" and joined["runs_trained"] == 4
   assert [c["rungs"] for c in joined["invocations"]] == [list(ladder_rungs.RUNGS)[:-1], ["R6"]]
+  assert joined["config"]["benchmark"]["ladder"]["rungs"] == ",".join(ladder_rungs.RUNGS)
   with open(tmp_path / "work2" / "ladder-long.json") as f:
     assert json.load(f)["rung_names"] == ["R6"]  # the workdir keeps what this invocation ran
-  with pytest.raises(ValueError, match=r"both ran \['R6', 'speedrun'\]"):
+  with pytest.raises(ValueError, match=r"ran \['R6', 'speedrun'\] already"):
     ladder_run.join(joined, later)
-  with pytest.raises(ValueError, match="different steps"):
+  with pytest.raises(ValueError, match="steps: 3000 there, 10 here"):
     ladder_run.join(earlier, {**later, "steps": 10})
-  ladder_run.write(later, {"families": {}}, str(tmp_path / "work3"), str(folder))  # R6 again: replaces
-  with open(folder / "ladder-long.json") as f:
-    assert json.load(f)["rung_names"] == ["R6"]
+  wider = json.loads(json.dumps(later))
+  wider["config"]["model"]["d_model"] = 128
+  with pytest.raises(ValueError, match="model.d_model: 64 there, 128 here"):
+    ladder_run.join(earlier, wider)
+  before = (folder / "ladder-long.json").read_bytes()
+  for again, work in ((later, "work3"), (wider, "work4")):  # R6 again; another model
+    with pytest.raises(ValueError, match=r"(?s)--config\.benchmark\.publish=.*delete .*ladder-long\.json deliberately"):
+      ladder_run.write(again, {"families": {}}, str(tmp_path / work), str(folder))
+    assert (folder / "ladder-long.json").read_bytes() == before  # nothing published
+    assert (tmp_path / work / "ladder-long.json").exists()  # nothing computed is lost
 
 
 def test_a_ladder_arm_with_fewer_than_3_jumps_per_run_reads_not_exercised():

@@ -21,6 +21,7 @@ from hybridjax.bench.cells import (
   with_exercise,
 )
 from hybridjax.bench.figures import ANCHORS
+from hybridjax.bench.studies.family import config as family_config
 
 
 def tuning_noise(t: dict[str, Any]) -> str:
@@ -201,7 +202,8 @@ def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
 
 def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> list[str]:
   """Writes benchmark.json, headline.json, results.md and the plots into `workdir`, and copies them
-  into `publish` when set; returns the plots' paths."""
+  into `publish` when set (`publish_results`: refused where it holds another config's results, after
+  `workdir` is written); returns the plots' paths."""
   for name, data in (("benchmark.json", result), ("headline.json", result["headline"])):
     with open(os.path.join(workdir, name), "w") as f:
       json.dump(data, f, indent=2)
@@ -209,7 +211,18 @@ def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> li
     f.write(markdown(result))
   plots = save_plots(result, workdir)
   if publish:
-    os.makedirs(publish, exist_ok=True)
-    for name in ["headline.json", "results.md", "benchmark.json"] + [os.path.basename(p) for p in plots]:
-      shutil.copy(os.path.join(workdir, name), os.path.join(publish, name))
+    publish_results(result, workdir, publish, plots)
   return plots
+
+
+def publish_results(result: dict[str, Any], workdir: str, publish: str, plots: list[str]) -> None:
+  """Copies the family's files from `workdir` (`write_results`'s, `plots` among them) into `publish`;
+  a ValueError naming --config.benchmark.publish, copying nothing, where `publish` holds the results of
+  another config (`config.check_publish`)."""
+  try:
+    family_config.check_publish(result["config"], publish)
+  except ValueError as e:
+    raise ValueError(f"{e}. Nothing was published; the results are in {workdir}") from None
+  os.makedirs(publish, exist_ok=True)
+  for name in [*family_config.PUBLISHED, *(os.path.basename(p) for p in plots)]:
+    shutil.copy(os.path.join(workdir, name), os.path.join(publish, name))

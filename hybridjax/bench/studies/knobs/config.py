@@ -5,8 +5,12 @@ from __future__ import annotations
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
 from hybridjax.bench.studies.knobs.sets import SIDES
+
+RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
+PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
@@ -70,4 +74,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
             "none of the tuning budget the sides share: leave out the override that set it"
           )
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
+  # A record of another config published there would be replaced (`record.check_publish`).
+  b = config.benchmark
+  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
   return out

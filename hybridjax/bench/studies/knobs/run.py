@@ -17,12 +17,14 @@ from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import side_configs
 from hybridjax.bench.studies.knobs.report import markdown
 from hybridjax.bench.studies.knobs.sets import SIDES
 from hybridjax.bench.tasks import task_path
 
-RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
+# its record (a resumed study extends its invocations) and the blocks it compares without
+RECORD, PUBLISH_IGNORES = knobs_config.RECORD, knobs_config.PUBLISH_IGNORES
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
@@ -202,6 +204,7 @@ def record(
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
+  (`record.write_and_publish`; the validate hook refused it before training)."""
   del trained
-  for folder in [workdir] + ([publish] if publish else []):
-    record_lib.write_files(result, folder, RECORD, markdown)
+  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)

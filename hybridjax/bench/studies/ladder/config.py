@@ -1,11 +1,23 @@
-"""The ladder's block of the benchmark config (`benchmark.ladder`) and its checks."""
+"""The ladder's block of the benchmark config (`benchmark.ladder`) and its checks, the publish folder's
+among them (`check_publish`: a ladder joins a published one of the same config only)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
 
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench.studies.ladder.rungs import RUNGS, names, rungs_of
+from hybridjax.bench import record, specs
+from hybridjax.bench.studies.family import config as family_config
+from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, group_config, names, rungs_of
+
+RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
+# What two ladders of one measurement may differ in, besides the runtime fields: the rungs each ran,
+# and the blocks of the studies the ladder does not read.
+JOIN_IGNORES = ("benchmark.ladder.rungs", *record.other_studies("ladder"))
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
@@ -43,4 +55,55 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     )
   if errors:
     raise ValueError("; ".join(errors))
+  check_publish(config)
   return {}
+
+
+def join_problem(
+  earlier: dict[str, Any],
+  config: ml_collections.ConfigDict | dict[str, Any],
+  rung_names: list[str],
+  groups: Iterable[str],
+) -> tuple[str, list[str]]:
+  """('', []) where a ladder of `config` that ran `rung_names` (the runs of `groups`) joins the ladder
+  record `earlier`; else (why not, the config's differences): another config (`record.config_differences`
+  outside `JOIN_IGNORES`: another model, data, seeds, eval set, steps...) would put two measurements in
+  one table, and a rung or group both ran would be measured twice."""
+  lines = record.config_differences(record.stored_config(earlier), config, JOIN_IGNORES)
+  if lines:
+    return "a ladder of another config", lines
+  shared = set(earlier["rung_names"]) & set(rung_names) | set(earlier["groups"]) & set(groups)
+  if shared:
+    return f"a ladder that ran {sorted(shared)} already", []
+  return "", []
+
+
+def family_folder(publish: str, preset: str, family: str) -> str:
+  """Where a ladder published into `publish` publishes a tuned group's family: beside it, as
+  `<preset>-<family>`."""
+  return os.path.join(os.path.dirname(os.path.normpath(publish)), f"{preset}-{family}")
+
+
+def check_publish(config: ml_collections.ConfigDict) -> None:
+  """Refuses (ValueError naming --config.benchmark.publish) a publish folder whose ladder of the preset
+  this one would not join (`join_problem`), or beside which a tuned group's family folder holds
+  another config's family (`family_config.check_publish`; its headline seeds may be the plateau
+  rule's extension of these)."""
+  b = config.benchmark
+  folder = str(b.publish)
+  if not folder:
+    return
+  path = os.path.join(folder, RECORD.format(preset=b.preset))
+  earlier = record.stored(path)
+  groups = {RUNGS[r].group for r in rungs_of(config)}
+  if earlier:
+    why, lines = join_problem(earlier, config, rungs_of(config), groups)
+    if why:
+      raise ValueError(record.publish_refusal(folder, path, why, lines))
+  seeds = [int(s) for s in b.seeds]
+  extended = seeds + [int(s) for s in b.plateau_seeds if int(s) not in seeds]
+  for group in [g for g in TUNED_GROUPS if g in groups]:
+    family = specs.family_name(group_config(config, group, seeds))
+    target = family_folder(folder, str(b.preset), family)
+    held = record.stored(os.path.join(target, "benchmark.json")).get("seeds")
+    family_config.check_publish(group_config(config, group, extended if held == extended else seeds), target)

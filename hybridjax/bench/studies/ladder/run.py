@@ -22,8 +22,10 @@ from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
+from hybridjax.bench.studies.ladder import config as ladder_config
 from hybridjax.bench.studies.ladder import rungs
 from hybridjax.bench.studies.ladder.figures import rung_figures, untuned_position
 from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
@@ -146,7 +148,7 @@ def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any
   return figures.plateau_runs(kinds, n, margin)
 
 
-RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
+RECORD = ladder_config.RECORD  # its record, whose invocations a resumed ladder extends
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -217,19 +219,21 @@ def record(
 
 
 def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
-  """One ladder of the same scale from two invocations that ran different rungs (e.g. R6 added to a
+  """One ladder of the same config from two invocations that ran different rungs (e.g. R6 added to a
   published R0-R5): the groups and timings of both, every rung recomputed from them, the commands in
-  order (running both reproduces the result), the compute and code versions of every invocation."""
-  for field in ("preset", "task", "steps"):
-    if earlier[field] != later[field]:
-      raise ValueError(f"cannot join ladders with different {field}: {earlier[field]!r} and {later[field]!r}")
-  shared = set(earlier["rung_names"]) & set(later["rung_names"]) | set(earlier["groups"]) & set(later["groups"])
-  if shared:
-    raise ValueError(f"cannot join ladders that both ran {sorted(shared)}: publish the whole ladder instead")
+  order (running both reproduces the result), the compute and code versions of every invocation, the
+  config of both (a field only one record holds, from that one: an older record lacks the fields
+  added since). A ValueError where they do not join (`config.join_problem`: another config, or a
+  rung or group both ran)."""
+  fields = [f for f in ("preset", "task", "steps") if earlier[f] != later[f]]
+  lines = [f"{f}: {earlier[f]!r} there, {later[f]!r} here" for f in fields]
+  why, more = ladder_config.join_problem(earlier, record_lib.stored_config(later), later["rung_names"], later["groups"])
+  if lines or why:
+    raise ValueError(f"cannot join ladders: {why or 'a ladder of another config'} ({'; '.join(lines + more)})")
   out = json.loads(json.dumps(earlier))
   out["rung_names"] = [r for r in rungs.RUNGS if r in earlier["rung_names"] + later["rung_names"]]
   out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
-  out["config"] = record_lib.stored_config(earlier).to_dict()  # in today's shape, an old record's too
+  out["config"] = merged(record_lib.stored_config(later).to_dict(), record_lib.stored_config(earlier).to_dict())
   out["config"]["benchmark"]["ladder"]["rungs"] = ",".join(out["rung_names"])
   out["groups"] = {**out["groups"], **later["groups"]}
   out["timing"] = {**out["timing"], **later["timing"]}
@@ -248,24 +252,44 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+  """The nested dict `base` with every leaf of `over` set over it."""
+  out = dict(base)
+  for k, v in over.items():
+    out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+  return out
+
+
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
   """ladder-<preset>.{json,md,png} into `workdir` and `publish`; each cosine family's protocol results
   into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`. A published ladder
-  of the same scale that ran other rungs (on other runs) is joined with this one (`join`); any other
-  is replaced, as a whole re-run replaces it."""
+  of the same config that ran other rungs (on other runs) is joined with this one (`join`). Where the
+  published ladder would not join (another config, or a rung this one ran too) or a family folder
+  holds another config's family, nothing is published: the ValueError says why, after the workdir's
+  copy is written (the study's validate hook, `config.check_publish`, refuses such a folder before
+  any training; this is the check at the moment of writing)."""
   record_lib.write_files(result, workdir, RECORD, markdown, save_ladder_plot)
-  if publish:
-    earlier = record_lib.stored(os.path.join(publish, RECORD.format(preset=result["preset"])))
-    try:
-      written = join(earlier, result) if earlier else result
-    except ValueError:  # one that ran a rung or a group again, or of another scale or task
-      written = result
-    record_lib.write_files(written, publish, RECORD, markdown, save_ladder_plot)
   for fam in trained["families"].values():
     fam["wall_s"] = result["wall_s"]
-    out = os.path.join(workdir, fam["family"])
-    os.makedirs(out, exist_ok=True)
-    target = (
-      os.path.join(os.path.dirname(os.path.normpath(publish)), f"{fam['preset']}-{fam['family']}") if publish else ""
-    )
-    fam["plots"] = family_report.write_results(fam, out, target)
+    os.makedirs(os.path.join(workdir, fam["family"]), exist_ok=True)
+    fam["plots"] = family_report.write_results(fam, os.path.join(workdir, fam["family"]))
+  if not publish:
+    return
+  path = os.path.join(publish, RECORD.format(preset=result["preset"]))
+  earlier = record_lib.stored(path)
+  why, lines = "", []
+  if earlier:
+    why, lines = ladder_config.join_problem(earlier, result["config"], result["rung_names"], result["groups"])
+  if why:
+    refusal = record_lib.publish_refusal(publish, path, why, lines)
+    raise ValueError(f"{refusal}. Nothing was published; this invocation's results are in {workdir}")
+  families = trained["families"].values()
+  targets = {fam["family"]: ladder_config.family_folder(publish, fam["preset"], fam["family"]) for fam in families}
+  for fam in families:  # every family folder checked before anything is written
+    try:
+      family_config.check_publish(fam["config"], targets[fam["family"]])
+    except ValueError as e:
+      raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
+  record_lib.write_files(join(earlier, result) if earlier else result, publish, RECORD, markdown, save_ladder_plot)
+  for fam in families:
+    family_report.publish_results(fam, os.path.join(workdir, fam["family"]), targets[fam["family"]], fam["plots"])

@@ -5,7 +5,11 @@ from __future__ import annotations
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
+
+RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
+PUBLISH_IGNORES = record_lib.other_studies("recipe")  # the blocks a recipe's record compares without
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
@@ -48,6 +52,8 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     )
   if errors:
     raise ValueError("; ".join(errors))
+  # A recipe of another config published there would be replaced (`record.check_publish`).
+  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
   return {
     f"the recipe's step {names[k - 1]!r} (with {names[: k - 1]} before it)": apply_tricks(config, names[:k])
     for k in range(1, len(names) + 1)

@@ -19,6 +19,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
+from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
 from hybridjax.bench.studies.recipe.report import save_recipe_plot
@@ -59,7 +60,8 @@ def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collec
   return c
 
 
-RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
+# its record (a resumed study extends its invocations) and the blocks it compares without
+RECORD, PUBLISH_IGNORES = recipe_config.RECORD, recipe_config.PUBLISH_IGNORES
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -178,6 +180,6 @@ def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> di
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """recipe-<preset>.{json,md,png} into `workdir` and `publish`."""
-  for folder in [workdir] + ([publish] if publish else []):
-    record_lib.write_files(result, folder, RECORD, markdown, save_recipe_plot)
+  """recipe-<preset>.{json,md,png} into `workdir` and `publish`, unless `publish` holds a recipe of
+  another config (`record.write_and_publish`; the validate hook refused it before training)."""
+  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)

@@ -7,8 +7,12 @@ import os
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
+
+RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
+PUBLISH_IGNORES = record_lib.other_studies("variants")  # the blocks a variants record compares without
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
@@ -72,4 +76,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         f"{sorted({**pair.before, **pair.after})}, or run the pair without it"
       )
     out[f"pair {pair.name!r}, before"], out[f"pair {pair.name!r}, after"] = before, after
+  # A record of another config published there would be replaced (`record.check_publish`).
+  b = config.benchmark
+  record_lib.check_publish(config, str(b.publish), RECORD.format(set=v.set, preset=b.preset), PUBLISH_IGNORES)
   return out

@@ -18,12 +18,14 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
+from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown
 from hybridjax.bench.studies.variants.sets import Pair
 from hybridjax.bench.tasks import task_path
 
-RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
+# its record (a resumed study extends its invocations) and the blocks it compares without
+RECORD, PUBLISH_IGNORES = variants_config.RECORD, variants_config.PUBLISH_IGNORES
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -173,6 +175,7 @@ def record(
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
+  (`record.write_and_publish`; the validate hook refused it before training)."""
   del trained
-  for folder in [workdir] + ([publish] if publish else []):
-    record_lib.write_files(result, folder, RECORD, markdown)
+  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
