@@ -17,7 +17,7 @@ import ml_collections
 from absl import app
 
 from hybridjax import checkpoint as ckpt_lib
-from hybridjax import cli
+from hybridjax import cli, settings_check
 from hybridjax import config as config_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax.loop import train as train_lib
@@ -62,6 +62,16 @@ def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, av
   return model_cfg
 
 
+def preset_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+  """`config.preset` with every combination of its variants: the values they give the hybrid block
+  (tuned for a hybrid run, in either mode) count as not set when `train` refuses hybrid settings
+  the run would not read (`settings_check.inert_setting_errors`)."""
+  from experiments.configs import gpt2_small as presets
+
+  combos = [[]] + [[v] for v in presets.VARIANTS] + [list(presets.VARIANTS)]
+  return settings_check.reference_configs(config) + [presets.get_config(",".join([config.preset, *v])) for v in combos]
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -74,6 +84,8 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   # checks, which read it.
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
   config_lib.validate(config)
+  references = preset_configs(config)
+  settings_check.check_inert_settings(config, config_lib.resolve_method(config), references)  # before the data
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)
   workdir = workdir or cli.default_workdir(config)
@@ -89,7 +101,7 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   warning = epochs_warning(config, task.prepared.n_train)
   if warning:
     print(warning)
-  return train_lib.train(config, workdir, **task.train_kwargs())
+  return train_lib.train(config, workdir, reference_configs=references, **task.train_kwargs())
 
 
 if __name__ == "__main__":

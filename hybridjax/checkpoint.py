@@ -19,6 +19,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from hybridjax import config as config_lib
+from hybridjax import registry
 
 # Fields that may change between a run and its resumption without changing what is trained.
 RUNTIME_FIELDS = frozenset(
@@ -67,13 +68,23 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
 
 
 def _comparable(flat: dict[str, Any]) -> dict[str, Any]:
-  """A flattened config as a resume compares it: `hybrid.method` as the method the run trains (a
-  baseline run trains none, whatever the field says; a hybrid run's '' is the default method, as
-  configs older than the '' default spelt it)."""
+  """A flattened config as a resume compares it: what the run reads. `hybrid.method` as the method
+  the run trains (a hybrid run's '' is the default method, as configs older than the '' default
+  spelt it); a baseline run reads no hybrid field (configs written before `train` refused them set
+  may hold some), a hybrid run no other built-in method's block."""
   flat = dict(flat)
+  if flat.get("mode") == "baseline":
+    return {k: v for k, v in flat.items() if not k.startswith("hybrid.")}
   if "hybrid.method" in flat:
-    hybrid = flat.get("mode") == "hybrid"
-    flat["hybrid.method"] = (flat["hybrid.method"] or config_lib.DEFAULT_METHOD) if hybrid else ""
+    flat["hybrid.method"] = flat["hybrid.method"] or config_lib.DEFAULT_METHOD
+    try:
+      trained = registry.load_method(flat["hybrid.method"]).config_key
+    except (ValueError, ImportError):  # a method that no longer loads: every block compared
+      return flat
+    for name in registry.BUILTIN_METHODS:
+      key = registry.load_method(name).config_key
+      if key and key != trained:
+        flat = {k: v for k, v in flat.items() if not k.startswith(f"hybrid.{key}.")}
   return flat
 
 
@@ -283,7 +294,9 @@ def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, a
 
   Args:
     workdir: the run's `--workdir` (its checkpoints are under `<workdir>/checkpoints`).
-    step: the checkpoint's step; None reads the latest.
+    step: the checkpoint's step; None reads the latest. When the latest is not the run's end (it
+      stopped before its `trainer.steps`: interrupted, diverged, or an emergency checkpoint), a
+      warning names the step it reached; passing that step explicitly says you want those params.
     averaged: return the averaged params when the run averaged its weights
       (`trainer.averaging='ema'`: the run's model, the one its `final_eval_loss` measures). A run
       that did not average gives its raw params, with a warning that says so.
@@ -303,7 +316,8 @@ def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, a
     steps = sorted(manager.all_steps())
     if not steps:
       raise FileNotFoundError(f"{directory} holds no finished checkpoint: pass the --workdir of a run that saved one")
-    if step is None:
+    latest = step is None
+    if latest:
       step = steps[-1]
     elif step not in steps:
       raise FileNotFoundError(f"{directory} has no checkpoint at step {step}; its steps are {steps}")
@@ -313,9 +327,22 @@ def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, a
       raise ValueError(
         f"could not read checkpoint {directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
       ) from e
+    try:  # the run's length, for the warning below; a checkpoint without readable metadata has none
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception:  # noqa: BLE001
+      meta = None
   finally:
     manager.close()
   params, is_averaged = _params_of(state, averaged)
+  total = config_lib.flatten(meta.get("config", {})).get("trainer.steps") if isinstance(meta, dict) else None
+  if latest and isinstance(total, int) and step < total:
+    warnings.warn(
+      f"{workdir} stopped at step {step} of its {total} (--config.trainer.steps): the run did not finish "
+      "(interrupted, diverged, or an emergency checkpoint), so these are its params at step "
+      f"{step}, not its final ones. Resume the run (the same command) to finish it, or pass step={step} "
+      "to export these params without this warning",
+      stacklevel=2,
+    )
   if averaged and not is_averaged:
     warnings.warn(
       f"{workdir} (step {step}) did not average its weights (trainer.averaging='none'): returning its raw params",

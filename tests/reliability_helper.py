@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from conftest import STD, small_hybrid_config  # noqa: E402
 
 from hybridjax import config as config_lib  # noqa: E402
+from hybridjax import registry  # noqa: E402
 from hybridjax.models import mlp  # noqa: E402
 
 # Train-record fields that are a function of the computation alone (not of timing or memory).
@@ -75,6 +76,15 @@ def mlp_config(mode: str = "hybrid", steps: int = 60, **hybrid_overrides: Any) -
     )
   )
   c.hybrid = small_hybrid_config(**{**STD, **hybrid_overrides})
+  # Only the blocks the run reads are set: `train` refuses settings the run would ignore (the baseline
+  # reads no hybrid setting, a method no other method's block).
+  defaults = config_lib.default_hybrid_config()
+  if mode == "baseline":
+    c.hybrid = defaults
+  for name in registry.BUILTIN_METHODS:
+    key = registry.load_method(name).config_key
+    if key and name != config_lib.method_name(c) and key in c.hybrid:
+      c.hybrid[key] = defaults[key]
   config_lib.validate(c)
   return c
 

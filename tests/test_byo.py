@@ -40,9 +40,10 @@ def _config(mode="baseline", steps=30, **trainer):
   c = config_lib.default_config(mode)
   c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=10, **trainer)
   c.optim.update(learning_rate=1e-2, warmup_steps=5)
-  c.hybrid.update(warmup_steps=10, full_steps=5)
-  c.hybrid.velocity.update(history_size=16, window=8)
-  c.hybrid.velocity.rssm.update(deter=16, latent=4, hidden=16, ensemble=2)
+  if mode == "hybrid":  # the baseline reads no hybrid setting (`train` refuses one set)
+    c.hybrid.update(warmup_steps=10, full_steps=5)
+    c.hybrid.velocity.update(history_size=16, window=8)
+    c.hybrid.velocity.rssm.update(deter=16, latent=4, hidden=16, ensemble=2)
   return c
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -25,7 +25,7 @@ import numpy as np
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
-from hybridjax import registry, writers
+from hybridjax import registry, settings_check, writers
 from hybridjax import sharding as sharding_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
 from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
@@ -174,10 +174,15 @@ def step_batches(
 
 def resume_or_init(
   config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any
-) -> tuple[Any, tuple[int, int], dict | None]:
-  """(state, (start step, batches used), finished run's summary or None): the latest checkpoint in `workdir` if
-  `config.resume` allows it, else a fresh state. Refuses, changing nothing, a run with another
-  config (unless resume='force') or an inconsistent checkpoint."""
+) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]]]:
+  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`):
+  the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses,
+  changing nothing, a run with another config (unless resume='force'), another `trainer.steps` where
+  the training depends on it (`settings_check.steps_change_error`), or an inconsistent checkpoint.
+
+  A finished run is returned as finished when this config asks for no more steps than it trained.
+  `steps_changes`: each resume with another `trainer.steps` under resume='force', as
+  {"step", "from", "to"}, carried in every checkpoint's metadata and the summary."""
   latest = manager.latest_step()
   if latest is None:
     state = driver.init_state()
@@ -185,7 +190,7 @@ def resume_or_init(
       # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
       # same programs (and a resumed run hits the persistent compilation cache).
       state = jax.device_put(state, jax.devices()[0])
-    return state, (0, 0), None
+    return state, (0, 0), None, []
   if config.resume == "never":
     raise ValueError(
       f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
@@ -199,6 +204,14 @@ def resume_or_init(
       + "\n  ".join(diffs)
       + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
     )
+  # trainer.steps may differ (a runtime field) only where nothing but the end depends on it.
+  saved_steps = int(config_lib.flatten(meta.get("config", {})).get("trainer.steps", config.trainer.steps))
+  summary_path = os.path.join(workdir, "summary.json")
+  finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
+  if not (finished and int(meta["step"]) >= config.trainer.steps):
+    error = settings_check.steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
+    if error:
+      raise ValueError(error)
   # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
   abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
   state, meta = ckpt_lib.restore(manager, latest, abstract)
@@ -212,12 +225,26 @@ def resume_or_init(
       f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says (step, batches) "
       f"{position}, its state {state_position}; nothing was changed. Use a fresh --workdir."
     )
-  summary_path = os.path.join(workdir, "summary.json")
+  steps_changes = list(meta.get("steps_changes", []))
   if start_step >= config.trainer.steps and os.path.exists(summary_path):
     with open(summary_path) as f:
-      return state, position, json.load(f)
+      return state, position, json.load(f), steps_changes
+  if saved_steps != config.trainer.steps:
+    # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
+    if settings_check.steps_dependence(config):
+      steps_changes.append({"step": start_step, "from": saved_steps, "to": int(config.trainer.steps)})
+      print(
+        f"WARNING: --config.resume=force: resuming a run of {saved_steps} steps with --config.trainer.steps="
+        f"{config.trainer.steps}; its schedule is rebuilt for {config.trainer.steps} steps from step {start_step} "
+        "(recorded as steps_changes in the checkpoints and the summary)"
+      )
+    else:
+      print(
+        f"resuming a run of {saved_steps} steps with --config.trainer.steps={config.trainer.steps} "
+        "(nothing of its training depends on the run's length)"
+      )
   print(f"resumed from {workdir} at step {start_step}")
-  return state, position, None
+  return state, position, None, steps_changes
 
 
 def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0) -> None:
@@ -269,6 +296,7 @@ def train(
   extra_meta: dict | None = None,
   hooks: Mapping[str, Callable] | None = None,
   save_on_interrupt: bool = True,
+  reference_configs: Sequence[ml_collections.ConfigDict] | None = None,
 ) -> dict[str, Any]:
   """Trains `config.mode` ('baseline' or 'hybrid') for `config.trainer.steps` steps.
 
@@ -279,7 +307,7 @@ def train(
     init_params: rng -> params.
     loss_fn: (params, batch) -> (loss, aux).
     train_batch: step -> batch; must be deterministic in the step so a resumed run sees the same data.
-    eval_batches: fixed held-out batches.
+    eval_batches: fixed held-out batches (at least one: the run's final_eval_loss is their mean loss).
     tx: an optimizer of your own, instead of the one `config.optim` builds: an optax
       transformation with an injected learning rate (`optax.inject_hyperparams`), or a factory
       `learning_rate -> transformation`. The config's schedule drives its learning rate, and
@@ -290,6 +318,11 @@ def train(
     save_on_interrupt: on SIGINT (Ctrl-C) or SIGTERM, save the state at the end of the step under
       way and raise `TrainingInterrupted` (in the main thread only; a second Ctrl-C aborts at once).
       False: the signals keep their handlers (a benchmark worker, whose unit of resume is the run).
+    reference_configs: the configs whose hybrid values count as not set, for the refusal of hybrid
+      settings the run would not read (`settings_check.inert_setting_errors`): default
+      `hybridjax.default_config(mode, method)`. An experiment program passes its presets' (which tune
+      the hybrid block in either mode); an experiment config (one with a `preset`) given none is
+      not checked so.
 
   Returns:
     The run summary (also written to `<workdir>/summary.json`).
@@ -301,6 +334,13 @@ def train(
   method = config_lib.resolve_method(config)
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
   config_lib.validate(config, method=method)
+  eval_batches = list(eval_batches)
+  if not eval_batches:
+    raise ValueError(
+      "train(eval_batches=[]): no held-out batch to evaluate on, so the run's final_eval_loss would be NaN; "
+      "pass eval_batches=[batch, ...], at least one fixed held-out batch"
+    )
+  settings_check.check_method_names(method)
   tcfg = config.trainer
   total_steps = tcfg.steps
   enable_compile_cache(tcfg)
@@ -310,23 +350,27 @@ def train(
   check_loss_fn(loss_fn, init_params, train_batch(0), config.seed)
   driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
   train_batch = step_batches(config, train_batch, method)
+  if reference_configs is not None or "preset" not in config:
+    control = None
+    if isinstance(driver, HybridDriver) and method.controller_overrides is not None:
+      control = method.controller_overrides(config.hybrid, driver.ctx.settings)
+    settings_check.check_inert_settings(config, method, reference_configs, control=control)
   if isinstance(driver, HybridDriver):
     driver.check_method_hooks(train_batch(0))
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
-  state, (start_step, start_batches), finished = resume_or_init(config, workdir, driver, manager)
+  state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
-    print(
-      f"{workdir} already finished its {total_steps} steps; nothing to do "
-      "(raise --config.trainer.steps to train further, or use a new --workdir)"
-    )
+    print(settings_check.finished_message(config, workdir, int(finished.get("steps", start_step))))
     return finished
 
   config_json = json.loads(config.to_json())
 
   def save(step: int) -> None:
     meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode}
+    if steps_changes:
+      meta["steps_changes"] = steps_changes
     meta.update(extra_meta or {})
     ckpt_lib.save(manager, step, state, meta)
 
@@ -519,6 +563,8 @@ def train(
     # Real steps whose update was skipped as non-finite (never applied to the params).
     "nonfinite_skipped": int(jax.device_get(driver.train_state(state).nonfinite_total)),
   }
+  if steps_changes:  # resumed with another trainer.steps under resume='force'
+    summary["steps_changes"] = steps_changes
   if tokens_per_step and clock.total > 0:
     summary["tokens_per_s"] = timed_steps * tokens_per_step / clock.total
   summary.update(driver.summary(state))
