@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import registry
 from hybridjax.bench import specs
@@ -99,31 +100,30 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
 
 
 # Fields that say how and where a study ran and where it is published, never what it measured: two
-# records differing only in these hold the same measurement.
-RUNTIME_FIELDS = frozenset(
-  {
-    "resume",
-    "notes",
-    "trainer.progress",
-    "trainer.compile_cache",
-    "trainer.compile_cache_dir",
-    "trainer.memory_limit_bytes",
-    "data.cache_dir",
-    "mesh.data",
-    "mesh.fsdp",
-    "distributed.enabled",
-    "distributed.coordinator_address",
-    "distributed.num_processes",
-    "distributed.process_id",
-    "benchmark.publish",
-    "benchmark.study",
-    "benchmark.executor",
-    "benchmark.workers",
-    "benchmark.cpus_per_run",
-    "benchmark.gpus_per_run",
-    "benchmark.ray_address",
+# records differing only in these hold the same measurement. A checkpoint's runtime fields, less those
+# that change what a benchmark run measures (its length, its evals, when a run stops on non-finite
+# steps), and the benchmark's own.
+RUNTIME_FIELDS = (
+  ckpt_lib.RUNTIME_FIELDS
+  - {
+    "trainer.steps",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.eval_batches",
+    "trainer.checkpoint_every",
+    "trainer.max_to_keep",
+    "trainer.max_nonfinite_steps",
+    "hybrid.health.max_events",
   }
-)
+) | {
+  "benchmark.publish",
+  "benchmark.study",
+  "benchmark.executor",
+  "benchmark.workers",
+  "benchmark.cpus_per_run",
+  "benchmark.gpus_per_run",
+  "benchmark.ray_address",
+}
 STUDY_BLOCKS = ("ladder", "recipe", "variants", "knobs")  # `benchmark.<name>`: each study's own fields
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
 
