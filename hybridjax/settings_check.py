@@ -3,7 +3,7 @@ silently ignore or silently change.
 
 `config.validate` checks each field and the relations within one config. These checks need more:
 a method's module (a misspelt hook name), the reference values a setting is compared against (a
-hybrid setting with no effect in this run), or the checkpoint a run resumes (a resume with another
+hybrid or optimizer setting with no effect in this run), or the checkpoint a run resumes (a resume with another
 `trainer.steps`). Only the trainer's path (`loop.train.train`, the experiment programs) calls them.
 """
 
@@ -180,6 +180,270 @@ def inert_setting_errors(
   return errors
 
 
+# --- optimizer settings with no effect --------------------------------------------------------------
+
+# What each run reads of `config.optim` (and the named `trainer.*` fields): data that mirrors
+# `hybridjax.optim`, kept true by tests/loop/test_settings_check.py, which changes each field and
+# compares the optimizer's updates (or the learning rates) bit for bit.
+
+# Every run, whatever its optimizer: the name (the run's record), and outer momentum's period
+# (`loop.drivers.outer_settings`; its eta and mu only with a period, which `optimizer_setting_errors`
+# checks).
+RUN_READS = ("name", "outer_every", "outer_eta", "outer_mu")
+
+# `optim.make_schedule` -> `optim.learning_rate`: the schedule drives every optimizer, a user's
+# `train(tx=...)` included (`optim.with_learning_rate`). Only 'wsd' reads `decay_fraction`.
+SCHEDULE_READS: dict[str, tuple[str, ...]] = {
+  "cosine": ("schedule", "learning_rate", "warmup_steps", "decay_steps", "min_lr_ratio"),
+  "wsd": ("schedule", "learning_rate", "warmup_steps", "decay_steps", "min_lr_ratio", "decay_fraction"),
+}
+
+_MUON_MOMENTUM = ("muon_momentum", "muon_momentum_warmup_steps", "muon_momentum_start")  # `optim.muon_momentum`
+TIED_HEAD_FIELDS = ("tied_lr_ratio", "tied_b1", "tied_b2", "tied_eps")  # `optim.tied_head_settings`
+
+# `optim.name` -> the optimizer fields `optim.make_optimizer` reads for it (every built-in: the
+# clipping `grad_clip` it chains in front).
+OPTIMIZER_READS: dict[str, tuple[str, ...]] = {
+  # `adamw()` (b1, b2, eps, weight_decay) and, when either is not 1.0, `_scale_groups` (the ratios).
+  "adamw": ("grad_clip", "b1", "b2", "eps", "weight_decay", "adamw_embed_lr_ratio", "adamw_head_lr_ratio"),
+  # `optax.adam(b1, b2, eps)`: no weight decay; `_scale_groups` as for 'adamw'.
+  "adam": ("grad_clip", "b1", "b2", "eps", "adamw_embed_lr_ratio", "adamw_head_lr_ratio"),
+  # `optax.sgd(momentum=0.9)`: a fixed momentum, no betas, eps or weight decay.
+  "sgd": ("grad_clip",),
+  # `_muon` / `_muon_with_momentum` (muon_weight_decay, `muon_momentum`) on `muon_labels`' matrices,
+  # `adamw()` scaled by adam_lr_ratio on the rest.
+  "muon": ("grad_clip", "b1", "b2", "eps", "weight_decay", "adam_lr_ratio", "muon_weight_decay", *_MUON_MOMENTUM),
+  # `_muon_groups`: Muon with no weight decay, Adam groups with their own ratios and betas, a tied
+  # head at `tied_head_settings` (which of head_lr_ratio and the tied fields a GPT-2 model reads:
+  # `UNTIED_HEAD_READS`, `TIED_HEAD_READS`).
+  "muon_groups": (
+    "grad_clip",
+    "embed_lr_ratio",
+    "head_lr_ratio",
+    "scalar_lr_ratio",
+    "groups_b1",
+    "groups_b2",
+    "groups_eps",
+    "groups_lr_scale",
+    *TIED_HEAD_FIELDS,
+    *_MUON_MOMENTUM,
+  ),
+}
+
+# `optim.resolve_optimizer`: an optimizer of the user's (`train(tx=...)`, any other `optim.name`) is
+# used as given; it reads none of the fields above, only the schedule's (`SCHEDULE_READS`).
+USER_OPTIMIZER_READS: tuple[str, ...] = ()
+
+# The fields that configure an optimizer: those that only some optimizers read (a user's reads none).
+OPTIMIZER_FIELDS = tuple(dict.fromkeys(f for reads in OPTIMIZER_READS.values() for f in reads))
+
+# On a GPT-2 model, by `model.untied_head`: the head group holds only an untied head (`lm_head`). A
+# token embedding tied to the head is in the embed group under 'adamw' and 'adam'
+# (`optim.adamw_group_labels`), and takes `optim.tied_head_settings` under 'muon_groups'
+# (`optim.muon_group_labels`; they fall back to the head group's only in a block without the tied
+# fields). So some head fields are read only with an untied head, others only with a tied one.
+UNTIED_HEAD_READS: dict[str, tuple[str, ...]] = {
+  "adamw": ("adamw_head_lr_ratio",),
+  "adam": ("adamw_head_lr_ratio",),
+  "muon_groups": ("head_lr_ratio",),
+}
+TIED_HEAD_READS: dict[str, tuple[str, ...]] = {"muon_groups": TIED_HEAD_FIELDS}
+
+# What each optimizer is, for the refusals (`optimizer_setting_errors`).
+OPTIMIZER_SUMMARY = {
+  "adamw": "AdamW: b1, b2, eps, weight_decay",
+  "adam": "Adam: b1, b2, eps, and no weight decay",
+  "sgd": "SGD with a fixed momentum of 0.9: no betas, eps or weight decay",
+  "muon": "Muon (muon_weight_decay) on the hidden matrices, AdamW (b1, b2, eps, weight_decay) at adam_lr_ratio on "
+  "the rest",
+  "muon_groups": "Muon with no weight decay on the hidden matrices, and Adam with no weight decay on the embeddings, "
+  "the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
+}
+
+# (optimizer, field it does not read) -> what sets that under this optimizer.
+COUNTERPARTS: dict[tuple[str, str], str] = {
+  **{("muon_groups", f): f"--config.optim.groups_{f}" for f in ("b1", "b2", "eps")},
+  ("muon_groups", "adam_lr_ratio"): (
+    "--config.optim.embed_lr_ratio, head_lr_ratio and scalar_lr_ratio (--config.optim.groups_lr_scale scales them all)"
+  ),
+  ("muon_groups", "adamw_embed_lr_ratio"): "--config.optim.embed_lr_ratio",
+  ("muon_groups", "adamw_head_lr_ratio"): "--config.optim.head_lr_ratio",
+  **{(o, f"groups_{f}"): f"--config.optim.{f}" for o in ("adamw", "adam", "muon") for f in ("b1", "b2", "eps")},
+  **{
+    ("muon", f): "--config.optim.adam_lr_ratio"
+    for f in ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio", "groups_lr_scale")
+  },
+  **{(o, "embed_lr_ratio"): "--config.optim.adamw_embed_lr_ratio" for o in ("adamw", "adam")},
+  **{(o, "head_lr_ratio"): "--config.optim.adamw_head_lr_ratio" for o in ("adamw", "adam")},
+  ("adamw", "muon_weight_decay"): "--config.optim.weight_decay",
+}
+
+# A user's optimizer (`train(tx=...)`): where each field's setting goes instead.
+_USER_OPTIMIZER_HINTS = {
+  "grad_clip": "optax.chain(optax.clip_by_global_norm({grad_clip}), ...)",
+  "weight_decay": "optax.adamw(learning_rate, weight_decay={weight_decay})",
+  "b1": "optax.adamw(learning_rate, b1={b1})",
+  "b2": "optax.adamw(learning_rate, b2={b2})",
+  "eps": "optax.adamw(learning_rate, eps={eps})",
+}
+
+
+def optimizer_reads(name: str, untied_head: bool | None = None) -> tuple[str, ...]:
+  """The optimizer fields (`OPTIMIZER_FIELDS`) that optimizer `name` reads: its `OPTIMIZER_READS`
+  row (a name that is not a built-in one: a user's optimizer, `USER_OPTIMIZER_READS`). On a GPT-2
+  model (`untied_head` known), without the head fields its head does not read (`UNTIED_HEAD_READS`,
+  `TIED_HEAD_READS`)."""
+  reads = OPTIMIZER_READS.get(name, USER_OPTIMIZER_READS)
+  if untied_head is not None:
+    unread = set((TIED_HEAD_READS if untied_head else UNTIED_HEAD_READS).get(name, ()))
+    reads = tuple(f for f in reads if f not in unread)
+  return reads
+
+
+def _readers(field: str) -> str:
+  """The built-in optimizers that read `field`, as words: "'adamw', 'adam' and 'muon'"."""
+  names = [repr(n) for n, reads in OPTIMIZER_READS.items() if field in reads]
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def optimizer_setting_errors(
+  config: ml_collections.ConfigDict, references: Sequence[ml_collections.ConfigDict]
+) -> list[str]:
+  """A line for each `config.optim` (or `trainer.averaging_beta`) field that is set (its value is
+  none of the `references`' values of it) where the run will not read it, naming the field and the
+  fix:
+
+  * a field of another optimizer than `optim.name` (`optimizer_reads`); under a user's optimizer
+    (`train(tx=...)`, any name that is not a built-in one) every optimizer field, since that
+    optimizer is used as given;
+  * on a GPT-2 model, the head fields its head does not read (`UNTIED_HEAD_READS`, `TIED_HEAD_READS`);
+  * `optim.decay_fraction` with a schedule other than 'wsd'; `optim.muon_momentum_start` with no
+    momentum warm-up; `optim.outer_eta` and `outer_mu` with outer momentum off; and
+    `trainer.averaging_beta` with averaging off.
+  """
+  flat = {
+    **{f"optim.{k}": v for k, v in _json_flat(config.optim).items()},
+    **{f"trainer.{k}": v for k, v in _json_flat(config.get("trainer") or {}).items()},
+  }
+  ref_flats = [_json_flat(r) for r in references]
+  default = ref_flats[0] if ref_flats else {}
+
+  def is_set(field: str) -> bool:
+    return field in flat and all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
+
+  def listed(fields: list[str]) -> str:
+    return ", ".join(
+      f"--config.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
+    )
+
+  def them(fields: list[str]) -> tuple[str, str]:
+    return ("has", "it") if len(fields) == 1 else ("have", "them")
+
+  o = config.optim
+  name = o.name
+  untied = None
+  if "model" in config and "untied_head" in config.model:
+    untied = bool(config.model.untied_head)
+  reads = set(optimizer_reads(name, untied))
+  errors = []
+  reported = set()
+  if name not in OPTIMIZER_READS:  # a user's optimizer: used as given
+    unread = [f"optim.{f}" for f in OPTIMIZER_FIELDS if is_set(f"optim.{f}")]
+    if unread:
+      verb, obj = them(unread)
+      values = {f.split(".")[1]: flat[f] for f in unread}
+      hints = [_USER_OPTIMIZER_HINTS[f].format(**values) for f in values if f in _USER_OPTIMIZER_HINTS]
+      build = f" (e.g. {'; '.join(hints)})" if hints else ""
+      errors.append(
+        f"{listed(unread)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
+        "which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
+        f"(learning_rate, schedule, warmup_steps, decay_steps, min_lr_ratio, decay_fraction) and outer momentum's. "
+        f"Build {obj} into the optimizer you pass{build}, and leave {obj} at the default"
+      )
+      reported |= set(unread)
+  else:
+    for f in OPTIMIZER_FIELDS:
+      field = f"optim.{f}"
+      if f in reads or not is_set(field):
+        continue
+      reported.add(field)
+      if f in OPTIMIZER_READS[name]:  # a head field the model's head does not read
+        if untied:
+          why = (
+            "--config.model.untied_head=True gives the model a head of its own (lm_head, in the head group at "
+            "--config.optim.head_lr_ratio), so no parameter is tied to the head (optim.muon_group_labels). Set "
+            "--config.model.untied_head=False to train with it, or leave it at the default"
+          )
+        elif name == "muon_groups":
+          why = (
+            "--config.model.untied_head=False ties the head to the token embedding, which 'muon_groups' trains "
+            "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings): no "
+            "parameter is in the head group. Set --config.optim.tied_lr_ratio instead, or "
+            "--config.model.untied_head=True for a head of its own, or leave it at the default"
+          )
+        else:
+          why = (
+            f"--config.model.untied_head=False ties the head to the token embedding, which {name!r} trains at "
+            "--config.optim.adamw_embed_lr_ratio (optim.adamw_group_labels): no parameter is in the head group. "
+            "Set --config.optim.adamw_embed_lr_ratio instead, or --config.model.untied_head=True for a head of its "
+            "own, or leave it at the default"
+          )
+        errors.append(f"{listed([field])} has no effect: {why}")
+        continue
+      counterpart = COUNTERPARTS.get((name, f))
+      if counterpart:
+        fix = (
+          f"{name!r} reads {counterpart} instead: set {'those' if ' and ' in counterpart else 'that'}, or leave "
+          f"--config.{field} at the default"
+        )
+      else:
+        readers = _readers(f)
+        fix = (
+          f"Only {readers} {'reads' if ' and ' not in readers else 'read'} it: set --config.optim.name to "
+          f"{'it' if ' and ' not in readers else 'one of them'} to train with it, or leave it at the default"
+        )
+      errors.append(
+        f"{listed([field])} has no effect: --config.optim.name={name!r} does not read it ({OPTIMIZER_SUMMARY[name]}; "
+        f"optim.make_optimizer). {fix}"
+      )
+
+  def unread_when(fields: list[str], why: str, fix: str) -> None:
+    unread = [f for f in fields if f not in reported and is_set(f)]
+    if unread:
+      verb, obj = them(unread)
+      errors.append(f"{listed(unread)} {verb} no effect: {why}. {fix.format(obj=obj)}, or leave {obj} at the default")
+
+  schedule = o.get("schedule", "cosine")
+  if "decay_fraction" not in SCHEDULE_READS.get(schedule, ("decay_fraction",)):
+    unread_when(
+      ["optim.decay_fraction"],
+      f"it is the share of the 'wsd' schedule spent decaying, and --config.optim.schedule={schedule!r} decays from "
+      "the end of the warm-up (optim.make_schedule)",
+      "Set --config.optim.schedule=wsd to train with {obj}",
+    )
+  if "muon_momentum_start" in reads and not int(o.get("muon_momentum_warmup_steps", 0)):
+    unread_when(
+      ["optim.muon_momentum_start"],
+      "it is where Muon's momentum warm-up starts, and --config.optim.muon_momentum_warmup_steps=0 keeps the "
+      f"momentum at --config.optim.muon_momentum={optim_lib.final_muon_momentum(o)} throughout (optim.muon_momentum)",
+      "Set --config.optim.muon_momentum_warmup_steps above 0 to warm up from {obj}",
+    )
+  if not int(o.get("outer_every", 0)):
+    unread_when(
+      ["optim.outer_eta", "optim.outer_mu"],
+      "--config.optim.outer_every=0 turns outer momentum off (loop.drivers.outer_settings)",
+      "Set --config.optim.outer_every above 0 (the real steps between outer steps) to train with {obj}",
+    )
+  averaging = (config.get("trainer") or {}).get("averaging", "none")
+  if averaging != "ema":
+    unread_when(
+      ["trainer.averaging_beta"],
+      f"--config.trainer.averaging={averaging!r} keeps no average of the params (loop.drivers.averaging_beta)",
+      "Set --config.trainer.averaging=ema to train with {obj}",
+    )
+  return errors
+
+
 def check_inert_settings(
   config: ml_collections.ConfigDict,
   method: registry.Method,
@@ -187,11 +451,14 @@ def check_inert_settings(
   *,
   control: Mapping[str, Any] | None = None,
 ) -> None:
-  """Refuses `config` when `inert_setting_errors` finds a setting with no effect. `references`:
-  default `reference_configs(config, method)`."""
+  """Refuses `config` when `inert_setting_errors` (hybrid settings) or `optimizer_setting_errors`
+  (optimizer settings) finds a setting with no effect. `references`: default
+  `reference_configs(config, method)`."""
   if references is None:
     references = reference_configs(config, method)
-  _raise(inert_setting_errors(config, method, references, control=control))
+  _raise(
+    inert_setting_errors(config, method, references, control=control) + optimizer_setting_errors(config, references)
+  )
 
 
 # --- resuming with another trainer.steps -----------------------------------------------------------

@@ -14,8 +14,11 @@ import types
 import warnings
 
 import chex
+import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import optax
 import pytest
 import reliability_helper as rh
 
@@ -23,6 +26,7 @@ import hybridjax
 from hybridjax import config as config_lib
 from hybridjax import optim, registry, settings_check
 from hybridjax.hybrid.context import ControllerSettings
+from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -151,7 +155,9 @@ def _errors(c, control=None, references=None):
   c = config_lib.with_method_block(c)
   method = config_lib.resolve_method(c)
   refs = references if references is not None else settings_check.reference_configs(c)
-  return settings_check.inert_setting_errors(c, method, refs, control=control)
+  return settings_check.inert_setting_errors(c, method, refs, control=control) + (
+    settings_check.optimizer_setting_errors(c, refs)
+  )
 
 
 def test_hybrid_settings_with_no_effect_are_named():
@@ -289,3 +295,274 @@ def test_train_refuses_a_method_with_a_misspelt_hook_before_the_workdir_is_made(
   finally:
     for name in [n for n in sys.modules if n.startswith("typo_methods")]:
       del sys.modules[name]
+
+
+# --- optimizer settings the run does not read ------------------------------------------------------
+
+# A value away from the default for every optimizer field, large enough to change an update it enters.
+OTHER_VALUE = {
+  "grad_clip": 0.0,  # off: the test's gradients are far above the default 1.0
+  "b1": 0.5,
+  "b2": 0.5,
+  "eps": 1e-2,
+  "weight_decay": 0.5,
+  "adamw_embed_lr_ratio": 2.0,
+  "adamw_head_lr_ratio": 2.0,
+  "adam_lr_ratio": 0.5,
+  "muon_weight_decay": 0.5,
+  "embed_lr_ratio": 6.0,
+  "head_lr_ratio": 0.5,
+  "scalar_lr_ratio": 0.4,
+  "groups_b1": 0.5,
+  "groups_b2": 0.5,
+  "groups_eps": 1e-2,
+  "groups_lr_scale": 2.0,
+  "tied_lr_ratio": 0.36,
+  "tied_b1": 0.5,
+  "tied_b2": 0.5,
+  "tied_eps": 1e-2,
+  "muon_momentum": 0.5,
+  "muon_momentum_warmup_steps": 2,
+  "muon_momentum_start": 0.1,
+}
+
+
+def _gpt2_like_params(untied_head: bool) -> dict:
+  """A tiny tree with one leaf in each group `optim.muon_group_labels` and `muon_labels` tell apart
+  (few leaves: the updates run op by op): token and position embeddings (the position one stays in
+  the embed group when the token one is the tied head), a fused qkv matrix, a hidden matrix, a norm
+  scale, and an untied head or none (the token embedding tied to the head)."""
+  d, vocab = 6, 10
+  shapes = {
+    "wte": {"embedding": (vocab, d)},
+    "wpe": {"embedding": (4, d)},
+    "h_0": {"attn": {"c_attn": {"kernel": (d, 3 * d)}, "c_proj": {"kernel": (d, d)}}, "ln_1": {"scale": (d,)}},
+  }
+  if untied_head:
+    shapes["lm_head"] = {"kernel": (d, vocab)}
+  leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+  return jax.tree.unflatten(treedef, [0.1 * jax.random.normal(k, s) for k, s in zip(keys, leaves)])
+
+
+def _updates(optim_cfg, params, tx=None, steps: int = 2) -> list:
+  """The updates of `steps` optimizer steps at a fixed learning rate, on gradients whose norms grow
+  tenfold each step (so clipping, the betas and the momentum all shape them)."""
+  tx = optim.resolve_optimizer(optim_cfg, params, tx)
+
+  # Op by op: a compiled program (or Muon's Newton-Schulz loop, compiled at every call) costs far more
+  # than these tiny updates.
+  with jax.disable_jit():
+    state = tx.init(params)
+    out = []
+    for t in range(steps):
+      leaves, treedef = jax.tree.flatten(params)
+      keys = jax.random.split(jax.random.PRNGKey(100 + t), len(leaves))
+      grads = jax.tree.unflatten(treedef, [10.0**t * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
+      updates, state = tx.update(grads, optim.with_learning_rate(state, jnp.float32(0.01)), params)
+      params = optax.apply_updates(params, updates)
+      out.append(updates)
+  return out
+
+
+def _changed(optim_cfg, **fields):
+  c = ml_collections.ConfigDict(optim_cfg.to_dict())
+  c.update(fields)
+  return c
+
+
+def _differs(a, b) -> bool:
+  try:
+    chex.assert_trees_all_equal(a, b)
+  except AssertionError:
+    return True
+  return False
+
+
+# The untied head puts a leaf in every group; the tied head's own rows are checked in the default
+# suite below (`test_a_tied_head_reads_its_own_head_fields`), and every field on it in the slow set.
+@pytest.mark.parametrize("name", list(settings_check.OPTIMIZER_READS))
+@pytest.mark.parametrize("untied_head", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
+  """For each built-in optimizer and head: every field the table says it reads changes its updates;
+  the fields it says it does not read, changed all at once, leave them bit for bit (or are refused by
+  `make_optimizer`, never silently ignored)."""
+  params = _gpt2_like_params(untied_head)
+  base = config_lib.default_optim_config()
+  base.name = name
+  assert set(OTHER_VALUE) == set(settings_check.OPTIMIZER_FIELDS)
+  reads = settings_check.optimizer_reads(name, untied_head)
+  reference = _updates(base, params)
+  for field in reads:
+    before, updates = base, reference
+    if field == "muon_momentum_start":  # read only with a warm-up (`optimizer_setting_errors` checks that)
+      before = _changed(base, muon_momentum_warmup_steps=2)
+      updates = _updates(before, params)
+    after = _changed(before, **{field: OTHER_VALUE[field]})
+    assert _differs(updates, _updates(after, params)), (name, untied_head, field)
+  unread = {f: v for f, v in OTHER_VALUE.items() if f not in reads}
+  # make_optimizer's own refusal of the AdamW ratios under another optimizer
+  refused = {f for f in optim.ADAMW_LR_RATIOS if f in unread and name not in ("adamw", "adam")}
+  for field in refused:
+    with pytest.raises(ValueError, match=field):
+      optim.make_optimizer(_changed(base, **{field: unread[field]}))
+  ignored = _changed(base, **{f: v for f, v in unread.items() if f not in refused})
+  chex.assert_trees_all_equal(_updates(ignored, params), reference)
+
+
+def test_a_tied_head_reads_its_own_head_fields():
+  """On a model whose head is tied to the token embedding, the head's own fields (`UNTIED_HEAD_READS`)
+  leave the updates bit for bit, and each tied-head field (`TIED_HEAD_READS`) changes them."""
+  params = _gpt2_like_params(untied_head=False)
+  for name in settings_check.OPTIMIZER_READS:
+    base = config_lib.default_optim_config()
+    base.name = name
+    untied_only = settings_check.UNTIED_HEAD_READS.get(name, ())
+    tied_only = settings_check.TIED_HEAD_READS.get(name, ())
+    assert set(untied_only) | set(tied_only) <= set(settings_check.OPTIMIZER_READS[name])
+    if not untied_only and not tied_only:
+      continue
+    reference = _updates(base, params)
+    chex.assert_trees_all_equal(_updates(_changed(base, **{f: OTHER_VALUE[f] for f in untied_only}), params), reference)
+    for field in tied_only:
+      assert _differs(_updates(_changed(base, **{field: OTHER_VALUE[field]}), params), reference), (name, field)
+
+
+def test_a_user_optimizer_reads_no_optimizer_field():
+  """`train(tx=...)`: every optimizer field changed at once leaves its updates bit for bit."""
+  assert settings_check.USER_OPTIMIZER_READS == ()
+  params = _gpt2_like_params(untied_head=False)
+  base = config_lib.default_optim_config()
+  base.name = "my_adamw"
+  for tx in (lambda learning_rate: optax.adamw(learning_rate), optax.inject_hyperparams(optax.adam)(learning_rate=0.0)):
+    changed = _changed(base, **OTHER_VALUE)
+    chex.assert_trees_all_equal(_updates(changed, params, tx), _updates(base, params, tx))
+
+
+def test_the_schedule_table_says_what_make_schedule_reads():
+  """Each schedule's learning rates change with every field its row names, and not with the others."""
+  other = {"learning_rate": 1e-2, "warmup_steps": 10, "decay_steps": 60, "min_lr_ratio": 0.5, "decay_fraction": 0.5}
+  fields = set(other) | {"schedule"}
+  assert set().union(*settings_check.SCHEDULE_READS.values()) == fields
+  for kind, reads in settings_check.SCHEDULE_READS.items():
+    base = config_lib.default_optim_config()
+    base.schedule = kind
+    for field, value in other.items():
+      same = np.array_equal(_lrs(base, 100, 100), _lrs(_changed(base, **{field: value}), 100, 100))
+      assert same == (field not in reads), (kind, field)
+  assert settings_check.SCHEDULE_READS["wsd"] == settings_check.SCHEDULE_READS["cosine"] + ("decay_fraction",)
+
+
+def test_every_optim_field_is_in_a_table():
+  """A new `config.optim` field must be placed: read by every run, by the schedule, or by some optimizers."""
+  tables = set(settings_check.RUN_READS) | set().union(*settings_check.SCHEDULE_READS.values())
+  assert not tables & set(settings_check.OPTIMIZER_FIELDS)
+  assert set(config_lib.default_optim_config()) == tables | set(settings_check.OPTIMIZER_FIELDS)
+
+
+def test_outer_momentum_and_averaging_settings_are_read_only_when_on():
+  c = hybridjax.default_config()
+  c.optim.update(outer_eta=0.5, outer_mu=0.5)
+  assert drivers.outer_settings(c.optim) is None  # outer_every=0
+  c.optim.outer_every = 4
+  assert drivers.outer_settings(c.optim) == (4, 0.5, 0.5)
+  c.trainer.averaging_beta = 0.9
+  assert drivers.averaging_beta(c.trainer) is None  # averaging='none'
+  c.trainer.averaging = "ema"
+  assert drivers.averaging_beta(c.trainer) == 0.9
+
+
+# Each defect a review found, as (fields set, a phrase of the refusal): all trained without a word.
+IGNORED_OPTIMIZER_SETTINGS = [
+  ({"optim.embed_lr_ratio": 6.0}, "'adamw' reads --config.optim.adamw_embed_lr_ratio instead"),
+  ({"optim.name": "muon", "optim.head_lr_ratio": 0.5}, "'muon' reads --config.optim.adam_lr_ratio instead"),
+  ({"optim.name": "muon_groups", "optim.weight_decay": 0.05}, "Only 'adamw' and 'muon' read it"),
+  ({"optim.name": "muon_groups", "optim.b2": 0.99}, "'muon_groups' reads --config.optim.groups_b2 instead"),
+  ({"optim.name": "muon_groups", "optim.adam_lr_ratio": 0.3}, "reads --config.optim.embed_lr_ratio, head_lr_ratio"),
+  ({"optim.name": "sgd", "optim.b1": 0.8}, "Only 'adamw', 'adam' and 'muon' read it"),
+  ({"optim.name": "adam", "optim.weight_decay": 0.05}, "Adam: b1, b2, eps, and no weight decay"),
+  ({"optim.muon_weight_decay": 0.1}, "'adamw' reads --config.optim.weight_decay instead"),
+  ({"optim.decay_fraction": 0.3}, "--config.optim.schedule='cosine' decays from the end of the warm-up"),
+  ({"trainer.averaging_beta": 0.9}, "--config.trainer.averaging='none' keeps no average of the params"),
+  ({"optim.outer_eta": 0.5}, "--config.optim.outer_every=0 turns outer momentum off"),
+  ({"optim.name": "muon", "optim.muon_momentum_start": 0.5}, "--config.optim.muon_momentum_warmup_steps=0 keeps"),
+  ({"optim.name": "my_adamw", "optim.grad_clip": 0.5}, "optax.chain(optax.clip_by_global_norm(0.5), ...)"),
+]
+
+
+@pytest.mark.parametrize("fields, phrase", IGNORED_OPTIMIZER_SETTINGS)
+def test_optimizer_settings_with_no_effect_are_named(fields, phrase):
+  c = hybridjax.default_config()
+  assert settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c)) == []
+  c.update_from_flattened_dict(fields)
+  (error,) = settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c))
+  field, value = [(f, v) for f, v in fields.items() if f != "optim.name"][0]
+  default = config_lib.flatten(hybridjax.default_config())[field]
+  assert error.startswith(f"--config.{field}={value!r} (default {default!r}) has no effect: "), error
+  assert phrase in error, error
+  # Back at a value the run reads (or the default): nothing to say.
+  if field == "optim.decay_fraction":
+    c.optim.schedule = "wsd"
+  elif field == "trainer.averaging_beta":
+    c.trainer.averaging = "ema"
+  elif field in ("optim.outer_eta",):
+    c.optim.outer_every = 4
+  elif field == "optim.muon_momentum_start":
+    c.optim.muon_momentum_warmup_steps = 10
+  else:
+    c.update_from_flattened_dict({field: default})
+  assert settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c)) == []
+
+
+def test_a_user_optimizer_gets_the_fields_it_does_not_read_named_at_once():
+  c = hybridjax.default_config()
+  c.optim.update(name="my_adamw", grad_clip=0.5, b1=0.8, weight_decay=0.0, learning_rate=1e-2, schedule="wsd")
+  (error,) = settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c))
+  assert error.startswith(
+    "--config.optim.grad_clip=0.5 (default 1.0), --config.optim.b1=0.8 (default 0.9), --config.optim.weight_decay=0.0 "
+    "(default 0.1) have no effect: --config.optim.name='my_adamw' names your own optimizer (train(tx=...))"
+  )
+  assert "optax.adamw(learning_rate, weight_decay=0.0)" in error  # the schedule's fields are not named
+
+
+def test_head_fields_follow_the_models_head():
+  """On GPT-2: a tied head reads the tied-head fields, not the head's; an untied one the other way."""
+  from experiments.configs import gpt2_small as presets
+
+  tied = presets.get_config("tiny")
+  tied.optim.update(name="muon_groups", head_lr_ratio=0.5)
+  (error,) = settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied))
+  assert "--config.optim.head_lr_ratio=0.5 (default 0.16) has no effect: --config.model.untied_head=False" in error
+  tied.optim.update(head_lr_ratio=0.16, tied_lr_ratio=0.5)
+  assert settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied)) == []
+  tied.optim.update(name="adamw", tied_lr_ratio=0.16, adamw_head_lr_ratio=2.0)
+  (error,) = settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied))
+  assert "--config.optim.adamw_head_lr_ratio=2.0 (default 1.0) has no effect: --config.model.untied_head=False" in error
+  assert "Set --config.optim.adamw_embed_lr_ratio instead" in error
+  untied = presets.get_config("tiny")
+  untied.model.untied_head = True
+  untied.optim.update(name="muon_groups", tied_b1=0.5)
+  (error,) = settings_check.optimizer_setting_errors(untied, settings_check.reference_configs(untied))
+  assert "--config.optim.tied_b1=0.5 (default 0.8) has no effect: --config.model.untied_head=True" in error
+
+
+def test_a_preset_value_is_not_refused_and_a_change_on_it_is():
+  """`tiny,speedrun` sets weight_decay=0 for 'muon_groups' (and tied-head settings on its untied head):
+  its own values; an explicit weight decay on it is refused before the data is read."""
+  from experiments import gpt2_small
+  from experiments.configs import gpt2_small as presets
+
+  c = presets.get_config("tiny,speedrun")
+  assert c.optim.name == "muon_groups" and c.optim.weight_decay == 0.0 and c.model.untied_head
+  assert settings_check.optimizer_setting_errors(c, gpt2_small.preset_configs(c)) == []
+  c.optim.weight_decay = 0.05
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.1\) has no effect"):
+    gpt2_small.run(c, "unused")
+
+
+def test_train_refuses_what_a_user_optimizer_does_not_read_before_the_workdir_is_made(tmp_path):
+  c = rh.mlp_config("baseline", steps=20)
+  c.optim.update(name="my_sgd", weight_decay=0.05)
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.1\) has no effect"):
+    train_lib.train(c, str(tmp_path / "run"), tx=lambda learning_rate: optax.sgd(learning_rate), **rh.mlp_task())
+  assert not os.path.exists(tmp_path / "run")
