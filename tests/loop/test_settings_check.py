@@ -381,7 +381,14 @@ def _differs(a, b) -> bool:
 
 # The untied head puts a leaf in every group; the tied head's own rows are checked in the default
 # suite below (`test_a_tied_head_reads_its_own_head_fields`), and every field on it in the slow set.
-@pytest.mark.parametrize("name", list(settings_check.OPTIMIZER_READS))
+# The Muon rows run Newton-Schulz op by op for every field (5-6 s each): the slow set, with the tied
+# head's; the default suite keeps the Adam-family and SGD rows.
+MUON_ROWS = ("muon", "muon_groups")
+
+
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n in MUON_ROWS else n for n in settings_check.OPTIMIZER_READS]
+)
 @pytest.mark.parametrize("untied_head", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
   """For each built-in optimizer and head: every field the table says it reads changes its updates;
