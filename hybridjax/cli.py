@@ -170,7 +170,13 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _flag_error(e: Exception) -> NoReturn:
-  print(f"error: {e}\n(--helpfull lists the flags; docs/config.md the config's fields)", file=sys.stderr)
+  message = str(e)
+  if "Traceback (most recent call last)" in message:
+    # ml_collections quotes the config file's whole traceback: its bad-input error is the last line.
+    head, _, tail = message.partition("Traceback (most recent call last)")
+    last = [line for line in tail.splitlines() if line.strip()][-1]
+    message = head.split("Error whilst parsing config file")[0] + last.split(": ", 1)[-1]
+  print(f"error: {message}\n(--helpfull lists the flags; docs/config.md the config's fields)", file=sys.stderr)
   sys.exit(2)
 
 

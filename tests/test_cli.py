@@ -211,3 +211,21 @@ def test_benchmark_flags_it_would_overwrite_or_not_read_exit_2_before_anything_t
     assert r.returncode == 2, (args, r.returncode, r.stderr[-2000:])
     assert message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
     assert not os.path.exists(tmp_path / str(i))
+
+
+def test_a_config_files_own_error_prints_its_message_not_the_traceback_ml_collections_quotes(capsys):
+  # ml_collections wraps an error raised in `get_config` in "Error whilst parsing config file" and the
+  # whole traceback: the user reads the file's message, as for any bad flag.
+  quoted = (
+    "flag --config=experiments/configs/gpt2_small.py:tiny,Micro: Error whilst parsing config file:\n\n"
+    'Traceback (most recent call last):\n  File "x.py", line 1, in get_config\n    raise ValueError(\n'
+    "ValueError: unknown preset variant 'Micro' in 'tiny,Micro': use one of ['micro', 'speedrun']\n"
+  )
+  with pytest.raises(SystemExit) as e:
+    cli._flag_error(ValueError(quoted))  # noqa: SLF001
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "Traceback" not in err and "File " not in err
+  assert err.startswith(
+    "error: flag --config=experiments/configs/gpt2_small.py:tiny,Micro: unknown preset variant 'Micro' in "
+    "'tiny,Micro': use one of ['micro', 'speedrun']\n"
+  )
