@@ -363,3 +363,15 @@ def test_the_readmes_hybrid_example_figures_are_the_measured_ones():
     f"{hybrid['compile_s']:.0f} s, the baseline in {baseline['compile_s']:.0f} s" in readme
   )
   assert hybrid["phase_steps"]["PREDICT"] > 0
+
+
+def test_the_readmes_deep_recipe_figures_are_the_published_ones():
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-deep.json")) as f:
+    result = json.load(f)
+  rows = {r["name"]: r for r in result["figures"]}
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert f"Muon gives most of it ({rows['muon']['speedup']['mean']:.2f}×)" in readme
+  assert f"the recipe ends at {result['total_speedup']['mean']:.2f}×. Before the fixes" in readme
+  assert rows["shortcuts"]["vs_previous"]["verdict"] == "lower"
+  later = ("unet", "value_embeds", "attn_scale")
+  assert [rows[n]["vs_previous"]["verdict"] for n in later] == ["no difference"] * 3
