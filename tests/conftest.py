@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
 
 import pytest
 
@@ -104,6 +106,22 @@ class SpecRunner:
     self.specs += specs
     self.ran += len(specs)
     return [self.result_of(s) for s in specs]
+
+
+@contextlib.contextmanager
+def method_package(tmp_path, monkeypatch, package: str, source: str):
+  """A user's method: `source` written to `<package>.repeat_update`, a package outside hybridjax on
+  sys.path; yields its dotted path, and forgets the package's modules after."""
+  pkg = tmp_path / package
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "repeat_update.py").write_text(source)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  try:
+    yield f"{package}.repeat_update"
+  finally:
+    for name in [n for n in sys.modules if n.startswith(package)]:
+      del sys.modules[name]
 
 
 def run_experiment(config, workdir, hooks=None) -> dict:

@@ -274,6 +274,9 @@ def test_confidence_gate_decides_when_to_predict():
   )
 
 
+# Slow: a hybrid step compiled for its own threshold (12 s); the gate itself is
+# test_confidence_gate_decides_when_to_predict.
+@pytest.mark.slow
 def test_confidence_threshold_one_never_predicts():
   state, trace = hh.setup(confidence_threshold=1.0).run(60)
   assert {int(m["phase"]) for m in trace} == {Phase.WARMUP, Phase.FULL}

@@ -9,7 +9,6 @@ import dataclasses
 import itertools
 import os
 import re
-import sys
 import types
 import warnings
 
@@ -21,6 +20,7 @@ import numpy as np
 import optax
 import pytest
 import reliability_helper as rh
+from conftest import method_package
 
 import hybridjax
 from hybridjax import config as config_lib
@@ -211,22 +211,13 @@ def _user_method_config(path: str):
 
 
 def test_train_refuses_what_a_user_methods_control_overrides(tmp_path, monkeypatch):
-  source = _method_source()
-  pkg = tmp_path / "ctl_methods"
-  pkg.mkdir()
-  (pkg / "__init__.py").write_text("")
-  (pkg / "repeat_update.py").write_text(source)
-  monkeypatch.syspath_prepend(str(tmp_path))
-  try:
-    c = _user_method_config("ctl_methods.repeat_update")
+  with method_package(tmp_path, monkeypatch, "ctl_methods", _method_source()) as path:
+    c = _user_method_config(path)
     c.hybrid.correction_interval = 0  # what its control() sets: no effect lost
     c.hybrid.max_predict_steps = 3  # its control() sets 1
     with pytest.raises(ValueError, match=r"--config\.hybrid\.max_predict_steps=3 \(default 4\) has no effect"):
       train_lib.train(c, str(tmp_path / "run"), **rh.mlp_task())
     assert not os.path.exists(tmp_path / "run")
-  finally:
-    for name in [n for n in sys.modules if n.startswith("ctl_methods")]:
-      del sys.modules[name]
 
 
 def test_no_gpt2_small_preset_is_refused_and_a_change_on_one_is():
@@ -282,19 +273,11 @@ def test_a_near_miss_of_an_interface_name_is_named_with_did_you_mean():
 
 def test_train_refuses_a_method_with_a_misspelt_hook_before_the_workdir_is_made(tmp_path, monkeypatch):
   typo = _method_source().replace("def predict_step(", "def predict(")
-  pkg = tmp_path / "typo_methods"
-  pkg.mkdir()
-  (pkg / "__init__.py").write_text("")
-  (pkg / "repeat_update.py").write_text(typo)
-  monkeypatch.syspath_prepend(str(tmp_path))
-  try:
-    c = _user_method_config("typo_methods.repeat_update")
+  with method_package(tmp_path, monkeypatch, "typo_methods", typo) as path:
+    c = _user_method_config(path)
     with pytest.raises(ValueError, match=r"defines predict, .*did you mean predict_step\?"):
       train_lib.train(c, str(tmp_path / "run"), **rh.mlp_task())
     assert not os.path.exists(tmp_path / "run")
-  finally:
-    for name in [n for n in sys.modules if n.startswith("typo_methods")]:
-      del sys.modules[name]
 
 
 # --- optimizer settings the run does not read ------------------------------------------------------
@@ -379,15 +362,17 @@ def _differs(a, b) -> bool:
   return False
 
 
-# The untied head puts a leaf in every group; the tied head's own rows are checked in the default
-# suite below (`test_a_tied_head_reads_its_own_head_fields`), and every field on it in the slow set.
+# The untied head puts a leaf in every group; the tied head's own rows are checked below
+# (`test_a_tied_head_reads_its_own_head_fields`), and every field on it, both in the slow set.
 # The Muon rows run Newton-Schulz op by op for every field (5-6 s each): the slow set, with the tied
 # head's; the default suite keeps the Adam-family and SGD rows.
 MUON_ROWS = ("muon", "muon_groups")
+# AdamW's row runs the most fields op by op (7 s on 2 cores): the slow set too; Adam's and SGD's stay.
+SLOW_ROWS = (*MUON_ROWS, "adamw")
 
 
 @pytest.mark.parametrize(
-  "name", [pytest.param(n, marks=pytest.mark.slow) if n in MUON_ROWS else n for n in settings_check.OPTIMIZER_READS]
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ROWS else n for n in settings_check.OPTIMIZER_READS]
 )
 @pytest.mark.parametrize("untied_head", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
@@ -417,6 +402,7 @@ def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
   chex.assert_trees_all_equal(_updates(ignored, params), reference)
 
 
+@pytest.mark.slow  # op by op for every head field (3.4 s on 2 cores)
 def test_a_tied_head_reads_its_own_head_fields():
   """On a model whose head is tied to the token embedding, the head's own fields (`UNTIED_HEAD_READS`)
   leave the updates bit for bit, and each tied-head field (`TIED_HEAD_READS`) changes them."""

@@ -12,7 +12,7 @@ import types
 
 import jax
 import pytest
-from conftest import ROOT, abstract_driver_state, restore_checkpoint, straight_and_resumed
+from conftest import ROOT, abstract_driver_state, method_package, restore_checkpoint, straight_and_resumed
 
 import hybridjax
 from hybridjax import config as config_lib
@@ -46,14 +46,8 @@ def _module_from(source: str):
 @pytest.fixture()
 def user_module(tmp_path, monkeypatch):
   """docs/methods.md's method, written to a module of a package outside hybridjax."""
-  pkg = tmp_path / "user_methods"
-  pkg.mkdir()
-  (pkg / "__init__.py").write_text("")
-  (pkg / "repeat_update.py").write_text(method_source())
-  monkeypatch.syspath_prepend(str(tmp_path))
-  yield "user_methods.repeat_update"
-  for name in [n for n in sys.modules if n.startswith("user_methods")]:
-    del sys.modules[name]
+  with method_package(tmp_path, monkeypatch, "user_methods", method_source()) as path:
+    yield path
 
 
 def _task():
