@@ -73,7 +73,7 @@ def reading_knots(
   budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, float]:
   """The points the baseline curve is read between: the envelope's first budget and every budget at which
-  the envelope drops (a new best loss), with the largest budget.
+  the envelope drops (a new best loss, by more than float rounding: `rounding`), with the largest budget.
 
   A flat stretch of the envelope (budgets that did no better than a smaller one) has no point of its own:
   the curve runs from the stretch's first budget straight to the next drop, linearly in log(budget), and is
@@ -87,8 +87,23 @@ def reading_knots(
     ValueError: on a bad curve (see `monotone_envelope`).
   """
   b, env = monotone_envelope(budgets, losses)
-  drops = np.concatenate([[True], env[1:] < env[:-1]])
+  drops, best = [0], env[0]
+  for i in range(1, env.size):
+    if env[i] < best - rounding(best):
+      drops.append(i)
+      best = env[i]
   return b[drops], env[drops], float(b[-1])
+
+
+# Eval losses are float32 means: two that differ by less than this fraction of their size (about 8
+# float32 ulps) are the same loss up to rounding, so such a "drop" of the envelope is a flat stretch,
+# and a target that close to a knot reads that knot.
+ROUNDING = 1e-6
+
+
+def rounding(loss: float) -> float:
+  """The difference below which two losses near `loss` are equal up to float rounding."""
+  return ROUNDING * abs(float(loss))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +129,11 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
   Between the knot b_i whose loss is above the target and the next knot b_{i+1} (loss below it), the steps
   are interpolated linearly in log(budget):
   log b = log b_i + (env_i - target) / (env_i - env_{i+1}) * (log b_{i+1} - log b_i).
+  A target within float rounding of a knot's loss (`rounding`) reads that knot's budget: a run equal to
+  the baseline up to its last bits reads 1.00x, however little the curve drops after it.
   A flat stretch of the envelope is read from its first budget: a run equal to the baseline at a budget
-  where the envelope drops reads that budget, up to float rounding, on either side.
+  where the envelope drops reads that budget, up to float rounding (`rounding`), on either side, whatever
+  the curve does after it.
 
   Args:
     budgets: step budgets of the baseline runs.
@@ -124,11 +142,12 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
 
   Returns:
     `Reach(steps, False)` when reached (steps in [smallest budget, largest budget]; the first budget of the
-    envelope's stretch at exactly the target's loss); `Reach(b, True)` when the target is below the end of
-    the envelope (a lower bound: the baseline needs more than b, the envelope's last drop, which is the
-    largest budget unless the budgets after it did no better, so a run a hair below a flat end reads its
-    first budget, as on a flat stretch inside the curve); `Reach(smallest budget, False, True)` when the
-    target is above the start of the envelope (an upper bound: the smallest budget already does better);
+    envelope's stretch at the target's loss up to rounding); `Reach(b, True)` when the target is below the
+    end of the envelope by more than rounding (a lower bound: the baseline needs more than b, the
+    envelope's last drop, which is the largest budget unless the budgets after it did no better, so a run
+    a hair below a flat end reads its first budget, as on a flat stretch inside the curve);
+    `Reach(smallest budget, False, True)` when the target is above the start of the envelope by more than
+    rounding (an upper bound: the smallest budget already does better);
     `Reach(None, False)` when the target is NaN or +inf (a diverged run: not reached).
 
   Raises:
@@ -138,14 +157,22 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
   target = float(target)
   if math.isnan(target) or target == math.inf:
     return Reach(None, False)
-  if target > ke[0]:
+  if target > ke[0] + rounding(ke[0]):
     return Reach(float(kb[0]), False, True)
-  if target < ke[-1]:
+  if target < ke[-1] - rounding(ke[-1]):
     return Reach(float(kb[-1]), True)
+  if target >= ke[0]:  # the start, up to rounding
+    return Reach(float(kb[0]), False)
+  if target <= ke[-1]:  # the end, up to rounding
+    return Reach(float(kb[-1]), False)
   j = int(np.argmax(ke <= target))  # the first knot whose loss is <= target
   if ke[j] == target:
     return Reach(float(kb[j]), False)
   lo, hi = kb[j - 1], kb[j]  # j >= 1 here: ke[0] > target >= ke[-1]
+  if target >= ke[j - 1] - rounding(ke[j - 1]):  # knot j - 1's loss up to rounding
+    return Reach(float(lo), False)
+  if target <= ke[j] + rounding(ke[j]):  # knot j's
+    return Reach(float(hi), False)
   frac = (ke[j - 1] - target) / (ke[j - 1] - ke[j])
   steps = lo * math.exp(frac * math.log(hi / lo))
   return Reach(float(min(max(steps, lo), hi)), False)

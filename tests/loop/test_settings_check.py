@@ -331,21 +331,28 @@ def _gpt2_like_params(untied_head: bool) -> dict:
 def _updates(optim_cfg, params, tx=None, steps: int = 2) -> list:
   """The updates of `steps` optimizer steps at a fixed learning rate, on gradients whose norms grow
   tenfold each step (so clipping, the betas and the momentum all shape them)."""
-  tx = optim.resolve_optimizer(optim_cfg, params, tx)
+  tx_given, tx = tx, optim.resolve_optimizer(optim_cfg, params, tx)
+  grads = []
+  for t in range(steps):
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(100 + t), len(leaves))
+    grads.append(jax.tree.unflatten(treedef, [10.0**t * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)]))
 
-  # Op by op: a compiled program (or Muon's Newton-Schulz loop, compiled at every call) costs far more
-  # than these tiny updates.
-  with jax.disable_jit():
-    state = tx.init(params)
-    out = []
-    for t in range(steps):
-      leaves, treedef = jax.tree.flatten(params)
-      keys = jax.random.split(jax.random.PRNGKey(100 + t), len(leaves))
-      grads = jax.tree.unflatten(treedef, [10.0**t * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
-      updates, state = tx.update(grads, optim.with_learning_rate(state, jnp.float32(0.01)), params)
+  def run(params, grads):
+    state, out = tx.init(params), []
+    for g in grads:
+      updates, state = tx.update(g, optim.with_learning_rate(state, jnp.float32(0.01)), params)
       params = optax.apply_updates(params, updates)
       out.append(updates)
-  return out
+    return out
+
+  # Muon's Newton-Schulz loop runs op by op (compiled, it costs far more than these tiny updates);
+  # the other optimizers' steps compile as one program (op by op, their first use in a worker costs
+  # seconds of per-op compiles).
+  if tx_given is None and optim_cfg.name in MUON_ROWS:
+    with jax.disable_jit():
+      return run(params, grads)
+  return jax.jit(run)(params, grads)
 
 
 def _changed(optim_cfg, **fields):

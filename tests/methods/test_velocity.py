@@ -184,6 +184,9 @@ def test_rollback_is_exact_without_snapshot():
   chex.assert_trees_all_close(back, start, rtol=1e-5, atol=1e-6)
 
 
+# Its own loss and params: every hybrid program compiled afresh (11 s at the suite's -O0), so the slow
+# set, which CI runs; the default suite keeps the predicted step's move (alpha * velocity) above.
+@pytest.mark.slow
 def test_predicted_steps_extrapolate_a_linear_trajectory():
   # Loss linear in the params: SGD takes the same update every step, so the trajectory is a line
   # and alpha = 1 along the velocity must land where the real steps land.
