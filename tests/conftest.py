@@ -265,40 +265,40 @@ def small_hybrid_config(**overrides):
 # Modules that share compiled programs (the MLP hybrid step of tests/hybrid_helper.py) form one
 # unit, run in file order: test_corrector compiles the per-phase steps, test_drivers the fused and
 # scanned ones, and the later modules find them all in the process's caches. Units start longest
-# first (rough seconds on 2 unloaded cores), so the last to finish is a short one.
+# first (seconds with both workers busy, from `--durations=0`), so the last to finish is a short one;
+# a module missing here counts 1 s.
 _UNITS = {
   name: "hybrid steps"
   for name in ("test_controller.py", "test_corrector.py", "test_drivers.py", "test_velocity.py", "test_memory.py")
 }
 _COST = {
-  "hybrid steps": 119,
-  "test_reliability.py": 67,
-  "test_forecast.py": 37,
-  "test_optim.py": 33,
-  "test_rssm.py": 29,
-  "test_speedrun_model.py": 26,
-  "test_train.py": 22,
-  "test_models.py": 19,
-  "test_benchmark.py": 19,
-  "test_averaging.py": 19,
-  "test_byo.py": 15,
-  "test_diagnostics.py": 9,
-  "test_selective_backprop.py": 8,
-  "test_variants.py": 8,
+  "hybrid steps": 52,
+  "test_optim.py": 40,
+  "test_reliability.py": 39,
+  "test_speedrun_model.py": 37,
+  "test_forecast.py": 31,
+  "test_rssm.py": 22,
+  "test_benchmark.py": 18,
+  "test_averaging.py": 18,
+  "test_train.py": 16,
+  "test_models.py": 15,
+  "test_byo.py": 10,
+  "test_settings_check.py": 9,
+  "test_jump.py": 8,
+  "test_nonfinite_prediction.py": 7,
+  "test_variants.py": 7,
+  "test_cluster.py": 7,
+  "test_diagnostics.py": 6,
   "test_knobs.py": 6,
-  "test_cli.py": 8,
-  "test_nonfinite_prediction.py": 8,
-  "test_jump.py": 7,
-  "test_cluster.py": 6,
-  "test_data.py": 5,
+  "test_ladder.py": 5,
   "test_layering.py": 5,
-  "test_ladder.py": 4,
-  "test_plugin_method.py": 4,
+  "test_plugin_method.py": 5,
   "test_protocol.py": 4,
-  "test_readings.py": 4,
+  "test_keys.py": 4,
   "test_recipe.py": 4,
-  "test_study.py": 3,
-  "test_keys.py": 2,
+  "test_selective_backprop.py": 3,
+  "test_cli.py": 3,
+  "test_data.py": 2,
 }
 
 
