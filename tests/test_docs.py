@@ -375,3 +375,33 @@ def test_the_readmes_deep_recipe_figures_are_the_published_ones():
   assert rows["shortcuts"]["vs_previous"]["verdict"] == "lower"
   later = ("unet", "value_embeds", "attn_scale")
   assert [rows[n]["vs_previous"]["verdict"] for n in later] == ["no difference"] * 3
+
+
+def test_the_recipe_docs_deep_figures_are_the_published_ones():
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-deep.json")) as f:
+    result = json.load(f)
+  rows = {r["name"]: r for r in result["figures"]}
+  doc = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
+  total = result["total_speedup"]
+  wall = total["wallclock_ratio"]["mean"]
+  assert (
+    f"at N = {result['steps']} the whole recipe reaches in N steps the loss the R4 anchor needs "
+    f"{total['mean']:.2f}× ± {total['std']:.2f} as many steps for ({wall:.2f}× in wall-clock)"
+  ) in doc
+  for name, phrase in (
+    ("schedule", "The schedule ({:.2f}×)"),
+    ("rotary", "rotary ({:.2f}×)"),
+    ("muon", "the one large gain ({:.2f}×)"),
+    ("modern_arch", "the #5 group costs nothing ({:.2f}×, no different from Muon alone)"),
+    ("untied_head", "the untied head ({:.2f}×)"),
+    ("shortcuts", "the #9 shortcuts add to it ({:.2f}×, lower than the step before)"),
+  ):
+    assert phrase.format(rows[name]["speedup"]["mean"]) in doc, name
+  verdicts = {n: rows[n]["vs_previous"]["verdict"] for n in rows if n != "anchor"}
+  assert verdicts["schedule"] == verdicts["rotary"] == verdicts["muon"] == verdicts["shortcuts"] == "lower"
+  assert {verdicts[n] for n in ("modern_arch", "untied_head", "unet", "value_embeds", "attn_scale")} == {
+    "no difference"
+  }
+  # "no step's loss lies below it": no speed-up is a bound, and the curve runs to 6N
+  assert not any(r["speedup"]["n_lower_bound"] or r["speedup"]["n_upper_bound"] for r in result["figures"])
+  assert max(result["anchor"]["budgets"]) == 6 * result["steps"]
