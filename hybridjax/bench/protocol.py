@@ -75,10 +75,11 @@ def reading_knots(
   """The points the baseline curve is read between: the envelope's first budget and every budget at which
   the envelope drops (a new best loss, by more than float rounding: `rounding`), with the largest budget.
 
-  A flat stretch of the envelope (budgets that did no better than a smaller one) has no point of its own:
-  the curve runs from the stretch's first budget straight to the next drop, linearly in log(budget), and is
-  flat from the last drop to the largest budget. So the curve is continuous in the target: a loss a hair
-  below a flat stretch is reached just after the stretch's first budget, never at its far end.
+  A flat stretch of the envelope (budgets that did no better than a smaller one, up to float rounding) has
+  no point of its own: the curve runs from the stretch's first budget straight to the next drop, linearly
+  in log(budget), and is flat from the last drop to the largest budget. So the curve is continuous in the
+  target: a loss a hair below a flat stretch reads its first budget, and further below, just after it,
+  never the stretch's far end.
 
   Returns:
     (knot budgets ascending, their losses, strictly decreasing; the largest budget), float64.
@@ -89,15 +90,15 @@ def reading_knots(
   b, env = monotone_envelope(budgets, losses)
   drops, best = [0], env[0]
   for i in range(1, env.size):
-    if env[i] < best - rounding(best):
+    if env[i] + rounding(env[i]) < best - rounding(best):  # their rounding bands do not touch
       drops.append(i)
       best = env[i]
   return b[drops], env[drops], float(b[-1])
 
 
-# Eval losses are float32 means: two that differ by less than this fraction of their size (about 8
-# float32 ulps) are the same loss up to rounding, so such a "drop" of the envelope is a flat stretch,
-# and a target that close to a knot reads that knot.
+# Eval losses are float32 means: two that differ by less than this fraction of their size (8 to 17
+# float32 ulps) are the same loss up to rounding. A knot's loss +- this is its rounding band: a target
+# inside it reads the knot, and an envelope "drop" whose band touches the last knot's is a flat stretch.
 ROUNDING = 1e-6
 
 
@@ -112,10 +113,11 @@ class Reach:
 
   Attributes:
     steps: the steps, or None when not reached (the target is NaN or +inf: a diverged run).
-    lower_bound: True when the target is below the end of the curve: the baseline needs more than `steps`
-      (the envelope's last drop: its largest budget, unless the budgets after the drop did no better).
-    upper_bound: True when the target is above the start of the curve: the baseline's smallest budget
-      already does better, so it needs at most `steps` (its smallest budget).
+    lower_bound: True when the target is below the end of the curve by more than float rounding: the
+      baseline needs more than `steps` (the envelope's last drop: its largest budget, unless the budgets
+      after the drop did no better).
+    upper_bound: True when the target is above the start of the curve by more than float rounding: the
+      baseline's smallest budget already does better, so it needs at most `steps` (its smallest budget).
   """
 
   steps: float | None
@@ -126,11 +128,12 @@ class Reach:
 def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, target: float) -> Reach:
   """Baseline steps needed to reach eval loss `target`, read off the curve between `reading_knots`.
 
-  Between the knot b_i whose loss is above the target and the next knot b_{i+1} (loss below it), the steps
-  are interpolated linearly in log(budget):
-  log b = log b_i + (env_i - target) / (env_i - env_{i+1}) * (log b_{i+1} - log b_i).
-  A target within float rounding of a knot's loss (`rounding`) reads that knot's budget: a run equal to
-  the baseline up to its last bits reads 1.00x, however little the curve drops after it.
+  A target within float rounding of a knot's loss (its band, env_i +- `rounding`(env_i)) reads that knot's
+  budget: a run equal to the baseline up to its last bits reads 1.00x, however little the curve drops
+  after it. Between the bands of the knot b_i above the target and the next knot b_{i+1} below it, the
+  steps are interpolated linearly in log(budget), from band edge to band edge (so continuously):
+  log b = log b_i + (top_i - target) / (top_i - bottom_{i+1}) * (log b_{i+1} - log b_i),
+  top_i = env_i - rounding(env_i), bottom_{i+1} = env_{i+1} + rounding(env_{i+1}).
   A flat stretch of the envelope is read from its first budget: a run equal to the baseline at a budget
   where the envelope drops reads that budget, up to float rounding (`rounding`), on either side, whatever
   the curve does after it.
@@ -161,19 +164,14 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
     return Reach(float(kb[0]), False, True)
   if target < ke[-1] - rounding(ke[-1]):
     return Reach(float(kb[-1]), True)
-  if target >= ke[0]:  # the start, up to rounding
-    return Reach(float(kb[0]), False)
-  if target <= ke[-1]:  # the end, up to rounding
-    return Reach(float(kb[-1]), False)
-  j = int(np.argmax(ke <= target))  # the first knot whose loss is <= target
-  if ke[j] == target:
+  band = np.asarray([rounding(x) for x in ke])
+  j = int(np.argmax(ke - band <= target))  # the first knot whose band reaches down to the target
+  if target <= ke[j] + band[j]:  # inside its band: its loss up to rounding
     return Reach(float(kb[j]), False)
-  lo, hi = kb[j - 1], kb[j]  # j >= 1 here: ke[0] > target >= ke[-1]
-  if target >= ke[j - 1] - rounding(ke[j - 1]):  # knot j - 1's loss up to rounding
-    return Reach(float(lo), False)
-  if target <= ke[j] + rounding(ke[j]):  # knot j's
-    return Reach(float(hi), False)
-  frac = (ke[j - 1] - target) / (ke[j - 1] - ke[j])
+  # j >= 1 here, and the target lies between knot j - 1's band and knot j's (disjoint: `reading_knots`).
+  lo, hi = kb[j - 1], kb[j]
+  top, bottom = ke[j - 1] - band[j - 1], ke[j] + band[j]
+  frac = (top - target) / (top - bottom)
   steps = lo * math.exp(frac * math.log(hi / lo))
   return Reach(float(min(max(steps, lo), hi)), False)
 
@@ -182,7 +180,7 @@ def curve_loss_at(
   budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, steps: float
 ) -> float | None:
   """The curve's loss at `steps` (between `reading_knots`, linearly in log(budget)): the inverse of
-  `steps_to_reach`, never above the monotone envelope.
+  `steps_to_reach` up to float rounding (`rounding`), never above the monotone envelope by more.
 
   Args:
     budgets: step budgets of the baseline runs.
@@ -367,8 +365,9 @@ PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no differen
 
 def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tuple[float | None, float | None]:
   """(the anchor's own loss at N, the curve's loss at N): the measured point where the curve has one at N
-  (else the curve's), and `curve_loss_at`. The first lies above the second exactly where the anchor's
-  N-step loss lies above its envelope (N is no drop of it), so the anchor reads below 1x against itself."""
+  (else the curve's), and `curve_loss_at`. The first lies above the second where N is no drop of the
+  anchor's envelope beyond float rounding (`reading_knots`): a smaller budget did as well or better, and
+  the anchor reads below 1x against itself."""
   curve = curve_loss_at(steps, losses, n)
   own = float(losses[list(steps).index(n)]) if n in list(steps) else curve
   return own, curve
