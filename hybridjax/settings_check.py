@@ -43,6 +43,44 @@ def _raise(errors: list[str]) -> None:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
+# --- a block misnamed from Python ----------------------------------------------------------------
+
+# How close (difflib's ratio) a top-level block's name must be to a declared block's for the two to
+# be compared field by field: `optimizer` for `optim` is 0.71.
+NEAR_BLOCK_CUTOFF = 0.5
+
+
+def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> list[str]:
+  """A line for each top-level block of `config` that no one reads but that looks like a declared
+  block set under another name (`config.update({"optimizer": {"learning_rate": ...}})` for `optim`):
+  its name near a declared block's and one of its fields one of that block's. `config.validate`
+  leaves a block of its own to the task that owns it (`config.unknown_field_errors`), so such a
+  block would otherwise train on the defaults it meant to change, without a word."""
+  known = config_lib.declared_fields(method)
+  errors = []
+  for top in config:
+    block = config[top]
+    if top in config_lib.DECLARED_BLOCKS + config_lib.OTHER_BLOCKS or not hasattr(block, "items"):
+      continue
+    fields = sorted(config_lib.flatten(block))
+    for near in difflib.get_close_matches(top, config_lib.DECLARED_BLOCKS, n=3, cutoff=NEAR_BLOCK_CUTOFF):
+      shared = [f for f in fields if f"{near}.{f}" in known]
+      if shared:
+        errors.append(
+          f"--config.{top}.{shared[0]} is in a block no one reads: did you mean --config.{near}.{shared[0]}? "
+          f"`{top}` looks like `{near}` set under another name (it shares {', '.join(shared)}), and the run "
+          f"would train on {near}'s defaults; rename the block to `{near}`, or give a block of your own a "
+          "name no declared block is near"
+        )
+        break
+  return errors
+
+
+def check_block_names(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> None:
+  """Refuses `config` when `misnamed_block_errors` finds a declared block set under another name."""
+  _raise(misnamed_block_errors(config, method))
+
+
 # --- a method module's names ---------------------------------------------------------------------
 
 # The module-level names the method interface reads (`registry.method_record`), and the earlier

@@ -341,6 +341,7 @@ def train(
       "pass eval_batches=[batch, ...], at least one fixed held-out batch"
     )
   settings_check.check_method_names(method)
+  settings_check.check_block_names(config, method)
   tcfg = config.trainer
   total_steps = tcfg.steps
   enable_compile_cache(tcfg)

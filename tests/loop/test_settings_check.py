@@ -195,6 +195,34 @@ def test_every_controller_setting_has_its_config_field():
   assert all(field in flat for field in settings_check.CONTROL_FIELDS.values())
 
 
+@pytest.mark.parametrize(
+  "block, fields, meant",
+  [
+    ("optimizer", {"learning_rate": 0.1}, "optim.learning_rate"),
+    ("optimiser", {"name": "sgd", "weight_decay": 0.0}, "optim.name"),
+    ("hybrid_settings", {"confidence_threshold": 0.0}, "hybrid.confidence_threshold"),
+  ],
+)
+def test_train_refuses_a_declared_block_set_under_another_name_before_the_workdir_is_made(
+  tmp_path, block, fields, meant
+):
+  # `config.validate` leaves a block of the config's own to its task (its name is not near enough a
+  # declared block's to be a misspelling): a block that shares a field with a near declared block is
+  # that block, misnamed, and the run would train on its defaults.
+  c = rh.mlp_config("hybrid", steps=20)
+  c.update({block: fields})
+  config_lib.validate(c)  # passes: the refusal is the trainer's
+  with pytest.raises(
+    ValueError, match=rf"--config\.{block}\.\w+ is in a block no one reads: did you mean --config\.{meant}\?"
+  ):
+    train_lib.train(c, str(tmp_path / "run"), **rh.mlp_task())
+  assert not os.path.exists(tmp_path / "run")
+  # A block of one's own that shares no field with a near declared block is left alone.
+  own = rh.mlp_config("hybrid", steps=20)
+  own.update({"optimizer_notes": {"author": "me"}, "sweep": {"learning_rate": 0.1}})
+  assert settings_check.misnamed_block_errors(own) == []
+
+
 def test_train_refuses_a_hybrid_setting_the_baseline_ignores_before_the_workdir_is_made(tmp_path):
   c = rh.mlp_config("baseline", steps=20)
   c.hybrid.confidence_threshold = 0.0
