@@ -28,6 +28,12 @@ def _read(path: str) -> str:
     return f.read()
 
 
+def _recipe(preset: str) -> dict:
+  """The published recipe record of `preset` (docs/results/recipe/recipe-<preset>.json)."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", f"recipe-{preset}.json")) as f:
+    return json.load(f)
+
+
 def _pages() -> list[str]:
   return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 
@@ -188,8 +194,7 @@ def test_a_recipe_of_an_earlier_trick_list_gets_a_line_not_a_column():
 def test_the_readmes_recipe_figures_are_the_published_ones():
   """The figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio, and its
   best step's) are those of docs/results/recipe/recipe-long.json."""
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-long.json")) as f:
-    result = json.load(f)
+  result = _recipe("long")
   total = result["total_speedup"]
   best = max(result["figures"], key=lambda r: r["speedup"]["mean"])
   readme = _read(os.path.join(ROOT, "README.md"))
@@ -203,8 +208,7 @@ def test_the_readmes_tiny_recipe_figures_are_the_published_ones():
   """The `tiny` figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio,
   Muon's and the #5 group's steps, and that the last step is the best) are those of
   docs/results/recipe/recipe-tiny.json."""
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
-    result = json.load(f)
+  result = _recipe("tiny")
   total = result["total_speedup"]
   steps = {r["name"]: r["speedup"]["mean"] for r in result["figures"]}
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
@@ -219,8 +223,7 @@ def test_the_readmes_tiny_recipe_figures_are_the_published_ones():
 def test_the_recipe_pages_tiny_figures_are_the_published_ones():
   """docs/recipe.md's account of `tiny` (each quoted step, the total, what the last invocation trained
   and read from the cache, the curve's end) is docs/results/recipe/recipe-tiny.json's."""
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
-    result = json.load(f)
+  result = _recipe("tiny")
   rows = {r["name"]: r for r in result["figures"]}
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   total = result["total_speedup"]
@@ -323,8 +326,7 @@ def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
 
   from experiments.configs import gpt2_small
 
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-tiny.json")) as f:
-    result = json.load(f)
+  result = _recipe("tiny")
   last, anchor = result["figures"][-1], list(result["anchor"]["at_n"].values())
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   recipe_loss = f"{statistics.mean(last['loss']):.3f} ± {statistics.stdev(last['loss']):.3f}"
@@ -366,8 +368,7 @@ def test_the_readmes_hybrid_example_figures_are_the_measured_ones():
 
 
 def test_the_readmes_deep_recipe_figures_are_the_published_ones():
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-deep.json")) as f:
-    result = json.load(f)
+  result = _recipe("deep")
   rows = {r["name"]: r for r in result["figures"]}
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   assert f"Muon gives most of it ({rows['muon']['speedup']['mean']:.2f}×)" in readme
@@ -378,8 +379,7 @@ def test_the_readmes_deep_recipe_figures_are_the_published_ones():
 
 
 def test_the_recipe_docs_deep_figures_are_the_published_ones():
-  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-deep.json")) as f:
-    result = json.load(f)
+  result = _recipe("deep")
   rows = {r["name"]: r for r in result["figures"]}
   doc = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   total = result["total_speedup"]
