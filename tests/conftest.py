@@ -6,6 +6,7 @@
 * XLA at LLVM -O0 (see `XLA_TEST_FLAGS`) and xdist scheduling by module (see the end): compiling,
   not running, dominates the suite.
 * The tests marked `slow` are skipped by default (pyproject.toml); `pytest -m ""` runs them too.
+* Property tests (hypothesis) draw anew at every run; `HYPOTHESIS_PROFILE=ci` (`.ci/run`) derandomizes them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import os
 import sys
 
+import hypothesis
 import pytest
 
 # The repository's root and the tests' shared data (tests/data/), wherever a test module sits.
@@ -38,6 +40,12 @@ EMITTER_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_l
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 XLA_TEST_FLAGS = f"{EMITTER_FLAGS} {LEGACY_EMITTERS}"
 os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
+
+
+# Property tests draw new examples at every run, which is how they find a new counterexample; CI
+# (`.ci/run`) runs them derandomized, so that whether a change lands does not depend on the draw.
+hypothesis.settings.register_profile("ci", derandomize=True)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)
