@@ -127,6 +127,9 @@ _JP_ARGS = [
 ]
 
 
+# The diagnostic's whole run (its own programs to compile, 6-8 s): the slow set, which CI runs; its pieces
+# are the tests above.
+@pytest.mark.slow
 def test_jump_persistence_end_to_end(tmp_path, capsys):
   out = tmp_path / "jump.json"
   result = jp.main([*_JP_ARGS, f"--out={out}"])

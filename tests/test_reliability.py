@@ -389,6 +389,9 @@ def test_workdir_with_another_config_is_refused_unless_forced(tmp_path, baseline
   assert logged == [11, 12]
 
 
+# The CLI's own process (7-8 s): the slow set, which CI runs; `train()`'s refusal of a diverged run is
+# the default suite's (`test_persistent_nan_stops_the_run_and_keeps_the_last_good_checkpoint`).
+@pytest.mark.slow
 def test_cli_stops_a_diverging_run_with_a_clear_error(tmp_path, jax_cache):
   # lr = 1e9: the first update throws the weights to ~1e9, every later loss is infinite.
   workdir = tmp_path / "run"

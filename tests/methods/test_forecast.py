@@ -99,6 +99,7 @@ class SnapshotTest(chex.TestCase):
     assert float(f.history.alpha_target[1].sum()) == 0.0  # the newest entry has no target yet
     chex.assert_shape(f.history.features, (16, forecast_lib.feature_dim(2)))
 
+  @pytest.mark.slow  # its programs of its own (7 s at the suite's -O0): CI runs it
   def test_an_accepted_jumps_move_is_not_counted_as_the_trajectorys(self):
     ctx = _context(_quadratic_towards(_params()))
     f = forecast_lib.init_forecast(ctx.settings.forecast, _params(), jax.random.PRNGKey(0))
