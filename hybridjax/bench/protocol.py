@@ -134,9 +134,7 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
   steps are interpolated linearly in log(budget), from band edge to band edge (so continuously):
   log b = log b_i + (top_i - target) / (top_i - bottom_{i+1}) * (log b_{i+1} - log b_i),
   top_i = env_i - rounding(env_i), bottom_{i+1} = env_{i+1} + rounding(env_{i+1}).
-  A flat stretch of the envelope is read from its first budget: a run equal to the baseline at a budget
-  where the envelope drops reads that budget, up to float rounding (`rounding`), on either side, whatever
-  the curve does after it.
+  A flat stretch of the envelope is read from its first budget.
 
   Args:
     budgets: step budgets of the baseline runs.
@@ -164,7 +162,7 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
     return Reach(float(kb[0]), False, True)
   if target < ke[-1] - rounding(ke[-1]):
     return Reach(float(kb[-1]), True)
-  band = np.asarray([rounding(x) for x in ke])
+  band = ROUNDING * np.abs(ke)  # each knot's `rounding`
   j = int(np.argmax(ke - band <= target))  # the first knot whose band reaches down to the target
   if target <= ke[j] + band[j]:  # inside its band: its loss up to rounding
     return Reach(float(kb[j]), False)
