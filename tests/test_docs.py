@@ -372,7 +372,7 @@ def test_the_readmes_deep_recipe_figures_are_the_published_ones():
   rows = {r["name"]: r for r in result["figures"]}
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   assert f"Muon gives most of it ({rows['muon']['speedup']['mean']:.2f}×)" in readme
-  assert f"the recipe ends at {result['total_speedup']['mean']:.2f}×. Before the fixes" in readme
+  assert f"the recipe ends at {result['total_speedup']['mean']:.2f}×. Taking one trick" in readme
   assert rows["shortcuts"]["vs_previous"]["verdict"] == "lower"
   later = ("unet", "value_embeds", "attn_scale")
   assert [rows[n]["vs_previous"]["verdict"] for n in later] == ["no difference"] * 3
@@ -405,3 +405,35 @@ def test_the_recipe_docs_deep_figures_are_the_published_ones():
   # "no step's loss lies below it": no speed-up is a bound, and the curve runs to 6N
   assert not any(r["speedup"]["n_lower_bound"] or r["speedup"]["n_upper_bound"] for r in result["figures"])
   assert max(result["anchor"]["budgets"]) == 6 * result["steps"]
+
+
+def test_the_leave_one_out_docs_are_the_published_table():
+  path = os.path.join(ROOT, "docs", "results", "recipe", "variants-leave_one_out-deep.json")
+  with open(path) as f:
+    result = json.load(f)
+  pairs = {p["name"]: p["difference"] for p in result["pairs"]}
+  text = _read(os.path.join(ROOT, "docs", "recipe.md"))
+  for name, d in pairs.items():
+    row = f"| {name} | {d['mean']:+.4f} ± {d['se_total']:.4f} se, {d['n']} seeds ({d['verdict']}) |"
+    assert row in text, name
+  doc = " ".join(text.split()).replace("−", "-")
+  assert f"resolves {result['resolution']:.4f} in loss" in doc
+  for name, phrase in (
+    ("muon", "Muon pays the most ({:+.4f}:"),
+    ("rotary", "rotary ({:+.4f})"),
+    ("qk_norm", "QK-norm ({:+.4f})"),
+    ("shortcuts", "the #9 shortcuts ({:+.4f})"),
+    ("schedule", "costs {:+.4f} against the cosine"),
+    ("relu2", "ReLU² ({:+.4f})"),
+    ("attn_scale", "the attention scale ({:+.4f}) lean towards a cost"),
+  ):
+    assert phrase.format(pairs[name]["mean"]) in doc, name
+  # The README's sentence: the pairs whose removal raises the loss, and the one whose removal lowers it.
+  lower = {n for n, d in pairs.items() if d["verdict"] == "lower"}
+  higher = {n for n, d in pairs.items() if d["verdict"] == "higher"}
+  assert lower == {"muon", "rotary", "qk_norm", "shortcuts"} and higher == {"schedule"}
+  readme = _read(os.path.join(ROOT, "README.md"))
+  assert (
+    "only taking out Muon, rotary, QK-norm or the #9 shortcuts raises the loss beyond the noise, "
+    "and taking out the records' schedule lowers it"
+  ) in readme
