@@ -18,6 +18,7 @@ Every function here is pure: jit it with the state donated (`donate_argnums=0`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,28 @@ from hybridjax.hybrid.state import HybridState
 from hybridjax.optim import Batch, Schedule, all_finite, init_outer_momentum, init_train_state
 
 Transition = Callable[..., tuple[HybridState, StepInfo]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A transition that changes the state, then takes another transition:
+  `then(ctx, prepare(ctx, state, batch, schedule), batch, schedule)`.
+
+  The velocity predictor's `correct_step` is one: a rollback, then its `full_step`. Called, it is that
+  composition. In the fused step (`switch_in_place`) `prepare` runs alone when this transition is
+  selected, and `then`, when it is another branch's transition too, is compiled once and selected by
+  both: a `correct_step` written as one function would put a second copy of the real step, the
+  largest part of the program, into the step's trace and compile. `prepare` returns the whole
+  `HybridState` with every leaf's shape and dtype unchanged.
+  """
+
+  prepare: Callable[[HybridContext, HybridState, Batch, Schedule], HybridState]
+  then: Transition
+
+  def __call__(
+    self, ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
+  ) -> tuple[HybridState, StepInfo]:
+    return self.then(ctx, self.prepare(ctx, state, batch, schedule), batch, schedule)
 
 
 def transitions(ctx: HybridContext) -> tuple[Transition, ...]:
@@ -221,7 +244,10 @@ def switch_in_place(
   Each transition runs inside a `lax.while_loop` of one trip when selected and none otherwise. A
   while loop's input, body and output share one buffer per carried leaf, so the selected transition
   writes the donated state in place, exactly as its own jitted function does, with the same bits,
-  and the ones not selected cost one predicate each.
+  and the ones not selected cost one predicate each. A transition two branches share (the real step,
+  where a method defines no `correct_step`) is one loop that either selects; a `Prepared` transition
+  runs its `prepare` in a loop of its own, then shares the loop of the transition it goes on to
+  (`selection_loops`), so each transition is traced and compiled once.
   """
   fns = transitions(ctx)
   branch = jnp.clip(branch, 0, len(fns) - 1)  # as lax.switch clamps its index
@@ -242,14 +268,40 @@ def switch_in_place(
     batch_consumed=False,
     extra=ctx.method.step_extra(ctx),
   )
-  for index, transition in enumerate(fns):
+  prepares, bodies = selection_loops(fns)
+  for branches, prepare in prepares:
+
+    def prepare_once(carry, prepare=prepare):
+      return jnp.asarray(False), prepare(ctx, carry[1], batch, schedule)
+
+    _, state = jax.lax.while_loop(lambda carry: carry[0], prepare_once, (_selected(branch, branches), state))
+  for branches, transition in bodies:
 
     def run_once(carry, transition=transition):
       _, s, _ = carry
       return (jnp.asarray(False), *transition(ctx, s, batch, schedule))
 
-    _, state, info = jax.lax.while_loop(lambda carry: carry[0], run_once, (branch == index, state, info))
+    _, state, info = jax.lax.while_loop(lambda carry: carry[0], run_once, (_selected(branch, branches), state, info))
   return state, info
+
+
+def selection_loops(
+  fns: tuple[Transition, ...],
+) -> tuple[list[tuple[tuple[int, ...], Callable]], list[tuple[tuple[int, ...], Transition]]]:
+  """The loops `switch_in_place` runs, in order, each with the branches that select it: first the
+  `prepare` of each `Prepared` transition (its own branch), then each distinct transition once (a
+  `Prepared` one counted as the transition it goes on to), selected by every branch that runs it."""
+  prepares, bodies = [], {}
+  for index, fn in enumerate(fns):
+    if isinstance(fn, Prepared):
+      prepares.append(((index,), fn.prepare))
+      fn = fn.then
+    bodies.setdefault(id(fn), (fn, []))[1].append(index)
+  return prepares, [(tuple(branches), fn) for fn, branches in bodies.values()]
+
+
+def _selected(branch: jax.Array, branches: tuple[int, ...]) -> jax.Array:
+  return functools.reduce(jnp.logical_or, [branch == b for b in branches])
 
 
 def hybrid_multi_step(

@@ -34,7 +34,10 @@ Optional (the default in brackets)
                              runs `predict_step` behind `hybrid.step.discard_nonfinite`: a step that
                              leaves a non-finite value in the train state or the method's state is
                              discarded (the state before it kept) and ends PREDICT as a non-finite
-                             prediction, with `StepInfo.discarded` set
+                             prediction, with `StepInfo.discarded` set. A `correct_step` that
+                             changes the state and then takes `full_step` is best written
+                             `hybrid.step.Prepared(prepare, full_step)`: the fused step then
+                             compiles the real step once, not twice
   COMPOSES_WITH              the methods it runs with, e.g. {'outer_momentum'}: another method's
                              state it may read only then [none]
   BATCHES_PER_STEP           the task's batches each step receives, concatenated along the batch

@@ -37,8 +37,10 @@ def test_branches_are_the_three_transitions():
   # The velocity predictor's transitions, indexed by `Branch`: its real step, then the two its
   # branches are named after.
   method = registry.load_method("velocity")
-  assert (method.predict_step.__name__, method.correct_step.__name__) == tuple(BRANCH_NAMES[1:])
-  assert method.full_step is velocity_method.full_step
+  assert method.predict_step.__name__ == BRANCH_NAMES[1] and method.full_step is velocity_method.full_step
+  # The CORRECT entry: the rollback, then the same real step (so the fused step compiles it once).
+  assert method.correct_step is velocity_method.correct_step and BRANCH_NAMES[2] == "correct_step"
+  assert method.correct_step.then is method.full_step
   # A method that defines only its real step takes it in every branch; one that defines none, the baseline's.
   ctx = types.SimpleNamespace(method=registry.load_method("selective_backprop"))
   assert step_lib.transitions(ctx) == (ctx.method.full_step,) * 3

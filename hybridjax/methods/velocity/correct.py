@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from hybridjax.hybrid import groups as groups_lib
-from hybridjax.hybrid.context import HybridContext, StepInfo
+from hybridjax.hybrid.context import HybridContext
 from hybridjax.hybrid.state import HybridState
+from hybridjax.hybrid.step import Prepared
 from hybridjax.methods.velocity import corrector as corrector_lib
 from hybridjax.methods.velocity.plan import VelocityState
 from hybridjax.methods.velocity.real import full_step
@@ -31,10 +32,9 @@ def rollback_params(ctx: HybridContext, params: Any, velocity: Any, alpha_sum: j
   return groups_lib.add_scaled_by_group(ctx.groups, params, -alpha_sum, velocity)
 
 
-def correct_step(
-  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule
-) -> tuple[HybridState, StepInfo]:
-  """First CORRECT step: roll back what diverged, train the corrector, then a full step."""
+def roll_back(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Schedule) -> HybridState:
+  """The CORRECT entry before its full step: roll back what diverged and train the corrector."""
+  del batch, schedule  # the full step that follows reads them
   m: VelocityState = state.method
   params = rollback_params(ctx, state.train.params, m.velocity, m.plan.rollback_alpha)
   corr = m.corrector
@@ -42,8 +42,12 @@ def correct_step(
     corr, _ = corrector_lib.train_corrector(
       corr, ctx.settings.corrector_hidden, ctx.settings.corrector_lr, jnp.any(corr.valid)
     )
-  state = state.replace(
+  return state.replace(
     train=state.train.replace(params=params),
     method=m.replace(corrector=corr, plan=m.plan.replace(rollback_alpha=jnp.zeros_like(m.plan.rollback_alpha))),
   )
-  return full_step(ctx, state, batch, schedule)
+
+
+correct_step = Prepared(roll_back, full_step)
+"""First CORRECT step: roll back what diverged, train the corrector, then a full step. A `Prepared`
+transition, so that the fused step compiles `full_step` once for FULL and CORRECT."""
