@@ -24,7 +24,11 @@ def _results() -> dict[str, dict]:
 
 def test_the_tables_are_generated_from_the_json_files():
   results = _results()
-  assert set(results) == {"gpu-check-124m.json", "gpu-check-124m-recipe-steps.json"}
+  assert set(results) == {
+    "gpu-check-124m.json",
+    "gpu-check-124m-recipe-steps.json",
+    "gpu-check-124m-before-one-trace.json",
+  }
   with open(os.path.join(FOLDER, "README.md")) as f:
     text = f.read()
   assert text.count(MARKER) == 1
@@ -56,6 +60,14 @@ def test_the_prose_quotes_the_figures_as_measured():
   assert f"{added / 1e6:.0f}M more" in prose
   with open(os.path.join(ROOT, "README.md")) as f:
     assert f"costs {at_16:.2f}–{at_32:.2f}× the plain GPT-2's" in f.read()
+  # The hybrid step's compile, before and after it compiled each transition once.
+  flat = " ".join(prose.split())
+  for r, phrase in (
+    (whole, "its first step, compile included, takes {h:.1f} s against the plain GPT-2's {g:.1f} s ({x:.2f}×)"),
+    (results["gpu-check-124m-before-one-trace.json"], "the first step took {h:.1f} s against {g:.1f} s ({x:.2f}×"),
+  ):
+    h, g = r["sides"]["hybrid"]["first_step_s"], r["sides"]["gpt2"]["first_step_s"]
+    assert phrase.format(h=h, g=g, x=h / g) in flat
 
 
 @pytest.mark.slow  # compiles a micro model's step
