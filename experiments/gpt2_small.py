@@ -72,6 +72,24 @@ def preset_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Con
   return settings_check.reference_configs(config) + [presets.get_config(",".join([config.preset, *v])) for v in combos]
 
 
+def check_speedrun_derivations(config: ml_collections.ConfigDict) -> None:
+  """Refuses a speedrun config with a value a trick derives from a field changed after `get_config`
+  (`presets.stale_derived_fields`): from Python, `c.trainer.steps = 100` after
+  `get_config('tiny,speedrun')` kept the momentum warm-up of 600 steps, and the run would train with it."""
+  from experiments.configs import gpt2_small as presets
+
+  stale = presets.stale_derived_fields(config)
+  if not stale:
+    return
+  raise ValueError(
+    "this speedrun config keeps values its tricks derived for another config: "
+    + ", ".join(f"--config.{k}={v!r}, where the recipe derives {d!r} for this config" for k, (v, d) in stale.items())
+    + ". A field they derive from (trainer.steps, the model's shape) changed after get_config. Set them to the "
+    "derived values, or build the config as the command line does: experiments.configs.gpt2_small."
+    "after_command_line(config, '<preset>,speedrun', [the dotted fields you set]) once you have set them"
+  )
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -84,6 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   # checks, which read it.
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
   config_lib.validate(config)
+  check_speedrun_derivations(config)
   references = preset_configs(config)
   settings_check.check_inert_settings(config, config_lib.resolve_method(config), references)  # before the data
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).

@@ -205,3 +205,30 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
   changed["muon"] = dataclasses.replace(changed["muon"], record="#3 something else")
   monkeypatch.setattr(speedrun, "TRICKS", changed)
   assert "tuned before today's tricks" in _preset("tiny,speedrun").notes
+
+
+def test_a_speedrun_value_derived_before_a_python_change_is_refused_before_the_workdir(tmp_path):
+  """From Python, `get_config('tiny,speedrun')` then a new length and width kept the momentum warm-up
+  and the attention scale the preset derived; the command line derives them again."""
+  from experiments import gpt2_small
+  from experiments.configs import gpt2_small as presets
+
+  c = _preset("tiny,speedrun")
+  c.trainer.steps, c.model.d_model, c.model.n_head = 100, 32, 2
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError) as e:
+    gpt2_small.run(c, str(workdir))
+  for field in ("--config.model.attn_scale=", "--config.optim.muon_momentum_warmup_steps="):
+    assert field in str(e.value)
+  assert "after_command_line" in str(e.value) and not workdir.exists()
+  # As the command line builds it: every derived value follows, nothing stale.
+  fixed = presets.after_command_line(c, "tiny,speedrun", ["trainer.steps", "model.d_model", "model.n_head"])
+  assert presets.stale_derived_fields(fixed) == {}
+  assert fixed.optim.muon_momentum_warmup_steps != c.optim.muon_momentum_warmup_steps
+  # A value chosen for a trick's field, its inputs unchanged, is the caller's; a plain preset has none.
+  chosen = _preset("tiny,speedrun")
+  chosen.model.attn_scale, chosen.model.relu2 = 0.3, False
+  assert presets.stale_derived_fields(chosen) == {}
+  plain = _preset("tiny")
+  plain.trainer.steps = 100
+  assert presets.stale_derived_fields(plain) == {}

@@ -67,7 +67,7 @@ def _speedrun(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     c.optim.learning_rate = _RECORD_MUON_LR
     c.notes = (
-      f"the speedrun recipe with the record's LRs (Muon {_RECORD_MUON_LR}, the other groups at their ratios): "
+      f"{SPEEDRUN_NOTE} with the record's LRs (Muon {_RECORD_MUON_LR}, the other groups at their ratios): "
       f"untuned at {c.preset} (no docs/results/recipe/recipe-{c.preset}.json); tune them before trusting a comparison"
     )
     return c
@@ -87,7 +87,7 @@ def _speedrun(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     )
   )
   c.notes = (
-    f"the speedrun recipe at the LR ({last['lr']}) and iterate ({last['iterate']}) that "
+    f"{SPEEDRUN_NOTE} at the LR ({last['lr']}) and iterate ({last['iterate']}) that "
     f"docs/results/recipe/recipe-{c.preset}.json tuned for its last step{stale}"
   )
   return c
@@ -121,6 +121,33 @@ def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list
   from hybridjax.bench import speedrun
 
   return reapply_tricks(config, list(speedrun.TRICKS), fields)
+
+
+SPEEDRUN_NOTE = "the speedrun recipe"
+"""How a speedrun config's `notes` begins (`_speedrun`)."""
+
+
+def stale_derived_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[object, object]]:
+  """For a speedrun config (`get_config('<preset>,speedrun')`), each value a trick derives from another
+  field (the momentum warm-up from `trainer.steps`, the attention scale from the head dimension, the
+  value-embedding tables from `n_layer`) that no longer follows it: {dotted field: (its value, the
+  value the tricks give it now)}. From the command line `after_command_line` derives them again; from
+  Python, a field changed after `get_config` leaves them as the preset derived them.
+
+  A value is stale when it is what the tricks derived for a preset (any of its variants) and not what
+  they derive for this config. One the caller chose for a trick's field is kept: it is no preset's."""
+  if not str(config.get("notes", "")).startswith(SPEEDRUN_NOTE):
+    return {}
+  from hybridjax.bench import speedrun
+
+  now = config_lib.flatten(speedrun.apply_tricks(config, list(speedrun.TRICKS)))
+  presets = [get_config(",".join([config.preset, *v, "speedrun"])) for v in ((), ("micro",))]
+  flat = config_lib.flatten(config)
+  return {
+    k: (flat.get(k), v)
+    for k, v in now.items()
+    if flat.get(k) != v and any(config_lib.flatten(p).get(k) == flat.get(k) for p in presets)
+  }
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
