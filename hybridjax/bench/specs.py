@@ -112,6 +112,23 @@ def check_executor(b: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
+def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
+  """The error of a seed list (`benchmark.<name>`) that names a seed twice, or none.
+
+  A repeated seed trains the same run again (or reads it from the run cache): the figures would
+  count one measurement as two, and the spread over the seeds would shrink with no new evidence.
+  """
+  repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+  if not repeated:
+    return []
+  distinct = tuple(dict.fromkeys(seeds))
+  return [
+    f"--config.benchmark.{name}={seeds} repeats seed(s) {repeated}: a seed fixes the init and the data order, so "
+    "a repeated seed is the same run counted twice, and the spread over the seeds would shrink with no new "
+    f"measurement; give distinct seeds (e.g. --config.benchmark.{name}={distinct})"
+  ]
+
+
 def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   """Checks the benchmark block; errors name the field and the fix."""
   b = config.benchmark
@@ -120,6 +137,8 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
   if len(b.seeds) < 2:
     errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
+  for name in ("seeds", "tuning_seeds", "plateau_seeds"):
+    errors += repeated_seed_errors(name, tuple(b[name]))
   if set(b.seeds) & set(b.tuning_seeds):
     errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
   if 1.0 not in tuple(b.budgets) or any(f <= 0 for f in b.budgets) or len(set(b.budgets)) != len(b.budgets):

@@ -162,6 +162,11 @@ def test_bad_benchmark_settings_name_the_field():
     specs.validate_benchmark(_bench_config(seeds=(1001, 5)))
   with pytest.raises(ValueError, match="benchmark.budgets"):
     specs.validate_benchmark(_bench_config(budgets=(0.5, 2.0)))
+  # A repeated seed is one run counted twice: its spread would shrink with no new measurement.
+  with pytest.raises(ValueError, match=r"--config.benchmark.seeds=\(1, 1\) repeats seed\(s\) \[1\]"):
+    specs.validate_benchmark(_bench_config(seeds=(1, 1)))
+  with pytest.raises(ValueError, match=r"--config.benchmark.tuning_seeds=\(1001, 1001\) repeats"):
+    specs.validate_benchmark(_bench_config(tuning_seeds=(1001, 1001)))
   c = _bench_config()
   c.trainer.averaging = "none"
   with pytest.raises(ValueError, match="trainer.averaging=ema"):
