@@ -272,6 +272,30 @@ def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batc
     )
 
 
+def check_position(method: registry.Method, device: tuple[int, int], counted: tuple[int, int]) -> None:
+  """Refuses a run whose method moved the schedule or the data other than the loop counts them.
+
+  Without `ADVANCES_SCHEDULE` the loop does not read the position from the device: it counts one
+  schedule step and one batch per step. A step that advances the schedule by other than one (a
+  predicted step that moves the params without `optim.moved_train_state`) or leaves its batch
+  (`StepInfo.batch_consumed=False`) would then train on other batches than the method chose, or stop
+  at another schedule step, with no sign of it. `device` is (schedule step, batches used) as the
+  device holds them (`driver.position`), `counted` the loop's own count.
+  """
+  if tuple(device) == tuple(counted):
+    return
+  (device_step, device_batches), (step, batches) = device, counted
+  path = method.path
+  raise ValueError(
+    f"method {method.name!r} ({path}): after {step} steps the device holds schedule step {device_step} and "
+    f"{device_batches} batches used, where the loop counted {step} and {batches} (one of each per step, "
+    "as a method without ADVANCES_SCHEDULE declares). A step that leaves its batch "
+    "(StepInfo batch_consumed=False) or advances the schedule by other than one needs "
+    f"ADVANCES_SCHEDULE = True in {path}; a predicted step must move the params through "
+    "optim.moved_train_state, which advances the schedule by one (docs/methods.md)"
+  )
+
+
 def _is_time(before: int, done: int, every: int, total: int) -> bool:
   """True when the schedule step went from `before` to `done` across a multiple of `every`, or
   reached the end (a step that advances the schedule by k can cross an interval without landing on it)."""
@@ -482,6 +506,8 @@ def train(
         bar.update(step - before)
 
       if _is_time(before, step, tcfg.log_every, total_steps):
+        if isinstance(driver, HybridDriver) and not driver.reads_position:
+          check_position(method, driver.position(state), (step, batch_index))
         # The only per-log device->host transfer: the metrics, the health counters, the log view.
         host, health, view = jax.device_get((metrics, driver.health(state), driver.log_view(state)))
         record, extra = driver.records(host, view)

@@ -17,6 +17,7 @@ from conftest import ROOT, abstract_driver_state, method_package, restore_checkp
 import hybridjax
 from hybridjax import config as config_lib
 from hybridjax import registry
+from hybridjax.loop.train import check_position
 from hybridjax.models import mlp
 
 
@@ -374,6 +375,33 @@ def test_a_hook_with_the_wrong_signature_or_return_is_refused_before_the_workdir
   with pytest.raises(ValueError, match=message):
     _run(config, tmp_path / "run")
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_step_that_leaves_its_batch_needs_advances_schedule():
+  """Without ADVANCES_SCHEDULE the loop counts one schedule step and one batch per step: a device
+  position that differs (a step that left its batch, or advanced the schedule by other than one) is
+  refused, naming the module and the fix; an equal one passes."""
+  method = registry.method_record(_module_from(method_source()), "repeat_update")
+  check_position(method, (24, 24), (24, 24))
+  with pytest.raises(
+    ValueError,
+    match=r"method 'repeat_update' \(repeat_update\): after 20 steps the device holds schedule step "
+    r"20 and 18 batches used, where the loop counted 20 and 20 .* needs ADVANCES_SCHEDULE = True in "
+    r"repeat_update;",
+  ):
+    check_position(method, (20, 18), (20, 20))
+  with pytest.raises(ValueError, match=r"device holds schedule step 17 .* optim\.moved_train_state"):
+    check_position(method, (17, 17), (20, 20))
+
+
+@pytest.mark.slow  # trains 24 steps; CI runs it (`-m ""`)
+def test_a_method_that_leaves_batches_without_advances_schedule_is_stopped(user_module, tmp_path):
+  # docs/methods.md's method leaves its batch on a repeat; without ADVANCES_SCHEDULE the loop would
+  # skip that batch and train on others than the method chose, with no sign of it.
+  config = _config(_broken(user_module, tmp_path, "ADVANCES_SCHEDULE = True", "_ADVANCES = True"), steps=24)
+  config.trainer.checkpoint_every = 0
+  with pytest.raises(ValueError, match=r"where the loop counted 20 and 20 .* needs ADVANCES_SCHEDULE = True"):
+    _run(config, tmp_path / "run")
 
 
 def test_a_loss_fn_without_aux_is_refused_before_the_workdir(tmp_path):
