@@ -123,7 +123,27 @@ def check_method_names(method: registry.Method) -> None:
     return
   import importlib
 
-  _raise(misspelt_hook_errors(importlib.import_module(method.path), method.name))
+  _raise(misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method))
+
+
+def builtin_name_errors(method: registry.Method) -> list[str]:
+  """The errors of a user's method whose NAME or CONFIG_KEY is a built-in method's: the run's
+  record and summary would name the built-in method while the user's trained, and a shared block
+  would mix the two methods' fields."""
+  errors = []
+  if method.name in registry.BUILTIN_METHODS:
+    errors.append(
+      f"--config.hybrid.method={method.path!r} declares NAME = {method.name!r}, the built-in method's name: its "
+      f"runs' records and summaries would say {method.name!r} trained; give NAME a name of its own in {method.path}"
+    )
+  builtin_keys = {registry.load_method(name).config_key: name for name in registry.BUILTIN_METHODS}
+  if method.config_key in builtin_keys:
+    errors.append(
+      f"--config.hybrid.method={method.path!r} declares CONFIG_KEY = {method.config_key!r}, the block of the "
+      f"built-in method {builtin_keys[method.config_key]!r} (--config.hybrid.{method.config_key}.*): give "
+      f"CONFIG_KEY a key of its own in {method.path}"
+    )
+  return errors
 
 
 # --- hybrid settings with no effect ----------------------------------------------------------------

@@ -377,6 +377,30 @@ def test_a_hook_with_the_wrong_signature_or_return_is_refused_before_the_workdir
   assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.parametrize(
+  "old,new,message",
+  [
+    ('NAME = "repeat_update"', 'NAME = "velocity"', r"declares NAME = 'velocity', the built-in method's name"),
+    (
+      'CONFIG_KEY = "repeat"',
+      'CONFIG_KEY = "jump"',
+      r"declares CONFIG_KEY = 'jump', the block of the built-in method 'jump' \(--config\.hybrid\.jump\.\*\)",
+    ),
+  ],
+)
+def test_a_user_method_named_as_a_built_in_is_refused_before_the_workdir(user_module, tmp_path, old, new, message):
+  # As a built-in's name, the run's record and summary would say the built-in trained; as its block,
+  # the two methods' fields would mix.
+  module = _broken(user_module, tmp_path, old, new)
+  if "CONFIG_KEY" in old:  # the module reads its block under the new key
+    (tmp_path / "user_methods" / f"{module.split('.')[1]}.py").write_text(
+      method_source().replace(old, new).replace("hybrid.repeat.", "hybrid.jump.")
+    )
+  with pytest.raises(ValueError, match=message):
+    _run(_config(module, steps=24), tmp_path / "run")
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_a_step_that_leaves_its_batch_needs_advances_schedule():
   """Without ADVANCES_SCHEDULE the loop counts one schedule step and one batch per step: a device
   position that differs (a step that left its batch, or advanced the schedule by other than one) is
