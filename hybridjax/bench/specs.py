@@ -121,11 +121,13 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
   repeated = sorted({s for s in seeds if seeds.count(s) > 1})
   if not repeated:
     return []
-  distinct = tuple(dict.fromkeys(seeds))
+  distinct = list(dict.fromkeys(seeds))
+  while len(distinct) < len(seeds):  # as many seeds as given, the repeats replaced by new ones
+    distinct.append(max(distinct) + 1)
   return [
     f"--config.benchmark.{name}={seeds} repeats seed(s) {repeated}: a seed fixes the init and the data order, so "
     "a repeated seed is the same run counted twice, and the spread over the seeds would shrink with no new "
-    f"measurement; give distinct seeds (e.g. --config.benchmark.{name}={distinct})"
+    f"measurement; give distinct seeds (e.g. --config.benchmark.{name}={tuple(distinct)})"
   ]
 
 

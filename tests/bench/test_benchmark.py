@@ -163,7 +163,7 @@ def test_bad_benchmark_settings_name_the_field():
   with pytest.raises(ValueError, match="benchmark.budgets"):
     specs.validate_benchmark(_bench_config(budgets=(0.5, 2.0)))
   # A repeated seed is one run counted twice: its spread would shrink with no new measurement.
-  with pytest.raises(ValueError, match=r"--config.benchmark.seeds=\(1, 1\) repeats seed\(s\) \[1\]"):
+  with pytest.raises(ValueError, match=r"--config.benchmark.seeds=\(1, 1\) repeats seed\(s\) \[1\].*seeds=\(1, 2\)\)"):
     specs.validate_benchmark(_bench_config(seeds=(1, 1)))
   with pytest.raises(ValueError, match=r"--config.benchmark.tuning_seeds=\(1001, 1001\) repeats"):
     specs.validate_benchmark(_bench_config(tuning_seeds=(1001, 1001)))
