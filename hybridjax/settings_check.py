@@ -137,6 +137,7 @@ def builtin_name_errors(method: registry.Method) -> list[str]:
       f"runs' records and summaries would say {method.name!r} trained; give NAME a name of its own in {method.path}"
     )
   builtin_keys = {registry.load_method(name).config_key: name for name in registry.BUILTIN_METHODS}
+  builtin_keys.pop(None, None)  # a method without a block shares none
   if method.config_key in builtin_keys:
     errors.append(
       f"--config.hybrid.method={method.path!r} declares CONFIG_KEY = {method.config_key!r}, the block of the "

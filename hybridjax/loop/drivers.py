@@ -376,8 +376,13 @@ class HybridDriver:
   def position(state: HybridState) -> tuple[int, int]:
     """(schedule step, batches used), read from the device: they differ once a step has advanced
     the schedule without using a batch."""
-    step, batches = jax.device_get((state.train.step, state.controller.batches))
+    step, batches = jax.device_get(HybridDriver.position_on_device(state))
     return int(step), int(batches)
+
+  @staticmethod
+  def position_on_device(state: HybridState) -> tuple[jax.Array, jax.Array]:
+    """(schedule step, batches used) as device scalars, for a transfer that fetches them with others."""
+    return state.train.step, state.controller.batches
 
   # --- steps -------------------------------------------------------------------------------------
 

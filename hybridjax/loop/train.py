@@ -506,10 +506,19 @@ def train(
         bar.update(step - before)
 
       if _is_time(before, step, tcfg.log_every, total_steps):
-        if isinstance(driver, HybridDriver) and not driver.reads_position:
-          check_position(method, driver.position(state), (step, batch_index))
-        # The only per-log device->host transfer: the metrics, the health counters, the log view.
-        host, health, view = jax.device_get((metrics, driver.health(state), driver.log_view(state)))
+        checks_position = isinstance(driver, HybridDriver) and not driver.reads_position
+        # The only per-log device->host transfer: the metrics, the health counters, the log view, and
+        # the position where the loop counts it itself (`check_position`).
+        host, health, view, position = jax.device_get(
+          (
+            metrics,
+            driver.health(state),
+            driver.log_view(state),
+            driver.position_on_device(state) if checks_position else (),
+          )
+        )
+        if checks_position:
+          check_position(method, tuple(int(x) for x in position), (step, batch_index))
         record, extra = driver.records(host, view)
         jax.block_until_ready(state)
         clock.pause()

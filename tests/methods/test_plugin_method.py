@@ -4,6 +4,7 @@ arm moves no weight. No file of the package names it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from conftest import ROOT, abstract_driver_state, method_package, restore_checkp
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import registry
+from hybridjax import registry, settings_check
 from hybridjax.loop.train import check_position
 from hybridjax.models import mlp
 
@@ -448,3 +449,12 @@ def test_a_loss_fn_without_aux_is_refused_before_the_workdir(tmp_path):
       eval_batches=[{"x": x[:32], "y": y[:32]}],
     )
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_user_method_without_a_block_shares_none_with_a_built_in():
+  # outer_momentum has no block either: two methods without one share nothing.
+  source = method_source()
+  module = _module_from(source)
+  method = registry.method_record(module, "repeat_update")
+  assert settings_check.builtin_name_errors(dataclasses.replace(method, config_key=None)) == []
+  assert settings_check.builtin_name_errors(method) == []
