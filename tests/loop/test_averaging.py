@@ -82,9 +82,11 @@ def _final_train_state(workdir, config):
   return driver.train_state(restore_latest(workdir, config)[1])
 
 
-# Hybrid mode is slow-marked for the default suite's time; the quick benchmark protocol (default suite)
-# also trains hybrid runs with averaging and checks their model is the averaged params.
-@pytest.mark.parametrize("mode", ["baseline", pytest.param("hybrid", marks=pytest.mark.slow)])
+# Slow-marked for the default suite's time (CI runs both); the default suite keeps a bit-exact resume
+# (tests/loop/test_train.py) and the quick benchmark protocol, which trains runs with averaging and
+# checks their model is the averaged params.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["baseline", "hybrid"])
 def test_averaged_run_resumes_bit_exactly_and_reports_both_evals(tmp_path, jax_cache, mode):
   c = cached(micro_config(mode=mode, steps=20), jax_cache)
   c.trainer.update(checkpoint_every=10, eval_every=10, averaging="ema", averaging_beta=0.9)
