@@ -11,23 +11,11 @@ import jax.numpy as jnp
 import pytest
 
 from hybridjax.hybrid import step as step_lib
-from hybridjax.hybrid.context import make_step_info
+from hybridjax.hybrid.context import StepInfo
 
 
 def _info(loss):
-  return make_step_info(
-    loss=loss,
-    predicted_loss=0.0,
-    grad_norm=0.0,
-    was_real=True,
-    finite=True,
-    explosion=False,
-    spike=False,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros(1),
-  )
+  return StepInfo.real(loss=loss, grad_norm=0.0, finite=True, explosion=False, spike=False, n_groups=1)
 
 
 def _method(traces, correct_prepared):
