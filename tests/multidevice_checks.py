@@ -66,7 +66,7 @@ def batch(i):
 def config(mode="hybrid", data=-1, fsdp=1, steps=TOTAL_STEPS):
   c = micro_config(mode, steps=steps)
   c.hybrid = small_hybrid_config(**STD)
-  c.trainer.batch_size = 32
+  c.trainer.update(batch_size=32, eval_batches=1)  # the MLP's batches, one held out
   c.mesh.data, c.mesh.fsdp = data, fsdp
   return c
 

@@ -24,7 +24,7 @@ def config(steps: int = STEPS):
   from conftest import micro_config
 
   c = micro_config("baseline", steps=steps)
-  c.trainer.batch_size = 32
+  c.trainer.update(batch_size=32, eval_batches=1)  # what task() gives
   c.trainer.log_every = 2
   return c
 

@@ -38,7 +38,8 @@ def _mlp_task(n_in: int = 4):
 
 def _config(mode="baseline", steps=30, **trainer):
   c = config_lib.default_config(mode)
-  c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=10, **trainer)
+  c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=10)
+  c.trainer.update(batch_size=32, eval_batches=1, **trainer)  # what _mlp_task gives
   c.optim.update(learning_rate=1e-2, warmup_steps=5)
   if mode == "hybrid":  # the baseline reads no hybrid setting (`train` refuses one set)
     c.hybrid.update(warmup_steps=10, full_steps=5)

@@ -348,6 +348,8 @@ class HybridDriver:
         raise ValueError(f"{where}{inspect.signature(hook)} cannot be called as {name}{expected}: {e}") from e
       except ValueError:  # no signature to read (a builtin or C function): the trace below checks the call
         pass
+      if isinstance(hook, step_lib.Prepared):  # its prepare alone first: the fused step runs it alone
+        self._check_prepare(where, hook.prepare, state, batch)
       try:
         out = jax.eval_shape(functools.partial(hook, self.ctx), state, batch, self.schedule)
       except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
@@ -360,13 +362,29 @@ class HybridDriver:
           f"{where} must return (state, StepInfo) as {name}{expected}; it returned {got} (build the "
           "StepInfo with StepInfo.real or StepInfo.predicted)"
         )
-      if jax.tree.structure(out[0]) != jax.tree.structure(state) or any(
-        a.shape != b.shape or a.dtype != b.dtype for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(state))
-      ):
+      if not _same_state_shape(out[0], state):
         raise ValueError(
           f"{where} returns a state whose structure, shapes or dtypes differ from the state it received: "
           "a transition must return the HybridState it was given, updated (state.replace(...))"
         )
+
+  def _check_prepare(self, where: str, prepare: Callable, state: HybridState, batch: Batch) -> None:
+    """Refuses a `Prepared` transition's `prepare` that fails or returns other than the state's shape."""
+    expected = "prepare(ctx, state, batch, schedule) -> state"
+    try:
+      out = jax.eval_shape(functools.partial(prepare, self.ctx), state, batch, self.schedule)
+    except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
+      raise ValueError(
+        f"{where}'s Prepared.prepare fails when traced on the run's state and first batch ({expected}): "
+        f"{type(e).__name__}: {e}"
+      ) from e
+    if not _same_state_shape(out, state):
+      got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+      raise ValueError(
+        f"{where}'s Prepared.prepare must return the HybridState it was given, updated (state.replace(...)), "
+        f"with every leaf's shape and dtype unchanged ({expected}); it returned {got} that differs: a "
+        "prepare returns the state alone, no StepInfo"
+      )
 
   @staticmethod
   def train_state(state: HybridState) -> TrainState:
@@ -604,3 +622,10 @@ class HybridDriver:
         if k > 0
       }
     return out
+
+
+def _same_state_shape(out: Any, state: HybridState) -> bool:
+  """Whether `out` has `state`'s tree structure and every leaf's shape and dtype."""
+  return jax.tree.structure(out) == jax.tree.structure(state) and all(
+    a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(state))
+  )

@@ -272,6 +272,31 @@ def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batc
     )
 
 
+def check_batch_counts(trainer_cfg: ml_collections.ConfigDict, batch: Batch, eval_batches: Sequence[Batch]) -> None:
+  """Refuses a run whose batches are not the ones its config states.
+
+  `train()` takes the user's batches as given, so `trainer.batch_size` and `trainer.eval_batches`
+  do not shape them; but the run's record states both, and `trainer.grad_accum` and the mesh split
+  the batch by `trainer.batch_size`. A config left at its defaults beside batches of another size
+  would train as asked and record a batch size it never used. The batch size is read from
+  `batch`'s leading dimension where every leaf with one agrees on it (a batch whose leaves differ
+  there is not one this check can read).
+  """
+  leading = {int(np.shape(x)[0]) for x in jax.tree_util.tree_leaves(batch) if np.ndim(x) >= 1}
+  if len(leading) == 1 and (size := leading.pop()) != int(trainer_cfg.batch_size):
+    raise ValueError(
+      f"train_batch(0) gives batches of {size} examples, but config.trainer.batch_size is "
+      f"{trainer_cfg.batch_size}: the run's record states the batch size, and trainer.grad_accum and the "
+      f"mesh split the batch by it. Set config.trainer.batch_size = {size}"
+    )
+  if len(eval_batches) != int(trainer_cfg.eval_batches):
+    raise ValueError(
+      f"train(eval_batches=...) holds {len(eval_batches)} held-out batches, but config.trainer.eval_batches "
+      f"is {trainer_cfg.eval_batches}: the run's record states how many its eval loss averages. Set "
+      f"config.trainer.eval_batches = {len(eval_batches)}"
+    )
+
+
 def check_position(method: registry.Method, device: tuple[int, int], counted: tuple[int, int]) -> None:
   """Refuses a run whose method moved the schedule or the data other than the loop counts them.
 
@@ -372,7 +397,9 @@ def train(
   # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
   sharding_lib.initialize_distributed(config)
   mesh = sharding_lib.make_mesh(config)
-  check_loss_fn(loss_fn, init_params, train_batch(0), config.seed)
+  first_batch = train_batch(0)
+  check_loss_fn(loss_fn, init_params, first_batch, config.seed)
+  check_batch_counts(tcfg, first_batch, eval_batches)
   driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
   train_batch = step_batches(config, train_batch, method)
   if reference_configs is not None or "preset" not in config:

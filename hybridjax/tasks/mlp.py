@@ -28,7 +28,14 @@ def build_task(config: Any) -> dict[str, Any]:
   n_train = int(m.examples)
   train_x, train_y, eval_x, eval_y = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
   batch_size, seed = int(config.trainer.batch_size), int(config.seed)
-  n_eval = max(1, min(int(config.trainer.eval_batches), len(eval_x) // batch_size))
+  n_eval = int(config.trainer.eval_batches)
+  if n_eval * batch_size > len(eval_x):
+    raise ValueError(
+      f"--config.trainer.eval_batches={n_eval} batches of trainer.batch_size={batch_size} need "
+      f"{n_eval * batch_size} held-out examples, but the mlp task holds mlp.eval_examples={len(eval_x)}: "
+      "lower --config.trainer.eval_batches, or give the config an mlp block (default_task_config()) with "
+      "more eval_examples"
+    )
   return {
     "init_params": lambda rng: model.init(rng, jnp.zeros((1, int(m.n_in))))["params"],
     "loss_fn": make_loss_fn(model),

@@ -70,6 +70,17 @@ def _mlp_bench_config(task: str, steps: int = 12):
   return c
 
 
+def test_the_mlp_task_gives_the_batches_its_config_states_or_refuses():
+  from hybridjax.tasks import mlp as mlp_task
+
+  c = _mlp_bench_config("mlp")
+  task = mlp_task.build_task(c)
+  assert len(task["eval_batches"]) == 4 and task["train_batch"](0)["x"].shape[0] == 16
+  c.trainer.eval_batches = 33  # 33 x 16 > the 512 held-out examples: fewer would be recorded as 33
+  with pytest.raises(ValueError, match=r"--config\.trainer\.eval_batches=33 batches .* need 528 held-out examples"):
+    mlp_task.build_task(c)
+
+
 @pytest.fixture()
 def user_task(tmp_path, monkeypatch):
   """A user's task module: the built-in MLP task with an optimizer of its own (SGD with momentum,

@@ -67,6 +67,7 @@ def _config(dispatch: str = "switch"):
   c.hybrid.update(warmup_steps=3, full_steps=2, max_predict_steps=2, correct_steps=2, dispatch=dispatch)
   c.hybrid.health.cooldown_steps = 1
   c.trainer.update(steps=STEPS, progress=False, log_every=1, eval_every=0, checkpoint_every=0, compile_cache=False)
+  c.trainer.update(batch_size=32, eval_batches=1)  # what _task gives
   c.optim.update(learning_rate=1e-2, warmup_steps=2)
   return c
 

@@ -281,7 +281,7 @@ def _legacy_task():
   return dict(
     init_params=lambda rng: model.init(rng, x[:1])["params"],
     loss_fn=mlp.make_loss_fn(model),
-    train_batch=lambda step: mlp.regression_batch(x[:192], y[:192], step, 32, seed=0),
+    train_batch=lambda step: mlp.regression_batch(x[:192], y[:192], step, 16, seed=0),
     eval_batches=[{"x": x[192:], "y": y[192:]}],
   )
 
@@ -293,7 +293,7 @@ def _legacy_config(mode, steps):
 
   c = config_lib.default_config(mode)
   c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=10, max_to_keep=1)
-  c.trainer.compile_cache = False
+  c.trainer.update(compile_cache=False, eval_batches=1)  # the held-out count may change on a resume
   c.optim.update(learning_rate=1e-2, warmup_steps=5)
   if mode == "hybrid":  # the baseline reads no hybrid field (its saved config holds these; a resume ignores them)
     c.hybrid.update(warmup_steps=10, full_steps=5)
@@ -331,6 +331,23 @@ def test_a_misspelt_key_stops_train_before_the_workdir_is_made(tmp_path):
   c = _legacy_config("hybrid", steps=30)
   c.hybrid.warmup_step = 5
   message = r"--config\.hybrid\.warmup_step is not a field.*--config\.hybrid\.warmup_steps\?"
+  with pytest.raises(ValueError, match=message):
+    train_lib.train(c, str(tmp_path / "run"), **_legacy_task())
+  assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("batch_size", 32, r"train_batch\(0\) gives batches of 16 examples.*config\.trainer\.batch_size = 16"),
+    ("eval_batches", 8, r"holds 1 held-out batches.*config\.trainer\.eval_batches = 1"),
+  ],
+)
+def test_batches_other_than_the_config_states_stop_train_before_the_workdir_is_made(tmp_path, field, value, message):
+  # train() takes the user's batches as given; a config that states others would record a batch size
+  # or a held-out count the run never used.
+  c = _legacy_config("baseline", steps=30)
+  c.trainer[field] = value
   with pytest.raises(ValueError, match=message):
     train_lib.train(c, str(tmp_path / "run"), **_legacy_task())
   assert not os.path.exists(tmp_path / "run")

@@ -68,6 +68,7 @@ def _config(method: str, steps: int = 60):
   c.hybrid.method = method
   c.hybrid.update(warmup_steps=10, full_steps=5)
   c.trainer.update(steps=steps, progress=False, log_every=10, eval_every=0, checkpoint_every=20, averaging="ema")
+  c.trainer.update(batch_size=32, eval_batches=1)  # what _task gives
   c.optim.update(learning_rate=1e-2, warmup_steps=5)
   return c
 
@@ -375,6 +376,23 @@ def test_a_hook_with_the_wrong_signature_or_return_is_refused_before_the_workdir
   config = _config(_broken(user_module, tmp_path, old, new), steps=24)
   with pytest.raises(ValueError, match=message):
     _run(config, tmp_path / "run")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_prepared_correct_step_whose_prepare_returns_a_step_is_refused_before_the_workdir(user_module, tmp_path):
+  # The fused step runs a Prepared transition's prepare alone, carrying the state: one that returns
+  # (state, StepInfo), as a transition does, would fail there with a raw JAX carry error.
+  name = "prepared_returns_info"
+  source = method_source() + (
+    "\n\nfrom hybridjax.hybrid.real_step import baseline_step\nfrom hybridjax.hybrid.step import Prepared\n\n\n"
+    "def _roll_back(ctx, state, batch, schedule):\n"
+    "  return predict_step(ctx, state, batch, schedule)\n\n\n"
+    "correct_step = Prepared(_roll_back, baseline_step)\n"
+  )
+  (tmp_path / "user_methods" / f"{name}.py").write_text(source)
+  message = r"correct_step's Prepared\.prepare must return the HybridState.*returned a tuple"
+  with pytest.raises(ValueError, match=message):
+    _run(_config(f"user_methods.{name}", steps=24), tmp_path / "run")
   assert not os.path.exists(tmp_path / "run")
 
 
