@@ -251,23 +251,7 @@ def switch_in_place(
   """
   fns = transitions(ctx)
   branch = jnp.clip(branch, 0, len(fns) - 1)  # as lax.switch clamps its index
-  g = ctx.groups.n_groups
-  info = make_step_info(
-    loss=0.0,
-    predicted_loss=0.0,
-    grad_norm=0.0,
-    was_real=False,
-    finite=False,
-    explosion=False,
-    spike=False,
-    validated=False,
-    diverged=False,
-    nonfinite_prediction=False,
-    alpha=jnp.zeros(g),
-    forwards=0,
-    batch_consumed=False,
-    extra=ctx.method.step_extra(ctx),
-  )
+  info = empty_step_info(ctx)
   prepares, bodies = selection_loops(fns)
   for branches, prepare in prepares:
 
@@ -283,6 +267,28 @@ def switch_in_place(
 
     _, state, info = jax.lax.while_loop(lambda carry: carry[0], run_once, (_selected(branch, branches), state, info))
   return state, info
+
+
+def empty_step_info(ctx: HybridContext) -> StepInfo:
+  """The StepInfo the fused step carries before a transition runs: every transition must return one
+  of its structure, shapes and dtypes (`alpha` one entry per parameter group, `extra` the method's
+  `step_extra`)."""
+  return make_step_info(
+    loss=0.0,
+    predicted_loss=0.0,
+    grad_norm=0.0,
+    was_real=False,
+    finite=False,
+    explosion=False,
+    spike=False,
+    validated=False,
+    diverged=False,
+    nonfinite_prediction=False,
+    alpha=jnp.zeros(ctx.groups.n_groups),
+    forwards=0,
+    batch_consumed=False,
+    extra=ctx.method.step_extra(ctx),
+  )
 
 
 def selection_loops(

@@ -20,6 +20,7 @@ function, which also gives exact per-phase timings and memory readings at every 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import time
@@ -362,10 +363,18 @@ class HybridDriver:
           f"{where} must return (state, StepInfo) as {name}{expected}; it returned {got} (build the "
           "StepInfo with StepInfo.real or StepInfo.predicted)"
         )
-      if not _same_state_shape(out[0], state):
+      if not _same_shapes(out[0], state):
         raise ValueError(
           f"{where} returns a state whose structure, shapes or dtypes differ from the state it received: "
           "a transition must return the HybridState it was given, updated (state.replace(...))"
+        )
+      wrong = _step_info_differences(out[1], jax.eval_shape(lambda: step_lib.empty_step_info(self.ctx)))
+      if wrong:
+        raise ValueError(
+          f"{where} returns a StepInfo whose {'; '.join(wrong)}: every transition returns the same StepInfo "
+          f"structure, alpha with one entry per parameter group (ctx.groups.n_groups = {self.ctx.groups.n_groups}) "
+          "and extra as the method's step_extra(ctx) gives it (None without one). Build it with "
+          "StepInfo.real(n_groups=ctx.groups.n_groups, ...) or StepInfo.predicted(alpha=...)"
         )
 
   def _check_prepare(self, where: str, prepare: Callable, state: HybridState, batch: Batch) -> None:
@@ -378,7 +387,7 @@ class HybridDriver:
         f"{where}'s Prepared.prepare fails when traced on the run's state and first batch ({expected}): "
         f"{type(e).__name__}: {e}"
       ) from e
-    if not _same_state_shape(out, state):
+    if not _same_shapes(out, state):
       got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
       raise ValueError(
         f"{where}'s Prepared.prepare must return the HybridState it was given, updated (state.replace(...)), "
@@ -624,8 +633,26 @@ class HybridDriver:
     return out
 
 
-def _same_state_shape(out: Any, state: HybridState) -> bool:
-  """Whether `out` has `state`'s tree structure and every leaf's shape and dtype."""
-  return jax.tree.structure(out) == jax.tree.structure(state) and all(
-    a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(state))
+def _same_shapes(out: Any, reference: Any) -> bool:
+  """Whether `out` has `reference`'s tree structure and every leaf's shape and dtype."""
+  return jax.tree.structure(out) == jax.tree.structure(reference) and all(
+    a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference))
   )
+
+
+def _step_info_differences(out: StepInfo, expected: StepInfo) -> list[str]:
+  """Each field of `out` whose structure, shape or dtype differs from `expected`'s, described."""
+
+  def describe(tree: Any) -> str:
+    if tree is None:
+      return "None"
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):
+      return f"shape {tuple(tree.shape)} {tree.dtype}"
+    return f"a tree of {len(jax.tree.leaves(tree))} arrays"
+
+  names = [f.name for f in dataclasses.fields(expected)]
+  return [
+    f"{name} is {describe(getattr(out, name))} where the step's is {describe(getattr(expected, name))}"
+    for name in names
+    if not _same_shapes(getattr(out, name), getattr(expected, name))
+  ]

@@ -363,6 +363,12 @@ def _broken(user_module, tmp_path, old: str, new: str) -> str:
       r"full_step must return \(state, StepInfo\) as full_step\(ctx, state, batch, schedule\) -> "
       r"\(state, StepInfo\); it returned a HybridState",
     ),
+    (  # a predicted step whose alpha is a scalar, not one entry per parameter group
+      "alpha=jax.numpy.full(ctx.groups.n_groups, scale)",
+      "alpha=scale",
+      r"predict_step returns a StepInfo whose alpha is shape \(\) float32 where the step's is shape \(4,\) "
+      r"float32: .*ctx\.groups\.n_groups = 4",
+    ),
     (  # a predicted step without the schedule argument
       "def predict_step(ctx, state, batch, schedule):",
       "def predict_step(ctx, state, batch):",
