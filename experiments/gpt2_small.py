@@ -90,6 +90,27 @@ def check_speedrun_derivations(config: ml_collections.ConfigDict) -> None:
   )
 
 
+def check_speedrun_depth(config: ml_collections.ConfigDict) -> None:
+  """Refuses a speedrun config whose model is too shallow for the recipe's layer-pairing tricks, with
+  the recipe named: validation alone blames `model.unet_skips` and `model.value_embeds`, fields the
+  user of `tiny,micro,speedrun` (one layer) never set."""
+  from experiments.configs import gpt2_small as presets
+
+  if not str(config.get("notes", "")).startswith(presets.SPEEDRUN_NOTE):
+    return
+  m = config.model
+  n_layer = int(m.n_layer)
+  unet = bool(m.get("unet_skips", False)) and n_layer % 2
+  embeds = 2 * int(m.get("value_embeds", 0)) > n_layer
+  if unet or embeds:
+    raise ValueError(
+      f"the speedrun recipe's U-net skips (#11) pair the first half's layers with the second half's, and its "
+      f"value embeddings (#14-#17) reach distinct first and last layers: model.n_layer={n_layer} has no such "
+      "pairs (`micro` is one layer). Use an even --config.model.n_layer of at least 2 (`tiny,speedrun` has 2), "
+      "or train the recipe without them: --config.model.unet_skips=False --config.model.value_embeds=0"
+    )
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -101,6 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   # A user's method brings its block (`hybrid.<CONFIG_KEY>`, at its defaults where unset) before the
   # checks, which read it.
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
+  check_speedrun_depth(config)  # before validation, whose errors would not name the recipe
   config_lib.validate(config)
   check_speedrun_derivations(config)
   references = preset_configs(config)

@@ -232,3 +232,18 @@ def test_a_speedrun_value_derived_before_a_python_change_is_refused_before_the_w
   plain = _preset("tiny")
   plain.trainer.steps = 100
   assert presets.stale_derived_fields(plain) == {}
+
+
+def test_the_recipe_on_a_one_layer_model_is_refused_naming_the_recipe(tmp_path):
+  """`tiny,micro,speedrun`: validation alone blamed model.unet_skips and model.value_embeds, which the
+  user never set; the refusal names the recipe's tricks and both ways out, before the workdir."""
+  from experiments import gpt2_small
+
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"the speedrun recipe's U-net skips \(#11\).*model\.n_layer=1 has no such"):
+    gpt2_small.run(_preset("tiny,micro,speedrun"), str(workdir))
+  assert not workdir.exists()
+  without = _preset("tiny,micro,speedrun")
+  without.model.update(unet_skips=False, value_embeds=0)
+  gpt2_small.check_speedrun_depth(without)  # the recipe without them is the user's to train
+  gpt2_small.check_speedrun_depth(_preset("tiny,speedrun"))  # two layers pair
