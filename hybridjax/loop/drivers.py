@@ -39,6 +39,7 @@ from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.context import ControllerSettings, HybridContext, StepInfo
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
+from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.loop.baseline import make_train_step
 from hybridjax.optim import (
@@ -338,6 +339,7 @@ class HybridDriver:
       return
     state = self.abstract_state()
     expected = "(ctx, state, batch, schedule) -> (state, StepInfo)"
+    carried = jax.eval_shape(lambda: step_lib.empty_step_info(self.ctx))
     for name in ("full_step", "predict_step", "correct_step"):
       hook = getattr(m, name)
       if hook is None:
@@ -368,7 +370,7 @@ class HybridDriver:
           f"{where} returns a state whose structure, shapes or dtypes differ from the state it received: "
           "a transition must return the HybridState it was given, updated (state.replace(...))"
         )
-      wrong = _step_info_differences(out[1], jax.eval_shape(lambda: step_lib.empty_step_info(self.ctx)))
+      wrong = _step_info_differences(out[1], carried)
       if wrong:
         raise ValueError(
           f"{where} returns a StepInfo whose {'; '.join(wrong)}: every transition returns the same StepInfo "
@@ -376,6 +378,26 @@ class HybridDriver:
           "and extra as the method's step_extra(ctx) gives it (None without one). Build it with "
           "StepInfo.real(n_groups=ctx.groups.n_groups, ...) or StepInfo.predicted(alpha=...)"
         )
+    self._check_default_real_step(state, batch, carried)
+
+  def _check_default_real_step(self, state: HybridState, batch: Batch, carried: StepInfo) -> None:
+    """Refuses a method without a `full_step` whose `step_extra` the baseline's real step, its real
+    step then, does not return: the fused step carries one StepInfo through every transition it
+    selects between, and `real_step.baseline_step` returns `extra` None."""
+    m = self.ctx.method
+    fns = step_lib.transitions(self.ctx)
+    if m.full_step is not None or carried.extra is None or all(f is fns[0] for f in fns):
+      return  # the method's own full_step (checked above), no extra to carry, or no selection
+    _, info = jax.eval_shape(functools.partial(baseline_step, self.ctx), state, batch, self.schedule)
+    wrong = _step_info_differences(info, carried)
+    if wrong:
+      raise ValueError(
+        f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
+        f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
+        "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
+        "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
+        "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
+      )
 
   def _check_prepare(self, where: str, prepare: Callable, state: HybridState, batch: Batch) -> None:
     """Refuses a `Prepared` transition's `prepare` that fails or returns other than the state's shape."""
@@ -640,19 +662,40 @@ def _same_shapes(out: Any, reference: Any) -> bool:
   )
 
 
-def _step_info_differences(out: StepInfo, expected: StepInfo) -> list[str]:
-  """Each field of `out` whose structure, shape or dtype differs from `expected`'s, described."""
+def _carries(out: Any, initial: Any) -> bool:
+  """Whether a `lax.while_loop` whose initial carry leaf is `initial` accepts `out` as the body's: the
+  same shape and dtype, or `initial` weakly typed (a Python scalar, as a `step_extra` may give) and
+  promoting to `out`'s dtype, as the loop promotes such an initial value."""
+  if out.shape != initial.shape:
+    return False
+  if out.dtype == initial.dtype:
+    return True
+  if not getattr(initial, "weak_type", False):
+    return False
+  kind = {"i": 0, "u": 0, "f": 0.0, "c": 0j}.get(np.dtype(initial.dtype).kind)  # the Python scalar it was
+  return kind is not None and jax.numpy.result_type(kind, out.dtype) == out.dtype
 
-  def describe(tree: Any) -> str:
+
+def _step_info_differences(out: StepInfo, expected: StepInfo) -> list[str]:
+  """Each field of `out` (each leaf, in a tree such as `extra`) whose structure, shape or dtype the
+  fused step, carrying `expected`, would not accept, described."""
+
+  def describe(x: Any) -> str:
+    return f"shape {tuple(x.shape)} {np.dtype(x.dtype).name}"
+
+  def describe_tree(tree: Any) -> str:
     if tree is None:
       return "None"
-    if jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):
-      return f"shape {tuple(tree.shape)} {tree.dtype}"
-    return f"a tree of {len(jax.tree.leaves(tree))} arrays"
+    structure = jax.tree.structure(tree)
+    return describe(tree) if jax.tree_util.treedef_is_leaf(structure) else f"the tree {structure}"
 
-  names = [f.name for f in dataclasses.fields(expected)]
-  return [
-    f"{name} is {describe(getattr(out, name))} where the step's is {describe(getattr(expected, name))}"
-    for name in names
-    if not _same_shapes(getattr(out, name), getattr(expected, name))
-  ]
+  wrong = []
+  for f in dataclasses.fields(expected):
+    a, b = getattr(out, f.name), getattr(expected, f.name)
+    if jax.tree.structure(a) != jax.tree.structure(b):
+      wrong.append(f"{f.name} is {describe_tree(a)} where the step's is {describe_tree(b)}")
+      continue
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+      if not _carries(x, y):
+        wrong.append(f"{f.name}{jax.tree_util.keystr(path)} is {describe(x)} where the step's is {describe(y)}")
+  return wrong

@@ -5,6 +5,7 @@ arm moves no weight. No file of the package names it."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -399,6 +400,84 @@ def test_a_prepared_correct_step_whose_prepare_returns_a_step_is_refused_before_
   message = r"correct_step's Prepared\.prepare must return the HybridState.*returned a tuple"
   with pytest.raises(ValueError, match=message):
     _run(_config(f"user_methods.{name}", steps=24), tmp_path / "run")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def _with_extra(tmp_path, name: str, initial: str, returned: str, full_step: bool = True) -> str:
+  """docs/methods.md's method with a `step_extra` of {'n': `initial`} whose transitions return
+  {'n': `returned`} (without its `full_step` when `full_step` is False: the baseline's real step)."""
+  source = method_source()
+  source = source.replace("state.method)), info", f"state.method)), info.replace(extra={{'n': {returned}}})")
+  source = source.replace("batch_consumed=False)", f"batch_consumed=False, extra={{'n': {returned}}})")
+  if not full_step:
+    source = source.replace("def full_step(", "def _unused_full_step(")
+  source += f"\n\ndef step_extra(ctx):\n  return {{'n': {initial}}}\n"
+  (tmp_path / "user_methods" / f"{name}.py").write_text(source)
+  return f"user_methods.{name}"
+
+
+def _hybrid_driver(config):
+  from hybridjax.loop import train as train_lib
+
+  method = config_lib.resolve_method(config)
+  config = config_lib.with_method_block(config, method)
+  task = _task()
+  driver = train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"], method=method)
+  return driver, task["train_batch"](0)
+
+
+@pytest.mark.parametrize(
+  "initial, returned, message",
+  [
+    ("0", "jax.numpy.float32(1.0)", None),  # a Python scalar: the fused step's loop promotes it to float32
+    (
+      "0.0",
+      "jax.numpy.int32(1)",
+      r"full_step returns a StepInfo whose extra\['n'\] is shape \(\) int32 where the "
+      r"step's is shape \(\) float32",
+    ),  # a float the loop cannot make an int
+    (
+      "jax.numpy.zeros(())",
+      "jax.numpy.zeros(3)",
+      r"full_step returns a StepInfo whose extra\['n'\] is shape \(3,\) "
+      r"float32 where the step's is shape \(\) float32",
+    ),
+  ],
+)
+def test_a_step_extra_is_checked_as_the_fused_step_carries_it(user_module, tmp_path, initial, returned, message):
+  # The check agrees with the fused step's while_loop both ways: what the loop accepts (a weakly typed
+  # initial value it promotes) passes, what it refuses is refused, naming the leaf and both shapes.
+  from hybridjax.hybrid import step as step_lib
+
+  name = f"extra_{abs(hash((initial, returned))) % 10**6}"
+  driver, batch = _hybrid_driver(_config(_with_extra(tmp_path, name, initial, returned)))
+
+  def fused_step():
+    return jax.eval_shape(
+      functools.partial(step_lib.hybrid_step, driver.ctx), driver.abstract_state(), batch, driver.schedule
+    )
+
+  if message is None:
+    driver.check_method_hooks(batch)
+    fused_step()
+  else:
+    with pytest.raises(ValueError, match=message):
+      driver.check_method_hooks(batch)
+    with pytest.raises(TypeError, match="while_loop body function carry input and carry output"):
+      fused_step()
+
+
+def test_a_step_extra_the_default_full_step_does_not_return_is_refused_before_the_workdir(user_module, tmp_path):
+  # Without a full_step of its own the method's real steps are baseline_step, whose StepInfo has no
+  # extra: the fused step, selecting between it and the predicted step, failed with a raw carry error.
+  module = _with_extra(tmp_path, "no_full_step", "jax.numpy.float32(0.0)", "jax.numpy.float32(1.0)", full_step=False)
+  message = (
+    r"method 'repeat_update' \(user_methods\.no_full_step\) defines step_extra but no full_step, so its real "
+    r"steps are the baseline's .*whose StepInfo's extra is None where the step's is the tree PyTreeDef\(\{'n': \*\}\)"
+    r".*Define full_step"
+  )
+  with pytest.raises(ValueError, match=message):
+    _run(_config(module, steps=24), tmp_path / "run")
   assert not os.path.exists(tmp_path / "run")
 
 
