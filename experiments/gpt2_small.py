@@ -99,15 +99,26 @@ def check_speedrun_depth(config: ml_collections.ConfigDict) -> None:
   if not str(config.get("notes", "")).startswith(presets.SPEEDRUN_NOTE):
     return
   m = config.model
-  n_layer = int(m.n_layer)
-  unet = bool(m.get("unet_skips", False)) and n_layer % 2
-  embeds = 2 * int(m.get("value_embeds", 0)) > n_layer
-  if unet or embeds:
+  n_layer, k = int(m.n_layer), int(m.get("value_embeds", 0))
+  problems, ways_out = [], []
+  if m.get("unet_skips", False) and n_layer % 2:
+    problems.append(
+      "U-net skips (#11) pair the first half's layers with the second half's, which needs an even n_layer"
+    )
+    ways_out.append("--config.model.unet_skips=False")
+  if 2 * k > n_layer:
+    problems.append(
+      f"value embeddings (#14-#17, model.value_embeds={k}) reach {k} first and {k} last layers, distinct, "
+      f"which needs n_layer >= {2 * k}"
+    )
+    ways_out.append("--config.model.value_embeds=0")
+  if problems:
+    layers = "an even --config.model.n_layer" if "unet" in ways_out[0] else "a --config.model.n_layer"
     raise ValueError(
-      f"the speedrun recipe's U-net skips (#11) pair the first half's layers with the second half's, and its "
-      f"value embeddings (#14-#17) reach distinct first and last layers: model.n_layer={n_layer} has no such "
-      "pairs (`micro` is one layer). Use an even --config.model.n_layer of at least 2 (`tiny,speedrun` has 2), "
-      "or train the recipe without them: --config.model.unet_skips=False --config.model.value_embeds=0"
+      f"the speedrun recipe's {'; its '.join(problems)}: model.n_layer is {n_layer}"
+      f"{' (`micro` is one layer)' if n_layer == 1 else ''}. Use {layers} of at least {max(2, 2 * k)} "
+      f"(`tiny,speedrun` has 2), or train the recipe without {'them' if len(problems) > 1 else 'it'}: "
+      + " ".join(ways_out)
     )
 
 

@@ -240,9 +240,24 @@ def test_the_recipe_on_a_one_layer_model_is_refused_naming_the_recipe(tmp_path):
   from experiments import gpt2_small
 
   workdir = tmp_path / "run"
-  with pytest.raises(ValueError, match=r"the speedrun recipe's U-net skips \(#11\).*model\.n_layer=1 has no such"):
+  message = (
+    r"the speedrun recipe's U-net skips \(#11\) .* even n_layer; its value embeddings \(#14-#17, "
+    r"model\.value_embeds=1\) .* n_layer >= 2: model\.n_layer is 1 .* without them: "
+    r"--config\.model\.unet_skips=False --config\.model\.value_embeds=0$"
+  )
+  with pytest.raises(ValueError, match=message):
     gpt2_small.run(_preset("tiny,micro,speedrun"), str(workdir))
   assert not workdir.exists()
+  # Three layers: the value embeddings have their distinct layers; only the U-net is blamed.
+  from experiments.configs import gpt2_small as presets
+
+  three = _preset("tiny,speedrun")
+  three.model.n_layer = 3  # as --config.model.n_layer=3 sets it: the tricks derived again
+  three = presets.after_command_line(three, "tiny,speedrun", ["model.n_layer"])
+  with pytest.raises(ValueError) as e:
+    gpt2_small.check_speedrun_depth(three)
+  assert "value embeddings" not in str(e.value), str(e.value)
+  assert str(e.value).endswith("without it: --config.model.unet_skips=False"), str(e.value)
   without = _preset("tiny,micro,speedrun")
   without.model.update(unet_skips=False, value_embeds=0)
   gpt2_small.check_speedrun_depth(without)  # the recipe without them is the user's to train
