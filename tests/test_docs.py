@@ -240,9 +240,16 @@ def test_the_recipe_pages_long_figures_are_the_published_ones():
   ]:
     assert f"{text} ({rows[name]['speedup']['mean']:.2f}×)" in page, name
   assert [rows[n]["vs_previous"]["verdict"] for n in ("unet", "value_embeds")] == ["no difference"] * 2
-  assert result["anchor"]["budgets"][-1] == 4 * result["steps"] and not any(
-    r["speedup"]["lower_bound"] for r in rows.values()
-  )
+  # "The schedule ... and rotary ... each lower the loss", "Unlike at `deep`, the #5 group costs here".
+  assert "The schedule" in page and [rows[n]["vs_previous"]["verdict"] for n in ("schedule", "rotary")] == ["lower"] * 2
+  assert "Unlike at `deep`, the #5 group costs here" in page
+  deep = {r["name"]: r for r in _recipe("deep")["figures"]}
+  assert deep["modern_arch"]["vs_previous"]["verdict"] != "higher"
+  # "The anchor's curve runs to 4N and no step's loss lies below it, so every speed-up is read on the
+  # curve": none beyond its end (a lower bound) nor before its start (an upper bound).
+  assert "The anchor's curve runs to 4N and no step's loss lies below it" in page
+  assert result["anchor"]["budgets"][-1] == 4 * result["steps"]
+  assert not any(r["speedup"]["lower_bound"] or r["speedup"]["upper_bound"] for r in rows.values())
   (call,) = result["invocations"]
   cached = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "long-run-cache", "*.json"))
   assert len(cached) == call["runs_trained"] + call["runs_cached"]
