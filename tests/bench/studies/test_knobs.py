@@ -22,7 +22,9 @@ def _config(tmp_path):
   c.model.n_layer = 2
   c.trainer.steps = 300  # a warm-up knob's values are fractions of it: distinct values (nothing trains)
   c.benchmark.study = "knobs"
-  recipe = {"trick_list": 2, "anchor": {"lr": 0.004, "beta": 0.99}, "step_runs": {}}
+  curves = {str(s): {"steps": [150, 300, 600], "loss": [3.2, 3.0, 2.8]} for s in c.benchmark.seeds}
+  at_n = {str(s): 3.0 for s in c.benchmark.seeds}  # no stub run gives it: none reproduced
+  recipe = {"trick_list": 2, "anchor": {"lr": 0.004, "beta": 0.99, "curves": curves, "at_n": at_n}, "step_runs": {}}
   for k, name in enumerate(speedrun.TRICKS):
     recipe["step_runs"][name] = {"lr": 0.01 * (k + 1), "beta": 0.99, "iterate": "averaged"}
   path = tmp_path / "recipe-quick.json"
@@ -67,6 +69,18 @@ def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path,
     assert s["difference"]["mean"] < 0  # the stub rewards what the search keeps
   written = json.loads((tmp_path / "work" / "knobs-quick.json").read_text())
   assert (tmp_path / "work" / "knobs-quick.md").read_text() == report.markdown(written) + "\n"
+  # Each side read on the recipe record's R4 curve, recomputed from the two records; the anchor as
+  # published reproduces the record's anchor on a seed only where its loss is the record's, bit for bit.
+  recipe = json.loads((tmp_path / "recipe-quick.json").read_text())  # the record the study read
+  seeds, n = written["seeds"], written["steps"]
+  again = run.anchor_reading(recipe, written["sides"], seeds, n)
+  assert again == {k: written[k] for k in ("on_r4_curve", "anchor_reproduced")}
+  assert written["anchor_reproduced"] == {str(s): False for s in seeds}
+  read = written["on_r4_curve"]["anchor"]
+  assert read["tuned"]["mean"] > read["published"]["mean"]  # the tuned anchor's lower loss takes R4 more steps
+  recipe["anchor"]["at_n"][str(seeds[0])] = written["sides"]["anchor"]["published"][0]
+  assert run.anchor_reading(recipe, written["sides"], seeds, n)["anchor_reproduced"][str(seeds[0])] is True
+  assert "bit for bit on seeds none of" in report.markdown(written)
 
 
 def test_bad_settings_are_refused_naming_the_field(tmp_path):

@@ -43,9 +43,36 @@ def markdown(result: dict[str, Any]) -> str:
       lines.append(f"* {sw['knob']}: {values} → {sw['chosen']}")
     values = ", ".join(f"{lr}: {loss:.4f}" for lr, loss in s["lr_sweep"].items())
     lines.append(f"* LR, again: {values}")
+  lines += [
+    "",
+    "Each side's headline loss read on the R4 anchor's averaged budget curve from the same record (R4's steps "
+    "to reach it, over N; '> x': below the curve's end, '< x': above its start):",
+    "",
+    "| side | published | tuned |",
+    "|---|---|---|",
+  ]
+  for side, read in result["on_r4_curve"].items():
+    lines.append(f"| {SIDE_NAMES.get(side, side)} | {_speedup(read['published'])} | {_speedup(read['tuned'])} |")
+  reproduced = result.get("anchor_reproduced")
+  if reproduced is not None:
+    same = [s for s, ok in reproduced.items() if ok]
+    lines += [
+      "",
+      f"The anchor as published, re-run here, gives the recipe record's anchor loss at N bit for bit on seeds "
+      f"{same or 'none'} of {list(reproduced)}"
+      + ("." if len(same) == len(reproduced) else ": the record's curve is not this code's on the others."),
+    ]
   lines += ["", "## Verdicts", ""]
   for side, s in result["sides"].items():
     d = s["difference"]
     word = {"lower": "its tuning lowers the loss", "higher": "its tuning raises the loss"}.get(d["verdict"], "")
     lines.append(f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}.")
   return "\n".join(lines)
+
+
+def _speedup(read: dict[str, Any]) -> str:
+  """A reading on the anchor's curve as the recipe's table shows one: mean ± std, with its bound."""
+  if read["mean"] is None:
+    return "not reached"
+  mark = "> " if read["lower_bound"] else "< " if read["upper_bound"] else ""
+  return f"{mark}{read['mean']:.2f}× ± {read['std']:.2f}"

@@ -17,6 +17,7 @@ from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.speedrun import recipe_record
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import side_configs
 from hybridjax.bench.studies.knobs.report import markdown
@@ -175,6 +176,36 @@ def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[
   return {"published": before, "tuned": after, "difference": protocol.paired_difference(after, before, eval_se)}
 
 
+def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any], n: int) -> dict[str, Any]:
+  """`losses` (one per seed in `seeds`) read as the recipe record reads its steps: the R4 anchor's
+  steps to reach each on that seed's averaged budget curve (`curves`: seed -> {steps, loss}), over
+  N. Pure: the tests recompute it from the record and the recipe record it names."""
+  per_seed, lower, upper = [], [], []
+  for s, loss in zip(seeds, losses):
+    reach = protocol.steps_to_reach(curves[str(s)]["steps"], curves[str(s)]["loss"], loss)
+    per_seed.append(None if reach.steps is None else reach.steps / n)
+    lower.append(reach.lower_bound)
+    upper.append(reach.upper_bound)
+  present = [x for x in per_seed if x is not None]
+  mean, std = protocol.mean_std(present) if present else (None, None)
+  return {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower), "upper_bound": any(upper)}
+
+
+def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[int], n: int) -> dict[str, Any]:
+  """Every side's headline losses, as published and as tuned, read on the recipe record's R4 anchor
+  curve (`on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
+  record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
+  curves = recipe["anchor"]["curves"]
+  out = {
+    side: {k: on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")} for side, s in sides.items()
+  }
+  reproduced = None
+  if "anchor" in sides:
+    at_n = recipe["anchor"]["at_n"]
+    reproduced = {str(s): loss == at_n[str(s)] for s, loss in zip(seeds, sides["anchor"]["published"])}
+  return {"on_r4_curve": out, "anchor_reproduced": reproduced}
+
+
 def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
@@ -193,14 +224,17 @@ def record(
       "tuning_runs": len(st["keys"]),
       "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
     } | side_figures(head["published"], head["tuned"], read_of(settings, st))
+  seeds = [int(s) for s in config.benchmark.seeds]
+  b = config.benchmark
+  _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
   return {
     "code_version": keys.code_versions(config, []),
     "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
     "lrs_from": trained["source"],
-    "seeds": [int(s) for s in config.benchmark.seeds],
+    "seeds": seeds,
     "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
     "sides": out,
-  }
+  } | anchor_reading(recipe, out, seeds, int(config.trainer.steps))
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
