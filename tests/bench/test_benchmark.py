@@ -507,6 +507,41 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
 
 
 @pytest.mark.slow
+def test_the_quick_knobs_study_tunes_both_sides_alike_from_the_quick_recipe(quick):
+  """The knobs study's code path on the micro model: the anchor and the recipe's Muon row, each
+  searching two knobs of two values (`benchmark.knobs.set='quick'`) from the quick recipe's record,
+  each side the same tuning runs, every figure recomputed from its record."""
+  from hybridjax.bench.studies.knobs import report as knobs_report
+  from hybridjax.bench.studies.knobs import run as knobs_run
+
+  workdir, config, _ = quick
+  c = ml_collections.ConfigDict(config.to_dict())
+  if not os.path.exists(os.path.join(workdir, "recipe-quick.json")):  # its LRs come from the recipe's record
+    c.benchmark.update(study="recipe", timing_rounds=2, timing_steps=5)
+    benchmark.run_benchmark(c, workdir)
+  c.benchmark.study = "knobs"
+  c.benchmark.knobs.update(sides="anchor,muon", lrs_from=os.path.join(workdir, "recipe-quick.json"))
+  assert c.benchmark.knobs.set == "quick"
+  result = benchmark.run_benchmark(c, workdir)
+  sides = result["sides"]
+  assert {s["tuning_runs"] for s in sides.values()} == {2 * (1 + 4 + 2)}  # as is, 4 settings, 2 new LRs
+  assert [sw["knob"] for sw in sides["muon"]["sweeps"]] == ["muon_momentum", "groups_lr_scale"]
+  for s in sides.values():
+    again = knobs_run.side_figures(
+      s["runs"]["published"], s["runs"]["tuned"], knobs_run.read_of(s["published_settings"], s["tuned_read"])
+    )
+    assert again["difference"] == s["difference"]
+  with open(os.path.join(workdir, "recipe-quick.json")) as f:
+    recipe = json.load(f)
+  reading = knobs_run.anchor_reading(recipe, sides, result["seeds"], int(c.trainer.steps))
+  assert reading == {k: result[k] for k in ("on_r4_curve", "anchor_reproduced")}
+  # The anchor as published is the recipe's anchor run again: the same loss at N, bit for bit.
+  assert all(result["anchor_reproduced"].values())
+  with open(os.path.join(workdir, "knobs-quick.md")) as f:
+    assert f.read() == knobs_report.markdown(result) + "\n"
+
+
+@pytest.mark.slow
 def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(quick, tmp_path, monkeypatch):
   """The recipe's plateau extension on the quick runs (a copy of their cache): an anchor run flagged
   as a plateau adds `benchmark.plateau_seeds` to the anchor's curve and every step, each step stays

@@ -22,9 +22,11 @@ def _config(tmp_path):
   c.model.n_layer = 2
   c.trainer.steps = 300  # a warm-up knob's values are fractions of it: distinct values (nothing trains)
   c.benchmark.study = "knobs"
+  c.benchmark.knobs.set = "full"  # the published search (the quick preset's own is 'quick')
   curves = {str(s): {"steps": [150, 300, 600], "loss": [3.2, 3.0, 2.8]} for s in c.benchmark.seeds}
   at_n = {str(s): 3.0 for s in c.benchmark.seeds}  # no stub run gives it: none reproduced
-  recipe = {"trick_list": 2, "anchor": {"lr": 0.004, "beta": 0.99, "curves": curves, "at_n": at_n}, "step_runs": {}}
+  anchor = {"lr": 0.004, "beta": 0.99, "curves": curves, "at_n": at_n}
+  recipe = {"trick_list": 2, "tricks": list(speedrun.TRICKS), "anchor": anchor, "step_runs": {}}
   for k, name in enumerate(speedrun.TRICKS):
     recipe["step_runs"][name] = {"lr": 0.01 * (k + 1), "beta": 0.99, "iterate": "averaged"}
   path = tmp_path / "recipe-quick.json"
@@ -85,6 +87,10 @@ def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path,
 
 def test_bad_settings_are_refused_naming_the_field(tmp_path):
   c = _config(tmp_path)
+  c.benchmark.knobs.set = "fast"
+  with pytest.raises(ValueError, match=r"--config.benchmark.knobs.set='fast': give one of full, quick"):
+    study.validate(c)
+  c = _config(tmp_path)
   c.benchmark.knobs.sides = "anchor,adam"
   with pytest.raises(ValueError, match=r"--config.benchmark.knobs.sides='anchor,adam': give sides from"):
     study.validate(c)
@@ -95,6 +101,21 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
   c = _config(tmp_path)
   c.optim.b1 = 0.8
   with pytest.raises(ValueError, match=r"side 'anchor': knob b1=0.8 is the side's own setting"):
+    study.validate(c)
+  c = _config(tmp_path)  # a record of the first trick list: its LRs were tuned for other rows
+  first = json.loads((tmp_path / "recipe-quick.json").read_text()) | {"trick_list": 1}
+  (tmp_path / "recipe-first.json").write_text(json.dumps(first))
+  c.benchmark.knobs.lrs_from = str(tmp_path / "recipe-first.json")
+  with pytest.raises(ValueError, match=r"measured with trick list 1, before today's \(list 2\).*study=recipe"):
+    study.validate(c)
+  c = _config(tmp_path)  # a record without the Muon row, for the muon side
+  partial = json.loads((tmp_path / "recipe-quick.json").read_text())
+  partial["tricks"] = ["schedule", "rotary"]
+  (tmp_path / "recipe-partial.json").write_text(json.dumps(partial))
+  c.benchmark.knobs.lrs_from = str(tmp_path / "recipe-partial.json")
+  with pytest.raises(
+    ValueError, match=r"holds no 'muon' step .*leave the side out of --config\.benchmark\.knobs\.sides"
+  ):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.knobs.lrs_from = str(tmp_path / "none.json")

@@ -6,18 +6,19 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
-from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
-from hybridjax.bench.studies.knobs.sets import SIDES
+from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
+from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
 RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.knobs`: the sides to tune (`sets.SIDES`), the recipe record whose tuned LRs they
-  start from ('': the published `recipe-<preset>.json`), and the points of the closing LR sweep."""
-  del preset
+  """`benchmark.knobs`: the sides to tune (`sets.SIDES`), the knobs they search (`sets.SETS`: 'full',
+  or 'quick' at the quick preset), the recipe record whose tuned LRs they start from ('': the
+  published `recipe-<preset>.json`), and the points of the closing LR sweep."""
   block.sides = ",".join(SIDES)
+  block.set = "quick" if preset == "quick" else "full"
   block.lrs_from = ""
   block.lr_points = 3
 
@@ -26,13 +27,28 @@ def sides_of(config: ml_collections.ConfigDict) -> list[str]:
   return arms_lib.names(config.benchmark.knobs.sides)
 
 
+def knobs_of(config: ml_collections.ConfigDict) -> dict[str, tuple]:
+  """{side: the knobs it searches, in order}, of the search `benchmark.knobs.set` names."""
+  return SETS[str(config.benchmark.knobs.set)]
+
+
 def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
   """(the recipe record read, {side: (its config at its starting LR, its tuned settings)}): the
-  anchor is the protocol's AdamW family at the record's R4 LR and beta; `muon` the recipe through
-  its Muon row, `recipe` all of it, each at the LR, beta and iterate the record tuned for it."""
+  anchor is the protocol's AdamW family at the record's R4 LR and beta; `muon` the record's tricks
+  through its Muon row, `recipe` all of them, each at the LR, beta and iterate the record tuned for
+  it. The record must be of today's trick list: the search tunes today's recipe, whose rows an
+  earlier list's LRs were not tuned for."""
   b = config.benchmark
-  shown, result = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
-  rows, names = tuned_rows(result, "benchmark.knobs.lrs_from"), list(TRICKS)
+  field = "benchmark.knobs.lrs_from"
+  shown, result = recipe_record(str(b.preset), str(b.knobs.lrs_from), field)
+  version = int(result.get("trick_list", 1))
+  if version != TRICK_LIST_VERSION:
+    raise ValueError(
+      f"{shown} was measured with trick list {version}, before today's (list {TRICK_LIST_VERSION}): the knobs "
+      "study tunes today's recipe from the LRs its record tuned, so re-measure the recipe at this preset "
+      f"(--config.benchmark.study=recipe) or give a record of today's list with --config.{field}"
+    )
+  names, steps = list(result["tricks"]), result["step_runs"]
   out = {}
   for side in sides_of(config):
     if side == "anchor":
@@ -40,8 +56,13 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
       settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
     else:
       row = "muon" if side == "muon" else names[-1]
+      if row not in names or row not in steps:
+        raise ValueError(
+          f"{shown} holds no {row!r} step (it ran {names}): the {side!r} side starts from it; give a record "
+          f"that has it with --config.{field}, or leave the side out of --config.benchmark.knobs.sides"
+        )
       c = apply_tricks(config, names[: names.index(row) + 1])
-      settings = {k: rows[row][k] for k in ("lr", "beta", "iterate")}
+      settings = {k: steps[row][k] for k in ("lr", "beta", "iterate")}
     c.optim.learning_rate = float(settings["lr"])
     c.benchmark.methods = ""
     out[side] = (c, settings)
@@ -55,6 +76,8 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   bad = [s for s in sides_of(config) if s not in SIDES]
   if bad or not sides_of(config):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
+  if str(k.set) not in SETS:
+    raise ValueError(f"--config.benchmark.knobs.set={k.set!r}: give one of {', '.join(SETS)}")
   if int(k.lr_points) < 2:
     raise ValueError(f"--config.benchmark.knobs.lr_points={k.lr_points}: give at least 2")
   if "anchor" in sides_of(config) and (config.optim.name != "adamw" or config.optim.schedule != "cosine"):
@@ -64,7 +87,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     )
   out = {}
   for side, (c, _) in side_configs(config)[1].items():
-    for knob in SIDES[side]:
+    for knob in knobs_of(config)[side]:
       for value in knob.values_at(int(config.trainer.steps)):
         tried = ml_collections.ConfigDict(c.to_dict())
         tried.update_from_flattened_dict(knob.changes(value))

@@ -1,5 +1,5 @@
 """The knobs study: each side (the R4 anchor, the recipe's Muon row, the whole recipe) tuned by a
-coordinate search over its own knobs (`sets.SIDES`, the same number of settings per side) on the
+coordinate search over its own knobs (`sets.SETS`, the same number of settings per side) on the
 tuning seeds, from the settings and LR the recipe's record gives it, then its LR swept again; then
 each side as published and as tuned, N steps on the headline seeds, read as a paired difference.
 Both sides spend the same number of tuning runs, and the record lists them.
@@ -19,9 +19,8 @@ from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
 from hybridjax.bench.studies.knobs import config as knobs_config
-from hybridjax.bench.studies.knobs.config import side_configs
+from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
-from hybridjax.bench.studies.knobs.sets import SIDES
 from hybridjax.bench.tasks import task_path
 
 # its record (a resumed study extends its invocations) and the blocks it compares without
@@ -67,6 +66,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
   swept again, and the headline runs of each side as published and as tuned."""
   source, sides = side_configs(config)
+  searched = knobs_of(config)
   state = {s: {"fields": {}, "lr": settings["lr"], "sweeps": [], "keys": set()} for s, (_, settings) in sides.items()}
 
   def loss_of(side: str, ev: dict) -> float:
@@ -78,12 +78,12 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   )
   for side, ev in zip(sides, base):
     state[side]["loss"] = loss_of(side, ev)
-  for i in range(max(len(SIDES[s]) for s in sides)):
+  for i in range(max(len(searched[s]) for s in sides)):
     tries = [
       (side, knob, value)
       for side in sides
-      if i < len(SIDES[side])
-      for knob in [SIDES[side][i]]
+      if i < len(searched[side])
+      for knob in [searched[side][i]]
       for value in knob.values_at(int(config.trainer.steps))
     ]
     evs = _evaluate(
@@ -93,9 +93,9 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
       f"knobs: knob {i + 1} of each side",
     )
     for side in sides:
-      if i >= len(SIDES[side]):
+      if i >= len(searched[side]):
         continue
-      knob, st = SIDES[side][i], state[side]
+      knob, st = searched[side][i], state[side]
       current = ml_collections.ConfigDict(sides[side][0].to_dict())
       current.update_from_flattened_dict(st["fields"])
       now = current

@@ -1,6 +1,8 @@
 """The knobs each side of the tuning comparison searches, as data: the R4 anchor's (AdamW) and the
 recipe's (its Muon row and the whole recipe), each side the same number of settings to try, so that
-both sides get the same tuning budget (14 settings, each on both tuning seeds)."""
+both sides get the same tuning budget (14 settings, each on both tuning seeds). `SETS` names the
+searches `benchmark.knobs.set` chooses from: 'full' (these) and 'quick' (two knobs of two values a
+side, the quick preset's run of the study's code path)."""
 
 from __future__ import annotations
 
@@ -47,3 +49,12 @@ RECIPE = (
   Knob("cooldown", (0.2, 0.3, 0.5, 0.6), ("optim.decay_fraction",)),
 )
 SIDES = {"anchor": ANCHOR, "muon": RECIPE, "recipe": RECIPE}  # side -> its knobs, searched in this order
+QUICK = {
+  "anchor": (ANCHOR[0], ANCHOR[1]),
+  "muon": (
+    Knob("muon_momentum", (0.85, 0.9), ("optim.muon_momentum",)),
+    Knob("groups_lr_scale", (0.5, 2.0), ("optim.groups_lr_scale",)),
+  ),
+}
+QUICK["recipe"] = QUICK["muon"]
+SETS = {"full": SIDES, "quick": QUICK}  # benchmark.knobs.set -> {side: its knobs}
