@@ -499,3 +499,64 @@ def test_the_leave_one_out_docs_are_the_published_table():
     "only taking out Muon, rotary, QK-norm or the #9 shortcuts raises the loss beyond the noise, "
     "and taking out the records' schedule lowers it"
   ) in readme
+
+
+def test_the_knobs_figures_are_the_published_ones():
+  """docs/recipe.md's account of the knobs study at `long` and the README's sentence on it: every row,
+  verdict and quoted figure is docs/results/recipe/knobs-long.json's, the sides spent the same tuning
+  runs, and its runs are committed."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "knobs-long.json")) as f:
+    result = json.load(f)
+  sides, reads = result["sides"], result["on_r4_curve"]
+  page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert len({s["tuning_runs"] for s in sides.values()}) == 1
+  assert f"{sides['anchor']['tuning_runs']} tuning runs a side" in page
+  names = {"anchor": "R4 (AdamW)", "muon": "the recipe's Muon row", "recipe": "the whole recipe"}
+  for side, s in sides.items():
+    fields = ", ".join(f"`{k.split('.')[-1]}` {v}" for k, v in s["tuned_fields"].items())
+    d, r = s["difference"], reads[side]
+    row = (
+      f"| {names[side]} | {fields} | {d['mean']:+.4f} ± {d['se_total']:.4f} ({d['verdict']}) | "
+      f"{r['published']['mean']:.2f}× → {r['tuned']['mean']:.2f}× ± {r['tuned']['std']:.2f} |"
+    )
+    assert row in page, row
+    assert d["verdict"] == "no difference"  # "R4 does not move", "neither does the recipe"
+    assert not (r["tuned"]["lower_bound"] or r["tuned"]["upper_bound"])
+  assert all(result["anchor_reproduced"].values())  # "bit for bit on every headline seed"
+  init = next(sw for sw in sides["anchor"]["sweeps"] if sw["knob"] == "init")["values"]
+  fan_in, half, as_is = (init[k] for k in ('"fan_in"', '"fan_in_0.5"', "as is"))
+  assert f"the init by far: {fan_in:.2f} and {half:.2f} against {as_is:.2f}" in page
+  muon = reads["muon"]
+  assert (
+    f"its row reads {muon['published']['mean']:.2f}× as published and {muon['tuned']['mean']:.2f}× ± "
+    f"{muon['tuned']['std']:.2f} as tuned on R4's curve" in page
+  )
+  assert (
+    f"neither R4 nor the recipe moves beyond the noise, and Muon's row still reads {muon['tuned']['mean']:.2f}×"
+    in readme
+  )
+  (first, *_) = result["invocations"]
+  cached = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "knobs-long-run-cache", "*.json"))
+  assert len(cached) == first["runs_trained"]
+
+
+def test_the_published_knobs_record_recomputes():
+  """knobs-long.json: each side's difference from its runs, its readings on the recipe record's R4
+  curve, and its markdown, recomputed."""
+  from hybridjax.bench.studies.knobs import report as knobs_report
+  from hybridjax.bench.studies.knobs import run as knobs_run
+
+  folder = os.path.join(ROOT, "docs", "results", "recipe")
+  with open(os.path.join(folder, "knobs-long.json")) as f:
+    result = json.load(f)
+  for s in result["sides"].values():
+    read = knobs_run.read_of(s["published_settings"], s["tuned_read"])
+    again = knobs_run.side_figures(s["runs"]["published"], s["runs"]["tuned"], read)
+    assert again["difference"] == s["difference"]
+  assert result["lrs_from"] == "docs/results/recipe/recipe-long.json"
+  recipe = _recipe("long")
+  reading = knobs_run.anchor_reading(recipe, result["sides"], result["seeds"], int(result["steps"]))
+  assert reading == {k: result[k] for k in ("on_r4_curve", "anchor_reproduced")}
+  with open(os.path.join(folder, "knobs-long.md")) as f:
+    assert f.read() == knobs_report.markdown(result) + "\n"
