@@ -185,6 +185,7 @@ def _restore_mlp(workdir, config):
   return step, state
 
 
+@pytest.mark.slow  # a GPT-2 run and its export (9 s); the HF parity test in the default suite checks the mapping
 def test_a_gpt2_run_writes_hugging_face_safetensors(tmp_path, jax_cache):
   from experiments import gpt2_small
   from hybridjax.models import gpt2

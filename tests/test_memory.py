@@ -307,6 +307,7 @@ def test_memory_tracker_uses_the_allocator_peak():
   assert (t.peak_bytes, t.peak_rss) == (50, 7)
 
 
+@pytest.mark.slow  # a whole train() under faked device stats (7 s); the tracker's own readings stay in the default set
 def test_gpu_memory_stats_through_train_warn_and_save_an_emergency_checkpoint(tmp_path, jax_cache, capsys, monkeypatch):
   # The loop reads device.memory_stats() as a GPU reports it (stubbed: CPU has none). The memory in
   # use jumps after the log of step 8; the next log (step 12) crosses trainer.memory_limit_bytes,

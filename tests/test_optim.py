@@ -368,6 +368,7 @@ def _split(tree, labels):
   return [x for x, lab in pairs if lab == "muon"], [x for x, lab in pairs if lab == "adamw"]
 
 
+@pytest.mark.slow  # two optimizers compiled on a GPT-2 (9 s); the default suite keeps Muon's own update tests
 def test_muon_update_equals_adamw_off_the_hidden_matrices():
   params = _gpt2_micro_params()
   labels = optim.muon_labels(params)

@@ -50,6 +50,7 @@ def _stub_result(spec):
   }
 
 
+@pytest.mark.slow  # the whole search through the skeleton, 100 stub runs of configs (7 s); the slow quick run trains it
 def test_each_side_spends_the_same_runs_and_keeps_what_lowers_the_loss(tmp_path, monkeypatch):
   runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
