@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
   from hybridjax.bench import specs
   from hybridjax.bench.runs import keys
   from hybridjax.bench.runs.anchor_run import run_anchor
-  from hybridjax.bench.studies.variants import run
+  from hybridjax.bench.studies.variants.config import side_config
   from hybridjax.bench.studies.variants.sets import SETS
 
   with open(args.record) as f:
@@ -43,13 +43,20 @@ def main(argv: list[str] | None = None) -> dict:
   c = benchmark_cfg.get_config(record["preset"])
   c.benchmark.study, c.benchmark.variants.set = "variants", record["set"]
   pair = {q.name: q for q in SETS[record["set"]].pairs}[args.pair]
-  _, rows = run.row_settings(c)
-  cfg, row = run._sides(c, rows)[run._side_key(c, pair, args.side)]
+  published_pair = {q["name"]: q for q in record["pairs"]}[args.pair]
+  # The side's LR and beta as the record ran them: the recipe record its `lrs_from` named then may
+  # since have been re-measured under the same path.
+  row = published_pair["settings"][args.side]
   spec = specs.run_spec(
-    cfg, kind="anchor", seed=int(args.seed), lr=row["lr"], steps=int(c.trainer.steps), beta=row["beta"]
+    side_config(c, pair, args.side),
+    kind="anchor",
+    seed=int(args.seed),
+    lr=row["lr"],
+    steps=int(c.trainer.steps),
+    beta=row["beta"],
   )
   out = run_anchor(spec)
-  published = {q["name"]: q for q in record["pairs"]}[args.pair]["runs"][args.side][args.seed]
+  published = published_pair["runs"][args.side][args.seed]
   same = out["final_raw"] == published["final_raw"] and out["final_averaged"] == published["final_averaged"]
   result = {
     "pair": args.pair,
