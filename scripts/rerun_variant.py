@@ -42,8 +42,13 @@ def main(argv: list[str] | None = None) -> dict:
     record = json.load(f)
   c = benchmark_cfg.get_config(record["preset"])
   c.benchmark.study, c.benchmark.variants.set = "variants", record["set"]
+  pairs = {q["name"]: q for q in record["pairs"]}
+  if args.pair not in pairs:
+    p.error(f"pair {args.pair!r} is not in {args.record}; it has {', '.join(pairs)}")
+  published_pair = pairs[args.pair]
+  if args.seed not in published_pair["runs"][args.side]:
+    p.error(f"seed {args.seed!r} has no run there; give one of {', '.join(published_pair['runs'][args.side])}")
   pair = {q.name: q for q in SETS[record["set"]].pairs}[args.pair]
-  published_pair = {q["name"]: q for q in record["pairs"]}[args.pair]
   # The side's LR and beta as the record ran them: the recipe record its `lrs_from` named then may
   # since have been re-measured under the same path.
   row = published_pair["settings"][args.side]
