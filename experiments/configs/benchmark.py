@@ -98,7 +98,7 @@ def _long(c: ml_collections.ConfigDict) -> None:
 
 def _deep(c: ml_collections.ConfigDict) -> None:
   """`long` made deeper: 6 layers, d_model 64, 2 heads (head_dim 32), context 64, batch 12, N = 1500
-  (0.31M params; about three times `long`'s step time, so a run costs about what `long`'s does).
+  (0.32M params; about three times `long`'s step time, so a run costs about what `long`'s does).
 
   For the speedrun recipe: at `long`'s 2 layers its later steps have nothing to connect (the U-net's
   one skip only rescales block 1's input, the one value-embedding table reaches every layer, the
