@@ -63,13 +63,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
   args = p.parse_args(argv)
 
   base = bench_cfg.get_config(args.config)
+  variants = [parse_variant(v) for v in args.variant] or [("default", {})]
+  for name, overrides in variants:  # each variant's runs checked before anything is read or trained
+    c = bench_cfg.get_config(args.config)
+    try:
+      c.update_from_flattened_dict(overrides)
+      bench_specs.validate_benchmark(c)
+    except (KeyError, ValueError) as e:
+      raise ValueError(f"--variant {name!r} ({overrides}): {e}") from e
   workdir = args.workdir or os.path.join("runs", f"benchmark-{base.benchmark.preset}-{base.benchmark.family}")
   with open(os.path.join(workdir, "benchmark.json")) as f:
     tuning = json.load(f)["tuning"]
   lrs = [float(x) for x in args.lr.split(",")] if args.lr else [float(tuning["best_lr"])]
   beta = float(tuning["averaging_beta"])
   n = int(base.trainer.steps)
-  variants = [parse_variant(v) for v in args.variant] or [("default", {})]
 
   specs, labels = [], []
   for name, overrides in variants:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -205,3 +206,21 @@ def test_line_scan_reports_the_averaged_anchor(capsys):
   assert p["averaged"] != p["raw"]
   printed = capsys.readouterr().out
   assert "avg + a*v" in printed and "avg, real steps" in printed
+
+
+def test_tune_method_refuses_a_variant_whose_runs_are_not_valid_before_reading_anything(tmp_path):
+  """A variant is checked as the benchmark checks its arms, before the family's record is read: the
+  benchmark presets' slow EMA follows `slow_lag_ratio`, so a `slow_beta` would train nothing. The
+  variants docs/usage.md prints pass the same check (then stop at the missing family record)."""
+  tune = load_script("tune_method")
+  missing = ["--workdir", str(tmp_path / "no-family")]
+  with pytest.raises(ValueError, match=r"--variant 'beta'.*hybrid\.jump\.slow_beta \(0\.995\) is set but unused"):
+    tune.main(["--config=long", "--method=jump", "--variant=beta:hybrid.jump.slow_beta=0.995", *missing])
+  with pytest.raises(ValueError, match=r"--variant 'typo'.*hybrid\.jump\.horizon"):
+    tune.main(["--config=long", "--method=jump", "--variant=typo:hybrid.jump.horizon=(5,)", *missing])
+  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "usage.md"), encoding="utf-8") as f:
+    printed = re.findall(r'--method=(\w+) \\\n\s+--variant="([^"]+)"', f.read())
+  assert printed
+  for method, variant in printed:
+    with pytest.raises(FileNotFoundError, match="benchmark.json"):
+      tune.main(["--config=long", f"--method={method}", f"--variant={variant}", *missing])

@@ -333,6 +333,27 @@ def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize(
+  "setting, fix",
+  [
+    ({"hybrid.jump.slow_lag_ratio": 2.0}, "--config.hybrid.jump.slow_lag_ratio=0"),
+    ({"optim.outer_every": 10}, "--config.optim.outer_every=0"),
+  ],
+)
+def test_a_slow_beta_that_nothing_reads_is_refused(setting, fix):
+  """With a lag ratio (as every benchmark preset sets) or outer momentum, the slow EMA's beta is not
+  `hybrid.jump.slow_beta`: a value set there trained nothing and would be recorded as the run's."""
+  c = _jump_config()
+  c.update_from_flattened_dict(setting)
+  config_lib.validate(c)  # at the default slow_beta the setting is valid
+  c.hybrid.jump.slow_beta = 0.995
+  with pytest.raises(ValueError, match=r"hybrid\.jump\.slow_beta \(0\.995\) is set but unused") as e:
+    config_lib.validate(c)
+  assert fix in str(e.value)
+  c.update_from_flattened_dict({k: 0 for k in setting})
+  config_lib.validate(c)  # without them, slow_beta is the slow EMA's beta
+
+
 def test_the_branch_of_a_jump_is_the_predict_step():
   # The jump step, behind the framework's non-finite guard (`step.discard_nonfinite`).
   branch = step_lib.transitions(_context(_quadratic_towards(_params())))[Branch.PREDICT_STEP]

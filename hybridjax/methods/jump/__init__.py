@@ -90,6 +90,20 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       "--config.hybrid.method='jump' needs --config.trainer.averaging='ema' (the averaging EMA is the fast EMA "
       "of the drift); set it, or use --config.hybrid.method='velocity'"
     )
+  default_slow_beta = CONFIG["slow_beta"][0]
+  if j.slow_beta != default_slow_beta and (outer_every or j.get("slow_lag_ratio", 0.0)):
+    # A slow_beta that nothing reads would be recorded as the run's setting without a word.
+    why = (
+      f"--config.optim.outer_every ({outer_every}) > 0: outer momentum's m gives the drift, with no slow EMA"
+      if outer_every
+      else f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) > 0 sets the slow EMA's beta from "
+      f"--config.trainer.averaging_beta instead (1 - (1 - averaging_beta) / slow_lag_ratio)"
+    )
+    fix = "--config.optim.outer_every=0" if outer_every else "--config.hybrid.jump.slow_lag_ratio=0"
+    errors.append(
+      f"--config.hybrid.jump.slow_beta ({j.slow_beta}) is set but unused: {why}. Set {fix} to use it, or leave "
+      f"hybrid.jump.slow_beta at its default ({default_slow_beta})"
+    )
   if j.get("slow_lag_ratio", 0.0) and j.slow_lag_ratio <= 1.0:
     errors.append(
       f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) must be > 1 (the slow EMA must be slower than "
