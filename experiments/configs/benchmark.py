@@ -217,11 +217,12 @@ def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list
   line did not set back at the preset's value, then `speedrun.speedrun_config` with the command line's
   `benchmark.recipe.tricks`, `muon_lr` and `keep`, then the command line's values again (its LR, its
   `benchmark.iterate`). So a value a trick derives follows the overrides (the momentum warm-up
-  follows `trainer.steps`, the attention scale the head dimension)."""
+  follows `trainer.steps`, the attention scale the head dimension). The jump schedule follows the
+  command line's `trainer.steps` too (`scale_jump_schedule`), except the jump fields it set itself."""
   speedrun.keep_command_line(config, fields)
   preset, *variants = (arg or "long").split(",")
   if "speedrun" not in variants:
-    return config
+    return _jump_schedule_for_steps(config, preset, fields)
   given = {k: v for k, v in config_lib.flatten(config).items() if _is_given(k, fields)}
   untricked = config_lib.flatten(get_config(preset))
   restored = {k: v for k, v in untricked.items() if not _is_given(k, fields) and not k.startswith("benchmark.")}
@@ -229,7 +230,27 @@ def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list
   c.update_from_flattened_dict(restored | {k: untricked[k] for k in ("benchmark.iterate", "benchmark.family")})
   c = speedrun.speedrun_config(c)
   c.update_from_flattened_dict(given)
-  return c
+  return _jump_schedule_for_steps(c, preset, fields)
+
+
+# The fields `scale_jump_schedule` derives from `trainer.steps`.
+JUMP_SCHEDULE_FIELDS = ("hybrid.jump.horizons", "hybrid.jump.every", "hybrid.jump.forecaster.every")
+
+
+def _jump_schedule_for_steps(
+  config: ml_collections.ConfigDict, preset: str, fields: list[str]
+) -> ml_collections.ConfigDict:
+  """`config` with the jump schedule scaled to the command line's `trainer.steps` (the preset's was
+  scaled to the preset's N: at a shorter run its horizons would not fit the jump window, and the jump
+  arms would never jump), each jump field the command line set kept as given. `quick` keeps its own
+  absolute schedule."""
+  if preset == "quick" or not _is_given("trainer.steps", fields):
+    return config
+  scaled = ml_collections.ConfigDict(config.to_dict())
+  scale_jump_schedule(scaled)
+  flat = config_lib.flatten(scaled)
+  config.update_from_flattened_dict({f: flat[f] for f in JUMP_SCHEDULE_FIELDS if not _is_given(f, fields)})
+  return config
 
 
 def _is_given(field: str, fields: list[str]) -> bool:

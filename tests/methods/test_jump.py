@@ -322,6 +322,7 @@ def test_resume_across_jumps_is_bit_exact(tmp_path, jax_cache):
     ("trainer.averaging", "none", "trainer.averaging='ema'"),
     ("hybrid.steps_per_call", 4, "steps_per_call=1"),
     ("trainer.averaging_beta", 0.998, "hybrid.jump.slow_beta"),  # the slow EMA would not be slower
+    ("hybrid.jump.horizons", (4, 8, 91), "never fits this run's jump window"),  # 6 + 91 > 96 of 120 steps
   ],
 )
 def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):

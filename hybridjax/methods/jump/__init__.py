@@ -125,6 +125,19 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.hybrid.jump.start_fraction ({j.start_fraction}) must be < --config.hybrid.jump.stop_fraction "
       f"({j.stop_fraction})"
     )
+  elif j.horizons and trainer.get("steps") is not None:
+    # The window `steps.in_jump_window` admits: a run where the longest horizon never fits would train
+    # as its baseline and report a jump arm that never jumped.
+    n = int(trainer.steps)
+    start, stop = int(round(j.start_fraction * n)), int(round(j.stop_fraction * n))
+    longest = max(int(k) for k in j.horizons)
+    if start + longest > stop:
+      errors.append(
+        f"--config.hybrid.jump.horizons (longest {longest}) never fits this run's jump window: a jump starts at "
+        f"or after start_fraction x trainer.steps ({start}) and ends by stop_fraction x trainer.steps ({stop}), "
+        f"so no jump would ever be taken. Give horizons of at most {stop - start} steps, widen "
+        "--config.hybrid.jump.start_fraction/stop_fraction, or lengthen --config.trainer.steps"
+      )
   return errors
 
 

@@ -267,6 +267,33 @@ def test_the_speedrun_family_applies_its_tricks_after_the_command_line():
   assert config_lib.flatten(parsed({})) == config_lib.flatten(benchmark_cfg.get_config("long,speedrun"))
 
 
+@pytest.mark.parametrize("arg", ["long", "long,speedrun"])
+def test_the_jump_schedule_follows_the_command_lines_steps(arg):
+  """`--config.trainer.steps` scales the jump schedule as the preset scaled it to its own N
+  (`scale_jump_schedule`): at 300 steps long's horizons (50, 100, 200) would never fit the jump window
+  (now refused), and at 1000 a run would jump on the 3000-step schedule. A jump field the command
+  line set itself is kept."""
+
+  def parsed(overrides):
+    c = benchmark_cfg.get_config(arg)
+    c.update_from_flattened_dict(overrides)
+    return benchmark_cfg.after_command_line(c, arg, list(overrides))
+
+  for steps in (300, 1000):
+    c = parsed({"trainer.steps": steps})
+    assert c.hybrid.jump.horizons == tuple(benchmark_cfg.scaled_steps(k, steps) for k in (50, 100, 200))
+    assert c.hybrid.jump.every == benchmark_cfg.scaled_steps(100, steps)
+    assert c.hybrid.jump.forecaster.every == benchmark_cfg.scaled_steps(50, steps)
+    study.validate(c)
+  c = parsed({"trainer.steps": 300, "hybrid.jump.every": 7})
+  assert c.hybrid.jump.every == 7 and c.hybrid.jump.horizons == (5, 10, 20)
+  assert parsed({}).hybrid.jump.horizons == (50, 100, 200)
+  unscaled = benchmark_cfg.get_config(arg)
+  unscaled.trainer.steps = 300  # from Python, without after_command_line: refused, not a run that never jumps
+  with pytest.raises(ValueError, match="never fits this run's jump window|not its recipe's"):
+    study.validate(unscaled)
+
+
 @pytest.mark.parametrize(
   "change,match",
   [
