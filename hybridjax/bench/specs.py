@@ -162,6 +162,14 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     )
   if config.get("hybrid", {}).get("method", ""):
     errors.append(method_field_error(config.hybrid.method))
+  if int(config.optim.get("decay_steps", 0)):
+    # `run_spec` sets each budget's trainer.steps; a fixed decay length would give every budget the
+    # same schedule, cut off or left at its floor, and bend the anchors' budget curve.
+    errors.append(
+      f"--config.optim.decay_steps={config.optim.decay_steps}: the benchmark gives each budget its own "
+      "schedule, decaying over that budget's steps; a fixed decay length would end a short budget's "
+      "schedule early and hold a long one at its floor. Leave --config.optim.decay_steps at 0"
+    )
   # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
   if not float(b.plateau_margin) > 0:
     errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")

@@ -422,6 +422,16 @@ def test_a_method_named_in_hybrid_method_points_to_the_benchmarks_methods_and_ar
     study.validate(c, ["mode", "hybrid.method"])
 
 
+def test_a_fixed_decay_length_is_refused_in_the_benchmark():
+  """Each budget's schedule decays over its own steps (`run_spec` sets `trainer.steps`); an
+  `optim.decay_steps` would give every budget one schedule and bend the anchors' budget curve."""
+  c = benchmark_cfg.get_config("quick")
+  specs.validate_benchmark(c)
+  c.optim.decay_steps = 40
+  with pytest.raises(ValueError, match=r"--config\.optim\.decay_steps=40: the benchmark gives each budget its own"):
+    specs.validate_benchmark(c)
+
+
 def test_each_budget_gets_its_own_muon_momentum_warmup():
   """Each budget its own schedule, its momentum warm-up too: the recipe's share of its run (as the
   `shortcuts` trick gives a run of that length), a warm-up of the config's own in proportion; N keeps
