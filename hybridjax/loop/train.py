@@ -243,6 +243,13 @@ def resume_or_init(
         f"resuming a run of {saved_steps} steps with --config.trainer.steps={config.trainer.steps} "
         "(nothing of its training depends on the run's length)"
       )
+  saved_evals = config_lib.flatten(meta.get("config", {})).get("trainer.eval_batches", config.trainer.eval_batches)
+  if int(saved_evals) != int(config.trainer.eval_batches):
+    print(
+      f"note: --config.trainer.eval_batches={config.trainer.eval_batches}, where the run before step {start_step} "
+      f"evaluated on {saved_evals}: its eval losses from here on average another held-out set (each eval "
+      "record in metrics.jsonl carries its count, eval_batches)"
+    )
   print(f"resumed from {workdir} at step {start_step}")
   return state, position, None, steps_changes
 
@@ -587,7 +594,8 @@ def train(
         driver.pause_timing()
         last_evals = evaluate_state(eval_fn, driver.train_state(state), eval_batches)
         last_eval = last_evals["eval_loss"]
-        writer.write(step, last_evals, kind="eval")
+        # The count the eval loss averages: `trainer.eval_batches` may change on a resume.
+        writer.write(step, {**last_evals, "eval_batches": len(eval_batches)}, kind="eval")
         if bar is not None:
           bar.write(f"step {step}: eval loss {last_eval:.4f}")
 

@@ -3,6 +3,7 @@ hybrid training through `train`, and the loop's small helpers."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -304,7 +305,7 @@ def _legacy_config(mode, steps):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["baseline", "hybrid"])
-def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path):
+def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path, capsys):
   import shutil
 
   workdir = tmp_path / mode
@@ -325,6 +326,11 @@ def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path):
   assert summary["start_step"] == 20 and summary["steps"] == 30 and summary["mode"] == mode
   assert summary["steps_changes"] == [{"step": 20, "from": 20, "to": 30}]
   assert np.isfinite(summary["final_eval_loss"])
+  # It evaluated on 8 held-out batches, this resume on 1: said, and each eval record carries its count.
+  assert "--config.trainer.eval_batches=1, where the run before step 20 evaluated on 8" in capsys.readouterr().out
+  with open(workdir / "metrics.jsonl") as f:
+    evals = [r for r in map(json.loads, f) if r["kind"] == "eval" and r["step"] > 20]
+  assert evals and all(r["eval_batches"] == 1 for r in evals)
 
 
 def test_a_misspelt_key_stops_train_before_the_workdir_is_made(tmp_path):
