@@ -186,12 +186,35 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
   errors += check_executor(b)
+  errors += mlp_block_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
   errors += arms_lib.check(config)
   if errors:
     raise ValueError("; ".join(errors))
   arms_lib.selected(config)
   config_lib.validate(experiment_config(config))
+
+
+def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The `mlp` task's block (`tasks.mlp.default_task_config`) checked where the task is 'mlp': a key it
+  does not read (a misspelling would train the default silently) or one it lacks (the task would fail
+  after the workdir is made)."""
+  if task_name(config) != "mlp" or not config.get("mlp"):
+    return []
+  from hybridjax.tasks import mlp as mlp_task
+
+  expected = set(mlp_task.default_task_config())
+  given = set(config.mlp)
+  errors = [
+    f"--config.mlp.{key} is not a field of the mlp task's block (it reads {sorted(expected)})"
+    for key in sorted(given - expected)
+  ]
+  if expected - given:
+    errors.append(
+      f"the mlp block lacks {sorted(expected - given)}: start from hybridjax.tasks.mlp.default_task_config() "
+      "and change its fields"
+    )
+  return errors
 
 
 def method_field_error(method: str) -> str:

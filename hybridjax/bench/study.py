@@ -149,7 +149,14 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
   rungs = arms_lib.names(b.ladder.rungs) if "ladder" in b else []
   errors = []
+  task = specs.task_name(config)
   for field in sorted(given):
+    if task == "mlp" and field.split(".")[0] in ("model", "data"):
+      errors.append(
+        f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task='mlp' builds its own "
+        "model and synthetic data from the config's mlp block (hybridjax.tasks.mlp.default_task_config); set "
+        "its fields there, or use --config.benchmark.task=gpt2"
+      )
     if field in OVERWRITTEN:
       if field == "trainer.averaging_beta" and name == "ladder" and set(rungs) & set(CONSTANT_RUNGS):
         continue  # R0-R2 train at it (untuned); they compare the raw iterate

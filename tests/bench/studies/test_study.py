@@ -432,6 +432,27 @@ def test_a_fixed_decay_length_is_refused_in_the_benchmark():
     specs.validate_benchmark(c)
 
 
+def test_the_mlp_tasks_block_and_unread_fields_are_refused():
+  """With `benchmark.task='mlp'` the gpt2 model and data fields are read by nothing, and the task's own
+  block must hold exactly its fields: a misspelt one would train the default, a missing one fail
+  after the workdir is made."""
+  from hybridjax.tasks import mlp
+
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.task = "mlp"
+  study.validate(c)
+  with pytest.raises(
+    ValueError, match=r"--config\.model\.n_layer=1 is set but unused: --config\.benchmark\.task='mlp'"
+  ):
+    study.validate(c, ["model.n_layer"])
+  c.mlp = mlp.default_task_config()
+  c.mlp.features = (8,)
+  study.validate(c)
+  c.mlp = {"features": (8,), "hiden": 3}
+  with pytest.raises(ValueError, match=r"--config\.mlp\.hiden is not a field.*the mlp block lacks \['eval_examples'"):
+    study.validate(c)
+
+
 def test_each_budget_gets_its_own_muon_momentum_warmup():
   """Each budget its own schedule, its momentum warm-up too: the recipe's share of its run (as the
   `shortcuts` trick gives a run of that length), a warm-up of the config's own in proportion; N keeps
