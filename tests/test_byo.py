@@ -17,7 +17,7 @@ from conftest import abstract_driver_state, cached, micro_config, restore_checkp
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import optim
+from hybridjax import optim, settings_check
 from hybridjax.models import mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,6 +129,87 @@ def test_train_refuses_an_undrivable_optimizer_before_anything_is_written(tmp_pa
   with pytest.raises(ValueError, match="no injected learning rate"):
     hybridjax.train(c, str(tmp_path / "run"), tx=optax.adamw(1e-3), **_mlp_task())
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def _frozen_group_tx(params):
+  """Two injected learning rates meant to differ: group 'b' (the biases) frozen at 0."""
+  labels = jax.tree_util.tree_map_with_path(lambda path, p: "a" if p.ndim == 2 else "b", params)
+  return optax.multi_transform(
+    {
+      "a": optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),
+      "b": optax.inject_hyperparams(optax.adam)(learning_rate=0.0),
+    },
+    labels,
+  )
+
+
+UNDRIVABLE = {
+  # optax recomputes a schedule-valued hyperparameter from its own count, overwriting the injected rate.
+  "schedule": (
+    lambda params: optax.inject_hyperparams(optax.adam)(learning_rate=optax.constant_schedule(0.0)),
+    r"has a schedule as its injected learning rate .* Give a number, the config's schedule drives it",
+  ),
+  "ignored": (
+    lambda params: lambda learning_rate: optax.adam(1e-3),
+    r"does not use the learning rate .* its updates do not depend on it",
+  ),
+  "ratios": (
+    _frozen_group_tx,
+    r"has 2 injected learning rates that differ .*=0\.01, .*=0\). .* Pass a factory learning_rate -> "
+    r"transformation instead, with any per-group ratios inside it: tx=lambda lr: optax\.multi_transform",
+  ),
+  "nested": (
+    lambda params: lambda lr: optax.inject_hyperparams(optax.adam)(learning_rate=lr * 0.5),
+    r"holds an injected learning rate inside another .* keeps its initial value",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNDRIVABLE))
+def test_train_refuses_an_optimizer_the_schedule_would_not_drive_before_the_workdir_exists(tmp_path, case):
+  make_tx, match = UNDRIVABLE[case]
+  c = _config()
+  c.optim.name = "mine"
+  task = _mlp_task()
+  tx = make_tx(jax.eval_shape(task["init_params"], jax.random.PRNGKey(0)))
+  with pytest.raises(ValueError, match=r"the optimizer 'mine' given to train\(tx=\.\.\.\) ") as e:
+    hybridjax.train(c, str(tmp_path / "run"), tx=tx, **task)
+  assert re.search(match, str(e.value)), str(e.value)
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_check_of_a_users_optimizer_accepts_what_the_schedule_drives():
+  params = jax.eval_shape(_mlp_task()["init_params"], jax.random.PRNGKey(0))
+  labels = jax.tree_util.tree_map_with_path(lambda path, p: "a" if p.ndim == 2 else "b", params)
+  accepted = {
+    "readme": lambda learning_rate: optax.chain(
+      optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, nesterov=True)
+    ),
+    "injected": optax.inject_hyperparams(optax.adamw)(learning_rate=0.0),
+    "ratios in a factory": lambda lr: optax.multi_transform({"a": optax.adam(lr), "b": optax.adam(lr * 0.1)}, labels),
+    "equal injected rates": optax.multi_transform(
+      {"a": optax.inject_hyperparams(optax.adam)(learning_rate=0.0), "b": optax.inject_hyperparams(optax.sgd)(0.0)},
+      labels,
+    ),
+  }
+  for what, tx in accepted.items():
+    resolved = optim.resolve_optimizer(_named(), params, tx)
+    assert settings_check.user_optimizer_errors(resolved, params, _named()) == [], what
+  # The built-in optimizers hold several injected rates, all equal, each reaching the updates.
+  for name in optim.BUILTIN_OPTIMIZERS:
+    oc = config_lib.default_optim_config()
+    oc.name = name
+    assert settings_check.user_optimizer_errors(optim.make_optimizer(oc), params, oc) == [], name
+
+
+def test_the_check_finds_that_an_ignored_learning_rate_does_not_reach_the_updates():
+  # The dead-code walk itself: the same optimizer with the rate used and ignored.
+  used = optim.resolve_optimizer(_named(), PARAMS, lambda learning_rate: optax.adam(learning_rate))
+  ignored = optim.resolve_optimizer(_named(), PARAMS, lambda learning_rate: optax.adam(1e-3))
+  assert settings_check._learning_rate_reaches_updates(used, PARAMS)
+  assert not settings_check._learning_rate_reaches_updates(ignored, PARAMS)
+  frozen = _frozen_group_tx(PARAMS)
+  assert settings_check._initial_learning_rates(frozen, PARAMS) == [pytest.approx(1e-2), 0.0]
 
 
 def test_the_optimizer_is_part_of_the_run_record(tmp_path, jax_cache):

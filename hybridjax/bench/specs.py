@@ -8,10 +8,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax import fields
+from hybridjax import fields, settings_check
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
@@ -215,6 +216,26 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
       "and change its fields"
     )
   return errors
+
+
+def check_task_optimizer(config: ml_collections.ConfigDict) -> None:
+  """Refuses a task whose own optimizer (its `tx`) the config's schedule cannot drive
+  (`settings_check.check_user_optimizer`), before any run trains: the anchors resolve it without
+  `train()`. Only for a task that names an `OPTIMIZER`; it builds that task once (as each of its runs
+  does) and traces its optimizer on the params' shapes, computing nothing."""
+  name = task_name(config)
+  if tasks_lib.optimizer_name(name) is None:
+    return
+  c = experiment_config(config)
+  task = tasks_lib.build(name, c)
+  if task.get("tx") is None:
+    return  # named but not given: `optim.resolve_optimizer` refuses the runs, naming optim.name
+  params = jax.eval_shape(task["init_params"], jax.random.PRNGKey(0))
+  try:
+    tx = optim_lib.resolve_optimizer(c.optim, params, task["tx"])
+    settings_check.check_user_optimizer(tx, params, c.optim)
+  except ValueError as e:
+    raise ValueError(f"--config.benchmark.task={name!r} gives its own optimizer (tx), refused: {e}") from None
 
 
 def method_field_error(method: str) -> str:

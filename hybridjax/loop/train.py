@@ -128,9 +128,14 @@ def make_driver(
 ) -> BaselineDriver | HybridDriver:
   """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)` and the
   optimizer `optim.resolve_optimizer(config.optim, params, tx)`; a hybrid driver runs `method` (the
-  config's, resolved already; default: by its name)."""
+  config's, resolved already; default: by its name). A user's `tx` that the config's schedule cannot
+  drive is refused (`settings_check.check_user_optimizer`: only traced, nothing is computed)."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  tx = resolve_optimizer(config.optim, jax.eval_shape(init_params, params_rng), tx)
+  params_shape = jax.eval_shape(init_params, params_rng)
+  user_tx = tx is not None
+  tx = resolve_optimizer(config.optim, params_shape, tx)
+  if user_tx:
+    settings_check.check_user_optimizer(tx, params_shape, config.optim)
 
   def init():
     return init_params(params_rng)

@@ -99,6 +99,21 @@ def user_task(tmp_path, monkeypatch):
     del sys.modules[name]
 
 
+def test_a_task_whose_optimizer_the_schedule_would_not_drive_is_refused_before_any_run(user_task, tmp_path):
+  # The anchors resolve a task's tx without train(): the benchmark checks it up front (only traced).
+  specs.check_task_optimizer(_mlp_bench_config(user_task))  # the SGD factory: driven by the schedule
+  specs.check_task_optimizer(_mlp_bench_config("mlp"))  # no optimizer of its own: nothing built
+  (tmp_path / "user_tasks" / "fixed.py").write_text(
+    "import optax\n\nfrom hybridjax.tasks import mlp\n\nOPTIMIZER = 'fixed_adam'\n\n\n"
+    "def build_task(config):\n"
+    "  return dict(mlp.build_task(config), tx=lambda learning_rate: optax.adam(1e-3))\n"
+  )
+  with pytest.raises(
+    ValueError, match=r"task='user_tasks.fixed' gives its own optimizer \(tx\), refused: .* train\(tx="
+  ):
+    specs.check_task_optimizer(_mlp_bench_config("user_tasks.fixed"))
+
+
 def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_path, jax_cache):
   """A task's optimizer (its `tx`, named by its `OPTIMIZER`) is in every run's config and cache key;
   the anchor and a baseline-mode arm (through `train()`) both train with it, to the same bits."""
