@@ -138,6 +138,7 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   check_speedrun_derivations(config)
   references = preset_configs(config)
   settings_check.check_inert_settings(config, config_lib.resolve_method(config), references)  # before the data
+  settings_check.check_gpt2_task(config)
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)
   workdir = workdir or cli.default_workdir(config)

@@ -207,6 +207,27 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
   assert "tuned before today's tricks" in _preset("tiny,speedrun").notes
 
 
+def test_a_dropout_the_gpt2_task_never_applies_is_refused_before_the_workdir(tmp_path):
+  """The GPT-2 task's batches carry no dropout key, so `model.dropout` > 0 trained deterministically
+  (bit for bit the run at 0) while the record said otherwise: refused by the CLI's run and the
+  benchmark alike."""
+  from experiments import gpt2_small
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import specs
+
+  c = _preset("tiny,micro")
+  c.model.dropout = 0.5
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"--config\.model\.dropout=0\.5 is set but not applied"):
+    gpt2_small.run(c, str(workdir))
+  assert not workdir.exists()
+  b = benchmark_cfg.get_config("quick")
+  specs.validate_benchmark(b)
+  b.model.dropout = 0.1
+  with pytest.raises(ValueError, match=r"--config\.model\.dropout=0\.1 is set but not applied"):
+    specs.validate_benchmark(b)
+
+
 def test_a_speedrun_value_derived_before_a_python_change_is_refused_before_the_workdir(tmp_path):
   """From Python, `get_config('tiny,speedrun')` then a new length and width kept the momentum warm-up
   and the attention scale the preset derived; the command line derives them again."""

@@ -188,6 +188,8 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
       )
   errors += check_executor(b)
   errors += mlp_block_errors(config)
+  if task_name(config) == "gpt2":
+    errors += settings_check.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
   errors += arms_lib.check(config)
   if errors:
