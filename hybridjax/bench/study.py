@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import settings_check
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench.runs.runner import make_runner
@@ -171,6 +173,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
           f"--config.benchmark.study={name!r} runs {runs}: add "
           f"--config.benchmark.study={parts[1]} (its study), or leave out --config.{field}"
         )
+  errors += unread_optimizer_field_errors(config, fields)
   if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs"):
     errors.append(
       f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
@@ -210,6 +213,47 @@ def speedrun_family_errors(config: ml_collections.ConfigDict) -> list[str]:
     f"Set the fields on the preset without the family (get_config({str(config.benchmark.preset)!r})) and apply "
     "hybridjax.bench.speedrun.speedrun_config to it, or keep a value as given with --config.benchmark.recipe.keep"
   ]
+
+
+def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+  """A line for each `optim` field the command line set (`fields`, dotted) that no run of the family
+  study reads, as `train()` refuses it (`settings_check.optimizer_setting_errors`): the anchors' runs
+  and every selected arm's (an arm may turn outer momentum on, where `optim.outer_eta` is read). A
+  user's task with its own optimizer reads no built-in optimizer field; a cosine schedule reads no
+  `optim.decay_fraction`. The other studies train configs of their own (the recipe's tricks change the
+  optimizer), which they check themselves."""
+  given = sorted({f for f in fields if f.split(".")[0] == "optim"})
+  if not given or study_name(config) != "family":
+    return []
+  try:
+    defined = arms_lib.arms(config)
+    configs = [arms_lib.base_config(config)] + [
+      arms_lib.run_config(config, defined[n]) for n in arms_lib.selected(config)
+    ]
+  except (KeyError, ValueError):
+    return []  # an arm that is not defined: `specs.validate_benchmark` names it
+  defaults = config_lib.field_defaults()
+  errors = []
+  for field in given:
+    if field not in defaults or config_lib.flatten(config).get(field) == defaults[field]:
+      continue  # a field of no built-in block (the config checks name it), or left at its default
+    found = []
+    for c in configs:
+      reference = json.loads(c.to_json())
+      *path, leaf = field.split(".")
+      block = reference
+      for part in path:
+        block = block[part]
+      if leaf not in block:
+        break  # a field this run's config does not hold: the config checks name it
+      block[leaf] = defaults[field]  # the reference: only this field counts as set
+      lines = settings_check.optimizer_setting_errors(c, [ml_collections.ConfigDict(reference)])
+      if not lines:
+        break
+      found.append(lines[0])
+    else:
+      errors.append(f"{found[0]} (no run of this benchmark reads it: the anchors' nor any arm's)")
+  return errors
 
 
 def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> ModuleType:

@@ -114,6 +114,31 @@ def test_a_task_whose_optimizer_the_schedule_would_not_drive_is_refused_before_a
     specs.check_task_optimizer(_mlp_bench_config("user_tasks.fixed"))
 
 
+def test_an_optimizer_field_no_run_of_the_family_reads_is_refused(user_task):
+  """As `train()` refuses it: with a task's own optimizer no built-in optimizer field is read (its
+  weight decay would be recorded, not applied); a cosine schedule reads no `decay_fraction`; outer
+  momentum's fields count only where an arm turns it on."""
+  from hybridjax.bench import study
+
+  c = _mlp_bench_config(user_task)
+  c.benchmark.methods = ""
+  c.optim.weight_decay = 0.05
+  study.validate(c)  # from Python: the fields the command line set are not known
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.1\) has no effect.*no run"):
+    study.validate(c, ["optim.weight_decay"])
+  c = _bench_config()
+  c.optim.decay_fraction = 0.5
+  with pytest.raises(ValueError, match=r"--config\.optim\.decay_fraction=0\.5 \(default 0\.2\) has no effect"):
+    study.validate(c, ["optim.decay_fraction"])
+  c = _bench_config()
+  c.optim.outer_eta = 0.5
+  c.benchmark.methods = "jump,skip_control"
+  with pytest.raises(ValueError, match=r"--config\.optim\.outer_eta=0\.5 \(default 0\.8\) has no effect"):
+    study.validate(c, ["optim.outer_eta"])
+  c.benchmark.methods = "outer_momentum"  # its arm reads it
+  study.validate(c, ["optim.outer_eta"])
+
+
 def test_a_tasks_own_optimizer_reaches_the_anchors_and_the_arms(user_task, tmp_path, jax_cache):
   """A task's optimizer (its `tx`, named by its `OPTIMIZER`) is in every run's config and cache key;
   the anchor and a baseline-mode arm (through `train()`) both train with it, to the same bits."""
