@@ -220,18 +220,26 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def check_task_optimizer(config: ml_collections.ConfigDict) -> None:
-  """Refuses a task whose own optimizer (its `tx`) the config's schedule cannot drive
-  (`settings_check.check_user_optimizer`), before any run trains: the anchors resolve it without
-  `train()`. Only for a task that names an `OPTIMIZER`; it builds that task once (as each of its runs
-  does) and traces its optimizer on the params' shapes, computing nothing."""
+def check_user_task(config: ml_collections.ConfigDict) -> None:
+  """Refuses a task of the user's (not a built-in one) whose batches are not the ones the config
+  states (`loop.train.check_batch_counts`: the record states `trainer.batch_size` and
+  `trainer.eval_batches`), or whose own optimizer (its `tx`) the config's schedule cannot drive
+  (`settings_check.check_user_optimizer`), before any run trains: the anchors train the task without
+  `train()`, which checks both. It builds the task once (as each of its runs does) and traces its
+  optimizer on the params' shapes, computing nothing."""
+  from hybridjax.loop import train as train_lib
+
   name = task_name(config)
-  if tasks_lib.optimizer_name(name) is None:
+  if name in tasks_lib.BUILTIN_TASKS:
     return
   c = experiment_config(config)
   task = tasks_lib.build(name, c)
-  if task.get("tx") is None:
-    return  # named but not given: `optim.resolve_optimizer` refuses the runs, naming optim.name
+  try:
+    train_lib.check_batch_counts(c.trainer, task["train_batch"](0), task.get("eval_batches", []))
+  except ValueError as e:
+    raise ValueError(f"--config.benchmark.task={name!r} (its build_task): {e}") from None
+  if tasks_lib.optimizer_name(name) is None or task.get("tx") is None:
+    return  # no optimizer of its own, or named but not given (`optim.resolve_optimizer` refuses that)
   params = jax.eval_shape(task["init_params"], jax.random.PRNGKey(0))
   try:
     tx = optim_lib.resolve_optimizer(c.optim, params, task["tx"])

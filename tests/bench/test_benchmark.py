@@ -101,8 +101,8 @@ def user_task(tmp_path, monkeypatch):
 
 def test_a_task_whose_optimizer_the_schedule_would_not_drive_is_refused_before_any_run(user_task, tmp_path):
   # The anchors resolve a task's tx without train(): the benchmark checks it up front (only traced).
-  specs.check_task_optimizer(_mlp_bench_config(user_task))  # the SGD factory: driven by the schedule
-  specs.check_task_optimizer(_mlp_bench_config("mlp"))  # no optimizer of its own: nothing built
+  specs.check_user_task(_mlp_bench_config(user_task))  # the SGD factory: driven by the schedule
+  specs.check_user_task(_mlp_bench_config("mlp"))  # no optimizer of its own: nothing built
   (tmp_path / "user_tasks" / "fixed.py").write_text(
     "import optax\n\nfrom hybridjax.tasks import mlp\n\nOPTIMIZER = 'fixed_adam'\n\n\n"
     "def build_task(config):\n"
@@ -111,7 +111,14 @@ def test_a_task_whose_optimizer_the_schedule_would_not_drive_is_refused_before_a
   with pytest.raises(
     ValueError, match=r"task='user_tasks.fixed' gives its own optimizer \(tx\), refused: .* train\(tx="
   ):
-    specs.check_task_optimizer(_mlp_bench_config("user_tasks.fixed"))
+    specs.check_user_task(_mlp_bench_config("user_tasks.fixed"))
+  # Held-out batches other than the config states: the record would say 4, the eval loss average 1.
+  (tmp_path / "user_tasks" / "one_eval.py").write_text(
+    "from hybridjax.tasks import mlp\n\n\ndef build_task(config):\n"
+    "  task = mlp.build_task(config)\n  return dict(task, eval_batches=task['eval_batches'][:1])\n"
+  )
+  with pytest.raises(ValueError, match=r"task='user_tasks.one_eval' \(its build_task\).*eval_batches = 1"):
+    specs.check_user_task(_mlp_bench_config("user_tasks.one_eval"))
 
 
 def test_an_optimizer_field_no_run_of_the_family_reads_is_refused(user_task):
