@@ -307,6 +307,22 @@ def check_batch_counts(trainer_cfg: ml_collections.ConfigDict, batch: Batch, eva
       f"is {trainer_cfg.eval_batches}: the run's record states how many its eval loss averages. Set "
       f"config.trainer.eval_batches = {len(eval_batches)}"
     )
+  accum, size = int(trainer_cfg.get("grad_accum", 1)), int(trainer_cfg.batch_size)
+  if accum > 1:
+    # `optim.loss_and_grads` reshapes every leaf's first axis into micro-batches: a leaf without a
+    # batch axis (class weights, a key) would be cut into pieces, each micro-batch seeing a part.
+    shared = [
+      f"{jax.tree_util.keystr(path)} {np.shape(x)}"
+      for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]
+      if np.ndim(x) < 1 or np.shape(x)[0] != size
+    ]
+    if shared:
+      raise ValueError(
+        f"--config.trainer.grad_accum={accum} splits every leaf of the batch along its first axis into {accum} "
+        f"micro-batches, but train_batch(0)'s {', '.join(shared)} have no batch axis of {size}: each micro-batch "
+        "would see a piece of them. Give every leaf a leading batch axis (repeat a shared value per example), "
+        "or set config.trainer.grad_accum = 1"
+      )
 
 
 def check_position(method: registry.Method, device: tuple[int, int], counted: tuple[int, int]) -> None:

@@ -357,3 +357,19 @@ def test_batches_other_than_the_config_states_stop_train_before_the_workdir_is_m
   with pytest.raises(ValueError, match=message):
     train_lib.train(c, str(tmp_path / "run"), **_legacy_task())
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_batch_leaf_without_a_batch_axis_under_grad_accum_stops_train_before_the_workdir(tmp_path):
+  """Gradient accumulation cuts every leaf's first axis into micro-batches: a shared leaf (class
+  weights of shape (4,)) would be cut too, each micro-batch weighting by a piece of it."""
+  c = _legacy_config("baseline", steps=30)
+  c.trainer.grad_accum = 2
+  task = _legacy_task()
+  plain = task["train_batch"]
+  task["train_batch"] = lambda step: {**plain(step), "weights": np.ones(4, np.float32)}
+  message = r"grad_accum=2 splits every leaf.*\['weights'\] \(4,\) have no batch axis of 16"
+  with pytest.raises(ValueError, match=message):
+    train_lib.train(c, str(tmp_path / "run"), **task)
+  assert not os.path.exists(tmp_path / "run")
+  c.trainer.grad_accum = 1  # one batch: nothing is cut; the check above is grad_accum's alone
+  train_lib.check_batch_counts(c.trainer, task["train_batch"](0), task["eval_batches"])
