@@ -574,3 +574,16 @@ def test_the_published_knobs_record_recomputes():
   assert reading == {k: result[k] for k in ("on_r4_curve", "anchor_reproduced")}
   with open(os.path.join(folder, "knobs-long.md")) as f:
     assert f.read() == knobs_report.markdown(result) + "\n"
+
+
+def test_the_usage_pages_benchmark_time_is_the_published_familys():
+  """docs/usage.md's time for the `long` benchmark: the published family's arms, runs trained and hours
+  (`wall_s`) from docs/results/long-adamw-cosine/benchmark.json."""
+  with open(os.path.join(ROOT, "docs", "results", "long-adamw-cosine", "benchmark.json")) as f:
+    result = json.load(f)
+  arms = len(result["config"]["benchmark"]["methods"].split(","))
+  page = " ".join(_read(os.path.join(ROOT, "docs", "usage.md")).split())
+  assert (
+    f"its anchors and {arms} arms, trained {result['runs_trained']} runs in {result['wall_s'] / 3600:.1f} h on 2 cores"
+    in page
+  )
