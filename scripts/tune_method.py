@@ -63,14 +63,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
   args = p.parse_args(argv)
 
   base = bench_cfg.get_config(args.config)
-  variants = [parse_variant(v) for v in args.variant] or [("default", {})]
-  for name, overrides in variants:  # each variant's runs checked before anything is read or trained
+  variants = {}  # name -> its benchmark config, checked before anything is read or trained
+  for name, overrides in [parse_variant(v) for v in args.variant] or [("default", {})]:
     c = bench_cfg.get_config(args.config)
     try:
       c.update_from_flattened_dict(overrides)
       bench_specs.validate_benchmark(c)
     except (KeyError, ValueError) as e:
       raise ValueError(f"--variant {name!r} ({overrides}): {e}") from e
+    variants[name] = c
   workdir = args.workdir or os.path.join("runs", f"benchmark-{base.benchmark.preset}-{base.benchmark.family}")
   with open(os.path.join(workdir, "benchmark.json")) as f:
     tuning = json.load(f)["tuning"]
@@ -79,9 +80,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
   n = int(base.trainer.steps)
 
   specs, labels = [], []
-  for name, overrides in variants:
-    c = bench_cfg.get_config(args.config)
-    c.update_from_flattened_dict(overrides)
+  for name, c in variants.items():
     for lr in lrs:
       for seed in base.benchmark.tuning_seeds:
         spec = bench_specs.run_spec(c, kind="method", seed=int(seed), lr=lr, steps=n, beta=beta, method=args.method)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import json
 import os
 import re
 import sys
@@ -232,22 +231,18 @@ def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: lis
     ]
   except (KeyError, ValueError):
     return []  # an arm that is not defined: `specs.validate_benchmark` names it
-  defaults = config_lib.field_defaults()
+  defaults, flat = config_lib.field_defaults(), config_lib.flatten(config)
   errors = []
   for field in given:
-    if field not in defaults or config_lib.flatten(config).get(field) == defaults[field]:
+    if field not in defaults or flat.get(field) == defaults[field]:
       continue  # a field of no built-in block (the config checks name it), or left at its default
     found = []
     for c in configs:
-      reference = json.loads(c.to_json())
-      *path, leaf = field.split(".")
-      block = reference
-      for part in path:
-        block = block[part]
-      if leaf not in block:
+      if field not in config_lib.flatten(c):
         break  # a field this run's config does not hold: the config checks name it
-      block[leaf] = defaults[field]  # the reference: only this field counts as set
-      lines = settings_check.optimizer_setting_errors(c, [ml_collections.ConfigDict(reference)])
+      reference = ml_collections.ConfigDict(c.to_dict())
+      reference.update_from_flattened_dict({field: defaults[field]})  # only this field counts as set
+      lines = settings_check.optimizer_setting_errors(c, [reference])
       if not lines:
         break
       found.append(lines[0])

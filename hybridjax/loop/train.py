@@ -210,7 +210,8 @@ def resume_or_init(
       + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
     )
   # trainer.steps may differ (a runtime field) only where nothing but the end depends on it.
-  saved_steps = int(config_lib.flatten(meta.get("config", {})).get("trainer.steps", config.trainer.steps))
+  saved = config_lib.flatten(meta.get("config", {}))
+  saved_steps = int(saved.get("trainer.steps", config.trainer.steps))
   summary_path = os.path.join(workdir, "summary.json")
   finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
   if not (finished and int(meta["step"]) >= config.trainer.steps):
@@ -248,7 +249,7 @@ def resume_or_init(
         f"resuming a run of {saved_steps} steps with --config.trainer.steps={config.trainer.steps} "
         "(nothing of its training depends on the run's length)"
       )
-  saved_evals = config_lib.flatten(meta.get("config", {})).get("trainer.eval_batches", config.trainer.eval_batches)
+  saved_evals = saved.get("trainer.eval_batches", config.trainer.eval_batches)
   if int(saved_evals) != int(config.trainer.eval_batches):
     print(
       f"note: --config.trainer.eval_batches={config.trainer.eval_batches}, where the run before step {start_step} "

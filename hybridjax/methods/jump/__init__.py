@@ -128,8 +128,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   elif j.horizons and trainer.get("steps") is not None:
     # The window `steps.in_jump_window` admits: a run where the longest horizon never fits would train
     # as its baseline and report a jump arm that never jumped.
-    n = int(trainer.steps)
-    start, stop = int(round(j.start_fraction * n)), int(round(j.stop_fraction * n))
+    start, stop = jump_lib.window_bounds(j.start_fraction, j.stop_fraction, int(trainer.steps))
     longest = max(int(k) for k in j.horizons)
     if start + longest > stop:
       errors.append(

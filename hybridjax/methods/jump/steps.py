@@ -179,12 +179,17 @@ def jump_drift(state: HybridState) -> Any:
   return drift_per_step(tr.averaging, state.method.drift_memory, tr.step)
 
 
+def window_bounds(start_fraction: float, stop_fraction: float, total_steps: int) -> tuple[int, int]:
+  """The schedule steps a jump may start at or after and must end by: `start_fraction` and
+  `stop_fraction` of a run of `total_steps`, rounded."""
+  return int(round(start_fraction * total_steps)), int(round(stop_fraction * total_steps))
+
+
 def in_jump_window(ctx: HybridContext, step: jax.Array) -> jax.Array:
   """True when a jump of the longest horizon from schedule step `step` starts after
-  `start_fraction` and ends before `stop_fraction` of the run."""
-  j, total = ctx.settings, ctx.total_steps
-  start = int(round(j.start_fraction * total))
-  stop = int(round(j.stop_fraction * total))
+  `start_fraction` and ends before `stop_fraction` of the run (`window_bounds`)."""
+  j = ctx.settings
+  start, stop = window_bounds(j.start_fraction, j.stop_fraction, ctx.total_steps)
   return (step >= start) & (step + max(j.horizons) <= stop)
 
 
