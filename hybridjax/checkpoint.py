@@ -21,33 +21,10 @@ import orbax.checkpoint as ocp
 from hybridjax import config as config_lib
 from hybridjax import registry
 
-# Fields that may change between a run and its resumption without changing what is trained.
-RUNTIME_FIELDS = frozenset(
-  {
-    "resume",
-    "notes",
-    "trainer.steps",
-    "trainer.log_every",
-    "trainer.eval_every",
-    "trainer.eval_batches",
-    "trainer.checkpoint_every",
-    "trainer.max_to_keep",
-    "trainer.progress",
-    "trainer.compile_cache",
-    "trainer.compile_cache_dir",
-    "trainer.memory_limit_bytes",
-    "data.cache_dir",
-    "trainer.max_nonfinite_steps",
-    "hybrid.health.max_events",
-    # Where the state lives: a checkpoint restores onto any mesh shape and any number of hosts.
-    "mesh.data",
-    "mesh.fsdp",
-    "distributed.enabled",
-    "distributed.coordinator_address",
-    "distributed.num_processes",
-    "distributed.process_id",
-  }
-)
+# Fields that may change between a run and its resumption without changing what is trained: those
+# declared runtime (`schema.Field.runtime`; where the state lives is one: a checkpoint restores onto
+# any mesh shape and any number of hosts), and the GPT-2 task's token cache.
+RUNTIME = config_lib.runtime_fields() | {"data.cache_dir"}
 
 
 def make_manager(directory: str, *, max_to_keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
@@ -89,7 +66,7 @@ def _comparable(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
-  """Fields (outside RUNTIME_FIELDS) whose values differ, as readable lines. A field missing from one
+  """Fields (outside RUNTIME) whose values differ, as readable lines. A field missing from one
   side (a checkpoint written before the field existed) compares as its default
   (`config.field_defaults`)."""
   defaults = config_lib.field_defaults()
@@ -97,7 +74,7 @@ def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict
   b = _comparable(config_lib.flatten(json.loads(current.to_json())))
   diffs = []
   for k in sorted(set(a) | set(b)):
-    if k in RUNTIME_FIELDS:
+    if k in RUNTIME:
       continue
     old, new = a.get(k, defaults.get(k, "<absent>")), b.get(k, defaults.get(k, "<absent>"))
     if old != new:

@@ -14,135 +14,135 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import fields as fields_lib
 from hybridjax import optim as optim_lib
-from hybridjax import registry
+from hybridjax import registry, schema
 from hybridjax.models import gpt2
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
-  """AdamW with linear warm-up and cosine decay, and global-norm clipping."""
-  c = ml_collections.ConfigDict()
-  # 'adamw' | 'adam' | 'sgd' (momentum 0.9) | 'muon' (Muon on the hidden matrices, AdamW on
-  # embeddings, LayerNorm parameters and biases) | 'muon_groups' (the speedrun's: Muon on the
-  # hidden matrices, Adam on embeddings, head and scalars at their own ratios); any other name
-  # names an optimizer of the user's, passed to `train(tx=...)` (the fields below that configure the
-  # built-ins do not apply to it).
-  c.name = "adamw"
-  c.learning_rate = 3e-3  # peak lr (for 'muon': of the Muon matrices)
-  # 'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over
-  # the last decay_fraction of the schedule
-  c.schedule = "cosine"
-  c.warmup_steps = 50  # below trainer.steps, or 0 = none (a warm-up as long as the run is refused)
-  c.decay_steps = 0  # 0 = decay over the whole run (trainer.steps)
-  c.decay_fraction = 0.2  # 'wsd' only: the fraction of decay_steps spent decaying, in (0, 1]
-  c.min_lr_ratio = 0.1  # final lr = learning_rate * min_lr_ratio
-  c.weight_decay = 0.1
-  c.b1 = 0.9
-  c.b2 = 0.95
-  c.eps = 1e-8
-  c.grad_clip = 1.0  # 0 = no clipping
-  # 'adamw' and 'adam' only: the LR of the embeddings (token, positions, value embeddings; a head tied
-  # to the token embedding with them) and of an untied output head, as ratios of learning_rate (the
-  # groups of 'muon_groups': `hybridjax.optim.muon_group_labels`); 1.0 = every parameter at learning_rate
-  c.adamw_embed_lr_ratio = 1.0
-  c.adamw_head_lr_ratio = 1.0
-  # 'muon' only: the AdamW group's lr = learning_rate * adam_lr_ratio
-  c.adam_lr_ratio = 0.15
-  c.muon_weight_decay = 0.0  # 'muon' only: the Muon matrices' weight decay (times the lr)
-  # 'muon_groups' (the speedrun's optimizer): Muon on the hidden matrices at learning_rate; Adam on
-  # the embeddings, the head and the scalars, each at a fixed ratio of it (the speedrun's record:
-  # Muon 0.05, embeddings 0.6, head 0.008, scalars 0.04), betas (0.8, 0.95), eps 1e-10
-  c.embed_lr_ratio = 12.0
-  c.head_lr_ratio = 0.16
-  c.scalar_lr_ratio = 0.8
-  c.groups_b1 = 0.8
-  c.groups_b2 = 0.95
-  c.groups_eps = 1e-10
-  # 'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once
-  c.groups_lr_scale = 1.0
-  # 'muon_groups', a token embedding tied to the head (no untied head): its Adam settings. These
-  # defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
-  # about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those)
-  c.tied_lr_ratio = 0.16
-  c.tied_b1 = 0.8
-  c.tied_b2 = 0.95
-  c.tied_eps = 1e-10
-  # 'muon' and 'muon_groups': Muon's momentum (optax's default and the records', 0.95), in (0, 1)
-  c.muon_momentum = 0.95
-  # 'muon' and 'muon_groups': Muon's momentum rises linearly from muon_momentum_start to muon_momentum
-  # over this many Muon updates (the records from #9: 0.85 to 0.95 over 500 steps, later 300). 0 = off
-  # (muon_momentum throughout)
-  c.muon_momentum_warmup_steps = 0
-  c.muon_momentum_start = 0.85
-  # Outer Nesterov momentum on K-step displacements (baseline mode, or hybrid with the jump
-  # predictor, whose drift it then gives): every `outer_every` real steps
-  # d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow. 0 = off.
-  c.outer_every = 0
-  c.outer_eta = 0.8
-  c.outer_mu = 0.75
-  return c
+  """The `optim` block at its defaults (`optim.FIELDS`): AdamW with linear warm-up and cosine decay,
+  and global-norm clipping."""
+  return optim_lib.default_optim_config()
+
+
+def _averaging_off(config: ml_collections.ConfigDict) -> str | None:
+  averaging = (config.get("trainer") or {}).get("averaging", "none")
+  if averaging == "ema":
+    return None
+  return (
+    f"--config.trainer.averaging={averaging!r} keeps no average of the params (loop.drivers.averaging_beta). "
+    "Set --config.trainer.averaging=ema to train with it"
+  )
+
+
+F = schema.Field
+_int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
+_bool, _str = schema.check_bool, schema.check_str
+
+# `trainer`: read by the loop (`loop.train`, `loop.drivers`). A runtime field changes how a run
+# executes, not what it trains: a resume may change it.
+TRAINER_FIELDS: tuple[schema.Field, ...] = (
+  F("steps", 600, _int(1), "optimizer steps of the run (a resume may extend it)", runtime=True),
+  F("batch_size", 16, _int(1), "sequences (examples) a step"),
+  F("grad_accum", 1, _int(1), "micro-batches per optimizer step; must divide batch_size"),
+  F("log_every", 20, _int(1), "steps between log records", runtime=True),
+  F("eval_every", 100, _int(0), "steps between evals; 0 = only at the end", runtime=True),
+  F("eval_batches", 8, _int(1), "held-out batches an eval averages", runtime=True),
+  F("checkpoint_every", 200, _int(0), "steps between checkpoints; 0 = only at the end", runtime=True),
+  F("max_to_keep", 3, _int(1), "checkpoints kept", runtime=True),
+  F("progress", True, _bool, "a tqdm progress bar", runtime=True),
+  F("compile_cache", True, _bool, "JAX's persistent compilation cache", runtime=True),
+  F("compile_cache_dir", "", _str, "'' = ~/.cache/hybridjax/jax_cache", runtime=True),
+  F("memory_limit_bytes", 0, _int(0), "0 = off; above it: warn and save an emergency checkpoint once", runtime=True),
+  F(
+    "max_nonfinite_steps",
+    20,
+    _int(1),
+    "stop (TrainingDiverged) after this many consecutive skipped non-finite updates; the last good checkpoint is kept",
+    runtime=True,
+  ),
+  F(
+    "averaging",
+    "none",
+    _choice("none", "ema"),
+    "'ema': a bias-corrected moving average of the params in the train "
+    "state; evals report both, and the run's model is the average. 'none': off",
+  ),
+  F(
+    "averaging_beta",
+    0.99,
+    _num(0.0, 1.0, lo_open=True, hi_open=True),
+    "the average's decay",
+    other=0.9,
+    unread=_averaging_off,
+  ),
+)
 
 
 def default_trainer_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.steps = 600
-  c.batch_size = 16
-  c.grad_accum = 1  # micro-batches per optimizer step; must divide batch_size
-  c.log_every = 20
-  c.eval_every = 100  # 0 = only at the end
-  c.eval_batches = 8
-  c.checkpoint_every = 200  # 0 = only at the end
-  c.max_to_keep = 3
-  c.progress = True  # tqdm progress bar
-  c.compile_cache = True  # JAX persistent compilation cache
-  c.compile_cache_dir = ""  # '' = ~/.cache/hybridjax/jax_cache
-  c.memory_limit_bytes = 0  # 0 = off; above it: warn and save an emergency checkpoint once
-  # Stop the run (TrainingDiverged) after this many consecutive real steps whose update was skipped
-  # as non-finite; the last good checkpoint is kept.
-  c.max_nonfinite_steps = 20
-  # Weight averaging: 'ema' keeps a bias-corrected moving average of the params in the train state
-  # (both modes); every eval reports the raw and the averaged params, and the run's model (the
-  # summary's final_eval_loss, what `final_params` returns) is the averaged one. 'none': off.
-  c.averaging = "none"
-  c.averaging_beta = 0.99
-  return c
+  """The `trainer` block at its defaults (`TRAINER_FIELDS`)."""
+  return schema.block(TRAINER_FIELDS)
+
+
+# `hybrid`: the generic controller's (`hybrid.controller`, `hybrid.context.ControllerSettings`).
+HYBRID_FIELDS: tuple[schema.Field, ...] = (
+  F("enable_predict", True, _bool, "False keeps the trainer in WARMUP/FULL (then it equals the baseline)"),
+  F(
+    "method",
+    "",
+    _str,
+    "the method of a hybrid run: 'velocity', 'jump', 'outer_momentum', 'selective_backprop', "
+    "or the dotted path of a module of your own; '' = the velocity predictor",
+  ),
+  F("warmup_steps", 50, _int(1), "WARMUP steps (at least 1: the history needs a step), below trainer.steps"),
+  F("full_steps", 20, _int(1), "minimum FULL steps before a PREDICT phase may start"),
+  F("max_predict_steps", 4, _int(1, 1000), "upper bound of the horizon H"),
+  F("confidence_threshold", 0.5, _num(0.0, 1.0), "PREDICT only at confidence >= this"),
+  F("correct_steps", 12, _int(1), "CORRECT steps after a PREDICT phase"),
+  F("correction_interval", 0, _int(0), "one real step every N predict steps; 0 = off"),
+  F(
+    "grouping",
+    "kind",
+    _choice("kind", "leaf", "global"),
+    "parameter groups: 'kind' (layer index stripped), 'leaf', 'global'",
+  ),
+  F(
+    "dispatch",
+    "switch",
+    _choice("host", "switch"),
+    "'switch': one fused step, no host sync; 'host': each transition's own jitted function",
+  ),
+  F(
+    "steps_per_call",
+    1,
+    _int(1),
+    "with dispatch='switch': hybrid steps per dispatch (lax.scan when > 1); pick one "
+    "that divides the log, eval and checkpoint intervals",
+  ),
+  F("health.grad_explosion_factor", 10.0, _num(1.0, lo_open=True), "grad norm > baseline EMA x this: FULL cooldown"),
+  F(
+    "health.loss_spike_sigma",
+    6.0,
+    _num(0.0, lo_open=True),
+    "loss above its EMA by this many running std: FULL cooldown",
+  ),
+  F("health.max_prediction_failures", 3, _int(1), "consecutive diverged PREDICT phases: FULL cooldown"),
+  F("health.cooldown_steps", 50, _int(0), "FULL steps of a cooldown"),
+  F(
+    "health.max_events",
+    50,
+    _int(1),
+    "stop the run after this many non-finite events in all (TrainingDiverged)",
+    runtime=True,
+  ),
+)
 
 
 def default_hybrid_config() -> ml_collections.ConfigDict:
-  """Every knob of hybrid training (docs/design.md): the generic controller's, and the block of each
-  built-in method (`hybrid.velocity`, `hybrid.jump`; `registry.BUILTIN_METHODS`), so that any of
-  them can be chosen and tuned from the command line."""
-  c = ml_collections.ConfigDict()
-  c.enable_predict = True  # False keeps the trainer in WARMUP/FULL (then it equals the baseline)
-  # The training method (`hybridjax.methods`) of a hybrid run: 'velocity' (steps of alpha . velocity
-  # planned by the RSSM), 'jump' (one long move along the averaged iterate's drift, chosen by probe
-  # forwards), 'outer_momentum' (real steps only), 'selective_backprop' (2B sequences scored, the
-  # hardest B backpropagated), or the dotted path of a module of your own. '' = none chosen: the
-  # velocity predictor in hybrid mode. A method named in baseline mode is refused (the baseline
-  # would train, not the method).
-  c.method = ""
-  c.warmup_steps = 50  # at least 1 (the history needs a step) and below trainer.steps
-  c.full_steps = 20  # minimum FULL steps before a PREDICT phase may start
-  c.max_predict_steps = 4  # upper bound of the horizon H
-  c.confidence_threshold = 0.5  # PREDICT only at confidence >= this
-  c.correct_steps = 12
-  c.correction_interval = 0  # one real step every N predict steps; 0 = off
-  c.grouping = "kind"  # parameter groups: 'kind' (layer index stripped) | 'leaf' | 'global'
-  c.dispatch = "switch"  # 'switch': one fused step, no host sync; 'host': each transition's own jitted function
-  # With dispatch='switch': hybrid steps per dispatch (lax.scan when > 1). A dispatch never crosses a
-  # log, eval or checkpoint step; pick a K that divides their intervals, or a shorter dispatch
-  # compiles a second program.
-  c.steps_per_call = 1
-  c.health = ml_collections.ConfigDict(
-    dict(
-      grad_explosion_factor=10.0,  # grad norm > baseline EMA x this -> FULL cooldown
-      loss_spike_sigma=6.0,  # loss above its EMA by this many running std -> FULL cooldown
-      max_prediction_failures=3,  # consecutive diverged PREDICT phases -> FULL cooldown
-      cooldown_steps=50,
-      max_events=50,  # stop the run after this many non-finite events in all (TrainingDiverged)
-    )
-  )
+  """Every knob of hybrid training (docs/design.md): the generic controller's (`HYBRID_FIELDS`), and
+  the block of each built-in method (`hybrid.velocity`, `hybrid.jump`; `registry.BUILTIN_METHODS`), so
+  that any of them can be chosen and tuned from the command line."""
+  c = schema.block(HYBRID_FIELDS)
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
     if method.config_key:
@@ -200,30 +200,66 @@ def with_method_block(
   return config
 
 
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """The device mesh (`hybridjax.sharding`): `data` x `fsdp` devices.
+# `mesh` (`hybridjax.sharding`): `data` x `fsdp` devices; the default spans every visible device on
+# the data axis, so a run on 8 devices is 8-way data parallel with no flag. A checkpoint restores onto
+# any mesh, so these are runtime fields.
+MESH_FIELDS: tuple[schema.Field, ...] = (
+  F("data", -1, _int(-1), "data-parallel replicas; -1 = all visible devices / fsdp", runtime=True),
+  F("fsdp", 1, _int(1), "devices each param, optimizer-state and velocity leaf is split over (1 = off)", runtime=True),
+)
+# `distributed`: multi-host start-up, `jax.distributed.initialize()` (`hybridjax.sharding`). With
+# `enabled` and nothing else set, JAX detects the cluster (SLURM, Open MPI, TPU pods, ...).
+DISTRIBUTED_FIELDS: tuple[schema.Field, ...] = (
+  F("enabled", False, _bool, "start JAX's multi-host runtime", runtime=True),
+  F("coordinator_address", "", _str, "'host:port' of process 0; '' = auto-detect", runtime=True),
+  F("num_processes", 0, _int(0), "0 = auto-detect", runtime=True),
+  F("process_id", -1, _int(-1), "-1 = auto-detect", runtime=True),
+)
+# The top level of every config.
+TOP_FIELDS: tuple[schema.Field, ...] = (
+  F("mode", "baseline", _choice("baseline", "hybrid"), "'baseline' (plain optax loop) | 'hybrid'"),
+  F("seed", 0, _int(0), "the run's seed (init, data order, dropout)"),
+  F(
+    "resume",
+    "auto",
+    _choice("auto", "force", "never"),
+    "'auto': resume a run in the workdir if its config matches, "
+    "refuse otherwise; 'force': resume even if the stored config differs; 'never': refuse any existing run",
+    runtime=True,
+  ),
+  F("preset", "", _str, "experiment configs only: the preset and its variants ('tiny,speedrun')"),
+  F(
+    "notes",
+    "",
+    _str,
+    "experiment configs only: what the preset's settings rest on (printed at the start)",
+    runtime=True,
+  ),
+)
+# The blocks every config has, with their declarations (the model and data blocks are a task's own).
+BLOCKS: dict[str, tuple[schema.Field, ...]] = {
+  "optim": optim_lib.FIELDS,
+  "trainer": TRAINER_FIELDS,
+  "hybrid": HYBRID_FIELDS,
+  "mesh": MESH_FIELDS,
+  "distributed": DISTRIBUTED_FIELDS,
+}
 
-  The default spans every visible device on the data axis, so a run on 8 devices is 8-way data
-  parallel with no flag. A config without this block gets these defaults.
-  """
-  c = ml_collections.ConfigDict()
-  c.data = -1  # data-parallel replicas; -1 = all visible devices / fsdp
-  c.fsdp = 1  # devices each param, optimizer-state and velocity leaf is split over (1 = off)
-  return c
+
+def runtime_fields() -> frozenset[str]:
+  """Every field declared runtime (`schema.Field.runtime`), by dotted name."""
+  names = {f.name for f in TOP_FIELDS if f.runtime}
+  return frozenset(names | {f"{b}.{f.name}" for b, fields in BLOCKS.items() for f in fields if f.runtime})
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """The `mesh` block at its defaults (`MESH_FIELDS`)."""
+  return schema.block(MESH_FIELDS)
 
 
 def default_distributed_config() -> ml_collections.ConfigDict:
-  """Multi-host start-up: `jax.distributed.initialize()` (see `hybridjax.sharding`).
-
-  With `enabled` and nothing else set, JAX detects the cluster (SLURM, Open MPI, TPU pods, ...);
-  elsewhere give the coordinator's address and this process's place explicitly.
-  """
-  c = ml_collections.ConfigDict()
-  c.enabled = False
-  c.coordinator_address = ""  # 'host:port' of process 0; '' = auto-detect
-  c.num_processes = 0  # 0 = auto-detect
-  c.process_id = -1  # -1 = auto-detect
-  return c
+  """The `distributed` block at its defaults (`DISTRIBUTED_FIELDS`)."""
+  return schema.block(DISTRIBUTED_FIELDS)
 
 
 def default_config(mode: str = "baseline", method: str = "") -> ml_collections.ConfigDict:
@@ -239,12 +275,8 @@ def default_config(mode: str = "baseline", method: str = "") -> ml_collections.C
       f"default_config(mode={mode!r}, method={method!r}): a method trains only in hybrid mode; "
       "pass mode='hybrid', or no method for the plain baseline"
     )
-  c = ml_collections.ConfigDict()
-  c.mode = mode  # 'baseline' (plain optax loop) | 'hybrid'
-  c.seed = 0
-  # 'auto': resume a run in the workdir if its config matches, refuse otherwise; 'force': resume
-  # even if the stored config differs; 'never': refuse any existing run.
-  c.resume = "auto"
+  c = schema.block(f for f in TOP_FIELDS if f.name in ("mode", "seed", "resume"))
+  c.mode = mode
   c.optim = default_optim_config()
   c.trainer = default_trainer_config()
   c.hybrid = default_hybrid_config()
@@ -274,25 +306,8 @@ def flatten(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[
 # --- validation -------------------------------------------------------------------------------
 
 
-# The field checks, under the short names the table below uses.
-_int = fields_lib.check_int
-_num = fields_lib.check_num
-_int_tuple = fields_lib.check_int_tuple
-_num_tuple = fields_lib.check_num_tuple
-_choice = fields_lib.check_choice
-_bool = fields_lib.check_bool
-_str = fields_lib.check_str
-_name = fields_lib.check_name
-_is_int = fields_lib.is_int
-_is_num = fields_lib.is_num
-
-
-_FIELDS: dict[str, Callable[[Any], str | None]] = {
-  "preset": _str,  # experiment configs only; the experiment checks the name itself
-  "notes": _str,  # experiment configs only: what the preset's settings rest on (printed at the start)
-  "mode": _choice("baseline", "hybrid"),
-  "seed": _int(0),
-  "resume": _choice("auto", "force", "never"),
+# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them.
+_GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
   "model.vocab_size": _int(2, 65535),
   "model.n_ctx": _int(1),
   "model.n_layer": _int(1),
@@ -322,80 +337,16 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "data.tokenizer": _choice("byte", "gpt2"),
   "data.cache_dir": _str,
   "data.val_fraction": _num(0.0, 0.5, lo_open=True),
-  # A built-in optimizer ('adamw', 'adam', 'sgd', 'muon'), or the name of one passed to `train(tx=...)`.
-  "optim.name": _name,
-  "optim.learning_rate": _num(0.0, lo_open=True),
-  "optim.schedule": _choice("cosine", "wsd"),
-  "optim.warmup_steps": _int(0),
-  "optim.decay_steps": _int(0),
-  "optim.decay_fraction": _num(0.0, 1.0, lo_open=True),
-  "optim.min_lr_ratio": _num(0.0, 1.0),
-  "optim.weight_decay": _num(0.0),
-  "optim.b1": _num(0.0, 1.0, hi_open=True),
-  "optim.b2": _num(0.0, 1.0, hi_open=True),
-  "optim.eps": _num(0.0, lo_open=True),
-  "optim.grad_clip": _num(0.0),
-  "optim.adamw_embed_lr_ratio": _num(0.0, lo_open=True),
-  "optim.adamw_head_lr_ratio": _num(0.0, lo_open=True),
-  "optim.adam_lr_ratio": _num(0.0, lo_open=True),
-  "optim.muon_weight_decay": _num(0.0),
-  "optim.embed_lr_ratio": _num(0.0, lo_open=True),
-  "optim.head_lr_ratio": _num(0.0, lo_open=True),
-  "optim.scalar_lr_ratio": _num(0.0, lo_open=True),
-  "optim.groups_b1": _num(0.0, 1.0, hi_open=True),
-  "optim.groups_b2": _num(0.0, 1.0, hi_open=True),
-  "optim.groups_eps": _num(0.0, lo_open=True),
-  "optim.groups_lr_scale": _num(0.0, lo_open=True),
-  "optim.tied_lr_ratio": _num(0.0, lo_open=True),
-  "optim.tied_b1": _num(0.0, 1.0, hi_open=True),
-  "optim.tied_b2": _num(0.0, 1.0, hi_open=True),
-  "optim.tied_eps": _num(0.0, lo_open=True),
-  "optim.muon_momentum": _num(0.0, 1.0, lo_open=True, hi_open=True),
-  "optim.muon_momentum_warmup_steps": _int(0),
-  "optim.muon_momentum_start": _num(0.0, 1.0, hi_open=True),
-  "optim.outer_every": _int(0),
-  "optim.outer_eta": _num(0.0, 2.0, lo_open=True),
-  "optim.outer_mu": _num(0.0, 1.0, hi_open=True),
-  "trainer.steps": _int(1),
-  "trainer.batch_size": _int(1),
-  "trainer.grad_accum": _int(1),
-  "trainer.log_every": _int(1),
-  "trainer.eval_every": _int(0),
-  "trainer.eval_batches": _int(1),
-  "trainer.checkpoint_every": _int(0),
-  "trainer.max_to_keep": _int(1),
-  "trainer.progress": _bool,
-  "trainer.compile_cache": _bool,
-  "trainer.compile_cache_dir": _str,
-  "trainer.memory_limit_bytes": _int(0),
-  "trainer.max_nonfinite_steps": _int(1),
-  "trainer.averaging": _choice("none", "ema"),
-  "trainer.averaging_beta": _num(0.0, 1.0, lo_open=True, hi_open=True),
-  "hybrid.enable_predict": _bool,
-  # '' (none: the velocity predictor in hybrid mode), a built-in method or the dotted path of a module
-  # (`registry.load_method`).
-  "hybrid.method": _str,
-  "hybrid.warmup_steps": _int(1),
-  "hybrid.full_steps": _int(1),
-  "hybrid.max_predict_steps": _int(1, 1000),
-  "hybrid.confidence_threshold": _num(0.0, 1.0),
-  "hybrid.correct_steps": _int(1),
-  "hybrid.correction_interval": _int(0),
-  "hybrid.grouping": _choice("kind", "leaf", "global"),
-  "hybrid.steps_per_call": _int(1),
-  "hybrid.dispatch": _choice("host", "switch"),
-  "hybrid.health.grad_explosion_factor": _num(1.0, lo_open=True),
-  "hybrid.health.loss_spike_sigma": _num(0.0, lo_open=True),
-  "hybrid.health.max_prediction_failures": _int(1),
-  "hybrid.health.cooldown_steps": _int(0),
-  "hybrid.health.max_events": _int(1),
-  "mesh.data": _int(-1),  # -1 = auto; 0 is refused by `_mesh_errors`
-  "mesh.fsdp": _int(1),
-  "distributed.enabled": _bool,
-  "distributed.coordinator_address": _str,
-  "distributed.num_processes": _int(0),
-  "distributed.process_id": _int(-1),
 }
+
+
+def declared_checks() -> dict[str, Callable[[Any], str | None]]:
+  """Every declared field's check by dotted name: the top level's, every block's (`BLOCKS`), and the
+  GPT-2 task's model and data fields."""
+  checks = {f.name: f.check for f in TOP_FIELDS}
+  for block, fields in BLOCKS.items():
+    checks |= {f"{block}.{f.name}": f.check for f in fields}
+  return checks | _GPT2_TASK_CHECKS
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
@@ -416,7 +367,7 @@ def validate(
     method: the config's method, resolved already (default: loaded from `hybrid.method`).
   """
   errors = []
-  for name, check in _FIELDS.items():
+  for name, check in declared_checks().items():
     top = name.split(".")[0]
     if blocks is not None and top not in blocks:
       continue
@@ -653,7 +604,7 @@ def field_defaults() -> dict[str, Any]:
 
 def known_fields() -> dict[str, Callable[[Any], str | None]]:
   """Every validated field: the generic ones and those of the built-in methods' blocks."""
-  fields = dict(_FIELDS)
+  fields = declared_checks()
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
     for field, check in method.fields.items():

@@ -1,7 +1,11 @@
 """The optimizer layer: what a plain optax loop carries and does, as pure functions.
 
-This module imports nothing else from hybridjax; the hybrid algorithm (`hybridjax.hybrid`) and the
-host loop (`hybridjax.loop`) are built on it.
+It imports only the built-in optimizers (`hybridjax.optimizers`, re-exported here) and the field
+declarations (`hybridjax.schema`); the hybrid algorithm (`hybridjax.hybrid`) and the host loop
+(`hybridjax.loop`) are built on it.
+
+* `FIELDS`: every `config.optim` field, declared once: the schedule's and outer momentum's here,
+  beside what reads them (every run reads them), and each built-in optimizer's in `optimizers`.
 
 * `TrainState` and its init/next functions.
 * `Schedule`: the learning-rate schedule (cosine or WSD) as runtime arrays (peak LR, warm-up,
@@ -18,8 +22,6 @@ host loop (`hybridjax.loop`) are built on it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +30,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from hybridjax import schema
+from hybridjax.optimizers import (  # noqa: F401  (the optimizers' public names, as `hybridjax.optim.<name>`)
+  ADAMW_LR_RATIOS,
+  BUILTIN_OPTIMIZERS,
+  MUON_MOMENTUM,
+  OPTIMIZERS,
+  Optimizer,
+  adamw_group_labels,
+  adamw_lr_ratios,
+  adamw_ratio_error,
+  final_muon_momentum,
+  injected_learning_rates,
+  make_optimizer,
+  muon_group_labels,
+  muon_labels,
+  muon_momentum,
+  resolve_optimizer,
+  tied_head_settings,
+  with_learning_rate,
+)
+from hybridjax.optimizers import FIELDS as OPTIMIZER_FIELDS
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, Any]]
 """(params, batch) -> (mean loss, aux)."""
@@ -132,6 +156,97 @@ class Schedule:
   kind: str = flax.struct.field(pytree_node=False, default="cosine")  # 'cosine' | 'wsd'
 
 
+def _not_wsd(config: Any) -> str | None:
+  schedule = config.optim.get("schedule", "cosine")
+  if schedule == "wsd":
+    return None
+  return (
+    f"it is the share of the 'wsd' schedule spent decaying, and --config.optim.schedule={schedule!r} decays from "
+    "the end of the warm-up (optim.make_schedule). Set --config.optim.schedule=wsd to train with it"
+  )
+
+
+def _outer_off(config: Any) -> str | None:
+  if int(config.optim.get("outer_every", 0)):
+    return None
+  return (
+    "--config.optim.outer_every=0 turns outer momentum off (loop.drivers.outer_settings). Set "
+    "--config.optim.outer_every above 0 (the real steps between outer steps) to train with it"
+  )
+
+
+F = schema.Field
+# What every run reads, whatever its optimizer (a user's `train(tx=...)` too): the optimizer's name
+# (the run's record), the schedule (`make_schedule`, which drives every optimizer's injected
+# learning rate) and outer momentum (`OuterMomentum`, through `loop.drivers.outer_settings`).
+RUN_FIELDS: tuple[schema.Field, ...] = (
+  F(
+    "name",
+    "adamw",
+    schema.check_name,
+    "a built-in optimizer (`optimizers.OPTIMIZERS`), or the name of one passed to `train(tx=...)`",
+  ),
+  F(
+    "learning_rate",
+    3e-3,
+    schema.check_num(0.0, lo_open=True),
+    "the schedule's peak LR (for Muon: of its matrices)",
+    other=1e-2,
+  ),
+  F(
+    "schedule",
+    "cosine",
+    schema.check_choice("cosine", "wsd"),
+    "'cosine': warm-up, then cosine decay; 'wsd': "
+    "warm-up, stable at the peak, then linear decay over the last decay_fraction",
+    other="wsd",
+  ),
+  F("warmup_steps", 50, schema.check_int(0), "linear warm-up steps, below trainer.steps; 0 = none", other=10),
+  F("decay_steps", 0, schema.check_int(0), "the schedule's length; 0 = the run's (trainer.steps)", other=60),
+  F(
+    "decay_fraction",
+    0.2,
+    schema.check_num(0.0, 1.0, lo_open=True),
+    "'wsd': the share of the schedule spent decaying",
+    other=0.5,
+    unread=_not_wsd,
+  ),
+  F("min_lr_ratio", 0.1, schema.check_num(0.0, 1.0), "the floor: final lr = learning_rate * min_lr_ratio", other=0.5),
+  F(
+    "outer_every",
+    0,
+    schema.check_int(0),
+    "outer Nesterov momentum on K-step displacements every K real steps "
+    "(d = params - slow; m = mu m + d; slow += eta (mu m + d); params = slow); 0 = off",
+    other=4,
+  ),
+  F(
+    "outer_eta",
+    0.8,
+    schema.check_num(0.0, 2.0, lo_open=True),
+    "outer momentum's learning rate",
+    other=0.5,
+    unread=_outer_off,
+  ),
+  F(
+    "outer_mu",
+    0.75,
+    schema.check_num(0.0, 1.0, hi_open=True),
+    "outer momentum's momentum",
+    other=0.5,
+    unread=_outer_off,
+  ),
+)
+
+FIELDS: tuple[schema.Field, ...] = (*RUN_FIELDS, *OPTIMIZER_FIELDS)
+"""Every field of `config.optim`, declared once (`default_optim_config` is built from them)."""
+
+
+def default_optim_config() -> Any:
+  """The `optim` block at its defaults: AdamW with linear warm-up and cosine decay, and global-norm clipping."""
+  return schema.block(FIELDS)
+
+
 def make_schedule(optim: Any, total_steps: int) -> Schedule:
   """The `Schedule` of an optim config block (`schedule`, `learning_rate`, `warmup_steps`,
   `decay_steps` (0 = `total_steps`), `min_lr_ratio`, `decay_fraction`) for a run of `total_steps`.
@@ -193,399 +308,6 @@ def _wsd_after_warmup(schedule: Schedule, step: jax.Array) -> jax.Array:
   frac = jnp.clip((step - start).astype(jnp.float32) / length, 0.0, 1.0)  # 0 -> 1 over the decay
   linear = peak * ((1 - alpha) * (1 - frac) + alpha)  # exactly the floor at frac = 1
   return jnp.where(step < start, peak, linear)
-
-
-def _keys(path: Any) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-
-
-def muon_labels(params: Any) -> Any:
-  """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
-
-  Muon orthogonalises 2-D updates, which suits the hidden (attention and MLP) matrices only; as in
-  the modded-nanogpt recipes, embeddings (any leaf under a key named `embedding`, which includes a
-  head tied to the token embedding), an untied head (`lm_head`), LayerNorm parameters and biases
-  (every leaf with ndim != 2) stay on AdamW.
-  """
-
-  def label(path, p):
-    keys = _keys(path)
-    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
-
-  return jax.tree_util.tree_map_with_path(label, params)
-
-
-def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
-  """The speedrun's parameter groups, a pytree like `params` of labels:
-
-  * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
-    orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;
-  * 'embed': the embedding tables (token, positions, value embeddings);
-  * 'head': the output head, `lm_head`; a token embedding tied to the head is labelled `tied_label`
-    ('head', or 'tied_head' when it has settings of its own: `tied_head_settings`);
-  * 'scalar': every leaf with ndim != 2 (biases, norm scales, the learned mixing scalars).
-  """
-  tied = "lm_head" not in params
-
-  def label(path, p):
-    keys = _keys(path)
-    if "embedding" in keys:
-      return tied_label if tied and keys[0] == "wte" else "embed"
-    if keys[0] == "lm_head":
-      return "head"
-    if p.ndim != 2:
-      return "scalar"
-    return "muon_qkv" if keys[-2:] == ("c_attn", "kernel") else "muon"
-
-  return jax.tree_util.tree_map_with_path(label, params)
-
-
-def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`inner` applied to each (d, 3d) matrix seen as a batch of three (d, d) matrices (its q, k and
-  v column blocks), and the result laid out as (d, 3d) again."""
-  to = lambda x: x.reshape(x.shape[0], 3, x.shape[1] // 3).transpose(1, 0, 2)
-  back = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], 3 * x.shape[2])
-
-  def init(params):
-    return inner.init(jax.tree.map(to, params))
-
-  def update(updates, state, params=None):
-    params = None if params is None else jax.tree.map(to, params)
-    updates, state = inner.update(jax.tree.map(to, updates), state, params)
-    return jax.tree.map(back, updates), state
-
-  return optax.GradientTransformation(init, update)
-
-
-def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
-  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
-  return optax.contrib.muon(
-    learning_rate=learning_rate, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
-  )
-
-
-def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` with only these two hyperparameters (the rest: optax's defaults, beta
-  0.95, Nesterov, 5 Newton-Schulz steps), so `inject_hyperparams` injects no others (an injected
-  `ns_steps` would be a traced array)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
-
-
-def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon` with its momentum `beta` a hyperparameter too (injected only with a momentum warm-up, so
-  that without one the optimizer state keeps its earlier layout)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay, beta=beta)
-
-
-def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon_batched` with its momentum `beta` a hyperparameter."""
-  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
-  return optax.contrib.muon(
-    learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
-  )
-
-
-MUON_MOMENTUM = 0.95
-"""Muon's momentum by default (optax's default, the records'): `optim.muon_momentum`'s default."""
-
-
-def final_muon_momentum(optim: Any) -> float:
-  """Muon's momentum, `optim.muon_momentum` (where a warm-up ends); a block written before the field
-  existed gives `MUON_MOMENTUM`, which it trained with."""
-  return float(optim.get("muon_momentum", MUON_MOMENTUM))
-
-
-def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | float | None:
-  """Muon's momentum: a function of the number of Muon updates so far during a warm-up, a float when
-  constant and not `MUON_MOMENTUM`, or None when it is optax's default `MUON_MOMENTUM` throughout (the
-  optimizer is then built as before the momentum was a field, with the same state and numbers).
-
-  With `optim.muon_momentum_warmup_steps` = W > 0 the momentum goes linearly from
-  `optim.muon_momentum_start` at the first update to `optim.muon_momentum` (m) at update W and stays
-  there, as the records compute it from #9 on: `frac = min(step / W, 1); (1 - frac) * start + frac * m`.
-  It counts the optimizer's own updates (a momentum averages the updates it has taken), which in a
-  baseline run are its steps; a step skipped as non-finite is not one."""
-  final = final_muon_momentum(optim)
-  steps = int(optim.get("muon_momentum_warmup_steps", 0))
-  if steps == 0:
-    return None if final == MUON_MOMENTUM else final
-  start = float(optim.muon_momentum_start)
-
-  def momentum(count: jax.Array) -> jax.Array:
-    frac = jnp.minimum(jnp.asarray(count, jnp.float32) / steps, 1.0)
-    return (1 - frac) * start + frac * final
-
-  return momentum
-
-
-def _decay_mask(params: Any) -> Any:
-  """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
-
-
-ADAMW_LR_RATIOS = ("adamw_embed_lr_ratio", "adamw_head_lr_ratio")
-"""The fields of `config.optim` that set the LR of the embeddings and of the head under 'adamw' and
-'adam' (`adamw_group_labels`), as ratios of the learning rate; 1.0 by default."""
-
-
-def adamw_lr_ratios(optim: Any) -> tuple[float, float]:
-  """(`optim.adamw_embed_lr_ratio`, `optim.adamw_head_lr_ratio`); a block written before they existed
-  gives 1.0, 1.0 (every parameter at the learning rate, which it trained with)."""
-  return tuple(float(optim.get(name, 1.0)) for name in ADAMW_LR_RATIOS)
-
-
-def adamw_group_labels(params: Any) -> Any:
-  """'embed', 'head' or 'rest' for each leaf of `params`: the embed and head groups of
-  `muon_group_labels` (a token embedding tied to the head is in 'embed'), and every other leaf."""
-  groups = muon_group_labels(params, tied_label="embed")
-  return jax.tree.map(lambda label: label if label in ("embed", "head") else "rest", groups)
-
-
-def _scale_groups(embed_ratio: float, head_ratio: float) -> optax.GradientTransformation:
-  """Multiplies the updates of the embed and head groups (`adamw_group_labels`) by their ratios. After
-  AdamW, whose whole update (weight decay included) is proportional to its rate, that is AdamW at the
-  ratio times the rate on the group; it keeps no state, so the Adam(W) state keeps its layout."""
-  return optax.partition(
-    {"embed": optax.scale(embed_ratio), "head": optax.scale(head_ratio), "rest": optax.identity()},
-    adamw_group_labels,
-  )
-
-
-def make_optimizer(optim: Any) -> optax.GradientTransformation:
-  """The optimizer named by `optim.name` ('adamw', 'adam', 'sgd' with momentum 0.9, 'muon'), with
-  global-norm clipping at `optim.grad_clip` (0 = off).
-
-  'muon': `optax.contrib.muon` (weight decay `optim.muon_weight_decay`) on the hidden matrices and
-  AdamW (`b1`, `b2`, `eps`, `weight_decay`) at `optim.adam_lr_ratio` times the learning rate on the
-  rest, split by `muon_labels`. Its momentum is `optim.muon_momentum`, warmed up with
-  `optim.muon_momentum_warmup_steps` (`muon_momentum`).
-
-  'adamw' and 'adam': the embeddings' and the head's updates (`adamw_group_labels`) are multiplied by
-  `optim.adamw_embed_lr_ratio` and `adamw_head_lr_ratio` when either is not 1.0 (another optimizer
-  with either set is refused: `adamw_ratio_error`).
-
-  The learning rate is an injected hyperparameter whose value `with_learning_rate` sets before
-  each update (for 'muon', in both groups); it is never a schedule of the optimizer's own update
-  count.
-  """
-  # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
-  b1, b2, eps, wd = float(optim.b1), float(optim.b2), float(optim.eps), float(optim.weight_decay)
-
-  def adamw():
-    return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-      learning_rate=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=_decay_mask
-    )
-
-  ratios = adamw_lr_ratios(optim)
-  if ratios != (1.0, 1.0) and optim.name not in ("adamw", "adam"):
-    raise ValueError(adamw_ratio_error(optim.name, ratios))
-  if optim.name == "adamw":
-    core = adamw()
-  elif optim.name == "muon":
-    momentum = muon_momentum(optim)
-    if momentum is None:
-      muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(optim.muon_weight_decay))
-    else:
-      muon = optax.inject_hyperparams(_muon_with_momentum)(
-        learning_rate=0.0, weight_decay=float(optim.muon_weight_decay), beta=momentum
-      )
-    # One injected learning rate per group, both set to the same value: the AdamW group's update
-    # is scaled afterwards, which is AdamW at `adam_lr_ratio` times the rate.
-    rest = optax.chain(adamw(), optax.scale(float(optim.adam_lr_ratio)))
-    core = optax.partition({"muon": muon, "adamw": rest}, muon_labels)
-  elif optim.name == "muon_groups":
-    core = _muon_groups(optim)
-  elif optim.name == "adam":
-    core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps)
-  elif optim.name == "sgd":
-    core = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9)
-  else:
-    raise ValueError(
-      f"--config.optim.name={optim.name!r} is not a built-in optimizer {BUILTIN_OPTIMIZERS}: use one of them, "
-      "or pass an optimizer of your own to `train(tx=...)` under this name"
-    )
-  if ratios != (1.0, 1.0):  # only then: at the defaults the optimizer is built as before the fields existed
-    core = optax.chain(core, _scale_groups(*ratios))
-  if optim.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(float(optim.grad_clip)), core)
-  return core
-
-
-def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
-  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
-  optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
-  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
-  return (
-    f"{' and '.join(set_)} {'apply' if len(set_) > 1 else 'applies'} to --config.optim.name='adamw' or 'adam' "
-    f"only, not {name!r}: set {'them' if len(set_) > 1 else 'it'} back to 1.0, or use 'adamw'/'adam' "
-    "('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
-  )
-
-
-def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
-  """(LR ratio, b1, b2, eps) of a token embedding tied to the head under 'muon_groups':
-  `optim.tied_lr_ratio`, `tied_b1`, `tied_b2`, `tied_eps` (the records #3-#7 gave the tied matrix
-  AdamW at about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8). A block without them (written
-  before they existed) gives the head group's, which is what it trained with."""
-  get = lambda name, fallback: float(optim.get(name, optim[fallback]))
-  return (
-    get("tied_lr_ratio", "head_lr_ratio"),
-    get("tied_b1", "groups_b1"),
-    get("tied_b2", "groups_b2"),
-    get("tied_eps", "groups_eps"),
-  )
-
-
-def _muon_groups(optim: Any) -> optax.GradientTransformation:
-  """The speedrun's optimizer: Muon (no weight decay) on the hidden matrices, Adam on the
-  embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
-  of the learning rate (`optim.embed_lr_ratio`, `head_lr_ratio`, `scalar_lr_ratio`) with
-  `optim.groups_b1`, `groups_b2`, `groups_eps`; a token embedding tied to the head at
-  `tied_head_settings`; `optim.groups_lr_scale` multiplies all of these ratios. As for 'muon', every
-  group's injected learning rate is set to the one schedule's value, and an Adam group's update is
-  scaled by its ratio after. Muon's momentum is `optim.muon_momentum`, warmed up with
-  `optim.muon_momentum_warmup_steps` (`muon_momentum`).
-
-  A tied head whose settings are the untied head's shares its group ('head'): the optimizer state
-  then has the layout it had before the tied head had settings of its own, and the same numbers."""
-  b1, b2, eps = float(optim.groups_b1), float(optim.groups_b2), float(optim.groups_eps)
-  # `optim.groups_lr_scale` multiplies every Adam group's ratio; times 1.0 (the default) a ratio is
-  # exactly itself. A block written before the field existed gives 1.0.
-  scale = float(optim.get("groups_lr_scale", 1.0))
-
-  def adam(ratio, b1=b1, b2=b2, eps=eps):
-    return optax.chain(
-      optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps),
-      optax.scale(float(ratio) * scale),
-    )
-
-  momentum = muon_momentum(optim)
-  if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0)
-    muon_qkv = optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)
-  else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=0.0, beta=momentum)
-    muon_qkv = optax.inject_hyperparams(_muon_batched_with_momentum)(learning_rate=0.0, beta=momentum)
-  transforms = {
-    "muon": muon,
-    "muon_qkv": _blocks_of_three(muon_qkv),
-    "embed": adam(optim.embed_lr_ratio),
-    "head": adam(optim.head_lr_ratio),
-    "scalar": adam(optim.scalar_lr_ratio),
-  }
-  tied = tied_head_settings(optim)
-  tied_label = "head"
-  if tied != (float(optim.head_lr_ratio), b1, b2, eps):
-    tied_label = "tied_head"
-    transforms["tied_head"] = adam(tied[0], b1=tied[1], b2=tied[2], eps=tied[3])
-  return optax.partition(transforms, functools.partial(muon_group_labels, tied_label=tied_label))
-
-
-BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "muon", "muon_groups")
-"""The names `make_optimizer` builds from `config.optim`; any other `optim.name` names a user's optimizer."""
-
-Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]
-"""A user's optimizer: an optax transformation whose learning rate is injected
-(`optax.inject_hyperparams`), or a factory `learning_rate -> transformation`."""
-
-
-def injected_learning_rates(tx: optax.GradientTransformation, params: Any) -> int:
-  """How many `inject_hyperparams` states of `tx.init(params)` hold a `learning_rate`: the
-  entries `with_learning_rate` sets (0: the schedule cannot drive `tx`). Nothing is allocated."""
-  state = jax.eval_shape(tx.init, params)
-  nodes = jax.tree.leaves(state, is_leaf=_is_inject_state)
-  return sum(1 for n in nodes if _is_inject_state(n) and "learning_rate" in n.hyperparams)
-
-
-def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformation]) -> Callable:
-  """`factory` callable as `factory(learning_rate=...)`, as `inject_hyperparams` calls it: a factory
-  whose one parameter has another name (`lambda lr: ...`) is wrapped."""
-  try:
-    params = inspect.signature(factory).parameters
-  except (TypeError, ValueError):  # a builtin or C callable: call it by keyword and let it fail clearly
-    return factory
-  if "learning_rate" in params:
-    return factory
-  positional = [
-    p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-  ]
-  if len(positional) != 1:
-    raise ValueError(
-      f"train(tx=...) got a factory {getattr(factory, '__name__', factory)!r} with parameters "
-      f"{list(params)}: a factory must take the learning rate, as its only required parameter or as "
-      "`learning_rate` (e.g. `lambda learning_rate: optax.adamw(learning_rate)`)"
-    )
-
-  def with_learning_rate_kwarg(learning_rate):
-    return factory(learning_rate)
-
-  return with_learning_rate_kwarg
-
-
-def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
-  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
-
-  The config's schedule (`optim.learning_rate`, `optim.schedule`, ...) drives the learning rate of
-  every run, through `with_learning_rate`. So a user's transformation must have its learning rate
-  injected (`optax.inject_hyperparams`); a factory `learning_rate -> tx` is wrapped so that it is.
-  The user's optimizer is part of what a run is: `optim.name` must name it, with a name that is not
-  a built-in one, so that the config record, the checkpoint's config check and the benchmark's run
-  cache tell two optimizers apart.
-
-  Args:
-    optim: the `config.optim` block.
-    params: the params (or their `jax.ShapeDtypeStruct`s) the optimizer will be initialised on.
-    tx: None, an `optax.GradientTransformation` with an injected `learning_rate`, or a factory.
-
-  Raises:
-    ValueError: naming the field and the fix, when `tx` and `optim.name` disagree, or when the
-      schedule cannot drive `tx`'s learning rate.
-  """
-  if tx is None:
-    return make_optimizer(optim)
-  if optim.name in BUILTIN_OPTIMIZERS:
-    raise ValueError(
-      f"train(tx=...) got an optimizer of your own, but --config.optim.name={optim.name!r} names a built-in "
-      "one: set config.optim.name to a name for your optimizer (e.g. 'my_adamw'). It goes into the run's "
-      "config record, the checkpoint's config check and the benchmark's cache key, so that runs with "
-      "different optimizers are never mistaken for each other"
-    )
-  if not isinstance(tx, optax.GradientTransformation):
-    if not callable(tx):
-      raise ValueError(
-        f"train(tx=...) takes an optax.GradientTransformation or a factory learning_rate -> "
-        f"GradientTransformation, got {type(tx).__name__}"
-      )
-    tx = optax.inject_hyperparams(_factory_with_learning_rate(tx))(learning_rate=0.0)
-  if not injected_learning_rates(tx, params):
-    raise ValueError(
-      f"the optimizer {optim.name!r} given to train(tx=...) has no injected learning rate, so the schedule "
-      f"(--config.optim.schedule={optim.schedule!r}, peak --config.optim.learning_rate={optim.learning_rate}) "
-      "cannot drive it and would be silently ignored. Pass a factory instead, e.g. "
-      "`tx=lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate))`, or "
-      "build it with `optax.inject_hyperparams(optax.adamw)(learning_rate=0.0)`"
-    )
-  return tx
-
-
-_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
-
-
-def _is_inject_state(node: Any) -> bool:
-  return isinstance(node, _INJECT_STATES)
-
-
-def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
-  """`opt_state` with the injected `learning_rate` of every `inject_hyperparams` state set to `lr`."""
-
-  def put(node):
-    if _is_inject_state(node) and "learning_rate" in node.hyperparams:
-      old = node.hyperparams["learning_rate"]
-      return node._replace(hyperparams={**node.hyperparams, "learning_rate": jnp.asarray(lr, old.dtype)})
-    return node
-
-  return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
 
 
 def init_train_state(

@@ -22,23 +22,7 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
-from hybridjax import registry
-
-# The generic controller's settings (`hybrid.context.ControllerSettings`) -> their config fields
-# under `config.hybrid`; what a method's `control()` may override.
-CONTROL_FIELDS = {
-  "enable_predict": "enable_predict",
-  "warmup_steps": "warmup_steps",
-  "full_steps": "full_steps",
-  "max_predict_steps": "max_predict_steps",
-  "confidence_threshold": "confidence_threshold",
-  "correct_steps": "correct_steps",
-  "correction_interval": "correction_interval",
-  "grad_explosion_factor": "health.grad_explosion_factor",
-  "loss_spike_sigma": "health.loss_spike_sigma",
-  "max_prediction_failures": "health.max_prediction_failures",
-  "cooldown_steps": "health.cooldown_steps",
-}
+from hybridjax import optimizers, registry
 
 
 def _raise(errors: list[str]) -> None:
@@ -231,8 +215,10 @@ def inert_setting_errors(
         f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
         "default"
       )
+  # The generic controller's settings (`hybrid.context.ControllerSettings`) by their config fields.
+  control_fields = {f.name.rsplit(".", 1)[-1]: f.name for f in config_lib.HYBRID_FIELDS}
   for setting, forced in sorted((control or {}).items()):
-    field = CONTROL_FIELDS.get(setting)
+    field = control_fields.get(setting)
     if field is None or field not in flat or flat[field] == forced or not is_set(field):
       continue
     errors.append(
@@ -242,146 +228,30 @@ def inert_setting_errors(
   return errors
 
 
-# --- optimizer settings with no effect --------------------------------------------------------------
-
-# What each run reads of `config.optim` (and the named `trainer.*` fields): data that mirrors
-# `hybridjax.optim`, kept true by tests/loop/test_settings_check.py, which changes each field and
-# compares the optimizer's updates (or the learning rates) bit for bit.
-
-# Every run, whatever its optimizer: the name (the run's record), and outer momentum's period
-# (`loop.drivers.outer_settings`; its eta and mu only with a period, which `optimizer_setting_errors`
-# checks).
-RUN_READS = ("name", "outer_every", "outer_eta", "outer_mu")
-
-# `optim.make_schedule` -> `optim.learning_rate`: the schedule drives every optimizer, a user's
-# `train(tx=...)` included (`optim.with_learning_rate`). Only 'wsd' reads `decay_fraction`.
-SCHEDULE_READS: dict[str, tuple[str, ...]] = {
-  "cosine": ("schedule", "learning_rate", "warmup_steps", "decay_steps", "min_lr_ratio"),
-  "wsd": ("schedule", "learning_rate", "warmup_steps", "decay_steps", "min_lr_ratio", "decay_fraction"),
-}
-
-_MUON_MOMENTUM = ("muon_momentum", "muon_momentum_warmup_steps", "muon_momentum_start")  # `optim.muon_momentum`
-TIED_HEAD_FIELDS = ("tied_lr_ratio", "tied_b1", "tied_b2", "tied_eps")  # `optim.tied_head_settings`
-
-# `optim.name` -> the optimizer fields `optim.make_optimizer` reads for it (every built-in: the
-# clipping `grad_clip` it chains in front).
-OPTIMIZER_READS: dict[str, tuple[str, ...]] = {
-  # `adamw()` (b1, b2, eps, weight_decay) and, when either is not 1.0, `_scale_groups` (the ratios).
-  "adamw": ("grad_clip", "b1", "b2", "eps", "weight_decay", "adamw_embed_lr_ratio", "adamw_head_lr_ratio"),
-  # `optax.adam(b1, b2, eps)`: no weight decay; `_scale_groups` as for 'adamw'.
-  "adam": ("grad_clip", "b1", "b2", "eps", "adamw_embed_lr_ratio", "adamw_head_lr_ratio"),
-  # `optax.sgd(momentum=0.9)`: a fixed momentum, no betas, eps or weight decay.
-  "sgd": ("grad_clip",),
-  # `_muon` / `_muon_with_momentum` (muon_weight_decay, `muon_momentum`) on `muon_labels`' matrices,
-  # `adamw()` scaled by adam_lr_ratio on the rest.
-  "muon": ("grad_clip", "b1", "b2", "eps", "weight_decay", "adam_lr_ratio", "muon_weight_decay", *_MUON_MOMENTUM),
-  # `_muon_groups`: Muon with no weight decay, Adam groups with their own ratios and betas, a tied
-  # head at `tied_head_settings` (which of head_lr_ratio and the tied fields a GPT-2 model reads:
-  # `UNTIED_HEAD_READS`, `TIED_HEAD_READS`).
-  "muon_groups": (
-    "grad_clip",
-    "embed_lr_ratio",
-    "head_lr_ratio",
-    "scalar_lr_ratio",
-    "groups_b1",
-    "groups_b2",
-    "groups_eps",
-    "groups_lr_scale",
-    *TIED_HEAD_FIELDS,
-    *_MUON_MOMENTUM,
-  ),
-}
-
-# `optim.resolve_optimizer`: an optimizer of the user's (`train(tx=...)`, any other `optim.name`) is
-# used as given; it reads none of the fields above, only the schedule's (`SCHEDULE_READS`).
-USER_OPTIMIZER_READS: tuple[str, ...] = ()
-
-# The fields that configure an optimizer: those that only some optimizers read (a user's reads none).
-OPTIMIZER_FIELDS = tuple(dict.fromkeys(f for reads in OPTIMIZER_READS.values() for f in reads))
-
-# On a GPT-2 model, by `model.untied_head`: the head group holds only an untied head (`lm_head`). A
-# token embedding tied to the head is in the embed group under 'adamw' and 'adam'
-# (`optim.adamw_group_labels`), and takes `optim.tied_head_settings` under 'muon_groups'
-# (`optim.muon_group_labels`; they fall back to the head group's only in a block without the tied
-# fields). So some head fields are read only with an untied head, others only with a tied one.
-UNTIED_HEAD_READS: dict[str, tuple[str, ...]] = {
-  "adamw": ("adamw_head_lr_ratio",),
-  "adam": ("adamw_head_lr_ratio",),
-  "muon_groups": ("head_lr_ratio",),
-}
-TIED_HEAD_READS: dict[str, tuple[str, ...]] = {"muon_groups": TIED_HEAD_FIELDS}
-
-# What each optimizer is, for the refusals (`optimizer_setting_errors`).
-OPTIMIZER_SUMMARY = {
-  "adamw": "AdamW: b1, b2, eps, weight_decay",
-  "adam": "Adam: b1, b2, eps, and no weight decay",
-  "sgd": "SGD with a fixed momentum of 0.9: no betas, eps or weight decay",
-  "muon": "Muon (muon_weight_decay) on the hidden matrices, AdamW (b1, b2, eps, weight_decay) at adam_lr_ratio on "
-  "the rest",
-  "muon_groups": "Muon with no weight decay on the hidden matrices, and Adam with no weight decay on the embeddings, "
-  "the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
-}
-
-# (optimizer, field it does not read) -> what sets that under this optimizer.
-COUNTERPARTS: dict[tuple[str, str], str] = {
-  **{("muon_groups", f): f"--config.optim.groups_{f}" for f in ("b1", "b2", "eps")},
-  ("muon_groups", "adam_lr_ratio"): (
-    "--config.optim.embed_lr_ratio, head_lr_ratio and scalar_lr_ratio (--config.optim.groups_lr_scale scales them all)"
-  ),
-  ("muon_groups", "adamw_embed_lr_ratio"): "--config.optim.embed_lr_ratio",
-  ("muon_groups", "adamw_head_lr_ratio"): "--config.optim.head_lr_ratio",
-  **{(o, f"groups_{f}"): f"--config.optim.{f}" for o in ("adamw", "adam", "muon") for f in ("b1", "b2", "eps")},
-  **{
-    ("muon", f): "--config.optim.adam_lr_ratio"
-    for f in ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio", "groups_lr_scale")
-  },
-  **{(o, "embed_lr_ratio"): "--config.optim.adamw_embed_lr_ratio" for o in ("adamw", "adam")},
-  **{(o, "head_lr_ratio"): "--config.optim.adamw_head_lr_ratio" for o in ("adamw", "adam")},
-  ("adamw", "muon_weight_decay"): "--config.optim.weight_decay",
-}
-
-# A user's optimizer (`train(tx=...)`): where each field's setting goes instead.
-_USER_OPTIMIZER_HINTS = {
-  "grad_clip": "optax.chain(optax.clip_by_global_norm({grad_clip}), ...)",
-  "weight_decay": "optax.adamw(learning_rate, weight_decay={weight_decay})",
-  "b1": "optax.adamw(learning_rate, b1={b1})",
-  "b2": "optax.adamw(learning_rate, b2={b2})",
-  "eps": "optax.adamw(learning_rate, eps={eps})",
-}
+# --- optimizer and trainer settings with no effect ------------------------------------------------
 
 
-def optimizer_reads(name: str, untied_head: bool | None = None) -> tuple[str, ...]:
-  """The optimizer fields (`OPTIMIZER_FIELDS`) that optimizer `name` reads: its `OPTIMIZER_READS`
-  row (a name that is not a built-in one: a user's optimizer, `USER_OPTIMIZER_READS`). On a GPT-2
-  model (`untied_head` known), without the head fields its head does not read (`UNTIED_HEAD_READS`,
-  `TIED_HEAD_READS`)."""
-  reads = OPTIMIZER_READS.get(name, USER_OPTIMIZER_READS)
-  if untied_head is not None:
-    unread = set((TIED_HEAD_READS if untied_head else UNTIED_HEAD_READS).get(name, ()))
-    reads = tuple(f for f in reads if f not in unread)
-  return reads
-
-
-def _readers(field: str) -> str:
-  """The built-in optimizers that read `field`, as words: "'adamw', 'adam' and 'muon'"."""
-  names = [repr(n) for n, reads in OPTIMIZER_READS.items() if field in reads]
+def _words(names: list[str]) -> str:
+  """'a', 'a and b', 'a, b and c'."""
   return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def optimizer_setting_errors(
-  config: ml_collections.ConfigDict, references: Sequence[ml_collections.ConfigDict]
+  config: ml_collections.ConfigDict, references: Sequence[ml_collections.ConfigDict], given: Sequence[str] = ()
 ) -> list[str]:
-  """A line for each `config.optim` (or `trainer.averaging_beta`) field that is set (its value is
-  none of the `references`' values of it) where the run will not read it, naming the field and the
-  fix:
+  """A line for each `config.optim` or `config.trainer` field that is set where the run will not
+  read it, naming the field and the fix, from the fields' declarations (`optim.FIELDS`,
+  `config.TRAINER_FIELDS`):
 
-  * a field of another optimizer than `optim.name` (`optimizer_reads`); under a user's optimizer
-    (`train(tx=...)`, any name that is not a built-in one) every optimizer field, since that
-    optimizer is used as given;
-  * on a GPT-2 model, the head fields its head does not read (`UNTIED_HEAD_READS`, `TIED_HEAD_READS`);
-  * `optim.decay_fraction` with a schedule other than 'wsd'; `optim.muon_momentum_start` with no
-    momentum warm-up; `optim.outer_eta` and `outer_mu` with outer momentum off; and
-    `trainer.averaging_beta` with averaging off.
+  * a field the optimizer `optim.name` does not declare (`optimizers.OPTIMIZERS`); the fix names the
+    fields it reads with a role in common (`schema.Field.roles`), else the optimizers that read it.
+    Under a user's optimizer (`train(tx=...)`, any name that is not a built-in one) every optimizer
+    field, since that optimizer is used as given;
+  * a field whose declaration says this config's run does not read it (`schema.Field.unread`: a
+    decay fraction without 'wsd', a head field on a tied head, an averaging beta without averaging).
+
+  A field is set when it is in `given` (the command line's: refused whatever its value), or when its
+  value is none of the `references`' values of it (the config's preset, or `default_config()`).
   """
   flat = {
     **{f"optim.{k}": v for k, v in _json_flat(config.optim).items()},
@@ -391,118 +261,65 @@ def optimizer_setting_errors(
   default = ref_flats[0] if ref_flats else {}
 
   def is_set(field: str) -> bool:
-    return field in flat and all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
+    if field not in flat:
+      return False
+    return field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
 
   def listed(fields: list[str]) -> str:
     return ", ".join(
       f"--config.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
     )
 
-  def them(fields: list[str]) -> tuple[str, str]:
-    return ("has", "it") if len(fields) == 1 else ("have", "them")
-
-  o = config.optim
-  name = o.name
-  untied = None
-  if "model" in config and "untied_head" in config.model:
-    untied = bool(config.model.untied_head)
-  reads = set(optimizer_reads(name, untied))
-  errors = []
-  reported = set()
-  if name not in OPTIMIZER_READS:  # a user's optimizer: used as given
-    unread = [f"optim.{f}" for f in OPTIMIZER_FIELDS if is_set(f"optim.{f}")]
+  name = config.optim.name
+  decl = optim_lib.OPTIMIZERS.get(name)
+  errors, reported = [], set()
+  if decl is None:  # a user's optimizer: used as given
+    unread = [f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")]
     if unread:
-      verb, obj = them(unread)
-      values = {f.split(".")[1]: flat[f] for f in unread}
-      hints = [_USER_OPTIMIZER_HINTS[f].format(**values) for f in values if f in _USER_OPTIMIZER_HINTS]
+      keys = [f"optim.{f.name}" for f in unread]
+      verb, obj = ("has", "it") if len(unread) == 1 else ("have", "them")
+      hints = [f.in_your_optimizer.format(value=flat[k]) for f, k in zip(unread, keys) if f.in_your_optimizer]
       build = f" (e.g. {'; '.join(hints)})" if hints else ""
+      schedule = [f.name for f in optim_lib.RUN_FIELDS if f.name != "name" and not f.name.startswith("outer_")]
       errors.append(
-        f"{listed(unread)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
-        "which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
-        f"(learning_rate, schedule, warmup_steps, decay_steps, min_lr_ratio, decay_fraction) and outer momentum's. "
-        f"Build {obj} into the optimizer you pass{build}, and leave {obj} at the default"
+        f"{listed(keys)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
+        f"which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
+        f"({', '.join(schedule)}) and outer momentum's. Build {obj} into the optimizer you pass{build}, and leave "
+        f"{obj} at the default"
       )
-      reported |= set(unread)
+      reported |= set(keys)
   else:
-    for f in OPTIMIZER_FIELDS:
-      field = f"optim.{f}"
-      if f in reads or not is_set(field):
+    for f in optim_lib.OPTIMIZER_FIELDS:
+      key = f"optim.{f.name}"
+      if f in decl.fields or not is_set(key):
         continue
-      reported.add(field)
-      if f in OPTIMIZER_READS[name]:  # a head field the model's head does not read
-        if untied:
-          why = (
-            "--config.model.untied_head=True gives the model a head of its own (lm_head, in the head group at "
-            "--config.optim.head_lr_ratio), so no parameter is tied to the head (optim.muon_group_labels). Set "
-            "--config.model.untied_head=False to train with it, or leave it at the default"
-          )
-        elif name == "muon_groups":
-          why = (
-            "--config.model.untied_head=False ties the head to the token embedding, which 'muon_groups' trains "
-            "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings): no "
-            "parameter is in the head group. Set --config.optim.tied_lr_ratio instead, or "
-            "--config.model.untied_head=True for a head of its own, or leave it at the default"
-          )
-        else:
-          why = (
-            f"--config.model.untied_head=False ties the head to the token embedding, which {name!r} trains at "
-            "--config.optim.adamw_embed_lr_ratio (optim.adamw_group_labels): no parameter is in the head group. "
-            "Set --config.optim.adamw_embed_lr_ratio instead, or --config.model.untied_head=True for a head of its "
-            "own, or leave it at the default"
-          )
-        errors.append(f"{listed([field])} has no effect: {why}")
-        continue
-      counterpart = COUNTERPARTS.get((name, f))
-      if counterpart:
+      reported.add(key)
+      instead = [g.name for g in decl.fields if set(g.roles) & set(f.roles)]
+      if instead:
+        fields = f"--config.optim.{_words(instead)}"
         fix = (
-          f"{name!r} reads {counterpart} instead: set {'those' if ' and ' in counterpart else 'that'}, or leave "
-          f"--config.{field} at the default"
+          f"{name!r} reads {fields} instead: set {'those' if len(instead) > 1 else 'that'}, or leave --config.{key} "
         )
+        fix += "at the default"
       else:
-        readers = _readers(f)
+        readers = [repr(o.name) for o in optim_lib.OPTIMIZERS.values() if f in o.fields]
+        one = len(readers) == 1
         fix = (
-          f"Only {readers} {'reads' if ' and ' not in readers else 'read'} it: set --config.optim.name to "
-          f"{'it' if ' and ' not in readers else 'one of them'} to train with it, or leave it at the default"
+          f"Only {_words(readers)} {'reads' if one else 'read'} it: set --config.optim.name to "
+          f"{'it' if one else 'one of them'} to train with it, or leave it at the default"
         )
       errors.append(
-        f"{listed([field])} has no effect: --config.optim.name={name!r} does not read it ({OPTIMIZER_SUMMARY[name]}; "
+        f"{listed([key])} has no effect: --config.optim.name={name!r} does not read it ({decl.summary}; "
         f"optim.make_optimizer). {fix}"
       )
-
-  def unread_when(fields: list[str], why: str, fix: str) -> None:
-    unread = [f for f in fields if f not in reported and is_set(f)]
-    if unread:
-      verb, obj = them(unread)
-      errors.append(f"{listed(unread)} {verb} no effect: {why}. {fix.format(obj=obj)}, or leave {obj} at the default")
-
-  schedule = o.get("schedule", "cosine")
-  if "decay_fraction" not in SCHEDULE_READS.get(schedule, ("decay_fraction",)):
-    unread_when(
-      ["optim.decay_fraction"],
-      f"it is the share of the 'wsd' schedule spent decaying, and --config.optim.schedule={schedule!r} decays from "
-      "the end of the warm-up (optim.make_schedule)",
-      "Set --config.optim.schedule=wsd to train with {obj}",
-    )
-  if "muon_momentum_start" in reads and not int(o.get("muon_momentum_warmup_steps", 0)):
-    unread_when(
-      ["optim.muon_momentum_start"],
-      "it is where Muon's momentum warm-up starts, and --config.optim.muon_momentum_warmup_steps=0 keeps the "
-      f"momentum at --config.optim.muon_momentum={optim_lib.final_muon_momentum(o)} throughout (optim.muon_momentum)",
-      "Set --config.optim.muon_momentum_warmup_steps above 0 to warm up from {obj}",
-    )
-  if not int(o.get("outer_every", 0)):
-    unread_when(
-      ["optim.outer_eta", "optim.outer_mu"],
-      "--config.optim.outer_every=0 turns outer momentum off (loop.drivers.outer_settings)",
-      "Set --config.optim.outer_every above 0 (the real steps between outer steps) to train with {obj}",
-    )
-  averaging = (config.get("trainer") or {}).get("averaging", "none")
-  if averaging != "ema":
-    unread_when(
-      ["trainer.averaging_beta"],
-      f"--config.trainer.averaging={averaging!r} keeps no average of the params (loop.drivers.averaging_beta)",
-      "Set --config.trainer.averaging=ema to train with {obj}",
-    )
+  for block, fields in (("optim", optim_lib.FIELDS), ("trainer", config_lib.TRAINER_FIELDS)):
+    for f in fields:
+      key = f"{block}.{f.name}"
+      if f.unread is None or key in reported or not is_set(key):
+        continue
+      why = f.unread(config)
+      if why:
+        errors.append(f"{listed([key])} has no effect: {why}, or leave it at the default")
   return errors
 
 
@@ -561,9 +378,9 @@ def _injected_learning_rates(state: Any) -> tuple[list[tuple[str, Any]], list[st
   outer, nested = [], []
 
   def walk(tree: Any, prefix: str, inside: bool) -> None:
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=optim_lib._is_inject_state)
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=optimizers._is_inject_state)
     for path, node in flat:
-      if not optim_lib._is_inject_state(node):
+      if not optimizers._is_inject_state(node):
         continue
       where = prefix + jax.tree_util.keystr(path)
       has_lr = "learning_rate" in node.hyperparams
@@ -588,15 +405,15 @@ def _initial_learning_rates(tx: Any, params: Any) -> list[float | None]:
   count = [0]
 
   def mark(node: Any) -> Any:
-    if optim_lib._is_inject_state(node):
+    if optimizers._is_inject_state(node):
       if "learning_rate" in node.hyperparams:
         m = _Mark(count[0])
         count[0] += 1
         return node._replace(hyperparams={**node.hyperparams, "learning_rate": m})
-      return node._replace(inner_state=jax.tree.map(mark, node.inner_state, is_leaf=optim_lib._is_inject_state))
+      return node._replace(inner_state=jax.tree.map(mark, node.inner_state, is_leaf=optimizers._is_inject_state))
     return node
 
-  leaves = jax.tree.leaves(jax.tree.map(mark, shape, is_leaf=optim_lib._is_inject_state))
+  leaves = jax.tree.leaves(jax.tree.map(mark, shape, is_leaf=optimizers._is_inject_state))
   values: list[float | None] = [None] * count[0]
   outvars = closed.jaxpr.outvars
   if len(leaves) != len(outvars):

@@ -17,7 +17,7 @@ from conftest import abstract_driver_state, cached, micro_config, restore_checkp
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import optim, settings_check
+from hybridjax import optim, optimizers, settings_check
 from hybridjax.models import mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,9 @@ def test_the_builtin_adamw_as_a_user_factory_trains_bit_for_bit_alike():
     PARAMS,
     lambda learning_rate: optax.chain(
       optax.clip_by_global_norm(oc.grad_clip),
-      optax.adamw(learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optim._decay_mask),
+      optax.adamw(
+        learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optimizers._decay_mask
+      ),
     ),
   )
   schedule = optim.make_schedule(oc, 20)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridjax import config as config_lib
-from hybridjax import optim
+from hybridjax import optim, optimizers
 from hybridjax.models import mlp
 
 MODEL = mlp.MLP(features=(16, 16), n_out=1)
@@ -104,13 +104,13 @@ def test_with_learning_rate_sets_the_injected_learning_rate(name):
   params = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3), "b": jnp.ones((3,))}
   grads = jax.tree.map(lambda p: 0.1 * p + 0.3, params)
   state = tx.init(params)
-  inject = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  inject = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
   assert len(inject) == 1
   assert all(jnp.asarray(v).dtype == jnp.float32 for v in inject[0].hyperparams.values())
 
   def update(lr):
     s = optim.with_learning_rate(state, jnp.float32(lr))
-    (hp,) = [n for n in jax.tree.leaves(s, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+    (hp,) = [n for n in jax.tree.leaves(s, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
     assert float(hp.hyperparams["learning_rate"]) == pytest.approx(lr)
     return tx.update(grads, s, params)[0]
 
@@ -402,13 +402,13 @@ def test_with_learning_rate_reaches_both_muon_groups():
   grads = jax.tree.map(lambda p: jnp.cos(2.0 * p) + 0.1, params)
   tx = optim.make_optimizer(_optim_config(name="muon", muon_weight_decay=0.1))
   state = tx.init(params)
-  inject = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  inject = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
   assert len(inject) == 2  # one per group
   assert all(jnp.asarray(v).dtype == jnp.float32 for n in inject for v in n.hyperparams.values())
 
   def update(lr):
     s = optim.with_learning_rate(state, jnp.float32(lr))
-    hps = [n for n in jax.tree.leaves(s, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+    hps = [n for n in jax.tree.leaves(s, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
     assert [float(n.hyperparams["learning_rate"]) for n in hps] == [pytest.approx(lr)] * 2
     return _split(tx.update(grads, s, params)[0], labels)
 
@@ -480,7 +480,11 @@ def test_muons_momentum_warms_up_linearly_as_the_records_do():
   assert float(jnp.max(jnp.abs(got - constant))) > 1e-4
   # Plain 'muon' warms up too.
   plain = optim.make_optimizer(_optim_config(name="muon", muon_momentum_warmup_steps=4))
-  states = [n for n in jax.tree.leaves(plain.init(params), is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  states = [
+    n
+    for n in jax.tree.leaves(plain.init(params), is_leaf=optimizers._is_inject_state)
+    if optimizers._is_inject_state(n)
+  ]
   assert [float(n.hyperparams["beta"]) for n in states if "beta" in n.hyperparams] == [pytest.approx(0.85)]
 
 
@@ -598,7 +602,7 @@ def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
     del old["muon_momentum"], old["groups_lr_scale"]
   tx = optim.make_optimizer(default)
   state = tx.init(params)
-  injected = [n for n in jax.tree.leaves(state, is_leaf=optim._is_inject_state) if optim._is_inject_state(n)]
+  injected = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
   assert not any("beta" in n.hyperparams for n in injected)
   got = _steps(tx, params)
   chex.assert_trees_all_equal(got, _steps(optim.make_optimizer(old), params))

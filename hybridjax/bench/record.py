@@ -104,7 +104,7 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
 # that change what a benchmark run measures (its length, its evals, when a run stops on non-finite
 # steps), and the benchmark's own.
 RUNTIME_FIELDS = (
-  ckpt_lib.RUNTIME_FIELDS
+  ckpt_lib.RUNTIME
   - {
     "trainer.steps",
     "trainer.log_every",

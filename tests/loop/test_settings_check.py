@@ -24,7 +24,7 @@ from conftest import method_package
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import optim, registry, settings_check
+from hybridjax import optim, optimizers, registry, schema, settings_check
 from hybridjax.hybrid.context import ControllerSettings
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
@@ -189,10 +189,10 @@ def test_hybrid_settings_with_no_effect_are_named():
 
 
 def test_every_controller_setting_has_its_config_field():
+  """Each setting a method's `control()` may override is a declared `hybrid` field of the same name."""
   names = {f.name for f in dataclasses.fields(ControllerSettings)}
-  assert set(settings_check.CONTROL_FIELDS) == names
-  flat = config_lib.flatten(config_lib.default_hybrid_config())
-  assert all(field in flat for field in settings_check.CONTROL_FIELDS.values())
+  declared = {f.name.rsplit(".", 1)[-1] for f in config_lib.HYBRID_FIELDS}
+  assert names <= declared
 
 
 @pytest.mark.parametrize(
@@ -310,32 +310,9 @@ def test_train_refuses_a_method_with_a_misspelt_hook_before_the_workdir_is_made(
 
 # --- optimizer settings the run does not read ------------------------------------------------------
 
-# A value away from the default for every optimizer field, large enough to change an update it enters.
-OTHER_VALUE = {
-  "grad_clip": 0.0,  # off: the test's gradients are far above the default 1.0
-  "b1": 0.5,
-  "b2": 0.5,
-  "eps": 1e-2,
-  "weight_decay": 0.5,
-  "adamw_embed_lr_ratio": 2.0,
-  "adamw_head_lr_ratio": 2.0,
-  "adam_lr_ratio": 0.5,
-  "muon_weight_decay": 0.5,
-  "embed_lr_ratio": 6.0,
-  "head_lr_ratio": 0.5,
-  "scalar_lr_ratio": 0.4,
-  "groups_b1": 0.5,
-  "groups_b2": 0.5,
-  "groups_eps": 1e-2,
-  "groups_lr_scale": 2.0,
-  "tied_lr_ratio": 0.36,
-  "tied_b1": 0.5,
-  "tied_b2": 0.5,
-  "tied_eps": 1e-2,
-  "muon_momentum": 0.5,
-  "muon_momentum_warmup_steps": 2,
-  "muon_momentum_start": 0.1,
-}
+# Each optimizer field's declared `other` value (`schema.Field.other`): away from its default, large
+# enough to change an update it enters.
+OTHER = {f.name: f.other for f in optim.OPTIMIZER_FIELDS}
 
 
 def _gpt2_like_params(untied_head: bool) -> dict:
@@ -406,30 +383,38 @@ MUON_ROWS = ("muon", "muon_groups")
 SLOW_ROWS = (*MUON_ROWS, "adamw")
 
 
+def _reads(name: str, untied_head: bool) -> tuple[list, list]:
+  """(the fields optimizer `name` reads on a GPT-2 model with this head, those it declares but this
+  head leaves unread), from its declaration."""
+  c = ml_collections.ConfigDict({"optim": {"name": name}, "model": {"untied_head": untied_head}})
+  fields = optim.OPTIMIZERS[name].fields
+  unread = [f for f in fields if f.unread is not None and f.unread(c) and f is not optimizers.MUON_MOMENTUM_START]
+  return [f for f in fields if f not in unread], unread
+
+
 @pytest.mark.parametrize(
-  "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ROWS else n for n in settings_check.OPTIMIZER_READS]
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ROWS else n for n in optim.OPTIMIZERS]
 )
 @pytest.mark.parametrize("untied_head", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
-  """For each built-in optimizer and head: every field the table says it reads changes its updates;
-  the fields it says it does not read, changed all at once, leave them bit for bit (or are refused by
-  `make_optimizer`, never silently ignored)."""
+def test_each_optimizer_reads_what_it_declares(name, untied_head):
+  """For each built-in optimizer and head, generated from its declaration (`optimizers.OPTIMIZERS`):
+  every field it reads changes its updates; the fields it does not declare, changed all at once,
+  leave them bit for bit (or are refused by `make_optimizer`, never silently ignored)."""
   params = _gpt2_like_params(untied_head)
   base = config_lib.default_optim_config()
   base.name = name
-  assert set(OTHER_VALUE) == set(settings_check.OPTIMIZER_FIELDS)
-  reads = settings_check.optimizer_reads(name, untied_head)
+  reads, _ = _reads(name, untied_head)
   reference = _updates(base, params)
   for field in reads:
     before, updates = base, reference
-    if field == "muon_momentum_start":  # read only with a warm-up (`optimizer_setting_errors` checks that)
+    if field is optimizers.MUON_MOMENTUM_START:  # read only with a warm-up (its `unread` says so)
       before = _changed(base, muon_momentum_warmup_steps=2)
       updates = _updates(before, params)
-    after = _changed(before, **{field: OTHER_VALUE[field]})
-    assert _differs(updates, _updates(after, params)), (name, untied_head, field)
-  unread = {f: v for f, v in OTHER_VALUE.items() if f not in reads}
+    after = _changed(before, **{field.name: field.other})
+    assert _differs(updates, _updates(after, params)), (name, untied_head, field.name)
+  unread = {f.name: f.other for f in optim.OPTIMIZER_FIELDS if f not in optim.OPTIMIZERS[name].fields}
   # make_optimizer's own refusal of the AdamW ratios under another optimizer
-  refused = {f for f in optim.ADAMW_LR_RATIOS if f in unread and name not in ("adamw", "adam")}
+  refused = {f for f in optim.ADAMW_LR_RATIOS if f in unread}
   for field in refused:
     with pytest.raises(ValueError, match=field):
       optim.make_optimizer(_changed(base, **{field: unread[field]}))
@@ -438,54 +423,51 @@ def test_the_optimizer_table_says_what_make_optimizer_reads(name, untied_head):
 
 
 @pytest.mark.slow  # op by op for every head field (3.4 s on 2 cores)
-def test_a_tied_head_reads_its_own_head_fields():
-  """On a model whose head is tied to the token embedding, the head's own fields (`UNTIED_HEAD_READS`)
-  leave the updates bit for bit, and each tied-head field (`TIED_HEAD_READS`) changes them."""
-  params = _gpt2_like_params(untied_head=False)
-  for name in settings_check.OPTIMIZER_READS:
-    base = config_lib.default_optim_config()
-    base.name = name
-    untied_only = settings_check.UNTIED_HEAD_READS.get(name, ())
-    tied_only = settings_check.TIED_HEAD_READS.get(name, ())
-    assert set(untied_only) | set(tied_only) <= set(settings_check.OPTIMIZER_READS[name])
-    if not untied_only and not tied_only:
-      continue
-    reference = _updates(base, params)
-    chex.assert_trees_all_equal(_updates(_changed(base, **{f: OTHER_VALUE[f] for f in untied_only}), params), reference)
-    for field in tied_only:
-      assert _differs(_updates(_changed(base, **{field: OTHER_VALUE[field]}), params), reference), (name, field)
+def test_a_tied_head_leaves_the_fields_its_declaration_says_unread():
+  """On a model whose head is tied to the token embedding, the fields an optimizer declares unread on
+  it leave the updates bit for bit, and on an untied head the other way round."""
+  for untied_head in (False, True):
+    params = _gpt2_like_params(untied_head)
+    for name in optim.OPTIMIZERS:
+      base = config_lib.default_optim_config()
+      base.name = name
+      _, unread = _reads(name, untied_head)
+      if unread:
+        chex.assert_trees_all_equal(
+          _updates(_changed(base, **{f.name: f.other for f in unread}), params), _updates(base, params)
+        )
+
+
+def test_a_builder_reading_an_undeclared_field_fails_at_once():
+  """An optimizer's builder gets a view of only its declared fields: reading another is an error."""
+  view = schema.View(config_lib.default_optim_config(), optim.OPTIMIZERS["sgd"].fields, owner="optimizer 'sgd'")
+  assert view.grad_clip == 1.0
+  with pytest.raises(AttributeError, match="optimizer 'sgd' reads config field 'b1', which it does not declare"):
+    _ = view.b1
 
 
 def test_a_user_optimizer_reads_no_optimizer_field():
   """`train(tx=...)`: every optimizer field changed at once leaves its updates bit for bit."""
-  assert settings_check.USER_OPTIMIZER_READS == ()
   params = _gpt2_like_params(untied_head=False)
   base = config_lib.default_optim_config()
   base.name = "my_adamw"
   for tx in (lambda learning_rate: optax.adamw(learning_rate), optax.inject_hyperparams(optax.adam)(learning_rate=0.0)):
-    changed = _changed(base, **OTHER_VALUE)
+    changed = _changed(base, **OTHER)
     chex.assert_trees_all_equal(_updates(changed, params, tx), _updates(base, params, tx))
 
 
-def test_the_schedule_table_says_what_make_schedule_reads():
-  """Each schedule's learning rates change with every field its row names, and not with the others."""
-  other = {"learning_rate": 1e-2, "warmup_steps": 10, "decay_steps": 60, "min_lr_ratio": 0.5, "decay_fraction": 0.5}
-  fields = set(other) | {"schedule"}
-  assert set().union(*settings_check.SCHEDULE_READS.values()) == fields
-  for kind, reads in settings_check.SCHEDULE_READS.items():
+def test_the_schedule_reads_what_its_fields_declare():
+  """Each schedule's learning rates change with every schedule field its declaration says it reads
+  (`optim.RUN_FIELDS`; `decay_fraction` only under 'wsd'), and not with the others."""
+  schedule = [f for f in optim.RUN_FIELDS if f.name not in ("name", "schedule") and not f.name.startswith("outer_")]
+  for kind in ("cosine", "wsd"):
     base = config_lib.default_optim_config()
     base.schedule = kind
-    for field, value in other.items():
-      same = np.array_equal(_lrs(base, 100, 100), _lrs(_changed(base, **{field: value}), 100, 100))
-      assert same == (field not in reads), (kind, field)
-  assert settings_check.SCHEDULE_READS["wsd"] == settings_check.SCHEDULE_READS["cosine"] + ("decay_fraction",)
-
-
-def test_every_optim_field_is_in_a_table():
-  """A new `config.optim` field must be placed: read by every run, by the schedule, or by some optimizers."""
-  tables = set(settings_check.RUN_READS) | set().union(*settings_check.SCHEDULE_READS.values())
-  assert not tables & set(settings_check.OPTIMIZER_FIELDS)
-  assert set(config_lib.default_optim_config()) == tables | set(settings_check.OPTIMIZER_FIELDS)
+    c = ml_collections.ConfigDict({"optim": base})
+    for field in schedule:
+      same = np.array_equal(_lrs(base, 100, 100), _lrs(_changed(base, **{field.name: field.other}), 100, 100))
+      read = field.unread is None or field.unread(c) is None
+      assert same == (not read), (kind, field.name)
 
 
 def test_outer_momentum_and_averaging_settings_are_read_only_when_on():

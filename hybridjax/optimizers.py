@@ -1,0 +1,697 @@
+"""The built-in optimizers, each a declaration beside its builder: the `config.optim` fields it
+reads (`schema.Field`s, each declared once below, beside the code that reads it), what it is in
+words, and the function that builds it from a view of only those fields (`schema.View`), so that
+a builder reading a field it does not declare fails in the first test that builds it.
+
+Everything that says which optimizer reads which field (the refusal of a field set but unread, the
+default `optim` block, docs/config.md, the tests that change each field and watch the updates) is
+computed from `OPTIMIZERS`. `make_optimizer` builds one by `optim.name`; `resolve_optimizer` takes a
+user's optimizer (`train(tx=...)`) instead, whose learning rate the schedule drives through
+`with_learning_rate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hybridjax import schema
+
+F = schema.Field
+_beta = schema.check_num(0.0, 1.0, hi_open=True)
+_positive = schema.check_num(0.0, lo_open=True)
+
+
+def _keys(path: Any) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def muon_labels(params: Any) -> Any:
+  """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
+
+  Muon orthogonalises 2-D updates, which suits the hidden (attention and MLP) matrices only; as in
+  the modded-nanogpt recipes, embeddings (any leaf under a key named `embedding`, which includes a
+  head tied to the token embedding), an untied head (`lm_head`), LayerNorm parameters and biases
+  (every leaf with ndim != 2) stay on AdamW.
+  """
+
+  def label(path, p):
+    keys = _keys(path)
+    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
+  """The speedrun's parameter groups, a pytree like `params` of labels:
+
+  * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
+    orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;
+  * 'embed': the embedding tables (token, positions, value embeddings);
+  * 'head': the output head, `lm_head`; a token embedding tied to the head is labelled `tied_label`
+    ('head', or 'tied_head' when it has settings of its own: `tied_head_settings`);
+  * 'scalar': every leaf with ndim != 2 (biases, norm scales, the learned mixing scalars).
+  """
+  tied = "lm_head" not in params
+
+  def label(path, p):
+    keys = _keys(path)
+    if "embedding" in keys:
+      return tied_label if tied and keys[0] == "wte" else "embed"
+    if keys[0] == "lm_head":
+      return "head"
+    if p.ndim != 2:
+      return "scalar"
+    return "muon_qkv" if keys[-2:] == ("c_attn", "kernel") else "muon"
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` applied to each (d, 3d) matrix seen as a batch of three (d, d) matrices (its q, k and
+  v column blocks), and the result laid out as (d, 3d) again."""
+  to = lambda x: x.reshape(x.shape[0], 3, x.shape[1] // 3).transpose(1, 0, 2)
+  back = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], 3 * x.shape[2])
+
+  def init(params):
+    return inner.init(jax.tree.map(to, params))
+
+  def update(updates, state, params=None):
+    params = None if params is None else jax.tree.map(to, params)
+    updates, state = inner.update(jax.tree.map(to, updates), state, params)
+    return jax.tree.map(back, updates), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
+  """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(
+    learning_rate=learning_rate, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+  )
+
+
+def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
+  """`optax.contrib.muon` with only these two hyperparameters (the rest: optax's defaults, beta
+  0.95, Nesterov, 5 Newton-Schulz steps), so `inject_hyperparams` injects no others (an injected
+  `ns_steps` would be a traced array)."""
+  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
+
+
+def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> optax.GradientTransformation:
+  """`_muon` with its momentum `beta` a hyperparameter too (injected only with a momentum warm-up, so
+  that without one the optimizer state keeps its earlier layout)."""
+  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay, beta=beta)
+
+
+def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
+  """`_muon_batched` with its momentum `beta` a hyperparameter."""
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(
+    learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+  )
+
+
+# --- the fields, each beside what reads it ---------------------------------------------------------
+
+GRAD_CLIP = F(
+  "grad_clip",
+  1.0,
+  schema.check_num(0.0),
+  "global-norm clipping before every built-in optimizer; 0 = none",
+  other=0.5,
+  in_your_optimizer="optax.chain(optax.clip_by_global_norm({value}), ...)",
+)
+# AdamW's and Adam's (and the AdamW group of 'muon'): `_adamw`, `_adam`.
+B1 = F(
+  "b1",
+  0.9,
+  _beta,
+  "Adam's first-moment decay",
+  other=0.8,
+  roles=("beta1",),
+  in_your_optimizer="optax.adamw(learning_rate, b1={value})",
+)
+B2 = F(
+  "b2",
+  0.95,
+  _beta,
+  "Adam's second-moment decay",
+  other=0.99,
+  roles=("beta2",),
+  in_your_optimizer="optax.adamw(learning_rate, b2={value})",
+)
+EPS = F(
+  "eps",
+  1e-8,
+  _positive,
+  "Adam's epsilon",
+  other=1e-3,
+  roles=("eps",),
+  in_your_optimizer="optax.adamw(learning_rate, eps={value})",
+)
+WEIGHT_DECAY = F(
+  "weight_decay",
+  0.1,
+  schema.check_num(0.0),
+  "AdamW's decoupled weight decay (times the lr), matrices only",
+  other=0.05,
+  roles=("weight decay",),
+  in_your_optimizer="optax.adamw(learning_rate, weight_decay={value})",
+)
+
+
+def _tied_head(trains: str, fix: str) -> schema.Unread:
+  """Unread on a GPT-2 model whose head is tied to the token embedding (`model.untied_head=False`):
+  no parameter is in the head group (`muon_group_labels`); the tied matrix trains as `trains` says."""
+
+  def unread(config: Any) -> str | None:
+    model = config.get("model") or {}
+    if "untied_head" not in model or model["untied_head"]:
+      return None
+    return (
+      f"--config.model.untied_head=False ties the head to the token embedding, which {config.optim.name!r} trains "
+      f"{trains}: no parameter is in the head group. {fix}"
+    )
+
+  return unread
+
+
+def _untied_head(config: Any) -> str | None:
+  """Unread on a GPT-2 model with a head of its own (`model.untied_head=True`): nothing is tied."""
+  model = config.get("model") or {}
+  if not model.get("untied_head", False):
+    return None
+  return (
+    "--config.model.untied_head=True gives the model a head of its own (lm_head, in the head group at "
+    "--config.optim.head_lr_ratio), so no parameter is tied to the head (optim.muon_group_labels). Set "
+    "--config.model.untied_head=False to train with it"
+  )
+
+
+# 'adamw' and 'adam': the embeddings' and the head's LR as ratios of learning_rate (`_scale_groups`).
+ADAMW_EMBED_LR_RATIO = F(
+  "adamw_embed_lr_ratio",
+  1.0,
+  _positive,
+  "'adamw'/'adam': the embeddings' LR (a tied head's too) as a ratio of learning_rate",
+  other=2.0,
+  roles=("embed lr",),
+)
+ADAMW_HEAD_LR_RATIO = F(
+  "adamw_head_lr_ratio",
+  1.0,
+  _positive,
+  "'adamw'/'adam': an untied head's LR as a ratio of learning_rate",
+  other=2.0,
+  roles=("head lr",),
+  unread=_tied_head(
+    "at --config.optim.adamw_embed_lr_ratio (optim.adamw_group_labels)",
+    "Set --config.optim.adamw_embed_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+  ),
+)
+# 'muon': `_build_muon`.
+ADAM_LR_RATIO = F(
+  "adam_lr_ratio",
+  0.15,
+  _positive,
+  "'muon': the AdamW group's LR as a ratio of learning_rate",
+  other=0.3,
+  roles=("adam lr",),
+)
+MUON_WEIGHT_DECAY = F(
+  "muon_weight_decay",
+  0.0,
+  schema.check_num(0.0),
+  "'muon': the Muon matrices' weight decay (times the lr)",
+  other=0.1,
+  roles=("weight decay",),
+)
+# 'muon_groups': `_build_muon_groups` (the speedrun record's ratios: Muon 0.05, embeddings 0.6,
+# head 0.008, scalars 0.04; betas (0.8, 0.95), eps 1e-10).
+EMBED_LR_RATIO = F(
+  "embed_lr_ratio",
+  12.0,
+  _positive,
+  "'muon_groups': the embeddings' LR as a ratio of learning_rate",
+  other=6.0,
+  roles=("embed lr", "adam lr"),
+)
+HEAD_LR_RATIO = F(
+  "head_lr_ratio",
+  0.16,
+  _positive,
+  "'muon_groups': an untied head's LR as a ratio of learning_rate",
+  other=0.5,
+  roles=("head lr", "adam lr"),
+  unread=_tied_head(
+    "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings)",
+    "Set --config.optim.tied_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+  ),
+)
+SCALAR_LR_RATIO = F(
+  "scalar_lr_ratio",
+  0.8,
+  _positive,
+  "'muon_groups': the scalars' LR as a ratio of learning_rate",
+  other=0.4,
+  roles=("adam lr",),
+)
+GROUPS_B1 = F("groups_b1", 0.8, _beta, "'muon_groups': the Adam groups' b1", other=0.9, roles=("beta1",))
+GROUPS_B2 = F("groups_b2", 0.95, _beta, "'muon_groups': the Adam groups' b2", other=0.99, roles=("beta2",))
+GROUPS_EPS = F("groups_eps", 1e-10, _positive, "'muon_groups': the Adam groups' eps", other=1e-3, roles=("eps",))
+GROUPS_LR_SCALE = F(
+  "groups_lr_scale",
+  1.0,
+  _positive,
+  "'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once",
+  other=2.0,
+  roles=("adam lr",),
+)
+# 'muon_groups' with a token embedding tied to the head: its own Adam settings (`tied_head_settings`).
+# The defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
+# about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those).
+TIED_LR_RATIO = F(
+  "tied_lr_ratio", 0.16, _positive, "'muon_groups': a tied embedding-head's LR ratio", other=0.5, unread=_untied_head
+)
+TIED_B1 = F("tied_b1", 0.8, _beta, "'muon_groups': a tied embedding-head's b1", other=0.5, unread=_untied_head)
+TIED_B2 = F("tied_b2", 0.95, _beta, "'muon_groups': a tied embedding-head's b2", other=0.99, unread=_untied_head)
+TIED_EPS = F(
+  "tied_eps", 1e-10, _positive, "'muon_groups': a tied embedding-head's eps", other=1e-3, unread=_untied_head
+)
+
+MUON_MOMENTUM = 0.95
+"""Muon's momentum by default (optax's default, the records'): `optim.muon_momentum`'s default."""
+
+
+def _no_momentum_warmup(config: Any) -> str | None:
+  if int(config.optim.get("muon_momentum_warmup_steps", 0)):
+    return None
+  return (
+    "it is where Muon's momentum warm-up starts, and --config.optim.muon_momentum_warmup_steps=0 keeps the "
+    f"momentum at --config.optim.muon_momentum={final_muon_momentum(config.optim)} throughout (optim.muon_momentum). "
+    "Set --config.optim.muon_momentum_warmup_steps above 0 to warm up from it"
+  )
+
+
+# 'muon' and 'muon_groups': Muon's momentum, warmed up linearly from muon_momentum_start over
+# muon_momentum_warmup_steps Muon updates (the records from #9: 0.85 to 0.95 over 500, later 300).
+MUON_MOMENTUM_FIELD = F(
+  "muon_momentum",
+  MUON_MOMENTUM,
+  schema.check_num(0.0, 1.0, lo_open=True, hi_open=True),
+  "'muon'/'muon_groups': Muon's momentum (where a warm-up ends)",
+  other=0.5,
+)
+MUON_MOMENTUM_WARMUP = F(
+  "muon_momentum_warmup_steps",
+  0,
+  schema.check_int(0),
+  "'muon'/'muon_groups': Muon updates over which the momentum rises from muon_momentum_start; 0 = off",
+  other=2,
+)
+MUON_MOMENTUM_START = F(
+  "muon_momentum_start",
+  0.85,
+  _beta,
+  "'muon'/'muon_groups': where the momentum warm-up starts",
+  other=0.5,
+  unread=_no_momentum_warmup,
+)
+_MUON_MOMENTUM = (MUON_MOMENTUM_FIELD, MUON_MOMENTUM_WARMUP, MUON_MOMENTUM_START)
+
+
+def final_muon_momentum(optim: Any) -> float:
+  """Muon's momentum, `optim.muon_momentum` (where a warm-up ends); a block written before the field
+  existed gives `MUON_MOMENTUM`, which it trained with."""
+  return float(optim.get("muon_momentum", MUON_MOMENTUM))
+
+
+def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | float | None:
+  """Muon's momentum: a function of the number of Muon updates so far during a warm-up, a float when
+  constant and not `MUON_MOMENTUM`, or None when it is optax's default `MUON_MOMENTUM` throughout (the
+  optimizer is then built as before the momentum was a field, with the same state and numbers).
+
+  With `optim.muon_momentum_warmup_steps` = W > 0 the momentum goes linearly from
+  `optim.muon_momentum_start` at the first update to `optim.muon_momentum` (m) at update W and stays
+  there, as the records compute it from #9 on: `frac = min(step / W, 1); (1 - frac) * start + frac * m`.
+  It counts the optimizer's own updates (a momentum averages the updates it has taken), which in a
+  baseline run are its steps; a step skipped as non-finite is not one."""
+  final = final_muon_momentum(optim)
+  steps = int(optim.get("muon_momentum_warmup_steps", 0))
+  if steps == 0:
+    return None if final == MUON_MOMENTUM else final
+  start = float(optim.muon_momentum_start)
+
+  def momentum(count: jax.Array) -> jax.Array:
+    frac = jnp.minimum(jnp.asarray(count, jnp.float32) / steps, 1.0)
+    return (1 - frac) * start + frac * final
+
+  return momentum
+
+
+def _decay_mask(params: Any) -> Any:
+  """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+ADAMW_LR_RATIOS = (ADAMW_EMBED_LR_RATIO.name, ADAMW_HEAD_LR_RATIO.name)
+"""The fields of `config.optim` that set the LR of the embeddings and of the head under 'adamw' and
+'adam' (`adamw_group_labels`), as ratios of the learning rate; 1.0 by default."""
+
+
+def adamw_lr_ratios(optim: Any) -> tuple[float, float]:
+  """(`optim.adamw_embed_lr_ratio`, `optim.adamw_head_lr_ratio`); a block written before they existed
+  gives 1.0, 1.0 (every parameter at the learning rate, which it trained with)."""
+  return tuple(float(optim.get(name, 1.0)) for name in ADAMW_LR_RATIOS)
+
+
+def adamw_group_labels(params: Any) -> Any:
+  """'embed', 'head' or 'rest' for each leaf of `params`: the embed and head groups of
+  `muon_group_labels` (a token embedding tied to the head is in 'embed'), and every other leaf."""
+  groups = muon_group_labels(params, tied_label="embed")
+  return jax.tree.map(lambda label: label if label in ("embed", "head") else "rest", groups)
+
+
+def _scale_groups(embed_ratio: float, head_ratio: float) -> optax.GradientTransformation:
+  """Multiplies the updates of the embed and head groups (`adamw_group_labels`) by their ratios. After
+  AdamW, whose whole update (weight decay included) is proportional to its rate, that is AdamW at the
+  ratio times the rate on the group; it keeps no state, so the Adam(W) state keeps its layout."""
+  return optax.partition(
+    {"embed": optax.scale(embed_ratio), "head": optax.scale(head_ratio), "rest": optax.identity()},
+    adamw_group_labels,
+  )
+
+
+def _with_group_ratios(core: optax.GradientTransformation, o: Any) -> optax.GradientTransformation:
+  """`core` with the embed and head ratios applied when either is not 1.0 (only then: at the defaults
+  the optimizer is built as before the fields existed)."""
+  ratios = adamw_lr_ratios(o)
+  return optax.chain(core, _scale_groups(*ratios)) if ratios != (1.0, 1.0) else core
+
+
+def _adamw(o: Any) -> optax.GradientTransformation:
+  # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
+  return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+    learning_rate=0.0,
+    b1=float(o.b1),
+    b2=float(o.b2),
+    eps=float(o.eps),
+    weight_decay=float(o.weight_decay),
+    mask=_decay_mask,
+  )
+
+
+def _build_adamw(o: Any) -> optax.GradientTransformation:
+  return _with_group_ratios(_adamw(o), o)
+
+
+def _build_adam(o: Any) -> optax.GradientTransformation:
+  core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
+  return _with_group_ratios(core, o)
+
+
+def _build_sgd(o: Any) -> optax.GradientTransformation:
+  del o
+  return optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9)
+
+
+def _build_muon(o: Any) -> optax.GradientTransformation:
+  """Muon (`muon_weight_decay`, `muon_momentum`) on `muon_labels`' matrices, AdamW at `adam_lr_ratio`
+  times the rate on the rest: one injected learning rate per group, both set to the same value, the
+  AdamW group's update scaled afterwards."""
+  momentum = muon_momentum(o)
+  if momentum is None:
+    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(o.muon_weight_decay))
+  else:
+    muon = optax.inject_hyperparams(_muon_with_momentum)(
+      learning_rate=0.0, weight_decay=float(o.muon_weight_decay), beta=momentum
+    )
+  rest = optax.chain(_adamw(o), optax.scale(float(o.adam_lr_ratio)))
+  return optax.partition({"muon": muon, "adamw": rest}, muon_labels)
+
+
+def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
+  """(LR ratio, b1, b2, eps) of a token embedding tied to the head under 'muon_groups':
+  `optim.tied_lr_ratio`, `tied_b1`, `tied_b2`, `tied_eps`. A block without them (written before they
+  existed) gives the head group's, which is what it trained with."""
+  get = lambda name, fallback: float(optim[name] if name in optim else optim[fallback])
+  return (
+    get("tied_lr_ratio", "head_lr_ratio"),
+    get("tied_b1", "groups_b1"),
+    get("tied_b2", "groups_b2"),
+    get("tied_eps", "groups_eps"),
+  )
+
+
+def _build_muon_groups(o: Any) -> optax.GradientTransformation:
+  """The speedrun's optimizer: Muon (no weight decay) on the hidden matrices, Adam on the
+  embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
+  of the learning rate with `groups_b1`, `groups_b2`, `groups_eps`; a token embedding tied to the
+  head at `tied_head_settings`; `groups_lr_scale` multiplies all of these ratios. As for 'muon', every
+  group's injected learning rate is set to the one schedule's value, and an Adam group's update is
+  scaled by its ratio after.
+
+  A tied head whose settings are the untied head's shares its group ('head'): the optimizer state
+  then has the layout it had before the tied head had settings of its own, and the same numbers."""
+  b1, b2, eps = float(o.groups_b1), float(o.groups_b2), float(o.groups_eps)
+  scale = float(o.groups_lr_scale)  # times 1.0 (the default) a ratio is exactly itself
+
+  def adam(ratio, b1=b1, b2=b2, eps=eps):
+    return optax.chain(
+      optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=b1, b2=b2, eps=eps),
+      optax.scale(float(ratio) * scale),
+    )
+
+  momentum = muon_momentum(o)
+  if momentum is None:
+    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0)
+    muon_qkv = optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)
+  else:
+    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=0.0, beta=momentum)
+    muon_qkv = optax.inject_hyperparams(_muon_batched_with_momentum)(learning_rate=0.0, beta=momentum)
+  transforms = {
+    "muon": muon,
+    "muon_qkv": _blocks_of_three(muon_qkv),
+    "embed": adam(o.embed_lr_ratio),
+    "head": adam(o.head_lr_ratio),
+    "scalar": adam(o.scalar_lr_ratio),
+  }
+  tied = tied_head_settings(o)
+  tied_label = "head"
+  if tied != (float(o.head_lr_ratio), b1, b2, eps):
+    tied_label = "tied_head"
+    transforms["tied_head"] = adam(tied[0], b1=tied[1], b2=tied[2], eps=tied[3])
+  return optax.partition(transforms, functools.partial(muon_group_labels, tied_label=tied_label))
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinOptimizer:
+  """A built-in optimizer: its name, what it is in words (for the refusals), the `config.optim` fields
+  it reads (besides the schedule's and outer momentum's, which every run reads) and its builder, which
+  gets a `schema.View` of only those."""
+
+  name: str
+  summary: str
+  fields: tuple[schema.Field, ...]
+  build: Callable[[Any], optax.GradientTransformation]
+
+
+OPTIMIZERS: dict[str, BuiltinOptimizer] = {
+  o.name: o
+  for o in (
+    BuiltinOptimizer(
+      "adamw",
+      "AdamW: b1, b2, eps, weight_decay",
+      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      _build_adamw,
+    ),
+    BuiltinOptimizer(
+      "adam",
+      "Adam: b1, b2, eps, and no weight decay",
+      (GRAD_CLIP, B1, B2, EPS, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      _build_adam,
+    ),
+    BuiltinOptimizer(
+      "sgd", "SGD with a fixed momentum of 0.9: no betas, eps or weight decay", (GRAD_CLIP,), _build_sgd
+    ),
+    BuiltinOptimizer(
+      "muon",
+      "Muon (muon_weight_decay) on the hidden matrices, AdamW (b1, b2, eps, weight_decay) at adam_lr_ratio on the rest",
+      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAM_LR_RATIO, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
+      _build_muon,
+    ),
+    BuiltinOptimizer(
+      "muon_groups",
+      "Muon with no weight decay on the hidden matrices, and Adam with no weight decay on the "
+      "embeddings, the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
+      (
+        GRAD_CLIP,
+        EMBED_LR_RATIO,
+        HEAD_LR_RATIO,
+        SCALAR_LR_RATIO,
+        GROUPS_B1,
+        GROUPS_B2,
+        GROUPS_EPS,
+        GROUPS_LR_SCALE,
+        TIED_LR_RATIO,
+        TIED_B1,
+        TIED_B2,
+        TIED_EPS,
+        *_MUON_MOMENTUM,
+      ),
+      _build_muon_groups,
+    ),
+  )
+}
+
+BUILTIN_OPTIMIZERS = tuple(OPTIMIZERS)
+"""The names `make_optimizer` builds from `config.optim`; any other `optim.name` names a user's optimizer."""
+
+FIELDS: tuple[schema.Field, ...] = tuple({f.name: f for o in OPTIMIZERS.values() for f in o.fields}.values())
+"""Every field some built-in optimizer reads, once each, in declaration order."""
+
+
+def make_optimizer(optim: Any) -> optax.GradientTransformation:
+  """The built-in optimizer named by `optim.name` (`OPTIMIZERS`), built from a view of the fields it
+  declares, with global-norm clipping at `optim.grad_clip` (0 = off) in front.
+
+  The learning rate is an injected hyperparameter whose value `with_learning_rate` sets before
+  each update (in every group); it is never a schedule of the optimizer's own update count.
+  """
+  decl = OPTIMIZERS.get(optim.name)
+  if decl is None:
+    raise ValueError(
+      f"--config.optim.name={optim.name!r} is not a built-in optimizer {BUILTIN_OPTIMIZERS}: use one of them, "
+      "or pass an optimizer of your own to `train(tx=...)` under this name"
+    )
+  ratios = adamw_lr_ratios(optim)
+  if ratios != (1.0, 1.0) and ADAMW_EMBED_LR_RATIO not in decl.fields:
+    raise ValueError(adamw_ratio_error(optim.name, ratios))
+  view = schema.View(optim, decl.fields, owner=f"optimizer {optim.name!r}")
+  core = decl.build(view)
+  if view.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(float(view.grad_clip)), core)
+  return core
+
+
+def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
+  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
+  optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
+  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
+  return (
+    f"{' and '.join(set_)} {'apply' if len(set_) > 1 else 'applies'} to --config.optim.name='adamw' or 'adam' "
+    f"only, not {name!r}: set {'them' if len(set_) > 1 else 'it'} back to 1.0, or use 'adamw'/'adam' "
+    "('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+  )
+
+
+Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]
+"""A user's optimizer: an optax transformation whose learning rate is injected
+(`optax.inject_hyperparams`), or a factory `learning_rate -> transformation`."""
+
+
+def injected_learning_rates(tx: optax.GradientTransformation, params: Any) -> int:
+  """How many `inject_hyperparams` states of `tx.init(params)` hold a `learning_rate`: the
+  entries `with_learning_rate` sets (0: the schedule cannot drive `tx`). Nothing is allocated."""
+  state = jax.eval_shape(tx.init, params)
+  nodes = jax.tree.leaves(state, is_leaf=_is_inject_state)
+  return sum(1 for n in nodes if _is_inject_state(n) and "learning_rate" in n.hyperparams)
+
+
+def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformation]) -> Callable:
+  """`factory` callable as `factory(learning_rate=...)`, as `inject_hyperparams` calls it: a factory
+  whose one parameter has another name (`lambda lr: ...`) is wrapped."""
+  try:
+    params = inspect.signature(factory).parameters
+  except (TypeError, ValueError):  # a builtin or C callable: call it by keyword and let it fail clearly
+    return factory
+  if "learning_rate" in params:
+    return factory
+  positional = [
+    p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+  ]
+  if len(positional) != 1:
+    raise ValueError(
+      f"train(tx=...) got a factory {getattr(factory, '__name__', factory)!r} with parameters "
+      f"{list(params)}: a factory must take the learning rate, as its only required parameter or as "
+      "`learning_rate` (e.g. `lambda learning_rate: optax.adamw(learning_rate)`)"
+    )
+
+  def with_learning_rate_kwarg(learning_rate):
+    return factory(learning_rate)
+
+  return with_learning_rate_kwarg
+
+
+def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
+  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
+
+  The config's schedule (`optim.learning_rate`, `optim.schedule`, ...) drives the learning rate of
+  every run, through `with_learning_rate`. So a user's transformation must have its learning rate
+  injected (`optax.inject_hyperparams`); a factory `learning_rate -> tx` is wrapped so that it is.
+  The user's optimizer is part of what a run is: `optim.name` must name it, with a name that is not
+  a built-in one, so that the config record, the checkpoint's config check and the benchmark's run
+  cache tell two optimizers apart.
+
+  Args:
+    optim: the `config.optim` block.
+    params: the params (or their `jax.ShapeDtypeStruct`s) the optimizer will be initialised on.
+    tx: None, an `optax.GradientTransformation` with an injected `learning_rate`, or a factory.
+
+  Raises:
+    ValueError: naming the field and the fix, when `tx` and `optim.name` disagree, or when the
+      schedule cannot drive `tx`'s learning rate.
+  """
+  if tx is None:
+    return make_optimizer(optim)
+  if optim.name in BUILTIN_OPTIMIZERS:
+    raise ValueError(
+      f"train(tx=...) got an optimizer of your own, but --config.optim.name={optim.name!r} names a built-in "
+      "one: set config.optim.name to a name for your optimizer (e.g. 'my_adamw'). It goes into the run's "
+      "config record, the checkpoint's config check and the benchmark's cache key, so that runs with "
+      "different optimizers are never mistaken for each other"
+    )
+  if not isinstance(tx, optax.GradientTransformation):
+    if not callable(tx):
+      raise ValueError(
+        f"train(tx=...) takes an optax.GradientTransformation or a factory learning_rate -> "
+        f"GradientTransformation, got {type(tx).__name__}"
+      )
+    tx = optax.inject_hyperparams(_factory_with_learning_rate(tx))(learning_rate=0.0)
+  if not injected_learning_rates(tx, params):
+    raise ValueError(
+      f"the optimizer {optim.name!r} given to train(tx=...) has no injected learning rate, so the schedule "
+      f"(--config.optim.schedule={optim.schedule!r}, peak --config.optim.learning_rate={optim.learning_rate}) "
+      "cannot drive it and would be silently ignored. Pass a factory instead, e.g. "
+      "`tx=lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate))`, or "
+      "build it with `optax.inject_hyperparams(optax.adamw)(learning_rate=0.0)`"
+    )
+  return tx
+
+
+_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
+
+
+def _is_inject_state(node: Any) -> bool:
+  return isinstance(node, _INJECT_STATES)
+
+
+def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
+  """`opt_state` with the injected `learning_rate` of every `inject_hyperparams` state set to `lr`."""
+
+  def put(node):
+    if _is_inject_state(node) and "learning_rate" in node.hyperparams:
+      old = node.hyperparams["learning_rate"]
+      return node._replace(hyperparams={**node.hyperparams, "learning_rate": jnp.asarray(lr, old.dtype)})
+    return node
+
+  return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
