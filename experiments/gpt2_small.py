@@ -10,6 +10,8 @@ python -m experiments.gpt2_small --workdir=runs/my_run            # resumes if i
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -63,13 +65,14 @@ def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, av
 
 
 def preset_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """`config.preset` with every combination of its variants: the values they give the hybrid block
-  (tuned for a hybrid run, in either mode) count as not set when `train` refuses hybrid settings
-  the run would not read (`settings_check.inert_setting_errors`)."""
+  """The config's own preset, its variants included (`config.preset`, e.g. 'tiny,speedrun'): a field
+  set from Python that the run does not read is refused when its value differs from the preset's
+  (`settings_check.check_inert_settings`); a config without a preset compares with `default_config()`."""
   from experiments.configs import gpt2_small as presets
 
-  combos = [[]] + [[v] for v in presets.VARIANTS] + [list(presets.VARIANTS)]
-  return settings_check.reference_configs(config) + [presets.get_config(",".join([config.preset, *v])) for v in combos]
+  if not config.get("preset"):
+    return settings_check.reference_configs(config)
+  return [presets.get_config(str(config.preset))]
 
 
 def check_speedrun_derivations(config: ml_collections.ConfigDict) -> None:
@@ -125,11 +128,13 @@ def check_speedrun_depth(config: ml_collections.ConfigDict) -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cli.run_as_program(lambda: run(_FLAGS[0].value, _FLAGS[1].value))
+  given = cli.command_line_fields(sys.argv)  # a field given there that the run does not read is refused
+  cli.run_as_program(lambda: run(_FLAGS[0].value, _FLAGS[1].value, given=given))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
-  """Validates `config`, builds the task and trains; returns the run summary."""
+def run(config: ml_collections.ConfigDict, workdir: str = "", given: Sequence[str] = ()) -> dict[str, Any]:
+  """Validates `config`, builds the task and trains; returns the run summary. `given`: the fields the
+  command line set (dotted names), refused whatever their value where the run does not read them."""
   # A user's method brings its block (`hybrid.<CONFIG_KEY>`, at its defaults where unset) before the
   # checks, which read it.
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
@@ -137,7 +142,8 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   config_lib.validate(config)
   check_speedrun_derivations(config)
   references = preset_configs(config)
-  settings_check.check_inert_settings(config, config_lib.resolve_method(config), references)  # before the data
+  method = config_lib.resolve_method(config)
+  settings_check.check_inert_settings(config, method, references, given=given)  # before the data
   settings_check.check_gpt2_task(config)
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)

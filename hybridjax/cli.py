@@ -188,7 +188,7 @@ def run_app(main: Callable[[list[str]], None]) -> None:
 def default_workdir(config: ml_collections.ConfigDict, kind: str | None = None) -> str:
   """runs/<preset>-<kind or config.mode>-<time>."""
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{config.preset}-{kind or config.mode}-{stamp}")
+  return os.path.join("runs", f"{config.preset.replace(',', '-')}-{kind or config.mode}-{stamp}")
 
 
 def run_as_program(work: Callable[[], Any]) -> None:

@@ -227,7 +227,14 @@ TOP_FIELDS: tuple[schema.Field, ...] = (
     "refuse otherwise; 'force': resume even if the stored config differs; 'never': refuse any existing run",
     runtime=True,
   ),
-  F("preset", "", _str, "experiment configs only: the preset and its variants ('tiny,speedrun')"),
+  F(
+    "preset",
+    "",
+    _str,
+    "experiment configs only: the preset and its variants ('tiny,speedrun'), a label: the "
+    "values it set are in the other fields",
+    runtime=True,
+  ),
   F(
     "notes",
     "",

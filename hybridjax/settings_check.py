@@ -329,6 +329,7 @@ def check_inert_settings(
   references: Sequence[ml_collections.ConfigDict] | None = None,
   *,
   control: Mapping[str, Any] | None = None,
+  given: Sequence[str] = (),
 ) -> None:
   """Refuses `config` when `inert_setting_errors` (hybrid settings) or `optimizer_setting_errors`
   (optimizer settings) finds a setting with no effect. `references`: default
@@ -336,7 +337,8 @@ def check_inert_settings(
   if references is None:
     references = reference_configs(config, method)
   _raise(
-    inert_setting_errors(config, method, references, control=control) + optimizer_setting_errors(config, references)
+    inert_setting_errors(config, method, references, control=control)
+    + optimizer_setting_errors(config, references, given)
   )
 
 

@@ -184,7 +184,7 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
     c = _preset(f"{arg},speedrun")
     config_lib.validate(c)
     expected = config_lib.flatten(speedrun.apply_tricks(_preset(arg), list(speedrun.TRICKS)))
-    own = {"optim.learning_rate", "trainer.averaging", "trainer.averaging_beta", "notes"}  # the preset's
+    own = {"optim.learning_rate", "trainer.averaging", "trainer.averaging_beta", "notes", "preset"}  # the preset's
     got = config_lib.flatten(c)
     assert {k: v for k, v in got.items() if k not in own} == {k: v for k, v in expected.items() if k not in own}
     assert any(got[k] != v for k, v in config_lib.flatten(_preset(arg)).items())  # the tricks changed it

@@ -154,6 +154,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   """Returns the experiment config for `arg`: a preset ('tiny', 'small' or '124m'), optionally
   followed by variants (`tiny,micro`)."""
   preset, *variants = (arg or "tiny").split(",")
+  variants = list(dict.fromkeys(variants))  # a variant named twice is applied once
   for v in variants:
     if v not in VARIANTS:
       raise ValueError(
@@ -201,4 +202,5 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     _micro(c)
   if "speedrun" in variants:
     c = _speedrun(c)
+  c.preset = ",".join([preset, *variants])  # with its variants: what a field set from Python is compared with
   return c

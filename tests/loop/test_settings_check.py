@@ -564,10 +564,28 @@ def test_a_preset_value_is_not_refused_and_a_change_on_it_is():
 
   c = presets.get_config("tiny,speedrun")
   assert c.optim.name == "muon_groups" and c.optim.weight_decay == 0.0 and c.model.untied_head
+  assert c.preset == "tiny,speedrun"  # the variants recorded: the reference is the preset as given
   assert settings_check.optimizer_setting_errors(c, gpt2_small.preset_configs(c)) == []
   c.optim.weight_decay = 0.05
-  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.1\) has no effect"):
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.0\) has no effect"):
     gpt2_small.run(c, "unused")
+  # The base preset's value (0.1) is no value of this preset's: refused too, where it once trained
+  # without a word (the check compared with the base preset).
+  c.optim.weight_decay = 0.1
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.1 \(default 0\.0\) has no effect"):
+    gpt2_small.run(c, "unused")
+
+
+def test_a_command_line_field_the_run_does_not_read_is_refused_whatever_its_value(tmp_path):
+  """`--config.optim.weight_decay=0.0` under `tiny,speedrun`: the preset's own value, but given on the
+  command line for an optimizer that reads none, so refused; the same value from Python is not."""
+  from experiments import gpt2_small
+  from experiments.configs import gpt2_small as presets
+
+  c = presets.get_config("tiny,speedrun")
+  with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.0 \(default 0\.0\) has no effect"):
+    gpt2_small.run(c, str(tmp_path / "run"), given=["optim.weight_decay", "trainer.steps"])
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_train_refuses_what_a_user_optimizer_does_not_read_before_the_workdir_is_made(tmp_path):
