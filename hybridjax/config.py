@@ -150,8 +150,7 @@ def default_hybrid_config() -> ml_collections.ConfigDict:
   return c
 
 
-# The method a hybrid run trains when `hybrid.method` names none ('').
-DEFAULT_METHOD = "velocity"
+DEFAULT_METHOD = registry.DEFAULT_METHOD  # the method of a hybrid run whose `hybrid.method` is ''.
 
 
 def method_name(config: ml_collections.ConfigDict | dict) -> str:
@@ -292,6 +291,7 @@ def default_config(mode: str = "baseline", method: str = "") -> ml_collections.C
   if method:
     c.hybrid.method = method
     with_method_block(c)
+  c.lock()  # a misspelt key fails at the assignment, with ml_collections' "did you mean"
   return c
 
 

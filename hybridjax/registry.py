@@ -27,6 +27,9 @@ BUILTIN_METHODS = {
   "selective_backprop": "hybridjax.methods.selective_backprop",
 }
 
+# The method a hybrid run trains when `hybrid.method` names none ('').
+DEFAULT_METHOD = "velocity"
+
 # What every method module must define (the rest of the interface is optional, with defaults).
 REQUIRED = ("NAME", "make_settings", "init")
 
@@ -97,6 +100,13 @@ class Method:
   full_step: Callable[..., Any] | None = None
   predict_step: Callable[..., Any] | None = None
   correct_step: Callable[..., Any] | None = None
+
+  @property
+  def own_transitions(self) -> list[str]:
+    """The transitions the method defines of its own (`full_step`, `predict_step`, `correct_step`):
+    none for a method whose steps are the baseline's (outer momentum)."""
+    return [name for name in ("full_step", "predict_step", "correct_step") if getattr(self, name) is not None]
+
   fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS, or CONFIG's checks]
   composes_with: frozenset[str] = frozenset()  # [COMPOSES_WITH]
   batches_per_step: int = 1  # [BATCHES_PER_STEP]

@@ -4,11 +4,12 @@
   python scripts/config_reference.py            # print the markdown table
   python scripts/config_reference.py --update   # rewrite the table in docs/config.md between its markers
 
-Fields come from `experiments/configs/gpt2_small.py:get_config('tiny')`. Descriptions are the
-comments next to (or just above) each field's assignment in `hybridjax/config.py` (the
-`default_<block>_config` functions) and `experiments/configs/gpt2_small.py`, and the `Attributes:`
-of `GPT2Config`'s docstring for `model.*`. tests/test_docs.py fails when docs/config.md's table
-differs.
+Fields come from `experiments/configs/gpt2_small.py:get_config('tiny')`. Descriptions are each
+field's declaration (`schema.Field.doc`: the top level and the `optim`, `trainer`, `hybrid`, `mesh`
+and `distributed` blocks, declared in `hybridjax/config.py`, `hybridjax/optim.py` and
+`hybridjax/optimizers.py`), the comments next to (or just above) each field's assignment in
+`experiments/configs/gpt2_small.py`, and the `Attributes:` of `GPT2Config`'s docstring for
+`model.*`. tests/test_docs.py fails when docs/config.md's table differs.
 """
 
 from __future__ import annotations
@@ -136,14 +137,15 @@ def descriptions() -> dict[str, tuple[int, str]]:
   out = {}
   for i, (name, text) in enumerate(docstring_attributes(gpt2.GPT2Config).items()):
     out[f"model.{name}"] = (i, text)
-  lib = source_descriptions(
-    os.path.join(ROOT, "hybridjax", "config.py"),
-    lambda fn: m.group(1) if (m := re.fullmatch(r"default_(\w+)_config", fn)) else None,
-  )
+  from hybridjax import config as config_lib
+
+  lib = {f.name: (i, f.doc) for i, f in enumerate(config_lib.TOP_FIELDS)}
+  for block, fields in config_lib.BLOCKS.items():
+    lib |= {f"{block}.{f.name}": (i, f.doc) for i, f in enumerate(fields)}
   exp = source_descriptions(
     os.path.join(ROOT, "experiments", "configs", "gpt2_small.py"), lambda fn: "" if fn == "get_config" else None
   )
-  for table in (lib, exp):
+  for table in (exp, lib):  # a declaration's doc wins over a comment in the config file
     for key, (line, text) in table.items():
       if text or key not in out:
         out[key] = (line, text)

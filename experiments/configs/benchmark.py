@@ -144,7 +144,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   if "wsd" in variants:
     c.optim.schedule = "wsd"
 
-  b = c.benchmark = specs.BenchmarkBlock()
+  with c.unlocked():  # the benchmark's own block, added by its owner
+    b = c.benchmark = specs.BenchmarkBlock()
   b.preset = preset
   b.family = f"{c.optim.name}-{c.optim.schedule}"
   # Seeds: the LR sweep, the averaging beta and any method setting are chosen on the tuning seeds;
@@ -205,7 +206,9 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
     c = speedrun.speedrun_config(c)
-    c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
+    with c.unlocked():
+      c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
+  c.lock()
   return c
 
 

@@ -203,4 +203,5 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   if "speedrun" in variants:
     c = _speedrun(c)
   c.preset = ",".join([preset, *variants])  # with its variants: what a field set from Python is compared with
+  c.lock()  # a misspelt key fails at the assignment ("did you mean"), not trains the default
   return c

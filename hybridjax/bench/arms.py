@@ -173,7 +173,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 def transitions(method: registry.Method) -> list[str]:
   """The transitions `method` defines of its own (`full_step`, `predict_step`, `correct_step`): none for
   a method whose steps are the baseline's (outer momentum)."""
-  return [name for name in ("full_step", "predict_step", "correct_step") if getattr(method, name) is not None]
+  return method.own_transitions
 
 
 def predicts(arm: Arm) -> bool:

@@ -29,6 +29,7 @@ from hybridjax import config as config_lib
 from hybridjax import settings_check
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
+from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
 
 STUDIES = {  # name -> the package of its folder
@@ -151,12 +152,21 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   rungs = arms_lib.names(b.ladder.rungs) if "ladder" in b else []
   errors = []
   task = specs.task_name(config)
+  try:
+    reads = tasks_lib.reads(task)
+  except ValueError:
+    reads = None  # a task that does not load: `specs.validate_benchmark` names it
+  unread_blocks = [] if reads is None else [b for b in tasks_lib.task_blocks() if b not in reads]
+  if "data" in unread_blocks and flat.get("data.path"):
+    given.add("data.path")  # no preset gives a corpus: from Python too, a path is set
   for field in sorted(given):
-    if task == "mlp" and field.split(".")[0] in ("model", "data"):
+    if field.split(".")[0] in unread_blocks:
+      blocks = " and ".join(f"its {b}" for b in reads) if reads else "no block of a task's"
       errors.append(
-        f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task='mlp' builds its own "
-        "model and synthetic data from the config's mlp block (hybridjax.tasks.mlp.default_task_config); set "
-        "its fields there, or use --config.benchmark.task=gpt2"
+        f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task={task!r} reads "
+        f"{blocks} (its READS), not the {field.split('.')[0]} block, so every run would record it and never read "
+        "it. Set the fields the task reads, declare READS in the task's module if it does read this block "
+        "(docs/benchmark.md), or use --config.benchmark.task=gpt2"
       )
     if field in OVERWRITTEN:
       if field == "trainer.averaging_beta" and name == "ladder" and set(rungs) & set(CONSTANT_RUNGS):

@@ -10,7 +10,11 @@ step per model and optimizer and reuse it across seeds and learning rates. A tas
 names it with a module constant `OPTIMIZER` (e.g. 'my_adamw'): every run's `optim.name` becomes it,
 so the name is in the run's config record and its cache key, and both the anchors and the method
 arms train with that optimizer. A task may also define
-`benchmark_notes(config, budget_steps)` (what a report says of its data per budget).
+`benchmark_notes(config, budget_steps)` (what a report says of its data per budget), and declares the
+config blocks it reads beside the trainer's and the optimizer's with a module constant `READS` (e.g.
+`READS = ("data", "model")`; none when it has no `READS`): a field of a block some task reads (the
+GPT-2 task's `model` and `data`, the MLP's `mlp`) that this task does not read is refused when set,
+rather than recorded in every run's config and cache key and never read.
 
 Built-in: 'gpt2' (a GPT-2 on a corpus, byte or BPE, `hybridjax.tasks.gpt2`) and 'mlp' (a
 regression MLP on synthetic data, `hybridjax.tasks.mlp`). They live in the package, below the loop,
@@ -62,3 +66,14 @@ def train_kwargs(task: Any) -> dict[str, Any]:
 def build(name: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The task `name` built for `config`, as `train()`'s keyword arguments."""
   return train_kwargs(load_task(name).build_task(config))
+
+
+def reads(name: str) -> tuple[str, ...]:
+  """The config blocks task `name` reads beside the trainer's and the optimizer's (its `READS`)."""
+  return tuple(getattr(load_task(name), "READS", ()))
+
+
+def task_blocks() -> tuple[str, ...]:
+  """The config blocks some built-in task reads: a field of one set for a task that does not read it
+  is refused (`reads`)."""
+  return tuple(dict.fromkeys(b for name in BUILTIN_TASKS for b in reads(name)))

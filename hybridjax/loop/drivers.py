@@ -77,7 +77,7 @@ def make_context(
   its settings (`method.make_settings`). `method`: `hybrid.method`'s record, resolved already
   (default: loaded by its name)."""
   h = hybrid
-  method = method or registry.load_method(h.get("method") or "velocity")  # '': the default method
+  method = method or registry.load_method(h.get("method") or registry.DEFAULT_METHOD)
   if method.config_key and method.config_key not in h:  # a user's method with no block: its defaults
     h = ml_collections.ConfigDict(h.to_dict())
     h[method.config_key] = method.default_config()

@@ -411,6 +411,7 @@ def train(
   # compiled.
   method = config_lib.resolve_method(config)
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
+  config.lock()  # the working copy: nothing below adds a key to it
   config_lib.validate(config, method=method)
   eval_batches = list(eval_batches)
   if not eval_batches:

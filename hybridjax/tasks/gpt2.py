@@ -41,6 +41,11 @@ class Task:
     )
 
 
+# The config blocks this task reads (`bench.tasks.reads`): a field of another task's block set for it
+# is refused, not recorded and ignored.
+READS = ("model", "data")
+
+
 def build_task(config: ml_collections.ConfigDict) -> Task:
   """Data, model and loss for `config`; raises ValueError on anything inconsistent."""
   model_cfg = gpt2.GPT2Config(**config.model.to_dict())

@@ -11,6 +11,10 @@ import ml_collections
 
 from hybridjax.models.mlp import MLP, make_loss_fn, make_regression_problem, regression_batch
 
+# The config blocks this task reads (`bench.tasks.reads`): its own; the GPT-2 task's model and data
+# blocks are read by nothing here.
+READS = ("mlp",)
+
 
 def default_task_config() -> Any:
   """The `mlp` block a config needs for `build_task`: the MLP, its synthetic data and held-out split."""

@@ -445,12 +445,37 @@ def test_the_mlp_tasks_block_and_unread_fields_are_refused():
     ValueError, match=r"--config\.model\.n_layer=1 is set but unused: --config\.benchmark\.task='mlp'"
   ):
     study.validate(c, ["model.n_layer"])
-  c.mlp = mlp.default_task_config()
+  with c.unlocked():  # the task's block, added by its owner
+    c.mlp = mlp.default_task_config()
   c.mlp.features = (8,)
   study.validate(c)
-  c.mlp = {"features": (8,), "hiden": 3}
+  with c.unlocked():
+    c.mlp = {"features": (8,), "hiden": 3}
   with pytest.raises(ValueError, match=r"--config\.mlp\.hiden is not a field.*the mlp block lacks \['eval_examples'"):
     study.validate(c)
+
+
+def test_a_users_task_refuses_the_gpt2_tasks_fields_it_does_not_read(tmp_path, monkeypatch):
+  """A user's task reads no model or data block unless its `READS` says so: `--config.data.path` or
+  `--config.model.n_layer=4` would be recorded in every run's config and key and never read."""
+  pkg = tmp_path / "my_tasks"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "regression.py").write_text("from hybridjax.tasks.mlp import build_task  # noqa: F401\n")
+  (pkg / "text.py").write_text("from hybridjax.tasks.mlp import build_task  # noqa: F401\n\nREADS = ('data',)\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.task = "my_tasks.regression"
+  study.validate(c)
+  with pytest.raises(ValueError, match=r"--config\.model\.n_layer=4 is set but unused: --config\.benchmark\.task="):
+    c.model.n_layer = 4
+    study.validate(c, ["model.n_layer"])
+  c.model.n_layer = 1
+  c.data.path = str(tmp_path / "corpus.txt")  # from Python: no preset gives a corpus
+  with pytest.raises(ValueError, match=r"--config\.data\.path=.* reads no block of a task's \(its READS\)"):
+    study.validate(c)
+  c.benchmark.task = "my_tasks.text"  # declares that it reads the data block
+  assert not [e for e in study.unused_field_errors(c) if "data.path" in e]
 
 
 def test_each_budget_gets_its_own_muon_momentum_warmup():
