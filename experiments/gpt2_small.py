@@ -19,11 +19,12 @@ import ml_collections
 from absl import app
 
 from hybridjax import checkpoint as ckpt_lib
-from hybridjax import cli, settings_check
+from hybridjax import cli, preflight
 from hybridjax import config as config_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax.loop import train as train_lib
 from hybridjax.models import gpt2
+from hybridjax.tasks import gpt2 as gpt2_task
 from hybridjax.tasks.gpt2 import MAX_EPOCHS, Task, benchmark_notes, build_task, corpus_epochs, epochs_warning
 
 __all__ = [
@@ -67,11 +68,11 @@ def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, av
 def preset_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
   """The config's own preset, its variants included (`config.preset`, e.g. 'tiny,speedrun'): a field
   set from Python that the run does not read is refused when its value differs from the preset's
-  (`settings_check.check_inert_settings`); a config without a preset compares with `default_config()`."""
+  (`preflight.check_inert_settings`); a config without a preset compares with `default_config()`."""
   from experiments.configs import gpt2_small as presets
 
   if not config.get("preset"):
-    return settings_check.reference_configs(config)
+    return preflight.reference_configs(config)
   return [presets.get_config(str(config.preset))]
 
 
@@ -139,12 +140,12 @@ def run(config: ml_collections.ConfigDict, workdir: str = "", given: Sequence[st
   # checks, which read it.
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()))
   check_speedrun_depth(config)  # before validation, whose errors would not name the recipe
-  config_lib.validate(config)
+  preflight.validate(config)
   check_speedrun_derivations(config)
   references = preset_configs(config)
   method = config_lib.resolve_method(config)
-  settings_check.check_inert_settings(config, method, references, given=given)  # before the data
-  settings_check.check_gpt2_task(config)
+  preflight.check_inert_settings(config, method, references, given=given)  # before the data
+  gpt2_task.check_gpt2_task(config)
   # Multi-host start-up must come before anything touches JAX devices (a no-op unless enabled).
   sharding_lib.initialize_distributed(config)
   workdir = workdir or cli.default_workdir(config)

@@ -19,7 +19,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from hybridjax import config as config_lib
-from hybridjax import registry
+from hybridjax import preflight, registry
 
 # Fields that may change between a run and its resumption without changing what is trained: those
 # declared runtime (`schema.Field.runtime`; where the state lives is one: a checkpoint restores onto
@@ -69,7 +69,7 @@ def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict
   """Fields (outside RUNTIME) whose values differ, as readable lines. A field missing from one
   side (a checkpoint written before the field existed) compares as its default
   (`config.field_defaults`)."""
-  defaults = config_lib.field_defaults()
+  defaults = preflight.field_defaults()
   a = _comparable(config_lib.flatten(saved))
   b = _comparable(config_lib.flatten(json.loads(current.to_json())))
   diffs = []

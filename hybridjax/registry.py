@@ -13,6 +13,7 @@ benchmark load methods through it without importing any of them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import types
@@ -222,3 +223,74 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   hooks["time_branches"] = tuple(hooks.get("time_branches", ()))
   hooks["fields"] = dict(hooks.get("fields", {}))
   return Method(path=module.__name__, **hooks)
+
+
+def _raise_invalid(errors: list[str]) -> None:
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+# --- a method module's names ---------------------------------------------------------------------
+
+# The module-level names the method interface reads (`registry.method_record`), and the earlier
+# names it refuses.
+INTERFACE_NAMES = frozenset(_ATTRIBUTES.values()) | frozenset(REQUIRED) | {"CONFIG"}
+# How close (difflib's ratio, compared lower-case) a name must be to an interface name to be taken
+# for a misspelling of it: `predict` for `predict_step` is 0.74.
+NEAR_NAME_CUTOFF = 0.7
+
+
+def misspelt_hook_errors(module: types.ModuleType, method_name: str) -> list[str]:
+  """A line for each public module-level name of a method's module that closely matches a name of
+  the method interface (`INTERFACE_NAMES`) but is not one: the interface reads the exact name, so
+  `def predict(...)` for `predict_step` or `ADVANCE_SCHEDULE` for `ADVANCES_SCHEDULE` would leave
+  the hook at its default (the real step; no schedule advance) without a word. Submodules and
+  functions imported from elsewhere are not the module's own and are skipped; so is any name with a
+  leading underscore (the escape for a helper whose name happens to be near one)."""
+  lower = {n.lower(): n for n in INTERFACE_NAMES}
+  errors = []
+  for name, value in sorted(vars(module).items()):
+    if name.startswith("_") or name in INTERFACE_NAMES or isinstance(value, types.ModuleType):
+      continue
+    if callable(value) and getattr(value, "__module__", module.__name__) != module.__name__:
+      continue  # imported (`from x import f`): another module's name
+    near = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=NEAR_NAME_CUTOFF)
+    if near:
+      meant = lower[near[0]]
+      errors.append(
+        f"--config.hybrid.method={method_name!r} ({module.__name__}) defines {name}, which the method interface "
+        f"does not read: did you mean {meant}? As spelt, {meant} stays at its default. Rename it to {meant}, or "
+        f"to _{name} if it is a helper of your own (docs/methods.md lists the interface)"
+      )
+  return errors
+
+
+def check_method_names(method: Method) -> None:
+  """Refuses a user's method whose module defines a near-miss of an interface name
+  (`misspelt_hook_errors`). The built-in methods are the test suite's to check."""
+  if method.path in BUILTIN_METHODS.values():
+    return
+  import importlib
+
+  _raise_invalid(misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method))
+
+
+def builtin_name_errors(method: Method) -> list[str]:
+  """The errors of a user's method whose NAME or CONFIG_KEY is a built-in method's: the run's
+  record and summary would name the built-in method while the user's trained, and a shared block
+  would mix the two methods' fields."""
+  errors = []
+  if method.name in BUILTIN_METHODS:
+    errors.append(
+      f"--config.hybrid.method={method.path!r} declares NAME = {method.name!r}, the built-in method's name: its "
+      f"runs' records and summaries would say {method.name!r} trained; give NAME a name of its own in {method.path}"
+    )
+  builtin_keys = {load_method(name).config_key: name for name in BUILTIN_METHODS}
+  builtin_keys.pop(None, None)  # a method without a block shares none
+  if method.config_key in builtin_keys:
+    errors.append(
+      f"--config.hybrid.method={method.path!r} declares CONFIG_KEY = {method.config_key!r}, the block of the "
+      f"built-in method {builtin_keys[method.config_key]!r} (--config.hybrid.{method.config_key}.*): give "
+      f"CONFIG_KEY a key of its own in {method.path}"
+    )
+  return errors

@@ -58,7 +58,7 @@ def make_mesh(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] |
       cover the devices exactly or the batch does not split evenly (see `config.mesh_shape`).
   """
   devices = list(jax.devices() if devices is None else devices)
-  data, fsdp = config_lib.mesh_shape(config, len(devices))
+  data, fsdp = mesh_shape(config, len(devices))
   # jax.make_mesh orders the devices by the physical topology on TPUs and keeps each host's devices
   # together, so an fsdp axis no larger than a host keeps its every-step all-gathers inside it.
   return jax.make_mesh((data, fsdp), AXES, devices=devices, **_AUTO_AXES)
@@ -291,3 +291,71 @@ def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
       "process ids."
     ) from e
   return True
+
+
+# --- the mesh a config asks for ---------------------------------------------------------------
+
+
+def mesh_errors(config: ml_collections.ConfigDict, n_devices: int | None) -> tuple[list[str], int, int]:
+  """(errors, data, fsdp) for `config.mesh` on `n_devices` devices (None: not known yet).
+
+  Validation runs before JAX starts (multi-host start-up must come first), so it checks only what
+  the config alone decides; `mesh_shape` repeats the checks with the real device count.
+  """
+  mesh = config.get("mesh") or config_lib.default_mesh_config()
+  data, fsdp = mesh.get("data", -1), mesh.get("fsdp", 1)
+  errors = []
+  if data == 0:
+    errors.append("--config.mesh.data must be >= 1, or -1 for all devices, got 0")
+    return errors, data, fsdp
+  if n_devices is not None:
+    if data == -1:
+      if n_devices % fsdp:
+        errors.append(
+          f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
+          f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}"
+        )
+        return errors, data, fsdp
+      data = n_devices // fsdp
+    elif data * fsdp != n_devices:
+      errors.append(
+        f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
+        f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all"
+      )
+      return errors, data, fsdp
+  if data > 0 and "trainer" in config:
+    t = config.trainer
+    n = data * fsdp * t.grad_accum
+    if t.batch_size % n:
+      errors.append(
+        f"--config.trainer.batch_size ({t.batch_size}) must be divisible by mesh.data ({data}) x "
+        f"mesh.fsdp ({fsdp}) x trainer.grad_accum ({t.grad_accum}) = {n}, so every device gets "
+        f"an equal share of each micro-batch; use a multiple of {n}"
+      )
+  dist = config.get("distributed")
+  if dist is not None:
+    address, enabled = dist.get("coordinator_address", ""), dist.get("enabled", False)
+    n_proc, proc_id = dist.get("num_processes", 0), dist.get("process_id", -1)
+    if address and not enabled:
+      errors.append(
+        "--config.distributed.coordinator_address is set but "
+        "--config.distributed.enabled is False; set it to True for a multi-host run"
+      )
+    if n_proc > 0 and proc_id >= n_proc:
+      errors.append(
+        f"--config.distributed.process_id ({proc_id}) must be < --config.distributed.num_processes ({n_proc})"
+      )
+  return errors, data, fsdp
+
+
+def mesh_shape(config: ml_collections.ConfigDict, n_devices: int) -> tuple[int, int]:
+  """The (data, fsdp) mesh shape `config.mesh` asks for on `n_devices` devices.
+
+  Raises:
+    ValueError: naming the field and the fix, when the shape does not cover exactly `n_devices`
+      devices or `trainer.batch_size` does not split evenly over them.
+  """
+  errors, data, fsdp = mesh_errors(config, n_devices)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  return data, fsdp

@@ -65,8 +65,8 @@ import numpy as np  # noqa: E402
 
 from experiments import gpt2_small  # noqa: E402
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
-from hybridjax import config as config_lib  # noqa: E402
 from hybridjax import optim as optim_lib  # noqa: E402
+from hybridjax import preflight
 from hybridjax.bench import specs as bench_specs  # noqa: E402
 from hybridjax.loop import baseline  # noqa: E402
 from hybridjax.loop import train as train_lib  # noqa: E402
@@ -202,7 +202,7 @@ def build_config(arg: str, seed: int, lr: float | None, steps: int | None) -> ml
   if steps is not None:
     c.trainer.steps = int(steps)
   c.trainer.averaging = "ema"
-  config_lib.validate(c)
+  preflight.validate(c)
   return c
 
 

@@ -38,6 +38,7 @@ import ml_collections  # noqa: E402
 
 from hybridjax import checkpoint as ckpt_lib  # noqa: E402
 from hybridjax import memory as memory_lib  # noqa: E402
+from hybridjax import preflight
 from hybridjax.loop import train as train_lib  # noqa: E402
 
 
@@ -199,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
 
   from experiments import gpt2_small as experiment
   from experiments.configs import gpt2_small as configs
-  from hybridjax import config as config_lib
 
   try:
     config = configs.get_config(args.preset)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     config.trainer.max_to_keep = 2
     config.trainer.eval_every = 0  # eval once at the end: the soak is about the training loop
     config.trainer.progress = False
-    config_lib.validate(config)
+    preflight.validate(config)
     workdir = args.workdir or os.path.join("runs", f"soak-{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     task = experiment.build_task(config).train_kwargs()
     print(

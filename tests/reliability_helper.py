@@ -27,7 +27,10 @@ import numpy as np  # noqa: E402
 from conftest import STD, small_hybrid_config  # noqa: E402
 
 from hybridjax import config as config_lib  # noqa: E402
-from hybridjax import registry  # noqa: E402
+from hybridjax import (
+  preflight,
+  registry,  # noqa: E402
+)
 from hybridjax.models import mlp  # noqa: E402
 
 # Train-record fields that are a function of the computation alone (not of timing or memory).
@@ -85,7 +88,7 @@ def mlp_config(mode: str = "hybrid", steps: int = 60, **hybrid_overrides: Any) -
     key = registry.load_method(name).config_key
     if key and name != config_lib.method_name(c) and key in c.hybrid:
       c.hybrid[key] = defaults[key]
-  config_lib.validate(c)
+  preflight.validate(c)
   return c
 
 

@@ -17,8 +17,9 @@ from conftest import abstract_driver_state, cached, micro_config, restore_checkp
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import optim, optimizers, settings_check
+from hybridjax import optim, optimizers, preflight
 from hybridjax.models import mlp
+from hybridjax.optimizers import user as user_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = {"w": jnp.ones((3, 2)), "b": jnp.zeros((2,))}
@@ -94,7 +95,7 @@ def test_a_user_optimizer_needs_a_name_of_its_own():
   bad = config_lib.default_config()
   bad.optim.name = ""
   with pytest.raises(ValueError, match="optim.name must be a non-empty name"):
-    config_lib.validate(bad)
+    preflight.validate(bad)
 
 
 def test_the_builtin_adamw_as_a_user_factory_trains_bit_for_bit_alike():
@@ -196,22 +197,22 @@ def test_the_check_of_a_users_optimizer_accepts_what_the_schedule_drives():
   }
   for what, tx in accepted.items():
     resolved = optim.resolve_optimizer(_named(), params, tx)
-    assert settings_check.user_optimizer_errors(resolved, params, _named()) == [], what
+    assert user_optimizer.user_optimizer_errors(resolved, params, _named()) == [], what
   # The built-in optimizers hold several injected rates, all equal, each reaching the updates.
   for name in optim.BUILTIN_OPTIMIZERS:
     oc = config_lib.default_optim_config()
     oc.name = name
-    assert settings_check.user_optimizer_errors(optim.make_optimizer(oc), params, oc) == [], name
+    assert user_optimizer.user_optimizer_errors(optim.make_optimizer(oc), params, oc) == [], name
 
 
 def test_the_check_finds_that_an_ignored_learning_rate_does_not_reach_the_updates():
   # The dead-code walk itself: the same optimizer with the rate used and ignored.
   used = optim.resolve_optimizer(_named(), PARAMS, lambda learning_rate: optax.adam(learning_rate))
   ignored = optim.resolve_optimizer(_named(), PARAMS, lambda learning_rate: optax.adam(1e-3))
-  assert settings_check._learning_rate_reaches_updates(used, PARAMS)
-  assert not settings_check._learning_rate_reaches_updates(ignored, PARAMS)
+  assert user_optimizer._learning_rate_reaches_updates(used, PARAMS)
+  assert not user_optimizer._learning_rate_reaches_updates(ignored, PARAMS)
   frozen = _frozen_group_tx(PARAMS)
-  assert settings_check._initial_learning_rates(frozen, PARAMS) == [pytest.approx(1e-2), 0.0]
+  assert user_optimizer._initial_learning_rates(frozen, PARAMS) == [pytest.approx(1e-2), 0.0]
 
 
 def test_the_optimizer_is_part_of_the_run_record(tmp_path, jax_cache):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybridjax import cli
+from hybridjax import cli, preflight
 from hybridjax.loop.train import TrainingDiverged, TrainingInterrupted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,7 +165,7 @@ def test_the_speedrun_presets_derived_values_follow_the_command_line(monkeypatch
   assert c.model.attn_scale == speedrun.RECORD_SCORE_BOUND / (c.model.d_model // 2) and c.model.value_embeds == 2
   c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.trainer.steps=20")
   assert c.optim.muon_momentum_warmup_steps == 3  # the recipe's share of 20 steps: the run is valid
-  config_lib.validate(c)
+  preflight.validate(c)
   c = _parsed(monkeypatch, f"{path}:tiny,speedrun", "--config.trainer.steps=3000", "--config.model.attn_scale=0.3")
   assert c.model.attn_scale == 0.3  # set on the command line: kept over the trick
   as_given = config_lib.flatten(_parsed(monkeypatch, f"{path}:tiny,speedrun"))

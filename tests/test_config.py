@@ -6,6 +6,7 @@ import pytest
 from conftest import micro_config
 
 from hybridjax import config as config_lib
+from hybridjax import preflight
 
 
 @pytest.mark.parametrize(
@@ -35,14 +36,14 @@ def test_config_errors_name_the_field(field, value, match):
       del node[leaf]
     node[leaf] = value
   with pytest.raises(ValueError, match=match):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_presets_are_valid_and_micro_shrinks_tiny():
   from experiments.configs import gpt2_small
 
   for preset in ("tiny", "small", "124m", "tiny,micro"):
-    config_lib.validate(gpt2_small.get_config(preset))
+    preflight.validate(gpt2_small.get_config(preset))
   micro, tiny = gpt2_small.get_config("tiny,micro"), gpt2_small.get_config("tiny")
   assert (micro.model.n_layer, micro.model.d_model, micro.trainer.batch_size) == (1, 32, 4)
   assert micro.hybrid.velocity.rssm.ensemble == 2 and tiny.hybrid.velocity.rssm.ensemble == 3
@@ -89,17 +90,17 @@ def test_a_misspelt_key_set_from_python_is_refused_naming_the_nearest_field(mist
   mistake(c)
   message = rf"--config\.{field} is not a field of the config: did you mean --config\.{nearest}\?"
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_every_preset_field_is_declared_and_a_task_block_is_its_own():
   """Nothing a preset or `default_config` holds is refused; a block of the config's own (a task's)
   is left to the task."""
   for arg in ("tiny", "small", "124m", "tiny,micro"):
-    assert config_lib.unknown_field_errors(micro_config() if arg == "tiny,micro" else _preset(arg)) == []
+    assert preflight.unknown_field_errors(micro_config() if arg == "tiny,micro" else _preset(arg)) == []
   c = config_lib.default_config()
   c.mlp = {"features": (32, 32)}
-  config_lib.validate(c)
+  preflight.validate(c)
 
 
 def _preset(arg):
@@ -113,11 +114,11 @@ def test_a_method_named_in_baseline_mode_is_refused_and_none_means_velocity():
   assert c.hybrid.method == "" and config_lib.method_name(c) == "velocity"
   c.hybrid.method = "jump"
   with pytest.raises(ValueError, match=r"--config\.hybrid\.method='jump' is set but --config\.mode='baseline'"):
-    config_lib.validate(c)
+    preflight.validate(c)
   with pytest.raises(ValueError, match=r"pass mode='hybrid'"):
     config_lib.default_config("baseline", method="jump")
   c = config_lib.default_config("hybrid")
-  config_lib.validate(c)
+  preflight.validate(c)
   assert config_lib.resolve_method(c).name == "velocity"
 
 
@@ -137,11 +138,11 @@ def test_a_method_block_comes_with_default_config_and_its_fields_are_checked(tmp
   monkeypatch.syspath_prepend(str(tmp_path))
   c = config_lib.default_config("hybrid", method="user_cfg_methods.counted")
   c.hybrid.counted.every = 3
-  config_lib.validate(c)
+  preflight.validate(c)
   c.hybrid.counted.everyy = 3
   message = r"--config\.hybrid\.counted\.everyy is not a field.*--config\.hybrid\.counted\.every\?"
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(c)
+    preflight.validate(c)
   c = config_lib.default_config("hybrid")
   c.hybrid.method = "user_cfg_methods.counted"
   c.hybrid.counted = {"every": "often"}
@@ -182,7 +183,7 @@ def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatc
 
   for arg in ("tiny", "124m"):
     c = _preset(f"{arg},speedrun")
-    config_lib.validate(c)
+    preflight.validate(c)
     expected = config_lib.flatten(speedrun.apply_tricks(_preset(arg), list(speedrun.TRICKS)))
     own = {"optim.learning_rate", "trainer.averaging", "trainer.averaging_beta", "notes", "preset"}  # the preset's
     got = config_lib.flatten(c)

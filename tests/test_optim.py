@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridjax import config as config_lib
-from hybridjax import optim, optimizers
+from hybridjax import optim, preflight
 from hybridjax.models import mlp
+from hybridjax.optimizers import user as user_optimizer
 
 MODEL = mlp.MLP(features=(16, 16), n_out=1)
 X, Y = mlp.make_regression_problem(0, n_in=4)
@@ -104,13 +105,17 @@ def test_with_learning_rate_sets_the_injected_learning_rate(name):
   params = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3), "b": jnp.ones((3,))}
   grads = jax.tree.map(lambda p: 0.1 * p + 0.3, params)
   state = tx.init(params)
-  inject = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
+  inject = [
+    n for n in jax.tree.leaves(state, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)
+  ]
   assert len(inject) == 1
   assert all(jnp.asarray(v).dtype == jnp.float32 for v in inject[0].hyperparams.values())
 
   def update(lr):
     s = optim.with_learning_rate(state, jnp.float32(lr))
-    (hp,) = [n for n in jax.tree.leaves(s, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
+    (hp,) = [
+      n for n in jax.tree.leaves(s, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)
+    ]
     assert float(hp.hyperparams["learning_rate"]) == pytest.approx(lr)
     return tx.update(grads, s, params)[0]
 
@@ -402,13 +407,15 @@ def test_with_learning_rate_reaches_both_muon_groups():
   grads = jax.tree.map(lambda p: jnp.cos(2.0 * p) + 0.1, params)
   tx = optim.make_optimizer(_optim_config(name="muon", muon_weight_decay=0.1))
   state = tx.init(params)
-  inject = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
+  inject = [
+    n for n in jax.tree.leaves(state, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)
+  ]
   assert len(inject) == 2  # one per group
   assert all(jnp.asarray(v).dtype == jnp.float32 for n in inject for v in n.hyperparams.values())
 
   def update(lr):
     s = optim.with_learning_rate(state, jnp.float32(lr))
-    hps = [n for n in jax.tree.leaves(s, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
+    hps = [n for n in jax.tree.leaves(s, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)]
     assert [float(n.hyperparams["learning_rate"]) for n in hps] == [pytest.approx(lr)] * 2
     return _split(tx.update(grads, s, params)[0], labels)
 
@@ -482,8 +489,8 @@ def test_muons_momentum_warms_up_linearly_as_the_records_do():
   plain = optim.make_optimizer(_optim_config(name="muon", muon_momentum_warmup_steps=4))
   states = [
     n
-    for n in jax.tree.leaves(plain.init(params), is_leaf=optimizers._is_inject_state)
-    if optimizers._is_inject_state(n)
+    for n in jax.tree.leaves(plain.init(params), is_leaf=user_optimizer._is_inject_state)
+    if user_optimizer._is_inject_state(n)
   ]
   assert [float(n.hyperparams["beta"]) for n in states if "beta" in n.hyperparams] == [pytest.approx(0.85)]
 
@@ -507,10 +514,10 @@ def test_a_momentum_warm_up_without_muon_or_past_the_run_is_refused(changes, mes
   c = micro_config(steps=20)
   c.optim.update(changes)
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(c)
+    preflight.validate(c)
   c.optim.muon_momentum_warmup_steps = 20
   c.optim.name = "muon"
-  config_lib.validate(c)
+  preflight.validate(c)
 
 
 # --- the tuning knobs: the AdamW groups' LR ratios, Muon's momentum, the Adam groups' scale -----------
@@ -602,7 +609,9 @@ def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
     del old["muon_momentum"], old["groups_lr_scale"]
   tx = optim.make_optimizer(default)
   state = tx.init(params)
-  injected = [n for n in jax.tree.leaves(state, is_leaf=optimizers._is_inject_state) if optimizers._is_inject_state(n)]
+  injected = [
+    n for n in jax.tree.leaves(state, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)
+  ]
   assert not any("beta" in n.hyperparams for n in injected)
   got = _steps(tx, params)
   chex.assert_trees_all_equal(got, _steps(optim.make_optimizer(old), params))
@@ -698,10 +707,10 @@ def test_the_tuning_knobs_bad_values_are_refused_naming_the_field(changes, messa
   from conftest import micro_config
 
   c = micro_config(steps=20)
-  config_lib.validate(c)
+  preflight.validate(c)
   c.optim.update(changes)
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_the_tuning_knobs_valid_values_pass_and_an_unused_start_is_not_checked():
@@ -718,11 +727,11 @@ def test_the_tuning_knobs_valid_values_pass_and_an_unused_start_is_not_checked()
   ):
     d = micro_config(steps=20)
     d.optim.update(changes)
-    config_lib.validate(d)
+    preflight.validate(d)
   c.trainer.steps = 1
   c.optim.warmup_steps = 1
   with pytest.raises(ValueError, match=r"set --config\.optim\.warmup_steps to 0$"):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_the_default_warm_up_on_a_short_run_is_refused():
@@ -731,7 +740,7 @@ def test_the_default_warm_up_on_a_short_run_is_refused():
   c = config_lib.default_config()
   c.trainer.steps = 20
   with pytest.raises(ValueError, match=r"--config\.optim\.warmup_steps \(50\) is at least the run's length"):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_adamw_ratios_with_another_optimizer_are_refused_by_make_optimizer_too():
@@ -773,14 +782,14 @@ def test_optim_config_errors_name_the_field(field, value):
   from conftest import micro_config
 
   c = micro_config()
-  config_lib.validate(c)
+  preflight.validate(c)
   leaf = field.split(".")[1]
   with c.unlocked():
     if type(c.optim[leaf]) is not type(value):
       del c.optim[leaf]
     c.optim[leaf] = value
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_muon_and_wsd_configs_are_valid():
@@ -788,7 +797,7 @@ def test_muon_and_wsd_configs_are_valid():
 
   c = micro_config()
   c.optim.update(name="muon", schedule="wsd", decay_fraction=1.0, adam_lr_ratio=1.0, muon_weight_decay=0.1)
-  config_lib.validate(c)
+  preflight.validate(c)
 
 
 def test_per_example_losses_average_to_the_batch_loss():

@@ -33,7 +33,7 @@ from experiments import gpt2_small as experiment
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
-from hybridjax import optim, writers
+from hybridjax import optim, preflight, writers
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid.phases import Branch, Phase
 from hybridjax.loop import drivers
@@ -675,7 +675,7 @@ def _set(d: dict, dotted: str, value) -> None:
   d[leaf] = value
 
 
-_KNOWN_FIELDS = sorted(config_lib.known_fields())
+_KNOWN_FIELDS = sorted(preflight.known_fields())
 
 
 @hypothesis.settings(max_examples=40, deadline=None)
@@ -688,7 +688,7 @@ def test_property_random_configs_get_a_named_error_or_work(mutations):
   config = ml_collections.ConfigDict(d)  # not type-locked: any value reaches validate
   names = {name for name, _ in mutations}
   try:
-    config_lib.validate(config)
+    preflight.validate(config)
   except ValueError as e:
     assert any(n in str(e) for n in names), (str(e), names)
     return
@@ -734,7 +734,7 @@ def test_config_relations_name_the_fields(relation):
   with c.unlocked():
     _set_cfg(c, field, value)
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def _set_cfg(c, dotted, value):
@@ -751,7 +751,7 @@ def test_every_config_field_is_validated():
   from experiments.configs import gpt2_small
 
   flat = config_lib.flatten(gpt2_small.get_config("tiny"))
-  known = config_lib.known_fields()
+  known = preflight.known_fields()
   assert set(flat) <= set(known), sorted(set(flat) - set(known))
 
 

@@ -24,8 +24,7 @@ from conftest import micro_config
 from jax.sharding import PartitionSpec as P
 
 from hybridjax import checkpoint as ckpt_lib
-from hybridjax import config as config_lib
-from hybridjax import optim
+from hybridjax import optim, preflight
 from hybridjax import sharding as sh
 from hybridjax.loop import train as train_lib
 
@@ -64,9 +63,9 @@ def _config(**mesh):
 
 
 def test_mesh_shape_errors_name_the_field():
-  assert config_lib.mesh_shape(_config(), 8) == (8, 1)
-  assert config_lib.mesh_shape(_config(fsdp=2), 8) == (4, 2)
-  assert config_lib.mesh_shape(_config(data=2, fsdp=4), 8) == (2, 4)
+  assert sh.mesh_shape(_config(), 8) == (8, 1)
+  assert sh.mesh_shape(_config(fsdp=2), 8) == (4, 2)
+  assert sh.mesh_shape(_config(data=2, fsdp=4), 8) == (2, 4)
   cases = [
     (dict(data=3, fsdp=1), 8, "mesh.data"),  # 3 x 1 != 8 devices
     (dict(data=-1, fsdp=3), 8, "mesh.fsdp"),  # 3 does not divide 8
@@ -76,19 +75,19 @@ def test_mesh_shape_errors_name_the_field():
   for mesh, n, field in cases:
     c = _config(**mesh)
     with pytest.raises(ValueError, match=field):
-      config_lib.mesh_shape(c, n)
+      sh.mesh_shape(c, n)
   c = micro_config()
   c.mesh.data = 0
   with pytest.raises(ValueError, match="mesh.data"):
-    config_lib.validate(c)  # before JAX starts, what the config alone decides
+    preflight.validate(c)  # before JAX starts, what the config alone decides
   c = micro_config()
   c.distributed.coordinator_address = "10.0.0.1:1234"
   with pytest.raises(ValueError, match="distributed.enabled"):
-    config_lib.validate(c)
+    preflight.validate(c)
   old = micro_config()
   with old.unlocked():
     del old["mesh"]
-  assert config_lib.mesh_shape(old, 2) == (2, 1)  # a config without the block: the defaults
+  assert sh.mesh_shape(old, 2) == (2, 1)  # a config without the block: the defaults
 
 
 def test_fsdp_spec_takes_the_largest_dimension_that_divides():

@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax import registry
+from hybridjax import preflight, registry
 from hybridjax.bench import tasks as tasks_lib
 
 REAL_STEP = "real_step"  # the one step kind of an arm that trains in baseline mode
@@ -125,7 +125,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   empty: set[str] = set()  # the methods whose CONTROL = {} is named already
   runs: dict[str, list[str]] = {}  # a run config's problem -> the arms that have it
   try:
-    config_lib.validate(base_config(config))
+    preflight.validate(base_config(config))
     base_valid = True
   except ValueError:
     base_valid = False  # `specs.validate_benchmark` names it, once: not again in every arm's run config
@@ -224,7 +224,7 @@ def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Met
   treated = dataclasses.replace(arm, control=False, control_of="")
   try:
     own = run_config(config, treated)
-    config_lib.validate(own)
+    preflight.validate(own)
   except ValueError as e:
     return [(at, f"the arm's run config is not valid: {one_line(e)}")]
   if not arm.control:
@@ -236,7 +236,7 @@ def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Met
   except ValueError as e:  # `apply`'s: a CONTROL key config.hybrid cannot take
     return [(at, str(e))]
   try:
-    config_lib.validate(c)
+    preflight.validate(c)
   except ValueError as e:
     return [
       (

@@ -18,7 +18,7 @@ import ml_collections
 
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
-from hybridjax import registry
+from hybridjax import preflight, registry
 from hybridjax.bench import specs
 
 
@@ -140,7 +140,7 @@ def _comparable(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str,
   if "hybrid.method" in out:
     out["hybrid.method"] = out["hybrid.method"] or config_lib.DEFAULT_METHOD
   block = f"hybrid.{registry.load_method(config_lib.DEFAULT_METHOD).config_key}."
-  own = {k[len(block) :].split(".")[0] for k in config_lib.field_defaults() if k.startswith(block)}
+  own = {k[len(block) :].split(".")[0] for k in preflight.field_defaults() if k.startswith(block)}
   renamed = {f"{config_lib.DEFAULT_METHOD}_beta": "beta"}
   for k in [k for k in out if k.startswith("hybrid.")]:
     head, _, rest = k[len("hybrid.") :].partition(".")
@@ -160,7 +160,7 @@ def config_differences(
   A field one config lacks (its record was written before the field existed) compares as its default
   (`config.field_defaults`); one with no default (a benchmark field or study block added since) is
   not compared: the older record cannot say what it was."""
-  defaults = config_lib.field_defaults()
+  defaults = preflight.field_defaults()
   a, b = _comparable(earlier), _comparable(later)
   absent = object()
 

@@ -11,12 +11,13 @@ from typing import Any
 import jax
 import ml_collections
 
-from hybridjax import config as config_lib
-from hybridjax import fields, settings_check
+from hybridjax import fields, preflight
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.optimizers import user as user_optimizer
+from hybridjax.tasks import gpt2 as gpt2_task
 
 # How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
@@ -189,13 +190,13 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   errors += check_executor(b)
   errors += mlp_block_errors(config)
   if task_name(config) == "gpt2":
-    errors += settings_check.gpt2_task_errors(config)
+    errors += gpt2_task.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
   errors += arms_lib.check(config)
   if errors:
     raise ValueError("; ".join(errors))
   arms_lib.selected(config)
-  config_lib.validate(experiment_config(config))
+  preflight.validate(experiment_config(config))
 
 
 def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
@@ -224,7 +225,7 @@ def check_user_task(config: ml_collections.ConfigDict) -> None:
   """Refuses a task of the user's (not a built-in one) whose batches are not the ones the config
   states (`loop.train.check_batch_counts`: the record states `trainer.batch_size` and
   `trainer.eval_batches`), or whose own optimizer (its `tx`) the config's schedule cannot drive
-  (`settings_check.check_user_optimizer`), before any run trains: the anchors train the task without
+  (`user_optimizer.check_user_optimizer`), before any run trains: the anchors train the task without
   `train()`, which checks both. It builds the task once (as each of its runs does) and traces its
   optimizer on the params' shapes, computing nothing."""
   from hybridjax.loop import train as train_lib
@@ -243,7 +244,7 @@ def check_user_task(config: ml_collections.ConfigDict) -> None:
   params = jax.eval_shape(task["init_params"], jax.random.PRNGKey(0))
   try:
     tx = optim_lib.resolve_optimizer(c.optim, params, task["tx"])
-    settings_check.check_user_optimizer(tx, params, c.optim)
+    user_optimizer.check_user_optimizer(tx, params, c.optim)
   except ValueError as e:
     raise ValueError(f"--config.benchmark.task={name!r} gives its own optimizer (tx), refused: {e}") from None
 

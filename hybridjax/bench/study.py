@@ -26,7 +26,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax import settings_check
+from hybridjax import preflight
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
@@ -226,7 +226,7 @@ def speedrun_family_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
   """A line for each `optim` field the command line set (`fields`, dotted) that no run of the family
-  study reads, as `train()` refuses it (`settings_check.optimizer_setting_errors`): the anchors' runs
+  study reads, as `train()` refuses it (`preflight.optimizer_setting_errors`): the anchors' runs
   and every selected arm's (an arm may turn outer momentum on, where `optim.outer_eta` is read). A
   user's task with its own optimizer reads no built-in optimizer field; a cosine schedule reads no
   `optim.decay_fraction`. The other studies train configs of their own (the recipe's tricks change the
@@ -241,7 +241,7 @@ def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: lis
     ]
   except (KeyError, ValueError):
     return []  # an arm that is not defined: `specs.validate_benchmark` names it
-  defaults, flat = config_lib.field_defaults(), config_lib.flatten(config)
+  defaults, flat = preflight.field_defaults(), config_lib.flatten(config)
   errors = []
   for field in given:
     if field not in defaults or flat.get(field) == defaults[field]:
@@ -252,7 +252,7 @@ def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: lis
         break  # a field this run's config does not hold: the config checks name it
       reference = ml_collections.ConfigDict(c.to_dict())
       reference.update_from_flattened_dict({field: defaults[field]})  # only this field counts as set
-      lines = settings_check.optimizer_setting_errors(c, [reference])
+      lines = preflight.optimizer_setting_errors(c, [reference])
       if not lines:
         break
       found.append(lines[0])

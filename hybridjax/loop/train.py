@@ -25,11 +25,13 @@ import numpy as np
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
-from hybridjax import registry, settings_check, writers
+from hybridjax import preflight, registry, writers
 from hybridjax import sharding as sharding_lib
+from hybridjax.loop import resume as resume_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
 from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
 from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
+from hybridjax.optimizers import user as user_optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -129,13 +131,13 @@ def make_driver(
   """The driver of `config.mode`, with params from `init_params(PRNGKey(seed) split)` and the
   optimizer `optim.resolve_optimizer(config.optim, params, tx)`; a hybrid driver runs `method` (the
   config's, resolved already; default: by its name). A user's `tx` that the config's schedule cannot
-  drive is refused (`settings_check.check_user_optimizer`: only traced, nothing is computed)."""
+  drive is refused (`user_optimizer.check_user_optimizer`: only traced, nothing is computed)."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   params_shape = jax.eval_shape(init_params, params_rng)
   user_tx = tx is not None
   tx = resolve_optimizer(config.optim, params_shape, tx)
   if user_tx:
-    settings_check.check_user_optimizer(tx, params_shape, config.optim)
+    user_optimizer.check_user_optimizer(tx, params_shape, config.optim)
 
   def init():
     return init_params(params_rng)
@@ -183,7 +185,7 @@ def resume_or_init(
   """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`):
   the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses,
   changing nothing, a run with another config (unless resume='force'), another `trainer.steps` where
-  the training depends on it (`settings_check.steps_change_error`), or an inconsistent checkpoint.
+  the training depends on it (`resume_lib.steps_change_error`), or an inconsistent checkpoint.
 
   A finished run is returned as finished when this config asks for no more steps than it trained.
   `steps_changes`: each resume with another `trainer.steps` under resume='force', as
@@ -215,7 +217,7 @@ def resume_or_init(
   summary_path = os.path.join(workdir, "summary.json")
   finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
   if not (finished and int(meta["step"]) >= config.trainer.steps):
-    error = settings_check.steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
+    error = resume_lib.steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
     if error:
       raise ValueError(error)
   # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
@@ -237,7 +239,7 @@ def resume_or_init(
       return state, position, json.load(f), steps_changes
   if saved_steps != config.trainer.steps:
     # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
-    if settings_check.steps_dependence(config):
+    if resume_lib.steps_dependence(config):
       steps_changes.append({"step": start_step, "from": saved_steps, "to": int(config.trainer.steps)})
       print(
         f"WARNING: --config.resume=force: resuming a run of {saved_steps} steps with --config.trainer.steps="
@@ -397,7 +399,7 @@ def train(
       way and raise `TrainingInterrupted` (in the main thread only; a second Ctrl-C aborts at once).
       False: the signals keep their handlers (a benchmark worker, whose unit of resume is the run).
     reference_configs: the configs whose hybrid values count as not set, for the refusal of hybrid
-      settings the run would not read (`settings_check.inert_setting_errors`): default
+      settings the run would not read (`preflight.inert_setting_errors`): default
       `hybridjax.default_config(mode, method)`. An experiment program passes its presets' (which tune
       the hybrid block in either mode); an experiment config (one with a `preset`) given none is
       not checked so.
@@ -412,15 +414,15 @@ def train(
   method = config_lib.resolve_method(config)
   config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
   config.lock()  # the working copy: nothing below adds a key to it
-  config_lib.validate(config, method=method)
+  preflight.validate(config, method=method)
   eval_batches = list(eval_batches)
   if not eval_batches:
     raise ValueError(
       "train(eval_batches=[]): no held-out batch to evaluate on, so the run's final_eval_loss would be NaN; "
       "pass eval_batches=[batch, ...], at least one fixed held-out batch"
     )
-  settings_check.check_method_names(method)
-  settings_check.check_block_names(config, method)
+  registry.check_method_names(method)
+  preflight.check_block_names(config, method)
   tcfg = config.trainer
   total_steps = tcfg.steps
   enable_compile_cache(tcfg)
@@ -436,7 +438,7 @@ def train(
     control = None
     if isinstance(driver, HybridDriver) and method.controller_overrides is not None:
       control = method.controller_overrides(config.hybrid, driver.ctx.settings)
-    settings_check.check_inert_settings(config, method, reference_configs, control=control)
+    preflight.check_inert_settings(config, method, reference_configs, control=control)
   if isinstance(driver, HybridDriver):
     driver.check_method_hooks(train_batch(0))
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
@@ -444,7 +446,7 @@ def train(
   state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
-    print(settings_check.finished_message(config, workdir, int(finished.get("steps", start_step))))
+    print(resume_lib.finished_message(config, workdir, int(finished.get("steps", start_step))))
     return finished
 
   config_json = json.loads(config.to_json())

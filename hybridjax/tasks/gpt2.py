@@ -141,3 +141,24 @@ def benchmark_notes(config: ml_collections.ConfigDict, budget_steps: dict[str, i
     ]
     + ([warning] if warning else []),
   }
+
+
+def gpt2_task_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """Model settings the GPT-2 task (`tasks.gpt2`, the CLI's and the benchmark's) would record but not
+  apply: `model.dropout` > 0, since its batches carry no `dropout_rng` and `models.gpt2.make_loss_fn`
+  runs the forward pass deterministic without one."""
+  dropout = float(config.get("model", {}).get("dropout", 0.0))
+  if dropout > 0:
+    return [
+      f"--config.model.dropout={dropout} is set but not applied: the GPT-2 task's batches carry no dropout key "
+      "(dropout_rng), so every forward pass is deterministic. Leave --config.model.dropout at 0, or train "
+      "through hybridjax.train with batches that hold a 'dropout_rng' (models.gpt2.make_loss_fn)"
+    ]
+  return []
+
+
+def check_gpt2_task(config: ml_collections.ConfigDict) -> None:
+  """Refuses what `gpt2_task_errors` names."""
+  errors = gpt2_task_errors(config)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))

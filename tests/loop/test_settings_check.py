@@ -24,9 +24,10 @@ from conftest import method_package
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import optim, optimizers, registry, schema, settings_check
+from hybridjax import optim, optimizers, preflight, registry, schema
 from hybridjax.hybrid.context import ControllerSettings
 from hybridjax.loop import drivers
+from hybridjax.loop import resume as resume_lib
 from hybridjax.loop import train as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,32 +54,32 @@ def test_the_schedule_depends_on_the_length_exactly_when_steps_dependence_says()
   for name, fields in cases.items():
     c = config_lib.default_config()
     c.optim.update(fields)
-    depends = bool(settings_check.steps_dependence(c))
+    depends = bool(resume_lib.steps_dependence(c))
     same = np.array_equal(_lrs(c.optim, 300, 300), _lrs(c.optim, 600, 300))
     assert depends == (not same), name
-  assert settings_check.steps_dependence(config_lib.default_config())  # the default decays over the run
+  assert resume_lib.steps_dependence(config_lib.default_config())  # the default decays over the run
   hybrid = config_lib.default_config("hybrid")
   hybrid.optim.decay_steps = 400
-  assert "method 'velocity'" in " ".join(settings_check.steps_dependence(hybrid))  # its steps read the length
+  assert "method 'velocity'" in " ".join(resume_lib.steps_dependence(hybrid))  # its steps read the length
 
 
 def test_a_resume_with_other_steps_is_refused_with_the_fixes():
   c = config_lib.default_config()
   c.optim.update(learning_rate=3e-3, warmup_steps=50)
   c.trainer.steps = 600
-  error = settings_check.steps_change_error(c, 300, 300, "runs/x", finished=True)
+  error = resume_lib.steps_change_error(c, 300, 300, "runs/x", finished=True)
   assert "finished its 300 steps" in error and "--config.trainer.steps=300 to resume it" in error
   assert "--config.resume=force" in error and "a new --workdir" in error
   # The jump it would make, from the schedules themselves.
   lr_300, lr_600 = _lrs(c.optim, 300, 301)[300], _lrs(c.optim, 600, 301)[300]
   assert lr_600 > 5 * lr_300
   assert f"would be {lr_600:.4g} instead of {lr_300:.4g}" in error
-  assert settings_check.steps_change_error(c, 600, 300, "runs/x") is None  # the same steps
+  assert resume_lib.steps_change_error(c, 600, 300, "runs/x") is None  # the same steps
   c.optim.decay_steps = 1000
-  assert settings_check.steps_change_error(c, 300, 300, "runs/x") is None  # nothing depends on it
+  assert resume_lib.steps_change_error(c, 300, 300, "runs/x") is None  # nothing depends on it
   c.trainer.steps = 100  # a checkpoint past the end: nothing to train, whatever resume says
   c.resume = "force"
-  assert "past --config.trainer.steps=100" in settings_check.steps_change_error(c, 300, 200, "runs/x")
+  assert "past --config.trainer.steps=100" in resume_lib.steps_change_error(c, 300, 200, "runs/x")
 
 
 def _workdir_run(tmp_path, steps, **kw):
@@ -154,9 +155,9 @@ def test_export_params_warns_when_the_run_stopped_before_its_end(tmp_path):
 def _errors(c, control=None, references=None):
   c = config_lib.with_method_block(c)
   method = config_lib.resolve_method(c)
-  refs = references if references is not None else settings_check.reference_configs(c)
-  return settings_check.inert_setting_errors(c, method, refs, control=control) + (
-    settings_check.optimizer_setting_errors(c, refs)
+  refs = references if references is not None else preflight.reference_configs(c)
+  return preflight.inert_setting_errors(c, method, refs, control=control) + (
+    preflight.optimizer_setting_errors(c, refs)
   )
 
 
@@ -211,7 +212,7 @@ def test_train_refuses_a_declared_block_set_under_another_name_before_the_workdi
   # that block, misnamed, and the run would train on its defaults.
   c = rh.mlp_config("hybrid", steps=20)
   c.update({block: fields})
-  config_lib.validate(c)  # passes: the refusal is the trainer's
+  preflight.validate(c)  # passes: the refusal is the trainer's
   with pytest.raises(
     ValueError, match=rf"--config\.{block}\.\w+ is in a block no one reads: did you mean --config\.{meant}\?"
   ):
@@ -220,7 +221,7 @@ def test_train_refuses_a_declared_block_set_under_another_name_before_the_workdi
   # A block of one's own that shares no field with a near declared block is left alone.
   own = rh.mlp_config("hybrid", steps=20)
   own.update({"optimizer_notes": {"author": "me"}, "sweep": {"learning_rate": 0.1}})
-  assert settings_check.misnamed_block_errors(own) == []
+  assert preflight.misnamed_block_errors(own) == []
 
 
 def test_train_refuses_a_hybrid_setting_the_baseline_ignores_before_the_workdir_is_made(tmp_path):
@@ -285,9 +286,9 @@ def _module(source: str, name: str = "typo_method") -> types.ModuleType:
 def test_a_near_miss_of_an_interface_name_is_named_with_did_you_mean():
   source = _method_source()
   assert "def predict_step(" in source and "ADVANCES_SCHEDULE = " in source
-  assert settings_check.misspelt_hook_errors(_module(source), "m") == []  # the example as printed
+  assert registry.misspelt_hook_errors(_module(source), "m") == []  # the example as printed
   typo = source.replace("def predict_step(", "def predict(").replace("ADVANCES_SCHEDULE = ", "ADVANCE_SCHEDULE = ")
-  errors = settings_check.misspelt_hook_errors(_module(typo), "m")
+  errors = registry.misspelt_hook_errors(_module(typo), "m")
   assert len(errors) == 2
   assert "defines ADVANCE_SCHEDULE" in errors[0] and "did you mean ADVANCES_SCHEDULE?" in errors[0]
   assert "defines predict," in errors[1] and "did you mean predict_step?" in errors[1] and "_predict" in errors[1]
@@ -296,7 +297,7 @@ def test_a_near_miss_of_an_interface_name_is_named_with_did_you_mean():
   assert record.predict_step is None and not record.advances_schedule
   # A private helper and an imported function are not the module's interface.
   private = typo.replace("def predict(", "def _predict(").replace("ADVANCE_SCHEDULE = ", "_ADVANCE_SCHEDULE = ")
-  assert settings_check.misspelt_hook_errors(_module(private + "\nfrom os.path import join as metrics\n"), "m") == []
+  assert registry.misspelt_hook_errors(_module(private + "\nfrom os.path import join as metrics\n"), "m") == []
 
 
 def test_train_refuses_a_method_with_a_misspelt_hook_before_the_workdir_is_made(tmp_path, monkeypatch):
@@ -503,9 +504,9 @@ IGNORED_OPTIMIZER_SETTINGS = [
 @pytest.mark.parametrize("fields, phrase", IGNORED_OPTIMIZER_SETTINGS)
 def test_optimizer_settings_with_no_effect_are_named(fields, phrase):
   c = hybridjax.default_config()
-  assert settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c)) == []
+  assert preflight.optimizer_setting_errors(c, preflight.reference_configs(c)) == []
   c.update_from_flattened_dict(fields)
-  (error,) = settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c))
+  (error,) = preflight.optimizer_setting_errors(c, preflight.reference_configs(c))
   field, value = [(f, v) for f, v in fields.items() if f != "optim.name"][0]
   default = config_lib.flatten(hybridjax.default_config())[field]
   assert error.startswith(f"--config.{field}={value!r} (default {default!r}) has no effect: "), error
@@ -521,13 +522,13 @@ def test_optimizer_settings_with_no_effect_are_named(fields, phrase):
     c.optim.muon_momentum_warmup_steps = 10
   else:
     c.update_from_flattened_dict({field: default})
-  assert settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c)) == []
+  assert preflight.optimizer_setting_errors(c, preflight.reference_configs(c)) == []
 
 
 def test_a_user_optimizer_gets_the_fields_it_does_not_read_named_at_once():
   c = hybridjax.default_config()
   c.optim.update(name="my_adamw", grad_clip=0.5, b1=0.8, weight_decay=0.0, learning_rate=1e-2, schedule="wsd")
-  (error,) = settings_check.optimizer_setting_errors(c, settings_check.reference_configs(c))
+  (error,) = preflight.optimizer_setting_errors(c, preflight.reference_configs(c))
   assert error.startswith(
     "--config.optim.grad_clip=0.5 (default 1.0), --config.optim.b1=0.8 (default 0.9), --config.optim.weight_decay=0.0 "
     "(default 0.1) have no effect: --config.optim.name='my_adamw' names your own optimizer (train(tx=...))"
@@ -541,18 +542,18 @@ def test_head_fields_follow_the_models_head():
 
   tied = presets.get_config("tiny")
   tied.optim.update(name="muon_groups", head_lr_ratio=0.5)
-  (error,) = settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied))
+  (error,) = preflight.optimizer_setting_errors(tied, preflight.reference_configs(tied))
   assert "--config.optim.head_lr_ratio=0.5 (default 0.16) has no effect: --config.model.untied_head=False" in error
   tied.optim.update(head_lr_ratio=0.16, tied_lr_ratio=0.5)
-  assert settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied)) == []
+  assert preflight.optimizer_setting_errors(tied, preflight.reference_configs(tied)) == []
   tied.optim.update(name="adamw", tied_lr_ratio=0.16, adamw_head_lr_ratio=2.0)
-  (error,) = settings_check.optimizer_setting_errors(tied, settings_check.reference_configs(tied))
+  (error,) = preflight.optimizer_setting_errors(tied, preflight.reference_configs(tied))
   assert "--config.optim.adamw_head_lr_ratio=2.0 (default 1.0) has no effect: --config.model.untied_head=False" in error
   assert "Set --config.optim.adamw_embed_lr_ratio instead" in error
   untied = presets.get_config("tiny")
   untied.model.untied_head = True
   untied.optim.update(name="muon_groups", tied_b1=0.5)
-  (error,) = settings_check.optimizer_setting_errors(untied, settings_check.reference_configs(untied))
+  (error,) = preflight.optimizer_setting_errors(untied, preflight.reference_configs(untied))
   assert "--config.optim.tied_b1=0.5 (default 0.8) has no effect: --config.model.untied_head=True" in error
 
 
@@ -565,7 +566,7 @@ def test_a_preset_value_is_not_refused_and_a_change_on_it_is():
   c = presets.get_config("tiny,speedrun")
   assert c.optim.name == "muon_groups" and c.optim.weight_decay == 0.0 and c.model.untied_head
   assert c.preset == "tiny,speedrun"  # the variants recorded: the reference is the preset as given
-  assert settings_check.optimizer_setting_errors(c, gpt2_small.preset_configs(c)) == []
+  assert preflight.optimizer_setting_errors(c, gpt2_small.preset_configs(c)) == []
   c.optim.weight_decay = 0.05
   with pytest.raises(ValueError, match=r"--config\.optim\.weight_decay=0\.05 \(default 0\.0\) has no effect"):
     gpt2_small.run(c, "unused")

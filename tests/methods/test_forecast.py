@@ -15,7 +15,7 @@ import pytest
 from conftest import cached, compile_fused_mlp_step, micro_config, small_hybrid_config, straight_and_resumed
 
 from hybridjax import config as config_lib
-from hybridjax import optim
+from hybridjax import optim, preflight
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
 from hybridjax.loop import drivers
@@ -266,7 +266,7 @@ def test_forecast_with_outer_momentum_is_refused_naming_the_fields():
   c = _forecast_config()
   c.optim.outer_every = 10
   with pytest.raises(ValueError, match=r"hybrid\.jump\.forecast='rssm'.*optim\.outer_every=0"):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 @pytest.mark.slow  # three end-to-end runs; CI runs the slow tests

@@ -24,7 +24,7 @@ from conftest import (
 from conftest import run_experiment as _run
 
 from hybridjax import config as config_lib
-from hybridjax import memory, optim
+from hybridjax import memory, optim, preflight
 from hybridjax.hybrid import step as step_lib
 from hybridjax.hybrid.phases import Branch
 from hybridjax.loop import drivers
@@ -331,7 +331,7 @@ def test_bad_jump_settings_are_refused_naming_the_field(field, value, match):
     c.hybrid.dispatch = "switch"
   c.update_from_flattened_dict({field: value})
   with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 @pytest.mark.parametrize(
@@ -346,13 +346,13 @@ def test_a_slow_beta_that_nothing_reads_is_refused(setting, fix):
   `hybrid.jump.slow_beta`: a value set there trained nothing and would be recorded as the run's."""
   c = _jump_config()
   c.update_from_flattened_dict(setting)
-  config_lib.validate(c)  # at the default slow_beta the setting is valid
+  preflight.validate(c)  # at the default slow_beta the setting is valid
   c.hybrid.jump.slow_beta = 0.995
   with pytest.raises(ValueError, match=r"hybrid\.jump\.slow_beta \(0\.995\) is set but unused") as e:
-    config_lib.validate(c)
+    preflight.validate(c)
   assert fix in str(e.value)
   c.update_from_flattened_dict({k: 0 for k in setting})
-  config_lib.validate(c)  # without them, slow_beta is the slow EMA's beta
+  preflight.validate(c)  # without them, slow_beta is the slow EMA's beta
 
 
 def test_the_branch_of_a_jump_is_the_predict_step():

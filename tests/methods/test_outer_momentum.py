@@ -11,8 +11,7 @@ import pytest
 from conftest import cached, micro_config, restore_latest
 from conftest import run_experiment as _run
 
-from hybridjax import config as config_lib
-from hybridjax import optim
+from hybridjax import optim, preflight
 
 
 class OuterStepTest(chex.TestCase):
@@ -83,4 +82,4 @@ def test_outer_momentum_in_hybrid_mode_is_refused():
   c = micro_config(mode="hybrid")
   c.optim.outer_every = 10
   with pytest.raises(ValueError, match="outer_every"):
-    config_lib.validate(c)
+    preflight.validate(c)

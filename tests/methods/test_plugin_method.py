@@ -18,7 +18,7 @@ from conftest import ROOT, abstract_driver_state, method_package, restore_checkp
 
 import hybridjax
 from hybridjax import config as config_lib
-from hybridjax import registry, settings_check
+from hybridjax import registry
 from hybridjax.loop.train import check_position
 from hybridjax.models import mlp
 
@@ -559,5 +559,5 @@ def test_a_user_method_without_a_block_shares_none_with_a_built_in():
   source = method_source()
   module = _module_from(source)
   method = registry.method_record(module, "repeat_update")
-  assert settings_check.builtin_name_errors(dataclasses.replace(method, config_key=None)) == []
-  assert settings_check.builtin_name_errors(method) == []
+  assert registry.builtin_name_errors(dataclasses.replace(method, config_key=None)) == []
+  assert registry.builtin_name_errors(method) == []

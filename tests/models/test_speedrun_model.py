@@ -18,7 +18,7 @@ from conftest import TEST_DATA
 
 from experiments.configs import gpt2_small
 from hybridjax import config as config_lib
-from hybridjax import optim, optimizers
+from hybridjax import optim, optimizers, preflight
 from hybridjax.models import gpt2
 
 REFERENCE = os.path.join(TEST_DATA, "gpt2_plain_reference.npz")
@@ -349,7 +349,7 @@ def test_an_impossible_option_is_refused_naming_the_field(options, field):
   c = gpt2_small.get_config("tiny,micro")
   c.model.update(options)
   with pytest.raises(ValueError, match="--config." + field.replace(".", r"\.")):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_a_model_with_options_does_not_convert_to_hugging_face():

@@ -7,14 +7,13 @@ Everything that says which optimizer reads which field (the refusal of a field s
 default `optim` block, docs/config.md, the tests that change each field and watch the updates) is
 computed from `OPTIMIZERS`. `make_optimizer` builds one by `optim.name`; `resolve_optimizer` takes a
 user's optimizer (`train(tx=...)`) instead, whose learning rate the schedule drives through
-`with_learning_rate`.
+`with_learning_rate`; the checks of a user's optimizer are `optimizers.user`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,13 @@ import jax.numpy as jnp
 import optax
 
 from hybridjax import schema
+from hybridjax.optimizers.user import (
+  Optimizer,
+  _factory_with_learning_rate,
+  _is_inject_state,
+  injected_learning_rates,
+  with_learning_rate,
+)
 
 F = schema.Field
 _beta = schema.check_num(0.0, 1.0, hi_open=True)
@@ -594,44 +600,6 @@ def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
   )
 
 
-Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]
-"""A user's optimizer: an optax transformation whose learning rate is injected
-(`optax.inject_hyperparams`), or a factory `learning_rate -> transformation`."""
-
-
-def injected_learning_rates(tx: optax.GradientTransformation, params: Any) -> int:
-  """How many `inject_hyperparams` states of `tx.init(params)` hold a `learning_rate`: the
-  entries `with_learning_rate` sets (0: the schedule cannot drive `tx`). Nothing is allocated."""
-  state = jax.eval_shape(tx.init, params)
-  nodes = jax.tree.leaves(state, is_leaf=_is_inject_state)
-  return sum(1 for n in nodes if _is_inject_state(n) and "learning_rate" in n.hyperparams)
-
-
-def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformation]) -> Callable:
-  """`factory` callable as `factory(learning_rate=...)`, as `inject_hyperparams` calls it: a factory
-  whose one parameter has another name (`lambda lr: ...`) is wrapped."""
-  try:
-    params = inspect.signature(factory).parameters
-  except (TypeError, ValueError):  # a builtin or C callable: call it by keyword and let it fail clearly
-    return factory
-  if "learning_rate" in params:
-    return factory
-  positional = [
-    p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-  ]
-  if len(positional) != 1:
-    raise ValueError(
-      f"train(tx=...) got a factory {getattr(factory, '__name__', factory)!r} with parameters "
-      f"{list(params)}: a factory must take the learning rate, as its only required parameter or as "
-      "`learning_rate` (e.g. `lambda learning_rate: optax.adamw(learning_rate)`)"
-    )
-
-  def with_learning_rate_kwarg(learning_rate):
-    return factory(learning_rate)
-
-  return with_learning_rate_kwarg
-
-
 def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
   """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
 
@@ -678,20 +646,25 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
   return tx
 
 
-_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
-
-
-def _is_inject_state(node: Any) -> bool:
-  return isinstance(node, _INJECT_STATES)
-
-
-def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
-  """`opt_state` with the injected `learning_rate` of every `inject_hyperparams` state set to `lr`."""
-
-  def put(node):
-    if _is_inject_state(node) and "learning_rate" in node.hyperparams:
-      old = node.hyperparams["learning_rate"]
-      return node._replace(hyperparams={**node.hyperparams, "learning_rate": jnp.asarray(lr, old.dtype)})
-    return node
-
-  return jax.tree.map(put, opt_state, is_leaf=_is_inject_state)
+__all__ = [
+  "ADAMW_LR_RATIOS",
+  "BUILTIN_OPTIMIZERS",
+  "FIELDS",
+  "MUON_MOMENTUM",
+  "OPTIMIZERS",
+  "BuiltinOptimizer",
+  "Optimizer",
+  "adamw_group_labels",
+  "adamw_lr_ratios",
+  "adamw_ratio_error",
+  "final_muon_momentum",
+  "injected_learning_rates",
+  "make_optimizer",
+  "muon_group_labels",
+  "muon_labels",
+  "muon_momentum",
+  "resolve_optimizer",
+  "tied_head_settings",
+  "with_learning_rate",
+  "_is_inject_state",
+]

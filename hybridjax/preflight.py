@@ -1,0 +1,585 @@
+"""The pre-flight of a run: every check of a whole config, before anything is compiled or written.
+
+`validate` checks each declared field (`schema.Field.check`: the top level's and every block's of
+`config.BLOCKS`, a method's block, the GPT-2 task's model and data blocks) and the relations within
+one config; `unknown_field_errors` and `misnamed_block_errors` name a key or block no one declares
+(with the nearest declared one); `optimizer_setting_errors` and `inert_setting_errors` name a field
+that is set where the run would not read it, generically from the declarations (`schema.Field.unread`,
+`roles`; an optimizer's declared fields, a method's block, the controller settings a method sets).
+`loop.train.train` and the experiment programs call them; `bench.study` for the benchmark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+from hybridjax import config as config_lib
+from hybridjax import optim as optim_lib
+from hybridjax import registry, schema, sharding
+from hybridjax.models import gpt2
+
+
+def _raise(errors: list[str]) -> None:
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+_int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
+_bool, _str = schema.check_bool, schema.check_str
+
+# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them.
+_GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
+  "model.vocab_size": _int(2, 65535),
+  "model.n_ctx": _int(1),
+  "model.n_layer": _int(1),
+  "model.n_head": _int(1),
+  "model.d_model": _int(1),
+  "model.dropout": _num(0.0, 1.0, hi_open=True),
+  "model.layer_norm_eps": _num(0.0, lo_open=True),
+  "model.dtype": _choice("float32", "bfloat16", "float16"),
+  # The speedrun's architecture options (`models.gpt2.OPTIONS`; their combinations are checked below).
+  "model.rotary": _bool,
+  "model.rotary_base": _num(1.0, lo_open=True),
+  "model.qk_norm": _bool,
+  "model.relu2": _bool,
+  "model.rmsnorm": _bool,
+  "model.embed_norm": _bool,
+  "model.zero_init_proj": _bool,
+  "model.untied_head": _bool,
+  "model.logit_softcap": _num(0.0),
+  "model.embed_skips": _bool,
+  "model.value_embeds": _int(0),
+  "model.unet_skips": _bool,
+  "model.value_residual": _bool,
+  "model.attn_scale": _num(0.0),  # 0 = 1/sqrt(head_dim)
+  "model.learned_attn_scale": _choice(*gpt2.LEARNED_ATTN_SCALES),
+  "model.init": _choice(*gpt2.INITS),
+  "data.path": _str,
+  "data.tokenizer": _choice("byte", "gpt2"),
+  "data.cache_dir": _str,
+  "data.val_fraction": _num(0.0, 0.5, lo_open=True),
+}
+
+
+def declared_checks() -> dict[str, Callable[[Any], str | None]]:
+  """Every declared field's check by dotted name: the top level's, every block's (`config_lib.BLOCKS`), and the
+  GPT-2 task's model and data fields."""
+  checks = {f.name: f.check for f in config_lib.TOP_FIELDS}
+  for block, fields in config_lib.BLOCKS.items():
+    checks |= {f"{block}.{f.name}": f.check for f in fields}
+  return checks | _GPT2_TASK_CHECKS
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def validate(
+  config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None, method: registry.Method | None = None
+) -> None:
+  """Checks every known field of `config`; raises `ValueError` naming each bad field.
+
+  Args:
+    config: the experiment config.
+    blocks: check only fields under these top-level keys (default: all present).
+    method: the config's method, resolved already (default: loaded from `hybrid.method`).
+  """
+  errors = []
+  for name, check in declared_checks().items():
+    top = name.split(".")[0]
+    if blocks is not None and top not in blocks:
+      continue
+    try:
+      value = _get(config, name)
+    except (KeyError, AttributeError):
+      if top in config:  # a block that is present must be complete
+        errors.append(f"--config.{name} is missing from the config")
+      continue
+    msg = check(value)
+    if msg:
+      errors.append(f"--config.{name} {msg}")
+
+  def rel(cond: bool, msg: str):
+    if not cond:
+      errors.append(msg)
+
+  method_set = (config.get("hybrid") or {}).get("method") or ""
+  if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
+    errors.append(
+      f"--config.hybrid.method={method_set!r} is set but --config.mode='baseline' trains the plain baseline, "
+      f"not the method: set --config.mode=hybrid to train {method_set!r}, or --config.hybrid.method='' for the "
+      "baseline (outer momentum in baseline mode is --config.optim.outer_every)"
+    )
+  if not errors:
+    try:
+      resolved = method or config_lib.resolve_method(config)
+    except ValueError:
+      resolved = None  # the method's own error comes from `method_errors` below
+    errors += unknown_field_errors(config, resolved, blocks=blocks)
+  if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
+    errors.append(
+      "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
+      "(hybridjax.config.default_hybrid_config())"
+    )
+  if not errors:
+    if "trainer" in config and (blocks is None or "trainer" in blocks):
+      t = config.trainer
+      rel(
+        t.batch_size % t.grad_accum == 0,
+        f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
+        f"--config.trainer.grad_accum ({t.grad_accum})",
+      )
+      if blocks is None and config.get("mode") == "hybrid" and "hybrid" in config and config.hybrid.enable_predict:
+        # Otherwise the whole run is WARMUP: a baseline run with extra cost.
+        rel(
+          config.hybrid.warmup_steps < t.steps,
+          f"--config.hybrid.warmup_steps ({config.hybrid.warmup_steps}) must be < "
+          f"--config.trainer.steps ({t.steps}) for a hybrid run to ever predict; lower "
+          "--config.hybrid.warmup_steps or use --config.mode=baseline",
+        )
+    if "optim" in config and (blocks is None or "optim" in blocks):
+      o = config.optim
+      rel(
+        o.decay_steps == 0 or o.decay_steps > o.warmup_steps,
+        f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
+        f"> --config.optim.warmup_steps ({o.warmup_steps})",
+      )
+      steps = config.get("trainer", {}).get("steps")
+      # A warm-up as long as the run never reaches the peak learning rate, nor decays: a run of a few
+      # steps with the default warm-up is a mistake, not a run.
+      if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
+        fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
+        errors.append(
+          f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
+          f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
+          f"--config.optim.warmup_steps {fix}"
+        )
+      # The optimizer-specific knobs: set away from their defaults with another optimizer they would be
+      # silently ignored.
+      ratios = optim_lib.adamw_lr_ratios(o)
+      if ratios != (1.0, 1.0) and o.name not in ("adamw", "adam"):
+        errors.append(optim_lib.adamw_ratio_error(o.name, ratios))
+      final = optim_lib.final_muon_momentum(o)
+      rel(
+        final == optim_lib.MUON_MOMENTUM or o.name in ("muon", "muon_groups"),
+        f"--config.optim.muon_momentum ({final}) is Muon's momentum, but --config.optim.name={o.name!r} has no "
+        f"Muon: set --config.optim.name to 'muon' or 'muon_groups', or the momentum back to {optim_lib.MUON_MOMENTUM}",
+      )
+      scale = float(o.get("groups_lr_scale", 1.0))
+      rel(
+        scale == 1.0 or o.name == "muon_groups",
+        f"--config.optim.groups_lr_scale ({scale}) scales the Adam groups of 'muon_groups', but --config.optim.name="
+        f"{o.name!r}: set --config.optim.name='muon_groups', or the scale back to 1.0",
+      )
+      warm = o.get("muon_momentum_warmup_steps", 0)
+      if warm:  # Muon's momentum warm-up: a Muon optimizer, and a run it fits in
+        rel(
+          o.name in ("muon", "muon_groups"),
+          f"--config.optim.muon_momentum_warmup_steps ({warm}) warms up Muon's momentum, but --config.optim.name="
+          f"{o.name!r} has no Muon: set --config.optim.name to 'muon' or 'muon_groups', or the warm-up to 0",
+        )
+        rel(
+          steps is None or warm <= steps,
+          f"--config.optim.muon_momentum_warmup_steps ({warm}) is longer than the run (--config.trainer.steps="
+          f"{steps}): the momentum would never reach --config.optim.muon_momentum ({final}); use at most {steps} "
+          "steps, or 0 for no warm-up",
+        )
+        rel(
+          o.muon_momentum_start <= final,
+          f"--config.optim.muon_momentum_start ({o.muon_momentum_start}) is above --config.optim.muon_momentum "
+          f"({final}): the warm-up rises from the start to the momentum; set the start at most {final}, or "
+          "--config.optim.muon_momentum_warmup_steps=0 for no warm-up",
+        )
+    if "model" in config and (blocks is None or "model" in blocks):
+      m = config.model
+      rel(
+        m.d_model % m.n_head == 0,
+        f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})",
+      )
+      # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
+      errors += [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
+    if "hybrid" in config and (blocks is None or "hybrid" in blocks):
+      h = config.hybrid
+      rel(
+        h.steps_per_call == 1 or h.dispatch == "switch",
+        f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
+        "'switch' (host dispatch reads the device after every step); set one or the other",
+      )
+      errors += method_errors(config, check_relations=blocks is None, method=method)
+    if blocks is None or "mesh" in blocks or "distributed" in blocks:
+      errors += sharding.mesh_errors(config, n_devices=None)[0]
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+# The blocks of an experiment config whose every field is declared (`_FIELDS`, a method's block,
+# the GPT-2 model's fields); a misspelt key in them is an error, not a new field.
+DECLARED_BLOCKS = ("model", "data", "optim", "trainer", "hybrid", "mesh", "distributed")
+# Blocks that other code checks field by field (the benchmark's, `bench.specs.validate_benchmark`).
+OTHER_BLOCKS = ("benchmark",)
+
+
+def declared_fields(method: registry.Method | None = None) -> set[str]:
+  """Every field an experiment config may hold in `DECLARED_BLOCKS` and at its top level: the
+  validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
+  model's, and `method`'s block (a user's method: its declared fields, or its defaults' leaves)."""
+  names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
+  if method is not None and method.config_key:
+    block = set(method.fields)
+    default = method.default_config()
+    if default is not None:
+      block |= set(config_lib.flatten(default))
+    names |= {f"hybrid.{method.config_key}.{f}" for f in block}
+  return names
+
+
+def unknown_field_errors(
+  config: ml_collections.ConfigDict, method: registry.Method | None = None, *, blocks: tuple[str, ...] | None = None
+) -> list[str]:
+  """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
+  the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
+  otherwise train on the default, without a word. A block of the config's own outside
+  `DECLARED_BLOCKS` (a task's, e.g. `mlp`) and `OTHER_BLOCKS` are left to their owners."""
+  known = declared_fields(method)
+  errors = []
+  for name in config_lib.flatten(config):
+    top = name.split(".")[0]
+    if name in known or top in OTHER_BLOCKS or (blocks is not None and top not in blocks):
+      continue
+    near_block = difflib.get_close_matches(top, DECLARED_BLOCKS + OTHER_BLOCKS, n=1, cutoff=0.8)
+    if "." in name and top not in DECLARED_BLOCKS and not near_block:
+      continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
+    nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if not nearest:  # a misspelt block name (`trainr.steps`): the nearest field of the nearest block
+      parts = name.split(".")
+      blocks_near = difflib.get_close_matches(parts[0], DECLARED_BLOCKS, n=1)
+      if blocks_near:
+        nearest = difflib.get_close_matches(".".join([blocks_near[0], *parts[1:]]), sorted(known), n=1, cutoff=0.5)
+    hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+    errors.append(
+      f"--config.{name} is not a field of the config: {hint}A misspelt key would leave the field it "
+      "meant at its default; rename or remove it"
+    )
+  return errors
+
+
+def method_errors(
+  config: ml_collections.ConfigDict, *, check_relations: bool = True, method: registry.Method | None = None
+) -> list[str]:
+  """The problems of `config.hybrid`'s method: a name that loads no method, its block's fields
+  (`method.fields`), and, with `check_relations` in a hybrid run, its checks on the whole config
+  (`method.check`) and what it composes with (outer momentum runs with a method only if the method
+  declares it in `COMPOSES_WITH`). Each names the field and the fix."""
+  h = config.hybrid
+  name = config_lib.method_name(config)
+  try:
+    method = method or registry.load_method(name)
+  except ValueError as e:
+    return [str(e)]
+  errors = []
+  key = method.config_key
+  if key:
+    if key not in h:
+      return [
+        f"--config.hybrid.{key} is missing: method {name!r} reads its settings there "
+        f"(hybridjax.config.with_method_block(config) adds its defaults)"
+      ]
+    for field, check in method.fields.items():
+      try:
+        value = _get(h[key], field)
+      except (KeyError, AttributeError):
+        errors.append(f"--config.hybrid.{key}.{field} is missing from the config")
+        continue
+      msg = check(value)
+      if msg:
+        errors.append(f"--config.hybrid.{key}.{field} {msg}")
+  if errors or not check_relations or config.get("mode") != "hybrid":
+    return errors
+  if method.advances_schedule and h.steps_per_call != 1:
+    errors.append(
+      f"--config.hybrid.method={name!r} decides on the device whether a step uses its batch and how far it "
+      "advances the schedule, so the host reads the data position after each step: set "
+      f"--config.hybrid.steps_per_call=1 (got {h.steps_per_call})"
+    )
+  outer_every = config.get("optim", {}).get("outer_every", 0)
+  if outer_every and "outer_momentum" not in method.composes_with and name != "outer_momentum":
+    errors.append(
+      f"--config.optim.outer_every ({outer_every}) turns on outer momentum, which method {name!r} does not "
+      "compose with (its COMPOSES_WITH): set --config.optim.outer_every=0, or --config.mode=baseline"
+    )
+  return errors + list(method.check(config))
+
+
+def field_defaults() -> dict[str, Any]:
+  """The default of every field (as its JSON record holds it): `config_lib.default_config`'s, the built-in
+  methods' blocks and the GPT-2 model's. What a field missing from an older run's saved config meant."""
+  defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
+  for f in dataclasses.fields(gpt2.GPT2Config):
+    if f.default is not dataclasses.MISSING:
+      defaults[f"model.{f.name}"] = json.loads(json.dumps(f.default))
+  return defaults
+
+
+def known_fields() -> dict[str, Callable[[Any], str | None]]:
+  """Every validated field: the generic ones and those of the built-in methods' blocks."""
+  fields = declared_checks()
+  for name in registry.BUILTIN_METHODS:
+    method = registry.load_method(name)
+    for field, check in method.fields.items():
+      fields[f"hybrid.{method.config_key}.{field}"] = check
+  return fields
+
+
+# --- a block misnamed from Python ----------------------------------------------------------------
+
+# How close (difflib's ratio) a top-level block's name must be to a declared block's for the two to
+# be compared field by field: `optimizer` for `optim` is 0.71.
+NEAR_BLOCK_CUTOFF = 0.5
+
+
+def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> list[str]:
+  """A line for each top-level block of `config` that no one reads but that looks like a declared
+  block set under another name (`config.update({"optimizer": {"learning_rate": ...}})` for `optim`):
+  its name near a declared block's and one of its fields one of that block's. `config.validate`
+  leaves a block of its own to the task that owns it (`config.unknown_field_errors`), so such a
+  block would otherwise train on the defaults it meant to change, without a word."""
+  known = declared_fields(method)
+  errors = []
+  for top in config:
+    block = config[top]
+    if top in DECLARED_BLOCKS + OTHER_BLOCKS or not hasattr(block, "items"):
+      continue
+    fields = sorted(config_lib.flatten(block))
+    for near in difflib.get_close_matches(top, DECLARED_BLOCKS, n=3, cutoff=NEAR_BLOCK_CUTOFF):
+      shared = [f for f in fields if f"{near}.{f}" in known]
+      if shared:
+        errors.append(
+          f"--config.{top}.{shared[0]} is in a block no one reads: did you mean --config.{near}.{shared[0]}? "
+          f"`{top}` looks like `{near}` set under another name (it shares {', '.join(shared)}), and the run "
+          f"would train on {near}'s defaults; rename the block to `{near}`, or give a block of your own a "
+          "name no declared block is near"
+        )
+        break
+  return errors
+
+
+def check_block_names(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> None:
+  """Refuses `config` when `misnamed_block_errors` finds a declared block set under another name."""
+  _raise(misnamed_block_errors(config, method))
+
+
+# --- hybrid settings with no effect ----------------------------------------------------------------
+
+
+def _json_flat(config: Any) -> dict[str, Any]:
+  """A config's (or block's) leaves by dotted name, as its JSON record holds them (tuples as lists)."""
+  if isinstance(config, ml_collections.ConfigDict):
+    config = json.loads(config.to_json())
+  return config_lib.flatten(config)
+
+
+def reference_configs(
+  config: ml_collections.ConfigDict, method: registry.Method | None = None
+) -> list[ml_collections.ConfigDict]:
+  """The default reference of `inert_setting_errors` for `config`:
+  `hybridjax.default_config(mode, method)` (the method's block at its defaults in hybrid mode).
+  `method`: the config's, resolved already (default: by its name)."""
+  reference = config_lib.default_config(mode=config.mode)
+  if config.mode == "hybrid":
+    reference.hybrid.method = config_lib.method_name(config)
+    config_lib.with_method_block(reference, method)
+  return [reference]
+
+
+def inert_setting_errors(
+  config: ml_collections.ConfigDict,
+  method: registry.Method,
+  references: Sequence[ml_collections.ConfigDict],
+  *,
+  control: Mapping[str, Any] | None = None,
+) -> list[str]:
+  """A line for each field of `config.hybrid` that is set (its value is none of the `references`'
+  values of it) where the run will not read it, naming the field and the fix:
+
+  * baseline mode: every hybrid field (the baseline reads none; `hybrid.method` is `validate`'s);
+  * hybrid mode: the blocks of the built-in methods the run does not train;
+  * hybrid mode: the controller fields that `method`'s `control()` sets (`control`: its overrides,
+    {controller setting: value}; `drivers.make_context` discards the config's value), unless the
+    config already holds the value the method sets.
+
+  `references` are the configs whose values count as "not set": `reference_configs` (the library's
+  defaults), or an experiment's presets, which tune the hybrid block for a hybrid run.
+  """
+  flat = _json_flat(config.hybrid)
+  ref_flats = [_json_flat(r.hybrid) for r in references if "hybrid" in r]
+  default = ref_flats[0] if ref_flats else {}
+
+  def is_set(field: str) -> bool:
+    return all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
+
+  def listed(fields: list[str]) -> str:
+    return ", ".join(
+      f"--config.hybrid.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
+    )
+
+  def them(fields: list[str]) -> tuple[str, str]:
+    return ("has", "it") if len(fields) == 1 else ("have", "them")
+
+  errors = []
+  if config.mode == "baseline":
+    unread = [f for f in sorted(flat) if f != "method" and is_set(f)]
+    if unread:
+      verb, obj = them(unread)
+      errors.append(
+        f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
+        f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
+        "(hybridjax.default_config())"
+      )
+    return errors
+  name = config_lib.method_name(config)
+  for other in registry.BUILTIN_METHODS:
+    key = registry.load_method(other).config_key
+    if not key or key == method.config_key:
+      continue
+    unread = [f for f in sorted(flat) if f.startswith(key + ".") and is_set(f)]
+    if unread:
+      verb, obj = them(unread)
+      errors.append(
+        f"{listed(unread)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
+        f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
+        "default"
+      )
+  # The generic controller's settings (`hybrid.context.ControllerSettings`) by their config fields.
+  control_fields = {f.name.rsplit(".", 1)[-1]: f.name for f in config_lib.HYBRID_FIELDS}
+  for setting, forced in sorted((control or {}).items()):
+    field = control_fields.get(setting)
+    if field is None or field not in flat or flat[field] == forced or not is_set(field):
+      continue
+    errors.append(
+      f"{listed([field])} has no effect: method {name!r} sets it to {forced!r} (its control(), "
+      "docs/methods.md), whatever the config says. Leave it at the default, or train a method that reads it"
+    )
+  return errors
+
+
+# --- optimizer and trainer settings with no effect ------------------------------------------------
+
+
+def _words(names: list[str]) -> str:
+  """'a', 'a and b', 'a, b and c'."""
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def optimizer_setting_errors(
+  config: ml_collections.ConfigDict, references: Sequence[ml_collections.ConfigDict], given: Sequence[str] = ()
+) -> list[str]:
+  """A line for each `config.optim` or `config.trainer` field that is set where the run will not
+  read it, naming the field and the fix, from the fields' declarations (`optim.FIELDS`,
+  `config.TRAINER_FIELDS`):
+
+  * a field the optimizer `optim.name` does not declare (`optimizers.OPTIMIZERS`); the fix names the
+    fields it reads with a role in common (`schema.Field.roles`), else the optimizers that read it.
+    Under a user's optimizer (`train(tx=...)`, any name that is not a built-in one) every optimizer
+    field, since that optimizer is used as given;
+  * a field whose declaration says this config's run does not read it (`schema.Field.unread`: a
+    decay fraction without 'wsd', a head field on a tied head, an averaging beta without averaging).
+
+  A field is set when it is in `given` (the command line's: refused whatever its value), or when its
+  value is none of the `references`' values of it (the config's preset, or `default_config()`).
+  """
+  flat = {
+    **{f"optim.{k}": v for k, v in _json_flat(config.optim).items()},
+    **{f"trainer.{k}": v for k, v in _json_flat(config.get("trainer") or {}).items()},
+  }
+  ref_flats = [_json_flat(r) for r in references]
+  default = ref_flats[0] if ref_flats else {}
+
+  def is_set(field: str) -> bool:
+    if field not in flat:
+      return False
+    return field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
+
+  def listed(fields: list[str]) -> str:
+    return ", ".join(
+      f"--config.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
+    )
+
+  name = config.optim.name
+  decl = optim_lib.OPTIMIZERS.get(name)
+  errors, reported = [], set()
+  if decl is None:  # a user's optimizer: used as given
+    unread = [f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")]
+    if unread:
+      keys = [f"optim.{f.name}" for f in unread]
+      verb, obj = ("has", "it") if len(unread) == 1 else ("have", "them")
+      hints = [f.in_your_optimizer.format(value=flat[k]) for f, k in zip(unread, keys) if f.in_your_optimizer]
+      build = f" (e.g. {'; '.join(hints)})" if hints else ""
+      schedule = [f.name for f in optim_lib.RUN_FIELDS if f.name != "name" and not f.name.startswith("outer_")]
+      errors.append(
+        f"{listed(keys)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
+        f"which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
+        f"({', '.join(schedule)}) and outer momentum's. Build {obj} into the optimizer you pass{build}, and leave "
+        f"{obj} at the default"
+      )
+      reported |= set(keys)
+  else:
+    for f in optim_lib.OPTIMIZER_FIELDS:
+      key = f"optim.{f.name}"
+      if f in decl.fields or not is_set(key):
+        continue
+      reported.add(key)
+      instead = [g.name for g in decl.fields if set(g.roles) & set(f.roles)]
+      if instead:
+        fields = f"--config.optim.{_words(instead)}"
+        fix = (
+          f"{name!r} reads {fields} instead: set {'those' if len(instead) > 1 else 'that'}, or leave --config.{key} "
+        )
+        fix += "at the default"
+      else:
+        readers = [repr(o.name) for o in optim_lib.OPTIMIZERS.values() if f in o.fields]
+        one = len(readers) == 1
+        fix = (
+          f"Only {_words(readers)} {'reads' if one else 'read'} it: set --config.optim.name to "
+          f"{'it' if one else 'one of them'} to train with it, or leave it at the default"
+        )
+      errors.append(
+        f"{listed([key])} has no effect: --config.optim.name={name!r} does not read it ({decl.summary}; "
+        f"optim.make_optimizer). {fix}"
+      )
+  for block, fields in (("optim", optim_lib.FIELDS), ("trainer", config_lib.TRAINER_FIELDS)):
+    for f in fields:
+      key = f"{block}.{f.name}"
+      if f.unread is None or key in reported or not is_set(key):
+        continue
+      why = f.unread(config)
+      if why:
+        errors.append(f"{listed([key])} has no effect: {why}, or leave it at the default")
+  return errors
+
+
+def check_inert_settings(
+  config: ml_collections.ConfigDict,
+  method: registry.Method,
+  references: Sequence[ml_collections.ConfigDict] | None = None,
+  *,
+  control: Mapping[str, Any] | None = None,
+  given: Sequence[str] = (),
+) -> None:
+  """Refuses `config` when `inert_setting_errors` (hybrid settings) or `optimizer_setting_errors`
+  (optimizer settings) finds a setting with no effect. `references`: default
+  `reference_configs(config, method)`."""
+  if references is None:
+    references = reference_configs(config, method)
+  _raise(
+    inert_setting_errors(config, method, references, control=control)
+    + optimizer_setting_errors(config, references, given)
+  )
