@@ -160,8 +160,20 @@ def _cell(text: str) -> str:
   return text.replace("|", "\\|").replace("\n", " ")
 
 
+def optimizer_table() -> str:
+  """The markdown table of what each built-in optimizer reads, from its declaration."""
+  from hybridjax import optim
+
+  rows = ["| `optim.name` | reads, besides the schedule's fields and outer momentum's |", "|---|---|"]
+  for o in optim.OPTIMIZERS.values():
+    rows.append(f"| `{o.name}` | {', '.join(f'`{f.name}`' for f in o.fields)} |")
+  rows.append("| any other name (`train(tx=...)`) | nothing else: your optimizer is used as given |")
+  return "\n".join(rows)
+
+
 def reference_table(preset: str = PRESET) -> str:
-  """The markdown table of every config field: field, default for `preset`, description."""
+  """What each optimizer reads (`optimizer_table`), then the markdown table of every config field:
+  field, default for `preset`, description."""
   from experiments.configs import gpt2_small
   from hybridjax import config as config_lib
 
@@ -181,7 +193,7 @@ def reference_table(preset: str = PRESET) -> str:
   rows = ["| field | default (`tiny`) | meaning |", "|---|---|---|"]
   for name in sorted(fields, key=order):
     rows.append(f"| `{name}` | {_cell(_code(fields[name]))} | {_cell(desc.get(name, (0, ''))[1])} |")
-  return "\n".join(rows)
+  return optimizer_table() + "\n\n" + "\n".join(rows)
 
 
 def reference_block(text: str) -> str | None:
