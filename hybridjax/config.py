@@ -42,24 +42,24 @@ _bool, _str = schema.check_bool, schema.check_str
 # `trainer`: read by the loop (`loop.train`, `loop.drivers`). A runtime field changes how a run
 # executes, not what it trains: a resume may change it.
 TRAINER_FIELDS: tuple[schema.Field, ...] = (
-  F("steps", 600, _int(1), "optimizer steps of the run (a resume may extend it)", runtime=True),
+  F("steps", 600, _int(1), "optimizer steps of the run (a resume may extend it)", runtime="resume"),
   F("batch_size", 16, _int(1), "sequences (examples) a step"),
   F("grad_accum", 1, _int(1), "micro-batches per optimizer step; must divide batch_size"),
-  F("log_every", 20, _int(1), "steps between log records", runtime=True),
-  F("eval_every", 100, _int(0), "steps between evals; 0 = only at the end", runtime=True),
-  F("eval_batches", 8, _int(1), "held-out batches an eval averages", runtime=True),
-  F("checkpoint_every", 200, _int(0), "steps between checkpoints; 0 = only at the end", runtime=True),
-  F("max_to_keep", 3, _int(1), "checkpoints kept", runtime=True),
-  F("progress", True, _bool, "a tqdm progress bar", runtime=True),
-  F("compile_cache", True, _bool, "JAX's persistent compilation cache", runtime=True),
-  F("compile_cache_dir", "", _str, "'' = ~/.cache/hybridjax/jax_cache", runtime=True),
-  F("memory_limit_bytes", 0, _int(0), "0 = off; above it: warn and save an emergency checkpoint once", runtime=True),
+  F("log_every", 20, _int(1), "steps between log records", runtime="resume"),
+  F("eval_every", 100, _int(0), "steps between evals; 0 = only at the end", runtime="resume"),
+  F("eval_batches", 8, _int(1), "held-out batches an eval averages", runtime="resume"),
+  F("checkpoint_every", 200, _int(0), "steps between checkpoints; 0 = only at the end", runtime="resume"),
+  F("max_to_keep", 3, _int(1), "checkpoints kept", runtime="resume"),
+  F("progress", True, _bool, "a tqdm progress bar", runtime="host"),
+  F("compile_cache", True, _bool, "JAX's persistent compilation cache", runtime="host"),
+  F("compile_cache_dir", "", _str, "'' = ~/.cache/hybridjax/jax_cache", runtime="host"),
+  F("memory_limit_bytes", 0, _int(0), "0 = off; above it: warn and save an emergency checkpoint once", runtime="host"),
   F(
     "max_nonfinite_steps",
     20,
     _int(1),
     "stop (TrainingDiverged) after this many consecutive skipped non-finite updates; the last good checkpoint is kept",
-    runtime=True,
+    runtime="resume",
   ),
   F(
     "averaging",
@@ -133,7 +133,7 @@ HYBRID_FIELDS: tuple[schema.Field, ...] = (
     50,
     _int(1),
     "stop the run after this many non-finite events in all (TrainingDiverged)",
-    runtime=True,
+    runtime="resume",
   ),
 )
 
@@ -203,16 +203,18 @@ def with_method_block(
 # the data axis, so a run on 8 devices is 8-way data parallel with no flag. A checkpoint restores onto
 # any mesh, so these are runtime fields.
 MESH_FIELDS: tuple[schema.Field, ...] = (
-  F("data", -1, _int(-1), "data-parallel replicas; -1 = all visible devices / fsdp", runtime=True),
-  F("fsdp", 1, _int(1), "devices each param, optimizer-state and velocity leaf is split over (1 = off)", runtime=True),
+  F("data", -1, _int(-1), "data-parallel replicas; -1 = all visible devices / fsdp", runtime="host"),
+  F(
+    "fsdp", 1, _int(1), "devices each param, optimizer-state and velocity leaf is split over (1 = off)", runtime="host"
+  ),
 )
 # `distributed`: multi-host start-up, `jax.distributed.initialize()` (`hybridjax.sharding`). With
 # `enabled` and nothing else set, JAX detects the cluster (SLURM, Open MPI, TPU pods, ...).
 DISTRIBUTED_FIELDS: tuple[schema.Field, ...] = (
-  F("enabled", False, _bool, "start JAX's multi-host runtime", runtime=True),
-  F("coordinator_address", "", _str, "'host:port' of process 0; '' = auto-detect", runtime=True),
-  F("num_processes", 0, _int(0), "0 = auto-detect", runtime=True),
-  F("process_id", -1, _int(-1), "-1 = auto-detect", runtime=True),
+  F("enabled", False, _bool, "start JAX's multi-host runtime", runtime="host"),
+  F("coordinator_address", "", _str, "'host:port' of process 0; '' = auto-detect", runtime="host"),
+  F("num_processes", 0, _int(0), "0 = auto-detect", runtime="host"),
+  F("process_id", -1, _int(-1), "-1 = auto-detect", runtime="host"),
 )
 # The top level of every config.
 TOP_FIELDS: tuple[schema.Field, ...] = (
@@ -224,7 +226,7 @@ TOP_FIELDS: tuple[schema.Field, ...] = (
     _choice("auto", "force", "never"),
     "'auto': resume a run in the workdir if its config matches, "
     "refuse otherwise; 'force': resume even if the stored config differs; 'never': refuse any existing run",
-    runtime=True,
+    runtime="host",
   ),
   F(
     "preset",
@@ -232,14 +234,14 @@ TOP_FIELDS: tuple[schema.Field, ...] = (
     _str,
     "experiment configs only: the preset and its variants ('tiny,speedrun'), a label: the "
     "values it set are in the other fields",
-    runtime=True,
+    runtime="resume",
   ),
   F(
     "notes",
     "",
     _str,
     "experiment configs only: what the preset's settings rest on (printed at the start)",
-    runtime=True,
+    runtime="host",
   ),
 )
 # The blocks every config has, with their declarations (the model and data blocks are a task's own).
@@ -252,10 +254,12 @@ BLOCKS: dict[str, tuple[schema.Field, ...]] = {
 }
 
 
-def runtime_fields() -> frozenset[str]:
-  """Every field declared runtime (`schema.Field.runtime`), by dotted name."""
-  names = {f.name for f in TOP_FIELDS if f.runtime}
-  return frozenset(names | {f"{b}.{f.name}" for b, fields in BLOCKS.items() for f in fields if f.runtime})
+def runtime_fields(*kinds: str) -> frozenset[str]:
+  """Every field declared runtime (`schema.Field.runtime`) of `kinds` ('resume', 'host'; default
+  both), by dotted name."""
+  kinds = kinds or ("resume", "host")
+  names = {f.name for f in TOP_FIELDS if f.runtime in kinds}
+  return frozenset(names | {f"{b}.{f.name}" for b, fields in BLOCKS.items() for f in fields if f.runtime in kinds})
 
 
 def default_mesh_config() -> ml_collections.ConfigDict:

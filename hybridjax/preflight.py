@@ -221,15 +221,18 @@ def validate(
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
-# The blocks of an experiment config whose every field is declared (`_FIELDS`, a method's block,
-# the GPT-2 model's fields); a misspelt key in them is an error, not a new field.
-DECLARED_BLOCKS = ("model", "data", "optim", "trainer", "hybrid", "mesh", "distributed")
-# Blocks that other code checks field by field (the benchmark's, `bench.specs.validate_benchmark`).
-OTHER_BLOCKS = ("benchmark",)
+def declared_blocks() -> tuple[str, ...]:
+  """The blocks of an experiment config whose every field is declared: the GPT-2 task's model and
+  data blocks (`_GPT2_TASK_CHECKS`) and `config.BLOCKS`; a misspelt key in them is an error, not a
+  new field. The benchmark's block is `bench.study`'s to check field by field."""
+  return tuple(dict.fromkeys(k.split(".")[0] for k in _GPT2_TASK_CHECKS)) + tuple(config_lib.BLOCKS)
+
+
+BENCHMARK_BLOCK = "benchmark"  # the benchmark's block, which `bench.study` checks field by field
 
 
 def declared_fields(method: registry.Method | None = None) -> set[str]:
-  """Every field an experiment config may hold in `DECLARED_BLOCKS` and at its top level: the
+  """Every field an experiment config may hold in `declared_blocks()` and at its top level: the
   validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
   model's, and `method`'s block (a user's method: its declared fields, or its defaults' leaves)."""
   names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
@@ -248,20 +251,20 @@ def unknown_field_errors(
   """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
   the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
   otherwise train on the default, without a word. A block of the config's own outside
-  `DECLARED_BLOCKS` (a task's, e.g. `mlp`) and `OTHER_BLOCKS` are left to their owners."""
+  `declared_blocks()` (a task's, e.g. `mlp`) and the benchmark block are left to their owners."""
   known = declared_fields(method)
   errors = []
   for name in config_lib.flatten(config):
     top = name.split(".")[0]
-    if name in known or top in OTHER_BLOCKS or (blocks is not None and top not in blocks):
+    if name in known or top == BENCHMARK_BLOCK or (blocks is not None and top not in blocks):
       continue
-    near_block = difflib.get_close_matches(top, DECLARED_BLOCKS + OTHER_BLOCKS, n=1, cutoff=0.8)
-    if "." in name and top not in DECLARED_BLOCKS and not near_block:
+    near_block = difflib.get_close_matches(top, (*declared_blocks(), BENCHMARK_BLOCK), n=1, cutoff=0.8)
+    if "." in name and top not in declared_blocks() and not near_block:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
     nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     if not nearest:  # a misspelt block name (`trainr.steps`): the nearest field of the nearest block
       parts = name.split(".")
-      blocks_near = difflib.get_close_matches(parts[0], DECLARED_BLOCKS, n=1)
+      blocks_near = difflib.get_close_matches(parts[0], declared_blocks(), n=1)
       if blocks_near:
         nearest = difflib.get_close_matches(".".join([blocks_near[0], *parts[1:]]), sorted(known), n=1, cutoff=0.5)
     hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
@@ -356,10 +359,10 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   errors = []
   for top in config:
     block = config[top]
-    if top in DECLARED_BLOCKS + OTHER_BLOCKS or not hasattr(block, "items"):
+    if top in (*declared_blocks(), BENCHMARK_BLOCK) or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))
-    for near in difflib.get_close_matches(top, DECLARED_BLOCKS, n=3, cutoff=NEAR_BLOCK_CUTOFF):
+    for near in difflib.get_close_matches(top, declared_blocks(), n=3, cutoff=NEAR_BLOCK_CUTOFF):
       shared = [f for f in fields if f"{near}.{f}" in known]
       if shared:
         errors.append(

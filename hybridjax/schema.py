@@ -135,8 +135,11 @@ class Field:
       config's run does not read it, with the fix; None when always read by its owner.
     in_your_optimizer: for an optimizer field, where its setting goes in an optimizer of the user's
       (`train(tx=...)`), as a format string of the field's value.
-    runtime: True for a field that changes how a run executes, not what it trains (logging,
-      checkpoints, the compile cache): a resume may change it.
+    runtime: '' for a field that changes what a run trains; 'resume' for one that a resume may
+      change (how long and how often: the length, logging, evals, checkpoints, when a run stops)
+      but that a benchmark record compares, since it changes what the record measured; 'host' for
+      where and how a run executes (the compile cache, the mesh, progress bars), which never
+      changes a figure.
   """
 
   name: str
@@ -147,7 +150,7 @@ class Field:
   roles: tuple[str, ...] = ()
   unread: Unread | None = None
   in_your_optimizer: str = ""
-  runtime: bool = False
+  runtime: str = ""
 
 
 def by_name(fields: Iterable[Field]) -> dict[str, Field]:

@@ -16,10 +16,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import preflight, registry
 from hybridjax.bench import specs
+from hybridjax.bench.studies import STUDIES
 
 
 def machine_info() -> dict[str, Any]:
@@ -100,31 +100,10 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
 
 
 # Fields that say how and where a study ran and where it is published, never what it measured: two
-# records differing only in these hold the same measurement. A checkpoint's runtime fields, less those
-# that change what a benchmark run measures (its length, its evals, when a run stops on non-finite
-# steps), and the benchmark's own.
-RUNTIME_FIELDS = (
-  ckpt_lib.RUNTIME
-  - {
-    "trainer.steps",
-    "trainer.log_every",
-    "trainer.eval_every",
-    "trainer.eval_batches",
-    "trainer.checkpoint_every",
-    "trainer.max_to_keep",
-    "trainer.max_nonfinite_steps",
-    "hybrid.health.max_events",
-  }
-) | {
-  "benchmark.publish",
-  "benchmark.study",
-  "benchmark.executor",
-  "benchmark.workers",
-  "benchmark.cpus_per_run",
-  "benchmark.gpus_per_run",
-  "benchmark.ray_address",
-}
-STUDY_BLOCKS = ("ladder", "recipe", "variants", "knobs")  # `benchmark.<name>`: each study's own fields
+# records differing only in these hold the same measurement. The experiment fields declared to run on
+# a host (`schema.Field.runtime == 'host'`: the compile cache, the mesh, progress bars), the GPT-2
+# task's token cache, and the benchmark's own (`specs.RUNTIME`).
+RUNTIME = config_lib.runtime_fields("host") | {"data.cache_dir"} | {f"benchmark.{f}" for f in specs.RUNTIME}
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
 
 
@@ -156,7 +135,7 @@ def config_differences(
 ) -> list[str]:
   """The fields whose values differ between two configs (a published record's, `stored_config`'s,
   and another's), as 'field: <earlier> there, <later> here' lines, `FIRST_SHOWN` first; outside
-  `RUNTIME_FIELDS` and `ignore` (dotted fields, or blocks: 'benchmark.knobs' ignores its fields).
+  `RUNTIME` and `ignore` (dotted fields, or blocks: 'benchmark.knobs' ignores its fields).
   A field one config lacks (its record was written before the field existed) compares as its default
   (`config.field_defaults`); one with no default (a benchmark field or study block added since) is
   not compared: the older record cannot say what it was."""
@@ -165,7 +144,7 @@ def config_differences(
   absent = object()
 
   def ignored(k: str) -> bool:
-    return k in RUNTIME_FIELDS or any(k == i or k.startswith(i + ".") for i in ignore)
+    return k in RUNTIME or any(k == i or k.startswith(i + ".") for i in ignore)
 
   shown = {k: i for i, k in enumerate(FIRST_SHOWN)}
   keys = sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k))
@@ -183,10 +162,10 @@ def _plain(value: Any) -> Any:
 
 
 def other_studies(study: str) -> tuple[str, ...]:
-  """The blocks of the studies `study` does not read (`benchmark.<name>`, `STUDY_BLOCKS`): a record
+  """The blocks of the studies `study` does not read (`benchmark.<name>` of `STUDIES`; the family has none): a record
   of `study` compares without them. Every study but the family reads the recipe's block (the ladder's
   R6, the variants' and knobs' rows are the recipe's), and a speedrun family is the recipe whole."""
-  return tuple(f"benchmark.{s}" for s in STUDY_BLOCKS if s not in (study, "recipe"))
+  return tuple(f"benchmark.{s}" for s in STUDIES if s not in (study, "recipe", "family"))
 
 
 def publish_refusal(folder: str, path: str, why: str, lines: list[str] = ()) -> str:

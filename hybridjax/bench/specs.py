@@ -35,6 +35,9 @@ FIELDS = (
   "methods", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address", "eval_points", "timing_rounds",
   "timing_steps", "publish", "study", "plateau_margin", "plateau_seeds", "iterate", "arms",
 )  # fmt: skip
+# The benchmark block's fields that say how and where a study runs and where it is published, never
+# what it measures (`record.RUNTIME`).
+RUNTIME = ("publish", "study", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address")
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
 
 

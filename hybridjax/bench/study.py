@@ -31,14 +31,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-
-STUDIES = {  # name -> the package of its folder
-  "family": "hybridjax.bench.studies.family",
-  "ladder": "hybridjax.bench.studies.ladder",
-  "recipe": "hybridjax.bench.studies.recipe",
-  "variants": "hybridjax.bench.studies.variants",
-  "knobs": "hybridjax.bench.studies.knobs",
-}
+from hybridjax.bench.studies import STUDIES
 
 
 def study_name(config: ml_collections.ConfigDict) -> str:
@@ -110,15 +103,14 @@ OVERWRITTEN = {
   "trainer.averaging_beta": "the benchmark tunes the averaging beta on the tuning seeds over "
   "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
 }
-# The value of an OVERWRITTEN field in every preset of experiments/configs/benchmark.py: from Python,
-# another value was set and is refused (the preset-dependent ones are checked on the command line only).
+# The value of an OVERWRITTEN field in every preset of experiments/configs/benchmark.py, from the
+# declarations (the benchmark's configs say `mode='benchmark'`): from Python, another value was set and
+# is refused (the preset-dependent ones are checked on the command line only).
 PRESET_VALUES = {
-  "seed": 0,
+  "seed": {f.name: f.default for f in config_lib.TOP_FIELDS}["seed"],
   "mode": "benchmark",
   "trainer.averaging_beta": config_lib.default_trainer_config().averaging_beta,
 }
-CONSTANT_RUNGS = ("R0", "R1", "R2")  # the ladder's rungs that train at trainer.averaging_beta, untuned
-TUNED_RUNGS = ("R3", "R4", "R5", "R6")  # the ladder's rungs that run benchmark.methods too
 
 
 def is_speedrun_family(config: ml_collections.ConfigDict) -> bool:
@@ -149,7 +141,8 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   name, b = study_name(config), config.benchmark
   flat = config_lib.flatten(config)
   given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
-  rungs = arms_lib.names(b.ladder.rungs) if "ladder" in b else []
+  checks = importlib.import_module(STUDIES[name] + ".config")  # a study's own checks, where it has them
+  reads = checks.reads(config) if hasattr(checks, "reads") else set()
   errors = []
   task = specs.task_name(config)
   try:
@@ -169,8 +162,8 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
         "(docs/benchmark.md), or use --config.benchmark.task=gpt2"
       )
     if field in OVERWRITTEN:
-      if field == "trainer.averaging_beta" and name == "ladder" and set(rungs) & set(CONSTANT_RUNGS):
-        continue  # R0-R2 train at it (untuned); they compare the raw iterate
+      if field in reads:
+        continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
       errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field]}")
     parts = field.split(".")
     if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
@@ -189,13 +182,8 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
       "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "
       "--config.benchmark.methods"
     )
-  if "benchmark.methods" in fields and name == "ladder" and rungs and not set(rungs) & set(TUNED_RUNGS):
-    errors.append(
-      f"--config.benchmark.methods={b.methods!r} is set but unused: the ladder runs --config.benchmark.methods "
-      f"only at its tuned rungs {','.join(TUNED_RUNGS)}, and --config.benchmark.ladder.rungs={b.ladder.rungs!r} "
-      "has none: name the arms in --config.benchmark.ladder.methods (run at every rung), or add a rung from "
-      f"{','.join(TUNED_RUNGS)}"
-    )
+  if hasattr(checks, "unused_field_errors"):
+    errors += checks.unused_field_errors(config, fields)
   return errors
 
 

@@ -12,7 +12,7 @@ import ml_collections
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
 from hybridjax.bench.studies.family import config as family_config
-from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, group_config, names, rungs_of
+from hybridjax.bench.studies.ladder.rungs import CONSTANT_GROUPS, RUNGS, TUNED_GROUPS, group_config, names, rungs_of
 
 RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
 # What two ladders of one measurement may differ in, besides the runtime fields: the rungs each ran,
@@ -29,6 +29,29 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
   block.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
   block.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
   block.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
+
+
+def reads(config: ml_collections.ConfigDict) -> set[str]:
+  """The experiment fields the benchmark otherwise sets per run that this ladder reads: its constant
+  rungs (R0-R2's groups, `CONSTANT_GROUPS`) train at `trainer.averaging_beta`, untuned."""
+  selected = [RUNGS[r] for r in rungs_of(config) if r in RUNGS]
+  return {"trainer.averaging_beta"} if any(r.group in CONSTANT_GROUPS for r in selected) else set()
+
+
+def unused_field_errors(config: ml_collections.ConfigDict, given: Iterable[str]) -> list[str]:
+  """A line for `benchmark.methods` set (in `given`, the fields the command line set) where no
+  selected rung runs it: the ladder runs the protocol's arms at its tuned rungs only (`TUNED_GROUPS`)."""
+  b = config.benchmark
+  tuned = [n for n, r in RUNGS.items() if r.group in TUNED_GROUPS]
+  selected = rungs_of(config)
+  if "benchmark.methods" not in given or not selected or set(selected) & set(tuned):
+    return []
+  return [
+    f"--config.benchmark.methods={b.methods!r} is set but unused: the ladder runs --config.benchmark.methods "
+    f"only at its tuned rungs {','.join(tuned)}, and --config.benchmark.ladder.rungs={b.ladder.rungs!r} "
+    f"has none: name the arms in --config.benchmark.ladder.methods (run at every rung), or add a rung from "
+    f"{','.join(tuned)}"
+  ]
 
 
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
