@@ -83,16 +83,9 @@ def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
   return node
 
 
-def validate(
-  config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None, method: registry.Method | None = None
-) -> None:
-  """Checks every known field of `config`; raises `ValueError` naming each bad field.
-
-  Args:
-    config: the experiment config.
-    blocks: check only fields under these top-level keys (default: all present).
-    method: the config's method, resolved already (default: loaded from `hybrid.method`).
-  """
+def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None = None) -> list[str]:
+  """A line for each declared field of `config` (under `blocks`, default all) whose check refuses its
+  value, or that is missing from a block that is present."""
   errors = []
   for name, check in declared_checks().items():
     top = name.split(".")[0]
@@ -107,11 +100,12 @@ def validate(
     msg = check(value)
     if msg:
       errors.append(f"--config.{name} {msg}")
+  return errors
 
-  def rel(cond: bool, msg: str):
-    if not cond:
-      errors.append(msg)
 
+def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> list[str]:
+  """A method named in baseline mode; a hybrid run without its block."""
+  errors = []
   method_set = (config.get("hybrid") or {}).get("method") or ""
   if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
     errors.append(
@@ -119,103 +113,99 @@ def validate(
       f"not the method: set --config.mode=hybrid to train {method_set!r}, or --config.hybrid.method='' for the "
       "baseline (outer momentum in baseline mode is --config.optim.outer_every)"
     )
+  if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
+    errors.append(
+      "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
+      "(hybridjax.config.default_hybrid_config())"
+    )
+  return errors
+
+
+def _trainer_relations(config: ml_collections.ConfigDict, whole: bool) -> list[str]:
+  t, errors = config.trainer, []
+  if t.batch_size % t.grad_accum:
+    errors.append(
+      f"--config.trainer.batch_size ({t.batch_size}) must be divisible by --config.trainer.grad_accum ({t.grad_accum})"
+    )
+  hybrid = config.get("hybrid")
+  # Otherwise the whole run is WARMUP: a baseline run with extra cost.
+  if whole and config.get("mode") == "hybrid" and hybrid and hybrid.enable_predict and hybrid.warmup_steps >= t.steps:
+    errors.append(
+      f"--config.hybrid.warmup_steps ({hybrid.warmup_steps}) must be < --config.trainer.steps ({t.steps}) for a "
+      "hybrid run to ever predict; lower --config.hybrid.warmup_steps or use --config.mode=baseline"
+    )
+  return errors
+
+
+def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
+  o, errors = config.optim, []
+  if o.decay_steps and o.decay_steps <= o.warmup_steps:
+    errors.append(
+      f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
+      f"> --config.optim.warmup_steps ({o.warmup_steps})"
+    )
+  steps = config.get("trainer", {}).get("steps")
+  # A warm-up as long as the run never reaches the peak learning rate, nor decays: a run of a few
+  # steps with the default warm-up is a mistake, not a run.
+  if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
+    fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
+    errors.append(
+      f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
+      f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
+      f"--config.optim.warmup_steps {fix}"
+    )
+  return errors + optim_lib.relation_errors(o, steps)
+
+
+def _model_relations(config: ml_collections.ConfigDict) -> list[str]:
+  m = config.model
+  errors = []
+  if m.d_model % m.n_head:
+    errors.append(f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})")
+  # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
+  return errors + [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
+
+
+def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> list[str]:
+  h, errors = config.hybrid, []
+  if h.steps_per_call != 1 and h.dispatch != "switch":
+    errors.append(
+      f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
+      "'switch' (host dispatch reads the device after every step); set one or the other"
+    )
+  return errors + method_errors(config, check_relations=whole, method=method)
+
+
+def validate(
+  config: ml_collections.ConfigDict, *, blocks: tuple[str, ...] | None = None, method: registry.Method | None = None
+) -> None:
+  """Checks every declared field of `config` and the relations between them; raises `ValueError`
+  naming each bad field and the fix.
+
+  Args:
+    config: the experiment config.
+    blocks: check only fields under these top-level keys (default: all present).
+    method: the config's method, resolved already (default: loaded from `hybrid.method`).
+  """
+  errors = field_errors(config, blocks) + _mode_errors(config, blocks)
   if not errors:
     try:
       resolved = method or config_lib.resolve_method(config)
     except ValueError:
       resolved = None  # the method's own error comes from `method_errors` below
     errors += unknown_field_errors(config, resolved, blocks=blocks)
-  if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
-    errors.append(
-      "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
-      "(hybridjax.config.default_hybrid_config())"
-    )
   if not errors:
-    if "trainer" in config and (blocks is None or "trainer" in blocks):
-      t = config.trainer
-      rel(
-        t.batch_size % t.grad_accum == 0,
-        f"--config.trainer.batch_size ({t.batch_size}) must be divisible by "
-        f"--config.trainer.grad_accum ({t.grad_accum})",
-      )
-      if blocks is None and config.get("mode") == "hybrid" and "hybrid" in config and config.hybrid.enable_predict:
-        # Otherwise the whole run is WARMUP: a baseline run with extra cost.
-        rel(
-          config.hybrid.warmup_steps < t.steps,
-          f"--config.hybrid.warmup_steps ({config.hybrid.warmup_steps}) must be < "
-          f"--config.trainer.steps ({t.steps}) for a hybrid run to ever predict; lower "
-          "--config.hybrid.warmup_steps or use --config.mode=baseline",
-        )
-    if "optim" in config and (blocks is None or "optim" in blocks):
-      o = config.optim
-      rel(
-        o.decay_steps == 0 or o.decay_steps > o.warmup_steps,
-        f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
-        f"> --config.optim.warmup_steps ({o.warmup_steps})",
-      )
-      steps = config.get("trainer", {}).get("steps")
-      # A warm-up as long as the run never reaches the peak learning rate, nor decays: a run of a few
-      # steps with the default warm-up is a mistake, not a run.
-      if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
-        fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
-        errors.append(
-          f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
-          f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
-          f"--config.optim.warmup_steps {fix}"
-        )
-      # The optimizer-specific knobs: set away from their defaults with another optimizer they would be
-      # silently ignored.
-      ratios = optim_lib.adamw_lr_ratios(o)
-      if ratios != (1.0, 1.0) and o.name not in ("adamw", "adam"):
-        errors.append(optim_lib.adamw_ratio_error(o.name, ratios))
-      final = optim_lib.final_muon_momentum(o)
-      rel(
-        final == optim_lib.MUON_MOMENTUM or o.name in ("muon", "muon_groups"),
-        f"--config.optim.muon_momentum ({final}) is Muon's momentum, but --config.optim.name={o.name!r} has no "
-        f"Muon: set --config.optim.name to 'muon' or 'muon_groups', or the momentum back to {optim_lib.MUON_MOMENTUM}",
-      )
-      scale = float(o.get("groups_lr_scale", 1.0))
-      rel(
-        scale == 1.0 or o.name == "muon_groups",
-        f"--config.optim.groups_lr_scale ({scale}) scales the Adam groups of 'muon_groups', but --config.optim.name="
-        f"{o.name!r}: set --config.optim.name='muon_groups', or the scale back to 1.0",
-      )
-      warm = o.get("muon_momentum_warmup_steps", 0)
-      if warm:  # Muon's momentum warm-up: a Muon optimizer, and a run it fits in
-        rel(
-          o.name in ("muon", "muon_groups"),
-          f"--config.optim.muon_momentum_warmup_steps ({warm}) warms up Muon's momentum, but --config.optim.name="
-          f"{o.name!r} has no Muon: set --config.optim.name to 'muon' or 'muon_groups', or the warm-up to 0",
-        )
-        rel(
-          steps is None or warm <= steps,
-          f"--config.optim.muon_momentum_warmup_steps ({warm}) is longer than the run (--config.trainer.steps="
-          f"{steps}): the momentum would never reach --config.optim.muon_momentum ({final}); use at most {steps} "
-          "steps, or 0 for no warm-up",
-        )
-        rel(
-          o.muon_momentum_start <= final,
-          f"--config.optim.muon_momentum_start ({o.muon_momentum_start}) is above --config.optim.muon_momentum "
-          f"({final}): the warm-up rises from the start to the momentum; set the start at most {final}, or "
-          "--config.optim.muon_momentum_warmup_steps=0 for no warm-up",
-        )
-    if "model" in config and (blocks is None or "model" in blocks):
-      m = config.model
-      rel(
-        m.d_model % m.n_head == 0,
-        f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})",
-      )
-      # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
-      errors += [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
-    if "hybrid" in config and (blocks is None or "hybrid" in blocks):
-      h = config.hybrid
-      rel(
-        h.steps_per_call == 1 or h.dispatch == "switch",
-        f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
-        "'switch' (host dispatch reads the device after every step); set one or the other",
-      )
-      errors += method_errors(config, check_relations=blocks is None, method=method)
-    if blocks is None or "mesh" in blocks or "distributed" in blocks:
+    whole = blocks is None
+    relations = {
+      "trainer": lambda: _trainer_relations(config, whole),
+      "optim": lambda: _schedule_relations(config),
+      "model": lambda: _model_relations(config),
+      "hybrid": lambda: _hybrid_relations(config, whole, method),
+    }
+    for block, block_errors in relations.items():
+      if block in config and (whole or block in blocks):
+        errors += block_errors()
+    if whole or "mesh" in blocks or "distributed" in blocks:
       errors += sharding.mesh_errors(config, n_devices=None)[0]
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))

@@ -136,9 +136,9 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
   ]
 
 
-def validate_benchmark(config: ml_collections.ConfigDict) -> None:
-  """Checks the benchmark block; errors name the field and the fix."""
-  b = config.benchmark
+def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
+  """The benchmark block's protocol fields alone: seeds, budgets, the LR grid, betas, workers, evals,
+  the plateau rule."""
   errors = []
   if len(b.tuning_seeds) != 2:
     errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
@@ -158,6 +158,18 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     errors.append(f"benchmark.workers must be >= 1, got {b.workers}")
   if int(b.eval_points) < 1 or int(b.timing_rounds) < 1 or int(b.timing_steps) < 1:
     errors.append("benchmark.eval_points, timing_rounds and timing_steps must be >= 1")
+  # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
+  if not float(b.plateau_margin) > 0:
+    errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
+  if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):
+    errors.append("benchmark.plateau_seeds must not repeat a headline or tuning seed")
+  return errors
+
+
+def validate_benchmark(config: ml_collections.ConfigDict) -> None:
+  """Checks the benchmark block; errors name the field and the fix."""
+  b = config.benchmark
+  errors = _protocol_errors(b)
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
   if b.get("iterate", "averaged") not in ITERATES:
@@ -175,11 +187,6 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
       "schedule, decaying over that budget's steps; a fixed decay length would end a short budget's "
       "schedule early and hold a long one at its floor. Leave --config.optim.decay_steps at 0"
     )
-  # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
-  if not float(b.plateau_margin) > 0:
-    errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
-  if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):
-    errors.append("benchmark.plateau_seeds must not repeat a headline or tuning seed")
   try:
     optimizer = tasks_lib.optimizer_name(task_name(config))
   except ValueError as e:

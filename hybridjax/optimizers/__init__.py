@@ -589,6 +589,51 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   return core
 
 
+def relation_errors(optim: Any, steps: int | None) -> list[str]:
+  """The problems of an optim block's optimizer fields together (`steps`: the run's length, or None):
+  a Muon setting with an optimizer that has no Muon, the AdamW ratios with another optimizer, the
+  scale of 'muon_groups' Adam groups with another, a momentum warm-up longer than the run or
+  starting above the momentum. Each names the field and the fix."""
+  errors, name = [], optim.name
+  ratios = adamw_lr_ratios(optim)
+  if ratios != (1.0, 1.0) and name not in ("adamw", "adam"):
+    errors.append(adamw_ratio_error(name, ratios))
+  final = final_muon_momentum(optim)
+  has_muon = name in OPTIMIZERS and MUON_MOMENTUM_FIELD in OPTIMIZERS[name].fields
+  if final != MUON_MOMENTUM and not has_muon:
+    errors.append(
+      f"--config.optim.muon_momentum ({final}) is Muon's momentum, but --config.optim.name={name!r} has no "
+      f"Muon: set --config.optim.name to 'muon' or 'muon_groups', or the momentum back to {MUON_MOMENTUM}"
+    )
+  scale = float(optim.get("groups_lr_scale", 1.0))
+  if scale != 1.0 and name != "muon_groups":
+    errors.append(
+      f"--config.optim.groups_lr_scale ({scale}) scales the Adam groups of 'muon_groups', but --config.optim.name="
+      f"{name!r}: set --config.optim.name='muon_groups', or the scale back to 1.0"
+    )
+  warm = optim.get("muon_momentum_warmup_steps", 0)
+  if not warm:
+    return errors
+  if not has_muon:  # Muon's momentum warm-up: a Muon optimizer, and a run it fits in
+    errors.append(
+      f"--config.optim.muon_momentum_warmup_steps ({warm}) warms up Muon's momentum, but --config.optim.name="
+      f"{name!r} has no Muon: set --config.optim.name to 'muon' or 'muon_groups', or the warm-up to 0"
+    )
+  if steps is not None and warm > steps:
+    errors.append(
+      f"--config.optim.muon_momentum_warmup_steps ({warm}) is longer than the run (--config.trainer.steps="
+      f"{steps}): the momentum would never reach --config.optim.muon_momentum ({final}); use at most {steps} "
+      "steps, or 0 for no warm-up"
+    )
+  if optim.muon_momentum_start > final:
+    errors.append(
+      f"--config.optim.muon_momentum_start ({optim.muon_momentum_start}) is above --config.optim.muon_momentum "
+      f"({final}): the warm-up rises from the start to the momentum; set the start at most {final}, or "
+      "--config.optim.muon_momentum_warmup_steps=0 for no warm-up"
+    )
+  return errors
+
+
 def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
   """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
   optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
@@ -660,6 +705,7 @@ __all__ = [
   "final_muon_momentum",
   "injected_learning_rates",
   "make_optimizer",
+  "relation_errors",
   "muon_group_labels",
   "muon_labels",
   "muon_momentum",
