@@ -211,6 +211,15 @@ def validate(
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
+def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> None:
+  """Every check of a run's config alone: `validate`, a user's method module's names
+  (`registry.check_method_names`), and a declared block set under another name
+  (`misnamed_block_errors`)."""
+  validate(config, method=method)
+  registry.check_method_names(method)
+  check_block_names(config, method)
+
+
 def declared_blocks() -> tuple[str, ...]:
   """The blocks of an experiment config whose every field is declared: the GPT-2 task's model and
   data blocks (`_GPT2_TASK_CHECKS`) and `config.BLOCKS`; a misspelt key in them is an error, not a

@@ -363,6 +363,51 @@ def _next_boundary(step: int, total: int, intervals: Iterable[int]) -> int:
   return min([total] + [(step // n + 1) * n for n in intervals if n > 0])
 
 
+def _preflight(
+  config: ml_collections.ConfigDict,
+  init_params: Callable[[jax.Array], Any],
+  loss_fn: LossFn,
+  train_batch: Callable[[int], Batch],
+  eval_batches: Sequence[Batch],
+  tx: Optimizer | None,
+  reference_configs: Sequence[ml_collections.ConfigDict] | None,
+) -> tuple[ml_collections.ConfigDict, registry.Method, Any, Callable[[int], Batch], list[Batch], Any]:
+  """Every check of a run before anything is written: the config (`preflight.check_config`), the
+  loss and the batches on the first batch, the driver built (the optimizer resolved, the method's
+  hooks traced on a batch), the settings the run would not read. It compiles nothing it keeps and
+  writes nothing. Returns the working config (locked, with the method's block), the method, the
+  driver, the step's batches, the held-out batches and the device mesh."""
+  # The method, resolved once (every part below gets its record); its block at its defaults where
+  # the config has none (a user's method).
+  method = config_lib.resolve_method(config)
+  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
+  config.lock()  # the working copy: nothing below adds a key to it
+  preflight.check_config(config, method)
+  eval_batches = list(eval_batches)
+  if not eval_batches:
+    raise ValueError(
+      "train(eval_batches=[]): no held-out batch to evaluate on, so the run's final_eval_loss would be NaN; "
+      "pass eval_batches=[batch, ...], at least one fixed held-out batch"
+    )
+  enable_compile_cache(config.trainer)
+  # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
+  sharding_lib.initialize_distributed(config)
+  mesh = sharding_lib.make_mesh(config)
+  first_batch = train_batch(0)
+  check_loss_fn(loss_fn, init_params, first_batch, config.seed)
+  check_batch_counts(config.trainer, first_batch, eval_batches)
+  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
+  train_batch = step_batches(config, train_batch, method)
+  if reference_configs is not None or "preset" not in config:
+    control = None
+    if isinstance(driver, HybridDriver) and method.controller_overrides is not None:
+      control = method.controller_overrides(config.hybrid, driver.ctx.settings)
+    preflight.check_inert_settings(config, method, reference_configs, control=control)
+  if isinstance(driver, HybridDriver):
+    driver.check_method_hooks(train_batch(0))
+  return config, method, driver, train_batch, eval_batches, mesh
+
+
 def train(
   config: ml_collections.ConfigDict,
   workdir: str,
@@ -408,39 +453,11 @@ def train(
     The run summary (also written to `<workdir>/summary.json`).
   """
   hooks = dict(hooks or {})
-  # The method, resolved once (every part below gets its record); its block at its defaults where
-  # the config has none (a user's method); then every field checked before anything is written or
-  # compiled.
-  method = config_lib.resolve_method(config)
-  config = config_lib.with_method_block(ml_collections.ConfigDict(config.to_dict()), method)
-  config.lock()  # the working copy: nothing below adds a key to it
-  preflight.validate(config, method=method)
-  eval_batches = list(eval_batches)
-  if not eval_batches:
-    raise ValueError(
-      "train(eval_batches=[]): no held-out batch to evaluate on, so the run's final_eval_loss would be NaN; "
-      "pass eval_batches=[batch, ...], at least one fixed held-out batch"
-    )
-  registry.check_method_names(method)
-  preflight.check_block_names(config, method)
+  config, method, driver, train_batch, eval_batches, mesh = _preflight(
+    config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
+  )
   tcfg = config.trainer
   total_steps = tcfg.steps
-  enable_compile_cache(tcfg)
-  # Multi-host start-up (a no-op unless config.distributed.enabled), then the device mesh.
-  sharding_lib.initialize_distributed(config)
-  mesh = sharding_lib.make_mesh(config)
-  first_batch = train_batch(0)
-  check_loss_fn(loss_fn, init_params, first_batch, config.seed)
-  check_batch_counts(tcfg, first_batch, eval_batches)
-  driver = make_driver(config, init_params=init_params, loss_fn=loss_fn, mesh=mesh, tx=tx, method=method)
-  train_batch = step_batches(config, train_batch, method)
-  if reference_configs is not None or "preset" not in config:
-    control = None
-    if isinstance(driver, HybridDriver) and method.controller_overrides is not None:
-      control = method.controller_overrides(config.hybrid, driver.ctx.settings)
-    preflight.check_inert_settings(config, method, reference_configs, control=control)
-  if isinstance(driver, HybridDriver):
-    driver.check_method_hooks(train_batch(0))
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
