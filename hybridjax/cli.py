@@ -72,7 +72,10 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
     for path in _override_paths(argv):
       parts = path.split(".")
       if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
-        arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
+        with config.unlocked():  # an arm the command line defines: `benchmark.arms` is an open block
+          arms[parts[2]] = ml_collections.ConfigDict(
+            {"method": "", "mode": "hybrid", "control": False, "control_of": ""}
+          )
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in _override_paths(argv):

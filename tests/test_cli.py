@@ -103,10 +103,10 @@ def test_run_as_program_passes_other_errors_and_success(monkeypatch):
 def test_default_workdir_names_preset_and_mode():
   from conftest import micro_config
 
-  c = micro_config("hybrid")
+  c = micro_config("hybrid")  # the preset with its variant: 'tiny,micro'
   path = cli.default_workdir(c)
-  assert path.startswith(os.path.join("runs", "tiny-hybrid-"))
-  assert cli.default_workdir(c, "benchmark").startswith(os.path.join("runs", "tiny-benchmark-"))
+  assert path.startswith(os.path.join("runs", "tiny-micro-hybrid-"))
+  assert cli.default_workdir(c, "benchmark").startswith(os.path.join("runs", "tiny-micro-benchmark-"))
 
 
 @pytest.mark.parametrize("signum,code", [(15, 143), (2, 130)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_collections
 import pytest
 from conftest import micro_config
 
@@ -86,11 +87,19 @@ def _misspelt(c):
   ],
 )
 def test_a_misspelt_key_set_from_python_is_refused_naming_the_nearest_field(mistake, field, nearest):
+  """`default_config()` is locked: the misspelling fails at the assignment, with ml_collections' "did
+  you mean"; an unlocked copy (a config of the user's own) is refused by the pre-flight, naming the
+  nearest field."""
   c = config_lib.default_config("hybrid")
-  mistake(c)
+  leaf, near = field.split(".")[-1] if "." in field and field != "trainr.steps" else field.split(".")[0], None
+  near = nearest.split(".")[-1] if field != "trainr.steps" else "trainer"
+  with pytest.raises((AttributeError, KeyError), match=rf'Did you mean "{near}" instead of "{leaf}"\?'):
+    mistake(c)
+  unlocked = ml_collections.ConfigDict(c.to_dict())
+  mistake(unlocked)
   message = rf"--config\.{field} is not a field of the config: did you mean --config\.{nearest}\?"
   with pytest.raises(ValueError, match=message):
-    preflight.validate(c)
+    preflight.validate(unlocked)
 
 
 def test_every_preset_field_is_declared_and_a_task_block_is_its_own():
@@ -99,7 +108,8 @@ def test_every_preset_field_is_declared_and_a_task_block_is_its_own():
   for arg in ("tiny", "small", "124m", "tiny,micro"):
     assert preflight.unknown_field_errors(micro_config() if arg == "tiny,micro" else _preset(arg)) == []
   c = config_lib.default_config()
-  c.mlp = {"features": (32, 32)}
+  with c.unlocked():  # a task's block, added by its owner
+    c.mlp = {"features": (32, 32)}
   preflight.validate(c)
 
 
@@ -139,11 +149,14 @@ def test_a_method_block_comes_with_default_config_and_its_fields_are_checked(tmp
   c = config_lib.default_config("hybrid", method="user_cfg_methods.counted")
   c.hybrid.counted.every = 3
   preflight.validate(c)
+  with pytest.raises(AttributeError, match=r'Did you mean "every" instead of "everyy"\?'):
+    c.hybrid.counted.everyy = 3  # the block came in locked with the config
+  c = ml_collections.ConfigDict(c.to_dict())  # an unlocked copy: the pre-flight names it
   c.hybrid.counted.everyy = 3
   message = r"--config\.hybrid\.counted\.everyy is not a field.*--config\.hybrid\.counted\.every\?"
   with pytest.raises(ValueError, match=message):
     preflight.validate(c)
-  c = config_lib.default_config("hybrid")
+  c = ml_collections.ConfigDict(config_lib.default_config("hybrid").to_dict())
   c.hybrid.method = "user_cfg_methods.counted"
   c.hybrid.counted = {"every": "often"}
   message = r"--config\.hybrid\.counted\.every='often': method 'counted' declares it as int"

@@ -144,8 +144,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   if "wsd" in variants:
     c.optim.schedule = "wsd"
 
-  with c.unlocked():  # the benchmark's own block, added by its owner
-    b = c.benchmark = specs.BenchmarkBlock()
+  b = specs.BenchmarkBlock()  # the benchmark's own block, added to the locked config below by its owner
   b.preset = preset
   b.family = f"{c.optim.name}-{c.optim.schedule}"
   # Seeds: the LR sweep, the averaging beta and any method setting are chosen on the tuning seeds;
@@ -200,6 +199,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   elif preset == "124m":
     b.update(workers=1, timing_rounds=4, timing_steps=10)
   b.arms = arms(outer)
+  with c.unlocked():
+    c.benchmark = b
   if "speedrun" in variants:
     if len(variants) > 1:
       raise ValueError(
