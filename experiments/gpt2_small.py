@@ -145,7 +145,8 @@ def run(config: ml_collections.ConfigDict, workdir: str = "") -> dict[str, Any]:
   task = build_task(config)
   n_params = task.extra_meta["n_params"]
   print(
-    f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
+    f"GPT-2 {config.preset}: {n_params:,} params ({task.extra_meta['attention']} attention), "
+    f"{task.prepared.n_train:,} train tokens "
     f"({config.data.tokenizer}; the run reads them {corpus_epochs(config, task.prepared.n_train):.2f} times), "
     f"mode={config.mode}, workdir={workdir}, devices={jax.devices()}"
   )

@@ -17,7 +17,7 @@ import ml_collections
 from hybridjax import fields as fields_lib
 from hybridjax import optim as optim_lib
 from hybridjax import registry
-from hybridjax.models import gpt2
+from hybridjax.models import attention, gpt2
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
@@ -301,6 +301,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "model.dropout": _num(0.0, 1.0, hi_open=True),
   "model.layer_norm_eps": _num(0.0, lo_open=True),
   "model.dtype": _choice("float32", "bfloat16", "float16"),
+  "model.attention": _choice(*attention.ATTENTIONS),  # its combinations: `models.gpt2.option_errors`
   # The speedrun's architecture options (`models.gpt2.OPTIONS`; their combinations are checked below).
   "model.rotary": _bool,
   "model.rotary_base": _num(1.0, lo_open=True),

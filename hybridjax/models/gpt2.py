@@ -7,7 +7,9 @@ tied to ``wte``. Parameter names map 1:1 onto HF names, and dense kernels use
 the (in, out) layout of HF's ``Conv1D``, so conversion (`models.hf`) is a pure renaming.
 
 Parameters are always float32; ``GPT2Config.dtype`` selects the compute dtype.
-Attention softmax and the output logits are computed in float32.
+Attention softmax and the output logits are computed in float32. ``GPT2Config.attention`` chooses
+the attention's path (`models.attention`: the einsum, or ``jax.nn.dot_product_attention``'s XLA or
+cuDNN kernel); it leaves the parameters as they are.
 
 The modded-nanogpt speedrun's architecture changes are options of ``GPT2Config``, each one setting
 named as the speedrun's record history names it (rotary embeddings, QK-norm, ReLU², RMSNorm
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hybridjax.models import attention as attention_lib
 from hybridjax.models import layers
 from hybridjax.optim import Batch, LossFn
 
@@ -52,6 +55,10 @@ class GPT2Config:
     layer_norm_eps: LayerNorm epsilon.
     dtype: compute dtype name ("float32", "bfloat16" or "float16"); parameters
       are always stored in float32.
+    attention: the attention's path (`models.attention`): 'einsum' (the model's own, float32 scores;
+      the only one with attention dropout), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``'s),
+      or 'auto': cuDNN on an NVIDIA GPU in bfloat16/float16, XLA's on other accelerators, the einsum
+      on CPU and with dropout. The run's checkpoints record the path taken (``attention``).
     rotary: rotary position embeddings on the queries and keys, in place of the learned
       positions (no ``wpe``); needs an even head dimension.
     rotary_base: the rotary frequencies' base.
@@ -99,6 +106,7 @@ class GPT2Config:
   dropout: float = 0.0
   layer_norm_eps: float = 1e-5
   dtype: str = "float32"
+  attention: str = "auto"
   rotary: bool = False
   rotary_base: float = 10000.0
   qk_norm: bool = False
@@ -175,10 +183,11 @@ LEARNED_ATTN_SCALES = ("none", "layer", "head")
 
 
 def option_errors(model: Mapping[str, Any]) -> list[str]:
-  """The problems of a model block's speedrun options, alone and in combination (a mapping of the
-  `GPT2Config` fields; missing fields take their defaults). Each names the field and the fix."""
+  """The problems of a model block's attention path (`attention.attention_errors`) and speedrun
+  options, alone and in combination (a mapping of the `GPT2Config` fields; missing fields take their
+  defaults). Each names the field and the fix."""
   get = lambda name, default: model.get(name, default)
-  errors = []
+  errors = attention_lib.attention_errors(dict(model))
   flags = ("rotary", "qk_norm", "relu2", "rmsnorm", "embed_norm", "zero_init_proj", "untied_head")
   for name in flags + ("embed_skips", "unet_skips", "value_residual"):
     if not isinstance(get(name, False), bool):
@@ -304,12 +313,14 @@ def _residual_std(cfg: GPT2Config) -> float:
   return _STD / math.sqrt(2 * cfg.n_layer)
 
 
-def rotate(x: jax.Array, base: float) -> jax.Array:
-  """Rotary position embedding of `x` (batch, heads, time, head_dim): the pairs (i, i + head_dim/2)
-  rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
-  t, dim = x.shape[-2], x.shape[-1]
+def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
+  """Rotary position embedding of `x` (batch, heads, time, head_dim; time on `time_axis`): the pairs
+  (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
+  t, dim = x.shape[time_axis], x.shape[-1]
   inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
   freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq)  # (t, dim / 2)
+  if time_axis % x.ndim != x.ndim - 2:  # e.g. (batch, time, heads, head_dim): (t, 1, dim / 2)
+    freqs = freqs.reshape(t, *([1] * (x.ndim - 2 - time_axis % x.ndim)), dim // 2)
   cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
   x1, x2 = jnp.split(x, 2, axis=-1)
   return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
@@ -340,32 +351,46 @@ class CausalSelfAttention(nn.Module):
     residual's v1)."""
     cfg = self.config
     b, t, d = x.shape
+    implementation = attention_lib.attention_implementation(cfg, attention_lib.current_backend())
+    fused = implementation != "einsum"
     qkv = _dense(3 * d, "c_attn", cfg)(x)
-    # Heads transposed ahead of time, (b, h, t, head_dim): the batch dimensions of both batched
-    # matmuls lead, and XLA:CPU runs them, and their gradients, faster (docs/performance.md).
-    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3) for a in jnp.split(qkv, 3, axis=-1))
+    # The einsum's heads are transposed ahead of time, (b, h, t, head_dim): the batch dimensions of
+    # both batched matmuls lead, and XLA:CPU runs them, and their gradients, faster
+    # (docs/performance.md). The fused paths take (b, t, h, head_dim).
+    heads = lambda a: (
+      a.reshape(b, t, cfg.n_head, cfg.head_dim)
+      if fused
+      else a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
+    )
+    q, k, v = (heads(a) for a in jnp.split(qkv, 3, axis=-1))
     projected = v
     if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
       lam = self.param("value_residual_lambda", lambda _, shape: jnp.full(shape, 0.5, jnp.float32), ())
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
       lambdas = _pair("value_lambdas", self, (0.5, 0.5))
-      ve = value_embed.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
-      v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
+      v = (lambdas[0] * v + lambdas[1] * heads(value_embed)).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
     if cfg.rotary:
-      q, k = rotate(q, cfg.rotary_base), rotate(k, cfg.rotary_base)
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
-      scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
+      time_axis = 1 if fused else 2
+      q, k = rotate(q, cfg.rotary_base, time_axis), rotate(k, cfg.rotary_base, time_axis)
+    if fused:
+      scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
+      if cfg.learned_attn_scale != "none":  # cuDNN's scale is a Python float: the learned one scales q
+        q, scale = attention_lib.scale_queries(q, attention_scale(cfg, self)), 1.0
+      y = attention_lib.fused_attention(q, k, v, scale, implementation).reshape(b, t, d)
     else:
-      scores = scores * attention_scale(cfg, self)
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
-    y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
+      scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+      if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
+        scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
+      else:
+        scores = scores * attention_scale(cfg, self)
+      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+      scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+      weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+      weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
     y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
 
