@@ -302,6 +302,7 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
   "model.layer_norm_eps": _num(0.0, lo_open=True),
   "model.dtype": _choice("float32", "bfloat16", "float16"),
   "model.attention": _choice(*attention.ATTENTIONS),  # its combinations: `models.gpt2.option_errors`
+  "model.loss_chunk": _int(0),
   # The speedrun's architecture options (`models.gpt2.OPTIONS`; their combinations are checked below).
   "model.rotary": _bool,
   "model.rotary_base": _num(1.0, lo_open=True),

@@ -9,7 +9,8 @@ the (in, out) layout of HF's ``Conv1D``, so conversion (`models.hf`) is a pure r
 Parameters are always float32; ``GPT2Config.dtype`` selects the compute dtype.
 Attention softmax and the output logits are computed in float32. ``GPT2Config.attention`` chooses
 the attention's path (`models.attention`: the einsum, or ``jax.nn.dot_product_attention``'s XLA or
-cuDNN kernel); it leaves the parameters as they are.
+cuDNN kernel) and ``GPT2Config.loss_chunk`` the training loss's (`models.lm_loss`); both leave the
+parameters as they are.
 
 The modded-nanogpt speedrun's architecture changes are options of ``GPT2Config``, each one setting
 named as the speedrun's record history names it (rotary embeddings, QK-norm, ReLU², RMSNorm
@@ -33,7 +34,7 @@ import numpy as np
 import optax
 
 from hybridjax.models import attention as attention_lib
-from hybridjax.models import layers
+from hybridjax.models import layers, lm_loss
 from hybridjax.optim import Batch, LossFn
 
 Params = dict[str, Any]
@@ -59,6 +60,10 @@ class GPT2Config:
       the only one with attention dropout), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``'s),
       or 'auto': cuDNN on an NVIDIA GPU in bfloat16/float16, XLA's on other accelerators, the einsum
       on CPU and with dropout. The run's checkpoints record the path taken (``attention``).
+    loss_chunk: the training loss's cross entropy is computed this many positions of the sequence at
+      a time from the final hidden state and the head (`models.lm_loss`), never holding the whole
+      (batch, time, vocab) float32 logits; 0 = over the whole logits at once. ``apply`` returns the
+      logits either way.
     rotary: rotary position embeddings on the queries and keys, in place of the learned
       positions (no ``wpe``); needs an even head dimension.
     rotary_base: the rotary frequencies' base.
@@ -107,6 +112,7 @@ class GPT2Config:
   layer_norm_eps: float = 1e-5
   dtype: str = "float32"
   attention: str = "auto"
+  loss_chunk: int = 0
   rotary: bool = False
   rotary_base: float = 10000.0
   qk_norm: bool = False
@@ -140,6 +146,8 @@ class GPT2Config:
       raise ValueError(f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}")
     if self.dtype not in _COMPUTE_DTYPES:
       raise ValueError(f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}")
+    if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, (int, np.integer)) or self.loss_chunk < 0:
+      raise ValueError(f"model.loss_chunk must be an int >= 0 (0 = the whole logits at once), got {self.loss_chunk!r}")
     errors = option_errors(dataclasses.asdict(self))
     if errors:
       raise ValueError(errors[0])
@@ -463,13 +471,17 @@ class GPT2(nn.Module):
   """GPT-2 language model returning float32 logits of shape (B, T, vocab).
 
   Dropout is active only with ``deterministic=False`` and ``config.dropout > 0``
-  and then needs a ``'dropout'`` rng.
+  and then needs a ``'dropout'`` rng. With ``features=True`` it returns, in place of the logits, what
+  they are computed from: the final (normalised) hidden state (B, T, d) and the head (vocab, d), both
+  in the compute dtype (the chunked loss's inputs, `models.lm_loss`); the soft-cap is not applied.
   """
 
   config: GPT2Config
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+  def __call__(
+    self, tokens: jax.Array, *, deterministic: bool = True, features: bool = False
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     cfg = self.config
     cfg.validate()
     if tokens.ndim != 2:
@@ -515,9 +527,12 @@ class GPT2(nn.Module):
     x = _layer_norm("ln_f", cfg)(x)
     if cfg.untied_head:
       head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
-      logits = layers.tied_logits(x, head.astype(dtype).T)  # x @ head, head (d, vocab)
+      head = head.astype(dtype).T  # x @ head, head (d, vocab)
     else:
-      logits = layers.tied_logits(x, wte.embedding.astype(dtype))
+      head = wte.embedding.astype(dtype)
+    if features:
+      return x, head
+    logits = layers.tied_logits(x, head)
     if cfg.logit_softcap:
       logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
     return logits
@@ -532,22 +547,20 @@ def make_loss_fn(model: GPT2) -> LossFn:
   """Returns ``loss_fn(params, batch) -> (loss, aux)`` for next-token prediction.
 
   ``batch`` holds ``inputs`` and ``targets``, both (B, T) int32. The loss is the
-  mean token cross-entropy. The forward pass is deterministic unless the batch
-  also holds a ``dropout_rng`` key (and the model has dropout > 0). ``aux`` is
-  an empty dict.
+  mean token cross-entropy: over the whole logits, or with ``model.config.loss_chunk`` a chunk of
+  the sequence at a time (`lm_loss.chunked_cross_entropy`). The forward pass is deterministic unless
+  the batch also holds a ``dropout_rng`` key (and the model has dropout > 0). ``aux`` is an empty dict.
   """
+  cfg = model.config
 
   def loss_fn(params: Params, batch: Batch):
     rng = batch.get("dropout_rng")
-    if rng is None:
-      logits = model.apply({"params": params}, batch["inputs"])
-    else:
-      logits = model.apply(
-        {"params": params},
-        batch["inputs"],
-        deterministic=False,
-        rngs={"dropout": rng},
-      )
+    kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
+    if cfg.loss_chunk:
+      hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
+      loss = lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap)
+      return loss, {}
+    logits = model.apply({"params": params}, batch["inputs"], **kwargs)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
     return loss, {}
 
