@@ -4,6 +4,7 @@ docs/performance.md's memory table is what `scripts/memory_analysis.py --table` 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -78,10 +79,42 @@ def test_the_script_writes_a_json_its_table_reads(tmp_path, capsys):
   argv = ["--preset=tiny,micro", "--sides=gpt2,step:schedule", "--rounds=2", "--steps=2", f"--json={path}"]
   out = script.main(argv)
   assert out["command"] == "python scripts/gpu_check.py " + " ".join(argv)
-  assert set(out["sides"]) == {"gpt2", "step:schedule"} and out["sides"]["gpt2"]["ratio"] == 1.0
+  # Both paths by default: today's (the einsum, the whole-logits loss) and the new one.
+  assert set(out["sides"]) == {"gpt2", "step:schedule", "gpt2@new", "step:schedule@new"}
+  assert out["sides"]["gpt2"]["ratio"] == 1.0
+  assert (out["sides"]["gpt2"]["attention"], out["sides"]["gpt2"]["loss_chunk"]) == ("einsum", 0)
+  assert (out["sides"]["gpt2@new"]["attention"], out["sides"]["gpt2@new"]["loss_chunk"]) == ("einsum", 128)  # CPU
+  new = out["sides"]["gpt2@new"]
+  assert new["speedup"] == out["sides"]["gpt2"]["median_ms"] / new["median_ms"]
+  assert new["tokens_per_s"] == 4 * 32 / (new["median_ms"] / 1e3)  # tiny,micro: batch 4 x 32
+  assert out["peak_flops"] is None and new["peak_share"] is None  # a CPU has no entry in the peak table
   assert out["growth_bytes"] == 0  # donation: the live bytes are the same after every round
   with open(path) as f:
-    assert script.markdown([json.load(f)]).startswith("**tiny,micro, batch the preset's")
+    table = script.markdown([json.load(f)])
+  assert table.startswith("**tiny,micro, batch the preset's") and "| gpt2@new |" in table and "tokens / s" in table
+
+
+def test_the_model_flops_a_token_and_the_peak_table():
+  """GPT-2 Small's step: 6 x (12 layers' 12 d^2 matmul weights + the tied head once) + 12 L T d, about
+  0.85 GFLOP a token; the positions table and the biases do not count."""
+  import jax
+  import jax.numpy as jnp
+
+  from hybridjax.models import gpt2
+
+  script = load_script("gpu_check")
+  cfg = gpt2.PRESETS["124m"]
+  params = jax.eval_shape(gpt2.GPT2(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  d, layers, t, v = cfg.d_model, cfg.n_layer, cfg.n_ctx, cfg.vocab_size
+  want = 6 * (layers * 12 * d * d + v * d) + 12 * layers * t * d
+  assert script.model_flops_per_token(params, layers, t, d) == want
+  assert 0.85e9 < want < 0.86e9
+  untied_model = gpt2.GPT2(dataclasses.replace(cfg, untied_head=True))
+  untied = jax.eval_shape(untied_model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  assert script.model_flops_per_token(untied, layers, t, d) == want  # the head once, the lookup table not
+  assert script.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and script.peak_flops("NVIDIA H200") == 989e12
+  assert script.peak_flops("NVIDIA H100 PCIe") == 756e12 and script.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+  assert script.peak_flops("cpu") is None
 
 
 MEMORY = os.path.join(FOLDER, "memory-analysis-124m.json")
