@@ -377,7 +377,8 @@ class CausalSelfAttention(nn.Module):
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
       lambdas = _pair("value_lambdas", self, (0.5, 0.5))
-      v = (lambdas[0] * v + lambdas[1] * heads(value_embed)).astype(v.dtype)
+      ve = heads(value_embed)
+      v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
     if cfg.rotary:
