@@ -362,14 +362,14 @@ class CausalSelfAttention(nn.Module):
     implementation = attention_lib.attention_implementation(cfg, attention_lib.current_backend())
     fused = implementation != "einsum"
     qkv = _dense(3 * d, "c_attn", cfg)(x)
+
     # The einsum's heads are transposed ahead of time, (b, h, t, head_dim): the batch dimensions of
     # both batched matmuls lead, and XLA:CPU runs them, and their gradients, faster
     # (docs/performance.md). The fused paths take (b, t, h, head_dim).
-    heads = lambda a: (
-      a.reshape(b, t, cfg.n_head, cfg.head_dim)
-      if fused
-      else a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
-    )
+    def heads(a: jax.Array) -> jax.Array:
+      a = a.reshape(b, t, cfg.n_head, cfg.head_dim)
+      return a if fused else a.transpose(0, 2, 1, 3)
+
     q, k, v = (heads(a) for a in jnp.split(qkv, 3, axis=-1))
     projected = v
     if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
