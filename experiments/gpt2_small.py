@@ -23,7 +23,7 @@ from hybridjax import cli, preflight
 from hybridjax import config as config_lib
 from hybridjax import sharding as sharding_lib
 from hybridjax.loop import train as train_lib
-from hybridjax.models import gpt2
+from hybridjax.models import gpt2, hf
 from hybridjax.tasks import gpt2 as gpt2_task
 from hybridjax.tasks.gpt2 import MAX_EPOCHS, Task, benchmark_notes, build_task, corpus_epochs, epochs_warning
 
@@ -43,7 +43,7 @@ _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "gpt2_small.py
 
 def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, averaged: bool = True) -> gpt2.GPT2Config:
   """Writes a GPT-2 run's params (`hybridjax.export_params`) as a Hugging Face `GPT2LMHeadModel`
-  state dict in `.safetensors` (the head tied to `wte`, as `gpt2.to_hf_state_dict` writes it).
+  state dict in `.safetensors` (the head tied to `wte`, as `hf.to_hf_state_dict` writes it).
   The model shape comes from the checkpoint's own config record. Returns that shape."""
   from safetensors.numpy import save_file
 
@@ -61,7 +61,7 @@ def write_hf_safetensors(workdir: str, path: str, *, step: int | None = None, av
   model_cfg = gpt2.GPT2Config(**model)
   params = ckpt_lib.export_params(workdir, step=step, averaged=averaged)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  save_file(gpt2.to_hf_state_dict(params, model_cfg), path)
+  save_file(hf.to_hf_state_dict(params, model_cfg), path)
   return model_cfg
 
 
@@ -152,7 +152,8 @@ def run(config: ml_collections.ConfigDict, workdir: str = "", given: Sequence[st
   task = build_task(config)
   n_params = task.extra_meta["n_params"]
   print(
-    f"GPT-2 {config.preset}: {n_params:,} params, {task.prepared.n_train:,} train tokens "
+    f"GPT-2 {config.preset}: {n_params:,} params ({task.extra_meta['attention']} attention), "
+    f"{task.prepared.n_train:,} train tokens "
     f"({config.data.tokenizer}; the run reads them {corpus_epochs(config, task.prepared.n_train):.2f} times), "
     f"mode={config.mode}, workdir={workdir}, devices={jax.devices()}"
   )

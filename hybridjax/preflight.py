@@ -22,7 +22,7 @@ import ml_collections
 from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
 from hybridjax import registry, schema, sharding
-from hybridjax.models import gpt2
+from hybridjax.models import attention, gpt2
 
 
 def _raise(errors: list[str]) -> None:
@@ -43,6 +43,8 @@ _GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
   "model.dropout": _num(0.0, 1.0, hi_open=True),
   "model.layer_norm_eps": _num(0.0, lo_open=True),
   "model.dtype": _choice("float32", "bfloat16", "float16"),
+  "model.attention": _choice(*attention.ATTENTIONS),  # its combinations: `models.gpt2.option_errors`
+  "model.loss_chunk": _int(0),
   # The speedrun's architecture options (`models.gpt2.OPTIONS`; their combinations are checked below).
   "model.rotary": _bool,
   "model.rotary_base": _num(1.0, lo_open=True),

@@ -272,14 +272,14 @@ def _restore_mlp(workdir, config):
 @pytest.mark.slow  # a GPT-2 run and its export (9 s); the HF parity test in the default suite checks the mapping
 def test_a_gpt2_run_writes_hugging_face_safetensors(tmp_path, jax_cache):
   from experiments import gpt2_small
-  from hybridjax.models import gpt2
+  from hybridjax.models import gpt2, hf
 
   c = cached(micro_config(steps=10), jax_cache)
   c.trainer.update(averaging="ema", averaging_beta=0.9)
   run_experiment(c, tmp_path / "run")
   shape = gpt2_small.write_hf_safetensors(str(tmp_path / "run"), str(tmp_path / "hf" / "model.safetensors"))
   assert shape == gpt2.GPT2Config(**c.model.to_dict())
-  loaded_cfg, loaded = gpt2.load_hf_checkpoint(tmp_path / "hf", n_head=c.model.n_head)
+  loaded_cfg, loaded = hf.load_hf_checkpoint(tmp_path / "hf", n_head=c.model.n_head)
   assert loaded_cfg.n_layer == c.model.n_layer and loaded_cfg.d_model == c.model.d_model
   _, state = restore_latest(tmp_path / "run", c)
   chex.assert_trees_all_equal(loaded, jax.device_get(state.averaging.params))

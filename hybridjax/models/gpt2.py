@@ -4,10 +4,13 @@ The architecture follows HF GPT-2 exactly: learned token (``wte``) and position
 (``wpe``) embeddings, pre-LayerNorm transformer blocks with a fused ``c_attn``
 projection and a tanh-approximated GELU MLP, a final ``ln_f`` and output logits
 tied to ``wte``. Parameter names map 1:1 onto HF names, and dense kernels use
-the (in, out) layout of HF's ``Conv1D``, so conversion is a pure renaming.
+the (in, out) layout of HF's ``Conv1D``, so conversion (`models.hf`) is a pure renaming.
 
 Parameters are always float32; ``GPT2Config.dtype`` selects the compute dtype.
-Attention softmax and the output logits are computed in float32.
+Attention softmax and the output logits are computed in float32. ``GPT2Config.attention`` chooses
+the attention's path (`models.attention`: the einsum, or ``jax.nn.dot_product_attention``'s XLA or
+cuDNN kernel) and ``GPT2Config.loss_chunk`` the training loss's (`models.lm_loss`); both leave the
+parameters as they are.
 
 The modded-nanogpt speedrun's architecture changes are options of ``GPT2Config``, each one setting
 named as the speedrun's record history names it (rotary embeddings, QK-norm, ReLU², RMSNorm
@@ -21,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hybridjax.models import layers
+from hybridjax.models import attention as attention_lib
+from hybridjax.models import layers, lm_loss
 from hybridjax.optim import Batch, LossFn
 
 Params = dict[str, Any]
@@ -54,6 +56,14 @@ class GPT2Config:
     layer_norm_eps: LayerNorm epsilon.
     dtype: compute dtype name ("float32", "bfloat16" or "float16"); parameters
       are always stored in float32.
+    attention: the attention's path (`models.attention`): 'einsum' (the model's own, float32 scores;
+      the only one with attention dropout), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``'s),
+      or 'auto': cuDNN on an NVIDIA GPU in bfloat16/float16, XLA's on other accelerators, the einsum
+      on CPU and with dropout. The run's checkpoints record the path taken (``attention``).
+    loss_chunk: the training loss's cross entropy is computed this many positions of the sequence at
+      a time from the final hidden state and the head (`models.lm_loss`), never holding the whole
+      (batch, time, vocab) float32 logits; 0 = over the whole logits at once. ``apply`` returns the
+      logits either way.
     rotary: rotary position embeddings on the queries and keys, in place of the learned
       positions (no ``wpe``); needs an even head dimension.
     rotary_base: the rotary frequencies' base.
@@ -101,6 +111,8 @@ class GPT2Config:
   dropout: float = 0.0
   layer_norm_eps: float = 1e-5
   dtype: str = "float32"
+  attention: str = "auto"
+  loss_chunk: int = 0
   rotary: bool = False
   rotary_base: float = 10000.0
   qk_norm: bool = False
@@ -134,6 +146,8 @@ class GPT2Config:
       raise ValueError(f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}")
     if self.dtype not in _COMPUTE_DTYPES:
       raise ValueError(f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}")
+    if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, (int, np.integer)) or self.loss_chunk < 0:
+      raise ValueError(f"model.loss_chunk must be an int >= 0 (0 = the whole logits at once), got {self.loss_chunk!r}")
     errors = option_errors(dataclasses.asdict(self))
     if errors:
       raise ValueError(errors[0])
@@ -177,10 +191,11 @@ LEARNED_ATTN_SCALES = ("none", "layer", "head")
 
 
 def option_errors(model: Mapping[str, Any]) -> list[str]:
-  """The problems of a model block's speedrun options, alone and in combination (a mapping of the
-  `GPT2Config` fields; missing fields take their defaults). Each names the field and the fix."""
+  """The problems of a model block's attention path (`attention.attention_errors`) and speedrun
+  options, alone and in combination (a mapping of the `GPT2Config` fields; missing fields take their
+  defaults). Each names the field and the fix."""
   get = lambda name, default: model.get(name, default)
-  errors = []
+  errors = attention_lib.attention_errors(dict(model))
   flags = ("rotary", "qk_norm", "relu2", "rmsnorm", "embed_norm", "zero_init_proj", "untied_head")
   for name in flags + ("embed_skips", "unet_skips", "value_residual"):
     if not isinstance(get(name, False), bool):
@@ -306,12 +321,14 @@ def _residual_std(cfg: GPT2Config) -> float:
   return _STD / math.sqrt(2 * cfg.n_layer)
 
 
-def rotate(x: jax.Array, base: float) -> jax.Array:
-  """Rotary position embedding of `x` (batch, heads, time, head_dim): the pairs (i, i + head_dim/2)
-  rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
-  t, dim = x.shape[-2], x.shape[-1]
+def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
+  """Rotary position embedding of `x` (batch, heads, time, head_dim; time on `time_axis`): the pairs
+  (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
+  t, dim = x.shape[time_axis], x.shape[-1]
   inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
   freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq)  # (t, dim / 2)
+  if time_axis % x.ndim != x.ndim - 2:  # e.g. (batch, time, heads, head_dim): (t, 1, dim / 2)
+    freqs = freqs.reshape(t, *([1] * (x.ndim - 2 - time_axis % x.ndim)), dim // 2)
   cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
   x1, x2 = jnp.split(x, 2, axis=-1)
   return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
@@ -342,32 +359,47 @@ class CausalSelfAttention(nn.Module):
     residual's v1)."""
     cfg = self.config
     b, t, d = x.shape
+    implementation = attention_lib.attention_implementation(cfg, attention_lib.current_backend())
+    fused = implementation != "einsum"
     qkv = _dense(3 * d, "c_attn", cfg)(x)
-    # Heads transposed ahead of time, (b, h, t, head_dim): the batch dimensions of both batched
-    # matmuls lead, and XLA:CPU runs them, and their gradients, faster (docs/performance.md).
-    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3) for a in jnp.split(qkv, 3, axis=-1))
+
+    # The einsum's heads are transposed ahead of time, (b, h, t, head_dim): the batch dimensions of
+    # both batched matmuls lead, and XLA:CPU runs them, and their gradients, faster
+    # (docs/performance.md). The fused paths take (b, t, h, head_dim).
+    def heads(a: jax.Array) -> jax.Array:
+      a = a.reshape(b, t, cfg.n_head, cfg.head_dim)
+      return a if fused else a.transpose(0, 2, 1, 3)
+
+    q, k, v = (heads(a) for a in jnp.split(qkv, 3, axis=-1))
     projected = v
     if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
       lam = self.param("value_residual_lambda", lambda _, shape: jnp.full(shape, 0.5, jnp.float32), ())
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
       lambdas = _pair("value_lambdas", self, (0.5, 0.5))
-      ve = value_embed.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(0, 2, 1, 3)
+      ve = heads(value_embed)
       v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
     if cfg.rotary:
-      q, k = rotate(q, cfg.rotary_base), rotate(k, cfg.rotary_base)
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
-      scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
+      time_axis = 1 if fused else 2
+      q, k = rotate(q, cfg.rotary_base, time_axis), rotate(k, cfg.rotary_base, time_axis)
+    if fused:
+      scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
+      if cfg.learned_attn_scale != "none":  # cuDNN's scale is a Python float: the learned one scales q
+        q, scale = attention_lib.scale_queries(q, attention_scale(cfg, self)), 1.0
+      y = attention_lib.fused_attention(q, k, v, scale, implementation).reshape(b, t, d)
     else:
-      scores = scores * attention_scale(cfg, self)
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
-    y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
+      scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+      if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
+        scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
+      else:
+        scores = scores * attention_scale(cfg, self)
+      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+      scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+      weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+      weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
     y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
 
@@ -440,13 +472,17 @@ class GPT2(nn.Module):
   """GPT-2 language model returning float32 logits of shape (B, T, vocab).
 
   Dropout is active only with ``deterministic=False`` and ``config.dropout > 0``
-  and then needs a ``'dropout'`` rng.
+  and then needs a ``'dropout'`` rng. With ``features=True`` it returns, in place of the logits, what
+  they are computed from: the final (normalised) hidden state (B, T, d) and the head (vocab, d), both
+  in the compute dtype (the chunked loss's inputs, `models.lm_loss`); the soft-cap is not applied.
   """
 
   config: GPT2Config
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+  def __call__(
+    self, tokens: jax.Array, *, deterministic: bool = True, features: bool = False
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     cfg = self.config
     cfg.validate()
     if tokens.ndim != 2:
@@ -492,9 +528,12 @@ class GPT2(nn.Module):
     x = _layer_norm("ln_f", cfg)(x)
     if cfg.untied_head:
       head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
-      logits = layers.tied_logits(x, head.astype(dtype).T)  # x @ head, head (d, vocab)
+      head = head.astype(dtype).T  # x @ head, head (d, vocab)
     else:
-      logits = layers.tied_logits(x, wte.embedding.astype(dtype))
+      head = wte.embedding.astype(dtype)
+    if features:
+      return x, head
+    logits = layers.tied_logits(x, head)
     if cfg.logit_softcap:
       logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
     return logits
@@ -509,214 +548,21 @@ def make_loss_fn(model: GPT2) -> LossFn:
   """Returns ``loss_fn(params, batch) -> (loss, aux)`` for next-token prediction.
 
   ``batch`` holds ``inputs`` and ``targets``, both (B, T) int32. The loss is the
-  mean token cross-entropy. The forward pass is deterministic unless the batch
-  also holds a ``dropout_rng`` key (and the model has dropout > 0). ``aux`` is
-  an empty dict.
+  mean token cross-entropy: over the whole logits, or with ``model.config.loss_chunk`` a chunk of
+  the sequence at a time (`lm_loss.chunked_cross_entropy`). The forward pass is deterministic unless
+  the batch also holds a ``dropout_rng`` key (and the model has dropout > 0). ``aux`` is an empty dict.
   """
+  cfg = model.config
 
   def loss_fn(params: Params, batch: Batch):
     rng = batch.get("dropout_rng")
-    if rng is None:
-      logits = model.apply({"params": params}, batch["inputs"])
-    else:
-      logits = model.apply(
-        {"params": params},
-        batch["inputs"],
-        deterministic=False,
-        rngs={"dropout": rng},
-      )
+    kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
+    if cfg.loss_chunk:
+      hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
+      loss = lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap)
+      return loss, {}
+    logits = model.apply({"params": params}, batch["inputs"], **kwargs)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
     return loss, {}
 
   return loss_fn
-
-
-# ----------------------------------------------------------------------------
-# Hugging Face conversion.
-# ----------------------------------------------------------------------------
-
-# (flax path inside a block, HF suffix inside `h.{i}.`).
-_BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
-  (("ln_1", "scale"), "ln_1.weight"),
-  (("ln_1", "bias"), "ln_1.bias"),
-  (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
-  (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
-  (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
-  (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
-  (("ln_2", "scale"), "ln_2.weight"),
-  (("ln_2", "bias"), "ln_2.bias"),
-  (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
-  (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
-  (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
-  (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
-)
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-_LAYER_RE = re.compile(r"^h\.(\d+)\.")
-
-
-def _hf_layout(
-  config: GPT2Config,
-) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
-  """HF name (without prefix) -> (flax path, shape) for every parameter."""
-  # The init changes only where training starts: a model trained from any init converts.
-  options = [name for name in config.speedrun_options if name != "init"]
-  if options:
-    raise ValueError(
-      f"the speedrun options {options} have no Hugging Face GPT-2 equivalent: only the plain "
-      "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
-    )
-  d, v = config.d_model, config.vocab_size
-  block_shapes = {
-      "ln_1.weight": (d,), "ln_1.bias": (d,),
-      "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
-      "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-      "ln_2.weight": (d,), "ln_2.bias": (d,),
-      "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
-      "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
-  }  # fmt: skip
-  layout = {
-    "wte.weight": (("wte", "embedding"), (v, d)),
-    "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
-  }
-  for i in range(config.n_layer):
-    for path, suffix in _BLOCK_MAP:
-      layout[f"h.{i}.{suffix}"] = ((f"h_{i}",) + path, block_shapes[suffix])
-  layout["ln_f.weight"] = (("ln_f", "scale"), (d,))
-  layout["ln_f.bias"] = (("ln_f", "bias"), (d,))
-  return layout
-
-
-def _strip_prefix(name: str) -> str:
-  return name[len("transformer.") :] if name.startswith("transformer.") else name
-
-
-def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GPT2Config, Params]:
-  """Converts a Hugging Face GPT-2 state dict into a config and Flax params.
-
-  Args:
-    mapping: HF parameter name -> array (numpy or anything ``np.asarray``
-      accepts). Names may carry the ``transformer.`` prefix or not. Buffers
-      (``.attn.bias``, ``.attn.masked_bias``) are ignored; ``lm_head.weight``,
-      if present, must equal ``wte.weight`` (tied) and is otherwise ignored.
-    n_head: number of attention heads (not recoverable from shapes).
-
-  Returns:
-    ``(config, params)`` where ``params`` has exactly the structure and shapes
-    of ``GPT2(config).init(...)['params']``, as float32 jax arrays.
-
-  Raises:
-    ValueError: on missing or unexpected keys, wrong shapes, or an untied
-      ``lm_head.weight``.
-  """
-  arrays: dict[str, np.ndarray] = {}
-  lm_head = None
-  for raw_name, value in mapping.items():
-    name = _strip_prefix(raw_name)
-    if name.endswith(_IGNORED_SUFFIXES):
-      continue
-    if name == "lm_head.weight":
-      lm_head = np.asarray(value)
-      continue
-    if name in arrays:
-      raise ValueError(f"duplicate parameter {name!r} (with and without prefix)")
-    arrays[name] = np.asarray(value)
-
-  for required in ("wte.weight", "wpe.weight"):
-    if required not in arrays:
-      raise ValueError(f"missing key: {required!r} (cannot infer the config)")
-  wte, wpe = arrays["wte.weight"], arrays["wpe.weight"]
-  if wte.ndim != 2 or wpe.ndim != 2:
-    raise ValueError(f"wte.weight and wpe.weight must be 2-D, got shapes {wte.shape} and {wpe.shape}")
-  layers = {int(m.group(1)) for n in arrays if (m := _LAYER_RE.match(n))}
-  config = GPT2Config(
-    vocab_size=int(wte.shape[0]),
-    n_ctx=int(wpe.shape[0]),
-    n_layer=max(layers) + 1 if layers else 0,
-    n_head=n_head,
-    d_model=int(wte.shape[1]),
-  )
-  config.validate()
-
-  layout = _hf_layout(config)
-  problems = []
-  missing = sorted(set(layout) - set(arrays))
-  if missing:
-    problems.append(f"missing keys: {missing}")
-  unexpected = sorted(set(arrays) - set(layout))
-  if unexpected:
-    problems.append(f"unexpected keys: {unexpected}")
-  bad_shapes = [
-    f"{name}: expected {shape}, got {arrays[name].shape}"
-    for name, (_, shape) in layout.items()
-    if name in arrays and arrays[name].shape != shape
-  ]
-  if bad_shapes:
-    problems.append(f"wrong shapes: {bad_shapes}")
-  if lm_head is not None and (lm_head.shape != wte.shape or not np.array_equal(lm_head, wte)):
-    problems.append("lm_head.weight differs from wte.weight; only tied output embeddings are supported")
-  if problems:
-    raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
-
-  params: Params = {}
-  for name, (path, _) in layout.items():
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = jnp.asarray(arrays[name], dtype=jnp.float32)
-  return config, params
-
-
-def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray]:
-  """Converts Flax params into a Hugging Face ``GPT2LMHeadModel`` state dict.
-
-  Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
-  it is tied to ``transformer.wte.weight``. Arrays are float32 numpy.
-  """
-  out = {}
-  for name, (path, shape) in _hf_layout(config).items():
-    node = params
-    for key in path:
-      node = node[key]
-    array = np.asarray(node, dtype=np.float32)
-    if array.shape != shape:
-      raise ValueError(f"{'/'.join(path)}: expected {shape}, got {array.shape}")
-    out[f"transformer.{name}"] = array
-  return out
-
-
-def load_hf_checkpoint(path: str | os.PathLike[str], n_head: int = 12) -> tuple[GPT2Config, Params]:
-  """Loads a local HF GPT-2 checkpoint (``.safetensors`` or PyTorch ``.bin``).
-
-  ``path`` may also be a directory holding ``model.safetensors`` or
-  ``pytorch_model.bin``. Reading ``.bin`` files needs torch.
-  """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    for candidate in ("model.safetensors", "pytorch_model.bin"):
-      if os.path.isfile(os.path.join(path, candidate)):
-        path = os.path.join(path, candidate)
-        break
-    else:
-      raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in directory {path!r}")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"checkpoint file not found: {path!r}")
-
-  if path.endswith(".safetensors"):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
-    mapping = load_file(path)
-  elif path.endswith((".bin", ".pt", ".pth")):
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError(
-        f"reading the PyTorch checkpoint {path!r} needs torch, which is not "
-        "installed; convert it to .safetensors instead (e.g. with "
-        "`transformers` or `safetensors.torch.save_file` on a machine with "
-        "torch)"
-      ) from e
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    mapping = {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
-  else:
-    raise ValueError(f"unsupported checkpoint format {path!r}; expected .safetensors or .bin")
-  return from_hf_state_dict(mapping, n_head=n_head)

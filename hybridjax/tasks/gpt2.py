@@ -12,7 +12,7 @@ import jax
 import ml_collections
 
 from hybridjax import data as data_lib
-from hybridjax.models import gpt2
+from hybridjax.models import attention, gpt2
 from hybridjax.optim import Batch, LossFn
 
 
@@ -96,6 +96,8 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
     extra_meta={
       "data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train, "n_val": prepared.n_val},
       "n_params": n_params,
+      # The attention's path on this backend (the run key does not see the backend).
+      "attention": attention.attention_implementation(model_cfg, attention.current_backend()),
     },
     model=model,
     prepared=prepared,

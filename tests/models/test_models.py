@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hybridjax.models import gpt2, mlp
+from hybridjax.models import gpt2, hf, mlp
 
 TINY = gpt2.PRESETS["tiny"]
 # Small enough for the NumPy reference and converter tests to be instant.
@@ -230,9 +230,9 @@ def test_loss_fn_and_dropout():
 
 def test_hf_round_trip():
   params = _init_micro()
-  sd = gpt2.to_hf_state_dict(params, MICRO)
+  sd = hf.to_hf_state_dict(params, MICRO)
   assert all(isinstance(v, np.ndarray) for v in sd.values())
-  cfg, back = gpt2.from_hf_state_dict(sd, n_head=MICRO.n_head)
+  cfg, back = hf.from_hf_state_dict(sd, n_head=MICRO.n_head)
   assert cfg == MICRO
   chex.assert_trees_all_equal(back, params)
   chex.assert_trees_all_equal_dtypes(back, params)
@@ -241,12 +241,12 @@ def test_hf_round_trip():
 def test_hf_round_trip_via_safetensors(tmp_path):
   params = _init_micro(seed=1)
   path = tmp_path / "model.safetensors"
-  save_file(gpt2.to_hf_state_dict(params, MICRO), str(path))
-  cfg, back = gpt2.load_hf_checkpoint(path, n_head=MICRO.n_head)
+  save_file(hf.to_hf_state_dict(params, MICRO), str(path))
+  cfg, back = hf.load_hf_checkpoint(path, n_head=MICRO.n_head)
   assert cfg == MICRO
   chex.assert_trees_all_equal(back, params)
   # A directory holding model.safetensors works too.
-  cfg, back = gpt2.load_hf_checkpoint(tmp_path, n_head=MICRO.n_head)
+  cfg, back = hf.load_hf_checkpoint(tmp_path, n_head=MICRO.n_head)
   chex.assert_trees_all_equal(back, params)
 
 
@@ -256,8 +256,8 @@ def test_hf_accepts_unprefixed_names_buffers_and_tied_lm_head():
   plain["h.0.attn.bias"] = np.tril(np.ones((1, 1, 16, 16), np.float32))
   plain["h.0.attn.masked_bias"] = np.float32(-1e4)
   plain["lm_head.weight"] = plain["wte.weight"].copy()
-  _, a = gpt2.from_hf_state_dict(sd, n_head=MICRO.n_head)
-  _, b = gpt2.from_hf_state_dict(plain, n_head=MICRO.n_head)
+  _, a = hf.from_hf_state_dict(sd, n_head=MICRO.n_head)
+  _, b = hf.from_hf_state_dict(plain, n_head=MICRO.n_head)
   chex.assert_trees_all_equal(a, b)
 
 
@@ -266,31 +266,31 @@ def test_hf_load_errors(tmp_path):
   missing = dict(sd)
   del missing["transformer.h.1.mlp.c_fc.bias"]
   with pytest.raises(ValueError, match=r"missing keys.*h\.1\.mlp\.c_fc\.bias"):
-    gpt2.from_hf_state_dict(missing, n_head=MICRO.n_head)
+    hf.from_hf_state_dict(missing, n_head=MICRO.n_head)
 
   wrong = dict(sd)
   wrong["transformer.h.0.attn.c_proj.weight"] = np.zeros((32, 31), np.float32)
   with pytest.raises(ValueError, match=r"wrong shapes.*h\.0\.attn\.c_proj"):
-    gpt2.from_hf_state_dict(wrong, n_head=MICRO.n_head)
+    hf.from_hf_state_dict(wrong, n_head=MICRO.n_head)
 
   extra = {**sd, "transformer.h.0.attn.q_proj.weight": np.zeros((2,))}
   with pytest.raises(ValueError, match=r"unexpected keys.*q_proj"):
-    gpt2.from_hf_state_dict(extra, n_head=MICRO.n_head)
+    hf.from_hf_state_dict(extra, n_head=MICRO.n_head)
 
   untied = {**sd, "lm_head.weight": sd["transformer.wte.weight"] + 1.0}
   with pytest.raises(ValueError, match="lm_head"):
-    gpt2.from_hf_state_dict(untied, n_head=MICRO.n_head)
+    hf.from_hf_state_dict(untied, n_head=MICRO.n_head)
 
   with pytest.raises(ValueError, match="model.d_model"):
-    gpt2.from_hf_state_dict(sd, n_head=5)
+    hf.from_hf_state_dict(sd, n_head=5)
 
   with pytest.raises(FileNotFoundError, match="nope.safetensors"):
-    gpt2.load_hf_checkpoint(tmp_path / "nope.safetensors")
+    hf.load_hf_checkpoint(tmp_path / "nope.safetensors")
 
 
 def test_logits_match_numpy_reference():
   sd = random_hf_state_dict(MICRO, seed=3)
-  cfg, params = gpt2.from_hf_state_dict(sd, n_head=MICRO.n_head)
+  cfg, params = hf.from_hf_state_dict(sd, n_head=MICRO.n_head)
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.n_ctx))
   logits = gpt2.GPT2(cfg).apply({"params": params}, jnp.asarray(tokens))
   expected = np_gpt2_logits(sd, tokens, n_head=cfg.n_head)

@@ -19,7 +19,7 @@ from conftest import TEST_DATA
 from experiments.configs import gpt2_small
 from hybridjax import config as config_lib
 from hybridjax import optim, optimizers, preflight
-from hybridjax.models import gpt2
+from hybridjax.models import gpt2, hf
 
 REFERENCE = os.path.join(TEST_DATA, "gpt2_plain_reference.npz")
 BASE = gpt2.GPT2Config(vocab_size=256, n_ctx=16, n_layer=2, n_head=2, d_model=32)
@@ -250,7 +250,7 @@ def test_under_the_records_init_every_other_table_is_unit_normal_and_zeroed_weig
 def test_a_model_trained_from_the_records_init_still_converts_to_hugging_face():
   cfg = dataclasses.replace(BASE, init="fan_in")
   params = gpt2.GPT2(cfg).init(jax.random.PRNGKey(0), TOKENS)["params"]
-  state = gpt2.to_hf_state_dict(params, cfg)
+  state = hf.to_hf_state_dict(params, cfg)
   chex.assert_trees_all_close(state["transformer.wte.weight"], np.asarray(params["wte"]["embedding"]))
 
 
@@ -355,7 +355,7 @@ def test_an_impossible_option_is_refused_naming_the_field(options, field):
 def test_a_model_with_options_does_not_convert_to_hugging_face():
   model, params = _model(rotary=True)
   with pytest.raises(ValueError, match="no Hugging Face GPT-2 equivalent"):
-    gpt2.to_hf_state_dict(params, model.config)
+    hf.to_hf_state_dict(params, model.config)
 
 
 # ----------------------------------------------------------------------------

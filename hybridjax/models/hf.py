@@ -1,0 +1,204 @@
+"""Conversion between `models.gpt2`'s parameters and a Hugging Face ``GPT2LMHeadModel`` state dict.
+
+Parameter names map 1:1 onto HF names and dense kernels use the (in, out) layout of HF's ``Conv1D``,
+so conversion is a pure renaming. Kept apart from the model so that the code a training run imports
+(which the run cache hashes) holds no reader of PyTorch checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from hybridjax.models.gpt2 import GPT2Config, Params
+
+# (flax path inside a block, HF suffix inside `h.{i}.`).
+_BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
+  (("ln_1", "scale"), "ln_1.weight"),
+  (("ln_1", "bias"), "ln_1.bias"),
+  (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
+  (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
+  (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
+  (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
+  (("ln_2", "scale"), "ln_2.weight"),
+  (("ln_2", "bias"), "ln_2.bias"),
+  (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
+  (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
+  (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
+  (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
+)
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+_LAYER_RE = re.compile(r"^h\.(\d+)\.")
+
+
+def _hf_layout(
+  config: GPT2Config,
+) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+  """HF name (without prefix) -> (flax path, shape) for every parameter."""
+  # The init changes only where training starts: a model trained from any init converts.
+  options = [name for name in config.speedrun_options if name != "init"]
+  if options:
+    raise ValueError(
+      f"the speedrun options {options} have no Hugging Face GPT-2 equivalent: only the plain "
+      "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
+    )
+  d, v = config.d_model, config.vocab_size
+  block_shapes = {
+      "ln_1.weight": (d,), "ln_1.bias": (d,),
+      "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+      "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+      "ln_2.weight": (d,), "ln_2.bias": (d,),
+      "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
+      "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+  }  # fmt: skip
+  layout = {
+    "wte.weight": (("wte", "embedding"), (v, d)),
+    "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
+  }
+  for i in range(config.n_layer):
+    for path, suffix in _BLOCK_MAP:
+      layout[f"h.{i}.{suffix}"] = ((f"h_{i}",) + path, block_shapes[suffix])
+  layout["ln_f.weight"] = (("ln_f", "scale"), (d,))
+  layout["ln_f.bias"] = (("ln_f", "bias"), (d,))
+  return layout
+
+
+def _strip_prefix(name: str) -> str:
+  return name[len("transformer.") :] if name.startswith("transformer.") else name
+
+
+def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GPT2Config, Params]:
+  """Converts a Hugging Face GPT-2 state dict into a config and Flax params.
+
+  Args:
+    mapping: HF parameter name -> array (numpy or anything ``np.asarray``
+      accepts). Names may carry the ``transformer.`` prefix or not. Buffers
+      (``.attn.bias``, ``.attn.masked_bias``) are ignored; ``lm_head.weight``,
+      if present, must equal ``wte.weight`` (tied) and is otherwise ignored.
+    n_head: number of attention heads (not recoverable from shapes).
+
+  Returns:
+    ``(config, params)`` where ``params`` has exactly the structure and shapes
+    of ``GPT2(config).init(...)['params']``, as float32 jax arrays.
+
+  Raises:
+    ValueError: on missing or unexpected keys, wrong shapes, or an untied
+      ``lm_head.weight``.
+  """
+  arrays: dict[str, np.ndarray] = {}
+  lm_head = None
+  for raw_name, value in mapping.items():
+    name = _strip_prefix(raw_name)
+    if name.endswith(_IGNORED_SUFFIXES):
+      continue
+    if name == "lm_head.weight":
+      lm_head = np.asarray(value)
+      continue
+    if name in arrays:
+      raise ValueError(f"duplicate parameter {name!r} (with and without prefix)")
+    arrays[name] = np.asarray(value)
+
+  for required in ("wte.weight", "wpe.weight"):
+    if required not in arrays:
+      raise ValueError(f"missing key: {required!r} (cannot infer the config)")
+  wte, wpe = arrays["wte.weight"], arrays["wpe.weight"]
+  if wte.ndim != 2 or wpe.ndim != 2:
+    raise ValueError(f"wte.weight and wpe.weight must be 2-D, got shapes {wte.shape} and {wpe.shape}")
+  layers = {int(m.group(1)) for n in arrays if (m := _LAYER_RE.match(n))}
+  config = GPT2Config(
+    vocab_size=int(wte.shape[0]),
+    n_ctx=int(wpe.shape[0]),
+    n_layer=max(layers) + 1 if layers else 0,
+    n_head=n_head,
+    d_model=int(wte.shape[1]),
+  )
+  config.validate()
+
+  layout = _hf_layout(config)
+  problems = []
+  missing = sorted(set(layout) - set(arrays))
+  if missing:
+    problems.append(f"missing keys: {missing}")
+  unexpected = sorted(set(arrays) - set(layout))
+  if unexpected:
+    problems.append(f"unexpected keys: {unexpected}")
+  bad_shapes = [
+    f"{name}: expected {shape}, got {arrays[name].shape}"
+    for name, (_, shape) in layout.items()
+    if name in arrays and arrays[name].shape != shape
+  ]
+  if bad_shapes:
+    problems.append(f"wrong shapes: {bad_shapes}")
+  if lm_head is not None and (lm_head.shape != wte.shape or not np.array_equal(lm_head, wte)):
+    problems.append("lm_head.weight differs from wte.weight; only tied output embeddings are supported")
+  if problems:
+    raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
+
+  params: Params = {}
+  for name, (path, _) in layout.items():
+    node = params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = jnp.asarray(arrays[name], dtype=jnp.float32)
+  return config, params
+
+
+def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray]:
+  """Converts Flax params into a Hugging Face ``GPT2LMHeadModel`` state dict.
+
+  Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
+  it is tied to ``transformer.wte.weight``. Arrays are float32 numpy.
+  """
+  out = {}
+  for name, (path, shape) in _hf_layout(config).items():
+    node = params
+    for key in path:
+      node = node[key]
+    array = np.asarray(node, dtype=np.float32)
+    if array.shape != shape:
+      raise ValueError(f"{'/'.join(path)}: expected {shape}, got {array.shape}")
+    out[f"transformer.{name}"] = array
+  return out
+
+
+def load_hf_checkpoint(path: str | os.PathLike[str], n_head: int = 12) -> tuple[GPT2Config, Params]:
+  """Loads a local HF GPT-2 checkpoint (``.safetensors`` or PyTorch ``.bin``).
+
+  ``path`` may also be a directory holding ``model.safetensors`` or
+  ``pytorch_model.bin``. Reading ``.bin`` files needs torch.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for candidate in ("model.safetensors", "pytorch_model.bin"):
+      if os.path.isfile(os.path.join(path, candidate)):
+        path = os.path.join(path, candidate)
+        break
+    else:
+      raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in directory {path!r}")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"checkpoint file not found: {path!r}")
+
+  if path.endswith(".safetensors"):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+    mapping = load_file(path)
+  elif path.endswith((".bin", ".pt", ".pth")):
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(
+        f"reading the PyTorch checkpoint {path!r} needs torch, which is not "
+        "installed; convert it to .safetensors instead (e.g. with "
+        "`transformers` or `safetensors.torch.save_file` on a machine with "
+        "torch)"
+      ) from e
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    mapping = {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
+  else:
+    raise ValueError(f"unsupported checkpoint format {path!r}; expected .safetensors or .bin")
+  return from_hf_state_dict(mapping, n_head=n_head)
