@@ -17,7 +17,8 @@ on the log scale (their geometric mean), with a 95% interval computed two ways, 
   standard error with the t quantile at n - 1 df (`bootstrap_interval`);
 * a t-interval on the per-seed log readings (n - 1 degrees of freedom).
 
-A cell's verdict against the field (`cell_verdict`) reads reading (a)'s interval against 1.5x.
+A cell's verdict against the field (`cell_verdict`) reads reading (a)'s interval against 1.5x; the change
+between two cells (`cell_change`) has its own interval.
 
 Pure numpy; no jax.
 """
@@ -252,11 +253,12 @@ def factor(
   Returns:
     {"n", "seeds", "fits": {side: {"a" (the grand level), "b", "c", "offsets" (per seed), "rss"}},
     "windows_resampled": whether the bootstrap resampled eval windows, "draws", "bootstrap_seed",
-    "a" and "b": each {"mean": the geometric mean over the seeds, "bound": None, 'lower' (the factor is at
-    least the mean: some seed's reading needs a budget beyond those run), 'upper' or 'both',
+    "a" and "b": each {"seeds", "mean": the geometric mean over the seeds, "bound": None, 'lower' (the factor
+    is at least the mean: some seed's reading needs a budget beyond those run), 'upper' or 'both',
     "per_seed", "per_seed_bound" (+1 lower bound, -1 upper, 0 read), "ci95": the wider of "ci95_bootstrap"
     (`bootstrap_interval`) and "ci95_t" (`t_interval`), "interval": which, "ci95_bootstrap_percentile": the
-    draws' 2.5-97.5 percentiles (shown, not used), "failed_draws": bootstrap draws whose fit did not fall with budget,
+    draws' 2.5-97.5 percentiles (shown, not used), "se_log_bootstrap": the draws' sd of the log mean,
+    "failed_draws": bootstrap draws whose fit did not fall with budget,
     "bounded_draws": the share of draws with a bounded seed}}.
 
   Raises:
@@ -300,6 +302,7 @@ def factor(
     b_ci = bootstrap_interval(float(np.mean(logs)), b_logs, logs.size)
     wider = "t" if math.log(t_ci[1] / t_ci[0]) > math.log(b_ci[1] / b_ci[0]) else "bootstrap"
     out[reading] = {
+      "seeds": list(adamw.seeds),
       "mean": float(np.exp(np.mean(logs))),
       "bound": _bound_word(sides),
       "per_seed": values.tolist(),
@@ -308,6 +311,7 @@ def factor(
       "ci95_bootstrap": b_ci,
       "ci95_t": t_ci,
       "ci95_bootstrap_percentile": [float(np.exp(np.percentile(b_logs, q))) for q in (2.5, 97.5)],
+      "se_log_bootstrap": float(np.std(b_logs, ddof=1)),
       "interval": wider,
       "failed_draws": int(b_failed),
       "bounded_draws": float(b_bounded),
@@ -398,3 +402,35 @@ def cell_verdict(reading_a: Mapping[str, Any], field: float = FIELD) -> str:
   if hi < field:
     return "within the field"
   return "undetermined"
+
+
+def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+  """The change of one reading between two cells (`factor(...)["a"]` of each): after / before, with a 95%
+  interval computed two ways, the wider kept: the two bootstrap standard errors of the log means together
+  (the cells' runs are their own), t at Satterthwaite's df; and, where both cells read the same seeds, a
+  t-interval on the per-seed log ratios (n - 1 df). A cell whose reading is a bound makes the change a bound
+  too (`bound`: the bound of after / before, or 'both').
+
+  Returns:
+    {"ratio", "ci95", "ci95_bootstrap", "ci95_t" (None where the seeds differ), "interval", "bound"}.
+  """
+  delta = math.log(after["mean"]) - math.log(before["mean"])
+  se_b, se_a = float(before["se_log_bootstrap"]), float(after["se_log_bootstrap"])
+  n_b, n_a = len(before["per_seed"]), len(after["per_seed"])
+  df = stats.satterthwaite_df([(se_b, n_b - 1), (se_a, n_a - 1)])
+  half = 0.0 if math.isnan(df) else stats.t_quantile(0.975, df) * math.hypot(se_b, se_a)
+  boot = [math.exp(delta - half), math.exp(delta + half)]
+  paired = None
+  if n_b == n_a and before.get("seeds") == after.get("seeds"):
+    paired = t_interval(np.log(after["per_seed"]) - np.log(before["per_seed"]))
+  wider = "t" if paired is not None and paired[1] / paired[0] > boot[1] / boot[0] else "bootstrap"
+  flips = {None: None, "lower": "upper", "upper": "lower", "both": "both"}
+  bounds = {after.get("bound"), flips[before.get("bound")]} - {None}
+  return {
+    "ratio": math.exp(delta),
+    "ci95": paired if wider == "t" else boot,
+    "ci95_bootstrap": boot,
+    "ci95_t": paired,
+    "interval": wider,
+    "bound": None if not bounds else bounds.pop() if len(bounds) == 1 else "both",
+  }

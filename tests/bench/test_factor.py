@@ -189,3 +189,22 @@ def test_the_interval_covers_a_known_factor_90_to_99_percent_of_the_time():
       covered[reading] += lo <= k <= hi
   for reading, hits in covered.items():
     assert 0.90 * draws <= hits <= 0.99 * draws, (reading, hits)
+
+
+def test_the_change_between_two_cells_reads_their_ratio_with_an_interval_around_it():
+  rng = np.random.default_rng(8)
+  before = factor.factor(*_sides(synthetic(2.0, rng)), N, draws=300)["a"]
+  after = factor.factor(*_sides(synthetic(1.4, rng)), N, draws=300)["a"]
+  change = factor.cell_change(before, after)
+  assert change["ratio"] == pytest.approx(after["mean"] / before["mean"])
+  lo, hi = change["ci95"]
+  assert lo < 0.7 < hi and hi < 1.0  # 1.4 / 2: the shrink is read, and beyond the noise
+  assert change["ci95_t"] is not None and change["bound"] is None
+  assert math.log(hi / lo) == pytest.approx(
+    max(math.log(x[1] / x[0]) for x in (change["ci95_t"], change["ci95_bootstrap"]))
+  )
+  same = factor.cell_change(before, before)
+  assert same["ratio"] == 1.0 and same["ci95"][0] < 1.0 < same["ci95"][1]
+  bounded = factor.cell_change(before, after | {"bound": "lower"})
+  assert bounded["bound"] == "lower"
+  assert factor.cell_change(before | {"bound": "lower"}, after)["bound"] == "upper"
