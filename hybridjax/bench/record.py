@@ -124,7 +124,7 @@ RUNTIME_FIELDS = (
   "benchmark.gpus_per_run",
   "benchmark.ray_address",
 }
-STUDY_BLOCKS = ("ladder", "recipe", "variants", "knobs")  # `benchmark.<name>`: each study's own fields
+STUDY_BLOCKS = ("ladder", "recipe", "variants", "knobs", "optimizers")  # `benchmark.<name>`: each study's own fields
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
 
 
