@@ -94,3 +94,20 @@ def test_the_reread_table_is_every_published_verdict_recomputed_from_its_record(
   assert stored["flips"] == len(flips) and f"{len(flips)} of {len(rows)}" in md
   for r in flips:
     assert f"| {r['where']} | {r['old']} | **{r['new']}** |" in md
+
+
+def test_where_both_sides_kept_their_windows_the_t_rule_reads_the_seed_averaged_window_error():
+  stored, _ = _published()
+  rows = {r["where"]: r for r in stored["files"]["docs/results/recipe/recipe-long.json"]}
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "recipe-long.json")) as f:
+    recipe = json.load(f)
+  muon, rotary = recipe["step_runs"]["muon"]["runs"], recipe["step_runs"]["rotary"]["runs"]
+  seeds = sorted(muon, key=int)
+  se = protocol.seed_averaged_window_se(
+    [muon[s]["final_averaged_per_batch"] for s in seeds], [rotary[s]["final_averaged_per_batch"] for s in seeds]
+  )
+  row = rows["figures.muon.vs_previous"]
+  assert row["se_eval_from"] == "windows" and row["se_eval"] == pytest.approx(se)
+  assert row["se_eval_published"] == recipe["anchor"]["eval"]["paired_se"]
+  # The first step's previous is the anchor, whose runs this record keeps no windows of.
+  assert rows["figures.schedule.vs_previous"]["se_eval_from"] == "record"
