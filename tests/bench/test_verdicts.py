@@ -111,3 +111,9 @@ def test_where_both_sides_kept_their_windows_the_t_rule_reads_the_seed_averaged_
   assert row["se_eval_published"] == recipe["anchor"]["eval"]["paired_se"]
   # The first step's previous is the anchor, whose runs this record keeps no windows of.
   assert rows["figures.schedule.vs_previous"]["se_eval_from"] == "record"
+
+
+def test_the_docs_critical_value_at_three_seeds_is_t_at_two_df():
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = " ".join(f.read().split())
+  assert f"With 3 seeds its critical value is near {stats.t_quantile(0.975, 2):.1f}, not 2" in page

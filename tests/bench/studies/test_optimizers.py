@@ -67,6 +67,7 @@ def ran(tmp_path, monkeypatch):
   return study.run(c, str(tmp_path / "work")), runner, tmp_path
 
 
+@pytest.mark.slow  # the study through the skeleton on stub runs, with the corpus's preparation (seconds)
 def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss_at_n(ran):
   result, runner, tmp_path = ran
   adamw, muon = result["sides"]["adamw"], result["sides"]["muon"]
@@ -95,6 +96,7 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
 
 
+@pytest.mark.slow  # as above
 def test_a_curve_that_falls_short_is_extended_and_its_extension_rechecked(tmp_path, monkeypatch):
   runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
