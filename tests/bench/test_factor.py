@@ -4,12 +4,15 @@ is known, with noise of the measured sizes."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
-from hybridjax.bench import factor
+from hybridjax.bench import factor, protocol
 
 N = 3000
 ADAMW_T = (0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)  # the study's AdamW curve with both extensions, over N
@@ -208,3 +211,25 @@ def test_the_change_between_two_cells_reads_their_ratio_with_an_interval_around_
   bounded = factor.cell_change(before, after | {"bound": "lower"})
   assert bounded["bound"] == "lower"
   assert factor.cell_change(before | {"bound": "lower"}, after)["bound"] == "upper"
+
+
+def test_on_the_published_families_the_fitted_readings_agree_with_the_curves_own_points():
+  """Muon's family against AdamW's at `long` (each tuned on its LR and averaging beta, each on its own
+  averaged budget curve, 0.5-2 N, docs/results/long-{adamw,muon}-cosine): per seed, the fitted readings lie
+  within 5% of the readings interpolated between the curves' own points (`protocol.steps_to_reach`), and a
+  reading beyond AdamW's last budget is a bound on both."""
+  sides = {}
+  for name in ("adamw", "muon"):
+    with open(os.path.join(ROOT, "docs", "results", f"long-{name}-cosine", "benchmark.json")) as f:
+      r = json.load(f)
+    sides[name] = {s: {"steps": r["budgets"], "loss": x} for s, x in r["curves"]["averaged_baseline"].items()}
+  n = r["steps"]
+  out = factor.factor(sides["adamw"], sides["muon"], n, draws=100)
+  for k, s in enumerate(out["seeds"]):
+    a, m = sides["adamw"][s], sides["muon"][s]
+    at_n = {name: c["loss"][c["steps"].index(n)] for name, c in (("adamw", a), ("muon", m))}
+    reach_a = protocol.steps_to_reach(a["steps"], a["loss"], at_n["muon"])
+    assert (out["a"]["per_seed_bound"][k] == 1) == reach_a.lower_bound
+    assert out["a"]["per_seed"][k] == pytest.approx(reach_a.steps / n, rel=0.05)
+    reach_b = protocol.steps_to_reach(m["steps"], m["loss"], at_n["adamw"])
+    assert out["b"]["per_seed"][k] == pytest.approx(n / reach_b.steps, rel=0.05)
