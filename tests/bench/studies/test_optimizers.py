@@ -117,6 +117,7 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"tuning_seeds": (21,)}, r"optimizers\.tuning_seeds=.*nothing is tuned on a headline seed"),
     ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
     ({"cell": "tuned"}, r"optimizers\.cell='tuned'"),
+    ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),
   ):
     c = _config(tmp_path)
     c.benchmark.optimizers.update(fields)

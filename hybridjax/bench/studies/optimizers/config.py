@@ -106,6 +106,12 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       )
     if ext_order < 0 and any(f <= 0 for f in ext):
       errors.append(f"--config.benchmark.optimizers.muon_extensions={tuple(ext)}: factors must be > 0")
+    steps = [round(f * int(config.trainer.steps)) for f in budgets + ext]
+    if len(set(steps)) != len(steps) or min(steps, default=1) < 1:
+      errors.append(
+        f"--config.benchmark.optimizers.{side}_budgets and {side}_extensions give {steps} steps at "
+        f"N={int(config.trainer.steps)}: each budget must round to its own positive step count"
+      )
   if int(o.draws) < 100:
     errors.append(f"--config.benchmark.optimizers.draws={o.draws}: the bootstrap needs at least 100")
   if errors:
