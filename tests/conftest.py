@@ -291,7 +291,7 @@ _COST = {
   "test_train.py": 16,
   "test_models.py": 15,
   "test_byo.py": 10,
-  "test_settings_check.py": 9,
+  "test_preflight.py": 9,
   "test_jump.py": 8,
   "test_nonfinite_prediction.py": 7,
   "test_variants.py": 7,

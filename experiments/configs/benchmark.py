@@ -173,7 +173,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
   b.timing_steps = 25  # steps per arm and round
   b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
-  # 'family': one family's protocol; 'ladder'; 'recipe'; 'variants'; 'knobs' (`hybridjax/bench/studies/`)
+  # 'family': one family's protocol; 'ladder'; 'recipe'; 'variants'; 'knobs'; 'optimizers' (`hybridjax/bench/studies/`)
   b.study = "family"
   # The plateau rule (the ladder's and the recipe's): flags a run, adds headline seeds.
   b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau

@@ -1,6 +1,6 @@
 """The benchmark protocol: from benchmark runs to the figures we report (docs/benchmark.md, "Figures").
 
-Pure numpy; nothing here imports jax or the rest of hybridjax.
+Pure numpy; nothing here imports jax or the rest of hybridjax but `stats` (Student's t).
 
 A baseline's budget curve is made monotone (`monotone_envelope`); a method's final loss is read on it
 as the baseline steps to reach it (`steps_to_reach`, interpolated in log(budget) between the
@@ -8,7 +8,7 @@ envelope's drops, `reading_knots`; reached, a lower or an upper bound, or not re
 the method's cost (`ratio`; `curve_loss_at` is the inverse reading). Per-seed ratios are aggregated
 (`summarize`, `mean_std`); two settings on the same seeds are compared (`paired_difference`, with
 the eval set's paired per-batch error, `paired_batch_se`) and judged as the anchor reads itself at N
-(`cost_verdict`).
+(`cost_verdict`); every verdict word comes from one rule (`verdict`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from hybridjax.bench import stats
 
 
 def _curve(
@@ -300,27 +302,120 @@ def paired_batch_se(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.nda
   return float(np.std(x - y, ddof=1) / math.sqrt(x.size))
 
 
-def paired_difference(
-  a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, eval_se: float | None = None
+# The verdict rules (`verdict`). "t": Student's t at Satterthwaite's degrees of freedom, the rule of every
+# new record. "2se": |mean| against 2 se_total, the rule every record published before "t" was judged by;
+# a published record keeps reading under it (scripts/reread_results.py, whose output must not change), and
+# docs/results/verdicts-reread.md lists what each of its verdicts reads under "t".
+RULES = ("t", "2se")
+PUBLISHED_RULE = "2se"
+
+
+def verdict(
+  mean: float,
+  se_seed: float,
+  n: int,
+  se_eval: float | None = None,
+  eval_windows: int | None = None,
+  rule: str = "t",
 ) -> dict[str, Any]:
-  """Per-seed differences a_i - b_i of two settings measured on the same seeds.
+  """The verdict word of a paired mean difference (a - b), the one rule every study's words come from.
+
+  se_total^2 = se_seed^2 + se_eval^2: the seeds' standard error (sd(d) / sqrt(n), on n - 1 df) and the eval
+  windows' (the same windows score every seed, so their sampling error does not average out over the
+  seeds; on eval_windows - 1 df, or infinite where the count is not known).
+
+  * rule "t": df by Satterthwaite (`stats.satterthwaite_df`); "lower" (a below b) / "higher" where
+    |mean| > t(0.975, df) se_total, else "no difference", with the two-sided p of mean / se_total.
+  * rule "2se": "no difference" where |mean| < 2 se_total, else "lower" / "higher" (`PUBLISHED_RULE`).
+
+  Either way, se_total == 0 reads "no difference" for a zero mean and "lower"/"higher" otherwise (p 1 or 0).
+
+  Returns:
+    {"verdict"}; under "t" also {"df", "t_crit", "p"} (df None where se_total is 0).
+
+  Raises:
+    ValueError: on an unknown rule, n < 2, or a negative or non-finite standard error.
+  """
+  if rule not in RULES:
+    raise ValueError(f"verdict rule {rule!r}: give one of {RULES}")
+  if n < 2:
+    raise ValueError(f"a paired verdict needs at least 2 seeds, got {n}")
+  for name, se in (("se_seed", se_seed), ("se_eval", se_eval)):
+    if se is not None and not (math.isfinite(se) and se >= 0):
+      raise ValueError(f"{name} must be a finite standard error >= 0 or None, got {se!r}")
+  total = math.hypot(se_seed, se_eval or 0.0)
+  word = "lower" if mean < 0 else "higher"
+  if rule == "2se":
+    return {"verdict": "no difference" if abs(mean) < 2 * total or (total == 0 and mean == 0) else word}
+  if total == 0:
+    return {
+      "verdict": "no difference" if mean == 0 else word,
+      "df": None,
+      "t_crit": None,
+      "p": 1.0 if mean == 0 else 0.0,
+    }
+  eval_df = math.inf if eval_windows is None else float(eval_windows - 1)
+  df = stats.satterthwaite_df([(se_seed, n - 1), (se_eval or 0.0, eval_df)])
+  t_crit = stats.t_quantile(0.975, df)
+  return {
+    "verdict": word if abs(mean) > t_crit * total else "no difference",
+    "df": df,
+    "t_crit": t_crit,
+    "p": stats.t_two_sided_p(mean / total, df),
+  }
+
+
+def seed_averaged_window_se(
+  a: Sequence[Sequence[float]] | np.ndarray, b: Sequence[Sequence[float]] | np.ndarray
+) -> float:
+  """The eval windows' standard error of a seed-averaged paired difference: per window j, the difference
+  a_sj - b_sj averaged over the seeds s, then sd over the windows (ddof=1) / sqrt(windows).
+
+  Args:
+    a: (seeds, windows) one side's loss on each eval window, per seed.
+    b: the other side's, the same seeds and windows in the same order.
+
+  Raises:
+    ValueError: on mismatched shapes, fewer than 2 windows or non-finite values.
+  """
+  x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+  if x.shape != y.shape or x.ndim != 2:
+    raise ValueError(f"per-window losses must be (seeds, windows) of one shape, got {x.shape} and {y.shape}")
+  if x.shape[1] < 2:
+    raise ValueError(f"the windows' error needs at least 2 windows, got {x.shape[1]}")
+  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+    raise ValueError("per-window losses must be finite")
+  d = (x - y).mean(axis=0)
+  return float(np.std(d, ddof=1) / math.sqrt(d.size))
+
+
+def paired_difference(
+  a: Sequence[float] | np.ndarray,
+  b: Sequence[float] | np.ndarray,
+  eval_se: float | None = None,
+  rule: str = PUBLISHED_RULE,
+  eval_windows: int | None = None,
+) -> dict[str, Any]:
+  """Per-seed differences a_i - b_i of two settings measured on the same seeds, judged by `verdict`.
 
   The mean difference is judged against the seeds' standard error and the eval set's: `eval_se`, the
-  paired per-batch standard error of a difference of two runs (`paired_batch_se`). The eval batches are
-  the same for every seed, so their sampling error does not average out over the seeds; it enters whole:
-  se_total = sqrt(se^2 + eval_se^2). Two runs equal up to float rounding then read "no difference" even
-  where the rounding happens to have one sign on every seed.
+  paired per-batch standard error of a difference of two runs (`paired_batch_se`; `seed_averaged_window_se`
+  where both sides kept their per-window losses). The eval batches are the same for every seed, so their
+  sampling error does not average out over the seeds; it enters whole: se_total = sqrt(se^2 + eval_se^2).
+  Two runs equal up to float rounding then read "no difference" even where the rounding happens to have
+  one sign on every seed.
 
   Args:
     a: one value per seed.
     b: one value per seed, in the same seed order.
     eval_se: the paired per-batch standard error, or None where it cannot be estimated (one eval batch)
       or was not recorded: the seeds' standard error alone judges.
+    rule: the verdict rule (`RULES`); the published records' by default.
+    eval_windows: the eval windows eval_se was estimated over (its df: windows - 1), for rule "t".
 
   Returns:
-    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "eval_se", "se_total", "n", "differences", "verdict"}:
-    the verdict is "no difference" when |mean| < 2 se_total (or se_total == 0 and mean == 0), else "lower"
-    (a below b) when the mean is negative and "higher" when it is positive.
+    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "eval_se", "se_total", "n", "differences", "verdict"};
+    under rule "t" also "rule", "df", "t_crit", "p" (`verdict`).
 
   Raises:
     ValueError: on mismatched lengths, fewer than 2 pairs, non-finite values or a negative or non-finite
@@ -341,21 +436,18 @@ def paired_difference(
   mean = float(np.mean(d))
   std = float(np.std(d, ddof=1))
   se = std / math.sqrt(n)
-  total = math.hypot(se, eval_se or 0.0)
-  if abs(mean) < 2 * total or (total == 0 and mean == 0):
-    verdict = "no difference"
-  else:
-    verdict = "lower" if mean < 0 else "higher"
-  return {
+  judged = verdict(mean, se, n, eval_se, eval_windows, rule)
+  out = {
     "mean": mean,
     "std": std,
     "se": se,
     "eval_se": None if eval_se is None else float(eval_se),
-    "se_total": total,
+    "se_total": math.hypot(se, eval_se or 0.0),
     "n": n,
     "differences": d.tolist(),
-    "verdict": verdict,
+    "verdict": judged.pop("verdict"),
   }
+  return out if rule == PUBLISHED_RULE else out | {"rule": rule, "eval_windows": eval_windows} | judged
 
 
 PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no difference"}
@@ -377,6 +469,8 @@ def cost_verdict(
   curves: Sequence[tuple[Sequence[float], Sequence[float]]],
   n: float,
   eval_se: float | None,
+  rule: str = PUBLISHED_RULE,
+  eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """Whether a method pays against an anchor: per seed, its loss against the anchor's curve at its cost,
   read as the anchor reads itself at N, then paired over the seeds (`paired_difference` against zero).
@@ -392,6 +486,7 @@ def cost_verdict(
     curves: per seed, the anchor's (budgets, losses).
     n: the budget N (where the anchor reads itself).
     eval_se: the paired per-batch standard error (`paired_batch_se`), or None.
+    rule, eval_windows: as `paired_difference` reads them.
 
   Returns:
     {"verdict": "pays" | "does not pay" | "no difference" | "not judged", "paired": the paired difference
@@ -415,6 +510,6 @@ def cost_verdict(
     "verdict": "not judged",
   }
   if len(diffs) >= 2 and None not in diffs:
-    out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se)
+    out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se, rule, eval_windows)
     out["verdict"] = PAYS[out["paired"]["verdict"]]
   return out

@@ -128,8 +128,8 @@ def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
   if field in ("recipe.tricks", "recipe.muon_lr"):
     return "the recipe study, the ladder's R6 and the speedrun family", name == "recipe" or r6 or speedrun_family
   if field == "recipe.keep":
-    readers = "the recipe, variants and knobs studies, the ladder's R6 and the speedrun family"
-    return readers, name in ("recipe", "variants", "knobs") or r6 or speedrun_family
+    readers = "the recipe, variants, knobs and optimizers studies, the ladder's R6 and the speedrun family"
+    return readers, name in ("recipe", "variants", "knobs", "optimizers") or r6 or speedrun_family
   return f"the {block} study", name == block
 
 
@@ -176,7 +176,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
           f"--config.benchmark.study={parts[1]} (its study), or leave out --config.{field}"
         )
   errors += unread_optimizer_field_errors(config, fields)
-  if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs"):
+  if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs", "optimizers"):
     errors.append(
       f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
       "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "

@@ -619,6 +619,43 @@ def test_a_plateau_adds_the_plateau_seeds_to_every_recipe_step_and_the_anchor(qu
 
 
 @pytest.mark.slow
+def test_the_quick_optimizers_study_reads_both_sides_on_their_own_curves(quick):
+  """The optimizers study's code path on the micro model: the quick recipe's AdamW row (`schedule`) and
+  Muon row at the recipe record's settings, each on its own budget curve with its per-budget re-checks,
+  both readings of the factor and the cell's verdict recomputed from its record."""
+  from hybridjax.bench import factor
+  from hybridjax.bench.studies.optimizers import figures as optimizers_figs
+  from hybridjax.bench.studies.optimizers import report as optimizers_report
+
+  workdir, config, _ = quick
+  c = ml_collections.ConfigDict(config.to_dict())
+  if not os.path.exists(os.path.join(workdir, "recipe-quick.json")):  # its rows' settings come from it
+    c.benchmark.update(study="recipe", timing_rounds=2, timing_steps=5)
+    benchmark.run_benchmark(c, workdir)
+  c.benchmark.study = "optimizers"
+  c.benchmark.optimizers.update(lrs_from=os.path.join(workdir, "recipe-quick.json"), draws=200)
+  result = benchmark.run_benchmark(c, workdir)
+  with open(os.path.join(workdir, "recipe-quick.json")) as f:
+    recipe = json.load(f)
+  n = int(c.trainer.steps)
+  for side, row in (("adamw", "schedule"), ("muon", "muon")):
+    rec = result["sides"][side]
+    assert rec["settings"]["row"] == row and rec["settings"]["lr"] == recipe["step_runs"][row]["lr"]
+    assert {f"{s}/{round(f * n)}" for s in result["seeds"] for f in rec["budgets"]} == set(rec["runs"])
+  assert sorted(result["sides"]["adamw"]["rechecks"]) == [str(f) for f in result["sides"]["adamw"]["budgets"] if f >= 2]
+  assert result["seeds"][:2] == [21, 22] and result["tuning_seeds"] == [1001, 1002]
+  for reading in ("a", "b"):
+    r = result["factor"][reading]
+    assert r["ci95"][0] <= r["mean"] <= r["ci95"][1] or r["bound"] is not None
+  assert result["verdict"] == factor.cell_verdict(result["factor"]["a"])
+  with open(os.path.join(workdir, "optimizers-quick.json")) as f:
+    stored = json.load(f)
+  assert json.loads(json.dumps(optimizers_figs.cell_figures(stored))) == {k: stored[k] for k in ("factor", "verdict")}
+  with open(os.path.join(workdir, "optimizers-quick.md")) as f:
+    assert f.read() == optimizers_report.markdown(stored) + "\n"
+
+
+@pytest.mark.slow
 def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   """R6 as the quick preset runs it: the whole quick recipe (the schedule and Muon with its groups),
   tuned like a family, read at the iterate its tuning seeds chose, its one arm against its control;

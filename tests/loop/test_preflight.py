@@ -1,4 +1,4 @@
-"""The trainer's refusals of what a run would silently ignore or change (`hybridjax.settings_check`):
+"""The trainer's refusals of what a run would silently ignore or change (`hybridjax.preflight`):
 a resume with another `trainer.steps` where the schedule depends on it, an empty eval set, hybrid
 settings the run does not read, a misspelt method hook; and `export_params`' warning for a run that
 stopped early."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import gpt2_small
-from hybridjax import config as config_lib
+from hybridjax import preflight
 from hybridjax.models import attention, gpt2, lm_loss
 
 TINY = gpt2.PRESETS["tiny"]
@@ -169,10 +169,10 @@ def test_an_impossible_attention_path_is_refused_naming_the_field():
   c = gpt2_small.get_config("tiny,micro")
   c.model.update(attention="xla", dropout=0.1)
   with pytest.raises(ValueError, match=r"--config.model.attention='xla' has no attention dropout"):
-    config_lib.validate(c)
+    preflight.validate(c)
   c.model.update(attention="auto", loss_chunk=-1)
   with pytest.raises(ValueError, match=r"--config.model.loss_chunk"):
-    config_lib.validate(c)
+    preflight.validate(c)
 
 
 def test_rotary_on_the_fused_layout_equals_the_einsum_layout():

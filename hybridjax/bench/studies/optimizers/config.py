@@ -1,0 +1,128 @@
+"""The optimizers study's block, `benchmark.optimizers`, and its checks.
+
+Cell `as_published`: the recipe's AdamW row (`adamw_row`, `rotary` at `long`) and its Muon row (`muon_row`) at
+their published settings (the recipe record's LR, averaging beta and iterate), each on its own budget curve,
+each budget its own schedule; nothing searched.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from hybridjax.bench import record as record_lib
+from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
+
+RECORD = "optimizers-{preset}.json"  # its record, whose invocations a resumed study extends
+PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
+CELLS = ("as_published",)
+SIDES = ("adamw", "muon")
+
+
+def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+  """`benchmark.optimizers`: the cell, the recipe record the rows' settings come from, the rows, the seeds
+  (headline seeds no published record has read; the plateau seeds the rule adds; the tuning seeds of the
+  per-budget re-checks), each side's budgets (x N) and their extensions, where the re-checks run, and the
+  factor's bootstrap. `quick` runs a shorter curve of the quick recipe's rows (its AdamW row before Muon
+  is `schedule`)."""
+  quick = preset == "quick"
+  block.cell = "as_published"
+  block.lrs_from = ""  # '': the published recipe-<preset>.json
+  block.adamw_row = "schedule" if quick else "rotary"
+  block.muon_row = "muon"
+  block.seeds = (21, 22) if quick else (21, 22, 23, 24, 25)
+  block.plateau_seeds = (23,) if quick else (26, 27)
+  block.tuning_seeds = (1001, 1002)
+  block.adamw_budgets = (0.75, 1.0, 2.0, 3.0) if quick else (0.75, 1.0, 1.5, 2.0, 2.5, 3.0)
+  block.adamw_extensions = (4.0,) if quick else (4.0, 6.0)  # added in turn until below Muon's loss at N
+  block.muon_budgets = (0.5, 1.0) if quick else (0.33, 0.5, 0.75, 1.0)
+  block.muon_extensions = (0.25,) if quick else (0.25, 0.2)  # added in turn until it reaches AdamW's at N
+  block.adamw_recheck_from = 2.0  # AdamW's LR (sqrt(2) neighbours) and weight decay (x 1/2) at budgets >= this
+  block.muon_recheck_to = 0.5  # Muon's LR (sqrt(2) neighbours) at budgets <= this
+  block.draws = 2000  # the factor's bootstrap draws
+  block.bootstrap_seed = 0
+
+
+def block_of(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  return config.benchmark.optimizers
+
+
+def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
+  """(the recipe record read, {side: (its config, its published settings: row, lr, beta, iterate,
+  weight_decay)}): each side is the record's cumulative row, at the LR, beta and iterate the record tuned."""
+  b, o = config.benchmark, block_of(config)
+  field = "benchmark.optimizers.lrs_from"
+  shown, result = recipe_record(str(b.preset), str(o.lrs_from), field)
+  names, steps = list(result["tricks"]), result["step_runs"]
+  out = {}
+  for side, row in (("adamw", str(o.adamw_row)), ("muon", str(o.muon_row))):
+    if row not in names or row not in steps:
+      raise ValueError(
+        f"{shown} holds no {row!r} step (it ran {names}): set --config.benchmark.optimizers.{side}_row to one of "
+        f"its steps, or give a record that has it with --config.{field}"
+      )
+    c = apply_tricks(config, names[: names.index(row) + 1])
+    settings = {"row": row} | {k: steps[row][k] for k in ("lr", "beta", "iterate")}
+    c.optim.learning_rate = float(settings["lr"])
+    c.benchmark.methods = ""
+    settings["weight_decay"] = float(c.optim.weight_decay)
+    out[side] = (c, settings)
+  return shown, out
+
+
+def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Checks the block; returns both sides' configs, which the skeleton checks too."""
+  o = block_of(config)
+  errors = []
+  if str(o.cell) not in CELLS:
+    errors.append(f"--config.benchmark.optimizers.cell={o.cell!r}: give one of {', '.join(CELLS)}")
+  for side in SIDES:
+    row = str(o[f"{side}_row"])
+    if row not in TRICKS:
+      errors.append(f"--config.benchmark.optimizers.{side}_row={row!r}: give a step of the recipe, {','.join(TRICKS)}")
+  seeds, plateau, tuning = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
+  if len(seeds) < 2:
+    errors.append(f"--config.benchmark.optimizers.seeds={tuple(seeds)}: the factor pairs at least 2 headline seeds")
+  if len(tuning) < 1 or set(tuning) & set(seeds + plateau):
+    errors.append(
+      f"--config.benchmark.optimizers.tuning_seeds={tuple(tuning)}: give at least one, none a headline or plateau "
+      "seed (nothing is tuned on a headline seed)"
+    )
+  if len(set(seeds + plateau)) != len(seeds + plateau):
+    errors.append("--config.benchmark.optimizers.plateau_seeds must differ from the headline seeds and each other")
+  for side, ext_order in (("adamw", 1), ("muon", -1)):
+    budgets = [float(f) for f in o[f"{side}_budgets"]]
+    ext = [float(f) for f in o[f"{side}_extensions"]]
+    if 1.0 not in budgets or budgets != sorted(set(budgets)) or min(budgets) <= 0:
+      errors.append(
+        f"--config.benchmark.optimizers.{side}_budgets={tuple(budgets)}: give increasing factors of N, N (1.0) among "
+        "them (both readings are made at N)"
+      )
+    edge = max(budgets) if ext_order > 0 else min(budgets)
+    if ext and (ext != sorted(ext, reverse=ext_order < 0) or any((f - edge) * ext_order <= 0 for f in ext)):
+      way = "above the largest" if ext_order > 0 else "below the smallest (and above 0)"
+      errors.append(
+        f"--config.benchmark.optimizers.{side}_extensions={tuple(ext)}: give factors {way} of its budgets, in the "
+        "order they are added"
+      )
+    if ext_order < 0 and any(f <= 0 for f in ext):
+      errors.append(f"--config.benchmark.optimizers.muon_extensions={tuple(ext)}: factors must be > 0")
+    steps = [round(f * int(config.trainer.steps)) for f in budgets + ext]
+    if len(set(steps)) != len(steps) or min(steps, default=1) < 1:
+      errors.append(
+        f"--config.benchmark.optimizers.{side}_budgets and {side}_extensions give {steps} steps at "
+        f"N={int(config.trainer.steps)}: each budget must round to its own positive step count"
+      )
+  if int(o.draws) < 100:
+    errors.append(f"--config.benchmark.optimizers.draws={o.draws}: the bootstrap needs at least 100")
+  if errors:
+    raise ValueError("; ".join(errors))
+  _, sides = side_configs(config)
+  adamw, muon = sides["adamw"][0], sides["muon"][0]
+  if uses_muon(adamw) or not uses_muon(muon):
+    raise ValueError(
+      f"--config.benchmark.optimizers.adamw_row={o.adamw_row!r} and muon_row={o.muon_row!r}: the AdamW row must "
+      "train AdamW and the Muon row Muon (a row at or after the recipe's `muon` step)"
+    )
+  b = config.benchmark
+  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  return {f"the optimizers study's {side} side (the recipe's {s['row']!r} row)": c for side, (c, s) in sides.items()}

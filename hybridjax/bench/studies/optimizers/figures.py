@@ -1,0 +1,43 @@
+"""The optimizers study's figures, pure functions of its record (the tests recompute them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridjax.bench import factor, tuning
+
+
+def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
+  """A run's loss as its side reads it: its published iterate, at its beta."""
+  return tuning.iterate_loss(run, settings["iterate"], float(settings["beta"]))
+
+
+def side_curves(result: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:
+  """Per headline seed, a side's budget curve as `factor.curves_from` reads it: its budgets (steps), its
+  losses and, where the side reads its averaged iterate (whose per-window losses the runs keep), each
+  run's loss on each eval window."""
+  rec, n = result["sides"][side], int(result["steps"])
+  settings = rec["settings"]
+  out = {}
+  for s in result["seeds"]:
+    runs = [rec["runs"][f"{s}/{round(float(f) * n)}"] for f in rec["budgets"]]
+    windows = settings["iterate"] == "averaged" and all("final_averaged_per_batch" in r for r in runs)
+    out[str(s)] = {
+      "steps": [int(r["steps"]) for r in runs],
+      "loss": [loss_of(r, settings) for r in runs],
+      "per_window": [r["final_averaged_per_batch"] for r in runs] if windows else None,
+    }
+  return out
+
+
+def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
+  """{"factor": both readings with their intervals (`factor.factor`), "verdict": the cell's against the
+  field (`factor.cell_verdict` of reading (a))}."""
+  f = factor.factor(
+    side_curves(result, "adamw"),
+    side_curves(result, "muon"),
+    int(result["steps"]),
+    int(result["draws"]),
+    int(result["bootstrap_seed"]),
+  )
+  return {"factor": f, "verdict": factor.cell_verdict(f["a"])}

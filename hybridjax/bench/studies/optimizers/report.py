@@ -1,0 +1,65 @@
+"""The optimizers study's table (optimizers-<preset>.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridjax.bench.studies.optimizers.figures import side_curves
+
+BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}
+
+
+def reading_cell(r: dict[str, Any]) -> str:
+  """A reading: its geometric mean (a bound marked), its printed 95% interval and which it is."""
+  lo, hi = r["ci95"]
+  return f"{BOUND[r['bound']]}{r['mean']:.2f}× [{lo:.2f}, {hi:.2f}] ({r['interval']} interval)"
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """optimizers-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
+  cell, f = result["cell"], result["factor"]
+  corpus = result["corpus"]
+  epochs = (
+    "" if corpus.get("max_epochs") is None else f", its longest run drawing {corpus['max_epochs']:.2f}× its tokens"
+  )
+  out = [
+    f"# Muon over AdamW on one architecture: cell `{cell['name']}`, `{cell['preset']}`",
+    "",
+    f"Command: `{result['command']}`" if result.get("command") else "",
+    "",
+    f"N = {result['steps']} steps of {cell['batch'][0]} × {cell['batch'][1]} tokens; headline seeds {result['seeds']}, "
+    f"re-checks on {result['tuning_seeds']}; corpus {corpus['name']} ({corpus.get('tokens')} training tokens{epochs}).",
+    "",
+    "Each side on its own budget curve, fitted L = a_s + b (T/N)^-c (one level per seed), read at N inside the "
+    "budgets run (a bound outside them). Reading (a): AdamW's steps to reach Muon's loss at N, over N. Reading "
+    "(b): N over Muon's steps to reach AdamW's loss at N. Geometric means over the seeds; the wider of the "
+    "bootstrap's (seeds and eval windows) and the t-interval's 95% intervals.",
+    "",
+    "| reading | factor [95%] | per seed |",
+    "|---|---|---|",
+  ]
+  for name, label in (("a", "(a) AdamW's steps to Muon's loss at N / N"), ("b", "(b) N / Muon's steps to AdamW's")):
+    r = f[name]
+    out.append(f"| {label} | {reading_cell(r)} | {', '.join(f'{x:.2f}' for x in r['per_seed'])} |")
+  out += ["", f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**.", ""]
+  out += ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
+  out += ["|---|---|---|---|---|---|---|"]
+  for side, rec in result["sides"].items():
+    s = rec["settings"]
+    moved = {k: v for k, v in rec["per_budget"].items() if v != {"lr": s["lr"], "weight_decay": s["weight_decay"]}}
+    out.append(
+      f"| {side} | {s['row']} | {s['lr']:.4g} | {s['beta']} ({s['iterate']}) | {rec['budgets']} | "
+      f"{moved or 'as published'} | {rec['measurement_runs']:.1f} |"
+    )
+  out += ["", "| side | seed | loss per budget |", "|---|---|---|"]
+  n = int(result["steps"])
+  for side in result["sides"]:
+    for s, c in side_curves(result, side).items():
+      pts = ", ".join(f"{t / n:.3g} N: {x:.4f}" for t, x in zip(c["steps"], c["loss"]))
+      out.append(f"| {side} | {s} | {pts} |")
+  fits = f["fits"]
+  out += [
+    "",
+    "Fits: " + "; ".join(f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in fits.items()) + ".",
+  ]
+  return "\n".join(out)

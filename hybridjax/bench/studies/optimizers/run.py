@@ -1,0 +1,252 @@
+"""The optimizers study: Muon's factor over AdamW on one architecture, each side on its own budget curve
+(`bench.factor`). Cell `as_published`: the recipe's AdamW row and Muon row at their published settings.
+
+Per side: its budgets (x N), each its own schedule, on the headline seeds; at every AdamW budget from
+`adamw_recheck_from` its LR (sqrt(2) neighbours) and weight decay (x 1/2), and at every Muon budget up to
+`muon_recheck_to` its LR, re-checked on the tuning seeds, the best two-seed mean kept (measurement, counted
+apart from any search). AdamW's curve is extended (`adamw_extensions`, in turn) until its loss lies below
+Muon's loss at N on every seed, Muon's down (`muon_extensions`) until it reaches AdamW's loss at N on every
+seed. When the plateau rule flags an N-step run, both sides add the plateau seeds. Nothing is read beyond
+the budgets run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import ml_collections
+
+from hybridjax import data as data_lib
+from hybridjax.bench import figures, specs, tuning
+from hybridjax.bench import record as record_lib
+from hybridjax.bench.runs import keys
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.optimizers import config as optimizers_config
+from hybridjax.bench.studies.optimizers.config import block_of, side_configs
+from hybridjax.bench.studies.optimizers.figures import cell_figures, loss_of
+from hybridjax.bench.studies.optimizers.report import markdown
+from hybridjax.bench.tasks import task_path
+
+# its record (a resumed study extends its invocations) and the blocks it compares without
+RECORD, PUBLISH_IGNORES = optimizers_config.RECORD, optimizers_config.PUBLISH_IGNORES
+
+
+def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  o = block_of(config)
+  return [
+    f"optimizers {config.benchmark.preset}: cell {o.cell}, rows {o.adamw_row} (AdamW) and {o.muon_row} (Muon), "
+    f"N={int(config.trainer.steps)}, headline seeds {tuple(o.seeds)}; workdir {workdir}"
+  ]
+
+
+def candidates(side: str, settings: dict[str, Any]) -> list[dict[str, float]]:
+  """The settings a budget's re-check tries, the published one first (kept on a tie): the LR at its sqrt(2)
+  neighbours, and AdamW's weight decay halved."""
+  lr, wd = float(settings["lr"]), float(settings["weight_decay"])
+  out = [{"lr": lr, "weight_decay": wd}]
+  out += [{"lr": tuning.round_lr(lr * math.sqrt(2) ** k), "weight_decay": wd} for k in (-1, 1)]
+  if side == "adamw":
+    out.append({"lr": lr, "weight_decay": wd / 2})
+  return out
+
+
+def rechecked(config: ml_collections.ConfigDict, side: str, factor: float) -> bool:
+  """Whether `side`'s setting is re-checked at budget `factor` x N."""
+  o = block_of(config)
+  return factor >= float(o.adamw_recheck_from) if side == "adamw" else factor <= float(o.muon_recheck_to)
+
+
+def _spec(c: ml_collections.ConfigDict, settings: dict[str, Any], at: dict[str, float], seed: int, steps: int) -> dict:
+  """An anchor run of `c` at setting `at` (lr, weight_decay), read at the side's beta."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.optim.weight_decay = float(at["weight_decay"])
+  beta = float(settings["beta"])
+  return specs.run_spec(c, kind="anchor", seed=seed, lr=float(at["lr"]), steps=steps, beta=beta, betas=[beta])
+
+
+class _Side:
+  """One side's state: its config, published settings, budgets, per-budget settings and runs."""
+
+  def __init__(self, name: str, c: ml_collections.ConfigDict, settings: dict[str, Any], budgets: list[float]):
+    self.name, self.config, self.settings, self.budgets = name, c, settings, list(budgets)
+    self.checks: dict[str, dict[str, Any]] = {}  # str(factor) -> the re-check
+    self.runs: dict[str, dict[str, Any]] = {}  # "seed/steps" -> run
+
+  def setting_at(self, factor: float) -> dict[str, float]:
+    check = self.checks.get(str(float(factor)))
+    return (
+      dict(check["chosen"])
+      if check
+      else {"lr": float(self.settings["lr"]), "weight_decay": self.settings["weight_decay"]}
+    )
+
+
+def _recheck(config: ml_collections.ConfigDict, sides: list[_Side], runner: Runner) -> None:
+  """Every budget of every side that is re-checked and was not yet: each candidate on the tuning seeds, in
+  one batch; the best mean kept."""
+  n, seeds = int(config.trainer.steps), [int(s) for s in block_of(config).tuning_seeds]
+  todo = [
+    (side, f, at)
+    for side in sides
+    for f in side.budgets
+    if rechecked(config, side.name, f) and str(float(f)) not in side.checks
+    for at in candidates(side.name, side.settings)
+  ]
+  if not todo:
+    return
+  run_specs = [_spec(side.config, side.settings, at, s, round(f * n)) for side, f, at in todo for s in seeds]
+  results = runner.run(run_specs, "optimizers: per-budget re-checks (tuning seeds)")
+  for k, (side, f, at) in enumerate(todo):
+    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+    check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
+    check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
+  for side in sides:
+    for check in side.checks.values():
+      best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))  # the first (published) on a tie
+      check["chosen"] = {"lr": best["lr"], "weight_decay": best["weight_decay"]}
+
+
+def _curves(config: ml_collections.ConfigDict, sides: list[_Side], seeds: list[int], runner: Runner) -> None:
+  """Every side's runs on `seeds` at every budget, at the budget's setting (cached runs are read back)."""
+  n = int(config.trainer.steps)
+  todo = [(side, s, f) for side in sides for s in seeds for f in side.budgets if f"{s}/{round(f * n)}" not in side.runs]
+  if not todo:
+    return
+  run_specs = [_spec(side.config, side.settings, side.setting_at(f), s, round(f * n)) for side, s, f in todo]
+  for (side, s, f), r in zip(todo, runner.run(run_specs, "optimizers: budget curves (headline seeds)")):
+    side.runs[f"{s}/{round(f * n)}"] = r
+
+
+def _at(side: _Side, seed: int, steps: int) -> float:
+  return loss_of(side.runs[f"{seed}/{steps}"], side.settings)
+
+
+def adamw_short(adamw: _Side, muon: _Side, seeds: list[int], n: int) -> bool:
+  """Whether AdamW's curve ends above Muon's loss at N on some seed (its best budget does not reach it)."""
+  return any(min(_at(adamw, s, round(f * n)) for f in adamw.budgets) >= _at(muon, s, n) for s in seeds)
+
+
+def muon_short(adamw: _Side, muon: _Side, seeds: list[int], n: int) -> bool:
+  """Whether Muon's curve starts below AdamW's loss at N on some seed (its smallest budget already does
+  better, so its steps to reach AdamW's loss at N lie below the budgets run)."""
+  return any(_at(muon, s, round(min(muon.budgets) * n)) <= _at(adamw, s, n) for s in seeds)
+
+
+def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+  """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions."""
+  o = block_of(config)
+  n = int(config.trainer.steps)
+  source, configs = side_configs(config)
+  adamw = _Side("adamw", *configs["adamw"], [float(f) for f in o.adamw_budgets])
+  muon = _Side("muon", *configs["muon"], [float(f) for f in o.muon_budgets])
+  sides, seeds = [adamw, muon], [int(s) for s in o.seeds]
+  _recheck(config, sides, runner)
+  _curves(config, sides, seeds, runner)
+  at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
+  flagged = figures.plateau_runs(at_n, n, float(config.benchmark.plateau_margin))
+  added = [int(s) for s in o.plateau_seeds]
+  if flagged and added:
+    print(f"--- plateau runs {flagged}; adding seeds {added} to both sides", flush=True)
+    seeds = seeds + added
+    _curves(config, sides, seeds, runner)
+  plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
+  extended = {"adamw": [], "muon": []}
+  for side, extensions, short in ((adamw, o.adamw_extensions, adamw_short), (muon, o.muon_extensions, muon_short)):
+    for factor in [float(f) for f in extensions]:
+      if not short(adamw, muon, seeds, n):
+        break
+      print(f"--- {side.name}'s curve does not span the other side's loss at N on every seed; adding {factor} N")
+      side.budgets.append(factor)
+      extended[side.name].append(factor)
+      _recheck(config, sides, runner)
+      _curves(config, sides, seeds, runner)
+  return {"source": source, "sides": sides, "seeds": seeds, "plateaus": plateaus, "extended": extended}
+
+
+def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+  """None: the verdicts are in steps."""
+  del config, trained
+  return {}
+
+
+def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, Any]:
+  """The corpus: its name, its training tokens and how many times the longest run draws them."""
+  if specs.task_name(config) != "gpt2":
+    return {"name": specs.task_name(config), "tokens": None, "max_epochs": None}
+  prepared = data_lib.prepare_corpus(
+    str(config.data.path) or None,
+    str(config.data.tokenizer),
+    str(config.data.cache_dir) or None,
+    float(config.data.val_fraction),
+  )
+  drawn = largest_steps * int(config.trainer.batch_size) * int(config.model.n_ctx)
+  return {
+    "name": str(config.data.path) or "shakespeare (bundled)",
+    "tokens": prepared.n_train,
+    "max_epochs": drawn / prepared.n_train,
+  }
+
+
+def _keep(run: dict[str, Any]) -> dict[str, Any]:
+  return {
+    k: run[k]
+    for k in ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch", "key")
+    if k in run
+  }
+
+
+def side_record(side: _Side, seeds: list[int], n: int) -> dict[str, Any]:
+  """A side's record: its settings, per-budget setting and re-checks, its runs, and its measurement cost
+  (the re-checks' runs in N-run equivalents: their steps over N)."""
+  recheck_steps = sum(c["steps"] * len(t["losses"]) for c in side.checks.values() for t in c["tried"])
+  return {
+    "settings": side.settings,
+    "budgets": sorted(side.budgets),
+    "per_budget": {str(float(f)): side.setting_at(f) for f in sorted(side.budgets)},
+    "rechecks": side.checks,
+    "tuning_runs": 0.0,  # cell `as_published` searches nothing
+    "measurement_runs": recheck_steps / n,
+    "curve_runs": sum(round(f * n) for f in side.budgets) * len(seeds) / n,
+    "runs": {
+      f"{s}/{round(f * n)}": _keep(side.runs[f"{s}/{round(f * n)}"]) for s in seeds for f in sorted(side.budgets)
+    },
+  }
+
+
+def record(
+  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
+) -> dict[str, Any]:
+  del timed, command, runner
+  o, n = block_of(config), int(config.trainer.steps)
+  seeds = trained["seeds"]
+  sides = {side.name: side_record(side, seeds, n) for side in trained["sides"]}
+  largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
+  result = {
+    "code_version": keys.code_versions(config, []),
+    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task_path(specs.task_name(config))]),
+    "cell": {
+      "name": str(o.cell),
+      "preset": str(config.benchmark.preset),
+      "batch": [int(config.trainer.batch_size), int(config.model.n_ctx)],
+      "eval_batches": int(config.trainer.eval_batches),
+    },
+    "steps": n,
+    "lrs_from": trained["source"],
+    "seeds": seeds,
+    "tuning_seeds": [int(s) for s in o.tuning_seeds],
+    "plateaus": trained["plateaus"],
+    "extended": trained["extended"],
+    "draws": int(o.draws),
+    "bootstrap_seed": int(o.bootstrap_seed),
+    "sides": sides,
+    "corpus": corpus(config, largest),
+  }
+  return result | cell_figures(result)
+
+
+def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+  """Its record into `workdir` and `publish`, unless `publish` holds one of another config."""
+  del trained
+  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)

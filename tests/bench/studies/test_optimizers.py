@@ -1,0 +1,151 @@
+"""The optimizers study through the skeleton with a stub runner (nothing trains): each side on its own
+curve, the per-budget re-checks, the extensions until each curve spans the other side's loss at N, the
+factor and the verdict recomputed from the record."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+
+import pytest
+from conftest import ROOT, SpecRunner
+
+from experiments.configs import benchmark as benchmark_cfg
+from hybridjax.bench import factor, speedrun, study
+from hybridjax.bench.studies.optimizers import figures, report
+
+N = 40
+K = 2.5  # the stub's Muon reaches AdamW's loss at K times fewer steps
+
+
+def _config(tmp_path):
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.study = "optimizers"
+  recipe = {"trick_list": 2, "tricks": ["schedule", "muon"], "step_runs": {}}
+  recipe["step_runs"]["schedule"] = {"lr": 0.012, "beta": 0.99, "iterate": "averaged"}
+  recipe["step_runs"]["muon"] = {"lr": 0.02, "beta": 0.995, "iterate": "averaged"}
+  path = tmp_path / "recipe-quick.json"
+  path.write_text(json.dumps(recipe))
+  c.benchmark.optimizers.lrs_from = str(path)
+  return c
+
+
+def _stub_result(spec):
+  """AdamW L = 2.5 + 0.8 (T/N)^-0.7, Muon the same at K T, each seed 0.01 apart; the published LR best
+  (0.02 per sqrt(2) step away) but at AdamW's 3 N, where the LR above it wins, and AdamW's halved weight
+  decay wins at 4 N. Every eval window scores a run's loss +- 0.02."""
+  c = spec["config"]
+  muon = c["optim"]["name"] == "muon_groups"
+  steps, lr = c["trainer"]["steps"], c["optim"]["learning_rate"]
+  best_lr = 0.02 if muon else (0.012 * math.sqrt(2) if steps == 3 * N else 0.012)
+  loss = 2.5 + 0.8 * ((K if muon else 1.0) * steps / N) ** -0.7 + 0.01 * (c["seed"] % 100)
+  loss += 0.02 * abs(math.log(lr / best_lr) / math.log(math.sqrt(2)))
+  if not muon and steps == 4 * N and c["optim"]["weight_decay"] < 0.1:
+    loss -= 0.005
+  windows = [loss + 0.02 * (-1) ** j for j in range(4)]
+  beta = str(spec["betas"][0])
+  return {
+    "seed": c["seed"],
+    "steps": steps,
+    "lr": lr,
+    "curve": [{"step": steps, "eval_loss_raw": loss + 0.01, "eval_loss_averaged": loss}],
+    "final_raw": loss + 0.01,
+    "final_averaged": {beta: loss},
+    "final_averaged_per_batch": windows,
+  }
+
+
+@pytest.fixture
+def ran(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.optimizers.draws = 200
+  return study.run(c, str(tmp_path / "work")), runner, tmp_path
+
+
+@pytest.mark.slow  # the study through the skeleton on stub runs, with the corpus's preparation (seconds)
+def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss_at_n(ran):
+  result, runner, tmp_path = ran
+  adamw, muon = result["sides"]["adamw"], result["sides"]["muon"]
+  # Muon at N is AdamW at K N = 2.5 N, inside AdamW's budgets (to 3 N): no extension. AdamW at N is Muon at
+  # N / K = 0.4 N, below Muon's smallest budget (0.5 N): Muon's curve is extended down to 0.25 N.
+  assert adamw["budgets"] == [0.75, 1.0, 2.0, 3.0] and muon["budgets"] == [0.25, 0.5, 1.0]
+  assert result["extended"] == {"adamw": [], "muon": [0.25]}
+  # The re-checks: AdamW at 2 N and 3 N (LR at its neighbours, weight decay halved), Muon at 0.5 N and 0.25 N.
+  assert sorted(adamw["rechecks"]) == ["2.0", "3.0"] and sorted(muon["rechecks"]) == ["0.25", "0.5"]
+  assert [len(c["tried"]) for c in adamw["rechecks"].values()] == [4, 4] and len(muon["rechecks"]["0.5"]["tried"]) == 3
+  assert adamw["per_budget"]["3.0"]["lr"] == pytest.approx(0.01697) and adamw["per_budget"]["2.0"]["lr"] == 0.012
+  assert adamw["measurement_runs"] == pytest.approx(2 * 4 * (2 + 3)) and muon["measurement_runs"] == pytest.approx(
+    2 * 3 * (0.5 + 0.25)
+  )
+  # No headline run on a tuning seed, no re-check on a headline seed.
+  seeds = {json.loads(json.dumps(s["config"]))["seed"] for s in runner.specs}
+  assert seeds == {21, 22, 1001, 1002}
+  f = result["factor"]
+  for reading in ("a", "b"):  # the stub's curves are of the fitted form: both readings are K, on every seed
+    assert f[reading]["bound"] is None and f[reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
+  assert result["verdict"] == "above the field" == factor.cell_verdict(f["a"])
+  # Every figure recomputes from the record; the md is the record's.
+  written = json.loads((tmp_path / "work" / "optimizers-quick.json").read_text())
+  assert json.loads(json.dumps(figures.cell_figures(written))) == {k: written[k] for k in ("factor", "verdict")}
+  assert (tmp_path / "work" / "optimizers-quick.md").read_text() == report.markdown(written) + "\n"
+  assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
+
+
+@pytest.mark.slow  # as above
+def test_a_curve_that_falls_short_is_extended_and_its_extension_rechecked(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.optimizers.update(draws=200, adamw_budgets=(0.75, 1.0, 2.0), muon_budgets=(0.75, 1.0))
+  result = study.run(c, str(tmp_path / "work"))
+  adamw, muon = result["sides"]["adamw"], result["sides"]["muon"]
+  assert result["extended"] == {"adamw": [4.0], "muon": [0.25]}
+  assert adamw["budgets"] == [0.75, 1.0, 2.0, 4.0] and muon["budgets"] == [0.25, 0.75, 1.0]
+  assert adamw["per_budget"]["4.0"]["weight_decay"] == 0.05  # the halved weight decay wins there
+  assert "0.25" in muon["rechecks"]
+
+
+def test_bad_blocks_are_refused_naming_the_field(tmp_path):
+  for fields, match in (
+    ({"adamw_budgets": (0.5, 2.0)}, r"optimizers\.adamw_budgets=.*N \(1\.0\) among them"),
+    ({"muon_extensions": (0.6,)}, r"optimizers\.muon_extensions=.*below the smallest"),
+    ({"tuning_seeds": (21,)}, r"optimizers\.tuning_seeds=.*nothing is tuned on a headline seed"),
+    ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
+    ({"cell": "tuned"}, r"optimizers\.cell='tuned'"),
+    ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),
+  ):
+    c = _config(tmp_path)
+    c.benchmark.optimizers.update(fields)
+    with pytest.raises(ValueError, match=match):
+      study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.optimizers.adamw_row = "rotary"
+  with pytest.raises(ValueError, match=r"holds no 'rotary' step .*optimizers\.adamw_row"):
+    study.validate(c)
+  assert speedrun.TRICKS  # the rows are the recipe's steps
+
+
+def test_the_docs_name_every_field_of_the_block_and_its_defaults():
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = f.read()
+  listed = page.split("`benchmark.optimizers` (", 1)[1].split(")", 1)[0]
+  block = benchmark_cfg.get_config("long").benchmark.optimizers
+  assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(block)
+  section = " ".join(page.split("## Muon over AdamW, each on its own curve", 1)[1].split("\n## ", 1)[0].split())
+  assert (
+    f"adamw_row`, `{block.adamw_row}`" in section
+    and f"`adamw_recheck_from` ({block.adamw_recheck_from:g} N)" in section
+  )
+  assert f"(`seeds`, {block.seeds[0]}–{block.seeds[-1]})" in section
+  assert f"`plateau_seeds` ({block.plateau_seeds[0]}, {block.plateau_seeds[1]})" in section
+  assert f"`muon_recheck_to` ({block.muon_recheck_to:g} N)" in section
+  assert f"`adamw_extensions` ({', '.join(f'{x:g} N' for x in block.adamw_extensions)})" in section
+  assert f"`muon_extensions` ({', '.join(f'{x:g} N' for x in block.muon_extensions)})" in section
+  assert f"`adamw_budgets` ({block.adamw_budgets[0]:g}–{block.adamw_budgets[-1]:g} N)" in section
+  assert f"`muon_budgets` ({block.muon_budgets[0]:g}–{block.muon_budgets[-1]:g} N)" in section
+  assert f"above {factor.FIELD:g}×" in section
