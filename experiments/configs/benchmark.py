@@ -183,6 +183,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   b.ladder.methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
   b.ladder.cosine_methods = "jump_forecast,skip_control_forecast"
   b.iterate = "averaged"  # what the tuning ranks runs by: 'averaged', or 'best' (the better iterate)
+  b.tuner = "lr"  # 'lr': the LR sweep (`bench/tuning.py`); 'joint': the joint search (`bench/search.py`)
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)

@@ -321,18 +321,22 @@ def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, f
   return (p["step"], p["eval_loss_raw"]) if abs(p["step"] - step) <= interval / 2 else None
 
 
-def plateau_runs(curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float) -> list[dict[str, Any]]:
+def plateau_runs(
+  curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float, min_seeds: int = 3
+) -> list[dict[str, Any]]:
   """The runs that sit on an early plateau. `curves`: {label: {seed: eval curve}}, the runs of one
   setting per label. A run is flagged whose raw eval loss at N/10 or at N (the eval point nearest
   there) is more than `margin` (relative) above the median of its label's runs over the seeds, or
   not finite. Comparing a run with its own setting's other seeds flags a seed that fell behind, never
-  a setting that is simply worse; a label with fewer than three seeds read is not judged."""
+  a setting that is simply worse; a label with fewer than `min_seeds` seeds read is not judged (a
+  search's two-seed settings pass 2: the median of two is their mean, so only the higher can be
+  flagged)."""
   flagged = []
   for label, per_seed in curves.items():
     for point in (n / 10, n):
       read = {s: eval_loss_near(c, point) for s, c in per_seed.items()}
       present = [v for v in read.values() if v is not None and math.isfinite(v[1])]
-      if len(present) < 3:
+      if len(present) < min_seeds:
         continue
       median = statistics.median(v[1] for v in present)
       for s, v in read.items():

@@ -33,12 +33,15 @@ OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `be
 FIELDS = (
   "preset", "family", "tuning_seeds", "seeds", "lr_points", "lr_max_extensions", "budgets", "betas", "task",
   "methods", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address", "eval_points", "timing_rounds",
-  "timing_steps", "publish", "study", "plateau_margin", "plateau_seeds", "iterate", "arms",
+  "timing_steps", "publish", "study", "plateau_margin", "plateau_seeds", "iterate", "arms", "tuner",
 )  # fmt: skip
 # The benchmark block's fields that say how and where a study runs and where it is published, never
 # what it measures (`record.RUNTIME`).
 RUNTIME = ("publish", "study", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address")
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
+# `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
+# config module lists it in its `TUNERS`).
+TUNERS = ("lr", "joint")
 
 
 def moved_errors(fields: Mapping[str, Any]) -> list[str]:
@@ -176,6 +179,11 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
     errors.append(
       f"--config.benchmark.iterate={b.iterate!r}: give 'averaged' (the tuning ranks runs by their averaged "
       "loss) or 'best' (by each run's better iterate, raw or averaged)"
+    )
+  if b.get("tuner", "lr") not in TUNERS:
+    errors.append(
+      f"--config.benchmark.tuner={b.tuner!r}: give 'lr' (the LR sweep and the averaging beta) or 'joint' (the "
+      "joint search over a side's knobs, where the study runs it)"
     )
   if config.get("hybrid", {}).get("method", ""):
     errors.append(method_field_error(config.hybrid.method))

@@ -264,6 +264,12 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
   checks = importlib.import_module(STUDIES[name] + ".config")
+  tuners = getattr(checks, "TUNERS", ("lr",))  # the tuners the study reads (`specs.TUNERS`)
+  if str(config.benchmark.get("tuner", "lr")) not in tuners:
+    raise ValueError(
+      f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
+      f"leave --config.benchmark.tuner at 'lr' (or pick a study that runs the joint search: optimizers)"
+    )
   for what, other in checks.validate(config).items():
     try:
       specs.validate_benchmark(other)

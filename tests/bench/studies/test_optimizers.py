@@ -46,14 +46,13 @@ def _stub_result(spec):
   if not muon and steps == 4 * N and c["optim"]["weight_decay"] < 0.1:
     loss -= 0.005
   windows = [loss + 0.02 * (-1) ** j for j in range(4)]
-  beta = str(spec["betas"][0])
   return {
     "seed": c["seed"],
     "steps": steps,
     "lr": lr,
     "curve": [{"step": steps, "eval_loss_raw": loss + 0.01, "eval_loss_averaged": loss}],
     "final_raw": loss + 0.01,
-    "final_averaged": {beta: loss},
+    "final_averaged": {str(b): loss for b in spec["betas"]},
     "final_averaged_per_batch": windows,
   }
 
@@ -90,9 +89,9 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
     assert f[reading]["bound"] is None and f[reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
   assert result["verdict"] == "above the field" == factor.cell_verdict(f["a"])
   # Every figure recomputes from the record; the md is the record's.
-  written = json.loads((tmp_path / "work" / "optimizers-quick.json").read_text())
+  written = json.loads((tmp_path / "work" / "optimizers-as_published-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {k: written[k] for k in ("factor", "verdict")}
-  assert (tmp_path / "work" / "optimizers-quick.md").read_text() == report.markdown(written) + "\n"
+  assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == report.markdown(written) + "\n"
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
 
 
@@ -110,6 +109,40 @@ def test_a_curve_that_falls_short_is_extended_and_its_extension_rechecked(tmp_pa
   assert "0.25" in muon["rechecks"]
 
 
+@pytest.mark.slow  # the study and its joint search through the skeleton on stub runs (seconds)
+def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curves(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.optimizers.update(draws=200, cell="both_tuned")
+  result = study.run(c, str(tmp_path / "work"))
+  adamw, muon = result["sides"]["adamw"], result["sides"]["muon"]
+  # Both sides searched from their published settings, at costs within one configuration (two N runs).
+  assert adamw["tuning_runs"] > 50 and abs(adamw["tuning_runs"] - muon["tuning_runs"]) < 2
+  assert (
+    adamw["search"]["totals"]
+    == muon["search"]["totals"]
+    == {"adamw": adamw["tuning_runs"], "muon": muon["tuning_runs"]}
+  )
+  for rec in (adamw, muon):
+    assert rec["settings"]["published"]["row"] == rec["settings"]["row"]
+    assert rec["settings"]["lr"] == rec["search"]["chosen"]["fields"]["optim.learning_rate"]
+    assert rec["search"]["settings"][0]["origin"] == "published"
+  # The search ran on its own seeds alone, the curves on the headline seeds, the re-checks on the tuning seeds.
+  searched = {r["seed"] for rec in (adamw, muon) for r in rec["search"]["runs"]}
+  assert searched <= {1001, 1002, 1003, 1004} and not searched & set(result["seeds"])
+  seeds = {s["config"]["seed"] for s in runner.specs}
+  assert seeds <= {21, 22, 23, 1001, 1002, 1003, 1004}
+  assert result["search_seeds"] == [1001, 1002, 1003, 1004]
+  # The stub's best LRs are found (AdamW 0.012 at N, Muon 0.02), and the cell reads its factor as before.
+  assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
+  written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())
+  assert json.loads(json.dumps(figures.cell_figures(written))) == {k: written[k] for k in ("factor", "verdict")}
+  md = (tmp_path / "work" / "optimizers-both_tuned-quick.md").read_text()
+  assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
+
+
 def test_bad_blocks_are_refused_naming_the_field(tmp_path):
   for fields, match in (
     ({"adamw_budgets": (0.5, 2.0)}, r"optimizers\.adamw_budgets=.*N \(1\.0\) among them"),
@@ -118,11 +151,27 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
     ({"cell": "tuned"}, r"optimizers\.cell='tuned'"),
     ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),
+    ({"cell": "both_tuned"}, r"--config\.benchmark\.tuner='lr': cell 'both_tuned' reads tuner 'joint'"),
+    ({"search_seeds": (1001, 1002, 21)}, r"optimizers\.search_seeds=.*none a headline or plateau seed"),
+    ({"spare_seed": 1003}, r"optimizers\.search_seeds=.*a fourth spare one"),
+    ({"search_configs": 8}, r"optimizers\.search_configs=8: the joint search draws at least 24"),
   ):
     c = _config(tmp_path)
     c.benchmark.optimizers.update(fields)
     with pytest.raises(ValueError, match=match):
       study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  with pytest.raises(ValueError, match=r"cell 'as_published' reads tuner 'lr' \(it searches nothing\)"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.update(study="family", tuner="joint")
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner='joint': the family study tunes with lr"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.tuner = "grid"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner='grid': give 'lr'"):
+    study.validate(c)
   c = _config(tmp_path)
   c.benchmark.optimizers.adamw_row = "rotary"
   with pytest.raises(ValueError, match=r"holds no 'rotary' step .*optimizers\.adamw_row"):

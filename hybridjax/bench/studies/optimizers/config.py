@@ -2,7 +2,8 @@
 
 Cell `as_published`: the recipe's AdamW row (`adamw_row`, `rotary` at `long`) and its Muon row (`muon_row`) at
 their published settings (the recipe record's LR, averaging beta and iterate), each on its own budget curve,
-each budget its own schedule; nothing searched.
+each budget its own schedule; nothing searched. Cell `both_tuned`: both rows first searched alike by the joint
+search (`bench/search.py`, `benchmark.tuner='joint'`) from their published settings, at equal cost.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import ml_collections
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 
-RECORD = "optimizers-{preset}.json"  # its record, whose invocations a resumed study extends
+RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
-CELLS = ("as_published",)
+CELLS = ("as_published", "both_tuned")
+CELL_TUNER = {"as_published": "lr", "both_tuned": "joint"}  # the `benchmark.tuner` each cell reads
+TUNERS = ("lr", "joint")  # the tuners this study runs (`specs.TUNERS`)
+SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 SIDES = ("adamw", "muon")
 
 
@@ -40,6 +44,13 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
   block.muon_recheck_to = 0.5  # Muon's LR (sqrt(2) neighbours) at budgets <= this
   block.draws = 2000  # the factor's bootstrap draws
   block.bootstrap_seed = 0
+  # cell `both_tuned`'s joint search (`bench/search.py`): its Sobol points (besides the published setting),
+  # the Sobol sequence's scrambling seed, its seeds (two for every point, the third for the finalists) and
+  # the spare seed a stalled run is re-run on
+  block.search_configs = SEARCH_CONFIGS
+  block.sobol_seed = 0
+  block.search_seeds = (1001, 1002, 1003)
+  block.spare_seed = 1004
 
 
 def block_of(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -80,6 +91,25 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     if row not in TRICKS:
       errors.append(f"--config.benchmark.optimizers.{side}_row={row!r}: give a step of the recipe, {','.join(TRICKS)}")
   seeds, plateau, tuning = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
+  tuner, want = str(config.benchmark.get("tuner", "lr")), CELL_TUNER.get(str(o.cell))
+  if want and tuner != want:
+    errors.append(
+      f"--config.benchmark.tuner={tuner!r}: cell {o.cell!r} reads tuner {want!r} "
+      + ("(it searches nothing)" if want == "lr" else "(both sides searched alike)")
+      + f"; set --config.benchmark.tuner={want}"
+    )
+  search = [int(s) for s in o.search_seeds] + [int(o.spare_seed)]
+  if len(search) != 4 or len(set(search)) != 4 or set(search) & set(seeds + plateau):
+    errors.append(
+      f"--config.benchmark.optimizers.search_seeds={tuple(o.search_seeds)} and spare_seed={o.spare_seed}: give "
+      "three distinct search seeds and a fourth spare one, none a headline or plateau seed (nothing is tuned on "
+      "a headline seed)"
+    )
+  if int(o.search_configs) < SEARCH_CONFIGS:
+    errors.append(
+      f"--config.benchmark.optimizers.search_configs={o.search_configs}: the joint search draws at least "
+      f"{SEARCH_CONFIGS} Sobol points"
+    )
   if len(seeds) < 2:
     errors.append(f"--config.benchmark.optimizers.seeds={tuple(seeds)}: the factor pairs at least 2 headline seeds")
   if len(tuning) < 1 or set(tuning) & set(seeds + plateau):
@@ -124,5 +154,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       "train AdamW and the Muon row Muon (a row at or after the recipe's `muon` step)"
     )
   b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_publish(
+    config, str(b.publish), RECORD.format(preset=b.preset, cell={"name": str(o.cell)}), PUBLISH_IGNORES
+  )
   return {f"the optimizers study's {side} side (the recipe's {s['row']!r} row)": c for side, (c, s) in sides.items()}

@@ -1,4 +1,4 @@
-"""The optimizers study's table (optimizers-<preset>.md)."""
+"""The optimizers study's table (optimizers-<cell>-<preset>.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def reading_cell(r: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-  """optimizers-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
+  """optimizers-<cell>-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
   cell, f = result["cell"], result["factor"]
   corpus = result["corpus"]
   epochs = (
@@ -51,6 +51,7 @@ def markdown(result: dict[str, Any]) -> str:
       f"| {side} | {s['row']} | {s['lr']:.4g} | {s['beta']} ({s['iterate']}) | {rec['budgets']} | "
       f"{moved or 'as published'} | {rec['measurement_runs']:.1f} |"
     )
+  out += search_lines(result)
   out += ["", "| side | seed | loss per budget |", "|---|---|---|"]
   n = int(result["steps"])
   for side in result["sides"]:
@@ -63,3 +64,27 @@ def markdown(result: dict[str, Any]) -> str:
     "Fits: " + "; ".join(f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in fits.items()) + ".",
   ]
   return "\n".join(out)
+
+
+def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
+  """The fields a side's search moved from its published setting: {field: [published, tuned]}."""
+  settings, search = rec["settings"], rec["search"]
+  published = next(s["config"] for s in search["settings"] if s["origin"] == "published")
+  fields = settings["fields"]
+  moved = {k: [published.get(k), fields.get(k)] for k in {**published, **fields} if published.get(k) != fields.get(k)}
+  for k in ("beta", "iterate"):
+    if settings["published"][k] != settings[k]:
+      moved[k] = [settings["published"][k], settings[k]]
+  return moved
+
+
+def search_lines(result: dict[str, Any]) -> list[str]:
+  """Cell `both_tuned`: each side's search cost (N-run equivalents) and what it moved."""
+  searched = {side: rec for side, rec in result["sides"].items() if rec.get("search")}
+  if not searched:
+    return []
+  out = ["", "| side | search runs (N-run eq.) | Sobol points | tuned − published |", "|---|---|---|---|"]
+  for side, rec in searched.items():
+    moved = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in tuned_minus_published(rec).items()) or "nothing"
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {rec['search']['sobol_points']} | {moved} |")
+  return out

@@ -1,5 +1,7 @@
 """The optimizers study: Muon's factor over AdamW on one architecture, each side on its own budget curve
 (`bench.factor`). Cell `as_published`: the recipe's AdamW row and Muon row at their published settings.
+Cell `both_tuned`: both rows first searched by the joint search (`bench.search`, on the study's
+`search_seeds`, at equal cost), then run at the settings it chose as cell `as_published` runs the published.
 
 Per side: its budgets (x N), each its own schedule, on the headline seeds; at every AdamW budget from
 `adamw_recheck_from` its LR (sqrt(2) neighbours) and weight decay (x 1/2), and at every Muon budget up to
@@ -19,7 +21,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import data as data_lib
-from hybridjax.bench import figures, specs, tuning
+from hybridjax.bench import figures, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
@@ -47,7 +49,7 @@ def candidates(side: str, settings: dict[str, Any]) -> list[dict[str, float]]:
   lr, wd = float(settings["lr"]), float(settings["weight_decay"])
   out = [{"lr": lr, "weight_decay": wd}]
   out += [{"lr": tuning.round_lr(lr * math.sqrt(2) ** k), "weight_decay": wd} for k in (-1, 1)]
-  if side == "adamw":
+  if side == "adamw" and wd > 0:
     out.append({"lr": lr, "weight_decay": wd / 2})
   return out
 
@@ -73,6 +75,7 @@ class _Side:
     self.name, self.config, self.settings, self.budgets = name, c, settings, list(budgets)
     self.checks: dict[str, dict[str, Any]] = {}  # str(factor) -> the re-check
     self.runs: dict[str, dict[str, Any]] = {}  # "seed/steps" -> run
+    self.search: dict[str, Any] | None = None  # cell `both_tuned`: the joint search's record
 
   def setting_at(self, factor: float) -> dict[str, float]:
     check = self.checks.get(str(float(factor)))
@@ -134,14 +137,52 @@ def muon_short(adamw: _Side, muon: _Side, seeds: list[int], n: int) -> bool:
   return any(_at(muon, s, round(min(muon.budgets) * n)) <= _at(adamw, s, n) for s in seeds)
 
 
+def searched_sides(
+  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], runner: Runner
+) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
+  """Cell `both_tuned`: both sides searched alike from their published settings (`search.search_both`);
+  each side's config and settings at the chosen setting (its published ones kept under 'published'),
+  and each side's search record."""
+  o = block_of(config)
+  warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
+  seeds = [int(s) for s in o.search_seeds]
+  searches = [
+    search.Search(
+      side,
+      c,
+      search.space_of(c, warmup),
+      seeds,
+      int(o.spare_seed),
+      int(o.sobol_seed),
+      float(config.benchmark.plateau_margin),
+    )
+    for side, (c, _) in configs.items()
+  ]
+  records = search.search_both(searches, int(o.search_configs), runner)
+  out = {}
+  for side, (c, published) in configs.items():
+    chosen = records[side]["chosen"]
+    tuned = search.apply_setting(c, chosen["fields"])
+    settings = {"row": published["row"], "lr": float(chosen["fields"]["optim.learning_rate"])}
+    settings |= {"beta": chosen["beta"], "iterate": chosen["iterate"], "weight_decay": float(tuned.optim.weight_decay)}
+    out[side] = (tuned, settings | {"published": published, "fields": chosen["fields"]})
+  return out, records
+
+
 def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
-  """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions."""
+  """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
+  (cell `both_tuned`: after the joint search)."""
   o = block_of(config)
   n = int(config.trainer.steps)
   source, configs = side_configs(config)
+  records: dict[str, dict[str, Any]] = {}
+  if str(o.cell) == "both_tuned":
+    configs, records = searched_sides(config, configs, runner)
   adamw = _Side("adamw", *configs["adamw"], [float(f) for f in o.adamw_budgets])
   muon = _Side("muon", *configs["muon"], [float(f) for f in o.muon_budgets])
   sides, seeds = [adamw, muon], [int(s) for s in o.seeds]
+  for side in sides:
+    side.search = records.get(side.name)
   _recheck(config, sides, runner)
   _curves(config, sides, seeds, runner)
   at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
@@ -206,7 +247,9 @@ def side_record(side: _Side, seeds: list[int], n: int) -> dict[str, Any]:
     "budgets": sorted(side.budgets),
     "per_budget": {str(float(f)): side.setting_at(f) for f in sorted(side.budgets)},
     "rechecks": side.checks,
-    "tuning_runs": 0.0,  # cell `as_published` searches nothing
+    # the joint search's runs (cell `both_tuned`; `as_published` searches nothing), counted apart
+    "tuning_runs": side.search["search_runs"] if side.search else 0.0,
+    "search": side.search,
     "measurement_runs": recheck_steps / n,
     "curve_runs": sum(round(f * n) for f in side.budgets) * len(seeds) / n,
     "runs": {
@@ -236,6 +279,7 @@ def record(
     "lrs_from": trained["source"],
     "seeds": seeds,
     "tuning_seeds": [int(s) for s in o.tuning_seeds],
+    "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)] if str(o.cell) == "both_tuned" else [],
     "plateaus": trained["plateaus"],
     "extended": trained["extended"],
     "draws": int(o.draws),
