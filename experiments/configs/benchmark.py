@@ -198,7 +198,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     outer = (10, 0.8, 0.75)
   elif preset == "124m":
     b.update(workers=1, timing_rounds=4, timing_steps=10)
-  b.arms = arms(outer)
+  b.arms = specs.OpenBlock(arms(outer))
   with c.unlocked():
     c.benchmark = b
   if "speedrun" in variants:
@@ -209,7 +209,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     c = speedrun.speedrun_config(c)
     with c.unlocked():
       c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
-  c.lock()
+      c.benchmark.arms = specs.OpenBlock(c.benchmark.arms)
+  c.lock()  # but for `benchmark.arms`, an open block (specs.OpenBlock)
   return c
 
 

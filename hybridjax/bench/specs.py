@@ -70,6 +70,15 @@ class BenchmarkBlock(ml_collections.ConfigDict):
     super().update(*other, **kwargs)
 
 
+class OpenBlock(ml_collections.ConfigDict):
+  """A block that stays open when its config is locked (`benchmark.arms`): an arm of the user's is
+  added by name, from Python too (`c.benchmark.arms.mine = {'method': ...}`); each arm's own fields
+  are checked when the study starts (`arms.check`)."""
+
+  def lock(self) -> "OpenBlock":
+    return self
+
+
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The experiment part of a benchmark config (without the `benchmark` block)."""
   optimizer = tasks_lib.optimizer_name(task_name(config))

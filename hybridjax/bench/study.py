@@ -142,19 +142,19 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   flat = config_lib.flatten(config)
   given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
   checks = importlib.import_module(STUDIES[name] + ".config")  # a study's own checks, where it has them
-  reads = checks.reads(config) if hasattr(checks, "reads") else set()
+  study_reads = checks.reads(config) if hasattr(checks, "reads") else set()
   errors = []
   task = specs.task_name(config)
   try:
-    reads = tasks_lib.reads(task)
+    task_reads = tasks_lib.reads(task)
   except ValueError:
-    reads = None  # a task that does not load: `specs.validate_benchmark` names it
-  unread_blocks = [] if reads is None else [b for b in tasks_lib.task_blocks() if b not in reads]
+    task_reads = None  # a task that does not load: `specs.validate_benchmark` names it
+  unread_blocks = [] if task_reads is None else [b for b in tasks_lib.task_blocks() if b not in task_reads]
   if "data" in unread_blocks and flat.get("data.path"):
     given.add("data.path")  # no preset gives a corpus: from Python too, a path is set
   for field in sorted(given):
     if field.split(".")[0] in unread_blocks:
-      blocks = " and ".join(f"its {b}" for b in reads) if reads else "no block of a task's"
+      blocks = " and ".join(f"its {b}" for b in task_reads) if task_reads else "no block of a task's"
       errors.append(
         f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task={task!r} reads "
         f"{blocks} (its READS), not the {field.split('.')[0]} block, so every run would record it and never read "
@@ -162,7 +162,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
         "(docs/benchmark.md), or use --config.benchmark.task=gpt2"
       )
     if field in OVERWRITTEN:
-      if field in reads:
+      if field in study_reads:
         continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
       errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field]}")
     parts = field.split(".")

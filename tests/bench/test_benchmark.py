@@ -65,7 +65,8 @@ def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
 def _mlp_bench_config(task: str, steps: int = 12):
   """The quick protocol's config on an MLP task (the GPT-2 blocks dropped)."""
   c = _bench_config(task=task)
-  del c.model, c.data
+  with c.unlocked():  # the GPT-2 task's blocks, which an MLP task's config does not hold
+    del c.model, c.data
   c.trainer.update(steps=steps, batch_size=16, eval_batches=4)
   return c
 

@@ -11,6 +11,7 @@ import time
 
 import chex
 import numpy as np
+import ml_collections
 import pytest
 from conftest import cached, micro_config, restore_latest, run_pytest
 from conftest import run_experiment as _run
@@ -335,6 +336,9 @@ def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path, capsys
 
 def test_a_misspelt_key_stops_train_before_the_workdir_is_made(tmp_path):
   c = _legacy_config("hybrid", steps=30)
+  with pytest.raises(AttributeError, match=r'Did you mean "warmup_steps" instead of "warmup_step"\?'):
+    c.hybrid.warmup_step = 5  # the preset is locked: the misspelling fails where it is set
+  c = ml_collections.ConfigDict(c.to_dict())  # a config of the user's own, unlocked: train() names it
   c.hybrid.warmup_step = 5
   message = r"--config\.hybrid\.warmup_step is not a field.*--config\.hybrid\.warmup_steps\?"
   with pytest.raises(ValueError, match=message):

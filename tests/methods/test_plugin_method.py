@@ -129,7 +129,8 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   ):
     _run(c, tmp_path / "d")
   c = _config(user_module)
-  c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})
+  with c.unlocked():  # the method's block, set from Python by its owner
+    c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})
   with pytest.raises(ValueError, match=r"hybrid\.repeat\.every must be >= 1"):
     _run(c, tmp_path / "c")
   assert not os.path.exists(tmp_path / "c" / "checkpoints")

@@ -323,12 +323,21 @@ def test_the_speedrun_family_changed_from_python_after_its_tricks_is_refused(cha
   ],
 )
 def test_a_misspelt_benchmark_key_set_from_python_is_refused_naming_the_nearest(field, value, nearest):
-  c = benchmark_cfg.get_config("quick")
+  """The preset is locked: the misspelling fails at the assignment, with ml_collections' "did you
+  mean"; an unlocked copy is refused by the study's check, naming the nearest field."""
   block, *path = ["benchmark", *field.split(".")]
-  node = c[block]
-  for part in path[:-1]:
-    node = node[part]
-  setattr(node, path[-1], value)  # ml_collections adds a key to an unlocked config
+
+  def misspell(c):
+    node = c[block]
+    for part in path[:-1]:
+      node = node[part]
+    setattr(node, path[-1], value)
+
+  with pytest.raises((AttributeError, KeyError), match=rf'Did you mean "{nearest.split(".")[-1]}"'):
+    misspell(benchmark_cfg.get_config("quick"))
+  c = ml_collections.ConfigDict(benchmark_cfg.get_config("quick").to_dict())
+  c.benchmark = specs.BenchmarkBlock(c.benchmark)
+  misspell(c)  # ml_collections adds a key to an unlocked config
   message = rf"--config\.benchmark\.{field} is not a field of the benchmark block: did you mean "
   message += rf"--config\.benchmark\.{nearest}\?"
   with pytest.raises(ValueError, match=message):
