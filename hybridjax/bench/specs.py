@@ -75,7 +75,7 @@ class OpenBlock(ml_collections.ConfigDict):
   added by name, from Python too (`c.benchmark.arms.mine = {'method': ...}`); each arm's own fields
   are checked when the study starts (`arms.check`)."""
 
-  def lock(self) -> "OpenBlock":
+  def lock(self) -> OpenBlock:
     return self
 
 

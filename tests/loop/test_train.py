@@ -10,8 +10,8 @@ import signal
 import time
 
 import chex
-import numpy as np
 import ml_collections
+import numpy as np
 import pytest
 from conftest import cached, micro_config, restore_latest, run_pytest
 from conftest import run_experiment as _run
