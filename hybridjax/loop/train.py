@@ -712,6 +712,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     "phase_ms_per_step",
     "backward_passes",
     "backward_passes_saved",
+    "predicted_steps_discarded",
     "validation_forwards",
     "predict_fraction",
     "predict_phases",
@@ -732,4 +733,5 @@ def format_summary(summary: Mapping[str, Any]) -> str:
       ("memory growth after warm-up", fb(m["growth_bytes"])),
       ("RSS start / peak / end", f"{fb(m['start_rss'])} / {fb(m['peak_rss'])} / {fb(m['end_rss'])}"),
     ]
-  return format_table(rows, title="run summary")
+  table = format_table(rows, title="run summary")
+  return "\n".join([table] + [f"WARNING: {w}" for w in summary.get("warnings", [])])
