@@ -616,9 +616,11 @@ class HybridDriver:
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
     return text, predicted >= real
 
-  @staticmethod
-  def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:
-    """Progress-bar fields from a train record (no second device read)."""
+  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
+    """Progress-bar fields from a train record (no second device read): none for a method that never
+    predicts (its control turns PREDICT off), whose phases and confidence say nothing."""
+    if not self.ctx.control.enable_predict:
+      return {}
     return {
       "phase": PHASE_NAMES[int(record["phase_now"])],
       "pred": f"{record['predict_fraction']:.0%}",
@@ -645,6 +647,7 @@ class HybridDriver:
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
       "method": self.ctx.method.name,
+      "predicts": bool(self.ctx.control.enable_predict),  # False: PREDICT is off (a method that never predicts)
     }
     if discarded and 2 * discarded >= predicted:
       out["warnings"] = [

@@ -12,10 +12,12 @@ import time
 import chex
 import numpy as np
 import pytest
+import reliability_helper as rh
 from conftest import cached, micro_config, restore_latest, run_pytest
 from conftest import run_experiment as _run
 
 from hybridjax import writers
+from hybridjax.hybrid.phases import Phase
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
 
@@ -373,3 +375,12 @@ def test_a_batch_leaf_without_a_batch_axis_under_grad_accum_stops_train_before_t
   assert not os.path.exists(tmp_path / "run")
   c.trainer.grad_accum = 1  # one batch: nothing is cut; the check above is grad_accum's alone
   train_lib.check_batch_counts(c.trainer, task["train_batch"](0), task["eval_batches"])
+
+
+@pytest.mark.parametrize(("method", "fields"), [("velocity", ["phase", "pred", "conf"]), ("selective_backprop", [])])
+def test_the_progress_bar_shows_phases_only_for_a_method_that_predicts(method, fields):
+  task = rh.mlp_task()
+  c = rh.mlp_config("hybrid", method=method)
+  driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"])
+  record = {"phase_now": int(Phase.FULL), "predict_fraction": 0.0, "confidence_now": 0.0}
+  assert list(driver.progress_fields(record)) == fields
