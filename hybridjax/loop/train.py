@@ -440,7 +440,11 @@ def train(
     driver.check_method_hooks(train_batch(0))
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
-  state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
+  try:
+    state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
+  except BaseException:
+    manager.close()
+    raise
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
     print(settings_check.finished_message(config, workdir, int(finished.get("steps", start_step))))
