@@ -698,7 +698,7 @@ def user_optimizer_errors(tx: Any, params: Any, optim: ml_collections.ConfigDict
 
 def check_user_optimizer(tx: Any, params: Any, optim: ml_collections.ConfigDict) -> None:
   """Refuses a user's optimizer that the config's schedule cannot drive (`user_optimizer_errors`)."""
-  errors = user_optimizer_errors(tx, params, optim)
+  errors = user_optimizer_errors(tx, params, optim) + optim_lib.overwritten_learning_rate_errors(tx, params, optim)
   if errors:
     raise ValueError("\n  ".join(errors))
 
