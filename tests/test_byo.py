@@ -187,10 +187,11 @@ def test_a_learning_rate_written_inside_inject_hyperparams_is_refused_unless_it_
       c, str(tmp_path / "run"), tx=optax.inject_hyperparams(optax.adamw)(learning_rate=1e-4), **_mlp_task()
     )
   assert str(e.value) == (
-    "the optimizer 'my_adamw' given to train(tx=...) injects learning_rate=0.0001 (state.hyperparams['learning_rate']), "
-    "but the config's schedule (--config.optim.schedule='cosine', peak --config.optim.learning_rate=0.003) writes its "
-    "own rate over it before every update: the run would train at the schedule's rate, never at 0.0001. To train at "
-    "0.0001, set --config.optim.learning_rate=0.0001 (and inject that value, or 0.0); or pass a factory, "
+    "the optimizer 'my_adamw' given to train(tx=...) injects learning_rate=0.0001 "
+    "(state.hyperparams['learning_rate']), but the config's schedule (--config.optim.schedule='cosine', "
+    "peak --config.optim.learning_rate=0.003) writes its own rate over it before every update: the run "
+    "would train at the schedule's rate, never at 0.0001. To train at 0.0001, set "
+    "--config.optim.learning_rate=0.0001 (and inject that value, or 0.0); or pass a factory, "
     "tx=lambda learning_rate: optax.adamw(learning_rate)"
   )
   assert not os.path.exists(tmp_path / "run")
