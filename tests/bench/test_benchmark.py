@@ -20,7 +20,7 @@ from conftest import ROOT, cached, load_script, micro_config
 from experiments import benchmark
 from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax import registry
+from hybridjax import codehash, registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import protocol, specs, speedrun, tasks, tuning
@@ -182,7 +182,7 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   Editing the task's code changes the key; a comment does not."""
 
   def files(*modules):
-    return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
+    return {os.path.relpath(p, ROOT) for m in modules for p in codehash.source_closure(m)}
 
   results_side = (
     "hybridjax/bench/study",
@@ -203,7 +203,7 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   assert "hybridjax/methods/velocity/__init__.py" not in jump  # another method's edit keeps the jump's runs
   # A user's task: its own file is hashed, the distributions it imports are versioned.
   spec = specs.run_spec(_mlp_bench_config(user_task), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
-  assert "optax" in keys._distributions([user_task])
+  assert "optax" in codehash._distributions([user_task])
   key = keys.run_key(spec)
   with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
     f.write("# a comment\n")
