@@ -23,6 +23,7 @@ import sysconfig
 import tokenize
 from collections.abc import Sequence
 from importlib import metadata
+from typing import Any
 
 # The distributions below the code whose versions enter every key (their files are not hashed),
 # besides those the code imports directly: jaxlib, XLA's, is imported by jax alone.
@@ -346,10 +347,8 @@ def library_versions(modules: Sequence[str]) -> dict[str, str]:
   return installed_versions(_distributions(modules))
 
 
-def code_version(modules: Sequence[str]) -> str:
-  """A hash of the code of `modules` and of everything they import (without docstrings, comments,
-  layout, file names or paths: this module's docstring says what it keeps), and of the libraries'
-  versions."""
+def _code_digest(modules: Sequence[str]) -> Any:
+  """The sha256 object fed with the code of `modules` and of everything they import (`code_hash`)."""
   closure: dict[str, str] = {}
   for m in modules:
     closure.update(_closure(m)[0])
@@ -364,6 +363,19 @@ def code_version(modules: Sequence[str]) -> str:
   # Which modules are the run's entry points (the task's, the method's: loaded by name).
   for root in sorted({addresses.get(m, _NO_CODE) if m in closure else f"library {m}" for m in modules}):
     h.update(f"root {root}".encode())
+  return h
+
+
+def code_hash(modules: Sequence[str]) -> str:
+  """A hash of the code of `modules` and of everything they import, without docstrings, comments,
+  layout, file names or paths (this module's docstring says what it keeps); the libraries' versions
+  do not enter it (`code_version` adds them)."""
+  return _code_digest(modules).hexdigest()[:16]
+
+
+def code_version(modules: Sequence[str]) -> str:
+  """`code_hash` of `modules` with the libraries' versions: what the run cache's keys hold."""
+  h = _code_digest(modules)
   for lib, version in library_versions(modules).items():
     h.update(f"{lib} {version}".encode())
   return h.hexdigest()[:16]

@@ -263,9 +263,14 @@ def test_foreign_checkpoint_names_the_mismatched_leaves(tmp_path, baseline_run):
   workdir = tmp_path / "run"
   shutil.copytree(pristine, workdir)
   before = _snapshot(workdir)
-  # Another model size behind the same config (the width is not in the config).
-  with pytest.raises(ValueError) as e:
+  # Another model size behind the same config (the width is not in the config): the code's
+  # fingerprint tells it first; forced past that, the checkpoint's leaves do.
+  with pytest.raises(ValueError, match="holds a run trained with other code: loss_fn and init_params changed"):
     train_lib.train(config, str(workdir), **rh.mlp_task(width=32))
+  forced = config.copy_and_resolve_references()
+  forced.resume = "force"
+  with pytest.raises(ValueError) as e:
+    train_lib.train(forced, str(workdir), **rh.mlp_task(width=32))
   msg = str(e.value)
   assert "does not match" in msg
   assert "params.dense_0.kernel: expected shape (4, 32), found (4, 16)" in msg, msg

@@ -329,7 +329,11 @@ def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path, capsys
   assert summary["steps_changes"] == [{"step": 20, "from": 20, "to": 30}]
   assert np.isfinite(summary["final_eval_loss"])
   # It evaluated on 8 held-out batches, this resume on 1: said, and each eval record carries its count.
-  assert "--config.trainer.eval_batches=1, where the run before step 20 evaluated on 8" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "--config.trainer.eval_batches=1, where the run before step 20 evaluated on 8" in out
+  # It records no code fingerprint: said, and this run's is recorded from here on.
+  assert f"note: the checkpoint at step 20 in {workdir} records no code fingerprint" in out
+  assert "code_changes" not in summary and sorted(summary["code"]) == ["hybridjax", "own"]
   with open(workdir / "metrics.jsonl") as f:
     evals = [r for r in map(json.loads, f) if r["kind"] == "eval" and r["step"] > 20]
   assert evals and all(r["eval_batches"] == 1 for r in evals)
