@@ -265,6 +265,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
     raise ValueError("; ".join(errors))
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
+  specs.check_task_seeds(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   for what, other in checks.validate(config).items():
     try:
