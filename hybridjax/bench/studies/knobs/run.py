@@ -183,7 +183,7 @@ def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any
   N. Pure: the tests recompute it from the record and the recipe record it names."""
   per_seed, lower, upper = [], [], []
   for s, loss in zip(seeds, losses):
-    reach = protocol.steps_to_reach(curves[str(s)]["steps"], curves[str(s)]["loss"], loss)
+    reach = protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], loss, n)
     per_seed.append(None if reach.steps is None else reach.steps / n)
     lower.append(reach.lower_bound)
     upper.append(reach.upper_bound)
