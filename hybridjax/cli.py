@@ -59,10 +59,11 @@ def _has_path(config: ml_collections.ConfigDict, path: str) -> bool:
 def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> ml_collections.ConfigDict:
   """`config` made ready for `argv`'s `--config.*` overrides, which ml_collections applies while it
   parses the flags, only to fields that exist: the block of the method `--config.hybrid.method`
-  names (a user's method brings its own, at its defaults), and the entries of `benchmark.arms` the
-  command line defines (`--config.benchmark.arms.<name>.method=...`). An override of a field that
-  still does not exist is refused here, naming it and the nearest field (a misspelt key would leave
-  the field it meant at its default)."""
+  names (a user's method brings its own, at its defaults), the entries of `benchmark.arms` the
+  command line defines (`--config.benchmark.arms.<name>.method=...`), and the fields of an arm's run
+  config its overrides set (`--config.benchmark.arms.<name>.overrides.hybrid.jump.every=50`). An
+  override of a field that still does not exist is refused here, naming it and the nearest field (a
+  misspelt key would leave the field it meant at its default)."""
   method = _override_value(argv, "hybrid.method")
   if method is not None and "hybrid" in config:
     config.hybrid.method = method
@@ -73,6 +74,8 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
       parts = path.split(".")
       if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
         arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
+      if parts[:2] == ["benchmark", "arms"] and len(parts) > 4 and parts[3] == "overrides":
+        _add_arm_override(config, argv, parts[2], ".".join(parts[4:]))
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in _override_paths(argv):
@@ -86,6 +89,36 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
   if errors:
     raise ValueError("\n".join(errors))
   return config
+
+
+def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: str, field: str) -> None:
+  """Makes `--config.benchmark.arms.<arm>.overrides.<field>=VALUE` a field the flags can set: `field`
+  (dotted) at its value in the arm's run config (the experiment config with the arm's method and its
+  block, as `bench.arms.apply` builds it), so the command line's value is parsed as that field's type.
+  A field the arm's run config does not hold is left out: the check after names it."""
+  entry = config.benchmark.arms[arm]
+  method = _override_value(argv, f"benchmark.arms.{arm}.method") or entry.get("method", "")
+  run = ml_collections.ConfigDict(config.to_dict())
+  del run.benchmark
+  if method and "hybrid" in run:
+    run.hybrid.method = method
+    try:
+      run = config_lib.with_method_block(run)
+    except ValueError:
+      return  # a method that does not load: the arms' check names it
+  flat = config_lib.flatten(run)
+  if field not in flat:
+    return
+  if "overrides" not in entry or entry.overrides is None:
+    entry.overrides = ml_collections.ConfigDict()
+  node = entry.overrides
+  *parents, leaf = field.split(".")
+  for part in parents:
+    if part not in node:
+      node[part] = ml_collections.ConfigDict()
+    node = node[part]
+  if leaf not in node:
+    node[leaf] = flat[field]
 
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
