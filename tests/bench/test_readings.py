@@ -293,3 +293,23 @@ def test_a_published_family_marks_a_velocity_arm_whose_runs_never_predicted():
   verdicts = [line for line in md.splitlines() if line.startswith("* `") and "predicted steps per run" in line]
   assert len(verdicts) == 1 and verdicts[0].startswith("* `hybrid`: **")
   assert f"({mark}: the comparison tested nothing of its predictions; pass ratio" in verdicts[0]
+
+
+def test_an_arm_without_its_control_says_so_in_its_verdict_line():
+  from experiments.configs import benchmark as benchmark_cfg
+
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+  f = figures.method_figures(curves, _equal_control(), None, BUDGETS, eval_se=0.0418)
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.arms.jump50 = {"method": "jump", "overrides": {"hybrid": {"jump": {"every": 50}}}}
+  config = json.loads(c.to_json())
+  result = {"config": config, "figures": {"jump50": f, "outer_momentum": f}}
+  jump50, outer = family_report.family_verdicts(result)[2:]
+  assert jump50.endswith(
+    "; no control arm ran (method 'jump' declares one: add an arm with control=True and control_of='jump50', "
+    "or name the method's module in --config.benchmark.methods)"
+  ), jump50
+  assert "control" not in outer.split("**")[-1]  # outer momentum declares none: the anchors are its control
+  # With its control's comparison, the line reads it instead.
+  result["figures"]["jump50"] = dict(f, vs_skip_control={**f["averaged_baseline"]["paired_difference"], "control": "c"})
+  assert "; vs its control c: " in family_report.family_verdicts(result)[2]
