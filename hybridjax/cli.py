@@ -18,6 +18,7 @@ from absl import app, flags, logging
 from ml_collections.config_flags import config_flags as config_flags_impl
 
 from hybridjax import config as config_lib
+from hybridjax import registry
 from hybridjax.loop.train import TrainingDiverged, TrainingInterrupted
 
 
@@ -70,12 +71,16 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
     config = config_lib.with_method_block(config)
   arms = config.get("benchmark", {}).get("arms")
   if arms is not None:
+    made = []
     for path in _override_paths(argv):
       parts = path.split(".")
       if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
         arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
+        made.append(parts[2])
       if parts[:2] == ["benchmark", "arms"] and len(parts) > 4 and parts[3] == "overrides":
         _add_arm_override(config, argv, parts[2], ".".join(parts[4:]))
+    for name in made:
+      _add_control_arm(arms, argv, name)
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in _override_paths(argv):
@@ -89,6 +94,33 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
   if errors:
     raise ValueError("\n".join(errors))
   return config
+
+
+def _add_control_arm(arms: ml_collections.ConfigDict, argv: list[str], name: str) -> None:
+  """For arm `name` made on the command line, its control arm `<name>_control` from its method's
+  `CONTROL`, as a method named in `benchmark.methods` gets one (`bench.arms.arms`), unless the command
+  line makes a control of it itself or the method declares none; it runs with its arm (`arms.selected`)
+  and takes its arm's overrides."""
+  method = _override_value(argv, f"benchmark.arms.{name}.method")
+  control = f"{name}_control"
+  if not method or control in arms or _override_value(argv, f"benchmark.arms.{name}.control") in ("True", "true"):
+    return
+  given = _overrides(argv).items()
+  controls_of = [v for k, v in given if k.startswith("benchmark.arms.") and k.endswith(".control_of")]
+  if name in controls_of:
+    return
+  try:
+    declares = bool(registry.load_method(method).control_arm)
+  except ValueError:
+    return  # the arms' check names a method that does not load
+  if declares:
+    mode = _override_value(argv, f"benchmark.arms.{name}.mode") or "hybrid"
+    arms[control] = ml_collections.ConfigDict({"method": method, "mode": mode, "control": True, "control_of": name})
+
+
+def _overrides(argv: list[str]) -> dict[str, str]:
+  """{field: value} of every `--config.<field>=<value>` in `argv`."""
+  return {path: value for path in _override_paths(argv) if (value := _override_value(argv, path)) is not None}
 
 
 def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: str, field: str) -> None:

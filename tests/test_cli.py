@@ -248,6 +248,15 @@ def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
   c = _parsed(monkeypatch, f"{path}:quick", *flags_as_printed)
   arm = arms_lib.arms(c)["jump50"]
   assert arm.overrides == {"hybrid.jump.every": 50} and isinstance(arm.overrides["hybrid.jump.every"], int)
+  # Its control arm, from the jump's CONTROL, as a method named in benchmark.methods gets one: with its
+  # arm's overrides, and run with it.
+  control = arms_lib.arms(c)["jump50_control"]
+  assert (control.method, control.control, control.control_of) == ("jump", True, "jump50")
+  assert control.overrides == {"hybrid.jump.every": 50}
+  assert arms_lib.selected(c) == ["jump50", "jump50_control"]
+  from hybridjax.bench import study
+
+  study.validate(c)
   spec = specs.run_spec(c, kind="method", seed=1, lr=0.01, steps=40, beta=0.9, method="jump50")
   assert spec["config"]["hybrid"]["method"] == "jump" and spec["config"]["hybrid"]["jump"]["every"] == 50
   # An existing arm's setting too; and a field the arm's run config does not hold is named.
