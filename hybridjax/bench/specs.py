@@ -240,6 +240,46 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
+def task_seeds_record(config: ml_collections.ConfigDict) -> str:
+  """What the record says of the task's data across seeds (`check_task_seeds` ran before training)."""
+  name = task_name(config)
+  if tasks_lib.seed_independent(name):
+    return (
+      f"not checked: task {name!r} declares SEED_INDEPENDENT_DATA (its batches do not depend on config.seed, so "
+      "every seed trains on the same data and a '± se' measures the initialisation only)"
+    )
+  return "checked: the task's first batch differs between two seeds"
+
+
+def check_task_seeds(config: ml_collections.ConfigDict) -> None:
+  """Refuses a task whose first batch (`train_batch(0)`) is the same under two seeds (the first two of
+  `benchmark.seeds` and `tuning_seeds`): it ignores `config.seed`, so every headline seed would see
+  the same data. It builds the task twice, computing no step; a task that means it declares
+  `SEED_INDEPENDENT_DATA = True` in its module, and the record says so (`task_seeds_record`)."""
+  import numpy as np
+
+  name = task_name(config)
+  if tasks_lib.seed_independent(name):
+    return
+  seeds = list(dict.fromkeys([*config.benchmark.seeds, *config.benchmark.tuning_seeds]))[:2]
+  if len(seeds) < 2:
+    seeds = [seeds[0], seeds[0] + 1] if seeds else [0, 1]
+  batches = []
+  for seed in seeds:
+    c = experiment_config(config)
+    c.seed = int(seed)
+    batches.append(jax.tree.leaves(tasks_lib.build(name, c)["train_batch"](0)))
+  a, b = batches
+  if len(a) == len(b) and all(np.shape(x) == np.shape(y) and np.array_equal(x, y) for x, y in zip(a, b)):
+    raise ValueError(
+      f"--config.benchmark.task={name!r}: its first batch, train_batch(0), is the same under --config.seed="
+      f"{seeds[0]} and {seeds[1]}: the task ignores config.seed, so every seed of the benchmark would train on the "
+      "same data and each '± se' would measure the initialisation only. Draw the batches from config.seed in "
+      "build_task; or, if the task means it, declare SEED_INDEPENDENT_DATA = True in its module (the record "
+      "says so). Nothing was trained"
+    )
+
+
 def check_user_task(config: ml_collections.ConfigDict) -> None:
   """Refuses a task of the user's (not a built-in one) whose batches are not the ones the config
   states (`loop.train.check_batch_counts`: the record states `trainer.batch_size` and

@@ -263,6 +263,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
     raise ValueError("; ".join(errors))
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
+  specs.check_task_seeds(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   for what, other in checks.validate(config).items():
     try:
@@ -288,6 +289,7 @@ def run(
   timed = study.time_steps(config, trained)
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
+  keep_earlier_report(config, workdir, study.RECORD.format(**result) if study.RECORD else "benchmark.json")
   if study.RECORD:
     earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
@@ -297,6 +299,30 @@ def run(
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)
   return result
+
+
+def keep_earlier_report(config: ml_collections.ConfigDict, workdir: str, name: str) -> str | None:
+  """Where `workdir` holds a study's record `name` of another config (`record.config_differences`,
+  outside the other studies' blocks: another method list, another task...), moves every file of its
+  top level (the report: its json, markdown and plots; the run cache and the compilation cache are
+  folders, shared) into `<workdir>/earlier-<its date>/`, says so, and returns that folder: a second
+  benchmark in a workdir keeps the first's report beside its own. None where there is nothing to keep
+  (no record, or one of this config: a re-run, which replaces it)."""
+  earlier = record.stored(os.path.join(workdir, name))
+  if not earlier:
+    return None
+  lines = record.config_differences(record.stored_config(earlier), config, record.other_studies(study_name(config)))
+  if not lines:
+    return None
+  stamp = re.sub(r"[^0-9A-Za-z]+", "-", str(earlier.get("date", "undated"))).strip("-")
+  folder = os.path.join(workdir, f"earlier-{stamp}")
+  os.makedirs(folder, exist_ok=True)
+  for entry in sorted(os.listdir(workdir)):
+    if os.path.isfile(os.path.join(workdir, entry)):
+      os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
+  shown = "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
+  print(f"note: {workdir} held the report of another benchmark ({shown}); it is kept in {folder}", flush=True)
+  return folder
 
 
 _DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line

@@ -616,9 +616,11 @@ class HybridDriver:
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
     return text, predicted >= real
 
-  @staticmethod
-  def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:
-    """Progress-bar fields from a train record (no second device read)."""
+  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
+    """Progress-bar fields from a train record (no second device read): none for a method that never
+    predicts (its control turns PREDICT off), whose phases and confidence say nothing."""
+    if not self.ctx.control.enable_predict:
+      return {}
     return {
       "phase": PHASE_NAMES[int(record["phase_now"])],
       "pred": f"{record['predict_fraction']:.0%}",
@@ -628,10 +630,14 @@ class HybridDriver:
   def summary(self, state: HybridState) -> dict[str, Any]:
     c, method_state = jax.device_get((state.controller, state.method))
     steps = int(c.phase_steps.sum())
+    # A discarded predicted step took no backward pass, but its move was thrown away: the run trained
+    # as if it had not been taken, so it saved nothing.
+    predicted, discarded = steps - int(c.backward_passes), int(c.discarded)
     out = {
       "phase_steps": {n: int(v) for n, v in zip(PHASE_NAMES, c.phase_steps)},
       "backward_passes": int(c.backward_passes),
-      "backward_passes_saved": steps - int(c.backward_passes),
+      "backward_passes_saved": predicted - discarded,
+      "predicted_steps_discarded": discarded,
       "validation_forwards": int(c.forward_passes),
       "predict_fraction": float(c.phase_steps[Phase.PREDICT]) / max(steps, 1),
       "predict_phases": int(c.predict_phases),
@@ -641,7 +647,15 @@ class HybridDriver:
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
       "method": self.ctx.method.name,
+      "predicts": bool(self.ctx.control.enable_predict),  # False: PREDICT is off (a method that never predicts)
     }
+    if discarded and 2 * discarded >= predicted:
+      out["warnings"] = [
+        f"{discarded} of the {predicted} predicted steps of method {self.ctx.method.name!r} were discarded (they "
+        "left a non-finite value in the params or the method's state, and the state before them was kept): they "
+        f"saved no backward pass, and the run trained on its real steps alone (predict fraction "
+        f"{out['predict_fraction']:.0%} counts the steps taken in PREDICT, kept or not)"
+      ]
     own = self.ctx.method.summary(self.ctx, method_state, c)
     out.update(own)
     out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run

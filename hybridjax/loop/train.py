@@ -27,6 +27,7 @@ from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
 from hybridjax import preflight, registry, writers
 from hybridjax import sharding as sharding_lib
+from hybridjax.loop import fingerprint as fingerprint_lib
 from hybridjax.loop import resume as resume_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
 from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
@@ -180,12 +181,14 @@ def step_batches(
 
 
 def resume_or_init(
-  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any
-) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]]]:
-  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`):
-  the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses,
-  changing nothing, a run with another config (unless resume='force'), another `trainer.steps` where
-  the training depends on it (`resume_lib.steps_change_error`), or an inconsistent checkpoint.
+  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any, code: dict[str, Any] | None = None
+) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]], list[dict[str, Any]]]:
+  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`,
+  its `code_changes`): the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh
+  state. Refuses, changing nothing, a run with another config or whose own code changed (`code`:
+  `fingerprint.fingerprint` of this run; see `check_code`), unless resume='force'; another
+  `trainer.steps` where the training depends on it (`resume_lib.steps_change_error`), or an
+  inconsistent checkpoint.
 
   A finished run is returned as finished when this config asks for no more steps than it trained.
   `steps_changes`: each resume with another `trainer.steps` under resume='force', as
@@ -197,7 +200,7 @@ def resume_or_init(
       # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
       # same programs (and a resumed run hits the persistent compilation cache).
       state = jax.device_put(state, jax.devices()[0])
-    return state, (0, 0), None, []
+    return state, (0, 0), None, [], []
   if config.resume == "never":
     raise ValueError(
       f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
@@ -211,6 +214,7 @@ def resume_or_init(
       + "\n  ".join(diffs)
       + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
     )
+  code_changes = check_code(config, workdir, meta, code) if code is not None else []
   # trainer.steps may differ (a runtime field) only where nothing but the end depends on it.
   saved = config_lib.flatten(meta.get("config", {}))
   saved_steps = int(saved.get("trainer.steps", config.trainer.steps))
@@ -236,7 +240,7 @@ def resume_or_init(
   steps_changes = list(meta.get("steps_changes", []))
   if start_step >= config.trainer.steps and os.path.exists(summary_path):
     with open(summary_path) as f:
-      return state, position, json.load(f), steps_changes
+      return state, position, json.load(f), steps_changes, code_changes
   if saved_steps != config.trainer.steps:
     # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
     if resume_lib.steps_dependence(config):
@@ -259,7 +263,52 @@ def resume_or_init(
       "record in metrics.jsonl carries its count, eval_batches)"
     )
   print(f"resumed from {workdir} at step {start_step}")
-  return state, position, None, steps_changes
+  return state, position, None, steps_changes, code_changes
+
+
+def check_code(
+  config: ml_collections.ConfigDict, workdir: str, meta: Mapping[str, Any], code: dict[str, Any]
+) -> list[dict[str, Any]]:
+  """The run's `code_changes` (those its checkpoint carries, and this resume's) after comparing
+  `code`, this run's fingerprint (`fingerprint.fingerprint`), with the checkpoint's (`meta`).
+
+  A change of the run's own code (the callables given to `train()`, a method module of the user's)
+  is refused, nothing changed, unless `config.resume` is 'force': a resume would train the rest of
+  the run on other code, and a finished run would report the old code's summary. A change of
+  hybridjax's own code is said and recorded, not refused. A checkpoint without a fingerprint
+  (written before runs recorded one) resumes with a note. Each change is recorded as
+  {"step", "changed", "from", "to"}: both fingerprints."""
+  step = int(meta["step"])
+  changes = list(meta.get("code_changes", []))
+  saved = meta.get("code")
+  if saved is None:
+    print(
+      f"note: the checkpoint at step {step} in {workdir} records no code fingerprint (it was written before runs "
+      "recorded one): the code it was trained with cannot be compared with this run's"
+    )
+    return changes
+  own, hybridjax_changed = fingerprint_lib.compare(saved, code)
+  if own and config.resume != "force":
+    raise ValueError(
+      f"--workdir {workdir} holds a run trained with other code: {fingerprint_lib.describe_parts(own)} changed "
+      f"since its checkpoint at step {step}. Resuming would train the rest of the run on other code than its first "
+      f"{step} steps, and a finished run would report the old code's results. Use a new --workdir, or pass "
+      "--config.resume=force to go on with this code (its checkpoints and summary then record both fingerprints, "
+      "as code_changes)."
+    )
+  if own:
+    print(
+      f"WARNING: --config.resume=force: resuming at step {step} with other code ({fingerprint_lib.describe_parts(own)} "
+      "changed); recorded as code_changes in the checkpoints and the summary"
+    )
+  if hybridjax_changed:
+    print(
+      f"note: hybridjax's own code changed since the checkpoint at step {step} (fingerprint {saved.get('hybridjax')} "
+      f"-> {code['hybridjax']}); recorded as code_changes in the checkpoints and the summary"
+    )
+  if own or hybridjax_changed:
+    changes.append({"step": step, "changed": own + ["hybridjax"] * hybridjax_changed, "from": saved, "to": code})
+  return changes
 
 
 def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0) -> None:
@@ -453,14 +502,23 @@ def train(
     The run summary (also written to `<workdir>/summary.json`).
   """
   hooks = dict(hooks or {})
+  user_train_batch = train_batch  # the user's own, which the code fingerprint reads
   config, method, driver, train_batch, eval_batches, mesh = _preflight(
     config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
   )
   tcfg = config.trainer
   total_steps = tcfg.steps
+  own = {"loss_fn": loss_fn, "train_batch": user_train_batch, "init_params": init_params, "tx": tx}
+  code = fingerprint_lib.fingerprint(own, method, config.mode, loop_module=__name__)
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
-  state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
+  try:
+    state, (start_step, start_batches), finished, steps_changes, code_changes = resume_or_init(
+      config, workdir, driver, manager, code
+    )
+  except BaseException:
+    manager.close()
+    raise
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
     print(resume_lib.finished_message(config, workdir, int(finished.get("steps", start_step))))
@@ -469,9 +527,11 @@ def train(
   config_json = json.loads(config.to_json())
 
   def save(step: int) -> None:
-    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode}
+    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode, "code": code}
     if steps_changes:
       meta["steps_changes"] = steps_changes
+    if code_changes:
+      meta["code_changes"] = code_changes
     meta.update(extra_meta or {})
     ckpt_lib.save(manager, step, state, meta)
 
@@ -678,6 +738,9 @@ def train(
   }
   if steps_changes:  # resumed with another trainer.steps under resume='force'
     summary["steps_changes"] = steps_changes
+  summary["code"] = code  # the run's code fingerprint (`fingerprint.fingerprint`)
+  if code_changes:  # resumed with other code: hybridjax's, or the run's own under resume='force'
+    summary["code_changes"] = code_changes
   if tokens_per_step and clock.total > 0:
     summary["tokens_per_s"] = timed_steps * tokens_per_step / clock.total
   summary.update(driver.summary(state))
@@ -732,6 +795,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     "phase_ms_per_step",
     "backward_passes",
     "backward_passes_saved",
+    "predicted_steps_discarded",
     "validation_forwards",
     "predict_fraction",
     "predict_phases",
@@ -752,4 +816,5 @@ def format_summary(summary: Mapping[str, Any]) -> str:
       ("memory growth after warm-up", fb(m["growth_bytes"])),
       ("RSS start / peak / end", f"{fb(m['start_rss'])} / {fb(m['peak_rss'])} / {fb(m['end_rss'])}"),
     ]
-  return format_table(rows, title="run summary")
+  table = format_table(rows, title="run summary")
+  return "\n".join([table] + [f"WARNING: {w}" for w in summary.get("warnings", [])])

@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import codehash
 from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
@@ -182,7 +183,7 @@ def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any
   N. Pure: the tests recompute it from the record and the recipe record it names."""
   per_seed, lower, upper = [], [], []
   for s, loss in zip(seeds, losses):
-    reach = protocol.steps_to_reach(curves[str(s)]["steps"], curves[str(s)]["loss"], loss)
+    reach = protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], loss, n)
     per_seed.append(None if reach.steps is None else reach.steps / n)
     lower.append(reach.lower_bound)
     upper.append(reach.upper_bound)
@@ -229,7 +230,7 @@ def record(
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
   return {
     "code_version": keys.code_versions(config, []),
-    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
     "lrs_from": trained["source"],
     "seeds": seeds,
     "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
