@@ -12,9 +12,9 @@ so the name is in the run's config record and its cache key, and both the anchor
 arms train with that optimizer. A task may also define
 `benchmark_notes(config, budget_steps)` (what a report says of its data per budget). A task's batches
 must depend on `config.seed` (each headline seed its own data, so that a result's '± se' measures
-more than the initialisation): the benchmark builds it under two seeds and refuses one whose first
-batch is the same (`specs.check_task_seeds`), unless the module declares `SEED_INDEPENDENT_DATA = True`
-(a task that means it; the record says so).
+more than the initialisation): the benchmark builds a task of the user's under two seeds and refuses
+one whose first batch is the same (`specs.check_task_seeds`), unless the module declares
+`SEED_INDEPENDENT_DATA = True` (a task that means it; the record says so).
 
 Built-in: 'gpt2' (a GPT-2 on a corpus, byte or BPE, `hybridjax.tasks.gpt2`) and 'mlp' (a
 regression MLP on synthetic data, `hybridjax.tasks.mlp`). They live in the package, below the loop,
