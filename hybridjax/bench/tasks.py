@@ -16,9 +16,9 @@ config blocks it reads beside the trainer's and the optimizer's with a module co
 GPT-2 task's `model` and `data`, the MLP's `mlp`) that this task does not read is refused when set,
 rather than recorded in every run's config and cache key and never read. A task's batches
 must depend on `config.seed` (each headline seed its own data, so that a result's '± se' measures
-more than the initialisation): the benchmark builds it under two seeds and refuses one whose first
-batch is the same (`specs.check_task_seeds`), unless the module declares `SEED_INDEPENDENT_DATA = True`
-(a task that means it; the record says so).
+more than the initialisation): the benchmark builds a task of the user's under two seeds and refuses
+one whose first batch is the same (`specs.check_task_seeds`), unless the module declares
+`SEED_INDEPENDENT_DATA = True` (a task that means it; the record says so).
 
 Built-in: 'gpt2' (a GPT-2 on a corpus, byte or BPE, `hybridjax.tasks.gpt2`) and 'mlp' (a
 regression MLP on synthetic data, `hybridjax.tasks.mlp`). They live in the package, below the loop,
