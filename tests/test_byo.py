@@ -108,7 +108,7 @@ def test_the_builtin_adamw_as_a_user_factory_trains_bit_for_bit_alike():
     lambda learning_rate: optax.chain(
       optax.clip_by_global_norm(oc.grad_clip),
       optax.adamw(
-        learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optimizers._decay_mask
+        learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optimizers.adam._decay_mask
       ),
     ),
   )
