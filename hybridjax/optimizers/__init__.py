@@ -1,7 +1,8 @@
 """The built-in optimizers, each a declaration beside its builder: the `config.optim` fields it
 reads (`schema.Field`s, each declared once beside the code that reads it: here, and the Adam
-family's in `optimizers.adam`), what it is in words, and the function that builds it from a view of only those fields (`schema.View`), so that
-a builder reading a field it does not declare fails in the first test that builds it.
+family's in `optimizers.adam`), what it is in words, and the function that builds it from a view
+of only those fields (`schema.View`), so that a builder reading a field it does not declare fails in
+the first test that builds it.
 
 Everything that says which optimizer reads which field (the refusal of a field set but unread, the
 default `optim` block, docs/config.md, the tests that change each field and watch the updates) is
