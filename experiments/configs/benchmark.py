@@ -131,7 +131,7 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
     _deep(c)
   if preset != "quick":  # quick sets its own jump schedule below
     scale_jump_schedule(c)
-  c.mode = "benchmark"  # informational: each run sets its own mode
+  c.mode = specs.BENCHMARK_MODE  # informational: each run sets its own mode
   c.trainer.progress = False
   c.trainer.checkpoint_every = 0  # method runs save only at the end
   c.trainer.compile_cache = True  # in <workdir>/jax_cache, which a cold benchmark starts empty

@@ -39,6 +39,7 @@ FIELDS = (
 # what it measures (`record.RUNTIME`).
 RUNTIME = ("publish", "study", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address")
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
+BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each run sets its own
 
 
 def moved_errors(fields: Mapping[str, Any]) -> list[str]:

@@ -13,6 +13,7 @@ invocations a resumed study extends; None: it keeps none).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import os
@@ -89,27 +90,46 @@ def unknown_benchmark_fields(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-# The experiment fields a benchmark sets per run (`specs.run_spec`, the tuning), and why: given on the
-# command line (or, from Python, away from every preset's value), they are refused, not ignored.
-OVERWRITTEN = {
-  "seed": "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
-  "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
-  "mode": "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
-  "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
-  "trainer.eval_every": "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
-  "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
-  "trainer.log_every": "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out "
-  "--config.trainer.log_every",
-  "trainer.averaging_beta": "the benchmark tunes the averaging beta on the tuning seeds over "
-  "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+@dataclasses.dataclass(frozen=True)
+class Overwritten:
+  """An experiment field the benchmark sets per run (`specs.run_spec`, the tuning): why and the fix,
+  and its value in every preset of experiments/configs/benchmark.py where all presets give it one
+  (`PER_PRESET` where they differ: then only the command line is checked)."""
+
+  why: str
+  preset_value: Any
+
+
+PER_PRESET = object()  # an `Overwritten.preset_value`: the presets give the field different values
+_DEFAULTS = {f.name: f.default for f in config_lib.TOP_FIELDS} | {
+  f"trainer.{f.name}": f.default for f in config_lib.TRAINER_FIELDS
 }
-# The value of an OVERWRITTEN field in every preset of experiments/configs/benchmark.py, from the
-# declarations (the benchmark's configs say `mode='benchmark'`): from Python, another value was set and
-# is refused (the preset-dependent ones are checked on the command line only).
-PRESET_VALUES = {
-  "seed": {f.name: f.default for f in config_lib.TOP_FIELDS}["seed"],
-  "mode": "benchmark",
-  "trainer.averaging_beta": config_lib.default_trainer_config().averaging_beta,
+# Given on the command line (or, from Python, away from every preset's value), they are refused, not ignored.
+OVERWRITTEN = {
+  "seed": Overwritten(
+    "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
+    "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
+    _DEFAULTS["seed"],
+  ),
+  "mode": Overwritten(
+    "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
+    "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
+    specs.BENCHMARK_MODE,
+  ),
+  "trainer.eval_every": Overwritten(
+    "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
+    "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
+    PER_PRESET,
+  ),
+  "trainer.log_every": Overwritten(
+    "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out --config.trainer.log_every",
+    PER_PRESET,
+  ),
+  "trainer.averaging_beta": Overwritten(
+    "the benchmark tunes the averaging beta on the tuning seeds over "
+    "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+    _DEFAULTS["trainer.averaging_beta"],
+  ),
 }
 
 
@@ -135,12 +155,14 @@ def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
 
 def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
   """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
-  value away from every preset's (`PRESET_VALUES`) gives, but that the study would overwrite or never
+  value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
   read, naming it and the fix: a field the benchmark sets per run (`OVERWRITTEN`), another study's block,
   `benchmark.methods` in a study that runs no method arm (or in a ladder without a tuned rung)."""
   name, b = study_name(config), config.benchmark
   flat = config_lib.flatten(config)
-  given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
+  given = set(fields) | {
+    f for f, o in OVERWRITTEN.items() if o.preset_value is not PER_PRESET and f in flat and flat[f] != o.preset_value
+  }
   checks = importlib.import_module(STUDIES[name] + ".config")  # a study's own checks, where it has them
   study_reads = checks.reads(config) if hasattr(checks, "reads") else set()
   errors = []
@@ -164,7 +186,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
     if field in OVERWRITTEN:
       if field in study_reads:
         continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
-      errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field]}")
+      errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field].why}")
     parts = field.split(".")
     if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
       readers, read = _readers(config, ".".join(parts[1:]))
