@@ -606,13 +606,15 @@ def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
   default = _optim_config(name="muon_groups", grad_clip=0.0)
   old = _optim_config(name="muon_groups", grad_clip=0.0)
   with old.unlocked():
-    del old["muon_momentum"], old["groups_lr_scale"]
+    del old["muon_momentum"], old["groups_lr_scale"], old["muon_weight_decay"]
   tx = optim.make_optimizer(default)
   state = tx.init(params)
   injected = [
     n for n in jax.tree.leaves(state, is_leaf=user_optimizer._is_inject_state) if user_optimizer._is_inject_state(n)
   ]
   assert not any("beta" in n.hyperparams for n in injected)
+  # The fused matrix's Muon has no weight decay injected at 0 (the state's earlier layout).
+  assert set(state.inner_states["muon_qkv"].inner_state.hyperparams) == {"learning_rate"}
   got = _steps(tx, params)
   chex.assert_trees_all_equal(got, _steps(optim.make_optimizer(old), params))
   p = params["h_0"]["mlp"]["c_fc"]["kernel"]
@@ -642,6 +644,38 @@ def test_muon_momentum_sets_muons_momentum_and_where_its_warm_up_ends(name):
   assert float(jnp.max(jnp.abs(leaf(got[1]) - leaf(default[1])))) > 1e-4
   warm = optim.muon_momentum(_optim_config(name=name, muon_momentum=0.9, muon_momentum_warmup_steps=4))
   assert [float(warm(n)) for n in (0, 2, 4, 8)] == pytest.approx([0.85, 0.875, 0.9, 0.9])
+
+
+@pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_muon_weight_decay_decays_muon_groups_matrices_as_optax_muon_does(warmup):
+  """`optim.muon_weight_decay` = 0.1 under 'muon_groups': two steps of a hidden matrix are optax's Muon
+  with that decoupled weight decay, the fused query-key-value matrix's are the same Muon on its three
+  (d, d) blocks, with a constant momentum or a warm-up, and the Adam groups' updates are unchanged."""
+  params = _gpt2_micro_params()
+  base = dict(name="muon_groups", grad_clip=0.0, muon_momentum_warmup_steps=warmup)
+  got = _steps(optim.make_optimizer(_optim_config(**base, muon_weight_decay=0.1)), params)
+  plain = _steps(optim.make_optimizer(_optim_config(**base)), params)
+  momentum = optim.muon_momentum(_optim_config(**base))  # a constant, or a warm-up's function of the update count
+  beta = lambda n: momentum if momentum is None or not callable(momentum) else float(momentum(n))
+  leaf = lambda t, *path: functools.reduce(lambda x, k: x[k], path, t)
+  fc, qkv = ("h_0", "mlp", "c_fc", "kernel"), ("h_0", "attn", "c_attn", "kernel")
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  for path in (fc, qkv):
+    p = leaf(params, *path)
+    d = p.shape[0]
+    to = (lambda x: x.reshape(d, 3, d).transpose(1, 0, 2)) if path == qkv else (lambda x: x)
+    numbers = (lambda t: jax.tree.map(lambda _: dims, t)) if path == qkv else None
+    muon = lambda n: optax.contrib.muon(  # noqa: B023 (used within this iteration)
+      0.01, weight_decay=0.1, muon_weight_dimension_numbers=numbers, **({} if beta(n) is None else {"beta": beta(n)})
+    )
+    s = muon(0).init(to(p))
+    for n, updates in enumerate(got):
+      want, s = muon(n).update(to(leaf(_gpt2_micro_grads(params, n + 1), *path)), s, to(p))
+      chex.assert_trees_all_close(to(leaf(updates, *path)), want, atol=1e-6)
+    assert float(jnp.max(jnp.abs(leaf(got[1], *path) - leaf(plain[1], *path)))) > 1e-5, path
+  for group in ("wte", "wpe"):
+    chex.assert_trees_all_equal(got[1][group], plain[1][group])
 
 
 @pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)

@@ -70,11 +70,24 @@ def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTrans
   return optax.GradientTransformation(init, update)
 
 
+_STACKS_OF_THREE = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+"""Muon on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+
+
+def _stacks_of_three(params: Any) -> Any:
+  return jax.tree.map(lambda _: _STACKS_OF_THREE, params)
+
+
 def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
   """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
-  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(learning_rate=learning_rate, muon_weight_dimension_numbers=_stacks_of_three)
+
+
+def _muon_batched_with_decay(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
+  """`_muon_batched` with a weight decay (a hyperparameter only when it is not 0, so that without one
+  the optimizer state keeps its earlier layout)."""
   return optax.contrib.muon(
-    learning_rate=learning_rate, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+    learning_rate=learning_rate, weight_decay=weight_decay, muon_weight_dimension_numbers=_stacks_of_three
   )
 
 
@@ -93,9 +106,15 @@ def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> opt
 
 def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
   """`_muon_batched` with its momentum `beta` a hyperparameter."""
-  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+  return optax.contrib.muon(learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=_stacks_of_three)
+
+
+def _muon_batched_with_decay_and_momentum(
+  learning_rate: Any, weight_decay: Any, beta: Any
+) -> optax.GradientTransformation:
+  """`_muon_batched` with its weight decay and its momentum `beta` hyperparameters."""
   return optax.contrib.muon(
-    learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+    learning_rate=learning_rate, weight_decay=weight_decay, beta=beta, muon_weight_dimension_numbers=_stacks_of_three
   )
 
 
@@ -136,7 +155,7 @@ MUON_WEIGHT_DECAY = F(
   "muon_weight_decay",
   0.0,
   schema.check_num(0.0),
-  "'muon': the Muon matrices' weight decay (times the lr)",
+  "'muon'/'muon_groups': the Muon matrices' decoupled weight decay (times the lr)",
   other=0.1,
   roles=("weight decay",),
 )
@@ -297,7 +316,7 @@ def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
 
 
 def _build_muon_groups(o: Any) -> optax.GradientTransformation:
-  """The speedrun's optimizer: Muon (no weight decay) on the hidden matrices, Adam on the
+  """The speedrun's optimizer: Muon (`muon_weight_decay`, 0 in the records) on the hidden matrices, Adam on the
   embeddings, the head and the scalars (`muon_group_labels`), each Adam group at its own fixed ratio
   of the learning rate with `groups_b1`, `groups_b2`, `groups_eps`; a token embedding tied to the
   head at `tied_head_settings`; `groups_lr_scale` multiplies all of these ratios. As for 'muon', every
@@ -315,13 +334,18 @@ def _build_muon_groups(o: Any) -> optax.GradientTransformation:
       optax.scale(float(ratio) * scale),
     )
 
-  momentum = muon_momentum(o)
+  momentum, decay = muon_momentum(o), float(o.muon_weight_decay)
+  # The fused matrix's Muon gets a weight decay only when it is not 0: at 0 its state keeps the layout
+  # (and the numbers) it had before 'muon_groups' read the field.
+  qkv_decay = {"weight_decay": decay} if decay else {}
   if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=0.0)
-    muon_qkv = optax.inject_hyperparams(_muon_batched)(learning_rate=0.0)
+    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=decay)
+    batched = _muon_batched_with_decay if decay else _muon_batched
+    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, **qkv_decay)
   else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=0.0, beta=momentum)
-    muon_qkv = optax.inject_hyperparams(_muon_batched_with_momentum)(learning_rate=0.0, beta=momentum)
+    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=decay, beta=momentum)
+    batched = _muon_batched_with_decay_and_momentum if decay else _muon_batched_with_momentum
+    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, beta=momentum, **qkv_decay)
   transforms = {
     "muon": muon,
     "muon_qkv": _blocks_of_three(muon_qkv),
@@ -375,7 +399,7 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
     ),
     BuiltinOptimizer(
       "muon_groups",
-      "Muon with no weight decay on the hidden matrices, and Adam with no weight decay on the "
+      "Muon (muon_weight_decay) on the hidden matrices, and Adam with no weight decay on the "
       "embeddings, the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
       (
         GRAD_CLIP,
@@ -390,6 +414,7 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
         TIED_B1,
         TIED_B2,
         TIED_EPS,
+        MUON_WEIGHT_DECAY,
         *_MUON_MOMENTUM,
       ),
       _build_muon_groups,

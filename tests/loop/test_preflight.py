@@ -487,7 +487,10 @@ def test_outer_momentum_and_averaging_settings_are_read_only_when_on():
 IGNORED_OPTIMIZER_SETTINGS = [
   ({"optim.embed_lr_ratio": 6.0}, "'adamw' reads --config.optim.adamw_embed_lr_ratio instead"),
   ({"optim.name": "muon", "optim.head_lr_ratio": 0.5}, "'muon' reads --config.optim.adam_lr_ratio instead"),
-  ({"optim.name": "muon_groups", "optim.weight_decay": 0.05}, "Only 'adamw' and 'muon' read it"),
+  (
+    {"optim.name": "muon_groups", "optim.weight_decay": 0.05},
+    "'muon_groups' reads --config.optim.muon_weight_decay instead",
+  ),
   ({"optim.name": "muon_groups", "optim.b2": 0.99}, "'muon_groups' reads --config.optim.groups_b2 instead"),
   ({"optim.name": "muon_groups", "optim.adam_lr_ratio": 0.3}, "reads --config.optim.embed_lr_ratio, head_lr_ratio"),
   ({"optim.name": "sgd", "optim.b1": 0.8}, "Only 'adamw', 'adam' and 'muon' read it"),
