@@ -8,10 +8,14 @@ so a save interrupted by a crash is never mistaken for a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sys
+import traceback
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -96,6 +100,41 @@ def _short_error(e: BaseException) -> str:
   return f"{type(e).__name__}: {first}{leaf}"
 
 
+def _is_abandoned_read(unraisable: Any) -> bool:
+  """Whether an unraisable exception is a read that orbax abandoned calling back into its closed loop.
+
+  orbax restores a checkpoint's leaves in one event loop (`asyncio_utils.run_sync`) and closes the
+  loop as soon as the first read fails, while TensorStore still holds the other reads; as each one
+  completes, its callback calls `call_soon_threadsafe` on the closed loop, and Python prints the
+  RuntimeError as a stray traceback after the restore's own error. It carries nothing: the error
+  that matters is the restore's."""
+  e = unraisable.exc_value
+  if unraisable.object is not None or not isinstance(e, RuntimeError) or str(e) != "Event loop is closed":
+    return False
+  return any(f.name == "call_soon_threadsafe" for f in traceback.extract_tb(unraisable.exc_traceback))
+
+
+@contextlib.contextmanager
+def _abandoned_reads_silenced() -> Iterator[None]:
+  """Runs an orbax read with the callbacks of the reads it abandons (`_is_abandoned_read`) dropped:
+  they arrive from TensorStore's threads while the failed read's error is still on its way out of
+  orbax, or later. When the read fails, the filter stays in place for the rest of the process; every
+  other unraisable exception still goes to the hook that was in place."""
+  previous = sys.unraisablehook
+  installed = not getattr(previous, "drops_abandoned_reads", False)
+  if installed:
+
+    def hook(unraisable: Any) -> None:
+      if not _is_abandoned_read(unraisable):
+        previous(unraisable)
+
+    hook.drops_abandoned_reads = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+  yield  # an error propagates with the filter kept
+  if installed and sys.unraisablehook is hook:  # a read that succeeded abandoned nothing
+    sys.unraisablehook = previous
+
+
 def _corrupt_hint(manager: ocp.CheckpointManager, step: int) -> str:
   others = [s for s in manager.all_steps() if s != step]
   where = f"{manager.directory}/{step}"
@@ -117,7 +156,8 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   Raises a ValueError naming the checkpoint when the metadata is missing or unreadable.
   """
   try:
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    with _abandoned_reads_silenced():
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except Exception as e:
     raise ValueError(
       f"could not read the metadata (step, config) of checkpoint "
@@ -168,7 +208,8 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
   checkpoint holds another model or state layout, instead of an error from deep inside orbax.
   """
   try:
-    found = manager.item_metadata(step)
+    with _abandoned_reads_silenced():
+      found = manager.item_metadata(step)
   except Exception:  # metadata unreadable: the restore below reports the problem
     found = None
   found_state = found["state"] if found is not None and "state" in found else None
@@ -211,9 +252,10 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
     if added:
       return _restore_adding(manager, step, abstract_state, added)
   try:
-    restored = manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-    )
+    with _abandoned_reads_silenced():
+      restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+      )
   except Exception as e:
     raise ValueError(
       f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
@@ -229,9 +271,10 @@ def _restore_adding(
   import numpy as np
 
   try:
-    restored = manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
-    )
+    with _abandoned_reads_silenced():
+      restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+      )
   except Exception as e:
     raise ValueError(
       f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
@@ -299,7 +342,8 @@ def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, a
     elif step not in steps:
       raise FileNotFoundError(f"{directory} has no checkpoint at step {step}; its steps are {steps}")
     try:
-      state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+      with _abandoned_reads_silenced():
+        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     except Exception as e:
       raise ValueError(
         f"could not read checkpoint {directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"

@@ -158,8 +158,10 @@ def load_plugin(name: str, builtin: Mapping[str, str], flag: str, what: str) -> 
   except ModuleNotFoundError as e:
     if e.name is not None and path != e.name and not path.startswith(e.name + "."):
       raise  # the plug-in's module exists but imports something missing: that error is the real one
+    close = difflib.get_close_matches(name, list(builtin), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
-      f"{flag}={name!r} names no {what}: use a built-in one ({', '.join(builtin)}) or the dotted path of an "
+      f"{flag}={name!r} names no {what}{hint}: use a built-in one ({', '.join(builtin)}) or the dotted path of an "
       f"importable module of yours (e.g. 'my_pkg.my_{what}'; its folder must be on sys.path)"
     ) from e
 

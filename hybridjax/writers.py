@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridjax import memory as memory_lib
+
 
 def _to_python(v: Any) -> Any:
   if isinstance(v, (np.generic, np.ndarray)):
@@ -77,3 +79,73 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
       except json.JSONDecodeError:
         continue
   return records
+
+
+def format_loss(record: Mapping[str, Any]) -> str:
+  """A train record's loss for the progress bar: "discarded" when the log's step was a predicted
+  step the framework discarded, "nan"/"inf" when the loss was non-finite, never an older loss."""
+  if record.get("discarded"):
+    return "discarded"
+  return f"{record['loss']:.3f}"
+
+
+def format_value(v: Any) -> str:
+  """A number as 4 significant digits, anything else as `str`."""
+  return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def format_table(rows: list[tuple[str, Any]], title: str = "") -> str:
+  """A two-column text table."""
+  width = max(len(k) for k, _ in rows)
+  lines = [title, "-" * (width + 24)] if title else []
+  lines += [f"{k:<{width}}  {format_value(v)}" for k, v in rows]
+  return "\n".join(lines)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+  """The run summary as a text table."""
+  rows = [
+    ("mode", summary["mode"]),
+    ("steps", f"{summary['start_step']} -> {summary['steps']}"),
+    ("first train loss", summary["first_train_loss"]),
+    ("final eval loss", summary["final_eval_loss"]),
+  ]
+  raw, averaged = summary.get("final_eval_loss_raw"), summary.get("final_eval_loss_averaged")
+  if raw is not None and averaged is not None:  # an averaging run: both, and which weights are better
+    better = "averaged" if averaged <= raw else "raw"
+    rows.append(("eval loss raw / averaged", f"{raw:.4g} / {averaged:.4g} (the {better} weights are better)"))
+  rows += [
+    ("compile s", summary["compile_s"]),
+    ("train s", summary["train_s"]),
+    ("s / step", summary["s_per_step"]),
+  ]
+  if "tokens_per_s" in summary:
+    rows.append(("tokens / s", f"{summary['tokens_per_s']:.0f}"))
+  for k in (
+    "phase_steps",
+    "phase_ms_per_step",
+    "backward_passes",
+    "backward_passes_saved",
+    "predicted_steps_discarded",
+    "validation_forwards",
+    "predict_fraction",
+    "predict_phases",
+    "rollbacks",
+    "health_events",
+    "nonfinite_skipped",
+    "dispatch",
+  ):
+    if k in summary:
+      rows.append((k.replace("_", " "), summary[k]))
+  m = summary.get("memory") or {}
+  if m:
+    fb = memory_lib.format_bytes
+    rows += [
+      (f"memory start ({m['source']})", fb(m["start_bytes"])),
+      ("memory peak", fb(m["peak_bytes"])),
+      ("memory end", fb(m["end_bytes"])),
+      ("memory growth after warm-up", fb(m["growth_bytes"])),
+      ("RSS start / peak / end", f"{fb(m['start_rss'])} / {fb(m['peak_rss'])} / {fb(m['end_rss'])}"),
+    ]
+  table = format_table(rows, title="run summary")
+  return "\n".join([table] + [f"WARNING: {w}" for w in summary.get("warnings", [])])

@@ -5,7 +5,8 @@
   python scripts/plot_run.py runs/hyb --out figs --compare runs/base
 
 Single-run figures (hybridjax.plotting.save_run_figures): phase_timeline.png, memory.png and, for
-hybrid runs, predicted_vs_realised.png, alpha_by_group.png and velocity_norms.png. With --compare,
+hybrid runs whose method predicts, predicted_vs_realised.png and alpha_by_group.png; velocity_norms.png
+for the velocity predictor. With --compare,
 the comparison figures (eval_vs_time.png, eval_vs_backward.png, memory.png) of WORKDIR and the
 other runs go to <out>/compare/. Prints the path of every file written.
 """

@@ -4,7 +4,7 @@
   python scripts/record_keys.py --update   # rewrite the record (tests/data/run_keys.json)
 
 For each preset (`quick`, `tiny`, `long`; experiments/configs/benchmark.py) and each study (the
-family benchmark, the ladder, the recipe), the record holds `keys.code_version` of every (runner,
+family benchmark, the ladder, the recipe), the record holds `codehash.code_version` of every (runner,
 task, method) whose runs the study trains, and `keys.run_key` of one spec per study and run kind (an
 anchor, a method arm) at a fixed LR. A run's key names its file in the run cache: when a key changes,
 every cached run it names would retrain. tests/bench/runs/test_keys.py checks the record against the code;
@@ -37,7 +37,7 @@ CHANGED = (
 
 sys.path.insert(0, ROOT)
 from experiments.configs import benchmark as benchmark_cfg  # noqa: E402
-from hybridjax import registry  # noqa: E402
+from hybridjax import codehash, registry  # noqa: E402
 from hybridjax.bench import arms as arms_lib  # noqa: E402
 from hybridjax.bench import specs, tasks, tuning  # noqa: E402
 from hybridjax.bench.runs import keys  # noqa: E402
@@ -104,13 +104,13 @@ def example_specs(preset: str) -> dict[str, dict[str, Any]]:
 def _libraries_at(versions: dict[str, str] | None) -> Iterator[None]:
   """Keys computed as if the libraries in `versions` were installed at those versions (the others
   as they are); None: as installed."""
-  installed = keys.installed_versions
+  installed = codehash.installed_versions
   if versions is not None:
-    keys.installed_versions = lambda names: {n: versions.get(n) or installed([n])[n] for n in names}
+    codehash.installed_versions = lambda names: {n: versions.get(n) or installed([n])[n] for n in names}
   try:
     yield
   finally:
-    keys.installed_versions = installed
+    codehash.installed_versions = installed
 
 
 def current(libraries: dict[str, str] | None = None) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def current(libraries: dict[str, str] | None = None) -> dict[str, Any]:
     for preset in PRESETS:
       studies = study_modules(preset)
       versions = {
-        study: {combo: keys.code_version(modules) for combo, modules in sorted(combos.items())}
+        study: {combo: codehash.code_version(modules) for combo, modules in sorted(combos.items())}
         for study, combos in studies.items()
       }
       run_keys = {}
@@ -131,7 +131,7 @@ def current(libraries: dict[str, str] | None = None) -> dict[str, Any]:
       out[preset] = {"code_versions": versions, "run_keys": run_keys}
       for combos in studies.values():
         for modules in combos.values():
-          out["libraries"] |= keys.library_versions(modules)
+          out["libraries"] |= codehash.library_versions(modules)
   return out
 
 
@@ -140,7 +140,7 @@ def check(recorded: dict[str, Any]) -> tuple[str, dict[str, tuple[str, str]]]:
   unified diff: '' when they agree; {library: (recorded, installed)} where the installed version
   differs, under which every key differs too)."""
   diff = differences(recorded, current(recorded.get("libraries", {})))
-  installed = keys.installed_versions(sorted(recorded.get("libraries", {})))
+  installed = codehash.installed_versions(sorted(recorded.get("libraries", {})))
   moved = {n: (v, installed[n]) for n, v in recorded.get("libraries", {}).items() if installed[n] != v}
   return diff, moved
 

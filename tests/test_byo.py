@@ -108,7 +108,7 @@ def test_the_builtin_adamw_as_a_user_factory_trains_bit_for_bit_alike():
     lambda learning_rate: optax.chain(
       optax.clip_by_global_norm(oc.grad_clip),
       optax.adamw(
-        learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optimizers._decay_mask
+        learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, mask=optimizers.adam._decay_mask
       ),
     ),
   )
@@ -179,6 +179,30 @@ def test_train_refuses_an_optimizer_the_schedule_would_not_drive_before_the_work
     hybridjax.train(c, str(tmp_path / "run"), tx=tx, **task)
   assert re.search(match, str(e.value)), str(e.value)
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_learning_rate_written_inside_inject_hyperparams_is_refused_unless_it_is_the_configs(tmp_path):
+  # The README's second form of tx, with the user's rate in it: the schedule would write 3e-3 over it.
+  c = _config()
+  c.optim.update(name="my_adamw", learning_rate=3e-3)
+  with pytest.raises(ValueError) as e:
+    hybridjax.train(
+      c, str(tmp_path / "run"), tx=optax.inject_hyperparams(optax.adamw)(learning_rate=1e-4), **_mlp_task()
+    )
+  assert str(e.value) == (
+    "the optimizer 'my_adamw' given to train(tx=...) injects learning_rate=0.0001 "
+    "(state.hyperparams['learning_rate']), but the config's schedule (--config.optim.schedule='cosine', "
+    "peak --config.optim.learning_rate=0.003) writes its own rate over it before every update: the run "
+    "would train at the schedule's rate, never at 0.0001. To train at 0.0001, set "
+    "--config.optim.learning_rate=0.0001 (and inject that value, or 0.0); or pass a factory, "
+    "tx=lambda learning_rate: optax.adamw(learning_rate)"
+  )
+  assert not os.path.exists(tmp_path / "run")
+  # The config's own rate, or 0.0 (no rate stated), is what the schedule writes anyway: accepted.
+  params = jax.eval_shape(_mlp_task()["init_params"], jax.random.PRNGKey(0))
+  for lr in (3e-3, 0.0):
+    tx = optim.resolve_optimizer(c.optim, params, optax.inject_hyperparams(optax.adamw)(learning_rate=lr))
+    user_optimizer.check_user_optimizer(tx, params, c.optim)
 
 
 def test_the_check_of_a_users_optimizer_accepts_what_the_schedule_drives():

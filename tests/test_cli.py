@@ -229,3 +229,48 @@ def test_a_config_files_own_error_prints_its_message_not_the_traceback_ml_collec
     "error: flag --config=experiments/configs/gpt2_small.py:tiny,Micro: unknown preset variant 'Micro' in "
     "'tiny,Micro': use one of ['micro', 'speedrun']\n"
   )
+
+
+def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
+  """`--config.benchmark.arms.<name>.overrides.<field>=VALUE`, as docs/benchmark.md prints it: the arm's
+  run config gets the value, parsed as the field's type; a field its run config lacks is refused."""
+  from hybridjax.bench import arms as arms_lib
+  from hybridjax.bench import specs
+
+  path = os.path.join(ROOT, "experiments", "configs", "benchmark.py")
+  flags_as_printed = [
+    "--config.benchmark.arms.jump50.method=jump",
+    "--config.benchmark.arms.jump50.overrides.hybrid.jump.every=50",
+    "--config.benchmark.methods=jump50",
+  ]
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    assert "python -m experiments.benchmark --quick " + " ".join(flags_as_printed) + "\n" in f.read()
+  c = _parsed(monkeypatch, f"{path}:quick", *flags_as_printed)
+  arm = arms_lib.arms(c)["jump50"]
+  assert arm.overrides == {"hybrid.jump.every": 50} and isinstance(arm.overrides["hybrid.jump.every"], int)
+  # Its control arm, from the jump's CONTROL, as a method named in benchmark.methods gets one: with its
+  # arm's overrides, and run with it.
+  control = arms_lib.arms(c)["jump50_control"]
+  assert (control.method, control.control, control.control_of) == ("jump", True, "jump50")
+  assert control.overrides == {"hybrid.jump.every": 50}
+  assert arms_lib.selected(c) == ["jump50", "jump50_control"]
+  from hybridjax.bench import study
+
+  study.validate(c)
+  spec = specs.run_spec(c, kind="method", seed=1, lr=0.01, steps=40, beta=0.9, method="jump50")
+  assert spec["config"]["hybrid"]["method"] == "jump" and spec["config"]["hybrid"]["jump"]["every"] == 50
+  # An existing arm's setting too; and a field the arm's run config does not hold is named.
+  c = _parsed(monkeypatch, f"{path}:quick", "--config.benchmark.arms.jump.overrides.hybrid.jump.every=7")
+  assert arms_lib.arms(c)["jump"].overrides["hybrid.jump.every"] == 7
+  from experiments.configs import benchmark as benchmark_cfg
+
+  misspelt = r"--config\.benchmark\.arms\.jump50\.overrides\.hybrid\.jump\.everyy is not a field"
+  with pytest.raises(ValueError, match=misspelt):
+    cli.prepare_for_overrides(
+      benchmark_cfg.get_config("quick"),
+      [
+        "prog",
+        "--config.benchmark.arms.jump50.method=jump",
+        "--config.benchmark.arms.jump50.overrides.hybrid.jump.everyy=5",
+      ],
+    )

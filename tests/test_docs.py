@@ -545,8 +545,8 @@ def test_the_knobs_figures_are_the_published_ones():
   assert f"the init by far: {fan_in:.2f} and {half:.2f} against {as_is:.2f}" in page
   muon = reads["muon"]
   assert (
-    f"its row reads {muon['published']['mean']:.2f}× as published and {muon['tuned']['mean']:.2f}× ± "
-    f"{muon['tuned']['std']:.2f} as tuned on R4's curve" in page
+    f"Muon row reads {muon['published']['mean']:.2f}× as published and {muon['tuned']['mean']:.2f}× ± "
+    f"{muon['tuned']['std']:.2f} as tuned, both on R4's curve" in page
   )
   assert (
     f"neither R4 nor the recipe moves beyond the noise, and Muon's row still reads {muon['tuned']['mean']:.2f}×"

@@ -4,8 +4,8 @@
   optim            imports only optimizers/ (the built-in optimizers and a user's optimizer's checks,
                    which import only optimizers/ and schema) and schema
   hybrid/          imports only hybrid/ and optim (plus jax, flax, optax, chex, numpy)
-  infrastructure   config, preflight, registry, data, checkpoint, memory, sharding, writers, plotting, models/,
-                   tasks/ (the benchmark's built-in tasks):
+  infrastructure   config, preflight, registry, data, checkpoint, memory, sharding, writers, plotting, codehash,
+                   models/, tasks/ (the benchmark's built-in tasks):
                    may import each other and hybrid.phases, never a method or the loop (the registry
                    loads methods by name, with importlib)
   methods/         the training methods: import hybrid/, optim and infrastructure, never the loop;
@@ -184,7 +184,7 @@ def test_the_benchmark_names_no_method():
 
 
 def test_infrastructure_uses_only_the_phase_names_of_the_algorithm():
-  infra = {"config", "registry", "data", "checkpoint", "memory", "sharding", "writers", "plotting", "tasks"}
+  infra = {"config", "registry", "data", "checkpoint", "memory", "sharding", "writers", "plotting", "codehash", "tasks"}
   for m, deps in graph().items():
     top = m.split(".")[1] if "." in m else ""
     if top in infra or top == "models":

@@ -331,3 +331,40 @@ def test_arm_eval_curves_reject_bad_input(tmp_path):
   with pytest.raises(ValueError, match="arm 'hybrid' has no eval points"):
     plotting.plot_arm_eval_curves(str(tmp_path / "bad.png"), {"hybrid": []})
   assert not os.path.exists(tmp_path / "bad.png")
+
+
+def _never_predicting_run(path):
+  """A finished hybrid run of a method that never predicts (WARMUP then FULL), as train() writes it."""
+  steps = [
+    {"step": s, "kind": "step", "phase": 0 if s <= 3 else 1, "loss": 2.0 - 0.1 * s, "measured": True}
+    for s in range(1, 9)
+  ]
+  steps = [{**r, "predicted_loss": r["loss"], "confidence": 0.0, "horizon": 1, "diverged": False} for r in steps]
+  train = [
+    {"step": s, "kind": "train", "loss": 2.0 - 0.1 * s, "train_s": 0.1 * s, "phase_now": 1, "predict_fraction": 0.0}
+    for s in (4, 8)
+  ]
+  _write(path, steps + train)
+  summary = {"mode": "hybrid", "method": "selective_backprop", "predicts": False, "phase_steps": {"FULL": 8}}
+  with open(os.path.join(path, "summary.json"), "w") as f:
+    json.dump(summary, f)
+
+
+def test_a_method_that_never_predicts_gets_a_baselines_figures(tmp_path, capsys):
+  workdir = str(tmp_path / "run")
+  _never_predicting_run(workdir)
+  run = plotting.load_run(workdir)
+  assert run.is_hybrid and run.predicts is False
+  main = runpy.run_path(os.path.join(ROOT, "scripts", "plot_run.py"))["main"]
+  assert main([workdir]) == 0
+  printed = capsys.readouterr().out.split()
+  assert [os.path.basename(p) for p in printed] == ["phase_timeline.png", "memory.png"]
+  ax = Figure().add_subplot()
+  plotting.plot_phase_timeline(ax, run)
+  assert (
+    ax.get_title() == "run: method 'selective_backprop', which never predicts (no phases: every step is a real step)"
+  )
+  assert not ax.patches  # no phase bands
+  # A run in progress (no summary yet) that has not predicted: not known, its figures drawn with notes.
+  os.remove(os.path.join(workdir, "summary.json"))
+  assert plotting.load_run(workdir).predicts is None

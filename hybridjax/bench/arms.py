@@ -55,6 +55,10 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
       control=bool(a.get("control", False)),
       control_of=str(a.get("control_of", "")),
     )
+  # A control arm is its arm with the method's CONTROL: its arm's overrides first, then its own.
+  for name, arm in list(out.items()):
+    if arm.control and arm.control_of in out:
+      out[name] = dataclasses.replace(arm, overrides={**out[arm.control_of].overrides, **arm.overrides})
   for entry, method in _methods_named(config, out).items():
     out.setdefault(method.name, Arm(name=method.name, method=entry))
     if method.control_arm:
@@ -87,9 +91,14 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
   explicit = {name: arm for name, arm in arms(config).items() if name in config.benchmark.get("arms", {})}
   defined = arms(config)
   chosen = []
-  for entry in names(config.benchmark.methods):
+  listed = names(config.benchmark.methods)
+  for entry in listed:
     if entry in explicit:
       chosen.append(entry)
+      # Its control arm `<name>_control` (one the command line made from the method's CONTROL) runs with it.
+      control = explicit.get(f"{entry}_control")
+      if control is not None and control.control_of == entry and control.name not in listed:
+        chosen.append(control.name)
       continue
     method = _methods_named(config, explicit).get(entry)
     if method is None:

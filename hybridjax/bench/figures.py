@@ -70,7 +70,7 @@ def method_figures(
     per = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
     for s in seeds:
       r = runs[s]
-      reach = protocol.steps_to_reach(budgets, curves[anchor][s], r["final_loss"])
+      reach = protocol.steps_to_reach_at_n(budgets, curves[anchor][s], r["final_loss"], runs[seeds[0]]["steps"])
       per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
       passes = r["backward_passes"] + FORWARD_COST * r["validation_forwards"]
       per["pass_ratio"].append(protocol.ratio(reach, passes))

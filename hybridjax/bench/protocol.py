@@ -463,6 +463,27 @@ def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tu
   return own, curve
 
 
+def steps_to_reach_at_n(
+  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, target: float, n: float
+) -> Reach:
+  """`steps_to_reach` read as the anchor reads itself at N, as `cost_verdict` judges: where the anchor's
+  own N-step loss lies above its envelope by more than float rounding (`anchor_at_n`: a smaller budget
+  did as well or better), its own loss reads `steps_to_reach` r < N steps; every reading on that curve
+  is then scaled by N / r, so the anchor's own loss (up to float rounding) reads N, and an arm equal to
+  it reads 1.00x at N's cost instead of r / N, a ratio that would read like a loss. Elsewhere it is
+  `steps_to_reach` itself."""
+  reach = steps_to_reach(budgets, losses, target)
+  if reach.steps is None or n not in list(budgets):
+    return reach
+  own, at_n = anchor_at_n(budgets, losses, n)
+  if own is None or at_n is None or own - at_n <= rounding(at_n):
+    return reach
+  if abs(float(target) - own) <= rounding(own):  # the anchor's own N-step loss, up to rounding
+    return Reach(float(n), False)
+  scale = float(n) / float(steps_to_reach(budgets, losses, own).steps)
+  return Reach(float(reach.steps) * scale, reach.lower_bound, reach.upper_bound)
+
+
 def cost_verdict(
   losses: Sequence[float],
   costs: Sequence[float],

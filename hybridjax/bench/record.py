@@ -96,6 +96,7 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
     "machine": machine_info(),
     "config": json.loads(config.to_json()),
     "steps": int(config.trainer.steps),
+    "task_seeds": specs.task_seeds_record(config),
   }
 
 

@@ -39,6 +39,7 @@ FIELDS = (
 # what it measures (`record.RUNTIME`).
 RUNTIME = ("publish", "study", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address")
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
+BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each run sets its own
 # `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
 # config module lists it in its `TUNERS`).
 TUNERS = ("lr", "joint")
@@ -71,6 +72,15 @@ class BenchmarkBlock(ml_collections.ConfigDict):
     if errors := moved_errors(dict(*other, **kwargs)):
       raise ValueError("; ".join(errors))
     super().update(*other, **kwargs)
+
+
+class OpenBlock(ml_collections.ConfigDict):
+  """A block that stays open when its config is locked (`benchmark.arms`): an arm of the user's is
+  added by name, from Python too (`c.benchmark.arms.mine = {'method': ...}`); each arm's own fields
+  are checked when the study starts (`arms.check`)."""
+
+  def lock(self) -> OpenBlock:
+    return self
 
 
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -237,6 +247,59 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
       "and change its fields"
     )
   return errors
+
+
+def task_seeds_record(config: ml_collections.ConfigDict) -> str:
+  """What the record says of the task's data across seeds (`check_task_seeds` ran before training)."""
+  name = task_name(config)
+  if tasks_lib.seed_independent(name):
+    return (
+      f"not checked: task {name!r} declares SEED_INDEPENDENT_DATA (its batches do not depend on config.seed, so "
+      "every seed trains on the same data and a '± se' measures the initialisation only)"
+    )
+  if name in tasks_lib.BUILTIN_TASKS:
+    return "a built-in task: its batches are drawn from config.seed"
+  return "checked: the task's first batch differs between two seeds"
+
+
+def seeds_of_check(config: ml_collections.ConfigDict) -> list[int]:
+  """The two seeds `first_batches_differ` builds the task with: the first two of `benchmark.seeds`
+  and `tuning_seeds`."""
+  seeds = list(dict.fromkeys([*config.benchmark.seeds, *config.benchmark.tuning_seeds]))[:2]
+  return seeds if len(seeds) == 2 else ([seeds[0], seeds[0] + 1] if seeds else [0, 1])
+
+
+def first_batches_differ(config: ml_collections.ConfigDict) -> bool:
+  """Whether the task's first batch (`train_batch(0)`) differs between the two seeds of `seeds_of_check`:
+  the task built twice, no step computed."""
+  import numpy as np
+
+  batches = []
+  for seed in seeds_of_check(config):
+    c = experiment_config(config)
+    c.seed = int(seed)
+    batches.append(jax.tree.leaves(tasks_lib.build(task_name(config), c)["train_batch"](0)))
+  a, b = batches
+  return not (len(a) == len(b) and all(np.shape(x) == np.shape(y) and np.array_equal(x, y) for x, y in zip(a, b)))
+
+
+def check_task_seeds(config: ml_collections.ConfigDict) -> None:
+  """Refuses a task of the user's whose first batch is the same under two seeds (`first_batches_differ`):
+  it ignores `config.seed`, so every headline seed would see the same data. A task that means it
+  declares `SEED_INDEPENDENT_DATA = True` in its module, and the record says so (`task_seeds_record`).
+  The built-in tasks draw their batches from the seed (the test suite checks it), so they are not
+  built twice at every invocation."""
+  name = task_name(config)
+  if tasks_lib.seed_independent(name) or name in tasks_lib.BUILTIN_TASKS or first_batches_differ(config):
+    return
+  a, b = seeds_of_check(config)
+  raise ValueError(
+    f"--config.benchmark.task={name!r}: its first batch, train_batch(0), is the same under --config.seed="
+    f"{a} and {b}: the task ignores config.seed, so every seed of the benchmark would train on the "
+    "same data and each '± se' would measure the initialisation only. Draw the batches from config.seed in "
+    "build_task; or, if the task means it, declare SEED_INDEPENDENT_DATA = True in its module (the record "
+    "says so). Nothing was trained"
+  )
 
 
 def check_user_task(config: ml_collections.ConfigDict) -> None:

@@ -13,6 +13,7 @@ invocations a resumed study extends; None: it keeps none).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import os
@@ -89,27 +90,46 @@ def unknown_benchmark_fields(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-# The experiment fields a benchmark sets per run (`specs.run_spec`, the tuning), and why: given on the
-# command line (or, from Python, away from every preset's value), they are refused, not ignored.
-OVERWRITTEN = {
-  "seed": "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
-  "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
-  "mode": "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
-  "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
-  "trainer.eval_every": "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
-  "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
-  "trainer.log_every": "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out "
-  "--config.trainer.log_every",
-  "trainer.averaging_beta": "the benchmark tunes the averaging beta on the tuning seeds over "
-  "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+@dataclasses.dataclass(frozen=True)
+class Overwritten:
+  """An experiment field the benchmark sets per run (`specs.run_spec`, the tuning): why and the fix,
+  and its value in every preset of experiments/configs/benchmark.py where all presets give it one
+  (`PER_PRESET` where they differ: then only the command line is checked)."""
+
+  why: str
+  preset_value: Any
+
+
+PER_PRESET = object()  # an `Overwritten.preset_value`: the presets give the field different values
+_DEFAULTS = {f.name: f.default for f in config_lib.TOP_FIELDS} | {
+  f"trainer.{f.name}": f.default for f in config_lib.TRAINER_FIELDS
 }
-# The value of an OVERWRITTEN field in every preset of experiments/configs/benchmark.py, from the
-# declarations (the benchmark's configs say `mode='benchmark'`): from Python, another value was set and
-# is refused (the preset-dependent ones are checked on the command line only).
-PRESET_VALUES = {
-  "seed": {f.name: f.default for f in config_lib.TOP_FIELDS}["seed"],
-  "mode": "benchmark",
-  "trainer.averaging_beta": config_lib.default_trainer_config().averaging_beta,
+# Given on the command line (or, from Python, away from every preset's value), they are refused, not ignored.
+OVERWRITTEN = {
+  "seed": Overwritten(
+    "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
+    "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
+    _DEFAULTS["seed"],
+  ),
+  "mode": Overwritten(
+    "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
+    "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
+    specs.BENCHMARK_MODE,
+  ),
+  "trainer.eval_every": Overwritten(
+    "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
+    "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
+    PER_PRESET,
+  ),
+  "trainer.log_every": Overwritten(
+    "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out --config.trainer.log_every",
+    PER_PRESET,
+  ),
+  "trainer.averaging_beta": Overwritten(
+    "the benchmark tunes the averaging beta on the tuning seeds over "
+    "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+    _DEFAULTS["trainer.averaging_beta"],
+  ),
 }
 
 
@@ -135,26 +155,28 @@ def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
 
 def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
   """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
-  value away from every preset's (`PRESET_VALUES`) gives, but that the study would overwrite or never
+  value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
   read, naming it and the fix: a field the benchmark sets per run (`OVERWRITTEN`), another study's block,
   `benchmark.methods` in a study that runs no method arm (or in a ladder without a tuned rung)."""
   name, b = study_name(config), config.benchmark
   flat = config_lib.flatten(config)
-  given = set(fields) | {f for f, v in PRESET_VALUES.items() if f in flat and flat[f] != v}
+  given = set(fields) | {
+    f for f, o in OVERWRITTEN.items() if o.preset_value is not PER_PRESET and f in flat and flat[f] != o.preset_value
+  }
   checks = importlib.import_module(STUDIES[name] + ".config")  # a study's own checks, where it has them
-  reads = checks.reads(config) if hasattr(checks, "reads") else set()
+  study_reads = checks.reads(config) if hasattr(checks, "reads") else set()
   errors = []
   task = specs.task_name(config)
   try:
-    reads = tasks_lib.reads(task)
+    task_reads = tasks_lib.reads(task)
   except ValueError:
-    reads = None  # a task that does not load: `specs.validate_benchmark` names it
-  unread_blocks = [] if reads is None else [b for b in tasks_lib.task_blocks() if b not in reads]
+    task_reads = None  # a task that does not load: `specs.validate_benchmark` names it
+  unread_blocks = [] if task_reads is None else [b for b in tasks_lib.task_blocks() if b not in task_reads]
   if "data" in unread_blocks and flat.get("data.path"):
     given.add("data.path")  # no preset gives a corpus: from Python too, a path is set
   for field in sorted(given):
     if field.split(".")[0] in unread_blocks:
-      blocks = " and ".join(f"its {b}" for b in reads) if reads else "no block of a task's"
+      blocks = " and ".join(f"its {b}" for b in task_reads) if task_reads else "no block of a task's"
       errors.append(
         f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task={task!r} reads "
         f"{blocks} (its READS), not the {field.split('.')[0]} block, so every run would record it and never read "
@@ -162,9 +184,9 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
         "(docs/benchmark.md), or use --config.benchmark.task=gpt2"
       )
     if field in OVERWRITTEN:
-      if field in reads:
+      if field in study_reads:
         continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
-      errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field]}")
+      errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {OVERWRITTEN[field].why}")
     parts = field.split(".")
     if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
       readers, read = _readers(config, ".".join(parts[1:]))
@@ -263,6 +285,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
     raise ValueError("; ".join(errors))
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
+  specs.check_task_seeds(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   tuners = getattr(checks, "TUNERS", ("lr",))  # the tuners the study reads (`specs.TUNERS`)
   if str(config.benchmark.get("tuner", "lr")) not in tuners:
@@ -294,6 +317,7 @@ def run(
   timed = study.time_steps(config, trained)
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
+  keep_earlier_report(config, workdir, study.RECORD.format(**result) if study.RECORD else "benchmark.json")
   if study.RECORD:
     earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
@@ -303,6 +327,30 @@ def run(
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)
   return result
+
+
+def keep_earlier_report(config: ml_collections.ConfigDict, workdir: str, name: str) -> str | None:
+  """Where `workdir` holds a study's record `name` of another config (`record.config_differences`,
+  outside the other studies' blocks: another method list, another task...), moves every file of its
+  top level (the report: its json, markdown and plots; the run cache and the compilation cache are
+  folders, shared) into `<workdir>/earlier-<its date>/`, says so, and returns that folder: a second
+  benchmark in a workdir keeps the first's report beside its own. None where there is nothing to keep
+  (no record, or one of this config: a re-run, which replaces it)."""
+  earlier = record.stored(os.path.join(workdir, name))
+  if not earlier:
+    return None
+  lines = record.config_differences(record.stored_config(earlier), config, record.other_studies(study_name(config)))
+  if not lines:
+    return None
+  stamp = re.sub(r"[^0-9A-Za-z]+", "-", str(earlier.get("date", "undated"))).strip("-")
+  folder = os.path.join(workdir, f"earlier-{stamp}")
+  os.makedirs(folder, exist_ok=True)
+  for entry in sorted(os.listdir(workdir)):
+    if os.path.isfile(os.path.join(workdir, entry)):
+      os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
+  shown = "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
+  print(f"note: {workdir} held the report of another benchmark ({shown}); it is kept in {folder}", flush=True)
+  return folder
 
 
 _DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line

@@ -14,7 +14,11 @@ arms train with that optimizer. A task may also define
 config blocks it reads beside the trainer's and the optimizer's with a module constant `READS` (e.g.
 `READS = ("data", "model")`; none when it has no `READS`): a field of a block some task reads (the
 GPT-2 task's `model` and `data`, the MLP's `mlp`) that this task does not read is refused when set,
-rather than recorded in every run's config and cache key and never read.
+rather than recorded in every run's config and cache key and never read. A task's batches
+must depend on `config.seed` (each headline seed its own data, so that a result's '± se' measures
+more than the initialisation): the benchmark builds a task of the user's under two seeds and refuses
+one whose first batch is the same (`specs.check_task_seeds`), unless the module declares
+`SEED_INDEPENDENT_DATA = True` (a task that means it; the record says so).
 
 Built-in: 'gpt2' (a GPT-2 on a corpus, byte or BPE, `hybridjax.tasks.gpt2`) and 'mlp' (a
 regression MLP on synthetic data, `hybridjax.tasks.mlp`). They live in the package, below the loop,
@@ -54,6 +58,11 @@ def optimizer_name(name: str) -> str | None:
   """The name of task `name`'s own optimizer (its `OPTIMIZER`), or None when it uses `config.optim`'s."""
   value = getattr(load_task(name), "OPTIMIZER", None)
   return None if value is None else str(value)
+
+
+def seed_independent(name: str) -> bool:
+  """Whether task `name` declares that its batches do not depend on `config.seed` (`SEED_INDEPENDENT_DATA`)."""
+  return bool(getattr(load_task(name), "SEED_INDEPENDENT_DATA", False))
 
 
 def train_kwargs(task: Any) -> dict[str, Any]:

@@ -20,9 +20,6 @@ function, which also gives exact per-phase timings and memory readings at every 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,11 +34,11 @@ from hybridjax import registry
 from hybridjax import sharding as sharding_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import step as step_lib
-from hybridjax.hybrid.context import ControllerSettings, HybridContext, StepInfo
+from hybridjax.hybrid.context import ControllerSettings, HybridContext
 from hybridjax.hybrid.phases import BRANCH_NAMES, EVENT_NAMES, PHASE_NAMES, Phase
-from hybridjax.hybrid.real_step import baseline_step
 from hybridjax.hybrid.state import HybridState
 from hybridjax.loop.baseline import make_train_step
+from hybridjax.methods import contract
 from hybridjax.optim import (
   Batch,
   LossFn,
@@ -330,92 +327,10 @@ class HybridDriver:
     return jax.eval_shape(self._init_unsharded)
 
   def check_method_hooks(self, batch: Batch) -> None:
-    """Traces a user's method's transitions (`full_step`, `predict_step`, `correct_step`) on the
-    abstract state and `batch` (`jax.eval_shape`: nothing is compiled or run), so that a wrong
-    signature or return is refused before the workdir is made, naming the hook and what it must be.
-    The built-in methods' hooks are the test suite's to check."""
-    m = self.ctx.method
-    if m.path in registry.BUILTIN_METHODS.values():
-      return
-    state = self.abstract_state()
-    expected = "(ctx, state, batch, schedule) -> (state, StepInfo)"
-    carried = jax.eval_shape(lambda: step_lib.empty_step_info(self.ctx))
-    for name in ("full_step", "predict_step", "correct_step"):
-      hook = getattr(m, name)
-      if hook is None:
-        continue
-      where = f"method {m.name!r} ({m.path}): {name}"
-      try:
-        inspect.signature(hook).bind(self.ctx, state, batch, self.schedule)
-      except TypeError as e:
-        raise ValueError(f"{where}{inspect.signature(hook)} cannot be called as {name}{expected}: {e}") from e
-      except ValueError:  # no signature to read (a builtin or C function): the trace below checks the call
-        pass
-      if isinstance(hook, step_lib.Prepared):  # its prepare alone first: the fused step runs it alone
-        self._check_prepare(where, hook.prepare, state, batch)
-      try:
-        out = jax.eval_shape(functools.partial(hook, self.ctx), state, batch, self.schedule)
-      except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
-        raise ValueError(
-          f"{where} fails when traced on the run's state and first batch ({name}{expected}): {type(e).__name__}: {e}"
-        ) from e
-      if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], StepInfo)):
-        got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
-        raise ValueError(
-          f"{where} must return (state, StepInfo) as {name}{expected}; it returned {got} (build the "
-          "StepInfo with StepInfo.real or StepInfo.predicted)"
-        )
-      if not _same_shapes(out[0], state):
-        raise ValueError(
-          f"{where} returns a state whose structure, shapes or dtypes differ from the state it received: "
-          "a transition must return the HybridState it was given, updated (state.replace(...))"
-        )
-      wrong = _step_info_differences(out[1], carried)
-      if wrong:
-        raise ValueError(
-          f"{where} returns a StepInfo whose {'; '.join(wrong)}: every transition returns the same StepInfo "
-          f"structure, alpha with one entry per parameter group (ctx.groups.n_groups = {self.ctx.groups.n_groups}) "
-          "and extra as the method's step_extra(ctx) gives it (None without one). Build it with "
-          "StepInfo.real(n_groups=ctx.groups.n_groups, ...) or StepInfo.predicted(alpha=...)"
-        )
-    self._check_default_real_step(state, batch, carried)
-
-  def _check_default_real_step(self, state: HybridState, batch: Batch, carried: StepInfo) -> None:
-    """Refuses a method without a `full_step` whose `step_extra` the baseline's real step, its real
-    step then, does not return: the fused step carries one StepInfo through every transition it
-    selects between, and `real_step.baseline_step` returns `extra` None."""
-    m = self.ctx.method
-    fns = step_lib.transitions(self.ctx)
-    if m.full_step is not None or carried.extra is None or all(f is fns[0] for f in fns):
-      return  # the method's own full_step (checked above), no extra to carry, or no selection
-    _, info = jax.eval_shape(functools.partial(baseline_step, self.ctx), state, batch, self.schedule)
-    wrong = _step_info_differences(info, carried)
-    if wrong:
-      raise ValueError(
-        f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
-        f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
-        "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
-        "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
-        "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
-      )
-
-  def _check_prepare(self, where: str, prepare: Callable, state: HybridState, batch: Batch) -> None:
-    """Refuses a `Prepared` transition's `prepare` that fails or returns other than the state's shape."""
-    expected = "prepare(ctx, state, batch, schedule) -> state"
-    try:
-      out = jax.eval_shape(functools.partial(prepare, self.ctx), state, batch, self.schedule)
-    except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
-      raise ValueError(
-        f"{where}'s Prepared.prepare fails when traced on the run's state and first batch ({expected}): "
-        f"{type(e).__name__}: {e}"
-      ) from e
-    if not _same_shapes(out, state):
-      got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
-      raise ValueError(
-        f"{where}'s Prepared.prepare must return the HybridState it was given, updated (state.replace(...)), "
-        f"with every leaf's shape and dtype unchanged ({expected}); it returned {got} that differs: a "
-        "prepare returns the state alone, no StepInfo"
-      )
+    """Refuses, before the workdir is made, a user's method whose transitions do not meet the method
+    contract on this run's state and first batch (`methods.contract.check_hooks`: traced, nothing is
+    compiled or run)."""
+    contract.check_hooks(self.ctx, self.abstract_state(), batch, self.schedule)
 
   @staticmethod
   def train_state(state: HybridState) -> TrainState:
@@ -616,9 +531,11 @@ class HybridDriver:
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
     return text, predicted >= real
 
-  @staticmethod
-  def progress_fields(record: Mapping[str, Any]) -> dict[str, str]:
-    """Progress-bar fields from a train record (no second device read)."""
+  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
+    """Progress-bar fields from a train record (no second device read): none for a method that never
+    predicts (its control turns PREDICT off), whose phases and confidence say nothing."""
+    if not self.ctx.control.enable_predict:
+      return {}
     return {
       "phase": PHASE_NAMES[int(record["phase_now"])],
       "pred": f"{record['predict_fraction']:.0%}",
@@ -628,10 +545,14 @@ class HybridDriver:
   def summary(self, state: HybridState) -> dict[str, Any]:
     c, method_state = jax.device_get((state.controller, state.method))
     steps = int(c.phase_steps.sum())
+    # A discarded predicted step took no backward pass, but its move was thrown away: the run trained
+    # as if it had not been taken, so it saved nothing.
+    predicted, discarded = steps - int(c.backward_passes), int(c.discarded)
     out = {
       "phase_steps": {n: int(v) for n, v in zip(PHASE_NAMES, c.phase_steps)},
       "backward_passes": int(c.backward_passes),
-      "backward_passes_saved": steps - int(c.backward_passes),
+      "backward_passes_saved": predicted - discarded,
+      "predicted_steps_discarded": discarded,
       "validation_forwards": int(c.forward_passes),
       "predict_fraction": float(c.phase_steps[Phase.PREDICT]) / max(steps, 1),
       "predict_phases": int(c.predict_phases),
@@ -641,7 +562,15 @@ class HybridDriver:
       "dispatch": self.dispatch,
       "steps_per_call": self.steps_per_call,
       "method": self.ctx.method.name,
+      "predicts": bool(self.ctx.control.enable_predict),  # False: PREDICT is off (a method that never predicts)
     }
+    if discarded and 2 * discarded >= predicted:
+      out["warnings"] = [
+        f"{discarded} of the {predicted} predicted steps of method {self.ctx.method.name!r} were discarded (they "
+        "left a non-finite value in the params or the method's state, and the state before them was kept): they "
+        f"saved no backward pass, and the run trained on its real steps alone (predict fraction "
+        f"{out['predict_fraction']:.0%} counts the steps taken in PREDICT, kept or not)"
+      ]
     own = self.ctx.method.summary(self.ctx, method_state, c)
     out.update(own)
     out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run
@@ -653,49 +582,3 @@ class HybridDriver:
         if k > 0
       }
     return out
-
-
-def _same_shapes(out: Any, reference: Any) -> bool:
-  """Whether `out` has `reference`'s tree structure and every leaf's shape and dtype."""
-  return jax.tree.structure(out) == jax.tree.structure(reference) and all(
-    a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference))
-  )
-
-
-def _carries(out: Any, initial: Any) -> bool:
-  """Whether a `lax.while_loop` whose initial carry leaf is `initial` accepts `out` as the body's: the
-  same shape and dtype, or `initial` weakly typed (a Python scalar, as a `step_extra` may give) and
-  promoting to `out`'s dtype, as the loop promotes such an initial value."""
-  if out.shape != initial.shape:
-    return False
-  if out.dtype == initial.dtype:
-    return True
-  if not getattr(initial, "weak_type", False):
-    return False
-  kind = {"i": 0, "u": 0, "f": 0.0, "c": 0j}.get(np.dtype(initial.dtype).kind)  # the Python scalar it was
-  return kind is not None and jax.numpy.result_type(kind, out.dtype) == out.dtype
-
-
-def _step_info_differences(out: StepInfo, expected: StepInfo) -> list[str]:
-  """Each field of `out` (each leaf, in a tree such as `extra`) whose structure, shape or dtype the
-  fused step, carrying `expected`, would not accept, described."""
-
-  def describe(x: Any) -> str:
-    return f"shape {tuple(x.shape)} {np.dtype(x.dtype).name}"
-
-  def describe_tree(tree: Any) -> str:
-    if tree is None:
-      return "None"
-    structure = jax.tree.structure(tree)
-    return describe(tree) if jax.tree_util.treedef_is_leaf(structure) else f"the tree {structure}"
-
-  wrong = []
-  for f in dataclasses.fields(expected):
-    a, b = getattr(out, f.name), getattr(expected, f.name)
-    if jax.tree.structure(a) != jax.tree.structure(b):
-      wrong.append(f"{f.name} is {describe_tree(a)} where the step's is {describe_tree(b)}")
-      continue
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
-      if not _carries(x, y):
-        wrong.append(f"{f.name}{jax.tree_util.keystr(path)} is {describe(x)} where the step's is {describe(y)}")
-  return wrong

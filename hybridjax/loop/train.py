@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -27,84 +25,20 @@ from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
 from hybridjax import preflight, registry, writers
 from hybridjax import sharding as sharding_lib
+from hybridjax.loop import fingerprint as fingerprint_lib
 from hybridjax.loop import resume as resume_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
 from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
+from hybridjax.loop.interrupts import Stopwatch, TrainingInterrupted, _Interrupts  # noqa: F401 (API)
 from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
 from hybridjax.optimizers import user as user_optimizer
+from hybridjax.writers import format_loss, format_summary, format_table, format_value  # noqa: F401 (API)
 
 
 class TrainingDiverged(RuntimeError):
   """Raised by `train` when updates stay non-finite (`trainer.max_nonfinite_steps` in a row, or
   `hybrid.health.max_events` non-finite events, the message saying how many came from the method's
   predicted steps and from real steps); no checkpoint of the diverged state is written."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-  """Raised by `train` after SIGINT (Ctrl-C) or SIGTERM, once the state at the last finished step is
-  saved; `exit_code` is the shell's for the signal (130, 143). A second Ctrl-C aborts at once, with a
-  plain KeyboardInterrupt and no save."""
-
-  def __init__(self, signum: int, step: int, saved: bool, workdir: str):
-    self.signum, self.step, self.saved = signum, step, saved
-    self.exit_code = 128 + signum
-    name = signal.Signals(signum).name
-    kept = (
-      f"the state at step {step} is saved in {workdir}: run the same command to resume it"
-      if saved
-      else f"nothing was saved at step {step} (its last step was non-finite); the last checkpoint is kept"
-    )
-    super().__init__(f"interrupted by {name}: {kept}")
-
-
-class _Interrupts:
-  """SIGINT and SIGTERM, caught while `train` runs in the main thread: the first sets `signum` (the
-  loop saves and stops at its next step boundary), a second SIGINT raises KeyboardInterrupt at once.
-  The previous handlers are back on exit."""
-
-  def __init__(self, enabled: bool):
-    self.signum: int | None = None
-    self._enabled = enabled and threading.current_thread() is threading.main_thread()
-    self._previous: dict[int, Any] = {}
-
-  def _handle(self, signum: int, frame: Any) -> None:
-    del frame
-    if self.signum is not None and signum == signal.SIGINT:
-      signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
-      raise KeyboardInterrupt("second Ctrl-C: aborted without saving")
-    self.signum = signum
-    print(
-      f"\n{signal.Signals(signum).name}: saving a checkpoint at the end of this step, then stopping "
-      "(Ctrl-C again aborts without saving)",
-      flush=True,
-    )
-
-  def __enter__(self) -> _Interrupts:
-    if self._enabled:
-      for sig in (signal.SIGINT, signal.SIGTERM):
-        self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-
-class Stopwatch:
-  """Wall time of the training steps alone: paused while the loop compiles, evaluates or saves."""
-
-  def __init__(self):
-    self.total = 0.0
-    self._since: float | None = None
-
-  def resume(self) -> None:
-    if self._since is None:
-      self._since = time.perf_counter()
-
-  def pause(self) -> None:
-    if self._since is not None:
-      self.total += time.perf_counter() - self._since
-      self._since = None
 
 
 def enable_compile_cache(trainer_cfg: ml_collections.ConfigDict) -> str | None:
@@ -177,89 +111,6 @@ def step_batches(
     return jax.tree.map(join, *parts)
 
   return batch
-
-
-def resume_or_init(
-  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any
-) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]]]:
-  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`):
-  the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses,
-  changing nothing, a run with another config (unless resume='force'), another `trainer.steps` where
-  the training depends on it (`resume_lib.steps_change_error`), or an inconsistent checkpoint.
-
-  A finished run is returned as finished when this config asks for no more steps than it trained.
-  `steps_changes`: each resume with another `trainer.steps` under resume='force', as
-  {"step", "from", "to"}, carried in every checkpoint's metadata and the summary."""
-  latest = manager.latest_step()
-  if latest is None:
-    state = driver.init_state()
-    if driver.mesh is None:
-      # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
-      # same programs (and a resumed run hits the persistent compilation cache).
-      state = jax.device_put(state, jax.devices()[0])
-    return state, (0, 0), None, []
-  if config.resume == "never":
-    raise ValueError(
-      f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
-      "use a new --workdir, or --config.resume=auto to resume it."
-    )
-  meta = ckpt_lib.read_meta(manager, latest)
-  diffs = ckpt_lib.config_differences(meta.get("config", {}), config)
-  if diffs and config.resume != "force":
-    raise ValueError(
-      f"--workdir {workdir} holds a run with a different config:\n  "
-      + "\n  ".join(diffs)
-      + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
-    )
-  # trainer.steps may differ (a runtime field) only where nothing but the end depends on it.
-  saved = config_lib.flatten(meta.get("config", {}))
-  saved_steps = int(saved.get("trainer.steps", config.trainer.steps))
-  summary_path = os.path.join(workdir, "summary.json")
-  finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
-  if not (finished and int(meta["step"]) >= config.trainer.steps):
-    error = resume_lib.steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
-    if error:
-      raise ValueError(error)
-  # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
-  abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
-  state, meta = ckpt_lib.restore(manager, latest, abstract)
-  start_step = int(meta["step"])
-  # The schedule step and the data position (batches used; the step unless the method skips schedule
-  # steps) are in the metadata; the state's own counters must agree with them.
-  position = (start_step, int(meta.get("batches", start_step)))
-  state_position = driver.position(state)
-  if state_position != position:
-    raise ValueError(
-      f"checkpoint {manager.directory}/{latest} is inconsistent: its metadata says (step, batches) "
-      f"{position}, its state {state_position}; nothing was changed. Use a fresh --workdir."
-    )
-  steps_changes = list(meta.get("steps_changes", []))
-  if start_step >= config.trainer.steps and os.path.exists(summary_path):
-    with open(summary_path) as f:
-      return state, position, json.load(f), steps_changes
-  if saved_steps != config.trainer.steps:
-    # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
-    if resume_lib.steps_dependence(config):
-      steps_changes.append({"step": start_step, "from": saved_steps, "to": int(config.trainer.steps)})
-      print(
-        f"WARNING: --config.resume=force: resuming a run of {saved_steps} steps with --config.trainer.steps="
-        f"{config.trainer.steps}; its schedule is rebuilt for {config.trainer.steps} steps from step {start_step} "
-        "(recorded as steps_changes in the checkpoints and the summary)"
-      )
-    else:
-      print(
-        f"resuming a run of {saved_steps} steps with --config.trainer.steps={config.trainer.steps} "
-        "(nothing of its training depends on the run's length)"
-      )
-  saved_evals = saved.get("trainer.eval_batches", config.trainer.eval_batches)
-  if int(saved_evals) != int(config.trainer.eval_batches):
-    print(
-      f"note: --config.trainer.eval_batches={config.trainer.eval_batches}, where the run before step {start_step} "
-      f"evaluated on {saved_evals}: its eval losses from here on average another held-out set (each eval "
-      "record in metrics.jsonl carries its count, eval_batches)"
-    )
-  print(f"resumed from {workdir} at step {start_step}")
-  return state, position, None, steps_changes
 
 
 def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batch: Batch, seed: int = 0) -> None:
@@ -453,14 +304,23 @@ def train(
     The run summary (also written to `<workdir>/summary.json`).
   """
   hooks = dict(hooks or {})
+  user_train_batch = train_batch  # the user's own, which the code fingerprint reads
   config, method, driver, train_batch, eval_batches, mesh = _preflight(
     config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
   )
   tcfg = config.trainer
   total_steps = tcfg.steps
+  own = {"loss_fn": loss_fn, "train_batch": user_train_batch, "init_params": init_params, "tx": tx}
+  code = fingerprint_lib.fingerprint(own, method, config.mode, loop_module=__name__)
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
-  state, (start_step, start_batches), finished, steps_changes = resume_or_init(config, workdir, driver, manager)
+  try:
+    state, (start_step, start_batches), finished, steps_changes, code_changes = resume_lib.resume_or_init(
+      config, workdir, driver, manager, code
+    )
+  except BaseException:
+    manager.close()
+    raise
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
     print(resume_lib.finished_message(config, workdir, int(finished.get("steps", start_step))))
@@ -469,9 +329,11 @@ def train(
   config_json = json.loads(config.to_json())
 
   def save(step: int) -> None:
-    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode}
+    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode, "code": code}
     if steps_changes:
       meta["steps_changes"] = steps_changes
+    if code_changes:
+      meta["code_changes"] = code_changes
     meta.update(extra_meta or {})
     ckpt_lib.save(manager, step, state, meta)
 
@@ -678,6 +540,9 @@ def train(
   }
   if steps_changes:  # resumed with another trainer.steps under resume='force'
     summary["steps_changes"] = steps_changes
+  summary["code"] = code  # the run's code fingerprint (`fingerprint.fingerprint`)
+  if code_changes:  # resumed with other code: hybridjax's, or the run's own under resume='force'
+    summary["code_changes"] = code_changes
   if tokens_per_step and clock.total > 0:
     summary["tokens_per_s"] = timed_steps * tokens_per_step / clock.total
   summary.update(driver.summary(state))
@@ -685,71 +550,3 @@ def train(
     json.dump(summary, f, indent=2, default=str)
   print(format_summary(summary))
   return summary
-
-
-def format_loss(record: Mapping[str, Any]) -> str:
-  """A train record's loss for the progress bar: "discarded" when the log's step was a predicted
-  step the framework discarded, "nan"/"inf" when the loss was non-finite, never an older loss."""
-  if record.get("discarded"):
-    return "discarded"
-  return f"{record['loss']:.3f}"
-
-
-def format_value(v: Any) -> str:
-  """A number as 4 significant digits, anything else as `str`."""
-  return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def format_table(rows: list[tuple[str, Any]], title: str = "") -> str:
-  """A two-column text table."""
-  width = max(len(k) for k, _ in rows)
-  lines = [title, "-" * (width + 24)] if title else []
-  lines += [f"{k:<{width}}  {format_value(v)}" for k, v in rows]
-  return "\n".join(lines)
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-  """The run summary as a text table."""
-  rows = [
-    ("mode", summary["mode"]),
-    ("steps", f"{summary['start_step']} -> {summary['steps']}"),
-    ("first train loss", summary["first_train_loss"]),
-    ("final eval loss", summary["final_eval_loss"]),
-  ]
-  raw, averaged = summary.get("final_eval_loss_raw"), summary.get("final_eval_loss_averaged")
-  if raw is not None and averaged is not None:  # an averaging run: both, and which weights are better
-    better = "averaged" if averaged <= raw else "raw"
-    rows.append(("eval loss raw / averaged", f"{raw:.4g} / {averaged:.4g} (the {better} weights are better)"))
-  rows += [
-    ("compile s", summary["compile_s"]),
-    ("train s", summary["train_s"]),
-    ("s / step", summary["s_per_step"]),
-  ]
-  if "tokens_per_s" in summary:
-    rows.append(("tokens / s", f"{summary['tokens_per_s']:.0f}"))
-  for k in (
-    "phase_steps",
-    "phase_ms_per_step",
-    "backward_passes",
-    "backward_passes_saved",
-    "validation_forwards",
-    "predict_fraction",
-    "predict_phases",
-    "rollbacks",
-    "health_events",
-    "nonfinite_skipped",
-    "dispatch",
-  ):
-    if k in summary:
-      rows.append((k.replace("_", " "), summary[k]))
-  m = summary.get("memory") or {}
-  if m:
-    fb = memory_lib.format_bytes
-    rows += [
-      (f"memory start ({m['source']})", fb(m["start_bytes"])),
-      ("memory peak", fb(m["peak_bytes"])),
-      ("memory end", fb(m["end_bytes"])),
-      ("memory growth after warm-up", fb(m["growth_bytes"])),
-      ("RSS start / peak / end", f"{fb(m['start_rss'])} / {fb(m['peak_rss'])} / {fb(m['end_rss'])}"),
-    ]
-  return format_table(rows, title="run summary")

@@ -1,7 +1,8 @@
 """The built-in optimizers, each a declaration beside its builder: the `config.optim` fields it
-reads (`schema.Field`s, each declared once below, beside the code that reads it), what it is in
-words, and the function that builds it from a view of only those fields (`schema.View`), so that
-a builder reading a field it does not declare fails in the first test that builds it.
+reads (`schema.Field`s, each declared once beside the code that reads it: here, and the Adam
+family's in `optimizers.adam`), what it is in words, and the function that builds it from a view
+of only those fields (`schema.View`), so that a builder reading a field it does not declare fails in
+the first test that builds it.
 
 Everything that says which optimizer reads which field (the refusal of a field set but unread, the
 default `optim` block, docs/config.md, the tests that change each field and watch the updates) is
@@ -22,6 +23,23 @@ import jax.numpy as jnp
 import optax
 
 from hybridjax import schema
+from hybridjax.optimizers.adam import (
+  ADAMW_EMBED_LR_RATIO,
+  ADAMW_HEAD_LR_RATIO,
+  ADAMW_LR_RATIOS,
+  B1,
+  B2,
+  EPS,
+  WEIGHT_DECAY,
+  _adamw,
+  _build_adam,
+  _build_adamw,
+  _tied_head,
+  adamw_group_labels,
+  adamw_lr_ratios,
+  adamw_ratio_error,
+)
+from hybridjax.optimizers.labels import muon_group_labels, muon_labels
 from hybridjax.optimizers.user import (
   Optimizer,
   _factory_with_learning_rate,
@@ -33,51 +51,6 @@ from hybridjax.optimizers.user import (
 F = schema.Field
 _beta = schema.check_num(0.0, 1.0, hi_open=True)
 _positive = schema.check_num(0.0, lo_open=True)
-
-
-def _keys(path: Any) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-
-
-def muon_labels(params: Any) -> Any:
-  """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
-
-  Muon orthogonalises 2-D updates, which suits the hidden (attention and MLP) matrices only; as in
-  the modded-nanogpt recipes, embeddings (any leaf under a key named `embedding`, which includes a
-  head tied to the token embedding), an untied head (`lm_head`), LayerNorm parameters and biases
-  (every leaf with ndim != 2) stay on AdamW.
-  """
-
-  def label(path, p):
-    keys = _keys(path)
-    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
-
-  return jax.tree_util.tree_map_with_path(label, params)
-
-
-def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
-  """The speedrun's parameter groups, a pytree like `params` of labels:
-
-  * 'muon': the hidden matrices; 'muon_qkv': a fused query-key-value matrix (`c_attn`), which Muon
-    orthogonalises as its three (d, d) blocks, as it would separate q, k and v projections;
-  * 'embed': the embedding tables (token, positions, value embeddings);
-  * 'head': the output head, `lm_head`; a token embedding tied to the head is labelled `tied_label`
-    ('head', or 'tied_head' when it has settings of its own: `tied_head_settings`);
-  * 'scalar': every leaf with ndim != 2 (biases, norm scales, the learned mixing scalars).
-  """
-  tied = "lm_head" not in params
-
-  def label(path, p):
-    keys = _keys(path)
-    if "embedding" in keys:
-      return tied_label if tied and keys[0] == "wte" else "embed"
-    if keys[0] == "lm_head":
-      return "head"
-    if p.ndim != 2:
-      return "scalar"
-    return "muon_qkv" if keys[-2:] == ("c_attn", "kernel") else "muon"
-
-  return jax.tree_util.tree_map_with_path(label, params)
 
 
 def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -155,59 +128,6 @@ GRAD_CLIP = F(
   other=0.5,
   in_your_optimizer="optax.chain(optax.clip_by_global_norm({value}), ...)",
 )
-# AdamW's and Adam's (and the AdamW group of 'muon'): `_adamw`, `_adam`.
-B1 = F(
-  "b1",
-  0.9,
-  _beta,
-  "Adam's first-moment decay",
-  other=0.8,
-  roles=("beta1",),
-  in_your_optimizer="optax.adamw(learning_rate, b1={value})",
-)
-B2 = F(
-  "b2",
-  0.95,
-  _beta,
-  "Adam's second-moment decay",
-  other=0.99,
-  roles=("beta2",),
-  in_your_optimizer="optax.adamw(learning_rate, b2={value})",
-)
-EPS = F(
-  "eps",
-  1e-8,
-  _positive,
-  "Adam's epsilon",
-  other=1e-3,
-  roles=("eps",),
-  in_your_optimizer="optax.adamw(learning_rate, eps={value})",
-)
-WEIGHT_DECAY = F(
-  "weight_decay",
-  0.1,
-  schema.check_num(0.0),
-  "AdamW's decoupled weight decay (times the lr), matrices only",
-  other=0.05,
-  roles=("weight decay",),
-  in_your_optimizer="optax.adamw(learning_rate, weight_decay={value})",
-)
-
-
-def _tied_head(trains: str, fix: str) -> schema.Unread:
-  """Unread on a GPT-2 model whose head is tied to the token embedding (`model.untied_head=False`):
-  no parameter is in the head group (`muon_group_labels`); the tied matrix trains as `trains` says."""
-
-  def unread(config: Any) -> str | None:
-    model = config.get("model") or {}
-    if "untied_head" not in model or model["untied_head"]:
-      return None
-    return (
-      f"--config.model.untied_head=False ties the head to the token embedding, which {config.optim.name!r} trains "
-      f"{trains}: no parameter is in the head group. {fix}"
-    )
-
-  return unread
 
 
 def _untied_head(config: Any) -> str | None:
@@ -222,27 +142,6 @@ def _untied_head(config: Any) -> str | None:
   )
 
 
-# 'adamw' and 'adam': the embeddings' and the head's LR as ratios of learning_rate (`_scale_groups`).
-ADAMW_EMBED_LR_RATIO = F(
-  "adamw_embed_lr_ratio",
-  1.0,
-  _positive,
-  "'adamw'/'adam': the embeddings' LR (a tied head's too) as a ratio of learning_rate",
-  other=2.0,
-  roles=("embed lr",),
-)
-ADAMW_HEAD_LR_RATIO = F(
-  "adamw_head_lr_ratio",
-  1.0,
-  _positive,
-  "'adamw'/'adam': an untied head's LR as a ratio of learning_rate",
-  other=2.0,
-  roles=("head lr",),
-  unread=_tied_head(
-    "at --config.optim.adamw_embed_lr_ratio (optim.adamw_group_labels)",
-    "Set --config.optim.adamw_embed_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
-  ),
-)
 # 'muon': `_build_muon`.
 ADAM_LR_RATIO = F(
   "adam_lr_ratio",
@@ -381,67 +280,6 @@ def muon_momentum(optim: Any) -> Callable[[jax.Array], jax.Array] | float | None
     return (1 - frac) * start + frac * final
 
   return momentum
-
-
-def _decay_mask(params: Any) -> Any:
-  """Weight decay on matrices only: not on biases, LayerNorm parameters (ndim < 2)."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
-
-
-ADAMW_LR_RATIOS = (ADAMW_EMBED_LR_RATIO.name, ADAMW_HEAD_LR_RATIO.name)
-"""The fields of `config.optim` that set the LR of the embeddings and of the head under 'adamw' and
-'adam' (`adamw_group_labels`), as ratios of the learning rate; 1.0 by default."""
-
-
-def adamw_lr_ratios(optim: Any) -> tuple[float, float]:
-  """(`optim.adamw_embed_lr_ratio`, `optim.adamw_head_lr_ratio`); a block written before they existed
-  gives 1.0, 1.0 (every parameter at the learning rate, which it trained with)."""
-  return tuple(float(optim.get(name, 1.0)) for name in ADAMW_LR_RATIOS)
-
-
-def adamw_group_labels(params: Any) -> Any:
-  """'embed', 'head' or 'rest' for each leaf of `params`: the embed and head groups of
-  `muon_group_labels` (a token embedding tied to the head is in 'embed'), and every other leaf."""
-  groups = muon_group_labels(params, tied_label="embed")
-  return jax.tree.map(lambda label: label if label in ("embed", "head") else "rest", groups)
-
-
-def _scale_groups(embed_ratio: float, head_ratio: float) -> optax.GradientTransformation:
-  """Multiplies the updates of the embed and head groups (`adamw_group_labels`) by their ratios. After
-  AdamW, whose whole update (weight decay included) is proportional to its rate, that is AdamW at the
-  ratio times the rate on the group; it keeps no state, so the Adam(W) state keeps its layout."""
-  return optax.partition(
-    {"embed": optax.scale(embed_ratio), "head": optax.scale(head_ratio), "rest": optax.identity()},
-    adamw_group_labels,
-  )
-
-
-def _with_group_ratios(core: optax.GradientTransformation, o: Any) -> optax.GradientTransformation:
-  """`core` with the embed and head ratios applied when either is not 1.0 (only then: at the defaults
-  the optimizer is built as before the fields existed)."""
-  ratios = adamw_lr_ratios(o)
-  return optax.chain(core, _scale_groups(*ratios)) if ratios != (1.0, 1.0) else core
-
-
-def _adamw(o: Any) -> optax.GradientTransformation:
-  # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
-  return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-    learning_rate=0.0,
-    b1=float(o.b1),
-    b2=float(o.b2),
-    eps=float(o.eps),
-    weight_decay=float(o.weight_decay),
-    mask=_decay_mask,
-  )
-
-
-def _build_adamw(o: Any) -> optax.GradientTransformation:
-  return _with_group_ratios(_adamw(o), o)
-
-
-def _build_adam(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
-  return _with_group_ratios(core, o)
 
 
 def _build_sgd(o: Any) -> optax.GradientTransformation:
@@ -657,17 +495,6 @@ def relation_errors(optim: Any, steps: int | None) -> list[str]:
       "--config.optim.muon_momentum_warmup_steps=0 for no warm-up"
     )
   return errors
-
-
-def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
-  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
-  optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
-  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
-  return (
-    f"{' and '.join(set_)} {'apply' if len(set_) > 1 else 'applies'} to --config.optim.name='adamw' or 'adam' "
-    f"only, not {name!r}: set {'them' if len(set_) > 1 else 'it'} back to 1.0, or use 'adamw'/'adam' "
-    "('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
-  )
 
 
 def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 Optimizer = optax.GradientTransformation | Callable[..., optax.GradientTransformation]
@@ -225,9 +226,55 @@ def user_optimizer_errors(tx: Any, params: Any, optim: Any) -> list[str]:
   return errors
 
 
+def injected_learning_rate_values(tx: optax.GradientTransformation, params: Any) -> list[tuple[str, float | None]]:
+  """(where, initial value) of each injected `learning_rate` of `tx.init(params)`, the value None where it
+  is not a constant (a schedule's). Read from the traced `tx.init` (a constant hyperparameter is a literal
+  or a constant of its jaxpr): nothing is computed or allocated."""
+  closed, shape = jax.make_jaxpr(tx.init, return_shape=True)(params)
+  leaves = jax.tree_util.tree_flatten_with_path(shape)[0]
+  if len(leaves) != len(closed.jaxpr.outvars):
+    return []
+  consts = dict(zip(closed.jaxpr.constvars, closed.consts))
+  found = []
+  for (path, _), var in zip(leaves, closed.jaxpr.outvars):
+    names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
+    if names[-2:] != ["hyperparams", "learning_rate"]:
+      continue
+    value = None
+    if isinstance(var, jax.extend.core.Literal):
+      value = float(var.val)
+    elif var in consts and np.ndim(consts[var]) == 0:
+      value = float(consts[var])
+    found.append(("state" + jax.tree_util.keystr(path), value))
+  return found
+
+
+def overwritten_learning_rate_errors(tx: optax.GradientTransformation, params: Any, optim: Any) -> list[str]:
+  """The injected learning rates of a user's `tx` (resolved: `resolve_optimizer`) that the config's
+  schedule would silently write over: `with_learning_rate` sets every injected `learning_rate` to the
+  schedule's value before each update, so a number written there (`inject_hyperparams(optax.adamw)(
+  learning_rate=1e-4)`) is never trained at. Accepted: the schedule's peak `optim.learning_rate`, and
+  0.0, which states no rate (the form a factory is wrapped in). A line per rate refused, naming both
+  values and the fix."""
+  peak = float(optim.learning_rate)
+  errors = []
+  for where, value in injected_learning_rate_values(tx, params):
+    if value is None or value == 0.0 or np.isclose(value, peak, rtol=1e-6, atol=0.0):  # float32 rounding
+      continue
+    errors.append(
+      f"the optimizer {optim.name!r} given to train(tx=...) injects learning_rate={value:g} ({where}), but the "
+      f"config's schedule (--config.optim.schedule={optim.get('schedule', 'cosine')!r}, peak "
+      f"--config.optim.learning_rate={optim.learning_rate}) writes its own rate over it before every update: the run "
+      f"would train at the schedule's rate, never at {value:g}. To train at {value:g}, set "
+      f"--config.optim.learning_rate={value:g} (and inject that value, or 0.0); or pass a factory, "
+      "tx=lambda learning_rate: optax.adamw(learning_rate)"
+    )
+  return errors
+
+
 def check_user_optimizer(tx: Any, params: Any, optim: Any) -> None:
   """Refuses a user's optimizer that the config's schedule cannot drive (`user_optimizer_errors`)."""
-  errors = user_optimizer_errors(tx, params, optim)
+  errors = user_optimizer_errors(tx, params, optim) + overwritten_learning_rate_errors(tx, params, optim)
   if errors:
     raise ValueError("\n  ".join(errors))
 

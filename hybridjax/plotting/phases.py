@@ -104,14 +104,15 @@ def plot_phase_timeline(
   """
   run = as_run(run)
   handles: list[Any] = []
-  if not run.kind("step"):
+  if not run.kind("step") or run.predicts is False:
     steps, loss = run.series("train", "loss")
     if not len(steps):
       raise ValueError(f"run {run.name!r} ({run.workdir}) has no loss records in metrics.jsonl yet")
     handles += ax.plot(
       steps, loss, color="0.25", lw=1.2, marker="o" if len(steps) < 30 else None, ms=3, label="train loss (logged)"
     )
-    ax.set_title(f"{run.name}: {run.mode} (no phases: every step is a real step)")
+    what = run.mode if not run.is_hybrid else f"method {run.summary.get('method', '?')!r}, which never predicts"
+    ax.set_title(f"{run.name}: {what} (no phases: every step is a real step)")
     seen: list[int] = []
   else:
     t = step_trace(run)
@@ -340,8 +341,9 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   """Writes one run's figures as PNGs and returns their paths.
 
   phase_timeline.png and memory.png always; predicted_vs_realised.png (scatter coloured by phase,
-  and prediction with confidence over steps), alpha_by_group.png and velocity_norms.png for hybrid
-  runs only.
+  and prediction with confidence over steps) and alpha_by_group.png for hybrid runs whose method can
+  predict (`Run.predicts`: not for a method whose control turns PREDICT off, whose phase timeline is
+  drawn as a baseline's); velocity_norms.png for runs that log the velocity predictor's norms.
 
   Args:
     workdir: the run directory.
@@ -367,16 +369,18 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
     fig = new_figure(11, 4.6)
     plot_phase_timeline(fig.add_subplot(), run)
   paths.append(save_png(fig, out_dir, "phase_timeline.png"))
-  if run.is_hybrid and run.kind("step"):
+  predicts = run.predicts is not False  # not known yet (a run in progress): drawn, with notes where empty
+  if predicts and run.kind("step"):
     fig = new_figure(13, 4.8)
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
     plot_predicted_vs_realised(left, run)
     plot_prediction_over_steps(right, run)
     paths.append(save_png(fig, out_dir, "predicted_vs_realised.png"))
-  if run.is_hybrid:
+  if predicts:
     fig = new_figure(11, 4.6)
     plot_alpha_by_group(fig.add_subplot(), run)
     paths.append(save_png(fig, out_dir, "alpha_by_group.png"))
+  if any("velocity_norm" in r for r in run.kind("train")):  # the velocity predictor's own log field
     fig = new_figure(11, 4.6)
     plot_velocity_norms(fig.add_subplot(), run)
     paths.append(save_png(fig, out_dir, "velocity_norms.png"))

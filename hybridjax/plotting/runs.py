@@ -59,6 +59,17 @@ class Run:
   def is_hybrid(self) -> bool:
     return self.mode == "hybrid"
 
+  @property
+  def predicts(self) -> bool | None:
+    """Whether the run's method can predict: the summary's `predicts` (False for a method whose
+    control turns PREDICT off); before the summary, True once a step was in PREDICT, else None
+    (not known yet). False for a baseline run."""
+    if not self.is_hybrid:
+      return False
+    if "predicts" in self.summary:
+      return bool(self.summary["predicts"])
+    return True if any(r.get("phase") == PREDICT for r in self.kind("step")) else None
+
   def kind(self, kind: str) -> tuple[dict[str, Any], ...]:
     """The records of one kind, in step order (empty if there are none)."""
     return self.records.get(kind, ())

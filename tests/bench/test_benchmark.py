@@ -20,7 +20,7 @@ from conftest import ROOT, cached, load_script, micro_config
 from experiments import benchmark
 from experiments import gpt2_small as experiment
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax import registry
+from hybridjax import codehash, registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import protocol, specs, speedrun, tasks, tuning
@@ -65,7 +65,8 @@ def test_anchor_run_computes_what_train_computes(tmp_path, jax_cache):
 def _mlp_bench_config(task: str, steps: int = 12):
   """The quick protocol's config on an MLP task (the GPT-2 blocks dropped)."""
   c = _bench_config(task=task)
-  del c.model, c.data
+  with c.unlocked():  # the GPT-2 task's blocks, which an MLP task's config does not hold
+    del c.model, c.data
   c.trainer.update(steps=steps, batch_size=16, eval_batches=4)
   return c
 
@@ -119,6 +120,44 @@ def test_a_task_whose_optimizer_the_schedule_would_not_drive_is_refused_before_a
   )
   with pytest.raises(ValueError, match=r"task='user_tasks.one_eval' \(its build_task\).*eval_batches = 1"):
     specs.check_user_task(_mlp_bench_config("user_tasks.one_eval"))
+
+
+def test_a_task_that_ignores_the_seed_is_refused_before_anything_is_written(user_task, tmp_path):
+  from hybridjax.bench import study
+
+  # The MLP task with its batches drawn from seed 0 whatever config.seed says.
+  (tmp_path / "user_tasks" / "one_seed.py").write_text(
+    "from hybridjax.tasks import mlp\n\n\ndef build_task(config):\n"
+    "  c = config.copy_and_resolve_references()\n  c.seed = 0\n  return mlp.build_task(c)\n"
+  )
+  c = _mlp_bench_config("user_tasks.one_seed")
+  workdir = tmp_path / "bench"
+  with pytest.raises(ValueError) as e:
+    study.run(c, str(workdir))
+  assert str(e.value) == (
+    "--config.benchmark.task='user_tasks.one_seed': its first batch, train_batch(0), is the same under "
+    "--config.seed=1 and 2: the task ignores config.seed, so every seed of the benchmark would train on the same "
+    "data and each '± se' would measure the initialisation only. Draw the batches from config.seed in build_task; "
+    "or, if the task means it, declare SEED_INDEPENDENT_DATA = True in its module (the record says so). Nothing "
+    "was trained"
+  )
+  assert not workdir.exists()
+  # A task that means it says so, and the record states it.
+  with open(tmp_path / "user_tasks" / "one_seed.py", "a") as f:
+    f.write("\nSEED_INDEPENDENT_DATA = True\n")
+  sys.modules.pop("user_tasks.one_seed")
+  specs.check_task_seeds(c)
+  assert specs.task_seeds_record(c).startswith(
+    "not checked: task 'user_tasks.one_seed' declares SEED_INDEPENDENT_DATA (its batches do not depend on "
+  )
+  # The built-in tasks draw their batches from the seed (so the benchmark does not build them twice).
+  for config in (_mlp_bench_config("mlp"), _bench_config()):
+    assert specs.first_batches_differ(config)
+    assert specs.task_seeds_record(config) == "a built-in task: its batches are drawn from config.seed"
+  specs.check_task_seeds(_mlp_bench_config(user_task))
+  assert (
+    specs.task_seeds_record(_mlp_bench_config(user_task)) == "checked: the task's first batch differs between two seeds"
+  )
 
 
 def test_an_optimizer_field_no_run_of_the_family_reads_is_refused(user_task):
@@ -182,7 +221,7 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   Editing the task's code changes the key; a comment does not."""
 
   def files(*modules):
-    return {os.path.relpath(p, ROOT) for m in modules for p in keys.source_closure(m)}
+    return {os.path.relpath(p, ROOT) for m in modules for p in codehash.source_closure(m)}
 
   results_side = (
     "hybridjax/bench/study",
@@ -203,7 +242,7 @@ def test_the_cache_key_follows_the_code_a_run_imports(user_task, tmp_path):
   assert "hybridjax/methods/velocity/__init__.py" not in jump  # another method's edit keeps the jump's runs
   # A user's task: its own file is hashed, the distributions it imports are versioned.
   spec = specs.run_spec(_mlp_bench_config(user_task), kind="anchor", seed=7, lr=0.05, steps=12, beta=0.9)
-  assert "optax" in keys._distributions([user_task])
+  assert "optax" in codehash._distributions([user_task])
   key = keys.run_key(spec)
   with open(tmp_path / "user_tasks" / "sgd_mlp.py", "a") as f:
     f.write("# a comment\n")

@@ -43,28 +43,40 @@ def _equal_control(eps: float = 2e-7) -> dict[str, dict[str, float]]:
   }
 
 
-def test_a_control_equal_to_its_anchor_reads_no_difference_and_says_why_its_ratio_is_low():
+def test_a_control_equal_to_its_anchor_reads_1x_and_no_difference_and_says_why():
   """The reported case: the control read 1.25x on seed 2 (a hair below the flat stretch 40-50, read at
-  its far end) and 'not reached' on seed 1 (above the curve's start). Now seed 2 reads 1.00x, seed 1 the
-  upper bound 20/40, the cell says the anchor's own N-step loss lies above its envelope on seed 1, and
-  the verdict is 'no difference'."""
+  its far end) and 'not reached', then '≤ 0.75×', on seed 1 (its anchor's N-step loss lies above the
+  curve's start, so the anchor read 20 steps against itself). Now both seeds read 1.00x (read as the
+  anchor reads itself at N), the cell says the anchor's own N-step loss lies above its envelope on
+  seed 1, and the verdict is 'no difference'."""
   curves = {a: ANCHOR for a in figures.ANCHORS}
   timing = {"baseline": {"baseline": 10.0}, "method": {"real_step": 10.0}}
   f = figures.method_figures(curves, _equal_control(), timing, BUDGETS, eval_se=0.0418)["averaged_baseline"]
-  values = [r["value"] for r in f["per_seed"]["pass_ratio"]]
-  chex.assert_trees_all_close(np.array(values), np.array([0.5, 1.0]), atol=1e-4)
-  assert [r["upper_bound"] for r in f["per_seed"]["pass_ratio"]] == [True, False]
+  for row in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
+    values = [r["value"] for r in f["per_seed"][row]]
+    chex.assert_trees_all_close(np.array(values), np.array([1.0, 1.0]), atol=1e-12)
+    assert not any(r["upper_bound"] or r["lower_bound"] for r in f["per_seed"][row]), row
   assert f["verdict"]["verdict"] == "no difference"
   assert f["verdict"]["anchor_above_envelope_at_n"] == [True, False]
-  assert cells.ratio_cell(f["pass_ratio"], f["verdict"]) == (
-    "≤ 0.75× ± 0.35 (1 upper bounds, anchor at N above its envelope: 1/2 seeds)"
-  )
+  assert cells.ratio_cell(f["pass_ratio"], f["verdict"]) == "1.00× ± 0.00 (anchor at N above its envelope: 1/2 seeds)"
   (line,) = family_report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
   assert line == (
-    "* `skip_control`: **no difference** (pass ratio ≤ 0.75× ± 0.35 (1 upper bounds) against the averaged "
+    "* `skip_control`: **no difference** (pass ratio 1.00× ± 0.00 against the averaged "
     "anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve; anchor at N above its "
     "envelope: 1/2 seeds)"
   )
+  # Bit for bit equal too. On the seed above its envelope every reading is scaled alike, by N over the
+  # steps the anchor's own N-step loss reads (40 / 20 here): the 50-step loss reads 100 steps, not 50.
+  exact = _equal_control(eps=0.0)
+  f = figures.method_figures(curves, exact, None, BUDGETS, eval_se=0.0418)["baseline"]
+  assert f["pass_ratio"]["values"] == [1.0, 1.0]
+  assert protocol.steps_to_reach(BUDGETS, ANCHOR["1"], ANCHOR["1"][2]).steps == 50
+  assert protocol.steps_to_reach_at_n(BUDGETS, ANCHOR["1"], ANCHOR["1"][2], 40).steps == 100
+  # Where the anchor drops at N (seed 2) the reading is the plain one.
+  for loss in ANCHOR["2"]:
+    assert protocol.steps_to_reach_at_n(BUDGETS, ANCHOR["2"], loss, 40) == protocol.steps_to_reach(
+      BUDGETS, ANCHOR["2"], loss
+    )
   # The paired difference at N of two runs 2e-7 apart on both seeds: "higher" on the seeds' spread alone
   # (both differences have one sign and almost no spread), "no difference" with the eval set's error.
   assert protocol.paired_difference([x + 2e-7 for x in (1.0, 2.0)], [1.0, 2.0])["verdict"] == "higher"
@@ -281,3 +293,23 @@ def test_a_published_family_marks_a_velocity_arm_whose_runs_never_predicted():
   verdicts = [line for line in md.splitlines() if line.startswith("* `") and "predicted steps per run" in line]
   assert len(verdicts) == 1 and verdicts[0].startswith("* `hybrid`: **")
   assert f"({mark}: the comparison tested nothing of its predictions; pass ratio" in verdicts[0]
+
+
+def test_an_arm_without_its_control_says_so_in_its_verdict_line():
+  from experiments.configs import benchmark as benchmark_cfg
+
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+  f = figures.method_figures(curves, _equal_control(), None, BUDGETS, eval_se=0.0418)
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.arms.jump50 = {"method": "jump", "overrides": {"hybrid": {"jump": {"every": 50}}}}
+  config = json.loads(c.to_json())
+  result = {"config": config, "figures": {"jump50": f, "outer_momentum": f}}
+  jump50, outer = family_report.family_verdicts(result)[2:]
+  assert jump50.endswith(
+    "; no control arm ran (method 'jump' declares one: add an arm with control=True and control_of='jump50', "
+    "or name the method's module in --config.benchmark.methods)"
+  ), jump50
+  assert "control" not in outer.split("**")[-1]  # outer momentum declares none: the anchors are its control
+  # With its control's comparison, the line reads it instead.
+  result["figures"]["jump50"] = dict(f, vs_skip_control={**f["averaged_baseline"]["paired_difference"], "control": "c"})
+  assert "; vs its control c: " in family_report.family_verdicts(result)[2]

@@ -231,3 +231,48 @@ def test_the_velocity_predictor_rolls_back_only_what_a_discarded_step_did_not_un
 
 def _controller(phase):
   return state_lib.init_controller().replace(phase=np.int32(phase))
+
+
+def _summary_of(discarded: int, predict_steps: int, real_steps: int):
+  """The driver's summary of a run whose controller counted `predict_steps` predicted steps (of which
+  `discarded` were discarded) and `real_steps` real ones, and the summary table the run prints."""
+  task, _ = _task()
+  config = _config()
+  driver = train_lib.make_driver(config, init_params=task["init_params"], loss_fn=task["loss_fn"])
+  state = driver.init_state()
+  c = state.controller.replace(
+    phase_steps=np.asarray([0, real_steps, predict_steps, 0], np.int32),
+    backward_passes=np.int32(real_steps),
+    discarded=np.int32(discarded),
+  )
+  summary = driver.summary(state.replace(controller=c))
+  timing = dict(mode="hybrid", start_step=0, steps=real_steps + predict_steps, first_train_loss=1.0)
+  timing.update(final_eval_loss=1.0, compile_s=0.0, train_s=0.0, s_per_step=0.0)
+  return summary, train_lib.format_summary({**timing, **summary})
+
+
+def test_discarded_predicted_steps_save_no_backward_pass_and_a_run_of_them_says_so():
+  summary, table = _summary_of(discarded=5, predict_steps=5, real_steps=35)
+  assert summary["backward_passes_saved"] == 0 and summary["predicted_steps_discarded"] == 5
+  assert "backward passes saved      0" in table.splitlines(), table
+  assert table.splitlines()[-1] == (
+    "WARNING: 5 of the 5 predicted steps of method 'nan_predictor' were discarded (they left a non-finite value "
+    "in the params or the method's state, and the state before them was kept): they saved no backward pass, and "
+    "the run trained on its real steps alone (predict fraction 12% counts the steps taken in PREDICT, kept or not)"
+  )
+  # A few discarded among many kept: counted, not warned about.
+  summary, table = _summary_of(discarded=1, predict_steps=10, real_steps=30)
+  assert summary["backward_passes_saved"] == 9 and "warnings" not in summary and "WARNING" not in table
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_prediction_is_discarded_reports_no_saving(tmp_path, capsys):
+  task, _ = _task()  # every predicted step poisons the params
+  config = _config()
+  config.hybrid.health.max_events = 1000  # the run finishes
+  summary = train_lib.train(config, str(tmp_path / "run"), **task)
+  predicted = summary["steps"] - summary["backward_passes"]
+  assert predicted > 0 and summary["predicted_steps_discarded"] == predicted
+  assert summary["backward_passes_saved"] == 0
+  out = capsys.readouterr().out
+  assert f"WARNING: {predicted} of the {predicted} predicted steps of method 'nan_predictor' were discarded" in out

@@ -10,12 +10,15 @@ import signal
 import time
 
 import chex
+import ml_collections
 import numpy as np
 import pytest
+import reliability_helper as rh
 from conftest import cached, micro_config, restore_latest, run_pytest
 from conftest import run_experiment as _run
 
 from hybridjax import writers
+from hybridjax.hybrid.phases import Phase
 from hybridjax.loop import drivers
 from hybridjax.loop import train as train_lib
 
@@ -327,7 +330,11 @@ def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path, capsys
   assert summary["steps_changes"] == [{"step": 20, "from": 20, "to": 30}]
   assert np.isfinite(summary["final_eval_loss"])
   # It evaluated on 8 held-out batches, this resume on 1: said, and each eval record carries its count.
-  assert "--config.trainer.eval_batches=1, where the run before step 20 evaluated on 8" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "--config.trainer.eval_batches=1, where the run before step 20 evaluated on 8" in out
+  # It records no code fingerprint: said, and this run's is recorded from here on.
+  assert f"note: the checkpoint at step 20 in {workdir} records no code fingerprint" in out
+  assert "code_changes" not in summary and sorted(summary["code"]) == ["hybridjax", "own"]
   with open(workdir / "metrics.jsonl") as f:
     evals = [r for r in map(json.loads, f) if r["kind"] == "eval" and r["step"] > 20]
   assert evals and all(r["eval_batches"] == 1 for r in evals)
@@ -335,6 +342,9 @@ def test_a_workdir_written_by_the_earlier_version_resumes(mode, tmp_path, capsys
 
 def test_a_misspelt_key_stops_train_before_the_workdir_is_made(tmp_path):
   c = _legacy_config("hybrid", steps=30)
+  with pytest.raises(AttributeError, match=r'Did you mean "warmup_steps" instead of "warmup_step"\?'):
+    c.hybrid.warmup_step = 5  # the preset is locked: the misspelling fails where it is set
+  c = ml_collections.ConfigDict(c.to_dict())  # a config of the user's own, unlocked: train() names it
   c.hybrid.warmup_step = 5
   message = r"--config\.hybrid\.warmup_step is not a field.*--config\.hybrid\.warmup_steps\?"
   with pytest.raises(ValueError, match=message):
@@ -373,3 +383,12 @@ def test_a_batch_leaf_without_a_batch_axis_under_grad_accum_stops_train_before_t
   assert not os.path.exists(tmp_path / "run")
   c.trainer.grad_accum = 1  # one batch: nothing is cut; the check above is grad_accum's alone
   train_lib.check_batch_counts(c.trainer, task["train_batch"](0), task["eval_batches"])
+
+
+@pytest.mark.parametrize(("method", "fields"), [("velocity", ["phase", "pred", "conf"]), ("selective_backprop", [])])
+def test_the_progress_bar_shows_phases_only_for_a_method_that_predicts(method, fields):
+  task = rh.mlp_task()
+  c = rh.mlp_config("hybrid", method=method)
+  driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"])
+  record = {"phase_now": int(Phase.FULL), "predict_fraction": 0.0, "confidence_now": 0.0}
+  assert list(driver.progress_fields(record)) == fields

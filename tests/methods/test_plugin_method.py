@@ -19,6 +19,7 @@ from conftest import ROOT, abstract_driver_state, method_package, restore_checkp
 import hybridjax
 from hybridjax import config as config_lib
 from hybridjax import registry
+from hybridjax.loop import train as train_lib
 from hybridjax.loop.train import check_position
 from hybridjax.models import mlp
 
@@ -129,7 +130,8 @@ def test_a_bad_user_method_gets_a_named_error(user_module, tmp_path):
   ):
     _run(c, tmp_path / "d")
   c = _config(user_module)
-  c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})
+  with c.unlocked():  # the method's block, set from Python by its owner
+    c.hybrid.repeat = config_lib.ml_collections.ConfigDict({"every": 0, "move": True})
   with pytest.raises(ValueError, match=r"hybrid\.repeat\.every must be >= 1"):
     _run(c, tmp_path / "c")
   assert not os.path.exists(tmp_path / "c" / "checkpoints")
@@ -561,3 +563,19 @@ def test_a_user_method_without_a_block_shares_none_with_a_built_in():
   method = registry.method_record(module, "repeat_update")
   assert registry.builtin_name_errors(dataclasses.replace(method, config_key=None)) == []
   assert registry.builtin_name_errors(method) == []
+
+
+def test_a_misspelt_method_name_is_refused_with_the_name_it_resembles(tmp_path):
+  c = config_lib.default_config("hybrid")
+  c.hybrid.method = "velocty"
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError) as e:
+    train_lib.train(c, str(workdir), init_params=None, loss_fn=None, train_batch=None, eval_batches=[])
+  assert str(e.value).startswith(
+    "--config.hybrid.method='velocty' names no method (did you mean 'velocity'?): use a built-in one (velocity, "
+  ), e.value
+  assert not workdir.exists()
+  # A name that resembles none gets no guess.
+  c.hybrid.method = "zzz"
+  with pytest.raises(ValueError, match=r"method='zzz' names no method: use a built-in one"):
+    train_lib.train(c, str(workdir), init_params=None, loss_fn=None, train_batch=None, eval_batches=[])

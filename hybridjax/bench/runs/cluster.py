@@ -42,6 +42,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hybridjax import codehash
 from hybridjax.bench.runs import keys as keys_lib
 from hybridjax.bench.runs import worker as runs
 from hybridjax.bench.runs.executors import Todo, describe, longest_first
@@ -151,7 +152,7 @@ def _run_on_worker(
   """A Ray task: one run, in a temporary folder of this node, on this node's copy of its corpus
   (`corpora`: the driver's `data.path` -> the packed corpus in Ray's object store); its result goes
   back to the driver."""
-  found = keys_lib.installed_versions(list(versions))
+  found = codehash.installed_versions(list(versions))
   differ = {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}
   if differ:
     raise RuntimeError(
@@ -234,7 +235,7 @@ class RayExecutor:
       return
     modules = sorted({m for _, spec in todo for m in keys_lib.spec_modules(spec)} | set(self._modules))
     self._connect({"py_modules": list(keys_lib.code_packages(modules)), "env_vars": _task_env(self.gpus_per_run)})
-    versions = keys_lib.library_versions(modules)
+    versions = codehash.library_versions(modules)
     # A corpus of the user's goes to the object store once per benchmark; each node unpacks it once.
     paths = corpus_paths(todo)
     for path in paths:

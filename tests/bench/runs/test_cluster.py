@@ -25,6 +25,7 @@ import pytest
 from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
+from hybridjax import codehash
 from hybridjax.bench import specs
 from hybridjax.bench.runs import cluster, keys, runner
 from hybridjax.bench.runs import worker as runs
@@ -177,9 +178,9 @@ def test_the_code_a_worker_needs_is_the_code_the_key_hashes(tmp_path, monkeypatc
   assert str(tmp_path / "my_task_mod.py") in shipped
   package = [p for p in shipped if os.path.basename(p) == "hybridjax"]
   assert len(package) == 1 and os.path.isdir(package[0])
-  for path in keys.source_closure("hybridjax.bench.runs.anchor_run") + keys.source_closure("my_task_mod"):
+  for path in codehash.source_closure("hybridjax.bench.runs.anchor_run") + codehash.source_closure("my_task_mod"):
     assert any(path == p or path.startswith(p + os.sep) for p in shipped), path
-  assert set(keys.library_versions(modules)) >= {"jax", "jaxlib", "flax", "optax"}
+  assert set(codehash.library_versions(modules)) >= {"jax", "jaxlib", "flax", "optax"}
 
 
 def test_a_shipped_corpus_is_the_same_corpus_on_the_node(tmp_path):

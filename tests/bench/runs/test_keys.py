@@ -10,7 +10,8 @@ import sys
 import pytest
 from conftest import load_script
 
-from hybridjax.bench.runs import code, keys
+from hybridjax import codehash
+from hybridjax.bench.runs import keys
 
 SOURCE = (
   "# -*- coding: latin-1 -*-\n"
@@ -55,16 +56,16 @@ CODE = [
 def test_a_files_code_is_its_tokens_without_prose_or_layout():
   """Comments, docstrings, blank lines, the spacing, the indent's width, line continuations, line
   endings and the encoding are not code; a string that is not a docstring is."""
-  assert code.code_lines(SOURCE.encode("latin-1")) == CODE
-  assert code.code_lines(SOURCE.replace("\n", "\r\n").encode("latin-1")) == CODE
-  assert code.code_lines(SOURCE.replace("# -*- coding: latin-1 -*-\n", "").encode("utf-8")) == CODE
+  assert codehash.code_lines(SOURCE.encode("latin-1")) == CODE
+  assert codehash.code_lines(SOURCE.replace("\n", "\r\n").encode("latin-1")) == CODE
+  assert codehash.code_lines(SOURCE.replace("# -*- coding: latin-1 -*-\n", "").encode("utf-8")) == CODE
   relaid = SOURCE.replace("x + \\\n      y", "x+y").replace("x,\n               y", "x, y").replace("\n  ", "\n    ")
-  assert relaid != SOURCE and code.code_lines(relaid.encode("latin-1")) == CODE
+  assert relaid != SOURCE and codehash.code_lines(relaid.encode("latin-1")) == CODE
   # Python's own reading agrees that a string statement after the first is no docstring.
   namespace: dict = {}
   exec(compile(SOURCE.split("class Scaled")[0], "<source>", "exec"), namespace)
   assert namespace["__doc__"] == "The module's docstring." and namespace["NOTE"] == "a string, not a docstring"
-  assert code.code_lines('"""Only a docstring."""\n# and a comment\n') == []
+  assert codehash.code_lines('"""Only a docstring."""\n# and a comment\n') == []
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def version_of(tmp_path):
     sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
     try:
-      return keys.code_version(roots)
+      return codehash.code_version(roots)
     finally:
       sys.path.remove(str(folder))
       for name in [n for n in sys.modules if n.split(".")[0] in tops]:
@@ -180,8 +181,8 @@ def test_the_studies_keys_are_the_recorded_ones(monkeypatch):
   diff, _ = record_keys.check(recorded)
   assert not diff, f"{record_keys.CHANGED}\n{diff}"
   # Another jax installed: compared under the record's versions all the same, and named.
-  installed = keys.installed_versions
-  monkeypatch.setattr(keys, "installed_versions", lambda names: installed(names) | {"jax": "0.0.1"})
+  installed = codehash.installed_versions
+  monkeypatch.setattr(codehash, "installed_versions", lambda names: installed(names) | {"jax": "0.0.1"})
   diff, moved = record_keys.check(recorded)
   assert not diff and moved == {"jax": (recorded["libraries"]["jax"], "0.0.1")}
   # And a key that differs is a difference.

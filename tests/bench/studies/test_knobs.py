@@ -122,3 +122,34 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path):
   c.benchmark.knobs.lrs_from = str(tmp_path / "none.json")
   with pytest.raises(ValueError, match=r"give one with --config.benchmark.knobs.lrs_from"):
     study.validate(c)
+
+
+@pytest.mark.slow  # the quick search through the skeleton with stub runs
+def test_sides_that_coincide_at_a_preset_share_their_runs_and_say_so(tmp_path, monkeypatch, capsys):
+  """At `quick` the recipe's trick list ends at its Muon row: the `recipe` and `muon` sides are one
+  config with one search, so their runs are the same specs (the run cache trains each once)."""
+  c = _config(tmp_path)
+  c.benchmark.knobs.set = "quick"
+  recipe = json.loads((tmp_path / "recipe-quick.json").read_text())
+  recipe["tricks"] = recipe["tricks"][: recipe["tricks"].index("muon") + 1]
+  (tmp_path / "recipe-quick.json").write_text(json.dumps(recipe))
+  assert run.coinciding_sides(run.side_configs(c)[1], run.knobs_of(c)) == {"recipe": "muon"}
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  result = study.run(c, str(tmp_path / "work"))
+  assert result["same_runs"] == {"recipe": "muon"}
+  # Each of the recipe side's specs is one of the muon side's: asked by both, one key, one run in a run cache.
+  asked = [json.dumps(spec, sort_keys=True) for spec in runner.specs if spec["config"]["optim"]["name"] != "adamw"]
+  assert asked and len(asked) >= 2 * len(set(asked))
+  assert result["sides"]["recipe"]["published"] == result["sides"]["muon"]["published"]
+  assert (
+    "--- knobs: side 'recipe' is side 'muon' at this preset: the same runs, trained once" in capsys.readouterr().out
+  )
+  assert (
+    "At `quick` the whole recipe is the recipe's Muon row (the same config and knobs): its runs are the other's, "
+    "trained once, and its rows repeat them." in report.markdown(result)
+  )
+  # Where the sides differ (the full trick list), none coincide.
+  (tmp_path / "full").mkdir()
+  full = _config(tmp_path / "full")
+  assert run.coinciding_sides(run.side_configs(full)[1], run.knobs_of(full)) == {}

@@ -224,6 +224,17 @@ def test_a_new_study_is_one_folder_and_one_line(tmp_path, monkeypatch, capsys):
   assert len(result["invocations"]) == 2 and result["runs_trained"] == 1
   out = capsys.readouterr().out
   assert "toy quick" in out and "toy trained [6]" in out and "toy wall time" in out
+  # A second benchmark of another config in the same workdir keeps the first's report beside its own.
+  (tmp_path / "work" / "cache").mkdir(exist_ok=True)
+  c.benchmark.toy.size = 4
+  again = study.run(c, str(tmp_path / "work"), command="toy command")
+  (kept,) = [p for p in (tmp_path / "work").iterdir() if p.name.startswith("earlier-")]
+  assert json.loads((kept / "toy-quick.json").read_text())["toy"] == [6]
+  assert json.loads((tmp_path / "work" / "toy-quick.json").read_text())["toy"] == [8]
+  assert len(again["invocations"]) == 1  # its own, not the other config's
+  assert (tmp_path / "work" / "cache").is_dir()  # the run cache stays, shared
+  out = capsys.readouterr().out
+  assert f"held the report of another benchmark (benchmark.toy.size: 3 there, 4 here); it is kept in {kept}" in out
   for name in ("toy_study.run", "toy_study.config", "toy_study"):  # another test may make another toy_study
     sys.modules.pop(name, None)
 
@@ -323,12 +334,21 @@ def test_the_speedrun_family_changed_from_python_after_its_tricks_is_refused(cha
   ],
 )
 def test_a_misspelt_benchmark_key_set_from_python_is_refused_naming_the_nearest(field, value, nearest):
-  c = benchmark_cfg.get_config("quick")
+  """The preset is locked: the misspelling fails at the assignment, with ml_collections' "did you
+  mean"; an unlocked copy is refused by the study's check, naming the nearest field."""
   block, *path = ["benchmark", *field.split(".")]
-  node = c[block]
-  for part in path[:-1]:
-    node = node[part]
-  setattr(node, path[-1], value)  # ml_collections adds a key to an unlocked config
+
+  def misspell(c):
+    node = c[block]
+    for part in path[:-1]:
+      node = node[part]
+    setattr(node, path[-1], value)
+
+  with pytest.raises((AttributeError, KeyError), match=rf'Did you mean "{nearest.split(".")[-1]}"'):
+    misspell(benchmark_cfg.get_config("quick"))
+  c = ml_collections.ConfigDict(benchmark_cfg.get_config("quick").to_dict())
+  c.benchmark = specs.BenchmarkBlock(c.benchmark)
+  misspell(c)  # ml_collections adds a key to an unlocked config
   message = rf"--config\.benchmark\.{field} is not a field of the benchmark block: did you mean "
   message += rf"--config\.benchmark\.{nearest}\?"
   with pytest.raises(ValueError, match=message):

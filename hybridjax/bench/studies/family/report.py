@@ -156,7 +156,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def family_verdicts(result: dict[str, Any]) -> list[str]:
-  """One line per method arm: whether it pays against the averaged anchor, and against its control."""
+  """One line per method arm: whether it pays against the averaged anchor, and against its control; an
+  arm whose method declares a control arm (`CONTROL`) that did not run says so (`missing_control`)."""
   lines = [verdict_rule("the averaged anchor"), ""]
   for m, f in result["figures"].items():
     a = f["averaged_baseline"]
@@ -166,8 +167,32 @@ def family_verdicts(result: dict[str, Any]) -> list[str]:
     control = f.get("vs_skip_control")
     if control:
       line += f"; vs its control{' ' + control['control'] if control.get('control') else ''}: {paired_cell(control)}"
+    elif missing := missing_control(result, m):
+      line += f"; {missing}"
     lines.append(line)
   return lines
+
+
+def missing_control(result: dict[str, Any], name: str) -> str:
+  """'no control arm ran (...)' for arm `name` of a family record when its method declares a `CONTROL`
+  and the arm is no control itself, so that nothing credits the method only with what it adds to its
+  control; '' otherwise (a method with no control arm, such as outer momentum, is compared with the
+  anchors, its control), or where the record's arms or the method cannot be read here."""
+  from hybridjax import registry
+  from hybridjax.bench import arms as arms_lib
+  from hybridjax.bench import record as record_lib
+
+  try:
+    arm = arms_lib.arms(record_lib.stored_config(result)).get(name)
+    method = registry.load_method(arm.method) if arm is not None else None
+  except (ValueError, KeyError, AttributeError):
+    return ""
+  if arm is None or arm.control or not (method and method.control_arm):
+    return ""
+  return (
+    f"no control arm ran (method {arm.method!r} declares one: add an arm with control=True and "
+    f"control_of={name!r}, or name the method's module in --config.benchmark.methods)"
+  )
 
 
 def save_plots(result: dict[str, Any], outdir: str) -> list[str]:

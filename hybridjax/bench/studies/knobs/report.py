@@ -23,6 +23,12 @@ def markdown(result: dict[str, Any]) -> str:
     "| side | tuning runs | tuned settings | published | tuned | tuned − published |",
     "|---|---|---|---|---|---|",
   ]
+  for side, other in result.get("same_runs", {}).items():
+    lines[-2:-2] = [
+      f"At `{result['preset']}` {SIDE_NAMES.get(side, side)} is {SIDE_NAMES.get(other, other)} (the same config "
+      "and knobs): its runs are the other's, trained once, and its rows repeat them.",
+      "",
+    ]
   for side, s in result["sides"].items():
     fields = ", ".join(f"{k}={v}" for k, v in s["tuned_fields"].items()) or "as published"
     fields += f"; LR {s['tuned_lr']:.4g} (published {s['published_settings']['lr']:.4g})"

@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import codehash
 from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
@@ -62,11 +63,30 @@ def _evaluate(tries: list[tuple[str, ml_collections.ConfigDict]], config, runner
   ]
 
 
+def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], searched: dict[str, tuple]) -> dict:
+  """{side: the earlier side it is}: the same config, settings and knobs (at `quick` the recipe's last
+  row is its Muon row), so the same runs, which the run cache trains once and both sides read."""
+  out: dict[str, str] = {}
+  for i, (side, (c, settings)) in enumerate(sides.items()):
+    for other, (oc, other_settings) in list(sides.items())[:i]:
+      if other not in out and (c.to_dict(), settings, searched[side]) == (
+        oc.to_dict(),
+        other_settings,
+        searched[other],
+      ):
+        out[side] = other
+        break
+  return out
+
+
 def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
-  swept again, and the headline runs of each side as published and as tuned."""
+  swept again, and the headline runs of each side as published and as tuned. Sides that coincide
+  (`coinciding_sides`) share their runs: each is trained once."""
   source, sides = side_configs(config)
   searched = knobs_of(config)
+  for side, other in coinciding_sides(sides, searched).items():
+    print(f"--- knobs: side {side!r} is side {other!r} at this preset: the same runs, trained once", flush=True)
   state = {s: {"fields": {}, "lr": settings["lr"], "sweeps": [], "keys": set()} for s, (_, settings) in sides.items()}
 
   def loss_of(side: str, ev: dict) -> float:
@@ -182,7 +202,7 @@ def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any
   N. Pure: the tests recompute it from the record and the recipe record it names."""
   per_seed, lower, upper = [], [], []
   for s, loss in zip(seeds, losses):
-    reach = protocol.steps_to_reach(curves[str(s)]["steps"], curves[str(s)]["loss"], loss)
+    reach = protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], loss, n)
     per_seed.append(None if reach.steps is None else reach.steps / n)
     lower.append(reach.lower_bound)
     upper.append(reach.upper_bound)
@@ -225,16 +245,22 @@ def record(
       "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
     } | side_figures(head["published"], head["tuned"], read_of(settings, st))
   seeds = [int(s) for s in config.benchmark.seeds]
+  coinciding = coinciding_sides(trained["sides"], knobs_of(config))
+  same = {"same_runs": coinciding} if coinciding else {}
   b = config.benchmark
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
-  return {
-    "code_version": keys.code_versions(config, []),
-    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
-    "lrs_from": trained["source"],
-    "seeds": seeds,
-    "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
-    "sides": out,
-  } | anchor_reading(recipe, out, seeds, int(config.trainer.steps))
+  return (
+    {
+      "code_version": keys.code_versions(config, []),
+      "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+      "lrs_from": trained["source"],
+      "seeds": seeds,
+      "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
+      "sides": out,
+    }
+    | same
+    | anchor_reading(recipe, out, seeds, int(config.trainer.steps))
+  )
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:

@@ -75,7 +75,7 @@ def arm_figures(
     at_n.append(baseline_at(base["steps"], base[rung.iterate], n))
     steps, curve = finite_curve(base["steps"], base[rung.iterate])
     curves.append((steps, curve))
-    reach = protocol.steps_to_reach(steps, curve, loss) if steps else protocol.Reach(None, False)
+    reach = protocol.steps_to_reach_at_n(steps, curve, loss, n) if steps else protocol.Reach(None, False)
     per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
     passes = r["backward_passes"] + figures.FORWARD_COST * r["validation_forwards"]
     per["pass_ratio"].append(protocol.ratio(reach, passes))

@@ -21,6 +21,7 @@ from hybridjax.bench.cells import (
   verdict_rule,
   with_exercise,
 )
+from hybridjax.bench.studies.ladder.rungs import VERDICT
 
 
 def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
@@ -76,6 +77,15 @@ def _losses(seeds: list[str], losses: list[float], plateau_seeds: set[str]) -> s
   return ", ".join(f"{x:.4f}" + ("*" if s in plateau_seeds else "") for s, x in zip(seeds, losses))
 
 
+def _verdict_words(result: dict[str, Any]) -> str:
+  """'R4, R5 and R6 are the verdict': the rungs of `rungs.VERDICT` this ladder ran (`verdict_rungs`)."""
+  ran = result.get("verdict_rungs") or [r for r in VERDICT if r in result["rung_names"]]
+  if not ran:
+    return f"No verdict rung ran ({', '.join(VERDICT)} are the verdict)"
+  names = ran[0] if len(ran) == 1 else ", ".join(ran[:-1]) + " and " + ran[-1]
+  return f"{names} {'is' if len(ran) == 1 else 'are'} the verdict"
+
+
 def ladder_markdown(result: dict[str, Any]) -> str:
   """ladder-<preset>.md: the headline table, then every rung's full figures with per-seed losses,
   the R0 nulls, the plateaus, the LR sweeps."""
@@ -88,8 +98,8 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     "",
     "Each cell: pass ratio (baseline steps to reach the arm's final loss, over the arm's backward passes",
     "plus its extra forwards at 1/3 each), mean ± std over the headline seeds, and the paired verdict of the",
-    "arm's final loss at N against its control (or the baseline); at R0 the seed's own measure. R4 and R5",
-    "are the verdict: a tuned baseline that averages. 'no difference' = inside 2 standard errors.",
+    "arm's final loss at N against its control (or the baseline); at R0 the seed's own measure. "
+    f"{_verdict_words(result)}: a tuned baseline that averages. 'no difference' = inside 2 standard errors.",
     "",
     ladder_table([result]),
     "",

@@ -20,6 +20,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import codehash
 from hybridjax import data as data_lib
 from hybridjax.bench import figures, search, specs, tuning
 from hybridjax.bench import record as record_lib
@@ -268,7 +269,7 @@ def record(
   largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
   result = {
     "code_version": keys.code_versions(config, []),
-    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task_path(specs.task_name(config))]),
+    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task_path(specs.task_name(config))]),
     "cell": {
       "name": str(o.cell),
       "preset": str(config.benchmark.preset),

@@ -32,7 +32,7 @@ def step_figures(
   per_seed, lower_bound, upper_bound = [], [], []
   for s, loss in zip(seeds, losses):
     steps, curve = anchor[s]["steps"], anchor[s]["loss"]
-    reach = protocol.steps_to_reach(steps, curve, loss)
+    reach = protocol.steps_to_reach_at_n(steps, curve, loss, n)
     per_seed.append(None if reach.steps is None else reach.steps / n)
     lower_bound.append(reach.lower_bound)
     upper_bound.append(reach.upper_bound)

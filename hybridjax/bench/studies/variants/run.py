@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import codehash
 from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
@@ -167,7 +168,7 @@ def record(
     "set": str(config.benchmark.variants.set),
     "tuned": set_of(config).tuned,
     "code_version": keys.code_versions(config, []),
-    "library_versions": keys.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
     "seeds": [int(s) for s in config.benchmark.seeds],
     "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
