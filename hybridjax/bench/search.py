@@ -97,12 +97,15 @@ def _lr_knob(lr: float) -> Knob:
   return Knob("optim.learning_rate", "log", (tuning.round_lr(lr / 4), tuning.round_lr(lr * 4)))
 
 
-def _shared_knobs(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
+def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int | None) -> list[Knob]:
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
-  `long`), the schedule, its floor and cool-down, clipping and the init (the row's, or fan-in)."""
+  `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
+  the schedule, its floor and cool-down, clipping and the init (the row's, or fan-in)."""
   inits = tuple(dict.fromkeys((str(config.model.init), "fan_in")))
+  fits = lambda w: shortest is None or w < shortest  # noqa: E731
+  warmups = tuple(dict.fromkeys(w for w in (0, warmup, 3 * warmup) if fits(w)))
   return [
-    Knob("optim.warmup_steps", "choice", (0, warmup, 3 * warmup), above=6 * warmup),
+    Knob("optim.warmup_steps", "choice", warmups, above=6 * warmup if fits(6 * warmup) else None),
     Knob("optim.schedule", "choice", ("wsd", "cosine")),
     Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=0.5),
     Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=0.1, above=0.8),
@@ -111,7 +114,7 @@ def _shared_knobs(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
   ]
 
 
-def adamw_space(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
+def adamw_space(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio {0.5, 1, 2} and the shared knobs."""
   return [
@@ -120,11 +123,11 @@ def adamw_space(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
     Knob("optim.b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True),
     Knob("optim.weight_decay", "zero_or_log", (0.01, 1.0), above=2.0),
     Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=0.25, above=4.0),
-    *_shared_knobs(config, warmup),
+    *_shared_knobs(config, warmup, shortest),
   ]
 
 
-def muon_groups_space(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
+def muon_groups_space(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
   """`muon_groups`' space around `config`, on a model whose head is tied to the token embedding (its one
   Adam matrix): LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight decay 0 or [0.01, 1], the
   tied matrix's LR ratio x/÷ 4 and betas as AdamW's, and the shared knobs."""
@@ -147,17 +150,18 @@ def muon_groups_space(config: ml_collections.ConfigDict, warmup: int) -> list[Kn
     ),
     Knob("optim.tied_b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98),
     Knob("optim.tied_b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True),
-    *_shared_knobs(config, warmup),
+    *_shared_knobs(config, warmup, shortest),
   ]
 
 
-def space_of(config: ml_collections.ConfigDict, warmup: int) -> list[Knob]:
-  """The space of `config`'s optimizer ('adamw' or 'muon_groups')."""
+def space_of(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
+  """The space of `config`'s optimizer ('adamw' or 'muon_groups'), around `config`'s values; `warmup`: the
+  preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the warm-up)."""
   spaces = {"adamw": adamw_space, "muon_groups": muon_groups_space}
   name = str(config.optim.name)
   if name not in spaces:
     raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {' and '.join(spaces)} only")
-  return spaces[name](config, warmup)
+  return spaces[name](config, warmup, shortest)
 
 
 def sobol_points(dimensions: int, seed: int) -> np.ndarray:

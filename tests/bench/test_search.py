@@ -157,3 +157,11 @@ def test_an_untied_muon_groups_row_is_refused_naming_the_field():
   muon.model.untied_head = True
   with pytest.raises(ValueError, match=r"model\.untied_head=True.*tied_"):
     search.space_of(muon, 4)
+
+
+def test_the_warm_ups_offered_are_shorter_than_the_sides_shortest_budget():
+  _, adamw, muon = _configs()
+  warmups = lambda space: next(k for k in space if k.field == "optim.warmup_steps")  # noqa: E731
+  assert warmups(search.space_of(adamw, 4)).values == (0, 4, 12) and warmups(search.space_of(adamw, 4)).above == 24
+  short = warmups(search.space_of(muon, 4, shortest=10))
+  assert short.values == (0, 4) and short.above is None and short.edge(4) is None

@@ -138,6 +138,14 @@ def muon_short(adamw: _Side, muon: _Side, seeds: list[int], n: int) -> bool:
   return any(_at(muon, s, round(min(muon.budgets) * n)) <= _at(adamw, s, n) for s in seeds)
 
 
+def shortest_budget(config: ml_collections.ConfigDict, side: str) -> int:
+  """The steps of `side`'s shortest budget, its extensions included (the search offers only LR warm-ups
+  shorter than it)."""
+  o = block_of(config)
+  factors = [float(f) for f in o[f"{side}_budgets"]] + [float(f) for f in o[f"{side}_extensions"]]
+  return round(min(factors) * int(config.trainer.steps))
+
+
 def searched_sides(
   config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], runner: Runner
 ) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
@@ -151,7 +159,7 @@ def searched_sides(
     search.Search(
       side,
       c,
-      search.space_of(c, warmup),
+      search.space_of(c, warmup, shortest_budget(config, side)),
       seeds,
       int(o.spare_seed),
       int(o.sobol_seed),
