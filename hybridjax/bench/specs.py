@@ -365,13 +365,18 @@ def run_spec(
   beta: float,
   betas: Sequence[float] = (),
   method: str = "",
+  wide_eval: int = 0,
 ) -> dict[str, Any]:
   """One run, as plain data: what it trains (the whole experiment config, the task) and what it
-  records. `method` names an arm of `benchmark.arms` for a method run.
+  records. `method` names an arm of `benchmark.arms` for a method run. `wide_eval` > 0: an anchor that
+  ends with an eval on that many times `trainer.eval_batches` (`runs.wide_eval_run`); the field is in
+  the spec only then, so every other spec, and its key, is as before.
 
   Runs of N steps (anchors and methods) are evaluated `benchmark.eval_points` times, for the eval
   curves and the mid-run check; other budgets only at their end.
   """
+  if wide_eval and kind != "anchor":
+    raise ValueError(f"a wide eval ends an anchor run; a {kind!r} run has none")
   c = experiment_config(config)
   c.seed = int(seed)
   c.optim.learning_rate = float(lr)
@@ -389,10 +394,13 @@ def run_spec(
   else:
     c.mode = "baseline"
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
-  return {
+  spec: dict[str, Any] = {
     "kind": kind,
     "method": method,
     "task": task_name(config),
     "config": c.to_dict(),
     "betas": [float(x) for x in betas],
   }
+  if wide_eval:
+    spec["wide_eval"] = int(wide_eval)
+  return spec

@@ -23,6 +23,7 @@ from hybridjax.codehash import code_version, source_closure
 
 # The module each kind of run executes (`runs.worker`'s two entry points import no more).
 RUNNER_MODULES = {"anchor": "hybridjax.bench.runs.anchor_run", "method": "hybridjax.bench.runs.method_run"}
+WIDE_EVAL_MODULE = "hybridjax.bench.runs.wide_eval_run"  # an anchor spec's `wide_eval` (`specs.run_spec`)
 
 
 def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
@@ -43,6 +44,8 @@ def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
 def spec_modules(spec: dict[str, Any]) -> list[str]:
   """The modules a spec's run executes: its runner's, its task's, and its method's."""
   modules = [RUNNER_MODULES[spec["kind"]], tasks_lib.task_path(spec["task"])]
+  if spec.get("wide_eval"):  # an anchor that ends with a wide eval; only such a spec holds the field
+    modules.append(WIDE_EVAL_MODULE)
   method = spec["config"].get("hybrid", {}).get("method")
   if spec["kind"] == "method" and method:
     modules.append(registry.method_path(method))

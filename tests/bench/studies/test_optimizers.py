@@ -135,6 +135,9 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   seeds = {s["config"]["seed"] for s in runner.specs}
   assert seeds <= {21, 22, 23, 1001, 1002, 1003, 1004}
   assert result["search_seeds"] == [1001, 1002, 1003, 1004]
+  # The headline runs alone end with the wide eval (8 times the windows).
+  assert {s["config"]["seed"] for s in runner.specs if s.get("wide_eval") == 8} == set(result["seeds"])
+  assert all("wide_eval" not in s for s in runner.specs if s["config"]["seed"] not in result["seeds"])
   # The stub's best LRs are found (AdamW 0.012 at N, Muon 0.02), and the cell reads its factor as before.
   assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
   written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())

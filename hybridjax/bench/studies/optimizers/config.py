@@ -42,6 +42,7 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
   block.muon_extensions = (0.25,) if quick else (0.25, 0.2)  # added in turn until it reaches AdamW's at N
   block.adamw_recheck_from = 2.0  # AdamW's LR (sqrt(2) neighbours) and weight decay (x 1/2) at budgets >= this
   block.muon_recheck_to = 0.5  # Muon's LR (sqrt(2) neighbours) at budgets <= this
+  block.wide_eval = 8  # every headline run ends with an eval on this many times the eval windows (0: none)
   block.draws = 2000  # the factor's bootstrap draws
   block.bootstrap_seed = 0
   # cell `both_tuned`'s joint search (`bench/search.py`): its Sobol points (besides the published setting),
@@ -142,6 +143,10 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         f"--config.benchmark.optimizers.{side}_budgets and {side}_extensions give {steps} steps at "
         f"N={int(config.trainer.steps)}: each budget must round to its own positive step count"
       )
+  if int(o.wide_eval) < 0:
+    errors.append(
+      f"--config.benchmark.optimizers.wide_eval={o.wide_eval}: give a number of times the windows, 0 for none"
+    )
   if int(o.draws) < 100:
     errors.append(f"--config.benchmark.optimizers.draws={o.draws}: the bootstrap needs at least 100")
   if errors:

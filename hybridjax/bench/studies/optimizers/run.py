@@ -61,12 +61,21 @@ def rechecked(config: ml_collections.ConfigDict, side: str, factor: float) -> bo
   return factor >= float(o.adamw_recheck_from) if side == "adamw" else factor <= float(o.muon_recheck_to)
 
 
-def _spec(c: ml_collections.ConfigDict, settings: dict[str, Any], at: dict[str, float], seed: int, steps: int) -> dict:
-  """An anchor run of `c` at setting `at` (lr, weight_decay), read at the side's beta."""
+def _spec(
+  c: ml_collections.ConfigDict,
+  settings: dict[str, Any],
+  at: dict[str, float],
+  seed: int,
+  steps: int,
+  wide_eval: int = 0,
+) -> dict:
+  """An anchor run of `c` at setting `at` (lr, weight_decay), read at the side's beta; `wide_eval`: its
+  final eval's windows, as a multiple of the config's (0: none besides its own)."""
   c = ml_collections.ConfigDict(c.to_dict())
   c.optim.weight_decay = float(at["weight_decay"])
   beta = float(settings["beta"])
-  return specs.run_spec(c, kind="anchor", seed=seed, lr=float(at["lr"]), steps=steps, beta=beta, betas=[beta])
+  lr = float(at["lr"])
+  return specs.run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta, betas=[beta], wide_eval=wide_eval)
 
 
 class _Side:
@@ -118,7 +127,8 @@ def _curves(config: ml_collections.ConfigDict, sides: list[_Side], seeds: list[i
   todo = [(side, s, f) for side in sides for s in seeds for f in side.budgets if f"{s}/{round(f * n)}" not in side.runs]
   if not todo:
     return
-  run_specs = [_spec(side.config, side.settings, side.setting_at(f), s, round(f * n)) for side, s, f in todo]
+  wide = int(block_of(config).wide_eval)
+  run_specs = [_spec(side.config, side.settings, side.setting_at(f), s, round(f * n), wide) for side, s, f in todo]
   for (side, s, f), r in zip(todo, runner.run(run_specs, "optimizers: budget curves (headline seeds)")):
     side.runs[f"{s}/{round(f * n)}"] = r
 
@@ -242,7 +252,7 @@ def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, A
 def _keep(run: dict[str, Any]) -> dict[str, Any]:
   return {
     k: run[k]
-    for k in ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch", "key")
+    for k in ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch", "wide_eval", "key")
     if k in run
   }
 
