@@ -689,7 +689,9 @@ def test_the_quick_optimizers_study_reads_both_sides_on_their_own_curves(quick):
   assert result["verdict"] == factor.cell_verdict(result["factor"]["a"])
   with open(os.path.join(workdir, "optimizers-as_published-quick.json")) as f:
     stored = json.load(f)
-  assert json.loads(json.dumps(optimizers_figs.cell_figures(stored))) == {k: stored[k] for k in ("factor", "verdict")}
+  assert json.loads(json.dumps(optimizers_figs.cell_figures(stored))) == {
+    k: stored[k] for k in ("factor", "verdict", "factor_raw")
+  }
   with open(os.path.join(workdir, "optimizers-as_published-quick.md")) as f:
     assert f.read() == optimizers_report.markdown(stored) + "\n"
 

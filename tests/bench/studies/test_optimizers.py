@@ -87,10 +87,14 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
   f = result["factor"]
   for reading in ("a", "b"):  # the stub's curves are of the fitted form: both readings are K, on every seed
     assert f[reading]["bound"] is None and f[reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
+    # the raw iterates (the stub's averaged loss + 0.01 on both sides, its curve's level) read K too
+    assert result["factor_raw"][reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
   assert result["verdict"] == "above the field" == factor.cell_verdict(f["a"])
   # Every figure recomputes from the record; the md is the record's.
   written = json.loads((tmp_path / "work" / "optimizers-as_published-quick.json").read_text())
-  assert json.loads(json.dumps(figures.cell_figures(written))) == {k: written[k] for k in ("factor", "verdict")}
+  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+    k: written[k] for k in ("factor", "verdict", "factor_raw")
+  }
   assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == report.markdown(written) + "\n"
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
 
@@ -141,7 +145,9 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   # The stub's best LRs are found (AdamW 0.012 at N, Muon 0.02), and the cell reads its factor as before.
   assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
   written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())
-  assert json.loads(json.dumps(figures.cell_figures(written))) == {k: written[k] for k in ("factor", "verdict")}
+  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+    k: written[k] for k in ("factor", "verdict", "factor_raw")
+  }
   md = (tmp_path / "work" / "optimizers-both_tuned-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
 

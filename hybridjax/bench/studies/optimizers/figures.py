@@ -12,12 +12,12 @@ def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
   return tuning.iterate_loss(run, settings["iterate"], float(settings["beta"]))
 
 
-def side_curves(result: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:
+def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -> dict[str, dict[str, Any]]:
   """Per headline seed, a side's budget curve as `factor.curves_from` reads it: its budgets (steps), its
   losses and, where the side reads its averaged iterate (whose per-window losses the runs keep), each
-  run's loss on each eval window."""
+  run's loss on each eval window. `iterate`: 'raw' reads every run's raw iterate instead of the side's."""
   rec, n = result["sides"][side], int(result["steps"])
-  settings = rec["settings"]
+  settings = rec["settings"] if iterate is None else rec["settings"] | {"iterate": iterate}
   out = {}
   for s in result["seeds"]:
     runs = [rec["runs"][f"{s}/{round(float(f) * n)}"] for f in rec["budgets"]]
@@ -32,12 +32,18 @@ def side_curves(result: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:
 
 def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   """{"factor": both readings with their intervals (`factor.factor`), "verdict": the cell's against the
-  field (`factor.cell_verdict` of reading (a))}."""
-  f = factor.factor(
-    side_curves(result, "adamw"),
-    side_curves(result, "muon"),
-    int(result["steps"]),
-    int(result["draws"]),
-    int(result["bootstrap_seed"]),
-  )
-  return {"factor": f, "verdict": factor.cell_verdict(f["a"])}
+  field (`factor.cell_verdict` of reading (a)), "factor_raw": the same readings of both sides' raw
+  iterates, printed beside the chosen ones (None where both sides read their raw iterate already)}."""
+
+  def read(iterate: str | None) -> dict[str, Any]:
+    return factor.factor(
+      side_curves(result, "adamw", iterate),
+      side_curves(result, "muon", iterate),
+      int(result["steps"]),
+      int(result["draws"]),
+      int(result["bootstrap_seed"]),
+    )
+
+  f = read(None)
+  raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
+  return {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}

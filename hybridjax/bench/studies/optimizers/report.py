@@ -41,6 +41,14 @@ def markdown(result: dict[str, Any]) -> str:
   for name, label in (("a", "(a) AdamW's steps to Muon's loss at N / N"), ("b", "(b) N / Muon's steps to AdamW's")):
     r = f[name]
     out.append(f"| {label} | {reading_cell(r)} | {', '.join(f'{x:.2f}' for x in r['per_seed'])} |")
+  raw = result.get("factor_raw")
+  if raw:
+    out.append(
+      f"| the raw iterates': (a) | {reading_cell(raw['a'])} | {', '.join(f'{x:.2f}' for x in raw['a']['per_seed'])} |"
+    )
+    out.append(
+      f"| the raw iterates': (b) | {reading_cell(raw['b'])} | {', '.join(f'{x:.2f}' for x in raw['b']['per_seed'])} |"
+    )
   out += ["", f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**.", ""]
   out += ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
   out += ["|---|---|---|---|---|---|---|"]
