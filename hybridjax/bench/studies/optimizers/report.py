@@ -28,7 +28,9 @@ def markdown(result: dict[str, Any]) -> str:
     f"Command: `{result['command']}`" if result.get("command") else "",
     "",
     f"N = {result['steps']} steps of {cell['batch'][0]} × {cell['batch'][1]} tokens; headline seeds {result['seeds']}, "
-    f"re-checks on {result['tuning_seeds']}; corpus {corpus['name']} ({corpus.get('tokens')} training tokens{epochs}).",
+    f"re-checks on {result['tuning_seeds']}"
+    + (f", the joint search on {result['search_seeds']}" if result.get("search_seeds") else "")
+    + f"; corpus {corpus['name']} ({corpus.get('tokens')} training tokens{epochs}).",
     "",
     "Each side on its own budget curve, fitted L = a_s + b (T/N)^-c (one level per seed), read at N inside the "
     "budgets run (a bound outside them). Reading (a): AdamW's steps to reach Muon's loss at N, over N. Reading "
