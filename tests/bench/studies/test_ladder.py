@@ -199,7 +199,8 @@ def test_the_published_ladders_recompute_from_their_runs():
   for path, r in results.items():
     config = record.stored_config(r)  # an old record's flat study fields too
     ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
-    again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"])
+    rounds = {k: v.get("rounds_ms") for k, v in r["timing"].items()}  # none before they were kept
+    again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"], rounds)
     assert json.loads(json.dumps(again)) == r["rungs"], path
     for name in r["rung_names"]:
       assert len(r["rungs"][name]["seeds"]) >= 3, (path, name)

@@ -17,8 +17,10 @@ from hybridjax.bench.cells import (
   pays_clause,
   pct_cell,
   ratio_cell,
+  spread_note,
   verdict_cell,
   verdict_rule,
+  wallclock_cell,
   with_exercise,
 )
 from hybridjax.bench.studies.ladder.rungs import VERDICT
@@ -34,7 +36,9 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
     compared = e["claim"]["nulls_compared"]
     which = "both nulls" if len(compared) == 2 else "the stopped baseline (no control)"
     beats = f"beats {which}" if e["claim"].get("beats_nulls_compared") else f"not beyond {which}"
-    return f"{mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
+    wall = mean_cell(e["wallclock_ratio"])
+    wall += f" ({spread_note(e['wallclock_ratio'])})" if e["wallclock_ratio"] else ""
+    return f"{wall}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
   s = f["pass_ratio"]
   cell = "not reached" if s["mean"] is None else ratio_cell(s, f.get("verdict"))
   against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
@@ -128,7 +132,7 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       arm = f"{m}, {mark}" if mark else m
       lines.append(
         f"| {arm} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
-        f"{ratio_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
+        f"{wallclock_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
         f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | "
         f"{_losses(f['seeds'], f['loss'], flagged)} |"
       )
@@ -150,7 +154,9 @@ def ladder_markdown(result: dict[str, Any]) -> str:
         e = f["equal_steps"]
         g, stopped = e["final_loss_gap"], e["null_stopped_baseline"]
         lines.append(
-          f"| {m} | {mean_cell(e['wallclock_ratio'])} | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
+          f"| {m} | {mean_cell(e['wallclock_ratio'])}"
+          + (f"; {spread_note(e['wallclock_ratio'])}" if e["wallclock_ratio"] else "")
+          + f" | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
           f"{mean_cell(stopped['wallclock_ratio'])} | {stopped['within_2pct']} | "
           f"{paired_cell(e.get('vs_stopped_baseline'))} | "
           f"{paired_cell(e.get('vs_control'))} | {e['claim']['speedup_at_2pct']} | {e['claim']['beats_both_nulls']} |"
