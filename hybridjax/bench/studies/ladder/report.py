@@ -90,12 +90,32 @@ def _verdict_words(result: dict[str, Any]) -> str:
   return f"{names} {'is' if len(ran) == 1 else 'are'} the verdict"
 
 
+def never_exercised(result: dict[str, Any]) -> str:
+  """'; jump not exercised at any rung (at most 1.0 jumps per run, of 3 needed): its cells test nothing of
+  it' for each arm whose figures mark it not exercised (`figures.exercise`) at every rung it ran, else ''
+  (at `quick`: the jump arm, docs/benchmark.md "Not exercised")."""
+  rungs = [result["rungs"][r] for r in result["rung_names"]]
+  arms = dict.fromkeys(m for rung in rungs for m in rung["figures"])
+  notes = []
+  for m in arms:
+    marks = [rung["figures"][m].get("exercise") for rung in rungs if m in rung["figures"]]
+    if not marks or any(e is None or e["exercised"] for e in marks):
+      continue
+    unit = "jumps" if "jumps_per_run" in marks[0] else "predicted steps"
+    most = max(e.get("jumps_per_run", e.get("predicted_steps_per_run", 0.0)) for e in marks)
+    need = max(e["minimum"] for e in marks)
+    notes.append(f"{m} not exercised at any rung (at most {most:.1f} {unit} per run, of {need:g} needed)")
+  if not notes:
+    return ""
+  return "; " + "; ".join(notes) + f": {'its' if len(notes) == 1 else 'their'} cells test nothing of the method"
+
+
 def ladder_markdown(result: dict[str, Any]) -> str:
   """ladder-<preset>.md: the headline table, then every rung's full figures with per-seed losses,
-  the R0 nulls, the plateaus, the LR sweeps."""
+  the R0 nulls, the plateaus, the LR sweeps; its title says which arms no rung exercised (`never_exercised`)."""
   n = result["steps"]
   lines = [
-    f"# The fairness ladder: preset `{result['preset']}` (task `{result['task']}`, N = {n})",
+    f"# The fairness ladder: preset `{result['preset']}` (task `{result['task']}`, N = {n}){never_exercised(result)}",
     "",
     f"Command: `{result['command']}`; wall time {result['wall_s']:.0f} s "
     f"({result['runs_trained']} runs trained, {result['runs_cached']} from the cache).",
