@@ -10,7 +10,7 @@ import os
 import statistics
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 from hybridjax.bench import cells, record, timing
 from hybridjax.bench.studies.family import figures as family_figs
@@ -156,3 +156,17 @@ def test_the_recipes_wallclock_ratios_show_their_spread():
   assert cells.spread_note(last["wallclock_ratio"]) in md and "spread not recorded" not in md
   published = recipe_report.recipe_markdown(stored)
   assert f"{stored['total_speedup']['wallclock_ratio']['mean']:.2f}× in wall-clock (spread not recorded)" in published
+
+
+def test_the_results_table_shows_a_headlines_spread_or_that_it_was_not_recorded():
+  """docs/results/README.md's wall-clock column, from each headline.json: the IQR over the timing rounds
+  where the headline has it (`wallclock_ratio_spread`), else 'spread not recorded'."""
+  table = load_script("results_table")
+  headline = _load("long-adamw-cosine", "headline.json")
+  assert "wallclock_ratio_spread" not in headline
+  assert table._wallclock(headline, "averaged_baseline").endswith("; spread not recorded")
+  spread = {"q1": 1.01, "q3": 1.08, "iqr": 0.07, "rounds": 12, "per_round": []}
+  headline["wallclock_ratio_spread"] = {"vs_averaged_baseline": spread}
+  cell = table._wallclock(headline, "averaged_baseline")
+  assert cell.startswith(f"{headline['wallclock_ratio']['vs_averaged_baseline']:.2f}×")
+  assert cell.endswith("; IQR over 12 timing rounds 1.01–1.08×")
