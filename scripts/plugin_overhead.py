@@ -4,7 +4,12 @@ in one process, step by step, in rounds that interleave the two (so a change in 
 hits them alike). Reported: each side's median ms per step over the rounds, its spread (the
 interquartile range of the rounds' medians), and the method's overhead over the baseline.
 
-  python scripts/plugin_overhead.py                      # tiny,micro; 12 rounds of 25 steps each
+The model, batch and optimizer are those of a benchmark preset's runs (`--preset`: `quick`, the
+one-layer micro model, or `long`); the rounds and steps are this script's own (more than the
+preset's `benchmark.timing_rounds`, so that an IQR over the rounds means something at `quick` too).
+
+  python scripts/plugin_overhead.py                      # quick; 12 rounds of 25 steps each
+  python scripts/plugin_overhead.py --preset=long
   python scripts/plugin_overhead.py --rounds=20 --steps=50
 
 Run it on a quiet machine: it times.
@@ -34,12 +39,19 @@ exec(  # noqa: S102 (a module written here, so the script stands alone)
 )
 
 
-def _driver(mode: str, steps: int) -> tuple[Any, Any, Any]:
+PRESETS = ("quick", "long")  # the benchmark presets it times (experiments/configs/benchmark.py)
+
+
+def _driver(preset: str, mode: str, steps: int) -> tuple[Any, Any, Any]:
+  """The compiled side (`mode` baseline, or hybrid with the idle method) on `preset`'s experiment
+  config, its initial state and `steps` batches."""
   from experiments import gpt2_small
-  from experiments.configs import gpt2_small as configs
+  from experiments.configs import benchmark as benchmark_configs
+  from hybridjax.bench import specs
   from hybridjax.loop import train as train_lib
 
-  c = configs.get_config("tiny,micro")
+  c = specs.experiment_config(benchmark_configs.get_config(preset))  # a preset's runs, less the benchmark block
+  c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
   c.mode = mode
   c.trainer.steps = 100_000  # the schedule: never at its end while timed
   if mode == "hybrid":
@@ -53,11 +65,17 @@ def _driver(mode: str, steps: int) -> tuple[Any, Any, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--preset", choices=PRESETS, default="quick", help="the benchmark preset whose runs are timed")
   p.add_argument("--rounds", type=int, default=12)
   p.add_argument("--steps", type=int, default=25, help="steps per side and round")
   args = p.parse_args(argv)
+  if args.rounds < 2 or args.steps < 1:
+    p.error(f"--rounds={args.rounds} --steps={args.steps}: an IQR over the rounds needs --rounds >= 2 and --steps >= 1")
   sys.modules["idle_method"] = IDLE_METHOD
-  sides = {"baseline": _driver("baseline", args.steps), "idle method": _driver("hybrid", args.steps)}
+  sides = {
+    "baseline": _driver(args.preset, "baseline", args.steps),
+    "idle method": _driver(args.preset, "hybrid", args.steps),
+  }
   states = {}
   for name, (driver, state, batches) in sides.items():  # compile, and a first step, untimed
     state, _ = driver.run(state, batches[:1])
@@ -74,14 +92,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
       states[name] = state
       per_round[name].append(1e3 * statistics.median(times))
-  out: dict[str, Any] = {"rounds": args.rounds, "steps": args.steps}
+  out: dict[str, Any] = {"preset": args.preset, "rounds": args.rounds, "steps": args.steps}
   for name, ms in per_round.items():
     q1, _, q3 = statistics.quantiles(ms, n=4)
     out[name] = {"median_ms": statistics.median(ms), "iqr_ms": q3 - q1}
   base, idle = out["baseline"]["median_ms"], out["idle method"]["median_ms"]
   out["overhead"] = idle / base - 1
+  print(f"preset {args.preset}: {args.rounds} interleaved rounds of {args.steps} steps per side")
   for name in sides:
-    print(f"{name:12s} {out[name]['median_ms']:.3f} ms/step (IQR {out[name]['iqr_ms']:.3f})")
+    print(f"{name:12s} {out[name]['median_ms']:.3f} ms/step (IQR over the rounds {out[name]['iqr_ms']:.3f})")
   print(f"overhead of the idle method: {100 * out['overhead']:+.1f}%")
   print(json.dumps(out))
   return out

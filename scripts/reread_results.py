@@ -1,6 +1,6 @@
 """Re-reads every published result from the runs stored with it, with the current figures and report
 (no training): each family's benchmark.json, headline.json and results.md, each ladder's and each
-recipe's json, md and figure.
+recipe's json, md and figure (a recipe of an earlier trick list kept beside the current one too).
 
   python scripts/reread_results.py           # rewrite what the current reading changes
   python scripts/reread_results.py --check   # exit 1 naming each file the current reading would change
@@ -138,7 +138,8 @@ def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
       _family_method_stats(result["preset"], group)
   config = record.stored_config(result)  # an old record's flat study fields too
   ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
-  result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"])
+  rounds = {k: v.get("rounds_ms") for k, v in result["timing"].items()}
+  result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"], rounds)
   return result
 
 
@@ -197,7 +198,9 @@ def rewrites() -> list[tuple[str, str, Any]]:
     ("ladder", ladder_result, ladder_report.ladder_markdown),
     ("recipe", recipe_result, recipe_report.recipe_markdown),
   ):
-    for path in sorted(glob.glob(os.path.join(RESULTS, kind, f"{kind}-*.json"))):
+    # A recipe replaced by a later trick list is kept beside it (`trick-list-<k>-recipe-<preset>`), and read alike.
+    kept = glob.glob(os.path.join(RESULTS, kind, f"trick-list-*-{kind}-*.json"))
+    for path in sorted(glob.glob(os.path.join(RESULTS, kind, f"{kind}-*.json")) + kept):
       result = reread(_load(path))
       out.append((path, _text(result, 1), result))
       out.append((path[: -len(".json")] + ".md", markdown(result) + "\n", None))

@@ -60,6 +60,15 @@ def _ratio(h, key, anchor):
   return f"{prefix}{value:.2f}×{std_text}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def _wallclock(h, anchor):
+  """The wall-clock ratio with its spread over the timing rounds beside it (`cells.spread_note`: 'spread
+  not recorded' for a headline whose timing kept no per-round times)."""
+  cell = _ratio(h, "wallclock_ratio", anchor)
+  if cell in ("—", "not reached"):
+    return cell
+  return f"{cell}; {cells.spread_note({'spread': h.get('wallclock_ratio_spread', {}).get(f'vs_{anchor}')})}"
+
+
 def table(headlines: dict[str, dict]) -> str:
   head = (
     "| results | method | best LR | β | baseline at N | averaged baseline at N | method (averaged) | "
@@ -78,7 +87,7 @@ def table(headlines: dict[str, dict]) -> str:
       f"| [{name}]({name}/results.md) | {h.get('method') or '—'} | {h['best_lr']:.3g} | "
       f"{h['averaging_beta']} | {_pm(f['baseline'])} | {_pm(f['averaged_baseline'])} | {_pm(f.get('method'))} | "
       f"{_ratio(h, 'backward_ratio', 'baseline')} / {_ratio(h, 'backward_ratio', 'averaged_baseline')} | "
-      f"{_ratio(h, 'pass_ratio', 'averaged_baseline')} | {_ratio(h, 'wallclock_ratio', 'averaged_baseline')} | "
+      f"{_ratio(h, 'pass_ratio', 'averaged_baseline')} | {_wallclock(h, 'averaged_baseline')} | "
       + ("—" if gap is None else f"{100 * gap:+.2f}% ({verdict})")
       + " |"
     )

@@ -224,3 +224,28 @@ def test_tune_method_refuses_a_variant_whose_runs_are_not_valid_before_reading_a
   for method, variant in printed:
     with pytest.raises(FileNotFoundError, match="benchmark.json"):
       tune.main(["--config=long", f"--method={method}", f"--variant={variant}", *missing])
+
+
+def test_plugin_overhead_takes_a_preset_and_refuses_another():
+  """scripts/plugin_overhead.py times a benchmark preset's runs (`--preset`, quick or long); any other
+  preset, or too few rounds for an IQR, is refused before anything is built."""
+  script = load_script("plugin_overhead")
+  assert script.PRESETS == ("quick", "long")
+  with pytest.raises(SystemExit):
+    script.main(["--preset=tiny"])
+  with pytest.raises(SystemExit):
+    script.main(["--rounds=1"])
+
+
+@pytest.mark.slow  # compiles both sides of the quick preset
+def test_plugin_overhead_reports_both_sides_median_and_iqr_at_quick(capsys):
+  """A smoke run at `quick` (2 rounds of 2 steps: what it prints, not what it measures): each side's
+  median ms per step and its IQR over the rounds, and the idle method's overhead."""
+  out = load_script("plugin_overhead").main(["--preset=quick", "--rounds=2", "--steps=2"])
+  assert (out["preset"], out["rounds"], out["steps"]) == ("quick", 2, 2)
+  for side in ("baseline", "idle method"):
+    assert out[side]["median_ms"] > 0 and out[side]["iqr_ms"] >= 0, side
+  assert out["overhead"] == pytest.approx(out["idle method"]["median_ms"] / out["baseline"]["median_ms"] - 1)
+  printed = capsys.readouterr().out
+  assert "preset quick: 2 interleaved rounds of 2 steps per side" in printed
+  assert "baseline" in printed and "IQR over the rounds" in printed and "overhead of the idle method" in printed

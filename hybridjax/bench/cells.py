@@ -95,6 +95,21 @@ def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
   return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def spread_note(s: dict[str, Any] | None) -> str:
+  """A wall-clock ratio's spread over the timing rounds (`figures.round_spread`): 'IQR over k timing rounds
+  a–b×', or 'spread not recorded' for a record whose timing kept no per-round times."""
+  spread = (s or {}).get("spread")
+  if spread is None:
+    return "spread not recorded"
+  return f"IQR over {spread['rounds']} timing rounds {spread['q1']:.2f}–{spread['q3']:.2f}×"
+
+
+def wallclock_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+  """A wall-clock ratio's `ratio_cell` with its spread over the timing rounds beside it (`spread_note`)."""
+  cell = ratio_cell(s, verdict)
+  return cell if s["mean"] is None else f"{cell}; {spread_note(s)}"
+
+
 def pays_clause(
   verdict: dict[str, Any],
   ratio: dict[str, Any],

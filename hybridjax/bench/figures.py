@@ -66,6 +66,9 @@ def method_figures(
   out: dict[str, Any] = {"seeds": seeds}
   base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
   method_ms = None if timing is None else timing.get("method")
+  rounds = (timing or {}).get("rounds") or {}
+  base_rounds = round_times({"baseline": base_ms} if base_ms is not None else None, rounds.get("baseline"))
+  method_rounds = round_times(method_ms, rounds.get("method"))
   for anchor in ANCHORS:
     per = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
     for s in seeds:
@@ -79,6 +82,7 @@ def method_figures(
         per["wallclock_ratio"].append({"value": None, "lower_bound": False, "baseline_steps": reach.steps})
       else:
         base_wall = None if reach.steps is None else reach.steps * base_ms
+        rounds_of_seed = round_ratios(reach.steps, base_rounds, r["step_kinds"], method_rounds)
         per["wallclock_ratio"].append(
           {
             "value": None if base_wall is None else base_wall / wall,
@@ -86,13 +90,16 @@ def method_figures(
             "upper_bound": reach.upper_bound,
             "baseline_ms": base_wall,
             "method_ms": wall,
+            **({} if rounds_of_seed is None else {"rounds": rounds_of_seed}),  # the ratio round by round
           }
         )
     at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
     final = [runs[s]["final_loss"] for s in seeds]
     passes = [r["method_cost"] for r in per["pass_ratio"]]
+    summaries = {k: protocol.summarize(v) for k, v in per.items()}
+    with_spread(summaries["wallclock_ratio"], round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
     out[anchor] = {
-      **{k: protocol.summarize(v) for k, v in per.items()},
+      **summaries,
       "per_seed": per,
       "final_loss_gap": {
         **dict(zip(("mean", "std"), protocol.mean_std([(m - a) / a for m, a in zip(final, at_n)]))),
@@ -154,6 +161,65 @@ def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
   if ms is None or any(k not in ms for k in kinds):
     return None
   return sum(count * ms[k] for k, count in kinds.items())
+
+
+def round_times(
+  ms: dict[str, float] | None, rounds: dict[str, list[float | None]] | None
+) -> list[dict[str, float]] | None:
+  """Each timing round's ms per step kind (`timing`'s `rounds_ms` of one arm): the round's own median of
+  each kind of `ms` (the medians over every round), or the kind's median over every round where it did
+  not run in that round (a rare kind: a jump arm's CORRECT step). None where no per-round times were
+  recorded (a record from before they were kept)."""
+  rounds = {k: v for k, v in (rounds or {}).items() if v}
+  if ms is None or not rounds:
+    return None
+  count = max(len(v) for v in rounds.values())
+  return [
+    {
+      k: v if rounds.get(k) is None or r >= len(rounds[k]) or rounds[k][r] is None else rounds[k][r]
+      for k, v in ms.items()
+    }
+    for r in range(count)
+  ]
+
+
+def round_ratios(
+  steps: float | None,
+  base_rounds: list[dict[str, float]] | None,
+  kinds: dict[str, int],
+  method_rounds: list[dict[str, float]] | None,
+) -> list[float] | None:
+  """One run's wall-clock ratio computed round by round (`round_times`): the anchor's `steps` at each
+  round's baseline ms over the run's step `kinds` at the same round's ms. None where either side has
+  no per-round times, or the ratio has no value (a diverged run)."""
+  if steps is None or base_rounds is None or method_rounds is None or len(base_rounds) != len(method_rounds):
+    return None
+  walls = [run_ms(kinds, ms) for ms in method_rounds]
+  if any(w is None for w in walls):
+    return None
+  return [steps * b["baseline"] / w for b, w in zip(base_rounds, walls)]
+
+
+def round_spread(per_seed: Sequence[Sequence[float] | None]) -> dict[str, Any] | None:
+  """The spread over the timing rounds of a wall-clock ratio's mean over the seeds: per round, the mean
+  over the seeds of each seed's ratio computed with that round's times alone (`round_ratios`); their
+  quartiles (inclusive) and interquartile range. The ratio itself is read from the medians over every
+  round. None where no per-round times were recorded (a record from before they were kept) or no seed
+  has a ratio."""
+  present = [list(x) for x in per_seed if x is not None]
+  if not present:
+    return None
+  means = [float(np.mean(values)) for values in zip(*present)]
+  q1, q3 = (means[0], means[0]) if len(means) < 2 else statistics.quantiles(means, n=4, method="inclusive")[::2]
+  return {"q1": q1, "q3": q3, "iqr": q3 - q1, "rounds": len(means), "per_round": means}
+
+
+def with_spread(ratio: dict[str, Any], spread: dict[str, Any] | None) -> dict[str, Any]:
+  """`ratio` (a wall-clock ratio's summary) given its `spread` (`round_spread`) where it has one; a ratio
+  without per-round times stays as a record from before they were kept holds it (no `spread`)."""
+  if spread is not None:
+    ratio["spread"] = spread
+  return ratio
 
 
 def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int, eval_se: float | None = None) -> dict[str, Any]:
@@ -298,6 +364,9 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
       h[key + "_null_or_bound"] = {
         f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"], f[a][key]["n_upper_bound"]] for a in ANCHORS
       }
+    spreads = {f"vs_{a}": f[a]["wallclock_ratio"]["spread"] for a in ANCHORS if "spread" in f[a]["wallclock_ratio"]}
+    if spreads:  # the wall-clock ratio's spread over the timing rounds (`round_spread`), where recorded
+      h["wallclock_ratio_spread"] = spreads
     h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
     h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
     h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}

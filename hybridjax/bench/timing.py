@@ -1,8 +1,9 @@
 """Step timing: the median time of each kind of step of the baseline and every arm, measured in rounds
 that interleave the arms in one process (so a change in machine load hits them alike), each step
-timed alone. A step's kind is its arm's `arms.step_kind`; a method's `TIME_BRANCHES` are its
-transitions a run reaches too rarely to time (the jump predictor's attempt), timed explicitly twice a
-round at whatever state the arm has reached."""
+timed alone; and each round's own median of each kind (`rounds_ms`), from which every wall-clock
+ratio's spread over the rounds is computed (`figures.round_spread`). A step's kind is its arm's
+`arms.step_kind`; a method's `TIME_BRANCHES` are its transitions a run reaches too rarely to time
+(the jump predictor's attempt), timed explicitly twice a round at whatever state the arm has reached."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, fl
     arms[name], compile_s[name] = _prepare(c, tasks_lib.build(task_name(config), c), None)
   out = _summary(arms, compile_s, next(iter(entries.values()))[0])
   return out | {
-    field: {name: per[BASELINE] for name, per in out[field].items()} for field in ("ms_per_step", "samples")
+    field: {name: per[BASELINE] for name, per in out[field].items()}
+    for field in ("ms_per_step", "samples", "rounds_ms")
   }
 
 
@@ -64,17 +66,31 @@ def _run_config(
 
 
 def _summary(arms: dict[str, Any], compile_s: dict[str, float], config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms and samples."""
+  """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms over
+  every round and its samples, and each round's own median ms of each kind (`rounds_ms`: one entry per
+  round, None for a round in which the kind did not run)."""
   b = config.benchmark
-  samples = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
-  return {
-    "ms_per_step": {
-      name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in samples.items()
-    },
-    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in samples.items()},
+  per_round = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
+  return _medians(per_round) | {
     "compile_s": compile_s,
     "rounds": int(b.timing_rounds),
     "steps_per_round": int(b.timing_steps),
+  }
+
+
+def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> dict[str, Any]:
+  """From each arm's seconds per step kind and round: the median ms per kind over all rounds, the
+  samples per kind, and each round's median ms per kind (None where the kind did not run that round)."""
+  every = {
+    name: {kind: [x for r in rounds for x in r] for kind, rounds in per.items()} for name, per in per_round.items()
+  }
+  return {
+    "ms_per_step": {name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in every.items()},
+    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in every.items()},
+    "rounds_ms": {
+      name: {kind: [1e3 * statistics.median(r) if r else None for r in rounds] for kind, rounds in per.items()}
+      for name, per in per_round.items()
+    },
   }
 
 
@@ -103,10 +119,11 @@ def _prepare(c: ml_collections.ConfigDict, task: dict[str, Any], arm: Any) -> tu
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 
 
-def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict[str, dict[str, list[float]]]:
-  """Seconds of each step kind of each arm, over `rounds` rounds of `steps` steps of every arm."""
-  samples: dict[str, dict[str, list[float]]] = {name: {} for name in arms}
-  for _ in range(rounds):
+def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict[str, dict[str, list[list[float]]]]:
+  """Seconds of each step of each arm, by step kind and round (arm -> kind -> one list per round, empty
+  for a round in which the kind did not run), over `rounds` rounds of `steps` steps of every arm."""
+  samples: dict[str, dict[str, list[list[float]]]] = {name: {} for name in arms}
+  for i in range(rounds):
     for name, a in arms.items():
       for _ in range(steps):
         batch = a["batches"](a["step"] % n)
@@ -124,7 +141,7 @@ def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict
         else:
           row = {k: bool(v) for k, v in jax.device_get(metrics).items() if k in ("measured", "snapshot")}
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, **row})
-        samples[name].setdefault(kind, []).append(dt)
+        samples[name].setdefault(kind, [[] for _ in range(rounds)])[i].append(dt)
         a["step"] += 1
       for branch in a["rare"]:
         for _ in range(2):
@@ -132,5 +149,5 @@ def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict
           a["state"], metrics = a["fns"][branch](a["state"], a["batches"](a["step"] % n), a["schedule"])
           jax.block_until_ready(a["state"])
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
-          samples[name].setdefault(kind, []).append(time.perf_counter() - t0)
+          samples[name].setdefault(kind, [[] for _ in range(rounds)])[i].append(time.perf_counter() - t0)
   return samples

@@ -407,9 +407,11 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       assert run["final_loss"] == run["final_averaged"]  # its model is the averaged params
   # Every figure recomputes from the stored raw numbers.
   for method, figures in stored["figures"].items():
+    rounds = stored["timing"]["rounds_ms"]
     timing = {
       "baseline": stored["timing"]["ms_per_step"]["baseline"],
       "method": stored["timing"]["ms_per_step"][method],
+      "rounds": {"baseline": rounds["baseline"], "method": rounds[method]},
     }
     again = figures_lib.method_figures(
       stored["curves"], stored["method_runs"][method], timing, stored["budgets"], stored["eval"]["paired_se"]
@@ -470,10 +472,14 @@ def test_the_protocol_runs_whole_on_the_mlp_task_and_a_rerun_trains_nothing(tmp_
   assert result["runs_trained"] >= n_runs - len(stored["tuning"]["rows"]) > 0
   timing = {"baseline": stored["timing"]["ms_per_step"]["baseline"]}
   timing["method"] = stored["timing"]["ms_per_step"]["outer_momentum"]
+  rounds = stored["timing"]["rounds_ms"]  # each timing round's medians: the wall-clock ratio's spread
+  timing["rounds"] = {"baseline": rounds["baseline"], "method": rounds["outer_momentum"]}
   runs = stored["method_runs"]["outer_momentum"]
   eval_se = stored["eval"]["paired_se"]  # every difference is judged with it besides the seeds'
   again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"], eval_se)
   assert json.loads(json.dumps(again)) == json.loads(json.dumps(stored["figures"]["outer_momentum"]))
+  wall = stored["figures"]["outer_momentum"]["averaged_baseline"]["wallclock_ratio"]
+  assert wall["mean"] is None or wall["spread"]["rounds"] == len(rounds["baseline"]["baseline"]) == 2
   refigured = json.loads(json.dumps(family_figs.family_figures(stored)))
   assert {k: stored[k] for k in refigured} == refigured
   rerun = benchmark.run_benchmark(c, workdir)
@@ -529,7 +535,8 @@ def test_the_ladder_on_the_quick_runs_shares_them_and_its_figures_recompute(quic
   with open(os.path.join(workdir, "ladder-quick.json")) as f:
     stored = json.load(f)
   ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
-  again = ladder_figs.rung_figures(c, stored["groups"], ms, n)
+  rounds = {k: v["rounds_ms"] for k, v in stored["timing"].items()}
+  again = ladder_figs.rung_figures(c, stored["groups"], ms, n, rounds)
   assert json.loads(json.dumps(again)) == stored["rungs"]
   # One figure by hand: R1's pass ratio of the jump on the first seed.
   run, base = untuned["method_runs"]["jump"]["1"], untuned["baseline"]["1"]
@@ -715,7 +722,8 @@ def test_r6_on_the_quick_preset_is_the_whole_recipe_with_one_arm(quick):
   with open(os.path.join(workdir, "ladder-quick.json")) as f:
     stored = json.load(f)
   ms = {k: v["ms_per_step"] for k, v in stored["timing"].items()}
-  again = ladder_figs.rung_figures(c, stored["groups"], ms, int(c.trainer.steps))
+  rounds = {k: v["rounds_ms"] for k, v in stored["timing"].items()}
+  again = ladder_figs.rung_figures(c, stored["groups"], ms, int(c.trainer.steps), rounds)
   assert json.loads(json.dumps(again)) == stored["rungs"]
 
 

@@ -199,7 +199,8 @@ def test_the_published_ladders_recompute_from_their_runs():
   for path, r in results.items():
     config = record.stored_config(r)  # an old record's flat study fields too
     ms = {k: v["ms_per_step"] for k, v in r["timing"].items()}
-    again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"])
+    rounds = {k: v.get("rounds_ms") for k, v in r["timing"].items()}  # none before they were kept
+    again = ladder_figs.rung_figures(config, r["groups"], ms, r["steps"], rounds)
     assert json.loads(json.dumps(again)) == r["rungs"], path
     for name in r["rung_names"]:
       assert len(r["rungs"][name]["seeds"]) >= 3, (path, name)
@@ -516,3 +517,32 @@ def test_a_ladder_velocity_arm_whose_runs_never_predicted_reads_not_exercised():
   verdicts = "\n".join(ladder_report.ladder_verdicts(tiny))
   assert "* `hybrid`: R6 **" in verdicts and f"({mark}: the comparison tested nothing of its predictions" in verdicts
   assert "exercise" not in tiny["rungs"]["R6"]["figures"]["outer_momentum"]
+
+
+def test_a_ladder_whose_arm_no_rung_exercised_says_so_in_its_title():
+  """At `quick` the ladder's only arm (jump) takes about 1 jump per run at every rung (5 attempts, the probe
+  accepts one): the published tiny ladder with its jump runs made so, and its other arms left out, reads
+  so in its title line; as published its title names no arm, and the long ladder's names only jump_outer
+  (its R6 alone, at 1.7 jumps per run)."""
+  (tiny,) = [json.loads(json.dumps(r)) for r in _published().values() if r["preset"] == "tiny"]
+  title = f"# The fairness ladder: preset `tiny` (task `gpt2`, N = {tiny['steps']})"
+  assert ladder_report.ladder_markdown(tiny).splitlines()[0] == title
+  group = tiny["groups"][tiny["rungs"]["R6"]["group"]]
+  group["methods"] = ["jump", "skip_control"]
+  group["method_runs"] = {m: group["method_runs"][m] for m in group["methods"]}
+  for r in group["method_runs"]["jump"].values():
+    r["jumps"] = 1
+  config = record.stored_config(tiny)
+  ms = {k: v["ms_per_step"] for k, v in tiny["timing"].items()}
+  tiny["rungs"] = ladder_figs.rung_figures(config, tiny["groups"], ms, tiny["steps"])
+  assert list(tiny["rungs"]["R6"]["figures"]) == ["jump"]
+  assert ladder_report.ladder_markdown(tiny).splitlines()[0] == (
+    f"{title}; jump not exercised at any rung (at most 1.0 jumps per run, of 3 needed): its cells test "
+    "nothing of the method"
+  )
+  (long,) = [r for r in _published().values() if r["preset"] == "long"]
+  first = ladder_report.ladder_markdown(long).splitlines()[0]
+  assert first.endswith(
+    "; jump_outer not exercised at any rung (at most 1.7 jumps per run, of 3 needed): its cells "
+    "test nothing of the method"
+  )

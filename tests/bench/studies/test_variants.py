@@ -209,3 +209,21 @@ def test_a_published_fix_run_gives_the_same_bits_on_todays_code():
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert json.loads(r.stdout.strip().splitlines()[-1])["same_bits"], r.stdout
+
+
+def test_at_quick_the_study_is_refused_naming_the_smallest_preset_where_it_runs():
+  """`quick` has no recipe record (its recipe trains two tricks on a one-layer model): the study is refused
+  before anything runs, with the preset where it runs and the command; at that preset every check passes."""
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.study = "variants"
+  smallest = variants_config.SMALLEST_PRESET
+  with pytest.raises(ValueError) as refused:
+    study.validate(c)
+  message = str(refused.value)
+  assert message.startswith("the variants study does not run at `quick`")
+  assert f"The smallest preset where it runs is `{smallest}`" in message
+  assert f"--config=experiments/configs/benchmark.py:{smallest} --config.benchmark.study=variants" in message
+  assert "--config.benchmark.variants.lrs_from" in message
+  there = benchmark_cfg.get_config(smallest)
+  there.benchmark.study = "variants"
+  study.validate(there)

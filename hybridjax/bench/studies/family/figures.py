@@ -25,12 +25,17 @@ def family_figures(result: dict[str, Any], controls: dict[str, str] | None = Non
   eval_se = errors["paired_se"]
   methods = list(result.get("figures") or result["method_runs"])  # the headline arm first
   ms = result["timing"]["ms_per_step"]
+  rounds = result["timing"].get("rounds_ms") or {}  # each timing round's ms (none in an older record)
   defined = arms_lib.arms(config)  # a record from before the arms were data: the built-in methods' names only
   figures = {
     m: figures_lib.method_figures(
       curves,
       result["method_runs"][m],
-      {"baseline": ms["baseline"], "method": ms[m]},
+      {
+        "baseline": ms["baseline"],
+        "method": ms[m],
+        "rounds": {"baseline": rounds.get("baseline"), "method": rounds.get(m)},
+      },
       budgets,
       eval_se,
       predicts=m in defined and arms_lib.predicts(defined[m]),

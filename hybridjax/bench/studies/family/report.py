@@ -18,6 +18,7 @@ from hybridjax.bench.cells import (
   ratio_cell,
   se_cell,
   verdict_rule,
+  wallclock_cell,
   with_exercise,
 )
 from hybridjax.bench.figures import ANCHORS
@@ -114,7 +115,8 @@ def markdown(result: dict[str, Any]) -> str:
 
     for an in ANCHORS:
       for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
-        row(f"{key} vs {an}", lambda f, m, an=an, key=key: ratio_cell(f[an][key], f[an].get("verdict")))
+        cell = wallclock_cell if key == "wallclock_ratio" else ratio_cell
+        row(f"{key} vs {an}", lambda f, m, an=an, key=key, cell=cell: cell(f[an][key], f[an].get("verdict")))
     for an in ANCHORS:
       row(
         f"final loss − {an} at N",

@@ -55,17 +55,22 @@ def arm_figures(
   n: int,
   eval_se: float | None = None,
   predicts: bool = False,
+  rounds: dict[str, dict[str, list[float | None]]] | None = None,
 ) -> dict[str, Any]:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
-  the rung's budget curve, whether the pass ratio pays (`protocol.cost_verdict`), the final-loss gap
-  and paired difference at N, the paired difference from the arm's control; at R0 the equal-steps
-  wall-clock ratio and the two nulls. Every paired difference is judged with `eval_se` (the paired
-  per-batch standard error) besides the seeds'. `predicts`: the arm is meant to predict steps
-  (`arms.predicts`; `figures.exercise` marks it where its runs predicted none)."""
+  the rung's budget curve (`rounds`: the timing's `rounds_ms`, which give the wall-clock ratios their
+  spread over the timing rounds, `figures.round_spread`), whether the pass ratio pays
+  (`protocol.cost_verdict`), the final-loss gap and paired difference at N, the paired difference from
+  the arm's control; at R0 the equal-steps wall-clock ratio and the two nulls. Every paired difference
+  is judged with `eval_se` (the paired per-batch standard error) besides the seeds'. `predicts`: the arm
+  is meant to predict steps (`arms.predicts`; `figures.exercise` marks it where its runs predicted none)."""
   runs = group["method_runs"][arm]
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
   base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
   arm_ms = None if ms is None else ms.get(arm)
+  rounds = rounds or {}
+  base_rounds = figures.round_times(None if base_ms is None else {"baseline": base_ms}, rounds.get("baseline"))
+  arm_rounds = figures.round_times(arm_ms, rounds.get(arm))
   per: dict[str, list[Any]] = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
   losses, at_n, curves = [], [], []
   for s in seeds:
@@ -81,11 +86,21 @@ def arm_figures(
     per["pass_ratio"].append(protocol.ratio(reach, passes))
     wall = figures.run_ms(r["step_kinds"], arm_ms)
     value = None if (wall is None or base_ms is None or reach.steps is None) else reach.steps * base_ms / wall
+    rounds_of_seed = (
+      None if value is None else figures.round_ratios(reach.steps, base_rounds, r["step_kinds"], arm_rounds)
+    )
     per["wallclock_ratio"].append(
-      {"value": value, "lower_bound": reach.lower_bound, "upper_bound": reach.upper_bound, "method_ms": wall}
+      {
+        "value": value,
+        "lower_bound": reach.lower_bound,
+        "upper_bound": reach.upper_bound,
+        "method_ms": wall,
+        **({} if rounds_of_seed is None else {"rounds": rounds_of_seed}),  # the ratio round by round
+      }
     )
   out: dict[str, Any] = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
   out.update({k: protocol.summarize(v) for k, v in per.items()})
+  figures.with_spread(out["wallclock_ratio"], figures.round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
   out["per_seed"] = per
   costs = [x["method_cost"] for x in per["pass_ratio"]]
   out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se)
@@ -105,7 +120,7 @@ def arm_figures(
     out["exercise"] = exercised
   if rung.name == "R0":
     out["equal_steps"] = equal_steps(
-      group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se
+      group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se, (base_rounds, arm_rounds)
     )
   return out
 
@@ -120,10 +135,13 @@ def equal_steps(
   n: int,
   vs_control: dict[str, Any] | None,
   eval_se: float | None = None,
+  rounds: tuple[Any, Any] = (None, None),
 ) -> dict[str, Any]:
-  """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock, with the
-  final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
+  """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock (with its
+  spread over the timing rounds, from `rounds`: the baseline's and the arm's `figures.round_times`),
+  with the final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
   walls, gaps, stop_losses, stop_gaps, stop_walls, losses = [], [], [], [], [], []
+  wall_rounds = []
   for s in seeds:
     r, base = runs[s], group["baseline"][s]
     at_n = baseline_at(base["steps"], base[iterate], n)
@@ -131,6 +149,7 @@ def equal_steps(
     losses.append(loss)
     wall = figures.run_ms(r["step_kinds"], arm_ms)
     walls.append(None if wall is None or base_ms is None else n * base_ms / wall)
+    wall_rounds.append(None if walls[-1] is None else figures.round_ratios(n, rounds[0], r["step_kinds"], rounds[1]))
     gaps.append((loss - at_n) / at_n)
     # The baseline stopped at the arm's backward passes: its loss there, its gap at N, and its own
     # equal-steps "speedup" (N steps' time over its steps' time).
@@ -140,7 +159,11 @@ def equal_steps(
     stop_walls.append(n / max(r["backward_passes"], 1))
   present = [w for w in walls if w is not None]
   out: dict[str, Any] = {
-    "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(present))) if present else None,
+    "wallclock_ratio": figures.with_spread(
+      dict(zip(("mean", "std"), protocol.mean_std(present))), figures.round_spread(wall_rounds)
+    )
+    if present
+    else None,
     "wallclock_per_seed": walls,
     "final_loss_gap": dict(zip(("mean", "std"), protocol.mean_std(gaps))) | {"per_seed": gaps},
     "within_2pct": [g <= WITHIN for g in gaps],
@@ -168,10 +191,15 @@ def equal_steps(
 
 
 def rung_figures(
-  config: ml_collections.ConfigDict, groups: dict[str, Any], ms: dict[str, Any], n: int
+  config: ml_collections.ConfigDict,
+  groups: dict[str, Any],
+  ms: dict[str, Any],
+  n: int,
+  rounds: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
   """Every chosen rung: its condition, and every arm's figures against its baseline (pure: the tests
-  recompute it from ladder.json)."""
+  recompute it from ladder.json). `ms` and `rounds`: each timing's (`rungs.timing_key`) `ms_per_step`
+  and `rounds_ms` (None, or a timing without them: a record from before they were kept)."""
   defined = arms_lib.arms(config)
   controls = {defined[m].control_of: m for m in defined if defined[m].control_of}
   out = {}
@@ -181,6 +209,7 @@ def rung_figures(
     if rung.iterate == "chosen":  # R6: averaged where averaging helped on the tuning seeds, else raw
       rung = dataclasses.replace(rung, iterate=group["tuning"]["iterate"])
     timing_ms = ms.get(timing_key(rung.group))
+    timing_rounds = (rounds or {}).get(timing_key(rung.group))
     arms = [m for m in group["methods"] if not defined[m].control]
     errors = eval_record(groups, rung.group)
     se = None if errors is None else errors.get("paired_se")
@@ -191,10 +220,11 @@ def rung_figures(
       "seeds": group["seeds"],
       "eval": errors,
       "figures": {
-        m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m])) for m in arms
+        m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds)
+        for m in arms
       },
       "controls": {
-        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]))
+        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds)
         for m in group["methods"]
         if defined[m].control
       },

@@ -17,8 +17,10 @@ from hybridjax.bench.cells import (
   pays_clause,
   pct_cell,
   ratio_cell,
+  spread_note,
   verdict_cell,
   verdict_rule,
+  wallclock_cell,
   with_exercise,
 )
 from hybridjax.bench.studies.ladder.rungs import VERDICT
@@ -34,7 +36,9 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
     compared = e["claim"]["nulls_compared"]
     which = "both nulls" if len(compared) == 2 else "the stopped baseline (no control)"
     beats = f"beats {which}" if e["claim"].get("beats_nulls_compared") else f"not beyond {which}"
-    return f"{mean_cell(e['wallclock_ratio'])}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
+    wall = mean_cell(e["wallclock_ratio"])
+    wall += f" ({spread_note(e['wallclock_ratio'])})" if e["wallclock_ratio"] else ""
+    return f"{wall}, {100 * e['final_loss_gap']['mean']:+.1f}%; {beats}"
   s = f["pass_ratio"]
   cell = "not reached" if s["mean"] is None else ratio_cell(s, f.get("verdict"))
   against = ("control", f["vs_control"]) if "vs_control" in f else ("baseline", f["vs_baseline_at_n"])
@@ -86,12 +90,32 @@ def _verdict_words(result: dict[str, Any]) -> str:
   return f"{names} {'is' if len(ran) == 1 else 'are'} the verdict"
 
 
+def never_exercised(result: dict[str, Any]) -> str:
+  """'; jump not exercised at any rung (at most 1.0 jumps per run, of 3 needed): its cells test nothing of
+  it' for each arm whose figures mark it not exercised (`figures.exercise`) at every rung it ran, else ''
+  (at `quick`: the jump arm, docs/benchmark.md "Not exercised")."""
+  rungs = [result["rungs"][r] for r in result["rung_names"]]
+  arms = dict.fromkeys(m for rung in rungs for m in rung["figures"])
+  notes = []
+  for m in arms:
+    marks = [rung["figures"][m].get("exercise") for rung in rungs if m in rung["figures"]]
+    if not marks or any(e is None or e["exercised"] for e in marks):
+      continue
+    unit = "jumps" if "jumps_per_run" in marks[0] else "predicted steps"
+    most = max(e.get("jumps_per_run", e.get("predicted_steps_per_run", 0.0)) for e in marks)
+    need = max(e["minimum"] for e in marks)
+    notes.append(f"{m} not exercised at any rung (at most {most:.1f} {unit} per run, of {need:g} needed)")
+  if not notes:
+    return ""
+  return "; " + "; ".join(notes) + f": {'its' if len(notes) == 1 else 'their'} cells test nothing of the method"
+
+
 def ladder_markdown(result: dict[str, Any]) -> str:
   """ladder-<preset>.md: the headline table, then every rung's full figures with per-seed losses,
-  the R0 nulls, the plateaus, the LR sweeps."""
+  the R0 nulls, the plateaus, the LR sweeps; its title says which arms no rung exercised (`never_exercised`)."""
   n = result["steps"]
   lines = [
-    f"# The fairness ladder: preset `{result['preset']}` (task `{result['task']}`, N = {n})",
+    f"# The fairness ladder: preset `{result['preset']}` (task `{result['task']}`, N = {n}){never_exercised(result)}",
     "",
     f"Command: `{result['command']}`; wall time {result['wall_s']:.0f} s "
     f"({result['runs_trained']} runs trained, {result['runs_cached']} from the cache).",
@@ -128,7 +152,7 @@ def ladder_markdown(result: dict[str, Any]) -> str:
       arm = f"{m}, {mark}" if mark else m
       lines.append(
         f"| {arm} | {ratio_cell(f['backward_ratio'], v)} | {ratio_cell(f['pass_ratio'], v)} | "
-        f"{ratio_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
+        f"{wallclock_cell(f['wallclock_ratio'], v)} | {pct_cell(f['final_loss_gap'])} | "
         f"{paired_cell(f['vs_baseline_at_n'])} | {paired_cell(f.get('vs_control'))} | "
         f"{_losses(f['seeds'], f['loss'], flagged)} |"
       )
@@ -150,7 +174,9 @@ def ladder_markdown(result: dict[str, Any]) -> str:
         e = f["equal_steps"]
         g, stopped = e["final_loss_gap"], e["null_stopped_baseline"]
         lines.append(
-          f"| {m} | {mean_cell(e['wallclock_ratio'])} | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
+          f"| {m} | {mean_cell(e['wallclock_ratio'])}"
+          + (f"; {spread_note(e['wallclock_ratio'])}" if e["wallclock_ratio"] else "")
+          + f" | {100 * g['mean']:+.2f}% | {e['within_2pct']} | "
           f"{mean_cell(stopped['wallclock_ratio'])} | {stopped['within_2pct']} | "
           f"{paired_cell(e.get('vs_stopped_baseline'))} | "
           f"{paired_cell(e.get('vs_control'))} | {e['claim']['speedup_at_2pct']} | {e['claim']['beats_both_nulls']} |"

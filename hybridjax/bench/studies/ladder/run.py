@@ -214,7 +214,9 @@ def record(
     "untuned_position": untuned_position(groups, float(b.ladder.untuned_lr)),
     "groups": groups,
     "timing": timed,
-    "rungs": rung_figures(config, groups, ms, int(config.trainer.steps)),
+    "rungs": rung_figures(
+      config, groups, ms, int(config.trainer.steps), {k: v.get("rounds_ms") for k, v in timed.items()}
+    ),
   }
 
 
@@ -238,7 +240,8 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   out["groups"] = {**out["groups"], **later["groups"]}
   out["timing"] = {**out["timing"], **later["timing"]}
   ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
-  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"])
+  rounds = {k: v.get("rounds_ms") for k, v in out["timing"].items()}
+  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"], rounds)
   out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
   out["command"] = f"{earlier['command']}; {later['command']}"
   out["date"] = later["date"]

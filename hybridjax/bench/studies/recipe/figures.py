@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridjax.bench import protocol
+from hybridjax.bench import figures, protocol
 
 
 def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -22,11 +22,13 @@ def step_figures(
   ms: dict[str, float],
   n: int,
   eval_se: float | None = None,
+  rounds: dict[str, list[float | None]] | None = None,
 ) -> dict[str, Any]:
   """One step's speed-up (per seed and summarised), whether it pays against the anchor
-  (`protocol.cost_verdict` at N steps), its wall-clock ratio and paired verdict against the previous
-  step (`previous`: seed -> loss), judged with `eval_se` (the paired per-batch standard error) besides
-  the seeds'. Pure: the tests recompute it from recipe.json."""
+  (`protocol.cost_verdict` at N steps), its wall-clock ratio (with its spread over the timing rounds
+  where `rounds`, each step's ms per round, were recorded: `figures.round_spread`) and paired verdict
+  against the previous step (`previous`: seed -> loss), judged with `eval_se` (the paired per-batch
+  standard error) besides the seeds'. Pure: the tests recompute it from recipe.json."""
   seeds = sorted(step["runs"], key=int)
   losses = [step["runs"][s]["loss"] for s in seeds]
   per_seed, lower_bound, upper_bound = [], [], []
@@ -50,6 +52,13 @@ def step_figures(
   wall = None
   if mean is not None and name in ms and "anchor" in ms:
     wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}
+    rounds = rounds or {}
+    step_rounds = figures.round_times({"step": ms[name]}, {"step": rounds.get(name)})
+    anchor_rounds = figures.round_times({"step": ms["anchor"]}, {"step": rounds.get("anchor")})
+    per_round = None
+    if step_rounds is not None and anchor_rounds is not None:
+      per_round = [mean * a["step"] / b["step"] for a, b in zip(anchor_rounds, step_rounds)]
+    figures.with_spread(wall, figures.round_spread([per_round]))
   curves = [(anchor[s]["steps"], anchor[s]["loss"]) for s in seeds]
   return {
     "name": name,
@@ -68,14 +77,15 @@ def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
   n = int(result["steps"])
   anchor = result["anchor"]["curves"]
   ms = result["timing"]["ms_per_step"]
+  rounds = result["timing"].get("rounds_ms")  # each timing round's ms (none in an older record)
   eval_se = (result["anchor"].get("eval") or {}).get("paired_se")
   previous = dict(result["anchor"]["at_n"])
   anchor_runs = {"runs": {s: {"loss": x} for s, x in previous.items()}}
-  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se)]
+  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se, rounds)]
   rows[0]["vs_previous"] = None
   for name in result["tricks"]:
     step = result["step_runs"][name]
-    row = step_figures(name, step, previous, anchor, ms, n, eval_se)
+    row = step_figures(name, step, previous, anchor, ms, n, eval_se, rounds)
     row.update(lr=step["lr"], iterate=step["iterate"], beta=step["beta"], record=result["records"][name])
     rows.append(row)
     previous = {s: r["loss"] for s, r in step["runs"].items()}

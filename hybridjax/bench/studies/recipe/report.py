@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridjax import plotting
-from hybridjax.bench.cells import compute_clause, eval_note, paired_cell, pays_clause, speedup_cell, verdict_cell
+from hybridjax.bench.cells import (
+  compute_clause,
+  eval_note,
+  paired_cell,
+  pays_clause,
+  speedup_cell,
+  spread_note,
+  verdict_cell,
+)
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION
 
 
@@ -36,7 +44,7 @@ def recipe_scale(result: dict[str, Any]) -> str:
   """One line on what a scale ran."""
   total = result["total_speedup"]
   wall = total.get("wallclock_ratio") or {}
-  wall_text = f", {wall['mean']:.2f}× in wall-clock" if wall.get("mean") is not None else ""
+  wall_text = f", {wall['mean']:.2f}× in wall-clock ({spread_note(wall)})" if wall.get("mean") is not None else ""
   return (
     f"`{result['preset']}`: N = {result['steps']}, headline seeds {result['figures'][0]['seeds']}; the whole "
     f"recipe {speedup_cell(total)} fewer steps than R4{wall_text}; {compute_clause(result)}"
@@ -98,7 +106,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
     out.append(
       f"| {r['name']} | {', '.join(f'{x:.4f}' for x in r['loss'])} | "
       f"{', '.join('—' if x is None else f'{x:.2f}' for x in r['speedup']['per_seed'])} | "
-      f"{'—' if wall is None else format(wall['mean'], '.2f') + '×'} | "
+      f"{'—' if wall is None else format(wall['mean'], '.2f') + '×; ' + spread_note(wall)} | "
       f"{'—' if wall is None else format(wall['step_ms'], '.1f')} | {r['lr']:.4g} | {r['iterate']} ({r['beta']}) |"
     )
   out += ["", f"The anchor's budgets: {result['anchor']['budgets']} steps."]

@@ -8,10 +8,14 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax.bench import record as record_lib
-from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, tuned_rows
+from hybridjax.bench.speedrun import PUBLISHED, TRICKS, apply_tricks, recipe_record, tuned_rows
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
+# The smallest preset the study runs at as it stands: its pairs need a whole recipe's record (each row's
+# tuned LR; `tiny`'s is published) and a model of 2 layers or more (the value residual reads a later
+# layer). `quick` has neither: its recipe trains two tricks on a one-layer model.
+SMALLEST_PRESET = "tiny"
 PUBLISH_IGNORES = record_lib.other_studies("variants")  # the blocks a variants record compares without
 
 
@@ -59,7 +63,15 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     raise ValueError(
       f"--config.benchmark.variants.lr_points={v.lr_points}: give at least 2 (a sweep of one LR tunes nothing)"
     )
-  _, record = recipe_record(str(config.benchmark.preset), str(v.lrs_from), "benchmark.variants.lrs_from")
+  preset = str(config.benchmark.preset)
+  if not v.lrs_from and not os.path.exists(os.path.join(PUBLISHED, f"recipe-{preset}.json")):
+    raise ValueError(
+      f"the variants study does not run at `{preset}`: each pair starts from a row of the whole recipe at the LR "
+      f"a recipe record tuned for it, and no recipe record is published for `{preset}`. The smallest preset where "
+      f"it runs is `{SMALLEST_PRESET}`: --config=experiments/configs/benchmark.py:{SMALLEST_PRESET} "
+      "--config.benchmark.study=variants (or give a whole recipe's record with --config.benchmark.variants.lrs_from)"
+    )
+  _, record = recipe_record(preset, str(v.lrs_from), "benchmark.variants.lrs_from")
   tuned_rows(record, "benchmark.variants.lrs_from")  # a record that cannot give every row its LR fails here
   fields = set(config_lib.flatten(config))
   out = {}
