@@ -348,9 +348,10 @@ def test_the_recipe_flags_an_anchor_run_on_a_plateau_and_adds_seeds_that_keep_ev
 
 
 def test_the_tiny_recipes_runs_sit_on_no_plateau():
-  """The plateau rule on the published `tiny` recipe, read from its committed run cache (each run's
-  eval curve): no step's run and no anchor N-step run is flagged, so its three headline seeds stand."""
-  path = os.path.join(PUBLISHED, "recipe", "recipe-tiny.json")
+  """The plateau rule on the first trick list's published `tiny` recipe, read from its committed run
+  cache (each run's eval curve): no step's run and no anchor N-step run is flagged, so its three
+  headline seeds stand."""
+  path = os.path.join(PUBLISHED, "recipe", "trick-list-1-recipe-tiny.json")
   with open(path) as f:
     result = json.load(f)
   cache = os.path.join(PUBLISHED, "recipe", "tiny-run-cache")
