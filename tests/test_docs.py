@@ -302,6 +302,7 @@ def test_the_recipe_pages_tiny_figures_are_the_published_ones():
   first = _recipe("trick-list-1-recipe-tiny")["total_speedup"]
   assert f"the same table ended at {first['mean']:.2f}× ± {first['std']:.2f}" in page
 
+
 def test_the_readmes_r6_figures_are_the_published_ones():
   """The R6 figures the README's prose quotes (the best arm's pass ratio, selective backprop's loss gap,
   pass and wall-clock ratios) are those of docs/results/ladder/ladder-long.json."""

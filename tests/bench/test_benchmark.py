@@ -442,8 +442,11 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
     head["backward_ratio"]["vs_averaged_baseline"]
     == stored["figures"]["jump"]["averaged_baseline"]["backward_ratio"]["mean"]
   )
-  reach = protocol.steps_to_reach(
-    stored["budgets"], stored["curves"]["averaged_baseline"]["1"], runs["jump"]["1"]["final_loss"]
+  reach = protocol.steps_to_reach_at_n(  # read as the anchor reads itself at N (`figures.method_figures`)
+    stored["budgets"],
+    stored["curves"]["averaged_baseline"]["1"],
+    runs["jump"]["1"]["final_loss"],
+    runs["jump"]["1"]["steps"],
   )
   assert stored["figures"]["jump"]["averaged_baseline"]["per_seed"]["backward_ratio"][0]["baseline_steps"] == (
     reach.steps
@@ -583,7 +586,8 @@ def test_the_quick_recipe_reads_each_step_on_the_anchors_curve_and_recomputes(qu
   muon = stored["step_runs"]["muon"]
   assert muon["iterate"] in ("raw", "averaged") and muon["lr"] in muon["grid"]
   s = sorted(muon["runs"], key=int)[0]
-  reach = protocol.steps_to_reach(anchor["curves"][s]["steps"], anchor["curves"][s]["loss"], muon["runs"][s]["loss"])
+  curve = anchor["curves"][s]
+  reach = protocol.steps_to_reach_at_n(curve["steps"], curve["loss"], muon["runs"][s]["loss"], n)
   got = stored["figures"][-1]["speedup"]["per_seed"][0]
   assert (got is None and reach.steps is None) or got == pytest.approx(reach.steps / n)
   assert stored["total_speedup"]["name"] == "muon"
