@@ -581,3 +581,23 @@ def test_the_usage_pages_benchmark_time_is_the_published_familys():
     f"its anchors and {arms} arms, trained {result['runs_trained']} runs in {result['wall_s'] / 3600:.1f} h on 2 cores"
     in page
   )
+
+
+def test_the_optimizers_cell_the_docs_quote_is_the_published_one():
+  """The README's and recipe.md's reading of Muon's factor on AdamW's own curve (cell 0, both rows as
+  published) is docs/results/optimizers/optimizers-long.json's: both readings with their 95% intervals,
+  the seeds and the verdict against the field."""
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-long.json")) as f:
+    result = json.load(f)
+  a, b = result["factor"]["a"], result["factor"]["b"]
+  lo, hi = a["ci95"]
+  reading_a = f"{a['mean']:.2f}× [{lo:.2f}, {hi:.2f}]"
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert f"needs {reading_a} as many steps for" in readme
+  assert f"{len(result['seeds'])} seeds; the other reading {b['mean']:.2f}×" in readme
+  assert result["verdict"] == "above the field" and lo > 1.5
+  assert '"above the field" (its interval lies above 1.5×)' in readme
+  page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
+  blo, bhi = b["ci95"]
+  assert f"at {reading_a} on AdamW's own curve (reading (a); reading (b) {b['mean']:.2f}× [{blo:.2f}, {bhi:.2f}])" in page
+  assert '"above the field" by the study\'s rule' in page and result["cell"]["name"] == "as_published"
