@@ -599,5 +599,6 @@ def test_the_optimizers_cell_the_docs_quote_is_the_published_one():
   assert '"above the field" (its interval lies above 1.5×)' in readme
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   blo, bhi = b["ci95"]
-  assert f"at {reading_a} on AdamW's own curve (reading (a); reading (b) {b['mean']:.2f}× [{blo:.2f}, {bhi:.2f}])" in page
+  reading_b = f"{b['mean']:.2f}× [{blo:.2f}, {bhi:.2f}]"
+  assert f"at {reading_a} on AdamW's own curve (reading (a); reading (b) {reading_b})" in page
   assert '"above the field" by the study\'s rule' in page and result["cell"]["name"] == "as_published"
