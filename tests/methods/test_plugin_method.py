@@ -149,7 +149,8 @@ def test_a_user_method_and_task_get_the_protocols_verdict(user_module, tmp_path,
     "from hybridjax.tasks import mlp\n\ndef build_task(config):\n  return mlp.build_task(config)\n"
   )
   c = benchmark_cfg.get_config("quick")
-  del c.model, c.data  # the GPT-2 task's blocks
+  with c.unlocked():
+    del c.model, c.data  # the GPT-2 task's blocks, which the user's task does not read
   c.trainer.update(steps=40, batch_size=16, eval_batches=4, compile_cache_dir=jax_cache)
   c.optim.learning_rate = 0.01
   c.benchmark.update(task="user_methods.task", methods="repeat,repeat_control", timing_rounds=2, timing_steps=5)
