@@ -59,21 +59,6 @@ def moved_errors(fields: Mapping[str, Any]) -> list[str]:
   return errors
 
 
-class BenchmarkBlock(ml_collections.ConfigDict):
-  """The benchmark block (`config.benchmark`): setting a study's field by its old name fails, naming
-  its field now (else a flat field would be added unread and the study would run on its default)."""
-
-  def __setitem__(self, key: str, value: Any) -> None:
-    if errors := moved_errors({key: value}):
-      raise ValueError("; ".join(errors))
-    super().__setitem__(key, value)
-
-  def update(self, *other: Any, **kwargs: Any) -> None:
-    if errors := moved_errors(dict(*other, **kwargs)):
-      raise ValueError("; ".join(errors))
-    super().update(*other, **kwargs)
-
-
 class OpenBlock(ml_collections.ConfigDict):
   """A block that stays open when its config is locked (`benchmark.arms`): an arm of the user's is
   added by name, from Python too (`c.benchmark.arms.mine = {'method': ...}`); each arm's own fields
@@ -81,6 +66,23 @@ class OpenBlock(ml_collections.ConfigDict):
 
   def lock(self) -> OpenBlock:
     return self
+
+
+class BenchmarkBlock(ml_collections.ConfigDict):
+  """The benchmark block (`config.benchmark`): setting a study's field by its old name fails, naming
+  its field now (else a flat field would be added unread and the study would run on its default)."""
+
+  def __setitem__(self, key: str, value: Any) -> None:
+    if errors := moved_errors({key: value}):
+      raise ValueError("; ".join(errors))
+    if key == "arms" and value is not None and not isinstance(value, OpenBlock):
+      value = OpenBlock(value)  # the arms stay an open block, whatever form they are given in
+    super().__setitem__(key, value)
+
+  def update(self, *other: Any, **kwargs: Any) -> None:
+    if errors := moved_errors(dict(*other, **kwargs)):
+      raise ValueError("; ".join(errors))
+    super().update(*other, **kwargs)
 
 
 def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
