@@ -199,8 +199,14 @@ def test_sigkill_during_async_save_keeps_the_previous_checkpoint(tmp_path, jax_c
   workdir = tmp_path / "run"
   steps = 30
   env = dict(os.environ, JAX_PLATFORMS="cpu")
+  # The child imports the helper as the parent does (not as __main__), so that the run's code fingerprint
+  # (loop.fingerprint: a module's functions by its file's code, __main__'s by their bytecode) is the same.
+  child = (
+    "import sys; sys.path.insert(0, 'tests'); import jax; jax.config.update('jax_platforms', 'cpu'); "
+    "import reliability_helper; reliability_helper.main(sys.argv)"
+  )
   proc = subprocess.Popen(
-    [sys.executable, os.path.join(ROOT, "tests", "reliability_helper.py"), str(workdir), str(steps), "10"],
+    [sys.executable, "-c", child, str(workdir), str(steps), "10"],
     cwd=ROOT,
     env=env,
     stdout=subprocess.PIPE,
