@@ -5,7 +5,10 @@ worker runs it in (one CPU core, XLA:CPU on one thread), and says whether it giv
   python scripts/rerun_variant.py relu2 before 2 --record=docs/results/recipe/variants-fixes-long.json
 
 XLA:CPU's result depends on the cores the process may use (it partitions work by them), so the
-script pins itself to one core before jax starts, as `bench.runs.worker.init_worker` does.
+script pins itself to one core before jax starts, as `bench.runs.worker.init_worker` does. It also
+depends on the host CPU, and the published record does not name the machine kind its runs ran on: so
+the script compares with the bits the published run's own code gave on this machine kind too, where
+`tests/data/variant_rerun_numerics.json` records them (`same_bits_here`; null where it records none).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+MACHINE_RECORDS = os.path.join(ROOT, "tests", "data", "variant_rerun_numerics.json")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -37,6 +41,9 @@ def main(argv: list[str] | None = None) -> dict:
   from hybridjax.bench.runs.anchor_run import run_anchor
   from hybridjax.bench.studies.variants.config import side_config
   from hybridjax.bench.studies.variants.sets import SETS
+
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from method_numerics import machine
 
   with open(args.record) as f:
     record = json.load(f)
@@ -63,6 +70,14 @@ def main(argv: list[str] | None = None) -> dict:
   out = run_anchor(spec)
   published = published_pair["runs"][args.side][args.seed]
   same = out["final_raw"] == published["final_raw"] and out["final_averaged"] == published["final_averaged"]
+  with open(MACHINE_RECORDS) as f:
+    machine_records = json.load(f)
+  here = [
+    r
+    for r in machine_records["records"]
+    if r["machine"] == machine()
+    and machine_records["run"] == {"pair": args.pair, "side": args.side, "seed": args.seed} | {"key": published["key"]}
+  ]
   result = {
     "pair": args.pair,
     "side": args.side,
@@ -72,6 +87,11 @@ def main(argv: list[str] | None = None) -> dict:
     "final_raw": [out["final_raw"], published["final_raw"]],
     "final_averaged": [out["final_averaged"], published["final_averaged"]],
     "same_bits": same,
+    "machine": machine(),
+    "recorded_here": [here[0]["final_raw"], here[0]["final_averaged"]] if here else None,
+    "same_bits_here": (out["final_raw"] == here[0]["final_raw"] and out["final_averaged"] == here[0]["final_averaged"])
+    if here
+    else None,
   }
   print(json.dumps(result))
   return result
