@@ -602,3 +602,18 @@ def test_the_optimizers_cell_the_docs_quote_is_the_published_one():
   reading_b = f"{b['mean']:.2f}× [{blo:.2f}, {bhi:.2f}]"
   assert f"at {reading_a} on AdamW's own curve (reading (a); reading (b) {reading_b})" in page
   assert '"above the field" by the study\'s rule' in page and result["cell"]["name"] == "as_published"
+
+
+def test_each_optimizers_cell_published_ran_on_its_frozen_code():
+  """A published cell's record names the code version and libraries its cell's freeze gives."""
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  with open(os.path.join(folder, "campaign-freeze.json")) as f:
+    cells = json.load(f)["cells"]
+  published = sorted(glob.glob(os.path.join(folder, "optimizers-*.json")))
+  assert published
+  for path in published:
+    with open(path) as f:
+      result = json.load(f)
+    freeze = cells[result["cell"]["name"]]
+    assert result["code_version"]["anchor"] == freeze["presets"][result["preset"]]["code_version"], path
+    assert all(freeze["library_versions"][k] == v for k, v in result["library_versions"].items()), path
