@@ -13,7 +13,7 @@ import ml_collections
 from absl import app
 
 from hybridjax import cli
-from hybridjax.bench import speedrun, study
+from hybridjax.bench import specs, speedrun, study
 
 _CONFIG_PATH = os.path.join(os.path.dirname(__file__), "configs", "benchmark.py")
 
@@ -50,6 +50,6 @@ def _expand_quick(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
   # Rewritten before the flags exist: config_flags also reads sys.argv for `--config.*` overrides.
-  sys.argv = study.current_names(_expand_quick(sys.argv))
+  sys.argv = specs.current_names(_expand_quick(sys.argv))
   _FLAGS = cli.define_flags(_CONFIG_PATH + ":long", "Output folder (default: runs/benchmark-<preset>-<family>).")
   cli.run_app(main)

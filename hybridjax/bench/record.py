@@ -213,3 +213,27 @@ def write_and_publish(
     except ValueError as e:
       raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
     write_files(result, publish, record, markdown, plot)
+
+
+def keep_earlier_report(config: ml_collections.ConfigDict, workdir: str, name: str, study: str) -> str | None:
+  """Where `workdir` holds a record `name` of the study `study` of another config (`record.config_differences`,
+  outside the other studies' blocks: another method list, another task...), moves every file of its
+  top level (the report: its json, markdown and plots; the run cache and the compilation cache are
+  folders, shared) into `<workdir>/earlier-<its date>/`, says so, and returns that folder: a second
+  benchmark in a workdir keeps the first's report beside its own. None where there is nothing to keep
+  (no record, or one of this config: a re-run, which replaces it)."""
+  earlier = stored(os.path.join(workdir, name))
+  if not earlier:
+    return None
+  lines = config_differences(stored_config(earlier), config, other_studies(study))
+  if not lines:
+    return None
+  stamp = re.sub(r"[^0-9A-Za-z]+", "-", str(earlier.get("date", "undated"))).strip("-")
+  folder = os.path.join(workdir, f"earlier-{stamp}")
+  os.makedirs(folder, exist_ok=True)
+  for entry in sorted(os.listdir(workdir)):
+    if os.path.isfile(os.path.join(workdir, entry)):
+      os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
+  shown = "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
+  print(f"note: {workdir} held the report of another benchmark ({shown}); it is kept in {folder}", flush=True)
+  return folder

@@ -4,13 +4,19 @@ the arm) and the checks on the benchmark block. A spec's cache key is `keys.run_
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
+import re
+import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 
+from hybridjax import config as config_lib
 from hybridjax import fields, preflight
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
@@ -29,7 +35,7 @@ MOVED |= {f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon
 MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "budgets", "budget_extensions")}
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
 # The benchmark block's own fields (experiments/configs/benchmark.py writes them), besides the study
-# blocks (`study.add_defaults`): a key outside them is a typo, refused (`study.unknown_benchmark_fields`).
+# blocks (`study.add_defaults`): a key outside them is a typo, refused (`unknown_benchmark_fields`).
 FIELDS = (
   "preset", "family", "tuning_seeds", "seeds", "lr_points", "lr_max_extensions", "budgets", "betas", "task",
   "methods", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address", "eval_points", "timing_rounds",
@@ -43,6 +49,77 @@ BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each
 # `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
 # config module lists it in its `TUNERS`).
 TUNERS = ("lr", "joint")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overwritten:
+  """An experiment field the benchmark sets per run (`specs.run_spec`, the tuning): why and the fix,
+  and its value in every preset of experiments/configs/benchmark.py where all presets give it one
+  (`PER_PRESET` where they differ: then only the command line is checked)."""
+
+  why: str
+  preset_value: Any
+
+
+PER_PRESET = object()  # an `Overwritten.preset_value`: the presets give the field different values
+_DEFAULTS = {f.name: f.default for f in config_lib.TOP_FIELDS} | {
+  f"trainer.{f.name}": f.default for f in config_lib.TRAINER_FIELDS
+}
+# Given on the command line (or, from Python, away from every preset's value), they are refused, not ignored.
+OVERWRITTEN = {
+  "seed": Overwritten(
+    "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
+    "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
+    _DEFAULTS["seed"],
+  ),
+  "mode": Overwritten(
+    "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
+    "arm's mode): leave out --config.mode and name the methods to run in --config.benchmark.methods",
+    BENCHMARK_MODE,
+  ),
+  "trainer.eval_every": Overwritten(
+    "the benchmark evaluates each N-step run --config.benchmark.eval_points times and the "
+    "other budgets at their end: leave out --config.trainer.eval_every and set --config.benchmark.eval_points",
+    PER_PRESET,
+  ),
+  "trainer.log_every": Overwritten(
+    "the benchmark logs each run at its evals (--config.benchmark.eval_points): leave out --config.trainer.log_every",
+    PER_PRESET,
+  ),
+  "trainer.averaging_beta": Overwritten(
+    "the benchmark tunes the averaging beta on the tuning seeds over "
+    "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
+    _DEFAULTS["trainer.averaging_beta"],
+  ),
+}
+
+
+def unknown_benchmark_fields(config: ml_collections.ConfigDict, known: set[str]) -> list[str]:
+  """A line for each key of the benchmark block that is no field of it (`known`: `study.known_fields`), naming the
+  nearest: ml_collections adds a key set from Python to an unlocked config (`c.benchmark.method = ...`)
+  and the study would run on the field's default, without a word. The arms (`benchmark.arms`, checked by
+  `arms.check`) are an open block; `benchmark.ladder.muon`'s keys are optimizer fields. The experiment
+  blocks' keys are `config.unknown_field_errors`' (`validate_benchmark` calls it)."""
+  b = config.benchmark
+  optim = set(config.get("optim", {}))
+  errors = []
+  for name in config_lib.flatten(b):
+    top = name.split(".")[0]
+    if name in known or top == "arms" or top in MOVED or top in OLD_FLAGS and "." not in name:
+      continue  # an old name: `specs.moved_errors` names its field now
+    if name.startswith("ladder.muon."):
+      if name.split(".", 2)[2] in optim:
+        continue
+      nearest = difflib.get_close_matches(name.split(".", 2)[2], sorted(optim), n=1, cutoff=0.6)
+      nearest = ["ladder.muon." + n for n in nearest]
+    else:
+      nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean --config.benchmark.{nearest[0]}? " if nearest else "(docs/benchmark.md lists the fields) "
+    errors.append(
+      f"--config.benchmark.{name} is not a field of the benchmark block: {hint}A misspelt key would leave the "
+      "field it meant at its default; rename or remove it"
+    )
+  return errors
 
 
 def moved_errors(fields: Mapping[str, Any]) -> list[str]:
@@ -406,3 +483,30 @@ def run_spec(
   if wide_eval:
     spec["wide_eval"] = int(wide_eval)
   return spec
+
+
+_DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line
+
+
+def current_names(argv: list[str]) -> list[str]:
+  """`argv` with the study flags and fields of the release before the study blocks in today's names,
+  each with a FutureWarning naming the field now: `--config.benchmark.ladder=True` is
+  `--config.benchmark.study=ladder` (`=False`: left out), `--config.benchmark.ladder_rungs=R6` is
+  `--config.benchmark.ladder.rungs=R6` (`MOVED`)."""
+  out, named = [], {}  # named: each argument that names a study -> the study
+  for arg in argv:
+    m = re.fullmatch(r"(--(?:no)?config\.benchmark\.)(\w+)(.*)", arg)
+    new = arg
+    if m and m[2] in MOVED:
+      new = m[1] + MOVED[m[2]] + m[3]
+      warnings.warn(_DEPRECATED.format(arg.split("=")[0], f"use {new.split('=')[0]}"), FutureWarning, stacklevel=2)
+    elif m and m[2] in OLD_FLAGS and m[3][:1] in ("", "="):
+      on = m[1] == "--config.benchmark." and m[3].lower() in ("", "=true", "=1")
+      new = f"--config.benchmark.study={m[2]}" if on else ""
+      warnings.warn(_DEPRECATED.format(arg, f"use {new}" if on else "leave it out"), FutureWarning, stacklevel=2)
+    if new.startswith("--config.benchmark.study="):
+      named[arg] = new.split("=", 1)[1]
+    out += [new] if new else []
+  if len(set(named.values())) > 1 and any(not a.startswith("--config.benchmark.study=") for a in named):
+    sys.exit(f"error: {' and '.join(named)} name different studies: set --config.benchmark.study alone")
+  return out

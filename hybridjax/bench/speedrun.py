@@ -269,3 +269,11 @@ def tuned_rows(result: dict[str, Any], field: str) -> dict[str, dict[str, Any]]:
     source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
     out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
   return out
+
+
+def is_speedrun_family(config: ml_collections.ConfigDict) -> bool:
+  """Whether `config` is the `speedrun` family (`experiments/configs/benchmark.py:<preset>,speedrun`:
+  the whole recipe, `speedrun_config`) run as a family."""
+  return str(config.benchmark.get("study", "family")) == "family" and str(config.benchmark.family).startswith(
+    "speedrun-"
+  )

@@ -86,3 +86,26 @@ def task_blocks() -> tuple[str, ...]:
   """The config blocks some built-in task reads: a field of one set for a task that does not read it
   is refused (`reads`)."""
   return tuple(dict.fromkeys(b for name in BUILTIN_TASKS for b in reads(name)))
+
+
+def unread_block_errors(name: str, flat: dict[str, Any], given: set[str]) -> list[str]:
+  """A line for each field of `given` (dotted; `flat`: the config flattened) in a block the task
+  `name` does not read (its `READS`), and for `data.path` set at all there (no preset gives a corpus):
+  every run would record it, in its key too, and never read it. A task that does not load: none
+  (the benchmark's checks name it)."""
+  try:
+    task_reads = reads(name)
+  except ValueError:
+    return []
+  unread = [b for b in task_blocks() if b not in task_reads]
+  if "data" in unread and flat.get("data.path"):
+    given = given | {"data.path"}
+  blocks = " and ".join(f"its {b}" for b in task_reads) if task_reads else "no block of a task's"
+  return [
+    f"--config.{field}={flat.get(field)!r} is set but unused: --config.benchmark.task={name!r} reads "
+    f"{blocks} (its READS), not the {field.split('.')[0]} block, so every run would record it and never read "
+    "it. Set the fields the task reads, declare READS in the task's module if it does read this block "
+    "(docs/benchmark.md), or use --config.benchmark.task=gpt2"
+    for field in sorted(given)
+    if field.split(".")[0] in unread
+  ]

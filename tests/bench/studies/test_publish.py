@@ -13,7 +13,7 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import config as config_lib
-from hybridjax.bench import record, speedrun, study
+from hybridjax.bench import record, specs, speedrun, study
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.ladder import config as ladder_config
@@ -146,7 +146,7 @@ def test_an_old_records_config_compares_in_todays_shape():
 def _command_config(command: str):
   """The config `command` (one invocation, as a record holds it) gives today; its overrides here set
   string fields only."""
-  argv = study.current_names(shlex.split(command)[3:])
+  argv = specs.current_names(shlex.split(command)[3:])
   (config_arg,) = [a for a in argv if a.startswith("--config=")]
   c = benchmark_cfg.get_config(config_arg.split(":", 1)[1])
   fields = dict(a[len("--config.") :].split("=", 1) for a in argv if a.startswith("--config."))

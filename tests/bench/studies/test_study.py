@@ -71,7 +71,7 @@ def test_the_command_line_takes_the_old_names_for_one_release_with_a_warning_nam
   argv = ["prog", "--config.benchmark.ladder=True", "--config.benchmark.ladder_rungs=R6", "--workdir=w"]
   argv += ["--config.benchmark.recipe_budgets", "(3.0,)", "--config.benchmark.muon.learning_rate=0.01"]
   with pytest.warns(FutureWarning) as warned:
-    assert study.current_names(argv) == [
+    assert specs.current_names(argv) == [
       "prog",
       "--config.benchmark.study=ladder",
       "--config.benchmark.ladder.rungs=R6",
@@ -90,12 +90,12 @@ def test_the_command_line_takes_the_old_names_for_one_release_with_a_warning_nam
     "--config.benchmark.ladder=True is deprecated and goes in the next release: use --config.benchmark.study=ladder"
   )
   with pytest.warns(FutureWarning, match=r"--config\.benchmark\.recipe=False is deprecated .*: leave it out"):
-    assert study.current_names(["prog", "--config.benchmark.recipe=False"]) == ["prog"]
+    assert specs.current_names(["prog", "--config.benchmark.recipe=False"]) == ["prog"]
   for both in (["--config.benchmark.ladder=True", "--config.benchmark.recipe=True"], ["--config.benchmark.ladder"]):
     with pytest.warns(FutureWarning), pytest.raises(SystemExit, match="name different studies"):
-      study.current_names(["prog", *both, "--config.benchmark.study=recipe"])
+      specs.current_names(["prog", *both, "--config.benchmark.study=recipe"])
   with pytest.warns(FutureWarning):  # the same study twice is no conflict
-    assert study.current_names(["p", "--config.benchmark.recipe", "--config.benchmark.study=recipe"])[1:] == [
+    assert specs.current_names(["p", "--config.benchmark.recipe", "--config.benchmark.study=recipe"])[1:] == [
       "--config.benchmark.study=recipe",
       "--config.benchmark.study=recipe",
     ]
