@@ -22,7 +22,7 @@ import ml_collections
 from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
 from hybridjax import registry, schema, sharding
-from hybridjax.models import attention, gpt2
+from hybridjax.models import gpt2
 
 
 def _raise(errors: list[str]) -> None:
@@ -33,35 +33,11 @@ def _raise(errors: list[str]) -> None:
 _int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
 _bool, _str = schema.check_bool, schema.check_str
 
-# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them.
+# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them: the model's
+# fields as `GPT2Config` declares them.
 _GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
-  "model.vocab_size": _int(2, 65535),
-  "model.n_ctx": _int(1),
-  "model.n_layer": _int(1),
-  "model.n_head": _int(1),
-  "model.d_model": _int(1),
-  "model.dropout": _num(0.0, 1.0, hi_open=True),
-  "model.layer_norm_eps": _num(0.0, lo_open=True),
-  "model.dtype": _choice("float32", "bfloat16", "float16"),
-  "model.attention": _choice(*attention.ATTENTIONS),  # its combinations: `models.gpt2.option_errors`
-  "model.loss_chunk": _int(0),
-  # The speedrun's architecture options (`models.gpt2.OPTIONS`; their combinations are checked below).
-  "model.rotary": _bool,
-  "model.rotary_base": _num(1.0, lo_open=True),
-  "model.qk_norm": _bool,
-  "model.relu2": _bool,
-  "model.rmsnorm": _bool,
-  "model.embed_norm": _bool,
-  "model.zero_init_proj": _bool,
-  "model.untied_head": _bool,
-  "model.logit_softcap": _num(0.0),
-  "model.embed_skips": _bool,
-  "model.value_embeds": _int(0),
-  "model.unet_skips": _bool,
-  "model.value_residual": _bool,
-  "model.attn_scale": _num(0.0),  # 0 = 1/sqrt(head_dim)
-  "model.learned_attn_scale": _choice(*gpt2.LEARNED_ATTN_SCALES),
-  "model.init": _choice(*gpt2.INITS),
+  f"model.{f.name}": f.metadata["check"] for f in dataclasses.fields(gpt2.GPT2Config)
+} | {
   "data.path": _str,
   "data.tokenizer": _choice("byte", "gpt2"),
   "data.cache_dir": _str,

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hybridjax import schema
 from hybridjax.models import attention as attention_lib
 from hybridjax.models import layers, lm_loss
 from hybridjax.optim import Batch, LossFn
@@ -40,6 +41,14 @@ from hybridjax.optim import Batch, LossFn
 Params = dict[str, Any]
 
 _COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+INITS = ("gpt2", "fan_in", "fan_in_0.5")
+LEARNED_ATTN_SCALES = ("none", "layer", "head")
+
+
+def _checked(check: schema.Check, default: Any = dataclasses.MISSING) -> Any:
+  """A field of `GPT2Config` with its check (`schema.check_*`), which `GPT2Config.validate` and a
+  run's pre-flight (`preflight.declared_checks`, as `--config.model.<name>`) both apply."""
+  return dataclasses.field(default=default, metadata={"check": check})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,51 +112,41 @@ class GPT2Config:
   Hugging Face GPT-2.
   """
 
-  vocab_size: int
-  n_ctx: int
-  n_layer: int
-  n_head: int
-  d_model: int
-  dropout: float = 0.0
-  layer_norm_eps: float = 1e-5
-  dtype: str = "float32"
-  attention: str = "auto"
-  loss_chunk: int = 0
-  rotary: bool = False
-  rotary_base: float = 10000.0
-  qk_norm: bool = False
-  relu2: bool = False
-  rmsnorm: bool = False
-  embed_norm: bool = False
-  zero_init_proj: bool = False
-  untied_head: bool = False
-  logit_softcap: float = 0.0
-  embed_skips: bool = False
-  value_embeds: int = 0
-  unet_skips: bool = False
-  value_residual: bool = False
-  attn_scale: float = 0.0
-  learned_attn_scale: str = "none"
-  init: str = "gpt2"
+  vocab_size: int = _checked(schema.check_int(2, 65535))  # token ids are stored as uint16 (`data`)
+  n_ctx: int = _checked(schema.check_int(1))
+  n_layer: int = _checked(schema.check_int(1))
+  n_head: int = _checked(schema.check_int(1))
+  d_model: int = _checked(schema.check_int(1))
+  dropout: float = _checked(schema.check_num(0.0, 1.0, hi_open=True), 0.0)
+  layer_norm_eps: float = _checked(schema.check_num(0.0, lo_open=True), 1e-5)
+  dtype: str = _checked(schema.check_choice(*_COMPUTE_DTYPES), "float32")
+  attention: str = _checked(schema.check_choice(*attention_lib.ATTENTIONS), "auto")
+  loss_chunk: int = _checked(schema.check_int(0), 0)
+  rotary: bool = _checked(schema.check_bool, False)
+  rotary_base: float = _checked(schema.check_num(1.0, lo_open=True), 10000.0)
+  qk_norm: bool = _checked(schema.check_bool, False)
+  relu2: bool = _checked(schema.check_bool, False)
+  rmsnorm: bool = _checked(schema.check_bool, False)
+  embed_norm: bool = _checked(schema.check_bool, False)
+  zero_init_proj: bool = _checked(schema.check_bool, False)
+  untied_head: bool = _checked(schema.check_bool, False)
+  logit_softcap: float = _checked(schema.check_num(0.0), 0.0)
+  embed_skips: bool = _checked(schema.check_bool, False)
+  value_embeds: int = _checked(schema.check_int(0), 0)
+  unet_skips: bool = _checked(schema.check_bool, False)
+  value_residual: bool = _checked(schema.check_bool, False)
+  attn_scale: float = _checked(schema.check_num(0.0), 0.0)
+  learned_attn_scale: str = _checked(schema.check_choice(*LEARNED_ATTN_SCALES), "none")
+  init: str = _checked(schema.check_choice(*INITS), "gpt2")
 
   def validate(self) -> None:
-    """Raises ValueError naming the first invalid field."""
-    for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise ValueError(f"model.{name} must be an int, got {value!r}")
-      if value <= 0:
-        raise ValueError(f"model.{name} must be positive, got {value}")
+    """Raises ValueError naming the first invalid field: its declared check, then the relations."""
+    for f in dataclasses.fields(self):
+      msg = f.metadata["check"](getattr(self, f.name))
+      if msg:
+        raise ValueError(f"model.{f.name} {msg}")
     if self.d_model % self.n_head:
       raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-    if not self.layer_norm_eps > 0.0:
-      raise ValueError(f"model.layer_norm_eps must be positive, got {self.layer_norm_eps}")
-    if self.dtype not in _COMPUTE_DTYPES:
-      raise ValueError(f"model.dtype must be one of {_COMPUTE_DTYPES}, got {self.dtype!r}")
-    if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, (int, np.integer)) or self.loss_chunk < 0:
-      raise ValueError(f"model.loss_chunk must be an int >= 0 (0 = the whole logits at once), got {self.loss_chunk!r}")
     errors = option_errors(dataclasses.asdict(self))
     if errors:
       raise ValueError(errors[0])
@@ -183,10 +182,8 @@ OPTIONS = (
 )
 """The speedrun's architecture options of `GPT2Config`, all off by default."""
 
-INITS = ("gpt2", "fan_in", "fan_in_0.5")
 """`GPT2Config.init`'s choices: GPT-2's, the records' up to #19 (PyTorch's defaults), record #20's."""
 
-LEARNED_ATTN_SCALES = ("none", "layer", "head")
 """`GPT2Config.learned_attn_scale`'s choices."""
 
 

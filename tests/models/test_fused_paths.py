@@ -164,7 +164,7 @@ def test_an_impossible_attention_path_is_refused_naming_the_field():
     ({"attention": "flash"}, r"model.attention must be one of"),
     ({"attention": "xla", "dropout": 0.1}, r"model.attention='xla' has no attention dropout"),
     ({"attention": "cudnn"}, r"model.attention='cudnn' needs model.dtype"),
-    ({"loss_chunk": -1}, r"model.loss_chunk must be an int >= 0"),
+    ({"loss_chunk": -1}, r"model.loss_chunk must be >= 0, got -1"),
   ]:
     with pytest.raises(ValueError, match=match):
       dataclasses.replace(TINY, **changes).validate()
