@@ -9,7 +9,8 @@ field's declaration (`schema.Field.doc`: the top level and the `optim`, `trainer
 and `distributed` blocks, declared in `hybridjax/config.py`, `hybridjax/optim.py` and
 `hybridjax/optimizers.py`), the comments next to (or just above) each field's assignment in
 `experiments/configs/gpt2_small.py`, and the `Attributes:` of `GPT2Config`'s docstring for
-`model.*`. tests/test_docs.py fails when docs/config.md's table differs.
+`model.*`; then the benchmark block's own fields (`specs.BENCHMARK_FIELDS`). tests/test_docs.py fails
+when docs/config.md's table differs.
 """
 
 from __future__ import annotations
@@ -193,7 +194,25 @@ def reference_table(preset: str = PRESET) -> str:
   rows = ["| field | default (`tiny`) | meaning |", "|---|---|---|"]
   for name in sorted(fields, key=order):
     rows.append(f"| `{name}` | {_cell(_code(fields[name]))} | {_cell(desc.get(name, (0, ''))[1])} |")
-  return optimizer_table() + "\n\n" + "\n".join(rows)
+  return optimizer_table() + "\n\n" + "\n".join(rows) + "\n\n" + benchmark_table()
+
+
+def benchmark_table(preset: str = "long") -> str:
+  """The benchmark block's own fields (`specs.BENCHMARK_FIELDS`), with their values at `preset` of
+  experiments/configs/benchmark.py; the study blocks and the arms are docs/benchmark.md's."""
+  from experiments.configs import benchmark
+  from hybridjax.bench import specs
+
+  b = benchmark.get_config(preset).benchmark
+  rows = [
+    f"The benchmark block (`experiments/configs/benchmark.py:{preset}`; `specs.BENCHMARK_FIELDS`):",
+    "",
+    f"| field | `{preset}` | meaning |",
+    "|---|---|---|",
+  ]
+  for f in specs.BENCHMARK_FIELDS:
+    rows.append(f"| `benchmark.{f.name}` | {_cell(_code(b[f.name]))} | {_cell(f.doc)} |")
+  return "\n".join(rows)
 
 
 def reference_block(text: str) -> str | None:

@@ -96,7 +96,8 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
   from experiments.configs import gpt2_small
 
   table = runpy.run_path(SCRIPT)["reference_table"]()
-  optimizers, fields = table.split("\n\n")  # what each optimizer reads, then every field
+  # what each optimizer reads, every field, then the benchmark block's own fields
+  optimizers, fields, _, benchmark_rows = table.split("\n\n")
   rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in fields.splitlines()[2:]}
   config = gpt2_small.get_config("tiny")
   flat = {}
@@ -114,6 +115,12 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
   assert rows["hybrid.health.cooldown_steps"] == "`50`"
   assert "| `sgd` | `grad_clip` |" in optimizers  # from the optimizers' declarations
   assert "'wsd'" in table and "\\|" in table  # the declarations' docs made it in, pipes escaped
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import specs
+
+  long = benchmark_cfg.get_config("long").benchmark
+  for f in specs.BENCHMARK_FIELDS:  # the benchmark block's own, from its declarations, at `long`
+    assert f"| `benchmark.{f.name}` | `{long[f.name]!r}` | {f.doc.replace('|', chr(92) + '|')} |" in benchmark_rows
 
 
 def test_every_link_in_the_docs_resolves_inside_the_repository():

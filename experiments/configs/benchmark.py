@@ -30,6 +30,7 @@ import ml_collections
 
 from experiments.configs import gpt2_small
 from hybridjax import config as config_lib
+from hybridjax import schema
 from hybridjax.bench import specs, speedrun
 from hybridjax.bench import study as study_lib
 
@@ -144,46 +145,22 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
   if "wsd" in variants:
     c.optim.schedule = "wsd"
 
-  b = specs.BenchmarkBlock()  # the benchmark's own block, added to the locked config below by its owner
+  # The benchmark's own block (`specs.BENCHMARK_FIELDS`: each field's default, check and doc), added to
+  # the locked config below by its owner; a preset sets its own values here.
+  b = specs.BenchmarkBlock(schema.block(specs.BENCHMARK_FIELDS))
   b.preset = preset
   b.family = f"{c.optim.name}-{c.optim.schedule}"
-  # Seeds: the LR sweep, the averaging beta and any method setting are chosen on the tuning seeds;
-  # the headline figures come from the other seeds. A seed fixes the init and the data order.
-  b.tuning_seeds = (1001, 1002)
-  b.seeds = (1, 2, 3)
-  b.lr_points = 5  # the sweep's first grid: this many LRs on a sqrt(2) grid around optim.learning_rate
-  b.lr_max_extensions = 3  # grid points added, one at a time, while the best LR sits at an edge
-  b.budgets = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # x trainer.steps (= N), each its own schedule
-  b.betas = (0.99, 0.995, 0.998)  # averaging betas tried on the tuning seeds
-  b.task = "gpt2"  # the task (`hybridjax.bench.tasks`): 'gpt2', 'mlp', or a module path of your own
   # The arms the benchmark runs (`benchmark.arms` below), the headline's first: outer momentum, the
-  # arm that did best on the tuning seeds. '' = anchors only.
+  # arm that did best on the tuning seeds.
   b.methods = (
     "outer_momentum,jump,skip_control,jump_outer,skip_control_outer,jump_forecast,skip_control_forecast,hybrid"
   )
   # Outer momentum (K, eta, mu) of the arms that use it; (100, 0.8, 0.75) was reported best at 125M.
   outer = (100, 0.8, 0.75)
-  # Who trains the runs (docs/benchmark.md, "Run the ladder on a cluster"); never part of a run's key.
-  b.executor = "local"  # 'local': worker processes on this machine; 'ray': each run a Ray task ('.[cluster]')
-  b.workers = 2  # local: runs in parallel processes, one CPU core each (1 = in this process; use 1 on a GPU)
-  b.cpus_per_run = 1.0  # ray: CPUs each run's task reserves (XLA:CPU runs one thread either way)
-  b.gpus_per_run = 0.0  # ray: GPUs per run; a share such as 0.25 packs 4 runs on one GPU; 0 = on the CPU
-  b.ray_address = ""  # ray: '' starts Ray on this machine; 'auto' or 'host:port' joins a running cluster
-  b.eval_points = 10  # evals over each run, for the eval curves (the final eval is always one)
-  b.timing_rounds = 12  # interleaved timing: rounds of each arm's steps, in one process
-  b.timing_steps = 25  # steps per arm and round
-  b.publish = ""  # a folder to copy headline.json, results.md and the plots into ('' = none)
-  # 'family': one family's protocol; 'ladder'; 'recipe'; 'variants'; 'knobs'; 'optimizers' (`hybridjax/bench/studies/`)
-  b.study = "family"
-  # The plateau rule (the ladder's and the recipe's): flags a run, adds headline seeds.
-  b.plateau_margin = 0.05  # a run > 5% above its group's median eval loss at N/10 or N is a plateau
-  b.plateau_seeds = (4, 5)  # headline seeds added to a group with a plateau run
   study_lib.add_defaults(b, preset)  # each study's block (its config.py): benchmark.ladder, benchmark.recipe
   # The arms the ladder runs (`bench/studies/ladder`): at every rung, and at the tuned rungs R3-R6 only.
   b.ladder.methods = "hybrid,velocity_control,jump,skip_control,outer_momentum,selective,selective_control"
   b.ladder.cosine_methods = "jump_forecast,skip_control_forecast"
-  b.iterate = "averaged"  # what the tuning ranks runs by: 'averaged', or 'best' (the better iterate)
-  b.tuner = "lr"  # 'lr': the LR sweep (`bench/tuning.py`); 'joint': the joint search (`bench/search.py`)
 
   if preset == "quick":  # the whole protocol in 2-3 minutes, for the tests
     c.trainer.update(steps=40, batch_size=8, eval_batches=2)

@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from hybridjax import config as config_lib
-from hybridjax import fields, preflight
+from hybridjax import fields, preflight, schema
 from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
@@ -34,21 +34,99 @@ MOVED = {f"ladder_{f}": f"ladder.{f}" for f in ("rungs", "methods", "cosine_meth
 MOVED |= {f: f"ladder.{f}" for f in ("untuned_lr", "constant_eval_points", "muon")}
 MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "budgets", "budget_extensions")}
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
-# The benchmark block's own fields (experiments/configs/benchmark.py writes them), besides the study
-# blocks (`study.add_defaults`): a key outside them is a typo, refused (`unknown_benchmark_fields`).
-FIELDS = (
-  "preset", "family", "tuning_seeds", "seeds", "lr_points", "lr_max_extensions", "budgets", "betas", "task",
-  "methods", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address", "eval_points", "timing_rounds",
-  "timing_steps", "publish", "study", "plateau_margin", "plateau_seeds", "iterate", "arms", "tuner",
-)  # fmt: skip
-# The benchmark block's fields that say how and where a study runs and where it is published, never
-# what it measures (`record.RUNTIME`).
-RUNTIME = ("publish", "study", "executor", "workers", "cpus_per_run", "gpus_per_run", "ray_address")
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
 BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each run sets its own
 # `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
 # config module lists it in its `TUNERS`).
 TUNERS = ("lr", "joint")
+
+
+def _seed_tuple(v: Any) -> str | None:
+  """A tuple of seeds (ints >= 0), empty allowed."""
+  if not isinstance(v, (tuple, list)) or not all(fields.is_int(x) and x >= 0 for x in v):
+    return f"must be a tuple of seeds (integers >= 0), e.g. (1, 2, 3), got {v!r}"
+  return None
+
+
+def _iterate(v: Any) -> str | None:
+  if v in ITERATES:
+    return None
+  return (
+    "must be 'averaged' (the tuning ranks runs by their averaged loss) or 'best' (by each run's better "
+    f"iterate, raw or averaged), got {v!r}"
+  )
+
+
+def _tuner(v: Any) -> str | None:
+  if v in TUNERS:
+    return None
+  return (
+    "must be 'lr' (the LR sweep and the averaging beta) or 'joint' (the joint search over a side's knobs, "
+    f"where the study runs it), got {v!r}"
+  )
+
+
+def _cpus(v: Any) -> str | None:
+  return None if fields.is_num(v) and v > 0 else f"must be a positive number of CPUs per run, got {v!r}"
+
+
+def _gpu_share(v: Any) -> str | None:
+  if not fields.is_num(v) or v < 0 or (v > 1 and v != int(v)):
+    return f"must be 0 (no GPU), a share of one GPU in (0, 1], or a whole number, got {v!r}"
+  return None
+
+
+# The benchmark block's own fields, besides the study blocks (`study.add_defaults`) and the arms (an
+# open block): experiments/configs/benchmark.py builds the block from them and sets a preset's own
+# values; a key outside them is a typo, refused (`unknown_benchmark_fields`). `runtime='host'`: how
+# and where a study runs and where it is published, never what it measures (`record.RUNTIME`).
+F = schema.Field
+BENCHMARK_FIELDS = (
+  F("preset", "long", fields.check_name, "the preset (experiments/configs/benchmark.py): quick, tiny, long, deep, "
+    "124m"),
+  F("family", "adamw-cosine", fields.check_name, "the family's name, `<optim.name>-<optim.schedule>` (the preset "
+    "sets it)"),
+  F("tuning_seeds", (1001, 1002), _seed_tuple, "the seeds the LR, the averaging beta and any method setting are "
+    "chosen on; the headline figures come from the other seeds (a seed fixes the init and the data order)"),
+  F("seeds", (1, 2, 3), _seed_tuple, "the headline seeds"),
+  F("lr_points", 5, fields.check_int(3), "the LR sweep's first grid: this many LRs on a sqrt(2) grid around "
+    "optim.learning_rate"),
+  F("lr_max_extensions", 3, fields.check_int(0), "grid points added, one at a time, while the best LR sits at an edge"),
+  F("budgets", (0.5, 0.75, 1.0, 1.25, 1.5, 2.0), fields.check_num_tuple(0.0), "the anchors' budgets, x "
+    "trainer.steps (= N), each its own schedule; 1.0 among them"),
+  F("betas", (0.99, 0.995, 0.998), fields.check_num_tuple(0.0), "the averaging betas tried on the tuning seeds"),
+  F("task", "gpt2", fields.check_name, "the task (`hybridjax.bench.tasks`): 'gpt2', 'mlp', or a module path of "
+    "your own"),
+  F("methods", "", fields.check_str, "the arms the benchmark runs (`benchmark.arms`), comma-separated, the "
+    "headline's first; '' = anchors only"),
+  F("executor", "local", fields.check_choice(*EXECUTORS), "who trains the runs: 'local' (worker processes on this "
+    "machine) or 'ray' (each run a Ray task, the `cluster` extra); never part of a run's key", runtime="host"),
+  F("workers", 2, fields.check_int(1), "local: runs in parallel processes, one CPU core each (1 = in this "
+    "process; use 1 on a GPU)", runtime="host"),
+  F("cpus_per_run", 1.0, _cpus, "ray: CPUs each run's task reserves (XLA:CPU "
+    "runs one thread either way)", runtime="host"),
+  F("gpus_per_run", 0.0, _gpu_share, "ray: GPUs per run; a share such as 0.25 packs 4 runs on one GPU; 0 = on "
+    "the CPU", runtime="host"),
+  F("ray_address", "", fields.check_str, "ray: '' starts Ray on this machine; 'auto' or 'host:port' joins a "
+    "running cluster", runtime="host"),
+  F("eval_points", 10, fields.check_int(1), "evals over each run, for the eval curves (the final eval is always one)"),
+  F("timing_rounds", 12, fields.check_int(1), "interleaved timing: rounds of each arm's steps, in one process"),
+  F("timing_steps", 25, fields.check_int(1), "steps per arm and round"),
+  F("publish", "", fields.check_str, "a folder to copy the study's record, markdown and plots into ('' = none)",
+    runtime="host"),
+  F("study", "family", fields.check_name, "'family' (one family's protocol), 'ladder', 'recipe', 'variants', "
+    "'knobs' or 'optimizers' (`hybridjax/bench/studies/`)", runtime="host"),
+  F("plateau_margin", 0.05, fields.check_num(0.0, lo_open=True), "the plateau rule (the ladder's and the "
+    "recipe's): a run this far (relative) above its group's median eval loss at N/10 or N is a plateau"),
+  F("plateau_seeds", (4, 5), _seed_tuple, "headline seeds added to a group with a plateau run"),
+  F("iterate", "averaged", _iterate, "what the tuning ranks runs by: 'averaged', or "
+    "'best' (each run's better iterate, raw or averaged)"),
+  F("tuner", "lr", _tuner, "'lr': the LR sweep (`bench/tuning.py`); 'joint': the joint "
+    "search (`bench/search.py`), where the study runs it"),
+)  # fmt: skip
+del F
+FIELDS = tuple(f.name for f in BENCHMARK_FIELDS) + ("arms",)
+RUNTIME = tuple(f.name for f in BENCHMARK_FIELDS if f.runtime == "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,21 +272,6 @@ def task_name(config: ml_collections.ConfigDict) -> str:
   return str(config.benchmark.get("task", "gpt2"))
 
 
-def check_executor(b: ml_collections.ConfigDict) -> list[str]:
-  """The errors of the benchmark block's executor settings (empty when they can work)."""
-  errors = []
-  if b.executor not in EXECUTORS:
-    errors.append(f"benchmark.executor must be one of {list(EXECUTORS)}, got {b.executor!r}")
-  cpus, gpus = b.cpus_per_run, b.gpus_per_run
-  if not fields.is_num(cpus) or not cpus > 0:
-    errors.append(f"benchmark.cpus_per_run must be a positive number of CPUs per run, got {cpus!r}")
-  if not fields.is_num(gpus) or gpus < 0 or (gpus > 1 and gpus != int(gpus)):
-    errors.append(
-      f"benchmark.gpus_per_run must be 0 (no GPU), a share of one GPU in (0, 1], or a whole number, got {gpus!r}"
-    )
-  return errors
-
-
 def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
   """The error of a seed list (`benchmark.<name>`) that names a seed twice, or none.
 
@@ -228,33 +291,35 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
   ]
 
 
+def block_errors(b: ml_collections.ConfigDict, names: tuple[str, ...] = ()) -> list[str]:
+  """A line for each field of the benchmark block `b` (of `names`, default every declared one) whose
+  declared check refuses its value."""
+  declared = [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)]
+  return schema.errors("benchmark", declared, {f.name: b[f.name] for f in declared})
+
+
 def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
-  """The benchmark block's protocol fields alone: seeds, budgets, the LR grid, betas, workers, evals,
-  the plateau rule."""
-  errors = []
-  if len(b.tuning_seeds) != 2:
-    errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
-  if len(b.seeds) < 2:
-    errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
-  for name in ("seeds", "tuning_seeds", "plateau_seeds"):
-    errors += repeated_seed_errors(name, tuple(b[name]))
-  if set(b.seeds) & set(b.tuning_seeds):
-    errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
-  if 1.0 not in tuple(b.budgets) or any(f <= 0 for f in b.budgets) or len(set(b.budgets)) != len(b.budgets):
+  """The benchmark block's fields (`BENCHMARK_FIELDS`' checks), then the relations among the protocol's:
+  the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
+  errors = schema.errors(
+    "benchmark", BENCHMARK_FIELDS, {f.name: b.get(f.name) for f in BENCHMARK_FIELDS if f.name in b}
+  )
+  bad = {e.split()[0].removeprefix("--config.benchmark.") for e in errors}
+  if not {"seeds", "tuning_seeds", "plateau_seeds"} & bad:
+    if len(b.tuning_seeds) != 2:
+      errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
+    if len(b.seeds) < 2:
+      errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
+    for name in ("seeds", "tuning_seeds", "plateau_seeds"):
+      errors += repeated_seed_errors(name, tuple(b[name]))
+    if set(b.seeds) & set(b.tuning_seeds):
+      errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
+    if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):
+      errors.append("benchmark.plateau_seeds must not repeat a headline or tuning seed")
+  if "budgets" not in bad and (1.0 not in tuple(b.budgets) or len(set(b.budgets)) != len(b.budgets)):
     errors.append(f"benchmark.budgets must be distinct positive factors of N including 1.0, got {tuple(b.budgets)}")
-  if int(b.lr_points) < 3:
-    errors.append(f"benchmark.lr_points must be >= 3, got {b.lr_points}")
-  if not b.betas or any(not 0 < x < 1 for x in b.betas):
+  if "betas" not in bad and any(not x < 1 for x in b.betas):
     errors.append(f"benchmark.betas must be averaging betas in (0, 1), got {tuple(b.betas)}")
-  if int(b.workers) < 1:
-    errors.append(f"benchmark.workers must be >= 1, got {b.workers}")
-  if int(b.eval_points) < 1 or int(b.timing_rounds) < 1 or int(b.timing_steps) < 1:
-    errors.append("benchmark.eval_points, timing_rounds and timing_steps must be >= 1")
-  # The plateau rule (the ladder's and the recipe's: `figures.plateau_runs`).
-  if not float(b.plateau_margin) > 0:
-    errors.append(f"benchmark.plateau_margin must be > 0 (relative, e.g. 0.05), got {b.plateau_margin}")
-  if set(b.plateau_seeds) & (set(b.seeds) | set(b.tuning_seeds)):
-    errors.append("benchmark.plateau_seeds must not repeat a headline or tuning seed")
   return errors
 
 
@@ -264,16 +329,6 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   errors = _protocol_errors(b)
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
-  if b.get("iterate", "averaged") not in ITERATES:
-    errors.append(
-      f"--config.benchmark.iterate={b.iterate!r}: give 'averaged' (the tuning ranks runs by their averaged "
-      "loss) or 'best' (by each run's better iterate, raw or averaged)"
-    )
-  if b.get("tuner", "lr") not in TUNERS:
-    errors.append(
-      f"--config.benchmark.tuner={b.tuner!r}: give 'lr' (the LR sweep and the averaging beta) or 'joint' (the "
-      "joint search over a side's knobs, where the study runs it)"
-    )
   if config.get("hybrid", {}).get("method", ""):
     errors.append(method_field_error(config.hybrid.method))
   if int(config.optim.get("decay_steps", 0)):
@@ -294,7 +349,6 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
         f"the task {task_name(config)!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
-  errors += check_executor(b)
   errors += mlp_block_errors(config)
   if task_name(config) == "gpt2":
     errors += gpt2_task.gpt2_task_errors(config)

@@ -179,7 +179,7 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.tuner = "grid"
-  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner='grid': give 'lr'"):
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner must be 'lr' .*, got 'grid'"):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.optimizers.adamw_row = "rotary"

@@ -366,7 +366,7 @@ def test_the_benchmark_blocks_fields_are_the_presets_and_the_iterate_is_checked(
     assert written == {k for k in study.known_fields(c.benchmark.preset) if not k.startswith("ladder.muon.")}
   c = benchmark_cfg.get_config("quick")
   c.benchmark.iterate = "bset"
-  with pytest.raises(ValueError, match=r"--config\.benchmark\.iterate='bset': give 'averaged' .* or 'best'"):
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.iterate must be 'averaged' .* or 'best' .*, got 'bset'"):
     study.validate(c)
 
 
