@@ -43,6 +43,12 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
   The train state carries the average at `trainer.averaging_beta`, exactly as `train()` does; the
   other betas' averages are side buffers of the loop, updated after each step.
   """
+  return train_anchor(spec)[0]
+
+
+def train_anchor(spec: dict[str, Any]) -> tuple[dict[str, Any], Any, Any, ml_collections.ConfigDict]:
+  """(`run_anchor`'s result, the final train state, the eval function, the run's config): for a run
+  that scores the final state again (`wide_eval_run`)."""
   c = ml_collections.ConfigDict(spec["config"])
   task = tasks_lib.build(spec["task"], c)
   tx, step, eval_fn = _programs(spec, c, task)
@@ -63,7 +69,7 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
   per_batch = out["final_averaged_per_batch"]
   final_averaged = {str(beta): out["curve"][-1]["eval_loss_averaged"]}
   final_averaged.update({str(b): v for b, v in out["side_averaged"].items()})
-  return {
+  result = {
     "kind": "anchor",
     "seed": int(c.seed),
     "lr": float(c.optim.learning_rate),
@@ -79,3 +85,4 @@ def run_anchor(spec: dict[str, Any]) -> dict[str, Any]:
     "compile_s": out["compile_s"],
     "train_s": out["train_s"],
   }
+  return result, out["state"], eval_fn, c
