@@ -81,24 +81,9 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   return shown, out
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """Checks the block; returns both sides' configs, which the skeleton checks too."""
-  o = block_of(config)
+def _seed_errors(o: ml_collections.ConfigDict, seeds: list[int], plateau: list[int], tuning: list[int]) -> list[str]:
+  """The block's seeds: the search's, the headline's, the plateau's, the tuning's."""
   errors = []
-  if str(o.cell) not in CELLS:
-    errors.append(f"--config.benchmark.optimizers.cell={o.cell!r}: give one of {', '.join(CELLS)}")
-  for side in SIDES:
-    row = str(o[f"{side}_row"])
-    if row not in TRICKS:
-      errors.append(f"--config.benchmark.optimizers.{side}_row={row!r}: give a step of the recipe, {','.join(TRICKS)}")
-  seeds, plateau, tuning = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
-  tuner, want = str(config.benchmark.get("tuner", "lr")), CELL_TUNER.get(str(o.cell))
-  if want and tuner != want:
-    errors.append(
-      f"--config.benchmark.tuner={tuner!r}: cell {o.cell!r} reads tuner {want!r} "
-      + ("(it searches nothing)" if want == "lr" else "(both sides searched alike)")
-      + f"; set --config.benchmark.tuner={want}"
-    )
   search = [int(s) for s in o.search_seeds] + [int(o.spare_seed)]
   if len(search) != 4 or len(set(search)) != 4 or set(search) & set(seeds + plateau):
     errors.append(
@@ -120,6 +105,12 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     )
   if len(set(seeds + plateau)) != len(seeds + plateau):
     errors.append("--config.benchmark.optimizers.plateau_seeds must differ from the headline seeds and each other")
+  return errors
+
+
+def _budget_errors(o: ml_collections.ConfigDict, n: int) -> list[str]:
+  """Each side's budgets and extensions at N = `n` steps."""
+  errors = []
   for side, ext_order in (("adamw", 1), ("muon", -1)):
     budgets = [float(f) for f in o[f"{side}_budgets"]]
     ext = [float(f) for f in o[f"{side}_extensions"]]
@@ -137,12 +128,34 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       )
     if ext_order < 0 and any(f <= 0 for f in ext):
       errors.append(f"--config.benchmark.optimizers.muon_extensions={tuple(ext)}: factors must be > 0")
-    steps = [round(f * int(config.trainer.steps)) for f in budgets + ext]
+    steps = [round(f * n) for f in budgets + ext]
     if len(set(steps)) != len(steps) or min(steps, default=1) < 1:
       errors.append(
         f"--config.benchmark.optimizers.{side}_budgets and {side}_extensions give {steps} steps at "
-        f"N={int(config.trainer.steps)}: each budget must round to its own positive step count"
+        f"N={n}: each budget must round to its own positive step count"
       )
+  return errors
+
+
+def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Checks the block; returns both sides' configs, which the skeleton checks too."""
+  o = block_of(config)
+  errors = []
+  if str(o.cell) not in CELLS:
+    errors.append(f"--config.benchmark.optimizers.cell={o.cell!r}: give one of {', '.join(CELLS)}")
+  for side in SIDES:
+    row = str(o[f"{side}_row"])
+    if row not in TRICKS:
+      errors.append(f"--config.benchmark.optimizers.{side}_row={row!r}: give a step of the recipe, {','.join(TRICKS)}")
+  seeds, plateau, tuning = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
+  tuner, want = str(config.benchmark.get("tuner", "lr")), CELL_TUNER.get(str(o.cell))
+  if want and tuner != want:
+    errors.append(
+      f"--config.benchmark.tuner={tuner!r}: cell {o.cell!r} reads tuner {want!r} "
+      + ("(it searches nothing)" if want == "lr" else "(both sides searched alike)")
+      + f"; set --config.benchmark.tuner={want}"
+    )
+  errors += _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
   if int(o.wide_eval) < 0:
     errors.append(
       f"--config.benchmark.optimizers.wide_eval={o.wide_eval}: give a number of times the windows, 0 for none"
