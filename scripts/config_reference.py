@@ -59,13 +59,13 @@ def _comment_for(line: int, trailing: dict[int, str], full: dict[int, str]) -> s
   return " ".join(above)
 
 
-def _attr_path(node: ast.AST) -> list[str] | None:
-  """['data', 'path'] for `c.data.path` (the config variable is `c`)."""
+def _attr_path(node: ast.AST, var: str = "c") -> list[str] | None:
+  """['data', 'path'] for `c.data.path` (the config variable is `var`)."""
   parts = []
   while isinstance(node, ast.Attribute):
     parts.insert(0, node.attr)
     node = node.value
-  return parts if isinstance(node, ast.Name) and node.id == "c" and parts else None
+  return parts if isinstance(node, ast.Name) and node.id == var and parts else None
 
 
 def _dict_keywords(call: ast.AST) -> list[ast.keyword]:
@@ -76,12 +76,13 @@ def _dict_keywords(call: ast.AST) -> list[ast.keyword]:
   return [k for k in inner.keywords if k.arg]
 
 
-def source_descriptions(path: str, block_of: Any) -> dict[str, tuple[int, str]]:
+def source_descriptions(path: str, block_of: Any, var: str = "c") -> dict[str, tuple[int, str]]:
   """Dotted field -> (line, comment) for the `c.x = ...` assignments in the functions of `path`.
 
   Args:
     path: a Python file.
     block_of: function name -> dotted prefix of its fields ('' for top level), or None to skip it.
+    var: the name of the config variable the functions assign to.
   """
   with open(path, encoding="utf-8") as f:
     source = f.read()
@@ -93,7 +94,7 @@ def source_descriptions(path: str, block_of: Any) -> dict[str, tuple[int, str]]:
     for node in ast.walk(fn):
       if not isinstance(node, ast.Assign) or len(node.targets) != 1:
         continue
-      parts = _attr_path(node.targets[0])
+      parts = _attr_path(node.targets[0], var)
       if parts is None:
         continue
       key = ".".join(([prefix] if prefix else []) + parts)
@@ -198,20 +199,34 @@ def reference_table(preset: str = PRESET) -> str:
 
 
 def benchmark_table(preset: str = "long") -> str:
-  """The benchmark block's own fields (`specs.BENCHMARK_FIELDS`), with their values at `preset` of
-  experiments/configs/benchmark.py; the study blocks and the arms are docs/benchmark.md's."""
+  """The benchmark block's own fields (`specs.BENCHMARK_FIELDS`), then each study's block (its
+  config.py's `add_defaults`, described by the comments there), with their values at `preset` of
+  experiments/configs/benchmark.py; the arms are docs/benchmark.md's."""
+  import ml_collections
+
   from experiments.configs import benchmark
+  from hybridjax import config as config_lib
   from hybridjax.bench import specs
+  from hybridjax.bench.studies import STUDIES
 
   b = benchmark.get_config(preset).benchmark
   rows = [
-    f"The benchmark block (`experiments/configs/benchmark.py:{preset}`; `specs.BENCHMARK_FIELDS`):",
+    f"The benchmark block and its studies' blocks (`experiments/configs/benchmark.py:{preset}`; "
+    "`specs.BENCHMARK_FIELDS` and each study's `config.py`):",
     "",
     f"| field | `{preset}` | meaning |",
     "|---|---|---|",
   ]
   for f in specs.BENCHMARK_FIELDS:
     rows.append(f"| `benchmark.{f.name}` | {_cell(_code(b[f.name]))} | {_cell(f.doc)} |")
+  for name, package in STUDIES.items():
+    if not isinstance(b.get(name), ml_collections.ConfigDict):
+      continue  # a study with no fields of its own (`benchmark.family` is the family's name)
+    path = os.path.join(ROOT, *package.split("."), "config.py")
+    docs = source_descriptions(path, lambda fn: "" if fn == "add_defaults" else None, var="block")
+    for key, value in config_lib.flatten(b[name]).items():
+      doc = docs.get(key, docs.get(key.split(".")[0], (0, "")))[1]
+      rows.append(f"| `benchmark.{name}.{key}` | {_cell(_code(value))} | {_cell(doc)} |")
   return "\n".join(rows)
 
 
