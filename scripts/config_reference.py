@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import io
 import os
@@ -200,7 +201,7 @@ def reference_table(preset: str = PRESET) -> str:
 
 def benchmark_table(preset: str = "long") -> str:
   """The benchmark block's own fields (`specs.BENCHMARK_FIELDS`), then each study's block (its
-  config.py's `add_defaults`, described by the comments there), with their values at `preset` of
+  config.py's `FIELDS`, or the comments of its `add_defaults`), with their values at `preset` of
   experiments/configs/benchmark.py; the arms are docs/benchmark.md's."""
   import ml_collections
 
@@ -224,8 +225,9 @@ def benchmark_table(preset: str = "long") -> str:
       continue  # a study with no fields of its own (`benchmark.family` is the family's name)
     path = os.path.join(ROOT, *package.split("."), "config.py")
     docs = source_descriptions(path, lambda fn: "" if fn == "add_defaults" else None, var="block")
+    declared = {f.name: f.doc for f in getattr(importlib.import_module(package + ".config"), "FIELDS", ())}
     for key, value in config_lib.flatten(b[name]).items():
-      doc = docs.get(key, docs.get(key.split(".")[0], (0, "")))[1]
+      doc = declared.get(key) or docs.get(key, docs.get(key.split(".")[0], (0, "")))[1]
       rows.append(f"| `benchmark.{name}.{key}` | {_cell(_code(value))} | {_cell(doc)} |")
   return "\n".join(rows)
 

@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
@@ -48,11 +49,10 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
 
 
 def known_fields(preset: str) -> set[str]:
-  """The dotted fields of a benchmark block (`specs.FIELDS` and every study's block at `preset`; the
-  ladder's arms, `ladder.methods` and `ladder.cosine_methods`, are set where `benchmark.arms` is)."""
+  """The dotted fields of a benchmark block: `specs.FIELDS` and every study's block at `preset`."""
   b = ml_collections.ConfigDict()
   add_defaults(b, preset)
-  return set(specs.FIELDS) | set(config_lib.flatten(b)) | {"ladder.methods", "ladder.cosine_methods"}
+  return set(specs.FIELDS) | set(config_lib.flatten(b))
 
 
 def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
@@ -133,6 +133,12 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
       f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
       f"leave --config.benchmark.tuner at 'lr' (or pick a study that runs the joint search: optimizers)"
     )
+  if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
+    block = config_lib.flatten(config.benchmark[name])
+    if errors := schema.errors(
+      f"benchmark.{name}", [f for f in getattr(checks, "FIELDS", ()) if f.name in block], block
+    ):
+      raise ValueError("; ".join(errors))
   for what, other in checks.validate(config).items():
     try:
       specs.validate_benchmark(other)

@@ -55,7 +55,7 @@ def test_each_row_takes_the_lr_of_its_step_by_name_else_by_place_else_the_last(t
 
 
 def test_bad_settings_are_refused_naming_the_field(tmp_path):
-  with pytest.raises(ValueError, match=r"--config.benchmark.variants.set='nope': give one of fixes"):
+  with pytest.raises(ValueError, match=r"--config.benchmark.variants.set must be one of \['fixes'.*got 'nope'"):
     study.validate(_config(tmp_path, set="nope"))
   with pytest.raises(ValueError, match=r"--config.benchmark.variants.lrs_from=.* does not exist"):
     study.validate(_config(tmp_path, lrs_from=str(tmp_path / "missing.json")))

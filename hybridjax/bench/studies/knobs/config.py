@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
@@ -13,14 +14,25 @@ RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study 
 PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
+FIELDS = (
+  schema.Field("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
+  schema.Field("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
+  schema.Field(
+    "lrs_from",
+    "",
+    schema.check_str,
+    "the recipe record whose tuned LRs the sides start from ('': the published `recipe-<preset>.json`)",
+  ),
+  schema.Field("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
+)
+"""`benchmark.knobs`'s fields."""
+
+
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.knobs`: the sides to tune (`sets.SIDES`), the knobs they search (`sets.SETS`: 'full',
-  or 'quick' at the quick preset), the recipe record whose tuned LRs they start from ('': the
-  published `recipe-<preset>.json`), and the points of the closing LR sweep."""
-  block.sides = ",".join(SIDES)
-  block.set = "quick" if preset == "quick" else "full"
-  block.lrs_from = ""
-  block.lr_points = 3
+  """`benchmark.knobs` (`FIELDS`); the quick preset searches the 'quick' set."""
+  block.update(schema.block(FIELDS))
+  if preset == "quick":
+    block.set = "quick"
 
 
 def sides_of(config: ml_collections.ConfigDict) -> list[str]:
@@ -76,10 +88,6 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   bad = [s for s in sides_of(config) if s not in SIDES]
   if bad or not sides_of(config):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
-  if str(k.set) not in SETS:
-    raise ValueError(f"--config.benchmark.knobs.set={k.set!r}: give one of {', '.join(SETS)}")
-  if int(k.lr_points) < 2:
-    raise ValueError(f"--config.benchmark.knobs.lr_points={k.lr_points}: give at least 2")
   if "anchor" in sides_of(config) and (config.optim.name != "adamw" or config.optim.schedule != "cosine"):
     raise ValueError(
       f"the knobs study's anchor is R4 (AdamW, cosine), but this config trains {config.optim.name!r} with "

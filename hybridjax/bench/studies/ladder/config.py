@@ -9,6 +9,7 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
 from hybridjax.bench.studies.family import config as family_config
@@ -20,14 +21,32 @@ RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladde
 JOIN_IGNORES = ("benchmark.ladder.rungs", *record.other_studies("ladder"))
 
 
+FIELDS = (
+  schema.Field("rungs", ",".join(RUNGS), schema.check_str, "the rungs it runs, comma-separated (`rungs.RUNGS`)"),
+  schema.Field(
+    "methods",
+    "",
+    schema.check_str,
+    "the arms it runs at every rung, of `benchmark.arms` (the preset sets them where it sets the arms)",
+  ),
+  schema.Field(
+    "cosine_methods", "", schema.check_str, "the arms it runs at the tuned rungs R3-R6 only, of `benchmark.arms`"
+  ),
+  schema.Field(
+    "untuned_lr",
+    1e-3,
+    schema.check_num(0.0, lo_open=True),
+    "the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it",
+  ),
+  schema.Field("constant_eval_points", 20, schema.check_int(4), "evals over a constant LR's 2N run: its budget curve"),
+)
+"""The ladder's fields (`benchmark.ladder`), besides `muon`, R5's optimizer block (its keys are `optim` fields)."""
+
+
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
   """The ladder's fields (`benchmark.ladder`): every arm from a claim's own conditions (R0: equal
   steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6)."""
-  block.rungs = "R0,R1,R2,R3,R4,R5,R6"
-  # methods, cosine_methods: the arms it runs name the experiment's arms, so they are set where
-  # `benchmark.arms` is (experiments/configs/benchmark.py).
-  block.untuned_lr = 1e-3  # the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it
-  block.constant_eval_points = 20  # evals over a constant LR's 2N run: its budget curve
+  block.update(schema.block(FIELDS))
   block.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
 
 
@@ -69,13 +88,6 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       errors.append(
         f"--config.benchmark.ladder.{field} names {unknown}, not arms of benchmark.arms ({','.join(defined)})"
       )
-  if not float(ladder.untuned_lr) > 0:
-    errors.append(f"--config.benchmark.ladder.untuned_lr must be > 0, got {ladder.untuned_lr}")
-  if int(ladder.constant_eval_points) < 4:
-    errors.append(
-      "--config.benchmark.ladder.constant_eval_points must be >= 4 (eval points over a 2N constant run), "
-      f"got {ladder.constant_eval_points}"
-    )
   if errors:
     raise ValueError("; ".join(errors))
   check_publish(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
 
@@ -12,15 +13,44 @@ RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recip
 PUBLISH_IGNORES = record_lib.other_studies("recipe")  # the blocks a recipe's record compares without
 
 
+def _factors(v: object) -> str | None:
+  """A tuple of factors of N (numbers > 0), empty allowed."""
+  if not isinstance(v, (tuple, list)) or not all(schema.is_num(x) and x > 0 for x in v):
+    return f"must be a tuple of factors of N (numbers > 0), e.g. (6.0, 8.0), got {v!r}"
+  return None
+
+
+FIELDS = (
+  schema.Field("tricks", ",".join(TRICKS), schema.check_str, "the tricks, cumulative, in the record's order"),
+  schema.Field(
+    "keep",
+    "",
+    schema.check_str,
+    "fields no trick changes: their values as given win (comma-separated, dotted); the command line's "
+    "--config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`)",
+  ),
+  schema.Field("muon_lr", 0.02, schema.check_num(0.0, lo_open=True), "the centre of a Muon step's LR sweep"),
+  schema.Field(
+    "budgets",
+    (3.0, 4.0),
+    schema.check_num_tuple(0.0),
+    "the R4 anchor's budget curve extended past 2N, to read the speed-ups on",
+  ),
+  schema.Field(
+    "budget_extensions",
+    (6.0, 8.0),
+    _factors,
+    "added one at a time while a step's loss lies below the curve",
+  ),
+)
+"""The recipe's fields (`benchmark.recipe`; R6, the whole recipe, reads them too)."""
+
+
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """The recipe's fields (`benchmark.recipe`; R6, the whole recipe, reads them too)."""
-  block.tricks = ",".join(TRICKS)  # cumulative, in the record's order
-  # Fields no trick changes: their values as given win (comma-separated, dotted). The command line's
-  # --config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`).
-  block.keep = ""
-  block.muon_lr = 0.02 if preset != "124m" else 0.05  # the centre of a Muon step's LR sweep
-  block.budgets = (3.0, 4.0)  # the R4 anchor's budget curve extended past 2N, to read the speed-ups on
-  block.budget_extensions = (6.0, 8.0)  # added one at a time while a step's loss lies below the curve
+  """The recipe's fields at `preset` (`FIELDS`; the Muon LR's centre is 0.05 at 124m)."""
+  block.update(schema.block(FIELDS))
+  if preset == "124m":
+    block.muon_lr = 0.05
 
 
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
@@ -41,8 +71,6 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       "--config.benchmark.recipe.budgets and recipe.budget_extensions must be increasing factors of N beyond "
       f"benchmark.budgets (max {max(b.budgets)}), got {tuple(recipe.budgets)} and {tuple(recipe.budget_extensions)}"
     )
-  if not float(recipe.muon_lr) > 0:
-    errors.append(f"--config.benchmark.recipe.muon_lr must be > 0, got {recipe.muon_lr}")
   fields = set(config_lib.flatten(config))
   unknown = [f for f in kept_fields(config) if f not in fields]
   if unknown:

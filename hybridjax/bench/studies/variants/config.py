@@ -7,6 +7,7 @@ import os
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import PUBLISHED, TRICKS, apply_tricks, recipe_record, tuned_rows
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
@@ -19,13 +20,29 @@ SMALLEST_PRESET = "tiny"
 PUBLISH_IGNORES = record_lib.other_studies("variants")  # the blocks a variants record compares without
 
 
+FIELDS = (
+  schema.Field("set", "fixes", schema.check_choice(*SETS), "the set of pairs it runs (`sets.SETS`)"),
+  schema.Field(
+    "lrs_from",
+    "",
+    schema.check_str,
+    "the recipe record whose tuned rows give each pair its LR, averaging beta and iterate ('': the published "
+    "`recipe-<preset>.json`)",
+  ),
+  schema.Field(
+    "lr_points",
+    3,
+    schema.check_int(2),
+    "a tuned set: each side's first LR grid (extended while its best sits at an edge)",
+  ),
+)
+"""`benchmark.variants`'s fields."""
+
+
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.variants`: which set of pairs (`sets.SETS`), and the recipe record whose tuned rows
-  give each pair its LR, averaging beta and iterate ('': the published `recipe-<preset>.json`)."""
+  """`benchmark.variants` (`FIELDS`), the same at every preset."""
   del preset
-  block.set = "fixes"
-  block.lrs_from = ""
-  block.lr_points = 3  # a tuned set: each side's first LR grid (extended while its best sits at an edge)
+  block.update(schema.block(FIELDS))
 
 
 def set_of(config: ml_collections.ConfigDict) -> VariantSet:
@@ -52,16 +69,10 @@ def side_config(config: ml_collections.ConfigDict, pair: Pair, side: str) -> ml_
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """Checks the block; returns every side's config, which the skeleton checks too."""
   v = config.benchmark.variants
-  if str(v.set) not in SETS:
-    raise ValueError(f"--config.benchmark.variants.set={v.set!r}: give one of {', '.join(SETS)}")
   if v.lrs_from and not os.path.exists(str(v.lrs_from)):
     raise ValueError(
       f"--config.benchmark.variants.lrs_from={v.lrs_from!r} does not exist: give a recipe record "
       "(recipe-<preset>.json), or '' for the published one"
-    )
-  if int(v.lr_points) < 2:
-    raise ValueError(
-      f"--config.benchmark.variants.lr_points={v.lr_points}: give at least 2 (a sweep of one LR tunes nothing)"
     )
   preset = str(config.benchmark.preset)
   if not v.lrs_from and not os.path.exists(os.path.join(PUBLISHED, f"recipe-{preset}.json")):
