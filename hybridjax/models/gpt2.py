@@ -42,13 +42,16 @@ Params = dict[str, Any]
 
 _COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("gpt2", "fan_in", "fan_in_0.5")
+"""`GPT2Config.init`'s choices: GPT-2's, the records' up to #19 (PyTorch's defaults), record #20's."""
 LEARNED_ATTN_SCALES = ("none", "layer", "head")
+"""`GPT2Config.learned_attn_scale`'s choices."""
 
 
-def _checked(check: schema.Check, default: Any = dataclasses.MISSING) -> Any:
+def _checked(check: schema.Check, default: Any = dataclasses.MISSING, option: bool = False) -> Any:
   """A field of `GPT2Config` with its check (`schema.check_*`), which `GPT2Config.validate` and a
-  run's pre-flight (`preflight.declared_checks`, as `--config.model.<name>`) both apply."""
-  return dataclasses.field(default=default, metadata={"check": check})
+  run's pre-flight (`preflight.declared_checks`, as `--config.model.<name>`) both apply; `option`:
+  one of the speedrun's architecture options (`OPTIONS`)."""
+  return dataclasses.field(default=default, metadata={"check": check, "option": option})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,22 +125,22 @@ class GPT2Config:
   dtype: str = _checked(schema.check_choice(*_COMPUTE_DTYPES), "float32")
   attention: str = _checked(schema.check_choice(*attention_lib.ATTENTIONS), "auto")
   loss_chunk: int = _checked(schema.check_int(0), 0)
-  rotary: bool = _checked(schema.check_bool, False)
-  rotary_base: float = _checked(schema.check_num(1.0, lo_open=True), 10000.0)
-  qk_norm: bool = _checked(schema.check_bool, False)
-  relu2: bool = _checked(schema.check_bool, False)
-  rmsnorm: bool = _checked(schema.check_bool, False)
-  embed_norm: bool = _checked(schema.check_bool, False)
-  zero_init_proj: bool = _checked(schema.check_bool, False)
-  untied_head: bool = _checked(schema.check_bool, False)
-  logit_softcap: float = _checked(schema.check_num(0.0), 0.0)
-  embed_skips: bool = _checked(schema.check_bool, False)
-  value_embeds: int = _checked(schema.check_int(0), 0)
-  unet_skips: bool = _checked(schema.check_bool, False)
-  value_residual: bool = _checked(schema.check_bool, False)
-  attn_scale: float = _checked(schema.check_num(0.0), 0.0)
-  learned_attn_scale: str = _checked(schema.check_choice(*LEARNED_ATTN_SCALES), "none")
-  init: str = _checked(schema.check_choice(*INITS), "gpt2")
+  rotary: bool = _checked(schema.check_bool, False, option=True)
+  rotary_base: float = _checked(schema.check_num(1.0, lo_open=True), 10000.0, option=True)
+  qk_norm: bool = _checked(schema.check_bool, False, option=True)
+  relu2: bool = _checked(schema.check_bool, False, option=True)
+  rmsnorm: bool = _checked(schema.check_bool, False, option=True)
+  embed_norm: bool = _checked(schema.check_bool, False, option=True)
+  zero_init_proj: bool = _checked(schema.check_bool, False, option=True)
+  untied_head: bool = _checked(schema.check_bool, False, option=True)
+  logit_softcap: float = _checked(schema.check_num(0.0), 0.0, option=True)
+  embed_skips: bool = _checked(schema.check_bool, False, option=True)
+  value_embeds: int = _checked(schema.check_int(0), 0, option=True)
+  unet_skips: bool = _checked(schema.check_bool, False, option=True)
+  value_residual: bool = _checked(schema.check_bool, False, option=True)
+  attn_scale: float = _checked(schema.check_num(0.0), 0.0, option=True)
+  learned_attn_scale: str = _checked(schema.check_choice(*LEARNED_ATTN_SCALES), "none", option=True)
+  init: str = _checked(schema.check_choice(*INITS), "gpt2", option=True)
 
   def validate(self) -> None:
     """Raises ValueError naming the first invalid field: its declared check, then the relations."""
@@ -162,29 +165,8 @@ class GPT2Config:
     return self.d_model // self.n_head
 
 
-OPTIONS = (
-  "rotary",
-  "rotary_base",
-  "qk_norm",
-  "relu2",
-  "rmsnorm",
-  "embed_norm",
-  "zero_init_proj",
-  "untied_head",
-  "logit_softcap",
-  "embed_skips",
-  "value_embeds",
-  "unet_skips",
-  "value_residual",
-  "attn_scale",
-  "learned_attn_scale",
-  "init",
-)
+OPTIONS = tuple(f.name for f in dataclasses.fields(GPT2Config) if f.metadata.get("option"))
 """The speedrun's architecture options of `GPT2Config`, all off by default."""
-
-"""`GPT2Config.init`'s choices: GPT-2's, the records' up to #19 (PyTorch's defaults), record #20's."""
-
-"""`GPT2Config.learned_attn_scale`'s choices."""
 
 
 def option_errors(model: Mapping[str, Any]) -> list[str]:
