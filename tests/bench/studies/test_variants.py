@@ -132,7 +132,8 @@ def test_published_variants_recompute_from_their_runs():
       sides = {k: {"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")}
       again = run.pair_figures(sides["before"], sides["after"])
       assert again == {k: p[k] for k in ("seeds", "before", "after", "difference")}, p["name"]
-      assert protocol.paired_difference(p["after"], p["before"], p["difference"]["eval_se"]) == p["difference"]
+      d = p["difference"]
+      assert protocol.paired_difference(p["after"], p["before"], d["eval_se"], eval_windows=d["eval_windows"]) == d
     assert result["resolution"] == 2 * statistics.median(p["difference"]["se_total"] for p in result["pairs"])
     with open(path.replace(".json", ".md")) as f:
       assert f.read() == report.markdown(result) + "\n"
