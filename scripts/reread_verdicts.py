@@ -101,11 +101,11 @@ def markdown(table: dict[str, Any]) -> str:
     "",
     f"{len(flips)} of {len(rows)} published verdicts changed under the t rule (in bold below): "
     f"{sum(r['new'] == 'no difference' for _, r in flips)} lose their direction (with 3 seeds and a small eval "
-    "error t(0.975, df) is near 4.3 where the published rule used 2), "
+    "error t(0.975, df) is near 4.3 where the 2 se rule used 2), "
     f"{gained} gain{'s' if gained == 1 else ''} one (the windows' error of a seed-averaged "
     "difference is smaller than the record's error of two runs).",
     "",
-    "## The verdicts that change",
+    "## The verdicts that changed",
     "",
   ]
   if flips:

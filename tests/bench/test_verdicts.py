@@ -109,6 +109,13 @@ def test_the_reread_table_records_each_verdicts_switch_and_agrees_with_the_recor
   assert stored["flips"] == len(flips) and f"{len(flips)} of {len(rows)}" in md
   for r in flips:
     assert f"| {r['where']} | {r['old']} | **{r['new']}** |" in md
+  lost = sum(r["new"] == "no difference" for r in flips)
+  with open(os.path.join(ROOT, "docs", "results", "README.md")) as f:
+    readme = " ".join(f.read().split())
+  assert (
+    f"{len(flips)} of the {len(rows)} verdicts read otherwise under it, {lost} losing their direction and "
+    f"{len(flips) - lost} gaining one" in readme
+  )
   # The check can fail: a row whose word the record does not hold is named.
   path = "docs/results/recipe/recipe-long.json"
   broken = json.loads(json.dumps(stored))
@@ -142,3 +149,13 @@ def test_the_docs_critical_value_at_three_seeds_is_t_at_two_df():
   with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
     page = " ".join(f.read().split())
   assert f"With 3 seeds its critical value is near {stats.t_quantile(0.975, 2):.1f}, not 2" in page
+
+
+def test_the_docs_example_verdict_line_is_the_published_one():
+  """docs/benchmark.md's example verdict line (`long`, AdamW-cosine, `jump`) is the published report's."""
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = " ".join(f.read().split())
+  example = page.split('E.g. (`long`, AdamW-cosine): "')[1].split('". An arm whose')[0]
+  with open(os.path.join(ROOT, "docs", "results", "long-adamw-cosine", "results.md")) as f:
+    lines = f.read().splitlines()
+  assert f"* {example}" in lines and ", p " in example
