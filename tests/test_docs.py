@@ -347,6 +347,9 @@ def test_the_readmes_verdict_on_outer_momentum_is_the_published_one():
     f"but within the noise (p {r4['verdict']['paired']['p']:.2g}), and behind Muon's and the recipe's" in readme
   )
   assert all(rungs[r]["figures"]["outer_momentum"]["verdict"]["verdict"] == "does not pay" for r in ("R5", "R6"))
+  # The lab notebook's reading of the same ladder.
+  notebook = " ".join(_read(os.path.join(ROOT, "docs", "experiments.md")).split())
+  assert f"within it under the t rule the tables now use (p {r4['verdict']['paired']['p']:.2g}," in notebook
 
 
 def test_the_readmes_tiny_r6_figures_are_the_published_ones():
