@@ -40,18 +40,18 @@ def eval_note(record: dict[str, Any] | None) -> str:
     of = f" (the anchor's {pair[0]}-step run against its {pair[1]}-step one, mean over the seeds)" if pair else ""
     source = f"; {record['source']}" if record.get("source") else ""
     return (
-      f"Every difference is judged {BEYOND}, the seeds' and the eval set's together, p beside each word: a "
+      f"A difference reads a direction only {BEYOND}, the seeds' and the eval set's together, p beside each word: a "
       f"difference of two runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, "
       f"the paired per-batch standard error{of}{source}."
     )
   if batches == 1:
     return (
-      f"The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
-      f"{BEYOND} of the seeds' spread alone, p beside each word."
+      "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
+      f"only {BEYOND} of the seeds' spread alone, p beside each word."
     )
   return (
-    f"The eval set's error of a difference was not recorded: every difference is judged {BEYOND} of the seeds' "
-    "spread alone, p beside each word."
+    "The eval set's error of a difference was not recorded: a difference reads a direction only "
+    f"{BEYOND} of the seeds' spread alone, p beside each word."
   )
 
 

@@ -113,8 +113,8 @@ def test_one_eval_batch_cannot_estimate_the_eval_error_and_says_so():
   assert record["budgets"] == [40, 50]
   note = cells.eval_note(record)
   assert note == (
-    "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
-    f"{cells.BEYOND} of the seeds' spread alone, p beside each word."
+    "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
+    f"only {cells.BEYOND} of the seeds' spread alone, p beside each word."
   )
   assert "0.0000" not in note
   # The tuning's noise floor: the seeds' spread alone, never a 0.0 floor read as an estimate.

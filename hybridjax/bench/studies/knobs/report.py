@@ -18,8 +18,9 @@ def markdown(result: dict[str, Any]) -> str:
     f"Each side starts from the settings and LR of {result['lrs_from']} and searches its own knobs one at a "
     f"time on the tuning seeds {result['tuning_seeds']} (a value is kept where its mean loss at N is lower), "
     f"then sweeps its LR again; then it runs N = {result['steps']} steps on the headline seeds "
-    f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss; judged "
-    f"{cells.BEYOND}, the seeds' and the eval windows' (of the seed-averaged difference), p beside each word.",
+    f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss; a difference "
+    f"reads a direction only {cells.BEYOND}, the seeds' and the eval windows' (of the seed-averaged difference), "
+    "p beside each word.",
     "",
     "| side | tuning runs | tuned settings | published | tuned | tuned − published |",
     "|---|---|---|---|---|---|",

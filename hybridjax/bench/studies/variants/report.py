@@ -30,7 +30,8 @@ def markdown(result: dict[str, Any]) -> str:
     f"# Recipe variants `{result['set']}` at `{result['preset']}`",
     "",
     f"Each pair starts from a row of the recipe (its tricks through that row) and differs in one change. {how} "
-    f"after − before < 0: the change lowers the loss. Judged {cells.BEYOND}, the seeds' and the eval set's "
+    f"after − before < 0: the change lowers the loss. A difference reads a direction only {cells.BEYOND}, the "
+    "seeds' and the eval set's "
     "(the windows' error of the seed-averaged difference where both sides kept their per-window losses), p "
     f"beside each word; the table's resolution is {result['resolution']:.4f} (2 standard errors, the median "
     "over its pairs).",
