@@ -159,3 +159,27 @@ def test_the_docs_example_verdict_line_is_the_published_one():
   with open(os.path.join(ROOT, "docs", "results", "long-adamw-cosine", "results.md")) as f:
     lines = f.read().splitlines()
   assert f"* {example}" in lines and ", p " in example
+
+
+def test_a_difference_is_judged_with_its_own_windows_where_both_sides_kept_them():
+  """`figures.window_error`: the seed-averaged windows' error where every run kept its windows and they give
+  the differences compared; None where they give other losses. `tuning.paired_eval_error` falls back to
+  the runs' paired per-batch error, and judges a side read raw on the seeds alone."""
+  from hybridjax.bench import figures, tuning
+
+  rng = np.random.default_rng(1)
+  a = [{"final_averaged_per_batch": list(1.7 + rng.normal(0, 0.01, 8))} for _ in range(3)]
+  b = [{"final_averaged_per_batch": list(1.8 + rng.normal(0, 0.01, 8))} for _ in range(3)]
+  d = [float(np.mean(x["final_averaged_per_batch"]) - np.mean(y["final_averaged_per_batch"])) for x, y in zip(a, b)]
+  se, windows = figures.window_error(a, b, d)
+  assert windows == 8 and se == pytest.approx(
+    protocol.seed_averaged_window_se(
+      [x["final_averaged_per_batch"] for x in a], [y["final_averaged_per_batch"] for y in b]
+    )
+  )
+  assert tuning.paired_eval_error(a, b, d) == (se, 8)
+  other = [x + 0.01 for x in d]  # the losses compared are not these windows' (another beta)
+  assert figures.window_error(a, b, other) is None
+  mean_se = np.mean([tuning.paired_batch_se_of(x, y) for x, y in zip(a, b)])
+  assert tuning.paired_eval_error(a, b, other) == (pytest.approx(mean_se), 8)
+  assert tuning.paired_eval_error(a, b, d, averaged=False) == (None, None)
