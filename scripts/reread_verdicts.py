@@ -141,10 +141,11 @@ def disagreements(table: dict[str, Any]) -> list[str]:
       d = found.get(where)
       if d is None:
         continue
-      old = protocol.verdict(r["mean"], r["se_seed"], r["n"], r["se_eval_published"], rule="2se")["verdict"]
+      first = protocol.verdict(r["mean"], r["se_seed"], r["n"], r["se_eval_published"], rule=protocol.UNMARKED_RULE)
+      old = first["verdict"]
       if old != r["old"]:
         out.append(f"{rel} {where}: its published word {r['old']!r} is not what 2se gives ({old!r})")
-      if protocol.rule_of(d) != "t":
+      if protocol.rule_of(d) != protocol.RULE:
         if d["verdict"] != r["old"]:
           out.append(f"{rel} {where}: kept as first written, it reads {d['verdict']!r}, not {r['old']!r}")
         continue
