@@ -1,6 +1,8 @@
 """Re-reads every published result from the runs stored with it, with the current figures and report
 (no training): each family's benchmark.json, headline.json and results.md, each ladder's and each
-recipe's json, md and figure (a recipe of an earlier trick list kept beside the current one too).
+recipe's json, md and figure (a recipe of an earlier trick list kept beside the current one too), each
+variants and knobs record's json and md. A record kept as first written (`*.as-written.json`) is not
+re-read: its words stay those of the rule it names, or of `protocol.UNMARKED_RULE` (`protocol.rule_of`).
 
   python scripts/reread_results.py           # rewrite what the current reading changes
   python scripts/reread_results.py --check   # exit 1 naming each file the current reading would change
@@ -37,11 +39,15 @@ sys.path.insert(0, ROOT)
 from hybridjax.bench import figures, record  # noqa: E402
 from hybridjax.bench.studies.family import figures as family_figs  # noqa: E402
 from hybridjax.bench.studies.family import report as family_report  # noqa: E402
+from hybridjax.bench.studies.knobs import report as knobs_report  # noqa: E402
+from hybridjax.bench.studies.knobs import run as knobs_run  # noqa: E402
 from hybridjax.bench.studies.ladder import figures as ladder_figs  # noqa: E402
 from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
 from hybridjax.bench.studies.ladder import rungs as ladder_rungs  # noqa: E402
 from hybridjax.bench.studies.recipe import figures as recipe_figs  # noqa: E402
 from hybridjax.bench.studies.recipe import report as recipe_report  # noqa: E402
+from hybridjax.bench.studies.variants import report as variants_report  # noqa: E402
+from hybridjax.bench.studies.variants import run as variants_run  # noqa: E402
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -187,6 +193,27 @@ def recipe_result(result: dict[str, Any]) -> dict[str, Any]:
   return result
 
 
+def variants_result(result: dict[str, Any]) -> dict[str, Any]:
+  """A variants record re-read: every pair's figures from its sides' runs (`variants_run.pair_figures`),
+  and the table's resolution."""
+  result = json.loads(json.dumps(result))
+  for p in result["pairs"]:
+    p.update(
+      variants_run.pair_figures(*({"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")))
+    )
+  result["resolution"] = variants_run.resolution(result["pairs"])
+  return result
+
+
+def knobs_result(result: dict[str, Any]) -> dict[str, Any]:
+  """A knobs record re-read: every side's headline figures from its runs (`knobs_run.side_figures`)."""
+  result = json.loads(json.dumps(result))
+  for s in result["sides"].values():
+    read = knobs_run.read_of(s["published_settings"], s["tuned_read"])
+    s.update(knobs_run.side_figures(s["runs"]["published"], s["runs"]["tuned"], read))
+  return result
+
+
 def rewrites() -> list[tuple[str, str, Any]]:
   """(path, new text, the re-read result or None) of every published file the re-reading gives."""
   out = []
@@ -203,6 +230,16 @@ def rewrites() -> list[tuple[str, str, Any]]:
     for path in sorted(glob.glob(os.path.join(RESULTS, kind, f"{kind}-*.json")) + kept):
       result = reread(_load(path))
       out.append((path, _text(result, 1), result))
+      out.append((path[: -len(".json")] + ".md", markdown(result) + "\n", None))
+  for kind, reread, markdown in (
+    ("variants", variants_result, variants_report.markdown),
+    ("knobs", knobs_result, knobs_report.markdown),
+  ):
+    for path in sorted(glob.glob(os.path.join(RESULTS, "recipe", f"{kind}-*.json"))):
+      if path.endswith(".as-written.json"):  # kept as the study first wrote it (scripts/reshape_variants.py)
+        continue
+      result = reread(_load(path))
+      out.append((path, json.dumps(result, indent=1), None))
       out.append((path[: -len(".json")] + ".md", markdown(result) + "\n", None))
   return out
 

@@ -1,18 +1,18 @@
-"""Re-reads every published verdict under the t rule (`protocol.verdict`, rule "t"), from the records as
-committed, into one table: docs/results/verdicts-reread.{json,md}.
+"""The record of every published verdict's switch from the "2se" rule to the "t" rule (`protocol.verdict`):
+docs/results/verdicts-reread.{json,md}.
 
-  python scripts/reread_verdicts.py           # write both files
-  python scripts/reread_verdicts.py --check   # exit 1 when either differs from what the records give
+  python scripts/reread_verdicts.py           # write the markdown from the json
+  python scripts/reread_verdicts.py --check   # exit 1 where the table and the records disagree
 
-Every paired difference a published json holds (a dict with its per-seed `differences` and its `verdict`:
-a step against the one before, an arm against its anchor or its control, an arm's loss against the
-anchor's curve at its cost, ...) is judged again: the seeds' standard error from its differences, and the
-windows' standard error of the seed-averaged difference where the record keeps both sides' per-window
-losses (`window_pairs`), else the eval error it was judged with (its `eval_se`: the study's paired
-per-batch error of two runs at N, mean over the seeds), on the eval batches - 1 df. The old word is
-the one published; it is recomputed under the published rule ("2se") as a check that the table reads each
-record as it was judged. The published tables keep their words (scripts/reread_results.py); this table
-says which would change.
+The json was computed from the records as they were first published, under "2se", before they were
+re-read under "t" (scripts/reread_results.py): per paired difference (a dict with its per-seed
+`differences` and its `verdict`, found by `paired_differences`), its published word ("old"), its word
+under "t" ("new"), p, df and the figures both were judged from. The records now hold the "t" words, so
+the json is kept as the record of what changed, not recomputed; the check reads it against the records
+as now published: each row's "new" word, p and df are what its record holds at its `where` (a record kept
+as first written, whose differences name no rule, `protocol.rule_of`, still holds the "old" word); each
+row's "old" word is what "2se" gives from the row's own figures with the eval error it was published
+with; every paired difference a record holds has its row; the markdown is `markdown` of the json.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -41,28 +42,6 @@ def published_records() -> list[str]:
   return [p for p in paths if "run-cache" not in p and not p.startswith(OUT)]
 
 
-def _ints(x: Any, key: str) -> list[int]:
-  """Every int value of `key` anywhere in `x`."""
-  if isinstance(x, dict):
-    return [v for k, v in x.items() if k == key and isinstance(v, int)] + [i for v in x.values() for i in _ints(v, key)]
-  if isinstance(x, list):
-    return [i for v in x for i in _ints(v, key)]
-  return []
-
-
-def eval_windows(path: str, record: Any) -> int | None:
-  """The eval batches a record's differences were scored on (its eval errors' `batches`, else its config's
-  `eval_batches`; a family's headline.json: its benchmark.json's); None where it records none."""
-  found = _ints(record, "batches") or _ints(record, "eval_batches")
-  sibling = os.path.join(os.path.dirname(path), "benchmark.json")
-  if not found and os.path.basename(path) != "benchmark.json" and os.path.exists(sibling):
-    with open(sibling) as f:
-      return eval_windows(sibling, json.load(f))
-  if len(set(found)) > 1:
-    raise SystemExit(f"{path}: eval batches {sorted(set(found))} differ within one record")
-  return found[0] if found else None
-
-
 def _label(parent: list[Any], i: int) -> str:
   item = parent[i]
   return str(item["name"]) if isinstance(item, dict) and "name" in item else f"[{i}]"
@@ -82,126 +61,6 @@ def paired_differences(x: Any, where: str = "") -> list[tuple[str, dict[str, Any
   return out
 
 
-Windows = tuple[list[list[float]], list[list[float]]]
-
-
-def _averaged_windows(runs: list[dict[str, Any]], iterate: str) -> list[list[float]] | None:
-  """The runs' per-window losses where they are what the difference reads: the averaged iterate's."""
-  if iterate != "averaged" or any("final_averaged_per_batch" not in r for r in runs):
-    return None
-  return [r["final_averaged_per_batch"] for r in runs]
-
-
-def window_pairs(record: dict[str, Any]) -> dict[str, Windows]:
-  """{where: (a's, b's per-window losses, per seed)} for each published difference a - b both of whose
-  sides kept their per-window losses: a recipe's step against the step before, a variants pair (after -
-  before), a knobs side (tuned - published), a family's 1.25N against its N (the averaged anchor)."""
-  out: dict[str, Windows] = {}
-
-  def put(where: str, a: list[list[float]] | None, b: list[list[float]] | None) -> None:
-    if a is not None and b is not None:
-      out[where] = (a, b)
-
-  if "step_runs" in record and "figures" in record:  # a recipe: figures[0] is the anchor, kept no windows
-    names = [f["name"] for f in record["figures"]]
-    for prev, name in zip(names[1:], names[2:]):
-      a, b = record["step_runs"][name], record["step_runs"][prev]
-      seeds = sorted(a["runs"], key=int)
-      put(
-        f"figures.{name}.vs_previous",
-        _averaged_windows([a["runs"][s] for s in seeds], a["iterate"]),
-        _averaged_windows([b["runs"][s] for s in seeds], b["iterate"]),
-      )
-  for pair in record.get("pairs", []) if isinstance(record.get("pairs"), list) else []:  # variants
-    if not {"seeds", "runs", "settings"} <= set(pair):  # a record as first written (`*.as-written.json`)
-      continue
-    seeds, runs, settings = pair["seeds"], pair["runs"], pair["settings"]
-    put(
-      f"pairs.{pair['name']}.difference",
-      _averaged_windows([runs["after"][s] for s in seeds], settings["after"]["iterate"]),
-      _averaged_windows([runs["before"][s] for s in seeds], settings["before"]["iterate"]),
-    )
-  for name, side in (record.get("sides") or {}).items():  # knobs
-    if isinstance(side, dict) and {"published", "tuned"} <= set(side.get("runs", {})):
-      put(
-        f"sides.{name}.difference",
-        _averaged_windows(side["runs"]["tuned"], side["tuned_read"]["iterate"]),
-        _averaged_windows(side["runs"]["published"], side["published_settings"]["iterate"]),
-      )
-  gain = (record.get("phenomena") or {}).get("budget_1.25N_vs_N")
-  if gain and "budget_runs" in record:  # a family: the averaged anchor's 1.25N run against its N run
-    n, seeds = record["steps"], sorted(record["curves"]["averaged_baseline"], key=int)
-    runs = record["budget_runs"]
-    put(
-      "phenomena.budget_1.25N_vs_N.averaged_baseline",
-      _averaged_windows([runs[f"{s}/{round(1.25 * n)}"] for s in seeds], "averaged"),
-      _averaged_windows([runs[f"{s}/{n}"] for s in seeds], "averaged"),
-    )
-  return out
-
-
-def windows_se(d: dict[str, Any], windows: Windows | None) -> tuple[float, int] | None:
-  """(the windows' standard error of the seed-averaged difference, the windows) where both sides' per-window
-  losses are stored and give the published per-seed differences (their means, to float32 rounding); else None."""
-  if windows is None:
-    return None
-  a, b = (np.asarray(x, dtype=np.float64) for x in windows)
-  if a.shape != b.shape or a.shape[0] != len(d["differences"]):
-    return None
-  if not np.allclose((a - b).mean(axis=1), d["differences"], rtol=0, atol=1e-5):
-    return None
-  return protocol.seed_averaged_window_se(a, b), int(a.shape[1])
-
-
-def reread_one(d: dict[str, Any], windows: int | None, per_window: Windows | None = None) -> dict[str, Any]:
-  """One published verdict, judged again from its per-seed differences under both rules: the published one
-  with the eval error it was judged with, the t rule with the windows' error of the seed-averaged difference
-  where both sides' per-window losses are stored (`windows_se`), else with the same."""
-  diffs = np.asarray(d["differences"], dtype=np.float64)
-  n = int(diffs.size)
-  mean, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1) / np.sqrt(n))
-  eval_se = d.get("eval_se")
-  own = windows_se(d, per_window)
-  se_eval, count = own if own is not None else (eval_se, windows)
-  new = protocol.verdict(mean, se, n, se_eval, count, rule="t")
-  return {
-    "old": d["verdict"],
-    "old_recomputed": protocol.verdict(mean, se, n, eval_se, rule="2se")["verdict"],
-    "new": new["verdict"],
-    "p": new["p"],
-    "df": new["df"],
-    "mean": mean,
-    "se_seed": se,
-    "se_eval": se_eval,
-    "se_eval_from": "windows" if own is not None else "record",
-    "se_eval_published": eval_se,
-    "n": n,
-  }
-
-
-def reread() -> dict[str, Any]:
-  """The table: per published record, every verdict it holds, old and new."""
-  files = {}
-  for path in published_records():
-    with open(path) as f:
-      record = json.load(f)
-    found = paired_differences(record)
-    if not found:
-      continue
-    windows, pairs = eval_windows(path, record), window_pairs(record)
-    files[os.path.relpath(path, ROOT)] = [
-      {"where": where, "eval_windows": windows} | reread_one(d, windows, pairs.get(where)) for where, d in found
-    ]
-  rows = [r for rs in files.values() for r in rs]
-  return {
-    "rule": "t: lower/higher where |mean| > t(0.975, df) se_total, se_total^2 = se_seed^2 + se_eval^2, df by "
-    "Satterthwaite (se_seed on n - 1, se_eval on eval windows - 1); old: the published 2 se_total",
-    "verdicts": len(rows),
-    "flips": sum(r["old"] != r["new"] for r in rows),
-    "files": files,
-  }
-
-
 def _num(x: float | None, fmt: str) -> str:
   return "—" if x is None else format(x, fmt)
 
@@ -211,7 +70,7 @@ def markdown(table: dict[str, Any]) -> str:
   rows = [(path, r) for path, rs in table["files"].items() for r in rs]
   flips = [(path, r) for path, r in rows if r["old"] != r["new"]]
   gained = sum(r["old"] == "no difference" for _, r in flips)
-  head = "| where | published (2 se) | t rule | p | mean | se_total | df | se_eval from |"
+  head = "| where | first published (2 se) | now published (t rule) | p | mean | se_total | df | se_eval from |"
   rule = "|---|---|---|---|---|---|---|---|"
 
   def line(r: dict[str, Any]) -> str:
@@ -223,29 +82,30 @@ def markdown(table: dict[str, Any]) -> str:
     )
 
   out = [
-    "# Every published verdict under the t rule",
+    "# Every published verdict, from the 2 se rule to the t rule",
     "",
-    "Generated by `python scripts/reread_verdicts.py` from the published records (docs/results/), no training.",
-    "",
-    "The rule: a paired difference over n seeds reads 'lower' or 'higher' where |mean| > t(0.975, df) se_total, "
-    "else 'no difference'; se_total² = se_seed² + se_eval², se_seed = sd(d)/√n on n − 1 df, se_eval on eval "
-    "windows − 1 df, df by Satterthwaite. se_eval is the windows' standard error of the seed-averaged "
-    "difference where the record keeps both sides' per-window losses (se_eval from 'windows': a recipe's step "
-    "against the step before, a variants pair, a knobs side, a family's 1.25N gain), else the eval error the "
-    "record judged with (the study's paired per-batch error of two runs at N, mean over the seeds: 'record'). "
-    "The published words used |mean| > 2 se_total with the record's error; they stay in the published "
-    "tables, which this table does not change.",
+    "The published tables (docs/results/) read every verdict under the t rule, as docs/benchmark.md's "
+    '"Figures" states it (`protocol.verdict`), re-read from their records without training '
+    "(`python scripts/reread_results.py`). They were first published under the 2 se rule ('lower' or 'higher' "
+    "where |mean| > 2 se_total, with the study's paired per-batch error of two runs at N). This table is the "
+    "record of that switch: per verdict, its word as first published, its word now, p and the figures both "
+    "were judged from. se_eval is the windows' standard error of the seed-averaged difference where the "
+    "record keeps both sides' per-window losses (se_eval from 'windows': a recipe's step against the step "
+    "before, a variants pair, a knobs side, a family's 1.25N gain), else the record's paired per-batch error "
+    "('record'). `python scripts/reread_verdicts.py --check` (and a test) checks it against the records as "
+    "now published; a record kept as first written (`variants-fixes-long.as-written.json`) keeps its first "
+    "words.",
     "",
     "Where a row ends in `verdict.paired`, it is an arm's (or a step's) loss against the anchor's curve at its "
     "cost, read as the anchor reads itself at N: 'lower' is published as 'pays', 'higher' as 'does not pay'.",
     "",
-    f"{len(flips)} of {len(rows)} published verdicts read otherwise under the t rule (in bold below): "
+    f"{len(flips)} of {len(rows)} published verdicts changed under the t rule (in bold below): "
     f"{sum(r['new'] == 'no difference' for _, r in flips)} lose their direction (with 3 seeds and a small eval "
-    "error t(0.975, df) is near 4.3 where the published rule used 2), "
+    "error t(0.975, df) is near 4.3 where the 2 se rule used 2), "
     f"{gained} gain{'s' if gained == 1 else ''} one (the windows' error of a seed-averaged "
     "difference is smaller than the record's error of two runs).",
     "",
-    "## The verdicts that change",
+    "## The verdicts that changed",
     "",
   ]
   if flips:
@@ -259,26 +119,67 @@ def markdown(table: dict[str, Any]) -> str:
   return "\n".join(out) + "\n"
 
 
+def _close(a: float | None, b: float | None) -> bool:
+  """Equal up to float rounding (the records' df and p are recomputed by the studies' code)."""
+  if a is None or b is None:
+    return a is b
+  return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+def disagreements(table: dict[str, Any]) -> list[str]:
+  """Where the table and the records as now published disagree (`__doc__`); empty where they agree."""
+  out = []
+  files = table["files"]
+  for path in published_records():
+    rel = os.path.relpath(path, ROOT)
+    with open(path) as f:
+      found = dict(paired_differences(json.load(f)))
+    rows = {r["where"]: r for r in files.get(rel, [])}
+    if set(found) != set(rows):
+      out.append(f"{rel}: differences {sorted(set(found) ^ set(rows))} are in one of the record and the table only")
+    for where, r in rows.items():
+      d = found.get(where)
+      if d is None:
+        continue
+      first = protocol.verdict(r["mean"], r["se_seed"], r["n"], r["se_eval_published"], rule=protocol.UNMARKED_RULE)
+      old = first["verdict"]
+      if old != r["old"]:
+        out.append(f"{rel} {where}: its published word {r['old']!r} is not what 2se gives ({old!r})")
+      if protocol.rule_of(d) != protocol.RULE:
+        if d["verdict"] != r["old"]:
+          out.append(f"{rel} {where}: kept as first written, it reads {d['verdict']!r}, not {r['old']!r}")
+        continue
+      if d["verdict"] != r["new"] or not (_close(d["p"], r["p"]) and _close(d["df"], r["df"])):
+        out.append(
+          f"{rel} {where}: the record reads {d['verdict']!r} (p {d['p']}), the table {r['new']!r} (p {r['p']})"
+        )
+  gone = set(files) - {os.path.relpath(p, ROOT) for p in published_records()}
+  out += [f"{rel}: no longer published" for rel in sorted(gone)]
+  rows = [r for rs in files.values() for r in rs]
+  if table["verdicts"] != len(rows) or table["flips"] != sum(r["old"] != r["new"] for r in rows):
+    out.append("the table's counts are not its rows'")
+  return out
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--check", action="store_true", help="write nothing; exit 1 where a file would change")
+  parser.add_argument("--check", action="store_true", help="write nothing; exit 1 where the table and records disagree")
   args = parser.parse_args()
-  table = reread()
-  texts = {OUT + ".json": json.dumps(table, indent=1) + "\n", OUT + ".md": markdown(table)}
-  stale = []
-  for path, text in texts.items():
-    old = open(path).read() if os.path.exists(path) else None
-    if old == text:
-      continue
-    stale.append(os.path.relpath(path, ROOT))
-    if not args.check:
-      with open(path, "w") as f:
-        f.write(text)
+  with open(OUT + ".json") as f:
+    table = json.load(f)
+  problems = disagreements(table)
+  text = markdown(table)
+  with open(OUT + ".md") as f:
+    stale = f.read() != text
+  if stale and not args.check:
+    with open(OUT + ".md", "w") as f:
+      f.write(text)
   print(
-    f"{table['flips']} of {table['verdicts']} verdicts change under the t rule; "
-    + (f"{'stale' if args.check else 'written'}: {', '.join(stale)}" if stale else "the table is up to date")
+    "\n".join(problems) if problems else f"{table['flips']} of {table['verdicts']} verdicts changed; the records agree"
   )
-  if args.check and stale:
+  if stale:
+    print(f"{os.path.relpath(OUT, ROOT)}.md: {'stale' if args.check else 'written'}")
+  if problems or (args.check and stale):
     sys.exit(1)
 
 

@@ -73,7 +73,7 @@ def table(headlines: dict[str, dict]) -> str:
   head = (
     "| results | method | best LR | β | baseline at N | averaged baseline at N | method (averaged) | "
     "backward_ratio vs baseline / averaged | pass_ratio vs averaged | wallclock_ratio vs averaged | "
-    "final loss vs averaged |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "final loss vs averaged (verdict: t rule) |\n|---|---|---|---|---|---|---|---|---|---|---|"
   )
   rows = [head]
   for name, h in headlines.items():
@@ -111,7 +111,7 @@ def family_differences(results: dict[str, dict], reference: str = "adamw-cosine"
       if ref is not None and family != reference and sorted(ref["curves"][anchor], key=int) == seeds:
         j = ref["budgets"].index(ref["steps"])
         d = protocol.paired_difference(mine, [ref["curves"][anchor][s][j] for s in seeds])
-        cell = f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {d['verdict']}"
+        cell = f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {cells.verdict_word(d)}"
       lines.append(
         f"| {preset}-{family} | {r['tuning']['best_lr']:.3g} | {anchor} | {_pm(protocol.mean_std(mine))} | {cell} |"
       )
@@ -146,7 +146,7 @@ def cross_family(results: dict[str, dict], methods_from: str, anchors_from: str)
     d = f["averaged_baseline"]["paired_difference"]
     lines.append(
       f"| {method} ({m['family']}) | {ratios} | {_pm(f['final_loss'])} | "
-      f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {d['verdict']} |"
+      f"{d['mean']:+.4f} ± {d['se']:.4f} (se): {cells.verdict_word(d)} |"
     )
   return "\n".join(lines)
 

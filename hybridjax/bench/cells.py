@@ -5,14 +5,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# How far a difference must lie from zero to read a direction, as every report's prose says it (the rule:
+# `protocol.verdict`, docs/benchmark.md "Figures").
+BEYOND = "by more than t(0.975, df) standard errors (the t rule)"
+
 
 def se_cell(d: dict[str, Any]) -> str:
   """A paired difference's mean ± the standard error it is judged with (the seeds' and the eval set's)."""
   return f"{d['mean']:+.4f} ± {d.get('se_total', d['se']):.4f} se"
 
 
+def p_note(d: dict[str, Any]) -> str:
+  """', p 0.012': the two-sided p a verdict was judged with, where its rule gives one (`protocol.verdict`);
+  '' for a word judged by a rule without p (a record kept as first written: `protocol.rule_of`)."""
+  return "" if d.get("p") is None else f", p {d['p']:.2g}"
+
+
+def verdict_word(d: dict[str, Any]) -> str:
+  """A paired difference's verdict word with its p beside it (`p_note`): 'lower, p 0.012'."""
+  return f"{d['verdict']}{p_note(d)}"
+
+
 def paired_cell(d: dict[str, Any] | None) -> str:
-  return "—" if d is None else f"{se_cell(d)} ({d['verdict']})"
+  return "—" if d is None else f"{se_cell(d)} ({verdict_word(d)})"
 
 
 def eval_note(record: dict[str, Any] | None) -> str:
@@ -25,16 +40,19 @@ def eval_note(record: dict[str, Any] | None) -> str:
     of = f" (the anchor's {pair[0]}-step run against its {pair[1]}-step one, mean over the seeds)" if pair else ""
     source = f"; {record['source']}" if record.get("source") else ""
     return (
-      f"Every difference is judged at 2 standard errors, the seeds' and the eval set's: a difference of two "
-      f"runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, the paired "
-      f"per-batch standard error{of}{source}."
+      f"A difference reads a direction only {BEYOND}, the seeds' and the eval set's together, p beside each word: a "
+      f"difference of two runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, "
+      f"the paired per-batch standard error{of}{source}."
     )
   if batches == 1:
     return (
-      "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
-      "on the seeds' spread alone."
+      "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
+      f"only {BEYOND} of the seeds' spread alone, p beside each word."
     )
-  return "The eval set's error of a difference was not recorded: every difference is judged on the seeds' spread alone."
+  return (
+    "The eval set's error of a difference was not recorded: a difference reads a direction only "
+    f"{BEYOND} of the seeds' spread alone, p beside each word."
+  )
 
 
 def above_note(verdict: dict[str, Any] | None) -> str:
@@ -127,7 +145,7 @@ def pays_clause(
     what = "jumps" if "jumps_per_run" in figures["exercise"] else "predictions"
     parts.insert(0, f"{mark}: the comparison tested nothing of its {what}")
   if verdict.get("paired"):
-    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve")
+    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve{p_note(verdict['paired'])}")
   else:
     parts.append("not judged: fewer than 2 seeds, or a cost outside the anchor's budgets")
   above = above_note(verdict)
@@ -140,7 +158,7 @@ def verdict_rule(anchor: str = "the anchor") -> str:
   """How a verdict line reads: when an arm pays against `anchor`."""
   return (
     f"An arm pays where its final loss lies below {anchor}'s curve at its passes (every forward at 1/3 of a "
-    f"step) by more than 2 standard errors, read as {anchor} reads itself at N (so an arm equal to {anchor} "
+    f"step) {BEYOND}, read as {anchor} reads itself at N (so an arm equal to {anchor} "
     f"reads 'no difference' even where its N-step loss lies above its envelope); 'does not pay' where it "
     "lies above by as much."
   )
@@ -159,7 +177,7 @@ def pct_cell(gap: dict[str, Any]) -> str:
 
 
 def verdict_cell(d: dict[str, Any] | None) -> str:
-  return "—" if d is None else d["verdict"]
+  return "—" if d is None else verdict_word(d)
 
 
 def eval_clause(record: dict[str, Any] | None) -> str:

@@ -56,10 +56,12 @@ def method_figures(
   budgets: list[int],
   eval_se: float | None = None,
   predicts: bool = False,
+  eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """Every figure of one method arm against both anchors, per seed and summarised (pure: the tests
   recompute it). `eval_se`: the paired per-batch standard error (`eval_paired_se`) that every paired
-  difference and the verdict are judged with, besides the seeds' (None: the seeds' alone). `predicts`:
+  difference and the verdict are judged with, besides the seeds' (None: the seeds' alone), estimated over
+  `eval_windows` eval batches (its df, `protocol.verdict`). `predicts`:
   the arm is meant to predict steps (`arms.predicts`), so runs that predicted none mark it not
   exercised (`exercise`)."""
   seeds = sorted(runs, key=int)
@@ -106,10 +108,17 @@ def method_figures(
         "anchor_final_loss": at_n,
         "method_final_loss": final,
       },
-      "paired_difference": protocol.paired_difference(final, at_n, eval_se) if len(seeds) >= 2 else None,
+      "paired_difference": protocol.paired_difference(final, at_n, eval_se, eval_windows=eval_windows)
+      if len(seeds) >= 2
+      else None,
       # Whether the pass ratio pays, judged in loss at the arm's passes as the anchor reads itself at N.
       "verdict": protocol.cost_verdict(
-        final, passes, [(budgets, curves[anchor][s]) for s in seeds], runs[seeds[0]]["steps"], eval_se
+        final,
+        passes,
+        [(budgets, curves[anchor][s]) for s in seeds],
+        runs[seeds[0]]["steps"],
+        eval_se,
+        eval_windows=eval_windows,
       )
       if seeds
       else None,
@@ -137,12 +146,13 @@ def control_comparison(
   runs: dict[str, dict[str, Any]],
   controls: dict[str, str],
   eval_se: float | None = None,
+  eval_windows: int | None = None,
 ) -> None:
   """Adds to every arm's figures its paired final-loss difference from its control arm (`controls`:
   arm -> its control; the same decisions without the effect, e.g. the jump's skip control, which
   advances the schedule without moving a weight), when that control ran: a method is credited only
   with what it adds to its control. Stored as `vs_skip_control`, the name the published results use;
-  judged with `eval_se` (the paired per-batch standard error) besides the seeds'."""
+  judged with `eval_se` (the paired per-batch standard error, over `eval_windows` batches) besides the seeds'."""
   for m, f in figures.items():
     control = controls.get(m)
     if control is None or control not in runs:
@@ -151,7 +161,10 @@ def control_comparison(
     seeds = [s for s in sorted(runs[m], key=int) if s in skip]
     if len(seeds) >= 2:
       f["vs_skip_control"] = protocol.paired_difference(
-        [runs[m][s]["final_loss"] for s in seeds], [skip[s]["final_loss"] for s in seeds], eval_se
+        [runs[m][s]["final_loss"] for s in seeds],
+        [skip[s]["final_loss"] for s in seeds],
+        eval_se,
+        eval_windows=eval_windows,
       )
       f["vs_skip_control"]["control"] = control
 
@@ -222,10 +235,13 @@ def with_spread(ratio: dict[str, Any], spread: dict[str, Any] | None) -> dict[st
   return ratio
 
 
-def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int, eval_se: float | None = None) -> dict[str, Any]:
-  """The anchors themselves: final losses at N, and the averaging anchor's lead over the raw one in
-  steps (baseline steps needed to reach the averaged loss at N, per seed; a lower or an upper bound
-  where the averaged loss lies below or above the raw curve)."""
+def anchor_figures(
+  curves: dict[str, Any], budgets: list[int], n: int, eval_se: float | None = None, eval_windows: int | None = None
+) -> dict[str, Any]:
+  """The anchors themselves: final losses at N (the averaged against the raw judged with `eval_se`, over
+  `eval_windows` batches), and the averaging anchor's lead over the raw one in steps (baseline steps
+  needed to reach the averaged loss at N, per seed; a lower or an upper bound where the averaged loss
+  lies below or above the raw curve)."""
   seeds = sorted(curves["baseline"], key=int)
   i = budgets.index(n)
   raw = [curves["baseline"][s][i] for s in seeds]
@@ -233,7 +249,9 @@ def anchor_figures(curves: dict[str, Any], budgets: list[int], n: int, eval_se: 
   lead = [protocol.steps_to_reach(budgets, curves["baseline"][s], a) for s, a in zip(seeds, avg)]
   return {
     "final_loss": {"baseline": protocol.mean_std(raw), "averaged_baseline": protocol.mean_std(avg)},
-    "averaging_vs_raw": protocol.paired_difference(avg, raw, eval_se) if len(seeds) >= 2 else None,
+    "averaging_vs_raw": protocol.paired_difference(avg, raw, eval_se, eval_windows=eval_windows)
+    if len(seeds) >= 2
+    else None,
     "averaging_lead_steps": {
       "per_seed": [None if r.steps is None else r.steps - n for r in lead],
       "lower_bound": [r.lower_bound for r in lead],
@@ -280,10 +298,20 @@ def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list
       if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
     ]
     eval_se = _mean_or_none(ses)
-    out["budget_1.25N_vs_N"] = {
-      a: protocol.paired_difference([curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds], eval_se)
-      for a in ANCHORS
-    }
+    batches = len(budget_runs[f"{seeds[0]}/{n}"].get("final_averaged_per_batch") or []) or None
+    out["budget_1.25N_vs_N"] = {}
+    for a in ANCHORS:
+      longer, at_n = [curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]
+      # The averaged anchor's own runs kept their windows: its gain is judged with their error.
+      own = None
+      if a == "averaged_baseline":
+        own = window_error(
+          [budget_runs[f"{s}/{f125}"] for s in seeds],
+          [budget_runs[f"{s}/{n}"] for s in seeds],
+          [x - y for x, y in zip(longer, at_n)],
+        )
+      se, windows = own if own is not None else (eval_se, batches)
+      out["budget_1.25N_vs_N"][a] = protocol.paired_difference(longer, at_n, se, eval_windows=windows)
     out["eval_sampling_se_of_the_1.25N_gain"] = ses
   return out
 
@@ -291,6 +319,26 @@ def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list
 def _mean_or_none(xs: list[float | None]) -> float | None:
   """The mean of `xs`, or None when it is empty or any value is None (an error that cannot be estimated)."""
   return None if not xs or any(x is None for x in xs) else float(np.mean(xs))
+
+
+def window_error(
+  a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], differences: Sequence[float]
+) -> tuple[float, int] | None:
+  """(the eval windows' standard error of the seed-averaged difference a - b, the windows), from each seed's
+  runs of the two settings (a[i], b[i]: their averaged iterates' per-window losses, `final_averaged_per_batch`),
+  where every run kept them and their means give the per-seed `differences` (to float32 rounding: the
+  windows are those of the losses compared). `protocol.seed_averaged_window_se`: the windows' own error of
+  this difference, not the study's error of two runs at N. None where they are not stored or give other
+  losses (a side read raw, or at another beta): the study's error then judges."""
+  if not a or len(a) != len(b) or any("final_averaged_per_batch" not in r for r in [*a, *b]):
+    return None
+  x = np.asarray([r["final_averaged_per_batch"] for r in a], dtype=np.float64)
+  y = np.asarray([r["final_averaged_per_batch"] for r in b], dtype=np.float64)
+  if x.shape != y.shape or x.ndim != 2 or x.shape[1] < 2:
+    return None
+  if not np.allclose((x - y).mean(axis=1), differences, rtol=0, atol=1e-5):
+    return None
+  return protocol.seed_averaged_window_se(x, y), int(x.shape[1])
 
 
 def eval_errors(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int], n: int) -> dict[str, Any]:

@@ -302,12 +302,19 @@ def paired_batch_se(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.nda
   return float(np.std(x - y, ddof=1) / math.sqrt(x.size))
 
 
-# The verdict rules (`verdict`). "t": Student's t at Satterthwaite's degrees of freedom, the rule of every
-# new record. "2se": |mean| against 2 se_total, the rule every record published before "t" was judged by;
-# a published record keeps reading under it (scripts/reread_results.py, whose output must not change), and
-# docs/results/verdicts-reread.md lists what each of its verdicts reads under "t".
+# The verdict rules (`verdict`). "t": Student's t at Satterthwaite's degrees of freedom, the rule every
+# verdict is judged by (`RULE`). "2se": |mean| against 2 se_total, the rule every record published before
+# "t" was judged by; a stored paired difference that names no "rule" was judged by it (`rule_of`), and
+# docs/results/verdicts-reread.md lists each published verdict's word under both.
 RULES = ("t", "2se")
-PUBLISHED_RULE = "2se"
+RULE = "t"
+UNMARKED_RULE = "2se"
+
+
+def rule_of(difference: dict[str, Any]) -> str:
+  """The rule a stored paired difference's verdict was judged by: the one it names, else `UNMARKED_RULE`
+  (a record written before its differences named their rule)."""
+  return str(difference.get("rule", UNMARKED_RULE))
 
 
 def verdict(
@@ -316,7 +323,7 @@ def verdict(
   n: int,
   se_eval: float | None = None,
   eval_windows: int | None = None,
-  rule: str = "t",
+  rule: str = RULE,
 ) -> dict[str, Any]:
   """The verdict word of a paired mean difference (a - b), the one rule every study's words come from.
 
@@ -326,7 +333,8 @@ def verdict(
 
   * rule "t": df by Satterthwaite (`stats.satterthwaite_df`); "lower" (a below b) / "higher" where
     |mean| > t(0.975, df) se_total, else "no difference", with the two-sided p of mean / se_total.
-  * rule "2se": "no difference" where |mean| < 2 se_total, else "lower" / "higher" (`PUBLISHED_RULE`).
+  * rule "2se": "no difference" where |mean| < 2 se_total, else "lower" / "higher" (`UNMARKED_RULE`: to
+    read a record as it was published).
 
   Either way, se_total == 0 reads "no difference" for a zero mean and "lower"/"higher" otherwise (p 1 or 0).
 
@@ -393,7 +401,7 @@ def paired_difference(
   a: Sequence[float] | np.ndarray,
   b: Sequence[float] | np.ndarray,
   eval_se: float | None = None,
-  rule: str = PUBLISHED_RULE,
+  rule: str = RULE,
   eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """Per-seed differences a_i - b_i of two settings measured on the same seeds, judged by `verdict`.
@@ -410,12 +418,12 @@ def paired_difference(
     b: one value per seed, in the same seed order.
     eval_se: the paired per-batch standard error, or None where it cannot be estimated (one eval batch)
       or was not recorded: the seeds' standard error alone judges.
-    rule: the verdict rule (`RULES`); the published records' by default.
-    eval_windows: the eval windows eval_se was estimated over (its df: windows - 1), for rule "t".
+    rule: the verdict rule (`RULES`; `RULE` unless a record is read as it was published).
+    eval_windows: the eval windows eval_se was estimated over (its df: windows - 1; None: infinite df).
 
   Returns:
-    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "eval_se", "se_total", "n", "differences", "verdict"};
-    under rule "t" also "rule", "df", "t_crit", "p" (`verdict`).
+    {"mean", "std" (ddof=1), "se" (std / sqrt(n)), "eval_se", "se_total", "n", "differences", "verdict",
+    "rule", "eval_windows"}; under rule "t" also "df", "t_crit", "p" (`verdict`).
 
   Raises:
     ValueError: on mismatched lengths, fewer than 2 pairs, non-finite values or a negative or non-finite
@@ -447,7 +455,7 @@ def paired_difference(
     "differences": d.tolist(),
     "verdict": judged.pop("verdict"),
   }
-  return out if rule == PUBLISHED_RULE else out | {"rule": rule, "eval_windows": eval_windows} | judged
+  return out | {"rule": rule, "eval_windows": eval_windows} | judged
 
 
 PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no difference"}
@@ -490,7 +498,7 @@ def cost_verdict(
   curves: Sequence[tuple[Sequence[float], Sequence[float]]],
   n: float,
   eval_se: float | None,
-  rule: str = PUBLISHED_RULE,
+  rule: str = RULE,
   eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """Whether a method pays against an anchor: per seed, its loss against the anchor's curve at its cost,

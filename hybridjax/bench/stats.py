@@ -125,11 +125,13 @@ def satterthwaite_df(parts: list[tuple[float, float]]) -> float:
   [(standard error, its degrees of freedom)], the df (se_total^4 / sum(se_i^4 / df_i)); a part whose
   df is math.inf adds nothing to the denominator. math.inf where every part with a non-zero error has
   infinite df; NaN where every error is zero (no spread to judge)."""
-  total = sum(se * se for se, _ in parts)
-  if total == 0:
+  scale = max((se for se, _ in parts), default=0.0)
+  if scale == 0:
     return math.nan
+  # In units of the largest error: se^4 of a tiny error would underflow to 0 and read infinite df.
+  total = sum((se / scale) ** 2 for se, _ in parts)
   denominator = 0.0
   for se, df in parts:
     if se > 0:
-      denominator += se**4 / _check_df(df) if not math.isinf(df) else 0.0
+      denominator += (se / scale) ** 4 / _check_df(df) if not math.isinf(df) else 0.0
   return math.inf if denominator == 0 else total * total / denominator

@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import protocol
-from hybridjax.bench.figures import plateau_runs
+from hybridjax.bench.figures import plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
 
@@ -41,6 +41,25 @@ def paired_batch_se_of(a: dict[str, Any], b: dict[str, Any]) -> float | None:
   if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
     return None
   return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
+
+
+def paired_eval_error(
+  a: list[dict[str, Any]], b: list[dict[str, Any]], differences: list[float], averaged: bool = True
+) -> tuple[float | None, int | None]:
+  """(the eval error a paired difference of anchor runs a - b is judged with, its windows): per seed the
+  two runs a[i], b[i]; the windows' error of the seed-averaged difference (`figures.window_error`), else
+  the mean over the seeds of the two runs' paired per-batch standard error (`paired_batch_se_of`);
+  (None, None) where a side is read raw (`averaged` False: the runs keep the averaged iterate's
+  per-window losses only) or no run kept them."""
+  if not averaged:
+    return None, None
+  own = window_error(a, b, differences)
+  if own is not None:
+    return own
+  ses = [paired_batch_se_of(x, y) for x, y in zip(a, b)]
+  if not ses or None in ses:
+    return None, None
+  return sum(ses) / len(ses), len(a[0]["final_averaged_per_batch"])
 
 
 def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -414,7 +414,12 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
       "rounds": {"baseline": rounds["baseline"], "method": rounds[method]},
     }
     again = figures_lib.method_figures(
-      stored["curves"], stored["method_runs"][method], timing, stored["budgets"], stored["eval"]["paired_se"]
+      stored["curves"],
+      stored["method_runs"][method],
+      timing,
+      stored["budgets"],
+      stored["eval"]["paired_se"],
+      eval_windows=stored["eval"]["batches"],
     )
     assert json.loads(json.dumps({k: v for k, v in figures.items() if k != "vs_skip_control"})) == json.loads(
       json.dumps(again)
@@ -431,6 +436,7 @@ def test_quick_protocol_runs_whole_and_its_figures_recompute(quick):
         [runs["jump"][s]["final_loss"] for s in seeds],
         [runs["skip_control"][s]["final_loss"] for s in seeds],
         stored["eval"]["paired_se"],
+        eval_windows=stored["eval"]["batches"],
       )
       | {"control": "skip_control"}
     )
@@ -479,7 +485,9 @@ def test_the_protocol_runs_whole_on_the_mlp_task_and_a_rerun_trains_nothing(tmp_
   timing["rounds"] = {"baseline": rounds["baseline"], "method": rounds["outer_momentum"]}
   runs = stored["method_runs"]["outer_momentum"]
   eval_se = stored["eval"]["paired_se"]  # every difference is judged with it besides the seeds'
-  again = figures_lib.method_figures(stored["curves"], runs, timing, stored["budgets"], eval_se)
+  again = figures_lib.method_figures(
+    stored["curves"], runs, timing, stored["budgets"], eval_se, eval_windows=stored["eval"]["batches"]
+  )
   assert json.loads(json.dumps(again)) == json.loads(json.dumps(stored["figures"]["outer_momentum"]))
   wall = stored["figures"]["outer_momentum"]["averaged_baseline"]["wallclock_ratio"]
   assert wall["mean"] is None or wall["spread"]["rounds"] == len(rounds["baseline"]["baseline"]) == 2

@@ -309,7 +309,7 @@ def test_paired_difference_verdicts():
   assert protocol.paired_difference([1.0, 2.0], [1.0, 2.0])["verdict"] == "no difference"
   # A constant shift has se == 0 and a non-zero mean.
   assert protocol.paired_difference([2.0, 3.0], [1.0, 2.0])["verdict"] == "higher"
-  # A shift hidden in the noise (|mean| < 2 se).
+  # A shift hidden in the noise (|mean| < t(0.975, 2) se).
   assert protocol.paired_difference([1.1, 0.0, 2.0], [1.0, 1.0, 1.0])["verdict"] == "no difference"
 
 
@@ -322,8 +322,9 @@ def test_paired_difference_is_antisymmetric(pairs):
   assert ba["verdict"] == flip[ab["verdict"]]
   assert ba["mean"] == pytest.approx(-ab["mean"], abs=1e-12)
   assert ba["se"] == pytest.approx(ab["se"], abs=1e-12)
-  if ab["verdict"] != "no difference":
-    assert abs(ab["mean"]) >= 2 * ab["se"]
+  if ab["verdict"] != "no difference":  # beyond t(0.975, df) standard errors (`protocol.verdict`)
+    assert ab["rule"] == protocol.RULE and ab["p"] <= 0.05
+    assert ab["se_total"] == 0 or abs(ab["mean"]) > ab["t_crit"] * ab["se_total"]
 
 
 def test_paired_difference_rejects_bad_input():

@@ -62,8 +62,8 @@ def test_a_control_equal_to_its_anchor_reads_1x_and_no_difference_and_says_why()
   (line,) = family_report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
   assert line == (
     "* `skip_control`: **no difference** (pass ratio 1.00× ± 0.00 against the averaged "
-    "anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve; anchor at N above its "
-    "envelope: 1/2 seeds)"
+    f"anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve{cells.p_note(f['verdict']['paired'])}; "
+    "anchor at N above its envelope: 1/2 seeds)"
   )
   # Bit for bit equal too. On the seed above its envelope every reading is scaled alike, by N over the
   # steps the anchor's own N-step loss reads (40 / 20 here): the 50-step loss reads 100 steps, not 50.
@@ -93,7 +93,9 @@ def test_an_arm_that_does_not_pay_reads_so_in_one_line():
   assert f["verdict"]["verdict"] == "does not pay" and f["pass_ratio"]["mean"] < 1
   (line,) = family_report.family_verdicts({"figures": {"arm": {"averaged_baseline": f}}})[2:]
   assert line.startswith("* `arm`: **does not pay** (pass ratio 0.9")
-  assert "loss at its passes +0.0100 ± 0.0010 se from the anchor's curve)" in line
+  paired = f["verdict"]["paired"]
+  assert paired["rule"] == "t" and paired["p"] < 0.05
+  assert f"loss at its passes +0.0100 ± 0.0010 se from the anchor's curve, p {paired['p']:.2g})" in line
 
 
 def _anchor_run(per_batch: list[float]) -> dict[str, object]:
@@ -111,8 +113,8 @@ def test_one_eval_batch_cannot_estimate_the_eval_error_and_says_so():
   assert record["budgets"] == [40, 50]
   note = cells.eval_note(record)
   assert note == (
-    "The eval set's error of a difference cannot be estimated (one eval batch): every difference is judged "
-    "on the seeds' spread alone."
+    "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
+    f"only {cells.BEYOND} of the seeds' spread alone, p beside each word."
   )
   assert "0.0000" not in note
   # The tuning's noise floor: the seeds' spread alone, never a 0.0 floor read as an estimate.

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, SpecRunner, load_script
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import protocol, speedrun, study, tuning
+from hybridjax.bench import cells, protocol, speedrun, study, tuning
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants import report, run
 from hybridjax.bench.studies.variants.sets import SETS, Pair
@@ -132,7 +132,8 @@ def test_published_variants_recompute_from_their_runs():
       sides = {k: {"settings": p["settings"][k], "runs": p["runs"][k]} for k in ("before", "after")}
       again = run.pair_figures(sides["before"], sides["after"])
       assert again == {k: p[k] for k in ("seeds", "before", "after", "difference")}, p["name"]
-      assert protocol.paired_difference(p["after"], p["before"], p["difference"]["eval_se"]) == p["difference"]
+      d = p["difference"]
+      assert protocol.paired_difference(p["after"], p["before"], d["eval_se"], eval_windows=d["eval_windows"]) == d
     assert result["resolution"] == 2 * statistics.median(p["difference"]["se_total"] for p in result["pairs"])
     with open(path.replace(".json", ".md")) as f:
       assert f.read() == report.markdown(result) + "\n"
@@ -176,9 +177,9 @@ def test_recipe_md_quotes_each_fix_as_measured():
   assert len(rows) == len(result["pairs"])
   for row, p in zip(rows, result["pairs"]):
     d = p["difference"]
-    assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} | {d['verdict']} |" in row, (p["name"], row)
+    assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} | {cells.verdict_word(d)} |" in row, (p["name"], row)
     assert f"(`{p['row']}`)" in row
-  assert f"resolves about {result['resolution']:.4f}" in text
+  assert f"the median over its pairs) is about {result['resolution']:.4f}" in text
   pairs = {p["name"]: p for p in result["pairs"]}
   gpt2, fan_in = (pairs[k]["difference"]["mean"] for k in ("relu2_gpt2_init", "relu2"))
   assert f"({gpt2:+.4f} against {fan_in:+.4f} under the records' init)" in text
@@ -186,7 +187,11 @@ def test_recipe_md_quotes_each_fix_as_measured():
   d = protocol.paired_difference(*per_seed)
   assert f"paired by seed, is {d['mean']:+.4f} ± {d['se']:.4f}: {d['verdict']}" in text
   relu2 = pairs["relu2"]["difference"]
-  assert f"(ReLU²'s by {abs(relu2['mean']) - 2 * relu2['se_total']:.4f})" in text
+  page = " ".join(text.split())
+  assert f'({relu2["mean"]:+.4f} ± {relu2["se_total"]:.4f}, {cells.verdict_word(relu2)}): it read "higher"' in page
+  with open(os.path.join(ROOT, "docs", "results", "verdicts-reread.json")) as f:  # as first published
+    reread = json.load(f)["files"]["docs/results/recipe/variants-fixes-long.json"]
+  assert next(r for r in reread if r["where"] == "pairs.relu2.difference")["old"] == "higher"
   assert result["code_version"]["anchor"] in text
   assert f"{result['runs_trained']} runs, {result['wall_s'] / 3600:.1f} h on 2 cores" in text
   pays = [p["name"] for p in result["pairs"] if p["difference"]["verdict"] == "lower"]

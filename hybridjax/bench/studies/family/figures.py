@@ -22,7 +22,7 @@ def family_figures(result: dict[str, Any], controls: dict[str, str] | None = Non
   n, budgets, curves, runs = result["steps"], result["budgets"], result["curves"], result["budget_runs"]
   seeds = sorted({k.split("/")[0] for k in runs}, key=int)
   errors = figures_lib.eval_errors(runs, seeds, budgets, n)
-  eval_se = errors["paired_se"]
+  eval_se, windows = errors["paired_se"], errors["batches"]
   methods = list(result.get("figures") or result["method_runs"])  # the headline arm first
   ms = result["timing"]["ms_per_step"]
   rounds = result["timing"].get("rounds_ms") or {}  # each timing round's ms (none in an older record)
@@ -39,14 +39,15 @@ def family_figures(result: dict[str, Any], controls: dict[str, str] | None = Non
       budgets,
       eval_se,
       predicts=m in defined and arms_lib.predicts(defined[m]),
+      eval_windows=windows,
     )
     for m in methods
   }
   if controls is None:
     controls = {defined[m].control_of: m for m in methods if defined[m].control_of}
-  figures_lib.control_comparison(figures, result["method_runs"], controls, eval_se)
+  figures_lib.control_comparison(figures, result["method_runs"], controls, eval_se, windows)
   out = {
-    "anchor_figures": figures_lib.anchor_figures(curves, budgets, n, eval_se),
+    "anchor_figures": figures_lib.anchor_figures(curves, budgets, n, eval_se, windows),
     "phenomena": figures_lib.phenomena(curves, runs, budgets, n),
     "eval": errors,
     "figures": figures,

@@ -18,6 +18,7 @@ from hybridjax.bench.cells import (
   ratio_cell,
   se_cell,
   verdict_rule,
+  verdict_word,
   wallclock_cell,
   with_exercise,
 )
@@ -100,7 +101,7 @@ def markdown(result: dict[str, Any]) -> str:
   if "budget_1.25N_vs_N" in ph:
     lines.append(
       "1.25N against N (paired): "
-      + "; ".join(f"{an} {se_cell(d)} → {d['verdict']}" for an, d in ph["budget_1.25N_vs_N"].items())
+      + "; ".join(f"{an} {se_cell(d)} → {verdict_word(d)}" for an, d in ph["budget_1.25N_vs_N"].items())
       + "."
     )
   lines.append(f"Eval set: {result['eval']['batches']} batches. {eval_note(result['eval'])}")
@@ -121,7 +122,7 @@ def markdown(result: dict[str, Any]) -> str:
       row(
         f"final loss − {an} at N",
         lambda f, m, an=an: with_exercise(
-          f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({f[an]['paired_difference']['verdict']})"
+          f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({verdict_word(f[an]['paired_difference'])})"
           if f[an]["paired_difference"]
           else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%",
           f,

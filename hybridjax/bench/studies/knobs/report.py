@@ -18,7 +18,9 @@ def markdown(result: dict[str, Any]) -> str:
     f"Each side starts from the settings and LR of {result['lrs_from']} and searches its own knobs one at a "
     f"time on the tuning seeds {result['tuning_seeds']} (a value is kept where its mean loss at N is lower), "
     f"then sweeps its LR again; then it runs N = {result['steps']} steps on the headline seeds "
-    f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss.",
+    f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss; a difference "
+    f"reads a direction only {cells.BEYOND}, the seeds' and the eval windows' (of the seed-averaged difference), "
+    "p beside each word.",
     "",
     "| side | tuning runs | tuned settings | published | tuned | tuned − published |",
     "|---|---|---|---|---|---|",
@@ -72,7 +74,9 @@ def markdown(result: dict[str, Any]) -> str:
   for side, s in result["sides"].items():
     d = s["difference"]
     word = {"lower": "its tuning lowers the loss", "higher": "its tuning raises the loss"}.get(d["verdict"], "")
-    lines.append(f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}.")
+    lines.append(
+      f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}{cells.p_note(d)}."
+    )
   return "\n".join(lines)
 
 

@@ -185,15 +185,14 @@ def read_of(settings: dict[str, Any], tuned: dict[str, Any]) -> dict[str, dict[s
 def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[str, Any]]) -> dict[str, Any]:
   """A side's headline losses as published and as tuned, each read at its own iterate and beta
   (`read`: {"published", "tuned"} -> {"iterate", "beta"}), and the paired difference (tuned -
-  published) with the eval set's paired per-batch standard error (mean over the seeds; the runs keep
-  the averaged iterate's per-batch losses only, so a side read raw is judged on the seeds' spread).
-  Pure."""
+  published) judged besides the seeds' with the eval error of `tuning.paired_eval_error` (a side read
+  raw is judged on the seeds' spread alone). Pure."""
   averaged = all(r["iterate"] == "averaged" for r in read.values())
-  ses = [tuning.paired_batch_se_of(t, p) for t, p in zip(tuned, published)] if averaged else [None]
-  eval_se = sum(ses) / len(ses) if ses and None not in ses else None
   before = [tuning.iterate_loss(r, read["published"]["iterate"], read["published"]["beta"]) for r in published]
   after = [tuning.iterate_loss(r, read["tuned"]["iterate"], read["tuned"]["beta"]) for r in tuned]
-  return {"published": before, "tuned": after, "difference": protocol.paired_difference(after, before, eval_se)}
+  se, windows = tuning.paired_eval_error(tuned, published, [x - y for x, y in zip(after, before)], averaged)
+  difference = protocol.paired_difference(after, before, se, eval_windows=windows)
+  return {"published": before, "tuned": after, "difference": difference}
 
 
 def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any], n: int) -> dict[str, Any]:

@@ -56,13 +56,15 @@ def arm_figures(
   eval_se: float | None = None,
   predicts: bool = False,
   rounds: dict[str, dict[str, list[float | None]]] | None = None,
+  eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
   the rung's budget curve (`rounds`: the timing's `rounds_ms`, which give the wall-clock ratios their
   spread over the timing rounds, `figures.round_spread`), whether the pass ratio pays
   (`protocol.cost_verdict`), the final-loss gap and paired difference at N, the paired difference from
   the arm's control; at R0 the equal-steps wall-clock ratio and the two nulls. Every paired difference
-  is judged with `eval_se` (the paired per-batch standard error) besides the seeds'. `predicts`: the arm
+  is judged with `eval_se` (the paired per-batch standard error, over `eval_windows` batches) besides the
+  seeds'. `predicts`: the arm
   is meant to predict steps (`arms.predicts`; `figures.exercise` marks it where its runs predicted none)."""
   runs = group["method_runs"][arm]
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
@@ -103,24 +105,36 @@ def arm_figures(
   figures.with_spread(out["wallclock_ratio"], figures.round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
   out["per_seed"] = per
   costs = [x["method_cost"] for x in per["pass_ratio"]]
-  out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se)
+  out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se, eval_windows=eval_windows)
   paired = len(seeds) >= 2 and None not in at_n
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
   out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
   out["final_loss_gap"]["per_seed"] = gaps
-  out["vs_baseline_at_n"] = protocol.paired_difference(losses, at_n, eval_se) if paired else None
+  out["vs_baseline_at_n"] = (
+    protocol.paired_difference(losses, at_n, eval_se, eval_windows=eval_windows) if paired else None
+  )
   control_runs = group["method_runs"].get(control or "", {})
   if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:
     control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
-    out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se)
+    out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se, eval_windows=eval_windows)
     out["control"] = control
   exercised = figures.exercise([runs[s] for s in seeds], predicts)
   if exercised is not None:  # too few jumps or predicted steps a run (`figures.exercise`): it tested nothing
     out["exercise"] = exercised
   if rung.name == "R0":
     out["equal_steps"] = equal_steps(
-      group, runs, seeds, rung.iterate, arm_ms, base_ms, n, out.get("vs_control"), eval_se, (base_rounds, arm_rounds)
+      group,
+      runs,
+      seeds,
+      rung.iterate,
+      arm_ms,
+      base_ms,
+      n,
+      out.get("vs_control"),
+      eval_se,
+      (base_rounds, arm_rounds),
+      eval_windows,
     )
   return out
 
@@ -136,6 +150,7 @@ def equal_steps(
   vs_control: dict[str, Any] | None,
   eval_se: float | None = None,
   rounds: tuple[Any, Any] = (None, None),
+  eval_windows: int | None = None,
 ) -> dict[str, Any]:
   """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock (with its
   spread over the timing rounds, from `rounds`: the baseline's and the arm's `figures.round_times`),
@@ -175,7 +190,7 @@ def equal_steps(
     },
   }
   if len(seeds) >= 2 and all(x is not None for x in stop_losses):
-    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses, eval_se)
+    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses, eval_se, eval_windows=eval_windows)
   if vs_control is not None:
     out["vs_control"] = vs_control
   beats = [out.get("vs_stopped_baseline"), vs_control]
@@ -212,7 +227,7 @@ def rung_figures(
     timing_rounds = (rounds or {}).get(timing_key(rung.group))
     arms = [m for m in group["methods"] if not defined[m].control]
     errors = eval_record(groups, rung.group)
-    se = None if errors is None else errors.get("paired_se")
+    se, windows = (None, None) if errors is None else (errors.get("paired_se"), errors.get("batches"))
     out[name] = {
       **dataclasses.asdict(rung),
       "verdict_rung": name in VERDICT,
@@ -220,11 +235,13 @@ def rung_figures(
       "seeds": group["seeds"],
       "eval": errors,
       "figures": {
-        m: arm_figures(rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds)
+        m: arm_figures(
+          rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds, windows
+        )
         for m in arms
       },
       "controls": {
-        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds)
+        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds, windows)
         for m in group["methods"]
         if defined[m].control
       },

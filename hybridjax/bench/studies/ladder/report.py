@@ -8,6 +8,7 @@ from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench.cells import (
+  BEYOND,
   compute_clause,
   eval_clause,
   eval_note,
@@ -123,7 +124,7 @@ def ladder_markdown(result: dict[str, Any]) -> str:
     "Each cell: pass ratio (baseline steps to reach the arm's final loss, over the arm's backward passes",
     "plus its extra forwards at 1/3 each), mean ± std over the headline seeds, and the paired verdict of the",
     "arm's final loss at N against its control (or the baseline); at R0 the seed's own measure. "
-    f"{_verdict_words(result)}: a tuned baseline that averages. 'no difference' = inside 2 standard errors.",
+    f"{_verdict_words(result)}: a tuned baseline that averages. 'no difference' = not {BEYOND}.",
     "",
     ladder_table([result]),
     "",

@@ -23,12 +23,16 @@ def step_figures(
   n: int,
   eval_se: float | None = None,
   rounds: dict[str, list[float | None]] | None = None,
+  eval_windows: int | None = None,
+  previous_error: tuple[float | None, int | None] | None = None,
 ) -> dict[str, Any]:
   """One step's speed-up (per seed and summarised), whether it pays against the anchor
   (`protocol.cost_verdict` at N steps), its wall-clock ratio (with its spread over the timing rounds
   where `rounds`, each step's ms per round, were recorded: `figures.round_spread`) and paired verdict
   against the previous step (`previous`: seed -> loss), judged with `eval_se` (the paired per-batch
-  standard error) besides the seeds'. Pure: the tests recompute it from recipe.json."""
+  standard error, over `eval_windows` batches) besides the seeds', or the difference's own
+  `previous_error` (its windows' error and count, `figures.window_error`) where both steps kept their
+  windows. Pure: the tests recompute it from recipe.json."""
   seeds = sorted(step["runs"], key=int)
   losses = [step["runs"][s]["loss"] for s in seeds]
   per_seed, lower_bound, upper_bound = [], [], []
@@ -60,14 +64,17 @@ def step_figures(
       per_round = [mean * a["step"] / b["step"] for a, b in zip(anchor_rounds, step_rounds)]
     figures.with_spread(wall, figures.round_spread([per_round]))
   curves = [(anchor[s]["steps"], anchor[s]["loss"]) for s in seeds]
+  previous_se, previous_windows = previous_error or (eval_se, eval_windows)
   return {
     "name": name,
     "seeds": [int(s) for s in seeds],
     "loss": losses,
     "speedup": speedup,
-    "verdict": protocol.cost_verdict(losses, [n] * len(seeds), curves, n, eval_se),
+    "verdict": protocol.cost_verdict(losses, [n] * len(seeds), curves, n, eval_se, eval_windows=eval_windows),
     "wallclock_ratio": wall,
-    "vs_previous": protocol.paired_difference(losses, [previous[s] for s in seeds], eval_se),
+    "vs_previous": protocol.paired_difference(
+      losses, [previous[s] for s in seeds], previous_se, eval_windows=previous_windows
+    ),
   }
 
 
@@ -78,19 +85,32 @@ def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
   anchor = result["anchor"]["curves"]
   ms = result["timing"]["ms_per_step"]
   rounds = result["timing"].get("rounds_ms")  # each timing round's ms (none in an older record)
-  eval_se = (result["anchor"].get("eval") or {}).get("paired_se")
+  errors = result["anchor"].get("eval") or {}
+  eval_se, windows = errors.get("paired_se"), errors.get("batches")
   previous = dict(result["anchor"]["at_n"])
   anchor_runs = {"runs": {s: {"loss": x} for s, x in previous.items()}}
-  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se, rounds)]
+  rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se, rounds, windows)]
   rows[0]["vs_previous"] = None
+  before = None  # the previous step (the anchor's runs kept no windows)
   for name in result["tricks"]:
     step = result["step_runs"][name]
-    row = step_figures(name, step, previous, anchor, ms, n, eval_se, rounds)
+    row = step_figures(name, step, previous, anchor, ms, n, eval_se, rounds, windows, _windows(step, before))
     row.update(lr=step["lr"], iterate=step["iterate"], beta=step["beta"], record=result["records"][name])
     rows.append(row)
     previous = {s: r["loss"] for s, r in step["runs"].items()}
+    before = step
   rows[0].update(lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4")
   return rows
+
+
+def _windows(step: dict[str, Any], before: dict[str, Any] | None) -> tuple[float, int] | None:
+  """A step's difference from the step before judged with its own windows' error (`figures.window_error`),
+  where both steps read their averaged iterate and kept its per-window losses; else None."""
+  if before is None or step["iterate"] != "averaged" or before["iterate"] != "averaged":
+    return None
+  seeds = sorted(step["runs"], key=int)
+  a, b = [step["runs"][s] for s in seeds], [before["runs"][s] for s in seeds]
+  return figures.window_error(a, b, [x["loss"] - y["loss"] for x, y in zip(a, b)])
 
 
 def below_curve(steps: dict[str, Any], anchor: dict[str, dict[str, list[float]]]) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench.cells import (
+  BEYOND,
   compute_clause,
   eval_note,
   paired_cell,
@@ -92,7 +93,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
     "Speed-up: the R4 anchor's (tuned AdamW, cosine, averaged) steps to reach the step's final loss, read "
     "on its averaged budget curve per seed, over N; '> x': below the curve's end. Wall-clock: the "
     "speed-up times the anchor's step time over the step's. Verdict: the paired difference of final "
-    "losses against the previous step, 'lower'/'higher' beyond 2 se.",
+    f"losses against the previous step, 'lower'/'higher' {BEYOND}.",
     "",
     recipe_table([result]),
     "",
@@ -118,7 +119,7 @@ def recipe_verdicts(result: dict[str, Any]) -> list[str]:
   """One line per step: whether its speed-up pays against the R4 anchor (its loss at N against the
   anchor's curve at N, read as the anchor reads itself), and how it compares with the step before."""
   lines = [
-    "A step pays where its final loss at N lies below the anchor's curve at N by more than 2 standard errors, "
+    f"A step pays where its final loss at N lies below the anchor's curve at N {BEYOND}, "
     "read as the anchor reads itself at N; 'does not pay' where it lies above by as much.",
     "",
   ]

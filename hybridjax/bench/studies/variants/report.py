@@ -30,9 +30,11 @@ def markdown(result: dict[str, Any]) -> str:
     f"# Recipe variants `{result['set']}` at `{result['preset']}`",
     "",
     f"Each pair starts from a row of the recipe (its tricks through that row) and differs in one change. {how} "
-    "after − before < 0: the change lowers the loss. Judged at 2 standard errors, the seeds' and the eval "
-    f"set's paired per-batch one; the smallest difference this table resolves is {result['resolution']:.4f} "
-    "(2 standard errors, the median over its pairs).",
+    f"after − before < 0: the change lowers the loss. A difference reads a direction only {cells.BEYOND}, the "
+    "seeds' and the eval set's "
+    "(the windows' error of the seed-averaged difference where both sides kept their per-window losses), p "
+    f"beside each word; the table's resolution is {result['resolution']:.4f} (2 standard errors, the median "
+    "over its pairs).",
     "",
     "| pair | row | change (after, for before) | before (LR, iterate) | after (LR, iterate) | after − before |",
     "|---|---|---|---|---|---|",
@@ -58,5 +60,6 @@ def markdown(result: dict[str, Any]) -> str:
   for p in result["pairs"]:
     d = p["difference"]
     word = {"lower": "the change lowers the loss", "higher": "the change raises the loss"}.get(d["verdict"], "")
-    lines.append(f"* `{p['name']}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}.")
+    said = f" ({word})" if word else ""
+    lines.append(f"* `{p['name']}`: **{d['verdict']}**{said}: {cells.se_cell(d)}{cells.p_note(d)}.")
   return "\n".join(lines)

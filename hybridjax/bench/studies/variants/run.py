@@ -127,19 +127,20 @@ def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
 
 def pair_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
   """One pair's losses on the seeds both sides ran and its paired difference (after - before),
-  judged with the eval set's paired per-batch standard error (mean over the seeds; the runs keep
-  the averaged iterate's per-batch losses only, so a side read raw leaves the seeds' spread to judge
-  alone) besides the seeds'. Pure: the tests recompute it from the record."""
+  judged besides the seeds' with the eval windows' error of the seed-averaged difference
+  (`figures.window_error`), else the eval set's paired per-batch standard error (mean over the seeds).
+  The runs keep the averaged iterate's per-window losses only, so a side read raw leaves the seeds'
+  spread to judge alone. Pure: the tests recompute it from the record."""
   seeds = sorted(set(before["runs"]) & set(after["runs"]), key=int)
   averaged = all(side["settings"]["iterate"] == "averaged" for side in (before, after))
-  ses = [tuning.paired_batch_se_of(after["runs"][s], before["runs"][s]) for s in seeds] if averaged else [None]
-  eval_se = sum(ses) / len(ses) if ses and None not in ses else None
   loss_b, loss_a = _losses(before, seeds), _losses(after, seeds)
+  a, b = [after["runs"][s] for s in seeds], [before["runs"][s] for s in seeds]
+  se, windows = tuning.paired_eval_error(a, b, [x - y for x, y in zip(loss_a, loss_b)], averaged)
   return {
     "seeds": seeds,
     "before": loss_b,
     "after": loss_a,
-    "difference": protocol.paired_difference(loss_a, loss_b, eval_se),
+    "difference": protocol.paired_difference(loss_a, loss_b, se, eval_windows=windows),
   }
 
 
@@ -156,7 +157,13 @@ def pair_table(config: ml_collections.ConfigDict, sides: dict[str, Any]) -> dict
       | pair_figures(before, after)
       | {"runs": {"before": before["runs"], "after": after["runs"]}}
     )
-  return {"pairs": pairs, "resolution": 2 * statistics.median(p["difference"]["se_total"] for p in pairs)}
+  return {"pairs": pairs, "resolution": resolution(pairs)}
+
+
+def resolution(pairs: list[dict[str, Any]]) -> float:
+  """A table's resolution: 2 standard errors of a paired difference (the median over its pairs of the
+  standard error each is judged with); a pair within twice it gets the plateau seeds."""
+  return 2 * statistics.median(p["difference"]["se_total"] for p in pairs)
 
 
 def record(
