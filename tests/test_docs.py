@@ -663,3 +663,18 @@ def test_each_optimizers_cell_published_ran_on_its_frozen_code():
     freeze = cells[result["cell"]["name"]]
     assert result["code_version"]["anchor"] == freeze["presets"][result["preset"]]["code_version"], path
     assert all(freeze["library_versions"][k] == v for k, v in result["library_versions"].items()), path
+
+
+def test_the_optimizers_summary_page_reads_as_the_records():
+  """docs/results/optimizers/README.md is scripts/optimizers_summary.py's page of the published cells,
+  and the parameter count it quotes is `long`'s model's."""
+  import jax
+
+  from experiments.configs import benchmark as benchmark_cfg
+  from hybridjax.bench import tasks
+
+  summary = runpy.run_path(os.path.join(ROOT, "scripts", "optimizers_summary.py"))
+  assert summary["page"]() == _read(summary["PAGE"])
+  task = tasks.build("gpt2", benchmark_cfg.get_config("long"))
+  params = task["init_params"](jax.random.PRNGKey(0))
+  assert sum(x.size for x in jax.tree.leaves(params)) == summary["LONG_PARAMS"]
