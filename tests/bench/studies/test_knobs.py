@@ -153,3 +153,49 @@ def test_sides_that_coincide_at_a_preset_share_their_runs_and_say_so(tmp_path, m
   (tmp_path / "full").mkdir()
   full = _config(tmp_path / "full")
   assert run.coinciding_sides(run.side_configs(full)[1], run.knobs_of(full)) == {}
+
+
+def _stub_with_curve(spec):
+  """`_stub_result` with its steps and the eval curve the plateau rule reads (as a run gives them)."""
+  out = _stub_result(spec)
+  steps = spec["config"]["trainer"]["steps"]
+  curve = [{"step": steps, "eval_loss_raw": out["final_raw"], "eval_loss_averaged": out["final_raw"]}]
+  return out | {"steps": steps, "curve": curve}
+
+
+@pytest.mark.slow  # the joint search of every side through the skeleton on stub runs (seconds)
+def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub_with_curve)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.knobs.sides = "anchor,muon"  # the joint search's Muon space is a tied head's (the recipe's is untied)
+  result = study.run(c, str(tmp_path / "work"))
+  sides = result["sides"]
+  assert result["tuner"] == "joint"
+  costs = {s["tuning_runs"] for s in sides.values()}
+  assert max(costs) - min(costs) < 2  # equal cost, within one configuration (two N runs)
+  for s in sides.values():
+    assert s["search"]["totals"] == {name: other["tuning_runs"] for name, other in sides.items()}
+    assert s["search"]["settings"][0]["origin"] == "published" and s["sweeps"] == []
+    assert s["tuned_lr"] == s["search"]["chosen"]["fields"]["optim.learning_rate"]
+    assert s["difference"]["rule"] == "t"
+  searched = {r["seed"] for s in sides.values() for r in s["search"]["runs"]}
+  assert searched <= {1001, 1002, 1003, 1004} and not searched & set(result["seeds"])
+  # The anchor's search finds the stub's b2 (0.99 lowers AdamW's loss), within its space.
+  assert sides["anchor"]["tuned_fields"].get("optim.b2", 0.95) != 0.95 or sides["anchor"]["difference"]["mean"] <= 0
+  written = json.loads((tmp_path / "work" / "knobs-quick.json").read_text())
+  md = (tmp_path / "work" / "knobs-quick.md").read_text()
+  assert md == report.markdown(written) + "\n" and "tuning runs (N-run equivalents)" in md
+
+
+def test_the_joint_tuners_seeds_are_refused_where_they_could_tune_on_a_headline_seed(tmp_path):
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.knobs.search_seeds = (1001, 1002, 1)
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.search_seeds=\(1001, 1002, 1\).*headline seed"):
+    study.validate(c)
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"  # the whole recipe's head is untied: no space of the joint search's
+  with pytest.raises(ValueError, match=r"side 'recipe': --config\.model\.untied_head=True: .*leave it out of"):
+    study.validate(c)

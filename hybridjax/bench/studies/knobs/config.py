@@ -7,6 +7,7 @@ import ml_collections
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import search
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
@@ -24,7 +25,20 @@ FIELDS = (
     "the recipe record whose tuned LRs the sides start from ('': the published `recipe-<preset>.json`)",
   ),
   schema.Field("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
+  # `benchmark.tuner='joint'`: the joint search (`bench/search.py`) in place of the coordinate search.
+  schema.Field(
+    "search_configs", 24, schema.check_int(24), "joint: the Sobol points each side draws (besides its published one)"
+  ),
+  schema.Field("sobol_seed", 0, schema.check_int(0), "joint: the Sobol sequence's scrambling seed"),
+  schema.Field(
+    "search_seeds",
+    (1001, 1002, 1003),
+    schema.check_int_tuple(0),
+    "joint: its seeds (two for every point, the third for the finalists)",
+  ),
+  schema.Field("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
 )
+TUNERS = ("lr", "joint")  # 'lr': the coordinate search and the LR swept again; 'joint': `bench.search`
 """`benchmark.knobs`'s fields."""
 
 
@@ -88,11 +102,26 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   bad = [s for s in sides_of(config) if s not in SIDES]
   if bad or not sides_of(config):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
+  seeds = [int(s) for s in k.search_seeds] + [int(k.spare_seed)]
+  joint = str(config.benchmark.get("tuner", "lr")) == "joint"
+  if joint and (len(seeds) != 4 or len(set(seeds)) != 4 or set(seeds) & {int(s) for s in config.benchmark.seeds}):
+    raise ValueError(
+      f"--config.benchmark.knobs.search_seeds={tuple(k.search_seeds)} and spare_seed={k.spare_seed}: give three "
+      "distinct search seeds and a fourth spare one, none a headline seed (nothing is tuned on a headline seed)"
+    )
   if "anchor" in sides_of(config) and (config.optim.name != "adamw" or config.optim.schedule != "cosine"):
     raise ValueError(
       f"the knobs study's anchor is R4 (AdamW, cosine), but this config trains {config.optim.name!r} with "
       f"{config.optim.schedule!r}: run it on the preset's AdamW-cosine family (no ,muon or ,wsd variant)"
     )
+  if joint:  # every side must have a space the joint search can search (`search.space_of`)
+    for side, (c, _) in side_configs(config)[1].items():
+      try:
+        search.space_of(c, int(config.optim.warmup_steps))
+      except ValueError as e:
+        raise ValueError(
+          f"side {side!r}: {e}; with --config.benchmark.tuner=joint leave it out of --config.benchmark.knobs.sides"
+        ) from None
   out = {}
   for side, (c, _) in side_configs(config)[1].items():
     for knob in knobs_of(config)[side]:

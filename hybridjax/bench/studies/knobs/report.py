@@ -12,17 +12,25 @@ SIDE_NAMES = {"anchor": "the R4 anchor (AdamW)", "muon": "the recipe's Muon row"
 
 def markdown(result: dict[str, Any]) -> str:
   """knobs-<preset>.md, from the record alone."""
+  joint = result.get("tuner", "lr") == "joint"
+  how = (
+    "is searched by the joint search (`bench/search.py`: Sobol points over its space, the finalists on a third "
+    "seed, its LR and edges refined, both sides at equal cost in N-run equivalents; each search in the json)"
+    if joint
+    else f"searches its own knobs one at a time on the tuning seeds {result['tuning_seeds']} (a value is kept "
+    "where its mean loss at N is lower), then sweeps its LR again"
+  )
   lines = [
     f"# Both sides tuned alike at `{result['preset']}`",
     "",
-    f"Each side starts from the settings and LR of {result['lrs_from']} and searches its own knobs one at a "
-    f"time on the tuning seeds {result['tuning_seeds']} (a value is kept where its mean loss at N is lower), "
-    f"then sweeps its LR again; then it runs N = {result['steps']} steps on the headline seeds "
+    f"Each side starts from the settings and LR of {result['lrs_from']} and {how}; then it runs "
+    f"N = {result['steps']} steps on the headline seeds "
     f"{result['seeds']} as published and as tuned. tuned − published < 0: the tuning lowers the loss; a difference "
     f"reads a direction only {cells.BEYOND}, the seeds' and the eval windows' (of the seed-averaged difference), "
     "p beside each word.",
     "",
-    "| side | tuning runs | tuned settings | published | tuned | tuned − published |",
+    f"| side | tuning runs{' (N-run equivalents)' if joint else ''} | tuned settings | published | tuned | "
+    "tuned − published |",
     "|---|---|---|---|---|---|",
   ]
   for side, other in result.get("same_runs", {}).items():
@@ -40,6 +48,8 @@ def markdown(result: dict[str, Any]) -> str:
       f"{cells.paired_cell(s['difference'])} |"
     )
   for side, s in result["sides"].items():
+    if joint:
+      continue  # the searches are the json's (`search`: every setting and run)
     lines += [
       "",
       f"**{SIDE_NAMES.get(side, side)}**: each knob's sweep (value: mean loss at N on the tuning seeds; "

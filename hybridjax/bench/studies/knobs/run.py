@@ -14,7 +14,8 @@ from typing import Any
 import ml_collections
 
 from hybridjax import codehash
-from hybridjax.bench import protocol, specs, tuning
+from hybridjax import config as config_lib
+from hybridjax.bench import protocol, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
@@ -79,11 +80,52 @@ def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], s
   return out
 
 
+def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runner: Runner) -> dict[str, Any]:
+  """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
+  equal cost), each side's state at the setting it chose, with its search's record."""
+  k = config.benchmark.knobs
+  warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
+  searches = [
+    search.Search(
+      side,
+      c,
+      search.space_of(c, warmup),
+      [int(s) for s in k.search_seeds],
+      int(k.spare_seed),
+      int(k.sobol_seed),
+      float(config.benchmark.plateau_margin),
+    )
+    for side, (c, _) in sides.items()
+  ]
+  records = search.search_both(searches, int(k.search_configs), runner)
+  state = {}
+  for side in sides:
+    chosen = records[side]["chosen"]
+    before = config_lib.flatten(sides[side][0])
+    after = config_lib.flatten(search.searched(sides[side][0], chosen))
+    fields = {f: v for f, v in after.items() if before.get(f) != v and f != "optim.learning_rate"}
+    state[side] = {
+      "fields": fields,
+      "lr": float(chosen["fields"]["optim.learning_rate"]),
+      "beta": chosen["beta"],
+      "iterate": chosen["iterate"],
+      "loss": chosen["three_seed_mean"],
+      "sweeps": [],
+      "lr_sweep": {},
+      "search": records[side],
+    }
+  return state
+
+
 def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
   swept again, and the headline runs of each side as published and as tuned. Sides that coincide
-  (`coinciding_sides`) share their runs: each is trained once."""
+  (`coinciding_sides`) share their runs: each is trained once. With `benchmark.tuner='joint'`, the
+  joint search in place of the first two (`joint_state`)."""
   source, sides = side_configs(config)
+  if str(config.benchmark.get("tuner", "lr")) == "joint":
+    state = joint_state(config, sides, runner)
+    return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}
   searched = knobs_of(config)
   for side, other in coinciding_sides(sides, searched).items():
     print(f"--- knobs: side {side!r} is side {other!r} at this preset: the same runs, trained once", flush=True)
@@ -240,9 +282,12 @@ def record(
       "tuned_read": {"iterate": st["iterate"], "beta": st["beta"]},
       "sweeps": st["sweeps"],
       "lr_sweep": st["lr_sweep"],
-      "tuning_runs": len(st["keys"]),
+      # N-step runs on the tuning seeds (the joint search: its N-run equivalents, its record beside)
+      "tuning_runs": st["search"]["search_runs"] if "search" in st else len(st["keys"]),
       "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
     } | side_figures(head["published"], head["tuned"], read_of(settings, st))
+    if "search" in st:
+      out[side]["search"] = st["search"]
   seeds = [int(s) for s in config.benchmark.seeds]
   coinciding = coinciding_sides(trained["sides"], knobs_of(config))
   same = {"same_runs": coinciding} if coinciding else {}
@@ -255,6 +300,7 @@ def record(
       "lrs_from": trained["source"],
       "seeds": seeds,
       "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
+      "tuner": str(config.benchmark.get("tuner", "lr")),
       "sides": out,
     }
     | same
