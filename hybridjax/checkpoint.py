@@ -23,12 +23,13 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from hybridjax import config as config_lib
+from hybridjax import data as data_lib
 from hybridjax import preflight, registry
 
 # Fields that may change between a run and its resumption without changing what is trained: those
 # declared runtime (`schema.Field.runtime`; where the state lives is one: a checkpoint restores onto
 # any mesh shape and any number of hosts), and the GPT-2 task's token cache.
-RUNTIME = config_lib.runtime_fields() | {"data.cache_dir"}
+RUNTIME = config_lib.runtime_fields() | {f"data.{f.name}" for f in data_lib.DATA_FIELDS if f.runtime}
 
 
 def make_manager(directory: str, *, max_to_keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:

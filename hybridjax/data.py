@@ -38,6 +38,8 @@ from typing import Any, BinaryIO, Protocol
 import numpy as np
 import tiktoken
 
+from hybridjax import schema
+
 TOKEN_DTYPE = np.uint16
 TRAIN_FILE = "train.bin"
 VAL_FILE = "val.bin"
@@ -45,6 +47,27 @@ META_FILE = "meta.json"
 BUNDLED_SOURCE = "bundled:shakespeare"
 CACHE_ENV = "HYBRIDJAX_CACHE"
 TOKENIZERS = ("byte", "gpt2")
+# The GPT-2 task's data block (`config.data`), declared once: the experiment config builds it from these,
+# the run's pre-flight checks them (`preflight.declared_checks`).
+DATA_FIELDS = (
+  schema.Field("path", "", schema.check_str, "'' = the bundled Shakespeare corpus; else a text file or folder"),
+  schema.Field(
+    "tokenizer", "byte", schema.check_choice(*TOKENIZERS), "'byte' (one token per byte) or 'gpt2' (tiktoken's BPE)"
+  ),
+  schema.Field(
+    "cache_dir",
+    "",
+    schema.check_str,
+    "where the tokenized corpus is kept; '' = $HYBRIDJAX_CACHE or ~/.cache/hybridjax/data",
+    runtime="host",
+  ),
+  schema.Field(
+    "val_fraction",
+    0.1,
+    schema.check_num(0.0, 0.5, lo_open=True),
+    "the share of the tokens, at the end of the token stream, held out for evaluation (the same for every seed)",
+  ),
+)
 
 # Bump when the layout of prepared files changes, so old caches are not reused.
 _FORMAT_VERSION = 1

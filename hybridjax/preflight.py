@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import data as data_lib
 from hybridjax import optim as optim_lib
 from hybridjax import registry, schema, sharding
 from hybridjax.models import gpt2
@@ -33,16 +34,11 @@ def _raise(errors: list[str]) -> None:
 _int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
 _bool, _str = schema.check_bool, schema.check_str
 
-# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them: the model's
-# fields as `GPT2Config` declares them.
+# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them, as `GPT2Config`
+# and `data.DATA_FIELDS` declare them.
 _GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
   f"model.{f.name}": f.metadata["check"] for f in dataclasses.fields(gpt2.GPT2Config)
-} | {
-  "data.path": _str,
-  "data.tokenizer": _choice("byte", "gpt2"),
-  "data.cache_dir": _str,
-  "data.val_fraction": _num(0.0, 0.5, lo_open=True),
-}
+} | {f"data.{f.name}": f.check for f in data_lib.DATA_FIELDS}
 
 
 def declared_checks() -> dict[str, Callable[[Any], str | None]]:

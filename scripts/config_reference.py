@@ -7,7 +7,8 @@
 Fields come from `experiments/configs/gpt2_small.py:get_config('tiny')`. Descriptions are each
 field's declaration (`schema.Field.doc`: the top level and the `optim`, `trainer`, `hybrid`, `mesh`
 and `distributed` blocks, declared in `hybridjax/config.py`, `hybridjax/optim.py` and
-`hybridjax/optimizers.py`), the comments next to (or just above) each field's assignment in
+`hybridjax/optimizers/`; the `data` block, in `hybridjax/data.py`), the comments next to (or just
+above) each field's assignment in
 `experiments/configs/gpt2_small.py`, and the `Attributes:` of `GPT2Config`'s docstring for
 `model.*`; then the benchmark block's own fields (`specs.BENCHMARK_FIELDS`). tests/test_docs.py fails
 when docs/config.md's table differs.
@@ -145,6 +146,9 @@ def descriptions() -> dict[str, tuple[int, str]]:
   lib = {f.name: (i, f.doc) for i, f in enumerate(config_lib.TOP_FIELDS)}
   for block, fields in config_lib.BLOCKS.items():
     lib |= {f"{block}.{f.name}": (i, f.doc) for i, f in enumerate(fields)}
+  from hybridjax import data as data_lib
+
+  lib |= {f"data.{f.name}": (i, f.doc) for i, f in enumerate(data_lib.DATA_FIELDS)}
   exp = source_descriptions(
     os.path.join(ROOT, "experiments", "configs", "gpt2_small.py"), lambda fn: "" if fn == "get_config" else None
   )

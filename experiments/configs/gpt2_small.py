@@ -22,6 +22,8 @@ import os
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import data as data_lib
+from hybridjax import schema
 from hybridjax.models import gpt2
 
 # Per-preset training settings. The model shapes come from `gpt2.PRESETS`.
@@ -176,11 +178,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict(dataclasses.asdict(gpt2.PRESETS[preset]))
 
-  c.data = ml_collections.ConfigDict()
-  c.data.path = ""  # '' = the bundled Shakespeare corpus; else a text file or folder.
-  c.data.tokenizer = "gpt2" if preset == "124m" else "byte"
-  c.data.cache_dir = ""  # '' = $HYBRIDJAX_CACHE or ~/.cache/hybridjax/data
-  c.data.val_fraction = 0.1
+  c.data = schema.block(data_lib.DATA_FIELDS)  # the GPT-2 task's data block, as `hybridjax.data` declares it
+  if preset == "124m":
+    c.data.tokenizer = "gpt2"
 
   c.optim = config_lib.default_optim_config()
   c.optim.update(_OPTIM[preset])

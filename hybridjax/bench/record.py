@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from hybridjax import config as config_lib
+from hybridjax import data as data_lib
 from hybridjax import preflight, registry
 from hybridjax.bench import specs
 from hybridjax.bench.studies import STUDIES
@@ -104,7 +105,11 @@ def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
 # records differing only in these hold the same measurement. The experiment fields declared to run on
 # a host (`schema.Field.runtime == 'host'`: the compile cache, the mesh, progress bars), the GPT-2
 # task's token cache, and the benchmark's own (`specs.RUNTIME`).
-RUNTIME = config_lib.runtime_fields("host") | {"data.cache_dir"} | {f"benchmark.{f}" for f in specs.RUNTIME}
+RUNTIME = (
+  config_lib.runtime_fields("host")
+  | {f"data.{f.name}" for f in data_lib.DATA_FIELDS if f.runtime == "host"}
+  | {f"benchmark.{f}" for f in specs.RUNTIME}
+)
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
 
 
