@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 
@@ -22,36 +23,46 @@ SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 SIDES = ("adamw", "muon")
 
 
+F = schema.Field
+FIELDS = (
+  F("cell", "as_published", schema.check_choice(*CELLS), "the cell: both rows as published, or both searched alike"),
+  F("lrs_from", "", schema.check_str, "the recipe record the rows' settings come from ('': the published "
+    "recipe-<preset>.json)"),
+  F("adamw_row", "rotary", schema.check_choice(*TRICKS), "the recipe's AdamW row (a step before its Muon row)"),
+  F("muon_row", "muon", schema.check_choice(*TRICKS), "the recipe's Muon row"),
+  F("seeds", (21, 22, 23, 24, 25), schema.check_int_tuple(0), "the headline seeds (no published record has "
+    "read them)"),
+  F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "the headline seeds the plateau rule adds"),
+  F("tuning_seeds", (1001, 1002), schema.check_int_tuple(0), "the per-budget re-checks' seeds"),
+  F("adamw_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "AdamW's budgets (x N)"),
+  F("adamw_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "added in turn until below Muon's loss at N"),
+  F("muon_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "Muon's budgets (x N)"),
+  F("muon_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "added in turn until it reaches AdamW's at N"),
+  F("adamw_recheck_from", 2.0, schema.check_num(0.0, lo_open=True), "AdamW's LR (sqrt(2) neighbours) and weight "
+    "decay (x 1/2) are re-checked at budgets >= this"),
+  F("muon_recheck_to", 0.5, schema.check_num(0.0, lo_open=True), "Muon's LR (sqrt(2) neighbours) is re-checked at "
+    "budgets <= this"),
+  F("wide_eval", 8, schema.check_int(0), "every headline run ends with an eval on this many times the eval windows "
+    "(0: none)"),
+  F("draws", 2000, schema.check_int(100), "the factor's bootstrap draws"),
+  F("bootstrap_seed", 0, schema.check_int(0), "the bootstrap's seed"),
+  F("search_configs", SEARCH_CONFIGS, schema.check_int(SEARCH_CONFIGS), "cell `both_tuned`: the Sobol points the "
+    "joint search draws (`bench/search.py`; besides the published setting)"),
+  F("sobol_seed", 0, schema.check_int(0), "cell `both_tuned`: the Sobol sequence's scrambling seed"),
+  F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "cell `both_tuned`: the search's seeds (two "
+    "for every point, the third for the finalists)"),
+  F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on"),
+)  # fmt: skip
+del F
+
+
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.optimizers`: the cell, the recipe record the rows' settings come from, the rows, the seeds
-  (headline seeds no published record has read; the plateau seeds the rule adds; the tuning seeds of the
-  per-budget re-checks), each side's budgets (x N) and their extensions, where the re-checks run, and the
-  factor's bootstrap. `quick` runs a shorter curve of the quick recipe's rows (its AdamW row before Muon
-  is `schedule`)."""
-  quick = preset == "quick"
-  block.cell = "as_published"
-  block.lrs_from = ""  # '': the published recipe-<preset>.json
-  block.adamw_row = "schedule" if quick else "rotary"
-  block.muon_row = "muon"
-  block.seeds = (21, 22) if quick else (21, 22, 23, 24, 25)
-  block.plateau_seeds = (23,) if quick else (26, 27)
-  block.tuning_seeds = (1001, 1002)
-  block.adamw_budgets = (0.75, 1.0, 2.0, 3.0) if quick else (0.75, 1.0, 1.5, 2.0, 2.5, 3.0)
-  block.adamw_extensions = (4.0,) if quick else (4.0, 6.0)  # added in turn until below Muon's loss at N
-  block.muon_budgets = (0.5, 1.0) if quick else (0.33, 0.5, 0.75, 1.0)
-  block.muon_extensions = (0.25,) if quick else (0.25, 0.2)  # added in turn until it reaches AdamW's at N
-  block.adamw_recheck_from = 2.0  # AdamW's LR (sqrt(2) neighbours) and weight decay (x 1/2) at budgets >= this
-  block.muon_recheck_to = 0.5  # Muon's LR (sqrt(2) neighbours) at budgets <= this
-  block.wide_eval = 8  # every headline run ends with an eval on this many times the eval windows (0: none)
-  block.draws = 2000  # the factor's bootstrap draws
-  block.bootstrap_seed = 0
-  # cell `both_tuned`'s joint search (`bench/search.py`): its Sobol points (besides the published setting),
-  # the Sobol sequence's scrambling seed, its seeds (two for every point, the third for the finalists) and
-  # the spare seed a stalled run is re-run on
-  block.search_configs = SEARCH_CONFIGS
-  block.sobol_seed = 0
-  block.search_seeds = (1001, 1002, 1003)
-  block.spare_seed = 1004
+  """`benchmark.optimizers` (`FIELDS`): the defaults are `long`'s and every larger preset's; `quick` runs a
+  shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
+  block.update(schema.block(FIELDS))
+  if preset == "quick":
+    block.update(adamw_row="schedule", seeds=(21, 22), plateau_seeds=(23,), adamw_budgets=(0.75, 1.0, 2.0, 3.0))
+    block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
 
 
 def block_of(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -90,11 +101,6 @@ def _seed_errors(o: ml_collections.ConfigDict, seeds: list[int], plateau: list[i
       f"--config.benchmark.optimizers.search_seeds={tuple(o.search_seeds)} and spare_seed={o.spare_seed}: give "
       "three distinct search seeds and a fourth spare one, none a headline or plateau seed (nothing is tuned on "
       "a headline seed)"
-    )
-  if int(o.search_configs) < SEARCH_CONFIGS:
-    errors.append(
-      f"--config.benchmark.optimizers.search_configs={o.search_configs}: the joint search draws at least "
-      f"{SEARCH_CONFIGS} Sobol points"
     )
   if len(seeds) < 2:
     errors.append(f"--config.benchmark.optimizers.seeds={tuple(seeds)}: the factor pairs at least 2 headline seeds")
@@ -141,12 +147,6 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   """Checks the block; returns both sides' configs, which the skeleton checks too."""
   o = block_of(config)
   errors = []
-  if str(o.cell) not in CELLS:
-    errors.append(f"--config.benchmark.optimizers.cell={o.cell!r}: give one of {', '.join(CELLS)}")
-  for side in SIDES:
-    row = str(o[f"{side}_row"])
-    if row not in TRICKS:
-      errors.append(f"--config.benchmark.optimizers.{side}_row={row!r}: give a step of the recipe, {','.join(TRICKS)}")
   seeds, plateau, tuning = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
   tuner, want = str(config.benchmark.get("tuner", "lr")), CELL_TUNER.get(str(o.cell))
   if want and tuner != want:
@@ -156,12 +156,6 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       + f"; set --config.benchmark.tuner={want}"
     )
   errors += _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
-  if int(o.wide_eval) < 0:
-    errors.append(
-      f"--config.benchmark.optimizers.wide_eval={o.wide_eval}: give a number of times the windows, 0 for none"
-    )
-  if int(o.draws) < 100:
-    errors.append(f"--config.benchmark.optimizers.draws={o.draws}: the bootstrap needs at least 100")
   if errors:
     raise ValueError("; ".join(errors))
   _, sides = side_configs(config)
