@@ -678,3 +678,13 @@ def test_the_optimizers_summary_page_reads_as_the_records():
   task = tasks.build("gpt2", benchmark_cfg.get_config("long"))
   params = task["init_params"](jax.random.PRNGKey(0))
   assert sum(x.size for x in jax.tree.leaves(params)) == summary["LONG_PARAMS"]
+
+
+def test_the_both_tuned_cell_the_readme_quotes_is_the_published_one():
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-both_tuned-long.json")) as f:
+    result = json.load(f)
+  a = result["factor"]["a"]
+  lo, hi = a["ci95"]
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert f'it reads {a["mean"]:.2f}× [{lo:.2f}, {hi:.2f}], "{result["verdict"]}"' in readme
+  assert result["cell"]["name"] == "both_tuned" and result["verdict"] == "undetermined" and lo < 1.5 < hi
