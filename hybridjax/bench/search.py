@@ -426,6 +426,30 @@ def finish(search: Search, start: Setting, runner: Runner, budget: float = math.
   }
 
 
+def side_searches(
+  sides: dict[str, ml_collections.ConfigDict],
+  block: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict,
+  shortest: dict[str, int] | None = None,
+) -> list[Search]:
+  """One search per side (`sides`: name -> its config) over its space (`space_of`, at the preset's LR
+  warm-up and the side's shortest budget in `shortest`), on a study block's `search_seeds`,
+  `spare_seed` and `sobol_seed`, with the benchmark's plateau margin."""
+  warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
+  return [
+    Search(
+      side,
+      c,
+      space_of(c, warmup, (shortest or {}).get(side)),
+      [int(s) for s in block.search_seeds],
+      int(block.spare_seed),
+      int(block.sobol_seed),
+      float(config.benchmark.plateau_margin),
+    )
+    for side, c in sides.items()
+  ]
+
+
 def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, dict[str, Any]]:
   """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), then `equalise`."""
   requests = []

@@ -84,19 +84,7 @@ def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runn
   """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
   equal cost), each side's state at the setting it chose, with its search's record."""
   k = config.benchmark.knobs
-  warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
-  searches = [
-    search.Search(
-      side,
-      c,
-      search.space_of(c, warmup),
-      [int(s) for s in k.search_seeds],
-      int(k.spare_seed),
-      int(k.sobol_seed),
-      float(config.benchmark.plateau_margin),
-    )
-    for side, (c, _) in sides.items()
-  ]
+  searches = search.side_searches({side: c for side, (c, _) in sides.items()}, k, config)
   records = search.search_both(searches, int(k.search_configs), runner)
   state = {}
   for side in sides:

@@ -163,20 +163,8 @@ def searched_sides(
   each side's config and settings at the chosen setting (its published ones kept under 'published'),
   and each side's search record."""
   o = block_of(config)
-  warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
-  seeds = [int(s) for s in o.search_seeds]
-  searches = [
-    search.Search(
-      side,
-      c,
-      search.space_of(c, warmup, shortest_budget(config, side)),
-      seeds,
-      int(o.spare_seed),
-      int(o.sobol_seed),
-      float(config.benchmark.plateau_margin),
-    )
-    for side, (c, _) in configs.items()
-  ]
+  shortest = {side: shortest_budget(config, side) for side in configs}
+  searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner)
   out = {}
   for side, (c, published) in configs.items():
