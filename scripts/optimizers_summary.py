@@ -17,6 +17,11 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hybridjax.bench import factor  # noqa: E402
+from hybridjax.bench.studies.optimizers.config import CELLS  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "docs", "results", "optimizers")
 PAGE = os.path.join(FOLDER, "README.md")
@@ -26,6 +31,28 @@ LONG_PARAMS = 120_576  # `long`'s GPT-2 (tests/test_docs.py counts it from the p
 def _interval(r: dict) -> str:
   lo, hi = r["ci95"]
   return f"{r['mean']:.2f}× [{lo:.2f}, {hi:.2f}]"
+
+
+def _change(r: dict) -> str:
+  lo, hi = r["ci95"]
+  word = "lower" if hi < 1 else "higher" if lo > 1 else "no different"
+  bound = f", a {r['bound']} bound" if r["bound"] else ""
+  return f"{r['ratio']:.2f}× [{lo:.2f}, {hi:.2f}], {word}{bound}"
+
+
+def changes(records: list[dict]) -> list[str]:
+  """The table rows of each published cell's factor against the cell before it (`CELLS`' order), at the
+  same preset: after / before, with its own 95% interval (`factor.cell_change`)."""
+  rows = []
+  by_cell = {(r["preset"], r["cell"]["name"]): r for r in records}
+  order = list(CELLS)
+  for (preset, name), after in sorted(by_cell.items()):
+    before = by_cell.get((preset, order[order.index(name) - 1])) if order.index(name) else None
+    if before is None:
+      continue
+    a, b = (factor.cell_change(before["factor"][k], after["factor"][k]) for k in ("a", "b"))
+    rows.append(f"| `{before['cell']['name']}` → `{name}` | `{preset}` | {CELLS[name]} | {_change(a)} | {_change(b)} |")
+  return rows
 
 
 def cells() -> list[dict]:
@@ -60,6 +87,18 @@ def page() -> str:
       f"{len(r['seeds'])} | {_interval(f['a'])} | {_interval(f['b'])} | {r['verdict']} | "
       f"[{r['_file'].removesuffix('.json')}]({r['_file'].removesuffix('.json')}.md) |"
     )
+  rows = changes(cells())
+  if rows:
+    out += [
+      "",
+      "Each cell against the cell before it: its factor over the earlier cell's, with its own 95% interval (the",
+      "wider of the two cells' bootstrap errors together and, where both read the same seeds, a t-interval on",
+      'the per-seed log ratios); "no different" where the interval holds 1.',
+      "",
+      "| change | preset | what the later cell changes | (a) | (b) |",
+      "|---|---|---|---|---|",
+      *rows,
+    ]
   out += [
     "",
     "The field (each as its source reports it; `field.json`):",

@@ -16,7 +16,12 @@ from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_m
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
-CELLS = ("as_published", "both_tuned")
+# The cells, each with what it changes from the cell before it (the summary page reads each cell's factor
+# against the one before, `factor.cell_change`).
+CELLS = {
+  "as_published": "both rows at the recipe's published settings, on their own curves",
+  "both_tuned": "both rows searched alike, at equal cost",
+}
 CELL_TUNER = {"as_published": "lr", "both_tuned": "joint"}  # the `benchmark.tuner` each cell reads
 TUNERS = ("lr", "joint")  # the tuners this study runs (`specs.TUNERS`)
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
