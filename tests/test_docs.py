@@ -688,3 +688,13 @@ def test_the_both_tuned_cell_the_readme_quotes_is_the_published_one():
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   assert f'it reads {a["mean"]:.2f}× [{lo:.2f}, {hi:.2f}], "{result["verdict"]}"' in readme
   assert result["cell"]["name"] == "both_tuned" and result["verdict"] == "undetermined" and lo < 1.5 < hi
+
+
+def test_the_batch_pilot_benchmark_md_quotes_is_the_committed_one():
+  """The cost per token that chose cell `small_batch`'s batch is the committed pilot's, and under 2x."""
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", "batch-pilot.json")) as f:
+    pilot = json.load(f)
+  cost = {tuple(r["batch"]): r["cost_per_token"] for r in pilot["rows"]}
+  page = " ".join(_read(os.path.join(ROOT, "docs", "benchmark.md")).split())
+  assert f"found 3 × 64 costing {cost[(3, 64)]:.2f}× per token" in page and cost[(3, 64)] < 2
+  assert all(r["cost_per_token"] == r["seconds"][1] / pilot["rows"][0]["seconds"][1] for r in pilot["rows"])

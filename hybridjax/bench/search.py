@@ -47,7 +47,10 @@ class Knob:
 
   kind 'choice': one of `values`; 'log': log-uniform in [values[0], values[1]] (of 1 - the value when
   `one_minus`, as for Adam's beta2); 'zero_or_log': 0 half the time, else log-uniform in the range.
-  `below` / `above`: the value one step beyond the range's low / high edge (None: a hard edge)."""
+  `below` / `above`: the value one step beyond the range's low / high edge (None: a hard edge).
+  `per_step`: how the knob counts in optimizer steps, for a move to another batch size (`at_batch`): 'ema'
+  (a decay per step, as Adam's betas and Muon's momentum), 'steps' (a number of steps, as the LR warm-up) or
+  '' (neither)."""
 
   field: str
   kind: str
@@ -55,6 +58,16 @@ class Knob:
   below: Any = None
   above: Any = None
   one_minus: bool = False
+  per_step: str = ""
+
+  def at_batch(self, value: Any, ratio: float) -> Any:
+    """`value` at a batch `ratio` times as large, at the same tokens: a decay per step to the same decay per
+    token (value ** ratio), a number of steps to the same tokens (value / ratio, rounded); others kept."""
+    if self.per_step == "ema":
+      return round(float(value) ** ratio, 7)
+    if self.per_step == "steps":
+      return round(int(value) / ratio)
+    return value
 
   def value(self, u: float) -> Any:
     """The knob's value at `u` in [0, 1) (a Sobol coordinate)."""
@@ -105,7 +118,7 @@ def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int 
   fits = lambda w: shortest is None or w < shortest  # noqa: E731
   warmups = tuple(dict.fromkeys(w for w in (0, warmup, 3 * warmup) if fits(w)))
   return [
-    Knob("optim.warmup_steps", "choice", warmups, above=6 * warmup if fits(6 * warmup) else None),
+    Knob("optim.warmup_steps", "choice", warmups, above=6 * warmup if fits(6 * warmup) else None, per_step="steps"),
     Knob("optim.schedule", "choice", ("wsd", "cosine")),
     Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=0.5),
     Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=0.1, above=0.8),
@@ -119,8 +132,8 @@ def adamw_space(config: ml_collections.ConfigDict, warmup: int, shortest: int | 
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio {0.5, 1, 2} and the shared knobs."""
   return [
     _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98),
-    Knob("optim.b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True),
+    Knob("optim.b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98, per_step="ema"),
+    Knob("optim.b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True, per_step="ema"),
     Knob("optim.weight_decay", "zero_or_log", (0.01, 1.0), above=2.0),
     Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=0.25, above=4.0),
     *_shared_knobs(config, warmup, shortest),
@@ -139,7 +152,7 @@ def muon_groups_space(config: ml_collections.ConfigDict, warmup: int, shortest: 
   tied = float(config.optim.tied_lr_ratio)
   return [
     _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.muon_momentum", "choice", (0.85, 0.9, 0.95, 0.98), below=0.8, above=0.99),
+    Knob("optim.muon_momentum", "choice", (0.85, 0.9, 0.95, 0.98), below=0.8, above=0.99, per_step="ema"),
     Knob("optim.muon_weight_decay", "zero_or_log", (0.01, 1.0), above=2.0),
     Knob(
       "optim.tied_lr_ratio",
@@ -148,8 +161,8 @@ def muon_groups_space(config: ml_collections.ConfigDict, warmup: int, shortest: 
       below=tuning.round_lr(tied / 8),
       above=tuning.round_lr(tied * 8),
     ),
-    Knob("optim.tied_b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98),
-    Knob("optim.tied_b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True),
+    Knob("optim.tied_b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98, per_step="ema"),
+    Knob("optim.tied_b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True, per_step="ema"),
     *_shared_knobs(config, warmup, shortest),
   ]
 

@@ -15,7 +15,7 @@ from conftest import ROOT, SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import factor, speedrun, study
-from hybridjax.bench.studies.optimizers import figures, report
+from hybridjax.bench.studies.optimizers import batch, figures, report
 
 N = 40
 K = 2.5  # the stub's Muon reaches AdamW's loss at K times fewer steps
@@ -36,16 +36,20 @@ def _config(tmp_path):
 def _stub_result(spec):
   """AdamW L = 2.5 + 0.8 (T/N)^-0.7, Muon the same at K T, each seed 0.01 apart; the published LR best
   (0.02 per sqrt(2) step away) but at AdamW's 3 N, where the LR above it wins, and AdamW's halved weight
-  decay wins at 4 N. Every eval window scores a run's loss +- 0.02."""
+  decay wins at 4 N. T counts tokens in N-step runs of the preset's batch (8); AdamW at a smaller batch is
+  0.01 lower at equal tokens (above its critical batch), Muon the same. Every eval window scores a run's
+  loss +- 0.02."""
   c = spec["config"]
   muon = c["optim"]["name"] == "muon_groups"
-  steps, lr = c["trainer"]["steps"], c["optim"]["learning_rate"]
-  best_lr = 0.02 if muon else (0.012 * math.sqrt(2) if steps == 3 * N else 0.012)
-  loss = 2.5 + 0.8 * ((K if muon else 1.0) * steps / N) ** -0.7 + 0.01 * (c["seed"] % 100)
+  steps, lr, batch = c["trainer"]["steps"], c["optim"]["learning_rate"], c["trainer"]["batch_size"]
+  tokens = steps * batch / 8
+  best_lr = 0.02 if muon else (0.012 * math.sqrt(2) if tokens == 3 * N else 0.012)
+  loss = 2.5 + 0.8 * ((K if muon else 1.0) * tokens / N) ** -0.7 + 0.01 * (c["seed"] % 100)
+  loss -= 0.01 if batch < 8 and not muon else 0.0
   loss += 0.02 * abs(math.log(lr / best_lr) / math.log(math.sqrt(2)))
-  if not muon and steps == 4 * N and c["optim"]["weight_decay"] < 0.1:
+  if not muon and tokens == 4 * N and c["optim"]["weight_decay"] < 0.1:
     loss -= 0.005
-  windows = [loss + 0.02 * (-1) ** j for j in range(4)]
+  windows = [loss + 0.02 * (-1) ** j for j in range(2 * c["trainer"]["eval_batches"])]
   return {
     "seed": c["seed"],
     "steps": steps,
@@ -152,13 +156,79 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
 
 
+@pytest.mark.slow  # cell both_tuned, then cell small_batch from its record, through the skeleton on stubs (seconds)
+def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates_the_critical_batch(
+  tmp_path, monkeypatch
+):
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.optimizers.update(draws=200, cell="both_tuned")
+  before = study.run(c, str(tmp_path / "work"))
+  runner.specs.clear()
+  c = _config(tmp_path)
+  path = str(tmp_path / "work" / "optimizers-both_tuned-quick.json")
+  c.benchmark.optimizers.update(draws=200, cell="small_batch", batch_size=4, settings_from=path)
+  result = study.run(c, str(tmp_path / "work"))
+  # The same tokens: N = 40 steps of 8 windows become 80 of 4, the eval's 2 batches 4 of the same windows.
+  assert result["steps"] == 2 * N and result["cell"]["batch"] == [4, 32]
+  assert result["cell"]["eval_batches"] == 4 and result["cell"]["eval_groups"] == 2
+  assert {s["config"]["trainer"]["batch_size"] for s in runner.specs} == {4}
+  assert {s["config"]["trainer"]["eval_batches"] for s in runner.specs} == {4}
+  for side in ("adamw", "muon"):
+    rec, was = result["sides"][side], before["sides"][side]["settings"]
+    fields = rec["settings"]["fields"]
+    # a decay per step d becomes d ** (4 / 8) at the same tokens; the warm-up keeps its tokens
+    b2 = "optim.b2" if side == "adamw" else "optim.tied_b2"
+    b1 = "optim.b1" if side == "adamw" else "optim.tied_b1"
+    assert fields[b1] == pytest.approx(was["fields"][b1] ** 0.5, abs=1e-7)
+    assert rec["settings"]["beta"] == pytest.approx(was["beta"] ** 0.5, abs=1e-7)
+    assert fields["optim.warmup_steps"] == 2 * was["fields"]["optim.warmup_steps"]
+    if side == "muon":
+      assert fields["optim.muon_momentum"] == pytest.approx(was["fields"]["optim.muon_momentum"] ** 0.5, abs=1e-7)
+    # the local check: 3 LRs x beta2 {converted, unconverted}, on the tuning seeds at N, counted as tuning
+    tried = rec["local_check"]["tried"]
+    assert {t["fields"][b2] for t in tried} == {round(was["fields"][b2] ** 0.5, 7), was["fields"][b2]}
+    assert 6 <= len(tried) <= 6 + batch.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
+    assert rec["settings"]["lr"] == rec["local_check"]["chosen"]["optim.learning_rate"]
+  # No headline run on a tuning seed; the local check on the tuning seeds alone.
+  assert {s["config"]["seed"] for s in runner.specs} <= {21, 22, 23, 1001, 1002}
+  # AdamW is 0.01 lower at the smaller batch (on every seed, every window): the larger is above its critical
+  # batch; Muon is the same.
+  crit = result["critical_batch"]
+  assert crit["adamw"]["verdict"] == "lower" and crit["adamw"]["mean"] == pytest.approx(-0.01, abs=1e-6)
+  assert "8 windows per step are above this model's critical batch for adamw" == crit["adamw"]["reading"]
+  assert crit["muon"]["verdict"] == "no difference"
+  written = json.loads((tmp_path / "work" / "optimizers-small_batch-quick.json").read_text())
+  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+    k: written[k] for k in ("factor", "verdict", "factor_raw")
+  }
+  md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
+  assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
+
+
+def test_the_local_check_moves_its_lr_past_a_winning_edge_only():
+  def tried(losses):  # {lr: two-seed losses} at one beta2
+    return [{"fields": {"optim.learning_rate": lr, "optim.b2": 0.999}, "losses": [x, x]} for lr, x in losses.items()]
+
+  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 1.9, 0.005657: 2.1}), "optim.b2") == 0.002
+  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") == 0.008
+  assert batch._next_lr(tried({0.004: 1.8, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") is None
+  # the edge is read among the LRs tried at the best setting's beta2
+  other = [{"fields": {"optim.learning_rate": 0.001, "optim.b2": 0.99}, "losses": [2.5, 2.5]}]
+  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 1.9}) + other, "optim.b2") == 0.002
+
+
 def test_bad_blocks_are_refused_naming_the_field(tmp_path):
   for fields, match in (
     ({"adamw_budgets": (0.5, 2.0)}, r"optimizers\.adamw_budgets=.*N \(1\.0\) among them"),
     ({"muon_extensions": (0.6,)}, r"optimizers\.muon_extensions=.*below the smallest"),
     ({"tuning_seeds": (21,)}, r"optimizers\.tuning_seeds=.*nothing is tuned on a headline seed"),
     ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
-    ({"cell": "tuned"}, r"optimizers\.cell must be one of \['as_published', 'both_tuned'\], got 'tuned'"),
+    ({"cell": "tuned"}, r"optimizers\.cell must be one of \['as_published', 'both_tuned', 'small_batch'\], got"),
+    ({"cell": "small_batch", "batch_size": 3}, r"optimizers\.batch_size=3: .*divides its 320 training windows"),
+    ({"cell": "small_batch", "batch_size": 4}, r"optimizers\.settings_from: no cell 'both_tuned' record at"),
     ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),
     ({"cell": "both_tuned"}, r"--config\.benchmark\.tuner='lr': cell 'both_tuned' reads tuner 'joint'"),
     ({"search_seeds": (1001, 1002, 21)}, r"optimizers\.search_seeds=.*none a headline or plateau seed"),
@@ -208,3 +278,4 @@ def test_the_docs_name_every_field_of_the_block_and_its_defaults():
   assert f"`adamw_budgets` ({block.adamw_budgets[0]:g}–{block.adamw_budgets[-1]:g} N)" in section
   assert f"`muon_budgets` ({block.muon_budgets[0]:g}–{block.muon_budgets[-1]:g} N)" in section
   assert f"above {factor.FIELD:g}×" in section
+  assert f"at `batch_size` ({block.batch_size}) windows per step" in section

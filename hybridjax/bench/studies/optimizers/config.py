@@ -3,7 +3,8 @@
 Cell `as_published`: the recipe's AdamW row (`adamw_row`, `rotary` at `long`) and its Muon row (`muon_row`) at
 their published settings (the recipe record's LR, averaging beta and iterate), each on its own budget curve,
 each budget its own schedule; nothing searched. Cell `both_tuned`: both rows first searched alike by the joint
-search (`bench/search.py`, `benchmark.tuner='joint'`) from their published settings, at equal cost.
+search (`bench/search.py`, `benchmark.tuner='joint'`) from their published settings, at equal cost. Cell
+`small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same tokens (`batch.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ml_collections
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
+from hybridjax.bench.studies.optimizers import batch
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
@@ -21,8 +23,9 @@ PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its recor
 CELLS = {
   "as_published": "both rows at the recipe's published settings, on their own curves",
   "both_tuned": "both rows searched alike, at equal cost",
+  "small_batch": "a smaller batch at the same tokens, cell `both_tuned`'s settings converted and checked locally",
 }
-CELL_TUNER = {"as_published": "lr", "both_tuned": "joint"}  # the `benchmark.tuner` each cell reads
+CELL_TUNER = {"as_published": "lr", "both_tuned": "joint", "small_batch": "lr"}  # the `benchmark.tuner` each cell reads
 TUNERS = ("lr", "joint")  # the tuners this study runs (`specs.TUNERS`)
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 SIDES = ("adamw", "muon")
@@ -57,6 +60,10 @@ FIELDS = (
   F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "cell `both_tuned`: the search's seeds (two "
     "for every point, the third for the finalists)"),
   F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on"),
+  F("batch_size", 3, schema.check_int(1), "cell `small_batch`: its windows per step, below the preset's (the "
+    "token budgets stay the preset's)"),
+  F("settings_from", "", schema.check_str, "cell `small_batch`: the cell `both_tuned` record whose chosen settings "
+    "it converts ('': the published optimizers-both_tuned-<preset>.json)"),
 )  # fmt: skip
 del F
 
@@ -160,10 +167,19 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       + ("(it searches nothing)" if want == "lr" else "(both sides searched alike)")
       + f"; set --config.benchmark.tuner={want}"
     )
+  small = str(o.cell) == "small_batch"
+  if small:
+    errors += batch.batch_errors(config)
   errors += _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
   if errors:
     raise ValueError("; ".join(errors))
-  _, sides = side_configs(config)
+  if small:
+    _, before = batch.before_record(config)
+    config = batch.at_batch(config)
+    _, sides = side_configs(config)
+    sides = batch.converted_sides(config, sides, before)
+  else:
+    _, sides = side_configs(config)
   adamw, muon = sides["adamw"][0], sides["muon"][0]
   if uses_muon(adamw) or not uses_muon(muon):
     raise ValueError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from hybridjax.bench import factor, tuning
 
 
@@ -12,11 +14,22 @@ def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
   return tuning.iterate_loss(run, settings["iterate"], float(settings["beta"]))
 
 
+def grouped(per_batch: list[float], groups: int) -> list[float]:
+  """Per-batch eval losses read in `groups` groups of consecutive batches: a cell at a smaller batch scores
+  the same windows in more batches, and reads them in the preset's groups (`cell['eval_groups']`)."""
+  x = np.asarray(per_batch, dtype=np.float64)
+  if groups <= 0 or x.size % groups:
+    raise ValueError(f"{x.size} eval batches do not fall into {groups} equal groups")
+  return [float(v) for v in x.reshape(groups, -1).mean(axis=1)]
+
+
 def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -> dict[str, dict[str, Any]]:
   """Per headline seed, a side's budget curve as `factor.curves_from` reads it: its budgets (steps), its
   losses and, where the side reads its averaged iterate (whose per-window losses the runs keep), each
-  run's loss on each eval window. `iterate`: 'raw' reads every run's raw iterate instead of the side's."""
+  run's loss on each eval window (each group of windows, where the cell names `eval_groups`). `iterate`:
+  'raw' reads every run's raw iterate instead of the side's."""
   rec, n = result["sides"][side], int(result["steps"])
+  groups = result["cell"].get("eval_groups")
   settings = rec["settings"] if iterate is None else rec["settings"] | {"iterate": iterate}
   out = {}
   for s in result["seeds"]:
@@ -25,7 +38,11 @@ def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -
     out[str(s)] = {
       "steps": [int(r["steps"]) for r in runs],
       "loss": [loss_of(r, settings) for r in runs],
-      "per_window": [r["final_averaged_per_batch"] for r in runs] if windows else None,
+      "per_window": [
+        grouped(r["final_averaged_per_batch"], int(groups)) if groups else r["final_averaged_per_batch"] for r in runs
+      ]
+      if windows
+      else None,
     }
   return out
 

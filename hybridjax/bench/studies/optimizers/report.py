@@ -61,7 +61,7 @@ def markdown(result: dict[str, Any]) -> str:
       f"| {side} | {s['row']} | {s['lr']:.4g} | {s['beta']} ({s['iterate']}) | {rec['budgets']} | "
       f"{moved or 'as published'} | {rec['measurement_runs']:.1f} |"
     )
-  out += search_lines(result)
+  out += search_lines(result) + local_check_lines(result)
   out += ["", "| side | seed | loss per budget |", "|---|---|---|"]
   n = int(result["steps"])
   for side in result["sides"]:
@@ -97,4 +97,35 @@ def search_lines(result: dict[str, Any]) -> list[str]:
   for side, rec in searched.items():
     moved = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in tuned_minus_published(rec).items()) or "nothing"
     out.append(f"| {side} | {rec['tuning_runs']:.1f} | {rec['search']['sobol_points']} | {moved} |")
+  return out
+
+
+def local_check_lines(result: dict[str, Any]) -> list[str]:
+  """Cell `small_batch`: what each side's settings became at the smaller batch (converted from cell
+  `both_tuned`'s, then checked locally), and where the larger batch sits against the critical batch."""
+  checked = {side: rec for side, rec in result["sides"].items() if rec.get("local_check")}
+  if not checked:
+    return []
+  out = [
+    "",
+    f"Settings from {result['lrs_from']}, converted to {result['cell']['batch'][0]} windows per step at the same "
+    "tokens (a decay per step d to d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its "
+    "sqrt(2) neighbours × beta2 {converted, unconverted} on the tuning seeds at N:",
+    "",
+    "| side | local check runs (N-run eq.) | converted | chosen |",
+    "|---|---|---|---|",
+  ]
+  for side, rec in checked.items():
+    was = rec["settings"]["from"]
+    moved = {k: f"{was['fields'][k]} → {v}" for k, v in rec["settings"]["fields"].items() if was["fields"][k] != v}
+    moved["beta"] = f"{was['beta']} → {rec['settings']['beta']}"
+    chosen = ", ".join(f"{k} = {v}" for k, v in rec["local_check"]["chosen"].items())
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {', '.join(f'{k}: {v}' for k, v in moved.items())} | {chosen} |")
+  out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
+  out += ["|---|---|---|---|"]
+  for side, d in result["critical_batch"].items():
+    out.append(
+      f"| {side} | {d['mean']:+.4f} (se {d['se_total']:.4f}, {d['n']} seeds): {d['verdict']} | {d['p']:.3g} | "
+      f"{d['reading']} |"
+    )
   return out

@@ -2,6 +2,8 @@
 (`bench.factor`). Cell `as_published`: the recipe's AdamW row and Muon row at their published settings.
 Cell `both_tuned`: both rows first searched by the joint search (`bench.search`, on the study's
 `search_seeds`, at equal cost), then run at the settings it chose as cell `as_published` runs the published.
+Cell `small_batch`: cell `both_tuned`'s chosen settings at a smaller batch and the same tokens, each side's
+LR and beta2 checked locally (`batch`), then run alike.
 
 Per side: its budgets (x N), each its own schedule, on the headline seeds; at every AdamW budget from
 `adamw_recheck_from` its LR (sqrt(2) neighbours) and weight decay (x 1/2), and at every Muon budget up to
@@ -26,6 +28,7 @@ from hybridjax.bench import figures, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.optimizers import batch
 from hybridjax.bench.studies.optimizers import config as optimizers_config
 from hybridjax.bench.studies.optimizers.config import block_of, side_configs
 from hybridjax.bench.studies.optimizers.figures import cell_figures, loss_of
@@ -86,6 +89,7 @@ class _Side:
     self.checks: dict[str, dict[str, Any]] = {}  # str(factor) -> the re-check
     self.runs: dict[str, dict[str, Any]] = {}  # "seed/steps" -> run
     self.search: dict[str, Any] | None = None  # cell `both_tuned`: the joint search's record
+    self.local_check: dict[str, Any] | None = None  # cell `small_batch`: its local check's record
 
   def setting_at(self, factor: float) -> dict[str, float]:
     check = self.checks.get(str(float(factor)))
@@ -180,16 +184,24 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
   (cell `both_tuned`: after the joint search)."""
   o = block_of(config)
+  records: dict[str, dict[str, Any]] = {}
+  checks: dict[str, dict[str, Any]] = {}
+  before = None
+  if str(o.cell) == "small_batch":
+    before_source, before = batch.before_record(config)
+    config = batch.at_batch(config)
   n = int(config.trainer.steps)
   source, configs = side_configs(config)
-  records: dict[str, dict[str, Any]] = {}
   if str(o.cell) == "both_tuned":
     configs, records = searched_sides(config, configs, runner)
+  if before is not None:
+    configs, checks = batch.local_check(config, batch.converted_sides(config, configs, before), runner)
+    source = before_source
   adamw = _Side("adamw", *configs["adamw"], [float(f) for f in o.adamw_budgets])
   muon = _Side("muon", *configs["muon"], [float(f) for f in o.muon_budgets])
   sides, seeds = [adamw, muon], [int(s) for s in o.seeds]
   for side in sides:
-    side.search = records.get(side.name)
+    side.search, side.local_check = records.get(side.name), checks.get(side.name)
   _recheck(config, sides, runner)
   _curves(config, sides, seeds, runner)
   at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
@@ -210,7 +222,8 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
       extended[side.name].append(factor)
       _recheck(config, sides, runner)
       _curves(config, sides, seeds, runner)
-  return {"source": source, "sides": sides, "seeds": seeds, "plateaus": plateaus, "extended": extended}
+  out = {"source": source, "sides": sides, "seeds": seeds, "plateaus": plateaus, "extended": extended}
+  return out | {"config": config, "before": before}
 
 
 def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
@@ -254,9 +267,10 @@ def side_record(side: _Side, seeds: list[int], n: int) -> dict[str, Any]:
     "budgets": sorted(side.budgets),
     "per_budget": {str(float(f)): side.setting_at(f) for f in sorted(side.budgets)},
     "rechecks": side.checks,
-    # the joint search's runs (cell `both_tuned`; `as_published` searches nothing), counted apart
-    "tuning_runs": side.search["search_runs"] if side.search else 0.0,
+    # the joint search's runs (cell `both_tuned`) or the local check's (`small_batch`), counted apart
+    "tuning_runs": (side.search or side.local_check or {}).get("search_runs", 0.0),
     "search": side.search,
+    **({"local_check": side.local_check} if side.local_check else {}),
     "measurement_runs": recheck_steps / n,
     "curve_runs": sum(round(f * n) for f in side.budgets) * len(seeds) / n,
     "runs": {
@@ -269,6 +283,8 @@ def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
+  preset_batch = int(config.trainer.batch_size)
+  config = trained["config"]  # cell `small_batch`: at its batch
   o, n = block_of(config), int(config.trainer.steps)
   seeds = trained["seeds"]
   sides = {side.name: side_record(side, seeds, n) for side in trained["sides"]}
@@ -281,6 +297,8 @@ def record(
       "preset": str(config.benchmark.preset),
       "batch": [int(config.trainer.batch_size), int(config.model.n_ctx)],
       "eval_batches": int(config.trainer.eval_batches),
+      # the per-window losses are read in groups of the preset's batch (the same windows at every batch)
+      "eval_groups": int(config.trainer.eval_batches) * int(config.trainer.batch_size) // preset_batch,
     },
     "steps": n,
     "lrs_from": trained["source"],
@@ -294,7 +312,10 @@ def record(
     "sides": sides,
     "corpus": corpus(config, largest),
   }
-  return result | cell_figures(result)
+  result |= cell_figures(result)
+  if trained["before"] is not None:
+    result["critical_batch"] = batch.critical_batch(result, trained["before"])
+  return result
 
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:

@@ -1,0 +1,216 @@
+"""Cell `small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same token budgets.
+
+The preset's N steps of B windows become N·B/b steps of b windows (`optimizers.batch_size`), and its E eval
+batches become E·B/b, so that every run is scored on the same held-out windows (`data.eval_batches` draws
+its windows by their count alone), read in the same groups of B windows. The knobs counted in steps move
+to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) (Adam's betas, Muon's
+momentum, the averaging beta), the LR warm-up's steps B/b times as many.
+
+Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
+`both_tuned` chose it}, on the tuning seeds at N tokens; the best two-seed mean is kept (the converted
+setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most twice) while the best sits at the
+edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
+from that setting.
+
+`critical_batch`: each side's loss at N tokens against cell `both_tuned`'s, on the same seeds and windows:
+a lower loss at the smaller batch says the larger one is above this model's critical batch (at equal
+tokens, fewer larger steps lose)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+import ml_collections
+
+from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies.optimizers.figures import loss_of, side_curves
+
+PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
+FROM_CELL = "both_tuned"  # the cell whose chosen settings this cell converts
+
+
+def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
+  """(its path as shown, the record) of the cell `both_tuned` record the settings come from
+  (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
+  preset or rows, is refused naming the field."""
+  o, preset = config.benchmark.optimizers, str(config.benchmark.preset)
+  path = str(o.settings_from) or os.path.join(PUBLISHED, "optimizers", f"optimizers-{FROM_CELL}-{preset}.json")
+  if not os.path.exists(path):
+    raise ValueError(
+      f"--config.benchmark.optimizers.settings_from: no cell {FROM_CELL!r} record at {path}: run cell {FROM_CELL!r} "
+      "at this preset first, or give its record"
+    )
+  with open(path) as f:
+    before = json.load(f)
+  rows = {side: before["sides"][side]["settings"]["row"] for side in ("adamw", "muon")}
+  if (before["cell"]["name"], before["preset"], rows) != (
+    FROM_CELL,
+    preset,
+    {"adamw": str(o.adamw_row), "muon": str(o.muon_row)},
+  ):
+    raise ValueError(
+      f"--config.benchmark.optimizers.settings_from={path}: a cell {before['cell']['name']!r} record at "
+      f"{before['preset']!r} with rows {rows}; cell 'small_batch' converts cell {FROM_CELL!r} at {preset!r} with "
+      f"rows {o.adamw_row!r} and {o.muon_row!r}"
+    )
+  root = os.path.dirname(os.path.dirname(PUBLISHED))
+  shown = os.path.relpath(os.path.abspath(path), root) if os.path.abspath(path).startswith(root + os.sep) else path
+  return shown, before
+
+
+def batch_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The cell's batch against the preset's: smaller, and dividing its steps' and eval batches' windows."""
+  b, big = int(config.benchmark.optimizers.batch_size), int(config.trainer.batch_size)
+  n, e = int(config.trainer.steps), int(config.trainer.eval_batches)
+  if b >= big or (n * big) % b or (e * big) % b:
+    return [
+      f"--config.benchmark.optimizers.batch_size={b}: cell 'small_batch' needs a batch below the preset's {big} "
+      f"that divides its {n * big} training windows and its {e * big} eval windows (e.g. {big // 4 or 1})"
+    ]
+  return []
+
+
+def at_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` at `optimizers.batch_size` windows per step, at the same tokens: N·B/b steps, E·B/b eval batches."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  big, b = int(config.trainer.batch_size), int(config.benchmark.optimizers.batch_size)
+  c.trainer.batch_size = b
+  c.trainer.steps = int(config.trainer.steps) * big // b
+  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
+  return c
+
+
+def converted(
+  c: ml_collections.ConfigDict, fields: dict[str, Any], beta: float, ratio: float
+) -> tuple[dict[str, Any], float]:
+  """(`fields` and the averaging `beta`, moved to a batch `ratio` times as large at the same tokens): each
+  field by its knob in `c`'s search space (`search.Knob.at_batch`), the averaging beta as a decay per step."""
+  knobs = {k.field: k for k in search.space_of(c, int(c.optim.warmup_steps))}
+  out = {k: knobs[k].at_batch(v, ratio) if k in knobs else v for k, v in fields.items()}
+  return out, search.Knob("beta", "choice", (), per_step="ema").at_batch(beta, ratio)
+
+
+def beta2_field(c: ml_collections.ConfigDict) -> str:
+  """The field of the side's Adam beta2 (the one knob of its space searched as 1 - the value)."""
+  (field,) = [k.field for k in search.space_of(c, int(c.optim.warmup_steps)) if k.one_minus]
+  return field
+
+
+def converted_sides(
+  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], before: dict[str, Any]
+) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
+  """Each side's config and settings: cell `both_tuned`'s chosen fields, beta and iterate (in `before`),
+  converted to this cell's batch; its settings keep `before`'s under 'from' and the beta2 before the
+  conversion under 'beta2_unconverted'."""
+  ratio = int(config.trainer.batch_size) / int(before["cell"]["batch"][0])
+  out = {}
+  for side, (c, published) in configs.items():
+    was = before["sides"][side]["settings"]
+    fields, beta = converted(c, was["fields"], float(was["beta"]), ratio)
+    tuned = search.apply_setting(c, fields)
+    b2 = beta2_field(c)
+    settings = {"row": published["row"], "lr": float(fields["optim.learning_rate"]), "beta": beta}
+    settings |= {"iterate": was["iterate"], "weight_decay": float(tuned.optim.weight_decay), "fields": fields}
+    out[side] = (tuned, settings | {"from": was, "beta2_unconverted": was["fields"][b2]})
+  return out
+
+
+def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> list[dict[str, Any]]:
+  """The local check's settings, the converted one first: the LR at its sqrt(2) neighbours × beta2
+  {converted, unconverted}."""
+  lr, b2 = float(settings["lr"]), beta2_field(c)
+  lrs = [lr] + [tuning.round_lr(lr * math.sqrt(2) ** k) for k in (-1, 1)]
+  b2s = list(dict.fromkeys([settings["fields"][b2], settings["beta2_unconverted"]]))
+  return [{"optim.learning_rate": x, b2: y} for y in b2s for x in lrs]
+
+
+LR_MOVES = 2  # how often the local check may move its LR on past a winning edge neighbour
+
+
+def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:
+  """The LR one sqrt(2) step past the best setting's, where that setting is the lowest or highest LR tried
+  at its beta2 (None: its LR lies inside those tried)."""
+  best = min(tried, key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
+  lrs = [t["fields"]["optim.learning_rate"] for t in tried if t["fields"][b2] == best["fields"][b2]]
+  lr = best["fields"]["optim.learning_rate"]
+  if lr not in (min(lrs), max(lrs)) or len(lrs) < 2:
+    return None
+  return tuning.round_lr(lr * math.sqrt(2) ** (1 if lr == max(lrs) else -1))
+
+
+def local_check(
+  config: ml_collections.ConfigDict, sides: dict[str, tuple[ml_collections.ConfigDict, dict]], runner: Runner
+) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
+  """Every side's local check, each round in one batch: (the sides at their chosen setting, {side: {"tried":
+  [...], "chosen", "search_runs" (N-run equivalents: the runs' steps over N)}}). Where the best setting's LR
+  is the lowest or highest tried at its beta2, that LR one sqrt(2) step further is tried too, at most
+  `LR_MOVES` times, both sides alike."""
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.optimizers.tuning_seeds]
+  checks: dict[str, dict[str, Any]] = {side: {"tried": [], "lr_moves": 0} for side in sides}
+  todo = [(side, at) for side, (c, settings) in sides.items() for at in local_candidates(c, settings)]
+  while todo:
+    run_specs = []
+    for side, at in todo:
+      c, settings = sides[side]
+      tried, beta, lr = search.apply_setting(c, at), float(settings["beta"]), float(at["optim.learning_rate"])
+      run_specs += [
+        specs.run_spec(tried, kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
+      ]
+    results = runner.run(run_specs, "optimizers: the small batch's local check (tuning seeds)")
+    for k, (side, at) in enumerate(todo):
+      runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+      checks[side]["tried"].append({"fields": at, "losses": [loss_of(r, sides[side][1]) for r in runs]})
+    todo = []
+    for side, (c, _) in sides.items():
+      b2, check = beta2_field(c), checks[side]
+      lr = _next_lr(check["tried"], b2) if check["lr_moves"] < LR_MOVES else None
+      if lr is not None:
+        best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))
+        check["lr_moves"] += 1
+        todo.append((side, {"optim.learning_rate": lr, b2: best["fields"][b2]}))
+  out = {}
+  for side, (c, settings) in sides.items():
+    check = checks[side]
+    best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
+    check["chosen"] = best["fields"]
+    check["search_runs"] = float(len(check["tried"]) * len(seeds))  # every run is N steps
+    out[side] = (
+      search.apply_setting(c, best["fields"]),
+      settings | {"fields": settings["fields"] | best["fields"], "lr": float(best["fields"]["optim.learning_rate"])},
+    )
+  return out, checks
+
+
+def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+  """Per side, its loss at N tokens minus cell `both_tuned`'s (in `before`), per shared headline seed, judged
+  by `protocol.paired_difference` with the eval windows' error over the same window groups; and what it
+  says: the larger batch above this model's critical batch where the smaller one is lower."""
+  out = {}
+  for side in ("adamw", "muon"):
+    now, was = side_curves(result, side), side_curves(before, side)
+    seeds = [s for s in now if s in was]
+    n_now, n_was = int(result["steps"]), int(before["steps"])
+
+    def at_n(curves: dict[str, Any], n: int, s: str) -> tuple[float, Any]:
+      k = curves[s]["steps"].index(n)
+      return curves[s]["loss"][k], curves[s]["per_window"][k] if curves[s]["per_window"] else None
+
+    a = [at_n(now, n_now, s) for s in seeds]
+    b = [at_n(was, n_was, s) for s in seeds]
+    windows = all(x[1] is not None for x in a + b)
+    eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
+    groups = len(a[0][1]) if windows else None
+    d = protocol.paired_difference([x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=groups)
+    word = {"lower": "above", "higher": "below"}.get(d["verdict"])
+    d["reading"] = (
+      f"{before['cell']['batch'][0]} windows per step are {word} this model's critical batch for {side}"
+      if word
+      else f"no difference at equal tokens: the critical batch for {side} is not located"
+    )
+    out[side] = d | {"seeds": seeds}
+  return out
