@@ -32,7 +32,7 @@ import os
 import pathlib
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
 import numpy as np
@@ -47,6 +47,8 @@ META_FILE = "meta.json"
 BUNDLED_SOURCE = "bundled:shakespeare"
 CACHE_ENV = "HYBRIDJAX_CACHE"
 TOKENIZERS = ("byte", "gpt2")
+ORDERS = ("random", "no_repeat")  # `data.order`: how training batches draw their windows (`get_batch`)
+SPLIT_FOLDERS = ("train", "val")  # a corpus folder holding both is its own train / held-out split
 # The GPT-2 task's data block (`config.data`), declared once: the experiment config builds it from these,
 # the run's pre-flight checks them (`preflight.declared_checks`).
 DATA_FIELDS = (
@@ -65,7 +67,15 @@ DATA_FIELDS = (
     "val_fraction",
     0.1,
     schema.check_num(0.0, 0.5, lo_open=True),
-    "the share of the tokens, at the end of the token stream, held out for evaluation (the same for every seed)",
+    "the share of the tokens, at the end of the token stream, held out for evaluation (the same for every seed; "
+    "unread for a folder with its own train/ and val/ split)",
+  ),
+  schema.Field(
+    "order",
+    "random",
+    schema.check_choice(*ORDERS),
+    "'random': each batch random windows, fixed by (seed, step), a window may repeat; 'no_repeat': a seeded "
+    "permutation of the split's non-overlapping windows, none drawn twice (a run needing more is refused)",
   ),
 )
 
@@ -79,6 +89,7 @@ _SNIFF_BYTES = 8 << 10
 # valid UTF-8. Below it, the bad bytes become U+FFFD and a warning is logged.
 _MAX_INVALID_UTF8 = 0.01
 _EVAL_STREAM = 0xE7A1  # Spawn key of the eval_batches random stream.
+_ORDER_STREAM = 0x0DE5  # Spawn key of the no-repeat order's permutation.
 
 # The GPT-2 pre-tokenisation regex, as in tiktoken_ext/openai_public.py.
 _GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -274,6 +285,13 @@ def _looks_like_text(path: pathlib.Path) -> bool:
   text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head)
   n_bad = text.count("\ufffd") - head.count("\ufffd".encode())
   return n_bad <= _MAX_INVALID_UTF8 * max(len(head), 1)
+
+
+def split_folders(path: str | None) -> bool:
+  """Whether `data.path` is a folder holding `train/` and `val/`: its own train / held-out split (the
+  documents of each, files beside them unread), which replaces the tail split of `data.val_fraction`."""
+  root = pathlib.Path(path).expanduser() if path else None
+  return bool(root and root.is_dir() and all((root / name).is_dir() for name in SPLIT_FOLDERS))
 
 
 def _list_documents(path: str | None) -> tuple[str, list[_Document]]:
@@ -485,9 +503,17 @@ def prepare_corpus(
   """
   tokenizer = get_tokenizer(tokenizer_name)
   check_val_fraction(val_fraction)
-  source, docs = _list_documents(path)
+  split = split_folders(path)
+  if split:
+    root = pathlib.Path(str(path)).expanduser().resolve()
+    parts = [_list_documents(str(root / name))[1] for name in SPLIT_FOLDERS]
+    source = str(root)
+    docs = [_Document(f"{name}/{d.name}", d.path) for name, part in zip(SPLIT_FOLDERS, parts) for d in part]
+  else:
+    source, docs = _list_documents(path)
   content_hash = _hash_and_check(source, docs)
-  key = f"v{_FORMAT_VERSION}-{content_hash[:16]}-{tokenizer.name}-val{val_fraction!r}"
+  held_out = "split" if split else f"val{val_fraction!r}"
+  key = f"v{_FORMAT_VERSION}-{content_hash[:16]}-{tokenizer.name}-{held_out}"
   if out_dir:
     dest = pathlib.Path(out_dir).expanduser()
   else:
@@ -500,7 +526,10 @@ def prepare_corpus(
   logging.info("data: tokenising %s with %s into %s", source, tokenizer.name, dest)
   dest.mkdir(parents=True, exist_ok=True)
   (dest / META_FILE).unlink(missing_ok=True)  # Invalid from here on.
-  n_train, n_val = _write_splits(dest, _iter_token_arrays(docs, tokenizer), val_fraction, source)
+  if split:
+    n_train, n_val = _write_folder_splits(dest, [_iter_token_arrays(part, tokenizer) for part in parts], source)
+  else:
+    n_train, n_val = _write_splits(dest, _iter_token_arrays(docs, tokenizer), val_fraction, source)
   meta = {
     "format_version": _FORMAT_VERSION,
     "key": key,
@@ -511,7 +540,8 @@ def prepare_corpus(
     "n_tokens": n_train + n_val,
     "n_train": n_train,
     "n_val": n_val,
-    "val_fraction": val_fraction,
+    "val_fraction": None if split else val_fraction,
+    "held_out": "the corpus's val/ folder" if split else "the token stream's tail",
     "source": source,
     "files": [d.name for d in docs],
     "content_hash": content_hash,
@@ -558,6 +588,27 @@ def _write_splits(
     train_tmp.unlink(missing_ok=True)
     val_tmp.unlink(missing_ok=True)
   return n_train, n_val
+
+
+def _write_folder_splits(dest: pathlib.Path, parts: list[Iterable[np.ndarray]], source: str) -> tuple[int, int]:
+  """Streams the train/ folder's tokens to `train.bin` and the val/ folder's to `val.bin`."""
+  suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  tmps = [dest / (name + suffix) for name in (TRAIN_FILE, VAL_FILE)]
+  counts = []
+  try:
+    for tmp, arrays in zip(tmps, parts):
+      with open(tmp, "wb") as f:
+        for array in arrays:
+          f.write(array.astype(TOKEN_DTYPE, copy=False).tobytes())
+      counts.append(tmp.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize)
+    if min(counts) < 1:
+      raise ValueError(f"data.path {source!r}: its train/ or val/ folder holds no tokens")
+    os.replace(tmps[0], dest / TRAIN_FILE)
+    os.replace(tmps[1], dest / VAL_FILE)
+  finally:
+    for tmp in tmps:
+      tmp.unlink(missing_ok=True)
+  return counts[0], counts[1]
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
@@ -722,6 +773,44 @@ def get_batch(
   rng = np.random.default_rng((int(seed), int(step)))
   starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
   return _gather(tokens, starts, seq_len, vocab_size)
+
+
+def no_repeat_windows(n_tokens: int, seq_len: int) -> int:
+  """The non-overlapping windows of seq_len + 1 tokens a split of `n_tokens` holds (`data.order='no_repeat'`)."""
+  return max(0, n_tokens // (seq_len + 1))
+
+
+def check_no_repeat(n_tokens: int, seq_len: int, steps: int, batch_size: int) -> None:
+  """Refuses a run under `data.order='no_repeat'` that needs more windows than the split holds."""
+  have, need = no_repeat_windows(n_tokens, seq_len), int(steps) * int(batch_size)
+  if need > have:
+    raise ValueError(
+      f"--config.data.order='no_repeat': {steps} steps of {batch_size} windows need {need} windows, but the "
+      f"training split holds {have} non-overlapping windows of model.n_ctx + 1 = {seq_len + 1} tokens: use a "
+      "larger corpus (data.path), fewer steps, or data.order='random'"
+    )
+
+
+def no_repeat_batches(
+  tokens: np.ndarray, *, seed: int, batch_size: int, seq_len: int, vocab_size: int | None = None
+) -> Callable[[int], dict[str, np.ndarray]]:
+  """`data.order='no_repeat'`: batch(step) gives windows step·B to (step + 1)·B of a permutation of the
+  split's non-overlapping windows, seeded by `seed` alone, so a batch is a function of (seed, step) and a
+  resumed run draws what the uninterrupted one would. No window is drawn twice while steps·B does not
+  exceed the windows (`check_no_repeat`); past that a batch raises."""
+  _check_batch_args(tokens, batch_size, seq_len)
+  n = no_repeat_windows(len(tokens), seq_len)
+  order = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_ORDER_STREAM,))).permutation(n)
+
+  def batch(step: int) -> dict[str, np.ndarray]:
+    if not isinstance(step, (int, np.integer)) or step < 0:
+      raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    picked = order[int(step) * batch_size : (int(step) + 1) * batch_size]
+    if len(picked) < batch_size:
+      check_no_repeat(len(tokens), seq_len, int(step) + 1, batch_size)
+    return _gather(tokens, picked.astype(np.int64) * (seq_len + 1), seq_len, vocab_size)
+
+  return batch
 
 
 def eval_batches(

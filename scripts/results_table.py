@@ -41,7 +41,7 @@ def load(kind: str = "headline.json") -> dict[str, dict]:
 
 
 def _pm(pair, digits=4):
-  return "n/a" if not pair or pair[0] is None else f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+  return "n/a" if not pair or pair[0] is None else f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f} sd"
 
 
 def _ratio(h, key, anchor):
@@ -56,7 +56,7 @@ def _ratio(h, key, anchor):
   notes = ([f"{null} not reached"] if null else []) + ([f"{bound} lower bounds"] if bound else [])
   notes += [f"{upper} upper bounds"] if upper else []
   prefix = "≤ " if upper and not bound else ""
-  std_text = "" if std is None else f" ± {std:.2f}"
+  std_text = "" if std is None else f" ± {std:.2f} sd"
   return f"{prefix}{value:.2f}×{std_text}" + (f" ({', '.join(notes)})" if notes else "")
 
 

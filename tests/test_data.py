@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+import chex
 import hypothesis
 import numpy as np
 import pytest
@@ -505,3 +506,40 @@ def test_property_chunking_is_exact(text, chunk_chars):
   assert "".join(chunks) == text
   tok = data.get_tokenizer("gpt2")
   assert [t for c in chunks for t in tok.encode(c)] == tok.encode(text)
+
+
+def test_a_folder_with_train_and_val_folders_is_its_own_held_out_split(tmp_path):
+  corpus = tmp_path / "corpus"
+  (corpus / "train").mkdir(parents=True)
+  (corpus / "val").mkdir()
+  (corpus / "train" / "a.txt").write_text("alpha beta gamma " * 50)
+  (corpus / "train" / "b.txt").write_text("delta epsilon " * 40)
+  (corpus / "val" / "c.txt").write_text("zeta eta theta " * 30)
+  (corpus / "SOURCES.json").write_text('{"unread": "beside the split"}')
+  assert data.split_folders(str(corpus)) and not data.split_folders(str(corpus / "train"))
+  prepared = data.prepare_corpus(str(corpus), "byte", str(tmp_path / "cache"))
+  # the val split is the val/ folder's tokens exactly, whatever data.val_fraction says
+  val = data.load_tokens(prepared.val_path)
+  assert bytes(np.asarray(val, dtype=np.uint8)) == ("zeta eta theta " * 30).encode()
+  # the two documents with a blank line between them
+  assert prepared.n_train == len("alpha beta gamma " * 50) + len("delta epsilon " * 40) + 2
+  assert prepared.meta["val_fraction"] is None and "val/" in prepared.meta["held_out"]
+  again = data.prepare_corpus(str(corpus), "byte", str(tmp_path / "cache"), val_fraction=0.3)
+  assert again.train_path == prepared.train_path  # the split does not depend on val_fraction
+
+
+def test_the_no_repeat_order_draws_every_window_once_as_a_function_of_seed_and_step():
+  tokens = np.arange(1000, dtype=np.uint16)
+  seq_len, batch = 9, 4  # windows of 10 tokens: 100 of them
+  assert data.no_repeat_windows(len(tokens), seq_len) == 100
+  draw = data.no_repeat_batches(tokens, seed=3, batch_size=batch, seq_len=seq_len)
+  starts = np.concatenate([draw(step)["inputs"][:, 0] for step in range(25)])
+  assert sorted(starts.tolist()) == list(range(0, 1000, 10))  # every window once, none twice
+  chex.assert_trees_all_equal(draw(7), data.no_repeat_batches(tokens, seed=3, batch_size=batch, seq_len=seq_len)(7))
+  other = data.no_repeat_batches(tokens, seed=4, batch_size=batch, seq_len=seq_len)(0)
+  assert not np.array_equal(other["inputs"], draw(0)["inputs"])
+  np.testing.assert_array_equal(draw(2)["targets"][:, :-1], draw(2)["inputs"][:, 1:])
+  with pytest.raises(ValueError, match=r"--config\.data\.order='no_repeat': 26 steps of 4 windows need 104"):
+    draw(25)
+  with pytest.raises(ValueError, match=r"holds 100 non-overlapping windows .* or data\.order='random'"):
+    data.check_no_repeat(len(tokens), seq_len, steps=30, batch_size=batch)

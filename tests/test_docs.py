@@ -239,7 +239,7 @@ def test_the_recipe_pages_long_figures_are_the_published_ones():
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   total = result["total_speedup"]
   wall = total["wallclock_ratio"]["mean"]
-  assert f"needs {total['mean']:.2f}× ± {total['std']:.2f} as many steps for ({wall:.2f}× in wall-clock" in page
+  assert f"needs {total['mean']:.2f}× ± {total['std']:.2f} sd as many steps for ({wall:.2f}× in wall-clock" in page
   for text, name in [
     ("The schedule", "schedule"),
     ("rotary", "rotary"),
@@ -273,7 +273,7 @@ def test_the_recipe_pages_long_figures_are_the_published_ones():
   first = _recipe("trick-list-1-recipe-long")
   muon = next(r for r in first["figures"] if r["name"] == "muon")["speedup"]["mean"]
   assert (
-    f"ended at {first['total_speedup']['mean']:.2f}× ± {first['total_speedup']['std']:.2f}, below Muon's {muon:.2f}×"
+    f"ended at {first['total_speedup']['mean']:.2f}× ± {first['total_speedup']['std']:.2f} sd, below Muon's {muon:.2f}×"
     in page
   )
 
@@ -306,7 +306,7 @@ def test_the_recipe_pages_tiny_figures_are_the_published_ones():
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   total = result["total_speedup"]
   wall = total["wallclock_ratio"]["mean"]
-  assert f"{total['mean']:.2f}× ± {total['std']:.2f} as many steps for ({wall:.2f}× in wall-clock)" in page
+  assert f"{total['mean']:.2f}× ± {total['std']:.2f} sd as many steps for ({wall:.2f}× in wall-clock)" in page
   for text, name in [("The schedule", "schedule"), ("rotary", "rotary"), ("Muon is again the one large gain", "muon")]:
     assert f"{text} ({rows[name]['speedup']['mean']:.2f}×)" in page, name
   assert f"the #5 group is no better than the step before ({rows['modern_arch']['speedup']['mean']:.2f}×)" in page
@@ -315,7 +315,7 @@ def test_the_recipe_pages_tiny_figures_are_the_published_ones():
   for name in ("shortcuts", "unet", "value_embeds", "attn_scale"):
     assert rows[name]["vs_previous"]["verdict"] == "no difference", name
   first = _recipe("trick-list-1-recipe-tiny")["total_speedup"]
-  assert f"the same table ended at {first['mean']:.2f}× ± {first['std']:.2f}" in page
+  assert f"the same table ended at {first['mean']:.2f}× ± {first['std']:.2f} sd" in page
 
 
 def test_the_readmes_r6_figures_are_the_published_ones():
@@ -327,7 +327,7 @@ def test_the_readmes_r6_figures_are_the_published_ones():
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   ratio = arms[best]["pass_ratio"]
   assert best == "hybrid" and arms[best]["vs_control"]["verdict"] == "no difference"
-  assert f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} (the velocity predictor" in readme
+  assert f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd (the velocity predictor" in readme
   sel = arms["selective"]
   at_n = sel["vs_baseline_at_n"]
   assert at_n["verdict"] == "no difference" and sel["final_loss_gap"]["mean"] < 0
@@ -376,8 +376,8 @@ def test_the_readmes_tiny_r6_figures_are_the_published_ones():
   assert best == "jump" and arms[best]["vs_control"]["verdict"] == "no difference"
   jumps = arms[best]["exercise"]["jumps_per_run"]
   assert (
-    f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} (the jumps, {jumps:.1f} accepted per run,"
-    " no different from their control)" in readme
+    f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd (the jumps, {jumps:.1f} accepted "
+    "per run, no different from their control)" in readme
   )
   for jump in ("jump", "jump_forecast", "jump_outer"):
     assert arms[jump]["exercise"]["exercised"], jump
@@ -389,13 +389,13 @@ def test_the_readmes_tiny_r6_figures_are_the_published_ones():
   recipe = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   per_run = [f"{arms[j]['exercise']['jumps_per_run']:.1f}" for j in ("jump", "jump_forecast", "jump_outer")]
   assert f"jumped {per_run[0]}, {per_run[1]} and {per_run[2]} times a run" in recipe
-  assert f"the best pass ratio is the jump's, {ratio['mean']:.2f}× ± {ratio['std']:.2f}, no different" in recipe
+  assert f"the best pass ratio is the jump's, {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd, no different" in recipe
   velocity, outer = arms["hybrid"], arms["outer_momentum"]
   assert (
     velocity["vs_control"]["verdict"] == "no difference" and outer["vs_baseline_at_n"]["verdict"] == "no difference"
   )
   pr = velocity["pass_ratio"]
-  assert f"the velocity predictor is level ({pr['mean']:.2f}× ± {pr['std']:.2f}, no different" in recipe
+  assert f"the velocity predictor is level ({pr['mean']:.2f}× ± {pr['std']:.2f} sd, no different" in recipe
   assert f"at N ({outer['pass_ratio']['mean']:.2f}× in passes)" in recipe
   assert sel["vs_control"]["verdict"] == "lower"
   assert (
@@ -434,8 +434,8 @@ def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
   result = _recipe("tiny")
   last, anchor = result["figures"][-1], list(result["anchor"]["at_n"].values())
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  recipe_loss = f"{statistics.mean(last['loss']):.3f} ± {statistics.stdev(last['loss']):.3f}"
-  anchor_loss = f"{statistics.mean(anchor):.3f} ± {statistics.stdev(anchor):.3f}"
+  recipe_loss = f"{statistics.mean(last['loss']):.3f} ± {statistics.stdev(last['loss']):.3f} sd"
+  anchor_loss = f"{statistics.mean(anchor):.3f} ± {statistics.stdev(anchor):.3f} sd"
   assert f"eval loss {recipe_loss} at {result['steps']} steps, against {anchor_loss} for the tuned" in readme
   config = gpt2_small.get_config("tiny,speedrun")
   assert config.optim.learning_rate == last["lr"] and config.trainer.steps == result["steps"]
@@ -496,7 +496,7 @@ def test_the_recipe_docs_deep_figures_are_the_published_ones():
   wall = total["wallclock_ratio"]["mean"]
   assert (
     f"at N = {result['steps']} the whole recipe reaches in N steps the loss the R4 anchor needs "
-    f"{total['mean']:.2f}× ± {total['std']:.2f} as many steps for ({wall:.2f}× in wall-clock)"
+    f"{total['mean']:.2f}× ± {total['std']:.2f} sd as many steps for ({wall:.2f}× in wall-clock)"
   ) in doc
   for name, phrase in (
     ("schedule", "The schedule ({:.2f}×)"),
@@ -571,8 +571,8 @@ def test_the_knobs_figures_are_the_published_ones():
     fields = ", ".join(f"`{k.split('.')[-1]}` {v}" for k, v in s["tuned_fields"].items())
     d, r = s["difference"], reads[side]
     row = (
-      f"| {names[side]} | {fields} | {d['mean']:+.4f} ± {d['se_total']:.4f} ({cells.verdict_word(d)}) | "
-      f"{r['published']['mean']:.2f}× → {r['tuned']['mean']:.2f}× ± {r['tuned']['std']:.2f} |"
+      f"| {names[side]} | {fields} | {d['mean']:+.4f} ± {d['se_total']:.4f} se ({cells.verdict_word(d)}) | "
+      f"{r['published']['mean']:.2f}× → {r['tuned']['mean']:.2f}× ± {r['tuned']['std']:.2f} sd |"
     )
     assert row in page, row
     assert d["verdict"] == "no difference"  # "R4 does not move", "neither does the recipe"
@@ -584,7 +584,7 @@ def test_the_knobs_figures_are_the_published_ones():
   muon = reads["muon"]
   assert (
     f"Muon row reads {muon['published']['mean']:.2f}× as published and {muon['tuned']['mean']:.2f}× ± "
-    f"{muon['tuned']['std']:.2f} as tuned, both on R4's curve" in page
+    f"{muon['tuned']['std']:.2f} sd as tuned, both on R4's curve" in page
   )
   assert (
     f"neither R4 nor the recipe moves beyond the noise, and Muon's row still reads {muon['tuned']['mean']:.2f}×"

@@ -87,7 +87,7 @@ def with_exercise(cell: str, figures: dict[str, Any]) -> str:
 def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
   if pair is None or pair[0] is None:
     return "n/a"
-  return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+  return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f} sd"
 
 
 def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
@@ -98,7 +98,7 @@ def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
   above = above_note(verdict)
   if s["mean"] is None:
     return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
-  std = "" if s["std"] is None else f" ± {s['std']:.2f}"
+  std = "" if s["std"] is None else f" ± {s['std']:.2f} sd"
   upper = s.get("n_upper_bound", 0)
   notes = []
   if s["n_null"]:
@@ -167,12 +167,12 @@ def verdict_rule(anchor: str = "the anchor") -> str:
 def mean_cell(s: dict[str, Any] | None, unit: str = "×", digits: int = 2) -> str:
   if s is None or s.get("mean") is None:
     return "—"
-  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f}"
+  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f} sd"
   return f"{s['mean']:.{digits}f}{unit}{std}"
 
 
 def pct_cell(gap: dict[str, Any]) -> str:
-  std = "" if gap.get("std") is None else f" ± {100 * gap['std']:.2f}"
+  std = "" if gap.get("std") is None else f" ± {100 * gap['std']:.2f} sd"
   return f"{100 * gap['mean']:+.2f}%{std}"
 
 

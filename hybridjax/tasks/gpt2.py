@@ -50,6 +50,13 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   """Data, model and loss for `config`; raises ValueError on anything inconsistent."""
   model_cfg = gpt2.GPT2Config(**config.model.to_dict())
   model_cfg.validate()
+  default_fraction = next(f.default for f in data_lib.DATA_FIELDS if f.name == "val_fraction")
+  if data_lib.split_folders(config.data.path) and float(config.data.val_fraction) != default_fraction:
+    raise ValueError(
+      f"--config.data.val_fraction={config.data.val_fraction} has no effect: --config.data.path="
+      f"{config.data.path!r} holds its own train/ and val/ folders, which are the held-out split; leave "
+      f"data.val_fraction at {default_fraction}"
+    )
   prepared = data_lib.prepare_corpus(
     config.data.path or None,
     config.data.tokenizer,
@@ -77,6 +84,12 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   def train_batch(step):
     return data_lib.get_batch(
       train_tokens, seed=seed, step=step, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
+    )
+
+  if config.data.get("order", "random") == "no_repeat":  # refused before anything trains where it runs out
+    data_lib.check_no_repeat(len(train_tokens), seq_len, int(config.trainer.steps), batch_size)
+    train_batch = data_lib.no_repeat_batches(
+      train_tokens, seed=seed, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
     )
 
   eval_batches = data_lib.eval_batches(

@@ -58,10 +58,11 @@ def test_a_control_equal_to_its_anchor_reads_1x_and_no_difference_and_says_why()
     assert not any(r["upper_bound"] or r["lower_bound"] for r in f["per_seed"][row]), row
   assert f["verdict"]["verdict"] == "no difference"
   assert f["verdict"]["anchor_above_envelope_at_n"] == [True, False]
-  assert cells.ratio_cell(f["pass_ratio"], f["verdict"]) == "1.00× ± 0.00 (anchor at N above its envelope: 1/2 seeds)"
+  cell = cells.ratio_cell(f["pass_ratio"], f["verdict"])
+  assert cell == "1.00× ± 0.00 sd (anchor at N above its envelope: 1/2 seeds)"
   (line,) = family_report.family_verdicts({"figures": {"skip_control": {"averaged_baseline": f}}})[2:]
   assert line == (
-    "* `skip_control`: **no difference** (pass ratio 1.00× ± 0.00 against the averaged "
+    "* `skip_control`: **no difference** (pass ratio 1.00× ± 0.00 sd against the averaged "
     f"anchor; loss at its passes +0.0000 ± 0.0418 se from the anchor's curve{cells.p_note(f['verdict']['paired'])}; "
     "anchor at N above its envelope: 1/2 seeds)"
   )

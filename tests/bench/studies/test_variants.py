@@ -177,7 +177,7 @@ def test_recipe_md_quotes_each_fix_as_measured():
   assert len(rows) == len(result["pairs"])
   for row, p in zip(rows, result["pairs"]):
     d = p["difference"]
-    assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} | {cells.verdict_word(d)} |" in row, (p["name"], row)
+    assert f"| {d['mean']:+.4f} ± {d['se_total']:.4f} se | {cells.verdict_word(d)} |" in row, (p["name"], row)
     assert f"(`{p['row']}`)" in row
   assert f"the median over its pairs) is about {result['resolution']:.4f}" in text
   pairs = {p["name"]: p for p in result["pairs"]}
@@ -185,10 +185,10 @@ def test_recipe_md_quotes_each_fix_as_measured():
   assert f"({gpt2:+.4f} against {fan_in:+.4f} under the records' init)" in text
   per_seed = [[a - b for a, b in zip(pairs[k]["after"], pairs[k]["before"])] for k in ("relu2_gpt2_init", "relu2")]
   d = protocol.paired_difference(*per_seed)
-  assert f"paired by seed, is {d['mean']:+.4f} ± {d['se']:.4f}: {d['verdict']}" in text
+  assert f"paired by seed, is {d['mean']:+.4f} ± {d['se']:.4f} se: {d['verdict']}" in text
   relu2 = pairs["relu2"]["difference"]
   page = " ".join(text.split())
-  assert f'({relu2["mean"]:+.4f} ± {relu2["se_total"]:.4f}, {cells.verdict_word(relu2)}): it read "higher"' in page
+  assert f'({relu2["mean"]:+.4f} ± {relu2["se_total"]:.4f} se, {cells.verdict_word(relu2)}): it read "higher"' in page
   with open(os.path.join(ROOT, "docs", "results", "verdicts-reread.json")) as f:  # as first published
     reread = json.load(f)["files"]["docs/results/recipe/variants-fixes-long.json"]
   assert next(r for r in reread if r["where"] == "pairs.relu2.difference")["old"] == "higher"

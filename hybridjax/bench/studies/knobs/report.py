@@ -95,4 +95,4 @@ def _speedup(read: dict[str, Any]) -> str:
   if read["mean"] is None:
     return "not reached"
   mark = "> " if read["lower_bound"] else "< " if read["upper_bound"] else ""
-  return f"{mark}{read['mean']:.2f}× ± {read['std']:.2f}"
+  return f"{mark}{read['mean']:.2f}× ± {read['std']:.2f} sd"
