@@ -15,7 +15,7 @@ from conftest import ROOT, SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import factor, speedrun, study
-from hybridjax.bench.studies.optimizers import batch, figures, report
+from hybridjax.bench.studies.optimizers import carried, figures, report
 
 N = 40
 K = 2.5  # the stub's Muon reaches AdamW's loss at K times fewer steps
@@ -190,7 +190,7 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
     # the local check: 3 LRs x beta2 {converted, unconverted}, on the tuning seeds at N, counted as tuning
     tried = rec["local_check"]["tried"]
     assert {t["fields"][b2] for t in tried} == {round(was["fields"][b2] ** 0.5, 7), was["fields"][b2]}
-    assert 6 <= len(tried) <= 6 + batch.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
+    assert 6 <= len(tried) <= 6 + carried.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
     assert rec["settings"]["lr"] == rec["local_check"]["chosen"]["optim.learning_rate"]
   # No headline run on a tuning seed; the local check on the tuning seeds alone.
   assert {s["config"]["seed"] for s in runner.specs} <= {21, 22, 23, 1001, 1002}
@@ -208,16 +208,66 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
 
 
+def _corpus(path, train_bytes):
+  words = "the quick brown fox jumps over the lazy dog while seven wizards quietly hex a jovial bard".split()
+  for split, size in (("train", train_bytes), ("val", 20_000)):
+    (path / split).mkdir(parents=True)
+    for k in range(4):
+      text = " ".join(words[(j * 7 + k) % len(words)] for j in range(size // 20))
+      (path / split / f"doc{k}.txt").write_text(text)
+  (path / "SOURCES.json").write_text("{}")
+  return str(path)
+
+
+@pytest.mark.slow  # cell both_tuned, then cell corpus from its record, through the skeleton on stubs (seconds)
+def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repeats(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub_result)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.optimizers.update(draws=200, cell="both_tuned")
+  before = study.run(c, str(tmp_path / "work"))
+  runner.specs.clear()
+  c = _config(tmp_path)
+  path = str(tmp_path / "work" / "optimizers-both_tuned-quick.json")
+  # too small for the largest budget (4 N = 160 steps of 8 windows of 33 tokens, about 42k tokens)
+  small = _corpus(tmp_path / "small", 20_000)
+  c.benchmark.optimizers.update(draws=200, cell="corpus", settings_from=path, corpus_path=small)
+  with pytest.raises(ValueError, match=r"data\.order='no_repeat': 160 steps of 8 windows need 1280 .*largest budget"):
+    study.validate(c)
+  c.benchmark.optimizers.corpus_path = str(tmp_path / "none")
+  with pytest.raises(ValueError, match=r"corpus_path=.*none: no corpus .*`python scripts/build_corpus\.py --out"):
+    study.validate(c)
+  c.benchmark.optimizers.corpus_path = _corpus(tmp_path / "corpus", 200_000)
+  result = study.run(c, str(tmp_path / "work"))
+  assert {(s["config"]["data"]["path"], s["config"]["data"]["order"]) for s in runner.specs} == {
+    (c.benchmark.optimizers.corpus_path, "no_repeat")
+  }
+  assert result["steps"] == N and result["cell"]["batch"] == [8, 32] and "critical_batch" not in result
+  assert result["corpus"]["name"] == c.benchmark.optimizers.corpus_path and result["corpus"]["max_epochs"] < 1
+  for side in ("adamw", "muon"):
+    rec, was = result["sides"][side], before["sides"][side]["settings"]
+    assert rec["settings"]["beta"] == was["beta"]  # nothing converted: the same batch
+    assert {k: v for k, v in rec["settings"]["fields"].items() if k != "optim.learning_rate"} == {
+      k: v for k, v in was["fields"].items() if k != "optim.learning_rate"
+    }
+    tried = rec["local_check"]["tried"]  # the LR at its neighbours, moved on past a winning edge
+    assert 3 <= len(tried) <= 3 + carried.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
+  written = json.loads((tmp_path / "work" / "optimizers-corpus-quick.json").read_text())
+  md = (tmp_path / "work" / "optimizers-corpus-quick.md").read_text()
+  assert md == report.markdown(written) + "\n" and "unconverted, then each side's LR" in md
+
+
 def test_the_local_check_moves_its_lr_past_a_winning_edge_only():
   def tried(losses):  # {lr: two-seed losses} at one beta2
     return [{"fields": {"optim.learning_rate": lr, "optim.b2": 0.999}, "losses": [x, x]} for lr, x in losses.items()]
 
-  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 1.9, 0.005657: 2.1}), "optim.b2") == 0.002
-  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") == 0.008
-  assert batch._next_lr(tried({0.004: 1.8, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") is None
+  assert carried._next_lr(tried({0.004: 2.0, 0.002828: 1.9, 0.005657: 2.1}), "optim.b2") == 0.002
+  assert carried._next_lr(tried({0.004: 2.0, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") == 0.008
+  assert carried._next_lr(tried({0.004: 1.8, 0.002828: 2.1, 0.005657: 1.9}), "optim.b2") is None
   # the edge is read among the LRs tried at the best setting's beta2
   other = [{"fields": {"optim.learning_rate": 0.001, "optim.b2": 0.99}, "losses": [2.5, 2.5]}]
-  assert batch._next_lr(tried({0.004: 2.0, 0.002828: 1.9}) + other, "optim.b2") == 0.002
+  assert carried._next_lr(tried({0.004: 2.0, 0.002828: 1.9}) + other, "optim.b2") == 0.002
 
 
 def test_bad_blocks_are_refused_naming_the_field(tmp_path):
@@ -226,7 +276,7 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"muon_extensions": (0.6,)}, r"optimizers\.muon_extensions=.*below the smallest"),
     ({"tuning_seeds": (21,)}, r"optimizers\.tuning_seeds=.*nothing is tuned on a headline seed"),
     ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
-    ({"cell": "tuned"}, r"optimizers\.cell must be one of \['as_published', 'both_tuned', 'small_batch'\], got"),
+    ({"cell": "tuned"}, r"optimizers\.cell must be one of \['as_published', 'both_tuned', 'small_batch', 'corpus'\]"),
     ({"cell": "small_batch", "batch_size": 3}, r"optimizers\.batch_size=3: .*divides its 320 training windows"),
     ({"cell": "small_batch", "batch_size": 4}, r"optimizers\.settings_from: no cell 'both_tuned' record at"),
     ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),

@@ -4,7 +4,8 @@ Cell `as_published`: the recipe's AdamW row (`adamw_row`, `rotary` at `long`) an
 their published settings (the recipe record's LR, averaging beta and iterate), each on its own budget curve,
 each budget its own schedule; nothing searched. Cell `both_tuned`: both rows first searched alike by the joint
 search (`bench/search.py`, `benchmark.tuner='joint'`) from their published settings, at equal cost. Cell
-`small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same tokens (`batch.py`).
+`small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same tokens; cell `corpus`: on a
+second corpus, read without repeats (`carried.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ml_collections
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
-from hybridjax.bench.studies.optimizers import batch
+from hybridjax.bench.studies.optimizers import carried
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
@@ -24,8 +25,11 @@ CELLS = {
   "as_published": "both rows at the recipe's published settings, on their own curves",
   "both_tuned": "both rows searched alike, at equal cost",
   "small_batch": "a smaller batch at the same tokens, cell `both_tuned`'s settings converted and checked locally",
+  "corpus": "a second corpus read without repeats, cell `both_tuned`'s settings with each LR checked locally",
 }
-CELL_TUNER = {"as_published": "lr", "both_tuned": "joint", "small_batch": "lr"}  # the `benchmark.tuner` each cell reads
+CARRIED = ("small_batch", "corpus")  # the cells that carry cell `both_tuned`'s settings (`carried.py`)
+# the `benchmark.tuner` each cell reads
+CELL_TUNER = {"as_published": "lr", "both_tuned": "joint", "small_batch": "lr", "corpus": "lr"}
 TUNERS = ("lr", "joint")  # the tuners this study runs (`specs.TUNERS`)
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 SIDES = ("adamw", "muon")
@@ -62,8 +66,10 @@ FIELDS = (
   F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on"),
   F("batch_size", 3, schema.check_int(1), "cell `small_batch`: its windows per step, below the preset's (the "
     "token budgets stay the preset's)"),
-  F("settings_from", "", schema.check_str, "cell `small_batch`: the cell `both_tuned` record whose chosen settings "
-    "it converts ('': the published optimizers-both_tuned-<preset>.json)"),
+  F("settings_from", "", schema.check_str, "cells `small_batch` and `corpus`: the cell `both_tuned` record whose "
+    "chosen settings they carry ('': the published optimizers-both_tuned-<preset>.json)"),
+  F("corpus_path", "~/.cache/hybridjax/corpora/english-npm", schema.check_str, "cell `corpus`: the corpus folder "
+    "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds"),
 )  # fmt: skip
 del F
 
@@ -167,17 +173,18 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       + ("(it searches nothing)" if want == "lr" else "(both sides searched alike)")
       + f"; set --config.benchmark.tuner={want}"
     )
-  small = str(o.cell) == "small_batch"
-  if small:
-    errors += batch.batch_errors(config)
+  is_carried = str(o.cell) in CARRIED
   errors += _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
+  if is_carried and not errors:
+    largest = max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions))
+    errors += carried.cell_errors(config, largest)
   if errors:
     raise ValueError("; ".join(errors))
-  if small:
-    _, before = batch.before_record(config)
-    config = batch.at_batch(config)
+  if is_carried:
+    _, before = carried.before_record(config)
+    config = carried.cell_config(config)
     _, sides = side_configs(config)
-    sides = batch.converted_sides(config, sides, before)
+    sides = carried.converted_sides(config, sides, before)
   else:
     _, sides = side_configs(config)
   adamw, muon = sides["adamw"][0], sides["muon"][0]

@@ -101,31 +101,42 @@ def search_lines(result: dict[str, Any]) -> list[str]:
 
 
 def local_check_lines(result: dict[str, Any]) -> list[str]:
-  """Cell `small_batch`: what each side's settings became at the smaller batch (converted from cell
-  `both_tuned`'s, then checked locally), and where the larger batch sits against the critical batch."""
+  """The carried cells: what each side's settings became (cell `small_batch`: converted from cell
+  `both_tuned`'s to its batch), what the local check chose, and at the smaller batch where the larger one
+  sits against the critical batch."""
   checked = {side: rec for side, rec in result["sides"].items() if rec.get("local_check")}
   if not checked:
     return []
+  small = result["cell"]["name"] == "small_batch"
+  how = (
+    f"converted to {result['cell']['batch'][0]} windows per step at the same tokens (a decay per step d to "
+    "d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its sqrt(2) neighbours × beta2 "
+    "{converted, unconverted}"
+    if small
+    else "unconverted, then each side's LR at its sqrt(2) neighbours"
+  )
   out = [
     "",
-    f"Settings from {result['lrs_from']}, converted to {result['cell']['batch'][0]} windows per step at the same "
-    "tokens (a decay per step d to d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its "
-    "sqrt(2) neighbours × beta2 {converted, unconverted} on the tuning seeds at N:",
+    f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on at most twice past a "
+    "winning edge):",
     "",
-    "| side | local check runs (N-run eq.) | converted | chosen |",
+    "| side | local check runs (N-run eq.) | carried | chosen |",
     "|---|---|---|---|",
   ]
   for side, rec in checked.items():
     was = rec["settings"]["from"]
     moved = {k: f"{was['fields'][k]} → {v}" for k, v in rec["settings"]["fields"].items() if was["fields"][k] != v}
-    moved["beta"] = f"{was['beta']} → {rec['settings']['beta']}"
+    if was["beta"] != rec["settings"]["beta"]:
+      moved["beta"] = f"{was['beta']} → {rec['settings']['beta']}"
+    carried = ", ".join(f"{k}: {v}" for k, v in moved.items()) or "as cell `both_tuned` chose"
     chosen = ", ".join(f"{k} = {v}" for k, v in rec["local_check"]["chosen"].items())
-    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {', '.join(f'{k}: {v}' for k, v in moved.items())} | {chosen} |")
-  out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
-  out += ["|---|---|---|---|"]
-  for side, d in result["critical_batch"].items():
-    out.append(
-      f"| {side} | {d['mean']:+.4f} (se {d['se_total']:.4f}, {d['n']} seeds): {d['verdict']} | {d['p']:.3g} | "
-      f"{d['reading']} |"
-    )
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {carried} | {chosen} |")
+  if "critical_batch" in result:
+    out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
+    out += ["|---|---|---|---|"]
+    for side, d in result["critical_batch"].items():
+      out.append(
+        f"| {side} | {d['mean']:+.4f} ± {d['se_total']:.4f} se ({d['n']} seeds): {d['verdict']} | {d['p']:.3g} | "
+        f"{d['reading']} |"
+      )
   return out

@@ -2,8 +2,9 @@
 (`bench.factor`). Cell `as_published`: the recipe's AdamW row and Muon row at their published settings.
 Cell `both_tuned`: both rows first searched by the joint search (`bench.search`, on the study's
 `search_seeds`, at equal cost), then run at the settings it chose as cell `as_published` runs the published.
-Cell `small_batch`: cell `both_tuned`'s chosen settings at a smaller batch and the same tokens, each side's
-LR and beta2 checked locally (`batch`), then run alike.
+Cells `small_batch` and `corpus`: cell `both_tuned`'s chosen settings carried to a smaller batch at the same
+tokens or to a second corpus, each side's LR (and at the smaller batch its beta2) checked locally
+(`carried`), then run alike.
 
 Per side: its budgets (x N), each its own schedule, on the headline seeds; at every AdamW budget from
 `adamw_recheck_from` its LR (sqrt(2) neighbours) and weight decay (x 1/2), and at every Muon budget up to
@@ -28,7 +29,7 @@ from hybridjax.bench import figures, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies.optimizers import batch
+from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import config as optimizers_config
 from hybridjax.bench.studies.optimizers.config import block_of, side_configs
 from hybridjax.bench.studies.optimizers.figures import cell_figures, loss_of
@@ -41,9 +42,12 @@ RECORD, PUBLISH_IGNORES = optimizers_config.RECORD, optimizers_config.PUBLISH_IG
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   o = block_of(config)
+  c = carried.cell_config(config) if str(o.cell) in optimizers_config.CARRIED else config
+  corpus = f", corpus {c.data.path} ({c.data.order})" if str(o.cell) == "corpus" else ""
   return [
     f"optimizers {config.benchmark.preset}: cell {o.cell}, rows {o.adamw_row} (AdamW) and {o.muon_row} (Muon), "
-    f"N={int(config.trainer.steps)}, headline seeds {tuple(o.seeds)}; workdir {workdir}"
+    f"N={int(c.trainer.steps)} steps of {int(c.trainer.batch_size)} windows{corpus}, headline seeds "
+    f"{tuple(o.seeds)}; workdir {workdir}"
   ]
 
 
@@ -187,15 +191,15 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   records: dict[str, dict[str, Any]] = {}
   checks: dict[str, dict[str, Any]] = {}
   before = None
-  if str(o.cell) == "small_batch":
-    before_source, before = batch.before_record(config)
-    config = batch.at_batch(config)
+  if str(o.cell) in optimizers_config.CARRIED:
+    before_source, before = carried.before_record(config)
+    config = carried.cell_config(config)
   n = int(config.trainer.steps)
   source, configs = side_configs(config)
   if str(o.cell) == "both_tuned":
     configs, records = searched_sides(config, configs, runner)
   if before is not None:
-    configs, checks = batch.local_check(config, batch.converted_sides(config, configs, before), runner)
+    configs, checks = carried.local_check(config, carried.converted_sides(config, configs, before), runner)
     source = before_source
   adamw = _Side("adamw", *configs["adamw"], [float(f) for f in o.adamw_budgets])
   muon = _Side("muon", *configs["muon"], [float(f) for f in o.muon_budgets])
@@ -284,7 +288,7 @@ def record(
 ) -> dict[str, Any]:
   del timed, command, runner
   preset_batch = int(config.trainer.batch_size)
-  config = trained["config"]  # cell `small_batch`: at its batch
+  config = trained["config"]  # the carried cells: at their batch, on their corpus
   o, n = block_of(config), int(config.trainer.steps)
   seeds = trained["seeds"]
   sides = {side.name: side_record(side, seeds, n) for side in trained["sides"]}
@@ -313,8 +317,8 @@ def record(
     "corpus": corpus(config, largest),
   }
   result |= cell_figures(result)
-  if trained["before"] is not None:
-    result["critical_batch"] = batch.critical_batch(result, trained["before"])
+  if str(o.cell) == "small_batch":
+    result["critical_batch"] = carried.critical_batch(result, trained["before"])
   return result
 
 

@@ -1,8 +1,11 @@
-"""Cell `small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same token budgets.
+"""The cells that carry cell `both_tuned`'s chosen settings to new conditions, each side's LR then checked
+locally: `small_batch` (a smaller batch at the same token budgets) and `corpus` (a second corpus, read
+without repeats).
 
-The preset's N steps of B windows become N·B/b steps of b windows (`optimizers.batch_size`), and its E eval
-batches become E·B/b, so that every run is scored on the same held-out windows (`data.eval_batches` draws
-its windows by their count alone), read in the same groups of B windows. The knobs counted in steps move
+Cell `small_batch`: the preset's N steps of B windows become N·B/b steps of b windows
+(`optimizers.batch_size`), and its E eval batches become E·B/b, so that every run is scored on the same
+held-out windows (`data.eval_batches` draws its windows by their count alone), read in the same groups of
+B windows. The knobs counted in steps move
 to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) (Adam's betas, Muon's
 momentum, the averaging beta), the LR warm-up's steps B/b times as many.
 
@@ -11,6 +14,11 @@ Each side then gets the same local check: its LR at its sqrt(2) neighbours × it
 setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most twice) while the best sits at the
 edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
 from that setting.
+
+Cell `corpus`: the same settings, unconverted, on the corpus at `optimizers.corpus_path` (built by
+`scripts/build_corpus.py`: its own train/ and val/ split, `data.split_folders`), every run reading its
+training windows without repeats (`data.order='no_repeat'`; a budget needing more windows than the split
+holds is refused before anything trains); each side's LR checked at its sqrt(2) neighbours as above.
 
 `critical_batch`: each side's loss at N tokens against cell `both_tuned`'s, on the same seeds and windows:
 a lower loss at the smaller batch says the larger one is above this model's critical batch (at equal
@@ -26,12 +34,14 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import data as data_lib
 from hybridjax.bench import protocol, search, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.optimizers.figures import loss_of, side_curves
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
-FROM_CELL = "both_tuned"  # the cell whose chosen settings this cell converts
+FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
+BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
 
 
 def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
@@ -55,7 +65,7 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any
   ):
     raise ValueError(
       f"--config.benchmark.optimizers.settings_from={path}: a cell {before['cell']['name']!r} record at "
-      f"{before['preset']!r} with rows {rows}; cell 'small_batch' converts cell {FROM_CELL!r} at {preset!r} with "
+      f"{before['preset']!r} with rows {rows}; cell {o.cell!r} carries cell {FROM_CELL!r} at {preset!r} with "
       f"rows {o.adamw_row!r} and {o.muon_row!r}"
     )
   root = os.path.dirname(os.path.dirname(PUBLISHED))
@@ -63,9 +73,14 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any
   return shown, before
 
 
-def batch_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """The cell's batch against the preset's: smaller, and dividing its steps' and eval batches' windows."""
-  b, big = int(config.benchmark.optimizers.batch_size), int(config.trainer.batch_size)
+def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+  """Cell `small_batch`: its batch against the preset's (smaller, dividing its steps' and eval batches'
+  windows). Cell `corpus`: its corpus exists, and holds the windows its largest budget (`largest` x N)
+  reads without repeats."""
+  o = config.benchmark.optimizers
+  if str(o.cell) == "corpus":
+    return _corpus_errors(config, largest)
+  b, big = int(o.batch_size), int(config.trainer.batch_size)
   n, e = int(config.trainer.steps), int(config.trainer.eval_batches)
   if b >= big or (n * big) % b or (e * big) % b:
     return [
@@ -75,10 +90,33 @@ def batch_errors(config: ml_collections.ConfigDict) -> list[str]:
   return []
 
 
-def at_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` at `optimizers.batch_size` windows per step, at the same tokens: N·B/b steps, E·B/b eval batches."""
+def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+  path = os.path.expanduser(str(config.benchmark.optimizers.corpus_path))
+  if not data_lib.split_folders(path):
+    return [
+      f"--config.benchmark.optimizers.corpus_path={path}: no corpus with train/ and val/ folders there; build it "
+      f"with `{BUILD_CORPUS.format(path=path)}` (npm's registry), or give the folder that holds it"
+    ]
+  c = cell_config(config)
+  prepared = data_lib.prepare_corpus(path, str(c.data.tokenizer), str(c.data.cache_dir) or None)
+  steps = round(largest * int(c.trainer.steps))
+  try:
+    data_lib.check_no_repeat(prepared.n_train, int(c.model.n_ctx), steps, int(c.trainer.batch_size))
+  except ValueError as e:
+    return [f"{e} (cell 'corpus': its largest budget, {largest:g} N, with its extensions)"]
+  return []
+
+
+def cell_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config a carried cell trains. `small_batch`: at `optimizers.batch_size` windows per step, at the
+  same tokens (N·B/b steps, E·B/b eval batches). `corpus`: on `optimizers.corpus_path`, without repeats."""
   c = ml_collections.ConfigDict(config.to_dict())
-  big, b = int(config.trainer.batch_size), int(config.benchmark.optimizers.batch_size)
+  o = config.benchmark.optimizers
+  if str(o.cell) == "corpus":
+    c.data.path = os.path.expanduser(str(o.corpus_path))
+    c.data.order = "no_repeat"
+    return c
+  big, b = int(config.trainer.batch_size), int(o.batch_size)
   c.trainer.batch_size = b
   c.trainer.steps = int(config.trainer.steps) * big // b
   c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
@@ -161,7 +199,7 @@ def local_check(
       run_specs += [
         specs.run_spec(tried, kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
       ]
-    results = runner.run(run_specs, "optimizers: the small batch's local check (tuning seeds)")
+    results = runner.run(run_specs, "optimizers: the carried settings' local check (tuning seeds)")
     for k, (side, at) in enumerate(todo):
       runs = results[k * len(seeds) : (k + 1) * len(seeds)]
       checks[side]["tried"].append({"fields": at, "losses": [loss_of(r, sides[side][1]) for r in runs]})
