@@ -3,4 +3,6 @@
 `run.py` (train, record, report)."""
 
 # name -> the package of its folder (named here, loaded only by `bench.study`).
-STUDIES = {name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers")}
+STUDIES = {
+  name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers", "anchor")
+}

@@ -1,0 +1,68 @@
+"""The anchor study's block, `benchmark.anchor`, and its checks: R4, the recipe's tuned and averaged AdamW,
+re-checked on two knobs its tuning never varied (Adam's beta2 and the weight decay), each pair at R4's LR
+and its sqrt(2) neighbours, on tuning seeds alone."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from hybridjax import schema
+from hybridjax.bench import record as record_lib
+from hybridjax.bench.speedrun import recipe_record, uses_muon
+
+RECORD = "anchor-{preset}.json"  # its record, whose invocations a resumed study extends
+PUBLISH_IGNORES = record_lib.other_studies("anchor")  # the blocks its record compares without
+
+F = schema.Field
+FIELDS = (
+  F("lrs_from", "", schema.check_str, "the recipe record whose anchor gives R4's LR and averaging beta ('': the "
+    "published recipe-<preset>.json)"),
+  F("b2s", (0.95, 0.999), schema.check_num_tuple(0.0), "Adam's beta2 values tried (R4's own among them)"),
+  F("weight_decays", (0.1, 0.2), schema.check_num_tuple(0.0), "the weight decays tried (R4's own among them)"),
+  F("lr_steps", 1, schema.check_int(0), "the LRs tried: R4's and this many sqrt(2) steps each side of it"),
+  F("seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "the tuning seeds every setting runs on (never a "
+    "headline seed)"),
+)  # fmt: skip
+del F
+
+
+def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+  """`benchmark.anchor` (`FIELDS`), the same at every preset."""
+  del preset
+  block.update(schema.block(FIELDS))
+
+
+def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float]]:
+  """(the recipe record read, R4's published setting: its LR and averaging beta there, and the preset's
+  beta2 and weight decay)."""
+  a = config.benchmark.anchor
+  shown, result = recipe_record(str(config.benchmark.preset), str(a.lrs_from), "benchmark.anchor.lrs_from")
+  anchor = result["anchor"]
+  settings = {"lr": float(anchor["lr"]), "beta": float(anchor["beta"])}
+  return shown, settings | {"b2": float(config.optim.b2), "weight_decay": float(config.optim.weight_decay)}
+
+
+def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Checks the block; returns R4's config, which the skeleton checks too."""
+  a = config.benchmark.anchor
+  errors = []
+  if uses_muon(config) or str(config.optim.name) != "adamw":
+    errors.append(
+      f"--config.optim.name={config.optim.name!r}: the anchor study re-checks R4, an AdamW family; run it on the "
+      "preset's AdamW-cosine config (no ',muon' or ',speedrun' variant)"
+    )
+  for field, own in (("b2s", float(config.optim.b2)), ("weight_decays", float(config.optim.weight_decay))):
+    values = [float(v) for v in a[field]]
+    if own not in values or len(set(values)) != len(values):
+      errors.append(
+        f"--config.benchmark.anchor.{field}={tuple(values)}: give distinct values, R4's own ({own}) among them "
+        "(every setting is judged against R4's)"
+      )
+  if len(set(int(s) for s in a.seeds)) < 2:
+    errors.append(f"--config.benchmark.anchor.seeds={tuple(a.seeds)}: the paired verdict needs 2 seeds or more")
+  if errors:
+    raise ValueError("; ".join(errors))
+  r4_settings(config)  # a missing recipe record is refused here, naming the field
+  b = config.benchmark
+  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  return {"R4": config}
