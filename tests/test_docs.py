@@ -698,3 +698,19 @@ def test_the_batch_pilot_benchmark_md_quotes_is_the_committed_one():
   page = " ".join(_read(os.path.join(ROOT, "docs", "benchmark.md")).split())
   assert f"found 3 × 64 costing {cost[(3, 64)]:.2f}× per token" in page and cost[(3, 64)] < 2
   assert all(r["cost_per_token"] == r["seconds"][1] / pilot["rows"][0]["seconds"][1] for r in pilot["rows"])
+
+
+def test_the_change_between_cells_the_readme_quotes_is_the_records():
+  """The README's change of Muon's factor from cell `as_published` to cell `both_tuned` (reading (a)) is
+  `factor.cell_change` of the two published records, and its interval excludes 1."""
+  from hybridjax.bench import factor
+
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  with open(os.path.join(folder, "optimizers-long.json")) as f:
+    before = json.load(f)
+  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
+    after = json.load(f)
+  change = factor.cell_change(before["factor"]["a"], after["factor"]["a"])
+  lo, hi = change["ci95"]
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert f"lowered the factor to {change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 0's" in readme and hi < 1
