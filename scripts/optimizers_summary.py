@@ -41,17 +41,17 @@ def _change(r: dict) -> str:
 
 
 def changes(records: list[dict]) -> list[str]:
-  """The table rows of each published cell's factor against the cell before it (`CELLS`' order), at the
+  """The table rows of each published cell's factor against the cell it is read against (`CELLS`), at the
   same preset: after / before, with its own 95% interval (`factor.cell_change`)."""
   rows = []
   by_cell = {(r["preset"], r["cell"]["name"]): r for r in records}
-  order = list(CELLS)
-  for (preset, name), after in sorted(by_cell.items()):
-    before = by_cell.get((preset, order[order.index(name) - 1])) if order.index(name) else None
+  for (preset, name), after in sorted(by_cell.items(), key=lambda kv: (kv[0][0], list(CELLS).index(kv[0][1]))):
+    against, what = CELLS[name]
+    before = by_cell.get((preset, against))
     if before is None:
       continue
     a, b = (factor.cell_change(before["factor"][k], after["factor"][k]) for k in ("a", "b"))
-    rows.append(f"| `{before['cell']['name']}` → `{name}` | `{preset}` | {CELLS[name]} | {_change(a)} | {_change(b)} |")
+    rows.append(f"| `{against}` → `{name}` | `{preset}` | {what} | {_change(a)} | {_change(b)} |")
   return rows
 
 
@@ -91,11 +91,11 @@ def page() -> str:
   if rows:
     out += [
       "",
-      "Each cell against the cell before it: its factor over the earlier cell's, with its own 95% interval (the",
+      "Each cell against the cell it changes: its factor over that cell's, with its own 95% interval (the",
       "wider of the two cells' bootstrap errors together and, where both read the same seeds, a t-interval on",
       'the per-seed log ratios); "no different" where the interval holds 1.',
       "",
-      "| change | preset | what the later cell changes | (a) | (b) |",
+      "| change | preset | what the cell changes | (a) | (b) |",
       "|---|---|---|---|---|",
       *rows,
     ]

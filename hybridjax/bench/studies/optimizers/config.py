@@ -19,13 +19,13 @@ from hybridjax.bench.studies.optimizers import carried
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
-# The cells, each with what it changes from the cell before it (the summary page reads each cell's factor
-# against the one before, `factor.cell_change`).
+# The cells: each with the cell it is read against (the summary page reads its factor over that cell's,
+# `factor.cell_change`) and what it changes from it.
 CELLS = {
-  "as_published": "both rows at the recipe's published settings, on their own curves",
-  "both_tuned": "both rows searched alike, at equal cost",
-  "small_batch": "a smaller batch at the same tokens, cell `both_tuned`'s settings converted and checked locally",
-  "corpus": "a second corpus read without repeats, cell `both_tuned`'s settings with each LR checked locally",
+  "as_published": (None, "both rows at the recipe's published settings, on their own curves"),
+  "both_tuned": ("as_published", "both rows searched alike, at equal cost"),
+  "small_batch": ("both_tuned", "a smaller batch at the same tokens, the settings converted and checked locally"),
+  "corpus": ("both_tuned", "a second corpus read without repeats, each LR checked locally"),
 }
 CARRIED = ("small_batch", "corpus")  # the cells that carry cell `both_tuned`'s settings (`carried.py`)
 # the `benchmark.tuner` each cell reads
