@@ -165,7 +165,10 @@ def extract_tarball(tgz: Path, dest: Path) -> Path:
         raise ValueError(f"{tgz.name}: member {m.name!r} is not a plain file or folder; refusing to extract")
       if os.path.isabs(m.name) or not target.is_relative_to(root):
         raise ValueError(f"{tgz.name}: member {m.name!r} would land outside {root}; refusing to extract")
-    tar.extractall(root, members=members, filter="data")
+    if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 also checks each member itself
+      tar.extractall(root, members=members, filter="data")
+    else:
+      tar.extractall(root, members=members)
   return root
 
 
@@ -524,6 +527,10 @@ def write_corpus(out: Path, train: list[Document], val: list[Document], record: 
   A previous build's `train/` and `val/` are replaced (only when `out/SOURCES.json` marks `out` as a build);
   any other non-empty `train/` or `val/` is refused rather than deleted.
   """
+  for split, docs in (("train", train), ("val", val)):
+    names = [file_name(d.id) for d in docs]
+    if len(set(names)) != len(names):
+      raise ValueError(f"{split}: two documents map to one file name; rename the ids")
   out.mkdir(parents=True, exist_ok=True)
   for split, docs in (("train", train), ("val", val)):
     folder = out / split
@@ -532,11 +539,8 @@ def write_corpus(out: Path, train: list[Document], val: list[Document], record: 
         raise SystemExit(f"{folder} is not empty and {out} holds no SOURCES.json: choose an empty --out")
       shutil.rmtree(folder)
     folder.mkdir(exist_ok=True)
-    names = [file_name(d.id) for d in docs]
-    if len(set(names)) != len(names):
-      raise ValueError(f"{split}: two documents map to one file name; rename the ids")
-    for name, d in zip(names, docs):
-      (folder / name).write_bytes(d.text.encode("utf-8"))
+    for d in docs:
+      (folder / file_name(d.id)).write_bytes(d.text.encode("utf-8"))
   (out / "SOURCES.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
@@ -620,7 +624,7 @@ def build(
       "sentences_of_longer_paragraphs": {"bytes": contained_bytes, "share": _share(contained_bytes, cleaned_bytes)},
     },
     "digests": {"train": split_digest(train), "val": split_digest(val)},
-    "builder": {
+    "builder": {  # --out is left out: the record may not depend on where it was written
       "script": "scripts/build_corpus.py",
       "options": {
         "heldout_share": heldout_share,
@@ -647,6 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     help="paragraphs shorter than this are never removed as duplicates (list numbers, headings, replies)",
   )
   args = p.parse_args(argv)
+  if not 0 < args.heldout_share < 1:
+    p.error(f"--heldout-share must be in (0, 1), got {args.heldout_share}")
+  if not 0 < args.max_source_share <= 1:
+    p.error(f"--max-source-share must be in (0, 1], got {args.max_source_share}")
   out = Path(os.path.expanduser(args.out))
   with tempfile.TemporaryDirectory(prefix="build_corpus-") as tmp:
     roots = {}
