@@ -37,7 +37,11 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-DEFAULT_OUT = os.path.join("~", ".cache", "hybridjax", "corpora", "english-npm")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hybridjax.bench.studies.optimizers.config import FIELDS as _OPTIMIZERS_FIELDS  # noqa: E402
+
+# where the optimizers study's cell `corpus` reads it (`benchmark.optimizers.corpus_path`)
+DEFAULT_OUT = next(f.default for f in _OPTIMIZERS_FIELDS if f.name == "corpus_path")
 HELDOUT_BUCKETS = 10_000  # the held-out test compares a hash of the id, mod this, with share * this
 
 

@@ -247,3 +247,11 @@ def test_the_pins_are_well_formed_and_match_the_committed_sources():
   assert max(shares) <= committed["builder"]["options"]["max_source_share"] and abs(sum(shares) - 1) < 1e-5
   bytes_all = sum(p["bytes"]["train"] + p["bytes"]["val"] for p in committed["packages"])
   assert bytes_all == committed["totals"]["bytes"]["all"]
+
+
+def test_the_corpus_size_benchmark_md_quotes_is_the_build_records():
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", "corpus-SOURCES.json")) as f:
+    built = json.load(f)
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = " ".join(f.read().split())
+  assert f"writes it: {built['totals']['bytes']['all'] / 1e6:.1f} MB of English from three npm packages" in page
