@@ -656,11 +656,12 @@ def test_each_optimizers_cell_published_ran_on_its_frozen_code():
   with open(os.path.join(folder, "campaign-freeze.json")) as f:
     cells = json.load(f)["cells"]
   published = sorted(glob.glob(os.path.join(folder, "optimizers-*.json")))
-  assert published
-  for path in published:
+  anchors = sorted(glob.glob(os.path.join(folder, "anchor-*.json")))  # the anchor study, its fourth cell
+  assert published and anchors
+  for path in published + anchors:
     with open(path) as f:
       result = json.load(f)
-    freeze = cells[result["cell"]["name"]]
+    freeze = cells[result["cell"]["name"] if "cell" in result else "anchor"]
     assert result["code_version"]["anchor"] == freeze["presets"][result["preset"]]["code_version"], path
     assert all(freeze["library_versions"][k] == v for k, v in result["library_versions"].items()), path
 
@@ -714,3 +715,27 @@ def test_the_change_between_cells_the_readme_quotes_is_the_records():
   lo, hi = change["ci95"]
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
   assert f"lowered the factor to {change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 0's" in readme and hi < 1
+
+
+def test_the_published_anchor_record_reads_as_published():
+  """R4 re-checked at `long`: its figures recompute from its runs, its page is the record's, every run is in
+  its committed run cache, and the README quotes its verdict."""
+  import statistics
+
+  from hybridjax.bench.studies.anchor import run as anchor_run
+
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  with open(os.path.join(folder, "anchor-long.json")) as f:
+    result = json.load(f)
+  assert json.loads(json.dumps(anchor_run.figures(result))) == result["figures"]
+  assert _read(os.path.join(folder, "anchor-long.md")) == anchor_run.markdown(result) + "\n"
+  cached = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(folder, "anchor-long-run-cache", "*.json"))}
+  assert len(cached) == result["tuning_runs"] == len(result["tried"]) * len(result["seeds"])
+  f = result["figures"]
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  own = statistics.fmean(f["losses"][0])
+  assert f["verdict"] == "R4's own setting is the best"
+  n = len(result["tried"])
+  assert f"R4's own setting (loss {own:.3f} over the tuning seeds) is the best of the {n} by mean" in readme
+  medians = [statistics.median(x) for x in f["losses"]]
+  assert min(range(len(medians)), key=lambda k: medians[k]) == 0  # "and by median"

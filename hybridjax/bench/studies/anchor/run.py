@@ -125,24 +125,31 @@ def markdown(result: dict[str, Any]) -> str:
     f"{r4['weight_decay']:g}, read at its averaged iterate (beta {r4['beta']:g}). Every setting ran N = "
     f"{result['steps']} steps on the tuning seeds {result['seeds']} ({result['tuning_runs']} runs).",
     "",
-    "| beta2 | weight decay | LR | loss per seed | mean |",
-    "|---|---|---|---|---|",
+    "| beta2 | weight decay | LR | loss per seed | mean | median |",
+    "|---|---|---|---|---|---|",
   ]
   for k, (s, losses) in enumerate(zip(result["tried"], f["losses"])):
     mark = " (R4)" if k == 0 else (" (best)" if k == f["best"] else "")
     out.append(
       f"| {s['b2']:g} | {s['weight_decay']:g} | {s['lr']:g}{mark} | {', '.join(f'{x:.4f}' for x in losses)} | "
-      f"{statistics.fmean(losses):.4f} |"
+      f"{statistics.fmean(losses):.4f} | {statistics.median(losses):.4f} |"
     )
   d = f["difference"]
+  medians = [statistics.median(x) for x in f["losses"]]
+  by_median = min(range(len(medians)), key=lambda k: medians[k])
+  median_line = (
+    "It is the best by median too (a run that stalls on one seed does not decide it)."
+    if by_median == f["best"]
+    else f"By median the best is another setting (row {by_median + 1}): single runs swing with the seed."
+  )
   if d is None:
-    out += ["", "R4's own setting is the best by mean: R4 stands as published."]
+    out += ["", f"R4's own setting is the best by mean: R4 stands as published. {median_line}"]
   else:
     best = result["tried"][f["best"]]
     out += [
       "",
       f"The best, beta2 {best['b2']:g}, weight decay {best['weight_decay']:g}, LR {best['lr']:g}, against R4's own: "
-      f"{d['mean']:+.4f} ± {d['se_total']:.4f} se ({d['n']} seeds, p {d['p']:.2g}): **{d['verdict']}**.",
+      f"{d['mean']:+.4f} ± {d['se_total']:.4f} se ({d['n']} seeds, p {d['p']:.2g}): **{d['verdict']}**. " + median_line,
       "",
       "A lower loss says R4 is beatable on these knobs: the recipe's ratios, read on R4's curve, would need that "
       "curve re-built at the new setting (every budget re-checked) before they are re-read."
