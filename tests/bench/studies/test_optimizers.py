@@ -206,6 +206,12 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   }
   md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
+  # a record of another token budget is refused: the cells compare at equal tokens on the same windows
+  other = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text()) | {"steps": 2 * N}
+  (tmp_path / "other.json").write_text(json.dumps(other))
+  c.benchmark.optimizers.settings_from = str(tmp_path / "other.json")
+  with pytest.raises(ValueError, match=r"settings_from=.*other\.json: its runs read 80 steps of 8 × 32 tokens"):
+    study.validate(c)
 
 
 def _corpus(path, train_bytes):

@@ -47,7 +47,7 @@ BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that
 def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
   """(its path as shown, the record) of the cell `both_tuned` record the settings come from
   (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
-  preset or rows, is refused naming the field."""
+  preset, rows, token budget or eval windows, is refused naming the field."""
   o, preset = config.benchmark.optimizers, str(config.benchmark.preset)
   path = str(o.settings_from) or os.path.join(PUBLISHED, "optimizers", f"optimizers-{FROM_CELL}-{preset}.json")
   if not os.path.exists(path):
@@ -67,6 +67,20 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any
       f"--config.benchmark.optimizers.settings_from={path}: a cell {before['cell']['name']!r} record at "
       f"{before['preset']!r} with rows {rows}; cell {o.cell!r} carries cell {FROM_CELL!r} at {preset!r} with "
       f"rows {o.adamw_row!r} and {o.muon_row!r}"
+    )
+  b, e, n = int(config.trainer.batch_size), int(config.trainer.eval_batches), int(config.trainer.steps)
+  was_b, was_ctx = (int(x) for x in before["cell"]["batch"])
+  same = (
+    int(before["steps"]) * was_b == n * b
+    and was_ctx == int(config.model.n_ctx)
+    and int(before["cell"]["eval_batches"]) * was_b == e * b
+  )
+  if not same:
+    raise ValueError(
+      f"--config.benchmark.optimizers.settings_from={path}: its runs read {before['steps']} steps of "
+      f"{was_b} × {was_ctx} tokens, scored on {before['cell']['eval_batches']} × {was_b} windows; this preset's "
+      f"read {n} steps of {b} × {config.model.n_ctx}, scored on {e} × {b}: give the record of cell {FROM_CELL!r} "
+      "at this preset's token budget and eval windows (the cells compare at equal tokens on the same windows)"
     )
   root = os.path.dirname(os.path.dirname(PUBLISHED))
   shown = os.path.relpath(os.path.abspath(path), root) if os.path.abspath(path).startswith(root + os.sep) else path
@@ -232,6 +246,12 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
   for side in ("adamw", "muon"):
     now, was = side_curves(result, side), side_curves(before, side)
     seeds = [s for s in now if s in was]
+    if len(seeds) < 2:
+      raise ValueError(
+        f"the critical batch pairs the headline seeds both cells ran, and cell {FROM_CELL!r}'s record shares "
+        f"{seeds or 'none'} with this cell's {list(now)}: give --config.benchmark.optimizers.seeds from its seeds "
+        f"{list(was)}, or its record with those seeds (--config.benchmark.optimizers.settings_from)"
+      )
     n_now, n_was = int(result["steps"]), int(before["steps"])
 
     def at_n(curves: dict[str, Any], n: int, s: str) -> tuple[float, Any]:
