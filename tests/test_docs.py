@@ -739,3 +739,17 @@ def test_the_published_anchor_record_reads_as_published():
   assert f"R4's own setting (loss {own:.3f} over the tuning seeds) is the best of the {n} by mean" in readme
   medians = [statistics.median(x) for x in f["losses"]]
   assert min(range(len(medians)), key=lambda k: medians[k]) == 0  # "and by median"
+
+
+def test_every_published_optimizers_cell_reads_as_published():
+  """Each published cell's figures recompute from its runs, and its page is today's report of its record."""
+  from hybridjax.bench.studies.optimizers import figures, report
+
+  for path in sorted(glob.glob(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-*.json"))):
+    with open(path) as f:
+      result = json.load(f)
+    recomputed = json.loads(json.dumps(figures.cell_figures(result)))
+    assert {k: recomputed[k] for k in ("factor", "verdict", "factor_raw") if k in result} == {
+      k: result[k] for k in ("factor", "verdict", "factor_raw") if k in result
+    }, path
+    assert _read(path[: -len(".json")] + ".md") == report.markdown(result) + "\n", path
