@@ -753,3 +753,28 @@ def test_every_published_optimizers_cell_reads_as_published():
       k: result[k] for k in ("factor", "verdict", "factor_raw") if k in result
     }, path
     assert _read(path[: -len(".json")] + ".md") == report.markdown(result) + "\n", path
+
+
+def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
+  from hybridjax.bench import factor
+  from hybridjax.bench.studies.optimizers import report
+
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  with open(os.path.join(folder, "optimizers-small_batch-long.json")) as f:
+    result = json.load(f)
+  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
+    before = json.load(f)
+  a, raw = result["factor"]["a"], result["factor_raw"]["a"]
+  change = factor.cell_change(before["factor"]["a"], a)
+  crit = result["critical_batch"]
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert result["cell"]["batch"] == [3, 64] and result["verdict"] == "within the field"
+  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "within the field"' in readme
+  lo, hi = change["ci95"]
+  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: no different;" in readme and lo < 1 < hi
+  assert report.lr_edge(result["sides"]["muon"]["local_check"]) == "low" and not report.lr_edge(
+    result["sides"]["adamw"]["local_check"]
+  )
+  assert f"the raw iterates read {raw['mean']:.2f}×" in readme
+  assert crit["muon"]["verdict"] == "higher" and crit["adamw"]["verdict"] == "no difference"
+  assert f"Muon's loss at N tokens is {crit['muon']['mean']:.4f} higher at 3 × 64" in readme

@@ -131,6 +131,15 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
     carried = ", ".join(f"{k}: {v}" for k, v in moved.items()) or "as cell `both_tuned` chose"
     chosen = ", ".join(f"{k} = {v}" for k, v in rec["local_check"]["chosen"].items())
     out.append(f"| {side} | {rec['tuning_runs']:.1f} | {carried} | {chosen} |")
+  for side, rec in checked.items():
+    edge = lr_edge(rec["local_check"])
+    if edge:
+      out.append(
+        f"\n{side}'s chosen LR is the {edge}est it tried, after the moves the check allows: a {edge}er LR may "
+        f"do better: {side} may be under-tuned here, which would read the factor "
+        + ("low" if side == "muon" else "high")
+        + "."
+      )
   if "critical_batch" in result:
     out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
     out += ["|---|---|---|---|"]
@@ -140,3 +149,16 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
         f"{d['reading']} |"
       )
   return out
+
+
+def lr_edge(check: dict[str, Any]) -> str:
+  """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
+  ('' inside them)."""
+  chosen = check["chosen"]
+  lrs = [
+    t["fields"]["optim.learning_rate"]
+    for t in check["tried"]
+    if all(t["fields"][k] == v for k, v in chosen.items() if k != "optim.learning_rate")
+  ]
+  lr = chosen["optim.learning_rate"]
+  return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""
