@@ -18,6 +18,7 @@ def _config(tmp_path):
   c = benchmark_cfg.get_config("quick")
   c.benchmark.study = "anchor"
   recipe = {"trick_list": 2, "tricks": [], "step_runs": {}, "anchor": {"lr": 0.01, "beta": 0.99}}
+  recipe["config"] = {"optim": {"b2": 0.95, "weight_decay": 0.1}}
   path = tmp_path / "recipe-quick.json"
   path.write_text(json.dumps(recipe))
   c.benchmark.anchor.lrs_from = str(path)
@@ -81,3 +82,8 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     c.benchmark.anchor.update(fields)
     with pytest.raises(ValueError, match=match):
       study.validate(c)
+  c = _config(tmp_path)
+  c.optim.b2 = 0.999
+  c.benchmark.anchor.b2s = (0.95, 0.999)
+  with pytest.raises(ValueError, match=r"--config\.optim\.b2=0\.999 \(R4 ran 0\.95\): the anchor study re-checks R4"):
+    study.validate(c)

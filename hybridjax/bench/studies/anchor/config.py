@@ -33,13 +33,22 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
 
 
 def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float]]:
-  """(the recipe record read, R4's published setting: its LR and averaging beta there, and the preset's
-  beta2 and weight decay)."""
+  """(the recipe record read, R4's published setting: its LR and averaging beta there, and the beta2 and
+  weight decay its runs trained with). A config whose beta2 or weight decay differs from the record's is
+  refused: the study re-checks R4 as the record ran it."""
   a = config.benchmark.anchor
   shown, result = recipe_record(str(config.benchmark.preset), str(a.lrs_from), "benchmark.anchor.lrs_from")
-  anchor = result["anchor"]
+  anchor, ran = result["anchor"], result.get("config", {}).get("optim", {})
   settings = {"lr": float(anchor["lr"]), "beta": float(anchor["beta"])}
-  return shown, settings | {"b2": float(config.optim.b2), "weight_decay": float(config.optim.weight_decay)}
+  own = {"b2": float(config.optim.b2), "weight_decay": float(config.optim.weight_decay)}
+  differ = [f"--config.optim.{k}={v} (R4 ran {ran[k]})" for k, v in own.items() if k in ran and float(ran[k]) != v]
+  if differ:
+    raise ValueError(
+      f"{', '.join(differ)}: the anchor study re-checks R4 as {shown} ran it, whose values are among those it "
+      "tries; leave them at the preset's, and set the values tried with --config.benchmark.anchor.b2s and "
+      "weight_decays"
+    )
+  return shown, settings | own
 
 
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
