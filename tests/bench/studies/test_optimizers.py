@@ -156,10 +156,9 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
 
 
-@pytest.mark.slow  # cell both_tuned, then cell small_batch from its record, through the skeleton on stubs (seconds)
-def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates_the_critical_batch(
-  tmp_path, monkeypatch
-):
+def _both_tuned_first(tmp_path, monkeypatch):
+  """(the stub runner, its specs cleared, cell both_tuned's result at quick and its record's path): what a
+  carried cell starts from."""
   runner = SpecRunner(_stub_result)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path)
@@ -167,8 +166,15 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   c.benchmark.optimizers.update(draws=200, cell="both_tuned")
   before = study.run(c, str(tmp_path / "work"))
   runner.specs.clear()
+  return runner, before, str(tmp_path / "work" / "optimizers-both_tuned-quick.json")
+
+
+@pytest.mark.slow  # cell both_tuned, then cell small_batch from its record, through the skeleton on stubs (seconds)
+def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates_the_critical_batch(
+  tmp_path, monkeypatch
+):
+  runner, before, path = _both_tuned_first(tmp_path, monkeypatch)
   c = _config(tmp_path)
-  path = str(tmp_path / "work" / "optimizers-both_tuned-quick.json")
   c.benchmark.optimizers.update(draws=200, cell="small_batch", batch_size=4, settings_from=path)
   result = study.run(c, str(tmp_path / "work"))
   # The same tokens: N = 40 steps of 8 windows become 80 of 4, the eval's 2 batches 4 of the same windows.
@@ -227,15 +233,8 @@ def _corpus(path, train_bytes):
 
 @pytest.mark.slow  # cell both_tuned, then cell corpus from its record, through the skeleton on stubs (seconds)
 def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repeats(tmp_path, monkeypatch):
-  runner = SpecRunner(_stub_result)
-  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  runner, before, path = _both_tuned_first(tmp_path, monkeypatch)
   c = _config(tmp_path)
-  c.benchmark.tuner = "joint"
-  c.benchmark.optimizers.update(draws=200, cell="both_tuned")
-  before = study.run(c, str(tmp_path / "work"))
-  runner.specs.clear()
-  c = _config(tmp_path)
-  path = str(tmp_path / "work" / "optimizers-both_tuned-quick.json")
   # too small for the largest budget (4 N = 160 steps of 8 windows of 33 tokens, about 42k tokens)
   small = _corpus(tmp_path / "small", 20_000)
   c.benchmark.optimizers.update(draws=200, cell="corpus", settings_from=path, corpus_path=small)

@@ -17,6 +17,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import codehash
+from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
@@ -90,9 +91,10 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
   best = min(range(len(means)), key=lambda k: means[k])
   if best == 0:
     return {"losses": losses, "best": 0, "difference": None, "verdict": "R4's own setting is the best"}
-  windows = [[r["final_averaged_per_batch"] for r in result["tried"][k]["runs"]] for k in (best, 0)]
-  eval_se = protocol.seed_averaged_window_se(*windows) if len(windows[0][0]) > 1 else None
-  d = protocol.paired_difference(losses[best], losses[0], eval_se, eval_windows=len(windows[0][0]))
+  differences = [x - y for x, y in zip(losses[best], losses[0])]
+  error = figures_lib.window_error(result["tried"][best]["runs"], result["tried"][0]["runs"], differences)
+  eval_se, windows = error if error else (None, None)
+  d = protocol.paired_difference(losses[best], losses[0], eval_se, eval_windows=windows)
   return {"losses": losses, "best": best, "difference": d, "verdict": d["verdict"]}
 
 
