@@ -289,6 +289,8 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"search_seeds": (1001, 1002, 21)}, r"optimizers\.search_seeds=.*none a headline or plateau seed"),
     ({"spare_seed": 1003}, r"optimizers\.search_seeds=.*a fourth spare one"),
     ({"search_configs": 8}, r"optimizers\.search_configs must be >= 24, got 8"),
+    ({"batch_size": 4}, r"optimizers\.batch_size=4 has no effect: cell 'as_published' does not read it"),
+    ({"search_configs": 30}, r"optimizers\.search_configs=30 has no effect: .*only 'both_tuned'"),
   ):
     c = _config(tmp_path)
     c.benchmark.optimizers.update(fields)

@@ -72,6 +72,28 @@ FIELDS = (
     "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds"),
 )  # fmt: skip
 del F
+# The fields only some cells read: one set away from its default for another cell is refused (it would do
+# nothing without a word).
+READ_ONLY_BY = {
+  **{k: ("both_tuned",) for k in ("search_configs", "sobol_seed", "search_seeds", "spare_seed")},
+  "batch_size": ("small_batch",),
+  "settings_from": CARRIED,
+  "corpus_path": ("corpus",),
+}
+
+
+def _unread_errors(o: ml_collections.ConfigDict) -> list[str]:
+  defaults = schema.block(FIELDS)
+  return [
+    f"--config.benchmark.optimizers.{k}={o[k]!r} has no effect: cell {o.cell!r} does not read it (only "
+    f"{', '.join(repr(c) for c in cells)}); set --config.benchmark.optimizers.cell, or leave it at {defaults[k]!r}"
+    for k, cells in READ_ONLY_BY.items()
+    if str(o.cell) not in cells and _plain(o[k]) != _plain(defaults[k])
+  ]
+
+
+def _plain(value: object) -> object:
+  return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
@@ -174,7 +196,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       + f"; set --config.benchmark.tuner={want}"
     )
   is_carried = str(o.cell) in CARRIED
-  errors += _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
+  errors += _unread_errors(o) + _seed_errors(o, seeds, plateau, tuning) + _budget_errors(o, int(config.trainer.steps))
   if is_carried and not errors:
     largest = max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions))
     errors += carried.cell_errors(config, largest)
