@@ -212,6 +212,13 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   }
   md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
+  # the same command publishes over its own record (which keeps the config as given), not over another's
+  c.benchmark.publish = str(tmp_path / "work")
+  study.validate(c)
+  c.benchmark.optimizers.draws = 100
+  with pytest.raises(ValueError, match=r"optimizers-small_batch-quick\.json, a record of another config \(benchmark"):
+    study.validate(c)
+  c.benchmark.optimizers.draws, c.benchmark.publish = 200, ""
   # a record of another token budget is refused: the cells compare at equal tokens on the same windows
   other = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text()) | {"steps": 2 * N}
   (tmp_path / "other.json").write_text(json.dumps(other))

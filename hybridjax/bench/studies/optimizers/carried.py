@@ -11,7 +11,7 @@ momentum, the averaging beta), the LR warm-up's steps B/b times as many.
 
 Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
 `both_tuned` chose it}, on the tuning seeds at N tokens; the best two-seed mean is kept (the converted
-setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most twice) while the best sits at the
+setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most `LR_MOVES` times) while the best sits at the
 edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
 from that setting.
 
@@ -181,7 +181,9 @@ def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> 
   return [{"optim.learning_rate": x, b2: y} for y in b2s for x in lrs]
 
 
-LR_MOVES = 2  # how often the local check may move its LR on past a winning edge neighbour
+# How often the local check may move its LR on past a winning edge neighbour: four sqrt(2) steps reach
+# the linear scaling rule's LR at a quarter of the batch (the square-root rule's needs two).
+LR_MOVES = 4
 
 
 def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:

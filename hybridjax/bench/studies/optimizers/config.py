@@ -202,6 +202,14 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     errors += carried.cell_errors(config, largest)
   if errors:
     raise ValueError("; ".join(errors))
+  # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
+  # publish compares that config, not the cell's
+  record_lib.check_publish(
+    config,
+    str(config.benchmark.publish),
+    RECORD.format(preset=config.benchmark.preset, cell={"name": str(o.cell)}),
+    PUBLISH_IGNORES,
+  )
   if is_carried:
     _, before = carried.before_record(config)
     config = carried.cell_config(config)
@@ -215,8 +223,4 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       f"--config.benchmark.optimizers.adamw_row={o.adamw_row!r} and muon_row={o.muon_row!r}: the AdamW row must "
       "train AdamW and the Muon row Muon (a row at or after the recipe's `muon` step)"
     )
-  b = config.benchmark
-  record_lib.check_publish(
-    config, str(b.publish), RECORD.format(preset=b.preset, cell={"name": str(o.cell)}), PUBLISH_IGNORES
-  )
   return {f"the optimizers study's {side} side (the recipe's {s['row']!r} row)": c for side, (c, s) in sides.items()}

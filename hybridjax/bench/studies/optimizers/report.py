@@ -115,10 +115,16 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
     if small
     else "unconverted, then each side's LR at its sqrt(2) neighbours"
   )
+
+  def moves(k: int) -> str:
+    return {0: "never", 1: "once", 2: "twice"}.get(k, f"{k} times")
+
   out = [
     "",
-    f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on at most twice past a "
-    "winning edge):",
+    f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on by sqrt(2) steps while "
+    "the best sat at the edge of those tried: "
+    + ", ".join(f"{side} {moves(rec['local_check']['lr_moves'])}" for side, rec in checked.items())
+    + "):",
     "",
     "| side | local check runs (N-run eq.) | carried | chosen |",
     "|---|---|---|---|",
