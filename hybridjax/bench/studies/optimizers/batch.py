@@ -129,7 +129,9 @@ def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> 
   return [{"optim.learning_rate": x, b2: y} for y in b2s for x in lrs]
 
 
-LR_MOVES = 2  # how often the local check may move its LR on past a winning edge neighbour
+# How often the local check may move its LR on past a winning edge neighbour: four sqrt(2) steps reach
+# the linear scaling rule's LR at a quarter of the batch (the square-root rule's needs two).
+LR_MOVES = 4
 
 
 def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:
