@@ -117,7 +117,7 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
   )
 
   def moves(k: int) -> str:
-    return {0: "never", 1: "once", 2: "twice"}.get(k, f"{k} times")
+    return {0: "never", 1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(k, f"{k} times")
 
   out = [
     "",
