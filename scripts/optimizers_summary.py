@@ -64,6 +64,15 @@ def cells() -> list[dict]:
   return sorted(records, key=lambda r: (r["preset"], r["cell"]["name"]))
 
 
+def corpus_name(corpus: dict) -> str:
+  """A cell's corpus as the table names it: a folder of this machine's by its name and size (the record keeps
+  the path it read), the bundled one as the record names it."""
+  name = str(corpus["name"])
+  if not os.path.isabs(name):
+    return name
+  return f"{os.path.basename(name.rstrip(os.sep))} ({corpus['tokens'] / 1e6:.1f}M training tokens)"
+
+
 def page() -> str:
   """The page's markdown."""
   with open(os.path.join(FOLDER, "field.json"), encoding="utf-8") as f:
@@ -83,7 +92,7 @@ def page() -> str:
   for r in cells():
     c, f = r["cell"], r["factor"]
     out.append(
-      f"| `{c['name']}` | `{r['preset']}` | {c['batch'][0]} × {c['batch'][1]} | {r['corpus']['name']} | "
+      f"| `{c['name']}` | `{r['preset']}` | {c['batch'][0]} × {c['batch'][1]} | {corpus_name(r['corpus'])} | "
       f"{len(r['seeds'])} | {_interval(f['a'])} | {_interval(f['b'])} | {r['verdict']} | "
       f"[{r['_file'].removesuffix('.json')}]({r['_file'].removesuffix('.json')}.md) |"
     )

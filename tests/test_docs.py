@@ -779,3 +779,25 @@ def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
   assert f"the raw iterates read {raw['mean']:.2f}×" in readme
   assert crit["muon"]["verdict"] == crit["adamw"]["verdict"] == "no difference"
   assert "neither side's loss at N tokens differs from its loss at 12 × 64" in readme
+
+
+def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
+  """Cell `corpus`: the README's reading (a), its change from cell `both_tuned`, the raw iterates and the
+  corpus's size are its record's; it read the corpus without repeats, under one epoch."""
+  from hybridjax.bench import factor
+
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  with open(os.path.join(folder, "optimizers-corpus-long.json")) as f:
+    result = json.load(f)
+  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
+    before = json.load(f)
+  a, raw = result["factor"]["a"], result["factor_raw"]["a"]
+  change = factor.cell_change(before["factor"]["a"], a)
+  lo, hi = change["ci95"]
+  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  assert result["config"]["benchmark"]["optimizers"]["cell"] == "corpus" and result["corpus"]["max_epochs"] < 1
+  assert f"On a second corpus, {result['corpus']['tokens'] / 1e6:.1f}M tokens of English" in readme
+  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in readme
+  assert result["verdict"] == "above the field" and a["ci95"][0] > 1.5
+  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: higher;" in readme and lo > 1
+  assert f"the raw iterates {raw['mean']:.2f}×)" in readme
