@@ -801,3 +801,14 @@ def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
   assert result["verdict"] == "above the field" and a["ci95"][0] > 1.5
   assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: higher;" in readme and lo > 1
   assert f"the raw iterates {raw['mean']:.2f}×)" in readme
+
+
+def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
+  """recipe.md's reading (a) of cells `both_tuned`, `small_batch` and `corpus`, each with its verdict."""
+  folder = os.path.join(ROOT, "docs", "results", "optimizers")
+  page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
+  for cell in ("both_tuned", "small_batch", "corpus"):
+    with open(os.path.join(folder, f"optimizers-{cell}-long.json")) as f:
+      result = json.load(f)
+    a = result["factor"]["a"]
+    assert f'{a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell
