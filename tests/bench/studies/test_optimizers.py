@@ -250,6 +250,11 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
   c.benchmark.optimizers.corpus_path = str(tmp_path / "none")
   with pytest.raises(ValueError, match=r"corpus_path=.*none: no corpus .*`python scripts/build_corpus\.py --out"):
     study.validate(c)
+  for split in ("train", "val"):
+    (tmp_path / "empty" / split).mkdir(parents=True)
+  c.benchmark.optimizers.corpus_path = str(tmp_path / "empty")
+  with pytest.raises(ValueError, match=r"corpus_path=.*empty: data\.path .*empty/train' is a folder with no non-empty"):
+    study.validate(c)
   c.benchmark.optimizers.corpus_path = _corpus(tmp_path / "corpus", 200_000)
   result = study.run(c, str(tmp_path / "work"))
   assert {(s["config"]["data"]["path"], s["config"]["data"]["order"]) for s in runner.specs} == {

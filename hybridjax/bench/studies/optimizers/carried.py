@@ -112,7 +112,10 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
       f"with `{BUILD_CORPUS.format(path=path)}` (npm's registry), or give the folder that holds it"
     ]
   c = cell_config(config)
-  prepared = data_lib.prepare_corpus(path, str(c.data.tokenizer), str(c.data.cache_dir) or None)
+  try:
+    prepared = data_lib.prepare_corpus(path, str(c.data.tokenizer), str(c.data.cache_dir) or None)
+  except ValueError as e:  # the data block's error names data.path, which this field sets
+    return [f"--config.benchmark.optimizers.corpus_path={path}: {e}"]
   steps = round(largest * int(c.trainer.steps))
   try:
     data_lib.check_no_repeat(prepared.n_train, int(c.model.n_ctx), steps, int(c.trainer.batch_size))
