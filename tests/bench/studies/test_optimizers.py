@@ -256,6 +256,10 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
   with pytest.raises(ValueError, match=r"corpus_path=.*empty: data\.path .*empty/train' is a folder with no non-empty"):
     study.validate(c)
   c.benchmark.optimizers.corpus_path = _corpus(tmp_path / "corpus", 200_000)
+  c.data.path = small  # the cell's corpus is its own field's; a data.path beside it would be replaced unseen
+  with pytest.raises(ValueError, match=r"data\.path=.*small: cell 'corpus' trains on .*corpus_path \(.*corpus\)"):
+    study.validate(c)
+  c.data.path = ""
   result = study.run(c, str(tmp_path / "work"))
   assert {(s["config"]["data"]["path"], s["config"]["data"]["order"]) for s in runner.specs} == {
     (c.benchmark.optimizers.corpus_path, "no_repeat")

@@ -106,6 +106,12 @@ def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
 
 def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
   path = os.path.expanduser(str(config.benchmark.optimizers.corpus_path))
+  given = str(config.data.path)
+  if given and os.path.abspath(os.path.expanduser(given)) != os.path.abspath(path):
+    return [
+      f"--config.data.path={given}: cell 'corpus' trains on --config.benchmark.optimizers.corpus_path ({path}), "
+      "which would replace it; give the corpus there instead"
+    ]
   if not data_lib.split_folders(path):
     return [
       f"--config.benchmark.optimizers.corpus_path={path}: no corpus with train/ and val/ folders there; build it "
