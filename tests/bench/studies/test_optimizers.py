@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
+from hybridjax import data as data_lib
 from hybridjax.bench import factor, speedrun, study
 from hybridjax.bench.studies.optimizers import carried, figures, report
 
@@ -266,6 +267,9 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
   }
   assert result["steps"] == N and result["cell"]["batch"] == [8, 32] and "critical_batch" not in result
   assert result["corpus"]["name"] == c.benchmark.optimizers.corpus_path and result["corpus"]["max_epochs"] < 1
+  # the record names its corpus by content too: another machine's copy is known to be the same text
+  prepared = data_lib.prepare_corpus(c.benchmark.optimizers.corpus_path, str(c.data.tokenizer), str(c.data.cache_dir))
+  assert result["corpus"]["content_hash"] == prepared.meta["content_hash"] != before["corpus"]["content_hash"]
   for side in ("adamw", "muon"):
     rec, was = result["sides"][side], before["sides"][side]["settings"]
     assert rec["settings"]["beta"] == was["beta"]  # nothing converted: the same batch

@@ -237,7 +237,8 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
 
 
 def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, Any]:
-  """The corpus: its name, its training tokens and how many times the longest run draws them."""
+  """The corpus: its name, its training tokens, how many times the longest run draws them, and its content
+  hash (`data.prepare_corpus`'s, over every document), by which another machine's copy is known to be it."""
   if specs.task_name(config) != "gpt2":
     return {"name": specs.task_name(config), "tokens": None, "max_epochs": None}
   prepared = data_lib.prepare_corpus(
@@ -251,6 +252,7 @@ def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, A
     "name": str(config.data.path) or "shakespeare (bundled)",
     "tokens": prepared.n_train,
     "max_epochs": drawn / prepared.n_train,
+    "content_hash": prepared.meta["content_hash"],
   }
 
 
