@@ -20,6 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hybridjax.bench import factor  # noqa: E402
+from hybridjax.bench.studies.optimizers import report  # noqa: E402
 from hybridjax.bench.studies.optimizers.config import CELLS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,13 +65,10 @@ def cells() -> list[dict]:
   return sorted(records, key=lambda r: (r["preset"], r["cell"]["name"]))
 
 
-def corpus_name(corpus: dict) -> str:
-  """A cell's corpus as the table names it: a folder of this machine's by its name and size (the record keeps
-  the path it read), the bundled one as the record names it."""
-  name = str(corpus["name"])
-  if not os.path.isabs(name):
-    return name
-  return f"{os.path.basename(name.rstrip(os.sep))} ({corpus['tokens'] / 1e6:.1f}M training tokens)"
+def corpus_label(corpus: dict) -> str:
+  """A cell's corpus in the table: `report.corpus_name`, a folder's with its size."""
+  name = report.corpus_name(corpus)
+  return f"{name} ({corpus['tokens'] / 1e6:.1f}M training tokens)" if name != corpus["name"] else name
 
 
 def page() -> str:
@@ -92,7 +90,7 @@ def page() -> str:
   for r in cells():
     c, f = r["cell"], r["factor"]
     out.append(
-      f"| `{c['name']}` | `{r['preset']}` | {c['batch'][0]} × {c['batch'][1]} | {corpus_name(r['corpus'])} | "
+      f"| `{c['name']}` | `{r['preset']}` | {c['batch'][0]} × {c['batch'][1]} | {corpus_label(r['corpus'])} | "
       f"{len(r['seeds'])} | {_interval(f['a'])} | {_interval(f['b'])} | {r['verdict']} | "
       f"[{r['_file'].removesuffix('.json')}]({r['_file'].removesuffix('.json')}.md) |"
     )

@@ -656,7 +656,7 @@ def test_each_optimizers_cell_published_ran_on_its_frozen_code():
   with open(os.path.join(folder, "campaign-freeze.json")) as f:
     cells = json.load(f)["cells"]
   published = sorted(glob.glob(os.path.join(folder, "optimizers-*.json")))
-  anchors = sorted(glob.glob(os.path.join(folder, "anchor-*.json")))  # the anchor study, its fourth cell
+  anchors = sorted(glob.glob(os.path.join(folder, "anchor-*.json")))  # the anchor study, its cell 4
   assert published and anchors
   for path in published + anchors:
     with open(path) as f:
@@ -775,7 +775,8 @@ def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
   # the local check ended inside the LRs it tried on both sides, Muon's after four moves
   muon_check = result["sides"]["muon"]["local_check"]
   assert not report.lr_edge(muon_check) and not report.lr_edge(result["sides"]["adamw"]["local_check"])
-  assert muon_check["lr_moves"] == 4 and "Muon's LR took four √2 steps down" in readme
+  start = before["sides"]["muon"]["settings"]["lr"]
+  assert muon_check["lr_moves"] == 4 and f"Muon's LR took four √2 steps down from cell 1's {start}" in readme
   assert f"the raw iterates read {raw['mean']:.2f}×" in readme
   assert crit["muon"]["verdict"] == crit["adamw"]["verdict"] == "no difference"
   assert "neither side's loss at N tokens differs from its loss at 12 × 64" in readme
@@ -783,7 +784,7 @@ def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
 
 def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
   """Cell `corpus`: the README's reading (a), its change from cell `both_tuned`, the raw iterates and the
-  corpus's size are its record's; it read the corpus without repeats, under one epoch."""
+  corpus's size are its record's; its longest run read under one epoch of the corpus."""
   from hybridjax.bench import factor
 
   folder = os.path.join(ROOT, "docs", "results", "optimizers")
@@ -807,8 +808,14 @@ def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
   """recipe.md's reading (a) of cells `both_tuned`, `small_batch` and `corpus`, each with its verdict."""
   folder = os.path.join(ROOT, "docs", "results", "optimizers")
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
-  for cell in ("both_tuned", "small_batch", "corpus"):
+  lead = {
+    "both_tuned": "at equal cost,",
+    "small_batch": "at a quarter of the batch and the same tokens,",
+    "corpus": "on a second corpus of {tokens:.1f}M tokens read without repeats,",
+  }
+  for cell, words in lead.items():
     with open(os.path.join(folder, f"optimizers-{cell}-long.json")) as f:
       result = json.load(f)
     a = result["factor"]["a"]
-    assert f'{a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell
+    words = words.format(tokens=result["corpus"]["tokens"] / 1e6)
+    assert f'{words} {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell

@@ -295,6 +295,22 @@ def test_the_local_check_moves_its_lr_past_a_winning_edge_only():
   assert carried._next_lr(tried({0.004: 2.0, 0.002828: 1.9}) + other, "optim.b2") == 0.002
 
 
+def test_the_local_check_moves_its_lr_on_at_most_lr_moves_times_and_records_the_limit():
+  """A side whose loss falls with its LR without end moves LR_MOVES sqrt(2) steps past its first edge
+  neighbour and stops there; the record names the limit, and benchmark.md gives it in words."""
+  c = benchmark_cfg.get_config("quick")
+  settings = {"lr": 0.004, "fields": {"optim.b2": 0.999}, "beta2_unconverted": 0.95, "beta": 0.99, "iterate": "raw"}
+  runner = SpecRunner(lambda s: {"final_raw": 100 * s["config"]["optim"]["learning_rate"], "seed": s["config"]["seed"]})
+  _, checks = carried.local_check(c, {"adamw": (c, settings)}, runner)
+  check = checks["adamw"]
+  assert check["lr_moves"] == check["lr_moves_limit"] == carried.LR_MOVES == 4
+  assert len(check["tried"]) == 6 + carried.LR_MOVES and check["search_runs"] == 2.0 * len(check["tried"])
+  lowest = 0.004 / math.sqrt(2) ** (1 + carried.LR_MOVES)
+  assert check["chosen"] == {"optim.learning_rate": pytest.approx(lowest, rel=2e-3), "optim.b2": 0.999}
+  page = " ".join(open(os.path.join(ROOT, "docs", "benchmark.md"), encoding="utf-8").read().split())
+  assert "at the edge of the LRs tried, at most four times (`LR_MOVES`" in page
+
+
 def test_bad_blocks_are_refused_naming_the_field(tmp_path):
   for fields, match in (
     ({"adamw_budgets": (0.5, 2.0)}, r"optimizers\.adamw_budgets=.*N \(1\.0\) among them"),

@@ -240,7 +240,7 @@ def local_check(
   for side, (c, settings) in sides.items():
     check = checks[side]
     best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
-    check["chosen"] = best["fields"]
+    check["chosen"], check["lr_moves_limit"] = best["fields"], LR_MOVES
     check["search_runs"] = float(len(check["tried"]) * len(seeds))  # every run is N steps
     out[side] = (
       search.apply_setting(c, best["fields"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hybridjax.bench.studies.optimizers.figures import side_curves
@@ -13,6 +14,13 @@ def reading_cell(r: dict[str, Any]) -> str:
   """A reading: its geometric mean (a bound marked), its printed 95% interval and which it is."""
   lo, hi = r["ci95"]
   return f"{BOUND[r['bound']]}{r['mean']:.2f}× [{lo:.2f}, {hi:.2f}] ({r['interval']} interval)"
+
+
+def corpus_name(corpus: dict[str, Any]) -> str:
+  """A record's corpus as a page names it: a folder by its own name (the record keeps the path this machine
+  read it from), the bundled one as the record names it."""
+  name = str(corpus["name"])
+  return os.path.basename(name.rstrip(os.sep)) if os.path.isabs(name) else name
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -30,7 +38,9 @@ def markdown(result: dict[str, Any]) -> str:
     f"N = {result['steps']} steps of {cell['batch'][0]} × {cell['batch'][1]} tokens; headline seeds {result['seeds']}, "
     f"re-checks on {result['tuning_seeds']}"
     + (f", the joint search on {result['search_seeds']}" if result.get("search_seeds") else "")
-    + f"; corpus {corpus['name']} ({corpus.get('tokens')} training tokens{epochs}).",
+    + f"; corpus {corpus_name(corpus)} ({corpus.get('tokens')} training tokens{epochs}"
+    + (f", content hash {corpus['content_hash'][:16]}" if corpus.get("content_hash") else "")
+    + ").",
     "",
     "Each side on its own budget curve, fitted L = a_s + b (T/N)^-c (one level per seed), read at N inside the "
     "budgets run (a bound outside them). Reading (a): AdamW's steps to reach Muon's loss at N, over N. Reading "
@@ -119,10 +129,15 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
   def moves(k: int) -> str:
     return {0: "never", 1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(k, f"{k} times")
 
+  limit = list(
+    {rec["local_check"]["lr_moves_limit"] for rec in checked.values() if "lr_moves_limit" in rec["local_check"]}
+  )
   out = [
     "",
     f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on by sqrt(2) steps while "
-    "the best sat at the edge of those tried: "
+    "the best sat at the edge of those tried"
+    + (f", at most {moves(limit[0])}" if len(limit) == 1 else "")
+    + ": "
     + ", ".join(f"{side} {moves(rec['local_check']['lr_moves'])}" for side, rec in checked.items())
     + "):",
     "",
