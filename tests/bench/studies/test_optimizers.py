@@ -281,6 +281,15 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
   written = json.loads((tmp_path / "work" / "optimizers-corpus-quick.json").read_text())
   md = (tmp_path / "work" / "optimizers-corpus-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "unconverted, then each side's LR" in md
+  # A re-run publishes over its own record, not over one of another corpus at the same path.
+  c.benchmark.publish = str(tmp_path / "work")
+  study.validate(c)
+  with open(os.path.join(c.benchmark.optimizers.corpus_path, "train", "doc0.txt"), "a") as f:
+    f.write(" and one more sentence")
+  with pytest.raises(
+    ValueError, match=r"optimizers-corpus-quick\.json, a record of another corpus \(corpus\.content_hash"
+  ):
+    study.validate(c)
 
 
 def test_the_local_check_moves_its_lr_past_a_winning_edge_only():

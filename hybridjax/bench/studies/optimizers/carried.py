@@ -36,6 +36,7 @@ import ml_collections
 
 from hybridjax import data as data_lib
 from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.optimizers.figures import loss_of, side_curves
 
@@ -128,6 +129,20 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
   except ValueError as e:
     return [f"{e} (cell 'corpus': its largest budget, {largest:g} N, with its extensions)"]
   return []
+
+
+def check_published_corpus(config: ml_collections.ConfigDict, folder: str, name: str) -> None:
+  """Refuses (ValueError) to publish cell `corpus` over its record in `folder` where that record read another
+  corpus by content (`corpus.content_hash`), though at the same `corpus_path`: the config alone cannot tell."""
+  path = os.path.join(folder, name)
+  was = record_lib.stored(path).get("corpus", {}).get("content_hash")
+  if not was:
+    return
+  c = cell_config(config)
+  now = data_lib.prepare_corpus(str(c.data.path), str(c.data.tokenizer), str(c.data.cache_dir) or None)
+  if now.meta["content_hash"] != was:
+    line = f"corpus.content_hash: {was[:16]} there, {now.meta['content_hash'][:16]} here"
+    raise ValueError(record_lib.publish_refusal(folder, path, "a record of another corpus", [line]))
 
 
 def cell_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -204,12 +204,10 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     raise ValueError("; ".join(errors))
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
-  record_lib.check_publish(
-    config,
-    str(config.benchmark.publish),
-    RECORD.format(preset=config.benchmark.preset, cell={"name": str(o.cell)}),
-    PUBLISH_IGNORES,
-  )
+  name = RECORD.format(preset=config.benchmark.preset, cell={"name": str(o.cell)})
+  record_lib.check_publish(config, str(config.benchmark.publish), name, PUBLISH_IGNORES)
+  if str(config.benchmark.publish) and str(o.cell) == "corpus":
+    carried.check_published_corpus(config, str(config.benchmark.publish), name)
   if is_carried:
     _, before = carried.before_record(config)
     config = carried.cell_config(config)
