@@ -157,14 +157,15 @@ def config_differences(
   diffs = []
   for k in [k for k in keys if not ignored(k)]:
     old, new = a.get(k, defaults.get(k, absent)), b.get(k, defaults.get(k, absent))
-    if absent not in (old, new) and _plain(old) != _plain(new):
-      diffs.append(f"{k}: {_plain(old)!r} there, {_plain(new)!r} here")
+    if absent not in (old, new) and plain(old) != plain(new):
+      diffs.append(f"{k}: {plain(old)!r} there, {plain(new)!r} here")
   return diffs
 
 
-def _plain(value: Any) -> Any:
-  """`value` with its lists as tuples, so a default read from json equals a config's tuple."""
-  return tuple(_plain(v) for v in value) if isinstance(value, (list, tuple)) else value
+def plain(value: Any) -> Any:
+  """`value` with its lists as tuples, so a default read from json (or a config field set as a list) equals a
+  config's tuple."""
+  return tuple(plain(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def other_studies(study: str) -> tuple[str, ...]:

@@ -88,12 +88,8 @@ def _unread_errors(o: ml_collections.ConfigDict) -> list[str]:
     f"--config.benchmark.optimizers.{k}={o[k]!r} has no effect: cell {o.cell!r} does not read it (only "
     f"{', '.join(repr(c) for c in cells)}); set --config.benchmark.optimizers.cell, or leave it at {defaults[k]!r}"
     for k, cells in READ_ONLY_BY.items()
-    if str(o.cell) not in cells and _plain(o[k]) != _plain(defaults[k])
+    if str(o.cell) not in cells and record_lib.plain(o[k]) != record_lib.plain(defaults[k])
   ]
-
-
-def _plain(value: object) -> object:
-  return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
