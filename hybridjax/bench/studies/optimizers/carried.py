@@ -38,7 +38,7 @@ from hybridjax import data as data_lib
 from hybridjax.bench import protocol, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies.optimizers.figures import loss_of, side_curves
+from hybridjax.bench.studies.optimizers.figures import loss_of, lr_edge, side_curves
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
@@ -214,11 +214,10 @@ def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:
   """The LR one sqrt(2) step past the best setting's, where that setting is the lowest or highest LR tried
   at its beta2 (None: its LR lies inside those tried)."""
   best = min(tried, key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
-  lrs = [t["fields"]["optim.learning_rate"] for t in tried if t["fields"][b2] == best["fields"][b2]]
-  lr = best["fields"]["optim.learning_rate"]
-  if lr not in (min(lrs), max(lrs)) or len(lrs) < 2:
+  edge = lr_edge({"tried": tried, "chosen": best["fields"]})
+  if not edge or sum(t["fields"][b2] == best["fields"][b2] for t in tried) < 2:
     return None
-  return tuning.round_lr(lr * math.sqrt(2) ** (1 if lr == max(lrs) else -1))
+  return tuning.round_lr(best["fields"]["optim.learning_rate"] * math.sqrt(2) ** (1 if edge == "high" else -1))
 
 
 def local_check(

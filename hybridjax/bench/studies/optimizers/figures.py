@@ -64,3 +64,16 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   f = read(None)
   raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
   return {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
+
+
+def lr_edge(check: dict[str, Any]) -> str:
+  """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
+  ('' inside them)."""
+  chosen = check["chosen"]
+  lrs = [
+    t["fields"]["optim.learning_rate"]
+    for t in check["tried"]
+    if all(t["fields"][k] == v for k, v in chosen.items() if k != "optim.learning_rate")
+  ]
+  lr = chosen["optim.learning_rate"]
+  return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hybridjax.bench.studies.optimizers.figures import side_curves
+from hybridjax.bench.studies.optimizers.figures import lr_edge, side_curves
 
 BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}
 
@@ -170,16 +170,3 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
         f"{d['reading']} |"
       )
   return out
-
-
-def lr_edge(check: dict[str, Any]) -> str:
-  """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
-  ('' inside them)."""
-  chosen = check["chosen"]
-  lrs = [
-    t["fields"]["optim.learning_rate"]
-    for t in check["tried"]
-    if all(t["fields"][k] == v for k, v in chosen.items() if k != "optim.learning_rate")
-  ]
-  lr = chosen["optim.learning_rate"]
-  return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""
