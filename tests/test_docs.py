@@ -38,6 +38,12 @@ def _recipe(preset: str) -> dict:
     return json.load(f)
 
 
+def _optimizers(name: str) -> dict:
+  """The record `name` in the optimizers study's folder (docs/results/optimizers/<name>.json)."""
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", f"{name}.json")) as f:
+    return json.load(f)
+
+
 def _pages() -> list[str]:
   return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 
@@ -633,8 +639,7 @@ def test_the_optimizers_cell_the_docs_quote_is_the_published_one():
   """The README's and recipe.md's reading of Muon's factor on AdamW's own curve (cell 0, both rows as
   published) is docs/results/optimizers/optimizers-long.json's: both readings with their 95% intervals,
   the seeds and the verdict against the field."""
-  with open(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-long.json")) as f:
-    result = json.load(f)
+  result = _optimizers("optimizers-long")
   a, b = result["factor"]["a"], result["factor"]["b"]
   lo, hi = a["ci95"]
   reading_a = f"{a['mean']:.2f}× [{lo:.2f}, {hi:.2f}]"
@@ -682,8 +687,7 @@ def test_the_optimizers_summary_page_reads_as_the_records():
 
 
 def test_the_both_tuned_cell_the_readme_quotes_is_the_published_one():
-  with open(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-both_tuned-long.json")) as f:
-    result = json.load(f)
+  result = _optimizers("optimizers-both_tuned-long")
   a = result["factor"]["a"]
   lo, hi = a["ci95"]
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
@@ -693,8 +697,7 @@ def test_the_both_tuned_cell_the_readme_quotes_is_the_published_one():
 
 def test_the_batch_pilot_benchmark_md_quotes_is_the_committed_one():
   """The cost per token that chose cell `small_batch`'s batch is the committed pilot's, and under 2x."""
-  with open(os.path.join(ROOT, "docs", "results", "optimizers", "batch-pilot.json")) as f:
-    pilot = json.load(f)
+  pilot = _optimizers("batch-pilot")
   cost = {tuple(r["batch"]): r["cost_per_token"] for r in pilot["rows"]}
   page = " ".join(_read(os.path.join(ROOT, "docs", "benchmark.md")).split())
   assert f"found 3 × 64 costing {cost[(3, 64)]:.2f}× per token" in page and cost[(3, 64)] < 2
@@ -706,11 +709,8 @@ def test_the_change_between_cells_the_readme_quotes_is_the_records():
   `factor.cell_change` of the two published records, and its interval excludes 1."""
   from hybridjax.bench import factor
 
-  folder = os.path.join(ROOT, "docs", "results", "optimizers")
-  with open(os.path.join(folder, "optimizers-long.json")) as f:
-    before = json.load(f)
-  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
-    after = json.load(f)
+  before = _optimizers("optimizers-long")
+  after = _optimizers("optimizers-both_tuned-long")
   change = factor.cell_change(before["factor"]["a"], after["factor"]["a"])
   lo, hi = change["ci95"]
   readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
@@ -759,11 +759,8 @@ def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
   from hybridjax.bench import factor
   from hybridjax.bench.studies.optimizers import report
 
-  folder = os.path.join(ROOT, "docs", "results", "optimizers")
-  with open(os.path.join(folder, "optimizers-small_batch-long.json")) as f:
-    result = json.load(f)
-  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
-    before = json.load(f)
+  result = _optimizers("optimizers-small_batch-long")
+  before = _optimizers("optimizers-both_tuned-long")
   a, raw = result["factor"]["a"], result["factor_raw"]["a"]
   change = factor.cell_change(before["factor"]["a"], a)
   crit = result["critical_batch"]
@@ -787,11 +784,8 @@ def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
   corpus's size are its record's; its longest run read under one epoch of the corpus."""
   from hybridjax.bench import factor
 
-  folder = os.path.join(ROOT, "docs", "results", "optimizers")
-  with open(os.path.join(folder, "optimizers-corpus-long.json")) as f:
-    result = json.load(f)
-  with open(os.path.join(folder, "optimizers-both_tuned-long.json")) as f:
-    before = json.load(f)
+  result = _optimizers("optimizers-corpus-long")
+  before = _optimizers("optimizers-both_tuned-long")
   a, raw = result["factor"]["a"], result["factor_raw"]["a"]
   change = factor.cell_change(before["factor"]["a"], a)
   lo, hi = change["ci95"]
@@ -806,7 +800,6 @@ def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
 
 def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
   """recipe.md's reading (a) of cells `both_tuned`, `small_batch` and `corpus`, each with its verdict."""
-  folder = os.path.join(ROOT, "docs", "results", "optimizers")
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   lead = {
     "both_tuned": "at equal cost,",
@@ -814,8 +807,7 @@ def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
     "corpus": "on a second corpus of {tokens:.1f}M tokens read without repeats,",
   }
   for cell, words in lead.items():
-    with open(os.path.join(folder, f"optimizers-{cell}-long.json")) as f:
-      result = json.load(f)
+    result = _optimizers(f"optimizers-{cell}-long")
     a = result["factor"]["a"]
     words = words.format(tokens=result["corpus"]["tokens"] / 1e6)
     assert f'{words} {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell
