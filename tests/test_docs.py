@@ -44,6 +44,16 @@ def _optimizers(name: str) -> dict:
     return json.load(f)
 
 
+def _flat(*path: str) -> str:
+  """The file at ROOT/`path`, its whitespace runs made single spaces (prose wraps anywhere)."""
+  return " ".join(_read(os.path.join(ROOT, *path)).split())
+
+
+def _results_page() -> str:
+  """docs/results/README.md, flattened: the ladder's and the recipe's tables and what they say."""
+  return _flat("docs", "results", "README.md")
+
+
 def _pages() -> list[str]:
   return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 
@@ -176,17 +186,21 @@ def test_the_results_table_is_generated_from_the_published_headlines():
     assert head["preset"] + "-" + head["family"] == name
 
 
-@pytest.mark.parametrize("kind", ["ladder", "recipe"])
+@pytest.mark.parametrize("kind", ["ladder", "recipe", "headline"])
 def test_the_readmes_tables_are_generated_from_the_published_runs(kind):
+  """The ladder's and the recipe's tables in docs/results/README.md, and README.md's headline table."""
   script = runpy.run_path(os.path.join(ROOT, "scripts", "readme_tables.py"))
-  results = script["load"](kind)
-  assert "long" in results, f"docs/results/{kind}/ holds no {kind}-long.json"
-  readme = _read(os.path.join(ROOT, "README.md"))
+  if kind != "headline":
+    assert "long" in script["load"](kind), f"docs/results/{kind}/ holds no {kind}-long.json"
+  page, expected = script["generated"]()[kind]
+  assert page == os.path.join(ROOT, "README.md" if kind == "headline" else os.path.join("docs", "results", "README.md"))
+  text = _read(page)
   start, end = script["markers"](kind)
-  assert start in readme and end in readme
-  block = readme.split(start, 1)[1].split(end, 1)[0].strip()
-  assert block == script["tables"](kind, results), (
-    f"README.md's {kind} table differs from docs/results/{kind}/: run `python scripts/readme_tables.py --update`"
+  assert start in text and end in text
+  block = text.split(start, 1)[1].split(end, 1)[0].strip()
+  assert block == expected, (
+    f"{os.path.relpath(page, ROOT)}'s {kind} table differs from the records: "
+    "run `python scripts/readme_tables.py --update`"
   )
   if kind == "ladder":
     assert "**verdict**" in block  # R4-R5 are marked as the verdict
@@ -203,23 +217,24 @@ def test_a_recipe_of_an_earlier_trick_list_gets_a_line_not_a_column():
   header = text.splitlines()[0]
   assert "`deep`" in header and "`tiny`" not in header
   assert (
-    "* Before the fixes (trick list 1, [what changed](docs/recipe.md#what-changed-from-the-first-trick-list)): `tiny`"
+    "* Before the fixes (trick list 1, [what changed](../recipe.md#what-changed-from-the-first-trick-list)): `tiny`"
     in text
   )
   assert script["tables"]("recipe", {"tiny": old}).splitlines()[0].count("`tiny`") == 1  # one list: columns
 
 
-def test_the_readmes_recipe_figures_are_the_published_ones():
-  """The `long` figures the README's prose quotes (the whole recipe's speed-up and wall-clock ratio,
-  Muon's and the #5 group's steps, the steps that win ground back, that the last step is the best,
-  and the first trick list's total) are those of docs/results/recipe/recipe-long.json and of the first
-  list's record, kept as docs/results/recipe/trick-list-1-recipe-long.json."""
+def test_the_recipe_figures_the_readme_and_results_page_quote_are_the_published_ones():
+  """The `long` figures the README's headline (the whole recipe's speed-up and wall-clock ratio, Muon's
+  own factor) and docs/results/README.md's prose (Muon's and the #5 group's steps, the steps that win
+  ground back, that the last step is the best, and the first trick list's total) quote are those of
+  docs/results/recipe/recipe-long.json and of the first list's record, kept as
+  docs/results/recipe/trick-list-1-recipe-long.json."""
   result = _recipe("long")
   assert result["trick_list"] == 2
   total = result["total_speedup"]
   rows = {r["name"]: r for r in result["figures"]}
   steps = {name: r["speedup"]["mean"] for name, r in rows.items()}
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  readme, results = _flat("README.md"), _results_page()
   assert (
     "on the `long` model it reaches in N steps the loss that R4 (GPT-2 with AdamW, only its LR and averaging β "
     f"tuned) needs **{total['mean']:.2f}× as many steps for ({total['wallclock_ratio']['mean']:.2f}× in "
@@ -231,17 +246,17 @@ def test_the_readmes_recipe_figures_are_the_published_ones():
     f"both searched alike at equal cost, is {both['mean']:.2f}× [{both['ci95'][0]:.2f}, {both['ci95'][1]:.2f}]"
     in readme
   )
-  assert f"Muon is again the one large gain ({steps['muon']:.2f}×)" in readme
-  assert f"the #5 group loses ground ({steps['modern_arch']:.2f}×, a higher loss than Muon alone)" in readme
+  assert f"Muon is again the one large gain ({steps['muon']:.2f}×)" in results
+  assert f"the #5 group loses ground ({steps['modern_arch']:.2f}×, a higher loss than Muon alone)" in results
   assert rows["modern_arch"]["vs_previous"]["verdict"] == "higher" and steps["modern_arch"] < steps["muon"]
-  assert "the untied head and the attention scale win it back" in readme
+  assert "the untied head and the attention scale win it back" in results
   assert [rows[n]["vs_previous"]["verdict"] for n in ("untied_head", "attn_scale")] == ["lower"] * 2
   assert rows["shortcuts"]["vs_previous"]["verdict"] == "no difference"  # not named among those that win
-  assert f"the recipe ends at {total['mean']:.2f}×, its best step by mean" in readme
+  assert f"the recipe ends at {total['mean']:.2f}×, its best step by mean" in results
   assert max(steps, key=steps.get) == total["name"] == "attn_scale"
   first = _recipe("trick-list-1-recipe-long")
   assert "trick_list" not in first  # the first list
-  assert f"({first['total_speedup']['mean']:.2f}× before the fixes)" in readme
+  assert f"({first['total_speedup']['mean']:.2f}× before the fixes)" in results
 
 
 def test_the_recipe_pages_long_figures_are_the_published_ones():
@@ -291,8 +306,8 @@ def test_the_recipe_pages_long_figures_are_the_published_ones():
   )
 
 
-def test_the_readmes_tiny_recipe_figures_are_the_published_ones():
-  """The `tiny` figures the README's prose quotes (Muon's, the #5 group's, the untied head's and the
+def test_the_results_pages_tiny_recipe_figures_are_the_published_ones():
+  """The `tiny` figures docs/results/README.md's prose quotes (Muon's, the #5 group's, the untied head's and the
   whole recipe's speed-ups, and the best step by mean) are those of docs/results/recipe/recipe-tiny.json,
   measured with the second trick list."""
   result = _recipe("tiny")
@@ -300,15 +315,15 @@ def test_the_readmes_tiny_recipe_figures_are_the_published_ones():
   total = result["total_speedup"]
   rows = {r["name"]: r for r in result["figures"]}
   steps = {name: r["speedup"]["mean"] for name, r in rows.items()}
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  assert f"Muon again gives most of it ({steps['muon']:.2f}×)" in readme
-  assert f"the #5 group is no better than Muon alone ({steps['modern_arch']:.2f}×)" in readme
+  results = _results_page()
+  assert f"the Muon step is again the one large gain ({steps['muon']:.2f}×)" in results
+  assert f"the #5 group is no better than Muon alone ({steps['modern_arch']:.2f}×)" in results
   assert rows["modern_arch"]["vs_previous"]["verdict"] != "lower"  # "no better"
-  assert f"the untied head adds to it ({steps['untied_head']:.2f}×)" in readme
+  assert f"the untied head adds to it ({steps['untied_head']:.2f}×)" in results
   assert rows["untied_head"]["vs_previous"]["verdict"] == "lower"
   best = max(steps, key=steps.get)
-  assert f"the recipe ends at {total['mean']:.2f}×, below its best step by mean (the value embeddings, " in readme
-  assert best == "value_embeds" and total["name"] == "attn_scale" and f"{steps[best]:.2f}×)" in readme
+  assert f"the recipe ends at {total['mean']:.2f}×, below its best step by mean (the value embeddings, " in results
+  assert best == "value_embeds" and total["name"] == "attn_scale" and f"{steps[best]:.2f}×)" in results
 
 
 def test_the_recipe_pages_tiny_figures_are_the_published_ones():
@@ -331,40 +346,41 @@ def test_the_recipe_pages_tiny_figures_are_the_published_ones():
   assert f"the same table ended at {first['mean']:.2f}× ± {first['std']:.2f} sd" in page
 
 
-def test_the_readmes_r6_figures_are_the_published_ones():
-  """The R6 figures the README's prose quotes (the best arm's pass ratio, selective backprop's loss gap,
+def test_the_results_pages_r6_figures_are_the_published_ones():
+  """The R6 figures docs/results/README.md's prose quotes (the best arm's pass ratio, selective backprop's loss gap,
   pass and wall-clock ratios) are those of docs/results/ladder/ladder-long.json."""
   with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-long.json")) as f:
     arms = json.load(f)["rungs"]["R6"]["figures"]
   best = max(arms, key=lambda m: arms[m]["pass_ratio"]["mean"])
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   ratio = arms[best]["pass_ratio"]
   assert best == "hybrid" and arms[best]["vs_control"]["verdict"] == "no difference"
-  assert f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd (the velocity predictor" in readme
+  assert f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd (the velocity predictor" in results
   sel = arms["selective"]
   at_n = sel["vs_baseline_at_n"]
   assert at_n["verdict"] == "no difference" and sel["final_loss_gap"]["mean"] < 0
   assert (
     f"selective backprop ends {-100 * sel['final_loss_gap']['mean']:.2f}% lower at N (no difference at three "
-    f"seeds, p {at_n['p']:.2g})" in readme
+    f"seeds, p {at_n['p']:.2g})" in results
   )
   recipe = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   assert sel["vs_control"]["verdict"] == "lower"  # "though lower than its control"
   assert f"no different from it at three seeds (p {at_n['p']:.2g};" in recipe
-  assert f"({sel['pass_ratio']['mean']:.2f}× in passes, {sel['wallclock_ratio']['mean']:.2f}× in wall-clock)" in readme
+  assert f"({sel['pass_ratio']['mean']:.2f}× in passes, {sel['wallclock_ratio']['mean']:.2f}× in wall-clock)" in results
 
 
-def test_the_readmes_verdict_on_outer_momentum_is_the_published_one():
-  """The README's opening verdict: outer momentum reads ahead of AdamW's averaged baseline (R4) in passes,
-  but within the noise; behind Muon's (R5) and the recipe's (R6): docs/results/ladder/ladder-long.json."""
+def test_the_results_pages_verdict_on_outer_momentum_is_the_published_one():
+  """The ladder's verdict in docs/results/README.md: outer momentum reads ahead of AdamW's averaged baseline
+  (R4) in passes, but within the noise; behind Muon's (R5) and the recipe's (R6):
+  docs/results/ladder/ladder-long.json."""
   with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-long.json")) as f:
     rungs = json.load(f)["rungs"]
   r4 = rungs["R4"]["figures"]["outer_momentum"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   assert r4["pass_ratio"]["mean"] > 1 and r4["verdict"]["verdict"] == "no difference"
   assert (
     f"outer momentum alone reads ahead of AdamW's averaged baseline ({r4['pass_ratio']['mean']:.2f}× in passes) "
-    f"but within the noise (p {r4['verdict']['paired']['p']:.2g}), and behind Muon's and the recipe's" in readme
+    f"but within the noise (p {r4['verdict']['paired']['p']:.2g}), and behind Muon's and the recipe's" in results
   )
   assert all(rungs[r]["figures"]["outer_momentum"]["verdict"]["verdict"] == "does not pay" for r in ("R5", "R6"))
   # The lab notebook's reading of the same ladder.
@@ -372,8 +388,8 @@ def test_the_readmes_verdict_on_outer_momentum_is_the_published_one():
   assert f"within it under the t rule the tables now use (p {r4['verdict']['paired']['p']:.2g}," in notebook
 
 
-def test_the_readmes_tiny_r6_figures_are_the_published_ones():
-  """The `tiny` R6 figures the README's prose quotes (the best arm's pass ratio, its jumps per run and
+def test_the_results_pages_tiny_r6_figures_are_the_published_ones():
+  """The `tiny` R6 figures docs/results/README.md's prose quotes (the best arm's pass ratio, its jumps per run and
   verdict against its control, selective backprop's loss gap and pass ratio) are those of
   docs/results/ladder/ladder-tiny.json, which ran on the second trick list with the jump schedule
   scaled to N: every jump arm took enough jumps to be exercised."""
@@ -384,20 +400,20 @@ def test_the_readmes_tiny_r6_figures_are_the_published_ones():
   assert result["config"]["benchmark"]["recipe"]["tricks"] == ",".join(speedrun.TRICKS)
   arms = result["rungs"]["R6"]["figures"]
   best = max(arms, key=lambda m: arms[m]["pass_ratio"]["mean"])
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   ratio = arms[best]["pass_ratio"]
   assert best == "jump" and arms[best]["vs_control"]["verdict"] == "no difference"
   jumps = arms[best]["exercise"]["jumps_per_run"]
   assert (
     f"the best arm's pass ratio is {ratio['mean']:.2f}× ± {ratio['std']:.2f} sd (the jumps, {jumps:.1f} accepted "
-    "per run, no different from their control)" in readme
+    "per run, no different from their control)" in results
   )
   for jump in ("jump", "jump_forecast", "jump_outer"):
     assert arms[jump]["exercise"]["exercised"], jump
   sel = arms["selective"]
   assert sel["vs_baseline_at_n"]["verdict"] == "lower" and sel["final_loss_gap"]["mean"] < 0
-  assert f"selective backprop again ends lower at N ({-100 * sel['final_loss_gap']['mean']:.2f}%)" in readme
-  assert f"at {sel['pass_ratio']['mean']:.2f}× in passes" in readme
+  assert f"selective backprop again ends lower at N ({-100 * sel['final_loss_gap']['mean']:.2f}%)" in results
+  assert f"at {sel['pass_ratio']['mean']:.2f}× in passes" in results
   # docs/recipe.md's account of the same R6.
   recipe = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   per_run = [f"{arms[j]['exercise']['jumps_per_run']:.1f}" for j in ("jump", "jump_forecast", "jump_outer")]
@@ -418,9 +434,73 @@ def test_the_readmes_tiny_r6_figures_are_the_published_ones():
   )
 
 
+# A researcher reads the README in two minutes: what hybridjax is, the two commands, one headline table,
+# bring your own, the benchmark, the limitations; every other table and the narrative are in docs/.
+README_WORDS, PARAGRAPH_WORDS, HEADLINE_ROWS = 1500, 120, 8
+
+
+def _paragraphs(text: str) -> list[str]:
+  """A markdown text's paragraphs outside fenced code: blocks between blank lines, each list item and each
+  table row its own."""
+  out = []
+  for block in re.split(r"\n\s*\n", FENCE.sub("", text)):
+    lines: list[str] = []
+    for line in block.splitlines():
+      if lines and re.match(r"^\s*([*-]|\d+\.|\|)\s", line):
+        out.append(" ".join(lines))
+        lines = []
+      lines.append(line)
+    if lines:
+      out.append(" ".join(lines))
+  return [p for p in out if p.strip()]
+
+
 def test_the_readme_stays_short():
-  # What hybridjax is for, the two commands, bring your own, the generated table: the rest is in docs/.
-  assert len(_read(os.path.join(ROOT, "README.md")).splitlines()) <= 150
+  text = _read(os.path.join(ROOT, "README.md"))
+  words = len(FENCE.sub("", text).split())  # `wc -w` of the README less its fenced code, tables included
+  assert words <= README_WORDS, f"README.md has {words} words outside code blocks, over {README_WORDS}"
+  long = [p[:80] for p in _paragraphs(text) if len(p.split()) > PARAGRAPH_WORDS]
+  assert not long, f"README.md paragraphs over {PARAGRAPH_WORDS} words: {long}"
+  tables = [p for p in _paragraphs(text) if p.startswith("|")]
+  assert len(tables) - 2 <= HEADLINE_ROWS  # one table: its header, its rule and at most 8 rows
+  assert [p for p in _paragraphs("a b\nc\n\n* d\n* e f\n\n```\ng h\n```\n| i |")] == ["a b c", "* d", "* e f", "| i |"]
+
+
+def test_the_readmes_headline_table_reads_the_records():
+  """Its intervals: the optimizers study's as recorded, the others the 95% t interval of the record's per-seed
+  values (n - 1 df) around their mean; each anchor's tuning runs as `tuning.tune` spends them; and the
+  README's first claim, that no predictor beats a tuned baseline that averages, is each verdict rung's."""
+  import statistics
+
+  from hybridjax.bench import stats
+
+  script = runpy.run_path(os.path.join(ROOT, "scripts", "readme_tables.py"))
+  values = _recipe("long")["total_speedup"]["per_seed"]
+  lo, hi = script["t_interval"](values, "recipe long")
+  half = stats.t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+  assert (lo + hi) / 2 == pytest.approx(statistics.fmean(values)) and hi - lo == pytest.approx(2 * half)
+  assert script["t_interval"]([2.0, 2.0, 2.0], "flat") == (2.0, 2.0)
+  with pytest.raises(ValueError, match="recipe long"):
+    script["_unbounded"]({"per_seed": values, "n_lower_bound": 1}, "recipe long")
+  for path in glob.glob(os.path.join(ROOT, "docs", "results", "*", "benchmark.json")):  # every tuned family
+    with open(path) as f:
+      tuned = json.load(f)["tuning"]
+    assert script["anchor_tuning_runs"](tuned["grid"]) == len(tuned["rows"]), path
+  table = script["generated"]()["headline"][1]
+  for name in ("both_tuned", "small_batch", "corpus"):
+    a = _optimizers(f"optimizers-{name}-long")["factor"]["a"]
+    assert f"| {a['mean']:.2f}× [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] in steps |" in table, name
+  # "No predictor beats a tuned baseline that averages its weights": at R4-R6 no arm pays but one whose
+  # predicted moves were not exercised, and each row says so.
+  with open(os.path.join(ROOT, "docs", "results", "ladder", "ladder-long.json")) as f:
+    rungs = json.load(f)["rungs"]
+  readme = _flat("README.md")
+  assert "No predictor beats a tuned baseline that averages its weights: the ladder's verdict rungs R4" in readme
+  for name in ("R4", "R5", "R6"):
+    for arm, f in rungs[name]["figures"].items():
+      assert f["verdict"]["verdict"] != "pays" or not f["exercise"]["exercised"], (name, arm)
+      if f["verdict"]["verdict"] == "pays":
+        assert f"At {name}, `{arm}` pays ({f['pass_ratio']['mean']:.2f}× in passes), not exercised" in readme
 
 
 def test_the_step_speed_table_is_generated_from_the_committed_runs():
@@ -437,8 +517,8 @@ def test_the_step_speed_table_is_generated_from_the_committed_runs():
   )
 
 
-def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
-  """The README's `tiny,speedrun` line: the recipe's last step and the R4 anchor at N, mean ± std over
+def test_the_recipe_pages_speedrun_preset_line_quotes_the_published_losses():
+  """docs/recipe.md's `tiny,speedrun` line: the recipe's last step and the R4 anchor at N, mean ± std over
   the headline seeds of docs/results/recipe/recipe-tiny.json; and the preset trains at that LR."""
   import statistics
 
@@ -446,17 +526,17 @@ def test_the_readmes_speedrun_preset_line_quotes_the_published_losses():
 
   result = _recipe("tiny")
   last, anchor = result["figures"][-1], list(result["anchor"]["at_n"].values())
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  page = _flat("docs", "recipe.md")
   recipe_loss = f"{statistics.mean(last['loss']):.3f} ± {statistics.stdev(last['loss']):.3f} sd"
   anchor_loss = f"{statistics.mean(anchor):.3f} ± {statistics.stdev(anchor):.3f} sd"
-  assert f"eval loss {recipe_loss} at {result['steps']} steps, against {anchor_loss} for the tuned" in readme
+  assert f"eval loss {recipe_loss} at {result['steps']} steps, against {anchor_loss} for the tuned" in page
   config = gpt2_small.get_config("tiny,speedrun")
   assert config.optim.learning_rate == last["lr"] and config.trainer.steps == result["steps"]
   from hybridjax.bench import speedrun
 
   stale = result["records"] != {name: t.record for name, t in speedrun.TRICKS.items()}
-  # While the published table measured an earlier trick list, the preset and the README say so.
-  assert stale == ("at the LR tuned for its earlier definition (until `tiny` is re-measured)" in readme)
+  # While the published table measured an earlier trick list, the preset and recipe.md say so.
+  assert stale == ("at the LR tuned for its earlier definition (until `tiny` is re-measured)" in page)
   assert stale == ("tuned before today's tricks" in config.notes)
   assert (config.trainer.averaging == "ema") == (last["iterate"] == "averaged")
 
@@ -485,12 +565,12 @@ def test_the_readmes_hybrid_example_figures_are_the_measured_ones():
   assert hybrid["phase_steps"]["PREDICT"] > 0
 
 
-def test_the_readmes_deep_recipe_figures_are_the_published_ones():
+def test_the_deep_recipe_figures_the_readme_and_results_page_quote_are_the_published_ones():
   result = _recipe("deep")
   rows = {r["name"]: r for r in result["figures"]}
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  assert f"Muon gives most of it ({rows['muon']['speedup']['mean']:.2f}×)" in readme
-  assert f"the recipe ends at {result['total_speedup']['mean']:.2f}×. Taking one trick" in readme
+  readme, results = _flat("README.md"), _results_page()
+  assert f"the Muon step is the one large gain ({rows['muon']['speedup']['mean']:.2f}×)" in results
+  assert f"the recipe ends at {result['total_speedup']['mean']:.2f}×. Taking one trick" in results
   total = result["total_speedup"]
   assert f"and {total['mean']:.2f}× ({total['wallclock_ratio']['mean']:.2f}×) on the 6-layer `deep` one" in readme
   assert rows["shortcuts"]["vs_previous"]["verdict"] == "lower"
@@ -548,15 +628,15 @@ def test_the_leave_one_out_docs_are_the_published_table():
     ("attn_scale", "the attention scale costs too ({:+.4f}, with the windows' error"),
   ):
     assert phrase.format(pairs[name]["mean"]) in doc, name
-  # The README's sentence: the pairs whose removal raises the loss, and the one whose removal lowers it.
+  # docs/results/README.md's sentence: the pairs whose removal raises the loss, and the one whose removal lowers it.
   lower = {n for n, d in pairs.items() if d["verdict"] == "lower"}
   higher = {n for n, d in pairs.items() if d["verdict"] == "higher"}
   assert lower == {"muon", "rotary", "qk_norm", "shortcuts"} and higher == {"schedule", "attn_scale"}
-  readme = _read(os.path.join(ROOT, "README.md"))
+  results = _results_page()
   assert (
     "only taking out Muon, rotary, QK-norm or the #9 shortcuts raises the loss beyond the noise, "
     "and taking out the records' schedule or the attention scale lowers it"
-  ) in readme
+  ) in results
   # The attention scale's "no difference" as first published (docs/results/verdicts-reread.json).
   with open(os.path.join(ROOT, "docs", "results", "verdicts-reread.json")) as f:
     reread = json.load(f)["files"]["docs/results/recipe/variants-leave_one_out-deep.json"]
@@ -566,14 +646,14 @@ def test_the_leave_one_out_docs_are_the_published_table():
 
 
 def test_the_knobs_figures_are_the_published_ones():
-  """docs/recipe.md's account of the knobs study at `long` and the README's sentence on it: every row,
+  """docs/recipe.md's account of the knobs study at `long` and docs/results/README.md's sentence on it: every row,
   verdict and quoted figure is docs/results/recipe/knobs-long.json's, the sides spent the same tuning
   runs, and its runs are committed."""
   with open(os.path.join(ROOT, "docs", "results", "recipe", "knobs-long.json")) as f:
     result = json.load(f)
   sides, reads = result["sides"], result["on_r4_curve"]
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   assert len({s["tuning_runs"] for s in sides.values()}) == 1
   assert f"{sides['anchor']['tuning_runs']} tuning runs a side" in page
   names = {"anchor": "R4 (AdamW)", "muon": "the recipe's Muon row", "recipe": "the whole recipe"}
@@ -598,7 +678,7 @@ def test_the_knobs_figures_are_the_published_ones():
   )
   assert (
     f"neither R4 nor the recipe moves beyond the noise, and Muon's row still reads {muon['tuned']['mean']:.2f}×"
-    in readme
+    in results
   )
   (first, *_) = result["invocations"]
   cached = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "knobs-long-run-cache", "*.json"))
@@ -640,18 +720,18 @@ def test_the_usage_pages_benchmark_time_is_the_published_familys():
 
 
 def test_the_optimizers_cell_the_docs_quote_is_the_published_one():
-  """The README's and recipe.md's reading of Muon's factor on AdamW's own curve (cell 0, both rows as
+  """docs/results/README.md's and recipe.md's reading of Muon's factor on AdamW's own curve (cell 0, both rows as
   published) is docs/results/optimizers/optimizers-long.json's: both readings with their 95% intervals,
   the seeds and the verdict against the field."""
   result = _optimizers("optimizers-long")
   a, b = result["factor"]["a"], result["factor"]["b"]
   lo, hi = a["ci95"]
   reading_a = f"{a['mean']:.2f}× [{lo:.2f}, {hi:.2f}]"
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  assert f"needs {reading_a} as many steps for" in readme
-  assert f"{len(result['seeds'])} seeds; the other reading {b['mean']:.2f}×" in readme
+  results = _results_page()
+  assert f"needs {reading_a} as many steps for" in results
+  assert f"{len(result['seeds'])} seeds; the other reading {b['mean']:.2f}×" in results
   assert result["verdict"] == "above the field" and lo > 1.5
-  assert '"above the field" (its interval lies above 1.5×)' in readme
+  assert '"above the field" (its interval lies above 1.5×)' in results
   page = " ".join(_read(os.path.join(ROOT, "docs", "recipe.md")).split())
   blo, bhi = b["ci95"]
   reading_b = f"{b['mean']:.2f}× [{blo:.2f}, {bhi:.2f}]"
@@ -690,12 +770,12 @@ def test_the_optimizers_summary_page_reads_as_the_records():
   assert sum(x.size for x in jax.tree.leaves(params)) == summary["LONG_PARAMS"]
 
 
-def test_the_both_tuned_cell_the_readme_quotes_is_the_published_one():
+def test_the_both_tuned_cell_the_results_page_quotes_is_the_published_one():
   result = _optimizers("optimizers-both_tuned-long")
   a = result["factor"]["a"]
   lo, hi = a["ci95"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  assert f'it reads {a["mean"]:.2f}× [{lo:.2f}, {hi:.2f}], "{result["verdict"]}"' in readme
+  results = _results_page()
+  assert f'it reads {a["mean"]:.2f}× [{lo:.2f}, {hi:.2f}], "{result["verdict"]}"' in results
   assert result["cell"]["name"] == "both_tuned" and result["verdict"] == "undetermined" and lo < 1.5 < hi
 
 
@@ -708,8 +788,8 @@ def test_the_batch_pilot_benchmark_md_quotes_is_the_committed_one():
   assert all(r["cost_per_token"] == r["seconds"][1] / pilot["rows"][0]["seconds"][1] for r in pilot["rows"])
 
 
-def test_the_change_between_cells_the_readme_quotes_is_the_records():
-  """The README's change of Muon's factor from cell `as_published` to cell `both_tuned` (reading (a)) is
+def test_the_change_between_cells_the_results_page_quotes_is_the_records():
+  """docs/results/README.md's change of Muon's factor from cell `as_published` to cell `both_tuned` (reading (a)) is
   `factor.cell_change` of the two published records, and its interval excludes 1."""
   from hybridjax.bench import factor
 
@@ -717,13 +797,13 @@ def test_the_change_between_cells_the_readme_quotes_is_the_records():
   after = _optimizers("optimizers-both_tuned-long")
   change = factor.cell_change(before["factor"]["a"], after["factor"]["a"])
   lo, hi = change["ci95"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
-  assert f"lowered the factor to {change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 0's" in readme and hi < 1
+  results = _results_page()
+  assert f"lowered the factor to {change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 0's" in results and hi < 1
 
 
 def test_the_published_anchor_record_reads_as_published():
   """R4 re-checked at `long`: its figures recompute from its runs, its page is the record's, every run is in
-  its committed run cache, and the README quotes its verdict."""
+  its committed run cache, and docs/results/README.md quotes its verdict."""
   import statistics
 
   from hybridjax.bench.studies.anchor import run as anchor_run
@@ -736,11 +816,11 @@ def test_the_published_anchor_record_reads_as_published():
   cached = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(folder, "anchor-long-run-cache", "*.json"))}
   assert len(cached) == result["tuning_runs"] == len(result["tried"]) * len(result["seeds"])
   f = result["figures"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   own = statistics.fmean(f["losses"][0])
   assert f["verdict"] == "R4's own setting is the best"
   n = len(result["tried"])
-  assert f"R4's own setting (loss {own:.3f} over the tuning seeds) is the best of the {n} by mean" in readme
+  assert f"R4's own setting (loss {own:.3f} over the tuning seeds) is the best of the {n} by mean" in results
   medians = [statistics.median(x) for x in f["losses"]]
   assert min(range(len(medians)), key=lambda k: medians[k]) == 0  # "and by median"
 
@@ -759,7 +839,7 @@ def test_every_published_optimizers_cell_reads_as_published():
     assert _read(path[: -len(".json")] + ".md") == report.markdown(result) + "\n", path
 
 
-def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
+def test_the_small_batch_cell_the_results_page_quotes_is_the_published_one():
   from hybridjax.bench import factor
   from hybridjax.bench.studies.optimizers import report
 
@@ -768,23 +848,23 @@ def test_the_small_batch_cell_the_readme_quotes_is_the_published_one():
   a, raw = result["factor"]["a"], result["factor_raw"]["a"]
   change = factor.cell_change(before["factor"]["a"], a)
   crit = result["critical_batch"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   assert result["cell"]["batch"] == [3, 64] and result["verdict"] == "undetermined"
-  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "undetermined"' in readme
+  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "undetermined"' in results
   lo, hi = change["ci95"]
-  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: no different)" in readme and lo < 1 < hi
+  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: no different)" in results and lo < 1 < hi
   # the local check ended inside the LRs it tried on both sides, Muon's after four moves
   muon_check = result["sides"]["muon"]["local_check"]
   assert not report.lr_edge(muon_check) and not report.lr_edge(result["sides"]["adamw"]["local_check"])
   start = before["sides"]["muon"]["settings"]["lr"]
-  assert muon_check["lr_moves"] == 4 and f"Muon's LR took four √2 steps down from cell 1's {start}" in readme
-  assert f"the raw iterates read {raw['mean']:.2f}×" in readme
+  assert muon_check["lr_moves"] == 4 and f"Muon's LR took four √2 steps down from cell 1's {start}" in results
+  assert f"the raw iterates read {raw['mean']:.2f}×" in results
   assert crit["muon"]["verdict"] == crit["adamw"]["verdict"] == "no difference"
-  assert "neither side's loss at N tokens differs from its loss at 12 × 64" in readme
+  assert "neither side's loss at N tokens differs from its loss at 12 × 64" in results
 
 
-def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
-  """Cell `corpus`: the README's reading (a), its change from cell `both_tuned`, the raw iterates and the
+def test_the_corpus_cell_the_results_page_quotes_is_the_published_one():
+  """Cell `corpus`: docs/results/README.md's reading (a), its change from cell `both_tuned`, the raw iterates and the
   corpus's size are its record's; its longest run read under one epoch of the corpus."""
   from hybridjax.bench import factor
 
@@ -793,13 +873,13 @@ def test_the_corpus_cell_the_readme_quotes_is_the_published_one():
   a, raw = result["factor"]["a"], result["factor_raw"]["a"]
   change = factor.cell_change(before["factor"]["a"], a)
   lo, hi = change["ci95"]
-  readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+  results = _results_page()
   assert result["config"]["benchmark"]["optimizers"]["cell"] == "corpus" and result["corpus"]["max_epochs"] < 1
-  assert f"On a second corpus, {result['corpus']['tokens'] / 1e6:.1f}M tokens of English" in readme
-  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in readme
+  assert f"On a second corpus, {result['corpus']['tokens'] / 1e6:.1f}M tokens of English" in results
+  assert f'it reads {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in results
   assert result["verdict"] == "above the field" and a["ci95"][0] > 1.5
-  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: higher;" in readme and lo > 1
-  assert f"the raw iterates {raw['mean']:.2f}×)" in readme
+  assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: higher;" in results and lo > 1
+  assert f"the raw iterates {raw['mean']:.2f}×)" in results
 
 
 def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
