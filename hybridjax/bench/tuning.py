@@ -80,6 +80,21 @@ def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str,
   return {"noise": max(spread, paired or 0.0), "seed_spread": spread, "eval_paired_se": paired}
 
 
+def wins_beyond_noise(new: list[float], old: list[float]) -> dict[str, Any]:
+  """Whether `new` beats `old` by more than the noise of their difference: per seed (paired, the same seeds
+  in the same order) new - old; the mean difference below minus its standard error (the differences' sd
+  over sqrt(seeds)). Fewer than two seeds cannot tell the noise: no win.
+
+  Returns:
+    {"difference": the mean difference, "se": its standard error (None under two seeds), "wins"}.
+  """
+  d = [a - b for a, b in zip(new, old)]
+  if len(d) < 2:
+    return {"difference": statistics.fmean(d) if d else None, "se": None, "wins": False}
+  mean, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+  return {"difference": mean, "se": se, "wins": -mean > se}
+
+
 def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
   """A run's loss as read: its raw iterate's, or its averaged one's at `beta`."""
   return run["final_raw"] if iterate == "raw" else averaged_loss(run, beta)

@@ -205,9 +205,10 @@ def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> 
   return [{"optim.learning_rate": x, b2: y} for y in b2s for x in lrs]
 
 
-# How often the local check may move its LR on past a winning edge neighbour: four sqrt(2) steps reach
-# the linear scaling rule's LR at a quarter of the batch (the square-root rule's needs two).
-LR_MOVES = 4
+# How often the local check may move its LR on past a winning edge neighbour (the joint search's limit):
+# four sqrt(2) steps reach the linear scaling rule's LR at a quarter of the batch (the square-root rule's
+# needs two).
+LR_MOVES = search.LR_MOVES
 
 
 def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:

@@ -14,6 +14,7 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import search
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
 
@@ -61,6 +62,8 @@ FIELDS = (
   F("search_configs", SEARCH_CONFIGS, schema.check_int(SEARCH_CONFIGS), "cell `both_tuned`: the Sobol points the "
     "joint search draws (`bench/search.py`; besides the published setting)"),
   F("sobol_seed", 0, schema.check_int(0), "cell `both_tuned`: the Sobol sequence's scrambling seed"),
+  F("search_space", "v1", schema.check_choice(*search.SPACES), "cell `both_tuned`: the joint search's space "
+    "(`search.SPACES`): 'v1', the published cell's (AdamW's embedding LR ratio three-valued), or 'symmetric'"),
   F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "cell `both_tuned`: the search's seeds (two "
     "for every point, the third for the finalists)"),
   F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on"),
@@ -75,7 +78,7 @@ del F
 # The fields only some cells read: one set away from its default for another cell is refused (it would do
 # nothing without a word).
 READ_ONLY_BY = {
-  **{k: ("both_tuned",) for k in ("search_configs", "sobol_seed", "search_seeds", "spare_seed")},
+  **{k: ("both_tuned",) for k in ("search_configs", "sobol_seed", "search_space", "search_seeds", "spare_seed")},
   "batch_size": ("small_batch",),
   "settings_from": CARRIED,
   "corpus_path": ("corpus",),
