@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridjax.bench import stats
+from hybridjax.bench import protocol, stats
 
 # The exponent c of the fitted curve is searched on a log grid over this range, then on a finer grid
 # around the coarse grid's best: budget curves of these models fall as T^-0.2 to T^-1.
@@ -315,6 +315,39 @@ def factor(
       "interval": wider,
       "failed_draws": int(b_failed),
       "bounded_draws": float(b_bounded),
+    }
+  return out
+
+
+def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> dict[str, Any]:
+  """Both readings without the fit, printed beside `factor`'s: per seed, a side's steps to reach the other
+  side's own loss at N on its own budget points (`protocol.steps_to_reach`: linear in log budget along their
+  monotone envelope; outside the budgets run, a bound at the nearest budget), over N for reading (a), N over
+  them for (b); the geometric mean over the seeds with its t-interval (`t_interval`).
+
+  Returns:
+    {"a", "b"}: each {"mean", "ci95_t", "per_seed", "per_seed_bound" (as `factor`'s), "bound"}.
+  """
+  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
+  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
+  _paired_seeds(adamw, muon)
+  out = {}
+  for reading, side, other in (("a", adamw, muon), ("b", muon, adamw)):
+    values, sides = [], []
+    for i in range(len(side.seeds)):
+      ran = np.isfinite(side.loss[i])
+      target = float(other.loss[i][list(other.steps).index(float(n))])
+      reach = protocol.steps_to_reach(side.steps[ran], side.loss[i][ran], target)
+      t, bound = reach.steps / float(n), 1 if reach.lower_bound else -1 if reach.upper_bound else 0
+      values.append(t if reading == "a" else 1.0 / t)
+      sides.append(bound if reading == "a" else -bound)
+    logs = np.log(values)
+    out[reading] = {
+      "mean": float(np.exp(np.mean(logs))),
+      "ci95_t": t_interval(logs),
+      "per_seed": values,
+      "per_seed_bound": sides,
+      "bound": _bound_word(np.asarray(sides)),
     }
   return out
 

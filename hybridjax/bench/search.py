@@ -60,6 +60,12 @@ SPACES = {
 WEIGHT_DECAY = {"adamw": "optim.weight_decay", "muon_groups": "optim.muon_weight_decay"}
 
 
+def weight_decay_of(config: ml_collections.ConfigDict) -> tuple[str, float]:
+  """(the weight decay field `config`'s optimizer reads, `WEIGHT_DECAY`; its value)."""
+  field = WEIGHT_DECAY[str(config.optim.name)]
+  return field, float(config.optim[field.split(".")[1]])
+
+
 @dataclasses.dataclass(frozen=True)
 class Knob:
   """One dimension of a side's space: the config field it sets (dotted) and its values.

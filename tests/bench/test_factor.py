@@ -233,3 +233,17 @@ def test_on_the_published_families_the_fitted_readings_agree_with_the_curves_own
     assert out["a"]["per_seed"][k] == pytest.approx(reach_a.steps / n, rel=0.05)
     reach_b = protocol.steps_to_reach(m["steps"], m["loss"], at_n["adamw"])
     assert out["b"]["per_seed"][k] == pytest.approx(n / reach_b.steps, rel=0.05)
+
+
+@pytest.mark.parametrize("k", [1.3, 2.0])
+def test_the_interpolated_reading_reads_a_stretch_without_the_fit(k):
+  """On curves of the fitted form, the model-free reading (linear in log budget between the budgets run)
+  is near the fitted one; a reading past the budgets run is a bound, as the fitted one is."""
+  data = synthetic(k, np.random.default_rng(1), noise=QUIET)
+  inter = factor.interpolated(*_sides(data), N)
+  for reading in ("a", "b"):
+    r = inter[reading]
+    assert r["mean"] == pytest.approx(k, rel=0.03) and r["bound"] is None
+    assert r["ci95_t"][0] <= r["mean"] <= r["ci95_t"][1] and len(r["per_seed"]) == 5
+  short = {s: {"steps": c["steps"][:2], "loss": c["loss"][:2]} for s, c in data["adamw"].items()}  # to 1 N
+  assert factor.interpolated(short, data["muon"], N)["a"]["bound"] == "lower"

@@ -259,3 +259,15 @@ def test_a_win_counts_only_beyond_the_noise_of_the_paired_difference():
   small = tuning.wins_beyond_noise([1.0, 1.2, 1.1], [1.1, 1.1, 1.15])
   assert small["difference"] < 0 and not small["wins"] and small["se"] > -small["difference"]
   assert not tuning.wins_beyond_noise([1.0], [2.0])["wins"]  # one seed cannot tell the noise
+
+
+def test_a_budget_check_switches_only_where_a_candidate_wins_beyond_the_paired_noise():
+  tried = [t | {"losses": []} for t in tuning.budget_candidates(0.01, 0.1, 2.0)]
+  assert [(t["lr"], t["weight_decay"]) for t in tried] == [(0.01, 0.1), (0.007071, 0.1), (0.01414, 0.1), (0.01, 0.05)]
+  assert len(tuning.budget_candidates(0.01, 0.0, 2.0)) == 3  # no weight decay to move
+  tried[0]["losses"], tried[1]["losses"], tried[2]["losses"] = [2.0, 2.1, 2.2], [2.02, 2.12, 2.22], [2.1, 2.2, 2.3]
+  tried[3]["losses"] = [1.99, 2.05, 2.23]  # the lowest mean, but within the paired noise: kept as chosen
+  assert tuning.budget_choice(tried)["lr"] == 0.01
+  assert tuning.budget_choice(tried)["weight_decay"] == 0.1
+  tried[3]["losses"] = [1.98, 2.08, 2.19]  # beyond it: the weight decay moves
+  assert tuning.budget_choice(tried)["weight_decay"] == 0.05 and tuning.budget_choice(tried)["best_difference"]["wins"]

@@ -191,7 +191,7 @@ def converted_sides(
     tuned = search.apply_setting(c, fields)
     b2 = beta2_field(c)
     settings = {"row": published["row"], "lr": float(fields["optim.learning_rate"]), "beta": beta}
-    settings |= {"iterate": was["iterate"], "weight_decay": float(tuned.optim.weight_decay), "fields": fields}
+    settings |= {"iterate": was["iterate"], "weight_decay": search.weight_decay_of(tuned)[1], "fields": fields}
     out[side] = (tuned, settings | {"from": was, "beta2_unconverted": was["fields"][b2]})
   return out
 

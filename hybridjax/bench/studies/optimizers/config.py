@@ -46,15 +46,12 @@ FIELDS = (
   F("seeds", (21, 22, 23, 24, 25), schema.check_int_tuple(0), "the headline seeds (no published record has "
     "read them)"),
   F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "the headline seeds the plateau rule adds"),
-  F("tuning_seeds", (1001, 1002), schema.check_int_tuple(0), "the per-budget re-checks' seeds"),
+  F("tuning_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "the per-budget re-checks' seeds (at least "
+    "two: a setting moves only where it wins beyond their paired noise, `tuning.BUDGET_RULE`)"),
   F("adamw_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "AdamW's budgets (x N)"),
   F("adamw_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "added in turn until below Muon's loss at N"),
   F("muon_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "Muon's budgets (x N)"),
   F("muon_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "added in turn until it reaches AdamW's at N"),
-  F("adamw_recheck_from", 2.0, schema.check_num(0.0, lo_open=True), "AdamW's LR (sqrt(2) neighbours) and weight "
-    "decay (x 1/2) are re-checked at budgets >= this"),
-  F("muon_recheck_to", 0.5, schema.check_num(0.0, lo_open=True), "Muon's LR (sqrt(2) neighbours) is re-checked at "
-    "budgets <= this"),
   F("wide_eval", 8, schema.check_int(0), "every headline run ends with an eval on this many times the eval windows "
     "(0: none)"),
   F("draws", 2000, schema.check_int(100), "the factor's bootstrap draws"),
@@ -126,7 +123,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
     settings = {"row": row} | {k: steps[row][k] for k in ("lr", "beta", "iterate")}
     c.optim.learning_rate = float(settings["lr"])
     c.benchmark.methods = ""
-    settings["weight_decay"] = float(c.optim.weight_decay)
+    settings["weight_decay"] = search.weight_decay_of(c)[1]
     out[side] = (c, settings)
   return shown, out
 
@@ -143,10 +140,10 @@ def _seed_errors(o: ml_collections.ConfigDict, seeds: list[int], plateau: list[i
     )
   if len(seeds) < 2:
     errors.append(f"--config.benchmark.optimizers.seeds={tuple(seeds)}: the factor pairs at least 2 headline seeds")
-  if len(tuning) < 1 or set(tuning) & set(seeds + plateau):
+  if len(tuning) < 2 or set(tuning) & set(seeds + plateau):
     errors.append(
-      f"--config.benchmark.optimizers.tuning_seeds={tuple(tuning)}: give at least one, none a headline or plateau "
-      "seed (nothing is tuned on a headline seed)"
+      f"--config.benchmark.optimizers.tuning_seeds={tuple(tuning)}: give at least two (the budget checks judge by "
+      "their paired noise), none a headline or plateau seed (nothing is tuned on a headline seed)"
     )
   if len(set(seeds + plateau)) != len(seeds + plateau):
     errors.append("--config.benchmark.optimizers.plateau_seeds must differ from the headline seeds and each other")

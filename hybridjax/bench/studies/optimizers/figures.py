@@ -8,6 +8,10 @@ import numpy as np
 
 from hybridjax.bench import factor, tuning
 
+# The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones (the
+# published records, without the field, are of 1 and re-read as published).
+READINGS = 2
+
 
 def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
   """A run's loss as its side reads it: its published iterate, at its beta."""
@@ -50,7 +54,9 @@ def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -
 def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   """{"factor": both readings with their intervals (`factor.factor`), "verdict": the cell's against the
   field (`factor.cell_verdict` of reading (a)), "factor_raw": the same readings of both sides' raw
-  iterates, printed beside the chosen ones (None where both sides read their raw iterate already)}."""
+  iterates, printed beside the chosen ones (None where both sides read their raw iterate already)}; a
+  record of `READINGS` 2 or later (the published ones predate it) adds "interpolated": both readings
+  without the fit (`factor.interpolated`), printed beside the fitted ones."""
 
   def read(iterate: str | None) -> dict[str, Any]:
     return factor.factor(
@@ -63,7 +69,11 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
 
   f = read(None)
   raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
-  return {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
+  out = {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
+  if result.get("readings", 1) >= 2:
+    curves = [side_curves(result, side) for side in ("adamw", "muon")]
+    out["interpolated"] = factor.interpolated(*curves, int(result["steps"]))
+  return out
 
 
 def lr_edge(check: dict[str, Any]) -> str:

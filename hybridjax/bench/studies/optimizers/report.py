@@ -61,6 +61,7 @@ def markdown(result: dict[str, Any]) -> str:
     out.append(
       f"| the raw iterates': (b) | {reading_cell(raw['b'])} | {', '.join(f'{x:.2f}' for x in raw['b']['per_seed'])} |"
     )
+  out += interpolated_lines(result)
   out += ["", f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**.", ""]
   out += ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
   out += ["|---|---|---|---|---|---|---|"]
@@ -84,6 +85,19 @@ def markdown(result: dict[str, Any]) -> str:
     "Fits: " + "; ".join(f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in fits.items()) + ".",
   ]
   return "\n".join(out)
+
+
+def interpolated_lines(result: dict[str, Any]) -> list[str]:
+  """Each reading fitted and model-free side by side (`factor.interpolated`), where the record holds both."""
+  inter = result.get("interpolated")
+  if not inter:
+    return []
+  out = ["", "| reading | fitted [95%] | interpolated [95% t] |", "|---|---|---|"]
+  for name in ("a", "b"):
+    i = inter[name]
+    shown = f"{BOUND[i['bound']]}{i['mean']:.2f}× [{i['ci95_t'][0]:.2f}, {i['ci95_t'][1]:.2f}]"
+    out.append(f"| ({name}) | {reading_cell(result['factor'][name])} | {shown} |")
+  return out
 
 
 def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
