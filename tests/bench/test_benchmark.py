@@ -705,11 +705,11 @@ def test_the_quick_optimizers_study_reads_both_sides_on_their_own_curves(quick):
   for reading in ("a", "b"):
     r = result["factor"][reading]
     assert r["ci95"][0] <= r["mean"] <= r["ci95"][1] or r["bound"] is not None
-  assert result["verdict"] == factor.cell_verdict(result["factor"]["a"])
+  assert result["verdict"] == factor.verdict_against_one(result["factor"]["a"])["verdict"]
   with open(os.path.join(workdir, "optimizers-as_published-quick.json")) as f:
     stored = json.load(f)
   assert json.loads(json.dumps(optimizers_figs.cell_figures(stored))) == {
-    k: stored[k] for k in ("factor", "verdict", "factor_raw", "interpolated")
+    k: stored[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   with open(os.path.join(workdir, "optimizers-as_published-quick.md")) as f:
     assert f.read() == optimizers_report.markdown(stored) + "\n"

@@ -97,11 +97,14 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
     assert f[reading]["bound"] is None and f[reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
     # the raw iterates (the stub's averaged loss + 0.01 on both sides, its curve's level) read K too
     assert result["factor_raw"][reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
-  assert result["verdict"] == "above the field" == factor.cell_verdict(f["a"])
+  # today's verdict against 1.0x, the field's range beside it (the stub's 2.5x lies above it)
+  against = result["verdict_against_one"]
+  assert result["verdict"] == against["verdict"] == "above 1.0×" and against["against_field"] == "above"
+  assert against == factor.verdict_against_one(f["a"], figures.field_range())
   # Every figure recomputes from the record; the md is the record's.
   written = json.loads((tmp_path / "work" / "optimizers-as_published-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == report.markdown(written) + "\n"
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
@@ -154,7 +157,7 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
   written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-both_tuned-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
@@ -212,7 +215,7 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   assert crit["muon"]["verdict"] == "no difference"
   written = json.loads((tmp_path / "work" / "optimizers-small_batch-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import numpy as np
 
 from hybridjax.bench import factor, tuning
 
-# The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones (the
-# published records, without the field, are of 1 and re-read as published).
+# The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones and
+# reads the verdict against 1.0x (`factor.verdict_against_one`; the published records, without the field,
+# are of 1: against 1.5x, and re-read as published).
 READINGS = 2
+FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "results", "optimizers", "field.json")
 
 
 def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
@@ -73,7 +77,17 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   if result.get("readings", 1) >= 2:
     curves = [side_curves(result, side) for side in ("adamw", "muon")]
     out["interpolated"] = factor.interpolated(*curves, int(result["steps"]))
+    out["verdict_against_one"] = factor.verdict_against_one(f["a"], field_range())
+    out["verdict"] = out["verdict_against_one"]["verdict"]
   return out
+
+
+def field_range() -> tuple[float, float]:
+  """The field's range of Muon's factor over a tuned AdamW: the lowest and highest of the rows of
+  docs/results/optimizers/field.json marked `in_range`."""
+  with open(FIELD_PATH, encoding="utf-8") as f:
+    rows = [r for r in json.load(f)["rows"] if r.get("in_range")]
+  return min(r["low"] for r in rows), max(r["high"] for r in rows)
 
 
 def lr_edge(check: dict[str, Any]) -> str:
