@@ -10,7 +10,7 @@ to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) 
 momentum, the averaging beta), the LR warm-up's steps B/b times as many.
 
 Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
-`both_tuned` chose it}, on the tuning seeds at N tokens; the best two-seed mean is kept (the converted
+`both_tuned` chose it}, on the tuning seeds at N tokens; the best mean is kept (the converted
 setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most `LR_MOVES` times) while the best sits at the
 edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
 from that setting.
