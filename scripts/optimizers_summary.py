@@ -34,6 +34,13 @@ def _interval(r: dict) -> str:
   return f"{r['mean']:.2f}× [{lo:.2f}, {hi:.2f}]"
 
 
+def _against(r: dict) -> str:
+  """' (against 1.0×)' beside a verdict read against 1.0× (a record of today's readings); '' beside one
+  published against 1.5× (the page's sentence says so)."""
+  v = r.get("verdict_against_one")
+  return f" (against {v['against']:g}×)" if v else ""
+
+
 def _change(r: dict) -> str:
   lo, hi = r["ci95"]
   word = "lower" if hi < 1 else "higher" if lo > 1 else "no different"
@@ -82,7 +89,8 @@ def page() -> str:
     "reads Muon's factor with each side on its own budget curve ([benchmark.md](../../benchmark.md#muon-over-"
     "adamw-each-on-its-own-curve-the-optimizers-study)): reading (a), AdamW's steps to reach Muon's loss at N,",
     "over N; reading (b), N over Muon's steps to reach AdamW's loss at N; geometric means over the headline",
-    "seeds with the wider of two 95% intervals. The verdict is reading (a)'s interval against 1.5×.",
+    "seeds with the wider of two 95% intervals. The verdict is reading (a)'s interval against 1.5× where it",
+    "names no other line (the published cells), against 1.0× where it says so.",
     "",
     "| cell | preset | batch | corpus | seeds | (a) | (b) | verdict | record |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -91,7 +99,7 @@ def page() -> str:
     c, f = r["cell"], r["factor"]
     out.append(
       f"| `{c['name']}` | `{r['preset']}` | {c['batch'][0]} × {c['batch'][1]} | {corpus_label(r['corpus'])} | "
-      f"{len(r['seeds'])} | {_interval(f['a'])} | {_interval(f['b'])} | {r['verdict']} | "
+      f"{len(r['seeds'])} | {_interval(f['a'])} | {_interval(f['b'])} | {r['verdict']}{_against(r)} | "
       f"[{r['_file'].removesuffix('.json')}]({r['_file'].removesuffix('.json')}.md) |"
     )
   rows = changes(cells())

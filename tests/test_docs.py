@@ -895,3 +895,18 @@ def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
     a = result["factor"]["a"]
     words = words.format(tokens=result["corpus"]["tokens"] / 1e6)
     assert f'{words} {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell
+
+
+def test_the_fields_range_is_its_marked_rows_and_the_pull_requests_factor_its_steps():
+  """field.json's modded-nanogpt pull request row reads its factor from the steps it quotes; the field's
+  range a verdict against 1.0x is placed beside spans the rows marked `in_range`."""
+  from hybridjax.bench.studies.optimizers import figures
+
+  with open(os.path.join(ROOT, "docs", "results", "optimizers", "field.json"), encoding="utf-8") as f:
+    rows = json.load(f)["rows"]
+  pr = next(r for r in rows if "pull request #353" in r["source"])
+  assert pr["low"] == pr["high"] == round(pr["adamw_steps"] / pr["muon_steps"], 2)
+  assert f"{pr['adamw_steps']:,}" in pr["source"] and f"{pr['muon_steps']:,}" in pr["source"]
+  assert f"{pr['low']:.2f}" in pr["factor"]
+  marked = [r for r in rows if r.get("in_range")]
+  assert figures.field_range() == (min(r["low"] for r in marked), max(r["high"] for r in marked))

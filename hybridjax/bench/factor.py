@@ -17,8 +17,9 @@ on the log scale (their geometric mean), with a 95% interval computed two ways, 
   standard error with the t quantile at n - 1 df (`bootstrap_interval`);
 * a t-interval on the per-seed log readings (n - 1 degrees of freedom).
 
-A cell's verdict against the field (`cell_verdict`) reads reading (a)'s interval against 1.5x; the change
-between two cells (`cell_change`) has its own interval.
+A published cell's verdict (`cell_verdict`) reads reading (a)'s interval against 1.5x, a line drawn after its
+first cell was read; a record of today's readings reads it against 1.0x (`verdict_against_one`), with the
+field's range beside it, descriptively. The change between two cells (`cell_change`) has its own interval.
 
 Pure numpy; no jax.
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridjax.bench import stats
+from hybridjax.bench import protocol, stats
 
 # The exponent c of the fitted curve is searched on a log grid over this range, then on a finer grid
 # around the coarse grid's best: budget curves of these models fall as T^-0.2 to T^-1.
@@ -319,6 +320,39 @@ def factor(
   return out
 
 
+def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> dict[str, Any]:
+  """Both readings without the fit, printed beside `factor`'s: per seed, a side's steps to reach the other
+  side's own loss at N on its own budget points (`protocol.steps_to_reach`: linear in log budget along their
+  monotone envelope; outside the budgets run, a bound at the nearest budget), over N for reading (a), N over
+  them for (b); the geometric mean over the seeds with its t-interval (`t_interval`).
+
+  Returns:
+    {"a", "b"}: each {"mean", "ci95_t", "per_seed", "per_seed_bound" (as `factor`'s), "bound"}.
+  """
+  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
+  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
+  _paired_seeds(adamw, muon)
+  out = {}
+  for reading, side, other in (("a", adamw, muon), ("b", muon, adamw)):
+    values, sides = [], []
+    for i in range(len(side.seeds)):
+      ran = np.isfinite(side.loss[i])
+      target = float(other.loss[i][list(other.steps).index(float(n))])
+      reach = protocol.steps_to_reach(side.steps[ran], side.loss[i][ran], target)
+      t, bound = reach.steps / float(n), 1 if reach.lower_bound else -1 if reach.upper_bound else 0
+      values.append(t if reading == "a" else 1.0 / t)
+      sides.append(bound if reading == "a" else -bound)
+    logs = np.log(values)
+    out[reading] = {
+      "mean": float(np.exp(np.mean(logs))),
+      "ci95_t": t_interval(logs),
+      "per_seed": values,
+      "per_seed_bound": sides,
+      "bound": _bound_word(np.asarray(sides)),
+    }
+  return out
+
+
 def t_interval(logs: np.ndarray) -> list[float]:
   """The 95% t-interval of the geometric mean from per-seed log readings (n - 1 degrees of freedom),
   back on the ratio scale.
@@ -402,6 +436,55 @@ def cell_verdict(reading_a: Mapping[str, Any], field: float = FIELD) -> str:
   if hi < field:
     return "within the field"
   return "undetermined"
+
+
+AGAINST = 1.0  # a record of today's readings reads its verdict against 1.0x: a line declared before any seed
+POWER = 0.8  # the power at which `detectable` names the smallest factor the seeds could tell from 1.0x
+
+
+def detectable(ci95: list[float], seeds: int, power: float = POWER) -> float:
+  """The smallest factor a reading with 95% interval `ci95` over `seeds` seeds could tell from 1.0x at
+  `power`: exp(d), d the shift of the log mean at which a two-sided 5% t-test (seeds - 1 df, the interval's
+  standard error) rejects with probability `power` (scipy's noncentral t)."""
+  from scipy import optimize
+  from scipy import stats as sp
+
+  df = seeds - 1
+  crit = float(sp.t.ppf(0.975, df))
+  se = math.log(ci95[1] / ci95[0]) / (2 * crit)
+  # scipy's noncentral t returns NaN far in its tail, where the power is 1
+  reject = lambda x: float(np.nan_to_num(sp.nct.sf(crit, df, x) + sp.nct.cdf(-crit, df, x), nan=1.0))  # noqa: E731
+  ncp = optimize.brentq(lambda x: reject(x) - power, 0.0, 2 * crit + 10)
+  return math.exp(ncp * se)
+
+
+def verdict_against_one(reading_a: Mapping[str, Any], field: tuple[float, float] | None = None) -> dict[str, Any]:
+  """Reading (a)'s verdict against `AGAINST` (1.0x): "above 1.0×" where its 95% interval lies above it,
+  "below 1.0×" where below, else "undetermined", with the smallest factor its seeds could tell from 1.0x
+  (`detectable`); a bound's interval is open on its side (as `cell_verdict` reads it). `field`: the field's
+  range (low, high), which the interval is placed against descriptively: 'inside', 'overlapping', 'above' or
+  'below' it.
+
+  Returns:
+    {"against", "verdict", "detectable", "power", "field", "against_field"}.
+  """
+  lo, hi = (float(x) for x in reading_a["ci95"])
+  bound = reading_a.get("bound")
+  hi = math.inf if bound in ("lower", "both") else hi
+  lo = 0.0 if bound in ("upper", "both") else lo
+  word = "above 1.0×" if lo > AGAINST else "below 1.0×" if hi < AGAINST else "undetermined"
+  place = None
+  if field is not None:
+    a, b = field
+    place = "above" if lo > b else "below" if hi < a else "inside" if a <= lo and hi <= b else "overlapping"
+  return {
+    "against": AGAINST,
+    "verdict": word,
+    "detectable": detectable(reading_a["ci95"], len(reading_a["per_seed"])),
+    "power": POWER,
+    "field": list(field) if field else None,
+    "against_field": place,
+  }
 
 
 def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,20 +1,26 @@
 """The joint search (`benchmark.tuner='joint'`): one procedure for every side of a comparison, over the
-side's space of knobs (`adamw_space`, `muon_groups_space`), every run N steps on the search seeds.
+side's space of knobs (`space_of`: `SPACES` names the spaces), every run N steps on the search seeds.
 
 1. `configs` points of a scrambled Sobol sequence (scipy's, its seed recorded) over the space, and the
    side's published setting, each on the first two search seeds;
 2. the `FINALISTS` best by two-seed mean on the third seed, the best by three-seed mean kept;
-3. its LR at its sqrt(2) neighbours on the three seeds, moved (at most `LR_MOVES` times) while a neighbour
-   wins; the final LR from a quadratic fit of the three-seed means in log LR (the best LR run where the
-   fit has no minimum inside the LRs run);
-4. each knob whose chosen value sits at an edge of its range is tried one step beyond it on the three
-   seeds (at the best LR run), and kept where it wins.
+3. `finish`: (LR, weight decay) refined together (`refine`: the LR's line search, then the weight decay's
+   x/÷ 2, once more if either moved); each ordered knob at an edge of its range bracketed (`bracket`); the
+   chosen combination run as chosen on the three seeds, and where a knob moved since the LR was fitted, the
+   refinement and that run once more;
+4. the setting for the raw iterate: the lowest raw three-seed mean among the settings run on all three
+   seeds, through step 3 read raw (counted as tuning, both sides alike).
 
-A setting's mean is read at its best iterate: the raw one or the averaged one at one of `AVERAGING_BETAS`,
-the same for all its seeds. A stalled run (the plateau rule, `figures.plateau_runs`, among the setting's
-own seeds) is re-run once on the spare seed and not ranked. `equalise` then gives the side that spent
-less the difference, in N-run equivalents (every run's steps over N), as further Sobol points on the
-first two seeds; one that beats the kept winner's two-seed mean goes through steps 2-4 within what is left.
+A line search or a bracketing runs a value's neighbours on the three seeds and moves on past the best only
+while it wins by more than the noise of the difference (`tuning.wins_beyond_noise`), at most `LR_MOVES`
+steps. A setting's mean is read at its best iterate: the raw one or the averaged one at one of
+`AVERAGING_BETAS`, the same for all its seeds. A stalled run (the plateau rule, `figures.plateau_runs`,
+among the setting's own seeds) is re-run once on the spare seed and not ranked. `equalise` then gives the
+side that spent less the difference, in N-run equivalents (every run's steps over N), as further Sobol
+points on the first two seeds; one that beats the kept winner's two-seed mean goes through step 3 within
+what is left. Each side's tuning-cost curve (its best two-seed mean against runs spent) is kept; where the
+last quarter of some side's budget improved its best by more than one standard error of a two-seed mean
+(`saturation`), both sides get the same further budget (`FURTHER`), spent as `equalise` spends.
 """
 
 from __future__ import annotations
@@ -37,17 +43,39 @@ from hybridjax.bench.runs.runner import Runner
 AVERAGING_BETAS = (0.98, 0.99, 0.995, 0.998, 0.999)
 """The averaging betas every search run records; a setting is read at the best of them (or raw)."""
 FINALISTS = 4  # the settings of step 1 that go on to the third seed
-LR_MOVES = 2  # how often step 3 may move the LR to a winning neighbour
+LR_MOVES = 4  # the most steps a line search or a knob's bracketing takes past where it started
 SOBOL_POINTS = 2**8  # the Sobol block drawn (a power of 2, its balance): the first `configs`, then the extras
+FURTHER = 0.25  # an unsaturated search's further budget, as a share of the larger side's total
+# The spaces (`space_of`), each with the asymmetry between an AdamW side and a Muon side that it leaves.
+SPACES = {
+  "v1": "AdamW's embedding LR ratio takes three values {0.5, 1, 2} where a tied Muon row's is continuous "
+  "x/÷ 4; a Muon row with an untied head is refused",
+  "symmetric": "every side's embedding and head LR ratios continuous over x/÷ 4 (AdamW's adamw_* ratios, a "
+  "tied Muon row's tied_lr_ratio, an untied one's embed_lr_ratio and head_lr_ratio); left: a Muon row's "
+  "Adam groups have betas of their own (tied_b1/b2, or groups_b1/b2), as AdamW's betas are its own, since "
+  "they are that row's only Adam, and scalar_lr_ratio is searched on an untied Muon row alone (AdamW's "
+  "scalars train at its LR)",
+}
+# The weight decay each optimizer reads, which `refine` moves with the LR.
+WEIGHT_DECAY = {"adamw": "optim.weight_decay", "muon_groups": "optim.muon_weight_decay"}
+
+
+def weight_decay_of(config: ml_collections.ConfigDict) -> tuple[str, float]:
+  """(the weight decay field `config`'s optimizer reads, `WEIGHT_DECAY`; its value)."""
+  field = WEIGHT_DECAY[str(config.optim.name)]
+  return field, float(config.optim[field.split(".")[1]])
 
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
   """One dimension of a side's space: the config field it sets (dotted) and its values.
 
-  kind 'choice': one of `values`; 'log': log-uniform in [values[0], values[1]] (of 1 - the value when
-  `one_minus`, as for Adam's beta2); 'zero_or_log': 0 half the time, else log-uniform in the range.
-  `below` / `above`: the value one step beyond the range's low / high edge (None: a hard edge).
+  kind 'choice': one of the ordered `values`; 'category': one of `values`, unordered (no edge to step
+  past); 'log': log-uniform in [values[0], values[1]] (of 1 - the value when `one_minus`, as for Adam's
+  beta2); 'zero_or_log': 0 half the time, else log-uniform in the range.
+  `below` / `above`: the further steps past the range's low / high end, in order (of 1 - the value when
+  `one_minus`; at most `LR_MOVES`); the last is the knob's hard edge, and where there are none the range's
+  end is (a domain edge where that end is 0: a weight decay, a floor or a warm-up of 0).
   `per_step`: how the knob counts in optimizer steps, for a move to another batch size (`at_batch`): 'ema'
   (a decay per step, as Adam's betas and Muon's momentum), 'steps' (a number of steps, as the LR warm-up) or
   '' (neither)."""
@@ -55,8 +83,8 @@ class Knob:
   field: str
   kind: str
   values: tuple[Any, ...]
-  below: Any = None
-  above: Any = None
+  below: tuple[Any, ...] = ()
+  above: tuple[Any, ...] = ()
   one_minus: bool = False
   per_step: str = ""
 
@@ -71,7 +99,7 @@ class Knob:
 
   def value(self, u: float) -> Any:
     """The knob's value at `u` in [0, 1) (a Sobol coordinate)."""
-    if self.kind == "choice":
+    if self.kind in ("choice", "category"):
       return self.values[min(int(u * len(self.values)), len(self.values) - 1)]
     if self.kind == "zero_or_log":
       if u < 0.5:
@@ -81,24 +109,35 @@ class Knob:
     x = tuning.round_lr(lo * (hi / lo) ** u)
     return _one_minus(x) if self.one_minus else x
 
-  def edge(self, value: Any) -> Any:
-    """The value one step beyond the edge `value` sits at (a 'log' range's outer tenth counts as its
-    edge), or None: not at an edge, or at a hard one."""
+  def beyond(self, value: Any) -> tuple[list[Any], str]:
+    """(the further steps past the edge of its range `value` sits at, in order; what that edge is: 'low' or
+    'high', 'hard edge', 'domain edge', 'categorical' or 'inside' (no steps)). A 'log' range's outer tenth
+    counts as its edge; a value already past it (an earlier step kept) goes on with the steps beyond it."""
+    if self.kind == "category":
+      return [], "categorical"
+    x = _one_minus(value) if self.one_minus else value
     if self.kind == "choice":
-      if value == self.values[0]:
-        return self.below
-      return self.above if value == self.values[-1] else None
-    x = 1 - value if self.one_minus else value
-    if x == 0:
-      return None  # 'zero_or_log' at 0: a hard edge
-    lo, hi = self.values
-    at = math.log(x / lo) / math.log(hi / lo)
-    step = self.below if at <= 0.1 and self.kind == "log" else self.above if at >= 0.9 else None
-    return None if step is None else (_one_minus(step) if self.one_minus else step)
+      low, high = x <= self.values[0], x >= self.values[-1]
+    elif self.kind == "zero_or_log" and x == 0:
+      return [], "domain edge"
+    else:
+      lo, hi = self.values
+      at = math.log(x / lo) / math.log(hi / lo)
+      low, high = at <= 0.1 and self.kind == "log", at >= 0.9
+    if not (low or high):
+      return [], "inside"
+    steps = [s for s in self.below if s < x] if low else [s for s in self.above if s > x]
+    if not steps:
+      return [], "domain edge" if low and x == 0 else "hard edge"
+    return [_one_minus(s) if self.one_minus else s for s in steps], "low" if low else "high"
 
   def describe(self) -> dict[str, Any]:
     """The knob as the record lists it."""
-    return dataclasses.asdict(self) | {"values": list(self.values)}
+    return dataclasses.asdict(self) | {
+      "values": list(self.values),
+      "below": list(self.below),
+      "above": list(self.above),
+    }
 
 
 def _one_minus(x: float) -> float:
@@ -110,6 +149,26 @@ def _lr_knob(lr: float) -> Knob:
   return Knob("optim.learning_rate", "log", (tuning.round_lr(lr / 4), tuning.round_lr(lr * 4)))
 
 
+def _ratio_knob(field: str, ratio: float) -> Knob:
+  """An LR ratio continuous over x/÷ 4 around `ratio`, its further steps x/÷ 8 and 16."""
+  r = tuning.round_lr
+  return Knob(
+    field, "log", (r(ratio / 4), r(ratio * 4)), below=(r(ratio / 8), r(ratio / 16)), above=(r(ratio * 8), r(ratio * 16))
+  )
+
+
+def _betas(b1: str, b2: str) -> list[Knob]:
+  """An Adam's beta1 {0.8, 0.9, 0.95} and 1 - beta2 in [5e-5, 5e-2], with their further steps."""
+  return [
+    Knob(b1, "choice", (0.8, 0.9, 0.95), below=(0.7, 0.6, 0.5, 0.4), above=(0.98, 0.99), per_step="ema"),
+    Knob(b2, "log", (5e-5, 5e-2), below=(2.5e-5, 1.25e-5), above=(0.1, 0.2), one_minus=True, per_step="ema"),
+  ]
+
+
+def _weight_decay(field: str) -> Knob:
+  return Knob(field, "zero_or_log", (0.01, 1.0), above=(2.0, 4.0))
+
+
 def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int | None) -> list[Knob]:
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
   `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
@@ -118,63 +177,88 @@ def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int 
   fits = lambda w: shortest is None or w < shortest  # noqa: E731
   warmups = tuple(dict.fromkeys(w for w in (0, warmup, 3 * warmup) if fits(w)))
   return [
-    Knob("optim.warmup_steps", "choice", warmups, above=6 * warmup if fits(6 * warmup) else None, per_step="steps"),
-    Knob("optim.schedule", "choice", ("wsd", "cosine")),
-    Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=0.5),
-    Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=0.1, above=0.8),
-    Knob("optim.grad_clip", "choice", (1.0, 0.0)),
-    Knob("model.init", "choice", inits),
-  ]
-
-
-def adamw_space(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
-  """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
-  in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio {0.5, 1, 2} and the shared knobs."""
-  return [
-    _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98, per_step="ema"),
-    Knob("optim.b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True, per_step="ema"),
-    Knob("optim.weight_decay", "zero_or_log", (0.01, 1.0), above=2.0),
-    Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=0.25, above=4.0),
-    *_shared_knobs(config, warmup, shortest),
-  ]
-
-
-def muon_groups_space(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
-  """`muon_groups`' space around `config`, on a model whose head is tied to the token embedding (its one
-  Adam matrix): LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight decay 0 or [0.01, 1], the
-  tied matrix's LR ratio x/÷ 4 and betas as AdamW's, and the shared knobs."""
-  if config.model.get("untied_head", False):
-    raise ValueError(
-      "--config.model.untied_head=True: the joint search of 'muon_groups' searches the tied embedding-head's "
-      "settings (optim.tied_*), which an untied head does not read; search a tied row (model.untied_head=False)"
-    )
-  tied = float(config.optim.tied_lr_ratio)
-  return [
-    _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.muon_momentum", "choice", (0.85, 0.9, 0.95, 0.98), below=0.8, above=0.99, per_step="ema"),
-    Knob("optim.muon_weight_decay", "zero_or_log", (0.01, 1.0), above=2.0),
     Knob(
-      "optim.tied_lr_ratio",
-      "log",
-      (tuning.round_lr(tied / 4), tuning.round_lr(tied * 4)),
-      below=tuning.round_lr(tied / 8),
-      above=tuning.round_lr(tied * 8),
+      "optim.warmup_steps",
+      "choice",
+      warmups,
+      above=tuple(w for w in (6 * warmup, 12 * warmup) if fits(w)),
+      per_step="steps",
     ),
-    Knob("optim.tied_b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98, per_step="ema"),
-    Knob("optim.tied_b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True, per_step="ema"),
+    Knob("optim.schedule", "category", ("wsd", "cosine")),
+    Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=(0.5, 0.7)),
+    Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=(0.1, 0.05), above=(0.8, 1.0)),
+    Knob("optim.grad_clip", "category", (1.0, 0.0)),
+    Knob("model.init", "category", inits),
+  ]
+
+
+def adamw_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
+) -> list[Knob]:
+  """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
+  in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
+  'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
+  if space == "v1":
+    ratios = [Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=(0.25, 0.125), above=(4.0, 8.0))]
+  else:
+    names = (
+      ("adamw_embed_lr_ratio", "adamw_head_lr_ratio")
+      if config.model.get("untied_head", False)
+      else ("adamw_embed_lr_ratio",)
+    )
+    ratios = [_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names]
+  return [
+    _lr_knob(float(config.optim.learning_rate)),
+    *_betas("optim.b1", "optim.b2"),
+    _weight_decay("optim.weight_decay"),
+    *ratios,
     *_shared_knobs(config, warmup, shortest),
   ]
 
 
-def space_of(config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None) -> list[Knob]:
-  """The space of `config`'s optimizer ('adamw' or 'muon_groups'), around `config`'s values; `warmup`: the
-  preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the warm-up)."""
+def muon_groups_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
+) -> list[Knob]:
+  """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
+  decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
+  ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
+  the scalars' LR ratios x/÷ 4 and the groups' betas; and the shared knobs."""
+  untied = bool(config.model.get("untied_head", False))
+  if untied and space == "v1":
+    raise ValueError(
+      "--config.model.untied_head=True: the joint search's space 'v1' of 'muon_groups' searches the tied "
+      "embedding-head's settings (optim.tied_*), which an untied head does not read; search a tied row "
+      "(model.untied_head=False), or the 'symmetric' space"
+    )
+  names = ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio") if untied else ("tied_lr_ratio",)
+  return [
+    _lr_knob(float(config.optim.learning_rate)),
+    Knob(
+      "optim.muon_momentum",
+      "choice",
+      (0.85, 0.9, 0.95, 0.98),
+      below=(0.8, 0.7, 0.6),
+      above=(0.99, 0.995),
+      per_step="ema",
+    ),
+    _weight_decay("optim.muon_weight_decay"),
+    *(_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names),
+    *_betas(*(("optim.groups_b1", "optim.groups_b2") if untied else ("optim.tied_b1", "optim.tied_b2"))),
+    *_shared_knobs(config, warmup, shortest),
+  ]
+
+
+def space_of(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+) -> list[Knob]:
+  """The space `space` (`SPACES`) of `config`'s optimizer ('adamw' or 'muon_groups'), around `config`'s
+  values; `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound
+  on the warm-up)."""
   spaces = {"adamw": adamw_space, "muon_groups": muon_groups_space}
   name = str(config.optim.name)
   if name not in spaces:
     raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {' and '.join(spaces)} only")
-  return spaces[name](config, warmup, shortest)
+  return spaces[name](config, warmup, shortest, space)
 
 
 def sobol_points(dimensions: int, seed: int) -> np.ndarray:
@@ -228,13 +312,17 @@ class Setting:
     self.runs: dict[int, dict[str, Any]] = {}
     self.stalled: list[int] = []
 
-  def ranked(self, seeds: list[int]) -> list[dict[str, Any]]:
-    """Its runs on `seeds`, a stalled one replaced by its spare-seed run where that did not stall."""
-    out = [self.runs[s] for s in seeds if s in self.runs and s not in self.stalled]
+  def by_seed(self, seeds: list[int]) -> dict[int, dict[str, Any]]:
+    """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
+    out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
     stalled = any(s in self.stalled for s in seeds)
     if stalled and self.spare in self.runs and self.spare not in self.stalled:
-      out.append(self.runs[self.spare])
+      out[self.spare] = self.runs[self.spare]
     return out
+
+  def ranked(self, seeds: list[int]) -> list[dict[str, Any]]:
+    """Its runs on `seeds` (`by_seed`)."""
+    return list(self.by_seed(seeds).values())
 
   def mean(self, seeds: list[int]) -> float:
     """Its mean over `seeds` at its best iterate (`best_reading`); inf where none of them ran."""
@@ -267,8 +355,9 @@ class Search:
     spare: int,
     sobol_seed: int,
     margin: float,
+    space_name: str = "symmetric",
   ):
-    self.name, self.config, self.space = name, config, space
+    self.name, self.config, self.space, self.space_name = name, config, space, space_name
     self.seeds, self.spare, self.sobol_seed, self.margin = list(seeds), int(spare), int(sobol_seed), float(margin)
     self.n = int(config.trainer.steps)
     self.points = sobol_points(len(space), sobol_seed)
@@ -277,15 +366,20 @@ class Search:
     self.log: list[dict[str, Any]] = []  # every run started, in order
     self.steps_run = 0
     self.history: dict[str, Any] = {}
+    self.curve: list[list[float]] = []  # [runs spent, the best two-seed mean so far] after each batch
 
   def cost(self) -> float:
     """The runs started so far, in N-run equivalents (their steps over N)."""
     return self.steps_run / self.n
 
-  def add(self, origin: str, fields: dict[str, Any]) -> Setting:
-    """A new setting of `fields`; under the cosine schedule without the cool-down, which it does not read."""
+  def add(self, origin: str, fields: dict[str, Any], reuse: bool = False) -> Setting:
+    """A new setting of `fields`; under the cosine schedule without the cool-down, which it does not read.
+    `reuse`: the setting of the same fields where one exists (its runs are not run or counted twice)."""
     if fields.get("optim.schedule", "wsd") != "wsd":
       fields = {k: v for k, v in fields.items() if k != "optim.decay_fraction"}
+    same = [s for s in self.settings.values() if s.fields == fields] if reuse else []
+    if same:
+      return same[0]
     ident = f"{self.name}-{len(self.settings)}"
     self.settings[ident] = Setting(ident, origin, fields, self.spare)
     return self.settings[ident]
@@ -305,14 +399,17 @@ class Search:
 
 
 Request = tuple[Search, Setting, int]
+Reading = tuple[str, float | None]  # the (iterate, beta) a comparison reads every setting at
 
 
 def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   """Trains `requests` (search, setting, seed) in one batch, then the plateau rule over each touched
-  setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked."""
+  setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked. Each
+  touched search's tuning-cost curve gains a point."""
+  searches: dict[int, Search] = {}
   for _ in range(2):
     if not requests:
-      return
+      break
     results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
     touched: dict[int, tuple[Search, Setting]] = {}
     for (search, setting, seed), r in zip(requests, results):
@@ -328,6 +425,7 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
         }
       )
       touched[id(setting)] = (search, setting)
+      searches[id(search)] = search
     requests, label = [], label + ": stalled runs on the spare seed"
     for search, setting in touched.values():
       curves = {setting.ident: {str(s): r["curve"] for s, r in setting.runs.items() if s not in setting.stalled}}
@@ -339,103 +437,206 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
             entry["stalled"] = True
         if search.spare not in setting.runs:
           requests.append((search, setting, search.spare))
+  for search in searches.values():
+    two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
+    search.curve.append([search.cost(), min(two, default=None)])
 
 
-def _winner(search: Search, settings: list[Setting]) -> Setting:
-  return min(settings, key=lambda s: s.mean(search.seeds))
+def _run_three(search: Search, settings: list[Setting], runner: Runner, label: str, limit: float) -> bool:
+  """`settings` on the search seeds they have not run, in one batch, where those runs fit in `limit` (the
+  search's total, N-run equivalents); whether they did."""
+  todo = [(search, s, seed) for s in dict.fromkeys(settings) for seed in search.seeds if seed not in s.runs]
+  if search.cost() + len(todo) > limit + 1e-9:
+    return False
+  run_requests(todo, runner, f"{search.name} search: {label}")
+  return True
 
 
-def lr_steps(search: Search, start: Setting, runner: Runner, budget: float = math.inf) -> dict[str, Any] | None:
-  """Step 3 for `start` (run on the three seeds): its LR at its sqrt(2) neighbours, moved while a neighbour
-  wins (at most `LR_MOVES` times), then the quadratic fit in log LR. Each round only if its runs fit in
-  `budget` (N-run equivalents); None where the first round does not."""
-  seeds = search.seeds
-  by_lr = {float(start.fields["optim.learning_rate"]): start}
-  _, iterate, beta = best_reading(start.ranked(seeds))
-  center, moves = float(start.fields["optim.learning_rate"]), 0
+def _score(search: Search, setting: Setting, reading: Reading) -> float:
+  return read_at(setting.ranked(search.seeds), *reading)
 
-  def at(lr: float) -> Setting:
-    if lr not in by_lr:
-      by_lr[lr] = search.add(f"LR of {start.ident}", start.fields | {"optim.learning_rate": lr})
-    return by_lr[lr]
 
-  def score(s: Setting) -> float:
-    return read_at(s.ranked(seeds), iterate, beta)
+def _wins(search: Search, new: Setting, old: Setting, reading: Reading) -> bool:
+  """Whether `new` beats `old` on the seeds both ran by more than the noise of the difference."""
+  a, b = new.by_seed(search.seeds), old.by_seed(search.seeds)
+  common = [s for s in a if s in b]
+  loss = lambda runs: [tuning.iterate_loss(runs[s], *reading) for s in common]  # noqa: E731
+  return tuning.wins_beyond_noise(loss(a), loss(b))["wins"]
 
-  spent = 0.0
-  todo = [tuning.round_lr(center / math.sqrt(2)), tuning.round_lr(center * math.sqrt(2))]
+
+def line_search(
+  search: Search,
+  start: Setting,
+  field: str,
+  ratio: float,
+  reading: Reading,
+  runner: Runner,
+  limit: float,
+  hard: float = math.inf,
+) -> dict[str, Any] | None:
+  """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
+  the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
+  is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
+  at = {float(start.fields[field]): start}
+  centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
+
+  def setting(v: float) -> Setting:
+    if v not in at:
+      at[v] = search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)
+    return at[v]
+
+  todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
   while True:
-    new = [lr for lr in todo if lr not in by_lr]
-    if len(new) * len(seeds) > budget - spent:
-      if moves == 0 and len(by_lr) == 1:
+    if not _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
+      if moves == 0:
         return None
+      stopped = "budget"
       break
-    run_requests([(search, at(lr), s) for lr in new for s in seeds], runner, f"{search.name} search: LR neighbours")
-    spent += len(new) * len(seeds)
-    best = min(by_lr, key=lambda lr: score(by_lr[lr]))
-    if best == center or moves >= LR_MOVES:
+    best = min(at, key=lambda v: _score(search, at[v], reading))
+    if best == centre:
       break
-    moves += 1
-    step = math.sqrt(2) if best > center else 1 / math.sqrt(2)
-    center, todo = best, [tuning.round_lr(best * step)]
-  lrs = sorted(by_lr)
-  means = [score(by_lr[lr]) for lr in lrs]
-  best_run = lrs[int(np.argmin(means))]
-  fitted = best_run
-  if len(lrs) >= 3:
-    a, b, _ = np.polyfit(np.log(lrs), means, 2)
-    if a > 0 and math.log(lrs[0]) <= -b / (2 * a) <= math.log(lrs[-1]):
-      fitted = tuning.round_lr(math.exp(-b / (2 * a)))
+    if not _wins(search, at[best], at[centre], reading):
+      stopped = "within noise"
+      break
+    moves, up, centre = moves + 1, best > centre, best
+    further = tuning.round_lr(best * ratio if up else best / ratio)
+    if moves >= LR_MOVES or further > hard:
+      stopped = "at most LR_MOVES moves" if moves >= LR_MOVES else "hard edge"
+      break
+    todo = [further]
+  values = sorted(at)
+  means = [_score(search, at[v], reading) for v in values]
   return {
-    "lrs": lrs,
+    "field": field,
+    "values": values,
     "means": means,
-    "iterate": iterate,
-    "beta": beta,
+    "centre": centre,
     "moves": moves,
-    "best_run_lr": best_run,
-    "fitted_lr": fitted,
-    "best": by_lr[best_run],
+    "stopped": stopped,
+    "at": at,
   }
 
 
-def edge_steps(search: Search, best: Setting, runner: Runner, budget: float = math.inf) -> dict[str, Any]:
-  """Step 4: each knob but the LR whose value in `best` sits at an edge of its range, one step beyond it
-  on the three seeds (within `budget`); each that wins is kept."""
-  seeds = search.seeds
-  tried = []
-  for knob in [k for k in search.space[1:] if k.field in best.fields]:
-    beyond = knob.edge(best.fields[knob.field])
-    if beyond is not None and len(tried) * len(seeds) + len(seeds) <= budget:
-      tried.append((knob, search.add(f"edge of {knob.field}", best.fields | {knob.field: beyond})))
-  run_requests([(search, s, seed) for _, s in tried for seed in seeds], runner, f"{search.name} search: edges")
-  base = best.mean(seeds)
-  kept = {knob.field: s.fields[knob.field] for knob, s in tried if s.mean(seeds) < base}
-  return {"tried": [s.ident for _, s in tried], "kept": kept}
+def _fit_lr(line: dict[str, Any]) -> float:
+  """The LR from a quadratic fit of the LR line search's three-seed means in log LR; its centre where the
+  fit has no minimum inside the LRs run."""
+  lrs, means = line["values"], line["means"]
+  if len(lrs) >= 3:
+    a, b, _ = np.polyfit(np.log(lrs), means, 2)
+    if a > 0 and math.log(lrs[0]) <= -b / (2 * a) <= math.log(lrs[-1]):
+      return tuning.round_lr(math.exp(-b / (2 * a)))
+  return line["centre"]
 
 
-def finish(search: Search, start: Setting, runner: Runner, budget: float = math.inf) -> dict[str, Any] | None:
-  """Steps 3 and 4 for `start`; the chosen setting: its fields with the edges kept and the fitted LR, and
-  the iterate and beta its best LR's runs read best at."""
-  before = search.cost()
-  lr = lr_steps(search, start, runner, budget)
-  if lr is None:
+def refine(search: Search, start: Setting, reading: Reading, runner: Runner, limit: float) -> dict[str, Any] | None:
+  """(LR, weight decay) refined together from `start`: the LR's line search (x/÷ sqrt(2)) and its fit
+  (`_fit_lr`), then the weight decay's (x/÷ 2, at the LR's centre; 0 is its domain's edge, kept), once
+  more where either moved. None where the first LR round does not fit in `limit`. Returns {"rounds",
+  "best": the last centre run, "fields": its fields at the fitted LR}."""
+  field = WEIGHT_DECAY.get(str(search.config.optim.name))
+  knob = next((k for k in search.space if k.field == field), None)
+  rounds: list[dict[str, Any]] = []
+  current, fitted = start, float(start.fields["optim.learning_rate"])
+  for _ in range(2):
+    lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
+    if lr is None:
+      if not rounds:
+        return None
+      break
+    fitted, current = _fit_lr(lr), lr["at"][lr["centre"]]
+    wd = None
+    if knob is not None and float(current.fields[field]) > 0:
+      wd = line_search(search, current, field, 2.0, reading, runner, limit, max(knob.above, default=knob.values[1]))
+    if wd is not None:
+      current = wd["at"][wd["centre"]]
+    public = lambda line: {k: v for k, v in line.items() if k != "at"}  # noqa: E731
+    wd_record = public(wd) if wd else {"field": field, "stopped": "domain edge" if knob else "not searched"}
+    rounds.append({"lr": public(lr) | {"fitted": fitted}, "weight_decay": wd_record})
+    if not lr["moves"] and not (wd and wd["moves"]):
+      break
+  return {"rounds": rounds, "best": current, "fields": current.fields | {"optim.learning_rate": fitted}}
+
+
+def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> dict[str, Any]:
+  """Each knob but the LR and the weight decay (`refine`'s), where its value in `base` sits at an edge of
+  its range: its further steps past it (`Knob.beyond`) on the three seeds from `base`, each kept while it
+  wins by more than the noise of the difference over the last kept (the first over `base`), at most
+  `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
+  {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
+  skip = {"optim.learning_rate", WEIGHT_DECAY.get(str(search.config.optim.name))}
+  state: dict[str, dict[str, Any]] = {}
+  for knob in search.space:
+    if knob.field not in skip and knob.field in base.fields:
+      steps, edge = knob.beyond(base.fields[knob.field])
+      state[knob.field] = {"edge": edge, "steps": steps[:LR_MOVES], "tried": [], "kept": None, "last": base}
+      state[knob.field]["stopped"] = None if steps else edge
+  while True:
+    todo = [(f, st) for f, st in state.items() if st["stopped"] is None]
+    if not todo:
+      break
+    new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
+    if not _run_three(search, new, runner, "edges", limit):
+      for _, st in todo:
+        st["stopped"] = "budget"
+      break
+    for (f, st), s in zip(todo, new):
+      st["tried"].append(s.ident)
+      if not _wins(search, s, st["last"], reading):
+        st["stopped"] = "within noise"
+        continue
+      st["kept"], st["last"] = s.fields[f], s
+      if len(st["tried"]) == len(st["steps"]):
+        st["stopped"] = "hard edge" if len(st["steps"]) < LR_MOVES else "at most LR_MOVES moves"
+  keys = ("edge", "tried", "kept", "stopped")
+  return {
+    "knobs": {f: {k: st[k] for k in keys} for f, st in state.items()},
+    "kept": {f: st["kept"] for f, st in state.items() if st["kept"] is not None},
+  }
+
+
+def _as_chosen(search: Search, fields: dict[str, Any], runner: Runner, limit: float) -> Setting | None:
+  """The combination `fields` run as chosen on the three seeds (None where that does not fit in `limit`)."""
+  chosen = search.add("as chosen", fields, reuse=True)
+  return chosen if _run_three(search, [chosen], runner, "as chosen", limit) else None
+
+
+def finish(
+  search: Search, start: Setting, runner: Runner, budget: float = math.inf, iterate: str | None = None
+) -> dict[str, Any] | None:
+  """Step 3 from `start`, within `budget` (N-run equivalents): `refine`, `bracket` from its centre, the
+  combination run as chosen, and where a knob moved since the LR was fitted, `refine` from it and the
+  combination run once more. Every comparison reads the iterate and beta `start` reads best at, or the raw
+  iterate (`iterate='raw'`). None where the first LR round or the first combination does not fit. The
+  chosen setting reads the iterate (`iterate`, else its better one) and beta its own runs read best at."""
+  limit = search.cost() + budget
+  reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked(search.seeds))[1:]
+  first = refine(search, start, reading, runner, limit)
+  if first is None:
     return None
-  edges = edge_steps(search, lr["best"], runner, budget - (search.cost() - before))
-  best = lr["best"]
-  runs = best.ranked(search.seeds)  # its iterate, and its beta (the averaged iterate's, even where raw wins)
+  edges = bracket(search, first["best"], reading, runner, limit)
+  chosen = _as_chosen(search, first["fields"] | edges["kept"], runner, limit)
+  if chosen is None:
+    return None
+  refined = [first]
+  if edges["kept"]:
+    again = refine(search, chosen, reading, runner, limit)
+    final = None if again is None else _as_chosen(search, again["fields"], runner, limit)
+    refined += [again] if again else []
+    chosen = final or chosen
+  runs = chosen.ranked(search.seeds)  # its iterate, and its beta (the averaged iterate's, even where raw wins)
   beta = min(AVERAGING_BETAS, key=lambda b: read_at(runs, "averaged", b))
   losses = {"raw": read_at(runs, "raw", None), "averaged": read_at(runs, "averaged", beta)}
-  iterate = min(losses, key=losses.get)
-  mean = losses[iterate]
-  fields = best.fields | edges["kept"] | {"optim.learning_rate": lr["fitted_lr"]}
+  chosen_iterate = iterate or min(losses, key=losses.get)
   return {
     "from": start.ident,
-    "lr": {k: v for k, v in lr.items() if k != "best"} | {"best": best.ident},
+    "reading": list(reading),
+    "refine": [{"rounds": r["rounds"], "best": r["best"].ident} for r in refined],
     "edges": edges,
-    "fields": fields,
-    "iterate": iterate,
+    "as_chosen": chosen.ident,
+    "fields": chosen.fields,
+    "iterate": chosen_iterate,
     "beta": beta,
-    "three_seed_mean": mean,
+    "three_seed_mean": losses[chosen_iterate],
   }
 
 
@@ -445,26 +646,29 @@ def side_searches(
   config: ml_collections.ConfigDict,
   shortest: dict[str, int] | None = None,
 ) -> list[Search]:
-  """One search per side (`sides`: name -> its config) over its space (`space_of`, at the preset's LR
-  warm-up and the side's shortest budget in `shortest`), on a study block's `search_seeds`,
-  `spare_seed` and `sobol_seed`, with the benchmark's plateau margin."""
+  """One search per side (`sides`: name -> its config) over its space (`space_of`, the block's
+  `search_space`, at the preset's LR warm-up and the side's shortest budget in `shortest`), on a study
+  block's `search_seeds`, `spare_seed` and `sobol_seed`, with the benchmark's plateau margin."""
   warmup = int(config.optim.warmup_steps)  # the preset's LR warm-up, whose multiples the space offers
+  space = str(block.search_space)
   return [
     Search(
       side,
       c,
-      space_of(c, warmup, (shortest or {}).get(side)),
+      space_of(c, warmup, (shortest or {}).get(side), space),
       [int(s) for s in block.search_seeds],
       int(block.spare_seed),
       int(block.sobol_seed),
       float(config.benchmark.plateau_margin),
+      space,
     )
     for side, c in sides.items()
   ]
 
 
 def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, dict[str, Any]]:
-  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), then `equalise`."""
+  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise`, and where some
+  side's search has not saturated (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
     first = [search.add("published", published_setting(search.config, search.space))]
@@ -481,45 +685,91 @@ def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[st
     winner = _winner(search, [search.settings[i] for i in search.history["finalists"]])
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
+  for search in searches:  # step 4: the raw iterate's setting
+    three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
+    start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
+    search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner)
+  checks = {search.name: saturation(search) for search in searches}
+  further = 0.0
+  if not all(c["saturated"] for c in checks.values()):
+    further = FURTHER * max(search.cost() for search in searches)
+    equalise(searches, runner, max(search.cost() for search in searches) + further, "further_points")
+  for search in searches:
+    after = saturation(search) if further else None
+    search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
   return {search.name: search_record(search, searches) for search in searches}
 
 
-def equalise(searches: list[Search], runner: Runner) -> None:
-  """The side that spent less spends the difference on further Sobol points (the first two seeds), until the
-  totals differ by less than one configuration's cost; a point that beats the kept winner's two-seed mean
-  goes on to the third seed and, where it beats its three-seed mean too, through steps 3 and 4, each within
-  what is left. It replaces the winner where its chosen setting's three-seed mean is lower."""
-  extra: dict[str, list[str]] = {s.name: [] for s in searches}
-  while True:
-    cheap = min(searches, key=Search.cost)
-    left = max(s.cost() for s in searches) - cheap.cost()
-    one = 2.0  # a configuration: two runs of N steps
-    if left < one:
-      break
-    point = cheap.next_sobol()
-    extra[cheap.name].append(point.ident)
-    run_requests([(cheap, point, s) for s in cheap.seeds[:2]], runner, f"{cheap.name} search: equal budget")
-    winner = cheap.settings[cheap.history["winner"]]
-    left = max(s.cost() for s in searches) - cheap.cost()
-    if point.mean(cheap.seeds[:2]) >= winner.mean(cheap.seeds[:2]) or left < 1:
-      continue
-    run_requests([(cheap, point, cheap.seeds[2])], runner, f"{cheap.name} search: equal budget, third seed")
-    if point.mean(cheap.seeds) >= winner.mean(cheap.seeds):
-      continue
-    left = max(s.cost() for s in searches) - cheap.cost()
-    chosen = finish(cheap, point, runner, left)
-    if chosen is not None and chosen["three_seed_mean"] < cheap.history["chosen"]["three_seed_mean"]:
-      cheap.history["winner"], cheap.history["chosen"] = point.ident, chosen
+def _winner(search: Search, settings: list[Setting]) -> Setting:
+  return min(settings, key=lambda s: s.mean(search.seeds))
+
+
+def equalise(
+  searches: list[Search], runner: Runner, target: float | None = None, key: str = "equalising_points"
+) -> None:
+  """Each side spends what it lacks of `target` (None: the costliest side's total) on further Sobol points
+  (the first two seeds), until less than one configuration's cost is left; a point that beats the kept
+  winner's two-seed mean goes on to the third seed and, where it beats its three-seed mean too, through
+  step 3 within what is left. It replaces the winner where its chosen setting's three-seed mean is lower.
+  The points drawn are listed under `key` in the side's history."""
+  target = max(s.cost() for s in searches) if target is None else target
   for search in searches:
-    search.history["equalising_points"] = extra[search.name]
+    extra = search.history.setdefault(key, [])
+    while target - search.cost() >= 2.0:  # a configuration: two runs of N steps
+      point = search.next_sobol()
+      extra.append(point.ident)
+      run_requests([(search, point, s) for s in search.seeds[:2]], runner, f"{search.name} search: {key}")
+      winner = search.settings[search.history["winner"]]
+      if point.mean(search.seeds[:2]) >= winner.mean(search.seeds[:2]) or target - search.cost() < 1:
+        continue
+      run_requests([(search, point, search.seeds[2])], runner, f"{search.name} search: {key}, third seed")
+      if point.mean(search.seeds) >= winner.mean(search.seeds):
+        continue
+      chosen = finish(search, point, runner, target - search.cost())
+      if chosen is not None and chosen["three_seed_mean"] < search.history["chosen"]["three_seed_mean"]:
+        search.history["winner"], search.history["chosen"] = point.ident, chosen
+
+
+def _seed_sd(search: Search) -> float:
+  """The seeds' sd of one setting's loss, pooled over the settings run on two seeds or more (each read at
+  its best iterate)."""
+  ss, df = 0.0, 0
+  for s in search.settings.values():
+    runs = s.ranked(search.seeds)
+    if len(runs) >= 2:
+      _, iterate, beta = best_reading(runs)
+      ss += statistics.variance([tuning.iterate_loss(r, iterate, beta) for r in runs]) * (len(runs) - 1)
+      df += len(runs) - 1
+  return math.sqrt(ss / df) if df else 0.0
+
+
+def saturation(search: Search) -> dict[str, Any]:
+  """Whether the search's tuning-cost curve has saturated: its best two-seed mean improved over the last
+  quarter of its runs by no more than one standard error of a two-seed mean (`_seed_sd` over sqrt(2))."""
+  total = search.cost()
+  best = min((b for _, b in search.curve if b is not None), default=None)
+  then = min((b for c, b in search.curve if b is not None and c <= 0.75 * total), default=None)
+  se = _seed_sd(search) / math.sqrt(2)
+  improved = None if best is None or then is None else then - best
+  return {
+    "runs": total,
+    "best": best,
+    "best_at_three_quarters": then,
+    "improvement": improved,
+    "se_two_seed_mean": se,
+    "saturated": improved is not None and improved <= se,
+  }
 
 
 def search_record(search: Search, searches: list[Search]) -> dict[str, Any]:
-  """A side's search as the record lists it: the space, the Sobol seed, every setting and run, the chosen
-  setting, its total and both sides' totals (N-run equivalents)."""
+  """A side's search as the record lists it: the space and the asymmetry it leaves, the Sobol seed, every
+  setting and run, the chosen settings, the tuning-cost curve, its total and both sides' totals (N-run
+  equivalents)."""
   return {
     "space": [k.describe() for k in search.space],
+    "space_name": search.space_name,
+    "asymmetry": SPACES[search.space_name],
     "sobol_seed": search.sobol_seed,
     "sobol": f"scipy.stats.qmc.Sobol(d={len(search.space)}, scramble=True, rng=default_rng(seed)), scipy "
     + importlib.metadata.version("scipy"),
@@ -529,6 +779,7 @@ def search_record(search: Search, searches: list[Search]) -> dict[str, Any]:
     "settings": [s.record(search.seeds) for s in search.settings.values()],
     "runs": [e | {"config": search.settings[e["setting"]].fields} for e in search.log],
     **search.history,
+    "tuning_curve": search.curve,
     "search_runs": search.cost(),
     "totals": {s.name: s.cost() for s in searches},
   }

@@ -80,6 +80,49 @@ def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str,
   return {"noise": max(spread, paired or 0.0), "seed_spread": spread, "eval_paired_se": paired}
 
 
+def wins_beyond_noise(new: list[float], old: list[float]) -> dict[str, Any]:
+  """Whether `new` beats `old` by more than the noise of their difference: per seed (paired, the same seeds
+  in the same order) new - old; the mean difference below minus its standard error (the differences' sd
+  over sqrt(seeds)). Fewer than two seeds cannot tell the noise: no win.
+
+  Returns:
+    {"difference": the mean difference, "se": its standard error (None under two seeds), "wins"}.
+  """
+  d = [a - b for a, b in zip(new, old)]
+  if len(d) < 2:
+    return {"difference": statistics.fmean(d) if d else None, "se": None, "wins": False}
+  mean, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+  return {"difference": mean, "se": se, "wins": -mean > se}
+
+
+def budget_candidates(lr: float, weight_decay: float, factor: float) -> list[dict[str, float]]:
+  """The settings a budget's check tries at T = `factor` x N, the chosen one first: the LR at its sqrt(2)
+  neighbours, and the weight decay lambda at lambda N / T (the decay summed over the run the same as at N),
+  where lambda > 0."""
+  out = [{"lr": lr, "weight_decay": weight_decay}]
+  out += [{"lr": round_lr(lr * math.sqrt(2) ** k), "weight_decay": weight_decay} for k in (-1, 1)]
+  if weight_decay > 0:
+    out.append({"lr": lr, "weight_decay": round_lr(weight_decay / factor)})
+  return out
+
+
+BUDGET_RULE = (
+  "at every budget but N, the LR's sqrt(2) neighbours and the weight decay lambda N / T tried on the tuning "
+  "seeds; the chosen setting kept unless the lowest mean beats it by more than the paired noise of the "
+  "difference (its mean below minus its standard error over the seeds)"
+)
+
+
+def budget_choice(tried: list[dict[str, Any]]) -> dict[str, Any]:
+  """`BUDGET_RULE`'s choice among `tried` (`budget_candidates`' settings, the chosen one first, each with
+  its "losses" on the tuning seeds, in the same order): {"lr", "weight_decay"} of the one kept, and the
+  best candidate's paired difference from the first (`wins_beyond_noise`)."""
+  best = min(tried, key=lambda t: statistics.fmean(t["losses"]))
+  win = wins_beyond_noise(best["losses"], tried[0]["losses"])
+  kept = best if win["wins"] else tried[0]
+  return {"lr": kept["lr"], "weight_decay": kept["weight_decay"], "best_difference": win}
+
+
 def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
   """A run's loss as read: its raw iterate's, or its averaged one's at `beta`."""
   return run["final_raw"] if iterate == "raw" else averaged_loss(run, beta)

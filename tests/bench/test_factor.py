@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from hybridjax.bench import factor, protocol
+from hybridjax.bench import factor, protocol, stats
 
 N = 3000
 ADAMW_T = (0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)  # the study's AdamW curve with both extensions, over N
@@ -233,3 +233,66 @@ def test_on_the_published_families_the_fitted_readings_agree_with_the_curves_own
     assert out["a"]["per_seed"][k] == pytest.approx(reach_a.steps / n, rel=0.05)
     reach_b = protocol.steps_to_reach(m["steps"], m["loss"], at_n["adamw"])
     assert out["b"]["per_seed"][k] == pytest.approx(n / reach_b.steps, rel=0.05)
+
+
+@pytest.mark.parametrize("k", [1.3, 2.0])
+def test_the_interpolated_reading_reads_a_stretch_without_the_fit(k):
+  """On curves of the fitted form, the model-free reading (linear in log budget between the budgets run)
+  is near the fitted one; a reading past the budgets run is a bound, as the fitted one is."""
+  data = synthetic(k, np.random.default_rng(1), noise=QUIET)
+  inter = factor.interpolated(*_sides(data), N)
+  for reading in ("a", "b"):
+    r = inter[reading]
+    assert r["mean"] == pytest.approx(k, rel=0.03) and r["bound"] is None
+    assert r["ci95_t"][0] <= r["mean"] <= r["ci95_t"][1] and len(r["per_seed"]) == 5
+  short = {s: {"steps": c["steps"][:2], "loss": c["loss"][:2]} for s, c in data["adamw"].items()}  # to 1 N
+  assert factor.interpolated(short, data["muon"], N)["a"]["bound"] == "lower"
+
+
+def test_the_smallest_factor_five_seeds_tell_from_one_at_80_percent_power():
+  """Five seeds of per-seed sd 0.085 in log (the measured noise) tell about 1.15x from 1.0x at 80% power;
+  twenty tell less; the verdict against 1.0x names it, and places the interval against the field's range."""
+  sd, n = 0.085, 5
+  half = stats.t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+  five = factor.detectable([math.exp(-half), math.exp(half)], n)
+  assert 1.13 < five < 1.17
+  half20 = stats.t_quantile(0.975, 19) * sd / math.sqrt(20)
+  assert 1.0 < factor.detectable([math.exp(-half20), math.exp(half20)], 20) < five
+  one = {"ci95": [0.95, 1.15], "bound": None, "per_seed": [1.0] * 5}
+  out = factor.verdict_against_one(one, (1.1, 1.52))
+  assert out["verdict"] == "undetermined" and out["against_field"] == "overlapping" and out["detectable"] > 1
+  assert factor.verdict_against_one(one | {"ci95": [1.2, 1.4]}, (1.1, 1.52))["against_field"] == "inside"
+  assert factor.verdict_against_one(one | {"ci95": [1.6, 2.0]}, (1.1, 1.52))["verdict"] == "above 1.0×"
+  assert factor.verdict_against_one(one | {"ci95": [0.7, 0.9]}, (1.1, 1.52))["against_field"] == "below"
+  assert factor.verdict_against_one(one | {"ci95": [0.7, 0.9], "bound": "lower"})["verdict"] == "undetermined"
+
+
+def _stretched(k: float, sd: float, rng: np.random.Generator, seeds: int = 5) -> tuple[dict, dict]:
+  """Per-seed curves of the fitted form, Muon's seed s AdamW's run k exp(e_s) times as many steps, e_s of sd
+  `sd` in log: each seed's reading is k exp(e_s)."""
+  adamw, muon = {}, {}
+  for s in range(seeds):
+    stretch = k * math.exp(rng.normal(0, sd))
+    level = CURVE["a"] + rng.normal(0, NOISE["seed_sd"])
+    for side, ts, x in ((adamw, ADAMW_T, 1.0), (muon, MUON_T, stretch)):
+      side[str(21 + s)] = {
+        "steps": [round(t * N) for t in ts],
+        "loss": [level + CURVE["b"] * (x * t) ** -CURVE["c"] for t in ts],
+      }
+  return adamw, muon
+
+
+@pytest.mark.slow  # 200 factors with their bootstraps (seconds)
+def test_the_interval_covers_a_known_factor_at_the_measured_per_seed_noise():
+  """Per-seed curves with a known factor and the measured per-seed noise (sd 0.085 in log, 5 seeds): reading
+  (a)'s printed 95% interval covers the factor 92-99% of the time, and at 1.0x the verdict against 1.0x is
+  "undetermined" as often."""
+  rng = np.random.default_rng(58)
+  draws, covered, undetermined = 200, 0, 0
+  for i in range(draws):
+    k = 1.0 if i % 2 else float(np.exp(rng.uniform(math.log(1.1), math.log(2.0))))
+    a = factor.factor(*_stretched(k, 0.085, rng), N, draws=200, seed=i)["a"]
+    covered += a["ci95"][0] <= k <= a["ci95"][1]
+    undetermined += k == 1.0 and factor.verdict_against_one(a)["verdict"] == "undetermined"
+  assert 0.92 * draws <= covered <= 0.99 * draws, covered
+  assert 0.92 * draws / 2 <= undetermined, undetermined

@@ -10,7 +10,7 @@ import pytest
 from conftest import SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import search, speedrun
+from hybridjax.bench import search, speedrun, tuning
 
 SEEDS, SPARE = [1001, 1002, 1003], 1004
 BEST_LR = {"adamw": 0.04, "muon_groups": 0.02}  # AdamW's above its published 0.012 x sqrt(2)^2: the LR moves
@@ -26,14 +26,14 @@ def _configs():
 
 
 def _stub(spec):
-  """A loss quadratic in log LR around the side's best LR, lower with b1 0.95 (AdamW) or momentum 0.98
-  (Muon: at its range's edge, so step 4 tries 0.99), plus 0.01 per seed; AdamW's published setting
+  """A loss quadratic in log LR around the side's best LR, lower with b1 0.95 (AdamW) or with a higher
+  momentum (Muon: past its range's edge too, so the bracketing steps on), plus 0.01 per seed; AdamW's published setting
   stalls on seed 1001 (its curve ten times as high at N/10 and at N)."""
   c = spec["config"]
   o, n = c["optim"], c["trainer"]["steps"]
   lr = o["learning_rate"]
   loss = 2.5 + 0.3 * math.log(lr / BEST_LR[o["name"]]) ** 2 + 0.01 * (c["seed"] - 1000)
-  loss -= 0.05 * (o["b1"] == 0.95) if o["name"] == "adamw" else 0.05 * (o["muon_momentum"] >= 0.98)
+  loss -= 0.05 * (o["b1"] == 0.95) if o["name"] == "adamw" else 0.05 * (o["muon_momentum"] - 0.9) / 0.08
   stalled = o["name"] == "adamw" and c["seed"] == 1001 and lr == 0.012 and o["b2"] == 0.95 and o["b1"] == 0.9
   at = 10 * loss if stalled else loss
   averaged = {str(b): loss - 0.01 * (b == 0.995) for b in spec["betas"]}
@@ -95,12 +95,32 @@ def test_the_search_finds_the_stubs_optimum_and_fits_the_lr(searched):
   assert adamw["fields"]["optim.b1"] == 0.95
   assert abs(math.log(adamw["fields"]["optim.learning_rate"] / BEST_LR["adamw"])) < math.log(math.sqrt(2)) / 2
   assert abs(math.log(muon["fields"]["optim.learning_rate"] / BEST_LR["muon_groups"])) < math.log(math.sqrt(2)) / 2
-  assert adamw["lr"]["moves"] <= search.LR_MOVES
-  # Muon's momentum at 0.98, its range's edge, is tried one step beyond (0.99) and kept where it wins.
-  assert muon["fields"]["optim.muon_momentum"] in (0.98, 0.99)
-  assert any("optim.muon_momentum" in s for s in muon["edges"]["tried"] for s in [_origin(records["muon"], s)])
+  assert adamw["refine"][0]["rounds"][0]["lr"]["moves"] <= search.LR_MOVES
+  # Muon's momentum at 0.98, its range's edge, is stepped past (0.99, 0.995: the stub's gain holds, beyond
+  # the noise, so each is kept, up to the last step, its hard edge).
+  momentum = muon["edges"]["knobs"]["optim.muon_momentum"]
+  assert momentum["edge"] == "high" and len(momentum["tried"]) == 2 and momentum["kept"] == 0.995
+  assert muon["fields"]["optim.muon_momentum"] == 0.995
+  assert muon["edges"]["knobs"]["optim.schedule"]["stopped"] == "categorical"
   # The averaged iterate at 0.995 reads lowest in the stub.
   assert (adamw["iterate"], adamw["beta"]) == ("averaged", 0.995)
+
+
+@pytest.mark.slow  # scipy.stats's import and about 300 run specs (seconds)
+def test_the_chosen_combination_is_run_as_chosen_and_the_record_keeps_the_cost_curve(searched):
+  _, records, _ = searched
+  for rec in records.values():
+    chosen = rec["chosen"]
+    as_run = next(s for s in rec["settings"] if s["id"] == chosen["as_chosen"])
+    assert as_run["config"] == chosen["fields"] and as_run["three_seed_mean"] is not None
+    # the raw iterate's setting, searched alike and read raw
+    assert rec["raw_chosen"]["iterate"] == "raw" and rec["raw_chosen"]["reading"] == ["raw", None]
+    costs, best = zip(*rec["tuning_curve"])
+    assert list(costs) == sorted(costs) and costs[-1] == rec["search_runs"]
+    assert all(b <= a for a, b in zip(best, best[1:]) if a is not None)
+    check = rec["saturation"]["check"]
+    assert check["saturated"] == (check["improvement"] <= check["se_two_seed_mean"])
+    assert rec["space_name"] == "symmetric" and rec["asymmetry"] == search.SPACES["symmetric"]
 
 
 def _origin(record, ident):
@@ -122,17 +142,32 @@ def test_a_stalled_run_is_rerun_on_the_spare_seed_and_not_ranked(searched):
   assert published["two_seed_mean"] == pytest.approx(want)
 
 
-def test_a_knob_reads_its_range_and_its_edges():
-  b2 = search.Knob("optim.b2", "log", (5e-5, 5e-2), below=2.5e-5, above=0.1, one_minus=True)
+def test_a_knob_reads_its_range_and_its_further_steps():
+  b2 = search.Knob("optim.b2", "log", (5e-5, 5e-2), below=(2.5e-5, 1.25e-5), above=(0.1, 0.2), one_minus=True)
   assert b2.value(0.0) == pytest.approx(1 - 5e-5) and b2.value(0.999999) == pytest.approx(0.95, abs=1e-4)
-  assert (
-    b2.edge(0.95) == pytest.approx(0.9) and b2.edge(1 - 5e-5) == pytest.approx(1 - 2.5e-5) and b2.edge(0.99) is None
-  )
-  wd = search.Knob("optim.weight_decay", "zero_or_log", (0.01, 1.0), above=2.0)
-  assert wd.value(0.2) == 0.0 and wd.value(0.5) == pytest.approx(0.01) and wd.edge(0.0) is None and wd.edge(0.9) == 2.0
-  assert wd.edge(0.011) is None  # the range's low end is no edge: 0 lies below it
-  b1 = search.Knob("optim.b1", "choice", (0.8, 0.9, 0.95), below=0.7, above=0.98)
-  assert [b1.value(u) for u in (0.0, 0.4, 0.9)] == [0.8, 0.9, 0.95] and b1.edge(0.9) is None and b1.edge(0.8) == 0.7
+  steps, edge = b2.beyond(0.95)
+  assert edge == "high" and steps == pytest.approx([0.9, 0.8])
+  assert b2.beyond(1 - 5e-5)[0] == pytest.approx([1 - 2.5e-5, 1 - 1.25e-5]) and b2.beyond(0.99) == ([], "inside")
+  assert b2.beyond(0.9) == ([0.8], "high")  # a step kept goes on with the steps past it
+  assert b2.beyond(0.8) == ([], "hard edge")
+  wd = search.Knob("optim.weight_decay", "zero_or_log", (0.01, 1.0), above=(2.0,))
+  assert wd.value(0.2) == 0.0 and wd.value(0.5) == pytest.approx(0.01) and wd.beyond(0.0) == ([], "domain edge")
+  assert wd.beyond(0.9) == ([2.0], "high") and wd.beyond(0.011) == ([], "inside")  # 0 lies below its log range
+  b1 = search.Knob("optim.b1", "choice", (0.8, 0.9, 0.95), below=(0.7, 0.6), above=(0.98,))
+  assert [b1.value(u) for u in (0.0, 0.4, 0.9)] == [0.8, 0.9, 0.95] and b1.beyond(0.9) == ([], "inside")
+  assert b1.beyond(0.8) == ([0.7, 0.6], "low") and b1.beyond(0.7) == ([0.6], "low")
+  floor = search.Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=(0.5,))
+  assert floor.beyond(0.0) == ([], "domain edge") and floor.beyond(0.3) == ([0.5], "high")
+  assert search.Knob("optim.schedule", "category", ("wsd", "cosine")).beyond("cosine") == ([], "categorical")
+
+
+def test_every_ordered_knob_declares_at_most_lr_moves_further_steps():
+  _, adamw, muon = _configs()
+  muon.model.untied_head = True
+  for space in (search.space_of(adamw, 4, space="v1"), search.space_of(adamw, 4), search.space_of(muon, 4)):
+    for k in space:
+      assert len(k.below) <= search.LR_MOVES and len(k.above) <= search.LR_MOVES, k.field
+      assert k.kind != "category" or not (k.below or k.above), k.field
 
 
 @pytest.mark.slow  # scipy.stats's import (seconds)
@@ -152,16 +187,87 @@ def test_the_cosine_schedule_leaves_the_cool_down_at_its_default():
   assert search.apply_setting(adamw, {"optim.decay_fraction": 0.6}).optim.decay_fraction == 0.6
 
 
-def test_an_untied_muon_groups_row_is_refused_naming_the_field():
-  _, _, muon = _configs()
+def test_an_untied_muon_groups_row_is_refused_by_space_v1_and_searched_symmetrically():
+  _, adamw, muon = _configs()
   muon.model.untied_head = True
-  with pytest.raises(ValueError, match=r"model\.untied_head=True.*tied_"):
-    search.space_of(muon, 4)
+  with pytest.raises(ValueError, match=r"model\.untied_head=True.*'v1'.*tied_.*'symmetric'"):
+    search.space_of(muon, 4, space="v1")
+  fields = [k.field for k in search.space_of(muon, 4)]
+  ratios = ("optim.embed_lr_ratio", "optim.head_lr_ratio", "optim.scalar_lr_ratio")
+  assert all(f in fields for f in ratios + ("optim.groups_b1", "optim.groups_b2"))
+  assert not any(f.startswith("optim.tied_") for f in fields)
+  # AdamW's ratios continuous over the same x/÷ 4 as Muon's; its three-valued one in space 'v1' alone
+  v1 = {k.field: k for k in search.space_of(adamw, 4, space="v1")}
+  assert v1["optim.adamw_embed_lr_ratio"].values == (0.5, 1.0, 2.0)
+  sym = {k.field: k for k in search.space_of(adamw, 4)}
+  r = float(adamw.optim.adamw_embed_lr_ratio)
+  assert sym["optim.adamw_embed_lr_ratio"].kind == "log" and sym["optim.adamw_embed_lr_ratio"].values == (r / 4, r * 4)
+  adamw.model.untied_head = True
+  assert "optim.adamw_head_lr_ratio" in [k.field for k in search.space_of(adamw, 4)]
+  # the v1 space's Sobol draw is the published cell's: the same knobs, in the same order, of the same values
+  assert [(k.field, k.values) for k in v1.values()][:5] == [
+    ("optim.learning_rate", (0.003, 0.048)),
+    ("optim.b1", (0.8, 0.9, 0.95)),
+    ("optim.b2", (5e-5, 5e-2)),
+    ("optim.weight_decay", (0.01, 1.0)),
+    ("optim.adamw_embed_lr_ratio", (0.5, 1.0, 2.0)),
+  ]
 
 
 def test_the_warm_ups_offered_are_shorter_than_the_sides_shortest_budget():
   _, adamw, muon = _configs()
   warmups = lambda space: next(k for k in space if k.field == "optim.warmup_steps")  # noqa: E731
-  assert warmups(search.space_of(adamw, 4)).values == (0, 4, 12) and warmups(search.space_of(adamw, 4)).above == 24
+  full = warmups(search.space_of(adamw, 4))
+  assert full.values == (0, 4, 12) and full.above == (24, 48)
   short = warmups(search.space_of(muon, 4, shortest=10))
-  assert short.values == (0, 4) and short.above is None and short.edge(4) is None
+  assert short.values == (0, 4) and short.above == () and short.beyond(4) == ([], "hard edge")
+
+
+def _b1_stub(gain: float):
+  """A loss lower by `gain` per 0.1 of beta1 below 0.8, each seed off by +-0.01 there (the noise)."""
+
+  def stub(spec):
+    c = spec["config"]
+    b1, n = c["optim"]["b1"], c["trainer"]["steps"]
+    below = b1 < 0.8
+    loss = 2.5 - gain * round((0.8 - b1) / 0.1) * below + {1001: 0.01, 1002: -0.01, 1003: 0.0}[c["seed"]] * below
+    curve = [{"step": n // 10, "eval_loss_raw": loss}, {"step": n, "eval_loss_raw": loss}]
+    averaged = {str(b): loss for b in spec["betas"]}
+    return {"seed": c["seed"], "steps": n, "lr": 0.01, "curve": curve, "final_raw": loss, "final_averaged": averaged}
+
+  return stub
+
+
+@pytest.mark.parametrize("gain, kept", [(0.002, None), (0.05, 0.4)])
+def test_a_step_past_an_edge_is_kept_only_while_it_wins_beyond_the_noise(gain, kept):
+  """A gain within the seeds' noise of the difference is not kept; one beyond it steps on, at most
+  `LR_MOVES` steps (beta1's last, 0.4, its hard edge)."""
+  _, adamw, _ = _configs()
+  side = search.Search("adamw", adamw, search.space_of(adamw, 4), SEEDS, SPARE, 0, 0.05)
+  runner = SpecRunner(_b1_stub(gain))
+  base = side.add("base", search.published_setting(adamw, side.space) | {"optim.b1": 0.8})
+  search.run_requests([(side, base, s) for s in SEEDS], runner, "base")
+  out = search.bracket(side, base, ("raw", None), runner, math.inf)
+  b1 = out["knobs"]["optim.b1"]
+  assert b1["edge"] == "low" and b1["kept"] == kept and out["kept"].get("optim.b1") == kept
+  assert len(b1["tried"]) == (1 if kept is None else search.LR_MOVES)
+  assert b1["stopped"] == ("within noise" if kept is None else "at most LR_MOVES moves")
+
+
+def test_a_win_counts_only_beyond_the_noise_of_the_paired_difference():
+  assert tuning.wins_beyond_noise([1.0, 1.0, 1.0], [1.1, 1.1, 1.1])["wins"]
+  small = tuning.wins_beyond_noise([1.0, 1.2, 1.1], [1.1, 1.1, 1.15])
+  assert small["difference"] < 0 and not small["wins"] and small["se"] > -small["difference"]
+  assert not tuning.wins_beyond_noise([1.0], [2.0])["wins"]  # one seed cannot tell the noise
+
+
+def test_a_budget_check_switches_only_where_a_candidate_wins_beyond_the_paired_noise():
+  tried = [t | {"losses": []} for t in tuning.budget_candidates(0.01, 0.1, 2.0)]
+  assert [(t["lr"], t["weight_decay"]) for t in tried] == [(0.01, 0.1), (0.007071, 0.1), (0.01414, 0.1), (0.01, 0.05)]
+  assert len(tuning.budget_candidates(0.01, 0.0, 2.0)) == 3  # no weight decay to move
+  tried[0]["losses"], tried[1]["losses"], tried[2]["losses"] = [2.0, 2.1, 2.2], [2.02, 2.12, 2.22], [2.1, 2.2, 2.3]
+  tried[3]["losses"] = [1.99, 2.05, 2.23]  # the lowest mean, but within the paired noise: kept as chosen
+  assert tuning.budget_choice(tried)["lr"] == 0.01
+  assert tuning.budget_choice(tried)["weight_decay"] == 0.1
+  tried[3]["losses"] = [1.98, 2.08, 2.19]  # beyond it: the weight decay moves
+  assert tuning.budget_choice(tried)["weight_decay"] == 0.05 and tuning.budget_choice(tried)["best_difference"]["wins"]

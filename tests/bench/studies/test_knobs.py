@@ -169,7 +169,7 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path)
   c.benchmark.tuner = "joint"
-  c.benchmark.knobs.sides = "anchor,muon"  # the joint search's Muon space is a tied head's (the recipe's is untied)
+  c.benchmark.knobs.sides = "anchor,recipe"  # R4 and the whole recipe (its head untied), searched alike
   result = study.run(c, str(tmp_path / "work"))
   sides = result["sides"]
   assert result["tuner"] == "joint"
@@ -196,6 +196,8 @@ def test_the_joint_tuners_seeds_are_refused_where_they_could_tune_on_a_headline_
   with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.search_seeds=\(1001, 1002, 1\).*headline seed"):
     study.validate(c)
   c = _config(tmp_path)
-  c.benchmark.tuner = "joint"  # the whole recipe's head is untied: no space of the joint search's
+  c.benchmark.tuner = "joint"  # the whole recipe's head is untied: searched in the symmetric space, not in 'v1'
+  study.validate(c)
+  c.benchmark.knobs.search_space = "v1"
   with pytest.raises(ValueError, match=r"side 'recipe': --config\.model\.untied_head=True: .*leave it out of"):
     study.validate(c)

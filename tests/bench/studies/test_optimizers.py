@@ -79,26 +79,32 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
   # N / K = 0.4 N, below Muon's smallest budget (0.5 N): Muon's curve is extended down to 0.25 N.
   assert adamw["budgets"] == [0.75, 1.0, 2.0, 3.0] and muon["budgets"] == [0.25, 0.5, 1.0]
   assert result["extended"] == {"adamw": [], "muon": [0.25]}
-  # The re-checks: AdamW at 2 N and 3 N (LR at its neighbours, weight decay halved), Muon at 0.5 N and 0.25 N.
-  assert sorted(adamw["rechecks"]) == ["2.0", "3.0"] and sorted(muon["rechecks"]) == ["0.25", "0.5"]
-  assert [len(c["tried"]) for c in adamw["rechecks"].values()] == [4, 4] and len(muon["rechecks"]["0.5"]["tried"]) == 3
+  # The re-checks at every budget but N: the LR at its neighbours and (AdamW's, Muon's being 0) the weight
+  # decay at lambda N / T, on the three tuning seeds; AdamW's LR moves at 3 N, where its neighbour wins beyond
+  # the (here zero) paired noise.
+  assert sorted(adamw["rechecks"]) == ["0.75", "2.0", "3.0"] and sorted(muon["rechecks"]) == ["0.25", "0.5"]
+  assert [len(c["tried"]) for c in adamw["rechecks"].values()] == [4, 4, 4]
+  assert [len(c["tried"]) for c in muon["rechecks"].values()] == [3, 3]
   assert adamw["per_budget"]["3.0"]["lr"] == pytest.approx(0.01697) and adamw["per_budget"]["2.0"]["lr"] == 0.012
-  assert adamw["measurement_runs"] == pytest.approx(2 * 4 * (2 + 3)) and muon["measurement_runs"] == pytest.approx(
-    2 * 3 * (0.5 + 0.25)
-  )
+  assert adamw["rechecks"]["3.0"]["best_difference"]["wins"]
+  assert adamw["measurement_runs"] == pytest.approx(3 * 4 * (0.75 + 2 + 3))
+  assert muon["measurement_runs"] == pytest.approx(3 * 3 * (0.5 + 0.25))
   # No headline run on a tuning seed, no re-check on a headline seed.
   seeds = {json.loads(json.dumps(s["config"]))["seed"] for s in runner.specs}
-  assert seeds == {21, 22, 1001, 1002}
+  assert seeds == {21, 22, 1001, 1002, 1003}
   f = result["factor"]
   for reading in ("a", "b"):  # the stub's curves are of the fitted form: both readings are K, on every seed
     assert f[reading]["bound"] is None and f[reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
     # the raw iterates (the stub's averaged loss + 0.01 on both sides, its curve's level) read K too
     assert result["factor_raw"][reading]["per_seed"] == pytest.approx([K, K], rel=1e-3)
-  assert result["verdict"] == "above the field" == factor.cell_verdict(f["a"])
+  # today's verdict against 1.0x, the field's range beside it (the stub's 2.5x lies above it)
+  against = result["verdict_against_one"]
+  assert result["verdict"] == against["verdict"] == "above 1.0×" and against["against_field"] == "above"
+  assert against == factor.verdict_against_one(f["a"], figures.field_range())
   # Every figure recomputes from the record; the md is the record's.
   written = json.loads((tmp_path / "work" / "optimizers-as_published-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == report.markdown(written) + "\n"
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
@@ -114,7 +120,7 @@ def test_a_curve_that_falls_short_is_extended_and_its_extension_rechecked(tmp_pa
   adamw, muon = result["sides"]["adamw"], result["sides"]["muon"]
   assert result["extended"] == {"adamw": [4.0], "muon": [0.25]}
   assert adamw["budgets"] == [0.75, 1.0, 2.0, 4.0] and muon["budgets"] == [0.25, 0.75, 1.0]
-  assert adamw["per_budget"]["4.0"]["weight_decay"] == 0.05  # the halved weight decay wins there
+  assert adamw["per_budget"]["4.0"]["weight_decay"] == 0.025  # the weight decay at lambda N / T wins there
   assert "0.25" in muon["rechecks"]
 
 
@@ -151,7 +157,7 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
   written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-both_tuned-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
@@ -197,10 +203,10 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
     # the local check: 3 LRs x beta2 {converted, unconverted}, on the tuning seeds at N, counted as tuning
     tried = rec["local_check"]["tried"]
     assert {t["fields"][b2] for t in tried} == {round(was["fields"][b2] ** 0.5, 7), was["fields"][b2]}
-    assert 6 <= len(tried) <= 6 + carried.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
+    assert 6 <= len(tried) <= 6 + carried.LR_MOVES and rec["tuning_runs"] == 3.0 * len(tried)
     assert rec["settings"]["lr"] == rec["local_check"]["chosen"]["optim.learning_rate"]
   # No headline run on a tuning seed; the local check on the tuning seeds alone.
-  assert {s["config"]["seed"] for s in runner.specs} <= {21, 22, 23, 1001, 1002}
+  assert {s["config"]["seed"] for s in runner.specs} <= {21, 22, 23, 1001, 1002, 1003}
   # AdamW is 0.01 lower at the smaller batch (on every seed, every window): the larger is above its critical
   # batch; Muon is the same.
   crit = result["critical_batch"]
@@ -209,7 +215,7 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   assert crit["muon"]["verdict"] == "no difference"
   written = json.loads((tmp_path / "work" / "optimizers-small_batch-quick.json").read_text())
   assert json.loads(json.dumps(figures.cell_figures(written))) == {
-    k: written[k] for k in ("factor", "verdict", "factor_raw")
+    k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
@@ -277,7 +283,7 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
       k: v for k, v in was["fields"].items() if k != "optim.learning_rate"
     }
     tried = rec["local_check"]["tried"]  # the LR at its neighbours, moved on past a winning edge
-    assert 3 <= len(tried) <= 3 + carried.LR_MOVES and rec["tuning_runs"] == 2.0 * len(tried)
+    assert 3 <= len(tried) <= 3 + carried.LR_MOVES and rec["tuning_runs"] == 3.0 * len(tried)
   written = json.loads((tmp_path / "work" / "optimizers-corpus-quick.json").read_text())
   md = (tmp_path / "work" / "optimizers-corpus-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "unconverted, then each side's LR" in md
@@ -313,7 +319,7 @@ def test_the_local_check_moves_its_lr_on_at_most_lr_moves_times_and_records_the_
   _, checks = carried.local_check(c, {"adamw": (c, settings)}, runner)
   check = checks["adamw"]
   assert check["lr_moves"] == check["lr_moves_limit"] == carried.LR_MOVES == 4
-  assert len(check["tried"]) == 6 + carried.LR_MOVES and check["search_runs"] == 2.0 * len(check["tried"])
+  assert len(check["tried"]) == 6 + carried.LR_MOVES and check["search_runs"] == 3.0 * len(check["tried"])
   lowest = 0.004 / math.sqrt(2) ** (1 + carried.LR_MOVES)
   assert check["chosen"] == {"optim.learning_rate": pytest.approx(lowest, rel=2e-3), "optim.b2": 0.999}
   page = " ".join(open(os.path.join(ROOT, "docs", "benchmark.md"), encoding="utf-8").read().split())
@@ -368,13 +374,10 @@ def test_the_docs_name_every_field_of_the_block_and_its_defaults():
   with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
     page = f.read()
   section = " ".join(page.split("## Muon over AdamW, each on its own curve", 1)[1].split("\n## ", 1)[0].split())
-  assert (
-    f"adamw_row`, `{block.adamw_row}`" in section
-    and f"`adamw_recheck_from` ({block.adamw_recheck_from:g} N)" in section
-  )
+  assert f"adamw_row`, `{block.adamw_row}`" in section
+  assert f"`tuning_seeds` ({block.tuning_seeds[0]}–{block.tuning_seeds[-1]})" in section
   assert f"(`seeds`, {block.seeds[0]}–{block.seeds[-1]})" in section
   assert f"`plateau_seeds` ({block.plateau_seeds[0]}, {block.plateau_seeds[1]})" in section
-  assert f"`muon_recheck_to` ({block.muon_recheck_to:g} N)" in section
   assert f"`adamw_extensions` ({', '.join(f'{x:g} N' for x in block.adamw_extensions)})" in section
   assert f"`muon_extensions` ({', '.join(f'{x:g} N' for x in block.muon_extensions)})" in section
   assert f"`adamw_budgets` ({block.adamw_budgets[0]:g}–{block.adamw_budgets[-1]:g} N)" in section

@@ -31,6 +31,13 @@ FIELDS = (
   ),
   schema.Field("sobol_seed", 0, schema.check_int(0), "joint: the Sobol sequence's scrambling seed"),
   schema.Field(
+    "search_space",
+    "symmetric",
+    schema.check_choice(*search.SPACES),
+    "joint: the space (`search.SPACES`): 'symmetric' (every side's embedding and head LR ratios continuous), or "
+    "'v1' (AdamW's embedding LR ratio three-valued; no untied Muon row)",
+  ),
+  schema.Field(
     "search_seeds",
     (1001, 1002, 1003),
     schema.check_int_tuple(0),
@@ -117,7 +124,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   if joint:  # every side must have a space the joint search can search (`search.space_of`)
     for side, (c, _) in side_configs(config)[1].items():
       try:
-        search.space_of(c, int(config.optim.warmup_steps))
+        search.space_of(c, int(config.optim.warmup_steps), space=str(k.search_space))
       except ValueError as e:
         raise ValueError(
           f"side {side!r}: {e}; with --config.benchmark.tuner=joint leave it out of --config.benchmark.knobs.sides"

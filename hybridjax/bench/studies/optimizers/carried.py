@@ -10,7 +10,7 @@ to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) 
 momentum, the averaging beta), the LR warm-up's steps B/b times as many.
 
 Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
-`both_tuned` chose it}, on the tuning seeds at N tokens; the best two-seed mean is kept (the converted
+`both_tuned` chose it}, on the tuning seeds at N tokens; the best mean is kept (the converted
 setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most `LR_MOVES` times) while the best sits at the
 edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
 from that setting.
@@ -191,7 +191,7 @@ def converted_sides(
     tuned = search.apply_setting(c, fields)
     b2 = beta2_field(c)
     settings = {"row": published["row"], "lr": float(fields["optim.learning_rate"]), "beta": beta}
-    settings |= {"iterate": was["iterate"], "weight_decay": float(tuned.optim.weight_decay), "fields": fields}
+    settings |= {"iterate": was["iterate"], "weight_decay": search.weight_decay_of(tuned)[1], "fields": fields}
     out[side] = (tuned, settings | {"from": was, "beta2_unconverted": was["fields"][b2]})
   return out
 
@@ -205,9 +205,10 @@ def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> 
   return [{"optim.learning_rate": x, b2: y} for y in b2s for x in lrs]
 
 
-# How often the local check may move its LR on past a winning edge neighbour: four sqrt(2) steps reach
-# the linear scaling rule's LR at a quarter of the batch (the square-root rule's needs two).
-LR_MOVES = 4
+# How often the local check may move its LR on past a winning edge neighbour (the joint search's limit):
+# four sqrt(2) steps reach the linear scaling rule's LR at a quarter of the batch (the square-root rule's
+# needs two).
+LR_MOVES = search.LR_MOVES
 
 
 def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:

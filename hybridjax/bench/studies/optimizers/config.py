@@ -14,6 +14,7 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import search
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
 
@@ -45,15 +46,12 @@ FIELDS = (
   F("seeds", (21, 22, 23, 24, 25), schema.check_int_tuple(0), "the headline seeds (no published record has "
     "read them)"),
   F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "the headline seeds the plateau rule adds"),
-  F("tuning_seeds", (1001, 1002), schema.check_int_tuple(0), "the per-budget re-checks' seeds"),
+  F("tuning_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "the per-budget re-checks' seeds (at least "
+    "two: a setting moves only where it wins beyond their paired noise, `tuning.BUDGET_RULE`)"),
   F("adamw_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "AdamW's budgets (x N)"),
   F("adamw_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "added in turn until below Muon's loss at N"),
   F("muon_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "Muon's budgets (x N)"),
   F("muon_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "added in turn until it reaches AdamW's at N"),
-  F("adamw_recheck_from", 2.0, schema.check_num(0.0, lo_open=True), "AdamW's LR (sqrt(2) neighbours) and weight "
-    "decay (x 1/2) are re-checked at budgets >= this"),
-  F("muon_recheck_to", 0.5, schema.check_num(0.0, lo_open=True), "Muon's LR (sqrt(2) neighbours) is re-checked at "
-    "budgets <= this"),
   F("wide_eval", 8, schema.check_int(0), "every headline run ends with an eval on this many times the eval windows "
     "(0: none)"),
   F("draws", 2000, schema.check_int(100), "the factor's bootstrap draws"),
@@ -61,6 +59,8 @@ FIELDS = (
   F("search_configs", SEARCH_CONFIGS, schema.check_int(SEARCH_CONFIGS), "cell `both_tuned`: the Sobol points the "
     "joint search draws (`bench/search.py`; besides the published setting)"),
   F("sobol_seed", 0, schema.check_int(0), "cell `both_tuned`: the Sobol sequence's scrambling seed"),
+  F("search_space", "v1", schema.check_choice(*search.SPACES), "cell `both_tuned`: the joint search's space "
+    "(`search.SPACES`): 'v1', the published cell's (AdamW's embedding LR ratio three-valued), or 'symmetric'"),
   F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "cell `both_tuned`: the search's seeds (two "
     "for every point, the third for the finalists)"),
   F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on"),
@@ -75,7 +75,7 @@ del F
 # The fields only some cells read: one set away from its default for another cell is refused (it would do
 # nothing without a word).
 READ_ONLY_BY = {
-  **{k: ("both_tuned",) for k in ("search_configs", "sobol_seed", "search_seeds", "spare_seed")},
+  **{k: ("both_tuned",) for k in ("search_configs", "sobol_seed", "search_space", "search_seeds", "spare_seed")},
   "batch_size": ("small_batch",),
   "settings_from": CARRIED,
   "corpus_path": ("corpus",),
@@ -123,7 +123,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
     settings = {"row": row} | {k: steps[row][k] for k in ("lr", "beta", "iterate")}
     c.optim.learning_rate = float(settings["lr"])
     c.benchmark.methods = ""
-    settings["weight_decay"] = float(c.optim.weight_decay)
+    settings["weight_decay"] = search.weight_decay_of(c)[1]
     out[side] = (c, settings)
   return shown, out
 
@@ -140,10 +140,10 @@ def _seed_errors(o: ml_collections.ConfigDict, seeds: list[int], plateau: list[i
     )
   if len(seeds) < 2:
     errors.append(f"--config.benchmark.optimizers.seeds={tuple(seeds)}: the factor pairs at least 2 headline seeds")
-  if len(tuning) < 1 or set(tuning) & set(seeds + plateau):
+  if len(tuning) < 2 or set(tuning) & set(seeds + plateau):
     errors.append(
-      f"--config.benchmark.optimizers.tuning_seeds={tuple(tuning)}: give at least one, none a headline or plateau "
-      "seed (nothing is tuned on a headline seed)"
+      f"--config.benchmark.optimizers.tuning_seeds={tuple(tuning)}: give at least two (the budget checks judge by "
+      "their paired noise), none a headline or plateau seed (nothing is tuned on a headline seed)"
     )
   if len(set(seeds + plateau)) != len(seeds + plateau):
     errors.append("--config.benchmark.optimizers.plateau_seeds must differ from the headline seeds and each other")

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import numpy as np
 
 from hybridjax.bench import factor, tuning
+
+# The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones and
+# reads the verdict against 1.0x (`factor.verdict_against_one`; the published records, without the field,
+# are of 1: against 1.5x, and re-read as published).
+READINGS = 2
+FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "results", "optimizers", "field.json")
 
 
 def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
@@ -50,7 +58,9 @@ def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -
 def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   """{"factor": both readings with their intervals (`factor.factor`), "verdict": the cell's against the
   field (`factor.cell_verdict` of reading (a)), "factor_raw": the same readings of both sides' raw
-  iterates, printed beside the chosen ones (None where both sides read their raw iterate already)}."""
+  iterates, printed beside the chosen ones (None where both sides read their raw iterate already)}; a
+  record of `READINGS` 2 or later (the published ones predate it) adds "interpolated": both readings
+  without the fit (`factor.interpolated`), printed beside the fitted ones."""
 
   def read(iterate: str | None) -> dict[str, Any]:
     return factor.factor(
@@ -63,7 +73,21 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
 
   f = read(None)
   raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
-  return {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
+  out = {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
+  if result.get("readings", 1) >= 2:
+    curves = [side_curves(result, side) for side in ("adamw", "muon")]
+    out["interpolated"] = factor.interpolated(*curves, int(result["steps"]))
+    out["verdict_against_one"] = factor.verdict_against_one(f["a"], field_range())
+    out["verdict"] = out["verdict_against_one"]["verdict"]
+  return out
+
+
+def field_range() -> tuple[float, float]:
+  """The field's range of Muon's factor over a tuned AdamW: the lowest and highest of the rows of
+  docs/results/optimizers/field.json marked `in_range`."""
+  with open(FIELD_PATH, encoding="utf-8") as f:
+    rows = [r for r in json.load(f)["rows"] if r.get("in_range")]
+  return min(r["low"] for r in rows), max(r["high"] for r in rows)
 
 
 def lr_edge(check: dict[str, Any]) -> str:

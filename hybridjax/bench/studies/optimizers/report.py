@@ -61,7 +61,7 @@ def markdown(result: dict[str, Any]) -> str:
     out.append(
       f"| the raw iterates': (b) | {reading_cell(raw['b'])} | {', '.join(f'{x:.2f}' for x in raw['b']['per_seed'])} |"
     )
-  out += ["", f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**.", ""]
+  out += interpolated_lines(result) + ["", verdict_line(result), ""]
   out += ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
   out += ["|---|---|---|---|---|---|---|"]
   for side, rec in result["sides"].items():
@@ -84,6 +84,34 @@ def markdown(result: dict[str, Any]) -> str:
     "Fits: " + "; ".join(f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in fits.items()) + ".",
   ]
   return "\n".join(out)
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+  """The verdict: a record of today's readings against 1.0× (`factor.verdict_against_one`), with the field's
+  range beside it; a published one as it was published, against 1.5×."""
+  v = result.get("verdict_against_one")
+  if not v:
+    return f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**."
+  low, high = v["field"]
+  return (
+    f"Verdict against 1.0× (reading (a)'s 95% interval; the line declared before any seed was read): "
+    f"**{v['verdict']}**; the smallest factor these seeds could tell from 1.0× at {v['power']:.0%} power: "
+    f"{v['detectable']:.2f}×. Beside it, descriptively, the field's range {low:g}–{high:g}× (`field.json`): "
+    f"the interval is {v['against_field']} it."
+  )
+
+
+def interpolated_lines(result: dict[str, Any]) -> list[str]:
+  """Each reading fitted and model-free side by side (`factor.interpolated`), where the record holds both."""
+  inter = result.get("interpolated")
+  if not inter:
+    return []
+  out = ["", "| reading | fitted [95%] | interpolated [95% t] |", "|---|---|---|"]
+  for name in ("a", "b"):
+    i = inter[name]
+    shown = f"{BOUND[i['bound']]}{i['mean']:.2f}× [{i['ci95_t'][0]:.2f}, {i['ci95_t'][1]:.2f}]"
+    out.append(f"| ({name}) | {reading_cell(result['factor'][name])} | {shown} |")
+  return out
 
 
 def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:

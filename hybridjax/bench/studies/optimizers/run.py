@@ -6,10 +6,9 @@ Cells `small_batch` and `corpus`: cell `both_tuned`'s chosen settings carried to
 tokens or to a second corpus, each side's LR (and at the smaller batch its beta2) checked locally
 (`carried`), then run alike.
 
-Per side: its budgets (x N), each its own schedule, on the headline seeds; at every AdamW budget from
-`adamw_recheck_from` its LR (sqrt(2) neighbours) and weight decay (x 1/2), and at every Muon budget up to
-`muon_recheck_to` its LR, re-checked on the tuning seeds, the best two-seed mean kept (measurement, counted
-apart from any search). AdamW's curve is extended (`adamw_extensions`, in turn) until its loss lies below
+Per side: its budgets (x N), each its own schedule, on the headline seeds; at every budget but N its LR
+and weight decay re-checked on the tuning seeds by `tuning.BUDGET_RULE` (measurement, counted apart from
+any search). AdamW's curve is extended (`adamw_extensions`, in turn) until its loss lies below
 Muon's loss at N on every seed, Muon's down (`muon_extensions`) until it reaches AdamW's loss at N on every
 seed. When the plateau rule flags an N-step run, both sides add the plateau seeds. Nothing is read beyond
 the budgets run.
@@ -17,8 +16,6 @@ the budgets run.
 
 from __future__ import annotations
 
-import math
-import statistics
 from typing import Any
 
 import ml_collections
@@ -32,7 +29,7 @@ from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import config as optimizers_config
 from hybridjax.bench.studies.optimizers.config import block_of, side_configs
-from hybridjax.bench.studies.optimizers.figures import cell_figures, loss_of
+from hybridjax.bench.studies.optimizers.figures import READINGS, cell_figures, loss_of
 from hybridjax.bench.studies.optimizers.report import markdown
 from hybridjax.bench.tasks import task_path
 
@@ -51,23 +48,6 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def candidates(side: str, settings: dict[str, Any]) -> list[dict[str, float]]:
-  """The settings a budget's re-check tries, the published one first (kept on a tie): the LR at its sqrt(2)
-  neighbours, and AdamW's weight decay halved."""
-  lr, wd = float(settings["lr"]), float(settings["weight_decay"])
-  out = [{"lr": lr, "weight_decay": wd}]
-  out += [{"lr": tuning.round_lr(lr * math.sqrt(2) ** k), "weight_decay": wd} for k in (-1, 1)]
-  if side == "adamw" and wd > 0:
-    out.append({"lr": lr, "weight_decay": wd / 2})
-  return out
-
-
-def rechecked(config: ml_collections.ConfigDict, side: str, factor: float) -> bool:
-  """Whether `side`'s setting is re-checked at budget `factor` x N."""
-  o = block_of(config)
-  return factor >= float(o.adamw_recheck_from) if side == "adamw" else factor <= float(o.muon_recheck_to)
-
-
 def _spec(
   c: ml_collections.ConfigDict,
   settings: dict[str, Any],
@@ -78,8 +58,7 @@ def _spec(
 ) -> dict:
   """An anchor run of `c` at setting `at` (lr, weight_decay), read at the side's beta; `wide_eval`: its
   final eval's windows, as a multiple of the config's (0: none besides its own)."""
-  c = ml_collections.ConfigDict(c.to_dict())
-  c.optim.weight_decay = float(at["weight_decay"])
+  c = search.apply_setting(c, {search.weight_decay_of(c)[0]: float(at["weight_decay"])})
   beta = float(settings["beta"])
   lr = float(at["lr"])
   return specs.run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta, betas=[beta], wide_eval=wide_eval)
@@ -105,15 +84,15 @@ class _Side:
 
 
 def _recheck(config: ml_collections.ConfigDict, sides: list[_Side], runner: Runner) -> None:
-  """Every budget of every side that is re-checked and was not yet: each candidate on the tuning seeds, in
-  one batch; the best mean kept."""
+  """Every budget but N of every side not yet re-checked: each candidate (`tuning.budget_candidates`) on
+  the tuning seeds, in one batch; kept by `tuning.BUDGET_RULE`."""
   n, seeds = int(config.trainer.steps), [int(s) for s in block_of(config).tuning_seeds]
   todo = [
     (side, f, at)
     for side in sides
     for f in side.budgets
-    if rechecked(config, side.name, f) and str(float(f)) not in side.checks
-    for at in candidates(side.name, side.settings)
+    if f != 1.0 and str(float(f)) not in side.checks
+    for at in tuning.budget_candidates(float(side.settings["lr"]), float(side.settings["weight_decay"]), f)
   ]
   if not todo:
     return
@@ -125,8 +104,9 @@ def _recheck(config: ml_collections.ConfigDict, sides: list[_Side], runner: Runn
     check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
   for side in sides:
     for check in side.checks.values():
-      best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))  # the first (published) on a tie
-      check["chosen"] = {"lr": best["lr"], "weight_decay": best["weight_decay"]}
+      choice = tuning.budget_choice(check["tried"])
+      check["chosen"] = {"lr": choice["lr"], "weight_decay": choice["weight_decay"]}
+      check["best_difference"] = choice["best_difference"]
 
 
 def _curves(config: ml_collections.ConfigDict, sides: list[_Side], seeds: list[int], runner: Runner) -> None:
@@ -179,7 +159,7 @@ def searched_sides(
     chosen = records[side]["chosen"]
     tuned = search.apply_setting(c, chosen["fields"])
     settings = {"row": published["row"], "lr": float(chosen["fields"]["optim.learning_rate"])}
-    settings |= {"beta": chosen["beta"], "iterate": chosen["iterate"], "weight_decay": float(tuned.optim.weight_decay)}
+    settings |= {"beta": chosen["beta"], "iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
     out[side] = (tuned, settings | {"published": published, "fields": chosen["fields"]})
   return out, records
 
@@ -315,6 +295,7 @@ def record(
     "extended": trained["extended"],
     "draws": int(o.draws),
     "bootstrap_seed": int(o.bootstrap_seed),
+    "readings": READINGS,
     "sides": sides,
     "corpus": corpus(config, largest),
   }
