@@ -129,6 +129,10 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
   long = benchmark_cfg.get_config("long").benchmark
   for f in specs.BENCHMARK_FIELDS:  # the benchmark block's own, from its declarations, at `long`
     assert f"| `benchmark.{f.name}` | `{long[f.name]!r}` | {f.doc.replace('|', chr(92) + '|')} |" in benchmark_rows
+  from hybridjax.bench.studies import STUDIES
+
+  study_row = next(line for line in benchmark_rows.splitlines() if line.startswith("| `benchmark.study` |"))
+  assert all(repr(name) in study_row for name in STUDIES), study_row  # every study, `anchor` included
 
 
 def test_every_link_in_the_docs_resolves_inside_the_repository():

@@ -22,6 +22,7 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.bench.studies import STUDIES
 from hybridjax.optimizers import user as user_optimizer
 from hybridjax.tasks import gpt2 as gpt2_task
 
@@ -114,8 +115,8 @@ BENCHMARK_FIELDS = (
   F("timing_steps", 25, fields.check_int(1), "steps per arm and round"),
   F("publish", "", fields.check_str, "a folder to copy the study's record, markdown and plots into ('' = none)",
     runtime="host"),
-  F("study", "family", fields.check_name, "'family' (one family's protocol), 'ladder', 'recipe', 'variants', "
-    "'knobs' or 'optimizers' (`hybridjax/bench/studies/`)", runtime="host"),
+  F("study", "family", fields.check_name, f"the study (`hybridjax/bench/studies/`): {', '.join(map(repr, STUDIES))}; "
+    "'family' is one family's protocol", runtime="host"),
   F("plateau_margin", 0.05, fields.check_num(0.0, lo_open=True), "the plateau rule (the ladder's and the "
     "recipe's): a run this far (relative) above its group's median eval loss at N/10 or N is a plateau"),
   F("plateau_seeds", (4, 5), _seed_tuple, "headline seeds added to a group with a plateau run"),

@@ -126,13 +126,15 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
   specs.check_task_seeds(config)
-  checks = importlib.import_module(STUDIES[name] + ".config")
-  tuners = getattr(checks, "TUNERS", ("lr",))  # the tuners the study reads (`specs.TUNERS`)
-  if str(config.benchmark.get("tuner", "lr")) not in tuners:
+  tuners = {s: getattr(importlib.import_module(p + ".config"), "TUNERS", ("lr",)) for s, p in STUDIES.items()}
+  tuner = str(config.benchmark.get("tuner", "lr"))  # the study's `TUNERS`: those it reads (`specs.TUNERS`)
+  if tuner not in tuners[name]:
+    runs = ", ".join(s for s in tuners if tuner in tuners[s])
     raise ValueError(
-      f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
-      f"leave --config.benchmark.tuner at 'lr' (or pick a study that runs the joint search: optimizers)"
+      f"--config.benchmark.tuner={tuner!r}: the {name} study tunes with {' or '.join(tuners[name])}; leave "
+      f"--config.benchmark.tuner at 'lr' (or pick a study that runs it: {runs})"
     )
+  checks = importlib.import_module(STUDIES[name] + ".config")
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
     if errors := schema.errors(

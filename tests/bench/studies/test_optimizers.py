@@ -347,7 +347,10 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.update(study="family", tuner="joint")
-  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner='joint': the family study tunes with lr"):
+  with pytest.raises(
+    ValueError,
+    match=r"--config\.benchmark\.tuner='joint': the family study tunes with lr; .*runs it: knobs, optimizers\)",
+  ):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.tuner = "grid"
