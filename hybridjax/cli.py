@@ -86,10 +86,17 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
   for path in _override_paths(argv):
     if not _has_path(config, path):
       nearest = difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
-      hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
-      parts = path.split(".")
+      *block, _ = parts = path.split(".")
+      keys = [f.removeprefix(".".join(block) + ".") for f in fields if f.rsplit(".", 1)[0] == ".".join(block)]
+      hint = f"did you mean --config.{nearest[0]}?" if nearest else f"the {'.'.join(block)} block holds {keys}"
+      hint = hint if nearest or keys and block else "docs/config.md lists the fields"
       if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
-        hint += f"(a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r}) "
+        hint += (  # in the benchmark a method is an arm's, and its block the arm's overrides
+          f" (a method's fields are an arm's: --config.benchmark.arms.<arm>.method=<method> with "
+          f"--config.benchmark.arms.<arm>.overrides.{path}=...)"
+          if "benchmark" in config
+          else f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
+        )
       errors.append(f"--config.{path} is not a field of the config: {hint}")
   if errors:
     raise ValueError("\n".join(errors))

@@ -41,6 +41,21 @@ def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
     gpt2_small.get_config("tiny"), ["prog", "--config.hybrid.method=jump", "--config.hybrid.jump.every=5"]
   )
   assert c.hybrid.method == "jump"
+  # In the benchmark, which refuses --config.hybrid.method, a method's fields are an arm's overrides.
+  from experiments.configs import benchmark as benchmark_cfg
+
+  with pytest.raises(
+    ValueError,
+    match=r"--config\.hybrid\.jump2\.every is not a field of the config: did you mean --config\.hybrid\.jump\.every\? "
+    r"\(a method's fields are an arm's: --config\.benchmark\.arms\.<arm>\.method=<method> with "
+    r"--config\.benchmark\.arms\.<arm>\.overrides\.hybrid\.jump2\.every=\.\.\.\)",
+  ):
+    cli.prepare_for_overrides(benchmark_cfg.get_config("quick"), ["prog", "--config.hybrid.jump2.every=5"])
+  # With no near name, the fields of the block it names.
+  with pytest.raises(
+    ValueError, match=r"--config\.data\.qqqqqqq is not a field of the config: the data block holds \["
+  ):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.data.qqqqqqq=5"])
 
 
 @pytest.mark.slow  # five programs started; the default suite checks the messages in process (above)
