@@ -161,19 +161,23 @@ def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: s
 
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
-  """The config file's `get_config(arg)`, made ready for the command line's overrides
-  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if
-  it has one, is kept for `finish_config`."""
+  """The config file's `get_config(arg)`, given its `before_command_line(config, arg, overrides)` if it has
+  one (blocks the command line's values name, {field: value}), made ready for the command line's overrides
+  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if it has one,
+  is kept for `finish_config`."""
 
   after_command_line: Callable[[ml_collections.ConfigDict, list[str]], ml_collections.ConfigDict] | None = None
 
   def parse(self, path: str) -> ml_collections.ConfigDict:
     config = super().parse(path)
     if isinstance(config, ml_collections.ConfigDict):
+      file, _, arg = path.partition(":")
+      hooks = _load_module(f"{self.name}_config_hooks", file)
+      if before := getattr(hooks, "before_command_line", None):
+        config = before(config, arg, _overrides(sys.argv))
       config = prepare_for_overrides(config, sys.argv)
       config.lock()
-      file, _, arg = path.partition(":")
-      hook = getattr(_load_module(f"{self.name}_config_hooks", file), "after_command_line", None)
+      hook = getattr(hooks, "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
 

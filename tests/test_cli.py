@@ -289,3 +289,31 @@ def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
         "--config.benchmark.arms.jump50.overrides.hybrid.jump.everyy=5",
       ],
     )
+
+
+def test_the_mlp_tasks_fields_are_set_on_the_benchmarks_command_line(monkeypatch):
+  """With `--config.benchmark.task=mlp` the task's block exists at its defaults (the config file's
+  `before_command_line`), so `--config.mlp.*` sets its fields, parsed as their types; a misspelt one names
+  the nearest or the block's fields; an mlp field for another task names the task that reads it; a bad value
+  is refused by the benchmark's check of the block, naming the field."""
+  from hybridjax.bench import study
+
+  path = os.path.join(ROOT, "experiments", "configs", "benchmark.py") + ":quick"
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.features=(64, 64)")
+  assert tuple(c.mlp.features) == (64, 64) and c.mlp.n_in == 8
+  study.validate(c, ["benchmark.task", "mlp.features"])
+  for flag, message in (
+    ("--config.mlp.widht=64", r"--config\.mlp\.widht is not a field of the config: the mlp block holds \['eval_"),
+    (
+      "--config.mlp.featurs=(8,)",
+      r"--config\.mlp\.featurs is not a field of the config: did you mean --config\.mlp\.features\?",
+    ),
+  ):
+    with pytest.raises(Exception, match=message):
+      _parsed(monkeypatch, path, "--config.benchmark.task=mlp", flag)
+  with pytest.raises(Exception, match=r"--config\.mlp\.n_in is a field of the mlp task's block, and the benchmark's "
+                     r"task is 'gpt2': add --config\.benchmark\.task=mlp"):  # fmt: skip
+    _parsed(monkeypatch, path, "--config.mlp.n_in=4")
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.n_in=0")
+  with pytest.raises(ValueError, match=r"--config\.mlp\.n_in must be >= 1, got 0"):
+    study.validate(c, ["benchmark.task", "mlp.n_in"])

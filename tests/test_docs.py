@@ -105,7 +105,7 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
 
   table = runpy.run_path(SCRIPT)["reference_table"]()
   # what each optimizer reads, every field, then the benchmark block's own fields
-  optimizers, fields, _, benchmark_rows = table.split("\n\n")
+  optimizers, fields, _, benchmark_rows, _, mlp_rows = table.split("\n\n")
   rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in fields.splitlines()[2:]}
   config = gpt2_small.get_config("tiny")
   flat = {}
@@ -133,6 +133,14 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
 
   study_row = next(line for line in benchmark_rows.splitlines() if line.startswith("| `benchmark.study` |"))
   assert all(repr(name) in study_row for name in STUDIES), study_row  # every study, `anchor` included
+  from hybridjax.tasks import mlp
+
+  # The mlp task's block, every field with its default and its declaration's doc.
+  defaults = mlp.default_task_config()
+  rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1:] for line in mlp_rows.splitlines()[2:]}
+  assert set(rows) == {f"mlp.{k}" for k in defaults}  # every field the task reads, and no other
+  for f in specs.MLP_FIELDS:
+    assert rows[f"mlp.{f.name}"] == [f"`{defaults[f.name]!r}`", f"{f.doc} |"]
 
 
 def test_every_link_in_the_docs_resolves_inside_the_repository():

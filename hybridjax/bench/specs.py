@@ -25,6 +25,7 @@ from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.studies import STUDIES
 from hybridjax.optimizers import user as user_optimizer
 from hybridjax.tasks import gpt2 as gpt2_task
+from hybridjax.tasks import mlp as mlp_task
 
 # How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
@@ -361,26 +362,38 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   preflight.validate(experiment_config(config))
 
 
+# The mlp task's block, `config.mlp` (`tasks.mlp.default_task_config`, whose values are the defaults): each
+# field's check and doc. The benchmark checks it where the task is 'mlp'; the command line sets its fields
+# once `--config.benchmark.task=mlp` names the task (experiments/configs/benchmark.py, `before_command_line`).
+MLP_FIELDS = tuple(
+  schema.Field(name, mlp_task.default_task_config()[name], check, doc)
+  for name, check, doc in (
+    ("features", schema.check_int_tuple(1), "the MLP's hidden layers, their widths, e.g. (64, 64)"),
+    ("n_in", schema.check_int(1), "the input's width"),
+    ("n_out", schema.check_int(1), "the output's width (the teacher's too)"),
+    ("examples", schema.check_int(1), "the synthetic training examples the batches are drawn from"),
+    ("eval_examples", schema.check_int(1), "the held-out examples (at least trainer.eval_batches x batch_size)"),
+  )
+)
+
+
 def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """The `mlp` task's block (`tasks.mlp.default_task_config`) checked where the task is 'mlp': a key it
-  does not read (a misspelling would train the default silently) or one it lacks (the task would fail
-  after the workdir is made)."""
+  """The `mlp` task's block checked where the task is 'mlp' (`MLP_FIELDS`): a key it does not read (a
+  misspelling would train the default silently), one it lacks (the task would fail after the workdir is made)
+  or a value its check refuses."""
   if task_name(config) != "mlp" or not config.get("mlp"):
     return []
-  from hybridjax.tasks import mlp as mlp_task
-
-  expected = set(mlp_task.default_task_config())
-  given = set(config.mlp)
-  errors = [
-    f"--config.mlp.{key} is not a field of the mlp task's block (it reads {sorted(expected)})"
-    for key in sorted(given - expected)
-  ]
-  if expected - given:
+  declared = sorted(f.name for f in MLP_FIELDS)
+  errors = []
+  for key in sorted(set(config.mlp) - set(declared)):
+    nearest = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
+    hint = f"did you mean --config.mlp.{nearest[0]}? " if nearest else ""
+    errors.append(f"--config.mlp.{key} is not a field of the mlp task's block: {hint}it reads {declared}")
+  if missing := [f for f in declared if f not in config.mlp]:
     errors.append(
-      f"the mlp block lacks {sorted(expected - given)}: start from hybridjax.tasks.mlp.default_task_config() "
-      "and change its fields"
+      f"the mlp block lacks {missing}: start from hybridjax.tasks.mlp.default_task_config() and change its fields"
     )
-  return errors
+  return errors + schema.errors("mlp", [f for f in MLP_FIELDS if f.name in config.mlp], config.mlp)
 
 
 def task_seeds_record(config: ml_collections.ConfigDict) -> str:
