@@ -85,9 +85,11 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
   errors = []
   for path in _override_paths(argv):
     if not _has_path(config, path):
-      nearest = difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
-      *block, _ = parts = path.split(".")
+      *block, leaf = parts = path.split(".")
       keys = [f.removeprefix(".".join(block) + ".") for f in fields if f.rsplit(".", 1)[0] == ".".join(block)]
+      # a field's initials first (`optim.lr`: `learning_rate`), then the nearest spelling
+      initials = [".".join([*block, k]) for k in keys if "".join(w[:1] for w in k.split("_")) == leaf]
+      nearest = initials or difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
       hint = f"did you mean --config.{nearest[0]}?" if nearest else f"the {'.'.join(block)} block holds {keys}"
       hint = hint if nearest or keys and block else "docs/config.md lists the fields"
       if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):

@@ -51,6 +51,11 @@ def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
     r"--config\.benchmark\.arms\.<arm>\.overrides\.hybrid\.jump2\.every=\.\.\.\)",
   ):
     cli.prepare_for_overrides(benchmark_cfg.get_config("quick"), ["prog", "--config.hybrid.jump2.every=5"])
+  # A field's initials name it (`optim.lr`: `optim.learning_rate`), before a near spelling (`optim.b2`).
+  with pytest.raises(
+    ValueError, match=r"--config\.optim\.lr is not a field of the config: did you mean --config\.optim\.learning_rate\?"
+  ):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.optim.lr=1e-3"])
   # With no near name, the fields of the block it names.
   with pytest.raises(
     ValueError, match=r"--config\.data\.qqqqqqq is not a field of the config: the data block holds \["
