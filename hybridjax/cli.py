@@ -238,7 +238,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   refuses) ending as every bad input does: the message, and exit status 2."""
   try:
     rest = flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
     _flag_error(e)
   try:
     finish_config(argv)

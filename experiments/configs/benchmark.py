@@ -186,9 +186,8 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
     c = speedrun.speedrun_config(c)
-    with c.unlocked():
-      c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
-      c.benchmark.arms = specs.OpenBlock(c.benchmark.arms)
+    b.update(c.benchmark)  # the recipe's values, into the checked blocks (its copy is plain)
+    c.benchmark = b
   c.lock()  # but for `benchmark.arms`, an open block (specs.OpenBlock)
   return c
 

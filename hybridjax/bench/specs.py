@@ -225,9 +225,38 @@ class OpenBlock(ml_collections.ConfigDict):
     return self
 
 
-class BenchmarkBlock(ml_collections.ConfigDict):
-  """The benchmark block (`config.benchmark`): setting a study's field by its old name fails, naming
-  its field now (else a flat field would be added unread and the study would run on its default)."""
+class CheckedBlock(ml_collections.ConfigDict):
+  """A block whose declared fields (`declare`) are checked as they are set, from Python too, by their
+  declarations' checks (`schema.errors`), as a study's start checks the command line's values: each study's
+  block (`study.add_defaults`) and the benchmark block (`BenchmarkBlock`)."""
+
+  _declared: tuple[dict[str, schema.Field], str] = ({}, "")
+
+  def declare(self, fields: Sequence[schema.Field], prefix: str) -> CheckedBlock:
+    """This block, its `fields` checked from now on, named `--config.<prefix>.<name>` in the errors."""
+    object.__setattr__(self, "_declared", (schema.by_name(fields), prefix))
+    return self
+
+  def __setitem__(self, key: str, value: Any) -> None:
+    declared, prefix = self._declared
+    if errors := schema.errors(prefix, [declared[key]], {key: value}) if key in declared else []:
+      raise ValueError("; ".join(errors))
+    super().__setitem__(key, value)
+
+  def __getstate__(self) -> dict[str, Any]:  # the checks are closures: a pickled copy is checked no more
+    return {k: v for k, v in self.__dict__.items() if k != "_declared"}
+
+  def __setstate__(self, state: dict[str, Any]) -> None:  # a deep copy keeps its declarations
+    object.__setattr__(self, "_declared", state.get("_declared", self._declared))
+    super().__setstate__(state)
+
+
+class BenchmarkBlock(CheckedBlock):
+  """The benchmark block (`config.benchmark`): its fields (`BENCHMARK_FIELDS`) are checked as they are set;
+  setting a study's field by its old name fails, naming its field now (else a flat field would be added unread
+  and the study would run on its default)."""
+
+  _declared = (schema.by_name(BENCHMARK_FIELDS), "benchmark")
 
   def __setitem__(self, key: str, value: Any) -> None:
     if errors := moved_errors({key: value}):

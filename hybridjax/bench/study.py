@@ -40,10 +40,12 @@ def study_name(config: ml_collections.ConfigDict) -> str:
 
 def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
   """Every study's block `benchmark.<name>` in the benchmark block `b`, with its defaults at `preset`
-  (its config.py's `add_defaults`); a study with no fields of its own (the family) has none."""
+  (its config.py's `add_defaults`), its declared fields (`FIELDS`) checked as they are set
+  (`specs.CheckedBlock`); a study with no fields of its own (the family) has none."""
   for name, package in STUDIES.items():
-    block = ml_collections.ConfigDict()
-    importlib.import_module(package + ".config").add_defaults(block, preset)
+    checks = importlib.import_module(package + ".config")
+    block = specs.CheckedBlock().declare(getattr(checks, "FIELDS", ()), f"benchmark.{name}")
+    checks.add_defaults(block, preset)
     if block:
       b[name] = block
 
