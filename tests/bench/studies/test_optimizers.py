@@ -362,6 +362,29 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
   assert speedrun.TRICKS  # the rows are the recipe's steps
 
 
+def test_what_benchmark_md_says_a_cell_needs_at_quick_is_what_the_checks_take(tmp_path):
+  """docs/benchmark.md's recipe for a carried cell at `quick`: the batch it names is below quick's and
+  divides its windows (the default, `long`'s, does not), and with no `settings_from` the cell names the
+  missing cell `both_tuned` record."""
+  from hybridjax.bench.studies.optimizers import carried
+
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = " ".join(f.read().split())
+  quick, long = (benchmark_cfg.get_config(p) for p in ("quick", "long"))
+  default, small = long.benchmark.optimizers.batch_size, quick.trainer.batch_size // 4
+  assert (
+    f"(the default {default} is for `long`'s {long.trainer.batch_size}: give {small} at `quick`, whose batch is "
+    f"{quick.trainer.batch_size})"
+  ) in page
+  c = _config(tmp_path)
+  c.benchmark.optimizers.cell = "small_batch"
+  assert f"(e.g. {small})" in carried.cell_errors(c, 3.0)[0]  # the refusal names it too
+  c.benchmark.optimizers.batch_size = small
+  assert carried.cell_errors(c, 3.0) == []
+  with pytest.raises(ValueError, match=r"settings_from: no cell 'both_tuned' record at"):
+    study.validate(c)
+
+
 def test_the_docs_name_every_field_of_the_block_and_its_defaults():
   with open(os.path.join(ROOT, "docs", "config.md")) as f:
     reference = f.read()  # the generated reference lists every field of the block
