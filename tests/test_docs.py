@@ -12,6 +12,8 @@ import json
 import os
 import re
 import runpy
+import subprocess
+import sys
 
 import pytest
 
@@ -827,3 +829,17 @@ def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
     a = result["factor"]["a"]
     words = words.format(tokens=result["corpus"]["tokens"] / 1e6)
     assert f'{words} {a["mean"]:.2f}× [{a["ci95"][0]:.2f}, {a["ci95"][1]:.2f}], "{result["verdict"]}"' in page, cell
+
+
+def test_the_shadowing_clone_usage_md_describes_fails_as_it_says(tmp_path):
+  """docs/usage.md's diagnosis of a clone folder named `hybridjax` whose parent is on PYTHONPATH: Python's
+  message is the one it quotes, and the command it gives names the folder that was imported."""
+  os.symlink(ROOT, tmp_path / "hybridjax")
+  env = dict(os.environ, PYTHONPATH=str(tmp_path))
+  code = "import hybridjax; print(hybridjax.__path__); hybridjax.default_config"
+  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+  page = " ".join(_read(os.path.join(ROOT, "docs", "usage.md")).split())
+  quoted = "AttributeError: module 'hybridjax' has no attribute 'default_config'"
+  assert f"`{quoted}`" in page and done.stderr.strip().splitlines()[-1] == quoted
+  assert str(tmp_path / "hybridjax") in done.stdout
+  assert 'python -c "import hybridjax; print(hybridjax.__path__)"' in page
