@@ -2,8 +2,9 @@
 the runner, train, time, build the record (its header here, its figures the study's), write its json,
 markdown and plots (and the published copy), print it.
 
-A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `add_defaults(block,
-preset)` (the fields of its block `benchmark.<name>`) and `validate(config)`, which checks them and
+A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `FIELDS` (the fields of
+its block `benchmark.<name>`), where it needs them `add_defaults(block, preset)` (a preset's own values) and
+`validate(config)`, which checks them and
 returns the other configs it trains (checked here like the config itself);
 its `run.py` has `header(config, workdir)` (the lines printed first), `train(config, runner)`,
 `time_steps(config, trained)`, `record(config, trained, timed, command, runner)`,
@@ -39,13 +40,15 @@ def study_name(config: ml_collections.ConfigDict) -> str:
 
 
 def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
-  """Every study's block `benchmark.<name>` in the benchmark block `b`, with its defaults at `preset`
-  (its config.py's `add_defaults`), its declared fields (`FIELDS`) checked as they are set
-  (`specs.CheckedBlock`); a study with no fields of its own (the family) has none."""
+  """Every study's block `benchmark.<name>` in the benchmark block `b`: its config.py's `FIELDS` at their
+  defaults, checked as they are set (`specs.CheckedBlock`), then its `add_defaults(block, preset)` where it
+  has one (a preset's own values, fields besides `FIELDS`); a study with neither (the family) has none."""
   for name, package in STUDIES.items():
     checks = importlib.import_module(package + ".config")
-    block = specs.CheckedBlock().declare(getattr(checks, "FIELDS", ()), f"benchmark.{name}")
-    checks.add_defaults(block, preset)
+    fields = getattr(checks, "FIELDS", ())
+    block = specs.CheckedBlock(schema.block(fields)).declare(fields, f"benchmark.{name}")
+    if hasattr(checks, "add_defaults"):
+      checks.add_defaults(block, preset)
     if block:
       b[name] = block
 

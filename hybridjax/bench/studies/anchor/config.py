@@ -26,12 +26,6 @@ FIELDS = (
 del F
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.anchor` (`FIELDS`), the same at every preset."""
-  del preset
-  block.update(schema.block(FIELDS))
-
-
 def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float]]:
   """(the recipe record read, R4's published setting: its LR and averaging beta there, and the beta2 and
   weight decay its runs trained with). A config whose beta2 or weight decay differs from the record's is

@@ -44,9 +44,9 @@ FIELDS = (
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """The ladder's fields (`benchmark.ladder`): every arm from a claim's own conditions (R0: equal
-  steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6)."""
-  block.update(schema.block(FIELDS))
+  """The ladder's block besides `FIELDS`: `muon`, R5's optimizer block (its keys are `optim` fields) at
+  `preset`. The ladder runs every arm from a claim's own conditions (R0: equal steps, untuned constant LR) up
+  to the tuned, averaged baselines (R4-R6)."""
   block.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
 
 

@@ -93,9 +93,8 @@ def _unread_errors(o: ml_collections.ConfigDict) -> list[str]:
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.optimizers` (`FIELDS`): the defaults are `long`'s and every larger preset's; `quick` runs a
-  shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
-  block.update(schema.block(FIELDS))
+  """`benchmark.optimizers` at `preset`: `FIELDS`' defaults are `long`'s and every larger preset's; `quick`
+  runs a shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
   if preset == "quick":
     block.update(adamw_row="schedule", seeds=(21, 22), plateau_seeds=(23,), adamw_budgets=(0.75, 1.0, 2.0, 3.0))
     block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
