@@ -43,6 +43,12 @@ BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each
 TUNERS = ("lr", "joint")
 
 
+def refuse(errors: Sequence[str]) -> None:
+  """Raises ValueError with every line of `errors`, if any: each names its field and the fix."""
+  if errors:
+    raise ValueError("; ".join(errors))
+
+
 def _seed_tuple(v: Any) -> str | None:
   """A tuple of seeds (ints >= 0), empty allowed."""
   if not isinstance(v, (tuple, list)) or not all(fields.is_int(x) and x >= 0 for x in v):
@@ -239,16 +245,12 @@ class CheckedBlock(ml_collections.ConfigDict):
 
   def __setitem__(self, key: str, value: Any) -> None:
     declared, prefix = self._declared
-    if errors := schema.errors(prefix, [declared[key]], {key: value}) if key in declared else []:
-      raise ValueError("; ".join(errors))
+    if key in declared and (wrong := declared[key].check(value)):
+      raise ValueError(f"--config.{prefix}.{key} {wrong}")
     super().__setitem__(key, value)
 
-  def __getstate__(self) -> dict[str, Any]:  # the checks are closures: a pickled copy is checked no more
-    return {k: v for k, v in self.__dict__.items() if k != "_declared"}
-
-  def __setstate__(self, state: dict[str, Any]) -> None:  # a deep copy keeps its declarations
-    object.__setattr__(self, "_declared", state.get("_declared", self._declared))
-    super().__setstate__(state)
+  def __getstate__(self) -> dict[str, Any]:  # the checks are closures: a copy (pickled, deep) is checked no more
+    return {k: v for k, v in vars(self).items() if k != "_declared"}
 
 
 class BenchmarkBlock(CheckedBlock):
@@ -259,15 +261,13 @@ class BenchmarkBlock(CheckedBlock):
   _declared = (schema.by_name(BENCHMARK_FIELDS), "benchmark")
 
   def __setitem__(self, key: str, value: Any) -> None:
-    if errors := moved_errors({key: value}):
-      raise ValueError("; ".join(errors))
+    refuse(moved_errors({key: value}))
     if key == "arms" and value is not None and not isinstance(value, OpenBlock):
       value = OpenBlock(value)  # the arms stay an open block, whatever form they are given in
     super().__setitem__(key, value)
 
   def update(self, *other: Any, **kwargs: Any) -> None:
-    if errors := moved_errors(dict(*other, **kwargs)):
-      raise ValueError("; ".join(errors))
+    refuse(moved_errors(dict(*other, **kwargs)))
     super().update(*other, **kwargs)
 
 
@@ -332,9 +332,7 @@ def block_errors(b: ml_collections.ConfigDict, names: tuple[str, ...] = ()) -> l
 def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
   """The benchmark block's fields (`BENCHMARK_FIELDS`' checks), then the relations among the protocol's:
   the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
-  errors = schema.errors(
-    "benchmark", BENCHMARK_FIELDS, {f.name: b.get(f.name) for f in BENCHMARK_FIELDS if f.name in b}
-  )
+  errors = block_errors(b)
   bad = {e.split()[0].removeprefix("--config.benchmark.") for e in errors}
   if not {"seeds", "tuning_seeds", "plateau_seeds"} & bad:
     if len(b.tuning_seeds) != 2:
@@ -384,9 +382,7 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   if task_name(config) == "gpt2":
     errors += gpt2_task.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
-  errors += arms_lib.check(config)
-  if errors:
-    raise ValueError("; ".join(errors))
+  refuse(errors + arms_lib.check(config))
   arms_lib.selected(config)
   preflight.validate(experiment_config(config))
 
@@ -413,11 +409,10 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
   if task_name(config) != "mlp" or not config.get("mlp"):
     return []
   declared = sorted(f.name for f in MLP_FIELDS)
-  errors = []
-  for key in sorted(set(config.mlp) - set(declared)):
-    nearest = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
-    hint = f"did you mean --config.mlp.{nearest[0]}? " if nearest else ""
-    errors.append(f"--config.mlp.{key} is not a field of the mlp task's block: {hint}it reads {declared}")
+  errors = [
+    f"--config.mlp.{key} is not a field of the mlp task's block (it reads {declared})"
+    for key in sorted(set(config.mlp) - set(declared))
+  ]
   if missing := [f for f in declared if f not in config.mlp]:
     errors.append(
       f"the mlp block lacks {missing}: start from hybridjax.tasks.mlp.default_task_config() and change its fields"

@@ -88,8 +88,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       errors.append(
         f"--config.benchmark.ladder.{field} names {unknown}, not arms of benchmark.arms ({','.join(defined)})"
       )
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   check_publish(config)
   return {}
 

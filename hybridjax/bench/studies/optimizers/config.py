@@ -14,6 +14,7 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import specs
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
 
@@ -195,8 +196,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   if is_carried and not errors:
     largest = max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions))
     errors += carried.cell_errors(config, largest)
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
   name = RECORD.format(preset=config.benchmark.preset, cell={"name": str(o.cell)})
