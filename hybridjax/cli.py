@@ -72,8 +72,8 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
       # a field's initials first (`optim.lr`: `learning_rate`), then the nearest spelling, else the block's fields
       nearest = [f"{block}.{k}" for k in keys if "".join(w[:1] for w in k.split("_")) == leaf]
       nearest += difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
-      hint = f"did you mean --config.{nearest[0]}?" if nearest else f"the {block} block holds {keys}"
-      hint = hint if nearest or keys and block else "docs/config.md lists the fields"
+      hint = f"the {block} block holds {keys}" if block and keys else "docs/config.md lists the fields"
+      hint = f"did you mean --config.{nearest[0]}?" if nearest else hint
       parts = path.split(".")
       if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
         hint += (  # the benchmark reads a method's fields from an arm's overrides

@@ -318,6 +318,22 @@ def test_the_mlp_tasks_fields_are_set_on_the_benchmarks_command_line(monkeypatch
   with pytest.raises(Exception, match=r"--config\.mlp\.n_in is a field of the mlp task's block, and the benchmark's "
                      r"task is 'gpt2': add --config\.benchmark\.task=mlp"):  # fmt: skip
     _parsed(monkeypatch, path, "--config.mlp.n_in=4")
+  # The held-out examples the evals need, checked before anything is written (the task refuses them in the runs).
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.trainer.eval_batches=100")
+  need = c.trainer.eval_batches * c.trainer.batch_size
+  with pytest.raises(
+    ValueError,
+    match=rf"need {need} held-out examples, but --config\.mlp\.eval_examples=.*raise --config\.mlp\.eval_examples",
+  ):
+    study.validate(c, ["benchmark.task", "trainer.eval_batches"])
+  c = _parsed(
+    monkeypatch,
+    path,
+    "--config.benchmark.task=mlp",
+    "--config.trainer.eval_batches=100",
+    f"--config.mlp.eval_examples={need}",
+  )
+  study.validate(c, ["benchmark.task", "trainer.eval_batches", "mlp.eval_examples"])
   c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.n_in=0")
   with pytest.raises(ValueError, match=r"--config\.mlp\.n_in must be >= 1, got 0"):
     study.validate(c, ["benchmark.task", "mlp.n_in"])

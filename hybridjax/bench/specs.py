@@ -390,34 +390,48 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
 # The mlp task's block, `config.mlp` (`tasks.mlp.default_task_config`, whose values are the defaults): each
 # field's check and doc. The benchmark checks it where the task is 'mlp'; the command line sets its fields
 # once `--config.benchmark.task=mlp` names the task (experiments/configs/benchmark.py, `before_command_line`).
-MLP_FIELDS = tuple(
-  schema.Field(name, mlp_task.default_task_config()[name], check, doc)
-  for name, check, doc in (
-    ("features", schema.check_int_tuple(1), "the MLP's hidden layers, their widths, e.g. (64, 64)"),
-    ("n_in", schema.check_int(1), "the input's width"),
-    ("n_out", schema.check_int(1), "the output's width (the teacher's too)"),
-    ("examples", schema.check_int(1), "the synthetic training examples the batches are drawn from"),
-    ("eval_examples", schema.check_int(1), "the held-out examples (at least trainer.eval_batches x batch_size)"),
+MLP_FIELDS = tuple(  # each an integer >= 1, `features` a tuple of them
+  schema.Field(
+    name,
+    mlp_task.default_task_config()[name],
+    schema.check_int_tuple(1) if name == "features" else schema.check_int(1),
+    doc,
   )
+  for name, doc in {
+    "features": "the MLP's hidden layers, their widths, e.g. (64, 64)",
+    "n_in": "the input's width",
+    "n_out": "the output's width (the teacher's too)",
+    "examples": "the synthetic training examples the batches are drawn from",
+    "eval_examples": "the held-out examples (at least trainer.eval_batches x batch_size)",
+  }.items()
 )
 
 
 def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The `mlp` task's block checked where the task is 'mlp' (`MLP_FIELDS`): a key it does not read (a
   misspelling would train the default silently), one it lacks (the task would fail after the workdir is made)
-  or a value its check refuses."""
-  if task_name(config) != "mlp" or not config.get("mlp"):
+  or a value its check refuses; and held-out examples for `trainer.eval_batches` (the task refuses fewer when
+  it is built, in the runs)."""
+  if task_name(config) != "mlp":
     return []
-  declared = sorted(f.name for f in MLP_FIELDS)
+  m, declared = config.get("mlp") or mlp_task.default_task_config(), sorted(f.name for f in MLP_FIELDS)
   errors = [
     f"--config.mlp.{key} is not a field of the mlp task's block (it reads {declared})"
-    for key in sorted(set(config.mlp) - set(declared))
+    for key in sorted(set(m) - set(declared))
   ]
-  if missing := [f for f in declared if f not in config.mlp]:
+  if missing := [f for f in declared if f not in m]:
     errors.append(
       f"the mlp block lacks {missing}: start from hybridjax.tasks.mlp.default_task_config() and change its fields"
     )
-  return errors + schema.errors("mlp", [f for f in MLP_FIELDS if f.name in config.mlp], config.mlp)
+  errors += schema.errors("mlp", [f for f in MLP_FIELDS if f.name in m], m)
+  t = config.trainer
+  if not errors and t.eval_batches * t.batch_size > m.eval_examples:
+    errors.append(
+      f"--config.trainer.eval_batches={t.eval_batches} batches of trainer.batch_size={t.batch_size} need "
+      f"{t.eval_batches * t.batch_size} held-out examples, but --config.mlp.eval_examples={m.eval_examples}: lower "
+      "--config.trainer.eval_batches, or raise --config.mlp.eval_examples"
+    )
+  return errors
 
 
 def task_seeds_record(config: ml_collections.ConfigDict) -> str:
