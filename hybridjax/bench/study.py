@@ -139,10 +139,10 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   tuners = {s: getattr(_part(s), "TUNERS", ("lr",)) for s in STUDIES}  # those each reads (`specs.TUNERS`)
   tuner = str(config.benchmark.get("tuner", "lr"))
   if tuner not in tuners[name]:
-    runs = ", ".join(s for s in tuners if tuner in tuners[s])
     raise ValueError(
       f"--config.benchmark.tuner={tuner!r}: the {name} study tunes with {' or '.join(tuners[name])}; leave "
-      f"--config.benchmark.tuner at 'lr' (or pick a study that runs it: {runs})"
+      "--config.benchmark.tuner at 'lr' (or pick a study that runs it: "
+      f"{', '.join(s for s in tuners if tuner in tuners[s])})"
     )
   checks = _part(name)
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
@@ -181,11 +181,11 @@ def run(
     earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
+  publish = str(config.benchmark.publish)
   if hasattr(study, "write"):
-    study.write(result, trained, workdir, str(config.benchmark.publish))
+    study.write(result, trained, workdir, publish)
   else:  # its record alone, unless the publish folder holds one of another config
-    publish, ignore = str(config.benchmark.publish), record.other_studies(name)
-    record.write_and_publish(result, workdir, publish, study.RECORD, study.markdown, ignore=ignore)
+    record.write_and_publish(result, workdir, publish, study.RECORD, study.markdown, ignore=record.other_studies(name))
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)
