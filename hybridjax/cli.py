@@ -33,28 +33,10 @@ def _override_value(argv: list[str], field: str) -> str | None:
   return value
 
 
-def _override_paths(argv: list[str]) -> list[str]:
-  """The config fields `argv` overrides (`--config.a.b=...`, `--config.a.b ...`, `--noconfig.a.b`)."""
-  paths = []
-  for arg in argv:
-    m = re.match(r"^--?(?:no)?config\.([^=]+)", arg)
-    if m:
-      paths.append(m.group(1))
-  return paths
-
-
 def command_line_fields(argv: list[str]) -> list[str]:
-  """The config fields `argv` sets (`--config.a.b=...`), as dotted names ('a.b')."""
-  return _override_paths(argv)
-
-
-def _has_path(config: ml_collections.ConfigDict, path: str) -> bool:
-  node: Any = config
-  for part in path.split("."):
-    if not hasattr(node, "keys") or part not in node:
-      return False
-    node = node[part]
-  return True
+  """The config fields `argv` sets, as dotted names ('a.b': `--config.a.b=...`, `--config.a.b ...`,
+  `--noconfig.a.b`)."""
+  return [m[1] for arg in argv if (m := re.match(r"^--?(?:no)?config\.([^=]+)", arg))]
 
 
 def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> ml_collections.ConfigDict:
@@ -72,7 +54,7 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
   arms = config.get("benchmark", {}).get("arms")
   if arms is not None:
     made = []
-    for path in _override_paths(argv):
+    for path in command_line_fields(argv):
       parts = path.split(".")
       if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
         arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
@@ -83,13 +65,22 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
       _add_control_arm(arms, argv, name)
   fields = sorted(config_lib.flatten(config))
   errors = []
-  for path in _override_paths(argv):
-    if not _has_path(config, path):
-      nearest = difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
-      hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+  for path in command_line_fields(argv):
+    if path not in fields and not any(f.startswith(path + ".") for f in fields):
+      block, _, leaf = path.rpartition(".")
+      keys = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == block]
+      # a field's initials first (`optim.lr`: `learning_rate`), then the nearest spelling, else the block's fields
+      nearest = [f"{block}.{k}" for k in keys if "".join(w[:1] for w in k.split("_")) == leaf]
+      nearest += difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
+      hint = f"the {block} block holds {keys}" if block and keys else "docs/config.md lists the fields"
+      hint = f"did you mean --config.{nearest[0]}?" if nearest else hint
       parts = path.split(".")
       if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
-        hint += f"(a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r}) "
+        hint += (  # the benchmark reads a method's fields from an arm's overrides
+          f" (an arm's: --config.benchmark.arms.<arm>.overrides.{path})"
+          if "benchmark" in config
+          else f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
+        )
       errors.append(f"--config.{path} is not a field of the config: {hint}")
   if errors:
     raise ValueError("\n".join(errors))
@@ -120,7 +111,7 @@ def _add_control_arm(arms: ml_collections.ConfigDict, argv: list[str], name: str
 
 def _overrides(argv: list[str]) -> dict[str, str]:
   """{field: value} of every `--config.<field>=<value>` in `argv`."""
-  return {path: value for path in _override_paths(argv) if (value := _override_value(argv, path)) is not None}
+  return {path: value for path in command_line_fields(argv) if (value := _override_value(argv, path)) is not None}
 
 
 def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: str, field: str) -> None:
@@ -154,19 +145,23 @@ def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: s
 
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
-  """The config file's `get_config(arg)`, made ready for the command line's overrides
-  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if
-  it has one, is kept for `finish_config`."""
+  """The config file's `get_config(arg)`, given its `before_command_line(config, arg, overrides)` if it has
+  one (blocks the command line's values name, {field: value}), made ready for the command line's overrides
+  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if it has one,
+  is kept for `finish_config`."""
 
   after_command_line: Callable[[ml_collections.ConfigDict, list[str]], ml_collections.ConfigDict] | None = None
 
   def parse(self, path: str) -> ml_collections.ConfigDict:
     config = super().parse(path)
     if isinstance(config, ml_collections.ConfigDict):
+      file, _, arg = path.partition(":")
+      hooks = _load_module(f"{self.name}_config_hooks", file)
+      if before := getattr(hooks, "before_command_line", None):
+        config = before(config, arg, _overrides(sys.argv))
       config = prepare_for_overrides(config, sys.argv)
       config.lock()
-      file, _, arg = path.partition(":")
-      hook = getattr(_load_module(f"{self.name}_config_hooks", file), "after_command_line", None)
+      hook = getattr(hooks, "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
 
@@ -225,7 +220,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   refuses) ending as every bad input does: the message, and exit status 2."""
   try:
     rest = flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
     _flag_error(e)
   try:
     finish_config(argv)

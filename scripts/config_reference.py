@@ -10,7 +10,8 @@ and `distributed` blocks, declared in `hybridjax/config.py`, `hybridjax/optim.py
 `hybridjax/optimizers/`; the `data` block, in `hybridjax/data.py`), the comments next to (or just
 above) each field's assignment in
 `experiments/configs/gpt2_small.py`, and the `Attributes:` of `GPT2Config`'s docstring for
-`model.*`; then the benchmark block's own fields (`specs.BENCHMARK_FIELDS`). tests/test_docs.py fails
+`model.*`; then the benchmark block's own fields (`specs.BENCHMARK_FIELDS`), its studies' and the `mlp` task's
+block (`specs.MLP_FIELDS`). tests/test_docs.py fails
 when docs/config.md's table differs.
 """
 
@@ -233,6 +234,15 @@ def benchmark_table(preset: str = "long") -> str:
     for key, value in config_lib.flatten(b[name]).items():
       doc = declared.get(key) or docs.get(key, docs.get(key.split(".")[0], (0, "")))[1]
       rows.append(f"| `benchmark.{name}.{key}` | {_cell(_code(value))} | {_cell(doc)} |")
+  rows += [
+    "",
+    "The `mlp` task's block, with `--config.benchmark.task=mlp` (`specs.MLP_FIELDS`; the defaults are "
+    "`hybridjax.tasks.mlp.default_task_config()`'s):",
+    "",
+    "| field | default | meaning |",
+    "|---|---|---|",
+  ]
+  rows += [f"| `mlp.{f.name}` | {_cell(_code(f.default))} | {_cell(f.doc)} |" for f in specs.MLP_FIELDS]
   return "\n".join(rows)
 
 

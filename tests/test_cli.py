@@ -41,6 +41,25 @@ def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
     gpt2_small.get_config("tiny"), ["prog", "--config.hybrid.method=jump", "--config.hybrid.jump.every=5"]
   )
   assert c.hybrid.method == "jump"
+  # In the benchmark, which refuses --config.hybrid.method, a method's fields are an arm's overrides.
+  from experiments.configs import benchmark as benchmark_cfg
+
+  with pytest.raises(
+    ValueError,
+    match=r"--config\.hybrid\.jump2\.every is not a field of the config: did you mean --config\.hybrid\.jump\.every\? "
+    r"\(an arm's: --config\.benchmark\.arms\.<arm>\.overrides\.hybrid\.jump2\.every\)",
+  ):
+    cli.prepare_for_overrides(benchmark_cfg.get_config("quick"), ["prog", "--config.hybrid.jump2.every=5"])
+  # A field's initials name it (`optim.lr`: `optim.learning_rate`), before a near spelling (`optim.b2`).
+  with pytest.raises(
+    ValueError, match=r"--config\.optim\.lr is not a field of the config: did you mean --config\.optim\.learning_rate\?"
+  ):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.optim.lr=1e-3"])
+  # With no near name, the fields of the block it names.
+  with pytest.raises(
+    ValueError, match=r"--config\.data\.qqqqqqq is not a field of the config: the data block holds \["
+  ):
+    cli.prepare_for_overrides(gpt2_small.get_config("tiny"), ["prog", "--config.data.qqqqqqq=5"])
 
 
 @pytest.mark.slow  # five programs started; the default suite checks the messages in process (above)
@@ -274,3 +293,47 @@ def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
         "--config.benchmark.arms.jump50.overrides.hybrid.jump.everyy=5",
       ],
     )
+
+
+def test_the_mlp_tasks_fields_are_set_on_the_benchmarks_command_line(monkeypatch):
+  """With `--config.benchmark.task=mlp` the task's block exists at its defaults (the config file's
+  `before_command_line`), so `--config.mlp.*` sets its fields, parsed as their types; a misspelt one names
+  the nearest or the block's fields; an mlp field for another task names the task that reads it; a bad value
+  is refused by the benchmark's check of the block, naming the field."""
+  from hybridjax.bench import study
+
+  path = os.path.join(ROOT, "experiments", "configs", "benchmark.py") + ":quick"
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.features=(64, 64)")
+  assert tuple(c.mlp.features) == (64, 64) and c.mlp.n_in == 8
+  study.validate(c, ["benchmark.task", "mlp.features"])
+  for flag, message in (
+    ("--config.mlp.widht=64", r"--config\.mlp\.widht is not a field of the config: the mlp block holds \['eval_"),
+    (
+      "--config.mlp.featurs=(8,)",
+      r"--config\.mlp\.featurs is not a field of the config: did you mean --config\.mlp\.features\?",
+    ),
+  ):
+    with pytest.raises(Exception, match=message):
+      _parsed(monkeypatch, path, "--config.benchmark.task=mlp", flag)
+  with pytest.raises(Exception, match=r"--config\.mlp\.n_in is a field of the mlp task's block, and the benchmark's "
+                     r"task is 'gpt2': add --config\.benchmark\.task=mlp"):  # fmt: skip
+    _parsed(monkeypatch, path, "--config.mlp.n_in=4")
+  # The held-out examples the evals need, checked before anything is written (the task refuses them in the runs).
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.trainer.eval_batches=100")
+  need = c.trainer.eval_batches * c.trainer.batch_size
+  with pytest.raises(
+    ValueError,
+    match=rf"need {need} held-out examples, but --config\.mlp\.eval_examples=.*raise --config\.mlp\.eval_examples",
+  ):
+    study.validate(c, ["benchmark.task", "trainer.eval_batches"])
+  c = _parsed(
+    monkeypatch,
+    path,
+    "--config.benchmark.task=mlp",
+    "--config.trainer.eval_batches=100",
+    f"--config.mlp.eval_examples={need}",
+  )
+  study.validate(c, ["benchmark.task", "trainer.eval_batches", "mlp.eval_examples"])
+  c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.n_in=0")
+  with pytest.raises(ValueError, match=r"--config\.mlp\.n_in must be >= 1, got 0"):
+    study.validate(c, ["benchmark.task", "mlp.n_in"])

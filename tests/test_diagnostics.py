@@ -237,6 +237,25 @@ def test_plugin_overhead_takes_a_preset_and_refuses_another():
     script.main(["--rounds=1"])
 
 
+def test_plugin_overhead_reads_its_interval_from_the_rounds_paired_ratios():
+  """The overhead's 95% interval is a t interval of the rounds' mean log ratio (method over baseline, each
+  round's medians): rounds whose ratios agree give a narrow interval around their ratio, rounds that
+  scatter as much as the difference give one that includes no overhead."""
+  import math
+
+  from scipy import stats
+
+  interval = load_script("plugin_overhead").overhead_interval
+  lo, hi = interval([10.0, 10.0, 10.0], [11.0, 11.0, 11.0 + 1e-9])
+  assert lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+  base, method = [10.0, 12.0, 9.0, 11.0], [10.5, 11.0, 10.0, 11.5]
+  logs = [math.log(m / b) for b, m in zip(base, method)]
+  mean, se = sum(logs) / 4, stats.sem(logs)
+  half = stats.t.ppf(0.975, 3) * se
+  assert interval(base, method) == pytest.approx((math.expm1(mean - half), math.expm1(mean + half)))
+  assert interval(base, method)[0] < 0 < interval(base, method)[1]
+
+
 @pytest.mark.slow  # compiles both sides of the quick preset
 def test_plugin_overhead_reports_both_sides_median_and_iqr_at_quick(capsys):
   """A smoke run at `quick` (2 rounds of 2 steps: what it prints, not what it measures): each side's
@@ -246,6 +265,9 @@ def test_plugin_overhead_reports_both_sides_median_and_iqr_at_quick(capsys):
   for side in ("baseline", "idle method"):
     assert out[side]["median_ms"] > 0 and out[side]["iqr_ms"] >= 0, side
   assert out["overhead"] == pytest.approx(out["idle method"]["median_ms"] / out["baseline"]["median_ms"] - 1)
+  lo, hi = out["overhead_ci95"]
+  assert lo <= hi
   printed = capsys.readouterr().out
+  assert "95% interval over the rounds' paired ratios [" in printed
   assert "preset quick: 2 interleaved rounds of 2 steps per side" in printed
   assert "baseline" in printed and "IQR over the rounds" in printed and "overhead of the idle method" in printed

@@ -12,6 +12,8 @@ import json
 import os
 import re
 import runpy
+import subprocess
+import sys
 
 import pytest
 
@@ -115,7 +117,7 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
 
   table = runpy.run_path(SCRIPT)["reference_table"]()
   # what each optimizer reads, every field, then the benchmark block's own fields
-  optimizers, fields, _, benchmark_rows = table.split("\n\n")
+  optimizers, fields, _, benchmark_rows, _, mlp_rows = table.split("\n\n")
   rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in fields.splitlines()[2:]}
   config = gpt2_small.get_config("tiny")
   flat = {}
@@ -139,6 +141,18 @@ def test_config_reference_covers_every_field_with_the_tiny_defaults():
   long = benchmark_cfg.get_config("long").benchmark
   for f in specs.BENCHMARK_FIELDS:  # the benchmark block's own, from its declarations, at `long`
     assert f"| `benchmark.{f.name}` | `{long[f.name]!r}` | {f.doc.replace('|', chr(92) + '|')} |" in benchmark_rows
+  from hybridjax.bench.studies import STUDIES
+
+  study_row = next(line for line in benchmark_rows.splitlines() if line.startswith("| `benchmark.study` |"))
+  assert all(repr(name) in study_row for name in STUDIES), study_row  # every study, `anchor` included
+  from hybridjax.tasks import mlp
+
+  # The mlp task's block, every field with its default and its declaration's doc.
+  defaults = mlp.default_task_config()
+  rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1:] for line in mlp_rows.splitlines()[2:]}
+  assert set(rows) == {f"mlp.{k}" for k in defaults}  # every field the task reads, and no other
+  for f in specs.MLP_FIELDS:
+    assert rows[f"mlp.{f.name}"] == [f"`{defaults[f.name]!r}`", f"{f.doc} |"]
 
 
 def test_every_link_in_the_docs_resolves_inside_the_repository():
@@ -910,3 +924,17 @@ def test_the_fields_range_is_its_marked_rows_and_the_pull_requests_factor_its_st
   assert f"{pr['low']:.2f}" in pr["factor"]
   marked = [r for r in rows if r.get("in_range")]
   assert figures.field_range() == (min(r["low"] for r in marked), max(r["high"] for r in marked))
+
+
+def test_the_shadowing_clone_usage_md_describes_fails_as_it_says(tmp_path):
+  """docs/usage.md's diagnosis of a clone folder named `hybridjax` whose parent is on PYTHONPATH: Python's
+  message is the one it quotes, and the command it gives names the folder that was imported."""
+  os.symlink(ROOT, tmp_path / "hybridjax")
+  env = dict(os.environ, PYTHONPATH=str(tmp_path))
+  code = "import hybridjax; print(hybridjax.__path__); hybridjax.default_config"
+  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+  page = " ".join(_read(os.path.join(ROOT, "docs", "usage.md")).split())
+  quoted = "AttributeError: module 'hybridjax' has no attribute 'default_config'"
+  assert f"`{quoted}`" in page and done.stderr.strip().splitlines()[-1] == quoted
+  assert str(tmp_path / "hybridjax") in done.stdout
+  assert 'python -c "import hybridjax; print(hybridjax.__path__)"' in page

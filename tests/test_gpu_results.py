@@ -76,9 +76,10 @@ def test_the_prose_quotes_the_figures_as_measured():
 def test_the_script_writes_a_json_its_table_reads(tmp_path, capsys):
   script = load_script("gpu_check")
   path = str(tmp_path / "check.json")
-  argv = ["--preset=tiny,micro", "--sides=gpt2,step:schedule", "--rounds=2", "--steps=2", f"--json={path}"]
+  argv = ["--cpu_smoke", "--sides=gpt2,step:schedule", f"--json={path}"]  # tiny,micro, 2 rounds of 2 steps
   out = script.main(argv)
   assert out["command"] == "python scripts/gpu_check.py " + " ".join(argv)
+  assert (out["preset"], out["rounds"], out["steps"]) == ("tiny,micro", 2, 2)
   # Both paths by default: today's (the einsum, the whole-logits loss) and the new one.
   assert set(out["sides"]) == {"gpt2", "step:schedule", "gpt2@new", "step:schedule@new"}
   assert out["sides"]["gpt2"]["ratio"] == 1.0
@@ -92,6 +93,19 @@ def test_the_script_writes_a_json_its_table_reads(tmp_path, capsys):
   with open(path) as f:
     table = script.markdown([json.load(f)])
   assert table.startswith("**tiny,micro, batch the preset's") and "| gpt2@new |" in table and "tokens / s" in table
+
+
+def test_on_a_cpu_the_script_refuses_at_once_naming_the_smoke_flag(capsys):
+  """On a CPU backend (the tests' own) the script stops before it builds anything, naming `--cpu_smoke`;
+  `--table` reads saved runs on any backend."""
+  import jax
+
+  script = load_script("gpu_check")
+  assert jax.default_backend() == "cpu"
+  with pytest.raises(SystemExit, match=r"JAX's backend here is the CPU.*python scripts/gpu_check\.py --cpu_smoke"):
+    script.main(["--sides=gpt2"])
+  assert script.main(["--table", os.path.join(FOLDER, "gpu-check-124m.json")]) == {}
+  assert "| gpt2 |" in capsys.readouterr().out
 
 
 def test_the_model_flops_a_token_and_the_peak_table():

@@ -15,6 +15,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "explore.ipynb")
 
 
+def test_the_readme_states_when_the_hybrid_run_starts_to_predict():
+  """notebooks/README.md's figures are the `tiny` preset's (the notebook's config): the steps before the first
+  possible PREDICT phase and the confidence it needs; and its short-run overrides are the test's own."""
+  from experiments.configs import gpt2_small
+
+  h = gpt2_small.get_config("tiny").hybrid
+  with open(os.path.join(ROOT, "notebooks", "README.md")) as f:
+    page = " ".join(f.read().split())
+  w, f_, t = h.warmup_steps, h.full_steps, h.confidence_threshold
+  assert f"(at `tiny`, {w} + {f_} = {w + f_}), and after them only once" in page
+  assert f"reaches `hybrid.confidence_threshold` ({t:g})" in page
+  short = {k: TINY_OVERRIDES[k] for k in ("hybrid.warmup_steps", "hybrid.full_steps", "hybrid.confidence_threshold")}
+  assert f"HYBRIDJAX_NOTEBOOK_OVERRIDES='{json.dumps(short)}'" in page
+
+
 def test_notebook_is_saved_without_outputs():
   nb = nbformat.read(NOTEBOOK, as_version=4)
   dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]

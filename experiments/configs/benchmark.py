@@ -33,6 +33,7 @@ from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import specs, speedrun
 from hybridjax.bench import study as study_lib
+from hybridjax.bench import tasks as tasks_lib
 
 PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")
@@ -185,11 +186,40 @@ def get_config(arg: str = "long") -> ml_collections.ConfigDict:
         f"benchmark config {arg!r}: the speedrun family sets its own optimizer and schedule; use it alone"
       )
     c = speedrun.speedrun_config(c)
-    with c.unlocked():
-      c.benchmark = specs.BenchmarkBlock(c.benchmark)  # the recipe's copy: the block's guard again
-      c.benchmark.arms = specs.OpenBlock(c.benchmark.arms)
+    b.update(c.benchmark)  # the recipe's values, into the checked blocks (its copy is plain)
+    c.benchmark = b
   c.lock()  # but for `benchmark.arms`, an open block (specs.OpenBlock)
   return c
+
+
+def before_command_line(
+  config: ml_collections.ConfigDict, arg: str, given: dict[str, str]
+) -> ml_collections.ConfigDict:
+  """`get_config(arg)` before the command line's overrides (`given`: {field: value}) are applied
+  (`hybridjax.cli` calls it): with the block of the task `--config.benchmark.task` names, at its defaults
+  (the block its module's `READS` names first, from its `default_task_config()`: the `mlp` task's), so that
+  the command line can set its fields (`--config.benchmark.task=mlp --config.mlp.features=(64,64)`); a field
+  of a built-in task's block given for another task is refused, naming the task that reads it. A task that
+  does not load is named by the benchmark's checks."""
+  del arg
+  task = given.get("benchmark.task", specs.task_name(config))
+  for name in dict.fromkeys([task, *tasks_lib.BUILTIN_TASKS]):
+    try:
+      module = tasks_lib.load_task(name)
+    except ValueError:
+      continue
+    reads, default = getattr(module, "READS", ()), getattr(module, "default_task_config", None)
+    if not reads or default is None or reads[0] in config:
+      continue
+    if name == task:
+      with config.unlocked():
+        config[reads[0]] = default()
+    elif named := sorted(f for f in given if f.startswith(reads[0] + ".")):
+      raise ValueError(
+        f"--config.{named[0]} is a field of the {name} task's block, and the benchmark's task is {task!r}: add "
+        f"--config.benchmark.task={name}, or leave out --config.{reads[0]}.*"
+      )
+  return config
 
 
 def after_command_line(config: ml_collections.ConfigDict, arg: str, fields: list[str]) -> ml_collections.ConfigDict:

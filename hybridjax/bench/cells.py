@@ -67,7 +67,9 @@ def above_note(verdict: dict[str, Any] | None) -> str:
 
 def exercise_mark(figures: dict[str, Any]) -> str:
   """'not exercised (x.x jumps per run)' for an arm whose figures' `exercise` (`figures.exercise`) says
-  it took fewer jumps per run than the minimum, 'not exercised (x.x predicted steps per run)' for an
+  it took fewer jumps per run than the minimum, 'predictions discarded (x.x per run discarded, y.y kept)' for
+  an arm meant to predict whose runs kept fewer predicted steps than the minimum and had steps discarded,
+  'not exercised (x.x predicted steps per run)' for an
   arm meant to predict whose runs predicted fewer steps than the minimum; '' for any other arm (one that
   never predicts by design included)."""
   e = figures.get("exercise")
@@ -75,6 +77,10 @@ def exercise_mark(figures: dict[str, Any]) -> str:
     return ""
   if "jumps_per_run" in e:
     return f"not exercised ({e['jumps_per_run']:.1f} jumps per run)"
+  if e.get("discarded_per_run"):  # it predicted, and the framework threw the steps away
+    return (
+      f"predictions discarded ({e['discarded_per_run']:.1f} per run discarded, {e['predicted_steps_per_run']:.1f} kept)"
+    )
   return f"not exercised ({e['predicted_steps_per_run']:.1f} predicted steps per run)"
 
 

@@ -274,7 +274,11 @@ def factor(
   for name, c in (("adamw", adamw), ("muon", muon)):
     f = fit_curves(c.steps / n, c.loss, np.isfinite(c.loss).astype(np.float64))
     if not np.isfinite(f["b"]):
-      raise ValueError(f"{name}: its curves do not fall with the budget on a fit L = a_s + b T^-c (b > 0)")
+      raise ValueError(
+        f"{name}: its curves do not fall with the budget on a fit L = a_s + b T^-c (b > 0), so no factor can be "
+        f"read at N = {n:g}: a longer budget must lower the loss beyond the seeds' spread. Train longer runs (a "
+        "larger --config.trainer.steps, or a larger preset such as long); the runs trained stay in the run cache"
+      )
     fits[name] = f
   point = _readings(fits["adamw"], fits["muon"], ranges)
   boot = _bootstrap(adamw, muon, n, ranges, draws, seed)

@@ -46,7 +46,13 @@ def exercise(runs: Sequence[dict[str, Any]], predicts: bool = False) -> dict[str
     return None
   per_run = float(statistics.fmean(r["steps"] - r["backward_passes"] for r in counted))
   minimum = MIN_PREDICTED_FRACTION * float(statistics.fmean(r["steps"] for r in counted))
-  return {"predicted_steps_per_run": per_run, "minimum": minimum, "exercised": per_run >= minimum}
+  # The predicted steps the framework discarded (`hybrid.step.keep_if_finite`): where a run does not record
+  # them, those that left their batch, each a step beyond the schedule's (`phase_steps` over `steps`).
+  gone = [
+    r.get("predicted_steps_discarded", max(sum(r.get("phase_steps", {}).values()) - r["steps"], 0)) for r in counted
+  ]
+  out = {"predicted_steps_per_run": per_run, "minimum": minimum, "exercised": per_run >= minimum}
+  return out | ({"discarded_per_run": statistics.fmean(gone)} if any(gone) else {})
 
 
 def method_figures(

@@ -214,9 +214,10 @@ def write_and_publish(
   published and the workdir's copy written."""
   write_files(result, workdir, record, markdown, plot)
   if publish:
-    try:
+    try:  # another config's record there, or a folder that cannot be made
       check_publish(result["config"], publish, record.format(**result), ignore)
-    except ValueError as e:
+      os.makedirs(publish, exist_ok=True)
+    except (ValueError, OSError) as e:
       raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
     write_files(result, publish, record, markdown, plot)
 

@@ -22,8 +22,10 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.bench.studies import STUDIES
 from hybridjax.optimizers import user as user_optimizer
 from hybridjax.tasks import gpt2 as gpt2_task
+from hybridjax.tasks import mlp as mlp_task
 
 # How the runs are trained (`benchmark.executor`, `hybridjax.bench.runs.runner`): never part of what a run is.
 EXECUTORS = ("local", "ray")
@@ -39,6 +41,12 @@ BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each
 # `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
 # config module lists it in its `TUNERS`).
 TUNERS = ("lr", "joint")
+
+
+def refuse(errors: Sequence[str]) -> None:
+  """Raises ValueError with every line of `errors`, if any: each names its field and the fix."""
+  if errors:
+    raise ValueError("; ".join(errors))
 
 
 def _seed_tuple(v: Any) -> str | None:
@@ -114,8 +122,8 @@ BENCHMARK_FIELDS = (
   F("timing_steps", 25, fields.check_int(1), "steps per arm and round"),
   F("publish", "", fields.check_str, "a folder to copy the study's record, markdown and plots into ('' = none)",
     runtime="host"),
-  F("study", "family", fields.check_name, "'family' (one family's protocol), 'ladder', 'recipe', 'variants', "
-    "'knobs' or 'optimizers' (`hybridjax/bench/studies/`)", runtime="host"),
+  F("study", "family", fields.check_name, f"the study (`hybridjax/bench/studies/`): {', '.join(map(repr, STUDIES))}; "
+    "'family' is one family's protocol", runtime="host"),
   F("plateau_margin", 0.05, fields.check_num(0.0, lo_open=True), "the plateau rule (the ladder's and the "
     "recipe's): a run this far (relative) above its group's median eval loss at N/10 or N is a plateau"),
   F("plateau_seeds", (4, 5), _seed_tuple, "headline seeds added to a group with a plateau run"),
@@ -223,20 +231,43 @@ class OpenBlock(ml_collections.ConfigDict):
     return self
 
 
-class BenchmarkBlock(ml_collections.ConfigDict):
-  """The benchmark block (`config.benchmark`): setting a study's field by its old name fails, naming
-  its field now (else a flat field would be added unread and the study would run on its default)."""
+class CheckedBlock(ml_collections.ConfigDict):
+  """A block whose declared fields (`declare`) are checked as they are set, from Python too, by their
+  declarations' checks (`schema.errors`), as a study's start checks the command line's values: each study's
+  block (`study.add_defaults`) and the benchmark block (`BenchmarkBlock`)."""
+
+  _declared: tuple[dict[str, schema.Field], str] = ({}, "")
+
+  def declare(self, fields: Sequence[schema.Field], prefix: str) -> CheckedBlock:
+    """This block, its `fields` checked from now on, named `--config.<prefix>.<name>` in the errors."""
+    object.__setattr__(self, "_declared", (schema.by_name(fields), prefix))
+    return self
 
   def __setitem__(self, key: str, value: Any) -> None:
-    if errors := moved_errors({key: value}):
-      raise ValueError("; ".join(errors))
+    declared, prefix = self._declared
+    if key in declared and (wrong := declared[key].check(value)):
+      raise ValueError(f"--config.{prefix}.{key} {wrong}")
+    super().__setitem__(key, value)
+
+  def __getstate__(self) -> dict[str, Any]:  # the checks are closures: a copy (pickled, deep) is checked no more
+    return {k: v for k, v in vars(self).items() if k != "_declared"}
+
+
+class BenchmarkBlock(CheckedBlock):
+  """The benchmark block (`config.benchmark`): its fields (`BENCHMARK_FIELDS`) are checked as they are set;
+  setting a study's field by its old name fails, naming its field now (else a flat field would be added unread
+  and the study would run on its default)."""
+
+  _declared = (schema.by_name(BENCHMARK_FIELDS), "benchmark")
+
+  def __setitem__(self, key: str, value: Any) -> None:
+    refuse(moved_errors({key: value}))
     if key == "arms" and value is not None and not isinstance(value, OpenBlock):
       value = OpenBlock(value)  # the arms stay an open block, whatever form they are given in
     super().__setitem__(key, value)
 
   def update(self, *other: Any, **kwargs: Any) -> None:
-    if errors := moved_errors(dict(*other, **kwargs)):
-      raise ValueError("; ".join(errors))
+    refuse(moved_errors(dict(*other, **kwargs)))
     super().update(*other, **kwargs)
 
 
@@ -301,9 +332,7 @@ def block_errors(b: ml_collections.ConfigDict, names: tuple[str, ...] = ()) -> l
 def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
   """The benchmark block's fields (`BENCHMARK_FIELDS`' checks), then the relations among the protocol's:
   the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
-  errors = schema.errors(
-    "benchmark", BENCHMARK_FIELDS, {f.name: b.get(f.name) for f in BENCHMARK_FIELDS if f.name in b}
-  )
+  errors = block_errors(b)
   bad = {e.split()[0].removeprefix("--config.benchmark.") for e in errors}
   if not {"seeds", "tuning_seeds", "plateau_seeds"} & bad:
     if len(b.tuning_seeds) != 2:
@@ -353,31 +382,54 @@ def validate_benchmark(config: ml_collections.ConfigDict) -> None:
   if task_name(config) == "gpt2":
     errors += gpt2_task.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
-  errors += arms_lib.check(config)
-  if errors:
-    raise ValueError("; ".join(errors))
+  refuse(errors + arms_lib.check(config))
   arms_lib.selected(config)
   preflight.validate(experiment_config(config))
 
 
-def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """The `mlp` task's block (`tasks.mlp.default_task_config`) checked where the task is 'mlp': a key it
-  does not read (a misspelling would train the default silently) or one it lacks (the task would fail
-  after the workdir is made)."""
-  if task_name(config) != "mlp" or not config.get("mlp"):
-    return []
-  from hybridjax.tasks import mlp as mlp_task
+# The mlp task's block, `config.mlp` (`tasks.mlp.default_task_config`, whose values are the defaults): each
+# field's check and doc. The benchmark checks it where the task is 'mlp'; the command line sets its fields
+# once `--config.benchmark.task=mlp` names the task (experiments/configs/benchmark.py, `before_command_line`).
+MLP_FIELDS = tuple(  # each an integer >= 1, `features` a tuple of them
+  schema.Field(
+    name,
+    mlp_task.default_task_config()[name],
+    schema.check_int_tuple(1) if name == "features" else schema.check_int(1),
+    doc,
+  )
+  for name, doc in {
+    "features": "the MLP's hidden layers, their widths, e.g. (64, 64)",
+    "n_in": "the input's width",
+    "n_out": "the output's width (the teacher's too)",
+    "examples": "the synthetic training examples the batches are drawn from",
+    "eval_examples": "the held-out examples (at least trainer.eval_batches x batch_size)",
+  }.items()
+)
 
-  expected = set(mlp_task.default_task_config())
-  given = set(config.mlp)
+
+def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The `mlp` task's block checked where the task is 'mlp' (`MLP_FIELDS`): a key it does not read (a
+  misspelling would train the default silently), one it lacks (the task would fail after the workdir is made)
+  or a value its check refuses; and held-out examples for `trainer.eval_batches` (the task refuses fewer when
+  it is built, in the runs)."""
+  if task_name(config) != "mlp":
+    return []
+  m, declared = config.get("mlp") or mlp_task.default_task_config(), sorted(f.name for f in MLP_FIELDS)
   errors = [
-    f"--config.mlp.{key} is not a field of the mlp task's block (it reads {sorted(expected)})"
-    for key in sorted(given - expected)
+    f"--config.mlp.{key} is not a field of the mlp task's block (it reads {declared})"
+    for key in sorted(set(m) - set(declared))
   ]
-  if expected - given:
+  if missing := [f for f in declared if f not in m]:
     errors.append(
-      f"the mlp block lacks {sorted(expected - given)}: start from hybridjax.tasks.mlp.default_task_config() "
-      "and change its fields"
+      f"the mlp block lacks {missing}: start from hybridjax.tasks.mlp.default_task_config() and change its fields"
+    )
+  errors += schema.errors("mlp", [f for f in MLP_FIELDS if f.name in m], m)
+  t = config.trainer
+  if not errors and t.eval_batches * t.batch_size > m.eval_examples:
+    errors.append(
+      f"--config.trainer.eval_batches={t.eval_batches} batches of trainer.batch_size={t.batch_size} need "
+      f"{t.eval_batches * t.batch_size} held-out examples, but --config.mlp.eval_examples={m.eval_examples}: lower "
+      "--config.trainer.eval_batches, or raise --config.mlp.eval_examples"
     )
   return errors
 

@@ -2,12 +2,14 @@
 the runner, train, time, build the record (its header here, its figures the study's), write its json,
 markdown and plots (and the published copy), print it.
 
-A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `add_defaults(block,
-preset)` (the fields of its block `benchmark.<name>`) and `validate(config)`, which checks them and
+A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `FIELDS` (the fields of
+its block `benchmark.<name>`), where it needs them `add_defaults(block, preset)` (a preset's own values) and
+`validate(config)`, which checks them and
 returns the other configs it trains (checked here like the config itself);
 its `run.py` has `header(config, workdir)` (the lines printed first), `train(config, runner)`,
-`time_steps(config, trained)`, `record(config, trained, timed, command, runner)`,
-`write(result, trained, workdir, publish)`, `markdown(result)` and `RECORD` (its json, whose
+`time_steps(config, trained)` (where it times steps), `record(config, trained, timed, command, runner)`,
+`write(result, trained, workdir, publish)` (where it writes more than its record and markdown, which
+`record.write_and_publish` writes otherwise), `markdown(result)` and `RECORD` (its json, whose
 invocations a resumed study extends; None: it keeps none).
 """
 
@@ -30,6 +32,11 @@ from hybridjax.bench.runs.runner import make_runner
 from hybridjax.bench.studies import STUDIES
 
 
+def _part(name: str, part: str = "config") -> ModuleType:
+  """Study `name`'s module `part` (its `config.py` or `run.py`)."""
+  return importlib.import_module(f"{STUDIES[name]}.{part}")
+
+
 def study_name(config: ml_collections.ConfigDict) -> str:
   """The study `config` runs: `benchmark.study`."""
   name = str(config.benchmark.get("study", "family"))
@@ -39,11 +46,15 @@ def study_name(config: ml_collections.ConfigDict) -> str:
 
 
 def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
-  """Every study's block `benchmark.<name>` in the benchmark block `b`, with its defaults at `preset`
-  (its config.py's `add_defaults`); a study with no fields of its own (the family) has none."""
-  for name, package in STUDIES.items():
-    block = ml_collections.ConfigDict()
-    importlib.import_module(package + ".config").add_defaults(block, preset)
+  """Every study's block `benchmark.<name>` in the benchmark block `b`: its config.py's `FIELDS` at their
+  defaults, checked as they are set (`specs.CheckedBlock`), then its `add_defaults(block, preset)` where it
+  has one (a preset's own values, fields besides `FIELDS`); a study with neither (the family) has none."""
+  for name in STUDIES:
+    checks = _part(name)
+    fields = getattr(checks, "FIELDS", ())
+    block = specs.CheckedBlock(schema.block(fields)).declare(fields, f"benchmark.{name}")
+    if hasattr(checks, "add_defaults"):
+      checks.add_defaults(block, preset)
     if block:
       b[name] = block
 
@@ -81,7 +92,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
     for f, o in specs.OVERWRITTEN.items()
     if o.preset_value is not specs.PER_PRESET and f in flat and flat[f] != o.preset_value
   }
-  checks = importlib.import_module(STUDIES[name] + ".config")  # a study's own checks, where it has them
+  checks = _part(name)  # a study's own checks, where it has them
   study_reads = checks.reads(config) if hasattr(checks, "reads") else set()
   errors = tasks_lib.unread_block_errors(specs.task_name(config), flat, given)
   for field in sorted(given):
@@ -121,30 +132,30 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   ) + unused_field_errors(config, list(command_line))
   if errors and config.get("hybrid", {}).get("method", ""):
     errors.append(specs.method_field_error(config.hybrid.method))  # else `validate_benchmark` says it
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
   specs.check_task_seeds(config)
-  checks = importlib.import_module(STUDIES[name] + ".config")
-  tuners = getattr(checks, "TUNERS", ("lr",))  # the tuners the study reads (`specs.TUNERS`)
-  if str(config.benchmark.get("tuner", "lr")) not in tuners:
+  tuners = {s: getattr(_part(s), "TUNERS", ("lr",)) for s in STUDIES}  # those each reads (`specs.TUNERS`)
+  tuner = str(config.benchmark.get("tuner", "lr"))
+  if tuner not in tuners[name]:
     raise ValueError(
-      f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
-      f"leave --config.benchmark.tuner at 'lr' (or pick a study that runs the joint search: optimizers)"
+      f"--config.benchmark.tuner={tuner!r}: the {name} study tunes with {' or '.join(tuners[name])}; leave "
+      "--config.benchmark.tuner at 'lr' (or pick a study that runs it: "
+      f"{', '.join(s for s in tuners if tuner in tuners[s])})"
     )
+  checks = _part(name)
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
-    if errors := schema.errors(
-      f"benchmark.{name}", [f for f in getattr(checks, "FIELDS", ()) if f.name in block], block
-    ):
-      raise ValueError("; ".join(errors))
+    specs.refuse(
+      schema.errors(f"benchmark.{name}", [f for f in getattr(checks, "FIELDS", ()) if f.name in block], block)
+    )
   for what, other in checks.validate(config).items():
     try:
       specs.validate_benchmark(other)
     except ValueError as e:
       raise ValueError(f"{what} is not a valid run: {e}") from None
-  return importlib.import_module(STUDIES[name] + ".run")
+  return _part(name, "run")
 
 
 def run(
@@ -159,8 +170,10 @@ def run(
   print("\n".join(study.header(config, workdir)), flush=True)
   with make_runner(config, workdir) as runner:
     trained = study.train(config, runner)
-  print("--- timing (interleaved, this process)", flush=True)
-  timed = study.time_steps(config, trained)
+  timed = {}  # a study that times no step (its verdicts in loss or steps) has no `time_steps`
+  if hasattr(study, "time_steps"):
+    print("--- timing (interleaved, this process)", flush=True)
+    timed = study.time_steps(config, trained)
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
   record.keep_earlier_report(config, workdir, study.RECORD.format(**result) if study.RECORD else "benchmark.json", name)
@@ -168,7 +181,11 @@ def run(
     earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
-  study.write(result, trained, workdir, str(config.benchmark.publish))
+  publish = str(config.benchmark.publish)
+  if hasattr(study, "write"):
+    study.write(result, trained, workdir, publish)
+  else:  # its record alone, unless the publish folder holds one of another config
+    record.write_and_publish(result, workdir, publish, study.RECORD, study.markdown, ignore=record.other_studies(name))
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)

@@ -58,6 +58,20 @@ def synthetic(
 QUIET = {"seed_sd": 0.008, "run_sd": 0.0, "window_sd": 0.0, "window_noise": 0.0}
 
 
+def test_curves_that_do_not_fall_with_the_budget_are_refused_naming_the_next_step():
+  """A side whose losses do not fall with the budget (the runs too short for a budget to matter) gives no
+  factor: the error names the side, N and what to change (longer runs, a larger preset)."""
+  curves = synthetic(1.5, np.random.default_rng(0))
+  for run in curves["muon"].values():
+    run["loss"] = sorted(run["loss"])  # rising with the budget
+    run["per_window"] = None
+  for run in curves["adamw"].values():
+    run["per_window"] = None
+  with pytest.raises(ValueError, match=r"^muon: its curves do not fall with the budget .* at N = 3000: .*larger "
+                     r"--config\.trainer\.steps, or a larger preset such as long"):  # fmt: skip
+    factor.factor(curves["adamw"], curves["muon"], N, draws=10)
+
+
 def test_the_fit_recovers_a_noiseless_curve_and_each_seeds_level():
   t = np.array(ADAMW_T)
   levels = np.array([1.50, 1.52, 1.49])

@@ -266,6 +266,31 @@ def test_an_arm_meant_to_predict_whose_runs_predicted_no_step_reads_not_exercise
     assert "exercised" not in line and "tested nothing" not in line
 
 
+def test_an_arm_whose_predictions_were_discarded_reads_discarded_not_unexercised():
+  """A predicting arm whose runs predicted and had every predicted step discarded by the framework (a
+  non-finite move: `hybrid.step.keep_if_finite`) reads 'predictions discarded', with the steps discarded and
+  kept per run, in its cells and its verdict line: it tried, and nothing it predicted stayed. The count is
+  the run record's `predicted_steps_discarded` where it records it, else the steps that left their batch
+  and so advanced no schedule step (a step beyond the schedule's, `phase_steps` over `steps`)."""
+  curves = {a: ANCHOR for a in figures.ANCHORS}
+
+  def arm(extra: dict) -> dict:
+    runs = _equal_control()
+    for r in runs.values():
+      r.update(step_kinds={"full_step": 40, "predict_step": 2}, **extra)
+    return figures.method_figures(curves, runs, None, BUDGETS, eval_se=0.0418, predicts=True)
+
+  beyond = arm({"phase_steps": {"FULL": 38, "PREDICT": 2, "CORRECT": 2}})  # 42 steps for a schedule of 40
+  recorded = arm({"predicted_steps_discarded": 2})
+  for f in (beyond, recorded):
+    assert f["exercise"] == {"predicted_steps_per_run": 0.0, "minimum": 0.4, "exercised": False, "discarded_per_run": 2}
+    assert cells.exercise_mark(f) == "predictions discarded (2.0 per run discarded, 0.0 kept)"
+  line = family_report.family_verdicts({"figures": {"nan": beyond}})[2]
+  assert "predictions discarded (2.0 per run discarded, 0.0 kept): the comparison tested nothing" in line
+  # A run that took no step beyond its schedule keeps the old words.
+  assert cells.exercise_mark(arm({"phase_steps": {"FULL": 40}})) == "not exercised (0.0 predicted steps per run)"
+
+
 def test_a_published_family_marks_a_velocity_arm_whose_runs_never_predicted():
   """The published long-adamw-cosine record with its velocity arm's runs made to predict nothing (every
   step a backward pass, as `--config.hybrid.enable_predict=False` would give): re-read, that arm and only

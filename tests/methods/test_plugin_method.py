@@ -41,6 +41,23 @@ def test_the_documented_method_is_complete_in_40_lines():
   assert record.correct_step is None and record.predict_step is not None  # CORRECT is the real step
 
 
+def test_the_checks_methods_md_lists_are_the_fields_modules_and_its_float_example_holds():
+  """docs/methods.md names every check a method's `CONFIG` imports from `hybridjax.fields` (a float field
+  needs `check_num`), and its float field's example takes and refuses what the page says."""
+  from hybridjax import fields
+
+  with open(os.path.join(ROOT, "docs", "methods.md"), encoding="utf-8") as f:
+    page = " ".join(f.read().split())
+  part = page.split("each field's default and its check (`hybridjax.fields`): ")[1].split("* `make_settings`")[0]
+  named = set(re.findall(r"`(check_\w+)", part))
+  assert named == {n for n in fields.__all__ if n.startswith("check_")}, named
+  example = re.search(r'`"scale": \((\S+), (fields\.check_num\([^`]*\))\)`', part)
+  check = eval(example.group(2), {"fields": fields})  # noqa: S307 (the page's own expression)
+  default = float(example.group(1))
+  assert check(default) is None and check(1.0) is None and check(0.0) and check(1.5)
+  assert "takes 1.0, refuses 0.0 and 1.5; `check_int` refuses 0.5" in part and fields.check_int()(0.5)
+
+
 def _module_from(source: str):
   module = types.ModuleType("repeat_update")
   exec(compile(source, "repeat_update.py", "exec"), module.__dict__)

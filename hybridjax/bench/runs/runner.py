@@ -136,9 +136,7 @@ def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
   resources, and its compilation cache. A Ray cluster that cannot be reached is refused here, before
   any run is trained."""
   b = config.benchmark
-  errors = specs_lib.block_errors(b, ("executor", "cpus_per_run", "gpus_per_run"))
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs_lib.refuse(specs_lib.block_errors(b, ("executor", "cpus_per_run", "gpus_per_run")))
   jax_cache = specs_lib.compile_cache_dir(config, workdir)
   if b.executor == "ray":
     from hybridjax.bench.runs import cluster

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import NamedTuple
 
+import ml_collections
 import pytest
 from conftest import ROOT
 
@@ -48,9 +49,13 @@ _NOT_BITS = ("compile_s", "train_s", "workdir")
   ],
 )
 def test_bad_executor_settings_are_refused_naming_the_field(field, value, named):
+  named = named.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
   c = benchmark_cfg.get_config("quick")
+  with pytest.raises(ValueError, match=named):  # at the assignment, from Python as on the command line
+    c.benchmark[field] = value
+  c = ml_collections.ConfigDict(c.to_dict())  # a plain copy (a stored record's): checked where it is read
   c.benchmark[field] = value
-  with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+  with pytest.raises(ValueError, match=named):
     specs.validate_benchmark(c)
   with pytest.raises(ValueError, match=field):
     runner.make_runner(c, "/nonexistent/never-created")

@@ -12,6 +12,7 @@ import os
 
 import chex
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from conftest import ROOT
@@ -392,7 +393,10 @@ def test_bad_recipe_settings_name_the_field_and_the_step(tmp_path):
   c.benchmark.recipe.update(tricks="schedule", budgets=(1.5,))
   with pytest.raises(ValueError, match=r"--config\.benchmark\.recipe\.budgets"):
     study.validate(c)
-  c = benchmark_cfg.get_config("quick")  # the plateau rule's fields: the recipe refuses before writing
+  c = benchmark_cfg.get_config("quick")  # the plateau rule's fields: refused at the assignment
+  with pytest.raises(ValueError, match=r"plateau_margin must be > 0"):
+    c.benchmark.plateau_margin = 0.0
+  c = ml_collections.ConfigDict(c.to_dict())  # a plain copy (a stored record's): the recipe refuses before writing
   c.benchmark.update(study="recipe", plateau_margin=0.0, plateau_seeds=(1,))
   with pytest.raises(ValueError, match=r"plateau_margin must be > 0.*plateau_seeds must not repeat a headline"):
     study.run(c, str(tmp_path / "recipe"))

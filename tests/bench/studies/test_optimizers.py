@@ -344,8 +344,8 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"search_configs": 30}, r"optimizers\.search_configs=30 has no effect: .*only 'both_tuned'"),
   ):
     c = _config(tmp_path)
-    c.benchmark.optimizers.update(fields)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match):  # a field's own check at the assignment, the others at the start
+      c.benchmark.optimizers.update(fields)
       study.validate(c)
   c = _config(tmp_path)
   c.benchmark.tuner = "joint"
@@ -353,17 +353,42 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     study.validate(c)
   c = _config(tmp_path)
   c.benchmark.update(study="family", tuner="joint")
-  with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner='joint': the family study tunes with lr"):
+  with pytest.raises(
+    ValueError,
+    match=r"--config\.benchmark\.tuner='joint': the family study tunes with lr; .*runs it: knobs, optimizers\)",
+  ):
     study.validate(c)
   c = _config(tmp_path)
-  c.benchmark.tuner = "grid"
   with pytest.raises(ValueError, match=r"--config\.benchmark\.tuner must be 'lr' .*, got 'grid'"):
-    study.validate(c)
+    c.benchmark.tuner = "grid"  # at the assignment, as on the command line
   c = _config(tmp_path)
   c.benchmark.optimizers.adamw_row = "rotary"
   with pytest.raises(ValueError, match=r"holds no 'rotary' step .*optimizers\.adamw_row"):
     study.validate(c)
   assert speedrun.TRICKS  # the rows are the recipe's steps
+
+
+def test_what_benchmark_md_says_a_cell_needs_at_quick_is_what_the_checks_take(tmp_path):
+  """docs/benchmark.md's recipe for a carried cell at `quick`: the batch it names is below quick's and
+  divides its windows (the default, `long`'s, does not), and with no `settings_from` the cell names the
+  missing cell `both_tuned` record."""
+  from hybridjax.bench.studies.optimizers import carried
+
+  with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
+    page = " ".join(f.read().split())
+  quick, long = (benchmark_cfg.get_config(p) for p in ("quick", "long"))
+  default, small = long.benchmark.optimizers.batch_size, quick.trainer.batch_size // 4
+  assert (
+    f"(the default {default} is for `long`'s {long.trainer.batch_size}: give {small} at `quick`, whose batch is "
+    f"{quick.trainer.batch_size})"
+  ) in page
+  c = _config(tmp_path)
+  c.benchmark.optimizers.cell = "small_batch"
+  assert f"(e.g. {small})" in carried.cell_errors(c, 3.0)[0]  # the refusal names it too
+  c.benchmark.optimizers.batch_size = small
+  assert carried.cell_errors(c, 3.0) == []
+  with pytest.raises(ValueError, match=r"settings_from: no cell 'both_tuned' record at"):
+    study.validate(c)
 
 
 def test_the_docs_name_every_field_of_the_block_and_its_defaults():

@@ -127,6 +127,22 @@ def test_a_recipe_of_another_config_is_refused_and_its_record_stays(tmp_path):
   assert (work / "recipe-quick.json").exists()
 
 
+def test_a_publish_folder_that_cannot_be_made_says_where_the_results_are(tmp_path):
+  """A publish folder that cannot be made (under a file here) is refused at the write as another config's
+  record is: the OS's reason, nothing published, and where the invocation's results are."""
+  work, blocker = tmp_path / "work", tmp_path / "a-file"
+  blocker.write_text("not a folder")
+  quick = json.loads(_config("quick").to_json())
+  with pytest.raises(ValueError, match=rf"(?s)a-file.*Nothing was published; this invocation's results are in {work}$"):
+    record.write_and_publish(
+      {"config": quick, "preset": "quick"}, str(work), str(blocker / "pub"), "r-{preset}.json", str
+    )
+  assert (work / "r-quick.json").exists()
+  work.joinpath("results.md").write_text("results")
+  with pytest.raises(ValueError, match=rf"(?s)a-file.*Nothing was published; the results are in {work}$"):
+    family_report.publish_results({"config": quick}, str(work), str(blocker / "pub"), [])
+
+
 def test_an_old_records_config_compares_in_todays_shape():
   """A record written before a field existed compares it as its default, or not at all where it has
   none (a benchmark field added since); the velocity method's old flat fields and the '' method."""

@@ -244,10 +244,11 @@ def test_every_study_has_the_skeletons_hooks(name):
   import importlib
 
   run = importlib.import_module(study.STUDIES[name] + ".run")
-  for hook in ("header", "train", "time_steps", "record", "write", "markdown"):
+  for hook in ("header", "train", "record", "markdown"):  # `time_steps` and `write` where it needs them
     assert callable(getattr(run, hook, None)), f"{name}'s run.py has no {hook}()"
   config = importlib.import_module(study.STUDIES[name] + ".config")
-  assert hasattr(run, "RECORD") and callable(config.validate) and callable(config.add_defaults)
+  assert hasattr(run, "RECORD") and callable(config.validate)
+  assert callable(getattr(config, "add_defaults", None)) or hasattr(config, "FIELDS") or name == "family"
 
 
 def test_the_speedrun_family_applies_its_tricks_after_the_command_line():
@@ -355,6 +356,22 @@ def test_a_misspelt_benchmark_key_set_from_python_is_refused_naming_the_nearest(
     study.validate(c)
 
 
+@pytest.mark.parametrize("arg", ["quick", "long,speedrun"])
+def test_a_benchmark_value_set_from_python_is_checked_at_the_assignment(arg):
+  """The benchmark block's and each study block's declared fields are checked as they are set, as the command
+  line's are, naming the field (a preset's copy included: the speedrun family's); a valid value is taken."""
+  c = benchmark_cfg.get_config(arg)
+  with pytest.raises(ValueError, match=r"^--config\.benchmark\.tuner must be 'lr' .*, got 'Joint'$"):
+    c.benchmark.tuner = "Joint"
+  with pytest.raises(ValueError, match=r"^--config\.benchmark\.optimizers\.cell must be one of \[.*\], got 'corpos'$"):
+    c.benchmark.optimizers.cell = "corpos"
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.ladder\.constant_eval_points must be >= 4, got 2"):
+    c.benchmark.ladder.update(constant_eval_points=2)
+  c.benchmark.update(tuner="joint", study="optimizers")
+  c.benchmark.optimizers.cell = "corpus"
+  assert (c.benchmark.tuner, c.benchmark.optimizers.cell) == ("joint", "corpus")
+
+
 def test_the_benchmark_blocks_fields_are_the_presets_and_the_iterate_is_checked():
   """`specs.FIELDS` and the study blocks are every field a preset writes (else the check refuses one
   of them, or takes a typo); `benchmark.iterate` is 'averaged' or 'best'."""
@@ -365,6 +382,9 @@ def test_the_benchmark_blocks_fields_are_the_presets_and_the_iterate_is_checked(
     written = {k for k in config_lib.flatten(c.benchmark) if not k.startswith(("arms.", "ladder.muon."))} | {"arms"}
     assert written == {k for k in study.known_fields(c.benchmark.preset) if not k.startswith("ladder.muon.")}
   c = benchmark_cfg.get_config("quick")
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.iterate must be 'averaged' .* or 'best' .*, got 'bset'"):
+    c.benchmark.iterate = "bset"  # at the assignment, as on the command line
+  c = ml_collections.ConfigDict(c.to_dict())  # a plain copy (a stored record's): refused where it is read
   c.benchmark.iterate = "bset"
   with pytest.raises(ValueError, match=r"--config\.benchmark\.iterate must be 'averaged' .* or 'best' .*, got 'bset'"):
     study.validate(c)

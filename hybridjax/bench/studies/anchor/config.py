@@ -8,6 +8,7 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import specs
 from hybridjax.bench.speedrun import recipe_record, uses_muon
 
 RECORD = "anchor-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -24,12 +25,6 @@ FIELDS = (
     "headline seed)"),
 )  # fmt: skip
 del F
-
-
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.anchor` (`FIELDS`), the same at every preset."""
-  del preset
-  block.update(schema.block(FIELDS))
 
 
 def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float]]:
@@ -69,8 +64,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       )
   if len(set(int(s) for s in a.seeds)) < 2:
     errors.append(f"--config.benchmark.anchor.seeds={tuple(a.seeds)}: the paired verdict needs 2 seeds or more")
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   r4_settings(config)  # a missing recipe record is refused here, naming the field
   b = config.benchmark
   record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)

@@ -18,11 +18,6 @@ from hybridjax.bench import record, speedrun
 PUBLISHED = ("benchmark.json", "headline.json", "results.md")  # a family's published record, beside its plots
 
 
-def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
-  """None: a family's fields are the benchmark block's own."""
-  del b, preset
-
-
 def check_publish(
   config: ml_collections.ConfigDict | dict[str, Any], folder: str, ignore: tuple[str, ...] = ()
 ) -> None:

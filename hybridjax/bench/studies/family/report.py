@@ -247,10 +247,10 @@ def publish_results(result: dict[str, Any], workdir: str, publish: str, plots: l
   """Copies the family's files from `workdir` (`write_results`'s, `plots` among them) into `publish`;
   a ValueError naming --config.benchmark.publish, copying nothing, where `publish` holds the results of
   another config (`config.check_publish`)."""
-  try:
+  try:  # another config's results there, or a folder that cannot be made
     family_config.check_publish(result["config"], publish)
-  except ValueError as e:
+    os.makedirs(publish, exist_ok=True)
+  except (ValueError, OSError) as e:
     raise ValueError(f"{e}. Nothing was published; the results are in {workdir}") from None
-  os.makedirs(publish, exist_ok=True)
   for name in [*family_config.PUBLISHED, *(os.path.basename(p) for p in plots)]:
     shutil.copy(os.path.join(workdir, name), os.path.join(publish, name))

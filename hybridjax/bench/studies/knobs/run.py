@@ -16,17 +16,16 @@ import ml_collections
 from hybridjax import codehash
 from hybridjax import config as config_lib
 from hybridjax.bench import protocol, search, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
-from hybridjax.bench.studies.knobs.report import markdown
+from hybridjax.bench.studies.knobs.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.tasks import task_path
 
 # its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = knobs_config.RECORD, knobs_config.PUBLISH_IGNORES
+RECORD = knobs_config.RECORD
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
@@ -193,12 +192,6 @@ def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
   return out
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: the figures are losses."""
-  del config, trained
-  return {}
-
-
 def _keep(run: dict[str, Any]) -> dict[str, Any]:
   return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
 
@@ -294,10 +287,3 @@ def record(
     | same
     | anchor_reading(recipe, out, seeds, int(config.trainer.steps))
   )
-
-
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
-  (`record.write_and_publish`; the validate hook refused it before training)."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)

@@ -44,9 +44,9 @@ FIELDS = (
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """The ladder's fields (`benchmark.ladder`): every arm from a claim's own conditions (R0: equal
-  steps, untuned constant LR) up to the tuned, averaged baselines (R4-R6)."""
-  block.update(schema.block(FIELDS))
+  """The ladder's block besides `FIELDS`: `muon`, R5's optimizer block (its keys are `optim` fields) at
+  `preset`. The ladder runs every arm from a claim's own conditions (R0: equal steps, untuned constant LR) up
+  to the tuned, averaged baselines (R4-R6)."""
   block.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
 
 
@@ -88,8 +88,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       errors.append(
         f"--config.benchmark.ladder.{field} names {unknown}, not arms of benchmark.arms ({','.join(defined)})"
       )
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   check_publish(config)
   return {}
 

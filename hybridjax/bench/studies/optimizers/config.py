@@ -14,7 +14,7 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
-from hybridjax.bench import search
+from hybridjax.bench import search, specs
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
 
@@ -93,9 +93,8 @@ def _unread_errors(o: ml_collections.ConfigDict) -> list[str]:
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.optimizers` (`FIELDS`): the defaults are `long`'s and every larger preset's; `quick` runs a
-  shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
-  block.update(schema.block(FIELDS))
+  """`benchmark.optimizers` at `preset`: `FIELDS`' defaults are `long`'s and every larger preset's; `quick`
+  runs a shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
   if preset == "quick":
     block.update(adamw_row="schedule", seeds=(21, 22), plateau_seeds=(23,), adamw_budgets=(0.75, 1.0, 2.0, 3.0))
     block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
@@ -196,8 +195,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   if is_carried and not errors:
     largest = max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions))
     errors += carried.cell_errors(config, largest)
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
   name = RECORD.format(preset=config.benchmark.preset, cell={"name": str(o.cell)})

@@ -23,18 +23,17 @@ import ml_collections
 from hybridjax import codehash
 from hybridjax import data as data_lib
 from hybridjax.bench import figures, search, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import config as optimizers_config
 from hybridjax.bench.studies.optimizers.config import block_of, side_configs
 from hybridjax.bench.studies.optimizers.figures import READINGS, cell_figures, loss_of
-from hybridjax.bench.studies.optimizers.report import markdown
+from hybridjax.bench.studies.optimizers.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.tasks import task_path
 
 # its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = optimizers_config.RECORD, optimizers_config.PUBLISH_IGNORES
+RECORD = optimizers_config.RECORD
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -210,12 +209,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return out | {"config": config, "before": before}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: the verdicts are in steps."""
-  del config, trained
-  return {}
-
-
 def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, Any]:
   """The corpus: its name, its training tokens, how many times the longest run draws them, and its content
   hash (`data.prepare_corpus`'s, over every document), by which another machine's copy is known to be it."""
@@ -303,9 +296,3 @@ def record(
   if str(o.cell) == "small_batch":
     result["critical_batch"] = carried.critical_batch(result, trained["before"])
   return result
-
-
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)

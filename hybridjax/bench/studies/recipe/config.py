@@ -7,6 +7,7 @@ import ml_collections
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
+from hybridjax.bench import specs
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
 
 RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
@@ -47,8 +48,8 @@ FIELDS = (
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """The recipe's fields at `preset` (`FIELDS`; the Muon LR's centre is 0.05 at 124m)."""
-  block.update(schema.block(FIELDS))
+  """The recipe's fields at `preset` where they differ from `FIELDS`' defaults (the Muon LR's centre is 0.05
+  at 124m)."""
   if preset == "124m":
     block.muon_lr = 0.05
 
@@ -78,8 +79,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       f"--config.benchmark.recipe.keep={recipe.keep!r} names {unknown}, not fields of the config: "
       "give dotted fields such as model.relu2"
     )
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   # A recipe of another config published there would be replaced (`record.check_publish`).
   record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
   return {

@@ -39,12 +39,6 @@ FIELDS = (
 """`benchmark.variants`'s fields."""
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
-  """`benchmark.variants` (`FIELDS`), the same at every preset."""
-  del preset
-  block.update(schema.block(FIELDS))
-
-
 def set_of(config: ml_collections.ConfigDict) -> VariantSet:
   """The set `benchmark.variants.set` names."""
   return SETS[str(config.benchmark.variants.set)]

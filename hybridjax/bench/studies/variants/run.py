@@ -15,18 +15,17 @@ import ml_collections
 
 from hybridjax import codehash
 from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
-from hybridjax.bench.studies.variants.report import markdown
+from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
 from hybridjax.bench.tasks import task_path
 
 # its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = variants_config.RECORD, variants_config.PUBLISH_IGNORES
+RECORD = variants_config.RECORD
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -114,12 +113,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: a pair's figure is a loss difference."""
-  del config, trained
-  return {}
-
-
 def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
   st = side["settings"]
   return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
@@ -180,10 +173,3 @@ def record(
     "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
   } | pair_table(config, trained["sides"])
-
-
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
-  (`record.write_and_publish`; the validate hook refused it before training)."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
