@@ -4,11 +4,9 @@ markdown and plots (and the published copy), print it.
 
 A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `add_defaults(block,
 preset)` (the fields of its block `benchmark.<name>`) and `validate(config)`, which checks them and
-returns the other configs it trains (checked here like the config itself);
-its `run.py` has `header(config, workdir)` (the lines printed first), `train(config, runner)`,
-`time_steps(config, trained)`, `record(config, trained, timed, command, runner)`,
-`write(result, trained, workdir, publish)`, `markdown(result)` and `RECORD` (its json, whose
-invocations a resumed study extends; None: it keeps none).
+returns the other configs it trains (checked here like the config itself), and its fields' declarations
+`FIELDS` (`schema.Field`, each checked here, and refused where set but unread: `Field.unread`); its
+`run.py` declares its hooks as `STUDY` (`studies.Study`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from types import ModuleType
 from typing import Any
 
 import ml_collections
@@ -27,7 +24,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES
+from hybridjax.bench.studies import STUDIES, Study
 
 
 def study_name(config: ml_collections.ConfigDict) -> str:
@@ -110,11 +107,11 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   return errors
 
 
-def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> ModuleType:
+def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> Study:
   """Checks `config` for its study (`study_name`'s): the benchmark block's keys, the fields it would
   overwrite or not read (`command_line`: the fields the command line set, dotted), the benchmark
   block, the study's block, every other config it trains, before anything is compiled or written;
-  returns its `run`."""
+  returns its hooks (`studies.Study`)."""
   name = study_name(config)
   errors = specs.unknown_benchmark_fields(
     config, known_fields(str(config.benchmark.get("preset", "long")))
@@ -127,7 +124,8 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   specs.check_user_task(config)  # the anchors train the task's tx without train()
   specs.check_task_seeds(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
-  tuners = getattr(checks, "TUNERS", ("lr",))  # the tuners the study reads (`specs.TUNERS`)
+  study: Study = importlib.import_module(STUDIES[name] + ".run").STUDY
+  tuners = study.tuners
   if str(config.benchmark.get("tuner", "lr")) not in tuners:
     raise ValueError(
       f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
@@ -135,16 +133,33 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
     )
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
-    if errors := schema.errors(
-      f"benchmark.{name}", [f for f in getattr(checks, "FIELDS", ()) if f.name in block], block
-    ):
+    fields = [f for f in getattr(checks, "FIELDS", ()) if f.name in block]
+    if errors := schema.errors(f"benchmark.{name}", fields, block):
       raise ValueError("; ".join(errors))
-  for what, other in checks.validate(config).items():
+  unread = _unread_errors(name, getattr(checks, "FIELDS", ()), config) if name in config.benchmark else []
+  try:
+    others = checks.validate(config)
+  except ValueError as e:
+    raise ValueError("; ".join([*unread, str(e)])) from None
+  if unread:
+    raise ValueError("; ".join(unread))
+  for what, other in others.items():
     try:
       specs.validate_benchmark(other)
     except ValueError as e:
       raise ValueError(f"{what} is not a valid run: {e}") from None
-  return importlib.import_module(STUDIES[name] + ".run")
+  return study
+
+
+def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections.ConfigDict) -> list[str]:
+  """A line for each field of `benchmark.<name>` away from its default that its declaration says this
+  config does not read (`schema.Field.unread`): it would do nothing without a word."""
+  values = config.benchmark[name]
+  return [
+    f"--config.benchmark.{name}.{f.name}={values[f.name]!r} has no effect: {why}, or leave it at {f.default!r}"
+    for f in fields
+    if f.unread and record.plain(values[f.name]) != record.plain(f.default) and (why := f.unread(config))
+  ]
 
 
 def run(
@@ -163,9 +178,10 @@ def run(
   timed = study.time_steps(config, trained)
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
-  record.keep_earlier_report(config, workdir, study.RECORD.format(**result) if study.RECORD else "benchmark.json", name)
-  if study.RECORD:
-    earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
+  kept = study.record_name.format(**result) if study.record_name else "benchmark.json"
+  record.keep_earlier_report(config, workdir, kept, name)
+  if study.record_name:
+    earlier = record.stored(os.path.join(workdir, kept)).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
   study.write(result, trained, workdir, str(config.benchmark.publish))

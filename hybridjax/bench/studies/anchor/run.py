@@ -22,6 +22,7 @@ from hybridjax.bench import protocol, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.anchor import config as anchor_config
 from hybridjax.bench.tasks import task_path
 
@@ -165,3 +166,6 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   """Its record into `workdir` and `publish`, unless `publish` holds one of another config."""
   del trained
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
+
+
+STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)

@@ -20,6 +20,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
@@ -301,3 +302,7 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   (`record.write_and_publish`; the validate hook refused it before training)."""
   del trained
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
+
+
+# 'lr': the coordinate search and the LR swept again; 'joint': `bench.search`
+STUDY = Study(header, train, time_steps, record, write, markdown, RECORD, tuners=("lr", "joint"))

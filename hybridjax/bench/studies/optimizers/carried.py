@@ -37,8 +37,8 @@ import ml_collections
 from hybridjax import data as data_lib
 from hybridjax.bench import protocol, search, specs, tuning
 from hybridjax.bench import record as record_lib
+from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies.optimizers.figures import loss_of, lr_edge, side_curves
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
@@ -297,4 +297,79 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
       else f"no difference at equal tokens: the critical batch for {side} is not located"
     )
     out[side] = d | {"seeds": seeds}
+  return out
+
+
+def lr_edge(check: dict[str, Any]) -> str:
+  """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
+  ('' inside them)."""
+  chosen = check["chosen"]
+  lrs = [
+    t["fields"]["optim.learning_rate"]
+    for t in check["tried"]
+    if all(t["fields"][k] == v for k, v in chosen.items() if k != "optim.learning_rate")
+  ]
+  lr = chosen["optim.learning_rate"]
+  return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""
+
+
+def local_check_lines(result: dict[str, Any]) -> list[str]:
+  """The carried cells: what each side's settings became (cell `small_batch`: converted from cell
+  `both_tuned`'s to its batch), what the local check chose, and at the smaller batch where the larger one
+  sits against the critical batch."""
+  checked = {side: rec for side, rec in result["sides"].items() if rec.get("local_check")}
+  if not checked:
+    return []
+  small = result["cell"]["name"] == "small_batch"
+  how = (
+    f"converted to {result['cell']['batch'][0]} windows per step at the same tokens (a decay per step d to "
+    "d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its sqrt(2) neighbours × beta2 "
+    "{converted, unconverted}"
+    if small
+    else "unconverted, then each side's LR at its sqrt(2) neighbours"
+  )
+
+  def moves(k: int) -> str:
+    return {0: "never", 1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(k, f"{k} times")
+
+  limit = list(
+    {rec["local_check"]["lr_moves_limit"] for rec in checked.values() if "lr_moves_limit" in rec["local_check"]}
+  )
+  out = [
+    "",
+    f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on by sqrt(2) steps while "
+    "the best sat at the edge of those tried"
+    + (f", at most {moves(limit[0])}" if len(limit) == 1 else "")
+    + ": "
+    + ", ".join(f"{side} {moves(rec['local_check']['lr_moves'])}" for side, rec in checked.items())
+    + "):",
+    "",
+    "| side | local check runs (N-run eq.) | carried | chosen |",
+    "|---|---|---|---|",
+  ]
+  for side, rec in checked.items():
+    was = rec["settings"]["from"]
+    moved = {k: f"{was['fields'][k]} → {v}" for k, v in rec["settings"]["fields"].items() if was["fields"][k] != v}
+    if was["beta"] != rec["settings"]["beta"]:
+      moved["beta"] = f"{was['beta']} → {rec['settings']['beta']}"
+    carried = ", ".join(f"{k}: {v}" for k, v in moved.items()) or "as cell `both_tuned` chose"
+    chosen = ", ".join(f"{k} = {v}" for k, v in rec["local_check"]["chosen"].items())
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {carried} | {chosen} |")
+  for side, rec in checked.items():
+    edge = lr_edge(rec["local_check"])
+    if edge:
+      out.append(
+        f"\n{side}'s chosen LR is the {edge}est it tried, after the moves the check allows: a {edge}er LR may "
+        f"do better: {side} may be under-tuned here, which would read the factor "
+        + ("low" if side == "muon" else "high")
+        + "."
+      )
+  if "critical_batch" in result:
+    out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
+    out += ["|---|---|---|---|"]
+    for side, d in result["critical_batch"].items():
+      out.append(
+        f"| {side} | {d['mean']:+.4f} ± {d['se_total']:.4f} se ({d['n']} seeds): {d['verdict']} | {d['p']:.3g} | "
+        f"{d['reading']} |"
+      )
   return out

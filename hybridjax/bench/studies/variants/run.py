@@ -19,6 +19,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown
@@ -187,3 +188,6 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   (`record.write_and_publish`; the validate hook refused it before training)."""
   del trained
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
+
+
+STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
