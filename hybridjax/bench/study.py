@@ -175,7 +175,7 @@ def run(
   with make_runner(config, workdir) as runner:
     trained = study.train(config, runner)
   print("--- timing (interleaved, this process)", flush=True)
-  timed = study.time_steps(config, trained)
+  timed = study.time_steps(config, trained) if study.time_steps else {}
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
   kept = study.record_name.format(**result) if study.record_name else "benchmark.json"
@@ -184,7 +184,11 @@ def run(
     earlier = record.stored(os.path.join(workdir, kept)).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
-  study.write(result, trained, workdir, str(config.benchmark.publish))
+  publish = str(config.benchmark.publish)
+  if study.write:
+    study.write(result, trained, workdir, publish)
+  else:
+    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, ignore=study.publish_ignores)
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)

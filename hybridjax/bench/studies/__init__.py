@@ -23,21 +23,25 @@ class Study:
   Attributes:
     header: (config, workdir) -> the lines printed first.
     train: (config, runner) -> what it trained.
-    time_steps: (config, trained) -> its timing ({} where its verdicts are in steps).
     record: (config, trained, timed, command, runner) -> its record, below the skeleton's header.
-    write: (result, trained, workdir, publish) -> None: its files, and the published copy.
     markdown: (result) -> its page.
     record_name: its json (a format string of the record), whose invocations a resumed study extends;
       None where it keeps none.
+    time_steps: (config, trained) -> its timing; None where its verdicts are in steps or losses.
+    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json
+      and page (`record.write_and_publish`), not published where `publish` holds another config's record,
+      the config compared without the blocks of `publish_ignores`.
+    publish_ignores: see `write`.
     tuners: the `benchmark.tuner` values it reads: 'lr' (the LR sweep, every study's) and 'joint' (the
       joint search, `bench.search`).
   """
 
   header: Callable[..., list[str]]
   train: Callable[..., dict[str, Any]]
-  time_steps: Callable[..., dict[str, Any]]
   record: Callable[..., dict[str, Any]]
-  write: Callable[..., None]
   markdown: Callable[[dict[str, Any]], str]
   record_name: str | None
+  time_steps: Callable[..., dict[str, Any]] | None = None
+  write: Callable[..., None] | None = None
+  publish_ignores: tuple[str, ...] = ()
   tuners: tuple[str, ...] = ("lr",)

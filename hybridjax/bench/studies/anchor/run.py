@@ -19,14 +19,11 @@ import ml_collections
 from hybridjax import codehash
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.anchor import config as anchor_config
 from hybridjax.bench.tasks import task_path
-
-RECORD, PUBLISH_IGNORES = anchor_config.RECORD, anchor_config.PUBLISH_IGNORES
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -70,12 +67,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
     runs = results[k * len(seeds) : (k + 1) * len(seeds)]
     tried.append(s | {"runs": [_keep(r) for r in runs]})
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}
-
-
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: the verdict is in loss at N."""
-  del config, trained
-  return {}
 
 
 def _keep(run: dict[str, Any]) -> dict[str, Any]:
@@ -162,10 +153,4 @@ def markdown(result: dict[str, Any]) -> str:
   return "\n".join(out)
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
-
-
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
+STUDY = Study(header, train, record, markdown, anchor_config.RECORD, publish_ignores=anchor_config.PUBLISH_IGNORES)

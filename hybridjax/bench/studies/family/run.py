@@ -108,4 +108,4 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   result["plots"] = write_results(result, workdir, publish)
 
 
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

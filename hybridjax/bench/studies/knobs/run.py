@@ -16,7 +16,6 @@ import ml_collections
 from hybridjax import codehash
 from hybridjax import config as config_lib
 from hybridjax.bench import protocol, search, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
@@ -26,8 +25,6 @@ from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
 from hybridjax.bench.tasks import task_path
 
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = knobs_config.RECORD, knobs_config.PUBLISH_IGNORES
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
@@ -194,12 +191,6 @@ def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
   return out
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: the figures are losses."""
-  del config, trained
-  return {}
-
-
 def _keep(run: dict[str, Any]) -> dict[str, Any]:
   return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
 
@@ -297,12 +288,13 @@ def record(
   )
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
-  (`record.write_and_publish`; the validate hook refused it before training)."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
-
-
 # 'lr': the coordinate search and the LR swept again; 'joint': `bench.search`
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD, tuners=("lr", "joint"))
+STUDY = Study(
+  header,
+  train,
+  record,
+  markdown,
+  knobs_config.RECORD,
+  publish_ignores=knobs_config.PUBLISH_IGNORES,
+  tuners=("lr", "joint"),
+)

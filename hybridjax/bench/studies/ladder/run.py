@@ -299,4 +299,4 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
     family_report.publish_results(fam, os.path.join(workdir, fam["family"]), targets[fam["family"]], fam["plots"])
 
 
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

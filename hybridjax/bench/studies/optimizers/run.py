@@ -21,7 +21,6 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import comparison
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies import Study
@@ -74,12 +73,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return spans | {"source": source, "sides": [adamw, muon], "config": config, "before": before}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: the verdicts are in steps."""
-  del config, trained
-  return {}
-
-
 def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
@@ -114,12 +107,6 @@ def record(
   if str(o.cell) == "small_batch":
     result["critical_batch"] = carried.critical_batch(result, trained["before"])
   return result
-
-
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
 
 
 def field_range() -> tuple[float, float]:
@@ -216,5 +203,11 @@ def search_lines(result: dict[str, Any]) -> list[str]:
 
 
 STUDY = Study(
-  header, train, time_steps, record, write, markdown, RECORD, tuners=tuple(dict.fromkeys(c.tuner for c in STUDY_CELLS))
+  header,
+  train,
+  record,
+  markdown,
+  RECORD,
+  publish_ignores=PUBLISH_IGNORES,
+  tuners=tuple({c.tuner: 0 for c in STUDY_CELLS}),
 )

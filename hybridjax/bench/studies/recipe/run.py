@@ -186,4 +186,4 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)
 
 
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

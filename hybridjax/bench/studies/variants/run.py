@@ -15,7 +15,6 @@ import ml_collections
 
 from hybridjax import codehash
 from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
@@ -25,9 +24,6 @@ from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_confi
 from hybridjax.bench.studies.variants.report import markdown
 from hybridjax.bench.studies.variants.sets import Pair
 from hybridjax.bench.tasks import task_path
-
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = variants_config.RECORD, variants_config.PUBLISH_IGNORES
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -115,12 +111,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
-  """None: a pair's figure is a loss difference."""
-  del config, trained
-  return {}
-
-
 def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
   st = side["settings"]
   return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
@@ -183,11 +173,4 @@ def record(
   } | pair_table(config, trained["sides"])
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
-  """Its record into `workdir` and `publish`, unless `publish` holds one of another config
-  (`record.write_and_publish`; the validate hook refused it before training)."""
-  del trained
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, ignore=PUBLISH_IGNORES)
-
-
-STUDY = Study(header, train, time_steps, record, write, markdown, RECORD)
+STUDY = Study(header, train, record, markdown, variants_config.RECORD, publish_ignores=variants_config.PUBLISH_IGNORES)
