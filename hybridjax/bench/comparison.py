@@ -15,7 +15,6 @@ import numpy as np
 from hybridjax import codehash, schema
 from hybridjax import data as data_lib
 from hybridjax.bench import factor, figures, search, specs, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.tasks import task_path
@@ -67,17 +66,6 @@ def only_in(block: str, *cells: str) -> schema.Unread:
     return f"cell {cell!r} does not read it (only {', '.join(map(repr, cells))}); set --config.benchmark.{block}.cell"
 
   return unread
-
-
-def unread_errors(block: str, fields: tuple[schema.Field, ...], config: ml_collections.ConfigDict) -> list[str]:
-  """A line for each field of `benchmark.<block>` away from its default that its declaration says this
-  config does not read (`schema.Field.unread`): it would do nothing without a word."""
-  values = config.benchmark[block]
-  return [
-    f"--config.benchmark.{block}.{f.name}={values[f.name]!r} has no effect: {why}, or leave it at {f.default!r}"
-    for f in fields
-    if f.unread and record_lib.plain(values[f.name]) != record_lib.plain(f.default) and (why := f.unread(config))
-  ]
 
 
 def seed_errors(block: str, o: ml_collections.ConfigDict) -> list[str]:

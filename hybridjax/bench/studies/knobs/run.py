@@ -13,9 +13,8 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import codehash
 from hybridjax import config as config_lib
-from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench import comparison, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
@@ -23,7 +22,6 @@ from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
-from hybridjax.bench.tasks import task_path
 
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
@@ -251,7 +249,6 @@ def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
-  task = task_path(specs.task_name(config))
   out = {}
   for side, (_, settings) in trained["sides"].items():
     st, head = trained["state"][side], trained["headline"][side]
@@ -275,8 +272,7 @@ def record(
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
   return (
     {
-      "code_version": keys.code_versions(config, []),
-      "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+      **comparison.code_record(config),
       "lrs_from": trained["source"],
       "seeds": seeds,
       "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],

@@ -90,14 +90,10 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
     block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
 
 
-def block_of(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  return config.benchmark.optimizers
-
-
 def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
   """(the recipe record read, {side: (its config, its published settings: row, lr, beta, iterate,
   weight_decay)}): each side is the record's cumulative row, at the LR, beta and iterate the record tuned."""
-  b, o = config.benchmark, block_of(config)
+  b, o = config.benchmark, config.benchmark.optimizers
   field = "benchmark.optimizers.lrs_from"
   shown, result = recipe_record(str(b.preset), str(o.lrs_from), field)
   names, steps = list(result["tricks"]), result["step_runs"]
@@ -119,7 +115,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
 
 def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """Checks the block; returns both sides' configs, which the skeleton checks too."""
-  o, n = block_of(config), int(config.trainer.steps)
+  o, n = config.benchmark.optimizers, int(config.trainer.steps)
   cell = comparison.cell_of(STUDY_CELLS, o.cell)
   errors = comparison.tuner_errors(cell, config) + comparison.seed_errors("optimizers", o)
   errors += [

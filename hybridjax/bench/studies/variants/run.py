@@ -13,9 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import codehash
-from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench.runs import keys
+from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
 from hybridjax.bench.studies import Study
@@ -23,7 +21,6 @@ from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown
 from hybridjax.bench.studies.variants.sets import Pair
-from hybridjax.bench.tasks import task_path
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -161,12 +158,10 @@ def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
-  task = task_path(specs.task_name(config))
   return {
     "set": str(config.benchmark.variants.set),
     "tuned": set_of(config).tuned,
-    "code_version": keys.code_versions(config, []),
-    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+    **comparison.code_record(config),
     "seeds": [int(s) for s in config.benchmark.seeds],
     "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
