@@ -19,9 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hybridjax.bench import factor  # noqa: E402
-from hybridjax.bench.comparison import cell_of  # noqa: E402
-from hybridjax.bench.studies.optimizers import run  # noqa: E402
+from hybridjax.bench import (
+  comparison,  # noqa: E402
+  factor,  # noqa: E402
+)
 from hybridjax.bench.studies.optimizers.config import STUDY_CELLS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +57,7 @@ def changes(records: list[dict]) -> list[str]:
   by_cell = {(r["preset"], r["cell"]["name"]): r for r in records}
   order = [c.name for c in STUDY_CELLS]
   for (preset, name), after in sorted(by_cell.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
-    cell = cell_of(STUDY_CELLS, name)
+    cell = comparison.cell_of(STUDY_CELLS, name)
     against, what = cell.against, cell.what
     before = by_cell.get((preset, against))
     if before is None:
@@ -76,8 +77,8 @@ def cells() -> list[dict]:
 
 
 def corpus_label(corpus: dict) -> str:
-  """A cell's corpus in the table: `run.corpus_name`, a folder's with its size."""
-  name = run.corpus_name(corpus)
+  """A cell's corpus in the table: `comparison.corpus_name`, a folder's with its size."""
+  name = comparison.corpus_name(corpus)
   return f"{name} ({corpus['tokens'] / 1e6:.1f}M training tokens)" if name != corpus["name"] else name
 
 

@@ -7,6 +7,7 @@ parts every comparison page shares. A study composes them and keeps only what is
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
@@ -297,6 +298,13 @@ def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, A
   }
 
 
+def corpus_name(corpus: dict[str, Any]) -> str:
+  """A record's corpus as a page names it: a folder by its own name (the record keeps the path this machine
+  read it from), the bundled one as the record names it."""
+  name = str(corpus["name"])
+  return os.path.basename(name.rstrip(os.sep)) if os.path.isabs(name) else name
+
+
 def grouped(per_batch: list[float], groups: int) -> list[float]:
   """Per-batch eval losses read in `groups` groups of consecutive batches: a cell at a smaller batch scores
   the same windows in more batches, and reads them in the preset's groups (`cell['eval_groups']`)."""
@@ -394,4 +402,55 @@ def interpolated_lines(result: dict[str, Any]) -> list[str]:
     i = inter[name]
     shown = f"{BOUND[i['bound']]}{i['mean']:.2f}× [{i['ci95_t'][0]:.2f}, {i['ci95_t'][1]:.2f}]"
     out.append(f"| ({name}) | {reading_cell(result['factor'][name])} | {shown} |")
+  return out
+
+
+def side_lines(result: dict[str, Any]) -> list[str]:
+  """Each side's row, LR, beta and iterate, budgets, the budgets whose re-check moved its setting, and the
+  re-checks' cost."""
+  out = ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
+  out += ["|---|---|---|---|---|---|---|"]
+  for side, rec in result["sides"].items():
+    s = rec["settings"]
+    moved = {k: v for k, v in rec["per_budget"].items() if v != {"lr": s["lr"], "weight_decay": s["weight_decay"]}}
+    out.append(
+      f"| {side} | {s['row']} | {s['lr']:.4g} | {s['beta']} ({s['iterate']}) | {rec['budgets']} | "
+      f"{moved or 'as published'} | {rec['measurement_runs']:.1f} |"
+    )
+  return out
+
+
+def curve_lines(result: dict[str, Any]) -> list[str]:
+  """Each side's loss per budget on each seed, then the fitted curves."""
+  out, n = ["", "| side | seed | loss per budget |", "|---|---|---|"], int(result["steps"])
+  for side in result["sides"]:
+    for s, c in side_curves(result, side).items():
+      out.append(f"| {side} | {s} | {', '.join(f'{t / n:.3g} N: {x:.4f}' for t, x in zip(c['steps'], c['loss']))} |")
+  fits = "; ".join(
+    f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in result["factor"]["fits"].items()
+  )
+  return out + ["", f"Fits: {fits}."]
+
+
+def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
+  """The fields a side's search moved from its published setting: {field: [published, tuned]}."""
+  settings, search = rec["settings"], rec["search"]
+  published = next(s["config"] for s in search["settings"] if s["origin"] == "published")
+  fields = settings["fields"]
+  moved = {k: [published.get(k), fields.get(k)] for k in {**published, **fields} if published.get(k) != fields.get(k)}
+  for k in ("beta", "iterate"):
+    if settings["published"][k] != settings[k]:
+      moved[k] = [settings["published"][k], settings[k]]
+  return moved
+
+
+def search_lines(result: dict[str, Any]) -> list[str]:
+  """The searched sides (cell `both_tuned`'s): each side's search cost (N-run equivalents) and what it moved."""
+  searched = {side: rec for side, rec in result["sides"].items() if rec.get("search")}
+  if not searched:
+    return []
+  out = ["", "| side | search runs (N-run eq.) | Sobol points | tuned − published |", "|---|---|---|---|"]
+  for side, rec in searched.items():
+    moved = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in tuned_minus_published(rec).items()) or "nothing"
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {rec['search']['sobol_points']} | {moved} |")
   return out

@@ -122,13 +122,6 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
   return comparison.own_curves(result, "adamw", "muon", field_range())
 
 
-def corpus_name(corpus: dict[str, Any]) -> str:
-  """A record's corpus as a page names it: a folder by its own name (the record keeps the path this machine
-  read it from), the bundled one as the record names it."""
-  name = str(corpus["name"])
-  return os.path.basename(name.rstrip(os.sep)) if os.path.isabs(name) else name
-
-
 def markdown(result: dict[str, Any]) -> str:
   """optimizers-<cell>-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
   cell, f, corpus = result["cell"], result["factor"], result["corpus"]
@@ -140,7 +133,7 @@ def markdown(result: dict[str, Any]) -> str:
     f"N = {result['steps']} steps of {cell['batch'][0]} × {cell['batch'][1]} tokens; headline seeds {result['seeds']}, "
     f"re-checks on {result['tuning_seeds']}"
     + (f", the joint search on {result['search_seeds']}" if result.get("search_seeds") else "")
-    + f"; corpus {corpus_name(corpus)} ({corpus.get('tokens')} training tokens{epochs}"
+    + f"; corpus {comparison.corpus_name(corpus)} ({corpus.get('tokens')} training tokens{epochs}"
     + (f", content hash {corpus['content_hash'][:16]}" if corpus.get("content_hash") else "")
     + ").",
     "",
@@ -158,48 +151,8 @@ def markdown(result: dict[str, Any]) -> str:
   if raw:
     out += [comparison.reading_row(f"the raw iterates': ({k})", raw[k]) for k in ("a", "b")]
   out += comparison.interpolated_lines(result) + ["", comparison.verdict_line(result), ""]
-  out += ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
-  out += ["|---|---|---|---|---|---|---|"]
-  for side, rec in result["sides"].items():
-    s = rec["settings"]
-    moved = {k: v for k, v in rec["per_budget"].items() if v != {"lr": s["lr"], "weight_decay": s["weight_decay"]}}
-    out.append(
-      f"| {side} | {s['row']} | {s['lr']:.4g} | {s['beta']} ({s['iterate']}) | {rec['budgets']} | "
-      f"{moved or 'as published'} | {rec['measurement_runs']:.1f} |"
-    )
-  out += search_lines(result) + carried.local_check_lines(result)
-  out += ["", "| side | seed | loss per budget |", "|---|---|---|"]
-  n = int(result["steps"])
-  for side in result["sides"]:
-    for s, c in comparison.side_curves(result, side).items():
-      pts = ", ".join(f"{t / n:.3g} N: {x:.4f}" for t, x in zip(c["steps"], c["loss"]))
-      out.append(f"| {side} | {s} | {pts} |")
-  fits = "; ".join(f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in f["fits"].items())
-  return "\n".join(out + ["", f"Fits: {fits}."])
-
-
-def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
-  """The fields a side's search moved from its published setting: {field: [published, tuned]}."""
-  settings, search = rec["settings"], rec["search"]
-  published = next(s["config"] for s in search["settings"] if s["origin"] == "published")
-  fields = settings["fields"]
-  moved = {k: [published.get(k), fields.get(k)] for k in {**published, **fields} if published.get(k) != fields.get(k)}
-  for k in ("beta", "iterate"):
-    if settings["published"][k] != settings[k]:
-      moved[k] = [settings["published"][k], settings[k]]
-  return moved
-
-
-def search_lines(result: dict[str, Any]) -> list[str]:
-  """Cell `both_tuned`: each side's search cost (N-run equivalents) and what it moved."""
-  searched = {side: rec for side, rec in result["sides"].items() if rec.get("search")}
-  if not searched:
-    return []
-  out = ["", "| side | search runs (N-run eq.) | Sobol points | tuned − published |", "|---|---|---|---|"]
-  for side, rec in searched.items():
-    moved = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in tuned_minus_published(rec).items()) or "nothing"
-    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {rec['search']['sobol_points']} | {moved} |")
-  return out
+  out += comparison.side_lines(result) + comparison.search_lines(result) + carried.local_check_lines(result)
+  return "\n".join(out + comparison.curve_lines(result))
 
 
 STUDY = Study(
