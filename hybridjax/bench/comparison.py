@@ -15,7 +15,7 @@ import numpy as np
 
 from hybridjax import codehash, schema
 from hybridjax import data as data_lib
-from hybridjax.bench import factor, figures, search, specs, tuning
+from hybridjax.bench import factor, figures, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.tasks import task_path
@@ -356,6 +356,27 @@ def own_curves(result: dict[str, Any], slow: str, fast: str, field: tuple[float,
     out["verdict_against_one"] = factor.verdict_against_one(f["a"], field)
     out["verdict"] = out["verdict_against_one"]["verdict"]
   return out
+
+
+def at_n(result: dict[str, Any], before: dict[str, Any], side: str, seeds: list[str]) -> dict[str, Any]:
+  """`side`'s loss at N in record `result` minus its loss at N in record `before`, on `seeds`, judged by
+  `protocol.paired_difference` with the eval windows' error of the seed-averaged difference where both kept
+  the windows (read in the same groups)."""
+
+  def losses(r: dict[str, Any]) -> list[tuple[float, Any]]:
+    curves, n = side_curves(r, side), int(r["steps"])
+    return [
+      (c["loss"][k], c["per_window"] and c["per_window"][k])
+      for c in (curves[s] for s in seeds)
+      for k in [c["steps"].index(n)]
+    ]
+
+  a, b = losses(result), losses(before)
+  windows = all(x[1] is not None for x in a + b)
+  eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
+  return protocol.paired_difference(
+    [x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=len(a[0][1]) if windows else None
+  )
 
 
 BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}

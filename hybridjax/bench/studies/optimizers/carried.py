@@ -35,7 +35,7 @@ from typing import Any
 import ml_collections
 
 from hybridjax import data as data_lib
-from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
@@ -278,18 +278,7 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
         f"{seeds or 'none'} with this cell's {list(now)}: give --config.benchmark.optimizers.seeds from its seeds "
         f"{list(was)}, or its record with those seeds (--config.benchmark.optimizers.settings_from)"
       )
-    n_now, n_was = int(result["steps"]), int(before["steps"])
-
-    def at_n(curves: dict[str, Any], n: int, s: str) -> tuple[float, Any]:
-      k = curves[s]["steps"].index(n)
-      return curves[s]["loss"][k], curves[s]["per_window"][k] if curves[s]["per_window"] else None
-
-    a = [at_n(now, n_now, s) for s in seeds]
-    b = [at_n(was, n_was, s) for s in seeds]
-    windows = all(x[1] is not None for x in a + b)
-    eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
-    groups = len(a[0][1]) if windows else None
-    d = protocol.paired_difference([x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=groups)
+    d = comparison.at_n(result, before, side, seeds)
     word = {"lower": "above", "higher": "below"}.get(d["verdict"])
     d["reading"] = (
       f"{before['cell']['batch'][0]} windows per step are {word} this model's critical batch for {side}"
