@@ -358,6 +358,24 @@ def own_curves(result: dict[str, Any], slow: str, fast: str, field: tuple[float,
   return out
 
 
+def on_anchor_curve(
+  losses: list[float], seeds: list[Any], curves: dict[str, Any], n: int, counts: bool = False
+) -> dict[str, Any]:
+  """`losses` (one per seed in `seeds`) read on an anchor's curve: its steps to reach each on that seed's
+  budget curve (`curves`: seed -> {steps, loss}), over N; the mean and std over the seeds that reach it,
+  whether a seed lies below the curve's end (a lower bound) or above its start (an upper bound), and with
+  `counts` how many. Pure: the tests recompute it from the records."""
+  reaches = [
+    protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], x, n) for s, x in zip(seeds, losses)
+  ]
+  per_seed = [None if r.steps is None else r.steps / n for r in reaches]
+  present = [x for x in per_seed if x is not None]
+  mean, std = protocol.mean_std(present) if present else (None, None)
+  lower, upper = [r.lower_bound for r in reaches], [r.upper_bound for r in reaches]
+  out = {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower), "upper_bound": any(upper)}
+  return out | ({"n_lower_bound": sum(lower), "n_upper_bound": sum(upper)} if counts else {})
+
+
 def at_n(result: dict[str, Any], before: dict[str, Any], side: str, seeds: list[str]) -> dict[str, Any]:
   """`side`'s loss at N in record `result` minus its loss at N in record `before`, on `seeds`, judged by
   `protocol.paired_difference` with the eval windows' error of the seed-averaged difference where both kept

@@ -215,28 +215,14 @@ def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[
   return {"published": before, "tuned": after, "difference": difference}
 
 
-def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any], n: int) -> dict[str, Any]:
-  """`losses` (one per seed in `seeds`) read as the recipe record reads its steps: the R4 anchor's
-  steps to reach each on that seed's averaged budget curve (`curves`: seed -> {steps, loss}), over
-  N. Pure: the tests recompute it from the record and the recipe record it names."""
-  per_seed, lower, upper = [], [], []
-  for s, loss in zip(seeds, losses):
-    reach = protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], loss, n)
-    per_seed.append(None if reach.steps is None else reach.steps / n)
-    lower.append(reach.lower_bound)
-    upper.append(reach.upper_bound)
-  present = [x for x in per_seed if x is not None]
-  mean, std = protocol.mean_std(present) if present else (None, None)
-  return {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower), "upper_bound": any(upper)}
-
-
 def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[int], n: int) -> dict[str, Any]:
   """Every side's headline losses, as published and as tuned, read on the recipe record's R4 anchor
-  curve (`on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
+  curve (`comparison.on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
   record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
   curves = recipe["anchor"]["curves"]
   out = {
-    side: {k: on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")} for side, s in sides.items()
+    side: {k: comparison.on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")}
+    for side, s in sides.items()
   }
   reproduced = None
   if "anchor" in sides:
