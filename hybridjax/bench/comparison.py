@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
@@ -31,6 +32,8 @@ class Cell:
     against: the cell its factor is read against (`factor.cell_change`); '' for none.
     tuner: the `benchmark.tuner` it reads: 'lr' (it searches nothing) or 'joint' (`bench.search`).
     carries: the cell whose chosen settings it carries to its own condition ('' for none).
+    condition: (config) -> the config it trains, from the config given (None: as given).
+    checks: (config, its largest budget x N, its record's name) -> a line for each refusal of its own.
   """
 
   name: str
@@ -38,6 +41,8 @@ class Cell:
   against: str = ""
   tuner: str = "lr"
   carries: str = ""
+  condition: Callable[[ml_collections.ConfigDict], ml_collections.ConfigDict] | None = None
+  checks: Callable[[ml_collections.ConfigDict, float, str], list[str]] | None = None
 
 
 def cell_of(cells: tuple[Cell, ...], name: str) -> Cell:

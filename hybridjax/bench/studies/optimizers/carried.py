@@ -1,28 +1,8 @@
-"""The cells that carry cell `both_tuned`'s chosen settings to new conditions, each side's LR then checked
-locally: `small_batch` (a smaller batch at the same token budgets) and `corpus` (a second corpus, read
-without repeats).
-
-Cell `small_batch`: the preset's N steps of B windows become N·B/b steps of b windows
-(`optimizers.batch_size`), and its E eval batches become E·B/b, so that every run is scored on the same
-held-out windows (`data.eval_batches` draws its windows by their count alone), read in the same groups of
-B windows. The knobs counted in steps move
-to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) (Adam's betas, Muon's
-momentum, the averaging beta), the LR warm-up's steps B/b times as many.
-
-Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
-`both_tuned` chose it}, on the tuning seeds at N tokens; the best mean is kept (the converted
-setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most `LR_MOVES` times) while the best sits at the
-edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
-from that setting.
-
-Cell `corpus`: the same settings, unconverted, on the corpus at `optimizers.corpus_path` (built by
-`scripts/build_corpus.py`: its own train/ and val/ split, `data.split_folders`), every run reading its
-training windows without repeats (`data.order='no_repeat'`; a budget needing more windows than the split
-holds is refused before anything trains); each side's LR checked at its sqrt(2) neighbours as above.
-
-`critical_batch`: each side's loss at N tokens against cell `both_tuned`'s, on the same seeds and windows:
-a lower loss at the smaller batch says the larger one is above this model's critical batch (at equal
-tokens, fewer larger steps lose)."""
+"""The cells that carry cell `both_tuned`'s chosen settings to a new condition, each side's LR then checked
+locally (docs/benchmark.md, cells `small_batch` and `corpus`): `small_batch`, the preset's N steps of B
+windows as N·B/b steps of b windows on the same eval windows, every knob counted in steps moved to the same
+tokens (`search.Knob.at_batch`); `corpus`, a second corpus read without repeats. `critical_batch` reads each
+side's loss at N tokens against cell `both_tuned`'s."""
 
 from __future__ import annotations
 
@@ -88,14 +68,32 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any
   return shown, before
 
 
-def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+def smaller_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Cell `small_batch`'s config: at `optimizers.batch_size` windows per step, at the same tokens (N·B/b steps,
+  E·B/b eval batches)."""
+  c, big, b = (
+    ml_collections.ConfigDict(config.to_dict()),
+    int(config.trainer.batch_size),
+    int(config.benchmark.optimizers.batch_size),
+  )
+  c.trainer.batch_size = b
+  c.trainer.steps = int(config.trainer.steps) * big // b
+  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
+  return c
+
+
+def on_corpus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Cell `corpus`'s config: on `optimizers.corpus_path`, without repeats."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.data.path, c.data.order = os.path.expanduser(str(config.benchmark.optimizers.corpus_path)), "no_repeat"
+  return c
+
+
+def batch_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
   """Cell `small_batch`: its batch against the preset's (smaller, dividing its steps' and eval batches'
-  windows). Cell `corpus`: its corpus exists, and holds the windows its largest budget (`largest` x N)
-  reads without repeats."""
-  o = config.benchmark.optimizers
-  if str(o.cell) == "corpus":
-    return _corpus_errors(config, largest)
-  b, big = int(o.batch_size), int(config.trainer.batch_size)
+  windows)."""
+  del largest, name
+  b, big = int(config.benchmark.optimizers.batch_size), int(config.trainer.batch_size)
   n, e = int(config.trainer.steps), int(config.trainer.eval_batches)
   if b >= big or (n * big) % b or (e * big) % b:
     return [
@@ -105,7 +103,10 @@ def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
   return []
 
 
-def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+def corpus_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
+  """Cell `corpus`: its corpus exists and holds the windows its largest budget (`largest` x N) reads without
+  repeats; a publish over its record `name` that read another corpus by content (`corpus.content_hash`),
+  though at the same `corpus_path`, is refused (the config alone cannot tell)."""
   path = os.path.expanduser(str(config.benchmark.optimizers.corpus_path))
   given = str(config.data.path)
   if given and os.path.abspath(os.path.expanduser(given)) != os.path.abspath(path):
@@ -118,7 +119,7 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
       f"--config.benchmark.optimizers.corpus_path={path}: no corpus with train/ and val/ folders there; build it "
       f"with `{BUILD_CORPUS.format(path=path)}` (npm's registry), or give the folder that holds it"
     ]
-  c = cell_config(config)
+  c = on_corpus(config)
   try:
     prepared = data_lib.prepare_corpus(path, str(c.data.tokenizer), str(c.data.cache_dir) or None)
   except ValueError as e:  # the data block's error names data.path, which this field sets
@@ -128,37 +129,12 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
     data_lib.check_no_repeat(prepared.n_train, int(c.model.n_ctx), steps, int(c.trainer.batch_size))
   except ValueError as e:
     return [f"{e} (cell 'corpus': its largest budget, {largest:g} N, with its extensions)"]
+  folder = str(config.benchmark.publish)
+  was = record_lib.stored(os.path.join(folder, name)).get("corpus", {}).get("content_hash") if folder else None
+  if was and prepared.meta["content_hash"] != was:
+    line = f"corpus.content_hash: {was[:16]} there, {prepared.meta['content_hash'][:16]} here"
+    return [record_lib.publish_refusal(folder, os.path.join(folder, name), "a record of another corpus", [line])]
   return []
-
-
-def check_published_corpus(config: ml_collections.ConfigDict, folder: str, name: str) -> None:
-  """Refuses (ValueError) to publish cell `corpus` over its record in `folder` where that record read another
-  corpus by content (`corpus.content_hash`), though at the same `corpus_path`: the config alone cannot tell."""
-  path = os.path.join(folder, name)
-  was = record_lib.stored(path).get("corpus", {}).get("content_hash")
-  if not was:
-    return
-  c = cell_config(config)
-  now = data_lib.prepare_corpus(str(c.data.path), str(c.data.tokenizer), str(c.data.cache_dir) or None)
-  if now.meta["content_hash"] != was:
-    line = f"corpus.content_hash: {was[:16]} there, {now.meta['content_hash'][:16]} here"
-    raise ValueError(record_lib.publish_refusal(folder, path, "a record of another corpus", [line]))
-
-
-def cell_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config a carried cell trains. `small_batch`: at `optimizers.batch_size` windows per step, at the
-  same tokens (N·B/b steps, E·B/b eval batches). `corpus`: on `optimizers.corpus_path`, without repeats."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  o = config.benchmark.optimizers
-  if str(o.cell) == "corpus":
-    c.data.path = os.path.expanduser(str(o.corpus_path))
-    c.data.order = "no_repeat"
-    return c
-  big, b = int(config.trainer.batch_size), int(o.batch_size)
-  c.trainer.batch_size = b
-  c.trainer.steps = int(config.trainer.steps) * big // b
-  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
-  return c
 
 
 def converted(
@@ -309,7 +285,7 @@ def local_check_lines(result: dict[str, Any]) -> list[str]:
   checked = {side: rec for side, rec in result["sides"].items() if rec.get("local_check")}
   if not checked:
     return []
-  small = result["cell"]["name"] == "small_batch"
+  small = result["cell"].get("eval_groups", result["cell"]["eval_batches"]) != result["cell"]["eval_batches"]
   how = (
     f"converted to {result['cell']['batch'][0]} windows per step at the same tokens (a decay per step d to "
     "d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its sqrt(2) neighbours × beta2 "

@@ -1,12 +1,5 @@
-"""The optimizers study's block, `benchmark.optimizers`, and its checks.
-
-Cell `as_published`: the recipe's AdamW row (`adamw_row`, `rotary` at `long`) and its Muon row (`muon_row`) at
-their published settings (the recipe record's LR, averaging beta and iterate), each on its own budget curve,
-each budget its own schedule; nothing searched. Cell `both_tuned`: both rows first searched alike by the joint
-search (`bench/search.py`, `benchmark.tuner='joint'`) from their published settings, at equal cost. Cell
-`small_batch`: cell `both_tuned`'s chosen settings at a smaller batch, at the same tokens; cell `corpus`: on a
-second corpus, read without repeats (`carried.py`).
-"""
+"""The optimizers study's block, `benchmark.optimizers`, its cells (`STUDY_CELLS`, each a `comparison.Cell`)
+and its checks."""
 
 from __future__ import annotations
 
@@ -29,9 +22,16 @@ STUDY_CELLS = (
     "a smaller batch at the same tokens, the settings converted and checked locally",
     "both_tuned",
     carries=carried.FROM_CELL,
+    condition=carried.smaller_batch,
+    checks=carried.batch_errors,
   ),
   Cell(
-    "corpus", "a second corpus read without repeats, each LR checked locally", "both_tuned", carries=carried.FROM_CELL
+    "corpus",
+    "a second corpus read without repeats, each LR checked locally",
+    "both_tuned",
+    carries=carried.FROM_CELL,
+    condition=carried.on_corpus,
+    checks=carried.corpus_errors,
   ),
 )
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
@@ -121,19 +121,17 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   errors += [
     e for side, up in (("adamw", True), ("muon", False)) for e in comparison.budget_errors("optimizers", side, o, n, up)
   ]
-  if cell.carries and not errors:
-    errors += carried.cell_errors(config, max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions)))
+  name = RECORD.format(preset=config.benchmark.preset, cell={"name": cell.name})
+  if cell.checks and not errors:
+    errors += cell.checks(config, max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions)), name)
   if errors:
     raise ValueError("; ".join(errors))
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
-  name = RECORD.format(preset=config.benchmark.preset, cell={"name": cell.name})
   record_lib.check_publish(config, str(config.benchmark.publish), name, PUBLISH_IGNORES)
-  if str(config.benchmark.publish) and cell.name == "corpus":
-    carried.check_published_corpus(config, str(config.benchmark.publish), name)
   if cell.carries:
     _, before = carried.before_record(config)
-    config = carried.cell_config(config)
+    config = cell.condition(config)
     sides = carried.converted_sides(config, side_configs(config)[1], before)
   else:
     _, sides = side_configs(config)

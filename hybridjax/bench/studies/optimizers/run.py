@@ -1,16 +1,9 @@
-"""The optimizers study: Muon's factor over AdamW on one architecture, each side on its own budget curve
-(`bench.comparison`, `bench.factor`). Cell `as_published`: the recipe's AdamW row and Muon row at their
-published settings. Cell `both_tuned`: both rows first searched by the joint search (`bench.search`, on
-the study's `search_seeds`, at equal cost), then run at the settings it chose as cell `as_published` runs
-the published. Cells `small_batch` and `corpus`: cell `both_tuned`'s chosen settings carried to a smaller
-batch at the same tokens or to a second corpus, each side's LR (and at the smaller batch its beta2)
-checked locally (`carried`), then run alike.
-
-Per side: its budgets (x N), each its own schedule, on the headline seeds; at every budget but N its LR
-and weight decay re-checked on the tuning seeds by `tuning.BUDGET_RULE` (measurement, counted apart from
-any search); the curves extended until each spans the other side's loss at N, the plateau seeds added
-where the plateau rule fires (`comparison.spanned`). Nothing is read beyond the budgets run.
-"""
+"""The optimizers study: Muon's factor over AdamW on one architecture, each side on its own budget curve,
+its cells `STUDY_CELLS` (docs/benchmark.md): both rows at the recipe's published settings, both searched
+alike by the joint search (`comparison.searched`), or cell `both_tuned`'s settings carried to a smaller
+batch or a second corpus (`carried`). Then each side's curve, its budgets re-checked and extended until
+each spans the other's loss at N (`comparison.spanned`), read on each side's own curve
+(`comparison.own_curves`)."""
 
 from __future__ import annotations
 
@@ -35,9 +28,9 @@ FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "resul
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  o = config.benchmark.optimizers
-  c = carried.cell_config(config) if comparison.cell_of(STUDY_CELLS, o.cell).carries else config
-  corpus = f", corpus {c.data.path} ({c.data.order})" if str(o.cell) == "corpus" else ""
+  o, cell = config.benchmark.optimizers, comparison.cell_of(STUDY_CELLS, config.benchmark.optimizers.cell)
+  c = cell.condition(config) if cell.condition else config
+  corpus = f", corpus {c.data.path} ({c.data.order})" if c.data.to_dict() != config.data.to_dict() else ""
   return [
     f"optimizers {config.benchmark.preset}: cell {o.cell}, rows {o.adamw_row} (AdamW) and {o.muon_row} (Muon), "
     f"N={int(c.trainer.steps)} steps of {int(c.trainer.batch_size)} windows{corpus}, headline seeds "
@@ -52,7 +45,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   cell, records, checks, before = comparison.cell_of(STUDY_CELLS, o.cell), {}, {}, None
   if cell.carries:
     before_source, before = carried.before_record(config)
-    config = carried.cell_config(config)
+    config = cell.condition(config)
   source, configs = side_configs(config)
   if cell.tuner == "joint":
     configs, records = comparison.searched(config, configs, o, runner)
@@ -80,6 +73,7 @@ def record(
   preset_batch = int(config.trainer.batch_size)
   config = trained["config"]  # the carried cells: at their batch, on their corpus
   o, n, seeds = config.benchmark.optimizers, int(config.trainer.steps), trained["seeds"]
+  cell = comparison.cell_of(STUDY_CELLS, o.cell)
   largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
   result = comparison.code_record(config) | {
     "cell": {
@@ -94,7 +88,7 @@ def record(
     "lrs_from": trained["source"],
     "seeds": seeds,
     "tuning_seeds": [int(s) for s in o.tuning_seeds],
-    "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)] if str(o.cell) == "both_tuned" else [],
+    "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)] if cell.tuner == "joint" else [],
     "plateaus": trained["plateaus"],
     "extended": trained["extended"],
     "draws": int(o.draws),
@@ -104,7 +98,7 @@ def record(
     "corpus": comparison.corpus(config, largest),
   }
   result |= cell_figures(result)
-  if str(o.cell) == "small_batch":
+  if trained["before"] and trained["before"]["cell"]["batch"] != result["cell"]["batch"]:
     result["critical_batch"] = carried.critical_batch(result, trained["before"])
   return result
 
