@@ -62,14 +62,17 @@ def tuner_errors(cell: Cell, config: ml_collections.ConfigDict) -> list[str]:
   ]
 
 
-def only_in(block: str, *cells: str) -> schema.Unread:
-  """The `schema.Field.unread` of a field of `benchmark.<block>` that only `cells` read."""
+def only_in(*cells: str) -> schema.Unread:
+  """The `schema.Field.unread` of a field of a study's block that only its `cells` read."""
 
   def unread(config: ml_collections.ConfigDict) -> str | None:
-    cell = str(config.benchmark[block].cell)
-    if cell in cells:
-      return None
-    return f"cell {cell!r} does not read it (only {', '.join(map(repr, cells))}); set --config.benchmark.{block}.cell"
+    block = f"benchmark.{config.benchmark.study}"
+    cell = str(config[block].cell)
+    return (
+      None
+      if cell in cells
+      else f"cell {cell!r} does not read it (only {', '.join(map(repr, cells))}); set --config.{block}.cell"
+    )
 
   return unread
 
@@ -253,19 +256,17 @@ def spanned(
   return {"seeds": seeds, "plateaus": {"runs": flagged, "seeds_added": added if flagged else []}, "extended": extended}
 
 
-def shortest_budget(o: ml_collections.ConfigDict, side: str, n: int) -> int:
-  """The steps of `side`'s shortest budget, its extensions included (the search offers only LR warm-ups
-  shorter than it)."""
-  return round(min(float(f) for f in list(o[f"{side}_budgets"]) + list(o[f"{side}_extensions"])) * n)
-
-
 def searched(
   config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], o, runner: Runner
 ) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
   """Every side searched alike from its published settings by the joint search (`search.search_both`, on the
   block `o`'s search seeds, at equal cost): (each side's config and settings at the setting it chose, its
-  published ones kept under 'published'; each side's search record)."""
-  shortest = {side: shortest_budget(o, side, int(config.trainer.steps)) for side in configs}
+  published ones kept under 'published'; each side's search record). The search offers only LR warm-ups
+  shorter than each side's shortest budget, its extensions included."""
+  n = int(config.trainer.steps)
+  shortest = {
+    side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * n) for side in configs
+  }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner)
   out = {}

@@ -38,7 +38,7 @@ SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 
 
 F = schema.Field
-SEARCHED = comparison.only_in("optimizers", "both_tuned")
+SEARCHED = comparison.only_in("both_tuned")
 FIELDS = (
   F("cell", "as_published", schema.check_choice(*(c.name for c in STUDY_CELLS)), "the cell: both rows as "
     "published, or both searched alike"),
@@ -70,13 +70,13 @@ FIELDS = (
   F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on",
     unread=SEARCHED),
   F("batch_size", 3, schema.check_int(1), "cell `small_batch`: its windows per step, below the preset's (the "
-    "token budgets stay the preset's)", unread=comparison.only_in("optimizers", "small_batch")),
+    "token budgets stay the preset's)", unread=comparison.only_in("small_batch")),
   F("settings_from", "", schema.check_str, "cells `small_batch` and `corpus`: the cell `both_tuned` record whose "
     "chosen settings they carry ('': the published optimizers-both_tuned-<preset>.json)",
-    unread=comparison.only_in("optimizers", "small_batch", "corpus")),
+    unread=comparison.only_in("small_batch", "corpus")),
   F("corpus_path", "~/.cache/hybridjax/corpora/english-npm", schema.check_str, "cell `corpus`: the corpus folder "
     "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds",
-    unread=comparison.only_in("optimizers", "corpus")),
+    unread=comparison.only_in("corpus")),
 )  # fmt: skip
 del F
 
