@@ -125,18 +125,17 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   specs.check_task_seeds(config)
   checks = importlib.import_module(STUDIES[name] + ".config")
   study: Study = importlib.import_module(STUDIES[name] + ".run").STUDY
-  tuners = study.tuners
-  if str(config.benchmark.get("tuner", "lr")) not in tuners:
+  if str(config.benchmark.get("tuner", "lr")) not in study.tuners:
     raise ValueError(
-      f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(tuners)}; "
+      f"--config.benchmark.tuner={config.benchmark.tuner!r}: the {name} study tunes with {' or '.join(study.tuners)}; "
       f"leave --config.benchmark.tuner at 'lr' (or pick a study that runs the joint search: optimizers)"
     )
+  fields = getattr(checks, "FIELDS", ())
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
-    fields = [f for f in getattr(checks, "FIELDS", ()) if f.name in block]
-    if errors := schema.errors(f"benchmark.{name}", fields, block):
+    if errors := schema.errors(f"benchmark.{name}", [f for f in fields if f.name in block], block):
       raise ValueError("; ".join(errors))
-  unread = _unread_errors(name, getattr(checks, "FIELDS", ()), config) if name in config.benchmark else []
+  unread = _unread_errors(name, fields, config) if name in config.benchmark else []
   try:
     others = checks.validate(config)
   except ValueError as e:

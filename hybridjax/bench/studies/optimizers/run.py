@@ -44,26 +44,21 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   o = config.benchmark.optimizers
   cell, records, checks, before = comparison.cell_of(STUDY_CELLS, o.cell), {}, {}, None
   if cell.carries:
-    before_source, before = carried.before_record(config)
+    source, before = carried.before_record(config)
     config = cell.condition(config)
-  source, configs = side_configs(config)
+    configs, checks = carried.local_check(
+      config, carried.converted_sides(config, side_configs(config)[1], before), runner
+    )
+  else:
+    source, configs = side_configs(config)
   if cell.tuner == "joint":
     configs, records = comparison.searched(config, configs, o, runner)
-  if before is not None:
-    configs, checks = carried.local_check(config, carried.converted_sides(config, configs, before), runner)
-    source = before_source
-  adamw, muon = (
-    Side(
-      side,
-      *configs[side],
-      [float(f) for f in o[f"{side}_budgets"]],
-      search=records.get(side),
-      local_check=checks.get(side),
-    )
-    for side in ("adamw", "muon")
-  )
-  spans = comparison.spanned(config, adamw, muon, o, runner, "optimizers")
-  return spans | {"source": source, "sides": [adamw, muon], "config": config, "before": before}
+  sides = [
+    Side(s, *configs[s], [float(f) for f in o[f"{s}_budgets"]], search=records.get(s), local_check=checks.get(s))
+    for s in ("adamw", "muon")
+  ]
+  spans = comparison.spanned(config, *sides, o, runner, "optimizers")
+  return spans | {"source": source, "sides": sides, "config": config, "before": before}
 
 
 def record(
