@@ -19,9 +19,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hybridjax.bench import factor  # noqa: E402
-from hybridjax.bench.studies.optimizers import report  # noqa: E402
-from hybridjax.bench.studies.optimizers.config import CELLS  # noqa: E402
+from hybridjax.bench import (
+  comparison,  # noqa: E402
+  factor,  # noqa: E402
+)
+from hybridjax.bench.studies.optimizers.config import STUDY_CELLS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "docs", "results", "optimizers")
@@ -49,12 +51,14 @@ def _change(r: dict) -> str:
 
 
 def changes(records: list[dict]) -> list[str]:
-  """The table rows of each published cell's factor against the cell it is read against (`CELLS`), at the
+  """The table rows of each published cell's factor against the cell it is read against (`Cell.against`), at the
   same preset: after / before, with its own 95% interval (`factor.cell_change`)."""
   rows = []
   by_cell = {(r["preset"], r["cell"]["name"]): r for r in records}
-  for (preset, name), after in sorted(by_cell.items(), key=lambda kv: (kv[0][0], list(CELLS).index(kv[0][1]))):
-    against, what = CELLS[name]
+  order = [c.name for c in STUDY_CELLS]
+  for (preset, name), after in sorted(by_cell.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+    cell = comparison.cell_of(STUDY_CELLS, name)
+    against, what = cell.against, cell.what
     before = by_cell.get((preset, against))
     if before is None:
       continue
@@ -73,8 +77,8 @@ def cells() -> list[dict]:
 
 
 def corpus_label(corpus: dict) -> str:
-  """A cell's corpus in the table: `report.corpus_name`, a folder's with its size."""
-  name = report.corpus_name(corpus)
+  """A cell's corpus in the table: `comparison.corpus_name`, a folder's with its size."""
+  name = comparison.corpus_name(corpus)
   return f"{name} ({corpus['tokens'] / 1e6:.1f}M training tokens)" if name != corpus["name"] else name
 
 

@@ -31,9 +31,10 @@ ORDER = ("deep", "long", "tiny")  # the headline scale first
 
 sys.path.insert(0, ROOT)
 from hybridjax.bench import cells, stats  # noqa: E402
+from hybridjax.bench.comparison import cell_of  # noqa: E402
 from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
 from hybridjax.bench.studies.ladder.rungs import VERDICT  # noqa: E402
-from hybridjax.bench.studies.optimizers.config import CELLS  # noqa: E402
+from hybridjax.bench.studies.optimizers.config import STUDY_CELLS  # noqa: E402
 from hybridjax.bench.studies.recipe import report as recipe_report  # noqa: E402
 
 # kind -> (the table over every scale, one scale's line, what its per-seed report holds)
@@ -42,7 +43,7 @@ KINDS = {
   "recipe": (recipe_report.recipe_table, recipe_report.recipe_scale, "every step, per seed"),
 }
 # The headline table's rows beyond the ladder's verdict rungs: the recipe's scales, then the optimizers
-# study's cells (each read against the cell `CELLS` names).
+# study's cells (each read against the cell its `Cell.against` names).
 HEADLINE_RECIPES = ("long", "deep")
 HEADLINE_CELLS = ("both_tuned", "small_batch", "corpus")
 # What each ladder arm is, in the headline's words (an arm not named here shows its name).
@@ -174,7 +175,8 @@ def cell_row(record: dict, name: str) -> str:
   a = record["factor"]["a"]
   sides = record["sides"]
   adamw, muon = (f"{sides[s]['tuning_runs']:g}" for s in ("adamw", "muon"))
-  against, what = CELLS[name]
+  cell = cell_of(STUDY_CELLS, name)
+  against, what = cell.against, cell.what
   if sides["adamw"].get("search"):
     tuned = f"searched jointly ({adamw} runs; Muon {muon})"
   else:

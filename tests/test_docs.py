@@ -841,21 +841,21 @@ def test_the_published_anchor_record_reads_as_published():
 
 def test_every_published_optimizers_cell_reads_as_published():
   """Each published cell's figures recompute from its runs, and its page is today's report of its record."""
-  from hybridjax.bench.studies.optimizers import figures, report
+  from hybridjax.bench.studies.optimizers import run
 
   for path in sorted(glob.glob(os.path.join(ROOT, "docs", "results", "optimizers", "optimizers-*.json"))):
     with open(path) as f:
       result = json.load(f)
-    recomputed = json.loads(json.dumps(figures.cell_figures(result)))
+    recomputed = json.loads(json.dumps(run.cell_figures(result)))
     assert {k: recomputed[k] for k in ("factor", "verdict", "factor_raw") if k in result} == {
       k: result[k] for k in ("factor", "verdict", "factor_raw") if k in result
     }, path
-    assert _read(path[: -len(".json")] + ".md") == report.markdown(result) + "\n", path
+    assert _read(path[: -len(".json")] + ".md") == run.markdown(result) + "\n", path
 
 
 def test_the_small_batch_cell_the_results_page_quotes_is_the_published_one():
   from hybridjax.bench import factor
-  from hybridjax.bench.studies.optimizers import report
+  from hybridjax.bench.studies.optimizers import carried
 
   result = _optimizers("optimizers-small_batch-long")
   before = _optimizers("optimizers-both_tuned-long")
@@ -869,7 +869,7 @@ def test_the_small_batch_cell_the_results_page_quotes_is_the_published_one():
   assert f"({change['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of cell 1's: no different)" in results and lo < 1 < hi
   # the local check ended inside the LRs it tried on both sides, Muon's after four moves
   muon_check = result["sides"]["muon"]["local_check"]
-  assert not report.lr_edge(muon_check) and not report.lr_edge(result["sides"]["adamw"]["local_check"])
+  assert not carried.lr_edge(muon_check) and not carried.lr_edge(result["sides"]["adamw"]["local_check"])
   start = before["sides"]["muon"]["settings"]["lr"]
   assert muon_check["lr_moves"] == 4 and f"Muon's LR took four √2 steps down from cell 1's {start}" in results
   assert f"the raw iterates read {raw['mean']:.2f}×" in results
@@ -914,7 +914,7 @@ def test_the_optimizers_cells_recipe_md_quotes_are_the_records():
 def test_the_fields_range_is_its_marked_rows_and_the_pull_requests_factor_its_steps():
   """field.json's modded-nanogpt pull request row reads its factor from the steps it quotes; the field's
   range a verdict against 1.0x is placed beside spans the rows marked `in_range`."""
-  from hybridjax.bench.studies.optimizers import figures
+  from hybridjax.bench.studies.optimizers import run
 
   with open(os.path.join(ROOT, "docs", "results", "optimizers", "field.json"), encoding="utf-8") as f:
     rows = json.load(f)["rows"]
@@ -923,7 +923,7 @@ def test_the_fields_range_is_its_marked_rows_and_the_pull_requests_factor_its_st
   assert f"{pr['adamw_steps']:,}" in pr["source"] and f"{pr['muon_steps']:,}" in pr["source"]
   assert f"{pr['low']:.2f}" in pr["factor"]
   marked = [r for r in rows if r.get("in_range")]
-  assert figures.field_range() == (min(r["low"] for r in marked), max(r["high"] for r in marked))
+  assert run.field_range() == (min(r["low"] for r in marked), max(r["high"] for r in marked))
 
 
 def test_the_shadowing_clone_usage_md_describes_fails_as_it_says(tmp_path):

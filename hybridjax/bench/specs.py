@@ -38,9 +38,6 @@ MOVED |= {f"recipe_{f}": f"recipe.{f}" for f in ("tricks", "keep", "muon_lr", "b
 OLD_FLAGS = ("ladder", "recipe")  # `benchmark.ladder=True` / `recipe=True`: `benchmark.study` before it existed
 ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks runs by
 BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each run sets its own
-# `benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
-# config module lists it in its `TUNERS`).
-TUNERS = ("lr", "joint")
 
 
 def refuse(errors: Sequence[str]) -> None:
@@ -66,7 +63,9 @@ def _iterate(v: Any) -> str | None:
 
 
 def _tuner(v: Any) -> str | None:
-  if v in TUNERS:
+  """`benchmark.tuner`: the LR sweep (`tuning`, every study's) or the joint search (`search`, where a study's
+  `studies.Study.tuners` names it)."""
+  if v in ("lr", "joint"):
     return None
   return (
     "must be 'lr' (the LR sweep and the averaging beta) or 'joint' (the joint search over a side's knobs, "

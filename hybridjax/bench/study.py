@@ -2,15 +2,11 @@
 the runner, train, time, build the record (its header here, its figures the study's), write its json,
 markdown and plots (and the published copy), print it.
 
-A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `FIELDS` (the fields of
-its block `benchmark.<name>`), where it needs them `add_defaults(block, preset)` (a preset's own values) and
-`validate(config)`, which checks them and
-returns the other configs it trains (checked here like the config itself);
-its `run.py` has `header(config, workdir)` (the lines printed first), `train(config, runner)`,
-`time_steps(config, trained)` (where it times steps), `record(config, trained, timed, command, runner)`,
-`write(result, trained, workdir, publish)` (where it writes more than its record and markdown, which
-`record.write_and_publish` writes otherwise), `markdown(result)` and `RECORD` (its json, whose
-invocations a resumed study extends; None: it keeps none).
+A study is a folder `studies/<name>/` and a line in `STUDIES`. Its `config.py` has `add_defaults(block,
+preset)` (the fields of its block `benchmark.<name>`) and `validate(config)`, which checks them and
+returns the other configs it trains (checked here like the config itself), and its fields' declarations
+`FIELDS` (`schema.Field`, each checked here, and refused where set but unread: `Field.unread`); its
+`run.py` declares its hooks as `STUDY` (`studies.Study`).
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES
+from hybridjax.bench.studies import STUDIES, Study
 
 
 def _part(name: str, part: str = "config") -> ModuleType:
@@ -121,11 +117,11 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   return errors
 
 
-def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> ModuleType:
+def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> Study:
   """Checks `config` for its study (`study_name`'s): the benchmark block's keys, the fields it would
   overwrite or not read (`command_line`: the fields the command line set, dotted), the benchmark
   block, the study's block, every other config it trains, before anything is compiled or written;
-  returns its `run`."""
+  returns its hooks (`studies.Study`)."""
   name = study_name(config)
   errors = specs.unknown_benchmark_fields(
     config, known_fields(str(config.benchmark.get("preset", "long")))
@@ -136,26 +132,42 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   specs.validate_benchmark(config)
   specs.check_user_task(config)  # the anchors train the task's tx without train()
   specs.check_task_seeds(config)
-  tuners = {s: getattr(_part(s), "TUNERS", ("lr",)) for s in STUDIES}  # those each reads (`specs.TUNERS`)
-  tuner = str(config.benchmark.get("tuner", "lr"))
-  if tuner not in tuners[name]:
-    raise ValueError(
-      f"--config.benchmark.tuner={tuner!r}: the {name} study tunes with {' or '.join(tuners[name])}; leave "
-      "--config.benchmark.tuner at 'lr' (or pick a study that runs it: "
-      f"{', '.join(s for s in tuners if tuner in tuners[s])})"
-    )
   checks = _part(name)
+  study: Study = _part(name, "run").STUDY
+  tuner = str(config.benchmark.get("tuner", "lr"))
+  if tuner not in study.tuners:
+    runs_it = [s for s in STUDIES if tuner in _part(s, "run").STUDY.tuners]
+    raise ValueError(
+      f"--config.benchmark.tuner={tuner!r}: the {name} study tunes with {' or '.join(study.tuners)}; leave "
+      f"--config.benchmark.tuner at 'lr' (or pick a study that runs it: {', '.join(runs_it)})"
+    )
+  fields = getattr(checks, "FIELDS", ())
   if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
-    specs.refuse(
-      schema.errors(f"benchmark.{name}", [f for f in getattr(checks, "FIELDS", ()) if f.name in block], block)
-    )
-  for what, other in checks.validate(config).items():
+    specs.refuse(schema.errors(f"benchmark.{name}", [f for f in fields if f.name in block], block))
+  unread = _unread_errors(name, fields, config) if name in config.benchmark else []
+  try:
+    others = checks.validate(config)
+  except ValueError as e:
+    raise ValueError("; ".join([*unread, str(e)])) from None
+  specs.refuse(unread)
+  for what, other in others.items():
     try:
       specs.validate_benchmark(other)
     except ValueError as e:
       raise ValueError(f"{what} is not a valid run: {e}") from None
-  return _part(name, "run")
+  return study
+
+
+def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections.ConfigDict) -> list[str]:
+  """A line for each field of `benchmark.<name>` away from its default that its declaration says this
+  config does not read (`schema.Field.unread`): it would do nothing without a word."""
+  values = config.benchmark[name]
+  return [
+    f"--config.benchmark.{name}.{f.name}={values[f.name]!r} has no effect: {why}, or leave it at {f.default!r}"
+    for f in fields
+    if f.unread and record.plain(values[f.name]) != record.plain(f.default) and (why := f.unread(config))
+  ]
 
 
 def run(
@@ -171,21 +183,22 @@ def run(
   with make_runner(config, workdir) as runner:
     trained = study.train(config, runner)
   timed = {}  # a study that times no step (its verdicts in loss or steps) has no `time_steps`
-  if hasattr(study, "time_steps"):
+  if study.time_steps:
     print("--- timing (interleaved, this process)", flush=True)
     timed = study.time_steps(config, trained)
   result = record.header(config, command) | study.record(config, trained, timed, command, runner)
   result |= {"runs_trained": runner.ran, "runs_cached": runner.reused, "wall_s": time.perf_counter() - t_start}
-  record.keep_earlier_report(config, workdir, study.RECORD.format(**result) if study.RECORD else "benchmark.json", name)
-  if study.RECORD:
-    earlier = record.stored(os.path.join(workdir, study.RECORD.format(**result))).get("invocations", [])
+  kept = study.record_name.format(**result) if study.record_name else "benchmark.json"
+  record.keep_earlier_report(config, workdir, kept, name)
+  if study.record_name:
+    earlier = record.stored(os.path.join(workdir, kept)).get("invocations", [])
     keys = ("date", "wall_s", "runs_trained", "runs_cached")
     result["invocations"] = earlier + [{k: result[k] for k in keys}]
   publish = str(config.benchmark.publish)
-  if hasattr(study, "write"):
+  if study.write:
     study.write(result, trained, workdir, publish)
-  else:  # its record alone, unless the publish folder holds one of another config
-    record.write_and_publish(result, workdir, publish, study.RECORD, study.markdown, ignore=record.other_studies(name))
+  else:
+    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, ignore=study.publish_ignores)
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)

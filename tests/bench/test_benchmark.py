@@ -682,8 +682,7 @@ def test_the_quick_optimizers_study_reads_both_sides_on_their_own_curves(quick):
   Muon row at the recipe record's settings, each on its own budget curve with its per-budget re-checks,
   both readings of the factor and the cell's verdict recomputed from its record."""
   from hybridjax.bench import factor
-  from hybridjax.bench.studies.optimizers import figures as optimizers_figs
-  from hybridjax.bench.studies.optimizers import report as optimizers_report
+  from hybridjax.bench.studies.optimizers import run as optimizers_run
 
   workdir, config, _ = quick
   c = ml_collections.ConfigDict(config.to_dict())
@@ -708,11 +707,11 @@ def test_the_quick_optimizers_study_reads_both_sides_on_their_own_curves(quick):
   assert result["verdict"] == factor.verdict_against_one(result["factor"]["a"])["verdict"]
   with open(os.path.join(workdir, "optimizers-as_published-quick.json")) as f:
     stored = json.load(f)
-  assert json.loads(json.dumps(optimizers_figs.cell_figures(stored))) == {
+  assert json.loads(json.dumps(optimizers_run.cell_figures(stored))) == {
     k: stored[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   with open(os.path.join(workdir, "optimizers-as_published-quick.md")) as f:
-    assert f.read() == optimizers_report.markdown(stored) + "\n"
+    assert f.read() == optimizers_run.markdown(stored) + "\n"
 
 
 @pytest.mark.slow

@@ -1,8 +1,47 @@
 """The benchmark's studies, each a folder loaded by name (`benchmark.study`) by the skeleton
 (`bench.study`): its `config.py` (its block's defaults, `add_defaults`, and its checks) and its
-`run.py` (train, record, report)."""
+`run.py`, which declares what the skeleton runs as `STUDY` (a `Study`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 # name -> the package of its folder (named here, loaded only by `bench.study`).
 STUDIES = {
   name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers", "anchor")
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """What the skeleton runs of a study, its run.py's `STUDY`: every hook a required field, so a study that
+  misses or misspells one fails when its run.py is imported, not after hours of training (AlgoPerf's
+  spec.py).
+
+  Attributes:
+    header: (config, workdir) -> the lines printed first.
+    train: (config, runner) -> what it trained.
+    record: (config, trained, timed, command, runner) -> its record, below the skeleton's header.
+    markdown: (result) -> its page.
+    record_name: its json (a format string of the record), whose invocations a resumed study extends;
+      None where it keeps none.
+    time_steps: (config, trained) -> its timing; None where its verdicts are in steps or losses.
+    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json
+      and page (`record.write_and_publish`), not published where `publish` holds another config's record,
+      the config compared without the blocks of `publish_ignores`.
+    publish_ignores: see `write`.
+    tuners: the `benchmark.tuner` values it reads: 'lr' (the LR sweep, every study's) and 'joint' (the
+      joint search, `bench.search`).
+  """
+
+  header: Callable[..., list[str]]
+  train: Callable[..., dict[str, Any]]
+  record: Callable[..., dict[str, Any]]
+  markdown: Callable[[dict[str, Any]], str]
+  record_name: str | None
+  time_steps: Callable[..., dict[str, Any]] | None = None
+  write: Callable[..., None] | None = None
+  publish_ignores: tuple[str, ...] = ()
+  tuners: tuple[str, ...] = ("lr",)

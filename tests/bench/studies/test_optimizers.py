@@ -16,7 +16,7 @@ from conftest import ROOT, SpecRunner
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import data as data_lib
 from hybridjax.bench import factor, speedrun, study
-from hybridjax.bench.studies.optimizers import carried, figures, report
+from hybridjax.bench.studies.optimizers import carried, run
 
 N = 40
 K = 2.5  # the stub's Muon reaches AdamW's loss at K times fewer steps
@@ -100,13 +100,13 @@ def test_each_side_on_its_own_curve_extended_until_it_spans_the_other_sides_loss
   # today's verdict against 1.0x, the field's range beside it (the stub's 2.5x lies above it)
   against = result["verdict_against_one"]
   assert result["verdict"] == against["verdict"] == "above 1.0×" and against["against_field"] == "above"
-  assert against == factor.verdict_against_one(f["a"], figures.field_range())
+  assert against == factor.verdict_against_one(f["a"], run.field_range())
   # Every figure recomputes from the record; the md is the record's.
   written = json.loads((tmp_path / "work" / "optimizers-as_published-quick.json").read_text())
-  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+  assert json.loads(json.dumps(run.cell_figures(written))) == {
     k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
-  assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == report.markdown(written) + "\n"
+  assert (tmp_path / "work" / "optimizers-as_published-quick.md").read_text() == run.markdown(written) + "\n"
   assert written["corpus"]["tokens"] > 0 and written["cell"]["batch"] == [8, 32]
 
 
@@ -156,11 +156,11 @@ def test_both_tuned_searches_both_sides_alike_at_equal_cost_then_runs_their_curv
   # The stub's best LRs are found (AdamW 0.012 at N, Muon 0.02), and the cell reads its factor as before.
   assert abs(math.log(muon["settings"]["lr"] / 0.02)) < 0.2 and abs(math.log(adamw["settings"]["lr"] / 0.012)) < 0.2
   written = json.loads((tmp_path / "work" / "optimizers-both_tuned-quick.json").read_text())
-  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+  assert json.loads(json.dumps(run.cell_figures(written))) == {
     k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-both_tuned-quick.md").read_text()
-  assert md == report.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
+  assert md == run.markdown(written) + "\n" and "| adamw | " + f"{adamw['tuning_runs']:.1f} |" in md
 
 
 def _both_tuned_first(tmp_path, monkeypatch):
@@ -214,11 +214,11 @@ def test_small_batch_converts_the_tuned_settings_checks_them_locally_and_locates
   assert "8 windows per step are above this model's critical batch for adamw" == crit["adamw"]["reading"]
   assert crit["muon"]["verdict"] == "no difference"
   written = json.loads((tmp_path / "work" / "optimizers-small_batch-quick.json").read_text())
-  assert json.loads(json.dumps(figures.cell_figures(written))) == {
+  assert json.loads(json.dumps(run.cell_figures(written))) == {
     k: written[k] for k in ("factor", "verdict", "factor_raw", "interpolated", "verdict_against_one")
   }
   md = (tmp_path / "work" / "optimizers-small_batch-quick.md").read_text()
-  assert md == report.markdown(written) + "\n" and "above this model's critical batch" in md
+  assert md == run.markdown(written) + "\n" and "above this model's critical batch" in md
   # the same command publishes over its own record (which keeps the config as given), not over another's
   c.benchmark.publish = str(tmp_path / "work")
   study.validate(c)
@@ -286,7 +286,7 @@ def test_corpus_carries_the_tuned_settings_to_a_second_corpus_read_without_repea
     assert 3 <= len(tried) <= 3 + carried.LR_MOVES and rec["tuning_runs"] == 3.0 * len(tried)
   written = json.loads((tmp_path / "work" / "optimizers-corpus-quick.json").read_text())
   md = (tmp_path / "work" / "optimizers-corpus-quick.md").read_text()
-  assert md == report.markdown(written) + "\n" and "unconverted, then each side's LR" in md
+  assert md == run.markdown(written) + "\n" and "unconverted, then each side's LR" in md
   # A re-run publishes over its own record, not over one of another corpus at the same path.
   c.benchmark.publish = str(tmp_path / "work")
   study.validate(c)
@@ -384,9 +384,9 @@ def test_what_benchmark_md_says_a_cell_needs_at_quick_is_what_the_checks_take(tm
   ) in page
   c = _config(tmp_path)
   c.benchmark.optimizers.cell = "small_batch"
-  assert f"(e.g. {small})" in carried.cell_errors(c, 3.0)[0]  # the refusal names it too
+  assert f"(e.g. {small})" in carried.batch_errors(c, 3.0, "small_batch")[0]  # the refusal names it too
   c.benchmark.optimizers.batch_size = small
-  assert carried.cell_errors(c, 3.0) == []
+  assert carried.batch_errors(c, 3.0, "small_batch") == []
   with pytest.raises(ValueError, match=r"settings_from: no cell 'both_tuned' record at"):
     study.validate(c)
 

@@ -19,6 +19,7 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax.bench import record, specs, study
+from hybridjax.bench.studies import Study
 
 PACKAGE = pathlib.Path(study.__file__).resolve().parents[1]
 
@@ -160,6 +161,8 @@ def validate(config):
   return {}
 """
 TOY_RUN = """
+from hybridjax.bench.studies import Study
+
 RECORD = "toy-{preset}.json"
 
 
@@ -187,6 +190,9 @@ def write(result, trained, workdir, publish):
 
 def markdown(result):
   return f"toy trained {result['toy']}"
+
+
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)
 """
 
 
@@ -244,11 +250,17 @@ def test_every_study_has_the_skeletons_hooks(name):
   import importlib
 
   run = importlib.import_module(study.STUDIES[name] + ".run")
-  for hook in ("header", "train", "record", "markdown"):  # `time_steps` and `write` where it needs them
-    assert callable(getattr(run, hook, None)), f"{name}'s run.py has no {hook}()"
+  assert isinstance(run.STUDY, Study)  # each hook a required field of it: one missing fails at import
+  for hook in ("header", "train", "record", "markdown", "time_steps", "write"):
+    assert getattr(run.STUDY, hook) is None or callable(getattr(run.STUDY, hook)), f"{name}'s STUDY.{hook}"
   config = importlib.import_module(study.STUDIES[name] + ".config")
-  assert hasattr(run, "RECORD") and callable(config.validate)
+  assert callable(config.validate)
   assert callable(getattr(config, "add_defaults", None)) or hasattr(config, "FIELDS") or name == "family"
+
+
+def test_a_study_missing_a_hook_fails_at_import():
+  with pytest.raises(TypeError, match="record_name"):
+    Study(*[lambda *a: None] * 4)
 
 
 def test_the_speedrun_family_applies_its_tricks_after_the_command_line():

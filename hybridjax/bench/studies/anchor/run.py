@@ -16,15 +16,11 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import codehash
+from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.anchor import config as anchor_config
-from hybridjax.bench.tasks import task_path
-
-RECORD = anchor_config.RECORD
 
 
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -96,8 +92,7 @@ def record(
 ) -> dict[str, Any]:
   del timed, command, runner
   result = {
-    "code_version": keys.code_versions(config, []),
-    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task_path(specs.task_name(config))]),
+    **comparison.code_record(config),
     "steps": int(config.trainer.steps),
     "lrs_from": trained["source"],
     "r4": trained["r4"],
@@ -111,11 +106,7 @@ def record(
 def markdown(result: dict[str, Any]) -> str:
   """anchor-<preset>.md: every setting's mean loss, the best against R4's own, and what it means."""
   r4, f = result["r4"], result["figures"]
-  out = [
-    f"# R4 re-checked: beta2 × weight decay × LR, `{result['preset']}`",
-    "",
-    f"Command: `{result['command']}`" if result.get("command") else "",
-    "",
+  out = comparison.page_head(f"R4 re-checked: beta2 × weight decay × LR, `{result['preset']}`", result) + [
     f"R4 as published ({result['lrs_from']}): LR {r4['lr']:g}, beta2 {r4['b2']:g}, weight decay "
     f"{r4['weight_decay']:g}, read at its averaged iterate (beta {r4['beta']:g}). Every setting ran N = "
     f"{result['steps']} steps on the tuning seeds {result['seeds']} ({result['tuning_runs']} runs).",
@@ -152,3 +143,6 @@ def markdown(result: dict[str, Any]) -> str:
       else "Within the noise of R4's own (or above it): R4 stands as published.",
     ]
   return "\n".join(out)
+
+
+STUDY = Study(header, train, record, markdown, anchor_config.RECORD, publish_ignores=anchor_config.PUBLISH_IGNORES)

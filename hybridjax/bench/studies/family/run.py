@@ -12,6 +12,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs, tasks, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.family.figures import family_figures
 from hybridjax.bench.studies.family.report import markdown as markdown  # the skeleton prints it
 from hybridjax.bench.studies.family.report import write_results
@@ -105,3 +106,6 @@ def record(
 
 def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
   result["plots"] = write_results(result, workdir, publish)
+
+
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

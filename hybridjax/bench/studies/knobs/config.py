@@ -45,7 +45,6 @@ FIELDS = (
   ),
   schema.Field("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
 )
-TUNERS = ("lr", "joint")  # 'lr': the coordinate search and the LR swept again; 'joint': `bench.search`
 """`benchmark.knobs`'s fields."""
 
 

@@ -13,19 +13,16 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import codehash
 from hybridjax import config as config_lib
-from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench import comparison, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
-from hybridjax.bench.studies.knobs.report import markdown as markdown  # the skeleton's hook
-from hybridjax.bench.tasks import task_path
+from hybridjax.bench.studies.knobs.report import markdown
 
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD = knobs_config.RECORD
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
@@ -218,28 +215,14 @@ def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[
   return {"published": before, "tuned": after, "difference": difference}
 
 
-def on_anchor_curve(losses: list[float], seeds: list[int], curves: dict[str, Any], n: int) -> dict[str, Any]:
-  """`losses` (one per seed in `seeds`) read as the recipe record reads its steps: the R4 anchor's
-  steps to reach each on that seed's averaged budget curve (`curves`: seed -> {steps, loss}), over
-  N. Pure: the tests recompute it from the record and the recipe record it names."""
-  per_seed, lower, upper = [], [], []
-  for s, loss in zip(seeds, losses):
-    reach = protocol.steps_to_reach_at_n(curves[str(s)]["steps"], curves[str(s)]["loss"], loss, n)
-    per_seed.append(None if reach.steps is None else reach.steps / n)
-    lower.append(reach.lower_bound)
-    upper.append(reach.upper_bound)
-  present = [x for x in per_seed if x is not None]
-  mean, std = protocol.mean_std(present) if present else (None, None)
-  return {"mean": mean, "std": std, "per_seed": per_seed, "lower_bound": any(lower), "upper_bound": any(upper)}
-
-
 def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[int], n: int) -> dict[str, Any]:
   """Every side's headline losses, as published and as tuned, read on the recipe record's R4 anchor
-  curve (`on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
+  curve (`comparison.on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
   record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
   curves = recipe["anchor"]["curves"]
   out = {
-    side: {k: on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")} for side, s in sides.items()
+    side: {k: comparison.on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")}
+    for side, s in sides.items()
   }
   reproduced = None
   if "anchor" in sides:
@@ -252,7 +235,6 @@ def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
-  task = task_path(specs.task_name(config))
   out = {}
   for side, (_, settings) in trained["sides"].items():
     st, head = trained["state"][side], trained["headline"][side]
@@ -276,8 +258,7 @@ def record(
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
   return (
     {
-      "code_version": keys.code_versions(config, []),
-      "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+      **comparison.code_record(config),
       "lrs_from": trained["source"],
       "seeds": seeds,
       "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
@@ -287,3 +268,15 @@ def record(
     | same
     | anchor_reading(recipe, out, seeds, int(config.trainer.steps))
   )
+
+
+# 'lr': the coordinate search and the LR swept again; 'joint': `bench.search`
+STUDY = Study(
+  header,
+  train,
+  record,
+  markdown,
+  knobs_config.RECORD,
+  publish_ignores=knobs_config.PUBLISH_IGNORES,
+  tuners=("lr", "joint"),
+)

@@ -22,6 +22,7 @@ from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
@@ -296,3 +297,6 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   record_lib.write_files(join(earlier, result) if earlier else result, publish, RECORD, markdown, save_ladder_plot)
   for fam in families:
     family_report.publish_results(fam, os.path.join(workdir, fam["family"]), targets[fam["family"]], fam["plots"])
+
+
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

@@ -1,28 +1,8 @@
-"""The cells that carry cell `both_tuned`'s chosen settings to new conditions, each side's LR then checked
-locally: `small_batch` (a smaller batch at the same token budgets) and `corpus` (a second corpus, read
-without repeats).
-
-Cell `small_batch`: the preset's N steps of B windows become N·B/b steps of b windows
-(`optimizers.batch_size`), and its E eval batches become E·B/b, so that every run is scored on the same
-held-out windows (`data.eval_batches` draws its windows by their count alone), read in the same groups of
-B windows. The knobs counted in steps move
-to the same tokens (`search.Knob.at_batch`): a decay per step d becomes d^(b/B) (Adam's betas, Muon's
-momentum, the averaging beta), the LR warm-up's steps B/b times as many.
-
-Each side then gets the same local check: its LR at its sqrt(2) neighbours × its beta2 {converted, as cell
-`both_tuned` chose it}, on the tuning seeds at N tokens; the best mean is kept (the converted
-setting first, kept on a tie), its LR moved on by sqrt(2) steps (at most `LR_MOVES` times) while the best sits at the
-edge of the LRs tried (a smaller batch may well want a lower LR). The budget curves run as in every cell,
-from that setting.
-
-Cell `corpus`: the same settings, unconverted, on the corpus at `optimizers.corpus_path` (built by
-`scripts/build_corpus.py`: its own train/ and val/ split, `data.split_folders`), every run reading its
-training windows without repeats (`data.order='no_repeat'`; a budget needing more windows than the split
-holds is refused before anything trains); each side's LR checked at its sqrt(2) neighbours as above.
-
-`critical_batch`: each side's loss at N tokens against cell `both_tuned`'s, on the same seeds and windows:
-a lower loss at the smaller batch says the larger one is above this model's critical batch (at equal
-tokens, fewer larger steps lose)."""
+"""The cells that carry cell `both_tuned`'s chosen settings to a new condition, each side's LR then checked
+locally (docs/benchmark.md, cells `small_batch` and `corpus`): `small_batch`, the preset's N steps of B
+windows as N·B/b steps of b windows on the same eval windows, every knob counted in steps moved to the same
+tokens (`search.Knob.at_batch`); `corpus`, a second corpus read without repeats. `critical_batch` reads each
+side's loss at N tokens against cell `both_tuned`'s."""
 
 from __future__ import annotations
 
@@ -35,10 +15,10 @@ from typing import Any
 import ml_collections
 
 from hybridjax import data as data_lib
-from hybridjax.bench import protocol, search, specs, tuning
+from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
+from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies.optimizers.figures import loss_of, lr_edge, side_curves
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
@@ -88,14 +68,32 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any
   return shown, before
 
 
-def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+def smaller_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Cell `small_batch`'s config: at `optimizers.batch_size` windows per step, at the same tokens (N·B/b steps,
+  E·B/b eval batches)."""
+  c, big, b = (
+    ml_collections.ConfigDict(config.to_dict()),
+    int(config.trainer.batch_size),
+    int(config.benchmark.optimizers.batch_size),
+  )
+  c.trainer.batch_size = b
+  c.trainer.steps = int(config.trainer.steps) * big // b
+  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
+  return c
+
+
+def on_corpus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Cell `corpus`'s config: on `optimizers.corpus_path`, without repeats."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.data.path, c.data.order = os.path.expanduser(str(config.benchmark.optimizers.corpus_path)), "no_repeat"
+  return c
+
+
+def batch_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
   """Cell `small_batch`: its batch against the preset's (smaller, dividing its steps' and eval batches'
-  windows). Cell `corpus`: its corpus exists, and holds the windows its largest budget (`largest` x N)
-  reads without repeats."""
-  o = config.benchmark.optimizers
-  if str(o.cell) == "corpus":
-    return _corpus_errors(config, largest)
-  b, big = int(o.batch_size), int(config.trainer.batch_size)
+  windows)."""
+  del largest, name
+  b, big = int(config.benchmark.optimizers.batch_size), int(config.trainer.batch_size)
   n, e = int(config.trainer.steps), int(config.trainer.eval_batches)
   if b >= big or (n * big) % b or (e * big) % b:
     return [
@@ -105,7 +103,10 @@ def cell_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
   return []
 
 
-def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[str]:
+def corpus_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
+  """Cell `corpus`: its corpus exists and holds the windows its largest budget (`largest` x N) reads without
+  repeats; a publish over its record `name` that read another corpus by content (`corpus.content_hash`),
+  though at the same `corpus_path`, is refused (the config alone cannot tell)."""
   path = os.path.expanduser(str(config.benchmark.optimizers.corpus_path))
   given = str(config.data.path)
   if given and os.path.abspath(os.path.expanduser(given)) != os.path.abspath(path):
@@ -118,7 +119,7 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
       f"--config.benchmark.optimizers.corpus_path={path}: no corpus with train/ and val/ folders there; build it "
       f"with `{BUILD_CORPUS.format(path=path)}` (npm's registry), or give the folder that holds it"
     ]
-  c = cell_config(config)
+  c = on_corpus(config)
   try:
     prepared = data_lib.prepare_corpus(path, str(c.data.tokenizer), str(c.data.cache_dir) or None)
   except ValueError as e:  # the data block's error names data.path, which this field sets
@@ -128,37 +129,12 @@ def _corpus_errors(config: ml_collections.ConfigDict, largest: float) -> list[st
     data_lib.check_no_repeat(prepared.n_train, int(c.model.n_ctx), steps, int(c.trainer.batch_size))
   except ValueError as e:
     return [f"{e} (cell 'corpus': its largest budget, {largest:g} N, with its extensions)"]
+  folder = str(config.benchmark.publish)
+  was = record_lib.stored(os.path.join(folder, name)).get("corpus", {}).get("content_hash") if folder else None
+  if was and prepared.meta["content_hash"] != was:
+    line = f"corpus.content_hash: {was[:16]} there, {prepared.meta['content_hash'][:16]} here"
+    return [record_lib.publish_refusal(folder, os.path.join(folder, name), "a record of another corpus", [line])]
   return []
-
-
-def check_published_corpus(config: ml_collections.ConfigDict, folder: str, name: str) -> None:
-  """Refuses (ValueError) to publish cell `corpus` over its record in `folder` where that record read another
-  corpus by content (`corpus.content_hash`), though at the same `corpus_path`: the config alone cannot tell."""
-  path = os.path.join(folder, name)
-  was = record_lib.stored(path).get("corpus", {}).get("content_hash")
-  if not was:
-    return
-  c = cell_config(config)
-  now = data_lib.prepare_corpus(str(c.data.path), str(c.data.tokenizer), str(c.data.cache_dir) or None)
-  if now.meta["content_hash"] != was:
-    line = f"corpus.content_hash: {was[:16]} there, {now.meta['content_hash'][:16]} here"
-    raise ValueError(record_lib.publish_refusal(folder, path, "a record of another corpus", [line]))
-
-
-def cell_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config a carried cell trains. `small_batch`: at `optimizers.batch_size` windows per step, at the
-  same tokens (N·B/b steps, E·B/b eval batches). `corpus`: on `optimizers.corpus_path`, without repeats."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  o = config.benchmark.optimizers
-  if str(o.cell) == "corpus":
-    c.data.path = os.path.expanduser(str(o.corpus_path))
-    c.data.order = "no_repeat"
-    return c
-  big, b = int(config.trainer.batch_size), int(o.batch_size)
-  c.trainer.batch_size = b
-  c.trainer.steps = int(config.trainer.steps) * big // b
-  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
-  return c
 
 
 def converted(
@@ -278,18 +254,7 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
         f"{seeds or 'none'} with this cell's {list(now)}: give --config.benchmark.optimizers.seeds from its seeds "
         f"{list(was)}, or its record with those seeds (--config.benchmark.optimizers.settings_from)"
       )
-    n_now, n_was = int(result["steps"]), int(before["steps"])
-
-    def at_n(curves: dict[str, Any], n: int, s: str) -> tuple[float, Any]:
-      k = curves[s]["steps"].index(n)
-      return curves[s]["loss"][k], curves[s]["per_window"][k] if curves[s]["per_window"] else None
-
-    a = [at_n(now, n_now, s) for s in seeds]
-    b = [at_n(was, n_was, s) for s in seeds]
-    windows = all(x[1] is not None for x in a + b)
-    eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
-    groups = len(a[0][1]) if windows else None
-    d = protocol.paired_difference([x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=groups)
+    d = comparison.at_n(result, before, side, seeds)
     word = {"lower": "above", "higher": "below"}.get(d["verdict"])
     d["reading"] = (
       f"{before['cell']['batch'][0]} windows per step are {word} this model's critical batch for {side}"
@@ -297,4 +262,79 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
       else f"no difference at equal tokens: the critical batch for {side} is not located"
     )
     out[side] = d | {"seeds": seeds}
+  return out
+
+
+def lr_edge(check: dict[str, Any]) -> str:
+  """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
+  ('' inside them)."""
+  chosen = check["chosen"]
+  lrs = [
+    t["fields"]["optim.learning_rate"]
+    for t in check["tried"]
+    if all(t["fields"][k] == v for k, v in chosen.items() if k != "optim.learning_rate")
+  ]
+  lr = chosen["optim.learning_rate"]
+  return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""
+
+
+def local_check_lines(result: dict[str, Any]) -> list[str]:
+  """The carried cells: what each side's settings became (cell `small_batch`: converted from cell
+  `both_tuned`'s to its batch), what the local check chose, and at the smaller batch where the larger one
+  sits against the critical batch."""
+  checked = {side: rec for side, rec in result["sides"].items() if rec.get("local_check")}
+  if not checked:
+    return []
+  small = result["cell"].get("eval_groups", result["cell"]["eval_batches"]) != result["cell"]["eval_batches"]
+  how = (
+    f"converted to {result['cell']['batch'][0]} windows per step at the same tokens (a decay per step d to "
+    "d^(b/B), the warm-up's steps B/b times as many), then each side's LR at its sqrt(2) neighbours × beta2 "
+    "{converted, unconverted}"
+    if small
+    else "unconverted, then each side's LR at its sqrt(2) neighbours"
+  )
+
+  def moves(k: int) -> str:
+    return {0: "never", 1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(k, f"{k} times")
+
+  limit = list(
+    {rec["local_check"]["lr_moves_limit"] for rec in checked.values() if "lr_moves_limit" in rec["local_check"]}
+  )
+  out = [
+    "",
+    f"Settings from {result['lrs_from']}, {how}, on the tuning seeds at N (the LR moved on by sqrt(2) steps while "
+    "the best sat at the edge of those tried"
+    + (f", at most {moves(limit[0])}" if len(limit) == 1 else "")
+    + ": "
+    + ", ".join(f"{side} {moves(rec['local_check']['lr_moves'])}" for side, rec in checked.items())
+    + "):",
+    "",
+    "| side | local check runs (N-run eq.) | carried | chosen |",
+    "|---|---|---|---|",
+  ]
+  for side, rec in checked.items():
+    was = rec["settings"]["from"]
+    moved = {k: f"{was['fields'][k]} → {v}" for k, v in rec["settings"]["fields"].items() if was["fields"][k] != v}
+    if was["beta"] != rec["settings"]["beta"]:
+      moved["beta"] = f"{was['beta']} → {rec['settings']['beta']}"
+    carried = ", ".join(f"{k}: {v}" for k, v in moved.items()) or "as cell `both_tuned` chose"
+    chosen = ", ".join(f"{k} = {v}" for k, v in rec["local_check"]["chosen"].items())
+    out.append(f"| {side} | {rec['tuning_runs']:.1f} | {carried} | {chosen} |")
+  for side, rec in checked.items():
+    edge = lr_edge(rec["local_check"])
+    if edge:
+      out.append(
+        f"\n{side}'s chosen LR is the {edge}est it tried, after the moves the check allows: a {edge}er LR may "
+        f"do better: {side} may be under-tuned here, which would read the factor "
+        + ("low" if side == "muon" else "high")
+        + "."
+      )
+  if "critical_batch" in result:
+    out += ["", "| side | loss at N tokens, this batch − cell `both_tuned`'s (paired seeds) | p | reading |"]
+    out += ["|---|---|---|---|"]
+    for side, d in result["critical_batch"].items():
+      out.append(
+        f"| {side} | {d['mean']:+.4f} ± {d['se_total']:.4f} se ({d['n']} seeds): {d['verdict']} | {d['p']:.3g} | "
+        f"{d['reading']} |"
+      )
   return out

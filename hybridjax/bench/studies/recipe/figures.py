@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridjax.bench import figures, protocol
+from hybridjax.bench import comparison, figures, protocol
 
 
 def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -35,24 +35,8 @@ def step_figures(
   windows. Pure: the tests recompute it from recipe.json."""
   seeds = sorted(step["runs"], key=int)
   losses = [step["runs"][s]["loss"] for s in seeds]
-  per_seed, lower_bound, upper_bound = [], [], []
-  for s, loss in zip(seeds, losses):
-    steps, curve = anchor[s]["steps"], anchor[s]["loss"]
-    reach = protocol.steps_to_reach_at_n(steps, curve, loss, n)
-    per_seed.append(None if reach.steps is None else reach.steps / n)
-    lower_bound.append(reach.lower_bound)
-    upper_bound.append(reach.upper_bound)
-  present = [x for x in per_seed if x is not None]
-  mean, std = protocol.mean_std(present) if present else (None, None)
-  speedup = {
-    "mean": mean,
-    "std": std,
-    "per_seed": per_seed,
-    "lower_bound": any(lower_bound),
-    "upper_bound": any(upper_bound),
-    "n_lower_bound": sum(lower_bound),
-    "n_upper_bound": sum(upper_bound),
-  }
+  speedup = comparison.on_anchor_curve(losses, seeds, anchor, n, counts=True)
+  mean = speedup["mean"]
   wall = None
   if mean is not None and name in ms and "anchor" in ms:
     wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}

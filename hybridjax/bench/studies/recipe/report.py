@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridjax import plotting
+from hybridjax.bench import comparison
 from hybridjax.bench.cells import (
   BEYOND,
   compute_clause,
@@ -81,11 +82,7 @@ def kept_lines(result: dict[str, Any]) -> list[str]:
 
 def recipe_markdown(result: dict[str, Any]) -> str:
   """recipe-<preset>.md: the table, then every step per seed (loss, speed-up, LR, iterate)."""
-  out = [
-    f"# The speedrun recipe, trick by trick: `{result['preset']}`",
-    "",
-    f"Command: `{result['command']}`" if result.get("command") else "",
-    "",
+  out = comparison.page_head(f"The speedrun recipe, trick by trick: `{result['preset']}`", result) + [
     recipe_scale(result),
     "",
     *trick_list_lines(result),

@@ -19,6 +19,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
@@ -183,3 +184,6 @@ def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish
   """recipe-<preset>.{json,md,png} into `workdir` and `publish`, unless `publish` holds a recipe of
   another config (`record.write_and_publish`; the validate hook refused it before training)."""
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)
+
+
+STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)

@@ -13,19 +13,14 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax import codehash
-from hybridjax.bench import protocol, specs, tuning
-from hybridjax.bench.runs import keys
+from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
+from hybridjax.bench.studies import Study
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
-from hybridjax.bench.tasks import task_path
-
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD = variants_config.RECORD
 
 
 def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -163,13 +158,14 @@ def record(
   config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
 ) -> dict[str, Any]:
   del timed, command, runner
-  task = task_path(specs.task_name(config))
   return {
     "set": str(config.benchmark.variants.set),
     "tuned": set_of(config).tuned,
-    "code_version": keys.code_versions(config, []),
-    "library_versions": codehash.library_versions([keys.RUNNER_MODULES["anchor"], task]),
+    **comparison.code_record(config),
     "seeds": [int(s) for s in config.benchmark.seeds],
     "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
   } | pair_table(config, trained["sides"])
+
+
+STUDY = Study(header, train, record, markdown, variants_config.RECORD, publish_ignores=variants_config.PUBLISH_IGNORES)
