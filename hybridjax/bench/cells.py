@@ -3,34 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from hybridjax.bench.studies import Record
 
 # How far a difference must lie from zero to read a direction, as every report's prose says it (the rule:
 # `protocol.verdict`, docs/benchmark.md "Figures").
 BEYOND = "by more than t(0.975, df) standard errors (the t rule)"
 
 
-def se_cell(d: dict[str, Any]) -> str:
+def se_cell(d: Record) -> str:
   """A paired difference's mean ± the standard error it is judged with (the seeds' and the eval set's)."""
   return f"{d['mean']:+.4f} ± {d.get('se_total', d['se']):.4f} se"
 
 
-def p_note(d: dict[str, Any]) -> str:
+def p_note(d: Record) -> str:
   """', p 0.012': the two-sided p a verdict was judged with, where its rule gives one (`protocol.verdict`);
   '' for a word judged by a rule without p (a record kept as first written: `protocol.rule_of`)."""
   return "" if d.get("p") is None else f", p {d['p']:.2g}"
 
 
-def verdict_word(d: dict[str, Any]) -> str:
+def verdict_word(d: Record) -> str:
   """A paired difference's verdict word with its p beside it (`p_note`): 'lower, p 0.012'."""
   return f"{d['verdict']}{p_note(d)}"
 
 
-def paired_cell(d: dict[str, Any] | None) -> str:
+def paired_cell(d: Record | None) -> str:
   return "—" if d is None else f"{se_cell(d)} ({verdict_word(d)})"
 
 
-def eval_note(record: dict[str, Any] | None) -> str:
+def eval_note(record: Record | None) -> str:
   """The sentence on what every difference of a study is judged with: the seeds' standard error and
   the eval set's paired per-batch one (`figures.eval_paired_se`), or why the latter is missing."""
   record = record or {}
@@ -55,7 +56,7 @@ def eval_note(record: dict[str, Any] | None) -> str:
   )
 
 
-def above_note(verdict: dict[str, Any] | None) -> str:
+def above_note(verdict: Record | None) -> str:
   """'anchor at N above its envelope: k/n seeds' where the anchor's own N-step loss lies above its curve
   (it then reads below 1x against itself, and so does an arm equal to it), else ''."""
   if not verdict:
@@ -65,7 +66,7 @@ def above_note(verdict: dict[str, Any] | None) -> str:
   return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
 
 
-def exercise_mark(figures: dict[str, Any]) -> str:
+def exercise_mark(figures: Record) -> str:
   """'not exercised (x.x jumps per run)' for an arm whose figures' `exercise` (`figures.exercise`) says
   it took fewer jumps per run than the minimum, 'predictions discarded (x.x per run discarded, y.y kept)' for
   an arm meant to predict whose runs kept fewer predicted steps than the minimum and had steps discarded,
@@ -84,7 +85,7 @@ def exercise_mark(figures: dict[str, Any]) -> str:
   return f"not exercised ({e['predicted_steps_per_run']:.1f} predicted steps per run)"
 
 
-def with_exercise(cell: str, figures: dict[str, Any]) -> str:
+def with_exercise(cell: str, figures: Record) -> str:
   """`cell` (an arm's verdict cell) followed by its 'not exercised' mark, if it has one."""
   mark = exercise_mark(figures)
   return f"{cell}; {mark}" if mark else cell
@@ -96,7 +97,7 @@ def pm(pair: Sequence[float] | None, digits: int = 4) -> str:
   return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f} sd"
 
 
-def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+def ratio_cell(s: Record, verdict: Record | None = None) -> str:
   """A ratio's mean ± std over the seeds, with its notes: seeds not reached (a diverged run), lower
   bounds (below the curve's end), upper bounds (above its start: the mean reads '≤' where no seed is a
   lower bound), and, from the arm's `verdict` (`protocol.cost_verdict`), the seeds where the anchor's
@@ -119,7 +120,7 @@ def ratio_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
   return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def spread_note(s: dict[str, Any] | None) -> str:
+def spread_note(s: Record | None) -> str:
   """A wall-clock ratio's spread over the timing rounds (`figures.round_spread`): 'IQR over k timing rounds
   a–b×', or 'spread not recorded' for a record whose timing kept no per-round times."""
   spread = (s or {}).get("spread")
@@ -128,18 +129,18 @@ def spread_note(s: dict[str, Any] | None) -> str:
   return f"IQR over {spread['rounds']} timing rounds {spread['q1']:.2f}–{spread['q3']:.2f}×"
 
 
-def wallclock_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+def wallclock_cell(s: Record, verdict: Record | None = None) -> str:
   """A wall-clock ratio's `ratio_cell` with its spread over the timing rounds beside it (`spread_note`)."""
   cell = ratio_cell(s, verdict)
   return cell if s["mean"] is None else f"{cell}; {spread_note(s)}"
 
 
 def pays_clause(
-  verdict: dict[str, Any],
-  ratio: dict[str, Any],
+  verdict: Record,
+  ratio: Record,
   against: str,
   cost: str = "its passes",
-  figures: dict[str, Any] | None = None,
+  figures: Record | None = None,
 ) -> str:
   """'**pays**' / '**does not pay**' / '**no difference**' with the ratio it reads, the loss difference
   it was judged on (`protocol.cost_verdict`) and the seeds where the anchor's N-step loss lies above its
@@ -170,23 +171,23 @@ def verdict_rule(anchor: str = "the anchor") -> str:
   )
 
 
-def mean_cell(s: dict[str, Any] | None, unit: str = "×", digits: int = 2) -> str:
+def mean_cell(s: Record | None, unit: str = "×", digits: int = 2) -> str:
   if s is None or s.get("mean") is None:
     return "—"
   std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f} sd"
   return f"{s['mean']:.{digits}f}{unit}{std}"
 
 
-def pct_cell(gap: dict[str, Any]) -> str:
+def pct_cell(gap: Record) -> str:
   std = "" if gap.get("std") is None else f" ± {100 * gap['std']:.2f} sd"
   return f"{100 * gap['mean']:+.2f}%{std}"
 
 
-def verdict_cell(d: dict[str, Any] | None) -> str:
+def verdict_cell(d: Record | None) -> str:
   return "—" if d is None else verdict_word(d)
 
 
-def eval_clause(record: dict[str, Any] | None) -> str:
+def eval_clause(record: Record | None) -> str:
   """A rung's eval error of a difference, in a few words."""
   se = (record or {}).get("paired_se")
   if se is None:
@@ -196,7 +197,7 @@ def eval_clause(record: dict[str, Any] | None) -> str:
   return f"eval error of a difference {se:.4f}" + (f" ({record['source']})" if record.get("source") else "")
 
 
-def compute_clause(result: dict[str, Any]) -> str:
+def compute_clause(result: Record) -> str:
   """What a published ladder or recipe cost: the runs its invocations trained and in how long, and
   how many more it read from the run cache (trained by a family's benchmark, or by an invocation
   that was stopped before it published: those runs' compute is not in the hours)."""
@@ -211,7 +212,7 @@ def compute_clause(result: dict[str, Any]) -> str:
   )
 
 
-def speedup_cell(s: dict[str, Any], verdict: dict[str, Any] | None = None) -> str:
+def speedup_cell(s: Record, verdict: Record | None = None) -> str:
   """A step's speed-up: mean ± std over seeds, '> x' where a seed's loss lies below the anchor's
   curve (a lower bound), '≤ x' where one lies above its start (an upper bound: the anchor's smallest
   budget already does better), 'not reached' for a diverged run; with the seeds where the anchor's own

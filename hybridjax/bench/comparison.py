@@ -19,6 +19,7 @@ from hybridjax import data as data_lib
 from hybridjax.bench import factor, figures, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Record
 from hybridjax.bench.tasks import task_path
 
 
@@ -125,7 +126,7 @@ def budget_errors(block: str, side: str, o: ml_collections.ConfigDict, n: int, u
   return errors
 
 
-def loss_of(run: dict[str, Any], settings: dict[str, Any]) -> float:
+def loss_of(run: Record, settings: Record) -> float:
   """A run's loss as its side reads it: at its iterate, at its beta."""
   return tuning.iterate_loss(run, settings["iterate"], float(settings["beta"]))
 
@@ -137,12 +138,12 @@ class Side:
 
   name: str
   config: ml_collections.ConfigDict
-  settings: dict[str, Any]
+  settings: Record
   budgets: list[float]
-  checks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # str(factor) -> its re-check
-  runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # "seed/steps" -> run
-  search: dict[str, Any] | None = None  # the joint search's record
-  local_check: dict[str, Any] | None = None  # a carried cell's local check
+  checks: dict[str, Record] = dataclasses.field(default_factory=dict)  # str(factor) -> its re-check
+  runs: dict[str, Record] = dataclasses.field(default_factory=dict)  # "seed/steps" -> run
+  search: Record | None = None  # the joint search's record
+  local_check: Record | None = None  # a carried cell's local check
 
   def setting_at(self, f: float) -> dict[str, float]:
     """Its (lr, weight_decay) at budget `f`: its re-check's choice, else its own."""
@@ -161,7 +162,7 @@ class Side:
   def at(self, seed: int, steps: int) -> float:
     return loss_of(self.runs[f"{seed}/{steps}"], self.settings)
 
-  def record(self, seeds: list[int], n: int) -> dict[str, Any]:
+  def record(self, seeds: list[int], n: int) -> Record:
     """Its record: its settings, per-budget setting and re-checks, its runs, and its costs in N-run
     equivalents (their steps over N): tuning (the joint search's or the local check's), measurement (the
     re-checks'), the curve's."""
@@ -180,7 +181,7 @@ class Side:
     }
 
 
-def _keep(run: dict[str, Any]) -> dict[str, Any]:
+def _keep(run: Record) -> Record:
   kept = ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch", "wide_eval", "key")
   return {k: run[k] for k in kept if k in run}
 
@@ -219,7 +220,7 @@ def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eva
 
 def spanned(
   config: ml_collections.ConfigDict, slow: Side, fast: Side, o: ml_collections.ConfigDict, runner: Runner, study: str
-) -> dict[str, Any]:
+) -> Record:
   """Both sides' curves on the headline seeds of `benchmark.<study>` (`o`), each budget but N re-checked on
   its tuning seeds, the plateau seeds added where the plateau rule flags an N-step run; then `slow`'s curve
   extended up (`<slow>_extensions`, in turn) until it lies below `fast`'s loss at N on every seed, and
@@ -258,7 +259,7 @@ def spanned(
 
 def searched(
   config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], o, runner: Runner
-) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
   """Every side searched alike from its published settings by the joint search (`search.search_both`, on the
   block `o`'s search seeds, at equal cost): (each side's config and settings at the setting it chose, its
   published ones kept under 'published'; each side's search record). The search offers only LR warm-ups
@@ -279,7 +280,7 @@ def searched(
   return out, records
 
 
-def code_record(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def code_record(config: ml_collections.ConfigDict) -> Record:
   """The code and library versions a comparison's anchor runs ran on."""
   return {
     "code_version": keys.code_versions(config, []),
@@ -287,7 +288,7 @@ def code_record(config: ml_collections.ConfigDict) -> dict[str, Any]:
   }
 
 
-def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, Any]:
+def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> Record:
   """The corpus: its name, its training tokens, how many times the longest run draws them, and its content
   hash (`data.prepare_corpus`'s, over every document), by which another machine's copy is known to be it."""
   if specs.task_name(config) != "gpt2":
@@ -304,7 +305,7 @@ def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> dict[str, A
   }
 
 
-def corpus_name(corpus: dict[str, Any]) -> str:
+def corpus_name(corpus: Record) -> str:
   """A record's corpus as a page names it: a folder by its own name (the record keeps the path this machine
   read it from), the bundled one as the record names it."""
   name = str(corpus["name"])
@@ -320,7 +321,7 @@ def grouped(per_batch: list[float], groups: int) -> list[float]:
   return [float(v) for v in x.reshape(groups, -1).mean(axis=1)]
 
 
-def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -> dict[str, dict[str, Any]]:
+def side_curves(result: Record, side: str, iterate: str | None = None) -> dict[str, Record]:
   """Per headline seed, a side's budget curve as `factor.curves_from` reads it: its budgets (steps), its
   losses and, where the side reads its averaged iterate (whose per-window losses the runs keep), each
   run's loss on each eval window (each group of windows, where the cell names `eval_groups`). `iterate`:
@@ -341,7 +342,7 @@ def side_curves(result: dict[str, Any], side: str, iterate: str | None = None) -
   return out
 
 
-def own_curves(result: dict[str, Any], slow: str, fast: str, field: tuple[float, float]) -> dict[str, Any]:
+def own_curves(result: Record, slow: str, fast: str, field: tuple[float, float]) -> Record:
   """`fast`'s factor over `slow`, each on its own curve: {"factor": both readings with their intervals
   (`factor.factor`), "verdict": reading (a)'s against the field's line (`factor.cell_verdict`),
   "factor_raw": the same readings of both sides' raw iterates, printed beside the chosen ones (None where
@@ -349,7 +350,7 @@ def own_curves(result: dict[str, Any], slow: str, fast: str, field: tuple[float,
   readings without the fit (`factor.interpolated`), and its verdict against 1.0x with the `field`'s range
   beside it (`factor.verdict_against_one`)."""
 
-  def read(iterate: str | None) -> dict[str, Any]:
+  def read(iterate: str | None) -> Record:
     pair = (side_curves(result, side, iterate) for side in (slow, fast))
     return factor.factor(*pair, int(result["steps"]), int(result["draws"]), int(result["bootstrap_seed"]))
 
@@ -364,9 +365,7 @@ def own_curves(result: dict[str, Any], slow: str, fast: str, field: tuple[float,
   return out
 
 
-def on_anchor_curve(
-  losses: list[float], seeds: list[Any], curves: dict[str, Any], n: int, counts: bool = False
-) -> dict[str, Any]:
+def on_anchor_curve(losses: list[float], seeds: list[Any], curves: Record, n: int, counts: bool = False) -> Record:
   """`losses` (one per seed in `seeds`) read on an anchor's curve: its steps to reach each on that seed's
   budget curve (`curves`: seed -> {steps, loss}), over N; the mean and std over the seeds that reach it,
   whether a seed lies below the curve's end (a lower bound) or above its start (an upper bound), and with
@@ -382,12 +381,12 @@ def on_anchor_curve(
   return out | ({"n_lower_bound": sum(lower), "n_upper_bound": sum(upper)} if counts else {})
 
 
-def at_n(result: dict[str, Any], before: dict[str, Any], side: str, seeds: list[str]) -> dict[str, Any]:
+def at_n(result: Record, before: Record, side: str, seeds: list[str]) -> Record:
   """`side`'s loss at N in record `result` minus its loss at N in record `before`, on `seeds`, judged by
   `protocol.paired_difference` with the eval windows' error of the seed-averaged difference where both kept
   the windows (read in the same groups)."""
 
-  def losses(r: dict[str, Any]) -> list[tuple[float, Any]]:
+  def losses(r: Record) -> list[tuple[float, Any]]:
     curves, n = side_curves(r, side), int(r["steps"])
     return [
       (c["loss"][k], c["per_window"] and c["per_window"][k])
@@ -406,23 +405,23 @@ def at_n(result: dict[str, Any], before: dict[str, Any], side: str, seeds: list[
 BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}
 
 
-def reading_cell(r: dict[str, Any]) -> str:
+def reading_cell(r: Record) -> str:
   """A reading: its geometric mean (a bound marked), its printed 95% interval and which it is."""
   lo, hi = r["ci95"]
   return f"{BOUND[r['bound']]}{r['mean']:.2f}× [{lo:.2f}, {hi:.2f}] ({r['interval']} interval)"
 
 
-def reading_row(label: str, r: dict[str, Any]) -> str:
+def reading_row(label: str, r: Record) -> str:
   """A table row of one reading: its label, `reading_cell`, its per-seed factors."""
   return f"| {label} | {reading_cell(r)} | {', '.join(f'{x:.2f}' for x in r['per_seed'])} |"
 
 
-def page_head(title: str, result: dict[str, Any]) -> list[str]:
+def page_head(title: str, result: Record) -> list[str]:
   """A page's title and its command (where the record keeps one)."""
   return [f"# {title}", "", f"Command: `{result['command']}`" if result.get("command") else "", ""]
 
 
-def verdict_line(result: dict[str, Any]) -> str:
+def verdict_line(result: Record) -> str:
   """The verdict: a record of today's readings against 1.0× (`factor.verdict_against_one`), with the field's
   range beside it; a published one as it was published, against 1.5×."""
   v = result.get("verdict_against_one")
@@ -437,7 +436,7 @@ def verdict_line(result: dict[str, Any]) -> str:
   )
 
 
-def interpolated_lines(result: dict[str, Any]) -> list[str]:
+def interpolated_lines(result: Record) -> list[str]:
   """Each reading fitted and model-free side by side (`factor.interpolated`), where the record holds both."""
   inter = result.get("interpolated")
   if not inter:
@@ -450,7 +449,7 @@ def interpolated_lines(result: dict[str, Any]) -> list[str]:
   return out
 
 
-def side_lines(result: dict[str, Any]) -> list[str]:
+def side_lines(result: Record) -> list[str]:
   """Each side's row, LR, beta and iterate, budgets, the budgets whose re-check moved its setting, and the
   re-checks' cost."""
   out = ["| side | row | LR | beta (iterate) | budgets (× N) | per-budget settings | re-check runs (N-run eq.) |"]
@@ -465,7 +464,7 @@ def side_lines(result: dict[str, Any]) -> list[str]:
   return out
 
 
-def curve_lines(result: dict[str, Any]) -> list[str]:
+def curve_lines(result: Record) -> list[str]:
   """Each side's loss per budget on each seed, then the fitted curves."""
   out, n = ["", "| side | seed | loss per budget |", "|---|---|---|"], int(result["steps"])
   for side in result["sides"]:
@@ -477,7 +476,7 @@ def curve_lines(result: dict[str, Any]) -> list[str]:
   return out + ["", f"Fits: {fits}."]
 
 
-def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
+def tuned_minus_published(rec: Record) -> Record:
   """The fields a side's search moved from its published setting: {field: [published, tuned]}."""
   settings, search = rec["settings"], rec["search"]
   published = next(s["config"] for s in search["settings"] if s["origin"] == "published")
@@ -489,7 +488,7 @@ def tuned_minus_published(rec: dict[str, Any]) -> dict[str, Any]:
   return moved
 
 
-def search_lines(result: dict[str, Any]) -> list[str]:
+def search_lines(result: Record) -> list[str]:
   """The searched sides (cell `both_tuned`'s): each side's search cost (N-run equivalents) and what it moved."""
   searched = {side: rec for side, rec in result["sides"].items() if rec.get("search")}
   if not searched:

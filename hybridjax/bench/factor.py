@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hybridjax.bench import protocol, stats
+from hybridjax.bench.studies import Record
 
 # The exponent c of the fitted curve is searched on a log grid over this range, then on a finer grid
 # around the coarse grid's best: budget curves of these models fall as T^-0.2 to T^-1.
@@ -241,7 +242,7 @@ def factor(
   n: float,
   draws: int = 2000,
   seed: int = 0,
-) -> dict[str, Any]:
+) -> Record:
   """Both readings of Muon's factor over AdamW at N, with their 95% intervals.
 
   Args:
@@ -282,7 +283,7 @@ def factor(
     fits[name] = f
   point = _readings(fits["adamw"], fits["muon"], ranges)
   boot = _bootstrap(adamw, muon, n, ranges, draws, seed)
-  out: dict[str, Any] = {
+  out: Record = {
     "n": n,
     "seeds": list(adamw.seeds),
     "fits": {
@@ -324,7 +325,7 @@ def factor(
   return out
 
 
-def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> dict[str, Any]:
+def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> Record:
   """Both readings without the fit, printed beside `factor`'s: per seed, a side's steps to reach the other
   side's own loss at N on its own budget points (`protocol.steps_to_reach`: linear in log budget along their
   monotone envelope; outside the budgets run, a bound at the nearest budget), over N for reading (a), N over
@@ -462,7 +463,7 @@ def detectable(ci95: list[float], seeds: int, power: float = POWER) -> float:
   return math.exp(ncp * se)
 
 
-def verdict_against_one(reading_a: Mapping[str, Any], field: tuple[float, float] | None = None) -> dict[str, Any]:
+def verdict_against_one(reading_a: Mapping[str, Any], field: tuple[float, float] | None = None) -> Record:
   """Reading (a)'s verdict against `AGAINST` (1.0x): "above 1.0×" where its 95% interval lies above it,
   "below 1.0×" where below, else "undetermined", with the smallest factor its seeds could tell from 1.0x
   (`detectable`); a bound's interval is open on its side (as `cell_verdict` reads it). `field`: the field's
@@ -491,7 +492,7 @@ def verdict_against_one(reading_a: Mapping[str, Any], field: tuple[float, float]
   }
 
 
-def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Record:
   """The change of one reading between two cells (`factor(...)["a"]` of each): after / before, with a 95%
   interval computed two ways, the wider kept: the two bootstrap standard errors of the log means together
   (the cells' runs are their own), t at Satterthwaite's df; and, where both cells read the same seeds, a

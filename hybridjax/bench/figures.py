@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from hybridjax.bench import protocol
+from hybridjax.bench.studies import Record
 
 ANCHORS = ("baseline", "averaged_baseline")  # the raw and the averaged budget curve
 FORWARD_COST = 1.0 / 3.0  # a forward pass as a fraction of a training step (forward + backward)
@@ -30,7 +30,7 @@ MIN_JUMPS_PER_RUN = 3
 MIN_PREDICTED_FRACTION = 0.01
 
 
-def exercise(runs: Sequence[dict[str, Any]], predicts: bool = False) -> dict[str, Any] | None:
+def exercise(runs: Sequence[Record], predicts: bool = False) -> Record | None:
   """Whether an arm was exercised, from its headline runs. Where they record the jump predictor's
   accepted `jumps`: {'jumps_per_run': the mean over the runs that record it, 'minimum':
   MIN_JUMPS_PER_RUN, 'exercised': mean >= minimum}. Else, for an arm that `predicts` (`arms.predicts`):
@@ -56,14 +56,14 @@ def exercise(runs: Sequence[dict[str, Any]], predicts: bool = False) -> dict[str
 
 
 def method_figures(
-  curves: dict[str, Any],
-  runs: dict[str, Any],
-  timing: dict[str, Any] | None,
+  curves: Record,
+  runs: Record,
+  timing: Record | None,
   budgets: list[int],
   eval_se: float | None = None,
   predicts: bool = False,
   eval_windows: int | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """Every figure of one method arm against both anchors, per seed and summarised (pure: the tests
   recompute it). `eval_se`: the paired per-batch standard error (`eval_paired_se`) that every paired
   difference and the verdict are judged with, besides the seeds' (None: the seeds' alone), estimated over
@@ -71,7 +71,7 @@ def method_figures(
   the arm is meant to predict steps (`arms.predicts`), so runs that predicted none mark it not
   exercised (`exercise`)."""
   seeds = sorted(runs, key=int)
-  out: dict[str, Any] = {"seeds": seeds}
+  out: Record = {"seeds": seeds}
   base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
   method_ms = None if timing is None else timing.get("method")
   rounds = (timing or {}).get("rounds") or {}
@@ -148,8 +148,8 @@ def method_figures(
 
 
 def control_comparison(
-  figures: dict[str, Any],
-  runs: dict[str, dict[str, Any]],
+  figures: Record,
+  runs: dict[str, Record],
   controls: dict[str, str],
   eval_se: float | None = None,
   eval_windows: int | None = None,
@@ -219,7 +219,7 @@ def round_ratios(
   return [steps * b["baseline"] / w for b, w in zip(base_rounds, walls)]
 
 
-def round_spread(per_seed: Sequence[Sequence[float] | None]) -> dict[str, Any] | None:
+def round_spread(per_seed: Sequence[Sequence[float] | None]) -> Record | None:
   """The spread over the timing rounds of a wall-clock ratio's mean over the seeds: per round, the mean
   over the seeds of each seed's ratio computed with that round's times alone (`round_ratios`); their
   quartiles (inclusive) and interquartile range. The ratio itself is read from the medians over every
@@ -233,7 +233,7 @@ def round_spread(per_seed: Sequence[Sequence[float] | None]) -> dict[str, Any] |
   return {"q1": q1, "q3": q3, "iqr": q3 - q1, "rounds": len(means), "per_round": means}
 
 
-def with_spread(ratio: dict[str, Any], spread: dict[str, Any] | None) -> dict[str, Any]:
+def with_spread(ratio: Record, spread: Record | None) -> Record:
   """`ratio` (a wall-clock ratio's summary) given its `spread` (`round_spread`) where it has one; a ratio
   without per-round times stays as a record from before they were kept holds it (no `spread`)."""
   if spread is not None:
@@ -242,8 +242,8 @@ def with_spread(ratio: dict[str, Any], spread: dict[str, Any] | None) -> dict[st
 
 
 def anchor_figures(
-  curves: dict[str, Any], budgets: list[int], n: int, eval_se: float | None = None, eval_windows: int | None = None
-) -> dict[str, Any]:
+  curves: Record, budgets: list[int], n: int, eval_se: float | None = None, eval_windows: int | None = None
+) -> Record:
   """The anchors themselves: final losses at N (the averaged against the raw judged with `eval_se`, over
   `eval_windows` batches), and the averaging anchor's lead over the raw one in steps (baseline steps
   needed to reach the averaged loss at N, per seed; a lower or an upper bound where the averaged loss
@@ -266,7 +266,7 @@ def anchor_figures(
   }
 
 
-def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list[int], n: int) -> dict[str, Any]:
+def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -> Record:
   """The two facts a preset must show for its figures to mean anything.
 
   * Mid-run, the averaged params are worth many steps of the raw run: at the eval point nearest N/2
@@ -290,7 +290,7 @@ def phenomena(curves: dict[str, Any], budget_runs: dict[str, Any], budgets: list
         steps = at - mid["step"]
         break
     worth.append({"seed": s, "at_step": mid["step"], "steps": steps, "reached": steps is not None})
-  out: dict[str, Any] = {"averaging_worth_mid_run": worth}
+  out: Record = {"averaging_worth_mid_run": worth}
   f125 = round(1.25 * n)
   if f125 in budgets and len(seeds) >= 2:
     i, j = budgets.index(n), budgets.index(f125)
@@ -327,9 +327,7 @@ def _mean_or_none(xs: list[float | None]) -> float | None:
   return None if not xs or any(x is None for x in xs) else float(np.mean(xs))
 
 
-def window_error(
-  a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], differences: Sequence[float]
-) -> tuple[float, int] | None:
+def window_error(a: Sequence[Record], b: Sequence[Record], differences: Sequence[float]) -> tuple[float, int] | None:
   """(the eval windows' standard error of the seed-averaged difference a - b, the windows), from each seed's
   runs of the two settings (a[i], b[i]: their averaged iterates' per-window losses, `final_averaged_per_batch`),
   where every run kept them and their means give the per-seed `differences` (to float32 rounding: the
@@ -347,7 +345,7 @@ def window_error(
   return protocol.seed_averaged_window_se(x, y), int(x.shape[1])
 
 
-def eval_errors(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int], n: int) -> dict[str, Any]:
+def eval_errors(budget_runs: Record, seeds: list[str], budgets: list[int], n: int) -> Record:
   """benchmark.json's `eval` record: the eval batches, one averaged loss's sampling error (the first
   headline seed's N-step run) and the paired per-batch standard error of a difference of two runs at N
   (`eval_paired_se`), which every verdict is judged with; either error None where it cannot be
@@ -358,7 +356,7 @@ def eval_errors(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int
   return eval_paired_se(budget_runs, seeds, budgets, n) | {"batches": batches, "sampling_se": single}
 
 
-def eval_paired_se(budget_runs: dict[str, Any], seeds: list[str], budgets: list[int], n: int) -> dict[str, Any]:
+def eval_paired_se(budget_runs: Record, seeds: list[str], budgets: list[int], n: int) -> Record:
   """The eval set's paired sampling error of a difference of two runs at N, from the anchors' own runs:
   per headline seed, the per-batch standard error (`protocol.paired_batch_se`) of the difference of the
   averaged params' losses of the N-step run and the next budget's (1.25N by default; the one below N
@@ -386,10 +384,10 @@ def eval_paired_se(budget_runs: dict[str, Any], seeds: list[str], budgets: list[
   return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other], "batches": batches}
 
 
-def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
+def headline(result: Record, method: str | None) -> Record:
   """The compact summary (`headline.json`) of one family's protocol and its main method arm."""
   tuning, anchors = result["tuning"], result["anchor_figures"]
-  h: dict[str, Any] = {
+  h: Record = {
     "preset": result["preset"],
     "family": result["family"],
     "method": method,
@@ -433,7 +431,7 @@ def headline(result: dict[str, Any], method: str | None) -> dict[str, Any]:
   return h
 
 
-def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, float] | None:
+def eval_loss_near(curve: Sequence[Record], step: float) -> tuple[int, float] | None:
   """(step, raw eval loss) of the eval point of `curve` nearest `step`, or None when none lies within
   half an eval interval of it."""
   if not curve:
@@ -445,8 +443,8 @@ def eval_loss_near(curve: Sequence[dict[str, Any]], step: float) -> tuple[int, f
 
 
 def plateau_runs(
-  curves: dict[str, dict[str, Sequence[dict[str, Any]]]], n: int, margin: float, min_seeds: int = 3
-) -> list[dict[str, Any]]:
+  curves: dict[str, dict[str, Sequence[Record]]], n: int, margin: float, min_seeds: int = 3
+) -> list[Record]:
   """The runs that sit on an early plateau. `curves`: {label: {seed: eval curve}}, the runs of one
   setting per label. A run is flagged whose raw eval loss at N/10 or at N (the eval point nearest
   there) is more than `margin` (relative) above the median of its label's runs over the seeds, or

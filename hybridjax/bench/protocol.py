@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from hybridjax.bench import stats
+from hybridjax.bench.studies import Record
 
 
 def _curve(
@@ -207,7 +207,7 @@ def curve_loss_at(
   return float(ke[j - 1] + frac * (ke[j] - ke[j - 1]))
 
 
-def ratio(reach: Reach, method_cost: float) -> dict[str, Any]:
+def ratio(reach: Reach, method_cost: float) -> Record:
   """The step ratio: baseline steps needed to reach the method's loss over the method's cost.
 
   Args:
@@ -235,7 +235,7 @@ def ratio(reach: Reach, method_cost: float) -> dict[str, Any]:
   }
 
 
-def summarize(values: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(values: Sequence[Record]) -> Record:
   """Aggregates per-seed ratio dicts (from `ratio`).
 
   Bounds enter the mean at their value (a lower bound's is conservative; an upper bound's makes the mean an
@@ -311,7 +311,7 @@ RULE = "t"
 UNMARKED_RULE = "2se"
 
 
-def rule_of(difference: dict[str, Any]) -> str:
+def rule_of(difference: Record) -> str:
   """The rule a stored paired difference's verdict was judged by: the one it names, else `UNMARKED_RULE`
   (a record written before its differences named their rule)."""
   return str(difference.get("rule", UNMARKED_RULE))
@@ -324,7 +324,7 @@ def verdict(
   se_eval: float | None = None,
   eval_windows: int | None = None,
   rule: str = RULE,
-) -> dict[str, Any]:
+) -> Record:
   """The verdict word of a paired mean difference (a - b), the one rule every study's words come from.
 
   se_total^2 = se_seed^2 + se_eval^2: the seeds' standard error (sd(d) / sqrt(n), on n - 1 df) and the eval
@@ -403,7 +403,7 @@ def paired_difference(
   eval_se: float | None = None,
   rule: str = RULE,
   eval_windows: int | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """Per-seed differences a_i - b_i of two settings measured on the same seeds, judged by `verdict`.
 
   The mean difference is judged against the seeds' standard error and the eval set's: `eval_se`, the
@@ -500,7 +500,7 @@ def cost_verdict(
   eval_se: float | None,
   rule: str = RULE,
   eval_windows: int | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """Whether a method pays against an anchor: per seed, its loss against the anchor's curve at its cost,
   read as the anchor reads itself at N, then paired over the seeds (`paired_difference` against zero).
 
@@ -531,7 +531,7 @@ def cost_verdict(
     above.append(bool(gap is not None and gap > 0))
     ok = at_cost is not None and gap is not None and math.isfinite(loss)
     diffs.append(float(loss - at_cost - gap) if ok else None)
-  out: dict[str, Any] = {
+  out: Record = {
     "differences_at_cost": diffs,
     "anchor_above_envelope_at_n": above,
     "anchor_excess_at_n": excess,

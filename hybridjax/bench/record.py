@@ -20,10 +20,10 @@ from hybridjax import config as config_lib
 from hybridjax import data as data_lib
 from hybridjax import preflight, registry
 from hybridjax.bench import specs
-from hybridjax.bench.studies import STUDIES
+from hybridjax.bench.studies import STUDIES, Record
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> Record:
   dev = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {
@@ -38,7 +38,7 @@ def machine_info() -> dict[str, Any]:
   }
 
 
-def stored(path: str) -> dict[str, Any]:
+def stored(path: str) -> Record:
   """The record at `path` ({} where there is none): an earlier invocation's, whose invocations a
   resumed ladder or recipe extends (it reports the compute of every invocation, not only its own)."""
   if not os.path.exists(path):
@@ -47,9 +47,7 @@ def stored(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def write_files(
-  result: dict[str, Any], folder: str, record: str, markdown: Callable, plot: Callable | None = None
-) -> None:
+def write_files(result: Record, folder: str, record: str, markdown: Callable, plot: Callable | None = None) -> None:
   """A study's `result` into `folder`: its json (`record`, e.g. 'recipe-{preset}.json', formatted
   with the result's fields), markdown and plot (None: it draws none)."""
   os.makedirs(folder, exist_ok=True)
@@ -62,7 +60,7 @@ def write_files(
     plot(result, folder)
 
 
-def stored_config(result: dict[str, Any]) -> ml_collections.ConfigDict:
+def stored_config(result: Record) -> ml_collections.ConfigDict:
   """The config a record holds, in today's shape: a record written before the study blocks holds
   their fields flat in the benchmark block (`specs.MOVED`) and `ladder` / `recipe` as booleans."""
   config = json.loads(json.dumps(result["config"]))
@@ -87,7 +85,7 @@ def relative_folders(command: str) -> str:
   return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
 
 
-def header(config: ml_collections.ConfigDict, command: str) -> dict[str, Any]:
+def header(config: ml_collections.ConfigDict, command: str) -> Record:
   """The fields every study's record starts with (its command with `relative_folders`)."""
   return {
     "preset": config.benchmark.preset,
@@ -113,7 +111,7 @@ RUNTIME = (
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
 
 
-def _comparable(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+def _comparable(config: ml_collections.ConfigDict | Record) -> Record:
   """A config's leaves by dotted name, as two records' configs compare: `hybrid.method` as the
   method it names ('' is the default), and the default method's
   fields at their place today (`hybrid.<its block>.<field>`) where an old record holds them flat in
@@ -135,8 +133,8 @@ def _comparable(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str,
 
 
 def config_differences(
-  earlier: ml_collections.ConfigDict | dict[str, Any],
-  later: ml_collections.ConfigDict | dict[str, Any],
+  earlier: ml_collections.ConfigDict | Record,
+  later: ml_collections.ConfigDict | Record,
   ignore: tuple[str, ...] = (),
 ) -> list[str]:
   """The fields whose values differ between two configs (a published record's, `stored_config`'s,
@@ -187,7 +185,7 @@ def publish_refusal(folder: str, path: str, why: str, lines: list[str] = ()) -> 
 
 
 def check_publish(
-  config: ml_collections.ConfigDict | dict[str, Any], folder: str, name: str, ignore: tuple[str, ...] = ()
+  config: ml_collections.ConfigDict | Record, folder: str, name: str, ignore: tuple[str, ...] = ()
 ) -> None:
   """Refuses (ValueError, `publish_refusal`) to publish a record of `config` as `folder/name` where
   the record there holds another config (`config_differences`, outside `ignore`); a record of the
@@ -201,7 +199,7 @@ def check_publish(
 
 
 def write_and_publish(
-  result: dict[str, Any],
+  result: Record,
   workdir: str,
   publish: str,
   record: str,

@@ -39,6 +39,7 @@ from hybridjax import preflight
 from hybridjax.bench import specs, tuning
 from hybridjax.bench.figures import plateau_runs
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Record
 
 AVERAGING_BETAS = (0.98, 0.99, 0.995, 0.998, 0.999)
 """The averaging betas every search run records; a setting is read at the best of them (or raw)."""
@@ -131,7 +132,7 @@ class Knob:
       return [], "domain edge" if low and x == 0 else "hard edge"
     return [_one_minus(s) if self.one_minus else s for s in steps], "low" if low else "high"
 
-  def describe(self) -> dict[str, Any]:
+  def describe(self) -> Record:
     """The knob as the record lists it."""
     return dataclasses.asdict(self) | {
       "values": list(self.values),
@@ -270,19 +271,19 @@ def sobol_points(dimensions: int, seed: int) -> np.ndarray:
     return qmc.Sobol(dimensions, scramble=True, rng=np.random.default_rng(seed)).random(SOBOL_POINTS)
 
 
-def published_setting(config: ml_collections.ConfigDict, space: list[Knob]) -> dict[str, Any]:
+def published_setting(config: ml_collections.ConfigDict, space: list[Knob]) -> Record:
   """The side's own values of the space's fields."""
   flat = config_values(config)
   return {k.field: flat[k.field] for k in space}
 
 
-def config_values(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def config_values(config: ml_collections.ConfigDict) -> Record:
   return {
     f"{block}.{k}": v for block in ("optim", "model") for k, v in config[block].items() if not isinstance(v, dict)
   }
 
 
-def apply_setting(config: ml_collections.ConfigDict, setting: dict[str, Any]) -> ml_collections.ConfigDict:
+def apply_setting(config: ml_collections.ConfigDict, setting: Record) -> ml_collections.ConfigDict:
   """`config` with `setting`'s fields; under the cosine schedule the cool-down (`optim.decay_fraction`,
   the 'wsd' schedule's alone) is left at its default, which no run reads."""
   c = ml_collections.ConfigDict(config.to_dict())
@@ -292,12 +293,12 @@ def apply_setting(config: ml_collections.ConfigDict, setting: dict[str, Any]) ->
   return c
 
 
-def read_at(runs: list[dict[str, Any]], iterate: str, beta: float | None) -> float:
+def read_at(runs: list[Record], iterate: str, beta: float | None) -> float:
   """The mean over `runs` of their loss at an iterate ('raw', or 'averaged' at `beta`)."""
   return statistics.fmean(tuning.iterate_loss(r, iterate, beta) for r in runs)
 
 
-def best_reading(runs: list[dict[str, Any]]) -> tuple[float, str, float | None]:
+def best_reading(runs: list[Record]) -> tuple[float, str, float | None]:
   """(mean, iterate, beta): the lowest mean over `runs` at one iterate, raw or averaged at a beta."""
   options = [("raw", None)] + [("averaged", b) for b in AVERAGING_BETAS]
   return min(((read_at(runs, it, b), it, b) for it, b in options), key=lambda t: t[0])
@@ -307,12 +308,12 @@ class Setting:
   """One setting of a side: its fields (the LR among them), where it comes from, its runs by seed, and
   the seeds whose runs stalled (not ranked)."""
 
-  def __init__(self, ident: str, origin: str, fields: dict[str, Any], spare: int):
+  def __init__(self, ident: str, origin: str, fields: Record, spare: int):
     self.ident, self.origin, self.fields, self.spare = ident, origin, dict(fields), spare
-    self.runs: dict[int, dict[str, Any]] = {}
+    self.runs: dict[int, Record] = {}
     self.stalled: list[int] = []
 
-  def by_seed(self, seeds: list[int]) -> dict[int, dict[str, Any]]:
+  def by_seed(self, seeds: list[int]) -> dict[int, Record]:
     """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
     out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
     stalled = any(s in self.stalled for s in seeds)
@@ -320,7 +321,7 @@ class Setting:
       out[self.spare] = self.runs[self.spare]
     return out
 
-  def ranked(self, seeds: list[int]) -> list[dict[str, Any]]:
+  def ranked(self, seeds: list[int]) -> list[Record]:
     """Its runs on `seeds` (`by_seed`)."""
     return list(self.by_seed(seeds).values())
 
@@ -329,7 +330,7 @@ class Setting:
     runs = self.ranked(seeds)
     return best_reading(runs)[0] if runs else math.inf
 
-  def record(self, seeds: list[int]) -> dict[str, Any]:
+  def record(self, seeds: list[int]) -> Record:
     """The setting as the record lists it, with its two- and three-seed means where it ran on those."""
     two, three = self.ranked(seeds[:2]), self.ranked(seeds)
     return {
@@ -363,16 +364,16 @@ class Search:
     self.points = sobol_points(len(space), sobol_seed)
     self.used = 0  # Sobol points drawn
     self.settings: dict[str, Setting] = {}
-    self.log: list[dict[str, Any]] = []  # every run started, in order
+    self.log: list[Record] = []  # every run started, in order
     self.steps_run = 0
-    self.history: dict[str, Any] = {}
+    self.history: Record = {}
     self.curve: list[list[float]] = []  # [runs spent, the best two-seed mean so far] after each batch
 
   def cost(self) -> float:
     """The runs started so far, in N-run equivalents (their steps over N)."""
     return self.steps_run / self.n
 
-  def add(self, origin: str, fields: dict[str, Any], reuse: bool = False) -> Setting:
+  def add(self, origin: str, fields: Record, reuse: bool = False) -> Setting:
     """A new setting of `fields`; under the cosine schedule without the cool-down, which it does not read.
     `reuse`: the setting of the same fields where one exists (its runs are not run or counted twice)."""
     if fields.get("optim.schedule", "wsd") != "wsd":
@@ -391,7 +392,7 @@ class Search:
     self.used += 1
     return self.add(f"sobol {self.used - 1}", {k.field: k.value(float(x)) for k, x in zip(self.space, u)})
 
-  def spec(self, setting: Setting, seed: int) -> dict[str, Any]:
+  def spec(self, setting: Setting, seed: int) -> Record:
     c = apply_setting(self.config, setting.fields)
     betas = list(AVERAGING_BETAS)
     lr = float(setting.fields["optim.learning_rate"])
@@ -473,7 +474,7 @@ def line_search(
   runner: Runner,
   limit: float,
   hard: float = math.inf,
-) -> dict[str, Any] | None:
+) -> Record | None:
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
   the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
   is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
@@ -517,7 +518,7 @@ def line_search(
   }
 
 
-def _fit_lr(line: dict[str, Any]) -> float:
+def _fit_lr(line: Record) -> float:
   """The LR from a quadratic fit of the LR line search's three-seed means in log LR; its centre where the
   fit has no minimum inside the LRs run."""
   lrs, means = line["values"], line["means"]
@@ -528,14 +529,14 @@ def _fit_lr(line: dict[str, Any]) -> float:
   return line["centre"]
 
 
-def refine(search: Search, start: Setting, reading: Reading, runner: Runner, limit: float) -> dict[str, Any] | None:
+def refine(search: Search, start: Setting, reading: Reading, runner: Runner, limit: float) -> Record | None:
   """(LR, weight decay) refined together from `start`: the LR's line search (x/÷ sqrt(2)) and its fit
   (`_fit_lr`), then the weight decay's (x/÷ 2, at the LR's centre; 0 is its domain's edge, kept), once
   more where either moved. None where the first LR round does not fit in `limit`. Returns {"rounds",
   "best": the last centre run, "fields": its fields at the fitted LR}."""
   field = WEIGHT_DECAY.get(str(search.config.optim.name))
   knob = next((k for k in search.space if k.field == field), None)
-  rounds: list[dict[str, Any]] = []
+  rounds: list[Record] = []
   current, fitted = start, float(start.fields["optim.learning_rate"])
   for _ in range(2):
     lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
@@ -557,14 +558,14 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   return {"rounds": rounds, "best": current, "fields": current.fields | {"optim.learning_rate": fitted}}
 
 
-def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> dict[str, Any]:
+def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> Record:
   """Each knob but the LR and the weight decay (`refine`'s), where its value in `base` sits at an edge of
   its range: its further steps past it (`Knob.beyond`) on the three seeds from `base`, each kept while it
   wins by more than the noise of the difference over the last kept (the first over `base`), at most
   `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
   {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
   skip = {"optim.learning_rate", WEIGHT_DECAY.get(str(search.config.optim.name))}
-  state: dict[str, dict[str, Any]] = {}
+  state: dict[str, Record] = {}
   for knob in search.space:
     if knob.field not in skip and knob.field in base.fields:
       steps, edge = knob.beyond(base.fields[knob.field])
@@ -594,7 +595,7 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   }
 
 
-def _as_chosen(search: Search, fields: dict[str, Any], runner: Runner, limit: float) -> Setting | None:
+def _as_chosen(search: Search, fields: Record, runner: Runner, limit: float) -> Setting | None:
   """The combination `fields` run as chosen on the three seeds (None where that does not fit in `limit`)."""
   chosen = search.add("as chosen", fields, reuse=True)
   return chosen if _run_three(search, [chosen], runner, "as chosen", limit) else None
@@ -602,7 +603,7 @@ def _as_chosen(search: Search, fields: dict[str, Any], runner: Runner, limit: fl
 
 def finish(
   search: Search, start: Setting, runner: Runner, budget: float = math.inf, iterate: str | None = None
-) -> dict[str, Any] | None:
+) -> Record | None:
   """Step 3 from `start`, within `budget` (N-run equivalents): `refine`, `bracket` from its centre, the
   combination run as chosen, and where a knob moved since the LR was fitted, `refine` from it and the
   combination run once more. Every comparison reads the iterate and beta `start` reads best at, or the raw
@@ -666,7 +667,7 @@ def side_searches(
   ]
 
 
-def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, dict[str, Any]]:
+def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, Record]:
   """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise`, and where some
   side's search has not saturated (`saturation`), the same further budget for both."""
   requests = []
@@ -744,7 +745,7 @@ def _seed_sd(search: Search) -> float:
   return math.sqrt(ss / df) if df else 0.0
 
 
-def saturation(search: Search) -> dict[str, Any]:
+def saturation(search: Search) -> Record:
   """Whether the search's tuning-cost curve has saturated: its best two-seed mean improved over the last
   quarter of its runs by no more than one standard error of a two-seed mean (`_seed_sd` over sqrt(2))."""
   total = search.cost()
@@ -762,7 +763,7 @@ def saturation(search: Search) -> dict[str, Any]:
   }
 
 
-def search_record(search: Search, searches: list[Search]) -> dict[str, Any]:
+def search_record(search: Search, searches: list[Search]) -> Record:
   """A side's search as the record lists it: the space and the asymmetry it leaves, the Sobol seed, every
   setting and run, the chosen settings, the tuning-cost curve, its total and both sides' totals (N-run
   equivalents)."""
@@ -785,6 +786,6 @@ def search_record(search: Search, searches: list[Search]) -> dict[str, Any]:
   }
 
 
-def searched(config: ml_collections.ConfigDict, chosen: dict[str, Any]) -> ml_collections.ConfigDict:
+def searched(config: ml_collections.ConfigDict, chosen: Record) -> ml_collections.ConfigDict:
   """`config` at the search's chosen setting."""
   return apply_setting(config, chosen["fields"])

@@ -22,7 +22,7 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
-from hybridjax.bench.studies import STUDIES
+from hybridjax.bench.studies import STUDIES, Record
 from hybridjax.optimizers import user as user_optimizer
 from hybridjax.tasks import gpt2 as gpt2_task
 from hybridjax.tasks import mlp as mlp_task
@@ -248,7 +248,7 @@ class CheckedBlock(ml_collections.ConfigDict):
       raise ValueError(f"--config.{prefix}.{key} {wrong}")
     super().__setitem__(key, value)
 
-  def __getstate__(self) -> dict[str, Any]:  # the checks are closures: a copy (pickled, deep) is checked no more
+  def __getstate__(self) -> Record:  # the checks are closures: a copy (pickled, deep) is checked no more
     return {k: v for k, v in vars(self).items() if k != "_declared"}
 
 
@@ -550,7 +550,7 @@ def run_spec(
   betas: Sequence[float] = (),
   method: str = "",
   wide_eval: int = 0,
-) -> dict[str, Any]:
+) -> Record:
   """One run, as plain data: what it trains (the whole experiment config, the task) and what it
   records. `method` names an arm of `benchmark.arms` for a method run. `wide_eval` > 0: an anchor that
   ends with an eval on that many times `trainer.eval_batches` (`runs.wide_eval_run`); the field is in
@@ -578,7 +578,7 @@ def run_spec(
   else:
     c.mode = "baseline"
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
-  spec: dict[str, Any] = {
+  spec: Record = {
     "kind": kind,
     "method": method,
     "task": task_name(config),

@@ -7,12 +7,12 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
-from typing import Any
 
 import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench.studies import Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,12 +21,12 @@ class Trick:
 
   name: str  # as the record history names it
   record: str  # the speedrun record(s) it comes from
-  changes: Callable[[ml_collections.ConfigDict], dict[str, Any]]  # config -> {"block.field": value}
+  changes: Callable[[ml_collections.ConfigDict], Record]  # config -> {"block.field": value}
   # How a record's value is carried over to a smaller model where it is not copied as it stands.
   adapted: str = ""
 
 
-def _value_embeds(c: ml_collections.ConfigDict) -> dict[str, Any]:
+def _value_embeds(c: ml_collections.ConfigDict) -> Record:
   # The record's 3 tables in 12 layers reach the first 3 and the last 3, half the layers: k =
   # n_layer // 4 tables, at least one, reach 2k layers (at 2 layers the one table reaches both).
   return {"model.value_embeds": max(1, int(c.model.n_layer) // 4)}
@@ -42,7 +42,7 @@ MOMENTUM_WARMUP_FRACTION = 500 / 3200
 RECORD_SCORE_BOUND = 0.12 * 128
 
 
-def _shortcuts(c: ml_collections.ConfigDict) -> dict[str, Any]:
+def _shortcuts(c: ml_collections.ConfigDict) -> Record:
   return {
     "model.embed_skips": True,
     "model.logit_softcap": 15.0,
@@ -52,7 +52,7 @@ def _shortcuts(c: ml_collections.ConfigDict) -> dict[str, Any]:
   }
 
 
-def _attn_scale(c: ml_collections.ConfigDict) -> dict[str, Any]:
+def _attn_scale(c: ml_collections.ConfigDict) -> Record:
   head_dim = int(c.model.d_model) // int(c.model.n_head)
   return {"model.attn_scale": RECORD_SCORE_BOUND / head_dim, "model.init": "fan_in_0.5"}
 
@@ -157,7 +157,7 @@ TRICK_LIST_VERSION = 2
 TRICK_LISTS = {1: TRICKS_V1, TRICK_LIST_VERSION: TRICKS}
 
 
-def trick_list(result: dict[str, Any]) -> dict[str, Trick]:
+def trick_list(result: Record) -> dict[str, Trick]:
   """The trick list a recipe.json was measured with: `TRICK_LISTS[result['trick_list']]`, the first
   list for a json written before the list had a version."""
   return TRICK_LISTS[int(result.get("trick_list", 1))]
@@ -185,7 +185,7 @@ def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> m
   return config
 
 
-def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[Record, Record]:
   """(applied, kept): what trick `name` changes in `config`, and the changes it leaves out because
   `benchmark.recipe.keep` keeps the field ({field: the trick's value})."""
   keep = set(kept_fields(config))
@@ -203,7 +203,7 @@ def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_coll
   return c
 
 
-def kept_changes(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
+def kept_changes(config: ml_collections.ConfigDict) -> dict[str, Record]:
   """Per step of the recipe, the trick changes a kept field left out ({step: {field: [the trick's
   value, the value kept]}}); steps with none are absent."""
   out = {}
@@ -237,7 +237,7 @@ def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "recipe"))
 
 
-def recipe_record(preset: str, path: str, field: str) -> tuple[str, dict[str, Any]]:
+def recipe_record(preset: str, path: str, field: str) -> tuple[str, Record]:
   """(its path as shown, the record) of the recipe record at `path` ('': the published one for
   `preset`); a missing one is refused naming `field`, the config field that gives another."""
   path = path or os.path.join(PUBLISHED, f"recipe-{preset}.json")
@@ -252,7 +252,7 @@ def recipe_record(preset: str, path: str, field: str) -> tuple[str, dict[str, An
   return (os.path.relpath(os.path.abspath(path), root) if inside else path), result
 
 
-def tuned_rows(result: dict[str, Any], field: str) -> dict[str, dict[str, Any]]:
+def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   """{row: {lr, beta, iterate, from}} for every row of today's recipe, from a recipe record: its step
   of the same name, else the step at the same place in its trick list, else (a row past its list's
   end, such as `attn_scale` in the first list's records) its last step. A record of part of the

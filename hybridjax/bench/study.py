@@ -15,7 +15,6 @@ import importlib
 import os
 import time
 from types import ModuleType
-from typing import Any
 
 import ml_collections
 
@@ -25,7 +24,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs, speedrun
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES, Study
+from hybridjax.bench.studies import STUDIES, Record, Study
 
 
 def _part(name: str, part: str = "config") -> ModuleType:
@@ -170,9 +169,7 @@ def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections
   ]
 
 
-def run(
-  config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()
-) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()) -> Record:
   """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record.
   `command_line`: the fields the command line set (dotted), which `validate` checks."""
   name = study_name(config)

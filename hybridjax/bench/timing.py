@@ -18,19 +18,20 @@ from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.specs import run_spec, task_name
+from hybridjax.bench.studies import Record
 from hybridjax.loop import baseline
 from hybridjax.loop import train as train_lib
 
 BASELINE = "baseline"  # the anchor's step kind
 
 
-def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+def time_step_kinds(config: ml_collections.ConfigDict, tuning: Record, methods: list[str]) -> Record:
   """Median ms per step of each kind, for the baseline and each method arm in `methods`."""
   defined = arms_lib.arms(config)
   lr, beta = tuning["best_lr"], tuning["averaging_beta"]
   base_cfg = _run_config(config, "anchor", lr, beta)
   task = tasks_lib.build(task_name(config), base_cfg)
-  arms: dict[str, Any] = {}
+  arms: Record = {}
   compile_s: dict[str, float] = {}
   for name in [BASELINE] + methods:
     c = base_cfg if name == BASELINE else _run_config(config, "method", lr, beta, name)
@@ -38,11 +39,11 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: dict[str, Any], m
   return _summary(arms, compile_s, config)
 
 
-def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, float]]) -> dict[str, Any]:
+def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, float]]) -> Record:
   """Median ms per baseline step of several configs (name -> (benchmark config, LR, averaging beta)),
   interleaved in rounds as `time_step_kinds` times arms; the rounds and steps are the first
   config's `benchmark.timing_rounds` and `timing_steps`."""
-  arms: dict[str, Any] = {}
+  arms: Record = {}
   compile_s: dict[str, float] = {}
   for name, (config, lr, beta) in entries.items():
     c = _run_config(config, "anchor", lr, beta)
@@ -65,7 +66,7 @@ def _run_config(
   return c
 
 
-def _summary(arms: dict[str, Any], compile_s: dict[str, float], config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _summary(arms: Record, compile_s: dict[str, float], config: ml_collections.ConfigDict) -> Record:
   """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms over
   every round and its samples, and each round's own median ms of each kind (`rounds_ms`: one entry per
   round, None for a round in which the kind did not run)."""
@@ -78,7 +79,7 @@ def _summary(arms: dict[str, Any], compile_s: dict[str, float], config: ml_colle
   }
 
 
-def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> dict[str, Any]:
+def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> Record:
   """From each arm's seconds per step kind and round: the median ms per kind over all rounds, the
   samples per kind, and each round's median ms per kind (None where the kind did not run that round)."""
   every = {
@@ -94,7 +95,7 @@ def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> dict[str, An
   }
 
 
-def _prepare(c: ml_collections.ConfigDict, task: dict[str, Any], arm: Any) -> tuple[dict[str, Any], float]:
+def _prepare(c: ml_collections.ConfigDict, task: Record, arm: Any) -> tuple[Record, float]:
   """A timed arm's compiled programs and state (`arm` None: the baseline), and its compile time."""
   driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
   state = driver.init_state()
@@ -119,7 +120,7 @@ def _prepare(c: ml_collections.ConfigDict, task: dict[str, Any], arm: Any) -> tu
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 
 
-def _timed_rounds(arms: dict[str, Any], rounds: int, steps: int, n: int) -> dict[str, dict[str, list[list[float]]]]:
+def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, dict[str, list[list[float]]]]:
   """Seconds of each step of each arm, by step kind and round (arm -> kind -> one list per round, empty
   for a round in which the kind did not run), over `rounds` rounds of `steps` steps of every arm."""
   samples: dict[str, dict[str, list[list[float]]]] = {name: {} for name in arms}

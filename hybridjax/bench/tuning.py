@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import ml_collections
 
@@ -15,6 +14,7 @@ from hybridjax.bench import protocol
 from hybridjax.bench.figures import plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
+from hybridjax.bench.studies import Record
 
 
 def lr_grid(center: float, points: int) -> list[float]:
@@ -27,14 +27,14 @@ def round_lr(lr: float) -> float:
   return float(f"{lr:.4g}")
 
 
-def averaged_loss(result: dict[str, Any], beta: float | None = None) -> float:
+def averaged_loss(result: Record, beta: float | None = None) -> float:
   """A tuning run's best averaged loss over its betas, or its loss at `beta`."""
   if beta is None:
     return min(result["final_averaged"].values())
   return result["final_averaged"][str(float(beta))]
 
 
-def paired_batch_se_of(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+def paired_batch_se_of(a: Record, b: Record) -> float | None:
   """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
   batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
   batch, or a run that kept no per-batch losses)."""
@@ -44,7 +44,7 @@ def paired_batch_se_of(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 
 
 def paired_eval_error(
-  a: list[dict[str, Any]], b: list[dict[str, Any]], differences: list[float], averaged: bool = True
+  a: list[Record], b: list[Record], differences: list[float], averaged: bool = True
 ) -> tuple[float | None, int | None]:
   """(the eval error a paired difference of anchor runs a - b is judged with, its windows): per seed the
   two runs a[i], b[i]; the windows' error of the seed-averaged difference (`figures.window_error`), else
@@ -62,7 +62,7 @@ def paired_eval_error(
   return sum(ses) / len(ses), len(a[0]["final_averaged_per_batch"])
 
 
-def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def difference_noise(tuning_losses: list[float], a: Record, b: Record) -> Record:
   """The noise of a difference of two final losses, which the budget checks judge two LRs' runs by.
 
   The two tuning seeds' spread at the chosen LR and beta (`tuning_losses`, one loss per tuning seed,
@@ -80,7 +80,7 @@ def difference_noise(tuning_losses: list[float], a: dict[str, Any], b: dict[str,
   return {"noise": max(spread, paired or 0.0), "seed_spread": spread, "eval_paired_se": paired}
 
 
-def wins_beyond_noise(new: list[float], old: list[float]) -> dict[str, Any]:
+def wins_beyond_noise(new: list[float], old: list[float]) -> Record:
   """Whether `new` beats `old` by more than the noise of their difference: per seed (paired, the same seeds
   in the same order) new - old; the mean difference below minus its standard error (the differences' sd
   over sqrt(seeds)). Fewer than two seeds cannot tell the noise: no win.
@@ -113,7 +113,7 @@ BUDGET_RULE = (
 )
 
 
-def budget_choice(tried: list[dict[str, Any]]) -> dict[str, Any]:
+def budget_choice(tried: list[Record]) -> Record:
   """`BUDGET_RULE`'s choice among `tried` (`budget_candidates`' settings, the chosen one first, each with
   its "losses" on the tuning seeds, in the same order): {"lr", "weight_decay"} of the one kept, and the
   best candidate's paired difference from the first (`wins_beyond_noise`)."""
@@ -123,21 +123,21 @@ def budget_choice(tried: list[dict[str, Any]]) -> dict[str, Any]:
   return {"lr": kept["lr"], "weight_decay": kept["weight_decay"], "best_difference": win}
 
 
-def iterate_loss(run: dict[str, Any], iterate: str, beta: float) -> float:
+def iterate_loss(run: Record, iterate: str, beta: float) -> float:
   """A run's loss as read: its raw iterate's, or its averaged one's at `beta`."""
   return run["final_raw"] if iterate == "raw" else averaged_loss(run, beta)
 
 
-def best_loss(result: dict[str, Any]) -> float:
+def best_loss(result: Record) -> float:
   """A run's better iterate: the lower of its raw and its best averaged loss."""
   return min(result["final_raw"], averaged_loss(result))
 
 
-Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], dict[str, Any]], Callable[[dict[str, Any]], float]]
+Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], Record], Callable[[Record], float]]
 """One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
 
 
-def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
+def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   """The LR sweep of each of `sweeps`: `benchmark.lr_points` LRs on a sqrt(2) grid around
   `optim.learning_rate` on the first tuning seed at N, extended while the best (lowest `loss(run)`)
   sits at an edge; then the best two on the second tuning seed, the better mean over both seeds
@@ -201,7 +201,7 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[dict[str, Any]]:
   return out
 
 
-def choose_averaging(at_best: list[dict[str, Any]], betas: list[float]) -> dict[str, Any]:
+def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
   """The averaging beta of runs at one LR (the lowest mean averaged loss over them) and whether
   averaging helps there: the raw and the averaged loss at that beta, mean over the runs, and the
   lower of the two ('iterate': what a family with `benchmark.iterate='best'` reads; 'raw' on a tie)."""
@@ -214,8 +214,8 @@ def choose_averaging(at_best: list[dict[str, Any]], betas: list[float]) -> dict[
 def tune(
   config: ml_collections.ConfigDict,
   runner: Runner,
-  also: Callable[[float, float], list[dict[str, Any]]] | None = None,
-) -> dict[str, Any]:
+  also: Callable[[float, float], list[Record]] | None = None,
+) -> Record:
   """The LR sweep, the second-seed check, the averaging beta and the budget checks.
 
   `also(best_lr, beta)`: runs to train together with the budget checks, once the LR and beta are
@@ -245,7 +245,7 @@ def tune(
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
-  checks: dict[str, Any] = {}
+  checks: Record = {}
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
   neighbours = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
   check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
@@ -314,7 +314,7 @@ def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], floa
   ]
 
 
-def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any]) -> dict[str, Any]:
+def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: Record) -> Record:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
   b = config.benchmark
@@ -345,17 +345,17 @@ def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: floa
 
 
 def method_runs(
-  config: ml_collections.ConfigDict, runner: Runner, tuning: dict[str, Any], methods: list[str]
-) -> dict[str, dict[str, Any]]:
+  config: ml_collections.ConfigDict, runner: Runner, tuning: Record, methods: list[str]
+) -> dict[str, Record]:
   specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
-  out: dict[str, dict[str, Any]] = {m: {} for m in methods}
+  out: dict[str, Record] = {m: {} for m in methods}
   for r in results:
     out[r["method"]][str(r["seed"])] = r
   return out
 
 
-def spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], dict[str, Any]]:
+def spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], Record]:
   """An anchor run's spec(seed, lr, steps) of `c`, recording every averaging beta of `benchmark.betas`."""
   betas = [float(x) for x in c.benchmark.betas]
   return lambda seed, lr, steps: run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas)
@@ -366,7 +366,7 @@ def train_steps(
   config: ml_collections.ConfigDict,
   runner: Runner,
   label: str = "recipe steps (headline seeds, N)",
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Record]:
   """Each of `configs` tuned as a recipe step is (its LR sweep on the tuning seeds, all sweeps in
   lockstep; its averaging beta and iterate) and run N steps at its best LR on the headline seeds
   (`config`'s), each headline run flagged by the plateau rule."""

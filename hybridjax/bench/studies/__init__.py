@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+Record = dict[str, Any]  # a JSON-like record: a run's, a reading's, a study's, as kept and published
+
 # name -> the package of its folder (named here, loaded only by `bench.study`).
 STUDIES = {
   name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers", "anchor")
@@ -37,11 +39,11 @@ class Study:
   """
 
   header: Callable[..., list[str]]
-  train: Callable[..., dict[str, Any]]
-  record: Callable[..., dict[str, Any]]
-  markdown: Callable[[dict[str, Any]], str]
+  train: Callable[..., Record]
+  record: Callable[..., Record]
+  markdown: Callable[[Record], str]
   record_name: str | None
-  time_steps: Callable[..., dict[str, Any]] | None = None
+  time_steps: Callable[..., Record] | None = None
   write: Callable[..., None] | None = None
   publish_ignores: tuple[str, ...] = ()
   tuners: tuple[str, ...] = ("lr",)

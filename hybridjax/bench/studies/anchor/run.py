@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 import ml_collections
 
 from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.anchor import config as anchor_config
 
 
@@ -45,7 +44,7 @@ def settings_of(config: ml_collections.ConfigDict, r4: dict[str, float]) -> list
   return [own] + [s for s in out if s != own]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """Every setting on every seed, in one batch."""
   source, r4 = anchor_config.r4_settings(config)
   seeds, n = [int(s) for s in config.benchmark.anchor.seeds], int(config.trainer.steps)
@@ -66,11 +65,11 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}
 
 
-def _keep(run: dict[str, Any]) -> dict[str, Any]:
+def _keep(run: Record) -> Record:
   return {k: run[k] for k in ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch")}
 
 
-def figures(result: dict[str, Any]) -> dict[str, Any]:
+def figures(result: Record) -> Record:
   """{"losses": each setting's losses per seed (averaged, at R4's beta), "best": the index of the best mean
   (R4's own, index 0, on a tie), "difference": best - R4's own (`protocol.paired_difference`), "verdict":
   its word, or "R4's own setting is the best" where it is}; a pure function of the record."""
@@ -87,9 +86,7 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
   return {"losses": losses, "best": best, "difference": d, "verdict": d["verdict"]}
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   result = {
     **comparison.code_record(config),
@@ -103,7 +100,7 @@ def record(
   return result | {"figures": figures(result)}
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: Record) -> str:
   """anchor-<preset>.md: every setting's mean loss, the best against R4's own, and what it means."""
   r4, f = result["r4"], result["figures"]
   out = comparison.page_head(f"R4 re-checked: beta2 × weight decay × LR, `{result['preset']}`", result) + [

@@ -6,7 +6,6 @@ its check of the publish folder (`check_publish`), of the optimizer fields no ru
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import ml_collections
 
@@ -14,13 +13,12 @@ from hybridjax import config as config_lib
 from hybridjax import preflight
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, speedrun
+from hybridjax.bench.studies import Record
 
 PUBLISHED = ("benchmark.json", "headline.json", "results.md")  # a family's published record, beside its plots
 
 
-def check_publish(
-  config: ml_collections.ConfigDict | dict[str, Any], folder: str, ignore: tuple[str, ...] = ()
-) -> None:
+def check_publish(config: ml_collections.ConfigDict | Record, folder: str, ignore: tuple[str, ...] = ()) -> None:
   """Refuses (ValueError naming --config.benchmark.publish) to publish a family of `config` into
   `folder` where it holds another family's results: a benchmark.json of another config (another
   preset, family, task or setting, `record.config_differences`; outside `ignore`), or results with

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
+from hybridjax.bench.studies import Record
 
 
-def family_figures(result: dict[str, Any], controls: dict[str, str] | None = None) -> dict[str, Any]:
+def family_figures(result: Record, controls: dict[str, str] | None = None) -> Record:
   """Every figure of a family's record (benchmark.json), from the runs stored in it: the eval errors,
   the anchors' figures and phenomena, every arm's figures (judged with the eval set's paired per-batch
   error besides the seeds'), the headline of its first arm. Pure: `family_result` computes it, and the

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import statistics
-from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench import protocol
@@ -23,10 +22,11 @@ from hybridjax.bench.cells import (
   with_exercise,
 )
 from hybridjax.bench.figures import ANCHORS
+from hybridjax.bench.studies import Record
 from hybridjax.bench.studies.family import config as family_config
 
 
-def tuning_noise(t: dict[str, Any]) -> str:
+def tuning_noise(t: Record) -> str:
   """The sentence on the noise the tuning's budget checks judge a difference of two LRs' losses by."""
   if "seed_spread" not in t:  # a tuning recorded before the paired per-batch error
     return f"Seed noise of one final loss: {t['seed_noise']:.4f}."
@@ -39,7 +39,7 @@ def tuning_noise(t: dict[str, Any]) -> str:
   )
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: Record) -> str:
   """results.md: the tuning, the anchors and one column per method arm (means ± std over seeds)."""
   t, a = result["tuning"], result["anchor_figures"]
   lines = [
@@ -158,7 +158,7 @@ def markdown(result: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def family_verdicts(result: dict[str, Any]) -> list[str]:
+def family_verdicts(result: Record) -> list[str]:
   """One line per method arm: whether it pays against the averaged anchor, and against its control; an
   arm whose method declares a control arm (`CONTROL`) that did not run says so (`missing_control`)."""
   lines = [verdict_rule("the averaged anchor"), ""]
@@ -176,7 +176,7 @@ def family_verdicts(result: dict[str, Any]) -> list[str]:
   return lines
 
 
-def missing_control(result: dict[str, Any], name: str) -> str:
+def missing_control(result: Record, name: str) -> str:
   """'no control arm ran (...)' for arm `name` of a family record when its method declares a `CONTROL`
   and the arm is no control itself, so that nothing credits the method only with what it adds to its
   control; '' otherwise (a method with no control arm, such as outer momentum, is compared with the
@@ -198,7 +198,7 @@ def missing_control(result: dict[str, Any], name: str) -> str:
   )
 
 
-def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
+def save_plots(result: Record, outdir: str) -> list[str]:
   """Budget curves with the method points, the LR sweep and every arm's eval curve (one seed)."""
   paths = []
   # Each arm's backward passes (x) and final loss (y), mean and std over the seeds.
@@ -228,7 +228,7 @@ def save_plots(result: dict[str, Any], outdir: str) -> list[str]:
   return paths
 
 
-def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> list[str]:
+def write_results(result: Record, workdir: str, publish: str = "") -> list[str]:
   """Writes benchmark.json, headline.json, results.md and the plots into `workdir`, and copies them
   into `publish` when set (`publish_results`: refused where it holds another config's results, after
   `workdir` is written); returns the plots' paths."""
@@ -243,7 +243,7 @@ def write_results(result: dict[str, Any], workdir: str, publish: str = "") -> li
   return plots
 
 
-def publish_results(result: dict[str, Any], workdir: str, publish: str, plots: list[str]) -> None:
+def publish_results(result: Record, workdir: str, publish: str, plots: list[str]) -> None:
   """Copies the family's files from `workdir` (`write_results`'s, `plots` among them) into `publish`;
   a ValueError naming --config.benchmark.publish, copying nothing, where `publish` holds the results of
   another config (`config.check_publish`)."""

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import ml_collections
 
 from hybridjax.bench import arms as arms_lib
@@ -12,13 +10,13 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs, tasks, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.family.figures import family_figures
 from hybridjax.bench.studies.family.report import markdown as markdown  # the skeleton prints it
 from hybridjax.bench.studies.family.report import write_results
 
 
-def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def task_notes(config: ml_collections.ConfigDict) -> Record:
   """The task's own report on its data per budget (`benchmark_notes`, when the task has one)."""
   module = tasks.load_task(specs.task_name(config))
   notes = getattr(module, "benchmark_notes", None)
@@ -28,11 +26,11 @@ def task_notes(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return notes(specs.experiment_config(config), {str(float(f)): round(f * n) for f in config.benchmark.budgets})
 
 
-def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: list[str]) -> dict[str, Any]:
+def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: list[str]) -> Record:
   """The family's runs: the LR sweep and checks on the tuning seeds, the budget curves and the
   method arms on the headline seeds. Returns {'tuning', 'curves', 'method_runs'}."""
 
-  def at_chosen_lr(lr: float, beta: float) -> list[dict[str, Any]]:
+  def at_chosen_lr(lr: float, beta: float) -> list[Record]:
     print(f"best LR {lr:.4g}, averaging beta {beta}", flush=True)
     return tuning.curve_specs(config, lambda f: lr, beta) + tuning.method_specs(config, methods, lr, beta)
 
@@ -44,18 +42,18 @@ def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: lis
 
 def family_result(
   config: ml_collections.ConfigDict,
-  trained: dict[str, Any],
-  timed: dict[str, Any],
+  trained: Record,
+  timed: Record,
   methods: list[str],
   *,
   command: str,
-  notes: dict[str, Any],
+  notes: Record,
   runner: Runner,
-) -> dict[str, Any]:
+) -> Record:
   """benchmark.json's record of one family: every run's numbers, every figure, the headline."""
   b = config.benchmark
   tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
-  result: dict[str, Any] = record_lib.header(config, command) | {
+  result: Record = record_lib.header(config, command) | {
     "family": specs.family_name(config),
     "code_version": keys.code_versions(config, methods),
     "tuning_seeds": [int(s) for s in b.tuning_seeds],
@@ -83,7 +81,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """The family's runs (`train_family`) for its selected arms, and the task's notes on its data."""
   notes = task_notes(config)
   for line in notes["lines"]:
@@ -92,19 +90,17 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return train_family(config, runner, methods) | {"notes": notes, "methods": methods}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timing.time_step_kinds(config, trained["tuning"], trained["methods"])
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   return family_result(
     config, trained, timed, trained["methods"], command=command, notes=trained["notes"], runner=runner
   )
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
   result["plots"] = write_results(result, workdir, publish)
 
 

@@ -3,14 +3,13 @@ between the side as published and as tuned."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from hybridjax.bench import cells, protocol
+from hybridjax.bench.studies import Record
 
 SIDE_NAMES = {"anchor": "the R4 anchor (AdamW)", "muon": "the recipe's Muon row", "recipe": "the whole recipe"}
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: Record) -> str:
   """knobs-<preset>.md, from the record alone."""
   joint = result.get("tuner", "lr") == "joint"
   how = (
@@ -90,7 +89,7 @@ def markdown(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def _speedup(read: dict[str, Any]) -> str:
+def _speedup(read: Record) -> str:
   """A reading on the anchor's curve as the recipe's table shows one: mean ± std, with its bound."""
   if read["mean"] is None:
     return "not reached"

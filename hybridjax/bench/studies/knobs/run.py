@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Any
 
 import ml_collections
 
@@ -18,7 +17,7 @@ from hybridjax.bench import comparison, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
@@ -31,13 +30,13 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def side_loss(run: dict[str, Any], iterate: str) -> float:
+def side_loss(run: Record, iterate: str) -> float:
   """A tuning run's loss as the search ranks it: raw, or averaged at the best of the betas it
   recorded (the beta is tuned with the rest; the headline runs are read at the beta chosen here)."""
   return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
 
 
-def _with(c: ml_collections.ConfigDict, fields: dict[str, Any], lr: float | None = None) -> ml_collections.ConfigDict:
+def _with(c: ml_collections.ConfigDict, fields: Record, lr: float | None = None) -> ml_collections.ConfigDict:
   out = ml_collections.ConfigDict(c.to_dict())
   out.update_from_flattened_dict(fields)
   if lr is not None:
@@ -76,7 +75,7 @@ def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], s
   return out
 
 
-def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runner: Runner) -> dict[str, Any]:
+def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runner: Runner) -> Record:
   """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
   equal cost), each side's state at the setting it chose, with its search's record."""
   k = config.benchmark.knobs
@@ -101,7 +100,7 @@ def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runn
   return state
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
   swept again, and the headline runs of each side as published and as tuned. Sides that coincide
   (`coinciding_sides`) share their runs: each is trained once. With `benchmark.tuner='joint'`, the
@@ -170,7 +169,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}
 
 
-def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
+def _headline(config, sides, state, runner: Runner) -> Record:
   """Each side as published (at its published beta) and as tuned (at the beta its tuning chose), N
   steps on the headline seeds."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
@@ -189,11 +188,11 @@ def _headline(config, sides, state, runner: Runner) -> dict[str, Any]:
   return out
 
 
-def _keep(run: dict[str, Any]) -> dict[str, Any]:
+def _keep(run: Record) -> Record:
   return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
 
 
-def read_of(settings: dict[str, Any], tuned: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def read_of(settings: Record, tuned: Record) -> dict[str, Record]:
   """How each headline side is read: as published, at the record's iterate and beta; as tuned, at
   the ones its tuning chose."""
   return {
@@ -202,7 +201,7 @@ def read_of(settings: dict[str, Any], tuned: dict[str, Any]) -> dict[str, dict[s
   }
 
 
-def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def side_figures(published: list[dict], tuned: list[dict], read: dict[str, Record]) -> Record:
   """A side's headline losses as published and as tuned, each read at its own iterate and beta
   (`read`: {"published", "tuned"} -> {"iterate", "beta"}), and the paired difference (tuned -
   published) judged besides the seeds' with the eval error of `tuning.paired_eval_error` (a side read
@@ -215,7 +214,7 @@ def side_figures(published: list[dict], tuned: list[dict], read: dict[str, dict[
   return {"published": before, "tuned": after, "difference": difference}
 
 
-def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[int], n: int) -> dict[str, Any]:
+def anchor_reading(recipe: Record, sides: Record, seeds: list[int], n: int) -> Record:
   """Every side's headline losses, as published and as tuned, read on the recipe record's R4 anchor
   curve (`comparison.on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
   record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
@@ -231,9 +230,7 @@ def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[in
   return {"on_r4_curve": out, "anchor_reproduced": reproduced}
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   out = {}
   for side, (_, settings) in trained["sides"].items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hybridjax.bench.studies import Record
+
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
@@ -17,7 +19,7 @@ class Knob:
   name: str
   values: tuple[Any, ...]
   fields: tuple[str, ...]  # the dotted fields a value sets (all of them to the value)
-  also: dict[str, Any] = dataclasses.field(default_factory=dict)  # fields any of its values needs
+  also: Record = dataclasses.field(default_factory=dict)  # fields any of its values needs
   per_step: bool = False  # its values are fractions of the run's N steps (a warm-up)
 
   def values_at(self, steps: int) -> tuple[Any, ...]:
@@ -28,7 +30,7 @@ class Knob:
       else self.values
     )
 
-  def changes(self, value: Any) -> dict[str, Any]:
+  def changes(self, value: Any) -> Record:
     return {f: value for f in self.fields} | self.also
 
 

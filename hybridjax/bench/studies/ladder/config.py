@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
 import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
+from hybridjax.bench.studies import Record
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.ladder.rungs import CONSTANT_GROUPS, RUNGS, TUNED_GROUPS, group_config, names, rungs_of
 
@@ -94,8 +94,8 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
 
 
 def join_problem(
-  earlier: dict[str, Any],
-  config: ml_collections.ConfigDict | dict[str, Any],
+  earlier: Record,
+  config: ml_collections.ConfigDict | Record,
   rung_names: list[str],
   groups: Iterable[str],
 ) -> tuple[str, list[str]]:

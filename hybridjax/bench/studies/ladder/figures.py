@@ -10,6 +10,7 @@ import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, protocol
+from hybridjax.bench.studies import Record
 from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, VERDICT, WITHIN, Rung, rungs_of, timing_key
 
 
@@ -29,11 +30,11 @@ def baseline_at(steps: list[float], losses: list[float], at: float) -> float | N
   return protocol.curve_loss_at(steps, losses, at) if steps else None
 
 
-def seed_loss(run: dict[str, Any], iterate: str) -> float:
+def seed_loss(run: Record, iterate: str) -> float:
   return run["final_raw"] if iterate == "raw" else run["final_averaged"]
 
 
-def eval_record(groups: dict[str, Any], name: str) -> dict[str, Any] | None:
+def eval_record(groups: Record, name: str) -> Record | None:
   """The eval errors a group's differences are judged with (`figures.eval_errors`): its own where it
   has them (the tuned groups: their anchors' N and 1.25N runs), else the first tuned group's of the
   same scale (the same eval batches; a constant group's runs give no N/1.25N pair), named as such."""
@@ -48,7 +49,7 @@ def eval_record(groups: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 def arm_figures(
   rung: Rung,
-  group: dict[str, Any],
+  group: Record,
   arm: str,
   control: str | None,
   ms: dict[str, dict[str, float]] | None,
@@ -57,7 +58,7 @@ def arm_figures(
   predicts: bool = False,
   rounds: dict[str, dict[str, list[float | None]]] | None = None,
   eval_windows: int | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
   the rung's budget curve (`rounds`: the timing's `rounds_ms`, which give the wall-clock ratios their
   spread over the timing rounds, `figures.round_spread`), whether the pass ratio pays
@@ -100,7 +101,7 @@ def arm_figures(
         **({} if rounds_of_seed is None else {"rounds": rounds_of_seed}),  # the ratio round by round
       }
     )
-  out: dict[str, Any] = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
+  out: Record = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
   out.update({k: protocol.summarize(v) for k, v in per.items()})
   figures.with_spread(out["wallclock_ratio"], figures.round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
   out["per_seed"] = per
@@ -140,18 +141,18 @@ def arm_figures(
 
 
 def equal_steps(
-  group: dict[str, Any],
-  runs: dict[str, Any],
+  group: Record,
+  runs: Record,
   seeds: list[str],
   iterate: str,
   arm_ms: dict[str, float] | None,
   base_ms: float | None,
   n: int,
-  vs_control: dict[str, Any] | None,
+  vs_control: Record | None,
   eval_se: float | None = None,
   rounds: tuple[Any, Any] = (None, None),
   eval_windows: int | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock (with its
   spread over the timing rounds, from `rounds`: the baseline's and the arm's `figures.round_times`),
   with the final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
@@ -173,7 +174,7 @@ def equal_steps(
     stop_gaps.append(None if stop is None else (stop - at_n) / at_n)
     stop_walls.append(n / max(r["backward_passes"], 1))
   present = [w for w in walls if w is not None]
-  out: dict[str, Any] = {
+  out: Record = {
     "wallclock_ratio": figures.with_spread(
       dict(zip(("mean", "std"), protocol.mean_std(present))), figures.round_spread(wall_rounds)
     )
@@ -207,11 +208,11 @@ def equal_steps(
 
 def rung_figures(
   config: ml_collections.ConfigDict,
-  groups: dict[str, Any],
-  ms: dict[str, Any],
+  groups: Record,
+  ms: Record,
   n: int,
-  rounds: dict[str, Any] | None = None,
-) -> dict[str, dict[str, Any]]:
+  rounds: Record | None = None,
+) -> dict[str, Record]:
   """Every chosen rung: its condition, and every arm's figures against its baseline (pure: the tests
   recompute it from ladder.json). `ms` and `rounds`: each timing's (`rungs.timing_key`) `ms_per_step`
   and `rounds_ms` (None, or a timing without them: a record from before they were kept)."""
@@ -249,7 +250,7 @@ def rung_figures(
   return out
 
 
-def untuned_position(groups: dict[str, Any], untuned_lr: float) -> dict[str, Any]:
+def untuned_position(groups: Record, untuned_lr: float) -> Record:
   """Where the untuned LR falls against each sweep: its rank, or outside the grid."""
   out = {}
   for g in ("constant", "cosine"):  # AdamW's sweeps; Muon's LR is on another scale

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench.cells import (
@@ -24,10 +23,11 @@ from hybridjax.bench.cells import (
   wallclock_cell,
   with_exercise,
 )
+from hybridjax.bench.studies import Record
 from hybridjax.bench.studies.ladder.rungs import VERDICT
 
 
-def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
+def ladder_headline_cell(rung: Record, f: Record) -> str:
   """One arm at one rung, compact. R0: the seed's measure (the wall-clock ratio of N steps, the loss
   gap at N) and whether the arm's loss beats the nulls (both, or the stopped baseline alone for an arm
   with no control). R1-R5: the pass ratio (every forward charged), mean ± std over seeds, and the
@@ -46,7 +46,7 @@ def ladder_headline_cell(rung: dict[str, Any], f: dict[str, Any]) -> str:
   return with_exercise(f"{cell}; vs {against[0]}: {verdict_cell(against[1])}", f)
 
 
-def ladder_table(results: Sequence[dict[str, Any]]) -> str:
+def ladder_table(results: Sequence[Record]) -> str:
   """The ladder's headline table: one row per scale and arm, one column per rung (R4-R5 marked the
   verdict); a rung a scale did not run is '—'."""
   order = list(dict.fromkeys(r for result in results for r in result["rung_names"]))
@@ -68,7 +68,7 @@ def ladder_table(results: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def ladder_scale(result: dict[str, Any]) -> str:
+def ladder_scale(result: Record) -> str:
   """One line on what a scale ran: N, its rungs' seeds, the tuned LRs against the untuned one."""
   seeds = sorted({tuple(result["rungs"][r]["seeds"]) for r in result["rung_names"]})
   lrs = ", ".join(f"{r} {result['rungs'][r]['lr']:.3g}" for r in result["rung_names"])
@@ -82,7 +82,7 @@ def _losses(seeds: list[str], losses: list[float], plateau_seeds: set[str]) -> s
   return ", ".join(f"{x:.4f}" + ("*" if s in plateau_seeds else "") for s, x in zip(seeds, losses))
 
 
-def _verdict_words(result: dict[str, Any]) -> str:
+def _verdict_words(result: Record) -> str:
   """'R4, R5 and R6 are the verdict': the rungs of `rungs.VERDICT` this ladder ran (`verdict_rungs`)."""
   ran = result.get("verdict_rungs") or [r for r in VERDICT if r in result["rung_names"]]
   if not ran:
@@ -91,7 +91,7 @@ def _verdict_words(result: dict[str, Any]) -> str:
   return f"{names} {'is' if len(ran) == 1 else 'are'} the verdict"
 
 
-def never_exercised(result: dict[str, Any]) -> str:
+def never_exercised(result: Record) -> str:
   """'; jump not exercised at any rung (at most 1.0 jumps per run, of 3 needed): its cells test nothing of
   it' for each arm whose figures mark it not exercised (`figures.exercise`) at every rung it ran, else ''
   (at `quick`: the jump arm, docs/benchmark.md "Not exercised")."""
@@ -111,7 +111,7 @@ def never_exercised(result: dict[str, Any]) -> str:
   return "; " + "; ".join(notes) + f": {'its' if len(notes) == 1 else 'their'} cells test nothing of the method"
 
 
-def ladder_markdown(result: dict[str, Any]) -> str:
+def ladder_markdown(result: Record) -> str:
   """ladder-<preset>.md: the headline table, then every rung's full figures with per-seed losses,
   the R0 nulls, the plateaus, the LR sweeps; its title says which arms no rung exercised (`never_exercised`)."""
   n = result["steps"]
@@ -215,7 +215,7 @@ def ladder_markdown(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def ladder_verdicts(result: dict[str, Any]) -> list[str]:
+def ladder_verdicts(result: Record) -> list[str]:
   """One line per arm: at each verdict rung (every rung but R0 where the ladder ran none), whether its
   pass ratio pays against the rung's baseline and how it compares with its control."""
   rungs = result["verdict_rungs"] or [r for r in result["rung_names"] if r != "R0"]
@@ -236,10 +236,10 @@ def ladder_verdicts(result: dict[str, Any]) -> list[str]:
   return lines
 
 
-def ladder_plot_data(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def ladder_plot_data(result: Record) -> dict[str, Record]:
   """What the ladder figure draws: arm -> rung -> the per-seed ratio (R0: the equal-steps wall-clock
   ratio; the other rungs: the pass ratio)."""
-  out: dict[str, dict[str, Any]] = {}
+  out: dict[str, Record] = {}
   for r in result["rung_names"]:
     for m, f in result["rungs"][r]["figures"].items():
       values = f["equal_steps"]["wallclock_per_seed"] if r == "R0" else f["pass_ratio"]["values"]
@@ -247,7 +247,7 @@ def ladder_plot_data(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
   return out
 
 
-def save_ladder_plot(result: dict[str, Any], folder: str) -> str:
+def save_ladder_plot(result: Record, folder: str) -> str:
   return plotting.plot_ladder(
     os.path.join(folder, f"ladder-{result['preset']}.png"),
     result["rung_names"],

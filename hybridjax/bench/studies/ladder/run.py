@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
 
 import ml_collections
 
@@ -22,7 +21,7 @@ from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
@@ -33,7 +32,7 @@ from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
 from hybridjax.bench.studies.ladder.report import save_ladder_plot
 
 
-def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> dict[str, Any]:
+def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> Record:
   """One 2N run at a constant LR, evaluated `ladder.constant_eval_points` times: its eval curve is the
   budget curve of every budget up to 2N (a constant schedule does not depend on the budget)."""
   n = int(config.trainer.steps)
@@ -43,7 +42,7 @@ def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float)
   return spec
 
 
-def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lrs`): a sqrt(2) grid upwards
   from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
   iterate); the best two checked on the second tuning seed."""
@@ -52,7 +51,7 @@ def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[st
   centred.optim.learning_rate = float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)
   beta = float(config.trainer.averaging_beta)
 
-  def spec(seed: int, lr: float, steps: int) -> dict[str, Any]:
+  def spec(seed: int, lr: float, steps: int) -> Record:
     return specs.run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta)
 
   swept = tuning.sweep_lrs([(centred, spec, lambda r: r["final_raw"])], runner)[0]
@@ -65,7 +64,7 @@ def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> dict[st
   }
 
 
-def method_record(r: dict[str, Any]) -> dict[str, Any]:
+def method_record(r: Record) -> Record:
   """What ladder.json keeps of a method run: enough to recompute every figure, with the method's own
   summary figures (e.g. the jump predictor's accepted jumps, which say whether the arm was exercised)."""
   keep = ("method", "seed", "lr", "steps", "final_raw", "final_averaged", "backward_passes", "validation_forwards")
@@ -78,14 +77,14 @@ def method_record(r: dict[str, Any]) -> dict[str, Any]:
   )
 
 
-def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> dict[str, Any]:
+def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> Record:
   """A group's runs, as plain data: per seed the baseline's curve ({'steps', 'raw', 'averaged'} and
   the N-step run's curve for the plateau check), and every arm's method runs."""
   n = int(config.trainer.steps)
   b = config.benchmark
   methods = rungs.names(b.methods)
   seeds = [int(s) for s in b.seeds]
-  out: dict[str, Any] = {"seeds": seeds, "methods": methods, "family": b.family}
+  out: Record = {"seeds": seeds, "methods": methods, "family": b.family}
   beta = float(config.trainer.averaging_beta)
   if group in rungs.CONSTANT_GROUPS:
     if group == "untuned":
@@ -134,12 +133,12 @@ def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -
   return out
 
 
-def plateaus(group: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
+def plateaus(group: Record, n: int, margin: float) -> list[Record]:
   """The group's runs that sit on an early plateau: a raw eval loss at N/10 or at N more than
   `margin` (relative) above the median of the same arm's runs (or the baseline's) over the seeds,
   read at the eval point nearest there. Comparing a run with its own arm's other seeds flags a seed
   that fell behind, never an arm that is simply worse."""
-  kinds: dict[str, dict[str, list[dict[str, Any]]]] = {"baseline": {}}
+  kinds: dict[str, dict[str, list[Record]]] = {"baseline": {}}
   for s, base in group["baseline"].items():
     kinds["baseline"][s] = base.get("n_run_curve") or [
       {"step": t, "eval_loss_raw": raw} for t, raw in zip(base["steps"], base["raw"]) if t <= n
@@ -157,13 +156,13 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
   need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
   already trained are cached)."""
   b = config.benchmark
   needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
-  groups: dict[str, dict[str, Any]] = {}
+  groups: dict[str, Record] = {}
   for group in [g for g in rungs.GROUP_ORDER if g in needed]:
     seeds = [int(s) for s in b.seeds]
     groups[group] = train_group(rungs.group_config(config, group, seeds), group, runner)
@@ -175,10 +174,10 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"groups": groups}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
   groups = trained["groups"]
-  timed: dict[str, Any] = {}
+  timed: Record = {}
   for key, together in (("adamw", ("cosine", "untuned", "constant")), ("muon", ("muon",)), ("speedrun", ("speedrun",))):
     ran = [g for g in together if g in groups]
     if ran:
@@ -188,9 +187,7 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
   return timed
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """ladder.json's record (after the header); each tuned group's family record goes into `trained`
   ('families'), for `write`."""
   b = config.benchmark
@@ -221,7 +218,7 @@ def record(
   }
 
 
-def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+def join(earlier: Record, later: Record) -> Record:
   """One ladder of the same config from two invocations that ran different rungs (e.g. R6 added to a
   published R0-R5): the groups and timings of both, every rung recomputed from them, the commands in
   order (running both reproduces the result), the compute and code versions of every invocation, the
@@ -249,14 +246,14 @@ def join(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
   for field in ("wall_s", "runs_trained", "runs_cached"):
     out[field] = earlier[field] + later[field]
 
-  def calls(result: dict[str, Any]) -> list[dict[str, Any]]:
+  def calls(result: Record) -> list[Record]:
     return [{"rungs": result["rung_names"], "code_version": result["code_version"], **c} for c in result["invocations"]]
 
   out["invocations"] = calls(earlier) + calls(later)
   return out
 
 
-def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merged(base: Record, over: Record) -> Record:
   """The nested dict `base` with every leaf of `over` set over it."""
   out = dict(base)
   for k, v in over.items():
@@ -264,7 +261,7 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
   """ladder-<preset>.{json,md,png} into `workdir` and `publish`; each cosine family's protocol results
   into `workdir/<family>` and, published, beside the ladder as `<preset>-<family>`. A published ladder
   of the same config that ran other rungs (on other runs) is joined with this one (`join`). Where the

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import statistics
-from typing import Any
 
 import ml_collections
 
@@ -19,13 +18,14 @@ from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.studies import Record
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
 BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
 
 
-def before_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
+def before_record(config: ml_collections.ConfigDict) -> tuple[str, Record]:
   """(its path as shown, the record) of the cell `both_tuned` record the settings come from
   (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
   preset, rows, token budget or eval windows, is refused naming the field."""
@@ -137,9 +137,7 @@ def corpus_errors(config: ml_collections.ConfigDict, largest: float, name: str) 
   return []
 
 
-def converted(
-  c: ml_collections.ConfigDict, fields: dict[str, Any], beta: float, ratio: float
-) -> tuple[dict[str, Any], float]:
+def converted(c: ml_collections.ConfigDict, fields: Record, beta: float, ratio: float) -> tuple[Record, float]:
   """(`fields` and the averaging `beta`, moved to a batch `ratio` times as large at the same tokens): each
   field by its knob in `c`'s search space (`search.Knob.at_batch`), the averaging beta as a decay per step."""
   knobs = {k.field: k for k in search.space_of(c, int(c.optim.warmup_steps))}
@@ -154,7 +152,7 @@ def beta2_field(c: ml_collections.ConfigDict) -> str:
 
 
 def converted_sides(
-  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], before: dict[str, Any]
+  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], before: Record
 ) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
   """Each side's config and settings: cell `both_tuned`'s chosen fields, beta and iterate (in `before`),
   converted to this cell's batch; its settings keep `before`'s under 'from' and the beta2 before the
@@ -172,7 +170,7 @@ def converted_sides(
   return out
 
 
-def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def local_candidates(c: ml_collections.ConfigDict, settings: Record) -> list[Record]:
   """The local check's settings, the converted one first: the LR at its sqrt(2) neighbours × beta2
   {converted, unconverted}."""
   lr, b2 = float(settings["lr"]), beta2_field(c)
@@ -187,7 +185,7 @@ def local_candidates(c: ml_collections.ConfigDict, settings: dict[str, Any]) -> 
 LR_MOVES = search.LR_MOVES
 
 
-def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:
+def _next_lr(tried: list[Record], b2: str) -> float | None:
   """The LR one sqrt(2) step past the best setting's, where that setting is the lowest or highest LR tried
   at its beta2 (None: its LR lies inside those tried)."""
   best = min(tried, key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
@@ -199,13 +197,13 @@ def _next_lr(tried: list[dict[str, Any]], b2: str) -> float | None:
 
 def local_check(
   config: ml_collections.ConfigDict, sides: dict[str, tuple[ml_collections.ConfigDict, dict]], runner: Runner
-) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
   """Every side's local check, each round in one batch: (the sides at their chosen setting, {side: {"tried":
   [...], "chosen", "search_runs" (N-run equivalents: the runs' steps over N)}}). Where the best setting's LR
   is the lowest or highest tried at its beta2, that LR one sqrt(2) step further is tried too, at most
   `LR_MOVES` times, both sides alike."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.optimizers.tuning_seeds]
-  checks: dict[str, dict[str, Any]] = {side: {"tried": [], "lr_moves": 0} for side in sides}
+  checks: dict[str, Record] = {side: {"tried": [], "lr_moves": 0} for side in sides}
   todo = [(side, at) for side, (c, settings) in sides.items() for at in local_candidates(c, settings)]
   while todo:
     run_specs = []
@@ -240,7 +238,7 @@ def local_check(
   return out, checks
 
 
-def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+def critical_batch(result: Record, before: Record) -> Record:
   """Per side, its loss at N tokens minus cell `both_tuned`'s (in `before`), per shared headline seed, judged
   by `protocol.paired_difference` with the eval windows' error over the same window groups; and what it
   says: the larger batch above this model's critical batch where the smaller one is lower."""
@@ -265,7 +263,7 @@ def critical_batch(result: dict[str, Any], before: dict[str, Any]) -> dict[str, 
   return out
 
 
-def lr_edge(check: dict[str, Any]) -> str:
+def lr_edge(check: Record) -> str:
   """'low' or 'high' where the local check's chosen LR is the lowest or highest it tried at the chosen beta2
   ('' inside them)."""
   chosen = check["chosen"]
@@ -278,7 +276,7 @@ def lr_edge(check: dict[str, Any]) -> str:
   return "low" if lr == min(lrs) else "high" if lr == max(lrs) else ""
 
 
-def local_check_lines(result: dict[str, Any]) -> list[str]:
+def local_check_lines(result: Record) -> list[str]:
   """The carried cells: what each side's settings became (cell `small_batch`: converted from cell
   `both_tuned`'s to its batch), what the local check chose, and at the smaller batch where the larger one
   sits against the critical batch."""

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import ml_collections
 
 from hybridjax.bench import comparison
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, side_configs
 
@@ -38,7 +37,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
   (cell `both_tuned`: after the joint search; a carried cell: after its local check)."""
   o = config.benchmark.optimizers
@@ -61,9 +60,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return spans | {"source": source, "sides": sides, "config": config, "before": before}
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   preset_batch = int(config.trainer.batch_size)
   config = trained["config"]  # the carried cells: at their batch, on their corpus
@@ -106,12 +103,12 @@ def field_range() -> tuple[float, float]:
   return min(r["low"] for r in rows), max(r["high"] for r in rows)
 
 
-def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
+def cell_figures(result: Record) -> Record:
   """Muon's factor over AdamW, each on its own curve, with its verdict (`comparison.own_curves`)."""
   return comparison.own_curves(result, "adamw", "muon", field_range())
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: Record) -> str:
   """optimizers-<cell>-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
   cell, f, corpus = result["cell"], result["factor"], result["corpus"]
   epochs = (

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hybridjax.bench import comparison, figures, protocol
+from hybridjax.bench.studies import Record
 
 
-def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+def anchor_curves(curves: Record) -> dict[str, dict[str, list[float]]]:
   """Per seed, the anchor's averaged budget curve: {'steps', 'loss'}."""
   return {
     s: {"steps": list(curves["budgets"]), "loss": losses} for s, losses in curves["curves"]["averaged_baseline"].items()
@@ -16,7 +15,7 @@ def anchor_curves(curves: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
 
 def step_figures(
   name: str,
-  step: dict[str, Any],
+  step: Record,
   previous: dict[str, float],
   anchor: dict[str, dict[str, list[float]]],
   ms: dict[str, float],
@@ -25,7 +24,7 @@ def step_figures(
   rounds: dict[str, list[float | None]] | None = None,
   eval_windows: int | None = None,
   previous_error: tuple[float | None, int | None] | None = None,
-) -> dict[str, Any]:
+) -> Record:
   """One step's speed-up (per seed and summarised), whether it pays against the anchor
   (`protocol.cost_verdict` at N steps), its wall-clock ratio (with its spread over the timing rounds
   where `rounds`, each step's ms per round, were recorded: `figures.round_spread`) and paired verdict
@@ -62,7 +61,7 @@ def step_figures(
   }
 
 
-def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+def recipe_figures(result: Record) -> list[Record]:
   """Every step's figures, the anchor first (its own N-step loss read on its curve), from a
   recipe.json record: what the report shows and the tests recompute."""
   n = int(result["steps"])
@@ -87,7 +86,7 @@ def recipe_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
   return rows
 
 
-def _windows(step: dict[str, Any], before: dict[str, Any] | None) -> tuple[float, int] | None:
+def _windows(step: Record, before: Record | None) -> tuple[float, int] | None:
   """A step's difference from the step before judged with its own windows' error (`figures.window_error`),
   where both steps read their averaged iterate and kept its per-window losses; else None."""
   if before is None or step["iterate"] != "averaged" or before["iterate"] != "averaged":
@@ -97,7 +96,7 @@ def _windows(step: dict[str, Any], before: dict[str, Any] | None) -> tuple[float
   return figures.window_error(a, b, [x["loss"] - y["loss"] for x, y in zip(a, b)])
 
 
-def below_curve(steps: dict[str, Any], anchor: dict[str, dict[str, list[float]]]) -> bool:
+def below_curve(steps: Record, anchor: dict[str, dict[str, list[float]]]) -> bool:
   """Whether any step's loss on any seed lies below the end of the anchor's curve (a lower bound)."""
   for step in steps.values():
     for s, r in step["runs"].items():

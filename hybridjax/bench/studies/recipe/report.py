@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from hybridjax import plotting
 from hybridjax.bench import comparison
@@ -19,9 +18,10 @@ from hybridjax.bench.cells import (
   verdict_cell,
 )
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION
+from hybridjax.bench.studies import Record
 
 
-def recipe_table(results: Sequence[dict[str, Any]]) -> str:
+def recipe_table(results: Sequence[Record]) -> str:
   """What trains faster: one row per step, one column per scale with the cumulative speed-up over
   the R4 anchor and the paired verdict against the previous step."""
   order = list(dict.fromkeys(r["name"] for res in results for r in res["figures"]))
@@ -42,7 +42,7 @@ def recipe_table(results: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def recipe_scale(result: dict[str, Any]) -> str:
+def recipe_scale(result: Record) -> str:
   """One line on what a scale ran."""
   total = result["total_speedup"]
   wall = total.get("wallclock_ratio") or {}
@@ -53,7 +53,7 @@ def recipe_scale(result: dict[str, Any]) -> str:
   )
 
 
-def trick_list_lines(result: dict[str, Any]) -> list[str]:
+def trick_list_lines(result: Record) -> list[str]:
   """For a recipe measured with an earlier trick list than today's, a paragraph that says so; none
   otherwise."""
   measured = int(result.get("trick_list", 1))
@@ -67,7 +67,7 @@ def trick_list_lines(result: dict[str, Any]) -> list[str]:
   ]
 
 
-def kept_lines(result: dict[str, Any]) -> list[str]:
+def kept_lines(result: Record) -> list[str]:
   """The fields a recipe kept as given where a step's trick would have changed them (its `kept`:
   the command line's overrides), as a paragraph; none for a recipe that kept none."""
   kept = result.get("kept") or {}
@@ -80,7 +80,7 @@ def kept_lines(result: dict[str, Any]) -> list[str]:
   return [f"Kept as given, not as the step's trick sets them (`benchmark.recipe.keep`): {steps}.", ""]
 
 
-def recipe_markdown(result: dict[str, Any]) -> str:
+def recipe_markdown(result: Record) -> str:
   """recipe-<preset>.md: the table, then every step per seed (loss, speed-up, LR, iterate)."""
   out = comparison.page_head(f"The speedrun recipe, trick by trick: `{result['preset']}`", result) + [
     recipe_scale(result),
@@ -112,7 +112,7 @@ def recipe_markdown(result: dict[str, Any]) -> str:
   return "\n".join(out)
 
 
-def recipe_verdicts(result: dict[str, Any]) -> list[str]:
+def recipe_verdicts(result: Record) -> list[str]:
   """One line per step: whether its speed-up pays against the R4 anchor (its loss at N against the
   anchor's curve at N, read as the anchor reads itself), and how it compares with the step before."""
   lines = [
@@ -134,7 +134,7 @@ def recipe_verdicts(result: dict[str, Any]) -> list[str]:
   return lines
 
 
-def speedup_counts(s: dict[str, Any]) -> dict[str, Any]:
+def speedup_counts(s: Record) -> Record:
   """A speed-up's summary in the shape `ratio_cell` reads (counts of nulls and bounds)."""
   per_seed = s["per_seed"]
   return {
@@ -145,7 +145,7 @@ def speedup_counts(s: dict[str, Any]) -> dict[str, Any]:
   }
 
 
-def save_recipe_plot(result: dict[str, Any], folder: str) -> str:
+def save_recipe_plot(result: Record, folder: str) -> str:
   return plotting.plot_recipe(
     os.path.join(folder, f"recipe-{result['preset']}.png"),
     [r["name"] for r in result["figures"]],

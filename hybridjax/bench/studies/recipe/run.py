@@ -19,7 +19,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
@@ -47,7 +47,7 @@ def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[st
   return out
 
 
-def anchor_plateaus(curves: dict[str, Any], n: int, margin: float) -> list[dict[str, Any]]:
+def anchor_plateaus(curves: Record, n: int, margin: float) -> list[Record]:
   """The anchor's N-step runs (`tuning.budget_curves`' runs) that sit on an early plateau."""
   at_n = {key.split("/")[0]: r["curve"] for key, r in curves["runs"].items() if r["steps"] == n}
   return figures.plateau_runs({"anchor": at_n}, n, margin)
@@ -74,7 +74,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return lines
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """The anchor (tuned, its budget curve) and every cumulative step; with the plateau seeds, when the
   rule fires, and the anchor's curve extended while a step lies below it. Every run goes through the
   runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
@@ -83,7 +83,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   extra = [float(f) for f in b.recipe.budgets]
   acfg = anchor_config(config, extra)
 
-  def with_step_sweeps(lr: float, beta: float) -> list[dict[str, Any]]:
+  def with_step_sweeps(lr: float, beta: float) -> list[Record]:
     # The anchor's curve and every step's first sweep grid train together (the steps' sweeps are
     # centred on the anchor's LR, known now); the lockstep sweep below finds them cached.
     first = [
@@ -122,7 +122,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   }
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> dict[str, Any]:
+def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   """The anchor's and every step's time per step, interleaved."""
   tuned, configs, steps = trained["tuned"], trained["configs"], trained["steps"]
   entries = {"anchor": (trained["anchor"], tuned["best_lr"], tuned["averaging_beta"])}
@@ -130,9 +130,7 @@ def time_steps(config: ml_collections.ConfigDict, trained: dict[str, Any]) -> di
   return timing.time_baselines(entries)
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """recipe.json's record (after the header): the anchor, every step's runs and figures."""
   config = trained["config"]  # with the plateau seeds, where they were added
   n = int(config.trainer.steps)
@@ -141,7 +139,7 @@ def record(
     s: curves["curves"]["averaged_baseline"][s][curves["budgets"].index(n)]
     for s in curves["curves"]["averaged_baseline"]
   }
-  result: dict[str, Any] = {
+  result: Record = {
     "code_version": keys.code_versions(config, []),
     "config": json.loads(config.to_json()),  # with the plateau seeds (the header holds the config as given)
     "steps": n,  # the figures below read it from the record
@@ -173,14 +171,14 @@ def record(
   return result
 
 
-def _per_budget_lr(tuned: dict[str, Any], acfg: ml_collections.ConfigDict) -> dict[str, float]:
+def _per_budget_lr(tuned: Record, acfg: ml_collections.ConfigDict) -> dict[str, float]:
   """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
   base = tuned["per_budget_lr"]
   beyond = base.get("2.0", tuned["best_lr"])
   return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
 
 
-def write(result: dict[str, Any], trained: dict[str, Any], workdir: str, publish: str) -> None:
+def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
   """recipe-<preset>.{json,md,png} into `workdir` and `publish`, unless `publish` holds a recipe of
   another config (`record.write_and_publish`; the validate hook refused it before training)."""
   record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)

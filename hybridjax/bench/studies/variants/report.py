@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hybridjax.bench import cells, protocol
+from hybridjax.bench.studies import Record
 
 
-def _settings(s: dict[str, Any]) -> str:
+def _settings(s: Record) -> str:
   return f"{s['lr']:.4g}, {s['iterate']}" + (" (grid edge)" if s.get("best_at_edge") else "")
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: Record) -> str:
   """variants-<set>-<preset>.md, from the record alone."""
   n, seeds = result["steps"], ", ".join(map(str, result["seeds"]))
   if result.get("tuned"):

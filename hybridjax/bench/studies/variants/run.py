@@ -16,14 +16,14 @@ import ml_collections
 from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
-from hybridjax.bench.studies import Study
+from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
 
 
-def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, dict[str, Any]]]:
+def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Record]]:
   """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
   record `benchmark.variants.lrs_from` names ('': the published one)."""
   b = config.benchmark
@@ -44,7 +44,7 @@ def _side_key(config: ml_collections.ConfigDict, pair: Pair, side: str) -> str:
   return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items()), lr_row])
 
 
-def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+def _sides(config: ml_collections.ConfigDict, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
   """Every distinct side of the set's pairs (a side two pairs share trains once): its config and the
   row whose tuned settings it starts from."""
   sides = {}
@@ -55,7 +55,7 @@ def _sides(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]) -
   return sides
 
 
-def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> dict[str, Any]:
+def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side N steps on the headline seeds at its row's tuned LR, beta and iterate."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   run_specs = [
@@ -75,7 +75,7 @@ def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   return out
 
 
-def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> dict[str, Any]:
+def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side tuned as a recipe step is (`tuning.train_steps`), its sweep centred on its row's
   tuned LR, then N steps on the headline seeds (`config`'s) at its best LR."""
   configs = {}
@@ -88,7 +88,7 @@ def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   return {key: {"settings": {x: st[x] for x in settings}, "runs": st["runs"]} for key, st in steps.items()}
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   """Every distinct side on every headline seed, at its row's LR or tuned; a tuned set adds the
   plateau seeds to both sides of a pair whose difference lies within twice the table's resolution."""
   source, rows = row_settings(config)
@@ -108,12 +108,12 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> dict[str, Any]:
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
-def _losses(side: dict[str, Any], seeds: list[str]) -> list[float]:
+def _losses(side: Record, seeds: list[str]) -> list[float]:
   st = side["settings"]
   return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
 
 
-def pair_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def pair_figures(before: Record, after: Record) -> Record:
   """One pair's losses on the seeds both sides ran and its paired difference (after - before),
   judged besides the seeds' with the eval windows' error of the seed-averaged difference
   (`figures.window_error`), else the eval set's paired per-batch standard error (mean over the seeds).
@@ -132,7 +132,7 @@ def pair_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
   }
 
 
-def pair_table(config: ml_collections.ConfigDict, sides: dict[str, Any]) -> dict[str, Any]:
+def pair_table(config: ml_collections.ConfigDict, sides: Record) -> Record:
   """Every pair's figures, and the table's resolution: 2 standard errors of a paired difference
   (the median over the pairs of the standard error each is judged with)."""
   pairs = []
@@ -148,15 +148,13 @@ def pair_table(config: ml_collections.ConfigDict, sides: dict[str, Any]) -> dict
   return {"pairs": pairs, "resolution": resolution(pairs)}
 
 
-def resolution(pairs: list[dict[str, Any]]) -> float:
+def resolution(pairs: list[Record]) -> float:
   """A table's resolution: 2 standard errors of a paired difference (the median over its pairs of the
   standard error each is judged with); a pair within twice it gets the plateau seeds."""
   return 2 * statistics.median(p["difference"]["se_total"] for p in pairs)
 
 
-def record(
-  config: ml_collections.ConfigDict, trained: dict[str, Any], timed: dict[str, Any], command: str, runner: Runner
-) -> dict[str, Any]:
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   return {
     "set": str(config.benchmark.variants.set),

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from hybridjax.bench.speedrun import TRICKS
+from hybridjax.bench.studies import Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,13 +27,13 @@ class Pair:
   name: str
   row: str  # the recipe's cumulative step both sides start from
   what: str  # the change, from before to after
-  before: dict[str, Any]
-  after: dict[str, Any] = dataclasses.field(default_factory=dict)
+  before: Record
+  after: Record = dataclasses.field(default_factory=dict)
   drop: tuple[str, ...] = ()  # tricks of the row the before side leaves out
   rule: str = ""  # what else goes with the change, where one trick needs another
   before_lr_row: str = ""  # the row whose tuned LR centres the before side's sweep ('': `row`)
 
-  def fields(self, side: str, config: Any) -> dict[str, Any]:
+  def fields(self, side: str, config: Any) -> Record:
     """The fields `side` sets, a function's value read from `config` (the preset's, before any trick)."""
     return {k: (v(config) if callable(v) else v) for k, v in getattr(self, side).items()}
 
