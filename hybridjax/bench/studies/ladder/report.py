@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from hybridjax import plotting
+from hybridjax.bench import plots
 from hybridjax.bench.cells import (
   BEYOND,
   compute_clause,
@@ -248,7 +248,7 @@ def ladder_plot_data(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def save_ladder_plot(result: dict[str, Any], folder: str) -> str:
-  return plotting.plot_ladder(
+  return plots.plot_ladder(
     os.path.join(folder, f"ladder-{result['preset']}.png"),
     result["rung_names"],
     ladder_plot_data(result),

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from hybridjax import plotting
+from hybridjax.bench import plots
 from hybridjax.bench.cells import (
   BEYOND,
   compute_clause,
@@ -149,7 +149,7 @@ def speedup_counts(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_recipe_plot(result: dict[str, Any], folder: str) -> str:
-  return plotting.plot_recipe(
+  return plots.plot_recipe(
     os.path.join(folder, f"recipe-{result['preset']}.png"),
     [r["name"] for r in result["figures"]],
     [r["speedup"]["per_seed"] for r in result["figures"]],
