@@ -23,6 +23,11 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
   del b, preset
 
 
+def trained_arms(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+  """The arms the family trains (`arms.selected`), and the field that names them."""
+  return arms_lib.selected(config), "--config.benchmark.methods"
+
+
 def check_publish(
   config: ml_collections.ConfigDict | dict[str, Any], folder: str, ignore: tuple[str, ...] = ()
 ) -> None:

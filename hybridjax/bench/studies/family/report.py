@@ -189,7 +189,7 @@ def missing_control(result: dict[str, Any], name: str) -> str:
     method = registry.load_method(arm.method) if arm is not None else None
   except (ValueError, KeyError, AttributeError):
     return ""
-  if arm is None or arm.control or not (method and method.control_arm):
+  if arm is None or arm.control or not (method and arms_lib.declared(method, "CONTROL")):
     return ""
   return (
     f"no control arm ran (method {arm.method!r} declares one: add an arm with control=True and "
