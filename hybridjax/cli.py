@@ -18,11 +18,10 @@ from absl import app, flags, logging
 from ml_collections.config_flags import config_flags as config_flags_impl
 
 from hybridjax import config as config_lib
-from hybridjax import registry
 from hybridjax.loop.train import TrainingDiverged, TrainingInterrupted
 
 
-def _override_value(argv: list[str], field: str) -> str | None:
+def override_value(argv: list[str], field: str) -> str | None:
   """The last value `argv` gives `--config.<field>` (as `--config.f=v` or `--config.f v`), or None."""
   value = None
   for i, arg in enumerate(argv):
@@ -39,34 +38,31 @@ def command_line_fields(argv: list[str]) -> list[str]:
   return [m[1] for arg in argv if (m := re.match(r"^--?(?:no)?config\.([^=]+)", arg))]
 
 
-def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> ml_collections.ConfigDict:
+# A config file's hook that makes its config ready for the command line's overrides of blocks of its own
+# (config, argv) -> {path: error} for the paths of argv it finds no field of.
+PrepareHook = Callable[[ml_collections.ConfigDict, list[str]], dict[str, str]]
+
+
+def prepare_for_overrides(
+  config: ml_collections.ConfigDict, argv: list[str], prepare: PrepareHook | None = None
+) -> ml_collections.ConfigDict:
   """`config` made ready for `argv`'s `--config.*` overrides, which ml_collections applies while it
   parses the flags, only to fields that exist: the block of the method `--config.hybrid.method`
-  names (a user's method brings its own, at its defaults), the entries of `benchmark.arms` the
-  command line defines (`--config.benchmark.arms.<name>.method=...`), and the fields of an arm's run
-  config its overrides set (`--config.benchmark.arms.<name>.overrides.hybrid.jump.every=50`). An
-  override of a field that still does not exist is refused here, naming it and the nearest field (a
-  misspelt key would leave the field it meant at its default)."""
-  method = _override_value(argv, "hybrid.method")
+  names (a user's method brings its own, at its defaults), then the config file's own `prepare`
+  (its `prepare_overrides`, e.g. the benchmark's arms). An override of a field that still does not
+  exist is refused here, naming it and the nearest field (a misspelt key would leave the field it
+  meant at its default)."""
+  method = override_value(argv, "hybrid.method")
   if method is not None and "hybrid" in config:
     config.hybrid.method = method
     config = config_lib.with_method_block(config)
-  arms = config.get("benchmark", {}).get("arms")
-  if arms is not None:
-    made = []
-    for path in command_line_fields(argv):
-      parts = path.split(".")
-      if parts[:2] == ["benchmark", "arms"] and len(parts) > 3 and parts[2] not in arms:
-        arms[parts[2]] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
-        made.append(parts[2])
-      if parts[:2] == ["benchmark", "arms"] and len(parts) > 4 and parts[3] == "overrides":
-        _add_arm_override(config, argv, parts[2], ".".join(parts[4:]))
-    for name in made:
-      _add_control_arm(arms, argv, name)
+  judged = prepare(config, argv) if prepare is not None else {}
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in command_line_fields(argv):
-    if path not in fields and not any(f.startswith(path + ".") for f in fields):
+    if path in judged:
+      errors.append(judged[path])
+    elif path not in fields and not any(f.startswith(path + ".") for f in fields):
       block, _, leaf = path.rpartition(".")
       keys = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == block]
       # a field's initials first (`optim.lr`: `learning_rate`), then the nearest spelling, else the block's fields
@@ -76,79 +72,23 @@ def prepare_for_overrides(config: ml_collections.ConfigDict, argv: list[str]) ->
       hint = f"did you mean --config.{nearest[0]}?" if nearest else hint
       parts = path.split(".")
       if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
-        hint += (  # the benchmark reads a method's fields from an arm's overrides
-          f" (an arm's: --config.benchmark.arms.<arm>.overrides.{path})"
-          if "benchmark" in config
-          else f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
-        )
+        hint += f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
       errors.append(f"--config.{path} is not a field of the config: {hint}")
   if errors:
     raise ValueError("\n".join(errors))
   return config
 
 
-def _add_control_arm(arms: ml_collections.ConfigDict, argv: list[str], name: str) -> None:
-  """For arm `name` made on the command line, its control arm `<name>_control` from its method's
-  `CONTROL`, as a method named in `benchmark.methods` gets one (`bench.arms.arms`), unless the command
-  line makes a control of it itself or the method declares none; it runs with its arm (`arms.selected`)
-  and takes its arm's overrides."""
-  method = _override_value(argv, f"benchmark.arms.{name}.method")
-  control = f"{name}_control"
-  if not method or control in arms or _override_value(argv, f"benchmark.arms.{name}.control") in ("True", "true"):
-    return
-  given = _overrides(argv).items()
-  controls_of = [v for k, v in given if k.startswith("benchmark.arms.") and k.endswith(".control_of")]
-  if name in controls_of:
-    return
-  try:
-    declares = bool(registry.load_method(method).control_arm)
-  except ValueError:
-    return  # the arms' check names a method that does not load
-  if declares:
-    mode = _override_value(argv, f"benchmark.arms.{name}.mode") or "hybrid"
-    arms[control] = ml_collections.ConfigDict({"method": method, "mode": mode, "control": True, "control_of": name})
-
-
 def _overrides(argv: list[str]) -> dict[str, str]:
   """{field: value} of every `--config.<field>=<value>` in `argv`."""
-  return {path: value for path in command_line_fields(argv) if (value := _override_value(argv, path)) is not None}
-
-
-def _add_arm_override(config: ml_collections.ConfigDict, argv: list[str], arm: str, field: str) -> None:
-  """Makes `--config.benchmark.arms.<arm>.overrides.<field>=VALUE` a field the flags can set: `field`
-  (dotted) at its value in the arm's run config (the experiment config with the arm's method and its
-  block, as `bench.arms.apply` builds it), so the command line's value is parsed as that field's type.
-  A field the arm's run config does not hold is left out: the check after names it."""
-  entry = config.benchmark.arms[arm]
-  method = _override_value(argv, f"benchmark.arms.{arm}.method") or entry.get("method", "")
-  run = ml_collections.ConfigDict(config.to_dict())
-  del run.benchmark
-  if method and "hybrid" in run:
-    run.hybrid.method = method
-    try:
-      run = config_lib.with_method_block(run)
-    except ValueError:
-      return  # a method that does not load: the arms' check names it
-  flat = config_lib.flatten(run)
-  if field not in flat:
-    return
-  if "overrides" not in entry or entry.overrides is None:
-    entry.overrides = ml_collections.ConfigDict()
-  node = entry.overrides
-  *parents, leaf = field.split(".")
-  for part in parents:
-    if part not in node:
-      node[part] = ml_collections.ConfigDict()
-    node = node[part]
-  if leaf not in node:
-    node[leaf] = flat[field]
+  return {path: value for path in command_line_fields(argv) if (value := override_value(argv, path)) is not None}
 
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
   """The config file's `get_config(arg)`, given its `before_command_line(config, arg, overrides)` if it has
   one (blocks the command line's values name, {field: value}), made ready for the command line's overrides
-  (`prepare_for_overrides`), then locked; the file's `after_command_line(config, arg, fields)`, if it has one,
-  is kept for `finish_config`."""
+  (`prepare_for_overrides`, with the file's `prepare_overrides(config, argv)` where it has one), then locked;
+  the file's `after_command_line(config, arg, fields)`, if it has one, is kept for `finish_config`."""
 
   after_command_line: Callable[[ml_collections.ConfigDict, list[str]], ml_collections.ConfigDict] | None = None
 
@@ -159,7 +99,7 @@ class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
       hooks = _load_module(f"{self.name}_config_hooks", file)
       if before := getattr(hooks, "before_command_line", None):
         config = before(config, arg, _overrides(sys.argv))
-      config = prepare_for_overrides(config, sys.argv)
+      config = prepare_for_overrides(config, sys.argv, getattr(hooks, "prepare_overrides", None))
       config.lock()
       hook = getattr(hooks, "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
@@ -279,5 +219,5 @@ def run_as_program(work: Callable[[], Any]) -> None:
   except KeyboardInterrupt:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):
       raise
-    print("interrupted (a benchmark resumes from its run cache: run the same command again)", file=sys.stderr)
+    print("interrupted (run the same command again to resume from what it saved)", file=sys.stderr)
     sys.exit(130)

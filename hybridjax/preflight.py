@@ -6,7 +6,7 @@ one config; `unknown_field_errors` and `misnamed_block_errors` name a key or blo
 (with the nearest declared one); `optimizer_setting_errors` and `inert_setting_errors` name a field
 that is set where the run would not read it, generically from the declarations (`schema.Field.unread`,
 `roles`; an optimizer's declared fields, a method's block, the controller settings a method sets).
-`loop.train.train` and the experiment programs call them; `bench.study` for the benchmark.
+`loop.train.train` and the experiment programs call them.
 """
 
 from __future__ import annotations
@@ -197,11 +197,8 @@ def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> 
 def declared_blocks() -> tuple[str, ...]:
   """The blocks of an experiment config whose every field is declared: the GPT-2 task's model and
   data blocks (`_GPT2_TASK_CHECKS`) and `config.BLOCKS`; a misspelt key in them is an error, not a
-  new field. The benchmark's block is `bench.study`'s to check field by field."""
+  new field. Any other block is its owner's to check."""
   return tuple(dict.fromkeys(k.split(".")[0] for k in _GPT2_TASK_CHECKS)) + tuple(config_lib.BLOCKS)
-
-
-BENCHMARK_BLOCK = "benchmark"  # the benchmark's block, which `bench.study` checks field by field
 
 
 def declared_fields(method: registry.Method | None = None) -> set[str]:
@@ -224,14 +221,14 @@ def unknown_field_errors(
   """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
   the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
   otherwise train on the default, without a word. A block of the config's own outside
-  `declared_blocks()` (a task's, e.g. `mlp`) and the benchmark block are left to their owners."""
+  `declared_blocks()` (a task's, e.g. `mlp`) is left to its owner."""
   known = declared_fields(method)
   errors = []
   for name in config_lib.flatten(config):
     top = name.split(".")[0]
-    if name in known or top == BENCHMARK_BLOCK or (blocks is not None and top not in blocks):
+    if name in known or (blocks is not None and top not in blocks):
       continue
-    near_block = difflib.get_close_matches(top, (*declared_blocks(), BENCHMARK_BLOCK), n=1, cutoff=0.8)
+    near_block = difflib.get_close_matches(top, declared_blocks(), n=1, cutoff=0.8)
     if "." in name and top not in declared_blocks() and not near_block:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
     nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
@@ -332,7 +329,7 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   errors = []
   for top in config:
     block = config[top]
-    if top in (*declared_blocks(), BENCHMARK_BLOCK) or not hasattr(block, "items"):
+    if top in declared_blocks() or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))
     for near in difflib.get_close_matches(top, declared_blocks(), n=3, cutoff=NEAR_BLOCK_CUTOFF):

@@ -102,17 +102,10 @@ class Method:
   predict_step: Callable[..., Any] | None = None
   correct_step: Callable[..., Any] | None = None
 
-  @property
-  def own_transitions(self) -> list[str]:
-    """The transitions the method defines of its own (`full_step`, `predict_step`, `correct_step`):
-    none for a method whose steps are the baseline's (outer momentum)."""
-    return [name for name in ("full_step", "predict_step", "correct_step") if getattr(self, name) is not None]
-
   fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS, or CONFIG's checks]
   composes_with: frozenset[str] = frozenset()  # [COMPOSES_WITH]
   batches_per_step: int = 1  # [BATCHES_PER_STEP]
   advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
-  control_arm: Mapping[str, Any] | None = None  # [CONTROL] config overrides that make its control arm
   controller_overrides: Callable[..., Mapping[str, Any]] | None = None  # [control]
   shardings: Callable[..., Any] | None = None  # None: params-shaped subtrees as the params, the rest replicated
   step_extra: Callable[[Any], Any] = _no_extra
@@ -122,8 +115,6 @@ class Method:
   trace: Callable[..., dict[str, Any]] = _no_trace
   log_view: Callable[[Any], Any] = _no_view
   log_fields: Callable[[Any], dict[str, Any]] = _no_fields
-  step_kind: Callable[[dict[str, Any]], str] | None = None  # None: its transition's name
-  time_branches: tuple[int, ...] = ()  # [TIME_BRANCHES]
   summary: Callable[..., dict[str, Any]] = _no_summary
 
 
@@ -135,10 +126,8 @@ _ATTRIBUTES = {f.name: f.name for f in dataclasses.fields(Method) if f.name != "
   "composes_with": "COMPOSES_WITH",
   "batches_per_step": "BATCHES_PER_STEP",
   "advances_schedule": "ADVANCES_SCHEDULE",
-  "control_arm": "CONTROL",
   "controller_overrides": "control",
   "trace_only": "TRACE_ONLY",
-  "time_branches": "TIME_BRANCHES",
 }
 
 
@@ -222,7 +211,6 @@ def method_record(module: types.ModuleType, name: str) -> Method:
     )
   hooks["composes_with"] = frozenset(hooks.get("composes_with", ()))
   hooks["trace_only"] = frozenset(hooks.get("trace_only", ()))
-  hooks["time_branches"] = tuple(hooks.get("time_branches", ()))
   hooks["fields"] = dict(hooks.get("fields", {}))
   return Method(path=module.__name__, **hooks)
 
@@ -234,9 +222,11 @@ def _raise_invalid(errors: list[str]) -> None:
 
 # --- a method module's names ---------------------------------------------------------------------
 
-# The module-level names the method interface reads (`registry.method_record`), and the earlier
-# names it refuses.
-INTERFACE_NAMES = frozenset(_ATTRIBUTES.values()) | frozenset(REQUIRED) | {"CONFIG"}
+# The module-level names the method interface reads (`registry.method_record`, and those
+# hybridjax/methods/__init__.py lists for readers other than the loop), and the earlier names it refuses.
+INTERFACE_NAMES = (
+  frozenset(_ATTRIBUTES.values()) | frozenset(REQUIRED) | {"CONFIG", "CONTROL", "TIME_BRANCHES", "step_kind"}
+)
 # How close (difflib's ratio, compared lower-case) a name must be to an interface name to be taken
 # for a misspelling of it: `predict` for `predict_step` is 0.74.
 NEAR_NAME_CUTOFF = 0.7

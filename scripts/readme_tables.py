@@ -24,13 +24,15 @@ import os
 import statistics
 import sys
 
+import scipy.stats
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 RESULTS_PAGE = os.path.join(ROOT, "docs", "results", "README.md")  # the ladder's and the recipe's tables
 ORDER = ("deep", "long", "tiny")  # the headline scale first
 
 sys.path.insert(0, ROOT)
-from hybridjax.bench import cells, stats  # noqa: E402
+from hybridjax.bench import cells  # noqa: E402
 from hybridjax.bench.comparison import cell_of  # noqa: E402
 from hybridjax.bench.studies.ladder import report as ladder_report  # noqa: E402
 from hybridjax.bench.studies.ladder.rungs import VERDICT  # noqa: E402
@@ -106,7 +108,7 @@ def t_interval(values: list[float], where: str) -> tuple[float, float]:
   """
   if len(values) < 2:
     raise ValueError(f"{where}: a t interval needs at least 2 seeds' values, got {len(values)}")
-  half = stats.t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+  half = float(scipy.stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
   mean = statistics.fmean(values)
   return mean - half, mean + half
 

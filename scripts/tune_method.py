@@ -31,8 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from experiments.configs import benchmark as bench_cfg  # noqa: E402
-from hybridjax import plotting  # noqa: E402
-from hybridjax.bench import protocol  # noqa: E402
+from hybridjax.bench import plots, protocol  # noqa: E402
 from hybridjax.bench import specs as bench_specs  # noqa: E402
 from hybridjax.bench.runs.runner import make_runner  # noqa: E402
 
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with open(args.out, "w") as f:
       json.dump(rows, f, indent=1)
   if args.plot:
-    plotting.plot_lr_robustness(rows, args.method, args.plot)
+    plots.plot_lr_robustness(rows, args.method, args.plot)
   return rows
 
 

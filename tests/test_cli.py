@@ -49,7 +49,9 @@ def test_a_misspelt_override_is_refused_before_the_flags_apply_it():
     match=r"--config\.hybrid\.jump2\.every is not a field of the config: did you mean --config\.hybrid\.jump\.every\? "
     r"\(an arm's: --config\.benchmark\.arms\.<arm>\.overrides\.hybrid\.jump2\.every\)",
   ):
-    cli.prepare_for_overrides(benchmark_cfg.get_config("quick"), ["prog", "--config.hybrid.jump2.every=5"])
+    cli.prepare_for_overrides(
+      benchmark_cfg.get_config("quick"), ["prog", "--config.hybrid.jump2.every=5"], benchmark_cfg.prepare_overrides
+    )
   # A field's initials name it (`optim.lr`: `optim.learning_rate`), before a near spelling (`optim.b2`).
   with pytest.raises(
     ValueError, match=r"--config\.optim\.lr is not a field of the config: did you mean --config\.optim\.learning_rate\?"
@@ -283,7 +285,11 @@ def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
   assert arms_lib.arms(c)["jump"].overrides["hybrid.jump.every"] == 7
   from experiments.configs import benchmark as benchmark_cfg
 
-  misspelt = r"--config\.benchmark\.arms\.jump50\.overrides\.hybrid\.jump\.everyy is not a field"
+  # The "did you mean" searches the arm's own fields (its run config's), not another arm's.
+  misspelt = (
+    r"--config\.benchmark\.arms\.jump50\.overrides\.hybrid\.jump\.everyy is not a field of arm 'jump50': "
+    r"did you mean --config\.benchmark\.arms\.jump50\.overrides\.hybrid\.jump\.every\? "
+  )
   with pytest.raises(ValueError, match=misspelt):
     cli.prepare_for_overrides(
       benchmark_cfg.get_config("quick"),
@@ -292,6 +298,7 @@ def test_an_arm_takes_its_methods_settings_on_the_command_line(monkeypatch):
         "--config.benchmark.arms.jump50.method=jump",
         "--config.benchmark.arms.jump50.overrides.hybrid.jump.everyy=5",
       ],
+      benchmark_cfg.prepare_overrides,
     )
 
 
@@ -337,3 +344,33 @@ def test_the_mlp_tasks_fields_are_set_on_the_benchmarks_command_line(monkeypatch
   c = _parsed(monkeypatch, path, "--config.benchmark.task=mlp", "--config.mlp.n_in=0")
   with pytest.raises(ValueError, match=r"--config\.mlp\.n_in must be >= 1, got 0"):
     study.validate(c, ["benchmark.task", "mlp.n_in"])
+
+
+def test_an_arm_the_run_would_not_train_is_refused_and_the_start_up_line_lists_the_arms(monkeypatch, tmp_path):
+  """An arm the command line defines but `benchmark.methods` does not name is refused before anything is
+  written, naming --config.benchmark.methods; named there, it runs with its control arm, and the family's
+  first line lists the arms."""
+  from hybridjax.bench import study
+  from hybridjax.bench.studies.family import run as family_run
+
+  path = os.path.join(ROOT, "experiments", "configs", "benchmark.py")
+  argv = ["--config.benchmark.arms.j3.method=jump", "--config.benchmark.arms.j3.overrides.hybrid.jump.every=3"]
+  c = _parsed(monkeypatch, f"{path}:quick", *argv)
+  workdir = tmp_path / "w"
+  with pytest.raises(ValueError) as e:
+    study.run(c, str(workdir), "", cli.command_line_fields(argv))
+  assert str(e.value).startswith(
+    "--config.benchmark.arms.j3 is defined but not trained: --config.benchmark.methods does not name it, so the "
+    "run would train and report other arms only. Name it there (e.g. "
+    "--config.benchmark.methods=jump,skip_control,j3), or leave out the --config.benchmark.arms.j3.* flags"
+  ), e.value
+  assert not workdir.exists()
+  c = _parsed(monkeypatch, f"{path}:quick", *argv, "--config.benchmark.methods=jump,j3")
+  study.validate(c, cli.command_line_fields([*argv, "--config.benchmark.methods=jump,j3"]))
+  assert "; arms jump,j3,j3_control; workdir w" in family_run.header(c, "w")[0]
+  c.benchmark.study = "recipe"
+  assert study.unrun_arm_errors(c, cli.command_line_fields(argv)) == [
+    "--config.benchmark.arms.j3 is defined but not trained: the recipe study trains no method arm, so the run "
+    "would train and report other arms only. Run it with --config.benchmark.study=family (or ladder), or leave "
+    "out the --config.benchmark.arms.j3.* flags"
+  ]

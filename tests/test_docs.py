@@ -486,12 +486,12 @@ def test_the_readmes_headline_table_reads_the_records():
   README's first claim, that no predictor beats a tuned baseline that averages, is each verdict rung's."""
   import statistics
 
-  from hybridjax.bench import stats
+  import scipy.stats
 
   script = runpy.run_path(os.path.join(ROOT, "scripts", "readme_tables.py"))
   values = _recipe("long")["total_speedup"]["per_seed"]
   lo, hi = script["t_interval"](values, "recipe long")
-  half = stats.t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+  half = float(scipy.stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
   assert (lo + hi) / 2 == pytest.approx(statistics.fmean(values)) and hi - lo == pytest.approx(2 * half)
   assert script["t_interval"]([2.0, 2.0, 2.0], "flat") == (2.0, 2.0)
   with pytest.raises(ValueError, match="recipe long"):

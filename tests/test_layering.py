@@ -12,9 +12,10 @@
                    no module below them imports one
   loop/            imports anything below it; cli imports the loop
   bench/           the benchmark as a library: above the loop (imports it and anything below), never
-                   imported by anything in the package below it; `experiments` sits above it
+                   imported by anything in the package below it, nor named there (no field, check or
+                   message outside bench/ names the benchmark); `experiments` sits above it
 
-and no import cycle anywhere.
+and no import cycle anywhere. One test builds configs: no block the trainer checks is the benchmark's.
 """
 
 from __future__ import annotations
@@ -158,6 +159,37 @@ def test_the_benchmark_sits_above_the_loop():
         assert not re.fullmatch(r"experiments(\.\w+)+", node.value), f"{module_name(path)} names {node.value!r}"
 
 
+def _docstrings(tree: ast.AST) -> set[int]:
+  return {
+    id(n.body[0].value)
+    for n in ast.walk(tree)
+    if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+    and n.body
+    and isinstance(n.body[0], ast.Expr)
+    and isinstance(n.body[0].value, ast.Constant)
+  }
+
+
+def test_the_trainer_names_no_benchmark_and_reads_no_block_of_it():
+  """Outside bench/ no string (a field, a check, an exemption, a message; docstrings aside) names the
+  benchmark, and no block the trainer checks (`preflight.declared_blocks()`, the method blocks under
+  `hybrid`) is one the benchmark's config declares."""
+  for path in sorted(PACKAGE.rglob("*.py")):
+    if path.relative_to(PACKAGE).parts[0] == "bench":
+      continue
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        assert not re.search(r"bench", node.value, re.I), f"{module_name(path)} names the benchmark: {node.value!r}"
+  from experiments.configs import benchmark as benchmark_cfg
+  from experiments.configs import gpt2_small
+  from hybridjax import preflight
+
+  declared = set(benchmark_cfg.get_config("quick")) - set(gpt2_small.get_config("tiny"))
+  assert declared == {"benchmark"} and not declared & set(preflight.declared_blocks())
+
+
 def test_the_benchmark_names_no_method():
   """The benchmark's arms are data (`config.benchmark.arms`): no string of hybridjax/bench names a
   built-in method (docstrings aside), so a method plug-in needs no edit of it."""
@@ -170,14 +202,7 @@ def test_the_benchmark_names_no_method():
   names = re.compile(r"\b(" + "|".join(map(re.escape, builtin)) + r")\b|hybridjax\.methods")
   for path in sorted((PACKAGE / "bench").rglob("*.py")):
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {
-      id(n.body[0].value)
-      for n in ast.walk(tree)
-      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
-      and n.body
-      and isinstance(n.body[0], ast.Expr)
-      and isinstance(n.body[0].value, ast.Constant)
-    }
+    docstrings = _docstrings(tree)
     for node in ast.walk(tree):
       if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
         assert not names.search(node.value), f"{module_name(path)} names a method: {node.value!r}"

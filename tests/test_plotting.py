@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from plotting_helper import TINY_STEPS, distinct_colors, has_band, tiny_config
 
 from hybridjax import plotting
+from hybridjax.bench import plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,9 +226,9 @@ def _labelled_lines(ax):
 
 def test_budget_curves_png_and_artists(tmp_path):
   path = str(tmp_path / "sub" / "budget.png")
-  assert plotting.plot_budget_curves(path, BUDGETS, CURVES, POINTS, title="budgets") == path
+  assert plots.plot_budget_curves(path, BUDGETS, CURVES, POINTS, title="budgets") == path
   assert os.path.getsize(path) > 10_000
-  ax = plotting.benchmark._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
+  ax = plots._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
   assert ax.get_xscale() == "log"
   anchors = [line for line in _labelled_lines(ax) if line.get_label().split(" (")[0] in CURVES]
   assert [line.get_label().split(" (")[0] for line in anchors] == list(CURVES)
@@ -247,11 +248,11 @@ def test_budget_curves_png_and_artists(tmp_path):
 def test_budget_curves_reject_bad_input(tmp_path):
   path = str(tmp_path / "bad.png")
   with pytest.raises(ValueError, match=r"'baseline', seed '1': 2 losses for 3 budgets"):
-    plotting.plot_budget_curves(path, BUDGETS, {"baseline": {"0": [1.0, 2.0, 3.0], "1": [1.0, 2.0]}}, {})
+    plots.plot_budget_curves(path, BUDGETS, {"baseline": {"0": [1.0, 2.0, 3.0], "1": [1.0, 2.0]}}, {})
   with pytest.raises(ValueError, match="point 'hybrid' has no 'y'"):
-    plotting.plot_budget_curves(path, BUDGETS, CURVES, {"hybrid": {"x": 1.0, "x_std": 0.0}})
+    plots.plot_budget_curves(path, BUDGETS, CURVES, {"hybrid": {"x": 1.0, "x_std": 0.0}})
   with pytest.raises(ValueError, match="budgets must be positive"):
-    plotting.plot_budget_curves(path, [0, 100, 200], CURVES, POINTS)
+    plots.plot_budget_curves(path, [0, 100, 200], CURVES, POINTS)
   assert not os.path.exists(path)
 
 
@@ -267,9 +268,9 @@ def _sweep_rows():
 
 def test_lr_sweep_png_and_artists(tmp_path):
   rows = _sweep_rows()
-  path = plotting.plot_lr_sweep(str(tmp_path / "sweep.png"), rows, title="sweep")
+  path = plots.plot_lr_sweep(str(tmp_path / "sweep.png"), rows, title="sweep")
   assert path == str(tmp_path / "sweep.png") and os.path.getsize(path) > 10_000
-  ax = plotting.benchmark._lr_sweep_figure(rows).axes[0]
+  ax = plots._lr_sweep_figure(rows).axes[0]
   assert ax.get_xscale() == "log"
   lines = ax.get_lines()
   # 4 (seed, budget) lines raw; averaged only where given (budget 100): 2 dashed.
@@ -293,13 +294,13 @@ def test_lr_sweep_rejects_bad_rows(tmp_path):
   rows = _sweep_rows()
   del rows[3]["loss_raw"]
   with pytest.raises(ValueError, match="sweep row 3 has no 'loss_raw'"):
-    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
+    plots.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
   rows = _sweep_rows()
   rows.append(dict(rows[0]))
   with pytest.raises(ValueError, match="lr 0.0001 twice for seed 0, budget 100"):
-    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
+    plots.plot_lr_sweep(str(tmp_path / "bad.png"), rows)
   with pytest.raises(ValueError, match="lr must be a positive number"):
-    plotting.plot_lr_sweep(str(tmp_path / "bad.png"), [{"lr": 0.0, "seed": 0, "budget": 1, "loss_raw": 3.0}])
+    plots.plot_lr_sweep(str(tmp_path / "bad.png"), [{"lr": 0.0, "seed": 0, "budget": 1, "loss_raw": 3.0}])
   assert not os.path.exists(tmp_path / "bad.png")
 
 
@@ -313,9 +314,9 @@ ARMS = {
 
 
 def test_arm_eval_curves_png_and_artists(tmp_path):
-  path = plotting.plot_arm_eval_curves(str(tmp_path / "arms.png"), ARMS, title="arms")
+  path = plots.plot_arm_eval_curves(str(tmp_path / "arms.png"), ARMS, title="arms")
   assert path == str(tmp_path / "arms.png") and os.path.getsize(path) > 10_000
-  ax = plotting.benchmark._arm_eval_figure(ARMS).axes[0]
+  ax = plots._arm_eval_figure(ARMS).axes[0]
   styles = [(line.get_label().split(":")[0], line.get_linestyle(), line.get_color()) for line in ax.get_lines()]
   assert [(n, s) for n, s, _ in styles] == [("baseline", "-"), ("baseline averaged", "--"), ("hybrid", "-")]
   assert styles[0][2] == styles[1][2] != styles[2][2], "one colour per arm"
@@ -325,11 +326,9 @@ def test_arm_eval_curves_png_and_artists(tmp_path):
 
 def test_arm_eval_curves_reject_bad_input(tmp_path):
   with pytest.raises(ValueError, match="arm 'hybrid', eval point 1 has no 'eval_loss_raw'"):
-    plotting.plot_arm_eval_curves(
-      str(tmp_path / "bad.png"), {"hybrid": [{"step": 1, "eval_loss_raw": 3.0}, {"step": 2}]}
-    )
+    plots.plot_arm_eval_curves(str(tmp_path / "bad.png"), {"hybrid": [{"step": 1, "eval_loss_raw": 3.0}, {"step": 2}]})
   with pytest.raises(ValueError, match="arm 'hybrid' has no eval points"):
-    plotting.plot_arm_eval_curves(str(tmp_path / "bad.png"), {"hybrid": []})
+    plots.plot_arm_eval_curves(str(tmp_path / "bad.png"), {"hybrid": []})
   assert not os.path.exists(tmp_path / "bad.png")
 
 

@@ -34,6 +34,7 @@ from hybridjax import schema
 from hybridjax.bench import specs, speedrun
 from hybridjax.bench import study as study_lib
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.bench.command_line import prepare_overrides  # noqa: F401 (the arms' flags: hybridjax.cli calls it)
 
 PRESETS = ("quick", "tiny", "long", "deep", "124m")
 FAMILIES = ("wsd", "muon", "speedrun")

@@ -17,6 +17,7 @@ names no method):
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 import ml_collections
@@ -36,6 +37,13 @@ class Arm:
   overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # flattened: 'hybrid.jump.forecast'
   control: bool = False
   control_of: str = ""
+
+
+def declared(method: registry.Method, name: str, default: Any = None) -> Any:
+  """What `method`'s module declares as `name`, of the names the arms read and the loop does not:
+  `CONTROL` (the config overrides under config.hybrid that make its control arm; None: no control
+  arm), `TIME_BRANCHES` and `step_kind` (`timing`)."""
+  return getattr(importlib.import_module(method.path), name, default)
 
 
 def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
@@ -61,7 +69,7 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
       out[name] = dataclasses.replace(arm, overrides={**out[arm.control_of].overrides, **arm.overrides})
   for entry, method in _methods_named(config, out).items():
     out.setdefault(method.name, Arm(name=method.name, method=entry))
-    if method.control_arm:
+    if declared(method, "CONTROL"):
       control = f"{method.name}_control"
       out.setdefault(control, Arm(name=control, method=entry, control=True, control_of=method.name))
   return out
@@ -111,7 +119,7 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
         f"benchmark.arms that runs {arm.method!r}: rename one of them (the method's NAME, or the arm)"
       )
     chosen.append(method.name)
-    if method.control_arm:
+    if declared(method, "CONTROL"):
       chosen.append(f"{method.name}_control")
   bad = [n for n in chosen if n not in defined]
   if bad or len(set(chosen)) != len(chosen):
@@ -156,14 +164,15 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
         f"method's name; set --config.benchmark.arms.{arm.name}.mode=hybrid (baseline mode is for a method that "
         "defines none of them, whose steps are the baseline's)"
       )
-    if method.control_arm is not None and not method.control_arm and arm.method not in empty:
+    control = declared(method, "CONTROL")
+    if control is not None and not control and arm.method not in empty:
       empty.add(arm.method)
       errors.append(
         f"{where(config, arm)}: method {arm.method!r} ({method.path}) declares CONTROL = {{}}, a "
         f"control arm that changes nothing: give CONTROL in {method.path} the fields under config.hybrid that "
         f"remove the method's effect (e.g. {example(method)}), or leave CONTROL out for no control arm"
       )
-    if arm.control and not method.control_arm:
+    if arm.control and not control:
       errors.append(f"benchmark.arms.{arm.name}.control: method {arm.method!r} declares no CONTROL arm")
     elif arm.control and arm.mode == "baseline":
       errors.append(
@@ -182,7 +191,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 def transitions(method: registry.Method) -> list[str]:
   """The transitions `method` defines of its own (`full_step`, `predict_step`, `correct_step`): none for
   a method whose steps are the baseline's (outer momentum)."""
-  return method.own_transitions
+  return [name for name in ("full_step", "predict_step", "correct_step") if getattr(method, name) is not None]
 
 
 def predicts(arm: Arm) -> bool:
@@ -238,7 +247,7 @@ def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Met
     return [(at, f"the arm's run config is not valid: {one_line(e)}")]
   if not arm.control:
     return []
-  control = dict(method.control_arm or {})
+  control = dict(declared(method, "CONTROL") or {})
   at = f"{at}, the control arm of method {arm.method!r}" if explicit else f"control {at}"
   try:
     c = run_config(config, arm)
@@ -296,7 +305,7 @@ def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
     c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`
     method = registry.load_method(arm.method)
-    control = dict(method.control_arm or {})
+    control = dict(declared(method, "CONTROL") or {})
     try:
       c.hybrid.update_from_flattened_dict(control)
     except (KeyError, AttributeError, TypeError) as e:
@@ -313,7 +322,7 @@ def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:
   if arm is None or arm.mode == "baseline":
     return REAL_STEP
   method = registry.load_method(arm.method)
-  kind = method.step_kind
+  kind = declared(method, "step_kind")
   if kind is not None:
     return kind(row)
   return ("full_step", "predict_step", "correct_step")[int(row["branch"])]

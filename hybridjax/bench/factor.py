@@ -21,7 +21,7 @@ A published cell's verdict (`cell_verdict`) reads reading (a)'s interval against
 first cell was read; a record of today's readings reads it against 1.0x (`verdict_against_one`), with the
 field's range beside it, descriptively. The change between two cells (`cell_change`) has its own interval.
 
-Pure numpy; no jax.
+numpy and scipy; no jax.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 from hybridjax.bench import protocol, stats
 from hybridjax.bench.studies import Record
@@ -368,7 +369,7 @@ def t_interval(logs: np.ndarray) -> list[float]:
   logs = np.asarray(logs, dtype=np.float64)
   if logs.size < 2:
     raise ValueError(f"a t-interval needs at least 2 seeds' readings, got {logs.size}")
-  half = stats.t_quantile(0.975, logs.size - 1) * float(np.std(logs, ddof=1)) / math.sqrt(logs.size)
+  half = float(scipy.stats.t.ppf(0.975, logs.size - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(logs.size)
   mean = float(np.mean(logs))
   return [math.exp(mean - half), math.exp(mean + half)]
 
@@ -383,7 +384,7 @@ def bootstrap_interval(mean_log: float, draws: np.ndarray, seeds: int) -> list[f
   standard error keeps the error of the shared fit (b, c: common to every seed's reading, unseen by a
   t-interval over the seeds) and the small-sample quantile both (tests/bench/test_factor.py's coverage test).
   """
-  half = stats.t_quantile(0.975, seeds - 1) * float(np.std(draws, ddof=1))
+  half = float(scipy.stats.t.ppf(0.975, seeds - 1)) * float(np.std(draws, ddof=1))
   return [math.exp(mean_log - half), math.exp(mean_log + half)]
 
 
@@ -506,7 +507,7 @@ def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Record:
   se_b, se_a = float(before["se_log_bootstrap"]), float(after["se_log_bootstrap"])
   n_b, n_a = len(before["per_seed"]), len(after["per_seed"])
   df = stats.satterthwaite_df([(se_b, n_b - 1), (se_a, n_a - 1)])
-  half = 0.0 if math.isnan(df) else stats.t_quantile(0.975, df) * math.hypot(se_b, se_a)
+  half = 0.0 if math.isnan(df) else float(scipy.stats.t.ppf(0.975, df)) * math.hypot(se_b, se_a)
   boot = [math.exp(delta - half), math.exp(delta + half)]
   paired = None
   if n_b == n_a and before.get("seeds") == after.get("seeds"):

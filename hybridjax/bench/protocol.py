@@ -1,6 +1,6 @@
 """The benchmark protocol: from benchmark runs to the figures we report (docs/benchmark.md, "Figures").
 
-Pure numpy; nothing here imports jax or the rest of hybridjax but `stats` (Student's t).
+Pure numpy and scipy; nothing here imports jax or the rest of hybridjax but `stats` (Satterthwaite's df).
 
 A baseline's budget curve is made monotone (`monotone_envelope`); a method's final loss is read on it
 as the baseline steps to reach it (`steps_to_reach`, interpolated in log(budget) between the
@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.stats
 
 from hybridjax.bench import stats
 from hybridjax.bench.studies import Record
@@ -364,12 +365,12 @@ def verdict(
     }
   eval_df = math.inf if eval_windows is None else float(eval_windows - 1)
   df = stats.satterthwaite_df([(se_seed, n - 1), (se_eval or 0.0, eval_df)])
-  t_crit = stats.t_quantile(0.975, df)
+  t_crit = float(scipy.stats.t.ppf(0.975, df))
   return {
     "verdict": word if abs(mean) > t_crit * total else "no difference",
     "df": df,
     "t_crit": t_crit,
-    "p": stats.t_two_sided_p(mean / total, df),
+    "p": float(2 * scipy.stats.t.sf(abs(mean) / total, df)),
   }
 
 

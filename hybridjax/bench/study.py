@@ -113,6 +113,31 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
     )
   if hasattr(checks, "unused_field_errors"):
     errors += checks.unused_field_errors(config, fields)
+  return errors + unrun_arm_errors(config, fields)
+
+
+def unrun_arm_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+  """A line for each arm of `benchmark.arms` that `fields` (those the command line set) define or set
+  but the study would not train (its config.py's `trained_arms`: none where it runs no method arm):
+  the run would train and report other arms, this one only echoed in its command line."""
+  touched = sorted({f.split(".")[2] for f in fields if f.startswith("benchmark.arms.") and f.count(".") >= 3})
+  checks = importlib.import_module(STUDIES[study_name(config)] + ".config")
+  try:
+    trained, named_by = checks.trained_arms(config) if hasattr(checks, "trained_arms") else ([], "")
+  except ValueError:
+    return []  # a bad `benchmark.methods`: `arms.selected` names it when the study validates
+  methods, errors = str(config.benchmark.methods), []
+  for arm in (a for a in touched if a not in trained):
+    if named_by:
+      why = f"{named_by} does not name it"
+      fix = f"name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(methods), arm])})"
+    else:
+      why = f"the {study_name(config)} study trains no method arm"
+      fix = "run it with --config.benchmark.study=family (or ladder)"
+    errors.append(
+      f"--config.benchmark.arms.{arm} is defined but not trained: {why}, so the run would train and report "
+      f"other arms only. {fix[0].upper()}{fix[1:]}, or leave out the --config.benchmark.arms.{arm}.* flags"
+    )
   return errors
 
 

@@ -106,7 +106,7 @@ def _prepare(c: ml_collections.ConfigDict, task: Record, arm: Any) -> tuple[Reco
     step = baseline.make_train_step(task["loss_fn"], driver.tx, c.trainer.grad_accum)  # the anchors' program
     fns = [step.lower(state, batch, driver.schedule).compile()]
   else:
-    fns = driver.compiled_phase_steps(state, batch)
+    fns = driver.phase_programs(state, batch)
   compile_s = time.perf_counter() - t0
   # One untimed call of every program, on a copy of the state (the programs donate it): a
   # program's first execution carries one-time costs (~100 ms on CPU), which would dominate the
@@ -115,7 +115,7 @@ def _prepare(c: ml_collections.ConfigDict, task: Record, arm: Any) -> tuple[Reco
     jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
   rare = ()
   if arm is not None and c.mode == "hybrid":
-    rare = registry.load_method(arm.method).time_branches
+    rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ()))
   prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 

@@ -199,11 +199,11 @@ class BaselineDriver:
     return {"streak": state.nonfinite_streak}
 
   @staticmethod
-  def divergence(health: Mapping[str, Any]) -> tuple[str, bool]:
-    """What failed, for `TrainingDiverged` (nothing to add: every step is a real step), and whether
-    a method's predicted steps, not the optimizer, did (never)."""
+  def divergence(health: Mapping[str, Any]) -> tuple[str, str | None]:
+    """What failed, for `TrainingDiverged` (nothing to add: every step is a real step), and the
+    advice where a method's predicted steps, not the optimizer, did (never)."""
     del health
-    return "", False
+    return "", None
 
   def first_loss(self, metrics: Metrics) -> float:
     """The loss of the first step of the first dispatch."""
@@ -358,7 +358,7 @@ class HybridDriver:
     """
     if self.dispatch == "host":
       if not self._compiled:
-        self._phase_fns = self.compiled_phase_steps(state, batches[0])
+        self._phase_fns = self.phase_programs(state, batches[0])
         self._compiled = True
       metrics = None
       for batch in batches:
@@ -372,9 +372,10 @@ class HybridDriver:
     self._trace_device.append(stacked)
     return state, jax.tree.map(lambda x: x[-1], stacked)
 
-  def compiled_phase_steps(self, state: HybridState, batch: Batch) -> list[Any]:
+  def phase_programs(self, state: HybridState, batch: Batch) -> list[Any]:
     """Each transition's own jitted, donating step (indexed by `Branch`), compiled for `state` and
-    `batch`: what host dispatch runs, and what a benchmark times per kind of step."""
+    `batch`, each callable as (state, batch, schedule) -> (state, metrics): what host dispatch runs,
+    one program per kind of step."""
     return [f.lower(state, batch, self.schedule).compile() for f in self._phase_fns]
 
   def _host_step(self, state: HybridState, batch: Batch) -> tuple[HybridState, Metrics]:
@@ -512,16 +513,16 @@ class HybridDriver:
       "phase": c.phase,
     }
 
-  def divergence(self, health: Mapping[str, Any]) -> tuple[str, bool]:
+  def divergence(self, health: Mapping[str, Any]) -> tuple[str, str | None]:
     """What failed, for `TrainingDiverged`, from the fetched `health`: the non-finite events by the
-    kind of step that raised them, naming the method and the phase; and whether the method's
-    predicted steps, rather than the optimizer's real steps, raised most of them."""
+    kind of step that raised them, naming the method and the phase; and the advice where the method's
+    predicted steps, rather than the real steps, raised most of them (else None)."""
     name = self.ctx.method.name
     events, predicted, discarded = int(health["events"]), int(health["predicted"]), int(health["discarded"])
     real = events - predicted
     phase = PHASE_NAMES[int(health["phase"])]
     if not predicted:
-      return f", all of them real steps of method {name!r} (a non-finite loss or gradient; now in {phase})", False
+      return f", all of them real steps of method {name!r} (a non-finite loss or gradient; now in {phase})", None
     kept = ""
     if discarded:
       kept = (
@@ -529,7 +530,12 @@ class HybridDriver:
         "and the state before them was kept"
       )
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
-    return text, predicted >= real
+    if predicted < real:
+      return text, None
+    return text, (
+      f"The predicted steps of method {name!r} raised most of them, not the optimizer's updates: check the method, "
+      "or train without predicted steps (--config.hybrid.enable_predict=False)."
+    )
 
   def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
     """Progress-bar fields from a train record (no second device read): none for a method that never

@@ -134,12 +134,13 @@ def resume_or_init(
       + "\n  ".join(diffs)
       + "\nUse a new --workdir, or pass --config.resume=force to resume it anyway."
     )
-  code_changes = check_code(config, workdir, meta, code) if code is not None else []
   # trainer.steps may differ (a runtime field) only where nothing but the end depends on it.
   saved = config_lib.flatten(meta.get("config", {}))
   saved_steps = int(saved.get("trainer.steps", config.trainer.steps))
   summary_path = os.path.join(workdir, "summary.json")
   finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
+  done = int(meta["step"]) >= config.trainer.steps and os.path.exists(summary_path)  # nothing left to train
+  code_changes = check_code(config, workdir, meta, code, trains=not done) if code is not None else []
   if not (finished and int(meta["step"]) >= config.trainer.steps):
     error = steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
     if error:
@@ -187,10 +188,12 @@ def resume_or_init(
 
 
 def check_code(
-  config: ml_collections.ConfigDict, workdir: str, meta: Mapping[str, Any], code: dict[str, Any]
+  config: ml_collections.ConfigDict, workdir: str, meta: Mapping[str, Any], code: dict[str, Any], trains: bool = True
 ) -> list[dict[str, Any]]:
   """The run's `code_changes` (those its checkpoint carries, and this resume's) after comparing
   `code`, this run's fingerprint (`fingerprint.fingerprint`), with the checkpoint's (`meta`).
+  `trains`: the resume trains steps (False: a finished run asked again, of which nothing is trained,
+  so nothing is recorded either, and the messages say so).
 
   A change of the run's own code (the callables given to `train()`, a method module of the user's)
   is refused, nothing changed, unless `config.resume` is 'force': a resume would train the rest of
@@ -216,15 +219,18 @@ def check_code(
       "--config.resume=force to go on with this code (its checkpoints and summary then record both fingerprints, "
       "as code_changes)."
     )
+  recorded = "recorded as code_changes in the checkpoints and the summary"
+  if not trains:
+    recorded = "the run has finished: nothing is trained, and nothing recorded"
   if own:
     print(
       f"WARNING: --config.resume=force: resuming at step {step} with other code ({fingerprint_lib.describe_parts(own)} "
-      "changed); recorded as code_changes in the checkpoints and the summary"
+      f"changed); {recorded}"
     )
   if hybridjax_changed:
     print(
       f"note: hybridjax's own code changed since the checkpoint at step {step} (fingerprint {saved.get('hybridjax')} "
-      f"-> {code['hybridjax']}); recorded as code_changes in the checkpoints and the summary"
+      f"-> {code['hybridjax']}); {recorded}"
     )
   if own or hybridjax_changed:
     changes.append({"step": step, "changed": own + ["hybridjax"] * hybridjax_changed, "from": saved, "to": code})

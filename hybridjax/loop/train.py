@@ -259,6 +259,234 @@ def _preflight(
   return config, method, driver, train_batch, eval_batches, mesh
 
 
+class _Run:
+  """One run's host loop: the state and the counters between dispatches, and each periodic action
+  (`log`, `evaluate`, `checkpoint`, `check_health`, `stop`) as a function of them."""
+
+  def __init__(self, config, method, driver, manager, workdir: str, state: Any, position: tuple[int, int], mesh: Any):
+    self.config, self.tcfg, self.method, self.driver, self.manager = config, config.trainer, method, driver, manager
+    self.workdir, self.state, self.mesh = workdir, state, mesh
+    self.step, self.batch_index = position
+    self.start_step = self.step
+    self.params_finite = jax.jit(all_finite)  # a separate program: the step's own rounding is untouched
+    self.first_loss, self.last_evals, self.compile_s = None, {}, 0.0
+    self.clock = Stopwatch()
+    self.timed_steps = self.steps_since_log = 0
+    self.logged_s = 0.0  # clock.total at the last log
+    self.memory_warned = False
+    # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
+    # process but the first writes its own under process_<i>/.
+    i = jax.process_index()
+    self.log_dir = workdir if i == 0 else os.path.join(workdir, f"process_{i}")
+    self.writer = writers.MetricWriter(self.log_dir, keep_through=self.step)
+    self.mem = memory_lib.MemoryTracker()
+    self.mem.record()
+    self.bar = None
+    if self.tcfg.progress:
+      from tqdm.auto import tqdm
+
+      self.bar = tqdm(total=self.tcfg.steps, initial=self.step, dynamic_ncols=True, unit="step")
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+    self.writer.close()
+    self.manager.close()
+
+  def save(self, step: int) -> None:
+    ckpt_lib.save(self.manager, step, self.state, {"step": step, "batches": self.batch_index, **self.meta})
+
+  def dispatch(self, train_batch: Callable[[int], Batch], n: int) -> int:
+    """Runs the next `n` steps; returns the schedule step before them."""
+    driver, before = self.driver, self.step
+    batches = [
+      sharding_lib.shard_batch(train_batch(i), self.mesh) for i in range(self.batch_index, self.batch_index + n)
+    ]
+    if before == self.start_step:
+      # The first dispatch compiles; block so its time is not charged to training.
+      t0 = time.perf_counter()
+      self.state, self.metrics = driver.run(self.state, batches)
+      jax.block_until_ready(self.state)
+      self.compile_s = time.perf_counter() - t0
+      # Fetched now, so the host records hold no device buffers: memory readings stay exact.
+      self.first_loss = driver.first_loss(self.metrics)
+      self.mem.mark_after_warmup()
+    else:
+      self.clock.resume()
+      self.state, self.metrics = driver.run(self.state, batches)
+      self.steps_since_log += n
+    if driver.reads_position:
+      # The method's step may advance the schedule by other than one or leave its batch, as the
+      # device decided (`ADVANCES_SCHEDULE`): read both counters (one small transfer per step).
+      self.step, self.batch_index = driver.position(self.state)
+    else:
+      self.step, self.batch_index = self.step + n, self.batch_index + n
+    if self.bar is not None:
+      self.bar.update(self.step - before)
+    return before
+
+  def log(self, tokens_per_step: int | None, hooks: Mapping[str, Callable]) -> None:
+    """Writes the train record (the only per-log device->host transfer: the metrics, the health
+    counters, the log view, and the position where the loop counts it itself, `check_position`)."""
+    driver, state, step = self.driver, self.state, self.step
+    checks_position = isinstance(driver, HybridDriver) and not driver.reads_position
+    host, health, view, position = jax.device_get(
+      (
+        self.metrics,
+        driver.health(state),
+        driver.log_view(state),
+        driver.position_on_device(state) if checks_position else (),
+      )
+    )
+    if checks_position:
+      check_position(self.method, tuple(int(x) for x in position), (step, self.batch_index))
+    record, extra = driver.records(host, view)
+    jax.block_until_ready(state)
+    self.clock.pause()
+    span, self.logged_s = self.clock.total - self.logged_s, self.clock.total  # training seconds since the last log
+    self.timed_steps += self.steps_since_log
+    snap = self.mem.record()
+    record["steps_per_s"] = self.steps_since_log / max(span, 1e-9)
+    record["train_s"] = self.clock.total  # cumulative training seconds (no compile, eval or checkpoint)
+    if tokens_per_step:
+      record["tokens_per_s"] = self.steps_since_log * tokens_per_step / max(span, 1e-9)
+    record["bytes_in_use"] = snap["bytes_in_use"]
+    record["rss_bytes"] = snap["rss_bytes"]
+    record["nonfinite_streak"] = int(health["streak"])
+    self.writer.write(step, record)
+    for rec_step, rec, kind in extra:
+      if kind == "memory":
+        self.mem.observe(rec)
+      self.writer.write(rec_step, rec, kind=kind)
+    if "on_log" in hooks:
+      hooks["on_log"](step, record)
+    self.check_health(health)
+    if self.bar is not None:
+      post = {"loss": format_loss(record), **driver.progress_fields(record)}
+      if tokens_per_step:
+        post["tok/s"] = f"{record['tokens_per_s']:.0f}"
+      post["mem"] = memory_lib.format_bytes(snap["bytes_in_use"])
+      self.bar.set_postfix(post, refresh=False)
+    limit = self.tcfg.memory_limit_bytes
+    if limit and snap["bytes_in_use"] > limit and not self.memory_warned:
+      self.memory_warned = True
+      print(
+        f"WARNING: memory in use {snap['bytes_in_use']} B exceeds "
+        f"trainer.memory_limit_bytes={limit}; saving an emergency checkpoint"
+      )
+      self.save(step)
+    self.steps_since_log = 0
+
+  def evaluate(self) -> None:
+    """Evaluates the run's model on the held-out batches and writes the eval record."""
+    self.clock.pause()
+    self.driver.pause_timing()
+    self.last_evals = evaluate_state(self.eval_fn, self.driver.train_state(self.state), self.eval_batches)
+    # The count the eval loss averages: `trainer.eval_batches` may change on a resume.
+    self.writer.write(self.step, {**self.last_evals, "eval_batches": len(self.eval_batches)}, kind="eval")
+    if self.bar is not None:
+      self.bar.write(f"step {self.step}: eval loss {self.last_evals['eval_loss']:.4f}")
+
+  def checkpoint(self) -> None:
+    """Saves the state once its params are checked finite; keeps the previous checkpoint where the
+    last real step was skipped as non-finite."""
+    self.clock.pause()
+    self.driver.pause_timing()
+    train_state = self.driver.train_state(self.state)
+    health, params_ok = jax.device_get((self.driver.health(self.state), self.params_finite(train_state.params)))
+    self.check_health(health, bool(params_ok))
+    if int(health["streak"]):
+      print(f"step {self.step}: checkpoint skipped, the last {int(health['streak'])} step(s) were non-finite")
+    else:
+      self.save(self.step)
+
+  def stop(self, signum: int) -> None:
+    """On SIGINT or SIGTERM: saves the state at this step (unless its last step was non-finite: the
+    previous checkpoint is kept) and raises `TrainingInterrupted`."""
+    self.clock.pause()
+    health = jax.device_get(self.driver.health(self.state))
+    saved = not int(health["streak"])
+    if saved and self.manager.latest_step() != self.step:
+      self.save(self.step)
+    self.manager.wait_until_finished()
+    raise TrainingInterrupted(signum, self.step, saved, self.workdir)
+
+  def check_health(self, health: Mapping[str, Any], params_ok: bool = True) -> None:
+    """Raises TrainingDiverged when the non-finite limits are reached; nothing more is saved."""
+    tcfg, driver, done = self.tcfg, self.driver, self.step
+    streak, events = int(health["streak"]), health.get("events")
+    advice = None
+    if not params_ok:  # only an absurd learning rate gets here: every skipped update is checked
+      reason = f"the params became non-finite by step {done}"
+    elif streak >= tcfg.max_nonfinite_steps:
+      reason = (
+        f"the last {streak} steps (up to step {done}) had a non-finite loss or gradient "
+        f"and their updates were skipped (limit --config.trainer.max_nonfinite_steps="
+        f"{tcfg.max_nonfinite_steps})"
+      )
+    elif events is not None and int(events) >= driver.max_events:
+      # Which steps raised them: a method's predicted steps (discarded when they made the params
+      # non-finite) or real steps; the advice follows whichever raised most.
+      account, advice = driver.divergence(health)
+      reason = (
+        f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events="
+        f"{driver.max_events}){account}"
+      )
+    else:
+      return
+    self.manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
+    last = self.manager.latest_step()
+    if last is not None:
+      kept = (
+        f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
+        "from it with a changed config, add --config.resume=force)"
+      )
+    else:
+      kept = "no checkpoint had been written yet"
+    lower = f"lower --config.optim.learning_rate (now {self.config.optim.learning_rate}) or check the data."
+    method = self.method
+    if advice is None and isinstance(driver, HybridDriver) and method.full_step is not None:
+      if method.path not in registry.BUILTIN_METHODS.values():  # a user's method: its real step is its own
+        advice = (
+          f"Method {method.name!r} takes its real steps with its own full_step ({method.path}): check it, or {lower}"
+        )
+    raise TrainingDiverged(
+      f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. "
+      f"{advice or 'L' + lower[1:]}"
+    )
+
+  def summary(self, tokens_per_step: int | None) -> dict[str, Any]:
+    """The run summary, written to `<log dir>/summary.json`."""
+    gc.collect()  # orbax's save leaves reference cycles holding device copies until collected
+    self.mem.record()
+    clock, driver = self.clock, self.driver
+    summary: dict[str, Any] = {
+      "mode": self.config.mode,
+      "steps": self.tcfg.steps,
+      "start_step": self.start_step,
+      "batches": self.batch_index,  # batches used: fewer than the steps when the method skipped schedule steps
+      "first_train_loss": self.first_loss,
+      "final_eval_loss": self.last_evals.get("eval_loss"),  # the averaged params when trainer.averaging='ema'
+      **{f"final_{k}": v for k, v in self.last_evals.items() if k != "eval_loss"},
+      "compile_s": self.compile_s,
+      "train_s": clock.total,
+      "s_per_step": clock.total / max(self.timed_steps, 1),
+      "memory": self.mem.summary(),
+      "mesh": sharding_lib.describe(self.mesh),
+      # Real steps whose update was skipped as non-finite (never applied to the params).
+      "nonfinite_skipped": int(jax.device_get(driver.train_state(self.state).nonfinite_total)),
+    }
+    # The run's code fingerprint (`fingerprint.fingerprint`), and where a resume changed trainer.steps (under
+    # resume='force') or the code (hybridjax's, or the run's own under resume='force').
+    summary.update({k: v for k, v in self.meta.items() if k in ("steps_changes", "code", "code_changes")})
+    if tokens_per_step and clock.total > 0:
+      summary["tokens_per_s"] = self.timed_steps * tokens_per_step / clock.total
+    summary.update(driver.summary(self.state))
+    with open(os.path.join(self.log_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2, default=str)
+    return summary
+
+
 def train(
   config: ml_collections.ConfigDict,
   workdir: str,
@@ -309,13 +537,12 @@ def train(
     config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
   )
   tcfg = config.trainer
-  total_steps = tcfg.steps
   own = {"loss_fn": loss_fn, "train_batch": user_train_batch, "init_params": init_params, "tx": tx}
   code = fingerprint_lib.fingerprint(own, method, config.mode, loop_module=__name__)
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   try:
-    state, (start_step, start_batches), finished, steps_changes, code_changes = resume_lib.resume_or_init(
+    state, position, finished, steps_changes, code_changes = resume_lib.resume_or_init(
       config, workdir, driver, manager, code
     )
   except BaseException:
@@ -323,230 +550,33 @@ def train(
     raise
   if finished is not None:  # a finished run: report it, and do not overwrite its summary
     manager.close()
-    print(resume_lib.finished_message(config, workdir, int(finished.get("steps", start_step))))
+    print(resume_lib.finished_message(config, workdir, int(finished.get("steps", position[0]))))
     return finished
 
-  config_json = json.loads(config.to_json())
-
-  def save(step: int) -> None:
-    meta = {"step": step, "batches": batch_index, "config": config_json, "mode": config.mode, "code": code}
-    if steps_changes:
-      meta["steps_changes"] = steps_changes
-    if code_changes:
-      meta["code_changes"] = code_changes
-    meta.update(extra_meta or {})
-    ckpt_lib.save(manager, step, state, meta)
-
-  params_finite = jax.jit(all_finite)  # a separate program: the step's own rounding is untouched
-
-  def check_health(done: int, health: Mapping[str, Any], params_ok: bool = True) -> None:
-    """Raises TrainingDiverged when the non-finite limits are reached; nothing more is saved."""
-    streak, events = int(health["streak"]), health.get("events")
-    method_failed = False
-    if not params_ok:  # only an absurd learning rate gets here: every skipped update is checked
-      reason = f"the params became non-finite by step {done}"
-    elif streak >= tcfg.max_nonfinite_steps:
-      reason = (
-        f"the last {streak} steps (up to step {done}) had a non-finite loss or gradient "
-        f"and their updates were skipped (limit --config.trainer.max_nonfinite_steps="
-        f"{tcfg.max_nonfinite_steps})"
-      )
-    elif events is not None and int(events) >= driver.max_events:
-      # Which steps raised them: a method's predicted steps (discarded when they made the params
-      # non-finite) or real steps; the advice follows whichever raised most.
-      account, method_failed = driver.divergence(health)
-      reason = (
-        f"{int(events)} non-finite events by step {done} (limit --config.hybrid.health.max_events="
-        f"{driver.max_events}){account}"
-      )
-    else:
-      return
-    manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
-    last = manager.latest_step()
-    if last is not None:
-      kept = (
-        f"the last good checkpoint, step {last}, is kept in {manager.directory} (to continue "
-        "from it with a changed config, add --config.resume=force)"
-      )
-    else:
-      kept = "no checkpoint had been written yet"
-    if method_failed:
-      advice = (
-        f"The predicted steps of method {driver.ctx.method.name!r} raised most of them, not the optimizer's "
-        "updates: check the method, or train without predicted steps (--config.hybrid.enable_predict=False)."
-      )
-    else:
-      advice = f"Lower --config.optim.learning_rate (now {config.optim.learning_rate}) or check the data."
-    raise TrainingDiverged(
-      f"training diverged: {reason}. No checkpoint of the diverged state was written; {kept}. {advice}"
-    )
-
-  # Multi-host: checkpoints are shared (orbax writes each process's shards); logs are not, so every
-  # process but the first writes its own under process_<i>/.
-  log_dir = workdir if jax.process_index() == 0 else os.path.join(workdir, f"process_{jax.process_index()}")
-  writer = writers.MetricWriter(log_dir, keep_through=start_step)
-  eval_fn = make_eval_fn(loss_fn, mesh)
-  eval_batches = [sharding_lib.shard_batch(b, mesh) for b in eval_batches]  # as-is on one device
-  mem = memory_lib.MemoryTracker()
-  mem.record()
-  bar = None
-  if tcfg.progress:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step")
-
-  first_loss = None
-  last_eval = None
-  last_evals: dict[str, float] = {}
-  compile_s = 0.0
-  clock = Stopwatch()
-  timed_steps = 0
-  steps_since_log = 0
-  logged_s = 0.0  # clock.total at the last log
-  memory_warned = False
+  run = _Run(config, method, driver, manager, workdir, state, position, mesh)
+  resumed = {"steps_changes": steps_changes, "code_changes": code_changes}
+  run.meta = {"config": json.loads(config.to_json()), "mode": config.mode, "code": code}
+  run.meta.update({k: v for k, v in resumed.items() if v}, **(extra_meta or {}))
+  run.eval_fn, run.eval_batches = make_eval_fn(loss_fn, mesh), [sharding_lib.shard_batch(b, mesh) for b in eval_batches]
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
-  step, batch_index = start_step, start_batches
   interrupts = _Interrupts(save_on_interrupt)
   try:
     interrupts.__enter__()
-    while step < total_steps:
+    while run.step < tcfg.steps:
       if interrupts.signum is not None:
-        clock.pause()
-        health = jax.device_get(driver.health(state))
-        saved = not int(health["streak"])  # a non-finite last step: keep the previous checkpoint
-        if saved and manager.latest_step() != step:
-          save(step)
-        manager.wait_until_finished()
-        raise TrainingInterrupted(interrupts.signum, step, saved, workdir)
-      n = min(driver.steps_per_call, _next_boundary(step, total_steps, intervals) - step)
-      batches = [sharding_lib.shard_batch(train_batch(i), mesh) for i in range(batch_index, batch_index + n)]
-      if step == start_step:
-        # The first dispatch compiles; block so its time is not charged to training.
-        t0 = time.perf_counter()
-        state, metrics = driver.run(state, batches)
-        jax.block_until_ready(state)
-        compile_s = time.perf_counter() - t0
-        # Fetched now, so the host records hold no device buffers: memory readings stay exact.
-        first_loss = driver.first_loss(metrics)
-        mem.mark_after_warmup()
-      else:
-        clock.resume()
-        state, metrics = driver.run(state, batches)
-        steps_since_log += n
-      before = step
-      if driver.reads_position:
-        # The method's step may advance the schedule by other than one or leave its batch, as the
-        # device decided (`ADVANCES_SCHEDULE`): read both counters (one small transfer per step).
-        step, batch_index = driver.position(state)
-      else:
-        step, batch_index = step + n, batch_index + n
-      if bar is not None:
-        bar.update(step - before)
-
-      if _is_time(before, step, tcfg.log_every, total_steps):
-        checks_position = isinstance(driver, HybridDriver) and not driver.reads_position
-        # The only per-log device->host transfer: the metrics, the health counters, the log view, and
-        # the position where the loop counts it itself (`check_position`).
-        host, health, view, position = jax.device_get(
-          (
-            metrics,
-            driver.health(state),
-            driver.log_view(state),
-            driver.position_on_device(state) if checks_position else (),
-          )
-        )
-        if checks_position:
-          check_position(method, tuple(int(x) for x in position), (step, batch_index))
-        record, extra = driver.records(host, view)
-        jax.block_until_ready(state)
-        clock.pause()
-        span, logged_s = clock.total - logged_s, clock.total  # training seconds since the last log
-        timed_steps += steps_since_log
-        snap = mem.record()
-        record["steps_per_s"] = steps_since_log / max(span, 1e-9)
-        record["train_s"] = clock.total  # cumulative training seconds (no compile, eval or checkpoint)
-        if tokens_per_step:
-          record["tokens_per_s"] = steps_since_log * tokens_per_step / max(span, 1e-9)
-        record["bytes_in_use"] = snap["bytes_in_use"]
-        record["rss_bytes"] = snap["rss_bytes"]
-        record["nonfinite_streak"] = int(health["streak"])
-        writer.write(step, record)
-        for rec_step, rec, kind in extra:
-          if kind == "memory":
-            mem.observe(rec)
-          writer.write(rec_step, rec, kind=kind)
-        if "on_log" in hooks:
-          hooks["on_log"](step, record)
-        check_health(step, health)
-        if bar is not None:
-          post = {"loss": format_loss(record), **driver.progress_fields(record)}
-          if tokens_per_step:
-            post["tok/s"] = f"{record['tokens_per_s']:.0f}"
-          post["mem"] = memory_lib.format_bytes(snap["bytes_in_use"])
-          bar.set_postfix(post, refresh=False)
-        if tcfg.memory_limit_bytes and snap["bytes_in_use"] > tcfg.memory_limit_bytes and not memory_warned:
-          memory_warned = True
-          print(
-            f"WARNING: memory in use {snap['bytes_in_use']} B exceeds "
-            f"trainer.memory_limit_bytes={tcfg.memory_limit_bytes}; saving an emergency checkpoint"
-          )
-          save(step)
-        steps_since_log = 0
-
-      if _is_time(before, step, tcfg.eval_every, total_steps):
-        clock.pause()
-        driver.pause_timing()
-        last_evals = evaluate_state(eval_fn, driver.train_state(state), eval_batches)
-        last_eval = last_evals["eval_loss"]
-        # The count the eval loss averages: `trainer.eval_batches` may change on a resume.
-        writer.write(step, {**last_evals, "eval_batches": len(eval_batches)}, kind="eval")
-        if bar is not None:
-          bar.write(f"step {step}: eval loss {last_eval:.4f}")
-
-      if _is_time(before, step, tcfg.checkpoint_every, total_steps):
-        clock.pause()
-        driver.pause_timing()
-        health, params_ok = jax.device_get((driver.health(state), params_finite(driver.train_state(state).params)))
-        check_health(step, health, bool(params_ok))
-        if int(health["streak"]):  # the last real step was skipped as non-finite: keep the previous checkpoint
-          print(f"step {step}: checkpoint skipped, the last {int(health['streak'])} step(s) were non-finite")
-        else:
-          save(step)
+        run.stop(interrupts.signum)
+      n = min(driver.steps_per_call, _next_boundary(run.step, tcfg.steps, intervals) - run.step)
+      before = run.dispatch(train_batch, n)
+      if _is_time(before, run.step, tcfg.log_every, tcfg.steps):
+        run.log(tokens_per_step, hooks)
+      if _is_time(before, run.step, tcfg.eval_every, tcfg.steps):
+        run.evaluate()
+      if _is_time(before, run.step, tcfg.checkpoint_every, tcfg.steps):
+        run.checkpoint()
     manager.wait_until_finished()
   finally:
     interrupts.__exit__()
-    if bar is not None:
-      bar.close()
-    writer.close()
-    manager.close()
-
-  gc.collect()  # orbax's save leaves reference cycles holding device copies until collected
-  mem.record()
-  summary: dict[str, Any] = {
-    "mode": config.mode,
-    "steps": total_steps,
-    "start_step": start_step,
-    "batches": batch_index,  # batches used: fewer than the steps when the method skipped schedule steps
-    "first_train_loss": first_loss,
-    "final_eval_loss": last_eval,  # the run's model: the averaged params when trainer.averaging='ema'
-    **{f"final_{k}": v for k, v in last_evals.items() if k != "eval_loss"},
-    "compile_s": compile_s,
-    "train_s": clock.total,
-    "s_per_step": clock.total / max(timed_steps, 1),
-    "memory": mem.summary(),
-    "mesh": sharding_lib.describe(mesh),
-    # Real steps whose update was skipped as non-finite (never applied to the params).
-    "nonfinite_skipped": int(jax.device_get(driver.train_state(state).nonfinite_total)),
-  }
-  if steps_changes:  # resumed with another trainer.steps under resume='force'
-    summary["steps_changes"] = steps_changes
-  summary["code"] = code  # the run's code fingerprint (`fingerprint.fingerprint`)
-  if code_changes:  # resumed with other code: hybridjax's, or the run's own under resume='force'
-    summary["code_changes"] = code_changes
-  if tokens_per_step and clock.total > 0:
-    summary["tokens_per_s"] = timed_steps * tokens_per_step / clock.total
-  summary.update(driver.summary(state))
-  with open(os.path.join(log_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2, default=str)
+    run.close()
+  summary = run.summary(tokens_per_step)
   print(format_summary(summary))
   return summary

@@ -522,8 +522,8 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
     raise ValueError(
       f"train(tx=...) got an optimizer of your own, but --config.optim.name={optim.name!r} names a built-in "
       "one: set config.optim.name to a name for your optimizer (e.g. 'my_adamw'). It goes into the run's "
-      "config record, the checkpoint's config check and the benchmark's cache key, so that runs with "
-      "different optimizers are never mistaken for each other"
+      "config record and the checkpoint's config check, so that runs with different optimizers are never "
+      "mistaken for each other"
     )
   if not isinstance(tx, optax.GradientTransformation):
     if not callable(tx):

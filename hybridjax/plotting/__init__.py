@@ -1,14 +1,13 @@
-"""Figures from any run's workdir and from the benchmark, split by concern:
+"""Figures from any run's workdir, split by concern:
 
   runs         reading a workdir (`Run`, `load_run`) and the series figures draw
   phases       a hybrid run's figures (phase timeline, predictions, alphas, velocities) and
                `save_run_figures`
   comparisons  eval curves and memory across runs, `save_comparison_figures`
-  benchmark    the benchmark protocol's figures (budget curves, LR sweeps, arms' eval curves)
   style        the shared colours and figure helpers
 
 The `plot_*` functions draw into a matplotlib `Axes` the caller owns (they accept a `Run` or a workdir
-path) or, for the benchmark's, write one PNG. Every public name is re-exported here:
+path). Every public name is re-exported here:
 
   from hybridjax import plotting
   run = plotting.load_run("runs/hyb")
@@ -17,14 +16,6 @@ path) or, for the benchmark's, write one PNG. Every public name is re-exported h
   plotting.save_run_figures("runs/hyb")      # -> runs/hyb/plots/*.png
 """
 
-from hybridjax.plotting.benchmark import (
-  plot_arm_eval_curves,
-  plot_budget_curves,
-  plot_ladder,
-  plot_lr_robustness,
-  plot_lr_sweep,
-  plot_recipe,
-)
 from hybridjax.plotting.comparisons import COMPARISON_FIGURES, plot_eval_curves, plot_memory, save_comparison_figures
 from hybridjax.plotting.phases import (
   RUN_FIGURES,
@@ -53,12 +44,6 @@ __all__ = [
   "plot_eval_curves",
   "save_run_figures",
   "save_comparison_figures",
-  "plot_budget_curves",
-  "plot_lr_sweep",
-  "plot_ladder",
-  "plot_recipe",
-  "plot_arm_eval_curves",
-  "plot_lr_robustness",
   "PHASE_COLORS",
   "BAND_ALPHA",
   "RUN_FIGURES",

@@ -102,7 +102,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if not os.path.isfile(path):
     raise ValueError(
       f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
-      "`python -m experiments.gpt2_small` run, or one run's folder inside a benchmark workdir"
+      "`python -m experiments.gpt2_small` run, or the folder of any one train() run"
     )
   lines = read_jsonl(path)
   summary: dict[str, Any] = {}

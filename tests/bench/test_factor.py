@@ -10,9 +10,10 @@ import os
 
 import numpy as np
 import pytest
+import scipy.stats
 from conftest import ROOT
 
-from hybridjax.bench import factor, protocol, stats
+from hybridjax.bench import factor, protocol
 
 N = 3000
 ADAMW_T = (0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)  # the study's AdamW curve with both extensions, over N
@@ -267,10 +268,10 @@ def test_the_smallest_factor_five_seeds_tell_from_one_at_80_percent_power():
   """Five seeds of per-seed sd 0.085 in log (the measured noise) tell about 1.15x from 1.0x at 80% power;
   twenty tell less; the verdict against 1.0x names it, and places the interval against the field's range."""
   sd, n = 0.085, 5
-  half = stats.t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+  half = float(scipy.stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
   five = factor.detectable([math.exp(-half), math.exp(half)], n)
   assert 1.13 < five < 1.17
-  half20 = stats.t_quantile(0.975, 19) * sd / math.sqrt(20)
+  half20 = float(scipy.stats.t.ppf(0.975, 19)) * sd / math.sqrt(20)
   assert 1.0 < factor.detectable([math.exp(-half20), math.exp(half20)], 20) < five
   one = {"ci95": [0.95, 1.15], "bound": None, "per_seed": [1.0] * 5}
   out = factor.verdict_against_one(one, (1.1, 1.52))

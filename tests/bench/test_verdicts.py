@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+import scipy.stats
 from conftest import ROOT, load_script
 
 from hybridjax.bench import protocol, stats
@@ -32,12 +33,12 @@ def test_the_eval_error_adds_its_variance_and_satterthwaite_gives_the_df():
   total = math.hypot(se_seed, 0.003)
   df = total**4 / (se_seed**4 / 3 + 0.003**4 / 47)
   assert out["se_total"] == pytest.approx(total) and out["df"] == pytest.approx(df)
-  assert out["p"] == pytest.approx(stats.t_two_sided_p(np.mean(d) / total, df))
-  assert out["verdict"] == ("higher" if np.mean(d) > stats.t_quantile(0.975, df) * total else "no difference")
+  assert out["p"] == pytest.approx(2 * scipy.stats.t.sf(np.mean(d) / total, df))
+  assert out["verdict"] == ("higher" if np.mean(d) > scipy.stats.t.ppf(0.975, df) * total else "no difference")
 
 
 def test_a_mean_at_the_critical_value_reads_no_difference_and_beyond_it_a_direction():
-  t3 = stats.t_quantile(0.975, 2)
+  t3 = scipy.stats.t.ppf(0.975, 2)
   assert protocol.verdict(-t3 * 0.01, 0.01, 3)["verdict"] == "no difference"
   assert protocol.verdict(-t3 * 0.01 * 1.001, 0.01, 3)["verdict"] == "lower"
 
@@ -148,7 +149,7 @@ def test_where_both_sides_kept_their_windows_the_t_rule_reads_the_seed_averaged_
 def test_the_docs_critical_value_at_three_seeds_is_t_at_two_df():
   with open(os.path.join(ROOT, "docs", "benchmark.md")) as f:
     page = " ".join(f.read().split())
-  assert f"With 3 seeds its critical value is near {stats.t_quantile(0.975, 2):.1f}, not 2" in page
+  assert f"With 3 seeds its critical value is near {scipy.stats.t.ppf(0.975, 2):.1f}, not 2" in page
 
 
 def test_the_docs_example_verdict_line_is_the_published_one():

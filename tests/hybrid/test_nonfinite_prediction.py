@@ -170,9 +170,10 @@ def test_a_run_of_discarded_predictions_stops_naming_the_method_and_keeps_good_c
   assert records[-1][1]["discarded_steps"] == 3
 
 
-def test_real_steps_non_finite_losses_are_logged_as_nan_and_blame_the_learning_rate(tmp_path):
+def test_real_steps_non_finite_losses_are_logged_as_nan_and_name_the_method_s_own_real_step(tmp_path):
   # Real steps (WARMUP, FULL) with a NaN loss, never two in a row: each update is skipped, each log
-  # record says NaN (not the last finite loss), and the third stops the run, blaming the optimizer.
+  # record says NaN (not the last finite loss), and the third stops the run, naming the method's own
+  # real step (nan_predictor defines full_step) beside the learning rate and the data.
   task, faults = _task()
   for i in (0, 2, 4):  # the batches of steps 1, 3 and 5
     faults[i] = {"scale": np.nan}
@@ -189,7 +190,10 @@ def test_real_steps_non_finite_losses_are_logged_as_nan_and_blame_the_learning_r
   msg = str(e.value)
   assert "3 non-finite events by step 5 (limit --config.hybrid.health.max_events=3), all of them real steps of " in msg
   assert "method 'nan_predictor' (a non-finite loss or gradient; now in FULL)" in msg, msg
-  assert msg.endswith("Lower --config.optim.learning_rate (now 0.01) or check the data."), msg
+  assert msg.endswith(
+    "Method 'nan_predictor' takes its real steps with its own full_step (nan_predictor): check it, or lower "
+    "--config.optim.learning_rate (now 0.01) or check the data."
+  ), msg
 
 
 def test_the_velocity_predictor_rolls_back_only_what_a_discarded_step_did_not_undo():

@@ -149,9 +149,17 @@ def test_a_resume_whose_own_code_changed_is_refused_unless_forced(tmp_path, caps
     ValueError, match="holds a run trained with other code: loss_fn changed since its checkpoint at step 20"
   ):
     train_lib.train(config, workdir, **task)
-  # hybridjax's own code changed: said and recorded, never refused.
+  # Forced on the finished run: nothing is trained, so nothing is recorded, and it says so.
+  config.resume = "force"
+  capsys.readouterr()
   with open(os.path.join(workdir, "summary.json")) as f:
-    assert json.load(f)["code"] == summary["code"]
+    written = json.load(f)
+  assert written["code"] == summary["code"] and train_lib.train(config, workdir, **task) == written
+  out = capsys.readouterr().out
+  assert "(loss_fn changed); the run has finished: nothing is trained, and nothing recorded" in out, out
+  assert "recorded as code_changes" not in out
+  with open(os.path.join(workdir, "summary.json")) as f:
+    assert json.load(f) == written
 
 
 @pytest.mark.slow  # trains the MLP twice

@@ -116,9 +116,11 @@ def test_a_method_from_a_user_module_trains_resumes_and_has_a_control(user_modul
   assert straight["memory"]["growth_bytes"] == 0
   assert jax.tree.structure(a.method) == jax.tree.structure(a.train.params)
   # The control arm: the same decisions (the same schedule, batches and passes), no weight moved by a repeat.
+  from hybridjax.bench import arms as arms_lib
+
   method = registry.load_method(user_module)
   control = config_lib.with_method_block(_config(user_module))
-  control.hybrid.update_from_flattened_dict(method.control_arm)
+  control.hybrid.update_from_flattened_dict(arms_lib.declared(method, "CONTROL"))
   same = _run(control, tmp_path / "control")
   assert (same["phase_steps"], same["batches"], same["backward_passes"]) == (
     straight["phase_steps"],

@@ -18,6 +18,11 @@ from hybridjax.bench.studies import Record
 PUBLISHED = ("benchmark.json", "headline.json", "results.md")  # a family's published record, beside its plots
 
 
+def trained_arms(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+  """The arms the family trains (`arms.selected`), and the field that names them."""
+  return arms_lib.selected(config), "--config.benchmark.methods"
+
+
 def check_publish(config: ml_collections.ConfigDict | Record, folder: str, ignore: tuple[str, ...] = ()) -> None:
   """Refuses (ValueError naming --config.benchmark.publish) to publish a family of `config` into
   `folder` where it holds another family's results: a benchmark.json of another config (another

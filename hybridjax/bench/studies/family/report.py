@@ -7,8 +7,7 @@ import os
 import shutil
 import statistics
 
-from hybridjax import plotting
-from hybridjax.bench import protocol
+from hybridjax.bench import plots, protocol
 from hybridjax.bench.cells import (
   eval_note,
   paired_cell,
@@ -190,7 +189,7 @@ def missing_control(result: Record, name: str) -> str:
     method = registry.load_method(arm.method) if arm is not None else None
   except (ValueError, KeyError, AttributeError):
     return ""
-  if arm is None or arm.control or not (method and method.control_arm):
+  if arm is None or arm.control or not (method and arms_lib.declared(method, "CONTROL")):
     return ""
   return (
     f"no control arm ran (method {arm.method!r} declares one: add an arm with control=True and "
@@ -209,7 +208,7 @@ def save_plots(result: Record, outdir: str) -> list[str]:
   names = {"baseline": "baseline (raw)", "averaged_baseline": "averaged baseline"}
   title = f"{result['preset']} {result['family']}"
   paths.append(
-    plotting.plot_budget_curves(
+    plots.plot_budget_curves(
       os.path.join(outdir, "budget_curve.png"),
       result["budgets"],
       {names[a]: result["curves"][a] for a in ANCHORS},
@@ -217,14 +216,12 @@ def save_plots(result: Record, outdir: str) -> list[str]:
       title=title + ": final eval loss against backward passes",
     )
   )
-  paths.append(plotting.plot_lr_sweep(os.path.join(outdir, "lr_sweep.png"), result["tuning"]["rows"], title=title))
+  paths.append(plots.plot_lr_sweep(os.path.join(outdir, "lr_sweep.png"), result["tuning"]["rows"], title=title))
   seed = str(result["seeds"][0])
   arms = {"baseline (N)": result["budget_runs"][f"{seed}/{result['steps']}"]["curve"]}
   for m, runs in result["method_runs"].items():
     arms[m] = runs[seed]["curve"]
-  paths.append(
-    plotting.plot_arm_eval_curves(os.path.join(outdir, "eval_curves.png"), arms, title=f"{title}, seed {seed}")
-  )
+  paths.append(plots.plot_arm_eval_curves(os.path.join(outdir, "eval_curves.png"), arms, title=f"{title}, seed {seed}"))
   return paths
 
 
@@ -237,10 +234,10 @@ def write_results(result: Record, workdir: str, publish: str = "") -> list[str]:
       json.dump(data, f, indent=2)
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(markdown(result))
-  plots = save_plots(result, workdir)
+  paths = save_plots(result, workdir)
   if publish:
-    publish_results(result, workdir, publish, plots)
-  return plots
+    publish_results(result, workdir, publish, paths)
+  return paths
 
 
 def publish_results(result: Record, workdir: str, publish: str, plots: list[str]) -> None:

@@ -77,7 +77,8 @@ RECORD = None  # a family keeps no invocations: its record is rewritten whole
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [
     f"benchmark {config.benchmark.preset} {specs.family_name(config)} on task {specs.task_name(config)}: "
-    f"N={config.trainer.steps}; workdir {workdir}"
+    f"N={config.trainer.steps}; arms {','.join(arms_lib.selected(config)) or 'none (the anchors only)'}; "
+    f"workdir {workdir}"
   ]
 
 

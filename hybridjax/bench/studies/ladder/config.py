@@ -13,7 +13,15 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
 from hybridjax.bench.studies import Record
 from hybridjax.bench.studies.family import config as family_config
-from hybridjax.bench.studies.ladder.rungs import CONSTANT_GROUPS, RUNGS, TUNED_GROUPS, group_config, names, rungs_of
+from hybridjax.bench.studies.ladder.rungs import (
+  CONSTANT_GROUPS,
+  RUNGS,
+  TUNED_GROUPS,
+  arms_at,
+  group_config,
+  names,
+  rungs_of,
+)
 
 RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladder extends
 # What two ladders of one measurement may differ in, besides the runtime fields: the rungs each ran,
@@ -41,6 +49,13 @@ FIELDS = (
   schema.Field("constant_eval_points", 20, schema.check_int(4), "evals over a constant LR's 2N run: its budget curve"),
 )
 """The ladder's fields (`benchmark.ladder`), besides `muon`, R5's optimizer block (its keys are `optim` fields)."""
+
+
+def trained_arms(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+  """The arms the ladder trains at its rungs (`rungs.arms_at`), and the fields that name them."""
+  groups = {RUNGS[r].group for r in rungs_of(config) if r in RUNGS}
+  arms = [a for g in sorted(groups) for a in arms_at(config, g)]
+  return arms, "--config.benchmark.ladder.methods (every rung) or --config.benchmark.methods (the tuned rungs)"
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:

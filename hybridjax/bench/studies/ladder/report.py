@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from hybridjax import plotting
+from hybridjax.bench import plots
 from hybridjax.bench.cells import (
   BEYOND,
   compute_clause,
@@ -248,7 +248,7 @@ def ladder_plot_data(result: Record) -> dict[str, Record]:
 
 
 def save_ladder_plot(result: Record, folder: str) -> str:
-  return plotting.plot_ladder(
+  return plots.plot_ladder(
     os.path.join(folder, f"ladder-{result['preset']}.png"),
     result["rung_names"],
     ladder_plot_data(result),

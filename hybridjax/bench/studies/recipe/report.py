@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from hybridjax import plotting
-from hybridjax.bench import comparison
+from hybridjax.bench import comparison, plots
 from hybridjax.bench.cells import (
   BEYOND,
   compute_clause,
@@ -146,7 +145,7 @@ def speedup_counts(s: Record) -> Record:
 
 
 def save_recipe_plot(result: Record, folder: str) -> str:
-  return plotting.plot_recipe(
+  return plots.plot_recipe(
     os.path.join(folder, f"recipe-{result['preset']}.png"),
     [r["name"] for r in result["figures"]],
     [r["speedup"]["per_seed"] for r in result["figures"]],

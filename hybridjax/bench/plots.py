@@ -1,6 +1,7 @@
-"""The benchmark protocol's figures. The benchmark aggregates its runs itself and hands these
-functions plain numbers (no workdirs); each `plot_*` writes one PNG and returns its path, and the
-`_*_figure` functions build the Figure it saves."""
+"""The benchmark protocol's figures (budget curves, LR sweeps, arms' eval curves, the ladder's and
+the recipe's), in the run figures' style (`hybridjax.plotting.style`). The benchmark aggregates its
+runs itself and hands these functions plain numbers (no workdirs); each `plot_*` writes one PNG and
+returns its path, and the `_*_figure` functions build the Figure it saves."""
 
 from __future__ import annotations
 
