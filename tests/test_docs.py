@@ -938,3 +938,31 @@ def test_the_shadowing_clone_usage_md_describes_fails_as_it_says(tmp_path):
   assert f"`{quoted}`" in page and done.stderr.strip().splitlines()[-1] == quoted
   assert str(tmp_path / "hybridjax") in done.stdout
   assert 'python -c "import hybridjax; print(hybridjax.__path__)"' in page
+
+
+def test_the_joint_search_campaign_declared_its_reading_before_its_headline_seeds():
+  """The joint search of R4 and the whole recipe at `long` (in progress): its freeze entry, beside the
+  recipe's own, names its command and declares its primary reading, rule, seeds, final n and expectations;
+  its search seeds are not headline seeds; every run its committed cache holds is named by its own key and
+  ran on a seed the entry declares."""
+  with open(os.path.join(ROOT, "docs", "results", "recipe", "campaign-freeze.json"), encoding="utf-8") as f:
+    freeze = json.load(f)
+  assert freeze["commit"].startswith("1aa8c0e")  # the recipe's own freeze stays
+  entry = freeze["campaigns"]["joint-long"]
+  declared = entry["declared"]
+  for k in ("primary_reading", "rule", "headline_seeds", "search_seeds", "final_n", "expectations"):
+    assert declared[k], k
+  search = set(declared["search_seeds"]) | {declared["spare_seed"]}
+  assert not search & set(declared["headline_seeds"]) and declared["final_n"] == len(declared["headline_seeds"])
+  assert (
+    "--config.benchmark.tuner=joint" in entry["command"]
+    and "--config.benchmark.knobs.sides=anchor,recipe" in (entry["command"])
+  )
+  assert f"--config.benchmark.seeds={','.join(map(str, declared['headline_seeds']))}" in entry["command"]
+  cache = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "knobs-joint-long-run-cache", "*.json"))
+  assert cache
+  for path in cache:
+    with open(path, encoding="utf-8") as f:
+      run = json.load(f)
+    assert os.path.basename(path) == run["key"] + ".json"
+    assert run["seed"] in search | set(declared["headline_seeds"])
