@@ -229,7 +229,7 @@ def muon_groups_space(
     raise ValueError(
       "--config.model.untied_head=True: the joint search's space 'v1' of 'muon_groups' searches the tied "
       "embedding-head's settings (optim.tied_*), which an untied head does not read; search a tied row "
-      "(model.untied_head=False), or the 'symmetric' space"
+      "(model.untied_head=False), or the 'symmetric' space (the study block's search_space=symmetric)"
     )
   names = ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio") if untied else ("tied_lr_ratio",)
   return [
