@@ -342,7 +342,7 @@ def side_curves(result: Record, side: str, iterate: str | None = None) -> dict[s
   return out
 
 
-def own_curves(result: Record, slow: str, fast: str, field: tuple[float, float]) -> Record:
+def own_curves(result: Record, slow: str, fast: str, field: tuple[float, float] | None) -> Record:
   """`fast`'s factor over `slow`, each on its own curve: {"factor": both readings with their intervals
   (`factor.factor`), "verdict": reading (a)'s against the field's line (`factor.cell_verdict`),
   "factor_raw": the same readings of both sides' raw iterates, printed beside the chosen ones (None where
@@ -427,12 +427,17 @@ def verdict_line(result: Record) -> str:
   v = result.get("verdict_against_one")
   if not v:
     return f"Verdict against the field (reading (a)'s interval against 1.5×): **{result['verdict']}**."
-  low, high = v["field"]
+  field = "No field figure is printed beside it: none is known at this comparison."
+  if v.get("field"):
+    low, high = v["field"]
+    field = (
+      f"Beside it, descriptively, the field's range {low:g}–{high:g}× (`field.json`): the interval is "
+      f"{v['against_field']} it."
+    )
   return (
     f"Verdict against 1.0× (reading (a)'s 95% interval; the line declared before any seed was read): "
     f"**{v['verdict']}**; the smallest factor these seeds could tell from 1.0× at {v['power']:.0%} power: "
-    f"{v['detectable']:.2f}×. Beside it, descriptively, the field's range {low:g}–{high:g}× (`field.json`): "
-    f"the interval is {v['against_field']} it."
+    f"{v['detectable']:.2f}×. {field}"
   )
 
 
@@ -470,8 +475,9 @@ def curve_lines(result: Record) -> list[str]:
   for side in result["sides"]:
     for s, c in side_curves(result, side).items():
       out.append(f"| {side} | {s} | {', '.join(f'{t / n:.3g} N: {x:.4f}' for t, x in zip(c['steps'], c['loss']))} |")
-  fits = "; ".join(
-    f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}" for k, v in result["factor"]["fits"].items()
+  fits = "; ".join(  # `factor.factor` names the slow side's fit 'adamw' and the fast one's 'muon'
+    f"{k} a = {v['a']:.4f}, b = {v['b']:.4f}, c = {v['c']:.3f}"
+    for k, v in zip(result["sides"], result["factor"]["fits"].values())
   )
   return out + ["", f"Fits: {fits}."]
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import SpecRunner
 
 from experiments.configs import benchmark as benchmark_cfg
-from hybridjax.bench import speedrun, study
-from hybridjax.bench.studies.knobs import report, run
+from hybridjax.bench import comparison, speedrun, study
+from hybridjax.bench.studies.knobs import curves, report, run
 from hybridjax.bench.studies.knobs.sets import SIDES
 
 
@@ -162,13 +162,42 @@ def _stub_with_curve(spec):
   return out | {"steps": steps, "curve": curve}
 
 
+def _stub_falling(spec):
+  """`_stub_with_curve` whose loss falls with the budget (L = 0.4 (T/300)^-0.5 above its level at 300 steps),
+  the recipe's (Muon) 0.15 lower: R4 reaches the recipe's loss at N near 2.6 N."""
+  out = _stub_with_curve(spec)
+  c = spec["config"]
+  shift = 0.4 * ((c["trainer"]["steps"] / 300) ** -0.5 - 1) - 0.15 * (c["optim"]["name"] != "adamw")
+  out["final_raw"] += shift
+  out["final_averaged"] = {b: x + shift for b, x in out["final_averaged"].items()}
+  out["final_averaged_per_batch"] = [out["final_averaged"][str(spec["betas"][0])] + 0.001 * j for j in (-1, 1, -1, 1)]
+  return out
+
+
+def _rows_record(path, seeds, n):
+  """A cell `both_tuned` record of two sides on their own curves: AdamW 0.05 below R4's stub curve, Muon 0.1."""
+  sides = {}
+  for side, offset, budgets in (("adamw", -0.05, (0.75, 1.0, 2.0, 3.0)), ("muon", -0.1, (0.5, 1.0))):
+    runs = {}
+    for s in seeds:
+      for f in budgets:
+        loss = 3.0 + 0.01 * s + 0.4 * (f**-0.5 - 1) + offset
+        runs[f"{s}/{round(f * n)}"] = {"seed": s, "steps": round(f * n), "final_raw": loss}
+    settings = {"row": side, "lr": 0.004, "beta": 0.99, "iterate": "raw", "weight_decay": 0.0}
+    sides[side] = {"settings": settings, "budgets": list(budgets), "runs": runs}
+  path.write_text(json.dumps({"cell": {"name": "both_tuned"}, "steps": n, "seeds": seeds, "sides": sides}))
+  return str(path)
+
+
 @pytest.mark.slow  # the joint search of every side through the skeleton on stub runs (seconds)
 def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_path, monkeypatch):
-  runner = SpecRunner(_stub_with_curve)
+  runner = SpecRunner(_stub_falling)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
   c = _config(tmp_path)
   c.benchmark.tuner = "joint"
   c.benchmark.knobs.sides = "anchor,recipe"  # R4 and the whole recipe (its head untied), searched alike
+  c.benchmark.knobs.rows_from = _rows_record(tmp_path / "rows.json", list(c.benchmark.seeds), 300)
+  c.benchmark.knobs.anchor_extensions = (3.0, 4.0, 6.0)
   result = study.run(c, str(tmp_path / "work"))
   sides = result["sides"]
   assert result["tuner"] == "joint"
@@ -183,9 +212,47 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   assert searched <= {1001, 1002, 1003, 1004} and not searched & set(result["seeds"])
   # The anchor's search finds the stub's b2 (0.99 lowers AdamW's loss), within its space.
   assert sides["anchor"]["tuned_fields"].get("optim.b2", 0.95) != 0.95 or sides["anchor"]["difference"]["mean"] <= 0
-  written = json.loads((tmp_path / "work" / "knobs-quick.json").read_text())
-  md = (tmp_path / "work" / "knobs-quick.md").read_text()
+  # Then each side's curves at its chosen and at its raw-chosen setting, read on its own curve: R4 reaches the
+  # recipe's loss at N near 2.6 N (the stub's), and the rows are read on R4's curve from their record.
+  primary = result["curves"]["primary"]
+  assert primary["extended"]["anchor"]  # R4's curve extended until it spans the recipe's loss at N
+  assert 2.0 < primary["factor"]["a"]["mean"] < 6.0
+  assert {k: primary[k] for k in ("factor", "interpolated")} == {
+    k: v for k, v in comparison.own_curves(primary, "anchor", "recipe", None).items() if k in ("factor", "interpolated")
+  }
+  assert (
+    primary["verdict"] == primary["verdict_against_one"]["verdict"] and primary["verdict_against_one"]["field"] is None
+  )
+  assert {s["settings"]["iterate"] for s in result["curves"]["raw"]["sides"].values()} == {"raw"}
+  curve_seeds = {
+    r["seed"] for spec in runner.specs for r in [spec["config"]] if spec["config"]["trainer"]["steps"] != 300
+  }
+  assert curve_seeds <= {1001, 1002, 1003} | set(result["seeds"]) | {23}
+  rows = result["curves"]["rows"]
+  assert rows == curves.rows_on_r4(
+    primary,
+    {str(s): x for s, x in zip(result["seeds"], sides["anchor"]["published"])},
+    json.loads(open(c.benchmark.knobs.rows_from).read()),
+  ) | {"rows_from": c.benchmark.knobs.rows_from}
+  assert rows["muon"]["a"]["mean"] > rows["adamw"]["a"]["mean"] > 1.0
+  written = json.loads((tmp_path / "work" / "knobs-joint-quick.json").read_text())
+  md = (tmp_path / "work" / "knobs-joint-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "tuning runs (N-run equivalents)" in md
+  assert "## Rows read on the jointly searched R4's curve" in md and "No field figure" in md
+
+
+def test_the_joint_tuners_curves_are_refused_without_the_record_their_rows_read(tmp_path):
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.knobs.sides = "anchor,recipe"
+  c.benchmark.knobs.rows_from = str(tmp_path / "missing.json")  # given: refused (the published one at a preset
+  # that has none: the rows are left out, and the page says so)
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.rows_from: no cell 'both_tuned' record"):
+    study.validate(c)
+  c.benchmark.knobs.rows_from = _rows_record(tmp_path / "rows.json", [1, 2], 300)
+  c.benchmark.knobs.recipe_budgets = (0.5, 0.75)  # no N: neither reading could be made at N
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.recipe_budgets=\(0\.5, 0\.75\).*N \(1\.0\)"):
+    study.validate(c)
 
 
 def test_the_joint_tuners_seeds_are_refused_where_they_could_tune_on_a_headline_seed(tmp_path):

@@ -6,12 +6,13 @@ import ml_collections
 
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
-from hybridjax.bench import search
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
+from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
-RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
+RECORD = "{record_stem}-{preset}.json"  # its record, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
@@ -44,14 +45,37 @@ FIELDS = (
     "joint: its seeds (two for every point, the third for the finalists)",
   ),
   schema.Field("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
-)
+  # The joint tuner's curves, with R4 and the whole recipe among the sides (`curves.py`).
+  schema.Field("anchor_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "joint: R4's budgets "
+    "(x N)"),
+  schema.Field("anchor_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "joint: added to R4's budgets in turn "
+    "until its curve lies below the recipe's loss at N"),
+  schema.Field("recipe_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "joint: the whole recipe's "
+    "budgets (x N)"),
+  schema.Field("recipe_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "joint: added to the recipe's budgets "
+    "in turn until its curve reaches R4's loss at N"),
+  schema.Field("plateau_seeds", (26, 27), schema.check_int_tuple(0), "joint: the headline seeds the plateau rule "
+    "adds"),
+  schema.Field("wide_eval", 8, schema.check_int(0), "joint: every curve run ends with an eval on this many times "
+    "the eval windows (0: none)"),
+  schema.Field("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
+  schema.Field("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
+  schema.Field("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
+    "are read on R4's curve ('': the published optimizers-both_tuned-<preset>.json)"),
+)  # fmt: skip
 """`benchmark.knobs`'s fields."""
 
 
 def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
   """The quick preset's own value of `benchmark.knobs` (beside `FIELDS`' defaults): it searches the 'quick' set."""
   if preset == "quick":
-    block.set = "quick"
+    block.update(set="quick", anchor_budgets=(0.75, 1.0, 2.0), anchor_extensions=(3.0,), recipe_budgets=(0.5, 1.0))
+    block.update(recipe_extensions=(0.25,), plateau_seeds=(23,))
+
+
+def record_stem(config: ml_collections.ConfigDict) -> str:
+  """Its record's name before the preset: the joint tuner's is its own, beside the coordinate search's."""
+  return "knobs-joint" if str(config.benchmark.get("tuner", "lr")) == "joint" else "knobs"
 
 
 def sides_of(config: ml_collections.ConfigDict) -> list[str]:
@@ -127,6 +151,13 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         raise ValueError(
           f"side {side!r}: {e}; with --config.benchmark.tuner=joint leave it out of --config.benchmark.knobs.sides"
         ) from None
+  if curves.reads_curves(config):  # the curves' budgets and seeds, and the record whose rows they read
+    o, n = curves.block(config), int(config.trainer.steps)
+    errors = comparison.seed_errors("knobs", o)
+    errors += [e for s, up in zip(curves.PAIR, (True, False)) for e in comparison.budget_errors("knobs", s, o, n, up)]
+    if errors:
+      raise ValueError("; ".join(errors))
+    curves.rows_record(config)
   out = {}
   for side, (c, _) in side_configs(config)[1].items():
     for knob in knobs_of(config)[side]:
@@ -141,5 +172,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
   # A record of another config published there would be replaced (`record.check_publish`).
   b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_publish(
+    config, str(b.publish), RECORD.format(preset=b.preset, record_stem=record_stem(config)), PUBLISH_IGNORES
+  )
   return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hybridjax.bench import cells, protocol
 from hybridjax.bench.studies import Record
+from hybridjax.bench.studies.knobs import curves
 
 SIDE_NAMES = {"anchor": "the R4 anchor (AdamW)", "muon": "the recipe's Muon row", "recipe": "the whole recipe"}
 
@@ -86,7 +87,7 @@ def markdown(result: Record) -> str:
     lines.append(
       f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}{cells.p_note(d)}."
     )
-  return "\n".join(lines)
+  return "\n".join(lines + curves.lines(result))
 
 
 def _speedup(read: Record) -> str:

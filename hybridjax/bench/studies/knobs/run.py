@@ -19,6 +19,7 @@ from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
 from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.knobs import config as knobs_config
+from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
 
@@ -108,7 +109,9 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   source, sides = side_configs(config)
   if str(config.benchmark.get("tuner", "lr")) == "joint":
     state = joint_state(config, sides, runner)
-    return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}
+    headline = _headline(config, sides, state, runner)
+    spans = curves.train(config, sides, state, runner) if curves.reads_curves(config) else {}
+    return {"source": source, "sides": sides, "state": state, "headline": headline, "curves": spans}
   searched = knobs_of(config)
   for side, other in coinciding_sides(sides, searched).items():
     print(f"--- knobs: side {side!r} is side {other!r} at this preset: the same runs, trained once", flush=True)
@@ -253,9 +256,13 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
   same = {"same_runs": coinciding} if coinciding else {}
   b = config.benchmark
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
+  if trained.get("curves"):
+    published = {str(s): x for s, x in zip(seeds, out["anchor"]["published"])}
+    same["curves"] = curves.record(config, trained["curves"], published)
   return (
     {
       **comparison.code_record(config),
+      "record_stem": knobs_config.record_stem(config),
       "lrs_from": trained["source"],
       "seeds": seeds,
       "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],

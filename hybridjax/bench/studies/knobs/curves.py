@@ -1,0 +1,187 @@
+"""The joint tuner's curves: once R4 and the whole recipe are searched alike, each side's budget curve on
+the headline seeds at the setting its search chose (its re-checks and extensions by `comparison.spanned`),
+read on each side's own curve (`comparison.own_curves`: reading (a), the jointly searched R4's steps to
+reach the recipe's loss at N, is the primary one); the same at each side's raw-chosen setting, read raw;
+and rows read on R4's curve: R4 as the recipe record tuned it (LR and averaging beta), and cell
+`both_tuned`'s AdamW and Muon sides from their record (`benchmark.knobs.rows_from`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from hybridjax.bench import comparison, factor, search
+from hybridjax.bench.comparison import Side
+from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.speedrun import PUBLISHED
+from hybridjax.bench.studies import Record
+
+PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
+ROWS = ("adamw", "muon")  # cell `both_tuned`'s sides, read on R4's curve
+ITERATES = {"primary": "chosen", "raw": "raw_chosen"}  # a pair of curves -> the search's setting it runs
+
+
+def reads_curves(config: ml_collections.ConfigDict) -> bool:
+  """Whether the study runs the curves: the joint tuner with R4 and the whole recipe among its sides."""
+  sides = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
+  return str(config.benchmark.get("tuner", "lr")) == "joint" and all(s in sides for s in PAIR)
+
+
+def block(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`benchmark.knobs` as `comparison.spanned` reads a study's block: the headline seeds the benchmark's, the
+  re-checks on the search's seeds."""
+  k = config.benchmark.knobs
+  seeds = {"seeds": tuple(config.benchmark.seeds), "tuning_seeds": tuple(k.search_seeds)}
+  return ml_collections.ConfigDict(k.to_dict() | seeds)
+
+
+def rows_record(config: ml_collections.ConfigDict) -> tuple[str, Record | None]:
+  """(its path, the record) of the cell `both_tuned` record whose sides are read on R4's curve
+  (`knobs.rows_from`; '': the published one at this preset, None where this preset has none). A missing one
+  given, or one of another cell or N, is refused naming the field."""
+  preset, field = str(config.benchmark.preset), "--config.benchmark.knobs.rows_from"
+  given = str(config.benchmark.knobs.rows_from)
+  path = given or os.path.join(os.path.dirname(PUBLISHED), "optimizers", f"optimizers-both_tuned-{preset}.json")
+  if not given and not os.path.exists(path):
+    return path, None
+  if not os.path.exists(path):
+    raise ValueError(
+      f"{field}: no cell 'both_tuned' record at {path}: run the optimizers study's cell both_tuned at this preset "
+      "first, or give its record"
+    )
+  with open(path) as f:
+    rows = json.load(f)
+  if rows.get("cell", {}).get("name") != "both_tuned" or int(rows["steps"]) != int(config.trainer.steps):
+    raise ValueError(
+      f"{field}={path}: a record of cell {rows.get('cell', {}).get('name')!r} at N = {rows.get('steps')}; the rows "
+      f"are read on R4's curve at N = {int(config.trainer.steps)}: give a cell 'both_tuned' record at this preset"
+    )
+  return path, rows
+
+
+def sides_at(config: ml_collections.ConfigDict, sides: Record, state: Record, which: str) -> list[Side] | None:
+  """R4 and the whole recipe as comparison sides at the setting their searches chose for `which` iterate
+  ('primary': the search's choice; 'raw': its raw-chosen setting, read raw); None where a search has none."""
+  k, out = config.benchmark.knobs, []
+  for name in PAIR:
+    c, published = sides[name]
+    chosen = state[name]["search"].get(ITERATES[which])
+    if chosen is None:
+      return None
+    tuned = search.apply_setting(c, chosen["fields"])
+    settings = {"row": name, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
+    settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
+    settings |= {"published": published, "fields": chosen["fields"]}
+    out.append(Side(name, tuned, settings, [float(f) for f in k[f"{name}_budgets"]], search=state[name]["search"]))
+  return out
+
+
+def train(config: ml_collections.ConfigDict, sides: Record, state: Record, runner: Runner) -> Record:
+  """Both pairs' curves (the primary and the raw one): {which: {"sides", "seeds", "plateaus", "extended"}},
+  a pair left out where a search chose no setting for it."""
+  out = {}
+  for which in ITERATES:
+    pair = sides_at(config, sides, state, which)
+    if pair:
+      out[which] = {"sides": pair} | comparison.spanned(config, *pair, block(config), runner, f"knobs ({which})")
+  return out
+
+
+def record(config: ml_collections.ConfigDict, curves: Record, published: Record) -> Record:
+  """The curves' record: per pair, a comparison record (`comparison.own_curves`' readings of the recipe over
+  R4, its verdict against 1.0x), and on the primary pair's R4 curve the rows: R4 as published (`published`: its
+  headline runs' losses at N, model-free: `comparison.on_anchor_curve`) and cell `both_tuned`'s AdamW and Muon
+  (their own curves: both readings, `factor.factor`)."""
+  k, n = config.benchmark.knobs, int(config.trainer.steps)
+  out = {}
+  for which, trained in curves.items():
+    result = {
+      "cell": {"name": f"joint-{which}", "eval_groups": int(config.trainer.eval_batches)},
+      "steps": n,
+      "seeds": trained["seeds"],
+      "tuning_seeds": [int(s) for s in k.search_seeds],
+      "plateaus": trained["plateaus"],
+      "extended": trained["extended"],
+      "draws": int(k.draws),
+      "bootstrap_seed": int(k.bootstrap_seed),
+      "readings": 2,
+      "sides": {side.name: side.record(trained["seeds"], n) for side in trained["sides"]},
+    }
+    out[which] = result | comparison.own_curves(result, *PAIR, None)
+  if "primary" in out:
+    path, rows = rows_record(config)
+    out["rows"] = {"rows_from": path} | (rows_on_r4(out["primary"], published, rows) if rows else {})
+  return out
+
+
+def rows_on_r4(primary: Record, published: Record, rows: Record) -> Record:
+  """Each row read on the primary pair's R4 curve (pure: the tests recompute it from the record). R4 as
+  published: its losses at N on the headline seeds (`published`: seed -> loss), model-free. Cell
+  `both_tuned`'s sides: on the seeds both records hold, each on its own curve (`factor.factor`, R4 the slow
+  side)."""
+  r4, n = comparison.side_curves(primary, "anchor"), int(primary["steps"])
+  seeds = [s for s in map(str, primary["seeds"]) if s in published]
+  out = {"published": comparison.on_anchor_curve([published[s] for s in seeds], seeds, r4, n, counts=True)}
+  for side in ROWS:
+    theirs = comparison.side_curves(rows, side)
+    common = [s for s in r4 if s in theirs]
+    out[side] = factor.factor(
+      {s: r4[s] for s in common}, {s: theirs[s] for s in common}, n, int(primary["draws"]), primary["bootstrap_seed"]
+    )
+  return out
+
+
+def lines(result: Record) -> list[str]:
+  """The curves' part of the knobs page: per pair, its readings, the verdict, its sides and curves; then the
+  rows on R4's curve."""
+  curves = result.get("curves")
+  if not curves:
+    return []
+  out = []
+  for which in ITERATES:
+    if which not in curves:
+      out += ["", f"No {which} pair: a search chose no setting for it."]
+      continue
+    r = curves[which]
+    f = r["factor"]
+    out += [
+      "",
+      f"## The whole recipe over R4, both searched alike, each on its own curve ({which} setting)",
+      "",
+      "Reading (a): the jointly searched R4's steps to reach the whole recipe's loss at N, over N (the primary "
+      "reading, declared before any headline seed ran); reading (b): N over the recipe's steps to reach R4's loss "
+      f"at N. Headline seeds {r['seeds']}; re-checks on {r['tuning_seeds']}.",
+      "",
+      "| reading | factor [95%] | per seed |",
+      "|---|---|---|",
+      comparison.reading_row("(a) R4's steps to the recipe's loss at N / N", f["a"]),
+      comparison.reading_row("(b) N / the recipe's steps to R4's", f["b"]),
+    ]
+    if r.get("factor_raw"):
+      out += [comparison.reading_row(f"the raw iterates': ({x})", r["factor_raw"][x]) for x in ("a", "b")]
+    out += comparison.interpolated_lines(r) + ["", comparison.verdict_line(r), ""]
+    out += comparison.side_lines(r) + comparison.curve_lines(r)
+  rows = curves.get("rows")
+  if rows and "published" not in rows:
+    out += ["", f"No rows read on R4's curve: no cell `both_tuned` record at {os.path.basename(rows['rows_from'])}."]
+  elif rows:
+    p = rows["published"]
+    shown = "not reached" if p["mean"] is None else f"{p['mean']:.2f}× ± {p['std']:.2f} sd (model-free)"
+    out += [
+      "",
+      "## Rows read on the jointly searched R4's curve (primary setting)",
+      "",
+      f"Cell `both_tuned`'s sides from {os.path.basename(rows['rows_from'])}.",
+      "",
+      "| row | (a) R4's steps to its loss at N / N [95%] | (b) N / its steps to R4's [95%] |",
+      "|---|---|---|",
+      f"| R4 as the recipe record tuned it (LR, averaging β) | {shown} | |",
+    ]
+    out += [
+      f"| cell `both_tuned`'s {side} | {comparison.reading_cell(rows[side]['a'])} | "
+      f"{comparison.reading_cell(rows[side]['b'])} |"
+      for side in ROWS
+    ]
+  return out
