@@ -204,14 +204,10 @@ def declared_blocks() -> tuple[str, ...]:
 def declared_fields(method: registry.Method | None = None) -> set[str]:
   """Every field an experiment config may hold in `declared_blocks()` and at its top level: the
   validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
-  model's, and `method`'s block (a user's method: its declared fields, or its defaults' leaves)."""
+  model's, and `method`'s block (a user's method's declared fields)."""
   names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
   if method is not None and method.config_key:
-    block = set(method.fields)
-    default = method.default_config()
-    if default is not None:
-      block |= set(config_lib.flatten(default))
-    names |= {f"hybrid.{method.config_key}.{f}" for f in block}
+    names |= {f"hybrid.{method.config_key}.{f.name}" for f in method.fields}
   return names
 
 
@@ -266,15 +262,7 @@ def method_errors(
         f"--config.hybrid.{key} is missing: method {name!r} reads its settings there "
         f"(hybridjax.config.with_method_block(config) adds its defaults)"
       ]
-    for field, check in method.fields.items():
-      try:
-        value = _get(h[key], field)
-      except (KeyError, AttributeError):
-        errors.append(f"--config.hybrid.{key}.{field} is missing from the config")
-        continue
-      msg = check(value)
-      if msg:
-        errors.append(f"--config.hybrid.{key}.{field} {msg}")
+    errors = schema.errors(f"hybrid.{key}", method.fields, config_lib.flatten(h[key]))
   if errors or not check_relations or config.get("mode") != "hybrid":
     return errors
   if method.advances_schedule and h.steps_per_call != 1:
@@ -307,8 +295,7 @@ def known_fields() -> dict[str, Callable[[Any], str | None]]:
   fields = declared_checks()
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
-    for field, check in method.fields.items():
-      fields[f"hybrid.{method.config_key}.{field}"] = check
+    fields |= {f"hybrid.{method.config_key}.{f.name}": f.check for f in method.fields}
   return fields
 
 
