@@ -216,9 +216,10 @@ DISTRIBUTED_FIELDS: tuple[schema.Field, ...] = (
   F("num_processes", 0, _int(0), "0 = auto-detect", runtime="host"),
   F("process_id", -1, _int(-1), "-1 = auto-detect", runtime="host"),
 )
+MODE = F("mode", "baseline", _choice("baseline", "hybrid"), "'baseline' (plain optax loop) | 'hybrid'")
 # The top level of every config.
 TOP_FIELDS: tuple[schema.Field, ...] = (
-  F("mode", "baseline", _choice("baseline", "hybrid"), "'baseline' (plain optax loop) | 'hybrid'"),
+  MODE,
   F("seed", 0, _int(0), "the run's seed (init, data order, dropout)"),
   F(
     "resume",

@@ -25,55 +25,23 @@ from hybridjax import optim as optim_lib
 from hybridjax import registry, schema, sharding
 from hybridjax.models import gpt2
 
-
-def _raise(errors: list[str]) -> None:
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
-
-
-_int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
-_bool, _str = schema.check_bool, schema.check_str
-
-# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them, as `GPT2Config`
-# and `data.DATA_FIELDS` declare them.
-_GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
-  f"model.{f.name}": f.metadata["check"] for f in dataclasses.fields(gpt2.GPT2Config)
-} | {f"data.{f.name}": f.check for f in data_lib.DATA_FIELDS}
-
-
-def declared_checks() -> dict[str, Callable[[Any], str | None]]:
-  """Every declared field's check by dotted name: the top level's, every block's (`config_lib.BLOCKS`), and the
-  GPT-2 task's model and data fields."""
-  checks = {f.name: f.check for f in config_lib.TOP_FIELDS}
-  for block, fields in config_lib.BLOCKS.items():
-    checks |= {f"{block}.{f.name}": f.check for f in fields}
-  return checks | _GPT2_TASK_CHECKS
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
+# The blocks of an experiment config whose every field is declared: `config.BLOCKS` and the GPT-2
+# task's model and data blocks (`tasks.gpt2`), checked when a config holds them. Any other block (a
+# task's, e.g. `mlp`) is its owner's to check.
+DECLARED: dict[str, tuple[schema.Field, ...]] = {
+  **config_lib.BLOCKS,
+  "model": gpt2.FIELDS,
+  "data": data_lib.DATA_FIELDS,
+}
 
 
 def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None = None) -> list[str]:
   """A line for each declared field of `config` (under `blocks`, default all) whose check refuses its
   value, or that is missing from a block that is present."""
-  errors = []
-  for name, check in declared_checks().items():
-    top = name.split(".")[0]
-    if blocks is not None and top not in blocks:
-      continue
-    try:
-      value = _get(config, name)
-    except (KeyError, AttributeError):
-      if top in config:  # a block that is present must be complete
-        errors.append(f"--config.{name} is missing from the config")
-      continue
-    msg = check(value)
-    if msg:
-      errors.append(f"--config.{name} {msg}")
+  chosen = lambda name: name in config and (blocks is None or name in blocks)
+  errors = schema.errors("", [f for f in config_lib.TOP_FIELDS if chosen(f.name)], config)
+  for block in filter(chosen, DECLARED):
+    errors += schema.errors(block, DECLARED[block], config_lib.flatten(config[block]))
   return errors
 
 
@@ -131,15 +99,6 @@ def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
   return errors + optim_lib.relation_errors(o, steps)
 
 
-def _model_relations(config: ml_collections.ConfigDict) -> list[str]:
-  m = config.model
-  errors = []
-  if m.d_model % m.n_head:
-    errors.append(f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})")
-  # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
-  return errors + [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
-
-
 def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> list[str]:
   h, errors = config.hybrid, []
   if h.steps_per_call != 1 and h.dispatch != "switch":
@@ -173,7 +132,7 @@ def validate(
     relations = {
       "trainer": lambda: _trainer_relations(config, whole),
       "optim": lambda: _schedule_relations(config),
-      "model": lambda: _model_relations(config),
+      "model": lambda: [f"--config.{e}" for e in gpt2.relation_errors(config.model.to_dict())],
       "hybrid": lambda: _hybrid_relations(config, whole, method),
     }
     for block, block_errors in relations.items():
@@ -181,8 +140,7 @@ def validate(
         errors += block_errors()
     if whole or "mesh" in blocks or "distributed" in blocks:
       errors += sharding.mesh_errors(config, n_devices=None)[0]
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  schema.raise_invalid(errors)
 
 
 def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> None:
@@ -195,17 +153,16 @@ def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> 
 
 
 def declared_blocks() -> tuple[str, ...]:
-  """The blocks of an experiment config whose every field is declared: the GPT-2 task's model and
-  data blocks (`_GPT2_TASK_CHECKS`) and `config.BLOCKS`; a misspelt key in them is an error, not a
-  new field. Any other block is its owner's to check."""
-  return tuple(dict.fromkeys(k.split(".")[0] for k in _GPT2_TASK_CHECKS)) + tuple(config_lib.BLOCKS)
+  """The blocks of an experiment config whose every field is declared (`DECLARED`): a misspelt key in
+  them is an error, not a new field."""
+  return tuple(DECLARED)
 
 
 def declared_fields(method: registry.Method | None = None) -> set[str]:
   """Every field an experiment config may hold in `declared_blocks()` and at its top level: the
   validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
   model's, and `method`'s block (a user's method's declared fields)."""
-  names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
+  names = set(known_fields())
   if method is not None and method.config_key:
     names |= {f"hybrid.{method.config_key}.{f.name}" for f in method.fields}
   return names
@@ -284,7 +241,7 @@ def field_defaults() -> dict[str, Any]:
   """The default of every field (as its JSON record holds it): `config_lib.default_config`'s, the built-in
   methods' blocks and the GPT-2 model's. What a field missing from an older run's saved config meant."""
   defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
-  for f in dataclasses.fields(gpt2.GPT2Config):
+  for f in gpt2.FIELDS:
     if f.default is not dataclasses.MISSING:
       defaults[f"model.{f.name}"] = json.loads(json.dumps(f.default))
   return defaults
@@ -292,7 +249,8 @@ def field_defaults() -> dict[str, Any]:
 
 def known_fields() -> dict[str, Callable[[Any], str | None]]:
   """Every validated field: the generic ones and those of the built-in methods' blocks."""
-  fields = declared_checks()
+  fields = {f.name: f.check for f in config_lib.TOP_FIELDS}
+  fields |= {f"{block}.{f.name}": f.check for block, declared in DECLARED.items() for f in declared}
   for name in registry.BUILTIN_METHODS:
     method = registry.load_method(name)
     fields |= {f"hybrid.{method.config_key}.{f.name}": f.check for f in method.fields}
@@ -334,7 +292,7 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
 
 def check_block_names(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> None:
   """Refuses `config` when `misnamed_block_errors` finds a declared block set under another name."""
-  _raise(misnamed_block_errors(config, method))
+  schema.raise_invalid(misnamed_block_errors(config, method))
 
 
 # --- hybrid settings with no effect ----------------------------------------------------------------
@@ -539,7 +497,7 @@ def check_inert_settings(
   `reference_configs(config, method)`."""
   if references is None:
     references = reference_configs(config, method)
-  _raise(
+  schema.raise_invalid(
     inert_setting_errors(config, method, references, control=control)
     + optimizer_setting_errors(config, references, given)
   )

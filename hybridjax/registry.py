@@ -210,11 +210,6 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   return Method(path=module.__name__, **hooks)
 
 
-def _raise_invalid(errors: list[str]) -> None:
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
-
-
 # --- a method module's names ---------------------------------------------------------------------
 
 # The module-level names the method interface reads (`registry.method_record`, and those
@@ -257,9 +252,9 @@ def check_method_names(method: Method) -> None:
   (`misspelt_hook_errors`). The built-in methods are the test suite's to check."""
   if method.path in BUILTIN_METHODS.values():
     return
-  import importlib
-
-  _raise_invalid(misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method))
+  schema.raise_invalid(
+    misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method)
+  )
 
 
 def builtin_name_errors(method: Method) -> list[str]:
