@@ -255,14 +255,6 @@ BLOCKS: dict[str, tuple[schema.Field, ...]] = {
 }
 
 
-def runtime_fields(*kinds: str) -> frozenset[str]:
-  """Every field declared runtime (`schema.Field.runtime`) of `kinds` ('resume', 'host'; default
-  both), by dotted name."""
-  kinds = kinds or ("resume", "host")
-  names = {f.name for f in TOP_FIELDS if f.runtime in kinds}
-  return frozenset(names | {f"{b}.{f.name}" for b, fields in BLOCKS.items() for f in fields if f.runtime in kinds})
-
-
 def default_mesh_config() -> ml_collections.ConfigDict:
   """The `mesh` block at its defaults (`MESH_FIELDS`)."""
   return schema.block(MESH_FIELDS)

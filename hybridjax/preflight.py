@@ -11,7 +11,6 @@ that is set where the run would not read it, generically from the declarations (
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -21,8 +20,8 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
+from hybridjax import identity, registry, schema, sharding
 from hybridjax import optim as optim_lib
-from hybridjax import registry, schema, sharding
 from hybridjax.models import gpt2
 
 # The blocks of an experiment config whose every field is declared: `config.BLOCKS` and the GPT-2
@@ -237,14 +236,7 @@ def method_errors(
   return errors + list(method.check(config))
 
 
-def field_defaults() -> dict[str, Any]:
-  """The default of every field (as its JSON record holds it): `config_lib.default_config`'s, the built-in
-  methods' blocks and the GPT-2 model's. What a field missing from an older run's saved config meant."""
-  defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
-  for f in gpt2.FIELDS:
-    if f.default is not dataclasses.MISSING:
-      defaults[f"model.{f.name}"] = json.loads(json.dumps(f.default))
-  return defaults
+field_defaults = identity.field_defaults  # what a field missing from an older run's config meant
 
 
 def known_fields() -> dict[str, Callable[[Any], str | None]]:
