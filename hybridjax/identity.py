@@ -41,13 +41,15 @@ def field_defaults() -> dict[str, Any]:
   return json.loads(json.dumps(defaults))
 
 
-def comparable(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
+def comparable(
+  config: ml_collections.ConfigDict | Mapping[str, Any], method: registry.Method | None = None
+) -> dict[str, Any]:
   """`config`'s leaves by dotted name (as its JSON record holds them), as two configs of a run
   compare: `hybrid.method` as the method it names ('' is the default method; `hybrid.predictor`, its
   earlier name); the default method's fields at their place today (`hybrid.<its block>.<field>`)
   where an older config holds them flat in the hybrid block (its `beta` as `hybrid.<method>_beta`);
   in baseline mode no hybrid field (the baseline reads none), in hybrid mode no block of a built-in
-  method the run does not train."""
+  method the run does not train (`method`: the config's, resolved already; default: by its name)."""
   as_dict = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
   flat = config_lib.flatten(json.loads(json.dumps(as_dict)))
   if "hybrid.predictor" in flat:
@@ -65,7 +67,7 @@ def comparable(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[st
     return {k: v for k, v in flat.items() if not k.startswith("hybrid.")}
   if flat.get("mode") == "hybrid":
     try:
-      trained = registry.load_method(flat.get("hybrid.method", config_lib.DEFAULT_METHOD)).config_key
+      trained = (method or registry.load_method(flat.get("hybrid.method", config_lib.DEFAULT_METHOD))).config_key
     except (ValueError, ImportError):  # a method that no longer loads: every block compared
       return flat
     unread = {registry.load_method(name).config_key for name in registry.BUILTIN_METHODS} - {trained, None}

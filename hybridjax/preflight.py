@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -148,23 +148,22 @@ def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> 
   (`misnamed_block_errors`)."""
   validate(config, method=method)
   registry.check_method_names(method)
-  check_block_names(config, method)
+  schema.raise_invalid(misnamed_block_errors(config, method))
 
 
-def declared_blocks() -> tuple[str, ...]:
-  """The blocks of an experiment config whose every field is declared (`DECLARED`): a misspelt key in
-  them is an error, not a new field."""
-  return tuple(DECLARED)
+def declared_fields(method: registry.Method | None = None) -> dict[str, schema.Field]:
+  """Every field an experiment config may hold at its top level and in its `DECLARED` blocks, by
+  dotted name: the top level's, the blocks', the built-in methods' blocks' and `method`'s (a user's)."""
+  methods = [registry.load_method(name) for name in registry.BUILTIN_METHODS] + [method] * (method is not None)
+  fields = {f.name: f for f in config_lib.TOP_FIELDS}
+  fields |= {f"{block}.{f.name}": f for block, declared in DECLARED.items() for f in declared}
+  return fields | {f"hybrid.{m.config_key}.{f.name}": f for m in methods if m.config_key for f in m.fields}
 
 
-def declared_fields(method: registry.Method | None = None) -> set[str]:
-  """Every field an experiment config may hold in `declared_blocks()` and at its top level: the
-  validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
-  model's, and `method`'s block (a user's method's declared fields)."""
-  names = set(known_fields())
-  if method is not None and method.config_key:
-    names |= {f"hybrid.{method.config_key}.{f.name}" for f in method.fields}
-  return names
+def _nearest(name: str, names: list[str], cutoff: float) -> str | None:
+  """The name of `names` nearest `name` (difflib's ratio at least `cutoff`), else None."""
+  near = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+  return near[0] if near else None
 
 
 def unknown_field_errors(
@@ -172,24 +171,20 @@ def unknown_field_errors(
 ) -> list[str]:
   """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
   the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
-  otherwise train on the default, without a word. A block of the config's own outside
-  `declared_blocks()` (a task's, e.g. `mlp`) is left to its owner."""
-  known = declared_fields(method)
+  otherwise train on the default, without a word. A block of the config's own outside `DECLARED`
+  (a task's, e.g. `mlp`) is left to its owner."""
+  known = sorted(declared_fields(method))
   errors = []
   for name in config_lib.flatten(config):
-    top = name.split(".")[0]
+    top, _, rest = name.partition(".")
     if name in known or (blocks is not None and top not in blocks):
       continue
-    near_block = difflib.get_close_matches(top, declared_blocks(), n=1, cutoff=0.8)
-    if "." in name and top not in declared_blocks() and not near_block:
+    block = top if top in DECLARED else _nearest(top, list(DECLARED), 0.8)
+    if rest and block is None:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
-    nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    if not nearest:  # a misspelt block name (`trainr.steps`): the nearest field of the nearest block
-      parts = name.split(".")
-      blocks_near = difflib.get_close_matches(parts[0], declared_blocks(), n=1)
-      if blocks_near:
-        nearest = difflib.get_close_matches(".".join([blocks_near[0], *parts[1:]]), sorted(known), n=1, cutoff=0.5)
-    hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+    # Its spelling; else (a misspelt block name, `trainr.steps`) the nearest field of the nearest block.
+    nearest = _nearest(name, known, 0.6) or (block and rest and _nearest(f"{block}.{rest}", known, 0.5))
+    hint = f"did you mean --config.{nearest}? " if nearest else "(docs/config.md lists the fields) "
     errors.append(
       f"--config.{name} is not a field of the config: {hint}A misspelt key would leave the field it "
       "meant at its default; rename or remove it"
@@ -239,16 +234,6 @@ def method_errors(
 field_defaults = identity.field_defaults  # what a field missing from an older run's config meant
 
 
-def known_fields() -> dict[str, Callable[[Any], str | None]]:
-  """Every validated field: the generic ones and those of the built-in methods' blocks."""
-  fields = {f.name: f.check for f in config_lib.TOP_FIELDS}
-  fields |= {f"{block}.{f.name}": f.check for block, declared in DECLARED.items() for f in declared}
-  for name in registry.BUILTIN_METHODS:
-    method = registry.load_method(name)
-    fields |= {f"hybrid.{method.config_key}.{f.name}": f.check for f in method.fields}
-  return fields
-
-
 # --- a block misnamed from Python ----------------------------------------------------------------
 
 # How close (difflib's ratio) a top-level block's name must be to a declared block's for the two to
@@ -266,10 +251,10 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   errors = []
   for top in config:
     block = config[top]
-    if top in declared_blocks() or not hasattr(block, "items"):
+    if top in DECLARED or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))
-    for near in difflib.get_close_matches(top, declared_blocks(), n=3, cutoff=NEAR_BLOCK_CUTOFF):
+    for near in difflib.get_close_matches(top, DECLARED, n=3, cutoff=NEAR_BLOCK_CUTOFF):
       shared = [f for f in fields if f"{near}.{f}" in known]
       if shared:
         errors.append(
@@ -280,11 +265,6 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
         )
         break
   return errors
-
-
-def check_block_names(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> None:
-  """Refuses `config` when `misnamed_block_errors` finds a declared block set under another name."""
-  schema.raise_invalid(misnamed_block_errors(config, method))
 
 
 # --- hybrid settings with no effect ----------------------------------------------------------------
@@ -344,27 +324,25 @@ def inert_setting_errors(
   def them(fields: list[str]) -> tuple[str, str]:
     return ("has", "it") if len(fields) == 1 else ("have", "them")
 
-  errors = []
+  # What the run does not read: every hybrid field in baseline mode, another built-in method's block
+  # in hybrid mode (`identity.comparable`).
+  read = identity.comparable(config, method)
+  unread = [f for f in sorted(flat) if f"hybrid.{f}" not in read and f != "method" and is_set(f)]
   if config.mode == "baseline":
-    unread = [f for f in sorted(flat) if f != "method" and is_set(f)]
-    if unread:
-      verb, obj = them(unread)
-      errors.append(
-        f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
-        f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
-        "(hybridjax.default_config())"
-      )
-    return errors
-  name = config_lib.method_name(config)
+    verb, obj = them(unread)
+    return [
+      f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
+      f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
+      "(hybridjax.default_config())"
+    ] * bool(unread)
+  name, errors = config_lib.method_name(config), []
   for other in registry.BUILTIN_METHODS:
     key = registry.load_method(other).config_key
-    if not key or key == method.config_key:
-      continue
-    unread = [f for f in sorted(flat) if f.startswith(key + ".") and is_set(f)]
-    if unread:
-      verb, obj = them(unread)
+    fields = [f for f in unread if f.startswith(f"{key}.")]
+    if fields:
+      verb, obj = them(fields)
       errors.append(
-        f"{listed(unread)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
+        f"{listed(fields)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
         f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
         "default"
       )

@@ -181,7 +181,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def test_the_trainer_names_no_benchmark_and_reads_no_block_of_it():
   """Outside bench/ no string (a field, a check, an exemption, a message; docstrings aside) names the
-  benchmark, and no block the trainer checks (`preflight.declared_blocks()`, the method blocks under
+  benchmark, and no block the trainer checks (`preflight.DECLARED`, the method blocks under
   `hybrid`) is one the benchmark's config declares."""
   for path in sorted(PACKAGE.rglob("*.py")):
     if path.relative_to(PACKAGE).parts[0] == "bench":
@@ -196,7 +196,7 @@ def test_the_trainer_names_no_benchmark_and_reads_no_block_of_it():
   from hybridjax import preflight
 
   declared = set(benchmark_cfg.get_config("quick")) - set(gpt2_small.get_config("tiny"))
-  assert declared == {"benchmark"} and not declared & set(preflight.declared_blocks())
+  assert declared == {"benchmark"} and not declared & set(preflight.DECLARED)
 
 
 def test_the_benchmark_names_no_method():
