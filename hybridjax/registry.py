@@ -179,7 +179,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   if hasattr(module, "real_step"):  # the earlier name: read as nothing, it would train the baseline's step
     problems.append("it defines real_step, the earlier name of the real transition: rename it full_step")
   hooks = {field: getattr(module, attr) for field, attr in _ATTRIBUTES.items() if hasattr(module, attr)}
-  if hasattr(module, "default_config"):
+  if getattr(getattr(module, "default_config", None), "__module__", None) == module.__name__:  # its own, not imported
     problems.append("default_config() is no longer read: declare the block's fields in CONFIG (or FIELDS)")
   if hasattr(module, "CONFIG"):  # a user's block: {field: (default, check)}
     if "fields" in hooks:

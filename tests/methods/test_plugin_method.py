@@ -76,6 +76,8 @@ def test_a_method_declares_its_block_as_fields_or_config_and_nothing_else():
   assert declared.default_config() == adapted.default_config()
   assert [(f.name, f.default) for f in declared.fields] == [(f.name, f.default) for f in adapted.fields]
   assert declared.fields[0].doc == "real steps between repeats" and isinstance(adapted.fields[0], schema.Field)
+  imported = source.replace(config_line, config_line + "\nfrom hybridjax.config import default_config")
+  assert registry.method_record(_module_from(imported), "repeat_update").default_config() == adapted.default_config()
   for wrong, fix in (
     (config_line + "\n" + fields, "CONFIG and FIELDS both declare the block: keep one"),
     ("FIELDS = {'every': fields.check_int(1)}", "FIELDS must be a tuple of"),
