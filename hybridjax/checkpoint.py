@@ -9,7 +9,6 @@ so a save interrupted by a crash is never mistaken for a checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -23,13 +22,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from hybridjax import config as config_lib
-from hybridjax import data as data_lib
-from hybridjax import preflight, registry
+from hybridjax import identity
 
 # Fields that may change between a run and its resumption without changing what is trained: those
 # declared runtime (`schema.Field.runtime`; where the state lives is one: a checkpoint restores onto
-# any mesh shape and any number of hosts), and the GPT-2 task's token cache.
-RUNTIME = config_lib.runtime_fields() | {f"data.{f.name}" for f in data_lib.DATA_FIELDS if f.runtime}
+# any mesh shape and any number of hosts).
+RUNTIME = identity.runtime_fields()
 
 
 def make_manager(directory: str, *, max_to_keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
@@ -49,34 +47,12 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
   )
 
 
-def _comparable(flat: dict[str, Any]) -> dict[str, Any]:
-  """A flattened config as a resume compares it: what the run reads. `hybrid.method` as the method
-  the run trains (a hybrid run's '' is the default method, as configs older than the '' default
-  spelt it); a baseline run reads no hybrid field (configs written before `train` refused them set
-  may hold some), a hybrid run no other built-in method's block."""
-  flat = dict(flat)
-  if flat.get("mode") == "baseline":
-    return {k: v for k, v in flat.items() if not k.startswith("hybrid.")}
-  if "hybrid.method" in flat:
-    flat["hybrid.method"] = flat["hybrid.method"] or config_lib.DEFAULT_METHOD
-    try:
-      trained = registry.load_method(flat["hybrid.method"]).config_key
-    except (ValueError, ImportError):  # a method that no longer loads: every block compared
-      return flat
-    for name in registry.BUILTIN_METHODS:
-      key = registry.load_method(name).config_key
-      if key and key != trained:
-        flat = {k: v for k, v in flat.items() if not k.startswith(f"hybrid.{key}.")}
-  return flat
-
-
 def config_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
-  """Fields (outside RUNTIME) whose values differ, as readable lines. A field missing from one
-  side (a checkpoint written before the field existed) compares as its default
-  (`config.field_defaults`)."""
-  defaults = preflight.field_defaults()
-  a = _comparable(config_lib.flatten(saved))
-  b = _comparable(config_lib.flatten(json.loads(current.to_json())))
+  """Fields (outside RUNTIME) whose values differ between two configs as a run reads them
+  (`identity.comparable`), as readable lines. A field missing from one side (a checkpoint written
+  before the field existed) compares as its default (`identity.field_defaults`)."""
+  defaults = identity.field_defaults()
+  a, b = identity.comparable(saved), identity.comparable(current)
   diffs = []
   for k in sorted(set(a) | set(b)):
     if k in RUNTIME:

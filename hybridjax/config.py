@@ -216,9 +216,10 @@ DISTRIBUTED_FIELDS: tuple[schema.Field, ...] = (
   F("num_processes", 0, _int(0), "0 = auto-detect", runtime="host"),
   F("process_id", -1, _int(-1), "-1 = auto-detect", runtime="host"),
 )
+MODE = F("mode", "baseline", _choice("baseline", "hybrid"), "'baseline' (plain optax loop) | 'hybrid'")
 # The top level of every config.
 TOP_FIELDS: tuple[schema.Field, ...] = (
-  F("mode", "baseline", _choice("baseline", "hybrid"), "'baseline' (plain optax loop) | 'hybrid'"),
+  MODE,
   F("seed", 0, _int(0), "the run's seed (init, data order, dropout)"),
   F(
     "resume",
@@ -252,14 +253,6 @@ BLOCKS: dict[str, tuple[schema.Field, ...]] = {
   "mesh": MESH_FIELDS,
   "distributed": DISTRIBUTED_FIELDS,
 }
-
-
-def runtime_fields(*kinds: str) -> frozenset[str]:
-  """Every field declared runtime (`schema.Field.runtime`) of `kinds` ('resume', 'host'; default
-  both), by dotted name."""
-  kinds = kinds or ("resume", "host")
-  names = {f.name for f in TOP_FIELDS if f.runtime in kinds}
-  return frozenset(names | {f"{b}.{f.name}" for b, fields in BLOCKS.items() for f in fields if f.runtime in kinds})
 
 
 def default_mesh_config() -> ml_collections.ConfigDict:

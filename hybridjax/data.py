@@ -50,7 +50,7 @@ TOKENIZERS = ("byte", "gpt2")
 ORDERS = ("random", "no_repeat")  # `data.order`: how training batches draw their windows (`get_batch`)
 SPLIT_FOLDERS = ("train", "val")  # a corpus folder holding both is its own train / held-out split
 # The GPT-2 task's data block (`config.data`), declared once: the experiment config builds it from these,
-# the run's pre-flight checks them (`preflight.declared_checks`).
+# the run's pre-flight checks them (`preflight.DECLARED`).
 DATA_FIELDS = (
   schema.Field("path", "", schema.check_str, "'' = the bundled Shakespeare corpus; else a text file or folder"),
   schema.Field(

@@ -177,6 +177,14 @@ def _outer_off(config: Any) -> str | None:
 
 
 F = schema.Field
+SCHEDULE = F(
+  "schedule",
+  "cosine",
+  schema.check_choice("cosine", "wsd"),
+  "'cosine': warm-up, then cosine decay; 'wsd': warm-up, stable at the peak, then linear decay over the last "
+  "decay_fraction",
+  other="wsd",
+)
 # What every run reads, whatever its optimizer (a user's `train(tx=...)` too): the optimizer's name
 # (the run's record), the schedule (`make_schedule`, which drives every optimizer's injected
 # learning rate) and outer momentum (`OuterMomentum`, through `loop.drivers.outer_settings`).
@@ -194,14 +202,7 @@ RUN_FIELDS: tuple[schema.Field, ...] = (
     "the schedule's peak LR (for Muon: of its matrices)",
     other=1e-2,
   ),
-  F(
-    "schedule",
-    "cosine",
-    schema.check_choice("cosine", "wsd"),
-    "'cosine': warm-up, then cosine decay; 'wsd': "
-    "warm-up, stable at the peak, then linear decay over the last decay_fraction",
-    other="wsd",
-  ),
+  SCHEDULE,
   F("warmup_steps", 50, schema.check_int(0), "linear warm-up steps, below trainer.steps; 0 = none", other=10),
   F("decay_steps", 0, schema.check_int(0), "the schedule's length; 0 = the run's (trainer.steps)", other=60),
   F(
@@ -256,8 +257,7 @@ def make_schedule(optim: Any, total_steps: int) -> Schedule:
   floor is reached at `decay_steps`), never into the warm-up.
   """
   kind = optim.get("schedule", "cosine")
-  if kind not in ("cosine", "wsd"):
-    raise ValueError(f"--config.optim.schedule must be 'cosine' or 'wsd', got {kind!r}")
+  schema.raise_invalid(schema.errors("optim", [SCHEDULE], {"schedule": kind}))
   decay_steps = int(optim.decay_steps) or int(total_steps)
   warmup = min(int(optim.warmup_steps), max(decay_steps - 1, 0))
   decay_steps = max(decay_steps, warmup + 1)
@@ -289,8 +289,6 @@ def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
   warm = jnp.where(warmup > 0, warm, peak)  # no warm-up: a constant schedule at the peak
   if schedule.kind == "wsd":
     return jnp.where(step < warmup, warm, _wsd_after_warmup(schedule, step))
-  if schedule.kind != "cosine":
-    raise ValueError(f"Schedule.kind must be 'cosine' or 'wsd', got {schedule.kind!r}")
   # Decay: optax.cosine_decay_schedule(peak, decay_steps - warmup, alpha=min_lr_ratio).
   decay_steps = (schedule.decay_steps - warmup).astype(jnp.float32)
   count = jnp.minimum((step - warmup).astype(jnp.float32), decay_steps)

@@ -11,69 +11,36 @@ that is set where the run would not read it, generically from the declarations (
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import data as data_lib
+from hybridjax import identity, registry, schema, sharding
 from hybridjax import optim as optim_lib
-from hybridjax import registry, schema, sharding
 from hybridjax.models import gpt2
 
-
-def _raise(errors: list[str]) -> None:
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
-
-
-_int, _num, _choice = schema.check_int, schema.check_num, schema.check_choice
-_bool, _str = schema.check_bool, schema.check_str
-
-# The GPT-2 task's model and data blocks (`tasks.gpt2`), checked when a config holds them, as `GPT2Config`
-# and `data.DATA_FIELDS` declare them.
-_GPT2_TASK_CHECKS: dict[str, Callable[[Any], str | None]] = {
-  f"model.{f.name}": f.metadata["check"] for f in dataclasses.fields(gpt2.GPT2Config)
-} | {f"data.{f.name}": f.check for f in data_lib.DATA_FIELDS}
-
-
-def declared_checks() -> dict[str, Callable[[Any], str | None]]:
-  """Every declared field's check by dotted name: the top level's, every block's (`config_lib.BLOCKS`), and the
-  GPT-2 task's model and data fields."""
-  checks = {f.name: f.check for f in config_lib.TOP_FIELDS}
-  for block, fields in config_lib.BLOCKS.items():
-    checks |= {f"{block}.{f.name}": f.check for f in fields}
-  return checks | _GPT2_TASK_CHECKS
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
+# The blocks of an experiment config whose every field is declared: `config.BLOCKS` and the GPT-2
+# task's model and data blocks (`tasks.gpt2`), checked when a config holds them. Any other block (a
+# task's, e.g. `mlp`) is its owner's to check.
+DECLARED: dict[str, tuple[schema.Field, ...]] = {
+  **config_lib.BLOCKS,
+  "model": gpt2.FIELDS,
+  "data": data_lib.DATA_FIELDS,
+}
 
 
 def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None = None) -> list[str]:
   """A line for each declared field of `config` (under `blocks`, default all) whose check refuses its
   value, or that is missing from a block that is present."""
-  errors = []
-  for name, check in declared_checks().items():
-    top = name.split(".")[0]
-    if blocks is not None and top not in blocks:
-      continue
-    try:
-      value = _get(config, name)
-    except (KeyError, AttributeError):
-      if top in config:  # a block that is present must be complete
-        errors.append(f"--config.{name} is missing from the config")
-      continue
-    msg = check(value)
-    if msg:
-      errors.append(f"--config.{name} {msg}")
+  chosen = lambda name: name in config and (blocks is None or name in blocks)
+  errors = schema.errors("", [f for f in config_lib.TOP_FIELDS if chosen(f.name)], config)
+  for block in filter(chosen, DECLARED):
+    errors += schema.errors(block, DECLARED[block], config_lib.flatten(config[block]))
   return errors
 
 
@@ -131,15 +98,6 @@ def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
   return errors + optim_lib.relation_errors(o, steps)
 
 
-def _model_relations(config: ml_collections.ConfigDict) -> list[str]:
-  m = config.model
-  errors = []
-  if m.d_model % m.n_head:
-    errors.append(f"--config.model.d_model ({m.d_model}) must be divisible by --config.model.n_head ({m.n_head})")
-  # The speedrun's architecture options, alone and in combination (`models.gpt2.OPTIONS`).
-  return errors + [f"--config.{e}" for e in gpt2.option_errors(m.to_dict())]
-
-
 def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> list[str]:
   h, errors = config.hybrid, []
   if h.steps_per_call != 1 and h.dispatch != "switch":
@@ -173,7 +131,7 @@ def validate(
     relations = {
       "trainer": lambda: _trainer_relations(config, whole),
       "optim": lambda: _schedule_relations(config),
-      "model": lambda: _model_relations(config),
+      "model": lambda: [f"--config.{e}" for e in gpt2.relation_errors(config.model.to_dict())],
       "hybrid": lambda: _hybrid_relations(config, whole, method),
     }
     for block, block_errors in relations.items():
@@ -181,8 +139,7 @@ def validate(
         errors += block_errors()
     if whole or "mesh" in blocks or "distributed" in blocks:
       errors += sharding.mesh_errors(config, n_devices=None)[0]
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  schema.raise_invalid(errors)
 
 
 def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> None:
@@ -191,28 +148,22 @@ def check_config(config: ml_collections.ConfigDict, method: registry.Method) -> 
   (`misnamed_block_errors`)."""
   validate(config, method=method)
   registry.check_method_names(method)
-  check_block_names(config, method)
+  schema.raise_invalid(misnamed_block_errors(config, method))
 
 
-def declared_blocks() -> tuple[str, ...]:
-  """The blocks of an experiment config whose every field is declared: the GPT-2 task's model and
-  data blocks (`_GPT2_TASK_CHECKS`) and `config.BLOCKS`; a misspelt key in them is an error, not a
-  new field. Any other block is its owner's to check."""
-  return tuple(dict.fromkeys(k.split(".")[0] for k in _GPT2_TASK_CHECKS)) + tuple(config_lib.BLOCKS)
+def declared_fields(method: registry.Method | None = None) -> dict[str, schema.Field]:
+  """Every field an experiment config may hold at its top level and in its `DECLARED` blocks, by
+  dotted name: the top level's, the blocks', the built-in methods' blocks' and `method`'s (a user's)."""
+  methods = [registry.load_method(name) for name in registry.BUILTIN_METHODS] + [method] * (method is not None)
+  fields = {f.name: f for f in config_lib.TOP_FIELDS}
+  fields |= {f"{block}.{f.name}": f for block, declared in DECLARED.items() for f in declared}
+  return fields | {f"hybrid.{m.config_key}.{f.name}": f for m in methods if m.config_key for f in m.fields}
 
 
-def declared_fields(method: registry.Method | None = None) -> set[str]:
-  """Every field an experiment config may hold in `declared_blocks()` and at its top level: the
-  validated ones (`known_fields`: the generic fields and the built-in methods' blocks), the GPT-2
-  model's, and `method`'s block (a user's method: its declared fields, or its defaults' leaves)."""
-  names = set(known_fields()) | {f"model.{f.name}" for f in dataclasses.fields(gpt2.GPT2Config)}
-  if method is not None and method.config_key:
-    block = set(method.fields)
-    default = method.default_config()
-    if default is not None:
-      block |= set(config_lib.flatten(default))
-    names |= {f"hybrid.{method.config_key}.{f}" for f in block}
-  return names
+def _nearest(name: str, names: list[str], cutoff: float) -> str | None:
+  """The name of `names` nearest `name` (difflib's ratio at least `cutoff`), else None."""
+  near = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+  return near[0] if near else None
 
 
 def unknown_field_errors(
@@ -220,24 +171,20 @@ def unknown_field_errors(
 ) -> list[str]:
   """A line for each key of `config` that is no declared field (`declared_fields`), naming it and
   the nearest valid one: a misspelt key set from Python (`config.trainer.stepz = 50`) would
-  otherwise train on the default, without a word. A block of the config's own outside
-  `declared_blocks()` (a task's, e.g. `mlp`) is left to its owner."""
-  known = declared_fields(method)
+  otherwise train on the default, without a word. A block of the config's own outside `DECLARED`
+  (a task's, e.g. `mlp`) is left to its owner."""
+  known = sorted(declared_fields(method))
   errors = []
   for name in config_lib.flatten(config):
-    top = name.split(".")[0]
+    top, _, rest = name.partition(".")
     if name in known or (blocks is not None and top not in blocks):
       continue
-    near_block = difflib.get_close_matches(top, declared_blocks(), n=1, cutoff=0.8)
-    if "." in name and top not in declared_blocks() and not near_block:
+    block = top if top in DECLARED else _nearest(top, list(DECLARED), 0.8)
+    if rest and block is None:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
-    nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    if not nearest:  # a misspelt block name (`trainr.steps`): the nearest field of the nearest block
-      parts = name.split(".")
-      blocks_near = difflib.get_close_matches(parts[0], declared_blocks(), n=1)
-      if blocks_near:
-        nearest = difflib.get_close_matches(".".join([blocks_near[0], *parts[1:]]), sorted(known), n=1, cutoff=0.5)
-    hint = f"did you mean --config.{nearest[0]}? " if nearest else "(docs/config.md lists the fields) "
+    # Its spelling; else (a misspelt block name, `trainr.steps`) the nearest field of the nearest block.
+    nearest = _nearest(name, known, 0.6) or (block and rest and _nearest(f"{block}.{rest}", known, 0.5))
+    hint = f"did you mean --config.{nearest}? " if nearest else "(docs/config.md lists the fields) "
     errors.append(
       f"--config.{name} is not a field of the config: {hint}A misspelt key would leave the field it "
       "meant at its default; rename or remove it"
@@ -266,15 +213,7 @@ def method_errors(
         f"--config.hybrid.{key} is missing: method {name!r} reads its settings there "
         f"(hybridjax.config.with_method_block(config) adds its defaults)"
       ]
-    for field, check in method.fields.items():
-      try:
-        value = _get(h[key], field)
-      except (KeyError, AttributeError):
-        errors.append(f"--config.hybrid.{key}.{field} is missing from the config")
-        continue
-      msg = check(value)
-      if msg:
-        errors.append(f"--config.hybrid.{key}.{field} {msg}")
+    errors = schema.errors(f"hybrid.{key}", method.fields, config_lib.flatten(h[key]))
   if errors or not check_relations or config.get("mode") != "hybrid":
     return errors
   if method.advances_schedule and h.steps_per_call != 1:
@@ -292,24 +231,7 @@ def method_errors(
   return errors + list(method.check(config))
 
 
-def field_defaults() -> dict[str, Any]:
-  """The default of every field (as its JSON record holds it): `config_lib.default_config`'s, the built-in
-  methods' blocks and the GPT-2 model's. What a field missing from an older run's saved config meant."""
-  defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
-  for f in dataclasses.fields(gpt2.GPT2Config):
-    if f.default is not dataclasses.MISSING:
-      defaults[f"model.{f.name}"] = json.loads(json.dumps(f.default))
-  return defaults
-
-
-def known_fields() -> dict[str, Callable[[Any], str | None]]:
-  """Every validated field: the generic ones and those of the built-in methods' blocks."""
-  fields = declared_checks()
-  for name in registry.BUILTIN_METHODS:
-    method = registry.load_method(name)
-    for field, check in method.fields.items():
-      fields[f"hybrid.{method.config_key}.{field}"] = check
-  return fields
+field_defaults = identity.field_defaults  # what a field missing from an older run's config meant
 
 
 # --- a block misnamed from Python ----------------------------------------------------------------
@@ -329,10 +251,10 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   errors = []
   for top in config:
     block = config[top]
-    if top in declared_blocks() or not hasattr(block, "items"):
+    if top in DECLARED or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))
-    for near in difflib.get_close_matches(top, declared_blocks(), n=3, cutoff=NEAR_BLOCK_CUTOFF):
+    for near in difflib.get_close_matches(top, DECLARED, n=3, cutoff=NEAR_BLOCK_CUTOFF):
       shared = [f for f in fields if f"{near}.{f}" in known]
       if shared:
         errors.append(
@@ -343,11 +265,6 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
         )
         break
   return errors
-
-
-def check_block_names(config: ml_collections.ConfigDict, method: registry.Method | None = None) -> None:
-  """Refuses `config` when `misnamed_block_errors` finds a declared block set under another name."""
-  _raise(misnamed_block_errors(config, method))
 
 
 # --- hybrid settings with no effect ----------------------------------------------------------------
@@ -407,27 +324,25 @@ def inert_setting_errors(
   def them(fields: list[str]) -> tuple[str, str]:
     return ("has", "it") if len(fields) == 1 else ("have", "them")
 
-  errors = []
+  # What the run does not read: every hybrid field in baseline mode, another built-in method's block
+  # in hybrid mode (`identity.comparable`).
+  read = identity.comparable(config, method)
+  unread = [f for f in sorted(flat) if f"hybrid.{f}" not in read and f != "method" and is_set(f)]
   if config.mode == "baseline":
-    unread = [f for f in sorted(flat) if f != "method" and is_set(f)]
-    if unread:
-      verb, obj = them(unread)
-      errors.append(
-        f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
-        f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
-        "(hybridjax.default_config())"
-      )
-    return errors
-  name = config_lib.method_name(config)
+    verb, obj = them(unread)
+    return [
+      f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
+      f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
+      "(hybridjax.default_config())"
+    ] * bool(unread)
+  name, errors = config_lib.method_name(config), []
   for other in registry.BUILTIN_METHODS:
     key = registry.load_method(other).config_key
-    if not key or key == method.config_key:
-      continue
-    unread = [f for f in sorted(flat) if f.startswith(key + ".") and is_set(f)]
-    if unread:
-      verb, obj = them(unread)
+    fields = [f for f in unread if f.startswith(f"{key}.")]
+    if fields:
+      verb, obj = them(fields)
       errors.append(
-        f"{listed(unread)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
+        f"{listed(fields)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
         f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
         "default"
       )
@@ -552,7 +467,7 @@ def check_inert_settings(
   `reference_configs(config, method)`."""
   if references is None:
     references = reference_configs(config, method)
-  _raise(
+  schema.raise_invalid(
     inert_setting_errors(config, method, references, control=control)
     + optimizer_setting_errors(config, references, given)
   )

@@ -6,8 +6,8 @@ for them, as big_vision loads its models and trainers by name; any other name is
 path of a user's module (`--config.hybrid.method=my_pkg.my_method`), so a new method needs no edit of
 the package. `load_method` checks the module against the interface once and returns a `Method`: a
 frozen record of its hooks with every optional one's default filled in, which is all the rest of
-the package reads. This module imports nothing of the package: the config checks, the loop and the
-benchmark load methods through it without importing any of them.
+the package reads. This module imports only `schema` of the package: the config checks, the loop and
+the benchmark load methods through it without importing any of them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import importlib
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import ml_collections
+
+from hybridjax import schema
 
 # name -> module path of the built-in methods.
 BUILTIN_METHODS = {
@@ -33,10 +37,6 @@ DEFAULT_METHOD = "velocity"
 
 # What every method module must define (the rest of the interface is optional, with defaults).
 REQUIRED = ("NAME", "make_settings", "init")
-
-
-def _no_block() -> None:
-  return None
 
 
 def _no_errors(config: Any) -> list[str]:
@@ -96,13 +96,12 @@ class Method:
   make_settings: Callable[..., Any]
   init: Callable[..., Any]
   config_key: str | None = None  # [CONFIG_KEY] its block under config.hybrid, or None
-  default_config: Callable[[], Any] = _no_block  # [default_config, or the defaults of CONFIG]
   check: Callable[[Any], list[str]] = _no_errors  # its checks of relations across the whole config
   full_step: Callable[..., Any] | None = None
   predict_step: Callable[..., Any] | None = None
   correct_step: Callable[..., Any] | None = None
 
-  fields: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)  # [FIELDS, or CONFIG's checks]
+  fields: tuple[schema.Field, ...] = ()  # [FIELDS, or CONFIG read by `config_fields`]
   composes_with: frozenset[str] = frozenset()  # [COMPOSES_WITH]
   batches_per_step: int = 1  # [BATCHES_PER_STEP]
   advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
@@ -116,6 +115,10 @@ class Method:
   log_view: Callable[[Any], Any] = _no_view
   log_fields: Callable[[Any], dict[str, Any]] = _no_fields
   summary: Callable[..., dict[str, Any]] = _no_summary
+
+  def default_config(self) -> ml_collections.ConfigDict:
+    """Its block (`config.hybrid.<config_key>`) at the declared defaults."""
+    return schema.block(self.fields)
 
 
 # Record field -> the module attribute that defines it (its own name unless listed).
@@ -162,23 +165,10 @@ def load_method(name: str) -> Method:
   return method_record(load_plugin(name, BUILTIN_METHODS, "--config.hybrid.method", "method"), name)
 
 
-def declared_block(declaration: Mapping[str, tuple[Any, Callable[..., Any]]]) -> tuple[Callable[[], Any], dict]:
-  """(default_config, FIELDS) from a block declared as {dotted field: (default, check)}."""
-  import ml_collections
-
-  def default_config() -> ml_collections.ConfigDict:
-    block = ml_collections.ConfigDict()
-    for path, (default, _) in declaration.items():
-      *parents, leaf = path.split(".")
-      node = block
-      for p in parents:
-        if p not in node:
-          node[p] = ml_collections.ConfigDict()
-        node = node[p]
-      node[leaf] = default
-    return block
-
-  return default_config, {path: check for path, (_, check) in declaration.items()}
+def config_fields(declaration: Mapping[str, tuple[Any, schema.Check]]) -> tuple[schema.Field, ...]:
+  """The fields of a block a user's method declares as `CONFIG = {dotted field: (default, check)}`
+  (docs/methods.md): the `schema.Field`s the built-in methods declare as `FIELDS`, with no doc."""
+  return tuple(schema.Field(name, default, check, "") for name, (default, check) in declaration.items())
 
 
 def method_record(module: types.ModuleType, name: str) -> Method:
@@ -189,11 +179,16 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   if hasattr(module, "real_step"):  # the earlier name: read as nothing, it would train the baseline's step
     problems.append("it defines real_step, the earlier name of the real transition: rename it full_step")
   hooks = {field: getattr(module, attr) for field, attr in _ATTRIBUTES.items() if hasattr(module, attr)}
-  if hasattr(module, "CONFIG"):  # the block declared once: {field: (default, check)}
-    if "default_config" in hooks or "fields" in hooks:
-      problems.append("CONFIG declares the block's defaults and checks: define no default_config or FIELDS beside it")
-    hooks["default_config"], hooks["fields"] = declared_block(module.CONFIG)
-  if not hooks.get("config_key") and hooks.get("default_config", _no_block)() is not None:
+  if getattr(getattr(module, "default_config", None), "__module__", None) == module.__name__:  # its own, not imported
+    problems.append("default_config() is no longer read: declare the block's fields in CONFIG (or FIELDS)")
+  if hasattr(module, "CONFIG"):  # a user's block: {field: (default, check)}
+    if "fields" in hooks:
+      problems.append("CONFIG and FIELDS both declare the block: keep one")
+    hooks["fields"] = config_fields(module.CONFIG)
+  fields = hooks.get("fields", ())
+  if isinstance(fields, Mapping) or not all(isinstance(f, schema.Field) for f in fields):
+    problems.append("FIELDS must be a tuple of hybridjax.schema.Field (or declare CONFIG = {field: (default, check)})")
+  elif fields and not hooks.get("config_key"):
     problems.append("it has a config block but no CONFIG_KEY (its key under config.hybrid)")
   if isinstance(hooks.get("composes_with"), str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
@@ -211,13 +206,8 @@ def method_record(module: types.ModuleType, name: str) -> Method:
     )
   hooks["composes_with"] = frozenset(hooks.get("composes_with", ()))
   hooks["trace_only"] = frozenset(hooks.get("trace_only", ()))
-  hooks["fields"] = dict(hooks.get("fields", {}))
+  hooks["fields"] = tuple(fields)
   return Method(path=module.__name__, **hooks)
-
-
-def _raise_invalid(errors: list[str]) -> None:
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
 # --- a method module's names ---------------------------------------------------------------------
@@ -262,9 +252,9 @@ def check_method_names(method: Method) -> None:
   (`misspelt_hook_errors`). The built-in methods are the test suite's to check."""
   if method.path in BUILTIN_METHODS.values():
     return
-  import importlib
-
-  _raise_invalid(misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method))
+  schema.raise_invalid(
+    misspelt_hook_errors(importlib.import_module(method.path), method.name) + builtin_name_errors(method)
+  )
 
 
 def builtin_name_errors(method: Method) -> list[str]:

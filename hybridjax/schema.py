@@ -178,17 +178,24 @@ def block(fields: Iterable[Field]) -> ml_collections.ConfigDict:
 
 
 def errors(prefix: str, fields: Iterable[Field], values: Mapping[str, Any]) -> list[str]:
-  """A line for each declared field of `values` (a block by dotted name) whose value its check
-  refuses, or that is missing, as `--config.<prefix>.<name> <what is wrong>`."""
+  """A line for each declared field of `values` (a block by dotted name; `prefix` '' for the top
+  level) whose value its check refuses, or that is missing, as `--config.<prefix>.<name> <what is wrong>`."""
   out = []
   for f in fields:
+    flag = f"--config.{prefix}.{f.name}" if prefix else f"--config.{f.name}"
     if f.name not in values:
-      out.append(f"--config.{prefix}.{f.name} is missing from the config")
+      out.append(f"{flag} is missing from the config")
       continue
     msg = f.check(values[f.name])
     if msg:
-      out.append(f"--config.{prefix}.{f.name} {msg}")
+      out.append(f"{flag} {msg}")
   return out
+
+
+def raise_invalid(errors: list[str]) -> None:
+  """Refuses a config with `errors` (each names a field and the fix), all at once; nothing when none."""
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
 
 class View:

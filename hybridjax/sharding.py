@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hybridjax import config as config_lib
+from hybridjax import schema
 
 try:  # Auto axes: shardings are given at the jit boundary and propagated inside by XLA
   _AUTO_AXES = {"axis_types": (jax.sharding.AxisType.Auto,) * 2}
@@ -356,6 +357,5 @@ def mesh_shape(config: ml_collections.ConfigDict, n_devices: int) -> tuple[int, 
       devices or `trainer.batch_size` does not split evenly over them.
   """
   errors, data, fsdp = mesh_errors(config, n_devices)
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  schema.raise_invalid(errors)
   return data, fsdp

@@ -7,7 +7,8 @@
 Fields come from `experiments/configs/gpt2_small.py:get_config('tiny')`. Descriptions are each
 field's declaration (`schema.Field.doc`: the top level and the `optim`, `trainer`, `hybrid`, `mesh`
 and `distributed` blocks, declared in `hybridjax/config.py`, `hybridjax/optim.py` and
-`hybridjax/optimizers/`; the `data` block, in `hybridjax/data.py`), the comments next to (or just
+`hybridjax/optimizers/`; the `data` block, in `hybridjax/data.py`; each built-in method's block, its
+`FIELDS`), the comments next to (or just
 above) each field's assignment in
 `experiments/configs/gpt2_small.py`, and the `Attributes:` of `GPT2Config`'s docstring for
 `model.*`; then the benchmark block's own fields (`specs.BENCHMARK_FIELDS`), its studies' and the `mlp` task's
@@ -148,8 +149,12 @@ def descriptions() -> dict[str, tuple[int, str]]:
   for block, fields in config_lib.BLOCKS.items():
     lib |= {f"{block}.{f.name}": (i, f.doc) for i, f in enumerate(fields)}
   from hybridjax import data as data_lib
+  from hybridjax import registry
 
   lib |= {f"data.{f.name}": (i, f.doc) for i, f in enumerate(data_lib.DATA_FIELDS)}
+  for name in registry.BUILTIN_METHODS:
+    method = registry.load_method(name)
+    lib |= {f"hybrid.{method.config_key}.{f.name}": (i, f.doc) for i, f in enumerate(method.fields)}
   exp = source_descriptions(
     os.path.join(ROOT, "experiments", "configs", "gpt2_small.py"), lambda fn: "" if fn == "get_config" else None
   )

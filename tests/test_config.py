@@ -186,6 +186,33 @@ def test_an_older_checkpoints_config_compares_equal_where_it_means_the_same():
   assert ckpt_lib.config_differences(saved, current) == ["hybrid.method: checkpoint has 'jump', config has 'velocity'"]
 
 
+def test_a_checkpoint_and_a_record_read_one_config_identity():
+  """The resume's comparison and the published records' read the same normalisation
+  (`identity.comparable`): a config with the earlier spellings (`hybrid.predictor`, the default
+  method's fields flat in the hybrid block) is the same run to both; a baseline run reads no hybrid
+  field, a hybrid run no other method's block."""
+  import json
+
+  from hybridjax import checkpoint as ckpt_lib
+  from hybridjax.bench import record
+
+  current = config_lib.default_config("hybrid")
+  saved = json.loads(current.to_json())
+  h = saved["hybrid"]
+  h["predictor"] = h.pop("method")
+  h["velocity_beta"], h["window"] = h["velocity"]["beta"], h["velocity"].pop("window")
+  del h["velocity"]["beta"]
+  h["jump"]["every"] = 7  # another method's block: not read by a velocity run
+  assert ckpt_lib.config_differences(saved, current) == [] == record.config_differences(saved, current)
+  # A config of no one run's mode (a benchmark's, whose arms run every method) compares every block.
+  later = json.loads(current.to_json()) | {"mode": "benchmark"}
+  assert record.config_differences(saved | {"mode": "benchmark"}, later) == ["hybrid.jump.every: 7 there, 100 here"]
+  h["velocity_beta"] = 0.5
+  assert ckpt_lib.config_differences(saved, current) == ["hybrid.velocity.beta: checkpoint has 0.5, config has 0.99"]
+  saved["mode"], current = "baseline", config_lib.default_config("baseline")
+  assert ckpt_lib.config_differences(saved, current) == []
+
+
 def test_the_speedrun_presets_apply_every_trick_as_the_benchmark_does(monkeypatch):
   """`tiny,speedrun` is the recipe as the benchmark applies it, at its published LR; `124m,speedrun`
   has no published table: the record's LRs, and its notes say they are untuned; a published table of

@@ -4,8 +4,8 @@
   optim            imports only optimizers/ (the built-in optimizers and a user's optimizer's checks,
                    which import only optimizers/ and schema) and schema
   hybrid/          imports only hybrid/ and optim (plus jax, flax, optax, chex, numpy)
-  infrastructure   config, preflight, registry, data, checkpoint, memory, sharding, writers, plotting, codehash,
-                   models/, tasks/ (the benchmark's built-in tasks):
+  infrastructure   config, identity, preflight, registry, data, checkpoint, memory, sharding, writers, plotting,
+                   codehash, models/, tasks/ (the benchmark's built-in tasks):
                    may import each other and hybrid.phases, never a method or the loop (the registry
                    loads methods by name, with importlib)
   methods/         the training methods: import hybrid/, optim and infrastructure, never the loop;
@@ -117,6 +117,15 @@ def test_the_hybrid_algorithm_imports_only_itself_and_optim():
     assert not extra, f"{module_name(path)} imports {sorted(extra)}: hybrid/ is pure (jax, flax, optax, chex, numpy)"
 
 
+def test_a_checkpoint_reads_the_config_identity_below_it_not_the_checks_nor_the_models():
+  """A resume and a published record compare configs by one definition (`identity`), which both
+  import; the checkpoint imports neither the pre-flight nor a model."""
+  g = graph()
+  above = {d for d in g["hybridjax.checkpoint"] if d == "hybridjax.preflight" or d.startswith("hybridjax.models")}
+  assert not above, f"hybridjax.checkpoint imports {sorted(above)}"
+  assert "hybridjax.identity" in g["hybridjax.checkpoint"] & g["hybridjax.bench.record"]
+
+
 def test_only_the_loop_and_the_cli_import_the_loop():
   for m, deps in graph().items():
     # `hybridjax` itself names `train` for `hybridjax.train`, imported lazily (by name) on first use.
@@ -172,7 +181,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def test_the_trainer_names_no_benchmark_and_reads_no_block_of_it():
   """Outside bench/ no string (a field, a check, an exemption, a message; docstrings aside) names the
-  benchmark, and no block the trainer checks (`preflight.declared_blocks()`, the method blocks under
+  benchmark, and no block the trainer checks (`preflight.DECLARED`, the method blocks under
   `hybrid`) is one the benchmark's config declares."""
   for path in sorted(PACKAGE.rglob("*.py")):
     if path.relative_to(PACKAGE).parts[0] == "bench":
@@ -187,7 +196,7 @@ def test_the_trainer_names_no_benchmark_and_reads_no_block_of_it():
   from hybridjax import preflight
 
   declared = set(benchmark_cfg.get_config("quick")) - set(gpt2_small.get_config("tiny"))
-  assert declared == {"benchmark"} and not declared & set(preflight.declared_blocks())
+  assert declared == {"benchmark"} and not declared & set(preflight.DECLARED)
 
 
 def test_the_benchmark_names_no_method():

@@ -16,9 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from hybridjax import config as config_lib
-from hybridjax import data as data_lib
-from hybridjax import preflight, registry
+from hybridjax import identity
 from hybridjax.bench import specs
 from hybridjax.bench.studies import STUDIES, Record
 
@@ -103,33 +101,8 @@ def header(config: ml_collections.ConfigDict, command: str) -> Record:
 # records differing only in these hold the same measurement. The experiment fields declared to run on
 # a host (`schema.Field.runtime == 'host'`: the compile cache, the mesh, progress bars), the GPT-2
 # task's token cache, and the benchmark's own (`specs.RUNTIME`).
-RUNTIME = (
-  config_lib.runtime_fields("host")
-  | {f"data.{f.name}" for f in data_lib.DATA_FIELDS if f.runtime == "host"}
-  | {f"benchmark.{f}" for f in specs.RUNTIME}
-)
+RUNTIME = identity.runtime_fields("host") | {f"benchmark.{f}" for f in specs.RUNTIME}
 FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "trainer.steps")  # named first
-
-
-def _comparable(config: ml_collections.ConfigDict | Record) -> Record:
-  """A config's leaves by dotted name, as two records' configs compare: `hybrid.method` as the
-  method it names ('' is the default), and the default method's
-  fields at their place today (`hybrid.<its block>.<field>`) where an old record holds them flat in
-  the hybrid block (`hybrid.<field>`, its `beta` as `hybrid.<method>_beta`; `hybrid.predictor`, the
-  method's field before `method`)."""
-  out = config_lib.flatten(json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config)))
-  if "hybrid.predictor" in out:
-    out.setdefault("hybrid.method", out.pop("hybrid.predictor"))
-  if "hybrid.method" in out:
-    out["hybrid.method"] = out["hybrid.method"] or config_lib.DEFAULT_METHOD
-  block = f"hybrid.{registry.load_method(config_lib.DEFAULT_METHOD).config_key}."
-  own = {k[len(block) :].split(".")[0] for k in preflight.field_defaults() if k.startswith(block)}
-  renamed = {f"{config_lib.DEFAULT_METHOD}_beta": "beta"}
-  for k in [k for k in out if k.startswith("hybrid.")]:
-    head, _, rest = k[len("hybrid.") :].partition(".")
-    if renamed.get(head, head) in own:  # one of the default method's fields, flat in an old record
-      out.setdefault(block + renamed.get(head, head) + ("." + rest if rest else ""), out.pop(k))
-  return out
 
 
 def config_differences(
@@ -138,13 +111,14 @@ def config_differences(
   ignore: tuple[str, ...] = (),
 ) -> list[str]:
   """The fields whose values differ between two configs (a published record's, `stored_config`'s,
-  and another's), as 'field: <earlier> there, <later> here' lines, `FIRST_SHOWN` first; outside
-  `RUNTIME` and `ignore` (dotted fields, or blocks: 'benchmark.knobs' ignores its fields).
+  and another's) as a run reads them (`identity.comparable`), as 'field: <earlier> there, <later>
+  here' lines, `FIRST_SHOWN` first; outside `RUNTIME` and `ignore` (dotted fields, or blocks:
+  'benchmark.knobs' ignores its fields).
   A field one config lacks (its record was written before the field existed) compares as its default
-  (`config.field_defaults`); one with no default (a benchmark field or study block added since) is
+  (`identity.field_defaults`); one with no default (a benchmark field or study block added since) is
   not compared: the older record cannot say what it was."""
-  defaults = preflight.field_defaults()
-  a, b = _comparable(earlier), _comparable(later)
+  defaults = identity.field_defaults()
+  a, b = identity.comparable(earlier), identity.comparable(later)
   absent = object()
 
   def ignored(k: str) -> bool:

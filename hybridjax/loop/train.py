@@ -23,7 +23,7 @@ import numpy as np
 from hybridjax import checkpoint as ckpt_lib
 from hybridjax import config as config_lib
 from hybridjax import memory as memory_lib
-from hybridjax import preflight, registry, writers
+from hybridjax import preflight, registry, schema, writers
 from hybridjax import sharding as sharding_lib
 from hybridjax.loop import fingerprint as fingerprint_lib
 from hybridjax.loop import resume as resume_lib
@@ -76,11 +76,10 @@ def make_driver(
   def init():
     return init_params(params_rng)
 
+  schema.raise_invalid(schema.errors("", [config_lib.MODE], config))
   if config.mode == "baseline":
     return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
-  if config.mode == "hybrid":
-    return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
-  raise ValueError(f"--config.mode must be 'baseline' or 'hybrid', got {config.mode!r}")
+  return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
 
 
 def step_batches(

@@ -15,10 +15,10 @@ Required
 
 Optional (the default in brackets)
   CONFIG_KEY                 the key of its block under `config.hybrid` [None: it has none]
-  CONFIG                     that block declared once: {dotted field: (default, check)}, the checks
-                             from `hybridjax.fields` [no block]; or, instead, the two below
-  default_config()           the block's defaults (an `ml_collections.ConfigDict`)
-  FIELDS                     {dotted field inside the block: check} [{}]
+  FIELDS                     that block declared once: a tuple of `schema.Field` (dotted name inside
+                             the block, default, check, doc) [no block]
+  CONFIG                     instead of FIELDS: {dotted field: (default, check)}, the checks from
+                             `hybridjax.fields` (`registry.config_fields` reads it)
   check(config)              problems across the whole config, a list of strings that each name the
                              field and the fix ([] when it can run) [none]
   full_step(ctx, state, batch, schedule) -> (state, hybrid.context.StepInfo)

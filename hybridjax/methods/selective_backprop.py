@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import fields
+from hybridjax import schema
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.real_step import baseline_step
@@ -33,9 +33,11 @@ CONFIG_KEY = "selective"
 BATCHES_PER_STEP = 2  # the loop hands each step two of the task's batches, concatenated: 2B sequences
 CONTROL = {"selective.random": True}  # the same 2B and the same cost, a random B backpropagated
 
-# True: the control arm, a random B of the 2B backpropagated. Any batch size works: a step receives
-# BATCHES_PER_STEP whole batches and keeps one's worth, so the method has no check across fields.
-CONFIG = {"random": (False, fields.check_bool)}
+# Any batch size works: a step receives BATCHES_PER_STEP whole batches and keeps one's worth, so the
+# method has no check across fields.
+FIELDS = (
+  schema.Field("random", False, schema.check_bool, "True: the control arm, a random B of the 2B backpropagated"),
+)
 
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> tuple[bool]:

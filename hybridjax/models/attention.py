@@ -37,11 +37,10 @@ def current_backend() -> str:
 
 
 def attention_errors(model: dict[str, Any]) -> list[str]:
-  """The problems of a model block's `attention` alone and with `dropout` and `dtype` (a mapping of
-  `GPT2Config` fields; missing ones take their defaults), each naming the field and the fix."""
+  """The problems of a model block's `attention` (one of `ATTENTIONS`, its field's check) with
+  `dropout` and `dtype` (a mapping of `GPT2Config` fields; missing ones take their defaults), each
+  naming the field and the fix."""
   attention, dropout, dtype = model.get("attention", "auto"), model.get("dropout", 0.0), model.get("dtype", "float32")
-  if attention not in ATTENTIONS:
-    return [f"model.attention must be one of {ATTENTIONS} ('auto': the fastest per backend), got {attention!r}"]
   errors = []
   if attention in ("xla", "cudnn") and dropout:
     errors.append(

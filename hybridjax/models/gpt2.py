@@ -49,8 +49,8 @@ LEARNED_ATTN_SCALES = ("none", "layer", "head")
 
 def _checked(check: schema.Check, default: Any = dataclasses.MISSING, option: bool = False) -> Any:
   """A field of `GPT2Config` with its check (`schema.check_*`), which `GPT2Config.validate` and a
-  run's pre-flight (`preflight.declared_checks`, as `--config.model.<name>`) both apply; `option`:
-  one of the speedrun's architecture options (`OPTIONS`)."""
+  run's pre-flight (`FIELDS`, as `--config.model.<name>`) both apply; `option`: one of the
+  speedrun's architecture options (`OPTIONS`)."""
   return dataclasses.field(default=default, metadata={"check": check, "option": option})
 
 
@@ -143,16 +143,10 @@ class GPT2Config:
   init: str = _checked(schema.check_choice(*INITS), "gpt2", option=True)
 
   def validate(self) -> None:
-    """Raises ValueError naming the first invalid field: its declared check, then the relations."""
-    for f in dataclasses.fields(self):
-      msg = f.metadata["check"](getattr(self, f.name))
-      if msg:
-        raise ValueError(f"model.{f.name} {msg}")
-    if self.d_model % self.n_head:
-      raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
-    errors = option_errors(dataclasses.asdict(self))
-    if errors:
-      raise ValueError(errors[0])
+    """Raises ValueError naming each invalid field: its declared check (`FIELDS`), else the relations
+    (`relation_errors`)."""
+    values = dataclasses.asdict(self)
+    schema.raise_invalid(schema.errors("model", FIELDS, values) or relation_errors(values))
 
   @property
   def speedrun_options(self) -> list[str]:
@@ -167,42 +161,22 @@ class GPT2Config:
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(GPT2Config) if f.metadata.get("option"))
 """The speedrun's architecture options of `GPT2Config`, all off by default."""
+FIELDS: tuple[schema.Field, ...] = tuple(
+  schema.Field(f.name, f.default, f.metadata["check"], "") for f in dataclasses.fields(GPT2Config)
+)
+"""The `model` block's fields, as every block declares them (`default` is `dataclasses.MISSING` for a
+size the model cannot default; the docs are `GPT2Config`'s `Attributes:`)."""
 
 
-def option_errors(model: Mapping[str, Any]) -> list[str]:
-  """The problems of a model block's attention path (`attention.attention_errors`) and speedrun
-  options, alone and in combination (a mapping of the `GPT2Config` fields; missing fields take their
-  defaults). Each names the field and the fix."""
-  get = lambda name, default: model.get(name, default)
+def relation_errors(model: Mapping[str, Any]) -> list[str]:
+  """The problems of a model block (a mapping of the `GPT2Config` fields, each valid alone) across
+  its fields: the heads, the attention path (`attention.attention_errors`) and the speedrun options
+  in combination. Each names the field and the fix."""
+  get = model.get
+  n_layer, n_head, d_model, k = model["n_layer"], model["n_head"], model["d_model"], get("value_embeds", 0)
+  if d_model % n_head:
+    return [f"model.d_model ({d_model}) must be divisible by model.n_head ({n_head})"]
   errors = attention_lib.attention_errors(dict(model))
-  flags = ("rotary", "qk_norm", "relu2", "rmsnorm", "embed_norm", "zero_init_proj", "untied_head")
-  for name in flags + ("embed_skips", "unet_skips", "value_residual"):
-    if not isinstance(get(name, False), bool):
-      errors.append(f"model.{name} must be True or False, got {get(name, False)!r}")
-  cap, base, k = get("logit_softcap", 0.0), get("rotary_base", 10000.0), get("value_embeds", 0)
-  scale, learned, init = get("attn_scale", 0.0), get("learned_attn_scale", "none"), get("init", "gpt2")
-  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
-    errors.append(
-      f"model.attn_scale must be a number > 0, or 0 for GPT-2's 1/sqrt(head_dim) (record #20: 0.12 at head_dim "
-      f"128), got {scale!r}"
-    )
-  if learned not in LEARNED_ATTN_SCALES:
-    errors.append(f"model.learned_attn_scale must be one of {LEARNED_ATTN_SCALES} ('none': fixed), got {learned!r}")
-  if init not in INITS:
-    errors.append(
-      f"model.init must be one of {INITS} ('gpt2': N(0, 0.02); 'fan_in': the records' up to #19; 'fan_in_0.5': "
-      f"record #20's), got {init!r}"
-    )
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 0:
-    errors.append(f"model.logit_softcap must be a number >= 0 (0 = off; the speedrun used 30, then 15), got {cap!r}")
-  if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-    errors.append(f"model.rotary_base must be a number > 1 (e.g. 10000.0), got {base!r}")
-  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-    errors.append(f"model.value_embeds must be an int >= 0 (the number of value-embedding tables), got {k!r}")
-    k = 0
-  n_layer, n_head, d_model = get("n_layer", 1), get("n_head", 1), get("d_model", 1)
-  if errors or not all(isinstance(v, (int, np.integer)) and v > 0 for v in (n_layer, n_head, d_model)):
-    return errors
   head_dim = d_model // n_head
   if get("rotary", False) and head_dim % 2:
     errors.append(

@@ -12,6 +12,7 @@ import jax
 import ml_collections
 
 from hybridjax import data as data_lib
+from hybridjax import schema
 from hybridjax.models import attention, gpt2
 from hybridjax.optim import Batch, LossFn
 
@@ -174,6 +175,4 @@ def gpt2_task_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 def check_gpt2_task(config: ml_collections.ConfigDict) -> None:
   """Refuses what `gpt2_task_errors` names."""
-  errors = gpt2_task_errors(config)
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  schema.raise_invalid(gpt2_task_errors(config))

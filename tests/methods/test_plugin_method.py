@@ -37,7 +37,8 @@ def test_the_documented_method_is_complete_in_40_lines():
   assert len(source.rstrip("\n").split("\n")) <= 40, "the simplest complete method grew beyond 40 lines"
   record = registry.method_record(_module_from(source), "repeat_update")
   assert record.config_key == "repeat" and dict(record.default_config()) == {"every": 10, "move": True}
-  assert record.fields["every"](0) and record.fields["every"](3) is None  # the declared checks
+  every = {f.name: f for f in record.fields}["every"]
+  assert every.check(0) and every.check(3) is None  # the declared checks
   assert record.correct_step is None and record.predict_step is not None  # CORRECT is the real step
 
 
@@ -56,6 +57,34 @@ def test_the_checks_methods_md_lists_are_the_fields_modules_and_its_float_exampl
   default = float(example.group(1))
   assert check(default) is None and check(1.0) is None and check(0.0) and check(1.5)
   assert "takes 1.0, refuses 0.0 and 1.5; `check_int` refuses 0.5" in part and fields.check_int()(0.5)
+
+
+def test_a_method_declares_its_block_as_fields_or_config_and_nothing_else():
+  """`FIELDS` (`schema.Field`s) declares the same block as docs/methods.md's `CONFIG`, with docs; a block
+  declared twice, as a {field: check} dict, or by `default_config()` is refused naming the fix."""
+  from hybridjax import schema
+
+  source = method_source()
+  config_line = next(line for line in source.splitlines() if line.startswith("CONFIG = "))
+  fields = (
+    "from hybridjax import schema\n"
+    "FIELDS = (schema.Field('every', 10, schema.check_int(1), 'real steps between repeats'),"
+    " schema.Field('move', True, schema.check_bool, 'False: the control arm'))"
+  )
+  declared = registry.method_record(_module_from(source.replace(config_line, fields)), "repeat_update")
+  adapted = registry.method_record(_module_from(source), "repeat_update")
+  assert declared.default_config() == adapted.default_config()
+  assert [(f.name, f.default) for f in declared.fields] == [(f.name, f.default) for f in adapted.fields]
+  assert declared.fields[0].doc == "real steps between repeats" and isinstance(adapted.fields[0], schema.Field)
+  imported = source.replace(config_line, config_line + "\nfrom hybridjax.config import default_config")
+  assert registry.method_record(_module_from(imported), "repeat_update").default_config() == adapted.default_config()
+  for wrong, fix in (
+    (config_line + "\n" + fields, "CONFIG and FIELDS both declare the block: keep one"),
+    ("FIELDS = {'every': fields.check_int(1)}", "FIELDS must be a tuple of"),
+    ("def default_config():\n  return None", r"default_config\(\) is no longer read: declare the block's fields"),
+  ):
+    with pytest.raises(ValueError, match=fix):
+      registry.method_record(_module_from(source.replace(config_line, wrong)), "repeat_update")
 
 
 def _module_from(source: str):

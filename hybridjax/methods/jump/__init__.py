@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import fields
+from hybridjax import schema
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
 from hybridjax.hybrid.phases import Branch
@@ -42,42 +42,66 @@ TIME_BRANCHES = (Branch.PREDICT_STEP,)
 TRACE_ONLY = frozenset({"jump_k", "jump_scale", "probe_gain", "expected_gain", "forecast_agreement", "snapshot"})
 
 
-# The `hybrid.jump` block: {field: (default, check)}. The jump needs `trainer.averaging='ema'`, whose
-# EMA is the drift's fast one.
-CONFIG = {
-  # candidate k (schedule steps a jump advances), scored one at a time
-  "horizons": ((50, 100, 200), fields.check_int_tuple(1)),
-  # move scales s: candidate (k, s) moves s k r and advances the schedule by k
-  "scales": ((1.0,), fields.check_num_tuple(0.0)),
-  # real steps between jump attempts (the CORRECT phase that measures a jump's persistence)
-  "every": (100, fields.check_int(1)),
-  # accept the best k only if its probe loss < (1 - margin) x the no-jump loss
-  "margin": (0.0, fields.check_num(-1.0, 1.0, hi_open=True)),
-  # and by this fraction of the k real steps' expected progress (1: all of it)
-  "trend_credit": (0.0, fields.check_num(0.0)),
-  # the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)
-  "slow_beta": (0.998, fields.check_num(0.0, 1.0, lo_open=True, hi_open=True)),
-  # > 0: the slow EMA lags this many times the averaging EMA instead, whatever its beta:
-  # slow_beta = 1 - (1 - trainer.averaging_beta) / ratio (2: 0.995 at 0.99); 0 = slow_beta
-  "slow_lag_ratio": (0.0, fields.check_num(0.0)),
-  "start_fraction": (0.05, fields.check_num(0.0, 1.0)),  # no jump before this fraction of the run
-  "stop_fraction": (0.6, fields.check_num(0.0, 1.0)),  # nor one that would end past this fraction (low LR)
-  "skip_control": (False, fields.check_bool),  # True: an accepted jump advances the schedule by k, moving no weight
-  # 'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates
-  "forecast": ("none", fields.check_choice("none", "rssm")),
+F = schema.Field
+_int, _num = schema.check_int, schema.check_num
+# The `hybrid.jump` block. The jump needs `trainer.averaging='ema'`, whose EMA is the drift's fast one.
+FIELDS: tuple[schema.Field, ...] = (
+  F(
+    "horizons",
+    (50, 100, 200),
+    schema.check_int_tuple(1),
+    "candidate k (schedule steps a jump advances), scored one at a time",
+  ),
+  F(
+    "scales",
+    (1.0,),
+    schema.check_num_tuple(0.0),
+    "move scales s: candidate (k, s) moves s k r and advances the schedule by k",
+  ),
+  F("every", 100, _int(1), "real steps between jump attempts (the CORRECT phase that measures a jump's persistence)"),
+  F(
+    "margin",
+    0.0,
+    _num(-1.0, 1.0, hi_open=True),
+    "accept the best k only if its probe loss < (1 - margin) x the no-jump loss",
+  ),
+  F("trend_credit", 0.0, _num(0.0), "and by this fraction of the k real steps' expected progress (1: all of it)"),
+  F(
+    "slow_beta",
+    0.998,
+    _num(0.0, 1.0, lo_open=True, hi_open=True),
+    "the slow EMA; drift r = (EMA_fast - EMA_slow) / (lag_slow - lag_fast)",
+  ),
+  F(
+    "slow_lag_ratio",
+    0.0,
+    _num(0.0),
+    "> 0: the slow EMA lags this many times the averaging EMA instead, whatever its beta: "
+    "slow_beta = 1 - (1 - trainer.averaging_beta) / ratio (2: 0.995 at 0.99); 0 = slow_beta",
+  ),
+  F("start_fraction", 0.05, _num(0.0, 1.0), "no jump before this fraction of the run"),
+  F("stop_fraction", 0.6, _num(0.0, 1.0), "nor one that would end past this fraction (low LR)"),
+  F("skip_control", False, schema.check_bool, "True: an accepted jump advances the schedule by k, moving no weight"),
+  F(
+    "forecast",
+    "none",
+    schema.check_choice("none", "rssm"),
+    "'rssm': an RSSM ensemble over trajectory snapshots sets s_g and admits candidates",
+  ),
   # The RSSM forecaster (forecast='rssm'; docs/design.md "Forecast"):
-  "forecaster.every": (50, fields.check_int(1)),  # real steps between snapshots (one RSSM entry; it trains here)
-  "forecaster.history": (32, fields.check_int(4, 4096)),  # snapshots kept: the RSSM's training window
-  "forecaster.train_steps": (4, fields.check_int(0)),  # RSSM optimizer steps per snapshot
-  # exp(-std/|mean|) of the members' expected gains a candidate needs
-  "forecaster.min_agreement": (0.5, fields.check_num(0.0, 1.0)),
-  "forecaster.max_scale": (2.0, fields.check_num(0.0, lo_open=True)),  # s_g is clipped to [0, max_scale]
-  "forecaster.deter": (32, fields.check_int(1)),  # the forecaster's RSSM: GRU state size
-  "forecaster.latent": (8, fields.check_int(1)),  # its Gaussian latent size
-  "forecaster.hidden": (32, fields.check_int(1)),  # its MLP width
-  "forecaster.ensemble": (3, fields.check_int(2)),  # members (their disagreement on the gain is the gate)
-  "forecaster.learning_rate": (3e-3, fields.check_num(0.0, lo_open=True)),  # its Adam learning rate
-}
+  F("forecaster.every", 50, _int(1), "real steps between snapshots (one RSSM entry; it trains here)"),
+  F("forecaster.history", 32, _int(4, 4096), "snapshots kept: the RSSM's training window"),
+  F("forecaster.train_steps", 4, _int(0), "RSSM optimizer steps per snapshot"),
+  F(
+    "forecaster.min_agreement", 0.5, _num(0.0, 1.0), "exp(-std/|mean|) of the members' expected gains a candidate needs"
+  ),
+  F("forecaster.max_scale", 2.0, _num(0.0, lo_open=True), "s_g is clipped to [0, max_scale]"),
+  F("forecaster.deter", 32, _int(1), "the forecaster's RSSM: GRU state size"),
+  F("forecaster.latent", 8, _int(1), "its Gaussian latent size"),
+  F("forecaster.hidden", 32, _int(1), "its MLP width"),
+  F("forecaster.ensemble", 3, _int(2), "members (their disagreement on the gain is the gate)"),
+  F("forecaster.learning_rate", 3e-3, _num(0.0, lo_open=True), "its Adam learning rate"),
+)
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
@@ -90,7 +114,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       "--config.hybrid.method='jump' needs --config.trainer.averaging='ema' (the averaging EMA is the fast EMA "
       "of the drift); set it, or use --config.hybrid.method='velocity'"
     )
-  default_slow_beta = CONFIG["slow_beta"][0]
+  default_slow_beta = schema.by_name(FIELDS)["slow_beta"].default
   if j.slow_beta != default_slow_beta and (outer_every or j.get("slow_lag_ratio", 0.0)):
     # A slow_beta that nothing reads would be recorded as the run's setting without a word.
     why = (

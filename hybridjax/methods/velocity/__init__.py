@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hybridjax import fields
+from hybridjax import schema
 from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import trajectory as trajectory_lib
@@ -42,27 +42,29 @@ CONFIG_KEY = "velocity"
 CONTROL = {"velocity.zero_alpha": True}
 
 
-# The `hybrid.velocity` block: {field: (default, check)}.
-CONFIG = {
-  "validate_every": (2, fields.check_int(1)),  # forward-pass validation every N predicted steps (and at the horizon)
-  "divergence_tolerance": (0.05, fields.check_num(0.0, lo_open=True)),  # real over predicted loss excess ending PREDICT
-  "beta": (0.99, fields.check_num(0.0, 1.0, hi_open=True)),  # EMA of the trajectory memory: slow, it tracks the drift
-  "constant_alpha": (0.0, fields.check_num(0.0, 10.0)),  # > 0: ablation, every predicted step uses this alpha (no RSSM)
-  "zero_alpha": (False, fields.check_bool),  # True: the control arm, predicted steps move nothing (alpha = 0)
-  "history_size": (64, fields.check_int(4, 4096)),  # ring-buffer length (steps)
-  "window": (32, fields.check_int(2)),  # truncated-BPTT window of the dynamics model
-  "accuracy_window": (8, fields.check_int(1, 1024)),  # recent validations that feed confidence
-  "rssm.deter": (256, fields.check_int(1)),
-  "rssm.latent": (32, fields.check_int(1)),
-  "rssm.hidden": (256, fields.check_int(1)),
-  "rssm.ensemble": (3, fields.check_int(1, 64)),
-  "rssm.free_bits": (1.0, fields.check_num(0.0)),
-  "rssm.learning_rate": (1e-3, fields.check_num(0.0, lo_open=True)),
-  "corrector.enabled": (True, fields.check_bool),  # False: plans use the RSSM's raw output; no corrector is trained
-  "corrector.hidden": (64, fields.check_int(1)),
-  "corrector.learning_rate": (1e-3, fields.check_num(0.0, lo_open=True)),
-  "corrector.history": (32, fields.check_int(2, 4096)),
-}
+F = schema.Field
+_int, _num = schema.check_int, schema.check_num
+# The `hybrid.velocity` block.
+FIELDS: tuple[schema.Field, ...] = (
+  F("validate_every", 2, _int(1), "forward-pass validation every N predicted steps (and at the horizon)"),
+  F("divergence_tolerance", 0.05, _num(0.0, lo_open=True), "real over predicted loss excess ending PREDICT"),
+  F("beta", 0.99, _num(0.0, 1.0, hi_open=True), "EMA of the trajectory memory: slow, it tracks the drift"),
+  F("constant_alpha", 0.0, _num(0.0, 10.0), "> 0: ablation, every predicted step uses this alpha (no RSSM)"),
+  F("zero_alpha", False, schema.check_bool, "True: the control arm, predicted steps move nothing (alpha = 0)"),
+  F("history_size", 64, _int(4, 4096), "ring-buffer length (steps)"),
+  F("window", 32, _int(2), "truncated-BPTT window of the dynamics model"),
+  F("accuracy_window", 8, _int(1, 1024), "recent validations that feed confidence"),
+  F("rssm.deter", 256, _int(1), "the RSSM's GRU state size"),
+  F("rssm.latent", 32, _int(1), "its Gaussian latent size"),
+  F("rssm.hidden", 256, _int(1), "its MLP width"),
+  F("rssm.ensemble", 3, _int(1, 64), "its independently initialised members"),
+  F("rssm.free_bits", 1.0, _num(0.0), "its KL free bits in nats (per step)"),
+  F("rssm.learning_rate", 1e-3, _num(0.0, lo_open=True), "its Adam learning rate"),
+  F("corrector.enabled", True, schema.check_bool, "False: plans use the RSSM's raw output; no corrector is trained"),
+  F("corrector.hidden", 64, _int(1), "the residual corrector's MLP width"),
+  F("corrector.learning_rate", 1e-3, _num(0.0, lo_open=True), "its learning rate"),
+  F("corrector.history", 32, _int(2, 4096), "its ring buffer of observed residuals (entries)"),
+)
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
