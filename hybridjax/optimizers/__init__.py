@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from hybridjax import schema
+from hybridjax.optimizers import module
 from hybridjax.optimizers.adam import (
   ADAMW_EMBED_LR_RATIO,
   ADAMW_HEAD_LR_RATIO,
@@ -559,7 +560,8 @@ def relation_errors(optim: Any, steps: int | None) -> list[str]:
 
 
 def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
-  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
+  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`; a user's
+  module's (`optimizers.module`) when `optim` holds its block.
 
   The config's schedule (`optim.learning_rate`, `optim.schedule`, ...) drives the learning rate of
   every run, through `with_learning_rate`. So a user's transformation must have its learning rate
@@ -577,6 +579,8 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
     ValueError: naming the field and the fix, when `tx` and `optim.name` disagree, or when the
       schedule cannot drive `tx`'s learning rate.
   """
+  if tx is None and module.BLOCK in optim:  # a user's optimizer module (`optimizers.module`)
+    tx = module.factory(optim)
   if tx is None:
     return make_optimizer(optim)
   if optim.name in BUILTIN_OPTIMIZERS:
