@@ -11,6 +11,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
+from hybridjax.bench.studies.optimizers import sides as sides_lib
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
@@ -33,12 +34,13 @@ STUDY_CELLS = (
     condition=carried.on_corpus,
     checks=carried.corpus_errors,
   ),
+  Cell("sides", "each optimizer of `sides` against the reference AdamW, searched alike at equal cost", tuner="joint"),
 )
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 
 
 F = schema.Field
-SEARCHED = comparison.only_in("both_tuned")
+SEARCHED = comparison.only_in("both_tuned", "sides")
 FIELDS = (
   F("cell", "as_published", schema.check_choice(*(c.name for c in STUDY_CELLS)), "the cell: both rows as "
     "published, or both searched alike"),
@@ -74,6 +76,8 @@ FIELDS = (
   F("settings_from", "", schema.check_str, "cells `small_batch` and `corpus`: the cell `both_tuned` record whose "
     "chosen settings they carry ('': the published optimizers-both_tuned-<preset>.json)",
     unread=comparison.only_in("small_batch", "corpus")),
+  F("sides", "", schema.check_str, "cell `sides`: the optimizers read against the reference AdamW, comma-separated: "
+    "built-in names or a module's dotted path (`optimizers.module`)", unread=comparison.only_in("sides")),
   F("corpus_path", "~/.cache/hybridjax/corpora/english-npm", schema.check_str, "cell `corpus`: the corpus folder "
     "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds",
     unread=comparison.only_in("corpus")),
@@ -135,6 +139,8 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   else:
     _, sides = side_configs(config)
   adamw, muon = sides["adamw"][0], sides["muon"][0]
+  if cell.name == "sides" and (errors := sides_lib.errors(config, adamw)):
+    raise ValueError("; ".join(errors))
   if uses_muon(adamw) or not uses_muon(muon):
     raise ValueError(
       f"--config.benchmark.optimizers.adamw_row={o.adamw_row!r} and muon_row={o.muon_row!r}: the AdamW row must "
