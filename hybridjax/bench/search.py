@@ -391,11 +391,17 @@ def space_of(
 
 def centred(reference: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """The reference AdamW's config moved to optimizer `name` (a built-in's, or a user's module's dotted path)
-  at its space's `Centre`: the LR and the weight decay times the centre's factors; an optimizer that owns
-  its schedule with the rate held after the warm-up (`optim.min_lr_ratio` 1.0)."""
+  at its space's `Centre`: the fields it shares with the reference kept (the schedule's, the betas it
+  declares), those it does not read at their defaults, the LR and the weight decay times the centre's
+  factors; an optimizer that owns its schedule with the rate held after the warm-up (`optim.min_lr_ratio`
+  1.0)."""
   c = ml_collections.ConfigDict(reference.to_dict())
   centre = getattr(space_function(name), "centre", Centre())
   c.optim.name = name
+  declared = optim_lib.OPTIMIZERS[name].fields if name in optim_lib.OPTIMIZERS else ()
+  for f in optim_lib.OPTIMIZER_FIELDS:
+    if f not in declared and f.name in c.optim:
+      c.optim[f.name] = f.default
   if name not in optim_lib.OPTIMIZERS:
     c = module_lib.with_block(c, module_lib.load(name))
   c.optim.learning_rate = tuning.round_lr(float(reference.optim.learning_rate) * centre.lr)

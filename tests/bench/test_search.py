@@ -318,3 +318,14 @@ def test_a_user_modules_space_becomes_knobs_in_its_block():
   assert search.apply_setting(c, {"optim.module.b1": 0.8}).optim.module.b1 == 0.8
   linear = search.Knob("optim.module.x", "linear", (1.0, 3.0))
   assert linear.value(0.5) == 2.0 and linear.beyond(2.9) == ([], "hard edge") and linear.beyond(2.0) == ([], "inside")
+
+
+def test_a_side_moved_from_the_reference_keeps_what_it_shares_and_resets_what_it_does_not_read():
+  """The reference's embedding LR ratio (2.0) is kept by Lion, which declares it, and reset to its default by
+  schedule-free AdamW, which has none (its averaging weights depend on the LR); the schedule's fields are kept."""
+  _, adamw, _ = _configs()
+  adamw.optim.adamw_embed_lr_ratio = 2.0
+  assert search.centred(adamw, "lion").optim.adamw_embed_lr_ratio == 2.0
+  free = search.centred(adamw, "schedule_free_adamw")
+  assert free.optim.adamw_embed_lr_ratio == 1.0 and free.optim.warmup_steps == adamw.optim.warmup_steps
+  assert free.optim.b2 == adamw.optim.b2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from hybridjax import optim as optim_lib
 from hybridjax import schema
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
@@ -141,6 +142,9 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   adamw, muon = sides["adamw"][0], sides["muon"][0]
   if cell.name == "sides" and (errors := sides_lib.errors(config, adamw)):
     raise ValueError("; ".join(errors))
+  if cell.name == "sides":  # the built-in sides' configs are checked as the rows' are
+    builtin = [n for n in sides_lib.names(o) if n in optim_lib.OPTIMIZERS]
+    sides |= {n: (search.centred(adamw, n), {"row": n}) for n in builtin}
   if uses_muon(adamw) or not uses_muon(muon):
     raise ValueError(
       f"--config.benchmark.optimizers.adamw_row={o.adamw_row!r} and muon_row={o.muon_row!r}: the AdamW row must "
