@@ -16,7 +16,7 @@ import jax
 import ml_collections
 
 from hybridjax import optim as optim_lib
-from hybridjax.bench import comparison, search
+from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
@@ -55,7 +55,7 @@ def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDi
       continue
     problems = module_lib.errors(name)
     if not problems:
-      params = jax.eval_shape(tasks_lib.build(str(config.benchmark.task), c)["init_params"], jax.random.PRNGKey(0))
+      params = jax.eval_shape(tasks_lib.build(specs.task_name(config), c)["init_params"], jax.random.PRNGKey(0))
       problems = module_lib.schedule_errors(c.optim, optim_lib.resolve_optimizer(c.optim, params), params)
     out += [f"{field}: {p}" for p in problems]
   return out
