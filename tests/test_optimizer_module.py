@@ -68,13 +68,14 @@ def _resolved(name: str):
 
 def test_a_factory_the_schedule_cannot_drive_is_refused_unless_it_owns_its_schedule(tmp_path, monkeypatch):
   """A factory that ignores its learning rate: refused, the fix naming OWNS_SCHEDULE; declared, accepted
-  (and its side holds the schedule's rate after the warm-up)."""
+  (and its side holds the schedule's rate after the warm-up, and searches no schedule)."""
   ignores = GOOD.replace("optax.adamw(learning_rate,", "optax.adamw(1e-3,")
   assert _resolved(_module(tmp_path, monkeypatch, GOOD))[1] == []
   c, errors = _resolved(_module(tmp_path, monkeypatch, ignores))
   assert errors and "does not use the learning rate" in errors[0] and "declare OWNS_SCHEDULE = True" in errors[0]
   c, errors = _resolved(_module(tmp_path, monkeypatch, ignores + "OWNS_SCHEDULE = True\n"))
   assert errors == [] and c.optim.min_lr_ratio == 1.0
+  assert not {"optim.schedule", "optim.min_lr_ratio"} & {k.field for k in search.space_of(c, 4)}
 
 
 def test_the_factory_gets_the_parameter_groups_partition_style():

@@ -184,6 +184,9 @@ def _weight_decay(field: str, scale: float = 1.0) -> Knob:
   return Knob(field, "zero_or_log", (r(0.01 * scale), r(scale)), above=(r(2 * scale), r(4 * scale)))
 
 
+_SCHEDULE_KNOBS = ("optim.schedule", "optim.min_lr_ratio", "optim.decay_fraction")  # none under an owned schedule
+
+
 def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int | None) -> list[Knob]:
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
   `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
@@ -339,13 +342,12 @@ def schedule_free_adamw_space(
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
   (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
   clipping and the init."""
-  lacks = ("optim.schedule", "optim.min_lr_ratio", "optim.decay_fraction")
   return [
     _lr_knob(float(config.optim.learning_rate)),
     Knob("optim.b1", "choice", (0.9, 0.95, 0.98), below=(0.8, 0.7), above=(0.99, 0.995), per_step="ema"),
     _betas("optim.b1", "optim.b2")[1],
     _weight_decay("optim.weight_decay"),
-    *(k for k in _shared_knobs(config, warmup, shortest) if k.field not in lacks),
+    *(k for k in _shared_knobs(config, warmup, shortest) if k.field not in _SCHEDULE_KNOBS),
   ]
 
 
@@ -354,10 +356,12 @@ def module_space(
 ) -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
-  the others `optim.<BLOCK>.<knob>`. The shared knobs are the module's to declare, none added."""
-  del warmup, shortest, space
-  knobs = []
-  for knob, spec in module_lib.load(str(config.optim.name)).space.items():
+  the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
+  module clips in its own chain) and, where it owns its schedule, the schedule's."""
+  del space
+  m, knobs = module_lib.load(str(config.optim.name)), []
+  skip = ("optim.grad_clip", *(_SCHEDULE_KNOBS if m.owns_schedule else ()))
+  for knob, spec in m.space.items():
     field = "optim.learning_rate" if knob == "learning_rate" else f"optim.{module_lib.BLOCK}.{knob}"
     if "feasible_points" in spec:
       points = tuple(spec["feasible_points"])
@@ -365,7 +369,7 @@ def module_space(
       knobs.append(Knob(field, "choice" if numbers else "category", tuple(sorted(points)) if numbers else points))
     else:
       knobs.append(Knob(field, str(spec["scaling"]), (spec["min"], spec["max"])))
-  return knobs
+  return knobs + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
 
 
 def space_function(name: str) -> Any:

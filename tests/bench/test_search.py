@@ -316,6 +316,8 @@ def test_a_user_modules_space_becomes_knobs_in_its_block():
   assert knobs["optim.learning_rate"].kind == "log" and knobs["optim.module.b1"].values == (0.8, 0.9, 0.95)
   assert search.weight_decay_of(c) == ("optim.module.weight_decay", float(adamw.optim.weight_decay))
   assert search.apply_setting(c, {"optim.module.b1": 0.8}).optim.module.b1 == 0.8
+  # the shared knobs, as every side's, but clipping (the module's own chain clips, or does not)
+  assert "optim.warmup_steps" in knobs and "optim.schedule" in knobs and "optim.grad_clip" not in knobs
   linear = search.Knob("optim.module.x", "linear", (1.0, 3.0))
   assert linear.value(0.5) == 2.0 and linear.beyond(2.9) == ([], "hard edge") and linear.beyond(2.0) == ([], "inside")
 
