@@ -258,18 +258,22 @@ def spanned(
 
 
 def searched(
-  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], o, runner: Runner
+  config: ml_collections.ConfigDict,
+  configs: dict[str, tuple[ml_collections.ConfigDict, dict]],
+  o,
+  runner: Runner,
+  floor: float = 0.0,
 ) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
   """Every side searched alike from its published settings by the joint search (`search.search_both`, on the
-  block `o`'s search seeds, at equal cost): (each side's config and settings at the setting it chose, its
-  published ones kept under 'published'; each side's search record). The search offers only LR warm-ups
-  shorter than each side's shortest budget, its extensions included."""
+  block `o`'s search seeds, at equal cost, at least `floor`): (each side's config and settings at the setting
+  it chose, its published ones kept under 'published'; each side's search record). The search offers only LR
+  warm-ups shorter than each side's shortest budget, its extensions included."""
   n = int(config.trainer.steps)
   shortest = {
     side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * n) for side in configs
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
-  records = search.search_both(searches, int(o.search_configs), runner)
+  records = search.search_both(searches, int(o.search_configs), runner, floor)
   out = {}
   for side, (c, published) in configs.items():
     chosen = records[side]["chosen"]

@@ -831,9 +831,10 @@ def side_searches(
   ]
 
 
-def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, Record]:
-  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise`, and where some
-  side's search has not saturated (`saturation`), the same further budget for both."""
+def search_both(searches: list[Search], configs: int, runner: Runner, floor: float = 0.0) -> dict[str, Record]:
+  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise` (to at least `floor`
+  N-run equivalents: a side read from a record spent that), and where some side's search has not saturated
+  (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
     first = [search.add("published", published_setting(search.config, search.space))]
@@ -854,7 +855,7 @@ def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[st
     three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
     start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
-  equalise(searches, runner)
+  equalise(searches, runner, max([floor] + [search.cost() for search in searches]))
   checks = {search.name: saturation(search) for search in searches}
   further = 0.0
   if not all(c["saturated"] for c in checks.values()):

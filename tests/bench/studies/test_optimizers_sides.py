@@ -5,6 +5,7 @@ plain dict with Holm-adjusted verdicts; a module with a broken space refused bef
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -12,7 +13,7 @@ import re
 
 import pytest
 from conftest import ROOT, SpecRunner
-from test_optimizers import N, _config
+from test_optimizers import N, _config, _stub_result
 
 from hybridjax.bench import study
 from hybridjax.bench.studies.optimizers import sides
@@ -117,3 +118,46 @@ def test_the_page_shows_the_user_module_as_the_file_is():
     source = f.read()
   assert f"```python\n{source}```" in page and 20 <= len(source.splitlines()) <= 40
   assert f"a module of {len(source.splitlines())} lines" in " ".join(page.split())
+
+
+def _kept(cache):
+  """The stubs (`_stub` for the sides' optimizers, the optimizers study's for Muon), each result keyed and
+  kept in `cache`, as a run cache beside its record keeps it."""
+
+  def run(spec):
+    result = (_stub if spec["config"]["optim"]["name"] in SPEED else _stub_result)(spec)
+    result["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+    (cache / f"{result['key']}.json").write_text(json.dumps(result))
+    return result
+
+  return run
+
+
+def test_the_reference_read_from_a_both_tuned_record_is_never_re_run(tmp_path, monkeypatch):
+  """`reference_from`: the reference is the record's AdamW side with its runs from the cache beside it; none
+  of its runs trains again, nor its search, and the sides' searches spend at least what its search spent. A
+  record of another N is refused, naming the field."""
+  work = tmp_path / "published"
+  (work / "both_tuned-quick-run-cache").mkdir(parents=True)
+  runner = SpecRunner(_kept(work / "both_tuned-quick-run-cache"))
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  c = _config(tmp_path)
+  c.benchmark.tuner = "joint"
+  c.benchmark.optimizers.update(draws=200, cell="both_tuned")
+  before = study.run(c, str(work))["sides"]["adamw"]
+  runner.specs.clear()
+  c = _config(tmp_path)
+  c.benchmark.optimizers.update(draws=200, reference_from=str(work / "optimizers-both_tuned-quick.json"))
+  table = sides.judge(c, str(tmp_path / "work"), "adamw,lion")
+  adamw = [
+    (s["config"]["seed"], s["config"]["trainer"]["steps"])
+    for s in runner.specs
+    if s["config"]["optim"]["name"] == "adamw"
+  ]
+  assert not {seed for seed, _ in adamw} & {1001, 1002, 1003, 1004}
+  assert not set(adamw) & {(r["seed"], r["steps"]) for r in before["runs"].values()}
+  row = table["lion"]
+  assert row["reference_tuning_runs"] == before["tuning_runs"] and before["tuning_runs"] - 2 < row["tuning_runs"]
+  c.trainer.steps = 2 * N
+  with pytest.raises(ValueError, match=r"optimizers\.reference_from=.* is a record at preset 'quick', N=40"):
+    sides.judge(c, str(tmp_path / "work"), "adamw,lion")

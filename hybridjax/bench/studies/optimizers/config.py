@@ -79,6 +79,9 @@ FIELDS = (
     unread=comparison.only_in("small_batch", "corpus")),
   F("sides", "", schema.check_str, "cell `sides`: the optimizers read against the reference AdamW, comma-separated: "
     "built-in names or a module's dotted path (`optimizers.module`)", unread=comparison.only_in("sides")),
+  F("reference_from", "", schema.check_str, "cell `sides`: a cell `both_tuned` record whose AdamW side is the "
+    "reference, read with its runs from its run cache beside it, never re-run ('': searched again with the sides)",
+    unread=comparison.only_in("sides")),
   F("corpus_path", "~/.cache/hybridjax/corpora/english-npm", schema.check_str, "cell `corpus`: the corpus folder "
     "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds",
     unread=comparison.only_in("corpus")),

@@ -1,15 +1,18 @@
 """Cell `sides`: any optimizer against the reference AdamW, in one command (docs/benchmark.md). Each side of
 `benchmark.optimizers.sides` is a built-in optimizer by name or a user's module by dotted path
 (`optimizers.module`), moved from the reference's config to its space's centre (`search.centred`); every
-side and the reference are searched alike at equal cost (`comparison.searched`), then each side's curve and
-the reference's run and are extended until each spans the other's loss at N (`comparison.spanned`), and read
-each on its own curve (`comparison.own_curves`). `table` gives, per side, the plain dict `judge` returns;
-its verdicts are against 1.0x, Holm-adjusted across the sides."""
+side and the reference are searched alike at equal cost (`comparison.searched`), or the reference is read
+from a cell `both_tuned` record (`reference_from`) and the sides spend what its search spent; then each
+side's curve and the reference's run and are extended until each spans the other's loss at N
+(`comparison.spanned`), and read each on its own curve (`comparison.own_curves`). `table` gives, per side,
+the plain dict `judge` returns; its verdicts are against 1.0x, Holm-adjusted across the sides."""
 
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import statistics
 
 import jax
@@ -42,6 +45,10 @@ def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDi
   module that breaks `optimizers.module`'s interface, or that the schedule cannot drive (traced on the task's
   params, nothing computed)."""
   sides, field = names(config.benchmark.optimizers), "--config.benchmark.optimizers.sides"
+  try:
+    reference_record(config)
+  except (ValueError, OSError, KeyError) as e:
+    return [str(e)]
   if not sides:
     return [f"{field}={config.benchmark.optimizers.sides!r} names no optimizer besides {REFERENCE!r}: give e.g. lion"]
   out = []
@@ -61,6 +68,42 @@ def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDi
   return out
 
 
+def reference_record(config: ml_collections.ConfigDict) -> tuple[Record, str] | None:
+  """(the cell `both_tuned` record `reference_from` names, its run cache: `<cell>-<preset>-run-cache` beside
+  it), or None where the reference is searched again. Refused, naming the field: a record of another preset,
+  N or headline seeds, or a run its cache lacks."""
+  path, field = str(config.benchmark.optimizers.reference_from), "--config.benchmark.optimizers.reference_from"
+  if not path:
+    return None
+  with open(path, encoding="utf-8") as f:
+    rec = json.load(f)
+  cache = os.path.join(os.path.dirname(path), f"{rec['cell']['name']}-{rec['preset']}-run-cache")
+  o, side = config.benchmark.optimizers, rec["sides"][REFERENCE]
+  same = (rec["preset"], int(rec["steps"])) == (str(config.benchmark.preset), int(config.trainer.steps))
+  if not same or not {int(s) for s in o.seeds} <= {int(s) for s in rec["seeds"]}:
+    raise ValueError(
+      f"{field}={path!r} is a record at preset {rec['preset']!r}, N={rec['steps']}, seeds {rec['seeds']}: give one "
+      f"at this preset and N whose seeds hold --config.benchmark.optimizers.seeds={tuple(o.seeds)}, or '' to search "
+      "the reference again"
+    )
+  missing = [k for k, r in side["runs"].items() if not os.path.exists(os.path.join(cache, f"{r.get('key')}.json"))]
+  if missing:
+    raise ValueError(f"{field}={path!r}: its run cache {cache} lacks runs {missing[:3]}: commit or copy it there")
+  return rec, cache
+
+
+def from_record(reference: tuple, rec: Record, cache: str) -> Side:
+  """The reference read from a cell `both_tuned` record, never re-run: its setting, budgets, re-checks, search
+  and its runs as its run cache holds them (their eval curves too)."""
+  side = rec["sides"][REFERENCE]
+  runs = {}
+  for k, r in side["runs"].items():
+    with open(os.path.join(cache, f"{r['key']}.json"), encoding="utf-8") as f:
+      runs[k] = json.load(f)
+  c = search.apply_setting(reference[0], side["settings"]["fields"])
+  return Side(REFERENCE, c, side["settings"], list(side["budgets"]), side["rechecks"], runs, side["search"])
+
+
 def block(o: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The study block with each side's budgets: every side's curve (the reference's too) runs both rows'
   budgets, the reference extended up by `adamw_extensions`, a side down by `muon_extensions`."""
@@ -74,9 +117,9 @@ def block(o: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def train(config: ml_collections.ConfigDict, reference: tuple, runner: Runner) -> Record:
   """Every side searched alike with the reference, then each side's curve against the reference's."""
-  o = block(config.benchmark.optimizers)
+  o, read = block(config.benchmark.optimizers), reference_record(config)
   ref_config, ref_settings = reference
-  configs = {REFERENCE: reference}
+  configs = {} if read else {REFERENCE: reference}
   for name in names(o):
     c = search.centred(ref_config, name)
     settings = {"row": name, "lr": float(c.optim.learning_rate), "beta": ref_settings["beta"]}
@@ -84,8 +127,10 @@ def train(config: ml_collections.ConfigDict, reference: tuple, runner: Runner) -
       c,
       settings | {"iterate": ref_settings["iterate"], "weight_decay": search.weight_decay_of(c)[1]},
     )
-  configs, searches = comparison.searched(config, configs, o, runner)
+  ref = from_record(reference, *read) if read else None
+  configs, searches = comparison.searched(config, configs, o, runner, ref.search["search_runs"] if ref else 0.0)
   sides = {s: Side(s, *configs[s], list(o[f"{s}_budgets"]), search=searches[s]) for s in configs}
+  sides = {REFERENCE: ref} | sides if ref else sides
   spans = {
     s: comparison.spanned(config, sides[REFERENCE], sides[s], o, runner, "optimizers") for s in sides if s != REFERENCE
   }
