@@ -203,7 +203,7 @@ def recheck(sides: list[Side], n: int, seeds: list[int], runner: Runner, label: 
     runs = results[k * len(seeds) : (k + 1) * len(seeds)]
     check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
     check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
-  for check in (c for side in sides for c in side.checks.values()):
+  for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
     choice = tuning.budget_choice(check["tried"])
     check["chosen"] = {"lr": choice["lr"], "weight_decay": choice["weight_decay"]}
     check["best_difference"] = choice["best_difference"]

@@ -146,6 +146,11 @@ def test_the_reference_read_from_a_both_tuned_record_is_never_re_run(tmp_path, m
   c.benchmark.optimizers.update(draws=200, cell="both_tuned")
   before = study.run(c, str(work))["sides"]["adamw"]
   runner.specs.clear()
+  # a budget the record did not re-check (as the published record's 0.75 N and 1.5 N) is not re-checked here
+  path = work / "optimizers-both_tuned-quick.json"
+  record = json.loads(path.read_text())
+  assert record["sides"]["adamw"]["rechecks"].pop("0.75")
+  path.write_text(json.dumps(record))
   c = _config(tmp_path)
   c.benchmark.optimizers.update(draws=200, reference_from=str(work / "optimizers-both_tuned-quick.json"))
   table = sides.judge(c, str(tmp_path / "work"), "adamw,lion")
@@ -156,6 +161,7 @@ def test_the_reference_read_from_a_both_tuned_record_is_never_re_run(tmp_path, m
   ]
   assert not {seed for seed, _ in adamw} & {1001, 1002, 1003, 1004}
   assert not set(adamw) & {(r["seed"], r["steps"]) for r in before["runs"].values()}
+  assert {steps for _, steps in adamw} <= {round(f * N) for f in c.benchmark.optimizers.adamw_extensions}
   row = table["lion"]
   assert row["reference_tuning_runs"] == before["tuning_runs"] and before["tuning_runs"] - 2 < row["tuning_runs"]
   c.trainer.steps = 2 * N

@@ -101,7 +101,13 @@ def from_record(reference: tuple, rec: Record, cache: str) -> Side:
     with open(os.path.join(cache, f"{r['key']}.json"), encoding="utf-8") as f:
       runs[k] = json.load(f)
   c = search.apply_setting(reference[0], side["settings"]["fields"])
-  return Side(REFERENCE, c, side["settings"], list(side["budgets"]), side["rechecks"], runs, side["search"])
+  # every budget's setting as the record chose it: one it did not re-check is not re-checked here either
+  checks = {
+    f: side["rechecks"].get(f) or {"steps": round(float(f) * rec["steps"]), "tried": [], "chosen": at, "read": True}
+    for f, at in side["per_budget"].items()
+    if float(f) != 1.0
+  }
+  return Side(REFERENCE, c, side["settings"], list(side["budgets"]), checks, runs, side["search"])
 
 
 def block(o: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
