@@ -2,15 +2,20 @@
 
 python -m experiments.benchmark --config=experiments/configs/benchmark.py:long [--config.benchmark.study=ladder]
 python -m experiments.benchmark --quick   # smoke run
+python -m experiments.benchmark --config=experiments/configs/benchmark.py:long --config.benchmark.study=optimizers \
+  --config.benchmark.optimizers.cell=sides --config.benchmark.tuner=joint \
+  --config.benchmark.optimizers.sides=adamw,lion,my_pkg.cautious --json   # any optimizer against AdamW
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 
 import ml_collections
-from absl import app
+from absl import app, flags
 
 from hybridjax import cli
 from hybridjax.bench import specs, speedrun, study
@@ -36,7 +41,21 @@ def main(argv: list[str]) -> None:
   config = speedrun.keep_command_line(_FLAGS[0].value, fields)
   workdir = _FLAGS[1].value or os.path.join("runs", f"benchmark-{config.benchmark.preset}-{config.benchmark.family}")
   command = "python -m experiments.benchmark " + " ".join(sys.argv[1:])
-  cli.run_as_program(lambda: run_benchmark(config, workdir, command, fields))
+  cli.run_as_program(lambda: print_result(config, workdir, command, fields, _JSON.value))
+
+
+def print_result(
+  config: ml_collections.ConfigDict, workdir: str, command: str, fields: list[str], as_json: bool
+) -> None:
+  """Runs the benchmark; with `as_json` (`--json`) its page goes to stderr and the record's `table` (the
+  optimizers study's cell `sides`: per side, `studies.optimizers.sides.table`), or the whole record, to
+  stdout as JSON."""
+  if not as_json:
+    run_benchmark(config, workdir, command, fields)
+    return
+  with contextlib.redirect_stdout(sys.stderr):
+    result = run_benchmark(config, workdir, command, fields)
+  print(json.dumps(result.get("table", result), indent=1, default=str))
 
 
 def _expand_quick(argv: list[str]) -> list[str]:
@@ -52,4 +71,5 @@ if __name__ == "__main__":
   # Rewritten before the flags exist: config_flags also reads sys.argv for `--config.*` overrides.
   sys.argv = specs.current_names(_expand_quick(sys.argv))
   _FLAGS = cli.define_flags(_CONFIG_PATH + ":long", "Output folder (default: runs/benchmark-<preset>-<family>).")
+  _JSON = flags.DEFINE_bool("json", False, "Print the record's table (cell `sides`: per side) as JSON on stdout.")
   cli.run_app(main)

@@ -15,7 +15,7 @@ declarations (`hybridjax.schema`); the hybrid algorithm (`hybridjax.hybrid`) and
   training, whose predicted steps consume schedule time without an optimizer update, keeps the
   baseline's schedule; and since nothing about the schedule is a compile-time constant, one
   compiled step serves every learning rate and budget of a sweep.
-* `make_optimizer` (AdamW, Adam, SGD, or Muon on the hidden matrices: `muon_labels`),
+* `make_optimizer` (the built-ins of `optimizers.OPTIMIZERS`: the AdamW family, SGD, Muon on the hidden matrices),
   `loss_and_grads`, `guarded_update` (skips a non-finite update), `global_norm`, `tree_where`,
   `all_finite`, and the baseline `train_step`.
 """
@@ -41,6 +41,7 @@ from hybridjax.optimizers import (  # noqa: F401  (the optimizers' public names,
   adamw_group_labels,
   adamw_lr_ratios,
   adamw_ratio_error,
+  eval_params,
   final_muon_momentum,
   injected_learning_rates,
   make_optimizer,
@@ -331,9 +332,20 @@ def init_train_state(
       params=jax.tree.map(lambda p: jnp.array(p, copy=True), params),
       beta=jnp.asarray(float(averaging_beta), jnp.float32),
     )
+  # An optimizer state that holds an array twice, or one of the params' (schedule-free's: its average
+  # starts at the params, its b1 is also a hyperparameter), gets a copy of each second one.
+  held = {id(p) for p in jax.tree.leaves(params)}
+
+  def own(x):
+    if id(x) in held:
+      return jnp.array(x, copy=True)
+    held.add(id(x))
+    return x
+
+  opt_state = jax.tree.map(own, tx.init(params))
   return TrainState(
     params=params,
-    opt_state=tx.init(params),
+    opt_state=opt_state,
     step=zero(),
     nonfinite_streak=zero(),
     nonfinite_total=zero(),
@@ -370,7 +382,7 @@ def next_train_state(state: TrainState, params: Any, opt_state: Any, applied: ja
     step=state.step + 1,
     nonfinite_streak=jnp.where(applied, 0, state.nonfinite_streak + 1),
     nonfinite_total=state.nonfinite_total + skipped,
-    averaging=update_average(state.averaging, params, state.step + 1),
+    averaging=update_average(state.averaging, eval_params(opt_state, params), state.step + 1),
     outer=outer,
   )
 
@@ -383,9 +395,15 @@ def moved_train_state(state: TrainState, params: Any) -> TrainState:
   )
 
 
+def raw_params(state: TrainState) -> Any:
+  """The params a state is evaluated at unaveraged: the params, or the point its optimizer evaluates
+  at instead (`optimizers.eval_params`: schedule-free's average)."""
+  return eval_params(state.opt_state, state.params)
+
+
 def final_params(state: TrainState) -> Any:
-  """The run's model: the averaged params when the state averages, else the params."""
-  return state.params if state.averaging is None else state.averaging.params
+  """The run's model: the averaged params when the state averages, else `raw_params`."""
+  return raw_params(state) if state.averaging is None else state.averaging.params
 
 
 def global_norm(tree: Any) -> jax.Array:

@@ -128,7 +128,7 @@ def test_with_learning_rate_sets_the_injected_learning_rate(name):
 
 def test_make_optimizer_rejects_unknown_names():
   with pytest.raises(ValueError, match="optim.name"):
-    optim.make_optimizer(_optim_config(name="lion"))
+    optim.make_optimizer(_optim_config(name="adagrad"))
 
 
 def test_grad_clip_is_applied_before_the_update():
@@ -597,6 +597,71 @@ def test_adamw_at_default_ratios_is_the_plain_optax_chain_bit_for_bit(name):
   chex.assert_trees_all_equal(_steps(tx, params), _steps(hand_built, params))
 
 
+_MATRICES = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+
+
+@pytest.mark.parametrize(
+  "name, optax_built",
+  [
+    ("nadamw", lambda: optax.nadamw(0.01, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=_MATRICES)),
+    ("lion", lambda: optax.lion(0.01, b1=0.9, b2=0.99, weight_decay=0.1, mask=_MATRICES)),
+    ("schedule_free_adamw", lambda: optax.contrib.schedule_free_adamw(0.01, b1=0.9, b2=0.95, weight_decay=0.0)),
+  ],
+)
+def test_the_adamw_family_is_optaxs_with_its_decay_on_the_matrices_only(name, optax_built):
+  """'nadamw', 'lion' and 'schedule_free_adamw' at their defaults (no clipping) are optax's, with the
+  weight decay on the matrices (schedule-free's compared without decay: optax's masks none), and the
+  rate injected: over two steps the same updates as optax's at that rate."""
+  params = _gpt2_micro_params_untied()
+  decay = {"weight_decay": 0.0} if name == "schedule_free_adamw" else {}
+  tx = optim.make_optimizer(_optim_config(name=name, grad_clip=0.0, min_lr_ratio=1.0, **decay))
+  want, state = [], optax_built().init(params)
+  for seed in (1, 2):
+    updates, state = optax_built().update(_gpt2_micro_grads(params, seed), state, params)
+    want.append(updates)
+  chex.assert_trees_all_close(_steps(tx, params), want, rtol=1e-6, atol=1e-9)
+
+
+def test_a_schedule_free_run_is_evaluated_and_averaged_at_its_average():
+  """Schedule-free AdamW's state is evaluated at `schedule_free_eval_params` (not at the point its
+  gradients are taken), and the params' average takes that point in (after one step, whose weight is
+  1, the average is that point); any other optimizer's state is evaluated at its params."""
+  params = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3), "b": jnp.ones((3,))}
+  loss = lambda p, batch: (jnp.sum(jnp.square(p["w"] @ batch["x"] + p["b"])), {})
+  schedule = optim.make_schedule(_optim_config(learning_rate=0.1, warmup_steps=0, min_lr_ratio=1.0), 10)
+  for name, moved in (("schedule_free_adamw", True), ("adamw", False)):
+    tx = optim.make_optimizer(_optim_config(name=name, min_lr_ratio=1.0))
+    state = optim.init_train_state(params, tx, averaging_beta=0.5)
+    for steps in (1, 2):
+      state, _ = optim.train_step(state, {"x": jnp.ones((3,))}, schedule, loss_fn=loss, tx=tx)
+      at = state.params
+      if moved:
+        at = optax.contrib.schedule_free_eval_params(state.opt_state[1].inner_state, state.params)
+      chex.assert_trees_all_equal(optim.raw_params(state), at)
+      assert moved == bool(jnp.any(state.params["w"] != at["w"]))
+      if steps == 1:
+        chex.assert_trees_all_close(optim.final_params(state), at, rtol=1e-6)
+
+
+def test_a_schedule_free_state_trains_in_the_donating_step():
+  """Schedule-free's state starts its average at the params and holds its b1 twice (its own and the injected
+  hyperparameter): the train state gets its own copies, so the donating step (`loop.baseline`) runs, and
+  every other optimizer's state is as `tx.init` gives it."""
+  from hybridjax.loop import baseline
+
+  params = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3), "b": jnp.ones((3,))}
+  loss = lambda p, batch: (jnp.sum(jnp.square(p["w"] @ batch["x"] + p["b"])), {})
+  schedule = optim.make_schedule(_optim_config(learning_rate=0.1, warmup_steps=0, min_lr_ratio=1.0), 10)
+  tx = optim.make_optimizer(_optim_config(name="schedule_free_adamw", min_lr_ratio=1.0))
+  state = optim.init_train_state(params, tx, averaging_beta=0.5)
+  step = baseline.make_train_step(loss, tx)
+  for _ in range(2):
+    state, _ = step(state, {"x": jnp.ones((3,))}, schedule)
+  assert int(state.step) == 2 and bool(optim.all_finite(state.params))
+  tx = optim.make_optimizer(_optim_config())
+  chex.assert_trees_all_equal(optim.init_train_state(params, tx).opt_state, tx.init(params))
+
+
 @pytest.mark.slow  # a micro GPT-2's optimizer steps, compiled (the default suite's time)
 def test_muon_groups_at_its_default_knobs_is_built_as_before_they_existed():
   """`optim.muon_momentum` = 0.95 and `groups_lr_scale` = 1.0 (the defaults) take today's path: no
@@ -705,13 +770,23 @@ def test_groups_lr_scale_multiplies_every_adam_group_of_muon_groups():
     ({"adamw_head_lr_ratio": -1.0}, r"--config\.optim\.adamw_head_lr_ratio must be > 0\.0, got -1\.0"),
     (
       {"name": "muon", "adamw_embed_lr_ratio": 2.0},
-      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 applies to --config\.optim\.name='adamw' or 'adam' only, "
-      r"not 'muon': set it back to 1\.0",
+      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 applies only to an optimizer that declares it \('adamw', "
+      r"'adam', 'nadamw', 'lion'\), not 'muon' \(.*\): set it back to 1\.0",
+    ),
+    (
+      {"name": "schedule_free_adamw", "min_lr_ratio": 1.0, "adamw_embed_lr_ratio": 2.0},
+      r"not 'schedule_free_adamw' \(.*no per-group LR ratio, since its averaging weights depend on the LR\): set it "
+      r"back to 1\.0",
+    ),
+    (
+      {"name": "schedule_free_adamw", "min_lr_ratio": 0.1},
+      r"--config\.optim\.min_lr_ratio=0\.1 decays the rate, but --config\.optim\.name='schedule_free_adamw' owns "
+      r"its schedule .*: set --config\.optim\.min_lr_ratio=1\.0",
     ),
     (
       {"name": "sgd", "adamw_embed_lr_ratio": 2.0, "adamw_head_lr_ratio": 0.5},
-      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 and --config\.optim\.adamw_head_lr_ratio=0\.5 apply to "
-      r"--config\.optim\.name='adamw' or 'adam' only, not 'sgd': set them back to 1\.0",
+      r"--config\.optim\.adamw_embed_lr_ratio=2\.0 and --config\.optim\.adamw_head_lr_ratio=0\.5 apply only to "
+      r"an optimizer that declares them \(.*\), not 'sgd' \(.*\): set them back to 1\.0",
     ),
     ({"name": "muon", "muon_momentum": 1.0}, r"--config\.optim\.muon_momentum must be < 1\.0, got 1\.0"),
     ({"name": "muon", "muon_momentum": 0.0}, r"--config\.optim\.muon_momentum must be > 0\.0, got 0\.0"),
@@ -778,7 +853,9 @@ def test_the_default_warm_up_on_a_short_run_is_refused():
 
 
 def test_adamw_ratios_with_another_optimizer_are_refused_by_make_optimizer_too():
-  with pytest.raises(ValueError, match=r"--config\.optim\.adamw_head_lr_ratio=2\.0 applies to .* not 'muon_groups'"):
+  with pytest.raises(
+    ValueError, match=r"--config\.optim\.adamw_head_lr_ratio=2\.0 applies only to .* not 'muon_groups'"
+  ):
     optim.make_optimizer(_optim_config(name="muon_groups", adamw_head_lr_ratio=2.0))
 
 

@@ -203,7 +203,7 @@ def recheck(sides: list[Side], n: int, seeds: list[int], runner: Runner, label: 
     runs = results[k * len(seeds) : (k + 1) * len(seeds)]
     check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
     check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
-  for check in (c for side in sides for c in side.checks.values()):
+  for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
     choice = tuning.budget_choice(check["tried"])
     check["chosen"] = {"lr": choice["lr"], "weight_decay": choice["weight_decay"]}
     check["best_difference"] = choice["best_difference"]
@@ -258,18 +258,22 @@ def spanned(
 
 
 def searched(
-  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], o, runner: Runner
+  config: ml_collections.ConfigDict,
+  configs: dict[str, tuple[ml_collections.ConfigDict, dict]],
+  o,
+  runner: Runner,
+  floor: float = 0.0,
 ) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
   """Every side searched alike from its published settings by the joint search (`search.search_both`, on the
-  block `o`'s search seeds, at equal cost): (each side's config and settings at the setting it chose, its
-  published ones kept under 'published'; each side's search record). The search offers only LR warm-ups
-  shorter than each side's shortest budget, its extensions included."""
+  block `o`'s search seeds, at equal cost, at least `floor`): (each side's config and settings at the setting
+  it chose, its published ones kept under 'published'; each side's search record). The search offers only LR
+  warm-ups shorter than each side's shortest budget, its extensions included."""
   n = int(config.trainer.steps)
   shortest = {
     side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * n) for side in configs
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
-  records = search.search_both(searches, int(o.search_configs), runner)
+  records = search.search_both(searches, int(o.search_configs), runner, floor)
   out = {}
   for side, (c, published) in configs.items():
     chosen = records[side]["chosen"]

@@ -35,11 +35,13 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from hybridjax import optim as optim_lib
 from hybridjax import preflight
 from hybridjax.bench import specs, tuning
 from hybridjax.bench.figures import plateau_runs
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies import Record
+from hybridjax.optimizers import module as module_lib
 
 AVERAGING_BETAS = (0.98, 0.99, 0.995, 0.998, 0.999)
 """The averaging betas every search run records; a setting is read at the best of them (or raw)."""
@@ -57,14 +59,24 @@ SPACES = {
   "they are that row's only Adam, and scalar_lr_ratio is searched on an untied Muon row alone (AdamW's "
   "scalars train at its LR)",
 }
-# The weight decay each optimizer reads, which `refine` moves with the LR.
-WEIGHT_DECAY = {"adamw": "optim.weight_decay", "muon_groups": "optim.muon_weight_decay"}
 
 
-def weight_decay_of(config: ml_collections.ConfigDict) -> tuple[str, float]:
-  """(the weight decay field `config`'s optimizer reads, `WEIGHT_DECAY`; its value)."""
-  field = WEIGHT_DECAY[str(config.optim.name)]
-  return field, float(config.optim[field.split(".")[1]])
+def weight_decay_field(config: ml_collections.ConfigDict) -> str | None:
+  """The weight decay `config`'s optimizer reads, which `refine` moves with the LR: the one field its
+  declaration gives the role 'weight decay' (`optimizers.OPTIMIZERS`), a user's module's `weight_decay`
+  knob (`optimizers.module`); None where it has none (or, as 'muon', two)."""
+  name = str(config.optim.name)
+  if name not in optim_lib.OPTIMIZERS:
+    block = config.optim.get(module_lib.BLOCK, {})
+    return f"optim.{module_lib.BLOCK}.weight_decay" if "weight_decay" in block else None
+  fields = [f.name for f in optim_lib.OPTIMIZERS[name].fields if "weight decay" in f.roles]
+  return f"optim.{fields[0]}" if len(fields) == 1 else None
+
+
+def weight_decay_of(config: ml_collections.ConfigDict) -> tuple[str | None, float]:
+  """(`weight_decay_field` of `config`, its value; 0.0 where there is none)."""
+  field = weight_decay_field(config)
+  return field, 0.0 if field is None else float(config_values(config)[field])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +85,7 @@ class Knob:
 
   kind 'choice': one of the ordered `values`; 'category': one of `values`, unordered (no edge to step
   past); 'log': log-uniform in [values[0], values[1]] (of 1 - the value when `one_minus`, as for Adam's
-  beta2); 'zero_or_log': 0 half the time, else log-uniform in the range.
+  beta2); 'linear': uniform in it; 'zero_or_log': 0 half the time, else log-uniform in the range.
   `below` / `above`: the further steps past the range's low / high end, in order (of 1 - the value when
   `one_minus`; at most `LR_MOVES`); the last is the knob's hard edge, and where there are none the range's
   end is (a domain edge where that end is 0: a weight decay, a floor or a warm-up of 0).
@@ -107,7 +119,7 @@ class Knob:
         return 0.0
       u = (u - 0.5) * 2
     lo, hi = self.values
-    x = tuning.round_lr(lo * (hi / lo) ** u)
+    x = tuning.round_lr(lo + (hi - lo) * u if self.kind == "linear" else lo * (hi / lo) ** u)
     return _one_minus(x) if self.one_minus else x
 
   def beyond(self, value: Any) -> tuple[list[Any], str]:
@@ -123,8 +135,8 @@ class Knob:
       return [], "domain edge"
     else:
       lo, hi = self.values
-      at = math.log(x / lo) / math.log(hi / lo)
-      low, high = at <= 0.1 and self.kind == "log", at >= 0.9
+      at = (x - lo) / (hi - lo) if self.kind == "linear" else math.log(x / lo) / math.log(hi / lo)
+      low, high = at <= 0.1 and self.kind in ("log", "linear"), at >= 0.9
     if not (low or high):
       return [], "inside"
     steps = [s for s in self.below if s < x] if low else [s for s in self.above if s > x]
@@ -166,8 +178,13 @@ def _betas(b1: str, b2: str) -> list[Knob]:
   ]
 
 
-def _weight_decay(field: str) -> Knob:
-  return Knob(field, "zero_or_log", (0.01, 1.0), above=(2.0, 4.0))
+def _weight_decay(field: str, scale: float = 1.0) -> Knob:
+  """A weight decay: 0 half the time, else log-uniform over [0.01, 1] times `scale`, its steps x 2 and 4."""
+  r = tuning.round_lr
+  return Knob(field, "zero_or_log", (r(0.01 * scale), r(scale)), above=(r(2 * scale), r(4 * scale)))
+
+
+_SCHEDULE_KNOBS = ("optim.schedule", "optim.min_lr_ratio", "optim.decay_fraction")  # none under an owned schedule
 
 
 def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int | None) -> list[Knob]:
@@ -193,6 +210,29 @@ def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int 
   ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Centre:
+  """Where a side's space is centred (its published setting, `centred`), as multiples of the reference
+  AdamW's LR and weight decay, and why; `lacks`: the knobs of AdamW's space it has not, each with why (its
+  page names them)."""
+
+  lr: float = 1.0
+  weight_decay: float = 1.0
+  why: str = "the reference"
+  lacks: tuple[str, ...] = ()
+
+
+def centred_at(centre: Centre) -> Any:
+  """Declares a space function's `Centre` (its attribute `centre`)."""
+
+  def mark(space_fn: Any) -> Any:
+    space_fn.centre = centre
+    return space_fn
+
+  return mark
+
+
+@centred_at(Centre())
 def adamw_space(
   config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
 ) -> list[Knob]:
@@ -217,6 +257,7 @@ def adamw_space(
   ]
 
 
+@centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
 def muon_groups_space(
   config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
 ) -> list[Knob]:
@@ -249,17 +290,140 @@ def muon_groups_space(
   ]
 
 
+@centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
+def nadamw_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+) -> list[Knob]:
+  """NAdamW's space: AdamW's (`adamw_space`)."""
+  return adamw_space(config, warmup, shortest, space)
+
+
+@centred_at(
+  Centre(
+    lr=0.2,
+    weight_decay=5.0,
+    why="a sign update is larger per coordinate than AdamW's: Chen et al. 2023 (Lion) set its LR 3-10x below "
+    "AdamW's and its weight decay 3-10x above, keeping their product; centred at 5x each way",
+    lacks=("eps: a sign update divides by nothing",),
+  )
+)
+def lion_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+) -> list[Knob]:
+  """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
+  the paper's and its language models'), its weight decay over the range AdamW's takes times the
+  centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
+  adamw = {k.field: k for k in adamw_space(config, warmup, shortest, space)}
+  ema = {"kind": "choice", "per_step": "ema"}
+  return [
+    _lr_knob(float(config.optim.learning_rate)),
+    Knob("optim.lion_b1", values=(0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), **ema),
+    Knob("optim.lion_b2", values=(0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), **ema),
+    _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
+    *(k for f, k in adamw.items() if f.startswith("optim.adamw_")),
+    *_shared_knobs(config, warmup, shortest),
+  ]
+
+
+@centred_at(
+  Centre(
+    lr=3.0,
+    why="it spends no steps at a decayed rate: Defazio et al. 2024 (schedule-free) find its best AdamW LR 1-10x "
+    "a scheduled AdamW's; centred at 3x",
+    lacks=(
+      "schedule, its floor and cool-down: it owns its schedule (the rate held after the warm-up)",
+      "the embedding and head LR ratios: its averaging weights depend on the LR",
+    ),
+  )
+)
+def schedule_free_adamw_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+) -> list[Knob]:
+  """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
+  (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
+  clipping and the init."""
+  return [
+    _lr_knob(float(config.optim.learning_rate)),
+    Knob("optim.b1", "choice", (0.9, 0.95, 0.98), below=(0.8, 0.7), above=(0.99, 0.995), per_step="ema"),
+    _betas("optim.b1", "optim.b2")[1],
+    _weight_decay("optim.weight_decay"),
+    *(k for k in _shared_knobs(config, warmup, shortest) if k.field not in _SCHEDULE_KNOBS),
+  ]
+
+
+def module_space(
+  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+) -> list[Knob]:
+  """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
+  points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
+  the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
+  module clips in its own chain) and, where it owns its schedule, the schedule's."""
+  del space
+  m, knobs = module_lib.load(str(config.optim.name)), []
+  skip = ("optim.grad_clip", *(_SCHEDULE_KNOBS if m.owns_schedule else ()))
+  for knob, spec in m.space.items():
+    field = "optim.learning_rate" if knob == "learning_rate" else f"optim.{module_lib.BLOCK}.{knob}"
+    if "feasible_points" in spec:
+      points = tuple(spec["feasible_points"])
+      numbers = all(isinstance(p, int | float) and not isinstance(p, bool) for p in points)
+      knobs.append(Knob(field, "choice" if numbers else "category", tuple(sorted(points)) if numbers else points))
+    else:
+      knobs.append(Knob(field, str(spec["scaling"]), (spec["min"], spec["max"])))
+  return knobs + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
+
+
+def space_function(name: str) -> Any:
+  """The space of optimizer `name`: the function of this module named `<name>_space` that declares its
+  `Centre` (`centred_at`); a user's module's (`module_space`) for any name not a built-in's."""
+  if name not in optim_lib.OPTIMIZERS:
+    return module_space
+  found = globals().get(f"{name}_space")
+  if getattr(found, "centre", None) is None:
+    have = [k[: -len("_space")] for k, v in globals().items() if k.endswith("_space") and hasattr(v, "centre")]
+    raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {', '.join(have)} only")
+  return found
+
+
 def space_of(
   config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
 ) -> list[Knob]:
-  """The space `space` (`SPACES`) of `config`'s optimizer ('adamw' or 'muon_groups'), around `config`'s
-  values; `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound
-  on the warm-up)."""
-  spaces = {"adamw": adamw_space, "muon_groups": muon_groups_space}
+  """The space `space` (`SPACES`) of `config`'s optimizer (`space_function`), around `config`'s values;
+  `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the
+  warm-up)."""
+  return space_function(str(config.optim.name))(config, warmup, shortest, space)
+
+
+def centred(reference: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """The reference AdamW's config moved to optimizer `name` (a built-in's, or a user's module's dotted path)
+  at its space's `Centre`: the fields it shares with the reference kept (the schedule's, the betas it
+  declares), those it does not read at their defaults, the LR and the weight decay times the centre's
+  factors; an optimizer that owns its schedule with the rate held after the warm-up (`optim.min_lr_ratio`
+  1.0)."""
+  c = ml_collections.ConfigDict(reference.to_dict())
+  centre = getattr(space_function(name), "centre", Centre())
+  c.optim.name = name
+  declared = optim_lib.OPTIMIZERS[name].fields if name in optim_lib.OPTIMIZERS else ()
+  for f in optim_lib.OPTIMIZER_FIELDS:
+    if f not in declared and f.name in c.optim:
+      c.optim[f.name] = f.default
+  if name not in optim_lib.OPTIMIZERS:
+    c = module_lib.with_block(c, module_lib.load(name))
+  c.optim.learning_rate = tuning.round_lr(float(reference.optim.learning_rate) * centre.lr)
+  field, value = weight_decay_of(reference)
+  target = weight_decay_field(c)
+  if field and target:
+    c.update_from_flattened_dict({target: tuning.round_lr(value * centre.weight_decay)})
+  if owns_schedule(c):
+    c.optim.min_lr_ratio = 1.0
+  return c
+
+
+def owns_schedule(config: ml_collections.ConfigDict) -> bool:
+  """Whether `config`'s optimizer owns its schedule (a built-in's declaration, a module's `OWNS_SCHEDULE`)."""
   name = str(config.optim.name)
-  if name not in spaces:
-    raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {' and '.join(spaces)} only")
-  return spaces[name](config, warmup, shortest, space)
+  if name in optim_lib.OPTIMIZERS:
+    return optim_lib.OPTIMIZERS[name].owns_schedule
+  return module_lib.load(name).owns_schedule
 
 
 def sobol_points(dimensions: int, seed: int) -> np.ndarray:
@@ -278,9 +442,9 @@ def published_setting(config: ml_collections.ConfigDict, space: list[Knob]) -> R
 
 
 def config_values(config: ml_collections.ConfigDict) -> Record:
-  return {
-    f"{block}.{k}": v for block in ("optim", "model") for k, v in config[block].items() if not isinstance(v, dict)
-  }
+  """The optim and model blocks' fields by dotted name (a user's optimizer's block, `optim.<BLOCK>`, too)."""
+  flat = {f"{b}.{k}": v for b in ("optim", "model") for k, v in config[b].items() if not isinstance(v, dict)}
+  return flat | {f"optim.{module_lib.BLOCK}.{k}": v for k, v in config.optim.get(module_lib.BLOCK, {}).items()}
 
 
 def apply_setting(config: ml_collections.ConfigDict, setting: Record) -> ml_collections.ConfigDict:
@@ -534,7 +698,7 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   (`_fit_lr`), then the weight decay's (x/÷ 2, at the LR's centre; 0 is its domain's edge, kept), once
   more where either moved. None where the first LR round does not fit in `limit`. Returns {"rounds",
   "best": the last centre run, "fields": its fields at the fitted LR}."""
-  field = WEIGHT_DECAY.get(str(search.config.optim.name))
+  field = weight_decay_field(search.config)
   knob = next((k for k in search.space if k.field == field), None)
   rounds: list[Record] = []
   current, fitted = start, float(start.fields["optim.learning_rate"])
@@ -564,7 +728,7 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   wins by more than the noise of the difference over the last kept (the first over `base`), at most
   `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
   {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
-  skip = {"optim.learning_rate", WEIGHT_DECAY.get(str(search.config.optim.name))}
+  skip = {"optim.learning_rate", weight_decay_field(search.config)}
   state: dict[str, Record] = {}
   for knob in search.space:
     if knob.field not in skip and knob.field in base.fields:
@@ -667,9 +831,10 @@ def side_searches(
   ]
 
 
-def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[str, Record]:
-  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise`, and where some
-  side's search has not saturated (`saturation`), the same further budget for both."""
+def search_both(searches: list[Search], configs: int, runner: Runner, floor: float = 0.0) -> dict[str, Record]:
+  """Steps 1-4 for every search (steps 1 and 2 in one batch each for all), `equalise` (to at least `floor`
+  N-run equivalents: a side read from a record spent that), and where some side's search has not saturated
+  (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
     first = [search.add("published", published_setting(search.config, search.space))]
@@ -690,7 +855,7 @@ def search_both(searches: list[Search], configs: int, runner: Runner) -> dict[st
     three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
     start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
-  equalise(searches, runner)
+  equalise(searches, runner, max([floor] + [search.cost() for search in searches]))
   checks = {search.name: saturation(search) for search in searches}
   further = 0.0
   if not all(c["saturated"] for c in checks.values()):

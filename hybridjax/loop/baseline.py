@@ -96,7 +96,7 @@ def run(
   for i in range(steps):
     state, _ = step(state, train_batch(i), schedule)
     if side:
-      side = _average_step(side, state.params, i + 1)
+      side = _average_step(side, optim_lib.raw_params(state), i + 1)
     if i == 0:  # the first step compiles
       jax.block_until_ready((state, side))
       compile_s, t0 = time.perf_counter() - t0, time.perf_counter()
@@ -104,7 +104,7 @@ def run(
     if eval_fn is not None and ((eval_every and done % eval_every == 0) or done in eval_steps or done == steps):
       jax.block_until_ready((state, side))
       train_s += time.perf_counter() - t0  # training time between evals; evals are not counted
-      raw = finite_or_inf(float(np.mean(eval_losses(eval_fn, state.params, eval_batches))))
+      raw = finite_or_inf(float(np.mean(eval_losses(eval_fn, optim_lib.raw_params(state), eval_batches))))
       averaged = eval_losses(eval_fn, state.averaging.params, eval_batches) if state.averaging is not None else None
       point = {
         "step": done,

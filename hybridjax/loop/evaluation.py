@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from hybridjax import sharding as sharding_lib
-from hybridjax.optim import Batch, LossFn, TrainState
+from hybridjax.optim import Batch, LossFn, TrainState, raw_params
 
 
 def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, Batch], jax.Array]:
@@ -34,7 +34,7 @@ def evaluate_state(eval_fn: Callable[[Any, Batch], jax.Array], state: TrainState
   """The eval record of a train state: `eval_loss` of the run's model (`optim.final_params`) and,
   when the state averages its params, `eval_loss_raw` and `eval_loss_averaged` too."""
   if state.averaging is None:
-    return {"eval_loss": evaluate(eval_fn, state.params, batches)}
-  raw = evaluate(eval_fn, state.params, batches)
+    return {"eval_loss": evaluate(eval_fn, raw_params(state), batches)}
+  raw = evaluate(eval_fn, raw_params(state), batches)
   averaged = evaluate(eval_fn, state.averaging.params, batches)
   return {"eval_loss": averaged, "eval_loss_raw": raw, "eval_loss_averaged": averaged}

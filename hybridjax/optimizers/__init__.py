@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from hybridjax import schema
+from hybridjax.optimizers import module
 from hybridjax.optimizers.adam import (
   ADAMW_EMBED_LR_RATIO,
   ADAMW_HEAD_LR_RATIO,
@@ -30,10 +31,15 @@ from hybridjax.optimizers.adam import (
   B1,
   B2,
   EPS,
+  LION_B1,
+  LION_B2,
   WEIGHT_DECAY,
   _adamw,
   _build_adam,
   _build_adamw,
+  _build_lion,
+  _build_nadamw,
+  _build_schedule_free_adamw,
   _tied_head,
   adamw_group_labels,
   adamw_lr_ratios,
@@ -365,12 +371,14 @@ def _build_muon_groups(o: Any) -> optax.GradientTransformation:
 class BuiltinOptimizer:
   """A built-in optimizer: its name, what it is in words (for the refusals), the `config.optim` fields
   it reads (besides the schedule's and outer momentum's, which every run reads) and its builder, which
-  gets a `schema.View` of only those."""
+  gets a `schema.View` of only those. `owns_schedule`: it anneals on its own, so the config's schedule
+  must hold the rate constant after its warm-up (`--config.optim.min_lr_ratio=1.0`)."""
 
   name: str
   summary: str
   fields: tuple[schema.Field, ...]
   build: Callable[[Any], optax.GradientTransformation]
+  owns_schedule: bool = False
 
 
 OPTIMIZERS: dict[str, BuiltinOptimizer] = {
@@ -387,6 +395,26 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
       "Adam: b1, b2, eps, and no weight decay",
       (GRAD_CLIP, B1, B2, EPS, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
       _build_adam,
+    ),
+    BuiltinOptimizer(
+      "nadamw",
+      "NAdamW (AdamW with Nesterov momentum): b1, b2, eps, weight_decay",
+      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      _build_nadamw,
+    ),
+    BuiltinOptimizer(
+      "lion",
+      "Lion (the sign of an interpolated momentum): lion_b1, lion_b2, weight_decay",
+      (GRAD_CLIP, LION_B1, LION_B2, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      _build_lion,
+    ),
+    BuiltinOptimizer(
+      "schedule_free_adamw",
+      "schedule-free AdamW: b1 (its interpolation), b2, eps, weight_decay; evaluated at its average "
+      "(`eval_params`); no per-group LR ratio, since its averaging weights depend on the LR",
+      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY),
+      _build_schedule_free_adamw,
+      owns_schedule=True,
     ),
     BuiltinOptimizer(
       "sgd", "SGD with a fixed momentum of 0.9: no betas, eps or weight decay", (GRAD_CLIP,), _build_sgd
@@ -442,9 +470,8 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
       f"--config.optim.name={optim.name!r} is not a built-in optimizer {BUILTIN_OPTIMIZERS}: use one of them, "
       "or pass an optimizer of your own to `train(tx=...)` under this name"
     )
-  ratios = adamw_lr_ratios(optim)
-  if ratios != (1.0, 1.0) and ADAMW_EMBED_LR_RATIO not in decl.fields:
-    raise ValueError(adamw_ratio_error(optim.name, ratios))
+  if error := lr_ratio_error(optim):
+    raise ValueError(error)
   view = schema.View(optim, decl.fields, owner=f"optimizer {optim.name!r}")
   core = decl.build(view)
   if view.grad_clip > 0:
@@ -452,15 +479,50 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
   return core
 
 
+def lr_ratio_error(optim: Any) -> str | None:
+  """The group LR ratios (`ADAMW_LR_RATIOS`) set away from 1.0 under an optimizer that does not declare
+  them (a user's never does), or None: the one statement of which optimizers read them."""
+  ratios = adamw_lr_ratios(optim)
+  decl = OPTIMIZERS.get(optim.name)
+  if ratios == (1.0, 1.0) or (decl is not None and ADAMW_EMBED_LR_RATIO in decl.fields):
+    return None
+  readers = [o.name for o in OPTIMIZERS.values() if ADAMW_EMBED_LR_RATIO in o.fields]
+  return adamw_ratio_error(optim.name, ratios, readers, decl.summary if decl else "your own optimizer")
+
+
+def schedule_error(optim: Any) -> str | None:
+  """The refusal of a decaying schedule under an optimizer that owns its schedule
+  (`BuiltinOptimizer.owns_schedule`), or None."""
+  decl = OPTIMIZERS.get(optim.name)
+  floor = float(optim.get("min_lr_ratio", 1.0))
+  if decl is None or not decl.owns_schedule or floor == 1.0:
+    return None
+  return (
+    f"--config.optim.min_lr_ratio={floor} decays the rate, but --config.optim.name={optim.name!r} owns its "
+    "schedule (it averages its iterates in place of a decay, weighted by the rate): set "
+    "--config.optim.min_lr_ratio=1.0 to hold the rate constant after the warm-up"
+  )
+
+
+def eval_params(opt_state: Any, params: Any) -> Any:
+  """The params a run is evaluated and averaged at: schedule-free's average (`optax.contrib.
+  schedule_free_eval_params`) where the optimizer state holds one, else `params` themselves."""
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=_is_schedule_free) if _is_schedule_free(s)]
+  return optax.contrib.schedule_free_eval_params(found[0], params) if found else params
+
+
+def _is_schedule_free(node: Any) -> bool:
+  return isinstance(node, optax.contrib.ScheduleFreeState)
+
+
 def relation_errors(optim: Any, steps: int | None) -> list[str]:
   """The problems of an optim block's optimizer fields together (`steps`: the run's length, or None):
-  a Muon setting with an optimizer that has no Muon, the AdamW ratios with another optimizer, the
+  a Muon setting with an optimizer that has no Muon, the group LR ratios with one that does not read
+  them, a decaying schedule with one that owns its schedule, the
   scale of 'muon_groups' Adam groups with another, a momentum warm-up longer than the run or
   starting above the momentum. Each names the field and the fix."""
-  errors, name = [], optim.name
-  ratios = adamw_lr_ratios(optim)
-  if ratios != (1.0, 1.0) and name not in ("adamw", "adam"):
-    errors.append(adamw_ratio_error(name, ratios))
+  name = optim.name
+  errors = [e for e in (lr_ratio_error(optim), schedule_error(optim)) if e]
   final = final_muon_momentum(optim)
   has_muon = name in OPTIMIZERS and MUON_MOMENTUM_FIELD in OPTIMIZERS[name].fields
   if final != MUON_MOMENTUM and not has_muon:
@@ -498,7 +560,8 @@ def relation_errors(optim: Any, steps: int | None) -> list[str]:
 
 
 def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> optax.GradientTransformation:
-  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`.
+  """The optimizer of a run: `make_optimizer(optim)` when `tx` is None, else the user's `tx`; a user's
+  module's (`optimizers.module`) when `optim` holds its block.
 
   The config's schedule (`optim.learning_rate`, `optim.schedule`, ...) drives the learning rate of
   every run, through `with_learning_rate`. So a user's transformation must have its learning rate
@@ -516,6 +579,8 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
     ValueError: naming the field and the fix, when `tx` and `optim.name` disagree, or when the
       schedule cannot drive `tx`'s learning rate.
   """
+  if tx is None and module.BLOCK in optim:  # a user's optimizer module (`optimizers.module`)
+    tx = module.factory(optim)
   if tx is None:
     return make_optimizer(optim)
   if optim.name in BUILTIN_OPTIMIZERS:
@@ -554,10 +619,13 @@ __all__ = [
   "adamw_group_labels",
   "adamw_lr_ratios",
   "adamw_ratio_error",
+  "eval_params",
   "final_muon_momentum",
   "injected_learning_rates",
   "make_optimizer",
+  "lr_ratio_error",
   "relation_errors",
+  "schedule_error",
   "muon_group_labels",
   "muon_labels",
   "muon_momentum",

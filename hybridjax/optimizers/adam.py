@@ -1,6 +1,7 @@
-"""AdamW and Adam as built-in optimizers: their fields (the betas, eps and weight decay, which 'muon'
-reads for its AdamW group too, and the embed and head LR ratios), each declared beside the code that
-reads it, and their builders."""
+"""AdamW and its family as built-in optimizers (Adam, NAdamW, Lion, schedule-free AdamW): their fields
+(the betas, eps and weight decay, which 'muon' reads for its AdamW group too, Lion's betas, and the
+embed and head LR ratios), each declared beside the code that reads it, and their builders. Each
+decays the matrices only (`_decay_mask`)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ WEIGHT_DECAY = F(
   "weight_decay",
   0.1,
   schema.check_num(0.0),
-  "AdamW's decoupled weight decay (times the lr), matrices only",
+  "the decoupled weight decay (times the lr), matrices only",
   other=0.05,
   roles=("weight decay",),
   in_your_optimizer="optax.adamw(learning_rate, weight_decay={value})",
@@ -71,12 +72,18 @@ def _tied_head(trains: str, fix: str) -> schema.Unread:
   return unread
 
 
-# 'adamw' and 'adam': the embeddings' and the head's LR as ratios of learning_rate (`_scale_groups`).
+# Lion's (`_build_lion`): optax's and the paper's defaults.
+LION_B1 = F("lion_b1", 0.9, _beta, "Lion's interpolation of the update's sign", other=0.95, roles=("beta1",))
+LION_B2 = F("lion_b2", 0.99, _beta, "Lion's momentum decay", other=0.98, roles=("beta2",))
+
+
+# The embeddings' and the head's LR as ratios of learning_rate (`_scale_groups`), read by every
+# optimizer that declares them; refused with any other (`optimizers.lr_ratio_error`).
 ADAMW_EMBED_LR_RATIO = F(
   "adamw_embed_lr_ratio",
   1.0,
   _positive,
-  "'adamw'/'adam': the embeddings' LR (a tied head's too) as a ratio of learning_rate",
+  "the embeddings' LR (a tied head's too) as a ratio of learning_rate",
   other=2.0,
   roles=("embed lr",),
 )
@@ -84,7 +91,7 @@ ADAMW_HEAD_LR_RATIO = F(
   "adamw_head_lr_ratio",
   1.0,
   _positive,
-  "'adamw'/'adam': an untied head's LR as a ratio of learning_rate",
+  "an untied head's LR as a ratio of learning_rate",
   other=2.0,
   roles=("head lr",),
   unread=_tied_head(
@@ -100,8 +107,8 @@ def _decay_mask(params: Any) -> Any:
 
 
 ADAMW_LR_RATIOS = (ADAMW_EMBED_LR_RATIO.name, ADAMW_HEAD_LR_RATIO.name)
-"""The fields of `config.optim` that set the LR of the embeddings and of the head under 'adamw' and
-'adam' (`adamw_group_labels`), as ratios of the learning rate; 1.0 by default."""
+"""The fields of `config.optim` that set the LR of the embeddings and of the head (`adamw_group_labels`),
+as ratios of the learning rate; 1.0 by default."""
 
 
 def adamw_lr_ratios(optim: Any) -> tuple[float, float]:
@@ -155,12 +162,55 @@ def _build_adam(o: Any) -> optax.GradientTransformation:
   return _with_group_ratios(core, o)
 
 
-def adamw_ratio_error(name: str, ratios: tuple[float, float]) -> str:
+def _build_nadamw(o: Any) -> optax.GradientTransformation:
+  core = optax.inject_hyperparams(optax.nadamw, static_args=("mask",))(
+    learning_rate=0.0,
+    b1=float(o.b1),
+    b2=float(o.b2),
+    eps=float(o.eps),
+    weight_decay=float(o.weight_decay),
+    mask=_decay_mask,
+  )
+  return _with_group_ratios(core, o)
+
+
+def _build_lion(o: Any) -> optax.GradientTransformation:
+  core = optax.inject_hyperparams(optax.lion, static_args=("mask",))(
+    learning_rate=0.0,
+    b1=float(o.lion_b1),
+    b2=float(o.lion_b2),
+    weight_decay=float(o.weight_decay),
+    mask=_decay_mask,
+  )
+  return _with_group_ratios(core, o)
+
+
+def _schedule_free_adamw(learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any) -> Any:
+  """`optax.contrib.schedule_free_adamw` (no warm-up of its own: the config's schedule warms the
+  injected rate up) with its weight decay on the matrices only, which optax's does not mask."""
+  base = optax.chain(
+    optax.scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True),
+    optax.add_decayed_weights(weight_decay, _decay_mask),
+    optax.scale_by_learning_rate(learning_rate),
+  )
+  return optax.contrib.schedule_free(base, learning_rate=learning_rate, b1=b1)
+
+
+def _build_schedule_free_adamw(o: Any) -> optax.GradientTransformation:
+  return optax.inject_hyperparams(_schedule_free_adamw)(
+    learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), weight_decay=float(o.weight_decay)
+  )
+
+
+def adamw_ratio_error(name: str, ratios: tuple[float, float], readers: list[str], summary: str) -> str:
   """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
-  optimizer other than 'adamw' and 'adam' (they would be silently ignored)."""
+  optimizer `name` (`summary`: what it is) that does not read them (they would be silently ignored);
+  `readers`: the optimizers that do."""
   set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
+  two = len(set_) > 1
   return (
-    f"{' and '.join(set_)} {'apply' if len(set_) > 1 else 'applies'} to --config.optim.name='adamw' or 'adam' "
-    f"only, not {name!r}: set {'them' if len(set_) > 1 else 'it'} back to 1.0, or use 'adamw'/'adam' "
-    "('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+    f"{' and '.join(set_)} {'apply' if two else 'applies'} only to an optimizer that declares "
+    f"{'them' if two else 'it'} ({', '.join(repr(r) for r in readers)}), not {name!r} ({summary}): set "
+    f"{'them' if two else 'it'} back to 1.0, or use one of those ('muon_groups' has its own "
+    "--config.optim.embed_lr_ratio and head_lr_ratio)"
   )

@@ -271,3 +271,63 @@ def test_a_budget_check_switches_only_where_a_candidate_wins_beyond_the_paired_n
   assert tuning.budget_choice(tried)["weight_decay"] == 0.1
   tried[3]["losses"] = [1.98, 2.08, 2.19]  # beyond it: the weight decay moves
   assert tuning.budget_choice(tried)["weight_decay"] == 0.05 and tuning.budget_choice(tried)["best_difference"]["wins"]
+
+
+def test_each_new_optimizers_space_is_found_by_its_name_and_centred_with_its_reason():
+  """`space_of` finds `<name>_space` with its declared `Centre` (no table of names): Lion's LR 3-10x below
+  AdamW's and its weight decay 3-10x above; schedule-free's without the schedule's knobs (named among what
+  it lacks) and its rate held after the warm-up; an optimizer with no space is refused by name."""
+  _, adamw, _ = _configs()
+  lr, wd = float(adamw.optim.learning_rate), float(adamw.optim.weight_decay)
+  for name in ("nadamw", "lion", "schedule_free_adamw"):
+    centre = search.space_function(name).centre
+    assert centre.why and search.space_function(name) is getattr(search, f"{name}_space")
+    c = search.centred(adamw, name)
+    assert c.optim.name == name and c.optim.learning_rate == tuning.round_lr(lr * centre.lr)
+    assert c.optim.weight_decay == tuning.round_lr(wd * centre.weight_decay)
+    fields = [k.field for k in search.space_of(c, 4)]
+    assert fields[0] == "optim.learning_rate" and "optim.weight_decay" in fields and len(set(fields)) == len(fields)
+    assert search.weight_decay_field(c) == "optim.weight_decay"
+  lion = search.lion_space.centre
+  assert 1 / 10 <= lion.lr <= 1 / 3 and 3 <= lion.weight_decay <= 10
+  assert {"optim.lion_b1", "optim.lion_b2"} <= {k.field for k in search.space_of(search.centred(adamw, "lion"), 4)}
+  free = search.centred(adamw, "schedule_free_adamw")
+  assert free.optim.min_lr_ratio == 1.0 and search.owns_schedule(free)
+  free_fields = {k.field for k in search.space_of(free, 4)}
+  assert not free_fields & {
+    "optim.schedule",
+    "optim.min_lr_ratio",
+    "optim.decay_fraction",
+    "optim.adamw_embed_lr_ratio",
+  }
+  assert any(x.startswith("schedule") for x in search.schedule_free_adamw_space.centre.lacks)
+  assert search.weight_decay_field(speedrun.apply_tricks(adamw, ["muon"])) in (None, "optim.muon_weight_decay")
+  sgd = search.apply_setting(adamw, {"optim.name": "sgd"})
+  with pytest.raises(ValueError, match=r"--config\.optim\.name='sgd': the joint search has a space for adamw, .*lion"):
+    search.space_of(sgd, 4)
+
+
+def test_a_user_modules_space_becomes_knobs_in_its_block():
+  """A module's AlgoPerf-shaped SPACE: a log or linear range, feasible points as ordered choices; its knobs
+  set in `optim.module`, the LR as the schedule's peak; its weight decay the one `refine` moves."""
+  _, adamw, _ = _configs()
+  c = search.centred(adamw, "experiments.cautious_adamw")
+  knobs = {k.field: k for k in search.space_of(c, 4)}
+  assert knobs["optim.learning_rate"].kind == "log" and knobs["optim.module.b1"].values == (0.8, 0.9, 0.95)
+  assert search.weight_decay_of(c) == ("optim.module.weight_decay", float(adamw.optim.weight_decay))
+  assert search.apply_setting(c, {"optim.module.b1": 0.8}).optim.module.b1 == 0.8
+  # the shared knobs, as every side's, but clipping (the module's own chain clips, or does not)
+  assert "optim.warmup_steps" in knobs and "optim.schedule" in knobs and "optim.grad_clip" not in knobs
+  linear = search.Knob("optim.module.x", "linear", (1.0, 3.0))
+  assert linear.value(0.5) == 2.0 and linear.beyond(2.9) == ([], "hard edge") and linear.beyond(2.0) == ([], "inside")
+
+
+def test_a_side_moved_from_the_reference_keeps_what_it_shares_and_resets_what_it_does_not_read():
+  """The reference's embedding LR ratio (2.0) is kept by Lion, which declares it, and reset to its default by
+  schedule-free AdamW, which has none (its averaging weights depend on the LR); the schedule's fields are kept."""
+  _, adamw, _ = _configs()
+  adamw.optim.adamw_embed_lr_ratio = 2.0
+  assert search.centred(adamw, "lion").optim.adamw_embed_lr_ratio == 2.0
+  free = search.centred(adamw, "schedule_free_adamw")
+  assert free.optim.adamw_embed_lr_ratio == 1.0 and free.optim.warmup_steps == adamw.optim.warmup_steps
+  assert free.optim.b2 == adamw.optim.b2

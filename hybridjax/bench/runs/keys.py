@@ -20,6 +20,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.specs import task_name
 from hybridjax.codehash import code_version, source_closure
+from hybridjax.optimizers import module as module_lib
 
 # The module each kind of run executes (`runs.worker`'s two entry points import no more).
 RUNNER_MODULES = {"anchor": "hybridjax.bench.runs.anchor_run", "method": "hybridjax.bench.runs.method_run"}
@@ -42,8 +43,11 @@ def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
 
 
 def spec_modules(spec: dict[str, Any]) -> list[str]:
-  """The modules a spec's run executes: its runner's, its task's, and its method's."""
+  """The modules a spec's run executes: its runner's, its task's, its method's, and a user's optimizer
+  module's (`optimizers.module`: its block in the spec's optim), so an edited optimizer re-keys its runs."""
   modules = [RUNNER_MODULES[spec["kind"]], tasks_lib.task_path(spec["task"])]
+  if module_lib.BLOCK in spec["config"]["optim"]:
+    modules.append(str(spec["config"]["optim"]["name"]))
   if spec.get("wide_eval"):  # an anchor that ends with a wide eval; only such a spec holds the field
     modules.append(WIDE_EVAL_MODULE)
   method = spec["config"].get("hybrid", {}).get("method")

@@ -332,7 +332,11 @@ def test_bad_blocks_are_refused_naming_the_field(tmp_path):
     ({"muon_extensions": (0.6,)}, r"optimizers\.muon_extensions=.*below the smallest"),
     ({"tuning_seeds": (21,)}, r"optimizers\.tuning_seeds=.*nothing is tuned on a headline seed"),
     ({"adamw_row": "muon"}, r"the AdamW row must train AdamW"),
-    ({"cell": "tuned"}, r"optimizers\.cell must be one of \['as_published', 'both_tuned', 'small_batch', 'corpus'\]"),
+    (
+      {"cell": "tuned"},
+      r"optimizers\.cell must be one of \['as_published', 'both_tuned', 'small_batch', 'corpus', "
+      r"'sides'\]",
+    ),
     ({"cell": "small_batch", "batch_size": 3}, r"optimizers\.batch_size=3: .*divides its 320 training windows"),
     ({"cell": "small_batch", "batch_size": 4}, r"optimizers\.settings_from: no cell 'both_tuned' record at"),
     ({"muon_budgets": (0.5, 0.51, 1.0)}, r"each budget must round to its own positive step count"),

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import ml_collections
 
+from hybridjax import optim as optim_lib
 from hybridjax import schema
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
 from hybridjax.bench.studies.optimizers import carried
+from hybridjax.bench.studies.optimizers import sides as sides_lib
 
 RECORD = "optimizers-{cell[name]}-{preset}.json"  # its record per cell, whose invocations a resumed study extends
 PUBLISH_IGNORES = record_lib.other_studies("optimizers")  # the blocks its record compares without
@@ -33,12 +35,13 @@ STUDY_CELLS = (
     condition=carried.on_corpus,
     checks=carried.corpus_errors,
   ),
+  Cell("sides", "each optimizer of `sides` against the reference AdamW, searched alike at equal cost", tuner="joint"),
 )
 SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 
 
 F = schema.Field
-SEARCHED = comparison.only_in("both_tuned")
+SEARCHED = comparison.only_in("both_tuned", "sides")
 FIELDS = (
   F("cell", "as_published", schema.check_choice(*(c.name for c in STUDY_CELLS)), "the cell: both rows as "
     "published, or both searched alike"),
@@ -74,6 +77,11 @@ FIELDS = (
   F("settings_from", "", schema.check_str, "cells `small_batch` and `corpus`: the cell `both_tuned` record whose "
     "chosen settings they carry ('': the published optimizers-both_tuned-<preset>.json)",
     unread=comparison.only_in("small_batch", "corpus")),
+  F("sides", "", schema.check_str, "cell `sides`: the optimizers read against the reference AdamW, comma-separated: "
+    "built-in names or a module's dotted path (`optimizers.module`)", unread=comparison.only_in("sides")),
+  F("reference_from", "", schema.check_str, "cell `sides`: a cell `both_tuned` record whose AdamW side is the "
+    "reference, read with its runs from its run cache beside it, never re-run ('': searched again with the sides)",
+    unread=comparison.only_in("sides")),
   F("corpus_path", "~/.cache/hybridjax/corpora/english-npm", schema.check_str, "cell `corpus`: the corpus folder "
     "(train/ and val/) that `python scripts/build_corpus.py --out <it>` builds",
     unread=comparison.only_in("corpus")),
@@ -135,6 +143,11 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   else:
     _, sides = side_configs(config)
   adamw, muon = sides["adamw"][0], sides["muon"][0]
+  if cell.name == "sides" and (errors := sides_lib.errors(config, adamw)):
+    raise ValueError("; ".join(errors))
+  if cell.name == "sides":  # the built-in sides' configs are checked as the rows' are
+    builtin = [n for n in sides_lib.names(o) if n in optim_lib.OPTIMIZERS]
+    sides |= {n: (search.centred(adamw, n), {"row": n}) for n in builtin}
   if uses_muon(adamw) or not uses_muon(muon):
     raise ValueError(
       f"--config.benchmark.optimizers.adamw_row={o.adamw_row!r} and muon_row={o.muon_row!r}: the AdamW row must "

@@ -17,6 +17,7 @@ from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.optimizers import carried
+from hybridjax.bench.studies.optimizers import sides as sides_lib
 from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, side_configs
 
 # The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones and
@@ -50,6 +51,8 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
     )
   else:
     source, configs = side_configs(config)
+  if cell.name == "sides":
+    return sides_lib.train(config, configs["adamw"], runner) | {"source": source, "config": config, "before": None}
   if cell.tuner == "joint":
     configs, records = comparison.searched(config, configs, o, runner)
   sides = [
@@ -64,8 +67,24 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
   del timed, command, runner
   preset_batch = int(config.trainer.batch_size)
   config = trained["config"]  # the carried cells: at their batch, on their corpus
-  o, n, seeds = config.benchmark.optimizers, int(config.trainer.steps), trained["seeds"]
+  o, n = config.benchmark.optimizers, int(config.trainer.steps)
   cell = comparison.cell_of(STUDY_CELLS, o.cell)
+  if cell.name == "sides":
+    return (
+      comparison.code_record(config)
+      | {
+        "cell": {
+          "name": cell.name,
+          "preset": str(config.benchmark.preset),
+          "batch": [preset_batch, int(config.model.n_ctx)],
+        },
+        "steps": n,
+        "lrs_from": trained["source"],
+        "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)],
+      }
+      | sides_lib.record(config, trained, field_range())
+    )
+  seeds = trained["seeds"]
   largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
   result = comparison.code_record(config) | {
     "cell": {
@@ -110,6 +129,9 @@ def cell_figures(result: Record) -> Record:
 
 def markdown(result: Record) -> str:
   """optimizers-<cell>-<preset>.md: the cell, both readings and the verdict, then each side's curve per seed."""
+  if result["cell"]["name"] == "sides":
+    title = f"Optimizers against the reference AdamW, `{result['cell']['preset']}`"
+    return "\n".join(comparison.page_head(title, result) + sides_lib.markdown(result))
   cell, f, corpus = result["cell"], result["factor"], result["corpus"]
   epochs = (
     "" if corpus.get("max_epochs") is None else f", its longest run drawing {corpus['max_epochs']:.2f}× its tokens"
