@@ -198,6 +198,13 @@ def check_publish(
       raise ValueError(publish_refusal(folder, path, "a record of another config", lines))
 
 
+def check_study_publish(config: ml_collections.ConfigDict, study: str, record: str) -> None:
+  """`check_publish` of the study `study`'s record `record` (formatted with the preset and the fields of the
+  study's block) in `benchmark.publish`, outside the other studies' blocks (`other_studies`)."""
+  b = config.benchmark
+  check_publish(config, str(b.publish), record.format(preset=b.preset, **b[study]), other_studies(study))
+
+
 def write_and_publish(
   result: Record,
   workdir: str,

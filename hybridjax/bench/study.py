@@ -220,7 +220,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "", comm
   if study.write:
     study.write(result, trained, workdir, publish)
   else:
-    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, ignore=study.publish_ignores)
+    ignore = study.publish_ignores or record.other_studies(name)
+    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, study.plot, ignore)
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)

@@ -30,9 +30,10 @@ class Study:
     record_name: its json (a format string of the record), whose invocations a resumed study extends;
       None where it keeps none.
     time_steps: (config, trained) -> its timing; None where its verdicts are in steps or losses.
-    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json
-      and page (`record.write_and_publish`), not published where `publish` holds another config's record,
-      the config compared without the blocks of `publish_ignores`.
+    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json,
+      page and `plot` (`record.write_and_publish`), not published where `publish` holds another config's
+      record, the config compared without the blocks of `publish_ignores` (empty: the other studies').
+    plot: (result, folder) -> its figure's path; None where it draws none.
     publish_ignores: see `write`.
     tuners: the `benchmark.tuner` values it reads: 'lr' (the LR sweep, every study's) and 'joint' (the
       joint search, `bench.search`).
@@ -45,5 +46,6 @@ class Study:
   record_name: str | None
   time_steps: Callable[..., Record] | None = None
   write: Callable[..., None] | None = None
+  plot: Callable[[Record, str], str] | None = None
   publish_ignores: tuple[str, ...] = ()
   tuners: tuple[str, ...] = ("lr",)

@@ -12,7 +12,6 @@ from hybridjax.bench import specs
 from hybridjax.bench.speedrun import recipe_record, uses_muon
 
 RECORD = "anchor-{preset}.json"  # its record, whose invocations a resumed study extends
-PUBLISH_IGNORES = record_lib.other_studies("anchor")  # the blocks its record compares without
 
 F = schema.Field
 FIELDS = (
@@ -66,6 +65,5 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     errors.append(f"--config.benchmark.anchor.seeds={tuple(a.seeds)}: the paired verdict needs 2 seeds or more")
   specs.refuse(errors)
   r4_settings(config)  # a missing recipe record is refused here, naming the field
-  b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "anchor", RECORD)
   return {"R4": config}

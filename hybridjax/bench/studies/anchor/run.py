@@ -142,4 +142,4 @@ def markdown(result: Record) -> str:
   return "\n".join(out)
 
 
-STUDY = Study(header, train, record, markdown, anchor_config.RECORD, publish_ignores=anchor_config.PUBLISH_IGNORES)
+STUDY = Study(header, train, record, markdown, anchor_config.RECORD)

@@ -12,7 +12,6 @@ from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_re
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
 RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
-PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
 FIELDS = (
@@ -139,7 +138,5 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
             "none of the tuning budget the sides share: leave out the override that set it"
           )
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
-  # A record of another config published there would be replaced (`record.check_publish`).
-  b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "knobs", RECORD)  # a record of another config there would be replaced
   return out

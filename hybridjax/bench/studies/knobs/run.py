@@ -274,6 +274,5 @@ STUDY = Study(
   record,
   markdown,
   knobs_config.RECORD,
-  publish_ignores=knobs_config.PUBLISH_IGNORES,
   tuners=("lr", "joint"),
 )

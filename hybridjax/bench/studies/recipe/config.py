@@ -11,7 +11,6 @@ from hybridjax.bench import specs
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
 
 RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
-PUBLISH_IGNORES = record_lib.other_studies("recipe")  # the blocks a recipe's record compares without
 
 
 def _factors(v: object) -> str | None:
@@ -80,8 +79,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       "give dotted fields such as model.relu2"
     )
   specs.refuse(errors)
-  # A recipe of another config published there would be replaced (`record.check_publish`).
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "recipe", RECORD)  # a recipe of another config there would be replaced
   return {
     f"the recipe's step {names[k - 1]!r} (with {names[: k - 1]} before it)": apply_tricks(config, names[:k])
     for k in range(1, len(names) + 1)

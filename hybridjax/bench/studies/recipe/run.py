@@ -15,15 +15,14 @@ from typing import Any
 import ml_collections
 
 from hybridjax.bench import figures, timing, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
 from hybridjax.bench.studies import Record, Study
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
+from hybridjax.bench.studies.recipe.report import kept_text, save_recipe_plot
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
-from hybridjax.bench.studies.recipe.report import save_recipe_plot
 
 
 def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_collections.ConfigDict:
@@ -61,17 +60,12 @@ def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collec
   return c
 
 
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = recipe_config.RECORD, recipe_config.PUBLISH_IGNORES
-
-
 def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   b = config.benchmark
-  lines = [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"]
-  for name, fields in kept_changes(config).items():
-    kept = ", ".join(f"{k}={v[1]!r} (the trick's {v[0]!r})" for k, v in fields.items())
-    lines.append(f"  step {name}: kept as given (benchmark.recipe.keep): {kept}")
-  return lines
+  return [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"] + [
+    f"  step {name}: kept as given (benchmark.recipe.keep): {kept_text(fields)}"
+    for name, fields in kept_changes(config).items()
+  ]
 
 
 def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
@@ -178,10 +172,4 @@ def _per_budget_lr(tuned: Record, acfg: ml_collections.ConfigDict) -> dict[str, 
   return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
 
 
-def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
-  """recipe-<preset>.{json,md,png} into `workdir` and `publish`, unless `publish` holds a recipe of
-  another config (`record.write_and_publish`; the validate hook refused it before training)."""
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)
-
-
-STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)
+STUDY = Study(header, train, record, markdown, recipe_config.RECORD, time_steps=time_steps, plot=save_recipe_plot)

@@ -17,7 +17,6 @@ RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resum
 # tuned LR; `tiny`'s is published) and a model of 2 layers or more (the value residual reads a later
 # layer). `quick` has neither: its recipe trains two tricks on a one-layer model.
 SMALLEST_PRESET = "tiny"
-PUBLISH_IGNORES = record_lib.other_studies("variants")  # the blocks a variants record compares without
 
 
 FIELDS = (
@@ -93,7 +92,5 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         f"{sorted({**pair.before, **pair.after})}, or run the pair without it"
       )
     out[f"pair {pair.name!r}, before"], out[f"pair {pair.name!r}, after"] = before, after
-  # A record of another config published there would be replaced (`record.check_publish`).
-  b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(set=v.set, preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "variants", RECORD)  # a record of another config there would be replaced
   return out

@@ -166,4 +166,4 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
   } | pair_table(config, trained["sides"])
 
 
-STUDY = Study(header, train, record, markdown, variants_config.RECORD, publish_ignores=variants_config.PUBLISH_IGNORES)
+STUDY = Study(header, train, record, markdown, variants_config.RECORD)
