@@ -13,7 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from hybridjax.bench import comparison, protocol, specs, tuning
+from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
 from hybridjax.bench.studies import Record, Study
@@ -108,28 +108,13 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
-def _losses(side: Record, seeds: list[str]) -> list[float]:
-  st = side["settings"]
-  return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
-
-
 def pair_figures(before: Record, after: Record) -> Record:
-  """One pair's losses on the seeds both sides ran and its paired difference (after - before),
-  judged besides the seeds' with the eval windows' error of the seed-averaged difference
-  (`figures.window_error`), else the eval set's paired per-batch standard error (mean over the seeds).
-  The runs keep the averaged iterate's per-window losses only, so a side read raw leaves the seeds'
-  spread to judge alone. Pure: the tests recompute it from the record."""
+  """One pair's losses on the seeds both sides ran and its paired difference (after - before,
+  `comparison.paired_reading`). Pure: the tests recompute it from the record."""
   seeds = sorted(set(before["runs"]) & set(after["runs"]), key=int)
-  averaged = all(side["settings"]["iterate"] == "averaged" for side in (before, after))
-  loss_b, loss_a = _losses(before, seeds), _losses(after, seeds)
-  a, b = [after["runs"][s] for s in seeds], [before["runs"][s] for s in seeds]
-  se, windows = tuning.paired_eval_error(a, b, [x - y for x, y in zip(loss_a, loss_b)], averaged)
-  return {
-    "seeds": seeds,
-    "before": loss_b,
-    "after": loss_a,
-    "difference": protocol.paired_difference(loss_a, loss_b, se, eval_windows=windows),
-  }
+  a, b = ([side["runs"][s] for s in seeds] for side in (after, before))
+  loss_a, loss_b, difference = comparison.paired_reading(a, after["settings"], b, before["settings"])
+  return {"seeds": seeds, "before": loss_b, "after": loss_a, "difference": difference}
 
 
 def pair_table(config: ml_collections.ConfigDict, sides: Record) -> Record:
