@@ -21,10 +21,10 @@ import ml_collections
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import record, specs, speedrun
+from hybridjax.bench import record, specs
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES, Record, Study
+from hybridjax.bench.studies import STUDIES, ReadBy, Record, Study
 
 
 def _part(name: str, part: str = "config") -> ModuleType:
@@ -61,20 +61,6 @@ def known_fields(preset: str) -> set[str]:
   return set(specs.FIELDS) | set(config_lib.flatten(b))
 
 
-def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
-  """(who reads the study-block field `field` (dotted, in the benchmark block), whether this config's
-  study does)."""
-  name, block = study_name(config), field.split(".")[0]
-  rungs = arms_lib.names(config.benchmark.ladder.rungs) if "ladder" in config.benchmark else []
-  r6, speedrun_family = "R6" in rungs and name == "ladder", speedrun.is_speedrun_family(config)
-  if field in ("recipe.tricks", "recipe.muon_lr"):
-    return "the recipe study, the ladder's R6 and the speedrun family", name == "recipe" or r6 or speedrun_family
-  if field == "recipe.keep":
-    readers = "the recipe, variants, knobs and optimizers studies, the ladder's R6 and the speedrun family"
-    return readers, name in ("recipe", "variants", "knobs", "optimizers") or r6 or speedrun_family
-  return f"the {block} study", name == block
-
-
 def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
   """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
   value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
@@ -96,16 +82,18 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
         continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
       errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {specs.OVERWRITTEN[field].why}")
     parts = field.split(".")
-    if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
-      readers, read = _readers(config, ".".join(parts[1:]))
-      if not read:
+    if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES and parts[1] != name:
+      declared = {f.name: f.unread for f in getattr(_part(parts[1]), "FIELDS", ())}.get(parts[2])
+      # a field another study's owner declares read by others (`ReadBy`), else read by its own study alone
+      why = (declared if isinstance(declared, ReadBy) else ReadBy(f"the {parts[1]} study", lambda c: False))(config)
+      if why:
         runs = "the family protocol" if name == "family" else f"the {name} study"
         errors.append(
-          f"--config.{field}={flat.get(field)!r} is set but unused: it is read by {readers}, and "
+          f"--config.{field}={flat.get(field)!r} is set but unused: {why}, and "
           f"--config.benchmark.study={name!r} runs {runs}: add "
           f"--config.benchmark.study={parts[1]} (its study), or leave out --config.{field}"
         )
-  if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs", "optimizers"):
+  if "benchmark.methods" in fields and not hasattr(checks, "trained_arms"):
     errors.append(
       f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
       "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "

@@ -17,6 +17,20 @@ STUDIES = {
 
 
 @dataclasses.dataclass(frozen=True)
+class ReadBy:
+  """The `schema.Field.unread` of a field of a study's block that other studies' runs read too, declared
+  by its owner: `readers`, in words, and `reads(config)`, whether that config's runs read it. The
+  skeleton refuses the field set where they do not (`study.unused_field_errors`); a field declaring
+  none is read by its own study alone."""
+
+  readers: str
+  reads: Callable[[Any], bool]
+
+  def __call__(self, config: Any) -> str | None:
+    return None if self.reads(config) else f"it is read by {self.readers}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Study:
   """What the skeleton runs of a study, its run.py's `STUDY`: every hook a required field, so a study that
   misses or misspells one fails when its run.py is imported, not after hours of training (AlgoPerf's

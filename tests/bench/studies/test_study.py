@@ -426,6 +426,13 @@ _ADD = r"add --config\.benchmark\.study="
     ({"benchmark.recipe.budgets": (5.0,)}, "ladder", rf"recipe\.budgets=\(5\.0,\) {_UNUSED}: it is read by the recipe"),
     ({"benchmark.methods": "jump"}, "recipe", r"the recipe study trains anchors only, no method arm"),
     ({"benchmark.methods": "jump"}, "knobs", r"the knobs study trains anchors only"),
+    ({"benchmark.methods": "jump"}, "anchor", r"the anchor study trains anchors only"),  # it declares no trained arms
+    (
+      {"benchmark.recipe.keep": "model.relu2"},
+      "anchor",
+      r"it is read by the recipe, variants, knobs and optimizers studies, the ladder's R6 and the speedrun family, "
+      r"and --config\.benchmark\.study='anchor' runs the anchor study",
+    ),
     (
       {"benchmark.methods": "jump", "benchmark.ladder.rungs": "R0,R1"},
       "ladder",
@@ -447,6 +454,7 @@ def test_a_field_the_study_would_overwrite_or_not_read_is_refused_naming_the_fix
     ({"trainer.averaging_beta": 0.9}, "ladder"),  # R0-R2 train at it
     ({"benchmark.recipe.tricks": "schedule,muon"}, "ladder"),  # R6 reads it
     ({"benchmark.recipe.keep": "model.relu2"}, "recipe"),
+    ({"benchmark.recipe.keep": "model.relu2"}, "variants"),  # the recipe's declaration names it a reader
     ({"benchmark.methods": "jump", "benchmark.ladder.rungs": "R1,R3"}, "ladder"),
     ({"benchmark.methods": "jump"}, "family"),
     ({"trainer.steps": 80, "optim.learning_rate": 0.01}, "family"),

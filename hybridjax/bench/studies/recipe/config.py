@@ -6,11 +6,25 @@ import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import schema
+from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs
-from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
+from hybridjax.bench.speedrun import TRICKS, apply_tricks, is_speedrun_family, kept_fields, tricks_of
+from hybridjax.bench.studies import ReadBy
 
 RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
+
+
+def _read_in(readers: str, *studies: str) -> ReadBy:
+  """Read by `studies` (`readers`, in words) and wherever the recipe trains whole: the ladder's R6 and a
+  speedrun family (`speedrun.speedrun_config`)."""
+
+  def reads(config: ml_collections.ConfigDict) -> bool:
+    b = config.benchmark
+    name, r6 = str(b.get("study", "family")), "ladder" in b and "R6" in arms_lib.names(b.ladder.rungs)
+    return name in studies or (name == "ladder" and r6) or is_speedrun_family(config)
+
+  return ReadBy(f"{readers}, the ladder's R6 and the speedrun family", reads)
 
 
 def _factors(v: object) -> str | None:
@@ -21,15 +35,28 @@ def _factors(v: object) -> str | None:
 
 
 FIELDS = (
-  schema.Field("tricks", ",".join(TRICKS), schema.check_str, "the tricks, cumulative, in the record's order"),
+  schema.Field(
+    "tricks",
+    ",".join(TRICKS),
+    schema.check_str,
+    "the tricks, cumulative, in the record's order",
+    unread=_read_in("the recipe study", "recipe"),
+  ),
   schema.Field(
     "keep",
     "",
     schema.check_str,
     "fields no trick changes: their values as given win (comma-separated, dotted); the command line's "
     "--config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`)",
+    unread=_read_in("the recipe, variants, knobs and optimizers studies", "recipe", "variants", "knobs", "optimizers"),
   ),
-  schema.Field("muon_lr", 0.02, schema.check_num(0.0, lo_open=True), "the centre of a Muon step's LR sweep"),
+  schema.Field(
+    "muon_lr",
+    0.02,
+    schema.check_num(0.0, lo_open=True),
+    "the centre of a Muon step's LR sweep",
+    unread=_read_in("the recipe study", "recipe"),
+  ),
   schema.Field(
     "budgets",
     (3.0, 4.0),
