@@ -12,7 +12,7 @@ from hybridjax.bench.studies import Record
 def family_figures(result: Record, controls: dict[str, str] | None = None) -> Record:
   """Every figure of a family's record (benchmark.json), from the runs stored in it: the eval errors,
   the anchors' figures and phenomena, every arm's figures (judged with the eval set's paired per-batch
-  error besides the seeds'), the headline of its first arm. Pure: `family_result` computes it, and the
+  error besides the seeds'), the headline of its first arm. Pure: the family's `record` computes it, and the
   tests and scripts/reread_results.py recompute it from a published benchmark.json.
 
   `controls` (arm -> its control arm) defaults to those of the record's `benchmark.arms`; a record from

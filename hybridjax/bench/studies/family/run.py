@@ -40,18 +40,10 @@ def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: lis
   return {"tuning": tuned, "curves": curves, "method_runs": mruns}
 
 
-def family_result(
-  config: ml_collections.ConfigDict,
-  trained: Record,
-  timed: Record,
-  methods: list[str],
-  *,
-  command: str,
-  notes: Record,
-  runner: Runner,
-) -> Record:
-  """benchmark.json's record of one family: every run's numbers, every figure, the headline."""
-  b = config.benchmark
+def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+  """benchmark.json's record of one family (`trained`: `train`'s, its runs, arms and the task's notes; the
+  ladder's tuned groups give theirs alike): every run's numbers, every figure, the headline."""
+  b, methods = config.benchmark, trained["methods"]
   tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
   result: Record = record_lib.header(config, command) | {
     "family": specs.family_name(config),
@@ -59,7 +51,7 @@ def family_result(
     "tuning_seeds": [int(s) for s in b.tuning_seeds],
     "seeds": [int(s) for s in b.seeds],
     "budgets": curves["budgets"],
-    "corpus_epochs": notes.get("corpus_epochs"),
+    "corpus_epochs": trained["notes"].get("corpus_epochs"),
     "tuning": tuned,
     "curves": curves["curves"],
     "budget_runs": curves["runs"],
@@ -93,12 +85,6 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
 
 def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timing.time_step_kinds(config, trained["tuning"], trained["methods"])
-
-
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
-  return family_result(
-    config, trained, timed, trained["methods"], command=command, notes=trained["notes"], runner=runner
-  )
 
 
 def write(result: Record, trained: Record, workdir: str, publish: str) -> None:

@@ -200,9 +200,9 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
       # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
       ran = rungs.names(cfg.benchmark.methods)
       first = [m for m in rungs.names(b.methods) if m in ran][:1]
-      runs, arms = groups[g].pop("family_runs"), first + [m for m in ran if m not in first]
-      ms_g, notes = timed[rungs.timing_key(g)], family_run.task_notes(cfg)
-      families[g] = family_run.family_result(cfg, runs, ms_g, arms, command=command, notes=notes, runner=runner)
+      runs = groups[g].pop("family_runs") | {"methods": first + [m for m in ran if m not in first]}
+      runs["notes"] = family_run.task_notes(cfg)
+      families[g] = family_run.record(cfg, runs, timed[rungs.timing_key(g)], command, runner)
   trained["families"] = families
   return {
     "code_version": keys.code_versions(config, list(arms_lib.arms(config))),
