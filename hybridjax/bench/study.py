@@ -16,15 +16,13 @@ import os
 import time
 from types import ModuleType
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES, ReadBy, Record, Study
+from hybridjax.bench.studies import STUDIES, Config, ReadBy, Record, Study
 
 
 def _part(name: str, part: str = "config") -> ModuleType:
@@ -32,7 +30,7 @@ def _part(name: str, part: str = "config") -> ModuleType:
   return importlib.import_module(f"{STUDIES[name]}.{part}")
 
 
-def study_name(config: ml_collections.ConfigDict) -> str:
+def study_name(config: Config) -> str:
   """The study `config` runs: `benchmark.study`."""
   name = str(config.benchmark.get("study", "family"))
   if name not in STUDIES:
@@ -40,7 +38,7 @@ def study_name(config: ml_collections.ConfigDict) -> str:
   return name
 
 
-def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(b: Config, preset: str) -> None:
   """Every study's block `benchmark.<name>` in the benchmark block `b`: its config.py's `FIELDS` at their
   defaults, checked as they are set (`specs.CheckedBlock`), then its `add_defaults(block, preset)` where it
   has one (a preset's own values, fields besides `FIELDS`); a study with neither (the family) has none."""
@@ -56,12 +54,12 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
 
 def known_fields(preset: str) -> set[str]:
   """The dotted fields of a benchmark block: `specs.FIELDS` and every study's block at `preset`."""
-  b = ml_collections.ConfigDict()
+  b = Config()
   add_defaults(b, preset)
   return set(specs.FIELDS) | set(config_lib.flatten(b))
 
 
-def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
+def unused_field_errors(config: Config, fields: list[str] = ()) -> list[str]:
   """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
   value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
   read, naming it and the fix: a field the benchmark sets per run (`specs.OVERWRITTEN`), another study's block,
@@ -104,7 +102,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   return errors + unrun_arm_errors(config, fields)
 
 
-def unrun_arm_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
   """A line for each arm of `benchmark.arms` that `fields` (those the command line set) define or set
   but the study would not train (its config.py's `trained_arms`: none where it runs no method arm):
   the run would train and report other arms, this one only echoed in its command line."""
@@ -129,7 +127,7 @@ def unrun_arm_errors(config: ml_collections.ConfigDict, fields: list[str]) -> li
   return errors
 
 
-def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> Study:
+def validate(config: Config, command_line: list[str] = ()) -> Study:
   """Checks `config` for its study (`study_name`'s): the benchmark block's keys, the fields it would
   overwrite or not read (`command_line`: the fields the command line set, dotted), the benchmark
   block, the study's block, every other config it trains, before anything is compiled or written;
@@ -154,7 +152,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
       f"--config.benchmark.tuner at 'lr' (or pick a study that runs it: {', '.join(runs_it)})"
     )
   fields = getattr(checks, "FIELDS", ())
-  if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
+  if isinstance(config.benchmark.get(name), Config):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
     specs.refuse(schema.errors(f"benchmark.{name}", [f for f in fields if f.name in block], block))
   unread = _unread_errors(name, fields, config) if name in config.benchmark else []
@@ -171,7 +169,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   return study
 
 
-def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections.ConfigDict) -> list[str]:
+def _unread_errors(name: str, fields: list[schema.Field], config: Config) -> list[str]:
   """A line for each field of `benchmark.<name>` away from its default that its declaration says this
   config does not read (`schema.Field.unread`): it would do nothing without a word."""
   values = config.benchmark[name]
@@ -182,7 +180,7 @@ def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections
   ]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()) -> Record:
+def run(config: Config, workdir: str, command: str = "", command_line: list[str] = ()) -> Record:
   """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record.
   `command_line`: the fields the command line set (dotted), which `validate` checks."""
   name = study_name(config)

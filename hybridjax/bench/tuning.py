@@ -8,13 +8,11 @@ import math
 import statistics
 from collections.abc import Callable
 
-import ml_collections
-
 from hybridjax.bench import protocol
 from hybridjax.bench.figures import plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 
 def lr_grid(center: float, points: int) -> list[float]:
@@ -133,7 +131,7 @@ def best_loss(result: Record) -> float:
   return min(result["final_raw"], averaged_loss(result))
 
 
-Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], Record], Callable[[Record], float]]
+Sweep = tuple[Config, Callable[[int, float, int], Record], Callable[[Record], float]]
 """One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
 
 
@@ -212,7 +210,7 @@ def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
 
 
 def tune(
-  config: ml_collections.ConfigDict,
+  config: Config,
   runner: Runner,
   also: Callable[[float, float], list[Record]] | None = None,
 ) -> Record:
@@ -304,7 +302,7 @@ def tune(
   }
 
 
-def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], float], beta: float) -> list[dict]:
+def curve_specs(config: Config, lr_of: Callable[[float], float], beta: float) -> list[dict]:
   """The budget curves' runs: every headline seed at every budget factor f, at LR `lr_of(f)`."""
   n = int(config.trainer.steps)
   return [
@@ -314,7 +312,7 @@ def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], floa
   ]
 
 
-def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: Record) -> Record:
+def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
   b = config.benchmark
@@ -334,7 +332,7 @@ def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: Rec
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 
 
-def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: float, beta: float) -> list[dict]:
+def method_specs(config: Config, methods: list[str], lr: float, beta: float) -> list[dict]:
   """Every method arm on every headline seed, N steps at the chosen LR and beta."""
   n = int(config.trainer.steps)
   return [
@@ -344,9 +342,7 @@ def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: floa
   ]
 
 
-def method_runs(
-  config: ml_collections.ConfigDict, runner: Runner, tuning: Record, methods: list[str]
-) -> dict[str, Record]:
+def method_runs(config: Config, runner: Runner, tuning: Record, methods: list[str]) -> dict[str, Record]:
   specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
   out: dict[str, Record] = {m: {} for m in methods}
@@ -355,15 +351,15 @@ def method_runs(
   return out
 
 
-def spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], Record]:
+def spec_of(c: Config) -> Callable[[int, float, int], Record]:
   """An anchor run's spec(seed, lr, steps) of `c`, recording every averaging beta of `benchmark.betas`."""
   betas = [float(x) for x in c.benchmark.betas]
   return lambda seed, lr, steps: run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas)
 
 
 def train_steps(
-  configs: dict[str, ml_collections.ConfigDict],
-  config: ml_collections.ConfigDict,
+  configs: dict[str, Config],
+  config: Config,
   runner: Runner,
   label: str = "recipe steps (headline seeds, N)",
 ) -> dict[str, Record]:

@@ -8,6 +8,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import ml_collections
+
+Config = ml_collections.ConfigDict  # a config: an experiment's with its benchmark block, or a block
 Record = dict[str, Any]  # a JSON-like record: a run's, a reading's, a study's, as kept and published
 
 # name -> the package of its folder (named here, loaded only by `bench.study`).

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import search
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
+from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
 RECORD = "knobs-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -47,22 +46,22 @@ FIELDS = (
 """`benchmark.knobs`'s fields."""
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """The quick preset's own value of `benchmark.knobs` (beside `FIELDS`' defaults): it searches the 'quick' set."""
   if preset == "quick":
     block.set = "quick"
 
 
-def sides_of(config: ml_collections.ConfigDict) -> list[str]:
+def sides_of(config: Config) -> list[str]:
   return arms_lib.names(config.benchmark.knobs.sides)
 
 
-def knobs_of(config: ml_collections.ConfigDict) -> dict[str, tuple]:
+def knobs_of(config: Config) -> dict[str, tuple]:
   """{side: the knobs it searches, in order}, of the search `benchmark.knobs.set` names."""
   return SETS[str(config.benchmark.knobs.set)]
 
 
-def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
+def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   """(the recipe record read, {side: (its config at its starting LR, its tuned settings)}): the
   anchor is the protocol's AdamW family at the record's R4 LR and beta; `muon` the record's tricks
   through its Muon row, `recipe` all of them, each at the LR, beta and iterate the record tuned for
@@ -82,7 +81,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   out = {}
   for side in sides_of(config):
     if side == "anchor":
-      c = ml_collections.ConfigDict(config.to_dict())
+      c = Config(config.to_dict())
       settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
     else:
       row = "muon" if side == "muon" else names[-1]
@@ -99,7 +98,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   return shown, out
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every setting the search may try (each side's with one knob moved),
   which the skeleton checks too: a value a side cannot take fails before any training."""
   k = config.benchmark.knobs
@@ -130,7 +129,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   for side, (c, _) in side_configs(config)[1].items():
     for knob in knobs_of(config)[side]:
       for value in knob.values_at(int(config.trainer.steps)):
-        tried = ml_collections.ConfigDict(c.to_dict())
+        tried = Config(c.to_dict())
         tried.update_from_flattened_dict(knob.changes(value))
         if tried.to_dict() == c.to_dict():
           raise ValueError(

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import statistics
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
 from hybridjax.bench.studies.knobs.report import markdown
@@ -25,7 +23,7 @@ from hybridjax.bench.studies.knobs.report import markdown
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
@@ -36,15 +34,15 @@ def side_loss(run: Record, iterate: str) -> float:
   return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
 
 
-def _with(c: ml_collections.ConfigDict, fields: Record, lr: float | None = None) -> ml_collections.ConfigDict:
-  out = ml_collections.ConfigDict(c.to_dict())
+def _with(c: Config, fields: Record, lr: float | None = None) -> Config:
+  out = Config(c.to_dict())
   out.update_from_flattened_dict(fields)
   if lr is not None:
     out.optim.learning_rate = float(lr)
   return out
 
 
-def _evaluate(tries: list[ml_collections.ConfigDict], config, runner: Runner, label: str) -> list[dict]:
+def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[dict]:
   """Each config of `tries` on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
   side spent: a setting tried twice counts once)."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.tuning_seeds]
@@ -54,7 +52,7 @@ def _evaluate(tries: list[ml_collections.ConfigDict], config, runner: Runner, la
   return [{"runs": results[k], "spec_keys": [keys.run_key(x) for x in run_specs[k]]} for k in at]
 
 
-def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], searched: dict[str, tuple]) -> dict:
+def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, tuple]) -> dict:
   """{side: the earlier side it is}: the same config, settings and knobs (at `quick` the recipe's last
   row is its Muon row), so the same runs, which the run cache trains once and both sides read."""
   out: dict[str, str] = {}
@@ -70,7 +68,7 @@ def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], s
   return out
 
 
-def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runner: Runner) -> Record:
+def joint_state(config: Config, sides: dict[str, tuple], runner: Runner) -> Record:
   """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
   equal cost), each side's state at the setting it chose, with its search's record."""
   k = config.benchmark.knobs
@@ -95,7 +93,7 @@ def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runn
   return state
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
   swept again, and the headline runs of each side as published and as tuned. Sides that coincide
   (`coinciding_sides`) share their runs: each is trained once. With `benchmark.tuner='joint'`, the
@@ -221,7 +219,7 @@ def anchor_reading(recipe: Record, sides: Record, seeds: list[int], n: int) -> R
   return {"on_r4_curve": out, "anchor_reproduced": reproduced}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   out = {}
   for side, (_, settings) in trained["sides"].items():

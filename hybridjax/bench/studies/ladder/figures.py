@@ -7,11 +7,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, protocol
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, VERDICT, WITHIN, Rung, rungs_of, timing_key
 
 
@@ -170,7 +168,7 @@ def equal_steps(
 
 
 def rung_figures(
-  config: ml_collections.ConfigDict,
+  config: Config,
   groups: Record,
   ms: Record,
   n: int,

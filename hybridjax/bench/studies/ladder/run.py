@@ -14,14 +14,12 @@ import json
 import math
 import os
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
@@ -32,7 +30,7 @@ from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
 from hybridjax.bench.studies.ladder.report import save_ladder_plot
 
 
-def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> Record:
+def constant_curve_spec(config: Config, seed: int, lr: float) -> Record:
   """One 2N run at a constant LR, evaluated `ladder.constant_eval_points` times: its eval curve is the
   budget curve of every budget up to 2N (a constant schedule does not depend on the budget)."""
   n = int(config.trainer.steps)
@@ -42,12 +40,12 @@ def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float)
   return spec
 
 
-def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def constant_sweep(config: Config, runner: Runner) -> Record:
   """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lrs`): a sqrt(2) grid upwards
   from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
   iterate); the best two checked on the second tuning seed."""
   b = config.benchmark
-  centred = ml_collections.ConfigDict(config.to_dict())  # the grid's first LR is the untuned one
+  centred = Config(config.to_dict())  # the grid's first LR is the untuned one
   centred.optim.learning_rate = float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)
   beta = float(config.trainer.averaging_beta)
 
@@ -77,7 +75,7 @@ def method_record(r: Record) -> Record:
   )
 
 
-def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> Record:
+def train_group(config: Config, group: str, runner: Runner) -> Record:
   """A group's runs, as plain data: per seed the baseline's curve ({'steps', 'raw', 'averaged'} and
   the N-step run's curve for the plateau check), and every arm's method runs."""
   n = int(config.trainer.steps)
@@ -151,12 +149,12 @@ def plateaus(group: Record, n: int, margin: float) -> list[Record]:
 RECORD = ladder_config.RECORD  # its record, whose invocations a resumed ladder extends
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
   need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
   already trained are cached)."""
@@ -174,7 +172,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return {"groups": groups}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
   """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
   groups = trained["groups"]
   timed: Record = {}
@@ -187,7 +185,7 @@ def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timed
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """ladder.json's record (after the header); each tuned group's family record goes into `trained`
   ('families'), for `write`."""
   b = config.benchmark
@@ -239,7 +237,7 @@ def join(earlier: Record, later: Record) -> Record:
   out["timing"] = {**out["timing"], **later["timing"]}
   ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
   rounds = {k: v.get("rounds_ms") for k, v in out["timing"].items()}
-  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"], rounds)
+  out["rungs"] = rung_figures(Config(out["config"]), out["groups"], ms, out["steps"], rounds)
   out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
   out["command"] = f"{earlier['command']}; {later['command']}"
   out["date"] = later["date"]

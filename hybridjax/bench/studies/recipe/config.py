@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, is_speedrun_family, kept_fields, tricks_of
-from hybridjax.bench.studies import ReadBy
+from hybridjax.bench.studies import Config, ReadBy
 
 RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
 
@@ -19,7 +17,7 @@ def _read_in(readers: str, *studies: str) -> ReadBy:
   """Read by `studies` (`readers`, in words) and wherever the recipe trains whole: the ladder's R6 and a
   speedrun family (`speedrun.speedrun_config`)."""
 
-  def reads(config: ml_collections.ConfigDict) -> bool:
+  def reads(config: Config) -> bool:
     b = config.benchmark
     name, r6 = str(b.get("study", "family")), "ladder" in b and "R6" in arms_lib.names(b.ladder.rungs)
     return name in studies or (name == "ladder" and r6) or is_speedrun_family(config)
@@ -73,14 +71,14 @@ FIELDS = (
 """The recipe's fields (`benchmark.recipe`; R6, the whole recipe, reads them too)."""
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """The recipe's fields at `preset` where they differ from `FIELDS`' defaults (the Muon LR's centre is 0.05
   at 124m)."""
   if preset == "124m":
     block.muon_lr = 0.05
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the recipe's fields; returns every cumulative step's config, which the skeleton checks
   too (an option the model cannot take, e.g. U-net skips with an odd layer count, fails before any
   training)."""

@@ -12,28 +12,26 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import ml_collections
-
 from hybridjax.bench import figures, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import kept_text, save_recipe_plot
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
 
 
-def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_collections.ConfigDict:
+def anchor_config(config: Config, extra: list[float]) -> Config:
   """The R4 anchor's config: the protocol's AdamW-cosine family with its budget curve extended."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.benchmark.budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
   c.benchmark.methods = ""
   return c
 
 
-def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[str, ml_collections.ConfigDict]:
+def step_configs(config: Config, anchor_lr: float) -> dict[str, Config]:
   """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
   on `benchmark.recipe.muon_lr` (Muon)."""
   names = tricks_of(config)
@@ -52,15 +50,15 @@ def anchor_plateaus(curves: Record, n: int, margin: float) -> list[Record]:
   return figures.plateau_runs({"anchor": at_n}, n, margin)
 
 
-def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collections.ConfigDict:
+def with_seeds(config: Config, seeds: list[int]) -> Config:
   """`config` with `seeds` as its headline seeds (a run's spec holds no benchmark field: the runs
   already trained stay cached)."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.benchmark.seeds = tuple(seeds)
   return c
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"] + [
     f"  step {name}: kept as given (benchmark.recipe.keep): {kept_text(fields)}"
@@ -68,7 +66,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """The anchor (tuned, its budget curve) and every cumulative step; with the plateau seeds, when the
   rule fires, and the anchor's curve extended while a step lies below it. Every run goes through the
   runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
@@ -89,7 +87,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
 
   tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
 
-  def anchor_and_steps(config: ml_collections.ConfigDict) -> tuple[Any, ...]:  # on its headline seeds
+  def anchor_and_steps(config: Config) -> tuple[Any, ...]:  # on its headline seeds
     acfg, configs = anchor_config(config, extra), step_configs(config, tuned["best_lr"])
     return acfg, tuning.budget_curves(acfg, runner, tuned), configs, tuning.train_steps(configs, config, runner)
 
@@ -116,7 +114,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   }
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
   """The anchor's and every step's time per step, interleaved."""
   tuned, configs, steps = trained["tuned"], trained["configs"], trained["steps"]
   entries = {"anchor": (trained["anchor"], tuned["best_lr"], tuned["averaging_beta"])}
@@ -124,7 +122,7 @@ def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timing.time_baselines(entries)
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """recipe.json's record (after the header): the anchor, every step's runs and figures."""
   config = trained["config"]  # with the plateau seeds, where they were added
   n = int(config.trainer.steps)
@@ -165,7 +163,7 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
   return result
 
 
-def _per_budget_lr(tuned: Record, acfg: ml_collections.ConfigDict) -> dict[str, float]:
+def _per_budget_lr(tuned: Record, acfg: Config) -> dict[str, float]:
   """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
   base = tuned["per_budget_lr"]
   beyond = base.get("2.0", tuned["best_lr"])

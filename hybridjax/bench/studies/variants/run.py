@@ -11,19 +11,17 @@ import json
 import statistics
 from typing import Any
 
-import ml_collections
-
 from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
 
 
-def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Record]]:
+def row_settings(config: Config) -> tuple[str, dict[str, Record]]:
   """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
   record `benchmark.variants.lrs_from` names ('': the published one)."""
   b = config.benchmark
@@ -31,20 +29,20 @@ def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Reco
   return shown, tuned_rows(result, "benchmark.variants.lrs_from")
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   names = ", ".join(p.name for p in pairs_of(config))
   return [f"variants {b.preset}: set {b.variants.set} ({names}), N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def _side_key(config: ml_collections.ConfigDict, pair: Pair, side: str) -> str:
+def _side_key(config: Config, pair: Pair, side: str) -> str:
   """What makes a side: its row, the tricks it drops, its fields and the row its LR comes from."""
   drop = pair.drop if side == "before" else ()
   lr_row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
   return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items()), lr_row])
 
 
-def _sides(config: ml_collections.ConfigDict, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
+def _sides(config: Config, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
   """Every distinct side of the set's pairs (a side two pairs share trains once): its config and the
   row whose tuned settings it starts from."""
   sides = {}
@@ -55,7 +53,7 @@ def _sides(config: ml_collections.ConfigDict, rows: dict[str, Record]) -> dict[s
   return sides
 
 
-def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
+def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side N steps on the headline seeds at its row's tuned LR, beta and iterate."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   run_specs = [
@@ -75,7 +73,7 @@ def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   return out
 
 
-def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
+def _tuned(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side tuned as a recipe step is (`tuning.train_steps`), its sweep centred on its row's
   tuned LR, then N steps on the headline seeds (`config`'s) at its best LR."""
   configs = {}
@@ -88,7 +86,7 @@ def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   return {key: {"settings": {x: st[x] for x in settings}, "runs": st["runs"]} for key, st in steps.items()}
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """Every distinct side on every headline seed, at its row's LR or tuned; a tuned set adds the
   plateau seeds to both sides of a pair whose difference lies within twice the table's resolution."""
   source, rows = row_settings(config)
@@ -101,7 +99,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   added = [int(s) for s in config.benchmark.plateau_seeds if int(s) not in config.benchmark.seeds]
   if close and added:
     print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
-    more = ml_collections.ConfigDict(config.to_dict())
+    more = Config(config.to_dict())
     more.benchmark.seeds = tuple(int(s) for s in config.benchmark.seeds) + tuple(added)
     near = {_side_key(config, p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
     trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
@@ -117,7 +115,7 @@ def pair_figures(before: Record, after: Record) -> Record:
   return {"seeds": seeds, "before": loss_b, "after": loss_a, "difference": difference}
 
 
-def pair_table(config: ml_collections.ConfigDict, sides: Record) -> Record:
+def pair_table(config: Config, sides: Record) -> Record:
   """Every pair's figures, and the table's resolution: 2 standard errors of a paired difference
   (the median over the pairs of the standard error each is judged with)."""
   pairs = []
@@ -139,7 +137,7 @@ def resolution(pairs: list[Record]) -> float:
   return 2 * statistics.median(p["difference"]["se_total"] for p in pairs)
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   return {
     "set": str(config.benchmark.variants.set),
