@@ -140,7 +140,8 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   `optim.learning_rate` on the first tuning seed at N, extended while the best (lowest `loss(run)`)
   sits at an edge; then the best two on the second tuning seed, the better mean over both seeds
   winning. The sweeps run in lockstep: each stage's runs of every sweep in one batch, so the workers
-  never wait on one sweep's extension."""
+  never wait on one sweep's extension. Each sweep's record keeps its runs at the best LR on both seeds
+  (`at_best`, which `choose_averaging` reads)."""
   state = []
   for config, spec, _ in sweeps:
     n = int(config.trainer.steps)
@@ -195,7 +196,8 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     means = {lr: (loss(sweep[grid.index(lr)]) + loss(r)) / 2 for lr, r in zip(top2, st["second"])}
     best_lr = min(means, key=means.get)
     keep = ("grid", "sweep", "top2", "second", "best_at_edge")
-    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr})
+    at_best = [sweep[grid.index(best_lr)], st["second"][top2.index(best_lr)]]  # on both tuning seeds
+    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr, "at_best": at_best})
   return out
 
 
@@ -223,11 +225,7 @@ def tune(
   b = config.benchmark
   n = int(config.trainer.steps)
   t1 = int(b.tuning_seeds[0])
-  betas = [float(x) for x in b.betas]
-  beta0 = betas[0]
-
-  def spec(seed, lr, steps):
-    return run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta0, betas=betas)
+  betas, spec = [float(x) for x in b.betas], spec_of(config)
 
   # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
@@ -238,8 +236,7 @@ def tune(
   grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
   means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
-  at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
-  averaging = choose_averaging(at_best, betas)
+  averaging = choose_averaging(swept["at_best"], betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
@@ -369,8 +366,7 @@ def train_steps(
   swept = sweep_lrs([(c, spec_of(c), best_loss) for c in configs.values()], runner)
   chosen = {}
   for (name, c), sw in zip(configs.items(), swept):
-    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
-    averaging = choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
+    averaging = choose_averaging(sw["at_best"], [float(x) for x in c.benchmark.betas])
     chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
       "lr": sw["best_lr"],
       "grid": sw["grid"],
