@@ -125,6 +125,18 @@ def join_problem(
   return "", []
 
 
+def published_ladder(folder: str, preset: str, config: Config | Record, rung_names: list[str], groups) -> Record:
+  """The ladder of `preset` published in `folder` ({} where none), refused (ValueError naming
+  --config.benchmark.publish, `record.publish_refusal`) where a ladder of `config` that ran `rung_names`
+  (the runs of `groups`) would not join it (`join_problem`)."""
+  path = os.path.join(folder, RECORD.format(preset=preset))
+  earlier = record.stored(path)
+  why, lines = join_problem(earlier, config, rung_names, groups) if earlier else ("", [])
+  if why:
+    raise ValueError(record.publish_refusal(folder, path, why, lines))
+  return earlier
+
+
 def family_folder(publish: str, preset: str, family: str) -> str:
   """Where a ladder published into `publish` publishes a tuned group's family: beside it, as
   `<preset>-<family>`."""
@@ -140,13 +152,8 @@ def check_publish(config: Config) -> None:
   folder = str(b.publish)
   if not folder:
     return
-  path = os.path.join(folder, RECORD.format(preset=b.preset))
-  earlier = record.stored(path)
   groups = {RUNGS[r].group for r in rungs_of(config)}
-  if earlier:
-    why, lines = join_problem(earlier, config, rungs_of(config), groups)
-    if why:
-      raise ValueError(record.publish_refusal(folder, path, why, lines))
+  published_ladder(folder, str(b.preset), config, rungs_of(config), groups)
   seeds = [int(s) for s in b.seeds]
   extended = seeds + [int(s) for s in b.plateau_seeds if int(s) not in seeds]
   for group in [g for g in TUNED_GROUPS if g in groups]:

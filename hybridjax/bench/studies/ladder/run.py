@@ -274,21 +274,15 @@ def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
     fam["plots"] = family_report.write_results(fam, os.path.join(workdir, fam["family"]))
   if not publish:
     return
-  path = os.path.join(publish, RECORD.format(preset=result["preset"]))
-  earlier = record_lib.stored(path)
-  why, lines = "", []
-  if earlier:
-    why, lines = ladder_config.join_problem(earlier, result["config"], result["rung_names"], result["groups"])
-  if why:
-    refusal = record_lib.publish_refusal(publish, path, why, lines)
-    raise ValueError(f"{refusal}. Nothing was published; this invocation's results are in {workdir}")
   families = trained["families"].values()
   targets = {fam["family"]: ladder_config.family_folder(publish, fam["preset"], fam["family"]) for fam in families}
-  for fam in families:  # every family folder checked before anything is written
-    try:
+  try:  # the published ladder and every family folder checked before anything is written
+    args = (result["preset"], result["config"], result["rung_names"], result["groups"])
+    earlier = ladder_config.published_ladder(publish, *args)
+    for fam in families:
       family_config.check_publish(fam["config"], targets[fam["family"]])
-    except ValueError as e:
-      raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
+  except ValueError as e:
+    raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
   record_lib.write_files(join(earlier, result) if earlier else result, publish, RECORD, markdown, save_ladder_plot)
   for fam in families:
     family_report.publish_results(fam, os.path.join(workdir, fam["family"]), targets[fam["family"]], fam["plots"])
