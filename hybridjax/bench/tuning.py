@@ -147,9 +147,9 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     n = int(config.trainer.steps)
     grid = lr_grid(float(config.optim.learning_rate), int(config.benchmark.lr_points))
     state.append({"grid": grid, "first": [spec(int(config.benchmark.tuning_seeds[0]), lr, n) for lr in grid]})
-  results = runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)")
+  results = iter(runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)"))
   for st in state:
-    st["sweep"], results = results[: len(st["grid"])], results[len(st["grid"]) :]
+    st["sweep"] = [next(results) for _ in st["grid"]]
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
     extend = []
     for i, ((config, spec, loss), st) in enumerate(zip(sweeps, state)):
@@ -181,17 +181,19 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
         flush=True,
       )
     st["top2"] = [grid[j] for j in ranked[:2]]
-  second = runner.run(
-    [
-      spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
-      for (c, spec, _), st in zip(sweeps, state)
-      for lr in st["top2"]
-    ],
-    "LR check (tuning seed 2, N)",
+  second = iter(
+    runner.run(
+      [
+        spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
+        for (c, spec, _), st in zip(sweeps, state)
+        for lr in st["top2"]
+      ],
+      "LR check (tuning seed 2, N)",
+    )
   )
   out = []
   for (_, _, loss), st in zip(sweeps, state):
-    st["second"], second = second[:2], second[2:]
+    st["second"] = [next(second) for _ in st["top2"]]
     grid, sweep, top2 = st["grid"], st["sweep"], st["top2"]
     means = {lr: (loss(sweep[grid.index(lr)]) + loss(r)) / 2 for lr, r in zip(top2, st["second"])}
     best_lr = min(means, key=means.get)
@@ -244,11 +246,13 @@ def tune(
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
   neighbours = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
   check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
-  checked = runner.run(
-    check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
+  checked = iter(
+    runner.run(
+      check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
+    )
   )
-  for k, factor in enumerate((0.5, 2.0)):
-    lrs, res = neighbours, checked[k * len(neighbours) : (k + 1) * len(neighbours)]
+  for factor in (0.5, 2.0):
+    lrs, res = neighbours, [next(checked) for _ in neighbours]
     losses = {lr: averaged_loss(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
@@ -380,11 +384,10 @@ def train_steps(
     for name, c in configs.items()
     for s in seeds
   ]
-  results = runner.run(headline, label)
+  results = iter(runner.run(headline, label))
   out = {}
-  for k, name in enumerate(configs):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    ch = chosen[name]
+  for name in configs:
+    runs, ch = [next(results) for _ in seeds], chosen[name]
     curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),

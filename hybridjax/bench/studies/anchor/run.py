@@ -55,11 +55,8 @@ def train(config: Config, runner: Runner) -> Record:
       specs.run_spec(c, kind="anchor", seed=seed, lr=s["lr"], steps=n, beta=r4["beta"], betas=[r4["beta"]])
       for seed in seeds
     ]
-  results = runner.run(run_specs, "anchor: R4's settings (tuning seeds)")
-  tried = []
-  for k, s in enumerate(settings):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    tried.append(s | {"runs": [_keep(r) for r in runs]})
+  results = iter(runner.run(run_specs, "anchor: R4's settings (tuning seeds)"))
+  tried = [s | {"runs": [_keep(next(results)) for _ in seeds]} for s in settings]
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}
 
 

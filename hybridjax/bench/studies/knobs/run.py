@@ -47,9 +47,10 @@ def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[d
   side spent: a setting tried twice counts once)."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.tuning_seeds]
   run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for c in tries for s in seeds]
-  results = runner.run(run_specs, label)
-  at = [slice(k * len(seeds), (k + 1) * len(seeds)) for k in range(len(tries))]
-  return [{"runs": results[k], "spec_keys": [keys.run_key(x) for x in run_specs[k]]} for k in at]
+  results, asked = iter(runner.run(run_specs, label)), iter(run_specs)
+  return [
+    {"runs": [next(results) for _ in seeds], "spec_keys": [keys.run_key(next(asked)) for _ in seeds]} for _ in tries
+  ]
 
 
 def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, tuple]) -> dict:
@@ -162,27 +163,15 @@ def _headline(config, sides, state, runner: Runner) -> Record:
   """Each side as published (at its published beta) and as tuned (at the beta its tuning chose), N
   steps on the headline seeds."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
-  runs = [
-    (side, fields, lr, beta)
-    for side, (c, settings) in sides.items()
-    for fields, lr, beta in (
-      ({}, settings["lr"], settings["beta"]),
-      tuple(state[side][k] for k in ("fields", "lr", "beta")),
-    )
-  ]
-  results = runner.run(
-    [
-      specs.run_spec(_with(sides[side][0], fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta])
-      for side, fields, lr, beta in runs
-      for s in seeds
-    ],
-    "knobs: each side as published and as tuned (headline seeds, N)",
-  )
-  m = len(seeds)
-  return {
-    side: {"published": results[2 * k * m : (2 * k + 1) * m], "tuned": results[(2 * k + 1) * m : 2 * (k + 1) * m]}
-    for k, side in enumerate(sides)
-  }
+  run_specs = []
+  for side, (c, settings) in sides.items():
+    st = state[side]
+    for fields, lr, beta in (({}, settings["lr"], settings["beta"]), (st["fields"], st["lr"], st["beta"])):
+      run_specs += [
+        specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
+      ]
+  results = iter(runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)"))
+  return {side: {k: [next(results) for _ in seeds] for k in ("published", "tuned")} for side in sides}
 
 
 def _keep(run: Record) -> Record:

@@ -61,16 +61,15 @@ def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) ->
     for c, row in sides.values()
     for s in seeds
   ]
-  results = runner.run(run_specs, "variant pairs (headline seeds, N)")
+  results = iter(runner.run(run_specs, "variant pairs (headline seeds, N)"))
   keep = ("final_raw", "final_averaged", "final_averaged_per_batch", "key")
-  out = {}
-  for k, (key, (_, row)) in enumerate(sides.items()):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    out[key] = {
+  return {
+    key: {
       "settings": {x: row[x] for x in ("lr", "beta", "iterate", "from")},
-      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in runs},
+      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in [next(results) for _ in seeds]},
     }
-  return out
+    for key, (_, row) in sides.items()
+  }
 
 
 def _tuned(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
