@@ -11,6 +11,7 @@ returns the other configs it trains (checked here like the config itself), and i
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import time
@@ -24,10 +25,22 @@ from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
 from hybridjax.bench.studies import STUDIES, Config, ReadBy, Record, Study
 
+# The hooks a study's config.py may define (`validate` it must): read where it defines them.
+CONFIG_HOOKS = ("FIELDS", "add_defaults", "validate", "reads", "unused_field_errors", "trained_arms")
+
 
 def _part(name: str, part: str = "config") -> ModuleType:
-  """Study `name`'s module `part` (its `config.py` or `run.py`)."""
-  return importlib.import_module(f"{STUDIES[name]}.{part}")
+  """Study `name`'s module `part` (its `config.py` or `run.py`; run.py's hooks are its `STUDY`'s fields).
+  A public name of a config.py that is nearly a hook's, a hook misspelt that the skeleton would never
+  call, is refused when the module is first read (a benchmark config builds every study's block)."""
+  module = importlib.import_module(f"{STUDIES[name]}.{part}")
+  for own in [n for n in vars(module) if part == "config" and not n.startswith("_") and n not in CONFIG_HOOKS]:
+    if near := difflib.get_close_matches(own, CONFIG_HOOKS, 1, 0.8):
+      raise ValueError(
+        f"{module.__name__} defines {own!r}, no hook of a study's config.py ({', '.join(CONFIG_HOOKS)}): name "
+        f"it {near[0]!r} if it is that hook, else start it with '_' (a helper)"
+      )
+  return module
 
 
 def study_name(config: Config) -> str:

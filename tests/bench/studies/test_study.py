@@ -205,6 +205,19 @@ class _StubRunner:
     return 2 * size
 
 
+def test_a_misspelt_config_hook_is_refused_naming_the_hook(tmp_path, monkeypatch):
+  """A config.py hook the skeleton would never call (`trained_arm` for `trained_arms`) fails when the
+  study's config is first read, before anything trains."""
+  folder = tmp_path / "typo_study"
+  folder.mkdir()
+  (folder / "__init__.py").write_text("")
+  (folder / "config.py").write_text(textwrap.dedent(TOY_CONFIG) + "\n\ndef trained_arm(config):\n  return [], ''\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setitem(study.STUDIES, "typo", "typo_study")
+  with pytest.raises(ValueError, match=r"typo_study\.config defines 'trained_arm'.* name it 'trained_arms'"):
+    benchmark_cfg.get_config("quick")
+
+
 def test_a_new_study_is_one_folder_and_one_line(tmp_path, monkeypatch, capsys):
   folder = tmp_path / "toy_study"
   folder.mkdir()
