@@ -143,9 +143,7 @@ def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
     if name in ladder_rungs.TUNED_GROUPS:
       _family_method_stats(result["preset"], group)
   config = record.stored_config(result)  # an old record's flat study fields too
-  ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
-  rounds = {k: v.get("rounds_ms") for k, v in result["timing"].items()}
-  result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"], rounds)
+  result["rungs"] = ladder_figs.timed_rung_figures(config, result["groups"], result["timing"], result["steps"])
   return result
 
 

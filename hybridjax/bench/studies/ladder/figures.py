@@ -214,6 +214,12 @@ def rung_figures(
   return out
 
 
+def timed_rung_figures(config: Config, groups: Record, timing: Record, n: int) -> dict[str, Record]:
+  """`rung_figures` from a ladder record's `timing` (each timing's `ms_per_step` and `rounds_ms`)."""
+  rounds = {k: v.get("rounds_ms") for k, v in timing.items()}
+  return rung_figures(config, groups, {k: v["ms_per_step"] for k, v in timing.items()}, n, rounds)
+
+
 def untuned_position(groups: Record, untuned_lr: float) -> Record:
   """Where the untuned LR falls against each sweep: its rank, or outside the grid."""
   out = {}

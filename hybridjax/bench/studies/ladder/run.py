@@ -25,7 +25,7 @@ from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
 from hybridjax.bench.studies.ladder import config as ladder_config
 from hybridjax.bench.studies.ladder import rungs
-from hybridjax.bench.studies.ladder.figures import rung_figures, untuned_position
+from hybridjax.bench.studies.ladder.figures import timed_rung_figures, untuned_position
 from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
 from hybridjax.bench.studies.ladder.report import save_ladder_plot
 
@@ -176,8 +176,8 @@ def time_steps(config: Config, trained: Record) -> Record:
   """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
   groups = trained["groups"]
   timed: Record = {}
-  for key, together in (("adamw", ("cosine", "untuned", "constant")), ("muon", ("muon",)), ("speedrun", ("speedrun",))):
-    ran = [g for g in together if g in groups]
+  for key in dict.fromkeys(map(rungs.timing_key, rungs.GROUP_ORDER)):
+    ran = [g for g in rungs.GROUP_ORDER if g in groups and rungs.timing_key(g) == key]
     if ran:
       g, all_arms = groups[ran[0]], list(dict.fromkeys(m for name in ran for m in groups[name]["methods"]))
       tuned = {"best_lr": g["lr"], "averaging_beta": g["beta"]}
@@ -190,7 +190,6 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   ('families'), for `write`."""
   b = config.benchmark
   groups = trained["groups"]
-  ms = {k: v["ms_per_step"] for k, v in timed.items()}
   families = {}
   for g in rungs.TUNED_GROUPS:
     if g in groups:
@@ -210,9 +209,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
     "untuned_position": untuned_position(groups, float(b.ladder.untuned_lr)),
     "groups": groups,
     "timing": timed,
-    "rungs": rung_figures(
-      config, groups, ms, int(config.trainer.steps), {k: v.get("rounds_ms") for k, v in timed.items()}
-    ),
+    "rungs": timed_rung_figures(config, groups, timed, int(config.trainer.steps)),
   }
 
 
@@ -233,11 +230,9 @@ def join(earlier: Record, later: Record) -> Record:
   out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
   out["config"] = merged(record_lib.stored_config(later).to_dict(), record_lib.stored_config(earlier).to_dict())
   out["config"]["benchmark"]["ladder"]["rungs"] = ",".join(out["rung_names"])
-  out["groups"] = {**out["groups"], **later["groups"]}
-  out["timing"] = {**out["timing"], **later["timing"]}
-  ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
-  rounds = {k: v.get("rounds_ms") for k, v in out["timing"].items()}
-  out["rungs"] = rung_figures(Config(out["config"]), out["groups"], ms, out["steps"], rounds)
+  out["groups"] |= later["groups"]
+  out["timing"] |= later["timing"]
+  out["rungs"] = timed_rung_figures(Config(out["config"]), out["groups"], out["timing"], out["steps"])
   out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
   out["command"] = f"{earlier['command']}; {later['command']}"
   out["date"] = later["date"]
