@@ -184,11 +184,7 @@ def recipe_result(result: dict[str, Any]) -> dict[str, Any]:
           "anchor runs kept no per-batch losses)"
         )
     result["anchor"]["eval"] = errors
-  rows = recipe_figs.recipe_figures(result)
-  result["figures"] = rows
-  last = rows[-1]
-  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
-  return result
+  return result | recipe_figs.recipe_figures(result)
 
 
 def variants_result(result: dict[str, Any]) -> dict[str, Any]:

@@ -117,8 +117,9 @@ def validate(config: Config) -> dict[str, Config]:
       f"the knobs study's anchor is R4 (AdamW, cosine), but this config trains {config.optim.name!r} with "
       f"{config.optim.schedule!r}: run it on the preset's AdamW-cosine family (no ,muon or ,wsd variant)"
     )
+  sides = side_configs(config)[1]
   if joint:  # every side must have a space the joint search can search (`search.space_of`)
-    for side, (c, _) in side_configs(config)[1].items():
+    for side, (c, _) in sides.items():
       try:
         search.space_of(c, int(config.optim.warmup_steps), space=str(k.search_space))
       except ValueError as e:
@@ -126,7 +127,7 @@ def validate(config: Config) -> dict[str, Config]:
           f"side {side!r}: {e}; with --config.benchmark.tuner=joint leave it out of --config.benchmark.knobs.sides"
         ) from None
   out = {}
-  for side, (c, _) in side_configs(config)[1].items():
+  for side, (c, _) in sides.items():
     for knob in knobs_of(config)[side]:
       for value in knob.values_at(int(config.trainer.steps)):
         tried = Config(c.to_dict())

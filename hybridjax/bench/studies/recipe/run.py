@@ -127,10 +127,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   config = trained["config"]  # with the plateau seeds, where they were added
   n = int(config.trainer.steps)
   acfg, tuned, curves, steps, plateaus = (trained[k] for k in ("anchor", "tuned", "curves", "steps", "plateaus"))
-  at_n = {
-    s: curves["curves"]["averaged_baseline"][s][curves["budgets"].index(n)]
-    for s in curves["curves"]["averaged_baseline"]
-  }
+  anchor = anchor_curves(curves)
   result: Record = {
     "code_version": keys.code_versions(config, []),
     "config": json.loads(config.to_json()),  # with the plateau seeds (the header holds the config as given)
@@ -146,21 +143,15 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       "grid": tuned["grid"],
       "per_budget_lr": _per_budget_lr(tuned, acfg),
       "budgets": curves["budgets"],
-      "curves": anchor_curves(curves),
-      "at_n": at_n,
-      "eval": figures.eval_errors(
-        curves["runs"], sorted(curves["curves"]["averaged_baseline"], key=int), curves["budgets"], n
-      ),
+      "curves": anchor,
+      "at_n": {s: c["loss"][c["steps"].index(n)] for s, c in anchor.items()},
+      "eval": figures.eval_errors(curves["runs"], sorted(anchor, key=int), curves["budgets"], n),
     },
     "step_runs": steps,
     "plateaus": plateaus,
     "timing": timed,
   }
-  rows = recipe_figures(result)
-  result["figures"] = rows
-  last = rows[-1]
-  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
-  return result
+  return result | recipe_figures(result)
 
 
 def _per_budget_lr(tuned: Record, acfg: Config) -> dict[str, float]:
