@@ -42,9 +42,9 @@ def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
       arms[name] = Config({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
       made.append(name)
     if parts[3] == "overrides" and len(parts) > 4:
-      own = _run_fields(config, argv, name)
-      if field[len("overrides.") :] in own:
-        _add_override(arms[name], field[len("overrides.") :], own[field[len("overrides.") :]])
+      own, sub = _run_fields(config, argv, name), field.removeprefix("overrides.")
+      if sub in own:
+        _add_override(arms[name], sub, own[sub])
         continue
       candidates = ["overrides." + f for f in own]
     elif parts[3] in ARM_KEYS and len(parts) == 4:
