@@ -111,10 +111,8 @@ def method_figures(
       if seeds
       else None,
     }
-  out["final_loss"] = protocol.mean_std([runs[s]["final_loss"] for s in seeds])
-  out["final_loss_raw"] = protocol.mean_std([runs[s]["final_raw"] for s in seeds])
-  out["backward_passes"] = protocol.mean_std([runs[s]["backward_passes"] for s in seeds])
-  out["validation_forwards"] = protocol.mean_std([runs[s]["validation_forwards"] for s in seeds])
+  for key in ("final_loss", "final_loss_raw", "backward_passes", "validation_forwards"):  # mean, std over the seeds
+    out[key] = protocol.mean_std([runs[s]["final_raw" if key == "final_loss_raw" else key] for s in seeds])
   # The method's own summary figures (`method_stats` of each run: e.g. accepted jumps), mean and std
   # over the seeds that have a value.
   stats = runs[seeds[0]].get("method_stats", []) if seeds else []
