@@ -143,9 +143,7 @@ def ladder_result(result: dict[str, Any]) -> dict[str, Any]:
     if name in ladder_rungs.TUNED_GROUPS:
       _family_method_stats(result["preset"], group)
   config = record.stored_config(result)  # an old record's flat study fields too
-  ms = {k: v["ms_per_step"] for k, v in result["timing"].items()}
-  rounds = {k: v.get("rounds_ms") for k, v in result["timing"].items()}
-  result["rungs"] = ladder_figs.rung_figures(config, result["groups"], ms, result["steps"], rounds)
+  result["rungs"] = ladder_figs.timed_rung_figures(config, result["groups"], result["timing"], result["steps"])
   return result
 
 
@@ -186,11 +184,7 @@ def recipe_result(result: dict[str, Any]) -> dict[str, Any]:
           "anchor runs kept no per-batch losses)"
         )
     result["anchor"]["eval"] = errors
-  rows = recipe_figs.recipe_figures(result)
-  result["figures"] = rows
-  last = rows[-1]
-  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
-  return result
+  return result | recipe_figs.recipe_figures(result)
 
 
 def variants_result(result: dict[str, Any]) -> dict[str, Any]:

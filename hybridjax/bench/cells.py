@@ -27,6 +27,13 @@ def verdict_word(d: Record) -> str:
   return f"{d['verdict']}{p_note(d)}"
 
 
+def verdict_item(name: str, d: Record, change: str) -> str:
+  """A verdict's list item: `name`, the paired difference `d`'s word in bold, what it says of `change`
+  (lowers or raises the loss), its mean ± se and p."""
+  word = {"lower": f"{change} lowers the loss", "higher": f"{change} raises the loss"}.get(d["verdict"])
+  return f"* `{name}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {se_cell(d)}{p_note(d)}."
+
+
 def paired_cell(d: Record | None) -> str:
   return "—" if d is None else f"{se_cell(d)} ({verdict_word(d)})"
 

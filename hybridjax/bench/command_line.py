@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import difflib
 
-import ml_collections
-
 from hybridjax import cli, registry
 from hybridjax import config as config_lib
 from hybridjax.bench import arms as arms_lib
+from hybridjax.bench.studies import Config
 
 ARM_KEYS = ("method", "mode", "control", "control_of", "overrides")  # an entry of `benchmark.arms`
 
 
-def prepare_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> dict[str, str]:
+def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
   """Makes `config` ready for `argv`'s overrides of `benchmark.arms`: the entries the command line
   defines, their control arms (`_add_control_arm`), and the fields of an arm's run config its
   overrides set, at their values there (so the command line's value is parsed as that field's type).
@@ -40,12 +39,12 @@ def prepare_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> dic
       continue
     name, field = parts[2], ".".join(parts[3:])
     if name not in arms:
-      arms[name] = ml_collections.ConfigDict({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
+      arms[name] = Config({"method": "", "mode": "hybrid", "control": False, "control_of": ""})
       made.append(name)
     if parts[3] == "overrides" and len(parts) > 4:
-      own = _run_fields(config, argv, name)
-      if field[len("overrides.") :] in own:
-        _add_override(arms[name], field[len("overrides.") :], own[field[len("overrides.") :]])
+      own, sub = _run_fields(config, argv, name), field.removeprefix("overrides.")
+      if sub in own:
+        _add_override(arms[name], sub, own[sub])
         continue
       candidates = ["overrides." + f for f in own]
     elif parts[3] in ARM_KEYS and len(parts) == 4:
@@ -63,7 +62,7 @@ def prepare_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> dic
   return errors
 
 
-def _run_fields(config: ml_collections.ConfigDict, argv: list[str], arm: str) -> dict:
+def _run_fields(config: Config, argv: list[str], arm: str) -> dict:
   """{dotted field: value} of arm `arm`'s run config (`arms.run_config`); empty for a method that does
   not load (`arms.check` names it)."""
   method = cli.override_value(argv, f"benchmark.arms.{arm}.method") or config.benchmark.arms[arm].get("method", "")
@@ -73,21 +72,21 @@ def _run_fields(config: ml_collections.ConfigDict, argv: list[str], arm: str) ->
     return {}
 
 
-def _add_override(entry: ml_collections.ConfigDict, field: str, value: object) -> None:
+def _add_override(entry: Config, field: str, value: object) -> None:
   """Makes `field` (dotted) of the arm `entry`'s overrides a field the flags can set, at `value`."""
   if "overrides" not in entry or entry.overrides is None:
-    entry.overrides = ml_collections.ConfigDict()
+    entry.overrides = Config()
   node = entry.overrides
   *parents, leaf = field.split(".")
   for part in parents:
     if part not in node:
-      node[part] = ml_collections.ConfigDict()
+      node[part] = Config()
     node = node[part]
   if leaf not in node:
     node[leaf] = value
 
 
-def _add_control_arm(arms: ml_collections.ConfigDict, argv: list[str], name: str) -> None:
+def _add_control_arm(arms: Config, argv: list[str], name: str) -> None:
   """For arm `name` made on the command line, its control arm `<name>_control` from its method's
   `CONTROL`, as a method named in `benchmark.methods` gets one (`arms.arms`), unless the command
   line makes a control of it itself or the method declares none; it runs with its arm (`arms.selected`)
@@ -105,4 +104,4 @@ def _add_control_arm(arms: ml_collections.ConfigDict, argv: list[str], name: str
     return  # the arms' check names a method that does not load
   if declares:
     mode = cli.override_value(argv, f"benchmark.arms.{name}.mode") or "hybrid"
-    arms[control] = ml_collections.ConfigDict({"method": method, "mode": mode, "control": True, "control_of": name})
+    arms[control] = Config({"method": method, "mode": mode, "control": True, "control_of": name})

@@ -131,6 +131,17 @@ def loss_of(run: Record, settings: Record) -> float:
   return tuning.iterate_loss(run, settings["iterate"], float(settings["beta"]))
 
 
+def paired_reading(a: list[Record], a_read: Record, b: list[Record], b_read: Record) -> tuple[list, list, Record]:
+  """(a's losses, b's losses, their paired difference a - b): the runs `a` and `b` (one per seed, paired
+  by place), each side read at its iterate and beta (`*_read`: {"iterate", "beta", ...}), judged besides
+  the seeds' with the eval error of `tuning.paired_eval_error` (where a side is read raw, the seeds'
+  spread alone: the runs keep the averaged iterate's per-window losses only). Pure."""
+  la, lb = ([tuning.iterate_loss(r, x["iterate"], x["beta"]) for r in runs] for runs, x in ((a, a_read), (b, b_read)))
+  averaged = a_read["iterate"] == b_read["iterate"] == "averaged"
+  se, windows = tuning.paired_eval_error(a, b, [x - y for x, y in zip(la, lb)], averaged)
+  return la, lb, protocol.paired_difference(la, lb, se, eval_windows=windows)
+
+
 @dataclasses.dataclass
 class Side:
   """One side of a comparison: its config, the settings it is read at (lr, beta, iterate, weight_decay and

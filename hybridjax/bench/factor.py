@@ -215,12 +215,16 @@ def _readings(
   return {"a": (t_a, side_a), "b": (1.0 / t_m, -side_m)}
 
 
-def _paired_seeds(adamw: Curves, muon: Curves) -> None:
+def _paired(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any]) -> tuple[Curves, Curves]:
+  """Both sides' `Curves` (a mapping read by `curves_from`), refused where they run other headline seeds."""
+  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
+  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
   if adamw.seeds != muon.seeds:
     raise ValueError(
       f"the two sides must run the same headline seeds (the readings pair them): adamw {list(adamw.seeds)}, "
       f"muon {list(muon.seeds)}"
     )
+  return adamw, muon
 
 
 def _range(c: Curves, n: float) -> tuple[np.ndarray, np.ndarray]:
@@ -267,9 +271,7 @@ def factor(
   Raises:
     ValueError: on bad curves (`curves_from`), unpaired seeds, or a side whose curves do not fall with budget.
   """
-  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
-  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
-  _paired_seeds(adamw, muon)
+  adamw, muon = _paired(adamw, muon)
   n = float(n)
   ranges = (*_range(adamw, n), *_range(muon, n))
   fits = {}
@@ -335,9 +337,7 @@ def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, 
   Returns:
     {"a", "b"}: each {"mean", "ci95_t", "per_seed", "per_seed_bound" (as `factor`'s), "bound"}.
   """
-  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
-  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
-  _paired_seeds(adamw, muon)
+  adamw, muon = _paired(adamw, muon)
   out = {}
   for reading, side, other in (("a", adamw, muon), ("b", muon, adamw)):
     values, sides = [], []

@@ -78,34 +78,16 @@ def method_figures(
   base_rounds = round_times({"baseline": base_ms} if base_ms is not None else None, rounds.get("baseline"))
   method_rounds = round_times(method_ms, rounds.get("method"))
   for anchor in ANCHORS:
-    per = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
-    for s in seeds:
-      r = runs[s]
-      reach = protocol.steps_to_reach_at_n(budgets, curves[anchor][s], r["final_loss"], runs[seeds[0]]["steps"])
-      per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
-      passes = r["backward_passes"] + FORWARD_COST * r["validation_forwards"]
-      per["pass_ratio"].append(protocol.ratio(reach, passes))
-      wall = run_ms(r["step_kinds"], method_ms)
-      if base_ms is None or wall is None:
-        per["wallclock_ratio"].append({"value": None, "lower_bound": False, "baseline_steps": reach.steps})
-      else:
-        base_wall = None if reach.steps is None else reach.steps * base_ms
-        rounds_of_seed = round_ratios(reach.steps, base_rounds, r["step_kinds"], method_rounds)
-        per["wallclock_ratio"].append(
-          {
-            "value": None if base_wall is None else base_wall / wall,
-            "lower_bound": reach.lower_bound,
-            "upper_bound": reach.upper_bound,
-            "baseline_ms": base_wall,
-            "method_ms": wall,
-            **({} if rounds_of_seed is None else {"rounds": rounds_of_seed}),  # the ratio round by round
-          }
-        )
+    reaches = [
+      protocol.steps_to_reach_at_n(budgets, curves[anchor][s], runs[s]["final_loss"], runs[seeds[0]]["steps"])
+      for s in seeds
+    ]
+    summaries, per = seed_ratios(
+      reaches, [runs[s] for s in seeds], base_ms, method_ms, base_rounds, method_rounds, True
+    )
     at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
     final = [runs[s]["final_loss"] for s in seeds]
     passes = [r["method_cost"] for r in per["pass_ratio"]]
-    summaries = {k: protocol.summarize(v) for k, v in per.items()}
-    with_spread(summaries["wallclock_ratio"], round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
     out[anchor] = {
       **summaries,
       "per_seed": per,
@@ -129,10 +111,8 @@ def method_figures(
       if seeds
       else None,
     }
-  out["final_loss"] = protocol.mean_std([runs[s]["final_loss"] for s in seeds])
-  out["final_loss_raw"] = protocol.mean_std([runs[s]["final_raw"] for s in seeds])
-  out["backward_passes"] = protocol.mean_std([runs[s]["backward_passes"] for s in seeds])
-  out["validation_forwards"] = protocol.mean_std([runs[s]["validation_forwards"] for s in seeds])
+  for key in ("final_loss", "final_loss_raw", "backward_passes", "validation_forwards"):  # mean, std over the seeds
+    out[key] = protocol.mean_std([runs[s]["final_raw" if key == "final_loss_raw" else key] for s in seeds])
   # The method's own summary figures (`method_stats` of each run: e.g. accepted jumps), mean and std
   # over the seeds that have a value.
   stats = runs[seeds[0]].get("method_stats", []) if seeds else []
@@ -145,6 +125,39 @@ def method_figures(
   if exercised is not None:
     out["exercise"] = exercised
   return out
+
+
+def seed_ratios(
+  reaches: Sequence[protocol.Reach],
+  runs: Sequence[Record],
+  base_ms: float | None,
+  arm_ms: dict[str, float] | None,
+  base_rounds: list[dict[str, float]] | None,
+  arm_rounds: list[dict[str, float]] | None,
+  baseline_ms: bool = False,
+) -> tuple[Record, Record]:
+  """(summaries, per seed) of an arm's backward, pass and wall-clock ratios, each run in `runs` against the
+  anchor's steps to reach its loss (`reaches`), at the baseline's `base_ms` per step and the arm's `arm_ms`
+  per step kind; the wall-clock ratio given its spread over the timing rounds (`base_rounds`, `arm_rounds`:
+  `round_times`). `baseline_ms`: a family's shape, each wall-clock entry with the anchor's ms, and one
+  without timing its anchor's steps alone; else a ladder's."""
+  per: dict[str, list[Record]] = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
+  for reach, r in zip(reaches, runs):
+    per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
+    per["pass_ratio"].append(protocol.ratio(reach, r["backward_passes"] + FORWARD_COST * r["validation_forwards"]))
+    wall = run_ms(r["step_kinds"], arm_ms)
+    if baseline_ms and (base_ms is None or wall is None):
+      per["wallclock_ratio"].append({"value": None, "lower_bound": False, "baseline_steps": reach.steps})
+      continue
+    value = None if wall is None or base_ms is None or reach.steps is None else reach.steps * base_ms / wall
+    w = {"value": value, "lower_bound": reach.lower_bound, "upper_bound": reach.upper_bound}
+    if baseline_ms:
+      w["baseline_ms"] = None if reach.steps is None else reach.steps * base_ms
+    rounds = round_ratios(reach.steps, base_rounds, r["step_kinds"], arm_rounds)  # the ratio round by round
+    per["wallclock_ratio"].append(w | {"method_ms": wall} | ({} if rounds is None else {"rounds": rounds}))
+  summaries = {k: protocol.summarize(v) for k, v in per.items()}
+  with_spread(summaries["wallclock_ratio"], round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
+  return summaries, per
 
 
 def control_comparison(

@@ -302,6 +302,16 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   return save_png_to(fig, path)
 
 
+def _seed_dots(ax: Any, at: float, values: Sequence[Any], color: str, size: float, bars: tuple[list, ...]) -> None:
+  """Each seed's value (None: left out) as a dot at x `at`; their mean and std (ddof=1; 0 for one seed)
+  added to `bars` (xs, means, stds) for the error bar. Nothing where no seed has a value."""
+  v = np.array([as_float(x) for x in values if x is not None], np.float64)
+  if len(v):
+    ax.scatter(np.full(len(v), at), v, color=color, s=size, alpha=0.5, zorder=3)
+    for column, x in zip(bars, (at, float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)):
+      column.append(x)
+
+
 def plot_ladder(
   path: str, rungs: Sequence[str], arms: Mapping[str, Mapping[str, Any]], verdict: Sequence[str], ylabel: str
 ) -> str:
@@ -331,18 +341,12 @@ def plot_ladder(
   plotted = 0
   width = 0.6 / max(len(arms), 1)
   for i, (arm, per_rung) in enumerate(arms.items()):
-    offset = (i - (len(arms) - 1) / 2) * width
-    xs, means, stds = [], [], []
+    offset, bars = (i - (len(arms) - 1) / 2) * width, ([], [], [])
     for r, cell in per_rung.items():
-      values = np.array([as_float(v) for v in cell["values"] if v is not None], np.float64)
-      if r not in x or not len(values):
-        continue
-      xs.append(x[r] + offset)
-      means.append(float(np.mean(values)))
-      stds.append(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
-      ax.scatter(np.full(len(values), x[r] + offset), values, color=f"C{i}", s=8, alpha=0.5, zorder=3)
-    if xs:
-      ax.errorbar(xs, means, yerr=stds, color=f"C{i}", marker="o", capsize=3, label=arm, zorder=4)
+      if r in x:
+        _seed_dots(ax, x[r] + offset, cell["values"], f"C{i}", 8, bars)
+    if bars[0]:
+      ax.errorbar(*bars[:2], yerr=bars[2], color=f"C{i}", marker="o", capsize=3, label=arm, zorder=4)
       plotted += 1
   if not plotted:
     raise ValueError("plot_ladder: no arm has a value at any rung")
@@ -378,18 +382,12 @@ def plot_recipe(
     raise ValueError(f"plot_recipe: {len(steps)} steps but {len(per_seed)} rows of values")
   fig = new_figure(7.6, 4.4)
   ax = fig.add_subplot()
-  xs, means, stds = [], [], []
+  bars = ([], [], [])
   for i, values in enumerate(per_seed):
-    v = np.array([as_float(x) for x in values if x is not None], np.float64)
-    if not len(v):
-      continue
-    ax.scatter(np.full(len(v), i), v, color="C0", s=10, alpha=0.5, zorder=3)
-    xs.append(i)
-    means.append(float(np.mean(v)))
-    stds.append(float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
-  if not xs:
+    _seed_dots(ax, i, values, "C0", 10, bars)
+  if not bars[0]:
     raise ValueError("plot_recipe: no step has a value")
-  ax.errorbar(xs, means, yerr=stds, color="C0", marker="o", capsize=3, zorder=4)
+  ax.errorbar(*bars[:2], yerr=bars[2], color="C0", marker="o", capsize=3, zorder=4)
   ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
   ax.set_yscale("log")
   ax.set_xticks(range(len(steps)), [s.replace("_", "\n") for s in steps], fontsize=8)

@@ -23,10 +23,10 @@ import scipy.stats
 from hybridjax.bench import stats
 from hybridjax.bench.studies import Record
 
+Floats = Sequence[float] | np.ndarray  # one value per budget, or per seed
 
-def _curve(
-  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+
+def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
   """Validated (budgets, losses) as 1-D float arrays, in the order given."""
   b = np.asarray(budgets, dtype=np.float64)
   loss = np.asarray(losses, dtype=np.float64)
@@ -48,9 +48,7 @@ def _curve(
   return b, loss
 
 
-def monotone_envelope(
-  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def monotone_envelope(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
   """The baseline curve sorted by budget, with the running minimum of its losses.
 
   A baseline given more steps is credited with the best loss of any smaller budget, so the returned curve is
@@ -72,9 +70,7 @@ def monotone_envelope(
   return b[order], np.minimum.accumulate(loss[order])
 
 
-def reading_knots(
-  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray, float]:
+def reading_knots(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray, float]:
   """The points the baseline curve is read between: the envelope's first budget and every budget at which
   the envelope drops (a new best loss, by more than float rounding: `rounding`), with the largest budget.
 
@@ -128,7 +124,7 @@ class Reach:
   upper_bound: bool = False
 
 
-def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, target: float) -> Reach:
+def steps_to_reach(budgets: Floats, losses: Floats, target: float) -> Reach:
   """Baseline steps needed to reach eval loss `target`, read off the curve between `reading_knots`.
 
   A target within float rounding of a knot's loss (its band, env_i +- `rounding`(env_i)) reads that knot's
@@ -177,9 +173,7 @@ def steps_to_reach(budgets: Sequence[float] | np.ndarray, losses: Sequence[float
   return Reach(float(min(max(steps, lo), hi)), False)
 
 
-def curve_loss_at(
-  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, steps: float
-) -> float | None:
+def curve_loss_at(budgets: Floats, losses: Floats, steps: float) -> float | None:
   """The curve's loss at `steps` (between `reading_knots`, linearly in log(budget)): the inverse of
   `steps_to_reach` up to float rounding (`rounding`), never above the monotone envelope by more.
 
@@ -263,7 +257,7 @@ def summarize(values: Sequence[Record]) -> Record:
   }
 
 
-def mean_std(xs: Sequence[float] | np.ndarray) -> list[float]:
+def mean_std(xs: Floats) -> list[float]:
   """[mean, sample std (ddof=1)] of `xs`; the std of a single value is 0.0.
 
   Raises:
@@ -275,7 +269,7 @@ def mean_std(xs: Sequence[float] | np.ndarray) -> list[float]:
   return [float(np.mean(x)), float(np.std(x, ddof=1)) if x.size > 1 else 0.0]
 
 
-def paired_batch_se(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float | None:
+def paired_batch_se(a: Floats, b: Floats) -> float | None:
   """The eval set's sampling error of the difference of two runs' losses scored on the same batches: the
   standard error of the per-batch difference, std(a_j - b_j, ddof=1) / sqrt(batches).
 
@@ -399,8 +393,8 @@ def seed_averaged_window_se(
 
 
 def paired_difference(
-  a: Sequence[float] | np.ndarray,
-  b: Sequence[float] | np.ndarray,
+  a: Floats,
+  b: Floats,
   eval_se: float | None = None,
   rule: str = RULE,
   eval_windows: int | None = None,
@@ -472,9 +466,7 @@ def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tu
   return own, curve
 
 
-def steps_to_reach_at_n(
-  budgets: Sequence[float] | np.ndarray, losses: Sequence[float] | np.ndarray, target: float, n: float
-) -> Reach:
+def steps_to_reach_at_n(budgets: Floats, losses: Floats, target: float, n: float) -> Reach:
   """`steps_to_reach` read as the anchor reads itself at N, as `cost_verdict` judges: where the anchor's
   own N-step loss lies above its envelope by more than float rounding (`anchor_at_n`: a smaller budget
   did as well or better), its own loss reads `steps_to_reach` r < N steps; every reading on that curve

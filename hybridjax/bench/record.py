@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
 
 from hybridjax import identity
 from hybridjax.bench import specs
-from hybridjax.bench.studies import STUDIES, Record
+from hybridjax.bench.studies import STUDIES, Config, Record
 
 
 def machine_info() -> Record:
@@ -58,7 +57,7 @@ def write_files(result: Record, folder: str, record: str, markdown: Callable, pl
     plot(result, folder)
 
 
-def stored_config(result: Record) -> ml_collections.ConfigDict:
+def stored_config(result: Record) -> Config:
   """The config a record holds, in today's shape: a record written before the study blocks holds
   their fields flat in the benchmark block (`specs.MOVED`) and `ladder` / `recipe` as booleans."""
   config = json.loads(json.dumps(result["config"]))
@@ -66,7 +65,7 @@ def stored_config(result: Record) -> ml_collections.ConfigDict:
   for old in [f for f in specs.MOVED if f in b]:
     block, field = specs.MOVED[old].split(".")
     b.setdefault(block, {})[field] = b.pop(old)
-  return ml_collections.ConfigDict(config | {"benchmark": b})
+  return Config(config | {"benchmark": b})
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's
@@ -83,7 +82,7 @@ def relative_folders(command: str) -> str:
   return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
 
 
-def header(config: ml_collections.ConfigDict, command: str) -> Record:
+def header(config: Config, command: str) -> Record:
   """The fields every study's record starts with (its command with `relative_folders`)."""
   return {
     "preset": config.benchmark.preset,
@@ -106,8 +105,8 @@ FIRST_SHOWN = ("benchmark.preset", "benchmark.family", "benchmark.task", "traine
 
 
 def config_differences(
-  earlier: ml_collections.ConfigDict | Record,
-  later: ml_collections.ConfigDict | Record,
+  earlier: Config | Record,
+  later: Config | Record,
   ignore: tuple[str, ...] = (),
 ) -> list[str]:
   """The fields whose values differ between two configs (a published record's, `stored_config`'s,
@@ -158,9 +157,7 @@ def publish_refusal(folder: str, path: str, why: str, lines: list[str] = ()) -> 
   )
 
 
-def check_publish(
-  config: ml_collections.ConfigDict | Record, folder: str, name: str, ignore: tuple[str, ...] = ()
-) -> None:
+def check_publish(config: Config | Record, folder: str, name: str, ignore: tuple[str, ...] = ()) -> None:
   """Refuses (ValueError, `publish_refusal`) to publish a record of `config` as `folder/name` where
   the record there holds another config (`config_differences`, outside `ignore`); a record of the
   same config is a re-run, which replaces it."""
@@ -170,6 +167,13 @@ def check_publish(
     lines = config_differences(stored_config(earlier), config, ignore)
     if lines:
       raise ValueError(publish_refusal(folder, path, "a record of another config", lines))
+
+
+def check_study_publish(config: Config, study: str, record: str) -> None:
+  """`check_publish` of the study `study`'s record `record` (formatted with the preset and the fields of the
+  study's block) in `benchmark.publish`, outside the other studies' blocks (`other_studies`)."""
+  b = config.benchmark
+  check_publish(config, str(b.publish), record.format(preset=b.preset, **b[study]), other_studies(study))
 
 
 def write_and_publish(
@@ -194,7 +198,7 @@ def write_and_publish(
     write_files(result, publish, record, markdown, plot)
 
 
-def keep_earlier_report(config: ml_collections.ConfigDict, workdir: str, name: str, study: str) -> str | None:
+def keep_earlier_report(config: Config, workdir: str, name: str, study: str) -> str | None:
   """Where `workdir` holds a record `name` of the study `study` of another config (`record.config_differences`,
   outside the other studies' blocks: another method list, another task...), moves every file of its
   top level (the report: its json, markdown and plots; the run cache and the compilation cache are

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 
 from hybridjax import config as config_lib
 from hybridjax import fields, preflight, schema
@@ -22,7 +21,7 @@ from hybridjax import optim as optim_lib
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
 from hybridjax.bench import tasks as tasks_lib
-from hybridjax.bench.studies import STUDIES, Record
+from hybridjax.bench.studies import STUDIES, Config, Record
 from hybridjax.optimizers import user as user_optimizer
 from hybridjax.tasks import gpt2 as gpt2_task
 from hybridjax.tasks import mlp as mlp_task
@@ -179,7 +178,7 @@ OVERWRITTEN = {
 }
 
 
-def unknown_benchmark_fields(config: ml_collections.ConfigDict, known: set[str]) -> list[str]:
+def unknown_benchmark_fields(config: Config, known: set[str]) -> list[str]:
   """A line for each key of the benchmark block that is no field of it (`known`: `study.known_fields`), naming the
   nearest: ml_collections adds a key set from Python to an unlocked config (`c.benchmark.method = ...`)
   and the study would run on the field's default, without a word. The arms (`benchmark.arms`, checked by
@@ -213,7 +212,7 @@ def moved_errors(fields: Mapping[str, Any]) -> list[str]:
   for field, value in fields.items():
     if field in MOVED:
       errors.append(f"--config.benchmark.{field} is now --config.benchmark.{MOVED[field]}: set that field instead")
-    elif field in OLD_FLAGS and not isinstance(value, (dict, ml_collections.ConfigDict)):
+    elif field in OLD_FLAGS and not isinstance(value, (dict, Config)):
       errors.append(
         f"--config.benchmark.{field}={value!r} is gone (benchmark.{field} is the {field} study's block now): "
         f"pick the study with --config.benchmark.study={field}"
@@ -221,7 +220,7 @@ def moved_errors(fields: Mapping[str, Any]) -> list[str]:
   return errors
 
 
-class OpenBlock(ml_collections.ConfigDict):
+class OpenBlock(Config):
   """A block that stays open when its config is locked (`benchmark.arms`): an arm of the user's is
   added by name, from Python too (`c.benchmark.arms.mine = {'method': ...}`); each arm's own fields
   are checked when the study starts (`arms.check`)."""
@@ -230,7 +229,7 @@ class OpenBlock(ml_collections.ConfigDict):
     return self
 
 
-class CheckedBlock(ml_collections.ConfigDict):
+class CheckedBlock(Config):
   """A block whose declared fields (`declare`) are checked as they are set, from Python too, by their
   declarations' checks (`schema.errors`), as a study's start checks the command line's values: each study's
   block (`study.add_defaults`) and the benchmark block (`BenchmarkBlock`)."""
@@ -270,10 +269,10 @@ class BenchmarkBlock(CheckedBlock):
     super().update(*other, **kwargs)
 
 
-def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def experiment_config(config: Config) -> Config:
   """The experiment part of a benchmark config (without the `benchmark` block)."""
   optimizer = tasks_lib.optimizer_name(task_name(config))
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   del c.benchmark
   c.mode = "baseline"  # each run sets its own
   if optimizer is not None:  # the task's own optimizer: its name is part of what every run is
@@ -281,7 +280,7 @@ def experiment_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
   return c
 
 
-def family_name(config: ml_collections.ConfigDict) -> str:
+def family_name(config: Config) -> str:
   """The family the runs train: `benchmark.family`, or, for a task that brings its own optimizer
   (its `OPTIMIZER`), that optimizer's name with the schedule, since no built-in one runs."""
   optimizer = tasks_lib.optimizer_name(task_name(config))
@@ -290,14 +289,14 @@ def family_name(config: ml_collections.ConfigDict) -> str:
   return f"{optimizer}-{config.optim.schedule}"
 
 
-def compile_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+def compile_cache_dir(config: Config, workdir: str) -> str | None:
   """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
   if not config.trainer.compile_cache:
     return None
   return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
 
 
-def task_name(config: ml_collections.ConfigDict) -> str:
+def task_name(config: Config) -> str:
   """The benchmark's task (`benchmark.task`, 'gpt2' when the config predates the field)."""
   return str(config.benchmark.get("task", "gpt2"))
 
@@ -321,14 +320,14 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
   ]
 
 
-def block_errors(b: ml_collections.ConfigDict, names: tuple[str, ...] = ()) -> list[str]:
+def block_errors(b: Config, names: tuple[str, ...] = ()) -> list[str]:
   """A line for each field of the benchmark block `b` (of `names`, default every declared one) whose
   declared check refuses its value."""
   declared = [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)]
   return schema.errors("benchmark", declared, {f.name: b[f.name] for f in declared})
 
 
-def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
+def _protocol_errors(b: Config) -> list[str]:
   """The benchmark block's fields (`BENCHMARK_FIELDS`' checks), then the relations among the protocol's:
   the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
   errors = block_errors(b)
@@ -351,7 +350,7 @@ def _protocol_errors(b: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def validate_benchmark(config: ml_collections.ConfigDict) -> None:
+def validate_benchmark(config: Config) -> None:
   """Checks the benchmark block; errors name the field and the fix."""
   b = config.benchmark
   errors = _protocol_errors(b)
@@ -406,7 +405,7 @@ MLP_FIELDS = tuple(  # each an integer >= 1, `features` a tuple of them
 )
 
 
-def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
+def mlp_block_errors(config: Config) -> list[str]:
   """The `mlp` task's block checked where the task is 'mlp' (`MLP_FIELDS`): a key it does not read (a
   misspelling would train the default silently), one it lacks (the task would fail after the workdir is made)
   or a value its check refuses; and held-out examples for `trainer.eval_batches` (the task refuses fewer when
@@ -433,7 +432,7 @@ def mlp_block_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def task_seeds_record(config: ml_collections.ConfigDict) -> str:
+def task_seeds_record(config: Config) -> str:
   """What the record says of the task's data across seeds (`check_task_seeds` ran before training)."""
   name = task_name(config)
   if tasks_lib.seed_independent(name):
@@ -446,14 +445,14 @@ def task_seeds_record(config: ml_collections.ConfigDict) -> str:
   return "checked: the task's first batch differs between two seeds"
 
 
-def seeds_of_check(config: ml_collections.ConfigDict) -> list[int]:
+def seeds_of_check(config: Config) -> list[int]:
   """The two seeds `first_batches_differ` builds the task with: the first two of `benchmark.seeds`
   and `tuning_seeds`."""
   seeds = list(dict.fromkeys([*config.benchmark.seeds, *config.benchmark.tuning_seeds]))[:2]
   return seeds if len(seeds) == 2 else ([seeds[0], seeds[0] + 1] if seeds else [0, 1])
 
 
-def first_batches_differ(config: ml_collections.ConfigDict) -> bool:
+def first_batches_differ(config: Config) -> bool:
   """Whether the task's first batch (`train_batch(0)`) differs between the two seeds of `seeds_of_check`:
   the task built twice, no step computed."""
   import numpy as np
@@ -467,7 +466,7 @@ def first_batches_differ(config: ml_collections.ConfigDict) -> bool:
   return not (len(a) == len(b) and all(np.shape(x) == np.shape(y) and np.array_equal(x, y) for x, y in zip(a, b)))
 
 
-def check_task_seeds(config: ml_collections.ConfigDict) -> None:
+def check_task_seeds(config: Config) -> None:
   """Refuses a task of the user's whose first batch is the same under two seeds (`first_batches_differ`):
   it ignores `config.seed`, so every headline seed would see the same data. A task that means it
   declares `SEED_INDEPENDENT_DATA = True` in its module, and the record says so (`task_seeds_record`).
@@ -486,7 +485,7 @@ def check_task_seeds(config: ml_collections.ConfigDict) -> None:
   )
 
 
-def check_user_task(config: ml_collections.ConfigDict) -> None:
+def check_user_task(config: Config) -> None:
   """Refuses a task of the user's (not a built-in one) whose batches are not the ones the config
   states (`loop.train.check_batch_counts`: the record states `trainer.batch_size` and
   `trainer.eval_batches`), or whose own optimizer (its `tx`) the config's schedule cannot drive
@@ -525,7 +524,7 @@ def method_field_error(method: str) -> str:
   )
 
 
-def budget_warmup_steps(config: ml_collections.ConfigDict, steps: int) -> int:
+def budget_warmup_steps(config: Config, steps: int) -> int:
   """Muon's momentum warm-up (`optim.muon_momentum_warmup_steps`) of a run of `steps` steps in a
   family whose N-step runs (N = `trainer.steps`) warm it up over W steps: each budget its own
   schedule, so its warm-up is the same share of its run (W/N of it, at least one step); W as the
@@ -540,7 +539,7 @@ def budget_warmup_steps(config: ml_collections.ConfigDict, steps: int) -> int:
 
 
 def run_spec(
-  config: ml_collections.ConfigDict,
+  config: Config,
   *,
   kind: str,
   seed: int,

@@ -8,11 +8,9 @@ import json
 import os
 from collections.abc import Callable
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,12 +19,12 @@ class Trick:
 
   name: str  # as the record history names it
   record: str  # the speedrun record(s) it comes from
-  changes: Callable[[ml_collections.ConfigDict], Record]  # config -> {"block.field": value}
+  changes: Callable[[Config], Record]  # config -> {"block.field": value}
   # How a record's value is carried over to a smaller model where it is not copied as it stands.
   adapted: str = ""
 
 
-def _value_embeds(c: ml_collections.ConfigDict) -> Record:
+def _value_embeds(c: Config) -> Record:
   # The record's 3 tables in 12 layers reach the first 3 and the last 3, half the layers: k =
   # n_layer // 4 tables, at least one, reach 2k layers (at 2 layers the one table reaches both).
   return {"model.value_embeds": max(1, int(c.model.n_layer) // 4)}
@@ -42,7 +40,7 @@ MOMENTUM_WARMUP_FRACTION = 500 / 3200
 RECORD_SCORE_BOUND = 0.12 * 128
 
 
-def _shortcuts(c: ml_collections.ConfigDict) -> Record:
+def _shortcuts(c: Config) -> Record:
   return {
     "model.embed_skips": True,
     "model.logit_softcap": 15.0,
@@ -52,7 +50,7 @@ def _shortcuts(c: ml_collections.ConfigDict) -> Record:
   }
 
 
-def _attn_scale(c: ml_collections.ConfigDict) -> Record:
+def _attn_scale(c: Config) -> Record:
   head_dim = int(c.model.d_model) // int(c.model.n_head)
   return {"model.attn_scale": RECORD_SCORE_BOUND / head_dim, "model.init": "fan_in_0.5"}
 
@@ -163,17 +161,17 @@ def trick_list(result: Record) -> dict[str, Trick]:
   return TRICK_LISTS[int(result.get("trick_list", 1))]
 
 
-def tricks_of(config: ml_collections.ConfigDict) -> list[str]:
+def tricks_of(config: Config) -> list[str]:
   return arms_lib.names(config.benchmark.recipe.tricks)
 
 
-def kept_fields(config: ml_collections.ConfigDict) -> list[str]:
+def kept_fields(config: Config) -> list[str]:
   """The fields no trick changes (`benchmark.recipe.keep`): their values in `config` win; none in a
   training config (it has no benchmark block)."""
   return arms_lib.names(config.get("benchmark", {}).get("recipe", {}).get("keep", ""))
 
 
-def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> ml_collections.ConfigDict:
+def keep_command_line(config: Config, fields: list[str]) -> Config:
   """`config` with the fields the command line set (`fields`, dotted) added to `benchmark.recipe.keep`,
   outside the benchmark block: a trick leaves them as given (`apply_tricks`)."""
   if "recipe" not in config.get("benchmark", {}):
@@ -185,7 +183,7 @@ def keep_command_line(config: ml_collections.ConfigDict, fields: list[str]) -> m
   return config
 
 
-def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[Record, Record]:
+def trick_changes(config: Config, name: str) -> tuple[Record, Record]:
   """(applied, kept): what trick `name` changes in `config`, and the changes it leaves out because
   `benchmark.recipe.keep` keeps the field ({field: the trick's value})."""
   keep = set(kept_fields(config))
@@ -194,20 +192,20 @@ def trick_changes(config: ml_collections.ConfigDict, name: str) -> tuple[Record,
   return applied, {k: v for k, v in changes.items() if k in keep}
 
 
-def apply_tricks(config: ml_collections.ConfigDict, names: list[str]) -> ml_collections.ConfigDict:
+def apply_tricks(config: Config, names: list[str]) -> Config:
   """A copy of the benchmark `config` with the tricks `names` applied, in order; a field
   `benchmark.recipe.keep` keeps (one the command line set) keeps its value."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   for name in names:
     c.update_from_flattened_dict(trick_changes(c, name)[0])
   return c
 
 
-def kept_changes(config: ml_collections.ConfigDict) -> dict[str, Record]:
+def kept_changes(config: Config) -> dict[str, Record]:
   """Per step of the recipe, the trick changes a kept field left out ({step: {field: [the trick's
   value, the value kept]}}); steps with none are absent."""
   out = {}
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   for name in tricks_of(config):
     applied, kept = trick_changes(c, name)
     if kept:
@@ -216,11 +214,11 @@ def kept_changes(config: ml_collections.ConfigDict) -> dict[str, Record]:
   return out
 
 
-def uses_muon(config: ml_collections.ConfigDict) -> bool:
+def uses_muon(config: Config) -> bool:
   return config.optim.name in ("muon", "muon_groups")
 
 
-def speedrun_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def speedrun_config(config: Config) -> Config:
   """The whole recipe (`benchmark.recipe.tricks`, all applied) as a family of the protocol: the
   ladder's R6 and the `speedrun` family. Its sweep centres on `benchmark.recipe.muon_lr` when it
   uses Muon; its tuning ranks each run by its better iterate (`benchmark.iterate='best'`), so it
@@ -271,7 +269,7 @@ def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   return out
 
 
-def is_speedrun_family(config: ml_collections.ConfigDict) -> bool:
+def is_speedrun_family(config: Config) -> bool:
   """Whether `config` is the `speedrun` family (`experiments/configs/benchmark.py:<preset>,speedrun`:
   the whole recipe, `speedrun_config`) run as a family."""
   return str(config.benchmark.get("study", "family")) == "family" and str(config.benchmark.family).startswith(

@@ -11,28 +11,39 @@ returns the other configs it trains (checked here like the config itself), and i
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import time
 from types import ModuleType
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import record, specs, speedrun
+from hybridjax.bench import record, specs
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.runner import make_runner
-from hybridjax.bench.studies import STUDIES, Record, Study
+from hybridjax.bench.studies import STUDIES, Config, ReadBy, Record, Study
+
+# The hooks a study's config.py may define (`validate` it must): read where it defines them.
+CONFIG_HOOKS = ("FIELDS", "add_defaults", "validate", "reads", "unused_field_errors", "trained_arms")
 
 
 def _part(name: str, part: str = "config") -> ModuleType:
-  """Study `name`'s module `part` (its `config.py` or `run.py`)."""
-  return importlib.import_module(f"{STUDIES[name]}.{part}")
+  """Study `name`'s module `part` (its `config.py` or `run.py`; run.py's hooks are its `STUDY`'s fields).
+  A public name of a config.py that is nearly a hook's, a hook misspelt that the skeleton would never
+  call, is refused when the module is first read (a benchmark config builds every study's block)."""
+  module = importlib.import_module(f"{STUDIES[name]}.{part}")
+  for own in [n for n in vars(module) if part == "config" and not n.startswith("_") and n not in CONFIG_HOOKS]:
+    if near := difflib.get_close_matches(own, CONFIG_HOOKS, 1, 0.8):
+      raise ValueError(
+        f"{module.__name__} defines {own!r}, no hook of a study's config.py ({', '.join(CONFIG_HOOKS)}): name "
+        f"it {near[0]!r} if it is that hook, else start it with '_' (a helper)"
+      )
+  return module
 
 
-def study_name(config: ml_collections.ConfigDict) -> str:
+def study_name(config: Config) -> str:
   """The study `config` runs: `benchmark.study`."""
   name = str(config.benchmark.get("study", "family"))
   if name not in STUDIES:
@@ -40,7 +51,7 @@ def study_name(config: ml_collections.ConfigDict) -> str:
   return name
 
 
-def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(b: Config, preset: str) -> None:
   """Every study's block `benchmark.<name>` in the benchmark block `b`: its config.py's `FIELDS` at their
   defaults, checked as they are set (`specs.CheckedBlock`), then its `add_defaults(block, preset)` where it
   has one (a preset's own values, fields besides `FIELDS`); a study with neither (the family) has none."""
@@ -56,26 +67,12 @@ def add_defaults(b: ml_collections.ConfigDict, preset: str) -> None:
 
 def known_fields(preset: str) -> set[str]:
   """The dotted fields of a benchmark block: `specs.FIELDS` and every study's block at `preset`."""
-  b = ml_collections.ConfigDict()
+  b = Config()
   add_defaults(b, preset)
   return set(specs.FIELDS) | set(config_lib.flatten(b))
 
 
-def _readers(config: ml_collections.ConfigDict, field: str) -> tuple[str, bool]:
-  """(who reads the study-block field `field` (dotted, in the benchmark block), whether this config's
-  study does)."""
-  name, block = study_name(config), field.split(".")[0]
-  rungs = arms_lib.names(config.benchmark.ladder.rungs) if "ladder" in config.benchmark else []
-  r6, speedrun_family = "R6" in rungs and name == "ladder", speedrun.is_speedrun_family(config)
-  if field in ("recipe.tricks", "recipe.muon_lr"):
-    return "the recipe study, the ladder's R6 and the speedrun family", name == "recipe" or r6 or speedrun_family
-  if field == "recipe.keep":
-    readers = "the recipe, variants, knobs and optimizers studies, the ladder's R6 and the speedrun family"
-    return readers, name in ("recipe", "variants", "knobs", "optimizers") or r6 or speedrun_family
-  return f"the {block} study", name == block
-
-
-def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = ()) -> list[str]:
+def unused_field_errors(config: Config, fields: list[str] = ()) -> list[str]:
   """A line for each field that `fields` (dotted: those the command line set) or, from Python, a
   value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
   read, naming it and the fix: a field the benchmark sets per run (`specs.OVERWRITTEN`), another study's block,
@@ -96,16 +93,18 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
         continue  # the study trains some runs at it (the ladder's constant rungs, untuned)
       errors.append(f"--config.{field}={flat.get(field)!r} is set but unused: {specs.OVERWRITTEN[field].why}")
     parts = field.split(".")
-    if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES:
-      readers, read = _readers(config, ".".join(parts[1:]))
-      if not read:
+    if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES and parts[1] != name:
+      declared = {f.name: f.unread for f in getattr(_part(parts[1]), "FIELDS", ())}.get(parts[2])
+      # a field another study's owner declares read by others (`ReadBy`), else read by its own study alone
+      why = (declared if isinstance(declared, ReadBy) else ReadBy(f"the {parts[1]} study", lambda c: False))(config)
+      if why:
         runs = "the family protocol" if name == "family" else f"the {name} study"
         errors.append(
-          f"--config.{field}={flat.get(field)!r} is set but unused: it is read by {readers}, and "
+          f"--config.{field}={flat.get(field)!r} is set but unused: {why}, and "
           f"--config.benchmark.study={name!r} runs {runs}: add "
           f"--config.benchmark.study={parts[1]} (its study), or leave out --config.{field}"
         )
-  if "benchmark.methods" in fields and name in ("recipe", "variants", "knobs", "optimizers"):
+  if "benchmark.methods" in fields and not hasattr(checks, "trained_arms"):
     errors.append(
       f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
       "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "
@@ -116,7 +115,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str] = (
   return errors + unrun_arm_errors(config, fields)
 
 
-def unrun_arm_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
   """A line for each arm of `benchmark.arms` that `fields` (those the command line set) define or set
   but the study would not train (its config.py's `trained_arms`: none where it runs no method arm):
   the run would train and report other arms, this one only echoed in its command line."""
@@ -141,7 +140,7 @@ def unrun_arm_errors(config: ml_collections.ConfigDict, fields: list[str]) -> li
   return errors
 
 
-def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) -> Study:
+def validate(config: Config, command_line: list[str] = ()) -> Study:
   """Checks `config` for its study (`study_name`'s): the benchmark block's keys, the fields it would
   overwrite or not read (`command_line`: the fields the command line set, dotted), the benchmark
   block, the study's block, every other config it trains, before anything is compiled or written;
@@ -166,7 +165,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
       f"--config.benchmark.tuner at 'lr' (or pick a study that runs it: {', '.join(runs_it)})"
     )
   fields = getattr(checks, "FIELDS", ())
-  if isinstance(config.benchmark.get(name), ml_collections.ConfigDict):  # the study's block, as declared
+  if isinstance(config.benchmark.get(name), Config):  # the study's block, as declared
     block = config_lib.flatten(config.benchmark[name])
     specs.refuse(schema.errors(f"benchmark.{name}", [f for f in fields if f.name in block], block))
   unread = _unread_errors(name, fields, config) if name in config.benchmark else []
@@ -183,7 +182,7 @@ def validate(config: ml_collections.ConfigDict, command_line: list[str] = ()) ->
   return study
 
 
-def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections.ConfigDict) -> list[str]:
+def _unread_errors(name: str, fields: list[schema.Field], config: Config) -> list[str]:
   """A line for each field of `benchmark.<name>` away from its default that its declaration says this
   config does not read (`schema.Field.unread`): it would do nothing without a word."""
   values = config.benchmark[name]
@@ -194,7 +193,7 @@ def _unread_errors(name: str, fields: list[schema.Field], config: ml_collections
   ]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, command: str = "", command_line: list[str] = ()) -> Record:
+def run(config: Config, workdir: str, command: str = "", command_line: list[str] = ()) -> Record:
   """Runs `config`'s study into `workdir` (and `benchmark.publish`); returns its record.
   `command_line`: the fields the command line set (dotted), which `validate` checks."""
   name = study_name(config)
@@ -220,7 +219,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str = "", comm
   if study.write:
     study.write(result, trained, workdir, publish)
   else:
-    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, ignore=study.publish_ignores)
+    ignore = study.publish_ignores or record.other_studies(name)
+    record.write_and_publish(result, workdir, publish, study.record_name, study.markdown, study.plot, ignore)
   print("\n" + study.markdown(result))
   done = f"{runner.ran} runs trained, {runner.reused} cached"
   print(f"{name} wall time {result['wall_s']:.0f} s ({done}); outputs in {workdir}", flush=True)

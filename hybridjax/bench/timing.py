@@ -12,20 +12,19 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.specs import run_spec, task_name
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.loop import baseline
 from hybridjax.loop import train as train_lib
 
 BASELINE = "baseline"  # the anchor's step kind
 
 
-def time_step_kinds(config: ml_collections.ConfigDict, tuning: Record, methods: list[str]) -> Record:
+def time_step_kinds(config: Config, tuning: Record, methods: list[str]) -> Record:
   """Median ms per step of each kind, for the baseline and each method arm in `methods`."""
   defined = arms_lib.arms(config)
   lr, beta = tuning["best_lr"], tuning["averaging_beta"]
@@ -39,7 +38,7 @@ def time_step_kinds(config: ml_collections.ConfigDict, tuning: Record, methods: 
   return _summary(arms, compile_s, config)
 
 
-def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, float]]) -> Record:
+def time_baselines(entries: dict[str, tuple[Config, float, float]]) -> Record:
   """Median ms per baseline step of several configs (name -> (benchmark config, LR, averaging beta)),
   interleaved in rounds as `time_step_kinds` times arms; the rounds and steps are the first
   config's `benchmark.timing_rounds` and `timing_steps`."""
@@ -55,18 +54,16 @@ def time_baselines(entries: dict[str, tuple[ml_collections.ConfigDict, float, fl
   }
 
 
-def _run_config(
-  config: ml_collections.ConfigDict, kind: str, lr: float, beta: float, method: str = ""
-) -> ml_collections.ConfigDict:
+def _run_config(config: Config, kind: str, lr: float, beta: float, method: str = "") -> Config:
   """The experiment config of `config`'s N-step run of `kind` (and arm `method`) on the first tuning seed."""
   seed, n = int(config.benchmark.tuning_seeds[0]), int(config.trainer.steps)
   spec = run_spec(config, kind=kind, seed=seed, lr=lr, steps=n, beta=beta, method=method)
-  c = ml_collections.ConfigDict(spec["config"])
+  c = Config(spec["config"])
   c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
   return c
 
 
-def _summary(arms: Record, compile_s: dict[str, float], config: ml_collections.ConfigDict) -> Record:
+def _summary(arms: Record, compile_s: dict[str, float], config: Config) -> Record:
   """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms over
   every round and its samples, and each round's own median ms of each kind (`rounds_ms`: one entry per
   round, None for a round in which the kind did not run)."""
@@ -95,7 +92,7 @@ def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> Record:
   }
 
 
-def _prepare(c: ml_collections.ConfigDict, task: Record, arm: Any) -> tuple[Record, float]:
+def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
   """A timed arm's compiled programs and state (`arm` None: the baseline), and its compile time."""
   driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
   state = driver.init_state()

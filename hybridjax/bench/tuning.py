@@ -8,13 +8,11 @@ import math
 import statistics
 from collections.abc import Callable
 
-import ml_collections
-
 from hybridjax.bench import protocol
 from hybridjax.bench.figures import plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 
 def lr_grid(center: float, points: int) -> list[float]:
@@ -133,7 +131,7 @@ def best_loss(result: Record) -> float:
   return min(result["final_raw"], averaged_loss(result))
 
 
-Sweep = tuple[ml_collections.ConfigDict, Callable[[int, float, int], Record], Callable[[Record], float]]
+Sweep = tuple[Config, Callable[[int, float, int], Record], Callable[[Record], float]]
 """One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
 
 
@@ -142,15 +140,16 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   `optim.learning_rate` on the first tuning seed at N, extended while the best (lowest `loss(run)`)
   sits at an edge; then the best two on the second tuning seed, the better mean over both seeds
   winning. The sweeps run in lockstep: each stage's runs of every sweep in one batch, so the workers
-  never wait on one sweep's extension."""
+  never wait on one sweep's extension. Each sweep's record keeps its runs at the best LR on both seeds
+  (`at_best`, which `choose_averaging` reads)."""
   state = []
   for config, spec, _ in sweeps:
     n = int(config.trainer.steps)
     grid = lr_grid(float(config.optim.learning_rate), int(config.benchmark.lr_points))
     state.append({"grid": grid, "first": [spec(int(config.benchmark.tuning_seeds[0]), lr, n) for lr in grid]})
-  results = runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)")
+  results = iter(runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)"))
   for st in state:
-    st["sweep"], results = results[: len(st["grid"])], results[len(st["grid"]) :]
+    st["sweep"] = [next(results) for _ in st["grid"]]
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
     extend = []
     for i, ((config, spec, loss), st) in enumerate(zip(sweeps, state)):
@@ -182,22 +181,25 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
         flush=True,
       )
     st["top2"] = [grid[j] for j in ranked[:2]]
-  second = runner.run(
-    [
-      spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
-      for (c, spec, _), st in zip(sweeps, state)
-      for lr in st["top2"]
-    ],
-    "LR check (tuning seed 2, N)",
+  second = iter(
+    runner.run(
+      [
+        spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
+        for (c, spec, _), st in zip(sweeps, state)
+        for lr in st["top2"]
+      ],
+      "LR check (tuning seed 2, N)",
+    )
   )
   out = []
   for (_, _, loss), st in zip(sweeps, state):
-    st["second"], second = second[:2], second[2:]
+    st["second"] = [next(second) for _ in st["top2"]]
     grid, sweep, top2 = st["grid"], st["sweep"], st["top2"]
     means = {lr: (loss(sweep[grid.index(lr)]) + loss(r)) / 2 for lr, r in zip(top2, st["second"])}
     best_lr = min(means, key=means.get)
     keep = ("grid", "sweep", "top2", "second", "best_at_edge")
-    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr})
+    at_best = [sweep[grid.index(best_lr)], st["second"][top2.index(best_lr)]]  # on both tuning seeds
+    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr, "at_best": at_best})
   return out
 
 
@@ -212,7 +214,7 @@ def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
 
 
 def tune(
-  config: ml_collections.ConfigDict,
+  config: Config,
   runner: Runner,
   also: Callable[[float, float], list[Record]] | None = None,
 ) -> Record:
@@ -225,11 +227,7 @@ def tune(
   b = config.benchmark
   n = int(config.trainer.steps)
   t1 = int(b.tuning_seeds[0])
-  betas = [float(x) for x in b.betas]
-  beta0 = betas[0]
-
-  def spec(seed, lr, steps):
-    return run_spec(config, kind="anchor", seed=seed, lr=lr, steps=steps, beta=beta0, betas=betas)
+  betas, spec = [float(x) for x in b.betas], spec_of(config)
 
   # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
@@ -240,8 +238,7 @@ def tune(
   grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
   means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
-  at_best = [sweep[grid.index(best_lr)], second[top2.index(best_lr)]]
-  averaging = choose_averaging(at_best, betas)
+  averaging = choose_averaging(swept["at_best"], betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
@@ -249,11 +246,13 @@ def tune(
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
   neighbours = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
   check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
-  checked = runner.run(
-    check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
+  checked = iter(
+    runner.run(
+      check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
+    )
   )
-  for k, factor in enumerate((0.5, 2.0)):
-    lrs, res = neighbours, checked[k * len(neighbours) : (k + 1) * len(neighbours)]
+  for factor in (0.5, 2.0):
+    lrs, res = neighbours, [next(checked) for _ in neighbours]
     losses = {lr: averaged_loss(r, beta) for lr, r in zip(lrs, res)}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
@@ -304,7 +303,7 @@ def tune(
   }
 
 
-def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], float], beta: float) -> list[dict]:
+def curve_specs(config: Config, lr_of: Callable[[float], float], beta: float) -> list[dict]:
   """The budget curves' runs: every headline seed at every budget factor f, at LR `lr_of(f)`."""
   n = int(config.trainer.steps)
   return [
@@ -314,7 +313,7 @@ def curve_specs(config: ml_collections.ConfigDict, lr_of: Callable[[float], floa
   ]
 
 
-def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: Record) -> Record:
+def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
   b = config.benchmark
@@ -334,7 +333,7 @@ def budget_curves(config: ml_collections.ConfigDict, runner: Runner, tuning: Rec
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 
 
-def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: float, beta: float) -> list[dict]:
+def method_specs(config: Config, methods: list[str], lr: float, beta: float) -> list[dict]:
   """Every method arm on every headline seed, N steps at the chosen LR and beta."""
   n = int(config.trainer.steps)
   return [
@@ -344,9 +343,7 @@ def method_specs(config: ml_collections.ConfigDict, methods: list[str], lr: floa
   ]
 
 
-def method_runs(
-  config: ml_collections.ConfigDict, runner: Runner, tuning: Record, methods: list[str]
-) -> dict[str, Record]:
+def method_runs(config: Config, runner: Runner, tuning: Record, methods: list[str]) -> dict[str, Record]:
   specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
   out: dict[str, Record] = {m: {} for m in methods}
@@ -355,15 +352,15 @@ def method_runs(
   return out
 
 
-def spec_of(c: ml_collections.ConfigDict) -> Callable[[int, float, int], Record]:
+def spec_of(c: Config) -> Callable[[int, float, int], Record]:
   """An anchor run's spec(seed, lr, steps) of `c`, recording every averaging beta of `benchmark.betas`."""
   betas = [float(x) for x in c.benchmark.betas]
   return lambda seed, lr, steps: run_spec(c, kind="anchor", seed=seed, lr=lr, steps=steps, beta=betas[0], betas=betas)
 
 
 def train_steps(
-  configs: dict[str, ml_collections.ConfigDict],
-  config: ml_collections.ConfigDict,
+  configs: dict[str, Config],
+  config: Config,
   runner: Runner,
   label: str = "recipe steps (headline seeds, N)",
 ) -> dict[str, Record]:
@@ -373,8 +370,7 @@ def train_steps(
   swept = sweep_lrs([(c, spec_of(c), best_loss) for c in configs.values()], runner)
   chosen = {}
   for (name, c), sw in zip(configs.items(), swept):
-    at_best = [sw["sweep"][sw["grid"].index(sw["best_lr"])], sw["second"][sw["top2"].index(sw["best_lr"])]]
-    averaging = choose_averaging(at_best, [float(x) for x in c.benchmark.betas])
+    averaging = choose_averaging(sw["at_best"], [float(x) for x in c.benchmark.betas])
     chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
       "lr": sw["best_lr"],
       "grid": sw["grid"],
@@ -388,11 +384,10 @@ def train_steps(
     for name, c in configs.items()
     for s in seeds
   ]
-  results = runner.run(headline, label)
+  results = iter(runner.run(headline, label))
   out = {}
-  for k, name in enumerate(configs):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    ch = chosen[name]
+  for name in configs:
+    runs, ch = [next(results) for _ in seeds], chosen[name]
     curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),

@@ -142,8 +142,8 @@ def test_the_recipes_wallclock_ratios_show_their_spread():
   ms = stored["timing"]["ms_per_step"]
   rounds = {name: [v * f for f in LOAD] if name == "anchor" else [v] * len(LOAD) for name, v in ms.items()}
   timed_record = dict(stored, timing=dict(stored["timing"], rounds_ms=rounds))
-  rows = recipe_figs.recipe_figures(timed_record)
-  for row, old in zip(rows, recipe_figs.recipe_figures(stored)):
+  rows = recipe_figs.recipe_figures(timed_record)["figures"]
+  for row, old in zip(rows, recipe_figs.recipe_figures(stored)["figures"]):
     assert row["wallclock_ratio"]["mean"] == old["wallclock_ratio"]["mean"] and "spread" not in old["wallclock_ratio"]
     # The anchor against itself: the same round's time on both sides, 1.00× in every round.
     factors = [1.0] * len(LOAD) if row["name"] == "anchor" else LOAD

@@ -8,12 +8,29 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import ml_collections
+
+Config = ml_collections.ConfigDict  # a config: an experiment's with its benchmark block, or a block
 Record = dict[str, Any]  # a JSON-like record: a run's, a reading's, a study's, as kept and published
 
 # name -> the package of its folder (named here, loaded only by `bench.study`).
 STUDIES = {
   name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers", "anchor")
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadBy:
+  """The `schema.Field.unread` of a field of a study's block that other studies' runs read too, declared
+  by its owner: `readers`, in words, and `reads(config)`, whether that config's runs read it. The
+  skeleton refuses the field set where they do not (`study.unused_field_errors`); a field declaring
+  none is read by its own study alone."""
+
+  readers: str
+  reads: Callable[[Any], bool]
+
+  def __call__(self, config: Any) -> str | None:
+    return None if self.reads(config) else f"it is read by {self.readers}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +47,10 @@ class Study:
     record_name: its json (a format string of the record), whose invocations a resumed study extends;
       None where it keeps none.
     time_steps: (config, trained) -> its timing; None where its verdicts are in steps or losses.
-    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json
-      and page (`record.write_and_publish`), not published where `publish` holds another config's record,
-      the config compared without the blocks of `publish_ignores`.
+    write: (result, trained, workdir, publish) -> None, its files and the published copy; None: its json,
+      page and `plot` (`record.write_and_publish`), not published where `publish` holds another config's
+      record, the config compared without the blocks of `publish_ignores` (empty: the other studies').
+    plot: (result, folder) -> its figure's path; None where it draws none.
     publish_ignores: see `write`.
     tuners: the `benchmark.tuner` values it reads: 'lr' (the LR sweep, every study's) and 'joint' (the
       joint search, `bench.search`).
@@ -45,5 +63,6 @@ class Study:
   record_name: str | None
   time_steps: Callable[..., Record] | None = None
   write: Callable[..., None] | None = None
+  plot: Callable[[Record, str], str] | None = None
   publish_ignores: tuple[str, ...] = ()
   tuners: tuple[str, ...] = ("lr",)

@@ -205,6 +205,19 @@ class _StubRunner:
     return 2 * size
 
 
+def test_a_misspelt_config_hook_is_refused_naming_the_hook(tmp_path, monkeypatch):
+  """A config.py hook the skeleton would never call (`trained_arm` for `trained_arms`) fails when the
+  study's config is first read, before anything trains."""
+  folder = tmp_path / "typo_study"
+  folder.mkdir()
+  (folder / "__init__.py").write_text("")
+  (folder / "config.py").write_text(textwrap.dedent(TOY_CONFIG) + "\n\ndef trained_arm(config):\n  return [], ''\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setitem(study.STUDIES, "typo", "typo_study")
+  with pytest.raises(ValueError, match=r"typo_study\.config defines 'trained_arm'.* name it 'trained_arms'"):
+    benchmark_cfg.get_config("quick")
+
+
 def test_a_new_study_is_one_folder_and_one_line(tmp_path, monkeypatch, capsys):
   folder = tmp_path / "toy_study"
   folder.mkdir()
@@ -426,6 +439,13 @@ _ADD = r"add --config\.benchmark\.study="
     ({"benchmark.recipe.budgets": (5.0,)}, "ladder", rf"recipe\.budgets=\(5\.0,\) {_UNUSED}: it is read by the recipe"),
     ({"benchmark.methods": "jump"}, "recipe", r"the recipe study trains anchors only, no method arm"),
     ({"benchmark.methods": "jump"}, "knobs", r"the knobs study trains anchors only"),
+    ({"benchmark.methods": "jump"}, "anchor", r"the anchor study trains anchors only"),  # it declares no trained arms
+    (
+      {"benchmark.recipe.keep": "model.relu2"},
+      "anchor",
+      r"it is read by the recipe, variants, knobs and optimizers studies, the ladder's R6 and the speedrun family, "
+      r"and --config\.benchmark\.study='anchor' runs the anchor study",
+    ),
     (
       {"benchmark.methods": "jump", "benchmark.ladder.rungs": "R0,R1"},
       "ladder",
@@ -447,6 +467,7 @@ def test_a_field_the_study_would_overwrite_or_not_read_is_refused_naming_the_fix
     ({"trainer.averaging_beta": 0.9}, "ladder"),  # R0-R2 train at it
     ({"benchmark.recipe.tricks": "schedule,muon"}, "ladder"),  # R6 reads it
     ({"benchmark.recipe.keep": "model.relu2"}, "recipe"),
+    ({"benchmark.recipe.keep": "model.relu2"}, "variants"),  # the recipe's declaration names it a reader
     ({"benchmark.methods": "jump", "benchmark.ladder.rungs": "R1,R3"}, "ladder"),
     ({"benchmark.methods": "jump"}, "family"),
     ({"trainer.steps": 80, "optim.learning_rate": 0.01}, "family"),

@@ -4,15 +4,13 @@ and its sqrt(2) neighbours, on tuning seeds alone."""
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs
 from hybridjax.bench.speedrun import recipe_record, uses_muon
+from hybridjax.bench.studies import Config
 
 RECORD = "anchor-{preset}.json"  # its record, whose invocations a resumed study extends
-PUBLISH_IGNORES = record_lib.other_studies("anchor")  # the blocks its record compares without
 
 F = schema.Field
 FIELDS = (
@@ -27,7 +25,7 @@ FIELDS = (
 del F
 
 
-def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float]]:
+def r4_settings(config: Config) -> tuple[str, dict[str, float]]:
   """(the recipe record read, R4's published setting: its LR and averaging beta there, and the beta2 and
   weight decay its runs trained with). A config whose beta2 or weight decay differs from the record's is
   refused: the study re-checks R4 as the record ran it."""
@@ -46,7 +44,7 @@ def r4_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, float
   return shown, settings | own
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns R4's config, which the skeleton checks too."""
   a = config.benchmark.anchor
   errors = []
@@ -66,6 +64,5 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
     errors.append(f"--config.benchmark.anchor.seeds={tuple(a.seeds)}: the paired verdict needs 2 seeds or more")
   specs.refuse(errors)
   r4_settings(config)  # a missing recipe record is refused here, naming the field
-  b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "anchor", RECORD)
   return {"R4": config}

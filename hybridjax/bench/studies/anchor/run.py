@@ -13,16 +13,14 @@ from __future__ import annotations
 import math
 import statistics
 
-import ml_collections
-
 from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.anchor import config as anchor_config
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   a = config.benchmark.anchor
   return [
     f"anchor {config.benchmark.preset}: R4 at beta2 {tuple(a.b2s)} x weight decay {tuple(a.weight_decays)} x its LR "
@@ -30,7 +28,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def settings_of(config: ml_collections.ConfigDict, r4: dict[str, float]) -> list[dict[str, float]]:
+def settings_of(config: Config, r4: dict[str, float]) -> list[dict[str, float]]:
   """Every setting tried, R4's own first (kept on a tie)."""
   a = config.benchmark.anchor
   steps = sorted(range(-int(a.lr_steps), int(a.lr_steps) + 1), key=abs)
@@ -44,24 +42,21 @@ def settings_of(config: ml_collections.ConfigDict, r4: dict[str, float]) -> list
   return [own] + [s for s in out if s != own]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """Every setting on every seed, in one batch."""
   source, r4 = anchor_config.r4_settings(config)
   seeds, n = [int(s) for s in config.benchmark.anchor.seeds], int(config.trainer.steps)
   settings = settings_of(config, r4)
   run_specs = []
   for s in settings:
-    c = ml_collections.ConfigDict(config.to_dict())
+    c = Config(config.to_dict())
     c.optim.b2, c.optim.weight_decay, c.benchmark.methods = s["b2"], s["weight_decay"], ""
     run_specs += [
       specs.run_spec(c, kind="anchor", seed=seed, lr=s["lr"], steps=n, beta=r4["beta"], betas=[r4["beta"]])
       for seed in seeds
     ]
-  results = runner.run(run_specs, "anchor: R4's settings (tuning seeds)")
-  tried = []
-  for k, s in enumerate(settings):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    tried.append(s | {"runs": [_keep(r) for r in runs]})
+  results = iter(runner.run(run_specs, "anchor: R4's settings (tuning seeds)"))
+  tried = [s | {"runs": [_keep(next(results)) for _ in seeds]} for s in settings]
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}
 
 
@@ -86,7 +81,7 @@ def figures(result: Record) -> Record:
   return {"losses": losses, "best": best, "difference": d, "verdict": d["verdict"]}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   result = {
     **comparison.code_record(config),
@@ -142,4 +137,4 @@ def markdown(result: Record) -> str:
   return "\n".join(out)
 
 
-STUDY = Study(header, train, record, markdown, anchor_config.RECORD, publish_ignores=anchor_config.PUBLISH_IGNORES)
+STUDY = Study(header, train, record, markdown, anchor_config.RECORD)

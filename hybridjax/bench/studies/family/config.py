@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import os
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import preflight
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, speedrun
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 PUBLISHED = ("benchmark.json", "headline.json", "results.md")  # a family's published record, beside its plots
 
 
-def trained_arms(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+def trained_arms(config: Config) -> tuple[list[str], str]:
   """The arms the family trains (`arms.selected`), and the field that names them."""
   return arms_lib.selected(config), "--config.benchmark.methods"
 
 
-def check_publish(config: ml_collections.ConfigDict | Record, folder: str, ignore: tuple[str, ...] = ()) -> None:
+def check_publish(config: Config | Record, folder: str, ignore: tuple[str, ...] = ()) -> None:
   """Refuses (ValueError naming --config.benchmark.publish) to publish a family of `config` into
   `folder` where it holds another family's results: a benchmark.json of another config (another
   preset, family, task or setting, `record.config_differences`; outside `ignore`), or results with
@@ -37,19 +35,19 @@ def check_publish(config: ml_collections.ConfigDict | Record, folder: str, ignor
   record.check_publish(config, folder, "benchmark.json", record.other_studies("family") + ignore)
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """The publish folder (`check_publish`); a family trains only `config`."""
   check_publish(config, str(config.benchmark.publish))
   return {}
 
 
-def unused_field_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+def unused_field_errors(config: Config, fields: list[str]) -> list[str]:
   """The skeleton's hook (`study.unused_field_errors`): `unread_optimizer_field_errors` and
   `speedrun_family_errors`."""
   return unread_optimizer_field_errors(config, fields) + speedrun_family_errors(config)
 
 
-def speedrun_family_errors(config: ml_collections.ConfigDict) -> list[str]:
+def speedrun_family_errors(config: Config) -> list[str]:
   """The speedrun family's config against its own recipe: `speedrun.speedrun_config` applied the
   tricks when the config was built; a field a trick derives from that changed after (from Python:
   `c.trainer.steps = 3000` after `get_config('long,speedrun')`), or `benchmark.recipe.tricks`,
@@ -74,7 +72,7 @@ def speedrun_family_errors(config: ml_collections.ConfigDict) -> list[str]:
   ]
 
 
-def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: list[str]) -> list[str]:
+def unread_optimizer_field_errors(config: Config, fields: list[str]) -> list[str]:
   """A line for each `optim` field the command line set (`fields`, dotted) that no run of the family
   reads, as `train()` refuses it (`preflight.optimizer_setting_errors`): the anchors' runs
   and every selected arm's (an arm may turn outer momentum on, where `optim.outer_eta` is read). A
@@ -100,7 +98,7 @@ def unread_optimizer_field_errors(config: ml_collections.ConfigDict, fields: lis
     for c in configs:
       if field not in config_lib.flatten(c):
         break  # a field this run's config does not hold: the config checks name it
-      reference = ml_collections.ConfigDict(c.to_dict())
+      reference = Config(c.to_dict())
       reference.update_from_flattened_dict({field: defaults[field]})  # only this field counts as set
       lines = preflight.optimizer_setting_errors(c, [reference])
       if not lines:

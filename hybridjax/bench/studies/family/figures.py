@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures as figures_lib
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 
 def family_figures(result: Record, controls: dict[str, str] | None = None) -> Record:
   """Every figure of a family's record (benchmark.json), from the runs stored in it: the eval errors,
   the anchors' figures and phenomena, every arm's figures (judged with the eval set's paired per-batch
-  error besides the seeds'), the headline of its first arm. Pure: `family_result` computes it, and the
+  error besides the seeds'), the headline of its first arm. Pure: the family's `record` computes it, and the
   tests and scripts/reread_results.py recompute it from a published benchmark.json.
 
   `controls` (arm -> its control arm) defaults to those of the record's `benchmark.arms`; a record from
   before the arms were data names them only through its stored comparisons (`vs_skip_control`)."""
-  config = ml_collections.ConfigDict(result["config"])
+  config = Config(result["config"])
   n, budgets, curves, runs = result["steps"], result["budgets"], result["curves"], result["budget_runs"]
   seeds = sorted({k.split("/")[0] for k in runs}, key=int)
   errors = figures_lib.eval_errors(runs, seeds, budgets, n)

@@ -199,30 +199,26 @@ def missing_control(result: Record, name: str) -> str:
 
 def save_plots(result: Record, outdir: str) -> list[str]:
   """Budget curves with the method points, the LR sweep and every arm's eval curve (one seed)."""
-  paths = []
   # Each arm's backward passes (x) and final loss (y), mean and std over the seeds.
   points = {
     m: dict(zip(("x", "x_std", "y", "y_std"), f["backward_passes"] + f["final_loss"]))
     for m, f in result["figures"].items()
   }
   names = {"baseline": "baseline (raw)", "averaged_baseline": "averaged baseline"}
-  title = f"{result['preset']} {result['family']}"
-  paths.append(
+  title, seed = f"{result['preset']} {result['family']}", str(result["seeds"][0])
+  arms = {"baseline (N)": result["budget_runs"][f"{seed}/{result['steps']}"]["curve"]}
+  arms |= {m: runs[seed]["curve"] for m, runs in result["method_runs"].items()}
+  return [
     plots.plot_budget_curves(
       os.path.join(outdir, "budget_curve.png"),
       result["budgets"],
       {names[a]: result["curves"][a] for a in ANCHORS},
       points,
       title=title + ": final eval loss against backward passes",
-    )
-  )
-  paths.append(plots.plot_lr_sweep(os.path.join(outdir, "lr_sweep.png"), result["tuning"]["rows"], title=title))
-  seed = str(result["seeds"][0])
-  arms = {"baseline (N)": result["budget_runs"][f"{seed}/{result['steps']}"]["curve"]}
-  for m, runs in result["method_runs"].items():
-    arms[m] = runs[seed]["curve"]
-  paths.append(plots.plot_arm_eval_curves(os.path.join(outdir, "eval_curves.png"), arms, title=f"{title}, seed {seed}"))
-  return paths
+    ),
+    plots.plot_lr_sweep(os.path.join(outdir, "lr_sweep.png"), result["tuning"]["rows"], title=title),
+    plots.plot_arm_eval_curves(os.path.join(outdir, "eval_curves.png"), arms, title=f"{title}, seed {seed}"),
+  ]
 
 
 def write_results(result: Record, workdir: str, publish: str = "") -> list[str]:

@@ -3,20 +3,18 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs, tasks, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.family.figures import family_figures
 from hybridjax.bench.studies.family.report import markdown as markdown  # the skeleton prints it
 from hybridjax.bench.studies.family.report import write_results
 
 
-def task_notes(config: ml_collections.ConfigDict) -> Record:
+def task_notes(config: Config) -> Record:
   """The task's own report on its data per budget (`benchmark_notes`, when the task has one)."""
   module = tasks.load_task(specs.task_name(config))
   notes = getattr(module, "benchmark_notes", None)
@@ -26,7 +24,7 @@ def task_notes(config: ml_collections.ConfigDict) -> Record:
   return notes(specs.experiment_config(config), {str(float(f)): round(f * n) for f in config.benchmark.budgets})
 
 
-def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: list[str]) -> Record:
+def train_family(config: Config, runner: Runner, methods: list[str]) -> Record:
   """The family's runs: the LR sweep and checks on the tuning seeds, the budget curves and the
   method arms on the headline seeds. Returns {'tuning', 'curves', 'method_runs'}."""
 
@@ -40,18 +38,10 @@ def train_family(config: ml_collections.ConfigDict, runner: Runner, methods: lis
   return {"tuning": tuned, "curves": curves, "method_runs": mruns}
 
 
-def family_result(
-  config: ml_collections.ConfigDict,
-  trained: Record,
-  timed: Record,
-  methods: list[str],
-  *,
-  command: str,
-  notes: Record,
-  runner: Runner,
-) -> Record:
-  """benchmark.json's record of one family: every run's numbers, every figure, the headline."""
-  b = config.benchmark
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+  """benchmark.json's record of one family (`trained`: `train`'s, its runs, arms and the task's notes; the
+  ladder's tuned groups give theirs alike): every run's numbers, every figure, the headline."""
+  b, methods = config.benchmark, trained["methods"]
   tuned, curves, mruns = trained["tuning"], trained["curves"], trained["method_runs"]
   result: Record = record_lib.header(config, command) | {
     "family": specs.family_name(config),
@@ -59,7 +49,7 @@ def family_result(
     "tuning_seeds": [int(s) for s in b.tuning_seeds],
     "seeds": [int(s) for s in b.seeds],
     "budgets": curves["budgets"],
-    "corpus_epochs": notes.get("corpus_epochs"),
+    "corpus_epochs": trained["notes"].get("corpus_epochs"),
     "tuning": tuned,
     "curves": curves["curves"],
     "budget_runs": curves["runs"],
@@ -74,7 +64,7 @@ def family_result(
 RECORD = None  # a family keeps no invocations: its record is rewritten whole
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   return [
     f"benchmark {config.benchmark.preset} {specs.family_name(config)} on task {specs.task_name(config)}: "
     f"N={config.trainer.steps}; arms {','.join(arms_lib.selected(config)) or 'none (the anchors only)'}; "
@@ -82,7 +72,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """The family's runs (`train_family`) for its selected arms, and the task's notes on its data."""
   notes = task_notes(config)
   for line in notes["lines"]:
@@ -91,14 +81,8 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return train_family(config, runner, methods) | {"notes": notes, "methods": methods}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
   return timing.time_step_kinds(config, trained["tuning"], trained["methods"])
-
-
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
-  return family_result(
-    config, trained, timed, trained["methods"], command=command, notes=trained["notes"], runner=runner
-  )
 
 
 def write(result: Record, trained: Record, workdir: str, publish: str) -> None:

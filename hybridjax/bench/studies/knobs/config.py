@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
+from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
 RECORD = "{record_stem}-{preset}.json"  # its record, whose invocations a resumed study extends
-PUBLISH_IGNORES = record_lib.other_studies("knobs")  # the blocks a knobs record compares without
 
 
 FIELDS = (
@@ -66,28 +64,28 @@ FIELDS = (
 """`benchmark.knobs`'s fields."""
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """The quick preset's own value of `benchmark.knobs` (beside `FIELDS`' defaults): it searches the 'quick' set."""
   if preset == "quick":
     block.update(set="quick", anchor_budgets=(0.75, 1.0, 2.0), anchor_extensions=(3.0,), recipe_budgets=(0.5, 1.0))
     block.update(recipe_extensions=(0.25,), plateau_seeds=(23,))
 
 
-def record_stem(config: ml_collections.ConfigDict) -> str:
+def record_stem(config: Config) -> str:
   """Its record's name before the preset: the joint tuner's is its own, beside the coordinate search's."""
   return "knobs-joint" if str(config.benchmark.get("tuner", "lr")) == "joint" else "knobs"
 
 
-def sides_of(config: ml_collections.ConfigDict) -> list[str]:
+def sides_of(config: Config) -> list[str]:
   return arms_lib.names(config.benchmark.knobs.sides)
 
 
-def knobs_of(config: ml_collections.ConfigDict) -> dict[str, tuple]:
+def knobs_of(config: Config) -> dict[str, tuple]:
   """{side: the knobs it searches, in order}, of the search `benchmark.knobs.set` names."""
   return SETS[str(config.benchmark.knobs.set)]
 
 
-def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
+def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   """(the recipe record read, {side: (its config at its starting LR, its tuned settings)}): the
   anchor is the protocol's AdamW family at the record's R4 LR and beta; `muon` the record's tricks
   through its Muon row, `recipe` all of them, each at the LR, beta and iterate the record tuned for
@@ -107,7 +105,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   out = {}
   for side in sides_of(config):
     if side == "anchor":
-      c = ml_collections.ConfigDict(config.to_dict())
+      c = Config(config.to_dict())
       settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
     else:
       row = "muon" if side == "muon" else names[-1]
@@ -124,7 +122,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   return shown, out
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every setting the search may try (each side's with one knob moved),
   which the skeleton checks too: a value a side cannot take fails before any training."""
   k = config.benchmark.knobs
@@ -143,8 +141,9 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       f"the knobs study's anchor is R4 (AdamW, cosine), but this config trains {config.optim.name!r} with "
       f"{config.optim.schedule!r}: run it on the preset's AdamW-cosine family (no ,muon or ,wsd variant)"
     )
+  sides = side_configs(config)[1]
   if joint:  # every side must have a space the joint search can search (`search.space_of`)
-    for side, (c, _) in side_configs(config)[1].items():
+    for side, (c, _) in sides.items():
       try:
         search.space_of(c, int(config.optim.warmup_steps), space=str(k.search_space))
       except ValueError as e:
@@ -159,10 +158,10 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       raise ValueError("; ".join(errors))
     curves.rows_record(config)
   out = {}
-  for side, (c, _) in side_configs(config)[1].items():
+  for side, (c, _) in sides.items():
     for knob in knobs_of(config)[side]:
       for value in knob.values_at(int(config.trainer.steps)):
-        tried = ml_collections.ConfigDict(c.to_dict())
+        tried = Config(c.to_dict())
         tried.update_from_flattened_dict(knob.changes(value))
         if tried.to_dict() == c.to_dict():
           raise ValueError(
@@ -170,9 +169,12 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
             "none of the tuning budget the sides share: leave out the override that set it"
           )
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
-  # A record of another config published there would be replaced (`record.check_publish`).
+  # a record of another config published there would be replaced
   b = config.benchmark
   record_lib.check_publish(
-    config, str(b.publish), RECORD.format(preset=b.preset, record_stem=record_stem(config)), PUBLISH_IGNORES
+    config,
+    str(b.publish),
+    RECORD.format(preset=b.preset, record_stem=record_stem(config)),
+    record_lib.other_studies("knobs"),
   )
   return out

@@ -81,12 +81,7 @@ def markdown(result: Record) -> str:
       + ("." if len(same) == len(reproduced) else ": the record's curve is not this code's on the others."),
     ]
   lines += ["", "## Verdicts", ""]
-  for side, s in result["sides"].items():
-    d = s["difference"]
-    word = {"lower": "its tuning lowers the loss", "higher": "its tuning raises the loss"}.get(d["verdict"], "")
-    lines.append(
-      f"* `{side}`: **{d['verdict']}**" + (f" ({word})" if word else "") + f": {cells.se_cell(d)}{cells.p_note(d)}."
-    )
+  lines += [cells.verdict_item(side, s["difference"], "its tuning") for side, s in result["sides"].items()]
   return "\n".join(lines + curves.lines(result))
 
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import statistics
 
-import ml_collections
-
 from hybridjax import config as config_lib
-from hybridjax.bench import comparison, protocol, search, specs, tuning
+from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
@@ -26,7 +24,7 @@ from hybridjax.bench.studies.knobs.report import markdown
 AS_IS = "as is"  # a sweep's entry for the value a knob had
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
@@ -37,30 +35,26 @@ def side_loss(run: Record, iterate: str) -> float:
   return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
 
 
-def _with(c: ml_collections.ConfigDict, fields: Record, lr: float | None = None) -> ml_collections.ConfigDict:
-  out = ml_collections.ConfigDict(c.to_dict())
+def _with(c: Config, fields: Record, lr: float | None = None) -> Config:
+  out = Config(c.to_dict())
   out.update_from_flattened_dict(fields)
   if lr is not None:
     out.optim.learning_rate = float(lr)
   return out
 
 
-def _evaluate(tries: list[tuple[str, ml_collections.ConfigDict]], config, runner: Runner, label: str) -> list[dict]:
-  """Each (side, config) on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
+def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[dict]:
+  """Each config of `tries` on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
   side spent: a setting tried twice counts once)."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.tuning_seeds]
-  run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for _, c in tries for s in seeds]
-  results = runner.run(run_specs, label)
+  run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for c in tries for s in seeds]
+  results, asked = iter(runner.run(run_specs, label)), iter(run_specs)
   return [
-    {
-      "runs": results[k * len(seeds) : (k + 1) * len(seeds)],
-      "spec_keys": [keys.run_key(x) for x in run_specs[k * len(seeds) : (k + 1) * len(seeds)]],
-    }
-    for k in range(len(tries))
+    {"runs": [next(results) for _ in seeds], "spec_keys": [keys.run_key(next(asked)) for _ in seeds]} for _ in tries
   ]
 
 
-def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], searched: dict[str, tuple]) -> dict:
+def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, tuple]) -> dict:
   """{side: the earlier side it is}: the same config, settings and knobs (at `quick` the recipe's last
   row is its Muon row), so the same runs, which the run cache trains once and both sides read."""
   out: dict[str, str] = {}
@@ -76,7 +70,7 @@ def coinciding_sides(sides: dict[str, tuple[ml_collections.ConfigDict, dict]], s
   return out
 
 
-def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runner: Runner) -> Record:
+def joint_state(config: Config, sides: dict[str, tuple], runner: Runner) -> Record:
   """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
   equal cost), each side's state at the setting it chose, with its search's record."""
   k = config.benchmark.knobs
@@ -101,7 +95,7 @@ def joint_state(config: ml_collections.ConfigDict, sides: dict[str, tuple], runn
   return state
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """The coordinate search of every side in lockstep (knob i of every side in one batch), the LR
   swept again, and the headline runs of each side as published and as tuned. Sides that coincide
   (`coinciding_sides`) share their runs: each is trained once. With `benchmark.tuner='joint'`, the
@@ -121,9 +115,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
     state[side]["keys"].update(ev["spec_keys"])
     return statistics.fmean(side_loss(r, sides[side][1]["iterate"]) for r in ev["runs"])
 
-  base = _evaluate(
-    [(s, c) for s, (c, _) in sides.items()], config, runner, "knobs: each side as published (tuning seeds, N)"
-  )
+  base = _evaluate([c for c, _ in sides.values()], config, runner, "knobs: each side as published (tuning seeds, N)")
   for side, ev in zip(sides, base):
     state[side]["loss"] = loss_of(side, ev)
   for i in range(max(len(searched[s]) for s in sides)):
@@ -135,20 +127,14 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
       for value in knob.values_at(int(config.trainer.steps))
     ]
     evs = _evaluate(
-      [(s, _with(sides[s][0], state[s]["fields"] | k.changes(v))) for s, k, v in tries],
+      [_with(sides[s][0], state[s]["fields"] | k.changes(v)) for s, k, v in tries],
       config,
       runner,
       f"knobs: knob {i + 1} of each side",
     )
-    for side in sides:
-      if i >= len(searched[side]):
-        continue
+    for side in [s for s in sides if i < len(searched[s])]:
       knob, st = searched[side][i], state[side]
-      current = ml_collections.ConfigDict(sides[side][0].to_dict())
-      current.update_from_flattened_dict(st["fields"])
-      now = current
-      for part in knob.fields[0].split("."):
-        now = now[part]
+      now = _with(sides[side][0], st["fields"])[knob.fields[0]]
       values = {AS_IS: st["loss"]}  # the value it had (with its schedule, for a knob that sets one)
       values |= {json.dumps(v): loss_of(s, ev) for (s, _, v), ev in zip(tries, evs) if s == side}
       chosen = min(values, key=values.get)
@@ -157,12 +143,16 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
         st["loss"] = values[chosen]
       st["sweeps"].append({"knob": knob.name, "current": json.dumps(now), "values": values, "chosen": chosen})
   grids = {s: tuning.lr_grid(float(state[s]["lr"]), int(config.benchmark.knobs.lr_points)) for s in sides}
-  tries = [(s, _with(sides[s][0], state[s]["fields"], lr)) for s in sides for lr in grids[s]]
-  evs = _evaluate(tries, config, runner, "knobs: each side's LR swept again (tuning seeds, N)")
-  lrs = [lr for s in sides for lr in grids[s]]
+  tries = [(s, lr) for s in sides for lr in grids[s]]
+  evs = _evaluate(
+    [_with(sides[s][0], state[s]["fields"], lr) for s, lr in tries],
+    config,
+    runner,
+    "knobs: each side's LR swept again (tuning seeds, N)",
+  )
   betas = [float(x) for x in config.benchmark.betas]
   for side in sides:
-    at = {str(lr): ev for (s, _), ev, lr in zip(tries, evs, lrs) if s == side}
+    at = {str(lr): ev for (s, lr), ev in zip(tries, evs) if s == side}
     lr_losses = {lr: loss_of(side, ev) for lr, ev in at.items()}
     best = min(lr_losses, key=lr_losses.get)
     # The tuned side's averaging beta and iterate, chosen on the tuning seeds at its best LR.
@@ -183,12 +173,8 @@ def _headline(config, sides, state, runner: Runner) -> Record:
       run_specs += [
         specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
       ]
-  results = runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)")
-  out = {}
-  for k, side in enumerate(sides):
-    runs = results[2 * k * len(seeds) : 2 * (k + 1) * len(seeds)]
-    out[side] = {"published": runs[: len(seeds)], "tuned": runs[len(seeds) :]}
-  return out
+  results = iter(runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)"))
+  return {side: {k: [next(results) for _ in seeds] for k in ("published", "tuned")} for side in sides}
 
 
 def _keep(run: Record) -> Record:
@@ -198,22 +184,14 @@ def _keep(run: Record) -> Record:
 def read_of(settings: Record, tuned: Record) -> dict[str, Record]:
   """How each headline side is read: as published, at the record's iterate and beta; as tuned, at
   the ones its tuning chose."""
-  return {
-    "published": {"iterate": settings["iterate"], "beta": settings["beta"]},
-    "tuned": {"iterate": tuned["iterate"], "beta": tuned["beta"]},
-  }
+  return {k: {"iterate": x["iterate"], "beta": x["beta"]} for k, x in (("published", settings), ("tuned", tuned))}
 
 
 def side_figures(published: list[dict], tuned: list[dict], read: dict[str, Record]) -> Record:
   """A side's headline losses as published and as tuned, each read at its own iterate and beta
-  (`read`: {"published", "tuned"} -> {"iterate", "beta"}), and the paired difference (tuned -
-  published) judged besides the seeds' with the eval error of `tuning.paired_eval_error` (a side read
-  raw is judged on the seeds' spread alone). Pure."""
-  averaged = all(r["iterate"] == "averaged" for r in read.values())
-  before = [tuning.iterate_loss(r, read["published"]["iterate"], read["published"]["beta"]) for r in published]
-  after = [tuning.iterate_loss(r, read["tuned"]["iterate"], read["tuned"]["beta"]) for r in tuned]
-  se, windows = tuning.paired_eval_error(tuned, published, [x - y for x, y in zip(after, before)], averaged)
-  difference = protocol.paired_difference(after, before, se, eval_windows=windows)
+  (`read`: {"published", "tuned"} -> {"iterate", "beta"}), and their paired difference (tuned -
+  published, `comparison.paired_reading`). Pure."""
+  after, before, difference = comparison.paired_reading(tuned, read["tuned"], published, read["published"])
   return {"published": before, "tuned": after, "difference": difference}
 
 
@@ -233,22 +211,23 @@ def anchor_reading(recipe: Record, sides: Record, seeds: list[int], n: int) -> R
   return {"on_r4_curve": out, "anchor_reproduced": reproduced}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   out = {}
   for side, (_, settings) in trained["sides"].items():
     st, head = trained["state"][side], trained["headline"][side]
+    read = read_of(settings, st)
     out[side] = {
       "published_settings": settings,
       "tuned_fields": st["fields"],
       "tuned_lr": st["lr"],
-      "tuned_read": {"iterate": st["iterate"], "beta": st["beta"]},
+      "tuned_read": read["tuned"],
       "sweeps": st["sweeps"],
       "lr_sweep": st["lr_sweep"],
       # N-step runs on the tuning seeds (the joint search: its N-run equivalents, its record beside)
       "tuning_runs": st["search"]["search_runs"] if "search" in st else len(st["keys"]),
       "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
-    } | side_figures(head["published"], head["tuned"], read_of(settings, st))
+    } | side_figures(head["published"], head["tuned"], read)
     if "search" in st:
       out[side]["search"] = st["search"]
   seeds = [int(s) for s in config.benchmark.seeds]
@@ -281,6 +260,5 @@ STUDY = Study(
   record,
   markdown,
   knobs_config.RECORD,
-  publish_ignores=knobs_config.PUBLISH_IGNORES,
   tuners=("lr", "joint"),
 )

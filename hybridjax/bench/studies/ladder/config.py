@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-import ml_collections
-
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, specs
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.ladder.rungs import (
   CONSTANT_GROUPS,
@@ -51,28 +49,28 @@ FIELDS = (
 """The ladder's fields (`benchmark.ladder`), besides `muon`, R5's optimizer block (its keys are `optim` fields)."""
 
 
-def trained_arms(config: ml_collections.ConfigDict) -> tuple[list[str], str]:
+def trained_arms(config: Config) -> tuple[list[str], str]:
   """The arms the ladder trains at its rungs (`rungs.arms_at`), and the fields that name them."""
   groups = {RUNGS[r].group for r in rungs_of(config) if r in RUNGS}
   arms = [a for g in sorted(groups) for a in arms_at(config, g)]
   return arms, "--config.benchmark.ladder.methods (every rung) or --config.benchmark.methods (the tuned rungs)"
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """The ladder's block besides `FIELDS`: `muon`, R5's optimizer block (its keys are `optim` fields) at
   `preset`. The ladder runs every arm from a claim's own conditions (R0: equal steps, untuned constant LR) up
   to the tuned, averaged baselines (R4-R6)."""
-  block.muon = ml_collections.ConfigDict({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
+  block.muon = Config({"name": "muon", "learning_rate": 0.02 if preset != "124m" else 0.01})  # R5
 
 
-def reads(config: ml_collections.ConfigDict) -> set[str]:
+def reads(config: Config) -> set[str]:
   """The experiment fields the benchmark otherwise sets per run that this ladder reads: its constant
   rungs (R0-R2's groups, `CONSTANT_GROUPS`) train at `trainer.averaging_beta`, untuned."""
   selected = [RUNGS[r] for r in rungs_of(config) if r in RUNGS]
   return {"trainer.averaging_beta"} if any(r.group in CONSTANT_GROUPS for r in selected) else set()
 
 
-def unused_field_errors(config: ml_collections.ConfigDict, given: Iterable[str]) -> list[str]:
+def unused_field_errors(config: Config, given: Iterable[str]) -> list[str]:
   """A line for `benchmark.methods` set (in `given`, the fields the command line set) where no
   selected rung runs it: the ladder runs the protocol's arms at its tuned rungs only (`TUNED_GROUPS`)."""
   b = config.benchmark
@@ -88,7 +86,7 @@ def unused_field_errors(config: ml_collections.ConfigDict, given: Iterable[str])
   ]
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the ladder's fields; errors name the field and the fix. It trains no other config that
   needs a check of its own (its groups' are the config's with a schedule or an optimizer changed)."""
   ladder = config.benchmark.ladder
@@ -110,7 +108,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
 
 def join_problem(
   earlier: Record,
-  config: ml_collections.ConfigDict | Record,
+  config: Config | Record,
   rung_names: list[str],
   groups: Iterable[str],
 ) -> tuple[str, list[str]]:
@@ -127,13 +125,25 @@ def join_problem(
   return "", []
 
 
+def published_ladder(folder: str, preset: str, config: Config | Record, rung_names: list[str], groups) -> Record:
+  """The ladder of `preset` published in `folder` ({} where none), refused (ValueError naming
+  --config.benchmark.publish, `record.publish_refusal`) where a ladder of `config` that ran `rung_names`
+  (the runs of `groups`) would not join it (`join_problem`)."""
+  path = os.path.join(folder, RECORD.format(preset=preset))
+  earlier = record.stored(path)
+  why, lines = join_problem(earlier, config, rung_names, groups) if earlier else ("", [])
+  if why:
+    raise ValueError(record.publish_refusal(folder, path, why, lines))
+  return earlier
+
+
 def family_folder(publish: str, preset: str, family: str) -> str:
   """Where a ladder published into `publish` publishes a tuned group's family: beside it, as
   `<preset>-<family>`."""
   return os.path.join(os.path.dirname(os.path.normpath(publish)), f"{preset}-{family}")
 
 
-def check_publish(config: ml_collections.ConfigDict) -> None:
+def check_publish(config: Config) -> None:
   """Refuses (ValueError naming --config.benchmark.publish) a publish folder whose ladder of the preset
   this one would not join (`join_problem`), or beside which a tuned group's family folder holds
   another config's family (`family_config.check_publish`; its headline seeds may be the plateau
@@ -142,13 +152,8 @@ def check_publish(config: ml_collections.ConfigDict) -> None:
   folder = str(b.publish)
   if not folder:
     return
-  path = os.path.join(folder, RECORD.format(preset=b.preset))
-  earlier = record.stored(path)
   groups = {RUNGS[r].group for r in rungs_of(config)}
-  if earlier:
-    why, lines = join_problem(earlier, config, rungs_of(config), groups)
-    if why:
-      raise ValueError(record.publish_refusal(folder, path, why, lines))
+  published_ladder(folder, str(b.preset), config, rungs_of(config), groups)
   seeds = [int(s) for s in b.seeds]
   extended = seeds + [int(s) for s in b.plateau_seeds if int(s) not in seeds]
   for group in [g for g in TUNED_GROUPS if g in groups]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
-
-import ml_collections
 
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, protocol
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.studies.ladder.rungs import RUNGS, TUNED_GROUPS, VERDICT, WITHIN, Rung, rungs_of, timing_key
 
 
@@ -60,120 +59,82 @@ def arm_figures(
   eval_windows: int | None = None,
 ) -> Record:
   """One arm at one rung, per seed and summarised: the backward, pass and wall-clock ratios against
-  the rung's budget curve (`rounds`: the timing's `rounds_ms`, which give the wall-clock ratios their
-  spread over the timing rounds, `figures.round_spread`), whether the pass ratio pays
+  the rung's budget curve (`figures.seed_ratios`; `rounds`: the timing's `rounds_ms`, which give the
+  wall-clock ratios their spread over the timing rounds), whether the pass ratio pays
   (`protocol.cost_verdict`), the final-loss gap and paired difference at N, the paired difference from
   the arm's control; at R0 the equal-steps wall-clock ratio and the two nulls. Every paired difference
   is judged with `eval_se` (the paired per-batch standard error, over `eval_windows` batches) besides the
-  seeds'. `predicts`: the arm
-  is meant to predict steps (`arms.predicts`; `figures.exercise` marks it where its runs predicted none)."""
-  runs = group["method_runs"][arm]
+  seeds'. `predicts`: the arm is meant to predict steps (`arms.predicts`; `figures.exercise` marks it
+  where its runs predicted none)."""
+  runs, iterate = group["method_runs"][arm], rung.iterate
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
+  arm_runs, bases = [runs[s] for s in seeds], [group["baseline"][s] for s in seeds]
   base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
   arm_ms = None if ms is None else ms.get(arm)
   rounds = rounds or {}
-  base_rounds = figures.round_times(None if base_ms is None else {"baseline": base_ms}, rounds.get("baseline"))
-  arm_rounds = figures.round_times(arm_ms, rounds.get(arm))
-  per: dict[str, list[Any]] = {"backward_ratio": [], "pass_ratio": [], "wallclock_ratio": []}
-  losses, at_n, curves = [], [], []
-  for s in seeds:
-    r, base = runs[s], group["baseline"][s]
-    loss = seed_loss(r, rung.iterate)
-    losses.append(loss)
-    at_n.append(baseline_at(base["steps"], base[rung.iterate], n))
-    steps, curve = finite_curve(base["steps"], base[rung.iterate])
-    curves.append((steps, curve))
-    reach = protocol.steps_to_reach_at_n(steps, curve, loss, n) if steps else protocol.Reach(None, False)
-    per["backward_ratio"].append(protocol.ratio(reach, r["backward_passes"]))
-    passes = r["backward_passes"] + figures.FORWARD_COST * r["validation_forwards"]
-    per["pass_ratio"].append(protocol.ratio(reach, passes))
-    wall = figures.run_ms(r["step_kinds"], arm_ms)
-    value = None if (wall is None or base_ms is None or reach.steps is None) else reach.steps * base_ms / wall
-    rounds_of_seed = (
-      None if value is None else figures.round_ratios(reach.steps, base_rounds, r["step_kinds"], arm_rounds)
-    )
-    per["wallclock_ratio"].append(
-      {
-        "value": value,
-        "lower_bound": reach.lower_bound,
-        "upper_bound": reach.upper_bound,
-        "method_ms": wall,
-        **({} if rounds_of_seed is None else {"rounds": rounds_of_seed}),  # the ratio round by round
-      }
-    )
-  out: Record = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n}
-  out.update({k: protocol.summarize(v) for k, v in per.items()})
-  figures.with_spread(out["wallclock_ratio"], figures.round_spread([x.get("rounds") for x in per["wallclock_ratio"]]))
-  out["per_seed"] = per
+  timed = (
+    figures.round_times(None if base_ms is None else {"baseline": base_ms}, rounds.get("baseline")),
+    figures.round_times(arm_ms, rounds.get(arm)),
+  )
+
+  def differ(a: list[float], b: list[float]) -> Record:
+    return protocol.paired_difference(a, b, eval_se, eval_windows=eval_windows)
+
+  losses = [seed_loss(r, iterate) for r in arm_runs]
+  at_n = [baseline_at(b["steps"], b[iterate], n) for b in bases]
+  curves = [finite_curve(b["steps"], b[iterate]) for b in bases]
+  reaches = [
+    protocol.steps_to_reach_at_n(*c, x, n) if c[0] else protocol.Reach(None, False) for c, x in zip(curves, losses)
+  ]
+  summaries, per = figures.seed_ratios(reaches, arm_runs, base_ms, arm_ms, *timed)
+  out: Record = {"seeds": seeds, "loss": losses, "baseline_at_n": at_n, **summaries, "per_seed": per}
   costs = [x["method_cost"] for x in per["pass_ratio"]]
   out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se, eval_windows=eval_windows)
-  paired = len(seeds) >= 2 and None not in at_n
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
   out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
   out["final_loss_gap"]["per_seed"] = gaps
-  out["vs_baseline_at_n"] = (
-    protocol.paired_difference(losses, at_n, eval_se, eval_windows=eval_windows) if paired else None
-  )
+  out["vs_baseline_at_n"] = differ(losses, at_n) if len(seeds) >= 2 and None not in at_n else None
   control_runs = group["method_runs"].get(control or "", {})
   if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:
-    control_losses = [seed_loss(control_runs[s], rung.iterate) for s in seeds]
-    out["vs_control"] = protocol.paired_difference(losses, control_losses, eval_se, eval_windows=eval_windows)
+    out["vs_control"] = differ(losses, [seed_loss(control_runs[s], iterate) for s in seeds])
     out["control"] = control
-  exercised = figures.exercise([runs[s] for s in seeds], predicts)
+  exercised = figures.exercise(arm_runs, predicts)
   if exercised is not None:  # too few jumps or predicted steps a run (`figures.exercise`): it tested nothing
     out["exercise"] = exercised
   if rung.name == "R0":
-    out["equal_steps"] = equal_steps(
-      group,
-      runs,
-      seeds,
-      rung.iterate,
-      arm_ms,
-      base_ms,
-      n,
-      out.get("vs_control"),
-      eval_se,
-      (base_rounds, arm_rounds),
-      eval_windows,
-    )
+    out["equal_steps"] = equal_steps(out, arm_runs, bases, iterate, base_ms, n, timed, differ)
   return out
 
 
 def equal_steps(
-  group: Record,
-  runs: Record,
-  seeds: list[str],
+  f: Record,
+  runs: list[Record],
+  bases: list[Record],
   iterate: str,
-  arm_ms: dict[str, float] | None,
   base_ms: float | None,
   n: int,
-  vs_control: Record | None,
-  eval_se: float | None = None,
-  rounds: tuple[Any, Any] = (None, None),
-  eval_windows: int | None = None,
+  timed: tuple[Any, Any],
+  differ: Callable[[list[float], list[float]], Record],
 ) -> Record:
-  """R0 as the seed measured it: N steps of the arm against N baseline steps, in wall-clock (with its
-  spread over the timing rounds, from `rounds`: the baseline's and the arm's `figures.round_times`),
-  with the final-loss gap at N; beside it the nulls, and the seed's criterion (a speedup at <= 2% gap)."""
-  walls, gaps, stop_losses, stop_gaps, stop_walls, losses = [], [], [], [], [], []
-  wall_rounds = []
-  for s in seeds:
-    r, base = runs[s], group["baseline"][s]
-    at_n = baseline_at(base["steps"], base[iterate], n)
-    loss = seed_loss(r, iterate)
-    losses.append(loss)
-    wall = figures.run_ms(r["step_kinds"], arm_ms)
-    walls.append(None if wall is None or base_ms is None else n * base_ms / wall)
-    wall_rounds.append(None if walls[-1] is None else figures.round_ratios(n, rounds[0], r["step_kinds"], rounds[1]))
-    gaps.append((loss - at_n) / at_n)
-    # The baseline stopped at the arm's backward passes: its loss there, its gap at N, and its own
-    # equal-steps "speedup" (N steps' time over its steps' time).
-    stop = baseline_at(base["steps"], base[iterate], r["backward_passes"])
-    stop_losses.append(stop)
-    stop_gaps.append(None if stop is None else (stop - at_n) / at_n)
-    stop_walls.append(n / max(r["backward_passes"], 1))
+  """R0 as the seed measured it: N steps of the arm (its figures `f`, its `runs` per seed) against N
+  baseline steps (`bases`), in wall-clock (with its spread over the timing rounds, from `timed`: the
+  baseline's and the arm's `figures.round_times`), with the final-loss gap at N; beside it the nulls
+  (judged by `differ`), and the seed's criterion (a speedup at <= 2% gap)."""
+  losses, at_n = f["loss"], f["baseline_at_n"]
+  walls = [
+    None if w["method_ms"] is None or base_ms is None else n * base_ms / w["method_ms"]
+    for w in f["per_seed"]["wallclock_ratio"]
+  ]
+  wall_rounds = [figures.round_ratios(n, timed[0], r["step_kinds"], timed[1]) for r in runs]
+  gaps = [(x - a) / a for x, a in zip(losses, at_n)]
+  # The baseline stopped at the arm's backward passes: its loss there, its gap at N, and its own
+  # equal-steps "speedup" (N steps' time over its steps' time).
+  stop_losses = [baseline_at(b["steps"], b[iterate], r["backward_passes"]) for r, b in zip(runs, bases)]
+  stop_gaps = [None if x is None else (x - a) / a for x, a in zip(stop_losses, at_n)]
+  stop_walls = [n / max(r["backward_passes"], 1) for r in runs]
   present = [w for w in walls if w is not None]
+  vs_control = f.get("vs_control")
   out: Record = {
     "wallclock_ratio": figures.with_spread(
       dict(zip(("mean", "std"), protocol.mean_std(present))), figures.round_spread(wall_rounds)
@@ -190,8 +151,8 @@ def equal_steps(
       "within_2pct": [g is not None and g <= WITHIN for g in stop_gaps],
     },
   }
-  if len(seeds) >= 2 and all(x is not None for x in stop_losses):
-    out["vs_stopped_baseline"] = protocol.paired_difference(losses, stop_losses, eval_se, eval_windows=eval_windows)
+  if len(runs) >= 2 and all(x is not None for x in stop_losses):
+    out["vs_stopped_baseline"] = differ(losses, stop_losses)
   if vs_control is not None:
     out["vs_control"] = vs_control
   beats = [out.get("vs_stopped_baseline"), vs_control]
@@ -207,7 +168,7 @@ def equal_steps(
 
 
 def rung_figures(
-  config: ml_collections.ConfigDict,
+  config: Config,
   groups: Record,
   ms: Record,
   n: int,
@@ -220,34 +181,43 @@ def rung_figures(
   controls = {defined[m].control_of: m for m in defined if defined[m].control_of}
   out = {}
   for name in rungs_of(config):
-    rung = RUNGS[name]
+    rung, key = RUNGS[name], timing_key(RUNGS[name].group)
     group = groups[rung.group]
     if rung.iterate == "chosen":  # R6: averaged where averaging helped on the tuning seeds, else raw
       rung = dataclasses.replace(rung, iterate=group["tuning"]["iterate"])
-    timing_ms = ms.get(timing_key(rung.group))
-    timing_rounds = (rounds or {}).get(timing_key(rung.group))
-    arms = [m for m in group["methods"] if not defined[m].control]
     errors = eval_record(groups, rung.group)
     se, windows = (None, None) if errors is None else (errors.get("paired_se"), errors.get("batches"))
+    figs = {
+      m: arm_figures(
+        rung,
+        group,
+        m,
+        None if defined[m].control else controls.get(m),
+        ms.get(key),
+        n,
+        se,
+        arms_lib.predicts(defined[m]),
+        (rounds or {}).get(key),
+        windows,
+      )
+      for m in group["methods"]
+    }
     out[name] = {
       **dataclasses.asdict(rung),
       "verdict_rung": name in VERDICT,
       "lr": group["lr"],
       "seeds": group["seeds"],
       "eval": errors,
-      "figures": {
-        m: arm_figures(
-          rung, group, m, controls.get(m), timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds, windows
-        )
-        for m in arms
-      },
-      "controls": {
-        m: arm_figures(rung, group, m, None, timing_ms, n, se, arms_lib.predicts(defined[m]), timing_rounds, windows)
-        for m in group["methods"]
-        if defined[m].control
-      },
+      "figures": {m: f for m, f in figs.items() if not defined[m].control},
+      "controls": {m: f for m, f in figs.items() if defined[m].control},
     }
   return out
+
+
+def timed_rung_figures(config: Config, groups: Record, timing: Record, n: int) -> dict[str, Record]:
+  """`rung_figures` from a ladder record's `timing` (each timing's `ms_per_step` and `rounds_ms`)."""
+  rounds = {k: v.get("rounds_ms") for k, v in timing.items()}
+  return rung_figures(config, groups, {k: v["ms_per_step"] for k, v in timing.items()}, n, rounds)
 
 
 def untuned_position(groups: Record, untuned_lr: float) -> Record:

@@ -14,25 +14,23 @@ import json
 import math
 import os
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
 from hybridjax.bench.studies.ladder import config as ladder_config
 from hybridjax.bench.studies.ladder import rungs
-from hybridjax.bench.studies.ladder.figures import rung_figures, untuned_position
+from hybridjax.bench.studies.ladder.figures import timed_rung_figures, untuned_position
 from hybridjax.bench.studies.ladder.report import ladder_markdown as markdown
 from hybridjax.bench.studies.ladder.report import save_ladder_plot
 
 
-def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float) -> Record:
+def constant_curve_spec(config: Config, seed: int, lr: float) -> Record:
   """One 2N run at a constant LR, evaluated `ladder.constant_eval_points` times: its eval curve is the
   budget curve of every budget up to 2N (a constant schedule does not depend on the budget)."""
   n = int(config.trainer.steps)
@@ -42,12 +40,12 @@ def constant_curve_spec(config: ml_collections.ConfigDict, seed: int, lr: float)
   return spec
 
 
-def constant_sweep(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def constant_sweep(config: Config, runner: Runner) -> Record:
   """R2's LR sweep at a constant LR on the tuning seeds (`tuning.sweep_lrs`): a sqrt(2) grid upwards
   from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
   iterate); the best two checked on the second tuning seed."""
   b = config.benchmark
-  centred = ml_collections.ConfigDict(config.to_dict())  # the grid's first LR is the untuned one
+  centred = Config(config.to_dict())  # the grid's first LR is the untuned one
   centred.optim.learning_rate = float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)
   beta = float(config.trainer.averaging_beta)
 
@@ -77,7 +75,7 @@ def method_record(r: Record) -> Record:
   )
 
 
-def train_group(config: ml_collections.ConfigDict, group: str, runner: Runner) -> Record:
+def train_group(config: Config, group: str, runner: Runner) -> Record:
   """A group's runs, as plain data: per seed the baseline's curve ({'steps', 'raw', 'averaged'} and
   the N-step run's curve for the plateau check), and every arm's method runs."""
   n = int(config.trainer.steps)
@@ -151,12 +149,12 @@ def plateaus(group: Record, n: int, margin: float) -> list[Record]:
 RECORD = ladder_config.RECORD  # its record, whose invocations a resumed ladder extends
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"ladder {b.preset}: rungs {b.ladder.rungs}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
   need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
   already trained are cached)."""
@@ -174,12 +172,12 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return {"groups": groups}
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
   """Every arm's step times, interleaved: AdamW's arms together, Muon's and the speedrun's apart."""
   groups = trained["groups"]
   timed: Record = {}
-  for key, together in (("adamw", ("cosine", "untuned", "constant")), ("muon", ("muon",)), ("speedrun", ("speedrun",))):
-    ran = [g for g in together if g in groups]
+  for key in dict.fromkeys(map(rungs.timing_key, rungs.GROUP_ORDER)):
+    ran = [g for g in rungs.GROUP_ORDER if g in groups and rungs.timing_key(g) == key]
     if ran:
       g, all_arms = groups[ran[0]], list(dict.fromkeys(m for name in ran for m in groups[name]["methods"]))
       tuned = {"best_lr": g["lr"], "averaging_beta": g["beta"]}
@@ -187,12 +185,11 @@ def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timed
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """ladder.json's record (after the header); each tuned group's family record goes into `trained`
   ('families'), for `write`."""
   b = config.benchmark
   groups = trained["groups"]
-  ms = {k: v["ms_per_step"] for k, v in timed.items()}
   families = {}
   for g in rungs.TUNED_GROUPS:
     if g in groups:
@@ -200,9 +197,9 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
       # The family's headline arm is the protocol's (`benchmark.methods`' first), where it ran.
       ran = rungs.names(cfg.benchmark.methods)
       first = [m for m in rungs.names(b.methods) if m in ran][:1]
-      runs, arms = groups[g].pop("family_runs"), first + [m for m in ran if m not in first]
-      ms_g, notes = timed[rungs.timing_key(g)], family_run.task_notes(cfg)
-      families[g] = family_run.family_result(cfg, runs, ms_g, arms, command=command, notes=notes, runner=runner)
+      runs = groups[g].pop("family_runs") | {"methods": first + [m for m in ran if m not in first]}
+      runs["notes"] = family_run.task_notes(cfg)
+      families[g] = family_run.record(cfg, runs, timed[rungs.timing_key(g)], command, runner)
   trained["families"] = families
   return {
     "code_version": keys.code_versions(config, list(arms_lib.arms(config))),
@@ -212,9 +209,7 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
     "untuned_position": untuned_position(groups, float(b.ladder.untuned_lr)),
     "groups": groups,
     "timing": timed,
-    "rungs": rung_figures(
-      config, groups, ms, int(config.trainer.steps), {k: v.get("rounds_ms") for k, v in timed.items()}
-    ),
+    "rungs": timed_rung_figures(config, groups, timed, int(config.trainer.steps)),
   }
 
 
@@ -235,11 +230,9 @@ def join(earlier: Record, later: Record) -> Record:
   out["verdict_rungs"] = [r for r in rungs.VERDICT if r in out["rung_names"]]
   out["config"] = merged(record_lib.stored_config(later).to_dict(), record_lib.stored_config(earlier).to_dict())
   out["config"]["benchmark"]["ladder"]["rungs"] = ",".join(out["rung_names"])
-  out["groups"] = {**out["groups"], **later["groups"]}
-  out["timing"] = {**out["timing"], **later["timing"]}
-  ms = {k: v["ms_per_step"] for k, v in out["timing"].items()}
-  rounds = {k: v.get("rounds_ms") for k, v in out["timing"].items()}
-  out["rungs"] = rung_figures(ml_collections.ConfigDict(out["config"]), out["groups"], ms, out["steps"], rounds)
+  out["groups"] |= later["groups"]
+  out["timing"] |= later["timing"]
+  out["rungs"] = timed_rung_figures(Config(out["config"]), out["groups"], out["timing"], out["steps"])
   out["untuned_position"] = untuned_position(out["groups"], float(out["untuned_lr"]))
   out["command"] = f"{earlier['command']}; {later['command']}"
   out["date"] = later["date"]
@@ -276,21 +269,15 @@ def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
     fam["plots"] = family_report.write_results(fam, os.path.join(workdir, fam["family"]))
   if not publish:
     return
-  path = os.path.join(publish, RECORD.format(preset=result["preset"]))
-  earlier = record_lib.stored(path)
-  why, lines = "", []
-  if earlier:
-    why, lines = ladder_config.join_problem(earlier, result["config"], result["rung_names"], result["groups"])
-  if why:
-    refusal = record_lib.publish_refusal(publish, path, why, lines)
-    raise ValueError(f"{refusal}. Nothing was published; this invocation's results are in {workdir}")
   families = trained["families"].values()
   targets = {fam["family"]: ladder_config.family_folder(publish, fam["preset"], fam["family"]) for fam in families}
-  for fam in families:  # every family folder checked before anything is written
-    try:
+  try:  # the published ladder and every family folder checked before anything is written
+    args = (result["preset"], result["config"], result["rung_names"], result["groups"])
+    earlier = ladder_config.published_ladder(publish, *args)
+    for fam in families:
       family_config.check_publish(fam["config"], targets[fam["family"]])
-    except ValueError as e:
-      raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
+  except ValueError as e:
+    raise ValueError(f"{e}. Nothing was published; this invocation's results are in {workdir}") from None
   record_lib.write_files(join(earlier, result) if earlier else result, publish, RECORD, markdown, save_ladder_plot)
   for fam in families:
     family_report.publish_results(fam, os.path.join(workdir, fam["family"]), targets[fam["family"]], fam["plots"])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import ml_collections
-
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import speedrun
+from hybridjax.bench.studies import Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +37,11 @@ WITHIN = 0.02  # the seed's own criterion: a speedup counts at <= 2% final-loss 
 names = arms_lib.names
 
 
-def rungs_of(config: ml_collections.ConfigDict) -> list[str]:
+def rungs_of(config: Config) -> list[str]:
   return names(config.benchmark.ladder.rungs)
 
 
-def arms_at(config: ml_collections.ConfigDict, group: str) -> list[str]:
+def arms_at(config: Config, group: str) -> list[str]:
   """The arms a group runs: `ladder.methods` everywhere; at R3-R6 also `ladder.cosine_methods` and
   the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs
   keep every arm the protocol runs."""
@@ -56,10 +55,10 @@ def timing_key(group: str) -> str:
   return group if group in ("muon", "speedrun") else "adamw"
 
 
-def group_config(config: ml_collections.ConfigDict, group: str, seeds: list[int]) -> ml_collections.ConfigDict:
+def group_config(config: Config, group: str, seeds: list[int]) -> Config:
   """The benchmark config whose runs a group trains: constant schedules for R0-R2 (the untuned LR for
   R0/R1), the `benchmark.ladder.muon` overrides for R5, the whole recipe for R6; `seeds` as its headline seeds."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   if group in CONSTANT_GROUPS:
     c.optim.schedule = "cosine"
     c.optim.min_lr_ratio = 1.0  # cosine with its floor at the peak: constant after the warm-up

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import schema
+from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs
-from hybridjax.bench.speedrun import TRICKS, apply_tricks, kept_fields, tricks_of
+from hybridjax.bench.speedrun import TRICKS, apply_tricks, is_speedrun_family, kept_fields, tricks_of
+from hybridjax.bench.studies import Config, ReadBy
 
 RECORD = "recipe-{preset}.json"  # its record, whose invocations a resumed recipe extends
-PUBLISH_IGNORES = record_lib.other_studies("recipe")  # the blocks a recipe's record compares without
+
+
+def _read_in(readers: str, *studies: str) -> ReadBy:
+  """Read by `studies` (`readers`, in words) and wherever the recipe trains whole: the ladder's R6 and a
+  speedrun family (`speedrun.speedrun_config`)."""
+
+  def reads(config: Config) -> bool:
+    b = config.benchmark
+    name, r6 = str(b.get("study", "family")), "ladder" in b and "R6" in arms_lib.names(b.ladder.rungs)
+    return name in studies or (name == "ladder" and r6) or is_speedrun_family(config)
+
+  return ReadBy(f"{readers}, the ladder's R6 and the speedrun family", reads)
 
 
 def _factors(v: object) -> str | None:
@@ -22,15 +33,28 @@ def _factors(v: object) -> str | None:
 
 
 FIELDS = (
-  schema.Field("tricks", ",".join(TRICKS), schema.check_str, "the tricks, cumulative, in the record's order"),
+  schema.Field(
+    "tricks",
+    ",".join(TRICKS),
+    schema.check_str,
+    "the tricks, cumulative, in the record's order",
+    unread=_read_in("the recipe study", "recipe"),
+  ),
   schema.Field(
     "keep",
     "",
     schema.check_str,
     "fields no trick changes: their values as given win (comma-separated, dotted); the command line's "
     "--config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`)",
+    unread=_read_in("the recipe, variants, knobs and optimizers studies", "recipe", "variants", "knobs", "optimizers"),
   ),
-  schema.Field("muon_lr", 0.02, schema.check_num(0.0, lo_open=True), "the centre of a Muon step's LR sweep"),
+  schema.Field(
+    "muon_lr",
+    0.02,
+    schema.check_num(0.0, lo_open=True),
+    "the centre of a Muon step's LR sweep",
+    unread=_read_in("the recipe study", "recipe"),
+  ),
   schema.Field(
     "budgets",
     (3.0, 4.0),
@@ -47,14 +71,14 @@ FIELDS = (
 """The recipe's fields (`benchmark.recipe`; R6, the whole recipe, reads them too)."""
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """The recipe's fields at `preset` where they differ from `FIELDS`' defaults (the Muon LR's centre is 0.05
   at 124m)."""
   if preset == "124m":
     block.muon_lr = 0.05
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the recipe's fields; returns every cumulative step's config, which the skeleton checks
   too (an option the model cannot take, e.g. U-net skips with an odd layer count, fails before any
   training)."""
@@ -80,8 +104,7 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       "give dotted fields such as model.relu2"
     )
   specs.refuse(errors)
-  # A recipe of another config published there would be replaced (`record.check_publish`).
-  record_lib.check_publish(config, str(b.publish), RECORD.format(preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "recipe", RECORD)  # a recipe of another config there would be replaced
   return {
     f"the recipe's step {names[k - 1]!r} (with {names[: k - 1]} before it)": apply_tricks(config, names[:k])
     for k in range(1, len(names) + 1)

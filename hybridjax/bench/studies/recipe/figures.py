@@ -61,8 +61,9 @@ def step_figures(
   }
 
 
-def recipe_figures(result: Record) -> list[Record]:
-  """Every step's figures, the anchor first (its own N-step loss read on its curve), from a
+def recipe_figures(result: Record) -> Record:
+  """{"figures": every step's figures, the anchor first (its own N-step loss read on its curve),
+  "total_speedup": the whole recipe's (its last step's speed-up and wall-clock ratio)}, from a
   recipe.json record: what the report shows and the tests recompute."""
   n = int(result["steps"])
   anchor = result["anchor"]["curves"]
@@ -83,7 +84,11 @@ def recipe_figures(result: Record) -> list[Record]:
     previous = {s: r["loss"] for s, r in step["runs"].items()}
     before = step
   rows[0].update(lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4")
-  return rows
+  last = rows[-1]  # the whole recipe
+  return {
+    "figures": rows,
+    "total_speedup": {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]},
+  }
 
 
 def _windows(step: Record, before: Record | None) -> tuple[float, int] | None:

@@ -66,16 +66,18 @@ def trick_list_lines(result: Record) -> list[str]:
   ]
 
 
+def kept_text(fields: dict[str, list]) -> str:
+  """A step's fields kept as given: each field, its value and the trick's."""
+  return ", ".join(f"{field}={values[1]!r} (the trick's {values[0]!r})" for field, values in fields.items())
+
+
 def kept_lines(result: Record) -> list[str]:
   """The fields a recipe kept as given where a step's trick would have changed them (its `kept`:
   the command line's overrides), as a paragraph; none for a recipe that kept none."""
   kept = result.get("kept") or {}
   if not kept:
     return []
-  steps = "; ".join(
-    f"`{name}`: " + ", ".join(f"{field}={values[1]!r} (the trick's {values[0]!r})" for field, values in fields.items())
-    for name, fields in kept.items()
-  )
+  steps = "; ".join(f"`{name}`: {kept_text(fields)}" for name, fields in kept.items())
   return [f"Kept as given, not as the step's trick sets them (`benchmark.recipe.keep`): {steps}.", ""]
 
 

@@ -12,29 +12,26 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import ml_collections
-
 from hybridjax.bench import figures, timing, tuning
-from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
+from hybridjax.bench.studies.recipe.report import kept_text, save_recipe_plot
 from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
-from hybridjax.bench.studies.recipe.report import save_recipe_plot
 
 
-def anchor_config(config: ml_collections.ConfigDict, extra: list[float]) -> ml_collections.ConfigDict:
+def anchor_config(config: Config, extra: list[float]) -> Config:
   """The R4 anchor's config: the protocol's AdamW-cosine family with its budget curve extended."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.benchmark.budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
   c.benchmark.methods = ""
   return c
 
 
-def step_configs(config: ml_collections.ConfigDict, anchor_lr: float) -> dict[str, ml_collections.ConfigDict]:
+def step_configs(config: Config, anchor_lr: float) -> dict[str, Config]:
   """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
   on `benchmark.recipe.muon_lr` (Muon)."""
   names = tricks_of(config)
@@ -53,28 +50,23 @@ def anchor_plateaus(curves: Record, n: int, margin: float) -> list[Record]:
   return figures.plateau_runs({"anchor": at_n}, n, margin)
 
 
-def with_seeds(config: ml_collections.ConfigDict, seeds: list[int]) -> ml_collections.ConfigDict:
+def with_seeds(config: Config, seeds: list[int]) -> Config:
   """`config` with `seeds` as its headline seeds (a run's spec holds no benchmark field: the runs
   already trained stay cached)."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.benchmark.seeds = tuple(seeds)
   return c
 
 
-# its record (a resumed study extends its invocations) and the blocks it compares without
-RECORD, PUBLISH_IGNORES = recipe_config.RECORD, recipe_config.PUBLISH_IGNORES
-
-
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
-  lines = [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"]
-  for name, fields in kept_changes(config).items():
-    kept = ", ".join(f"{k}={v[1]!r} (the trick's {v[0]!r})" for k, v in fields.items())
-    lines.append(f"  step {name}: kept as given (benchmark.recipe.keep): {kept}")
-  return lines
+  return [f"recipe {b.preset}: tricks {b.recipe.tricks}, N={int(config.trainer.steps)}; workdir {workdir}"] + [
+    f"  step {name}: kept as given (benchmark.recipe.keep): {kept_text(fields)}"
+    for name, fields in kept_changes(config).items()
+  ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """The anchor (tuned, its budget curve) and every cumulative step; with the plateau seeds, when the
   rule fires, and the anchor's curve extended while a step lies below it. Every run goes through the
   runner's cache: an interrupted recipe resumes, and the R4 anchor's runs are the ladder's."""
@@ -95,7 +87,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
 
   tuned = tuning.tune(acfg, runner, also=with_step_sweeps)
 
-  def anchor_and_steps(config: ml_collections.ConfigDict) -> tuple[Any, ...]:  # on its headline seeds
+  def anchor_and_steps(config: Config) -> tuple[Any, ...]:  # on its headline seeds
     acfg, configs = anchor_config(config, extra), step_configs(config, tuned["best_lr"])
     return acfg, tuning.budget_curves(acfg, runner, tuned), configs, tuning.train_steps(configs, config, runner)
 
@@ -122,7 +114,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   }
 
 
-def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
   """The anchor's and every step's time per step, interleaved."""
   tuned, configs, steps = trained["tuned"], trained["configs"], trained["steps"]
   entries = {"anchor": (trained["anchor"], tuned["best_lr"], tuned["averaging_beta"])}
@@ -130,15 +122,12 @@ def time_steps(config: ml_collections.ConfigDict, trained: Record) -> Record:
   return timing.time_baselines(entries)
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   """recipe.json's record (after the header): the anchor, every step's runs and figures."""
   config = trained["config"]  # with the plateau seeds, where they were added
   n = int(config.trainer.steps)
   acfg, tuned, curves, steps, plateaus = (trained[k] for k in ("anchor", "tuned", "curves", "steps", "plateaus"))
-  at_n = {
-    s: curves["curves"]["averaged_baseline"][s][curves["budgets"].index(n)]
-    for s in curves["curves"]["averaged_baseline"]
-  }
+  anchor = anchor_curves(curves)
   result: Record = {
     "code_version": keys.code_versions(config, []),
     "config": json.loads(config.to_json()),  # with the plateau seeds (the header holds the config as given)
@@ -154,34 +143,22 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
       "grid": tuned["grid"],
       "per_budget_lr": _per_budget_lr(tuned, acfg),
       "budgets": curves["budgets"],
-      "curves": anchor_curves(curves),
-      "at_n": at_n,
-      "eval": figures.eval_errors(
-        curves["runs"], sorted(curves["curves"]["averaged_baseline"], key=int), curves["budgets"], n
-      ),
+      "curves": anchor,
+      "at_n": {s: c["loss"][c["steps"].index(n)] for s, c in anchor.items()},
+      "eval": figures.eval_errors(curves["runs"], sorted(anchor, key=int), curves["budgets"], n),
     },
     "step_runs": steps,
     "plateaus": plateaus,
     "timing": timed,
   }
-  rows = recipe_figures(result)
-  result["figures"] = rows
-  last = rows[-1]
-  result["total_speedup"] = {"name": last["name"], **last["speedup"], "wallclock_ratio": last["wallclock_ratio"]}
-  return result
+  return result | recipe_figures(result)
 
 
-def _per_budget_lr(tuned: Record, acfg: ml_collections.ConfigDict) -> dict[str, float]:
+def _per_budget_lr(tuned: Record, acfg: Config) -> dict[str, float]:
   """The anchor's LR per budget, the budgets past 2N taking the 2N check's (as `tune` gives 1.5N+)."""
   base = tuned["per_budget_lr"]
   beyond = base.get("2.0", tuned["best_lr"])
   return {str(float(f)): base.get(str(float(f)), beyond) for f in acfg.benchmark.budgets}
 
 
-def write(result: Record, trained: Record, workdir: str, publish: str) -> None:
-  """recipe-<preset>.{json,md,png} into `workdir` and `publish`, unless `publish` holds a recipe of
-  another config (`record.write_and_publish`; the validate hook refused it before training)."""
-  record_lib.write_and_publish(result, workdir, publish, RECORD, markdown, save_recipe_plot, PUBLISH_IGNORES)
-
-
-STUDY = Study(header, train, record, markdown, RECORD, time_steps=time_steps, write=write)
+STUDY = Study(header, train, record, markdown, recipe_config.RECORD, time_steps=time_steps, plot=save_recipe_plot)

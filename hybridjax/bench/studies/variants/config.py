@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
-import ml_collections
-
 from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import PUBLISHED, TRICKS, apply_tricks, recipe_record, tuned_rows
+from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -17,7 +16,6 @@ RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resum
 # tuned LR; `tiny`'s is published) and a model of 2 layers or more (the value residual reads a later
 # layer). `quick` has neither: its recipe trains two tricks on a one-layer model.
 SMALLEST_PRESET = "tiny"
-PUBLISH_IGNORES = record_lib.other_studies("variants")  # the blocks a variants record compares without
 
 
 FIELDS = (
@@ -39,17 +37,17 @@ FIELDS = (
 """`benchmark.variants`'s fields."""
 
 
-def set_of(config: ml_collections.ConfigDict) -> VariantSet:
+def set_of(config: Config) -> VariantSet:
   """The set `benchmark.variants.set` names."""
   return SETS[str(config.benchmark.variants.set)]
 
 
-def pairs_of(config: ml_collections.ConfigDict) -> tuple[Pair, ...]:
+def pairs_of(config: Config) -> tuple[Pair, ...]:
   """The pairs of that set, in its order."""
   return set_of(config).pairs
 
 
-def side_config(config: ml_collections.ConfigDict, pair: Pair, side: str) -> ml_collections.ConfigDict:
+def side_config(config: Config, pair: Pair, side: str) -> Config:
   """The benchmark config of one side ('before' or 'after') of `pair`: the recipe through its row,
   less the tricks the before side drops, then the side's fields."""
   names = list(TRICKS)
@@ -60,7 +58,7 @@ def side_config(config: ml_collections.ConfigDict, pair: Pair, side: str) -> ml_
   return c
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every side's config, which the skeleton checks too."""
   v = config.benchmark.variants
   if v.lrs_from and not os.path.exists(str(v.lrs_from)):
@@ -93,7 +91,5 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
         f"{sorted({**pair.before, **pair.after})}, or run the pair without it"
       )
     out[f"pair {pair.name!r}, before"], out[f"pair {pair.name!r}, after"] = before, after
-  # A record of another config published there would be replaced (`record.check_publish`).
-  b = config.benchmark
-  record_lib.check_publish(config, str(b.publish), RECORD.format(set=v.set, preset=b.preset), PUBLISH_IGNORES)
+  record_lib.check_study_publish(config, "variants", RECORD)  # a record of another config there would be replaced
   return out

@@ -56,9 +56,5 @@ def markdown(result: Record) -> str:
     ]
   lines += ["", "Losses are means ± std over the seeds; the code and library versions are in the json."]
   lines += ["", "## Verdicts", ""]
-  for p in result["pairs"]:
-    d = p["difference"]
-    word = {"lower": "the change lowers the loss", "higher": "the change raises the loss"}.get(d["verdict"], "")
-    said = f" ({word})" if word else ""
-    lines.append(f"* `{p['name']}`: **{d['verdict']}**{said}: {cells.se_cell(d)}{cells.p_note(d)}.")
+  lines += [cells.verdict_item(p["name"], p["difference"], "the change") for p in result["pairs"]]
   return "\n".join(lines)

@@ -11,19 +11,17 @@ import json
 import statistics
 from typing import Any
 
-import ml_collections
-
-from hybridjax.bench import comparison, protocol, specs, tuning
+from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
 
 
-def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Record]]:
+def row_settings(config: Config) -> tuple[str, dict[str, Record]]:
   """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
   record `benchmark.variants.lrs_from` names ('': the published one)."""
   b = config.benchmark
@@ -31,20 +29,20 @@ def row_settings(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Reco
   return shown, tuned_rows(result, "benchmark.variants.lrs_from")
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   names = ", ".join(p.name for p in pairs_of(config))
   return [f"variants {b.preset}: set {b.variants.set} ({names}), N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def _side_key(config: ml_collections.ConfigDict, pair: Pair, side: str) -> str:
+def _side_key(config: Config, pair: Pair, side: str) -> str:
   """What makes a side: its row, the tricks it drops, its fields and the row its LR comes from."""
   drop = pair.drop if side == "before" else ()
   lr_row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
   return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items()), lr_row])
 
 
-def _sides(config: ml_collections.ConfigDict, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
+def _sides(config: Config, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
   """Every distinct side of the set's pairs (a side two pairs share trains once): its config and the
   row whose tuned settings it starts from."""
   sides = {}
@@ -55,7 +53,7 @@ def _sides(config: ml_collections.ConfigDict, rows: dict[str, Record]) -> dict[s
   return sides
 
 
-def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
+def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side N steps on the headline seeds at its row's tuned LR, beta and iterate."""
   n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   run_specs = [
@@ -63,19 +61,18 @@ def _fixed(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
     for c, row in sides.values()
     for s in seeds
   ]
-  results = runner.run(run_specs, "variant pairs (headline seeds, N)")
+  results = iter(runner.run(run_specs, "variant pairs (headline seeds, N)"))
   keep = ("final_raw", "final_averaged", "final_averaged_per_batch", "key")
-  out = {}
-  for k, (key, (_, row)) in enumerate(sides.items()):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    out[key] = {
+  return {
+    key: {
       "settings": {x: row[x] for x in ("lr", "beta", "iterate", "from")},
-      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in runs},
+      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in [next(results) for _ in seeds]},
     }
-  return out
+    for key, (_, row) in sides.items()
+  }
 
 
-def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
+def _tuned(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side tuned as a recipe step is (`tuning.train_steps`), its sweep centred on its row's
   tuned LR, then N steps on the headline seeds (`config`'s) at its best LR."""
   configs = {}
@@ -88,7 +85,7 @@ def _tuned(config: ml_collections.ConfigDict, sides: dict[str, tuple[Any, ...]],
   return {key: {"settings": {x: st[x] for x in settings}, "runs": st["runs"]} for key, st in steps.items()}
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """Every distinct side on every headline seed, at its row's LR or tuned; a tuned set adds the
   plateau seeds to both sides of a pair whose difference lies within twice the table's resolution."""
   source, rows = row_settings(config)
@@ -101,38 +98,23 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   added = [int(s) for s in config.benchmark.plateau_seeds if int(s) not in config.benchmark.seeds]
   if close and added:
     print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
-    more = ml_collections.ConfigDict(config.to_dict())
+    more = Config(config.to_dict())
     more.benchmark.seeds = tuple(int(s) for s in config.benchmark.seeds) + tuple(added)
     near = {_side_key(config, p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
     trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
 
 
-def _losses(side: Record, seeds: list[str]) -> list[float]:
-  st = side["settings"]
-  return [tuning.iterate_loss(side["runs"][s], st["iterate"], st["beta"]) for s in seeds]
-
-
 def pair_figures(before: Record, after: Record) -> Record:
-  """One pair's losses on the seeds both sides ran and its paired difference (after - before),
-  judged besides the seeds' with the eval windows' error of the seed-averaged difference
-  (`figures.window_error`), else the eval set's paired per-batch standard error (mean over the seeds).
-  The runs keep the averaged iterate's per-window losses only, so a side read raw leaves the seeds'
-  spread to judge alone. Pure: the tests recompute it from the record."""
+  """One pair's losses on the seeds both sides ran and its paired difference (after - before,
+  `comparison.paired_reading`). Pure: the tests recompute it from the record."""
   seeds = sorted(set(before["runs"]) & set(after["runs"]), key=int)
-  averaged = all(side["settings"]["iterate"] == "averaged" for side in (before, after))
-  loss_b, loss_a = _losses(before, seeds), _losses(after, seeds)
-  a, b = [after["runs"][s] for s in seeds], [before["runs"][s] for s in seeds]
-  se, windows = tuning.paired_eval_error(a, b, [x - y for x, y in zip(loss_a, loss_b)], averaged)
-  return {
-    "seeds": seeds,
-    "before": loss_b,
-    "after": loss_a,
-    "difference": protocol.paired_difference(loss_a, loss_b, se, eval_windows=windows),
-  }
+  a, b = ([side["runs"][s] for s in seeds] for side in (after, before))
+  loss_a, loss_b, difference = comparison.paired_reading(a, after["settings"], b, before["settings"])
+  return {"seeds": seeds, "before": loss_b, "after": loss_a, "difference": difference}
 
 
-def pair_table(config: ml_collections.ConfigDict, sides: Record) -> Record:
+def pair_table(config: Config, sides: Record) -> Record:
   """Every pair's figures, and the table's resolution: 2 standard errors of a paired difference
   (the median over the pairs of the standard error each is judged with)."""
   pairs = []
@@ -154,7 +136,7 @@ def resolution(pairs: list[Record]) -> float:
   return 2 * statistics.median(p["difference"]["se_total"] for p in pairs)
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   return {
     "set": str(config.benchmark.variants.set),
@@ -166,4 +148,4 @@ def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, co
   } | pair_table(config, trained["sides"])
 
 
-STUDY = Study(header, train, record, markdown, variants_config.RECORD, publish_ignores=variants_config.PUBLISH_IGNORES)
+STUDY = Study(header, train, record, markdown, variants_config.RECORD)
