@@ -84,6 +84,14 @@ def test_a_module_with_a_broken_space_is_refused_before_anything_trains(tmp_path
   assert runner.ran == 0 and not (tmp_path / "work").exists()
 
 
+def test_a_misspelt_side_is_refused_with_the_built_in_it_is_near(tmp_path, monkeypatch):
+  runner = SpecRunner(_stub)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  with pytest.raises(ValueError, match=r"optimizers\.sides: .*'lino' names no built-in.*\(did you mean 'lion'\?\)"):
+    sides.judge(_config(tmp_path), str(tmp_path / "work"), "adamw,lino")
+  assert runner.ran == 0
+
+
 @pytest.mark.slow  # the documented command on stub runs, then one real run of Cautious AdamW (a minute)
 def test_the_documented_command_judges_cautious_adamw_at_quick(tmp_path, monkeypatch, capsys):
   """docs/benchmark.md's command at `quick` (its `--config.benchmark.*` fields on the quick config) on stub

@@ -10,6 +10,7 @@ the plain dict `judge` returns; its verdicts are against 1.0x, Holm-adjusted acr
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 import os
@@ -56,7 +57,8 @@ def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDi
     try:
       c = search.centred(reference, name)
     except ValueError as e:
-      out.append(f"{field}: {e}")
+      near = difflib.get_close_matches(name, list(optim_lib.OPTIMIZERS), n=1)
+      out.append(f"{field}: {e}" + (f" (did you mean {near[0]!r}?)" if near else ""))
       continue
     if name in optim_lib.OPTIMIZERS:
       continue
