@@ -171,16 +171,8 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
     fc = j.forecaster
     forecast = forecast_lib.settings(
       n_groups=groups.n_groups,
-      every=int(fc.every),
-      history=int(fc.history),
-      train_steps=int(fc.train_steps),
-      min_agreement=float(fc.min_agreement),
-      max_scale=float(fc.max_scale),
-      deter=int(fc.deter),
-      latent=int(fc.latent),
-      hidden=int(fc.hidden),
-      ensemble=int(fc.ensemble),
-      learning_rate=float(fc.learning_rate),
+      **{k: int(fc[k]) for k in ("every", "history", "train_steps", "deter", "latent", "hidden", "ensemble")},
+      **{k: float(fc[k]) for k in ("min_agreement", "max_scale", "learning_rate")},
     )
   return jump_lib.JumpSettings(
     horizons=tuple(int(k) for k in j.horizons),
