@@ -17,21 +17,6 @@ import numpy as np
 
 from hybridjax.models.gpt2 import GPT2Config, Params
 
-# (flax path inside a block, HF suffix inside `h.{i}.`).
-_BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
-  (("ln_1", "scale"), "ln_1.weight"),
-  (("ln_1", "bias"), "ln_1.bias"),
-  (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
-  (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
-  (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
-  (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
-  (("ln_2", "scale"), "ln_2.weight"),
-  (("ln_2", "bias"), "ln_2.bias"),
-  (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
-  (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
-  (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
-  (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
-)
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 _LAYER_RE = re.compile(r"^h\.(\d+)\.")
 
@@ -56,16 +41,20 @@ def _hf_layout(
       "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
       "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
   }  # fmt: skip
-  layout = {
-    "wte.weight": (("wte", "embedding"), (v, d)),
-    "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
-  }
+  shapes = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d)}
   for i in range(config.n_layer):
-    for path, suffix in _BLOCK_MAP:
-      layout[f"h.{i}.{suffix}"] = ((f"h_{i}",) + path, block_shapes[suffix])
-  layout["ln_f.weight"] = (("ln_f", "scale"), (d,))
-  layout["ln_f.bias"] = (("ln_f", "bias"), (d,))
-  return layout
+    shapes.update({f"h.{i}.{suffix}": shape for suffix, shape in block_shapes.items()})
+  shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+  return {name: (_flax_path(name), shape) for name, shape in shapes.items()}
+
+
+def _flax_path(name: str) -> tuple[str, ...]:
+  """The flax path of the HF parameter `name`: block `h.i` is `h_i`, and a `weight` is a table's
+  `embedding`, a LayerNorm's `scale` or a dense layer's `kernel`."""
+  *path, leaf = re.sub(r"^h\.(\d+)", r"h_\1", name).split(".")
+  if leaf == "weight":
+    leaf = "embedding" if path[-1] in ("wte", "wpe") else "scale" if path[-1].startswith("ln") else "kernel"
+  return (*path, leaf)
 
 
 def _strip_prefix(name: str) -> str:
