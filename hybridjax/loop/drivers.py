@@ -54,7 +54,7 @@ Metrics = dict[str, Any]
 
 def stack_batches(batches: Sequence[Batch]) -> Batch:
   """K batches as one batch whose leaves have a leading axis K (for `hybrid_multi_step`)."""
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *batches)
+  return jax.tree.map(lambda *xs: np.stack(xs), *batches)
 
 
 def make_context(
@@ -146,8 +146,7 @@ class BaselineDriver:
     self._init_params = init_params
     self.tx = tx  # the run's optimizer (`optim.resolve_optimizer`)
     self._averaging_beta = averaging_beta(config.trainer)
-    o = config.optim
-    self._outer = outer_settings(o)
+    self._outer = outer_settings(config.optim)
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
     self.state_shardings = None
     if self.mesh is not None:
@@ -274,16 +273,14 @@ class HybridDriver:
       )
     jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
     ctx = self.ctx
-    self._phase_fns = [
-      jax.jit(step_lib.make_phase_step(ctx, b), donate_argnums=0, keep_unused=True, **jit_kw)
-      for b in range(len(BRANCH_NAMES))
-    ]
-    self._fused = jax.jit(
-      lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True, **jit_kw
-    )
-    self._multi = jax.jit(
-      lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True
-    )
+
+    def jit(step: Callable) -> Callable:
+      return jax.jit(step, donate_argnums=0, keep_unused=True, **jit_kw)
+
+    self._phase_fns = [jit(step_lib.make_phase_step(ctx, b)) for b in range(len(BRANCH_NAMES))]
+    self._fused = jit(lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch))
+    # Several steps a dispatch run on one device only, where `jit_kw` is empty.
+    self._multi = jit(lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch))
     self.phase_seconds = np.zeros(len(Phase))
     self.phase_timed_steps = np.zeros(len(Phase), np.int64)
     self._pending: tuple[int, float] | None = None
@@ -340,8 +337,7 @@ class HybridDriver:
   def position(state: HybridState) -> tuple[int, int]:
     """(schedule step, batches used), read from the device: they differ once a step has advanced
     the schedule without using a batch."""
-    step, batches = jax.device_get(HybridDriver.position_on_device(state))
-    return int(step), int(batches)
+    return tuple(int(x) for x in jax.device_get(HybridDriver.position_on_device(state)))
 
   @staticmethod
   def position_on_device(state: HybridState) -> tuple[jax.Array, jax.Array]:
