@@ -75,8 +75,6 @@ def _group_style(i: int) -> dict[str, Any]:
 
 def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
   """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
-  if len(x) < 2:
-    return x.astype(np.float64), y
   cut = np.nonzero(np.diff(x) > gap)[0] + 1
   return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
 
@@ -353,6 +351,12 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   out_dir = out_dir or os.path.join(run.workdir, "plots")
   os.makedirs(out_dir, exist_ok=True)
   paths = []
+
+  def save(name: str, plot: Any, width: float = 11, height: float = 4.6) -> None:
+    fig = new_figure(width, height)
+    plot(fig.add_subplot(), run)
+    paths.append(save_png(fig, out_dir, name))
+
   steps = [r["step"] for r in run.kind("step")] or [r["step"] for r in run.kind("train")]
   if len(steps) >= 120:
     # A second panel zooms into the last steps, where a whole-run y axis (set by the fast early
@@ -365,10 +369,9 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
     plot_phase_timeline(bottom, run, window=(first, last))
     bottom.set_title(f"zoom: steps {first}-{last}", fontsize=10)
     bottom.get_legend().remove()
+    paths.append(save_png(fig, out_dir, "phase_timeline.png"))
   else:
-    fig = new_figure(11, 4.6)
-    plot_phase_timeline(fig.add_subplot(), run)
-  paths.append(save_png(fig, out_dir, "phase_timeline.png"))
+    save("phase_timeline.png", plot_phase_timeline)
   predicts = run.predicts is not False  # not known yet (a run in progress): drawn, with notes where empty
   if predicts and run.kind("step"):
     fig = new_figure(13, 4.8)
@@ -377,14 +380,8 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
     plot_prediction_over_steps(right, run)
     paths.append(save_png(fig, out_dir, "predicted_vs_realised.png"))
   if predicts:
-    fig = new_figure(11, 4.6)
-    plot_alpha_by_group(fig.add_subplot(), run)
-    paths.append(save_png(fig, out_dir, "alpha_by_group.png"))
+    save("alpha_by_group.png", plot_alpha_by_group)
   if any("velocity_norm" in r for r in run.kind("train")):  # the velocity predictor's own log field
-    fig = new_figure(11, 4.6)
-    plot_velocity_norms(fig.add_subplot(), run)
-    paths.append(save_png(fig, out_dir, "velocity_norms.png"))
-  fig = new_figure(8, 4)
-  plot_memory(fig.add_subplot(), {run.name: run})
-  paths.append(save_png(fig, out_dir, "memory.png"))
+    save("velocity_norms.png", plot_velocity_norms)
+  save("memory.png", lambda ax, run: plot_memory(ax, {run.name: run}), 8, 4)
   return paths
