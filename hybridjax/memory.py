@@ -71,8 +71,12 @@ def live_bytes_by_device() -> dict[int, int]:
   On a mesh this is the per-device memory: a replicated leaf counts in full on every device, an
   FSDP-sharded one only with its shard.
   """
+  return _bytes_by_device(_live_buffers())
+
+
+def _bytes_by_device(buffers: dict[tuple[int, object], int]) -> dict[int, int]:
   per = {d.id: 0 for d in jax.local_devices()}
-  for (device_id, _), nbytes in _live_buffers().items():
+  for (device_id, _), nbytes in buffers.items():
     per[device_id] = per.get(device_id, 0) + nbytes
   return per
 
@@ -96,9 +100,7 @@ def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
   live_bytes = int(sum(buffers.values()))
   snap: dict[str, Any] = {"live_arrays": len(buffers), "live_bytes": live_bytes, "rss_bytes": process_rss_bytes()}
   if len(devices) > 1:
-    per: dict[int, int] = {}
-    for (device_id, _), nbytes in buffers.items():
-      per[device_id] = per.get(device_id, 0) + nbytes
+    per = _bytes_by_device(buffers)
     snap.update(devices=len(devices), device_live_bytes=max(per.get(d.id, 0) for d in devices))
   stats = [_device_stats(d) for d in devices]
   suffix = f" (max over {len(devices)} devices)" if len(devices) > 1 else ""
@@ -168,7 +170,6 @@ def format_bytes(n: float) -> str:
     if abs(n) < 1024 or unit == "TiB":
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1024
-  return f"{n:.1f} TiB"
 
 
 _DTYPE_BYTES = {
