@@ -305,9 +305,7 @@ def _list_documents(path: str | None) -> tuple[str, list[_Document]]:
     dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     for filename in sorted(filenames):
       file = pathlib.Path(dirpath) / filename
-      if filename.startswith(".") or not file.is_file():
-        continue
-      if file.stat().st_size == 0:
+      if filename.startswith(".") or not file.is_file() or file.stat().st_size == 0:
         continue
       rel = file.relative_to(root).as_posix()
       if _looks_like_text(file):
@@ -711,6 +709,11 @@ def _check_batch_args(tokens: np.ndarray, batch_size: int, seq_len: int) -> None
     )
 
 
+def _check_index(name: str, value: Any) -> None:
+  if not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
 def _gather(
   tokens: np.ndarray,
   starts: np.ndarray,
@@ -760,9 +763,8 @@ def get_batch(
     ValueError: for bad sizes, or if `tokens` is shorter than seq_len + 1.
   """
   _check_batch_args(tokens, batch_size, seq_len)
-  for name, value in (("seed", seed), ("step", step)):
-    if not isinstance(value, (int, np.integer)) or value < 0:
-      raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+  _check_index("seed", seed)
+  _check_index("step", step)
   rng = np.random.default_rng((int(seed), int(step)))
   starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
   return _gather(tokens, starts, seq_len, vocab_size)
@@ -796,8 +798,7 @@ def no_repeat_batches(
   order = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_ORDER_STREAM,))).permutation(n)
 
   def batch(step: int) -> dict[str, np.ndarray]:
-    if not isinstance(step, (int, np.integer)) or step < 0:
-      raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    _check_index("step", step)
     picked = order[int(step) * batch_size : (int(step) + 1) * batch_size]
     if len(picked) < batch_size:
       check_no_repeat(len(tokens), seq_len, int(step) + 1, batch_size)

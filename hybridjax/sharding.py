@@ -25,6 +25,7 @@ mesh code spans them. Every process computes the same global batch (batches are 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,7 +46,7 @@ except AttributeError:  # pragma: no cover - older jax, where every mesh axis is
 DATA, FSDP = "data", "fsdp"
 AXES = (DATA, FSDP)
 # The batch is split over both axes (see the module docstring).
-BATCH_AXES = (DATA, FSDP)
+BATCH_AXES = AXES
 
 
 # --- mesh -----------------------------------------------------------------------------------------
@@ -151,12 +152,8 @@ def hybrid_state_shardings(abstract_state: Any, mesh: Mesh, method: Any) -> Any:
   if abstract_state.method is None:
     return out
 
-  def like_params(tree: Any) -> Any:
-    return fsdp_sharding(tree, mesh)
-
-  def replicated(tree: Any) -> Any:
-    return replicated_tree(tree, mesh)
-
+  like_params = functools.partial(fsdp_sharding, mesh=mesh)
+  replicated = functools.partial(replicated_tree, mesh=mesh)
   if method.shardings is not None:
     return out.replace(method=method.shardings(abstract_state.method, like_params, replicated))
   params = abstract_state.train.params
