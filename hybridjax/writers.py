@@ -57,9 +57,7 @@ class MetricWriter:
     self._file.flush()
     if self._tb is not None:
       for k, v in record.items():
-        if k in ("step", "kind"):
-          continue
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if k not in ("step", "kind") and isinstance(v, (int, float)) and not isinstance(v, bool):
           self._tb.add_scalar(f"{kind}/{k}", v, int(step))
 
   def close(self) -> None:

@@ -30,7 +30,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from hybridjax import schema
@@ -494,7 +493,7 @@ class GPT2(nn.Module):
 
 def count_params(params: Any) -> int:
   """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
-  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
+  return sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def make_loss_fn(model: GPT2) -> LossFn:

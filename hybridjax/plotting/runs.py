@@ -283,10 +283,4 @@ def eval_curve(run: RunLike, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
 
 def _cumulative(v: np.ndarray) -> np.ndarray:
   """Undoes the restart of a per-process cumulative counter at each resume."""
-  out = v.copy()
-  offset = 0.0
-  for i in range(1, len(v)):
-    if v[i] < v[i - 1]:
-      offset += v[i - 1]
-    out[i] = v[i] + offset
-  return out
+  return v + np.cumsum(np.concatenate([[0.0], np.where(v[1:] < v[:-1], v[:-1], 0.0)]))

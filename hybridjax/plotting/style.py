@@ -46,9 +46,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save_png(fig: Figure, out_dir: str, name: str) -> str:
   """Writes `fig` as `out_dir/name`; returns the path."""
-  path = os.path.join(out_dir, name)
-  fig.savefig(path, dpi=_DPI)
-  return path
+  return save_png_to(fig, os.path.join(out_dir, name))
 
 
 def save_png_to(fig: Figure, path: str) -> str:

@@ -108,6 +108,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   """What a jump needs of the rest of the run."""
   j, trainer = config.hybrid.jump, config.trainer
   outer_every = config.get("optim", {}).get("outer_every", 0)
+  ratio = j.get("slow_lag_ratio", 0.0)
   errors = []
   if trainer.get("averaging", "none") != "ema":
     errors.append(
@@ -115,12 +116,12 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       "of the drift); set it, or use --config.hybrid.method='velocity'"
     )
   default_slow_beta = schema.by_name(FIELDS)["slow_beta"].default
-  if j.slow_beta != default_slow_beta and (outer_every or j.get("slow_lag_ratio", 0.0)):
+  if j.slow_beta != default_slow_beta and (outer_every or ratio):
     # A slow_beta that nothing reads would be recorded as the run's setting without a word.
     why = (
       f"--config.optim.outer_every ({outer_every}) > 0: outer momentum's m gives the drift, with no slow EMA"
       if outer_every
-      else f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) > 0 sets the slow EMA's beta from "
+      else f"--config.hybrid.jump.slow_lag_ratio ({ratio}) > 0 sets the slow EMA's beta from "
       f"--config.trainer.averaging_beta instead (1 - (1 - averaging_beta) / slow_lag_ratio)"
     )
     fix = "--config.optim.outer_every=0" if outer_every else "--config.hybrid.jump.slow_lag_ratio=0"
@@ -128,12 +129,12 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.hybrid.jump.slow_beta ({j.slow_beta}) is set but unused: {why}. Set {fix} to use it, or leave "
       f"hybrid.jump.slow_beta at its default ({default_slow_beta})"
     )
-  if j.get("slow_lag_ratio", 0.0) and j.slow_lag_ratio <= 1.0:
+  if ratio and ratio <= 1.0:
     errors.append(
-      f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) must be > 1 (the slow EMA must be slower than "
+      f"--config.hybrid.jump.slow_lag_ratio ({ratio}) must be > 1 (the slow EMA must be slower than "
       "the averaging EMA), or 0 to use hybrid.jump.slow_beta"
     )
-  elif not outer_every and not j.get("slow_lag_ratio", 0.0) and j.slow_beta <= trainer.get("averaging_beta", 0.0):
+  elif not outer_every and not ratio and j.slow_beta <= trainer.get("averaging_beta", 0.0):
     errors.append(
       f"--config.hybrid.jump.slow_beta ({j.slow_beta}) must be > --config.trainer.averaging_beta "
       f"({trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag difference, "
