@@ -26,7 +26,7 @@ mesh code spans them. Every process computes the same global batch (batches are 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -185,11 +185,6 @@ def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
     "in_shardings": (state_shardings, batch_sharding(mesh), replicated(mesh)),
     "out_shardings": (state_shardings, replicated(mesh)),
   }
-
-
-def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Callable[[], Any]:
-  """`init_fn` jitted to create its state directly with `shardings`: no full copy on one device."""
-  return jax.jit(init_fn, out_shardings=shardings)
 
 
 def restore_target(abstract_state: Any, shardings: Any | None) -> Any:

@@ -162,7 +162,7 @@ class BaselineDriver:
   def init_state(self) -> TrainState:
     """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
     if self.mesh is not None:
-      return sharding_lib.sharded_init(self._init, self.state_shardings)()
+      return jax.jit(self._init, out_shardings=self.state_shardings)()
     return self._init()
 
   def abstract_state(self) -> Any:
@@ -317,7 +317,7 @@ class HybridDriver:
     if self.mesh is None:
       return self._init_unsharded()
     sh = self.state_shardings
-    params = sharding_lib.sharded_init(self._init_params, sh.train.params)()
+    params = jax.jit(self._init_params, out_shardings=sh.train.params)()
     return jax.device_put(step_lib.init_hybrid_state(self.ctx, params, self._rng), sh)
 
   def abstract_state(self) -> Any:
