@@ -172,27 +172,6 @@ def format_bytes(n: float) -> str:
     n /= 1024
 
 
-_DTYPE_BYTES = {
-  "pred": 1,
-  "s4": 0.5,
-  "u4": 0.5,
-  "s8": 1,
-  "u8": 1,
-  "f8e4m3fn": 1,
-  "f8e5m2": 1,
-  "s16": 2,
-  "u16": 2,
-  "f16": 2,
-  "bf16": 2,
-  "s32": 4,
-  "u32": 4,
-  "f32": 4,
-  "s64": 8,
-  "u64": 8,
-  "f64": 8,
-  "c64": 8,
-  "c128": 16,
-}
 # `name = shape opcode(`; the shape may be a tuple `(...)`, names may or may not start with '%'.
 _INSTR = re.compile(
   r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w]+\[[^\]]*\](?:\{[^}]*\})?)\s+(?P<op>[\w\-]+)\("
@@ -207,9 +186,17 @@ def _shape_bytes(shape: str) -> int:
   """Bytes of an HLO shape string (arrays summed over a tuple; tokens and opaque count 0)."""
   total = 0
   for dtype, dims in _ARRAY.findall(shape):
-    if dtype in _DTYPE_BYTES:
-      total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _DTYPE_BYTES[dtype])
+    total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _dtype_bytes(dtype))
   return total
+
+
+def _dtype_bytes(dtype: str) -> float:
+  """Bytes per element of an HLO element type: its bit width / 8 (s4: 0.5, f8e4m3fn: 1, c64: 8), pred 1,
+  a token or opaque 0."""
+  if dtype == "pred":
+    return 1
+  width = re.match(r"(?:[suf]|bf|c)(\d+)", dtype)
+  return int(width[1]) / 8 if width else 0
 
 
 def list_copies(hlo_text: str) -> list[dict[str, Any]]:
