@@ -33,17 +33,15 @@ def _hf_layout(
       "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
     )
   d, v = config.d_model, config.vocab_size
-  block_shapes = {
-      "ln_1.weight": (d,), "ln_1.bias": (d,),
-      "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
-      "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-      "ln_2.weight": (d,), "ln_2.bias": (d,),
-      "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
-      "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+  # A block's layers: a LayerNorm's weight and bias are (d,), a dense layer's (in, out) and (out,).
+  layers = {
+    "ln_1": (), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d),
+    "ln_2": (), "mlp.c_fc": (d, 4 * d), "mlp.c_proj": (4 * d, d),
   }  # fmt: skip
   shapes = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d)}
   for i in range(config.n_layer):
-    shapes.update({f"h.{i}.{suffix}": shape for suffix, shape in block_shapes.items()})
+    for layer, kernel in layers.items():
+      shapes.update({f"h.{i}.{layer}.weight": kernel or (d,), f"h.{i}.{layer}.bias": kernel[1:] or (d,)})
   shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
   return {name: (_flax_path(name), shape) for name, shape in shapes.items()}
 
