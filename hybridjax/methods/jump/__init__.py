@@ -24,7 +24,7 @@ import ml_collections
 from hybridjax import schema
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.phases import BRANCH_NAMES, Branch
 from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.methods.jump import forecast as forecast_lib
 from hybridjax.methods.jump import steps as jump_lib
@@ -271,7 +271,7 @@ def step_kind(row: dict[str, Any]) -> str:
     return "full_step+snapshot"
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "jump_step"
-  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+  return BRANCH_NAMES[int(row["branch"])]
 
 
 def summary(ctx: HybridContext, state: jump_lib.JumpState, controller: Controller) -> dict[str, Any]:
