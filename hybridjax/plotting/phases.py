@@ -118,13 +118,13 @@ def plot_phase_timeline(
     seen = _phase_bands(ax, s, phase)
     m = measured & np.isfinite(loss)
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
-    pred = phase == PREDICT
+    pred, predict_color = phase == PREDICT, PHASE_COLORS["PREDICT"]
     if np.any(pred & measured):
       ax.scatter(
         s[pred & measured],
         loss[pred & measured],
         s=14,
-        color=PHASE_COLORS["PREDICT"],
+        color=predict_color,
         edgecolor="black",
         linewidth=0.5,
         zorder=4,
@@ -136,7 +136,7 @@ def plot_phase_timeline(
           ls="",
           marker="o",
           ms=5,
-          mfc=PHASE_COLORS["PREDICT"],
+          mfc=predict_color,
           mec="black",
           mew=0.5,
           label="predicted step, validated",
@@ -148,7 +148,7 @@ def plot_phase_timeline(
         t["predicted_loss"][pred & ~measured],
         s=16,
         facecolor="white",
-        edgecolor=PHASE_COLORS["PREDICT"],
+        edgecolor=predict_color,
         linewidth=1.0,
         zorder=4,
       )
@@ -160,7 +160,7 @@ def plot_phase_timeline(
           marker="o",
           ms=5,
           mfc="white",
-          mec=PHASE_COLORS["PREDICT"],
+          mec=predict_color,
           label="predicted step, not measured (predicted loss)",
         )
       )
