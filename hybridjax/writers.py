@@ -15,7 +15,7 @@ from hybridjax import memory as memory_lib
 
 def _to_python(v: Any) -> Any:
   if isinstance(v, (np.generic, np.ndarray)):
-    v = v.item() if np.ndim(v) == 0 else np.asarray(v).tolist()
+    v = v.item() if np.ndim(v) == 0 else v.tolist()
   if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
     try:
       v = v.item()

@@ -245,8 +245,8 @@ def plot_predicted_vs_realised(
       p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0, vmax=1.0, s=10, alpha=0.8
     )
     ax.figure.colorbar(sc, ax=ax, label="confidence")
-  lo = float(np.nanmin([p["predicted"].min(), p["realised"].min()]))
-  hi = float(np.nanmax([p["predicted"].max(), p["realised"].max()]))
+  both = np.concatenate([p["predicted"], p["realised"]])
+  lo, hi = float(np.nanmin(both)), float(np.nanmax(both))
   ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, ls="--", zorder=1, label="_y=x")
   ax.set_xlabel("predicted loss")
   ax.set_ylabel("realised loss")

@@ -68,7 +68,7 @@ class Run:
       return False
     if "predicts" in self.summary:
       return bool(self.summary["predicts"])
-    return True if any(r.get("phase") == PREDICT for r in self.kind("step")) else None
+    return any(r.get("phase") == PREDICT for r in self.kind("step")) or None
 
   def kind(self, kind: str) -> tuple[dict[str, Any], ...]:
     """The records of one kind, in step order (empty if there are none)."""
@@ -136,10 +136,8 @@ def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any
 
 def as_float(v: Any) -> float:
   """A metric value as a float: the writer stores non-finite numbers as strings ('nan', 'inf')."""
-  if v is None:
-    return math.nan
   try:
-    return float(v)
+    return float(v)  # None and strings other than numbers: NaN
   except (TypeError, ValueError):
     return math.nan
 
