@@ -511,10 +511,8 @@ def make_loss_fn(model: GPT2) -> LossFn:
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
     if cfg.loss_chunk:
       hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
-      loss = lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap)
-      return loss, {}
+      return lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
     logits = model.apply({"params": params}, batch["inputs"], **kwargs)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-    return loss, {}
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean(), {}
 
   return loss_fn
