@@ -14,6 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from hybridjax.models.gpt2 import GPT2Config, Params
 
@@ -55,10 +56,6 @@ def _flax_path(name: str) -> tuple[str, ...]:
   return (*path, leaf)
 
 
-def _strip_prefix(name: str) -> str:
-  return name[len("transformer.") :] if name.startswith("transformer.") else name
-
-
 def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GPT2Config, Params]:
   """Converts a Hugging Face GPT-2 state dict into a config and Flax params.
 
@@ -80,7 +77,7 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   arrays: dict[str, np.ndarray] = {}
   lm_head = None
   for raw_name, value in mapping.items():
-    name = _strip_prefix(raw_name)
+    name = raw_name.removeprefix("transformer.")
     if name.endswith(_IGNORED_SUFFIXES):
       continue
     if name == "lm_head.weight":
@@ -107,13 +104,11 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   config.validate()
 
   layout = _hf_layout(config)
-  problems = []
-  missing = sorted(set(layout) - set(arrays))
-  if missing:
-    problems.append(f"missing keys: {missing}")
-  unexpected = sorted(set(arrays) - set(layout))
-  if unexpected:
-    problems.append(f"unexpected keys: {unexpected}")
+  problems = [
+    f"{what} keys: {sorted(keys)}"
+    for what, keys in (("missing", set(layout) - set(arrays)), ("unexpected", set(arrays) - set(layout)))
+    if keys
+  ]
   bad_shapes = [
     f"{name}: expected {shape}, got {arrays[name].shape}"
     for name, (_, shape) in layout.items()
@@ -126,12 +121,7 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   if problems:
     raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
 
-  params: Params = {}
-  for name, (path, _) in layout.items():
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = jnp.asarray(arrays[name], dtype=jnp.float32)
+  params = traverse_util.unflatten_dict({path: jnp.asarray(arrays[n], jnp.float32) for n, (path, _) in layout.items()})
   return config, params
 
 
@@ -141,12 +131,9 @@ def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray
   Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
   it is tied to ``transformer.wte.weight``. Arrays are float32 numpy.
   """
-  out = {}
+  out, flat = {}, traverse_util.flatten_dict(params)
   for name, (path, shape) in _hf_layout(config).items():
-    node = params
-    for key in path:
-      node = node[key]
-    array = np.asarray(node, dtype=np.float32)
+    array = np.asarray(flat[path], dtype=np.float32)
     if array.shape != shape:
       raise ValueError(f"{'/'.join(path)}: expected {shape}, got {array.shape}")
     out[f"transformer.{name}"] = array
