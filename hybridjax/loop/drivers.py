@@ -242,12 +242,11 @@ class HybridDriver:
     self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
     self._init_params = init_params
     self._rng = rng
-    params_shape = jax.eval_shape(init_params)
     self.ctx = make_context(
       config.hybrid,
       loss_fn=loss_fn,
       tx=tx,
-      params_shape=params_shape,
+      params_shape=jax.eval_shape(init_params),
       total_steps=config.trainer.steps,
       grad_accum=config.trainer.grad_accum,
       averaging_beta=averaging_beta(config.trainer),
