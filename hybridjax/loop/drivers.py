@@ -406,8 +406,6 @@ class HybridDriver:
 
   def flush_trace(self) -> None:
     """Fetches the per-step metrics held since the last flush into host records."""
-    if not self._trace_device:
-      return
     host = jax.device_get(self._trace_device)
     self._trace_device = []
     for m in host:

@@ -195,7 +195,7 @@ def _zoom(ax: Axes, window: tuple[int, int]) -> None:
     off = np.asarray(coll.get_offsets(), float)
     if off.ndim == 2 and off.shape[1] == 2:
       ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
-  y = np.concatenate(ys) if ys else np.array([])
+  y = np.concatenate(ys)  # the timeline has its loss line at least
   y = y[np.isfinite(y)]
   ax.set_xlim(lo - 0.5, hi + 0.5)
   if len(y):
