@@ -459,10 +459,10 @@ class HybridDriver:
       # Resumed into an interval with no measured step yet: the last real step's loss, from the state
       # (a checkpoint is never taken after a non-finite step, so it is the state's current one).
       self._last_measured_loss = float(np.exp(c.last_logloss))
-    fields["loss"] = self._last_measured_loss
-    fields["discarded"] = bool(metrics["discarded"])
     total = max(int(c.phase_steps.sum()), 1)
     fields.update(
+      loss=self._last_measured_loss,
+      discarded=bool(metrics["discarded"]),
       phase_now=int(c.phase),
       predict_fraction=float(c.phase_steps[Phase.PREDICT]) / total,
       backward_passes=int(c.backward_passes),
@@ -571,8 +571,7 @@ class HybridDriver:
         f"{out['predict_fraction']:.0%} counts the steps taken in PREDICT, kept or not)"
       ]
     own = self.ctx.method.summary(self.ctx, method_state, c)
-    out.update(own)
-    out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run
+    out.update(own, method_summary=own)  # the same fields, and grouped: what the benchmark keeps of a run
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {
