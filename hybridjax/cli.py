@@ -203,21 +203,17 @@ def run_as_program(work: Callable[[], Any]) -> None:
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
     work()
-  except (ValueError, FileNotFoundError) as e:
-    if os.environ.get("HYBRIDJAX_TRACEBACK"):
-      raise
-    print(f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-    sys.exit(2)
-  except TrainingDiverged as e:
-    if os.environ.get("HYBRIDJAX_TRACEBACK"):
-      raise
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(3)
   except TrainingInterrupted as e:  # saved, then stopped: the shell's status for the signal
     print(str(e), file=sys.stderr)
     sys.exit(e.exit_code)
-  except KeyboardInterrupt:
+  except (ValueError, FileNotFoundError, TrainingDiverged, KeyboardInterrupt) as e:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):
       raise
-    print("interrupted (run the same command again to resume from what it saved)", file=sys.stderr)
-    sys.exit(130)
+    if isinstance(e, KeyboardInterrupt):
+      message, status = "interrupted (run the same command again to resume from what it saved)", 130
+    elif isinstance(e, TrainingDiverged):
+      message, status = f"error: {e}", 3
+    else:
+      message, status = f"error: {e}\n(set HYBRIDJAX_TRACEBACK=1 to see the traceback)", 2
+    print(message, file=sys.stderr)
+    sys.exit(status)

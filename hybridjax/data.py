@@ -33,7 +33,7 @@ import pathlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import numpy as np
 import tiktoken
@@ -103,20 +103,6 @@ _SAFE_SPLIT = re.compile(r"\S\n(?=\S)|\S(?= \S)")
 # ----------------------------------------------------------------------------
 # Tokenizers.
 # ----------------------------------------------------------------------------
-
-
-class Tokenizer(Protocol):
-  """What the data pipeline needs from a tokenizer."""
-
-  name: str
-  vocab_size: int
-  eot_token: int | None
-
-  def encode(self, text: str, *, allow_special: bool = False) -> list[int]: ...
-
-  def decode(self, tokens: Sequence[int]) -> str: ...
-
-  def encode_to_array(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +175,11 @@ class GPT2Tokenizer:
     )
 
 
+# What the data pipeline needs of a tokenizer: `name`, `vocab_size`, `eot_token`, `encode`, `decode`
+# and `encode_to_array`.
+Tokenizer = ByteTokenizer | GPT2Tokenizer
+
+
 def _asset(name: str) -> Any:
   """Returns a readable handle (Traversable or Path) for a bundled asset."""
   try:
@@ -221,19 +212,15 @@ def get_tokenizer(name: str) -> Tokenizer:
     ValueError: for an unknown name.
   """
   if name == "byte":
-    tokenizer = ByteTokenizer()
-  elif name == "gpt2":
-    tokenizer = GPT2Tokenizer()
-  else:
-    raise ValueError(f"unknown tokenizer {name!r}: set data.tokenizer to one of {list(TOKENIZERS)}")
-  # Token files are uint16: every id must fit.
-  assert tokenizer.vocab_size - 1 <= np.iinfo(TOKEN_DTYPE).max, tokenizer
-  return tokenizer
+    return ByteTokenizer()
+  if name == "gpt2":
+    return GPT2Tokenizer()
+  raise ValueError(f"unknown tokenizer {name!r}: set data.tokenizer to one of {list(TOKENIZERS)}")
 
 
 def bundled_corpus_text() -> str:
   """Returns the bundled corpus: Shakespeare's complete works (about 5 MB)."""
-  with _asset("shakespeare.txt.xz").open("rb") as raw, lzma.open(raw) as f:
+  with _open(_Document(BUNDLED_SOURCE, None)) as f:
     return f.read().decode("utf-8")
 
 
@@ -314,9 +301,7 @@ def _list_documents(path: str | None) -> tuple[str, list[_Document]]:
     dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     for filename in sorted(filenames):
       file = pathlib.Path(dirpath) / filename
-      if filename.startswith(".") or not file.is_file():
-        continue
-      if file.stat().st_size == 0:
+      if filename.startswith(".") or not file.is_file() or file.stat().st_size == 0:
         continue
       rel = file.relative_to(root).as_posix()
       if _looks_like_text(file):
@@ -557,15 +542,10 @@ def _write_splits(
   source: str,
 ) -> tuple[int, int]:
   """Streams tokens to disk and splits off the tail as `val.bin`."""
-  suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-  train_tmp = dest / (TRAIN_FILE + suffix)
-  val_tmp = dest / (VAL_FILE + suffix)
+  train_tmp, val_tmp = _tmp(dest / TRAIN_FILE), _tmp(dest / VAL_FILE)
   itemsize = np.dtype(TOKEN_DTYPE).itemsize
   try:
-    with open(train_tmp, "wb") as f:
-      for array in token_arrays:
-        f.write(array.astype(TOKEN_DTYPE, copy=False).tobytes())
-    n_tokens = train_tmp.stat().st_size // itemsize
+    n_tokens = _write_tokens(train_tmp, token_arrays)
     n_val = int(n_tokens * val_fraction)
     n_train = n_tokens - n_val
     if n_val < 1:
@@ -592,15 +572,9 @@ def _write_splits(
 
 def _write_folder_splits(dest: pathlib.Path, parts: list[Iterable[np.ndarray]], source: str) -> tuple[int, int]:
   """Streams the train/ folder's tokens to `train.bin` and the val/ folder's to `val.bin`."""
-  suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-  tmps = [dest / (name + suffix) for name in (TRAIN_FILE, VAL_FILE)]
-  counts = []
+  tmps = [_tmp(dest / TRAIN_FILE), _tmp(dest / VAL_FILE)]
   try:
-    for tmp, arrays in zip(tmps, parts):
-      with open(tmp, "wb") as f:
-        for array in arrays:
-          f.write(array.astype(TOKEN_DTYPE, copy=False).tobytes())
-      counts.append(tmp.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize)
+    counts = [_write_tokens(tmp, arrays) for tmp, arrays in zip(tmps, parts)]
     if min(counts) < 1:
       raise ValueError(f"data.path {source!r}: its train/ or val/ folder holds no tokens")
     os.replace(tmps[0], dest / TRAIN_FILE)
@@ -611,8 +585,21 @@ def _write_folder_splits(dest: pathlib.Path, parts: list[Iterable[np.ndarray]], 
   return counts[0], counts[1]
 
 
+def _tmp(path: pathlib.Path) -> pathlib.Path:
+  """A temporary name beside `path`, unique to this process and call."""
+  return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_tokens(path: pathlib.Path, token_arrays: Iterable[np.ndarray]) -> int:
+  """Streams `token_arrays` to `path` as uint16; returns the number of tokens written."""
+  with open(path, "wb") as f:
+    for array in token_arrays:
+      f.write(array.astype(TOKEN_DTYPE, copy=False).tobytes())
+  return path.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize
+
+
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-  tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  tmp = _tmp(path)
   try:
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -718,6 +705,11 @@ def _check_batch_args(tokens: np.ndarray, batch_size: int, seq_len: int) -> None
     )
 
 
+def _check_index(name: str, value: Any) -> None:
+  if not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
 def _gather(
   tokens: np.ndarray,
   starts: np.ndarray,
@@ -767,9 +759,8 @@ def get_batch(
     ValueError: for bad sizes, or if `tokens` is shorter than seq_len + 1.
   """
   _check_batch_args(tokens, batch_size, seq_len)
-  for name, value in (("seed", seed), ("step", step)):
-    if not isinstance(value, (int, np.integer)) or value < 0:
-      raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+  _check_index("seed", seed)
+  _check_index("step", step)
   rng = np.random.default_rng((int(seed), int(step)))
   starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
   return _gather(tokens, starts, seq_len, vocab_size)
@@ -803,8 +794,7 @@ def no_repeat_batches(
   order = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_ORDER_STREAM,))).permutation(n)
 
   def batch(step: int) -> dict[str, np.ndarray]:
-    if not isinstance(step, (int, np.integer)) or step < 0:
-      raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    _check_index("step", step)
     picked = order[int(step) * batch_size : (int(step) + 1) * batch_size]
     if len(picked) < batch_size:
       check_no_repeat(len(tokens), seq_len, int(step) + 1, batch_size)

@@ -71,8 +71,12 @@ def live_bytes_by_device() -> dict[int, int]:
   On a mesh this is the per-device memory: a replicated leaf counts in full on every device, an
   FSDP-sharded one only with its shard.
   """
+  return _bytes_by_device(_live_buffers())
+
+
+def _bytes_by_device(buffers: dict[tuple[int, object], int]) -> dict[int, int]:
   per = {d.id: 0 for d in jax.local_devices()}
-  for (device_id, _), nbytes in _live_buffers().items():
+  for (device_id, _), nbytes in buffers.items():
     per[device_id] = per.get(device_id, 0) + nbytes
   return per
 
@@ -96,9 +100,7 @@ def memory_snapshot(device: jax.Device | None = None) -> dict[str, Any]:
   live_bytes = int(sum(buffers.values()))
   snap: dict[str, Any] = {"live_arrays": len(buffers), "live_bytes": live_bytes, "rss_bytes": process_rss_bytes()}
   if len(devices) > 1:
-    per: dict[int, int] = {}
-    for (device_id, _), nbytes in buffers.items():
-      per[device_id] = per.get(device_id, 0) + nbytes
+    per = _bytes_by_device(buffers)
     snap.update(devices=len(devices), device_live_bytes=max(per.get(d.id, 0) for d in devices))
   stats = [_device_stats(d) for d in devices]
   suffix = f" (max over {len(devices)} devices)" if len(devices) > 1 else ""
@@ -168,30 +170,8 @@ def format_bytes(n: float) -> str:
     if abs(n) < 1024 or unit == "TiB":
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1024
-  return f"{n:.1f} TiB"
 
 
-_DTYPE_BYTES = {
-  "pred": 1,
-  "s4": 0.5,
-  "u4": 0.5,
-  "s8": 1,
-  "u8": 1,
-  "f8e4m3fn": 1,
-  "f8e5m2": 1,
-  "s16": 2,
-  "u16": 2,
-  "f16": 2,
-  "bf16": 2,
-  "s32": 4,
-  "u32": 4,
-  "f32": 4,
-  "s64": 8,
-  "u64": 8,
-  "f64": 8,
-  "c64": 8,
-  "c128": 16,
-}
 # `name = shape opcode(`; the shape may be a tuple `(...)`, names may or may not start with '%'.
 _INSTR = re.compile(
   r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w]+\[[^\]]*\](?:\{[^}]*\})?)\s+(?P<op>[\w\-]+)\("
@@ -206,9 +186,17 @@ def _shape_bytes(shape: str) -> int:
   """Bytes of an HLO shape string (arrays summed over a tuple; tokens and opaque count 0)."""
   total = 0
   for dtype, dims in _ARRAY.findall(shape):
-    if dtype in _DTYPE_BYTES:
-      total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _DTYPE_BYTES[dtype])
+    total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _dtype_bytes(dtype))
   return total
+
+
+def _dtype_bytes(dtype: str) -> float:
+  """Bytes per element of an HLO element type: its bit width / 8 (s4: 0.5, f8e4m3fn: 1, c64: 8), pred 1,
+  a token or opaque 0."""
+  if dtype == "pred":
+    return 1
+  width = re.match(r"(?:[suf]|bf|c)(\d+)", dtype)
+  return int(width[1]) / 8 if width else 0
 
 
 def list_copies(hlo_text: str) -> list[dict[str, Any]]:

@@ -25,7 +25,8 @@ mesh code spans them. Every process computes the same global batch (batches are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -45,7 +46,7 @@ except AttributeError:  # pragma: no cover - older jax, where every mesh axis is
 DATA, FSDP = "data", "fsdp"
 AXES = (DATA, FSDP)
 # The batch is split over both axes (see the module docstring).
-BATCH_AXES = (DATA, FSDP)
+BATCH_AXES = AXES
 
 
 # --- mesh -----------------------------------------------------------------------------------------
@@ -151,12 +152,8 @@ def hybrid_state_shardings(abstract_state: Any, mesh: Mesh, method: Any) -> Any:
   if abstract_state.method is None:
     return out
 
-  def like_params(tree: Any) -> Any:
-    return fsdp_sharding(tree, mesh)
-
-  def replicated(tree: Any) -> Any:
-    return replicated_tree(tree, mesh)
-
+  like_params = functools.partial(fsdp_sharding, mesh=mesh)
+  replicated = functools.partial(replicated_tree, mesh=mesh)
   if method.shardings is not None:
     return out.replace(method=method.shardings(abstract_state.method, like_params, replicated))
   params = abstract_state.train.params
@@ -188,11 +185,6 @@ def step_jit_kwargs(state_shardings: Any, mesh: Mesh | None) -> dict[str, Any]:
     "in_shardings": (state_shardings, batch_sharding(mesh), replicated(mesh)),
     "out_shardings": (state_shardings, replicated(mesh)),
   }
-
-
-def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Callable[[], Any]:
-  """`init_fn` jitted to create its state directly with `shardings`: no full copy on one device."""
-  return jax.jit(init_fn, out_shardings=shardings)
 
 
 def restore_target(abstract_state: Any, shardings: Any | None) -> Any:

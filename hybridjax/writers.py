@@ -15,7 +15,7 @@ from hybridjax import memory as memory_lib
 
 def _to_python(v: Any) -> Any:
   if isinstance(v, (np.generic, np.ndarray)):
-    v = v.item() if np.ndim(v) == 0 else np.asarray(v).tolist()
+    v = v.item() if np.ndim(v) == 0 else v.tolist()
   if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
     try:
       v = v.item()
@@ -57,9 +57,7 @@ class MetricWriter:
     self._file.flush()
     if self._tb is not None:
       for k, v in record.items():
-        if k in ("step", "kind"):
-          continue
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if k not in ("step", "kind") and isinstance(v, (int, float)) and not isinstance(v, bool):
           self._tb.add_scalar(f"{kind}/{k}", v, int(step))
 
   def close(self) -> None:

@@ -106,12 +106,13 @@ def run(
       train_s += time.perf_counter() - t0  # training time between evals; evals are not counted
       raw = finite_or_inf(float(np.mean(eval_losses(eval_fn, optim_lib.raw_params(state), eval_batches))))
       averaged = eval_losses(eval_fn, state.averaging.params, eval_batches) if state.averaging is not None else None
-      point = {
-        "step": done,
-        "eval_loss_raw": raw,
-        "eval_loss_averaged": raw if averaged is None else finite_or_inf(float(np.mean(averaged))),
-      }
-      curve.append(point)
+      curve.append(
+        {
+          "step": done,
+          "eval_loss_raw": raw,
+          "eval_loss_averaged": raw if averaged is None else finite_or_inf(float(np.mean(averaged))),
+        }
+      )
       if done == steps:
         out["final_raw"] = raw
         out["final_averaged_per_batch"] = [float(x) for x in (averaged if averaged is not None else [])]

@@ -54,7 +54,7 @@ Metrics = dict[str, Any]
 
 def stack_batches(batches: Sequence[Batch]) -> Batch:
   """K batches as one batch whose leaves have a leading axis K (for `hybrid_multi_step`)."""
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *batches)
+  return jax.tree.map(lambda *xs: np.stack(xs), *batches)
 
 
 def make_context(
@@ -146,8 +146,7 @@ class BaselineDriver:
     self._init_params = init_params
     self.tx = tx  # the run's optimizer (`optim.resolve_optimizer`)
     self._averaging_beta = averaging_beta(config.trainer)
-    o = config.optim
-    self._outer = outer_settings(o)
+    self._outer = outer_settings(config.optim)
     self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
     self.state_shardings = None
     if self.mesh is not None:
@@ -163,7 +162,7 @@ class BaselineDriver:
   def init_state(self) -> TrainState:
     """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
     if self.mesh is not None:
-      return sharding_lib.sharded_init(self._init, self.state_shardings)()
+      return jax.jit(self._init, out_shardings=self.state_shardings)()
     return self._init()
 
   def abstract_state(self) -> Any:
@@ -243,12 +242,11 @@ class HybridDriver:
     self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
     self._init_params = init_params
     self._rng = rng
-    params_shape = jax.eval_shape(init_params)
     self.ctx = make_context(
       config.hybrid,
       loss_fn=loss_fn,
       tx=tx,
-      params_shape=params_shape,
+      params_shape=jax.eval_shape(init_params),
       total_steps=config.trainer.steps,
       grad_accum=config.trainer.grad_accum,
       averaging_beta=averaging_beta(config.trainer),
@@ -274,16 +272,14 @@ class HybridDriver:
       )
     jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
     ctx = self.ctx
-    self._phase_fns = [
-      jax.jit(step_lib.make_phase_step(ctx, b), donate_argnums=0, keep_unused=True, **jit_kw)
-      for b in range(len(BRANCH_NAMES))
-    ]
-    self._fused = jax.jit(
-      lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True, **jit_kw
-    )
-    self._multi = jax.jit(
-      lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch), donate_argnums=0, keep_unused=True
-    )
+
+    def jit(step: Callable) -> Callable:
+      return jax.jit(step, donate_argnums=0, keep_unused=True, **jit_kw)
+
+    self._phase_fns = [jit(step_lib.make_phase_step(ctx, b)) for b in range(len(BRANCH_NAMES))]
+    self._fused = jit(lambda s, b, sch: step_lib.hybrid_step(ctx, s, b, sch))
+    # Several steps a dispatch run on one device only, where `jit_kw` is empty.
+    self._multi = jit(lambda s, b, sch: step_lib.hybrid_multi_step(ctx, s, b, sch))
     self.phase_seconds = np.zeros(len(Phase))
     self.phase_timed_steps = np.zeros(len(Phase), np.int64)
     self._pending: tuple[int, float] | None = None
@@ -320,7 +316,7 @@ class HybridDriver:
     if self.mesh is None:
       return self._init_unsharded()
     sh = self.state_shardings
-    params = sharding_lib.sharded_init(self._init_params, sh.train.params)()
+    params = jax.jit(self._init_params, out_shardings=sh.train.params)()
     return jax.device_put(step_lib.init_hybrid_state(self.ctx, params, self._rng), sh)
 
   def abstract_state(self) -> Any:
@@ -340,8 +336,7 @@ class HybridDriver:
   def position(state: HybridState) -> tuple[int, int]:
     """(schedule step, batches used), read from the device: they differ once a step has advanced
     the schedule without using a batch."""
-    step, batches = jax.device_get(HybridDriver.position_on_device(state))
-    return int(step), int(batches)
+    return tuple(int(x) for x in jax.device_get(HybridDriver.position_on_device(state)))
 
   @staticmethod
   def position_on_device(state: HybridState) -> tuple[jax.Array, jax.Array]:
@@ -411,8 +406,6 @@ class HybridDriver:
 
   def flush_trace(self) -> None:
     """Fetches the per-step metrics held since the last flush into host records."""
-    if not self._trace_device:
-      return
     host = jax.device_get(self._trace_device)
     self._trace_device = []
     for m in host:
@@ -466,10 +459,10 @@ class HybridDriver:
       # Resumed into an interval with no measured step yet: the last real step's loss, from the state
       # (a checkpoint is never taken after a non-finite step, so it is the state's current one).
       self._last_measured_loss = float(np.exp(c.last_logloss))
-    fields["loss"] = self._last_measured_loss
-    fields["discarded"] = bool(metrics["discarded"])
     total = max(int(c.phase_steps.sum()), 1)
     fields.update(
+      loss=self._last_measured_loss,
+      discarded=bool(metrics["discarded"]),
       phase_now=int(c.phase),
       predict_fraction=float(c.phase_steps[Phase.PREDICT]) / total,
       backward_passes=int(c.backward_passes),
@@ -578,8 +571,7 @@ class HybridDriver:
         f"{out['predict_fraction']:.0%} counts the steps taken in PREDICT, kept or not)"
       ]
     own = self.ctx.method.summary(self.ctx, method_state, c)
-    out.update(own)
-    out["method_summary"] = own  # the same fields, grouped: what the benchmark keeps of a run
+    out.update(own, method_summary=own)  # the same fields, and grouped: what the benchmark keeps of a run
     if self.dispatch == "host" and self.phase_timed_steps.sum() > 0:
       out["phase_seconds"] = {n: round(float(s), 3) for n, s in zip(PHASE_NAMES, self.phase_seconds)}
       out["phase_ms_per_step"] = {

@@ -15,9 +15,8 @@ from hybridjax.optim import Batch, LossFn, TrainState, raw_params
 def make_eval_fn(loss_fn: LossFn, mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, Batch], jax.Array]:
   """The jitted loss. On a multi-device `mesh` it takes the sharded params and batch as they are
   and returns the loss replicated, so every host can read it."""
-  if sharding_lib.is_multi_device(mesh):
-    return jax.jit(lambda params, batch: loss_fn(params, batch)[0], out_shardings=sharding_lib.replicated(mesh))
-  return jax.jit(lambda params, batch: loss_fn(params, batch)[0])
+  kw = {"out_shardings": sharding_lib.replicated(mesh)} if sharding_lib.is_multi_device(mesh) else {}
+  return jax.jit(lambda params, batch: loss_fn(params, batch)[0], **kw)
 
 
 def eval_losses(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: Iterable[Batch]) -> np.ndarray:

@@ -8,6 +8,7 @@ dispatch boundaries that fall on their intervals.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -73,9 +74,7 @@ def make_driver(
   if user_tx:
     user_optimizer.check_user_optimizer(tx, params_shape, config.optim)
 
-  def init():
-    return init_params(params_rng)
-
+  init = functools.partial(init_params, params_rng)
   schema.raise_invalid(schema.errors("", [config_lib.MODE], config))
   if config.mode == "baseline":
     return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
@@ -349,9 +348,9 @@ class _Run:
     record["train_s"] = self.clock.total  # cumulative training seconds (no compile, eval or checkpoint)
     if tokens_per_step:
       record["tokens_per_s"] = self.steps_since_log * tokens_per_step / max(span, 1e-9)
-    record["bytes_in_use"] = snap["bytes_in_use"]
-    record["rss_bytes"] = snap["rss_bytes"]
-    record["nonfinite_streak"] = int(health["streak"])
+    record.update(
+      bytes_in_use=snap["bytes_in_use"], rss_bytes=snap["rss_bytes"], nonfinite_streak=int(health["streak"])
+    )
     self.writer.write(step, record)
     for rec_step, rec, kind in extra:
       if kind == "memory":
@@ -435,13 +434,12 @@ class _Run:
       return
     self.manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
     last = self.manager.latest_step()
+    kept = "no checkpoint had been written yet"
     if last is not None:
       kept = (
         f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
         "from it with a changed config, add --config.resume=force)"
       )
-    else:
-      kept = "no checkpoint had been written yet"
     lower = f"lower --config.optim.learning_rate (now {self.config.optim.learning_rate}) or check the data."
     method = self.method
     if advice is None and isinstance(driver, HybridDriver) and method.full_step is not None:
@@ -558,23 +556,21 @@ def train(
   run.meta.update({k: v for k, v in resumed.items() if v}, **(extra_meta or {}))
   run.eval_fn, run.eval_batches = make_eval_fn(loss_fn, mesh), [sharding_lib.shard_batch(b, mesh) for b in eval_batches]
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
-  interrupts = _Interrupts(save_on_interrupt)
   try:
-    interrupts.__enter__()
-    while run.step < tcfg.steps:
-      if interrupts.signum is not None:
-        run.stop(interrupts.signum)
-      n = min(driver.steps_per_call, _next_boundary(run.step, tcfg.steps, intervals) - run.step)
-      before = run.dispatch(train_batch, n)
-      if _is_time(before, run.step, tcfg.log_every, tcfg.steps):
-        run.log(tokens_per_step, hooks)
-      if _is_time(before, run.step, tcfg.eval_every, tcfg.steps):
-        run.evaluate()
-      if _is_time(before, run.step, tcfg.checkpoint_every, tcfg.steps):
-        run.checkpoint()
-    manager.wait_until_finished()
+    with _Interrupts(save_on_interrupt) as interrupts:
+      while run.step < tcfg.steps:
+        if interrupts.signum is not None:
+          run.stop(interrupts.signum)
+        n = min(driver.steps_per_call, _next_boundary(run.step, tcfg.steps, intervals) - run.step)
+        before = run.dispatch(train_batch, n)
+        if _is_time(before, run.step, tcfg.log_every, tcfg.steps):
+          run.log(tokens_per_step, hooks)
+        if _is_time(before, run.step, tcfg.eval_every, tcfg.steps):
+          run.evaluate()
+        if _is_time(before, run.step, tcfg.checkpoint_every, tcfg.steps):
+          run.checkpoint()
+      manager.wait_until_finished()
   finally:
-    interrupts.__exit__()
     run.close()
   summary = run.summary(tokens_per_step)
   print(format_summary(summary))

@@ -30,7 +30,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from hybridjax import schema
@@ -494,7 +493,7 @@ class GPT2(nn.Module):
 
 def count_params(params: Any) -> int:
   """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
-  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
+  return sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def make_loss_fn(model: GPT2) -> LossFn:
@@ -512,10 +511,8 @@ def make_loss_fn(model: GPT2) -> LossFn:
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
     if cfg.loss_chunk:
       hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
-      loss = lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap)
-      return loss, {}
+      return lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
     logits = model.apply({"params": params}, batch["inputs"], **kwargs)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-    return loss, {}
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean(), {}
 
   return loss_fn

@@ -14,24 +14,10 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from hybridjax.models.gpt2 import GPT2Config, Params
 
-# (flax path inside a block, HF suffix inside `h.{i}.`).
-_BLOCK_MAP: tuple[tuple[tuple[str, ...], str], ...] = (
-  (("ln_1", "scale"), "ln_1.weight"),
-  (("ln_1", "bias"), "ln_1.bias"),
-  (("attn", "c_attn", "kernel"), "attn.c_attn.weight"),
-  (("attn", "c_attn", "bias"), "attn.c_attn.bias"),
-  (("attn", "c_proj", "kernel"), "attn.c_proj.weight"),
-  (("attn", "c_proj", "bias"), "attn.c_proj.bias"),
-  (("ln_2", "scale"), "ln_2.weight"),
-  (("ln_2", "bias"), "ln_2.bias"),
-  (("mlp", "c_fc", "kernel"), "mlp.c_fc.weight"),
-  (("mlp", "c_fc", "bias"), "mlp.c_fc.bias"),
-  (("mlp", "c_proj", "kernel"), "mlp.c_proj.weight"),
-  (("mlp", "c_proj", "bias"), "mlp.c_proj.bias"),
-)
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 _LAYER_RE = re.compile(r"^h\.(\d+)\.")
 
@@ -48,28 +34,26 @@ def _hf_layout(
       "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
     )
   d, v = config.d_model, config.vocab_size
-  block_shapes = {
-      "ln_1.weight": (d,), "ln_1.bias": (d,),
-      "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
-      "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-      "ln_2.weight": (d,), "ln_2.bias": (d,),
-      "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
-      "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+  # A block's layers: a LayerNorm's weight and bias are (d,), a dense layer's (in, out) and (out,).
+  layers = {
+    "ln_1": (), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d),
+    "ln_2": (), "mlp.c_fc": (d, 4 * d), "mlp.c_proj": (4 * d, d),
   }  # fmt: skip
-  layout = {
-    "wte.weight": (("wte", "embedding"), (v, d)),
-    "wpe.weight": (("wpe", "embedding"), (config.n_ctx, d)),
-  }
+  shapes = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d)}
   for i in range(config.n_layer):
-    for path, suffix in _BLOCK_MAP:
-      layout[f"h.{i}.{suffix}"] = ((f"h_{i}",) + path, block_shapes[suffix])
-  layout["ln_f.weight"] = (("ln_f", "scale"), (d,))
-  layout["ln_f.bias"] = (("ln_f", "bias"), (d,))
-  return layout
+    for layer, kernel in layers.items():
+      shapes.update({f"h.{i}.{layer}.weight": kernel or (d,), f"h.{i}.{layer}.bias": kernel[1:] or (d,)})
+  shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+  return {name: (_flax_path(name), shape) for name, shape in shapes.items()}
 
 
-def _strip_prefix(name: str) -> str:
-  return name[len("transformer.") :] if name.startswith("transformer.") else name
+def _flax_path(name: str) -> tuple[str, ...]:
+  """The flax path of the HF parameter `name`: block `h.i` is `h_i`, and a `weight` is a table's
+  `embedding`, a LayerNorm's `scale` or a dense layer's `kernel`."""
+  *path, leaf = re.sub(r"^h\.(\d+)", r"h_\1", name).split(".")
+  if leaf == "weight":
+    leaf = "embedding" if path[-1] in ("wte", "wpe") else "scale" if path[-1].startswith("ln") else "kernel"
+  return (*path, leaf)
 
 
 def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GPT2Config, Params]:
@@ -93,7 +77,7 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   arrays: dict[str, np.ndarray] = {}
   lm_head = None
   for raw_name, value in mapping.items():
-    name = _strip_prefix(raw_name)
+    name = raw_name.removeprefix("transformer.")
     if name.endswith(_IGNORED_SUFFIXES):
       continue
     if name == "lm_head.weight":
@@ -120,13 +104,11 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   config.validate()
 
   layout = _hf_layout(config)
-  problems = []
-  missing = sorted(set(layout) - set(arrays))
-  if missing:
-    problems.append(f"missing keys: {missing}")
-  unexpected = sorted(set(arrays) - set(layout))
-  if unexpected:
-    problems.append(f"unexpected keys: {unexpected}")
+  problems = [
+    f"{what} keys: {sorted(keys)}"
+    for what, keys in (("missing", set(layout) - set(arrays)), ("unexpected", set(arrays) - set(layout)))
+    if keys
+  ]
   bad_shapes = [
     f"{name}: expected {shape}, got {arrays[name].shape}"
     for name, (_, shape) in layout.items()
@@ -139,12 +121,7 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   if problems:
     raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
 
-  params: Params = {}
-  for name, (path, _) in layout.items():
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = jnp.asarray(arrays[name], dtype=jnp.float32)
+  params = traverse_util.unflatten_dict({path: jnp.asarray(arrays[n], jnp.float32) for n, (path, _) in layout.items()})
   return config, params
 
 
@@ -154,12 +131,9 @@ def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray
   Names carry the ``transformer.`` prefix; ``lm_head.weight`` is omitted since
   it is tied to ``transformer.wte.weight``. Arrays are float32 numpy.
   """
-  out = {}
+  out, flat = {}, traverse_util.flatten_dict(params)
   for name, (path, shape) in _hf_layout(config).items():
-    node = params
-    for key in path:
-      node = node[key]
-    array = np.asarray(node, dtype=np.float32)
+    array = np.asarray(flat[path], dtype=np.float32)
     if array.shape != shape:
       raise ValueError(f"{'/'.join(path)}: expected {shape}, got {array.shape}")
     out[f"transformer.{name}"] = array

@@ -75,8 +75,6 @@ def _group_style(i: int) -> dict[str, Any]:
 
 def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
   """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
-  if len(x) < 2:
-    return x.astype(np.float64), y
   cut = np.nonzero(np.diff(x) > gap)[0] + 1
   return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
 
@@ -120,13 +118,13 @@ def plot_phase_timeline(
     seen = _phase_bands(ax, s, phase)
     m = measured & np.isfinite(loss)
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
-    pred = phase == PREDICT
+    pred, predict_color = phase == PREDICT, PHASE_COLORS["PREDICT"]
     if np.any(pred & measured):
       ax.scatter(
         s[pred & measured],
         loss[pred & measured],
         s=14,
-        color=PHASE_COLORS["PREDICT"],
+        color=predict_color,
         edgecolor="black",
         linewidth=0.5,
         zorder=4,
@@ -138,7 +136,7 @@ def plot_phase_timeline(
           ls="",
           marker="o",
           ms=5,
-          mfc=PHASE_COLORS["PREDICT"],
+          mfc=predict_color,
           mec="black",
           mew=0.5,
           label="predicted step, validated",
@@ -150,7 +148,7 @@ def plot_phase_timeline(
         t["predicted_loss"][pred & ~measured],
         s=16,
         facecolor="white",
-        edgecolor=PHASE_COLORS["PREDICT"],
+        edgecolor=predict_color,
         linewidth=1.0,
         zorder=4,
       )
@@ -162,7 +160,7 @@ def plot_phase_timeline(
           marker="o",
           ms=5,
           mfc="white",
-          mec=PHASE_COLORS["PREDICT"],
+          mec=predict_color,
           label="predicted step, not measured (predicted loss)",
         )
       )
@@ -197,7 +195,7 @@ def _zoom(ax: Axes, window: tuple[int, int]) -> None:
     off = np.asarray(coll.get_offsets(), float)
     if off.ndim == 2 and off.shape[1] == 2:
       ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
-  y = np.concatenate(ys) if ys else np.array([])
+  y = np.concatenate(ys)  # the timeline has its loss line at least
   y = y[np.isfinite(y)]
   ax.set_xlim(lo - 0.5, hi + 0.5)
   if len(y):
@@ -247,8 +245,8 @@ def plot_predicted_vs_realised(
       p["predicted"], p["realised"], c=p["confidence"], cmap="viridis", vmin=0.0, vmax=1.0, s=10, alpha=0.8
     )
     ax.figure.colorbar(sc, ax=ax, label="confidence")
-  lo = float(np.nanmin([p["predicted"].min(), p["realised"].min()]))
-  hi = float(np.nanmax([p["predicted"].max(), p["realised"].max()]))
+  both = np.concatenate([p["predicted"], p["realised"]])
+  lo, hi = float(np.nanmin(both)), float(np.nanmax(both))
   ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, ls="--", zorder=1, label="_y=x")
   ax.set_xlabel("predicted loss")
   ax.set_ylabel("realised loss")
@@ -353,6 +351,12 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   out_dir = out_dir or os.path.join(run.workdir, "plots")
   os.makedirs(out_dir, exist_ok=True)
   paths = []
+
+  def save(name: str, plot: Any, width: float = 11, height: float = 4.6) -> None:
+    fig = new_figure(width, height)
+    plot(fig.add_subplot(), run)
+    paths.append(save_png(fig, out_dir, name))
+
   steps = [r["step"] for r in run.kind("step")] or [r["step"] for r in run.kind("train")]
   if len(steps) >= 120:
     # A second panel zooms into the last steps, where a whole-run y axis (set by the fast early
@@ -365,10 +369,9 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
     plot_phase_timeline(bottom, run, window=(first, last))
     bottom.set_title(f"zoom: steps {first}-{last}", fontsize=10)
     bottom.get_legend().remove()
+    paths.append(save_png(fig, out_dir, "phase_timeline.png"))
   else:
-    fig = new_figure(11, 4.6)
-    plot_phase_timeline(fig.add_subplot(), run)
-  paths.append(save_png(fig, out_dir, "phase_timeline.png"))
+    save("phase_timeline.png", plot_phase_timeline)
   predicts = run.predicts is not False  # not known yet (a run in progress): drawn, with notes where empty
   if predicts and run.kind("step"):
     fig = new_figure(13, 4.8)
@@ -377,14 +380,8 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
     plot_prediction_over_steps(right, run)
     paths.append(save_png(fig, out_dir, "predicted_vs_realised.png"))
   if predicts:
-    fig = new_figure(11, 4.6)
-    plot_alpha_by_group(fig.add_subplot(), run)
-    paths.append(save_png(fig, out_dir, "alpha_by_group.png"))
+    save("alpha_by_group.png", plot_alpha_by_group)
   if any("velocity_norm" in r for r in run.kind("train")):  # the velocity predictor's own log field
-    fig = new_figure(11, 4.6)
-    plot_velocity_norms(fig.add_subplot(), run)
-    paths.append(save_png(fig, out_dir, "velocity_norms.png"))
-  fig = new_figure(8, 4)
-  plot_memory(fig.add_subplot(), {run.name: run})
-  paths.append(save_png(fig, out_dir, "memory.png"))
+    save("velocity_norms.png", plot_velocity_norms)
+  save("memory.png", lambda ax, run: plot_memory(ax, {run.name: run}), 8, 4)
   return paths

@@ -68,7 +68,7 @@ class Run:
       return False
     if "predicts" in self.summary:
       return bool(self.summary["predicts"])
-    return True if any(r.get("phase") == PREDICT for r in self.kind("step")) else None
+    return any(r.get("phase") == PREDICT for r in self.kind("step")) or None
 
   def kind(self, kind: str) -> tuple[dict[str, Any], ...]:
     """The records of one kind, in step order (empty if there are none)."""
@@ -136,10 +136,8 @@ def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any
 
 def as_float(v: Any) -> float:
   """A metric value as a float: the writer stores non-finite numbers as strings ('nan', 'inf')."""
-  if v is None:
-    return math.nan
   try:
-    return float(v)
+    return float(v)  # None and strings other than numbers: NaN
   except (TypeError, ValueError):
     return math.nan
 
@@ -283,10 +281,4 @@ def eval_curve(run: RunLike, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
 
 def _cumulative(v: np.ndarray) -> np.ndarray:
   """Undoes the restart of a per-process cumulative counter at each resume."""
-  out = v.copy()
-  offset = 0.0
-  for i in range(1, len(v)):
-    if v[i] < v[i - 1]:
-      offset += v[i - 1]
-    out[i] = v[i] + offset
-  return out
+  return v + np.cumsum(np.concatenate([[0.0], np.where(v[1:] < v[:-1], v[:-1], 0.0)]))

@@ -7,6 +7,7 @@ display, leaves the caller's pyplot state alone and leaks no open figures.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -46,9 +47,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save_png(fig: Figure, out_dir: str, name: str) -> str:
   """Writes `fig` as `out_dir/name`; returns the path."""
-  path = os.path.join(out_dir, name)
-  fig.savefig(path, dpi=_DPI)
-  return path
+  return save_png_to(fig, os.path.join(out_dir, name))
 
 
 def save_png_to(fig: Figure, path: str) -> str:
@@ -65,10 +64,7 @@ def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
   A column with no finite value has a NaN mean; one with fewer than 2 has a NaN std.
   """
   ok = np.isfinite(values)
-  n = ok.sum(axis=0)
-  filled = np.where(ok, values, 0.0)
-  with np.errstate(invalid="ignore", divide="ignore"):
-    mean = filled.sum(axis=0) / n
-    sq = np.where(ok, (values - mean) ** 2, 0.0).sum(axis=0)
-    std = np.where(n >= 2, np.sqrt(sq / np.maximum(n - 1, 1)), np.nan)
-  return mean, std, n
+  finite = np.where(ok, values, np.nan)
+  with warnings.catch_warnings():  # numpy warns of the columns with no mean or no std
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return np.nanmean(finite, axis=0), np.nanstd(finite, axis=0, ddof=1), ok.sum(axis=0)

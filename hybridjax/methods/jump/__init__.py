@@ -24,7 +24,7 @@ import ml_collections
 from hybridjax import schema
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.phases import BRANCH_NAMES, Branch
 from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.methods.jump import forecast as forecast_lib
 from hybridjax.methods.jump import steps as jump_lib
@@ -108,6 +108,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
   """What a jump needs of the rest of the run."""
   j, trainer = config.hybrid.jump, config.trainer
   outer_every = config.get("optim", {}).get("outer_every", 0)
+  ratio = j.get("slow_lag_ratio", 0.0)
   errors = []
   if trainer.get("averaging", "none") != "ema":
     errors.append(
@@ -115,12 +116,12 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       "of the drift); set it, or use --config.hybrid.method='velocity'"
     )
   default_slow_beta = schema.by_name(FIELDS)["slow_beta"].default
-  if j.slow_beta != default_slow_beta and (outer_every or j.get("slow_lag_ratio", 0.0)):
+  if j.slow_beta != default_slow_beta and (outer_every or ratio):
     # A slow_beta that nothing reads would be recorded as the run's setting without a word.
     why = (
       f"--config.optim.outer_every ({outer_every}) > 0: outer momentum's m gives the drift, with no slow EMA"
       if outer_every
-      else f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) > 0 sets the slow EMA's beta from "
+      else f"--config.hybrid.jump.slow_lag_ratio ({ratio}) > 0 sets the slow EMA's beta from "
       f"--config.trainer.averaging_beta instead (1 - (1 - averaging_beta) / slow_lag_ratio)"
     )
     fix = "--config.optim.outer_every=0" if outer_every else "--config.hybrid.jump.slow_lag_ratio=0"
@@ -128,12 +129,12 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.hybrid.jump.slow_beta ({j.slow_beta}) is set but unused: {why}. Set {fix} to use it, or leave "
       f"hybrid.jump.slow_beta at its default ({default_slow_beta})"
     )
-  if j.get("slow_lag_ratio", 0.0) and j.slow_lag_ratio <= 1.0:
+  if ratio and ratio <= 1.0:
     errors.append(
-      f"--config.hybrid.jump.slow_lag_ratio ({j.slow_lag_ratio}) must be > 1 (the slow EMA must be slower than "
+      f"--config.hybrid.jump.slow_lag_ratio ({ratio}) must be > 1 (the slow EMA must be slower than "
       "the averaging EMA), or 0 to use hybrid.jump.slow_beta"
     )
-  elif not outer_every and not j.get("slow_lag_ratio", 0.0) and j.slow_beta <= trainer.get("averaging_beta", 0.0):
+  elif not outer_every and not ratio and j.slow_beta <= trainer.get("averaging_beta", 0.0):
     errors.append(
       f"--config.hybrid.jump.slow_beta ({j.slow_beta}) must be > --config.trainer.averaging_beta "
       f"({trainer.get('averaging_beta')}): the drift is the two EMAs' difference over their lag difference, "
@@ -171,16 +172,8 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
     fc = j.forecaster
     forecast = forecast_lib.settings(
       n_groups=groups.n_groups,
-      every=int(fc.every),
-      history=int(fc.history),
-      train_steps=int(fc.train_steps),
-      min_agreement=float(fc.min_agreement),
-      max_scale=float(fc.max_scale),
-      deter=int(fc.deter),
-      latent=int(fc.latent),
-      hidden=int(fc.hidden),
-      ensemble=int(fc.ensemble),
-      learning_rate=float(fc.learning_rate),
+      **{k: int(fc[k]) for k in ("every", "history", "train_steps", "deter", "latent", "hidden", "ensemble")},
+      **{k: float(fc[k]) for k in ("min_agreement", "max_scale", "learning_rate")},
     )
   return jump_lib.JumpSettings(
     horizons=tuple(int(k) for k in j.horizons),
@@ -278,7 +271,7 @@ def step_kind(row: dict[str, Any]) -> str:
     return "full_step+snapshot"
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "jump_step"
-  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+  return BRANCH_NAMES[int(row["branch"])]
 
 
 def summary(ctx: HybridContext, state: jump_lib.JumpState, controller: Controller) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def init_forecast(fs: ForecastSettings, params: Any, rng: jax.Array) -> Forecast
   """A fresh forecaster: an untrained ensemble, an empty snapshot history, no drift yet."""
   g = fs.rssm.n_groups
   flat, _ = ravel_pytree(dynamics_lib.init_dynamics(rng, fs.rssm))
-  zeros = jnp.zeros((g,), jnp.float32)
+  zeros, zero = jnp.zeros((g,), jnp.float32), jnp.zeros((), jnp.float32)
   return Forecast(
     dynamics=flat,
     history=init_history(fs.history, feature_dim(g), g),
@@ -148,11 +148,11 @@ def init_forecast(fs: ForecastSettings, params: Any, rng: jax.Array) -> Forecast
     snap_rsq=zeros,
     jump_dot=zeros,
     last_ratio=zeros,
-    expected_gain=jnp.zeros((), jnp.float32),
-    last_expected=jnp.zeros((), jnp.float32),
+    expected_gain=zero,
+    last_expected=zero,
     calibration=jnp.ones((), jnp.float32),
     calibration_count=jnp.zeros((), jnp.int32),
-    last_agreement=jnp.zeros((), jnp.float32),
+    last_agreement=zero,
     last_scale=zeros,
   )
 

@@ -239,7 +239,6 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   t = m.tracker
   drift = jump_drift(state)
   horizons, scales = candidates(ctx)
-  n_cand, n_groups = horizons.shape[0], t.group_scale.shape[0]
   forecast = m.forecast
   if forecast is not None:
     # The RSSM's s_g for each candidate, its expected persisting gain and the ensemble's agreement
@@ -252,8 +251,8 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     )
     admitted = (expected > 0) & (agreement >= j.forecast.min_agreement)
   else:
-    group_scales = jnp.ones((n_cand, n_groups), jnp.float32)
-    admitted = jnp.ones((n_cand,), bool)
+    group_scales = jnp.ones(horizons.shape + t.group_scale.shape, jnp.float32)
+    admitted = jnp.ones(horizons.shape, bool)
   # Candidate c moves group g by s_g(c) s_c k_c r_g (times the controller's s_g, 1).
   amounts = t.group_scale[None, :] * group_scales * (scales * horizons.astype(jnp.float32))[:, None]
   base, losses = score_candidates(ctx, tr.params, drift, amounts, batch)

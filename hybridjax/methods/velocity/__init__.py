@@ -26,7 +26,7 @@ from hybridjax.hybrid import controller as controller_lib
 from hybridjax.hybrid import groups as groups_lib
 from hybridjax.hybrid import trajectory as trajectory_lib
 from hybridjax.hybrid.context import HybridContext, StepInfo
-from hybridjax.hybrid.phases import Branch
+from hybridjax.hybrid.phases import BRANCH_NAMES, Branch
 from hybridjax.hybrid.state import Controller, HybridState
 from hybridjax.methods.velocity import corrector as corrector_lib
 from hybridjax.methods.velocity import features as features_lib
@@ -180,4 +180,4 @@ def step_kind(row: dict[str, Any]) -> str:
   ran a validation forward."""
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "predict_step+validation" if row["measured"] else "predict_step"
-  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+  return BRANCH_NAMES[int(row["branch"])]

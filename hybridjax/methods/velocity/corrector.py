@@ -65,16 +65,17 @@ def init_corrector(
 ) -> CorrectorState:
   model = CorrectorMLP(hidden)
   params = model.init(rng, jnp.zeros((feature_dim,)), jnp.zeros(()))["params"]
+  zeros = lambda dtype=jnp.float32, shape=(capacity,): jnp.zeros(shape, dtype)  # a buffer of its own each
   return CorrectorState(
     params=params,
     opt_state=make_optimizer(learning_rate).init(params),
     x=jnp.zeros((capacity, feature_dim), jnp.float32),
-    pos=jnp.zeros((capacity,), jnp.float32),
-    target_delta=jnp.zeros((capacity,), jnp.float32),
-    target_log_scale=jnp.zeros((capacity,), jnp.float32),
-    valid=jnp.zeros((capacity,), bool),
-    write=jnp.zeros((), jnp.int32),
-    updates=jnp.zeros((), jnp.int32),
+    pos=zeros(),
+    target_delta=zeros(),
+    target_log_scale=zeros(),
+    valid=zeros(bool),
+    write=zeros(jnp.int32, ()),
+    updates=zeros(jnp.int32, ()),
   )
 
 

@@ -59,24 +59,24 @@ class VelocityState:
 
 def init_plan(*, max_predict_steps: int, n_groups: int, feature_dim: int, accuracy_window: int) -> Plan:
   """An empty plan: no confidence, nothing to roll back."""
-  f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
+  z = lambda *shape, dtype=jnp.float32: jnp.zeros(shape, dtype)  # noqa: E731
   hmax, g = max_predict_steps, n_groups
   return Plan(
-    plan_logloss=jnp.zeros((hmax,), jnp.float32),
-    plan_raw_logloss=jnp.zeros((hmax,), jnp.float32),
-    plan_alpha=jnp.zeros((hmax, g), jnp.float32),
-    plan_log_scale=jnp.zeros((hmax,), jnp.float32),
-    plan_x=jnp.zeros((feature_dim,), jnp.float32),
-    plan_offset=jnp.asarray(0, jnp.int32),
-    alpha_since_good=jnp.zeros((g,), jnp.float32),
-    rollback_alpha=jnp.zeros((g,), jnp.float32),
-    one_step_pred=f32(),
-    agreement=f32(),
-    accuracy=f32(),
-    errors=jnp.zeros((accuracy_window,), jnp.float32),
-    errors_valid=jnp.zeros((accuracy_window,), bool),
-    errors_pos=jnp.asarray(0, jnp.int32),
-    velocity_norm=jnp.zeros((g,), jnp.float32),
+    plan_logloss=z(hmax),
+    plan_raw_logloss=z(hmax),
+    plan_alpha=z(hmax, g),
+    plan_log_scale=z(hmax),
+    plan_x=z(feature_dim),
+    plan_offset=z(dtype=jnp.int32),
+    alpha_since_good=z(g),
+    rollback_alpha=z(g),
+    one_step_pred=z(),
+    agreement=z(),
+    accuracy=z(),
+    errors=z(accuracy_window),
+    errors_valid=z(accuracy_window, dtype=bool),
+    errors_pos=z(dtype=jnp.int32),
+    velocity_norm=z(g),
   )
 
 
