@@ -285,14 +285,15 @@ def searched(
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner, floor)
-  out = {}
-  for side, (c, published) in configs.items():
-    chosen = records[side]["chosen"]
-    tuned = search.apply_setting(c, chosen["fields"])
-    settings = {"row": published["row"], "lr": float(chosen["fields"]["optim.learning_rate"])}
-    settings |= {"beta": chosen["beta"], "iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-    out[side] = (tuned, settings | {"published": published, "fields": chosen["fields"]})
-  return out, records
+  return {side: at_chosen(c, records[side]["chosen"], p["row"], p) for side, (c, p) in configs.items()}, records
+
+
+def at_chosen(config: ml_collections.ConfigDict, chosen: Record, row: str, published: Record) -> tuple[Any, Record]:
+  """A side's config and settings at the setting its search chose (`chosen`), its `published` ones kept."""
+  tuned = search.apply_setting(config, chosen["fields"])
+  settings = {"row": row, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
+  settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
+  return tuned, settings | {"published": published, "fields": chosen["fields"]}
 
 
 def code_record(config: ml_collections.ConfigDict) -> Record:

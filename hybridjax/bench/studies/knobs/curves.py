@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from hybridjax.bench import comparison, factor, search
+from hybridjax.bench import comparison, factor
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import PUBLISHED
@@ -70,10 +70,7 @@ def sides_at(config: ml_collections.ConfigDict, sides: Record, state: Record, wh
     chosen = state[name]["search"].get(ITERATES[which])
     if chosen is None:
       return None
-    tuned = search.apply_setting(c, chosen["fields"])
-    settings = {"row": name, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
-    settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-    settings |= {"published": published, "fields": chosen["fields"]}
+    tuned, settings = comparison.at_chosen(c, chosen, name, published)
     out.append(Side(name, tuned, settings, [float(f) for f in k[f"{name}_budgets"]], search=state[name]["search"]))
   return out
 
