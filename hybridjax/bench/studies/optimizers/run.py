@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-import ml_collections
-
 from hybridjax.bench import comparison
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, side_configs
@@ -27,7 +25,7 @@ READINGS = 2
 FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "results", "optimizers", "field.json")
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   o, cell = config.benchmark.optimizers, comparison.cell_of(STUDY_CELLS, config.benchmark.optimizers.cell)
   c = cell.condition(config) if cell.condition else config
   corpus = f", corpus {c.data.path} ({c.data.order})" if c.data.to_dict() != config.data.to_dict() else ""
@@ -38,7 +36,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
   (cell `both_tuned`: after the joint search; a carried cell: after its local check)."""
   o = config.benchmark.optimizers
@@ -63,7 +61,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return spans | {"source": source, "sides": sides, "config": config, "before": before}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   preset_batch = int(config.trainer.batch_size)
   config = trained["config"]  # the carried cells: at their batch, on their corpus
