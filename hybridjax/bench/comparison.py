@@ -429,6 +429,15 @@ def reading_row(label: str, r: Record) -> str:
   return f"| {label} | {reading_cell(r)} | {', '.join(f'{x:.2f}' for x in r['per_seed'])} |"
 
 
+def reading_lines(result: Record, a: str, b: str) -> list[str]:
+  """Both readings' table (`a`, `b`: their labels; the raw iterates' below them, where read), each fitted and
+  model-free, the verdict, and each side's row (`side_lines`)."""
+  f, raw = result["factor"], result.get("factor_raw")
+  out = ["| reading | factor [95%] | per seed |", "|---|---|---|", reading_row(a, f["a"]), reading_row(b, f["b"])]
+  out += [reading_row(f"the raw iterates': ({k})", raw[k]) for k in ("a", "b") if raw]
+  return out + interpolated_lines(result) + ["", verdict_line(result), ""] + side_lines(result)
+
+
 def page_head(title: str, result: Record) -> list[str]:
   """A page's title and its command (where the record keeps one)."""
   return [f"# {title}", "", f"Command: `{result['command']}`" if result.get("command") else "", ""]

@@ -936,8 +936,3 @@ def search_record(search: Search, searches: list[Search]) -> Record:
     "search_runs": search.cost(),
     "totals": {s.name: s.cost() for s in searches},
   }
-
-
-def searched(config: Config, chosen: Record) -> Config:
-  """`config` at the search's chosen setting."""
-  return apply_setting(config, chosen["fields"])

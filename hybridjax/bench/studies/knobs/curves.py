@@ -140,7 +140,6 @@ def lines(result: Record) -> list[str]:
       out += ["", f"No {which} pair: a search chose no setting for it."]
       continue
     r = curves[which]
-    f = r["factor"]
     out += [
       "",
       f"## The whole recipe over R4, both searched alike, each on its own curve ({which} setting)",
@@ -149,15 +148,9 @@ def lines(result: Record) -> list[str]:
       "reading, declared before any headline seed ran); reading (b): N over the recipe's steps to reach R4's loss "
       f"at N. Headline seeds {r['seeds']}; re-checks on {r['tuning_seeds']}.",
       "",
-      "| reading | factor [95%] | per seed |",
-      "|---|---|---|",
-      comparison.reading_row("(a) R4's steps to the recipe's loss at N / N", f["a"]),
-      comparison.reading_row("(b) N / the recipe's steps to R4's", f["b"]),
     ]
-    if r.get("factor_raw"):
-      out += [comparison.reading_row(f"the raw iterates': ({x})", r["factor_raw"][x]) for x in ("a", "b")]
-    out += comparison.interpolated_lines(r) + ["", comparison.verdict_line(r), ""]
-    out += comparison.side_lines(r) + comparison.curve_lines(r)
+    a, b = "(a) R4's steps to the recipe's loss at N / N", "(b) N / the recipe's steps to R4's"
+    out += comparison.reading_lines(r, a, b) + comparison.curve_lines(r)
   rows = curves.get("rows")
   if rows and "published" not in rows:
     out += ["", f"No rows read on R4's curve: no cell `both_tuned` record at {os.path.basename(rows['rows_from'])}."]

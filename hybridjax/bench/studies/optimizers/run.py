@@ -130,7 +130,7 @@ def markdown(result: Record) -> str:
   if result["cell"]["name"] == "sides":
     title = f"Optimizers against the reference AdamW, `{result['cell']['preset']}`"
     return "\n".join(comparison.page_head(title, result) + sides_lib.markdown(result))
-  cell, f, corpus = result["cell"], result["factor"], result["corpus"]
+  cell, corpus = result["cell"], result["corpus"]
   epochs = (
     "" if corpus.get("max_epochs") is None else f", its longest run drawing {corpus['max_epochs']:.2f}× its tokens"
   )
@@ -148,16 +148,10 @@ def markdown(result: Record) -> str:
     "(b): N over Muon's steps to reach AdamW's loss at N. Geometric means over the seeds; the wider of the "
     "bootstrap's (seeds and eval windows) and the t-interval's 95% intervals.",
     "",
-    "| reading | factor [95%] | per seed |",
-    "|---|---|---|",
-    comparison.reading_row("(a) AdamW's steps to Muon's loss at N / N", f["a"]),
-    comparison.reading_row("(b) N / Muon's steps to AdamW's", f["b"]),
   ]
-  raw = result.get("factor_raw")
-  if raw:
-    out += [comparison.reading_row(f"the raw iterates': ({k})", raw[k]) for k in ("a", "b")]
-  out += comparison.interpolated_lines(result) + ["", comparison.verdict_line(result), ""]
-  out += comparison.side_lines(result) + comparison.search_lines(result) + carried.local_check_lines(result)
+  a, b = "(a) AdamW's steps to Muon's loss at N / N", "(b) N / Muon's steps to AdamW's"
+  out += comparison.reading_lines(result, a, b)
+  out += comparison.search_lines(result) + carried.local_check_lines(result)
   return "\n".join(out + comparison.curve_lines(result))
 
 
