@@ -835,7 +835,7 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     requests += [(search, s, search.seeds[2]) for s in ranked[:FINALISTS]]
   run_requests(requests, runner, "joint search: step 2 (third seed)")
   for search in searches:
-    winner = _winner(search, [search.settings[i] for i in search.history["finalists"]])
+    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean(search.seeds))
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
@@ -852,10 +852,6 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     after = saturation(search) if further else None
     search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
   return {search.name: search_record(search, searches) for search in searches}
-
-
-def _winner(search: Search, settings: list[Setting]) -> Setting:
-  return min(settings, key=lambda s: s.mean(search.seeds))
 
 
 def equalise(

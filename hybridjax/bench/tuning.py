@@ -164,11 +164,9 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
       break
     added = runner.run([x[3] for x in extend], "LR sweep: the best LR is at the grid's edge; extending")
     for (i, low, new, _), result in zip(extend, added):
-      st = state[i]
-      if low:
-        st["grid"], st["sweep"] = [new] + st["grid"], [result] + st["sweep"]
-      else:
-        st["grid"], st["sweep"] = st["grid"] + [new], st["sweep"] + [result]
+      at = 0 if low else len(state[i]["grid"])
+      state[i]["grid"].insert(at, new)
+      state[i]["sweep"].insert(at, result)
   for (config, _, loss), st in zip(sweeps, state):
     grid, sweep = st["grid"], st["sweep"]
     ranked = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))
