@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from hybridjax import codehash, schema
@@ -19,7 +18,7 @@ from hybridjax import data as data_lib
 from hybridjax.bench import factor, figures, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.tasks import task_path
 
 
@@ -42,8 +41,8 @@ class Cell:
   against: str = ""
   tuner: str = "lr"
   carries: str = ""
-  condition: Callable[[ml_collections.ConfigDict], ml_collections.ConfigDict] | None = None
-  checks: Callable[[ml_collections.ConfigDict, float, str], list[str]] | None = None
+  condition: Callable[[Config], Config] | None = None
+  checks: Callable[[Config, float, str], list[str]] | None = None
 
 
 def cell_of(cells: tuple[Cell, ...], name: str) -> Cell:
@@ -51,7 +50,7 @@ def cell_of(cells: tuple[Cell, ...], name: str) -> Cell:
   return next(c for c in cells if c.name == str(name))
 
 
-def tuner_errors(cell: Cell, config: ml_collections.ConfigDict) -> list[str]:
+def tuner_errors(cell: Cell, config: Config) -> list[str]:
   """The line refusing a `benchmark.tuner` other than the one `cell` reads."""
   tuner = str(config.benchmark.get("tuner", "lr"))
   if tuner == cell.tuner:
@@ -66,7 +65,7 @@ def tuner_errors(cell: Cell, config: ml_collections.ConfigDict) -> list[str]:
 def only_in(*cells: str) -> schema.Unread:
   """The `schema.Field.unread` of a field of a study's block that only its `cells` read."""
 
-  def unread(config: ml_collections.ConfigDict) -> str | None:
+  def unread(config: Config) -> str | None:
     block = f"benchmark.{config.benchmark.study}"
     cell = str(config[block].cell)
     return (
@@ -78,7 +77,7 @@ def only_in(*cells: str) -> schema.Unread:
   return unread
 
 
-def seed_errors(block: str, o: ml_collections.ConfigDict) -> list[str]:
+def seed_errors(block: str, o: Config) -> list[str]:
   """A comparison's seeds, `benchmark.<block>`'s: headline `seeds` and `plateau_seeds`, `tuning_seeds`
   and the joint search's `search_seeds` and `spare_seed`. Nothing is tuned on a headline seed."""
   seeds, plateau, tuning_seeds = ([int(s) for s in o[k]] for k in ("seeds", "plateau_seeds", "tuning_seeds"))
@@ -101,7 +100,7 @@ def seed_errors(block: str, o: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def budget_errors(block: str, side: str, o: ml_collections.ConfigDict, n: int, up: bool) -> list[str]:
+def budget_errors(block: str, side: str, o: Config, n: int, up: bool) -> list[str]:
   """`side`'s `<side>_budgets` (x N, N among them) and `<side>_extensions` in `benchmark.<block>`, added in
   turn above its largest budget (`up`) or below its smallest, each its own step count at N = `n`."""
   prefix, errors = f"--config.benchmark.{block}.{side}", []
@@ -148,7 +147,7 @@ class Side:
   where they came from), its budgets (x N), each budget's re-check, its runs, and what tuned it."""
 
   name: str
-  config: ml_collections.ConfigDict
+  config: Config
   settings: Record
   budgets: list[float]
   checks: dict[str, Record] = dataclasses.field(default_factory=dict)  # str(factor) -> its re-check
@@ -229,9 +228,7 @@ def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eva
       side.runs[f"{s}/{round(f * n)}"] = r
 
 
-def spanned(
-  config: ml_collections.ConfigDict, slow: Side, fast: Side, o: ml_collections.ConfigDict, runner: Runner, study: str
-) -> Record:
+def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, study: str) -> Record:
   """Both sides' curves on the headline seeds of `benchmark.<study>` (`o`), each budget but N re-checked on
   its tuning seeds, the plateau seeds added where the plateau rule flags an N-step run; then `slow`'s curve
   extended up (`<slow>_extensions`, in turn) until it lies below `fast`'s loss at N on every seed, and
@@ -269,12 +266,12 @@ def spanned(
 
 
 def searched(
-  config: ml_collections.ConfigDict,
-  configs: dict[str, tuple[ml_collections.ConfigDict, dict]],
+  config: Config,
+  configs: dict[str, tuple[Config, dict]],
   o,
   runner: Runner,
   floor: float = 0.0,
-) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
+) -> tuple[dict[str, tuple[Config, dict]], dict[str, Record]]:
   """Every side searched alike from its published settings by the joint search (`search.search_both`, on the
   block `o`'s search seeds, at equal cost, at least `floor`): (each side's config and settings at the setting
   it chose, its published ones kept under 'published'; each side's search record). The search offers only LR
@@ -285,17 +282,18 @@ def searched(
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner, floor)
-  out = {}
-  for side, (c, published) in configs.items():
-    chosen = records[side]["chosen"]
-    tuned = search.apply_setting(c, chosen["fields"])
-    settings = {"row": published["row"], "lr": float(chosen["fields"]["optim.learning_rate"])}
-    settings |= {"beta": chosen["beta"], "iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-    out[side] = (tuned, settings | {"published": published, "fields": chosen["fields"]})
-  return out, records
+  return {side: at_chosen(c, records[side]["chosen"], p["row"], p) for side, (c, p) in configs.items()}, records
 
 
-def code_record(config: ml_collections.ConfigDict) -> Record:
+def at_chosen(config: Config, chosen: Record, row: str, published: Record) -> tuple[Any, Record]:
+  """A side's config and settings at the setting its search chose (`chosen`), its `published` ones kept."""
+  tuned = search.apply_setting(config, chosen["fields"])
+  settings = {"row": row, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
+  settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
+  return tuned, settings | {"published": published, "fields": chosen["fields"]}
+
+
+def code_record(config: Config) -> Record:
   """The code and library versions a comparison's anchor runs ran on."""
   return {
     "code_version": keys.code_versions(config, []),
@@ -303,7 +301,7 @@ def code_record(config: ml_collections.ConfigDict) -> Record:
   }
 
 
-def corpus(config: ml_collections.ConfigDict, largest_steps: int) -> Record:
+def corpus(config: Config, largest_steps: int) -> Record:
   """The corpus: its name, its training tokens, how many times the longest run draws them, and its content
   hash (`data.prepare_corpus`'s, over every document), by which another machine's copy is known to be it."""
   if specs.task_name(config) != "gpt2":
@@ -429,6 +427,15 @@ def reading_cell(r: Record) -> str:
 def reading_row(label: str, r: Record) -> str:
   """A table row of one reading: its label, `reading_cell`, its per-seed factors."""
   return f"| {label} | {reading_cell(r)} | {', '.join(f'{x:.2f}' for x in r['per_seed'])} |"
+
+
+def reading_lines(result: Record, a: str, b: str) -> list[str]:
+  """Both readings' table (`a`, `b`: their labels; the raw iterates' below them, where read), each fitted and
+  model-free, the verdict, and each side's row (`side_lines`)."""
+  f, raw = result["factor"], result.get("factor_raw")
+  out = ["| reading | factor [95%] | per seed |", "|---|---|---|", reading_row(a, f["a"]), reading_row(b, f["b"])]
+  out += [reading_row(f"the raw iterates': ({k})", raw[k]) for k in ("a", "b") if raw]
+  return out + interpolated_lines(result) + ["", verdict_line(result), ""] + side_lines(result)
 
 
 def page_head(title: str, result: Record) -> list[str]:

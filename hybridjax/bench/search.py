@@ -32,7 +32,6 @@ import statistics
 import warnings
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from hybridjax import optim as optim_lib
@@ -40,7 +39,7 @@ from hybridjax import preflight
 from hybridjax.bench import specs, tuning
 from hybridjax.bench.figures import plateau_runs
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.optimizers import module as module_lib
 
 AVERAGING_BETAS = (0.98, 0.99, 0.995, 0.998, 0.999)
@@ -61,7 +60,7 @@ SPACES = {
 }
 
 
-def weight_decay_field(config: ml_collections.ConfigDict) -> str | None:
+def weight_decay_field(config: Config) -> str | None:
   """The weight decay `config`'s optimizer reads, which `refine` moves with the LR: the one field its
   declaration gives the role 'weight decay' (`optimizers.OPTIMIZERS`), a user's module's `weight_decay`
   knob (`optimizers.module`); None where it has none (or, as 'muon', two)."""
@@ -73,7 +72,7 @@ def weight_decay_field(config: ml_collections.ConfigDict) -> str | None:
   return f"optim.{fields[0]}" if len(fields) == 1 else None
 
 
-def weight_decay_of(config: ml_collections.ConfigDict) -> tuple[str | None, float]:
+def weight_decay_of(config: Config) -> tuple[str | None, float]:
   """(`weight_decay_field` of `config`, its value; 0.0 where there is none)."""
   field = weight_decay_field(config)
   return field, 0.0 if field is None else float(config_values(config)[field])
@@ -187,7 +186,7 @@ def _weight_decay(field: str, scale: float = 1.0) -> Knob:
 _SCHEDULE_KNOBS = ("optim.schedule", "optim.min_lr_ratio", "optim.decay_fraction")  # none under an owned schedule
 
 
-def _shared_knobs(config: ml_collections.ConfigDict, warmup: int, shortest: int | None) -> list[Knob]:
+def _shared_knobs(config: Config, warmup: int, shortest: int | None) -> list[Knob]:
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
   `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
   the schedule, its floor and cool-down, clipping and the init (the row's, or fan-in)."""
@@ -233,9 +232,7 @@ def centred_at(centre: Centre) -> Any:
 
 
 @centred_at(Centre())
-def adamw_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
-) -> list[Knob]:
+def adamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
   'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
@@ -258,9 +255,7 @@ def adamw_space(
 
 
 @centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
-def muon_groups_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "v1"
-) -> list[Knob]:
+def muon_groups_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
   """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
   decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
   ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
@@ -291,9 +286,7 @@ def muon_groups_space(
 
 
 @centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
-def nadamw_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def nadamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
   """NAdamW's space: AdamW's (`adamw_space`)."""
   return adamw_space(config, warmup, shortest, space)
 
@@ -307,9 +300,7 @@ def nadamw_space(
     lacks=("eps: a sign update divides by nothing",),
   )
 )
-def lion_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def lion_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
   centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
@@ -337,7 +328,7 @@ def lion_space(
   )
 )
 def schedule_free_adamw_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
+  config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric"
 ) -> list[Knob]:
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
   (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
@@ -351,9 +342,7 @@ def schedule_free_adamw_space(
   ]
 
 
-def module_space(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def module_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
   the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
@@ -384,22 +373,20 @@ def space_function(name: str) -> Any:
   return found
 
 
-def space_of(
-  config: ml_collections.ConfigDict, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def space_of(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
   """The space `space` (`SPACES`) of `config`'s optimizer (`space_function`), around `config`'s values;
   `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the
   warm-up)."""
   return space_function(str(config.optim.name))(config, warmup, shortest, space)
 
 
-def centred(reference: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+def centred(reference: Config, name: str) -> Config:
   """The reference AdamW's config moved to optimizer `name` (a built-in's, or a user's module's dotted path)
   at its space's `Centre`: the fields it shares with the reference kept (the schedule's, the betas it
   declares), those it does not read at their defaults, the LR and the weight decay times the centre's
   factors; an optimizer that owns its schedule with the rate held after the warm-up (`optim.min_lr_ratio`
   1.0)."""
-  c = ml_collections.ConfigDict(reference.to_dict())
+  c = Config(reference.to_dict())
   centre = getattr(space_function(name), "centre", Centre())
   c.optim.name = name
   declared = optim_lib.OPTIMIZERS[name].fields if name in optim_lib.OPTIMIZERS else ()
@@ -418,7 +405,7 @@ def centred(reference: ml_collections.ConfigDict, name: str) -> ml_collections.C
   return c
 
 
-def owns_schedule(config: ml_collections.ConfigDict) -> bool:
+def owns_schedule(config: Config) -> bool:
   """Whether `config`'s optimizer owns its schedule (a built-in's declaration, a module's `OWNS_SCHEDULE`)."""
   name = str(config.optim.name)
   if name in optim_lib.OPTIMIZERS:
@@ -435,22 +422,22 @@ def sobol_points(dimensions: int, seed: int) -> np.ndarray:
     return qmc.Sobol(dimensions, scramble=True, rng=np.random.default_rng(seed)).random(SOBOL_POINTS)
 
 
-def published_setting(config: ml_collections.ConfigDict, space: list[Knob]) -> Record:
+def published_setting(config: Config, space: list[Knob]) -> Record:
   """The side's own values of the space's fields."""
   flat = config_values(config)
   return {k.field: flat[k.field] for k in space}
 
 
-def config_values(config: ml_collections.ConfigDict) -> Record:
+def config_values(config: Config) -> Record:
   """The optim and model blocks' fields by dotted name (a user's optimizer's block, `optim.<BLOCK>`, too)."""
   flat = {f"{b}.{k}": v for b in ("optim", "model") for k, v in config[b].items() if not isinstance(v, dict)}
   return flat | {f"optim.{module_lib.BLOCK}.{k}": v for k, v in config.optim.get(module_lib.BLOCK, {}).items()}
 
 
-def apply_setting(config: ml_collections.ConfigDict, setting: Record) -> ml_collections.ConfigDict:
+def apply_setting(config: Config, setting: Record) -> Config:
   """`config` with `setting`'s fields; under the cosine schedule the cool-down (`optim.decay_fraction`,
   the 'wsd' schedule's alone) is left at its default, which no run reads."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.update_from_flattened_dict(dict(setting))
   if c.optim.schedule != "wsd":
     c.optim.decay_fraction = preflight.field_defaults()["optim.decay_fraction"]
@@ -514,7 +501,7 @@ class Search:
   def __init__(
     self,
     name: str,
-    config: ml_collections.ConfigDict,
+    config: Config,
     space: list[Knob],
     seeds: list[int],
     spare: int,
@@ -806,9 +793,9 @@ def finish(
 
 
 def side_searches(
-  sides: dict[str, ml_collections.ConfigDict],
-  block: ml_collections.ConfigDict,
-  config: ml_collections.ConfigDict,
+  sides: dict[str, Config],
+  block: Config,
+  config: Config,
   shortest: dict[str, int] | None = None,
 ) -> list[Search]:
   """One search per side (`sides`: name -> its config) over its space (`space_of`, the block's
@@ -848,7 +835,7 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     requests += [(search, s, search.seeds[2]) for s in ranked[:FINALISTS]]
   run_requests(requests, runner, "joint search: step 2 (third seed)")
   for search in searches:
-    winner = _winner(search, [search.settings[i] for i in search.history["finalists"]])
+    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean(search.seeds))
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
@@ -865,10 +852,6 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     after = saturation(search) if further else None
     search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
   return {search.name: search_record(search, searches) for search in searches}
-
-
-def _winner(search: Search, settings: list[Setting]) -> Setting:
-  return min(settings, key=lambda s: s.mean(search.seeds))
 
 
 def equalise(
@@ -949,8 +932,3 @@ def search_record(search: Search, searches: list[Search]) -> Record:
     "search_runs": search.cost(),
     "totals": {s.name: s.cost() for s in searches},
   }
-
-
-def searched(config: ml_collections.ConfigDict, chosen: Record) -> ml_collections.ConfigDict:
-  """`config` at the search's chosen setting."""
-  return apply_setting(config, chosen["fields"])

@@ -164,11 +164,9 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
       break
     added = runner.run([x[3] for x in extend], "LR sweep: the best LR is at the grid's edge; extending")
     for (i, low, new, _), result in zip(extend, added):
-      st = state[i]
-      if low:
-        st["grid"], st["sweep"] = [new] + st["grid"], [result] + st["sweep"]
-      else:
-        st["grid"], st["sweep"] = st["grid"] + [new], st["sweep"] + [result]
+      at = 0 if low else len(state[i]["grid"])
+      state[i]["grid"].insert(at, new)
+      state[i]["sweep"].insert(at, result)
   for (config, _, loss), st in zip(sweeps, state):
     grid, sweep = st["grid"], st["sweep"]
     ranked = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))
@@ -235,8 +233,9 @@ def tune(
   # averaging: its headline reads whichever iterate the tuning seeds chose).
   ranked_by = best_loss if b.get("iterate", "averaged") == "best" else averaged_loss
   swept = sweep_lrs([(config, spec, ranked_by)], runner)[0]
-  grid, sweep, top2, second = swept["grid"], swept["sweep"], swept["top2"], swept["second"]
-  means, best_lr, best_at_edge = swept["means"], swept["best_lr"], swept["best_at_edge"]
+  grid, sweep, top2, second, means, best_lr = (
+    swept[k] for k in ("grid", "sweep", "top2", "second", "means", "best_lr")
+  )
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
   averaging = choose_averaging(swept["at_best"], betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
@@ -290,7 +289,7 @@ def tune(
     "best_two_means": {str(k): v for k, v in means.items()},
     "best_lr": best_lr,
     "best_lr_for_raw_loss": raw_best_lr,
-    "best_at_edge": best_at_edge,
+    "best_at_edge": swept["best_at_edge"],
     "averaging_beta": beta,
     "beta_table": beta_table,
     "iterate_losses": averaging["iterate_losses"],
@@ -325,10 +324,9 @@ def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   runs = {}
   for r in results:
     s = str(r["seed"])
-    curves["baseline"].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = r["final_raw"]
-    curves["averaged_baseline"].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = averaged_loss(
-      r, tuning["averaging_beta"]
-    )
+    averaged = averaged_loss(r, tuning["averaging_beta"])
+    for anchor, loss in (("baseline", r["final_raw"]), ("averaged_baseline", averaged)):
+      curves[anchor].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = loss
     runs[f"{s}/{r['steps']}"] = r
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 

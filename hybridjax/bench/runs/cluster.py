@@ -97,7 +97,12 @@ def probe(address: str, timeout_s: float) -> None:
       return
     lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
     why = lines[-1] if lines else f"exit status {done.returncode}"
-  raise ConnectionError(
+  raise unreachable(address, why)
+
+
+def unreachable(address: str, why: Any) -> ConnectionError:
+  """The refusal of a cluster at `address` that did not answer as Ray (`why`)."""
+  return ConnectionError(
     f"benchmark.ray_address={address!r}: {why} (start a cluster with `ray start --head`, or use '' to start Ray on "
     "this machine); nothing was trained"
   )
@@ -222,10 +227,7 @@ class RayExecutor:
       # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.
       self.ray.init(address=self.address or "local", runtime_env=runtime_env, log_to_driver=False, **kwargs)
     except ConnectionError as e:
-      raise ConnectionError(
-        f"benchmark.ray_address={self.address!r}: {e} (start a cluster with `ray start --head`, or use '' to start "
-        "Ray on this machine); nothing was trained"
-      ) from e
+      raise unreachable(self.address, e) from e
     self._runtime_env = runtime_env
     self.connections += 1
 

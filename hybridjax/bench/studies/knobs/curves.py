@@ -10,34 +10,32 @@ from __future__ import annotations
 import json
 import os
 
-import ml_collections
-
-from hybridjax.bench import comparison, factor, search
+from hybridjax.bench import comparison, factor
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import PUBLISHED
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
 ROWS = ("adamw", "muon")  # cell `both_tuned`'s sides, read on R4's curve
 ITERATES = {"primary": "chosen", "raw": "raw_chosen"}  # a pair of curves -> the search's setting it runs
 
 
-def reads_curves(config: ml_collections.ConfigDict) -> bool:
+def reads_curves(config: Config) -> bool:
   """Whether the study runs the curves: the joint tuner with R4 and the whole recipe among its sides."""
   sides = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
   return str(config.benchmark.get("tuner", "lr")) == "joint" and all(s in sides for s in PAIR)
 
 
-def block(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def block(config: Config) -> Config:
   """`benchmark.knobs` as `comparison.spanned` reads a study's block: the headline seeds the benchmark's, the
   re-checks on the search's seeds."""
   k = config.benchmark.knobs
   seeds = {"seeds": tuple(config.benchmark.seeds), "tuning_seeds": tuple(k.search_seeds)}
-  return ml_collections.ConfigDict(k.to_dict() | seeds)
+  return Config(k.to_dict() | seeds)
 
 
-def rows_record(config: ml_collections.ConfigDict) -> tuple[str, Record | None]:
+def rows_record(config: Config) -> tuple[str, Record | None]:
   """(its path, the record) of the cell `both_tuned` record whose sides are read on R4's curve
   (`knobs.rows_from`; '': the published one at this preset, None where this preset has none). A missing one
   given, or one of another cell or N, is refused naming the field."""
@@ -61,7 +59,7 @@ def rows_record(config: ml_collections.ConfigDict) -> tuple[str, Record | None]:
   return path, rows
 
 
-def sides_at(config: ml_collections.ConfigDict, sides: Record, state: Record, which: str) -> list[Side] | None:
+def sides_at(config: Config, sides: Record, state: Record, which: str) -> list[Side] | None:
   """R4 and the whole recipe as comparison sides at the setting their searches chose for `which` iterate
   ('primary': the search's choice; 'raw': its raw-chosen setting, read raw); None where a search has none."""
   k, out = config.benchmark.knobs, []
@@ -70,15 +68,12 @@ def sides_at(config: ml_collections.ConfigDict, sides: Record, state: Record, wh
     chosen = state[name]["search"].get(ITERATES[which])
     if chosen is None:
       return None
-    tuned = search.apply_setting(c, chosen["fields"])
-    settings = {"row": name, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
-    settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-    settings |= {"published": published, "fields": chosen["fields"]}
+    tuned, settings = comparison.at_chosen(c, chosen, name, published)
     out.append(Side(name, tuned, settings, [float(f) for f in k[f"{name}_budgets"]], search=state[name]["search"]))
   return out
 
 
-def train(config: ml_collections.ConfigDict, sides: Record, state: Record, runner: Runner) -> Record:
+def train(config: Config, sides: Record, state: Record, runner: Runner) -> Record:
   """Both pairs' curves (the primary and the raw one): {which: {"sides", "seeds", "plateaus", "extended"}},
   a pair left out where a search chose no setting for it."""
   out = {}
@@ -89,7 +84,7 @@ def train(config: ml_collections.ConfigDict, sides: Record, state: Record, runne
   return out
 
 
-def record(config: ml_collections.ConfigDict, curves: Record, published: Record) -> Record:
+def record(config: Config, curves: Record, published: Record) -> Record:
   """The curves' record: per pair, a comparison record (`comparison.own_curves`' readings of the recipe over
   R4, its verdict against 1.0x), and on the primary pair's R4 curve the rows: R4 as published (`published`: its
   headline runs' losses at N, model-free: `comparison.on_anchor_curve`) and cell `both_tuned`'s AdamW and Muon
@@ -145,7 +140,6 @@ def lines(result: Record) -> list[str]:
       out += ["", f"No {which} pair: a search chose no setting for it."]
       continue
     r = curves[which]
-    f = r["factor"]
     out += [
       "",
       f"## The whole recipe over R4, both searched alike, each on its own curve ({which} setting)",
@@ -154,15 +148,9 @@ def lines(result: Record) -> list[str]:
       "reading, declared before any headline seed ran); reading (b): N over the recipe's steps to reach R4's loss "
       f"at N. Headline seeds {r['seeds']}; re-checks on {r['tuning_seeds']}.",
       "",
-      "| reading | factor [95%] | per seed |",
-      "|---|---|---|",
-      comparison.reading_row("(a) R4's steps to the recipe's loss at N / N", f["a"]),
-      comparison.reading_row("(b) N / the recipe's steps to R4's", f["b"]),
     ]
-    if r.get("factor_raw"):
-      out += [comparison.reading_row(f"the raw iterates': ({x})", r["factor_raw"][x]) for x in ("a", "b")]
-    out += comparison.interpolated_lines(r) + ["", comparison.verdict_line(r), ""]
-    out += comparison.side_lines(r) + comparison.curve_lines(r)
+    a, b = "(a) R4's steps to the recipe's loss at N / N", "(b) N / the recipe's steps to R4's"
+    out += comparison.reading_lines(r, a, b) + comparison.curve_lines(r)
   rows = curves.get("rows")
   if rows and "published" not in rows:
     out += ["", f"No rows read on R4's curve: no cell `both_tuned` record at {os.path.basename(rows['rows_from'])}."]

@@ -29,12 +29,6 @@ def header(config: Config, workdir: str) -> list[str]:
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def side_loss(run: Record, iterate: str) -> float:
-  """A tuning run's loss as the search ranks it: raw, or averaged at the best of the betas it
-  recorded (the beta is tuned with the rest; the headline runs are read at the beta chosen here)."""
-  return run["final_raw"] if iterate == "raw" else tuning.averaged_loss(run)
-
-
 def _with(c: Config, fields: Record, lr: float | None = None) -> Config:
   out = Config(c.to_dict())
   out.update_from_flattened_dict(fields)
@@ -80,7 +74,7 @@ def joint_state(config: Config, sides: dict[str, tuple], runner: Runner) -> Reco
   for side in sides:
     chosen = records[side]["chosen"]
     before = config_lib.flatten(sides[side][0])
-    after = config_lib.flatten(search.searched(sides[side][0], chosen))
+    after = config_lib.flatten(search.apply_setting(sides[side][0], chosen["fields"]))
     fields = {f: v for f, v in after.items() if before.get(f) != v and f != "optim.learning_rate"}
     state[side] = {
       "fields": fields,
@@ -113,7 +107,7 @@ def train(config: Config, runner: Runner) -> Record:
 
   def loss_of(side: str, ev: dict) -> float:
     state[side]["keys"].update(ev["spec_keys"])
-    return statistics.fmean(side_loss(r, sides[side][1]["iterate"]) for r in ev["runs"])
+    return statistics.fmean(tuning.iterate_loss(r, sides[side][1]["iterate"], None) for r in ev["runs"])
 
   base = _evaluate([c for c, _ in sides.values()], config, runner, "knobs: each side as published (tuning seeds, N)")
   for side, ev in zip(sides, base):

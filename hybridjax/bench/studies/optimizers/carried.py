@@ -11,21 +11,19 @@ import math
 import os
 import statistics
 
-import ml_collections
-
 from hybridjax import data as data_lib
 from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 
 PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
 BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
 
 
-def before_record(config: ml_collections.ConfigDict) -> tuple[str, Record]:
+def before_record(config: Config) -> tuple[str, Record]:
   """(its path as shown, the record) of the cell `both_tuned` record the settings come from
   (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
   preset, rows, token budget or eval windows, is refused naming the field."""
@@ -68,11 +66,11 @@ def before_record(config: ml_collections.ConfigDict) -> tuple[str, Record]:
   return shown, before
 
 
-def smaller_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def smaller_batch(config: Config) -> Config:
   """Cell `small_batch`'s config: at `optimizers.batch_size` windows per step, at the same tokens (N·B/b steps,
   E·B/b eval batches)."""
   c, big, b = (
-    ml_collections.ConfigDict(config.to_dict()),
+    Config(config.to_dict()),
     int(config.trainer.batch_size),
     int(config.benchmark.optimizers.batch_size),
   )
@@ -82,14 +80,14 @@ def smaller_batch(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return c
 
 
-def on_corpus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def on_corpus(config: Config) -> Config:
   """Cell `corpus`'s config: on `optimizers.corpus_path`, without repeats."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = Config(config.to_dict())
   c.data.path, c.data.order = os.path.expanduser(str(config.benchmark.optimizers.corpus_path)), "no_repeat"
   return c
 
 
-def batch_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
+def batch_errors(config: Config, largest: float, name: str) -> list[str]:
   """Cell `small_batch`: its batch against the preset's (smaller, dividing its steps' and eval batches'
   windows)."""
   del largest, name
@@ -103,7 +101,7 @@ def batch_errors(config: ml_collections.ConfigDict, largest: float, name: str) -
   return []
 
 
-def corpus_errors(config: ml_collections.ConfigDict, largest: float, name: str) -> list[str]:
+def corpus_errors(config: Config, largest: float, name: str) -> list[str]:
   """Cell `corpus`: its corpus exists and holds the windows its largest budget (`largest` x N) reads without
   repeats; a publish over its record `name` that read another corpus by content (`corpus.content_hash`),
   though at the same `corpus_path`, is refused (the config alone cannot tell)."""
@@ -137,7 +135,7 @@ def corpus_errors(config: ml_collections.ConfigDict, largest: float, name: str) 
   return []
 
 
-def converted(c: ml_collections.ConfigDict, fields: Record, beta: float, ratio: float) -> tuple[Record, float]:
+def converted(c: Config, fields: Record, beta: float, ratio: float) -> tuple[Record, float]:
   """(`fields` and the averaging `beta`, moved to a batch `ratio` times as large at the same tokens): each
   field by its knob in `c`'s search space (`search.Knob.at_batch`), the averaging beta as a decay per step."""
   knobs = {k.field: k for k in search.space_of(c, int(c.optim.warmup_steps))}
@@ -145,15 +143,15 @@ def converted(c: ml_collections.ConfigDict, fields: Record, beta: float, ratio: 
   return out, search.Knob("beta", "choice", (), per_step="ema").at_batch(beta, ratio)
 
 
-def beta2_field(c: ml_collections.ConfigDict) -> str:
+def beta2_field(c: Config) -> str:
   """The field of the side's Adam beta2 (the one knob of its space searched as 1 - the value)."""
   (field,) = [k.field for k in search.space_of(c, int(c.optim.warmup_steps)) if k.one_minus]
   return field
 
 
 def converted_sides(
-  config: ml_collections.ConfigDict, configs: dict[str, tuple[ml_collections.ConfigDict, dict]], before: Record
-) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
+  config: Config, configs: dict[str, tuple[Config, dict]], before: Record
+) -> dict[str, tuple[Config, dict]]:
   """Each side's config and settings: cell `both_tuned`'s chosen fields, beta and iterate (in `before`),
   converted to this cell's batch; its settings keep `before`'s under 'from' and the beta2 before the
   conversion under 'beta2_unconverted'."""
@@ -170,7 +168,7 @@ def converted_sides(
   return out
 
 
-def local_candidates(c: ml_collections.ConfigDict, settings: Record) -> list[Record]:
+def local_candidates(c: Config, settings: Record) -> list[Record]:
   """The local check's settings, the converted one first: the LR at its sqrt(2) neighbours × beta2
   {converted, unconverted}."""
   lr, b2 = float(settings["lr"]), beta2_field(c)
@@ -196,8 +194,8 @@ def _next_lr(tried: list[Record], b2: str) -> float | None:
 
 
 def local_check(
-  config: ml_collections.ConfigDict, sides: dict[str, tuple[ml_collections.ConfigDict, dict]], runner: Runner
-) -> tuple[dict[str, tuple[ml_collections.ConfigDict, dict]], dict[str, Record]]:
+  config: Config, sides: dict[str, tuple[Config, dict]], runner: Runner
+) -> tuple[dict[str, tuple[Config, dict]], dict[str, Record]]:
   """Every side's local check, each round in one batch: (the sides at their chosen setting, {side: {"tried":
   [...], "chosen", "search_runs" (N-run equivalents: the runs' steps over N)}}). Where the best setting's LR
   is the lowest or highest tried at its beta2, that LR one sqrt(2) step further is tried too, at most

@@ -3,14 +3,13 @@ and its checks."""
 
 from __future__ import annotations
 
-import ml_collections
-
 from hybridjax import optim as optim_lib
 from hybridjax import schema
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
+from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 
@@ -89,7 +88,7 @@ FIELDS = (
 del F
 
 
-def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
+def add_defaults(block: Config, preset: str) -> None:
   """`benchmark.optimizers` at `preset`: `FIELDS`' defaults are `long`'s and every larger preset's; `quick`
   runs a shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
   if preset == "quick":
@@ -97,7 +96,7 @@ def add_defaults(block: ml_collections.ConfigDict, preset: str) -> None:
     block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
 
 
-def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tuple[ml_collections.ConfigDict, dict]]]:
+def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   """(the recipe record read, {side: (its config, its published settings: row, lr, beta, iterate,
   weight_decay)}): each side is the record's cumulative row, at the LR, beta and iterate the record tuned."""
   b, o = config.benchmark, config.benchmark.optimizers
@@ -120,7 +119,7 @@ def side_configs(config: ml_collections.ConfigDict) -> tuple[str, dict[str, tupl
   return shown, out
 
 
-def validate(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns both sides' configs, which the skeleton checks too."""
   o, n = config.benchmark.optimizers, int(config.trainer.steps)
   cell = comparison.cell_of(STUDY_CELLS, o.cell)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-import ml_collections
-
 from hybridjax.bench import comparison
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record, Study
+from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, side_configs
@@ -27,7 +25,7 @@ READINGS = 2
 FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "results", "optimizers", "field.json")
 
 
-def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+def header(config: Config, workdir: str) -> list[str]:
   o, cell = config.benchmark.optimizers, comparison.cell_of(STUDY_CELLS, config.benchmark.optimizers.cell)
   c = cell.condition(config) if cell.condition else config
   corpus = f", corpus {c.data.path} ({c.data.order})" if c.data.to_dict() != config.data.to_dict() else ""
@@ -38,7 +36,7 @@ def header(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   ]
 
 
-def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
+def train(config: Config, runner: Runner) -> Record:
   """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
   (cell `both_tuned`: after the joint search; a carried cell: after its local check)."""
   o = config.benchmark.optimizers
@@ -63,7 +61,7 @@ def train(config: ml_collections.ConfigDict, runner: Runner) -> Record:
   return spans | {"source": source, "sides": sides, "config": config, "before": before}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
+def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
   del timed, command, runner
   preset_batch = int(config.trainer.batch_size)
   config = trained["config"]  # the carried cells: at their batch, on their corpus
@@ -132,7 +130,7 @@ def markdown(result: Record) -> str:
   if result["cell"]["name"] == "sides":
     title = f"Optimizers against the reference AdamW, `{result['cell']['preset']}`"
     return "\n".join(comparison.page_head(title, result) + sides_lib.markdown(result))
-  cell, f, corpus = result["cell"], result["factor"], result["corpus"]
+  cell, corpus = result["cell"], result["corpus"]
   epochs = (
     "" if corpus.get("max_epochs") is None else f", its longest run drawing {corpus['max_epochs']:.2f}× its tokens"
   )
@@ -150,16 +148,10 @@ def markdown(result: Record) -> str:
     "(b): N over Muon's steps to reach AdamW's loss at N. Geometric means over the seeds; the wider of the "
     "bootstrap's (seeds and eval windows) and the t-interval's 95% intervals.",
     "",
-    "| reading | factor [95%] | per seed |",
-    "|---|---|---|",
-    comparison.reading_row("(a) AdamW's steps to Muon's loss at N / N", f["a"]),
-    comparison.reading_row("(b) N / Muon's steps to AdamW's", f["b"]),
   ]
-  raw = result.get("factor_raw")
-  if raw:
-    out += [comparison.reading_row(f"the raw iterates': ({k})", raw[k]) for k in ("a", "b")]
-  out += comparison.interpolated_lines(result) + ["", comparison.verdict_line(result), ""]
-  out += comparison.side_lines(result) + comparison.search_lines(result) + carried.local_check_lines(result)
+  a, b = "(a) AdamW's steps to Muon's loss at N / N", "(b) N / Muon's steps to AdamW's"
+  out += comparison.reading_lines(result, a, b)
+  out += comparison.search_lines(result) + carried.local_check_lines(result)
   return "\n".join(out + comparison.curve_lines(result))
 
 

@@ -17,21 +17,20 @@ import os
 import statistics
 
 import jax
-import ml_collections
 
 from hybridjax import optim as optim_lib
 from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Record
+from hybridjax.bench.studies import Config, Record
 from hybridjax.optimizers import module as module_lib
 
 REFERENCE = "adamw"  # the side every other is read against: the study's AdamW row
 ALPHA = 0.05  # the family-wise error rate of the verdicts (Holm)
 
 
-def names(o: ml_collections.ConfigDict) -> list[str]:
+def names(o: Config) -> list[str]:
   """The optimizers of `sides` besides the reference, in order."""
   return [s for s in dict.fromkeys(x.strip() for x in str(o.sides).split(",")) if s and s != REFERENCE]
 
@@ -41,7 +40,7 @@ def label(name: str) -> str:
   return name.replace(".", "-")
 
 
-def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> list[str]:
+def errors(config: Config, reference: Config) -> list[str]:
   """The sides' refusals, each naming the fix, before anything trains: no side; a built-in with no space; a
   module that breaks `optimizers.module`'s interface, or that the schedule cannot drive (traced on the task's
   params, nothing computed)."""
@@ -70,7 +69,7 @@ def errors(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDi
   return out
 
 
-def reference_record(config: ml_collections.ConfigDict) -> tuple[Record, str] | None:
+def reference_record(config: Config) -> tuple[Record, str] | None:
   """(the cell `both_tuned` record `reference_from` names, its run cache: `<cell>-<preset>-run-cache` beside
   it), or None where the reference is searched again. Refused, naming the field: a record of another preset,
   N or headline seeds, or a run its cache lacks."""
@@ -112,10 +111,10 @@ def from_record(reference: tuple, rec: Record, cache: str) -> Side:
   return Side(REFERENCE, c, side["settings"], list(side["budgets"]), checks, runs, side["search"])
 
 
-def block(o: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def block(o: Config) -> Config:
   """The study block with each side's budgets: every side's curve (the reference's too) runs both rows'
   budgets, the reference extended up by `adamw_extensions`, a side down by `muon_extensions`."""
-  out = ml_collections.ConfigDict(o.to_dict())
+  out = Config(o.to_dict())
   budgets = sorted({float(f) for f in [*o.adamw_budgets, *o.muon_budgets]})
   out.adamw_budgets = budgets
   for name in names(o):
@@ -123,7 +122,7 @@ def block(o: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return out
 
 
-def train(config: ml_collections.ConfigDict, reference: tuple, runner: Runner) -> Record:
+def train(config: Config, reference: tuple, runner: Runner) -> Record:
   """Every side searched alike with the reference, then each side's curve against the reference's."""
   o, read = block(config.benchmark.optimizers), reference_record(config)
   ref_config, ref_settings = reference
@@ -147,7 +146,7 @@ def train(config: ml_collections.ConfigDict, reference: tuple, runner: Runner) -
   return {"sides": sides, "spans": spans, "block": o}
 
 
-def record(config: ml_collections.ConfigDict, trained: Record, field: tuple[float, float]) -> Record:
+def record(config: Config, trained: Record, field: tuple[float, float]) -> Record:
   """Each side's comparison with the reference (its readings, `comparison.own_curves`), and `table`."""
   n, o, ref = int(config.trainer.steps), trained["block"], trained["sides"][REFERENCE]
   pairs = {}
@@ -258,7 +257,7 @@ def markdown(result: Record) -> list[str]:
   return out
 
 
-def judge(config: ml_collections.ConfigDict, workdir: str, sides: str) -> dict[str, Record]:
+def judge(config: Config, workdir: str, sides: str) -> dict[str, Record]:
   """The documented command as a function: `config`'s optimizers study in cell `sides` with `sides`
   (comma-separated) against the reference, trained into `workdir` (resuming from its run cache); returns
   `table`'s plain dict, per side."""
