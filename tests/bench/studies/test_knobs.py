@@ -239,6 +239,17 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   md = (tmp_path / "work" / "knobs-joint-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "tuning runs (N-run equivalents)" in md
   assert "## Rows read on the jointly searched R4's curve" in md and "No field figure" in md
+  # A search finished elsewhere is taken from its record as it chose: nothing is searched again, the same curves.
+  again = SpecRunner(_stub_falling)
+  monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(again))
+  c.benchmark.knobs.search_from = str(tmp_path / "work" / "knobs-joint-quick.json")
+  taken = study.run(c, str(tmp_path / "again"))
+  assert not [x for x in again.specs if x["config"]["trainer"]["steps"] == 300 and x["config"]["seed"] > 1000]
+  assert taken["curves"]["primary"]["factor"] == primary["factor"]
+  assert {s: x["search"] for s, x in taken["sides"].items()} == {s: x["search"] for s, x in written["sides"].items()}
+  c.benchmark.knobs.sides = "anchor,muon,recipe"  # sides the record does not hold
+  with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.search_from=.*sides \['anchor', 'recipe'\]"):
+    study.validate(c)
 
 
 def test_the_joint_tuners_curves_are_refused_without_the_record_their_rows_read(tmp_path):

@@ -58,6 +58,8 @@ FIELDS = (
     "the eval windows (0: none)"),
   schema.Field("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
   schema.Field("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
+  schema.Field("search_from", "", schema.check_str, "joint: a knobs-joint record whose searches this run takes as "
+    "they chose instead of searching again ('': search)"),
   schema.Field("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
     "are read on R4's curve ('': the published optimizers-both_tuned-<preset>.json)"),
 )  # fmt: skip
@@ -150,6 +152,8 @@ def validate(config: Config) -> dict[str, Config]:
         raise ValueError(
           f"side {side!r}: {e}; with --config.benchmark.tuner=joint leave it out of --config.benchmark.knobs.sides"
         ) from None
+  if joint and str(k.search_from):
+    curves.searched_from(config)
   if curves.reads_curves(config):  # the curves' budgets and seeds, and the record whose rows they read
     o, n = curves.block(config), int(config.trainer.steps)
     errors = comparison.seed_errors("knobs", o)

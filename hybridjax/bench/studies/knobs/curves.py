@@ -59,6 +59,26 @@ def rows_record(config: Config) -> tuple[str, Record | None]:
   return path, rows
 
 
+def searched_from(config: Config) -> dict[str, Record]:
+  """{side: its search's record} from the knobs-joint record `knobs.search_from`: a search finished at an
+  earlier commit, taken as it chose rather than run again (its runs keyed to that commit's code). A missing
+  record, or one of another tuner, preset, N or sides, is refused naming the field."""
+  path, field = str(config.benchmark.knobs.search_from), "--config.benchmark.knobs.search_from"
+  if not os.path.exists(path):
+    raise ValueError(f"{field}={path}: no such record: give the knobs-joint-<preset>.json its search wrote")
+  with open(path) as f:
+    rec = json.load(f)
+  wanted = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
+  same = (rec.get("tuner"), rec.get("preset"), rec.get("steps"), sorted(rec.get("sides", {})))
+  if same != ("joint", str(config.benchmark.preset), int(config.trainer.steps), sorted(wanted)):
+    raise ValueError(
+      f"{field}={path}: a record of tuner {same[0]!r}, preset {same[1]!r}, N = {same[2]}, sides {same[3]}; this run "
+      f"is the joint tuner at {config.benchmark.preset!r}, N = {int(config.trainer.steps)}, sides {sorted(wanted)}: "
+      "give a knobs-joint record of this run's preset and sides"
+    )
+  return {side: rec["sides"][side]["search"] for side in wanted}
+
+
 def sides_at(config: Config, sides: Record, state: Record, which: str) -> list[Side] | None:
   """R4 and the whole recipe as comparison sides at the setting their searches chose for `which` iterate
   ('primary': the search's choice; 'raw': its raw-chosen setting, read raw); None where a search has none."""

@@ -66,10 +66,14 @@ def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, 
 
 def joint_state(config: Config, sides: dict[str, tuple], runner: Runner) -> Record:
   """`benchmark.tuner='joint'`: every side searched alike by the joint search (`search.search_both`, at
-  equal cost), each side's state at the setting it chose, with its search's record."""
+  equal cost), each side's state at the setting it chose, with its search's record; with
+  `knobs.search_from`, each side's search taken from that record (`curves.searched_from`), not run again."""
   k = config.benchmark.knobs
-  searches = search.side_searches({side: c for side, (c, _) in sides.items()}, k, config)
-  records = search.search_both(searches, int(k.search_configs), runner)
+  if str(k.search_from):
+    records = curves.searched_from(config)
+  else:
+    searches = search.side_searches({side: c for side, (c, _) in sides.items()}, k, config)
+    records = search.search_both(searches, int(k.search_configs), runner)
   state = {}
   for side in sides:
     chosen = records[side]["chosen"]
