@@ -84,6 +84,16 @@ def test_a_module_with_a_broken_space_is_refused_before_anything_trains(tmp_path
   assert runner.ran == 0 and not (tmp_path / "work").exists()
 
 
+def test_the_header_names_the_sides_against_the_reference(tmp_path):
+  from hybridjax.bench.studies.optimizers import run
+
+  c = _config(tmp_path)
+  c.benchmark.optimizers.update(cell="sides", sides=f"adamw,lion,{CAUTIOUS}")
+  line = run.header(c, "w")[0]
+  assert f"the reference AdamW (row {c.benchmark.optimizers.adamw_row}) against lion, {CAUTIOUS}" in line
+  assert "(Muon)" not in line
+
+
 def test_a_misspelt_side_is_refused_with_the_built_in_it_is_near(tmp_path, monkeypatch):
   runner = SpecRunner(_stub)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))

@@ -29,8 +29,13 @@ def header(config: Config, workdir: str) -> list[str]:
   o, cell = config.benchmark.optimizers, comparison.cell_of(STUDY_CELLS, config.benchmark.optimizers.cell)
   c = cell.condition(config) if cell.condition else config
   corpus = f", corpus {c.data.path} ({c.data.order})" if c.data.to_dict() != config.data.to_dict() else ""
+  rows = (
+    f"the reference AdamW (row {o.adamw_row}) against {', '.join(sides_lib.names(o))}"
+    if o.cell == "sides"
+    else f"rows {o.adamw_row} (AdamW) and {o.muon_row} (Muon)"
+  )
   return [
-    f"optimizers {config.benchmark.preset}: cell {o.cell}, rows {o.adamw_row} (AdamW) and {o.muon_row} (Muon), "
+    f"optimizers {config.benchmark.preset}: cell {o.cell}, {rows}, "
     f"N={int(c.trainer.steps)} steps of {int(c.trainer.batch_size)} windows{corpus}, headline seeds "
     f"{tuple(o.seeds)}; workdir {workdir}"
   ]
