@@ -278,3 +278,30 @@ def test_the_joint_tuners_seeds_are_refused_where_they_could_tune_on_a_headline_
   c.benchmark.knobs.search_space = "v1"
   with pytest.raises(ValueError, match=r"side 'recipe': --config\.model\.untied_head=True: .*leave it out of"):
     study.validate(c)
+
+
+def test_only_the_headline_seeds_the_recipe_records_curve_holds_are_read_on_it():
+  """A run on fresh headline seeds (the joint campaign's 21-25) has no R4 curve in the recipe record: no
+  reading on it, not a KeyError after every run has trained; seeds it partly holds are read and named."""
+  curves = {str(s): {"steps": [150, 300, 600], "loss": [3.2, 3.0, 2.8]} for s in (1, 2)}
+  recipe = {"anchor": {"curves": curves, "at_n": {"1": 3.0, "2": 3.0}}}
+  sides = {"anchor": {"published": [3.0, 2.9, 3.1], "tuned": [2.9, 2.8, 3.0]}}
+  assert run.anchor_reading(recipe, sides, [21, 22, 23], 300) == {"on_r4_curve": None, "anchor_reproduced": None}
+  part = run.anchor_reading(recipe, sides, [1, 22, 2], 300)
+  assert part["on_r4_curve_seeds"] == [1, 2] and part["anchor_reproduced"] == {"1": True, "2": False}
+  per_seed = part["on_r4_curve"]["anchor"]["published"]["per_seed"]
+  assert per_seed[0] == 1.0 and 0.5 < per_seed[1] < 1.0  # seed 1 at N; seed 2 short of it (3.1 between 3.2 and 3.0)
+  md = report.markdown(
+    {
+      "tuner": "lr",
+      "preset": "quick",
+      "lrs_from": "r",
+      "steps": 300,
+      "seeds": [21, 22, 23],
+      "tuning_seeds": [1001],
+      "sides": {},
+      "on_r4_curve": None,
+      "anchor_reproduced": None,
+    }
+  )
+  assert "holds none of the headline seeds [21, 22, 23]: no side is read on it" in md

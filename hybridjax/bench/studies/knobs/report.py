@@ -61,15 +61,25 @@ def markdown(result: Record) -> str:
       lines.append(f"* {sw['knob']}: {values} → {sw['chosen']}")
     values = ", ".join(f"{lr}: {loss:.4f}" for lr, loss in s["lr_sweep"].items())
     lines.append(f"* LR, again: {values}")
-  lines += [
-    "",
-    "Each side's headline loss read on the R4 anchor's averaged budget curve from the same record (R4's steps "
-    "to reach it, over N; '> x': below the curve's end, '< x': above its start):",
-    "",
-    "| side | published | tuned |",
-    "|---|---|---|",
-  ]
-  for side, read in result["on_r4_curve"].items():
+  if result["on_r4_curve"] is None:
+    lines += [
+      "",
+      f"The recipe record's R4 curve holds none of the headline seeds {result['seeds']}: no side is read on it.",
+    ]
+  lines += (
+    [
+      "",
+      "Each side's headline loss read on the R4 anchor's averaged budget curve from the same record (R4's steps "
+      "to reach it, over N; '> x': below the curve's end, '< x': above its start)"
+      + (f", on the seeds it holds, {result['on_r4_curve_seeds']}:" if "on_r4_curve_seeds" in result else ":"),
+      "",
+      "| side | published | tuned |",
+      "|---|---|---|",
+    ]
+    if result["on_r4_curve"]
+    else []
+  )
+  for side, read in (result["on_r4_curve"] or {}).items():
     lines.append(f"| {SIDE_NAMES.get(side, side)} | {_speedup(read['published'])} | {_speedup(read['tuned'])} |")
   reproduced = result.get("anchor_reproduced")
   if reproduced is not None:

@@ -196,17 +196,23 @@ def side_figures(published: list[dict], tuned: list[dict], read: dict[str, Recor
 def anchor_reading(recipe: Record, sides: Record, seeds: list[int], n: int) -> Record:
   """Every side's headline losses, as published and as tuned, read on the recipe record's R4 anchor
   curve (`comparison.on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
-  record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
+  record's anchor loss at N bit for bit on each seed (then its curve is this code's too). Only the headline
+  seeds the record's curve holds are read (`on_r4_curve_seeds` names them where some are not); none: no
+  reading (the joint tuner's curves read each side on its own)."""
   curves = recipe["anchor"]["curves"]
+  held = [k for k, s in enumerate(seeds) if str(s) in curves]
+  if not held:
+    return {"on_r4_curve": None, "anchor_reproduced": None}
+  on = [seeds[k] for k in held]
   out = {
-    side: {k: comparison.on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")}
+    side: {k: comparison.on_anchor_curve([s[k][j] for j in held], on, curves, n) for k in ("published", "tuned")}
     for side, s in sides.items()
   }
   reproduced = None
   if "anchor" in sides:
     at_n = recipe["anchor"]["at_n"]
-    reproduced = {str(s): loss == at_n[str(s)] for s, loss in zip(seeds, sides["anchor"]["published"])}
-  return {"on_r4_curve": out, "anchor_reproduced": reproduced}
+    reproduced = {str(seeds[j]): sides["anchor"]["published"][j] == at_n[str(seeds[j])] for j in held}
+  return {"on_r4_curve": out, "anchor_reproduced": reproduced} | ({} if on == seeds else {"on_r4_curve_seeds": on})
 
 
 def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
