@@ -69,7 +69,7 @@ def markdown(result: dict[str, Any]) -> str:
     "| side | published | tuned |",
     "|---|---|---|",
   ]
-  for side, read in result["on_r4_curve"].items():
+  for side, read in (result["on_r4_curve"] or {}).items():
     lines.append(f"| {SIDE_NAMES.get(side, side)} | {_speedup(read['published'])} | {_speedup(read['tuned'])} |")
   reproduced = result.get("anchor_reproduced")
   if reproduced is not None:

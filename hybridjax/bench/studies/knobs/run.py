@@ -245,6 +245,8 @@ def anchor_reading(recipe: dict[str, Any], sides: dict[str, Any], seeds: list[in
   curve (`on_anchor_curve`), and whether the anchor side as published, re-run here, gives the recipe
   record's anchor loss at N bit for bit on each seed (then its curve is this code's too)."""
   curves = recipe["anchor"]["curves"]
+  if not all(str(s) in curves for s in seeds):  # fresh headline seeds: the record's curve has none of them
+    return {"on_r4_curve": None, "anchor_reproduced": None}
   out = {
     side: {k: on_anchor_curve(s[k], seeds, curves, n) for k in ("published", "tuned")} for side, s in sides.items()
   }
