@@ -305,3 +305,10 @@ def test_only_the_headline_seeds_the_recipe_records_curve_holds_are_read_on_it()
     }
   )
   assert "holds none of the headline seeds [21, 22, 23]: no side is read on it" in md
+
+
+def test_a_finished_search_given_to_the_coordinate_search_is_refused(tmp_path):
+  c = _config(tmp_path)  # tuner 'lr': it would search anyway, and the record given would do nothing
+  c.benchmark.knobs.search_from = str(tmp_path / "knobs-joint-quick.json")
+  with pytest.raises(ValueError, match=r"knobs\.search_from=.*has no effect: tuner 'lr' does not read it.*tuner"):
+    study.validate(c)

@@ -14,6 +14,12 @@ from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 RECORD = "{record_stem}-{preset}.json"  # its record, whose invocations a resumed study extends
 
 
+def _joint_only(config: Config) -> str | None:
+  """The `schema.Field.unread` of a field only the joint tuner reads."""
+  tuner = str(config.benchmark.get("tuner", "lr"))
+  return None if tuner == "joint" else f"tuner {tuner!r} does not read it (only 'joint'); set --config.benchmark.tuner"
+
+
 FIELDS = (
   schema.Field("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
   schema.Field("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
@@ -59,7 +65,7 @@ FIELDS = (
   schema.Field("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
   schema.Field("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
   schema.Field("search_from", "", schema.check_str, "joint: a knobs-joint record whose searches this run takes as "
-    "they chose instead of searching again ('': search)"),
+    "they chose instead of searching again ('': search)", unread=_joint_only),
   schema.Field("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
     "are read on R4's curve ('': the published optimizers-both_tuned-<preset>.json)"),
 )  # fmt: skip
