@@ -231,23 +231,44 @@ def speedrun_config(config: Config) -> Config:
   return c
 
 
-# The published recipe records (docs/results/recipe/recipe-<preset>.json), beside the package.
-PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "recipe"))
+# The published results (docs/results, beside the package) and the recipe records among them
+# (docs/results/recipe/recipe-<preset>.json).
+RESULTS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results"))
+PUBLISHED = os.path.join(RESULTS, "recipe")
 
 
-def recipe_record(preset: str, path: str, field: str) -> tuple[str, Record]:
-  """(its path as shown, the record) of the recipe record at `path` ('': the published one for
-  `preset`); a missing one is refused naming `field`, the config field that gives another."""
-  path = path or os.path.join(PUBLISHED, f"recipe-{preset}.json")
+def shown_path(path: str) -> str:
+  """`path` as a record shows it: relative to the repository where it lies inside it, else as given."""
+  root, path_ = os.path.dirname(os.path.dirname(RESULTS)), os.path.abspath(path)
+  return os.path.relpath(path_, root) if path_.startswith(root + os.sep) else path
+
+
+def recipe_record(config: Config, study: str) -> tuple[str, Record]:
+  """(its path as shown, the record) of the recipe record the study `study` reads (`benchmark.<study>.lrs_from`;
+  '': the published one at `benchmark.preset`); a missing one is refused naming that field."""
+  b = config.benchmark
+  path = str(b[study].lrs_from) or os.path.join(PUBLISHED, f"recipe-{b.preset}.json")
   if not os.path.exists(path):
     raise ValueError(
-      f"no recipe record at {path}: run the recipe at this preset first, or give one with --config.{field}"
+      f"no recipe record at {path}: run the recipe at this preset first, or give one with "
+      f"--config.benchmark.{study}.lrs_from"
     )
   with open(path) as f:
-    result = json.load(f)
-  root = os.path.dirname(os.path.dirname(os.path.dirname(PUBLISHED)))
-  inside = os.path.abspath(path).startswith(root + os.sep)
-  return (os.path.relpath(os.path.abspath(path), root) if inside else path), result
+    return shown_path(path), json.load(f)
+
+
+def row_side(config: Config, shown: str, result: Record, row: str, fix: str) -> tuple[Config, Record]:
+  """(the config, its tuned settings: lr, beta, iterate) of the recipe record `result`'s (`shown`) cumulative
+  row `row`: its tricks through that row, at the LR the record tuned for it, with no method arm. A record
+  without the row is refused, with `fix`."""
+  names, steps = list(result["tricks"]), result["step_runs"]
+  if row not in names or row not in steps:
+    raise ValueError(f"{shown} holds no {row!r} step (it ran {names}): {fix}")
+  c = apply_tricks(config, names[: names.index(row) + 1])
+  settings = {k: steps[row][k] for k in ("lr", "beta", "iterate")}
+  c.optim.learning_rate = float(settings["lr"])
+  c.benchmark.methods = ""
+  return c, settings
 
 
 def tuned_rows(result: Record, field: str) -> dict[str, Record]:

@@ -29,8 +29,7 @@ def r4_settings(config: Config) -> tuple[str, dict[str, float]]:
   """(the recipe record read, R4's published setting: its LR and averaging beta there, and the beta2 and
   weight decay its runs trained with). A config whose beta2 or weight decay differs from the record's is
   refused: the study re-checks R4 as the record ran it."""
-  a = config.benchmark.anchor
-  shown, result = recipe_record(str(config.benchmark.preset), str(a.lrs_from), "benchmark.anchor.lrs_from")
+  shown, result = recipe_record(config, "anchor")
   anchor, ran = result["anchor"], result.get("config", {}).get("optim", {})
   settings = {"lr": float(anchor["lr"]), "beta": float(anchor["beta"])}
   own = {"b2": float(config.optim.b2), "weight_decay": float(config.optim.weight_decay)}

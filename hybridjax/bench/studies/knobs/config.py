@@ -6,7 +6,7 @@ from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
-from hybridjax.bench.speedrun import TRICK_LIST_VERSION, apply_tricks, recipe_record
+from hybridjax.bench.speedrun import TRICK_LIST_VERSION, recipe_record, row_side
 from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
@@ -99,34 +99,27 @@ def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   through its Muon row, `recipe` all of them, each at the LR, beta and iterate the record tuned for
   it. The record must be of today's trick list: the search tunes today's recipe, whose rows an
   earlier list's LRs were not tuned for."""
-  b = config.benchmark
-  field = "benchmark.knobs.lrs_from"
-  shown, result = recipe_record(str(b.preset), str(b.knobs.lrs_from), field)
+  shown, result = recipe_record(config, "knobs")
   version = int(result.get("trick_list", 1))
   if version != TRICK_LIST_VERSION:
     raise ValueError(
       f"{shown} was measured with trick list {version}, before today's (list {TRICK_LIST_VERSION}): the knobs "
       "study tunes today's recipe from the LRs its record tuned, so re-measure the recipe at this preset "
-      f"(--config.benchmark.study=recipe) or give a record of today's list with --config.{field}"
+      "(--config.benchmark.study=recipe) or give a record of today's list with --config.benchmark.knobs.lrs_from"
     )
-  names, steps = list(result["tricks"]), result["step_runs"]
   out = {}
   for side in sides_of(config):
     if side == "anchor":
       c = Config(config.to_dict())
       settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
+      c.optim.learning_rate, c.benchmark.methods = float(settings["lr"]), ""
+      out[side] = (c, settings)
     else:
-      row = "muon" if side == "muon" else names[-1]
-      if row not in names or row not in steps:
-        raise ValueError(
-          f"{shown} holds no {row!r} step (it ran {names}): the {side!r} side starts from it; give a record "
-          f"that has it with --config.{field}, or leave the side out of --config.benchmark.knobs.sides"
-        )
-      c = apply_tricks(config, names[: names.index(row) + 1])
-      settings = {k: steps[row][k] for k in ("lr", "beta", "iterate")}
-    c.optim.learning_rate = float(settings["lr"])
-    c.benchmark.methods = ""
-    out[side] = (c, settings)
+      fix = (
+        f"the {side!r} side starts from it; give a record that has it with --config.benchmark.knobs.lrs_from, or "
+        "leave the side out of --config.benchmark.knobs.sides"
+      )
+      out[side] = row_side(config, shown, result, "muon" if side == "muon" else result["tricks"][-1], fix)
   return shown, out
 
 

@@ -13,7 +13,7 @@ import os
 from hybridjax.bench import comparison, factor, timing
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.speedrun import PUBLISHED
+from hybridjax.bench.speedrun import RESULTS
 from hybridjax.bench.studies import Config, Record
 
 PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
@@ -42,7 +42,7 @@ def rows_record(config: Config) -> tuple[str, Record | None]:
   given, or one of another cell or N, is refused naming the field."""
   preset, field = str(config.benchmark.preset), "--config.benchmark.knobs.rows_from"
   given = str(config.benchmark.knobs.rows_from)
-  path = given or os.path.join(os.path.dirname(PUBLISHED), "optimizers", f"optimizers-both_tuned-{preset}.json")
+  path = given or os.path.join(RESULTS, "optimizers", f"optimizers-both_tuned-{preset}.json")
   if not given and not os.path.exists(path):
     return path, None
   if not os.path.exists(path):

@@ -237,8 +237,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   seeds = [int(s) for s in config.benchmark.seeds]
   coinciding = coinciding_sides(trained["sides"], knobs_of(config))
   same = {"same_runs": coinciding} if coinciding else {}
-  b = config.benchmark
-  _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
+  _, recipe = recipe_record(config, "knobs")
   if trained.get("curves"):
     published = {str(s): x for s, x in zip(seeds, out["anchor"]["published"])}
     same["curves"] = curves.record(config, trained["curves"], published, timed)

@@ -16,9 +16,9 @@ from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.speedrun import RESULTS, shown_path
 from hybridjax.bench.studies import Config, Record
 
-PUBLISHED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "results"))
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
 BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
 
@@ -28,7 +28,7 @@ def before_record(config: Config) -> tuple[str, Record]:
   (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
   preset, rows, token budget or eval windows, is refused naming the field."""
   o, preset = config.benchmark.optimizers, str(config.benchmark.preset)
-  path = str(o.settings_from) or os.path.join(PUBLISHED, "optimizers", f"optimizers-{FROM_CELL}-{preset}.json")
+  path = str(o.settings_from) or os.path.join(RESULTS, "optimizers", f"optimizers-{FROM_CELL}-{preset}.json")
   if not os.path.exists(path):
     raise ValueError(
       f"--config.benchmark.optimizers.settings_from: no cell {FROM_CELL!r} record at {path}: run cell {FROM_CELL!r} "
@@ -61,9 +61,7 @@ def before_record(config: Config) -> tuple[str, Record]:
       f"read {n} steps of {b} × {config.model.n_ctx}, scored on {e} × {b}: give the record of cell {FROM_CELL!r} "
       "at this preset's token budget and eval windows (the cells compare at equal tokens on the same windows)"
     )
-  root = os.path.dirname(os.path.dirname(PUBLISHED))
-  shown = os.path.relpath(os.path.abspath(path), root) if os.path.abspath(path).startswith(root + os.sep) else path
-  return shown, before
+  return shown_path(path), before
 
 
 def smaller_batch(config: Config) -> Config:

@@ -8,7 +8,7 @@ from hybridjax import schema
 from hybridjax.bench import comparison, search
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
-from hybridjax.bench.speedrun import TRICKS, apply_tricks, recipe_record, uses_muon
+from hybridjax.bench.speedrun import TRICKS, recipe_record, row_side, uses_muon
 from hybridjax.bench.studies import Config
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
@@ -99,23 +99,16 @@ def add_defaults(block: Config, preset: str) -> None:
 def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   """(the recipe record read, {side: (its config, its published settings: row, lr, beta, iterate,
   weight_decay)}): each side is the record's cumulative row, at the LR, beta and iterate the record tuned."""
-  b, o = config.benchmark, config.benchmark.optimizers
-  field = "benchmark.optimizers.lrs_from"
-  shown, result = recipe_record(str(b.preset), str(o.lrs_from), field)
-  names, steps = list(result["tricks"]), result["step_runs"]
+  o = config.benchmark.optimizers
+  shown, result = recipe_record(config, "optimizers")
   out = {}
   for side, row in (("adamw", str(o.adamw_row)), ("muon", str(o.muon_row))):
-    if row not in names or row not in steps:
-      raise ValueError(
-        f"{shown} holds no {row!r} step (it ran {names}): set --config.benchmark.optimizers.{side}_row to one of "
-        f"its steps, or give a record that has it with --config.{field}"
-      )
-    c = apply_tricks(config, names[: names.index(row) + 1])
-    settings = {"row": row} | {k: steps[row][k] for k in ("lr", "beta", "iterate")}
-    c.optim.learning_rate = float(settings["lr"])
-    c.benchmark.methods = ""
-    settings["weight_decay"] = search.weight_decay_of(c)[1]
-    out[side] = (c, settings)
+    fix = (
+      f"set --config.benchmark.optimizers.{side}_row to one of its steps, or give a record that has it with "
+      "--config.benchmark.optimizers.lrs_from"
+    )
+    c, settings = row_side(config, shown, result, row, fix)
+    out[side] = (c, {"row": row} | settings | {"weight_decay": search.weight_decay_of(c)[1]})
   return shown, out
 
 

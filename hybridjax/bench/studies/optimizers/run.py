@@ -13,6 +13,7 @@ import os
 from hybridjax.bench import comparison
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
+from hybridjax.bench.speedrun import RESULTS
 from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
@@ -22,7 +23,7 @@ from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, S
 # reads the verdict against 1.0x (`factor.verdict_against_one`; the published records, without the field,
 # are of 1: against 1.5x, and re-read as published).
 READINGS = 2
-FIELD_PATH = os.path.join(os.path.dirname(__file__), *[".."] * 4, "docs", "results", "optimizers", "field.json")
+FIELD_PATH = os.path.join(RESULTS, "optimizers", "field.json")
 
 
 def header(config: Config, workdir: str) -> list[str]:

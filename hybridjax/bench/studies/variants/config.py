@@ -74,7 +74,7 @@ def validate(config: Config) -> dict[str, Config]:
       f"it runs is `{SMALLEST_PRESET}`: --config=experiments/configs/benchmark.py:{SMALLEST_PRESET} "
       "--config.benchmark.study=variants (or give a whole recipe's record with --config.benchmark.variants.lrs_from)"
     )
-  _, record = recipe_record(preset, str(v.lrs_from), "benchmark.variants.lrs_from")
+  _, record = recipe_record(config, "variants")
   tuned_rows(record, "benchmark.variants.lrs_from")  # a record that cannot give every row its LR fails here
   fields = set(config_lib.flatten(config))
   out = {}

@@ -24,8 +24,7 @@ from hybridjax.bench.studies.variants.sets import Pair
 def row_settings(config: Config) -> tuple[str, dict[str, Record]]:
   """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
   record `benchmark.variants.lrs_from` names ('': the published one)."""
-  b = config.benchmark
-  shown, result = recipe_record(str(b.preset), str(b.variants.lrs_from), "benchmark.variants.lrs_from")
+  shown, result = recipe_record(config, "variants")
   return shown, tuned_rows(result, "benchmark.variants.lrs_from")
 
 
