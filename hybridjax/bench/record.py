@@ -169,11 +169,12 @@ def check_publish(config: Config | Record, folder: str, name: str, ignore: tuple
       raise ValueError(publish_refusal(folder, path, "a record of another config", lines))
 
 
-def check_study_publish(config: Config, study: str, record: str) -> None:
-  """`check_publish` of the study `study`'s record `record` (formatted with the preset and the fields of the
-  study's block) in `benchmark.publish`, outside the other studies' blocks (`other_studies`)."""
+def check_study_publish(config: Config, study: str, record: str, **fields: Any) -> None:
+  """`check_publish` of the study `study`'s record `record` (formatted with the preset, the fields of the
+  study's block and `fields`) in `benchmark.publish`, outside the other studies' blocks (`other_studies`)."""
   b = config.benchmark
-  check_publish(config, str(b.publish), record.format(preset=b.preset, **b[study]), other_studies(study))
+  name = record.format(preset=b.preset, **b[study], **fields)
+  check_publish(config, str(b.publish), name, other_studies(study))
 
 
 def write_and_publish(

@@ -120,7 +120,7 @@ def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
   but the study would not train (its config.py's `trained_arms`: none where it runs no method arm):
   the run would train and report other arms, this one only echoed in its command line."""
   touched = sorted({f.split(".")[2] for f in fields if f.startswith("benchmark.arms.") and f.count(".") >= 3})
-  checks = importlib.import_module(STUDIES[study_name(config)] + ".config")
+  checks = _part(study_name(config))
   try:
     trained, named_by = checks.trained_arms(config) if hasattr(checks, "trained_arms") else ([], "")
   except ValueError:

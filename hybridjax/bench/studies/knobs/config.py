@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridjax import schema
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import comparison, search
+from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, recipe_record, row_side
 from hybridjax.bench.studies import Config
@@ -20,56 +20,58 @@ def _joint_only(config: Config) -> str | None:
   return None if tuner == "joint" else f"tuner {tuner!r} does not read it (only 'joint'); set --config.benchmark.tuner"
 
 
+F = schema.Field
 FIELDS = (
-  schema.Field("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
-  schema.Field("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
-  schema.Field(
+  F("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
+  F("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
+  F(
     "lrs_from",
     "",
     schema.check_str,
     "the recipe record whose tuned LRs the sides start from ('': the published `recipe-<preset>.json`)",
   ),
-  schema.Field("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
+  F("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
   # `benchmark.tuner='joint'`: the joint search (`bench/search.py`) in place of the coordinate search.
-  schema.Field(
+  F(
     "search_configs", 24, schema.check_int(24), "joint: the Sobol points each side draws (besides its published one)"
   ),
-  schema.Field("sobol_seed", 0, schema.check_int(0), "joint: the Sobol sequence's scrambling seed"),
-  schema.Field(
+  F("sobol_seed", 0, schema.check_int(0), "joint: the Sobol sequence's scrambling seed"),
+  F(
     "search_space",
     "symmetric",
     schema.check_choice(*search.SPACES),
     "joint: the space (`search.SPACES`): 'symmetric' (every side's embedding and head LR ratios continuous), or "
     "'v1' (AdamW's embedding LR ratio three-valued; no untied Muon row)",
   ),
-  schema.Field(
+  F(
     "search_seeds",
     (1001, 1002, 1003),
     schema.check_int_tuple(0),
     "joint: its seeds (two for every point, the third for the finalists)",
   ),
-  schema.Field("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
+  F("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
   # The joint tuner's curves, with R4 and the whole recipe among the sides (`curves.py`).
-  schema.Field("anchor_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "joint: R4's budgets "
+  F("anchor_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "joint: R4's budgets "
     "(x N)"),
-  schema.Field("anchor_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "joint: added to R4's budgets in turn "
+  F("anchor_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "joint: added to R4's budgets in turn "
     "until its curve lies below the recipe's loss at N"),
-  schema.Field("recipe_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "joint: the whole recipe's "
+  F("recipe_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "joint: the whole recipe's "
     "budgets (x N)"),
-  schema.Field("recipe_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "joint: added to the recipe's budgets "
+  F("recipe_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "joint: added to the recipe's budgets "
     "in turn until its curve reaches R4's loss at N"),
-  schema.Field("plateau_seeds", (26, 27), schema.check_int_tuple(0), "joint: the headline seeds the plateau rule "
+  F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "joint: the headline seeds the plateau rule "
     "adds"),
-  schema.Field("wide_eval", 8, schema.check_int(0), "joint: every curve run ends with an eval on this many times "
+  F("wide_eval", 8, schema.check_int(0), "joint: every curve run ends with an eval on this many times "
     "the eval windows (0: none)"),
-  schema.Field("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
-  schema.Field("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
-  schema.Field("search_from", "", schema.check_str, "joint: a knobs-joint record whose searches this run takes as "
+  F("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
+  F("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
+  F("search_from", "", schema.check_str, "joint: a knobs-joint record whose searches this run takes as "
     "they chose instead of searching again ('': search)", unread=_joint_only),
-  schema.Field("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
+  F("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
     "are read on R4's curve ('': the published optimizers-both_tuned-<preset>.json)"),
 )  # fmt: skip
 """`benchmark.knobs`'s fields."""
+del F
 
 
 def add_defaults(block: Config, preset: str) -> None:
@@ -157,8 +159,7 @@ def validate(config: Config) -> dict[str, Config]:
     o, n = curves.block(config), int(config.trainer.steps)
     errors = comparison.seed_errors("knobs", o)
     errors += [e for s, up in zip(curves.PAIR, (True, False)) for e in comparison.budget_errors("knobs", s, o, n, up)]
-    if errors:
-      raise ValueError("; ".join(errors))
+    specs.refuse(errors)
     curves.rows_record(config)
   out = {}
   for side, (c, _) in sides.items():
@@ -173,11 +174,5 @@ def validate(config: Config) -> dict[str, Config]:
           )
         out[f"side {side!r}, {knob.name}={value!r}"] = tried
   # a record of another config published there would be replaced
-  b = config.benchmark
-  record_lib.check_publish(
-    config,
-    str(b.publish),
-    RECORD.format(preset=b.preset, record_stem=record_stem(config)),
-    record_lib.other_studies("knobs"),
-  )
+  record_lib.check_study_publish(config, "knobs", RECORD, record_stem=record_stem(config))
   return out

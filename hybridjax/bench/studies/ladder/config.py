@@ -27,26 +27,26 @@ RECORD = "ladder-{preset}.json"  # its record, whose invocations a resumed ladde
 JOIN_IGNORES = ("benchmark.ladder.rungs", *record.other_studies("ladder"))
 
 
+F = schema.Field
 FIELDS = (
-  schema.Field("rungs", ",".join(RUNGS), schema.check_str, "the rungs it runs, comma-separated (`rungs.RUNGS`)"),
-  schema.Field(
+  F("rungs", ",".join(RUNGS), schema.check_str, "the rungs it runs, comma-separated (`rungs.RUNGS`)"),
+  F(
     "methods",
     "",
     schema.check_str,
     "the arms it runs at every rung, of `benchmark.arms` (the preset sets them where it sets the arms)",
   ),
-  schema.Field(
-    "cosine_methods", "", schema.check_str, "the arms it runs at the tuned rungs R3-R6 only, of `benchmark.arms`"
-  ),
-  schema.Field(
+  F("cosine_methods", "", schema.check_str, "the arms it runs at the tuned rungs R3-R6 only, of `benchmark.arms`"),
+  F(
     "untuned_lr",
     1e-3,
     schema.check_num(0.0, lo_open=True),
     "the first Adam LR a user would try; R0/R1 hold it constant, R2's sweep starts at it",
   ),
-  schema.Field("constant_eval_points", 20, schema.check_int(4), "evals over a constant LR's 2N run: its budget curve"),
+  F("constant_eval_points", 20, schema.check_int(4), "evals over a constant LR's 2N run: its budget curve"),
 )
 """The ladder's fields (`benchmark.ladder`), besides `muon`, R5's optimizer block (its keys are `optim` fields)."""
+del F
 
 
 def trained_arms(config: Config) -> tuple[list[str], str]:

@@ -33,6 +33,11 @@ def seed_loss(run: Record, iterate: str) -> float:
   return run["final_raw"] if iterate == "raw" else run["final_averaged"]
 
 
+def _mean_std(values: list[float]) -> Record:
+  """{"mean", "std"} of `values` (None for both where there are none)."""
+  return dict(zip(("mean", "std"), protocol.mean_std(values) if values else (None, None)))
+
+
 def eval_record(groups: Record, name: str) -> Record | None:
   """The eval errors a group's differences are judged with (`figures.eval_errors`): its own where it
   has them (the tuned groups: their anchors' N and 1.25N runs), else the first tuned group's of the
@@ -92,7 +97,7 @@ def arm_figures(
   out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se, eval_windows=eval_windows)
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
-  out["final_loss_gap"] = dict(zip(("mean", "std"), protocol.mean_std(present) if present else (None, None)))
+  out["final_loss_gap"] = _mean_std(present)
   out["final_loss_gap"]["per_seed"] = gaps
   out["vs_baseline_at_n"] = differ(losses, at_n) if len(seeds) >= 2 and None not in at_n else None
   control_runs = group["method_runs"].get(control or "", {})
@@ -136,17 +141,13 @@ def equal_steps(
   present = [w for w in walls if w is not None]
   vs_control = f.get("vs_control")
   out: Record = {
-    "wallclock_ratio": figures.with_spread(
-      dict(zip(("mean", "std"), protocol.mean_std(present))), figures.round_spread(wall_rounds)
-    )
-    if present
-    else None,
+    "wallclock_ratio": figures.with_spread(_mean_std(present), figures.round_spread(wall_rounds)) if present else None,
     "wallclock_per_seed": walls,
-    "final_loss_gap": dict(zip(("mean", "std"), protocol.mean_std(gaps))) | {"per_seed": gaps},
+    "final_loss_gap": _mean_std(gaps) | {"per_seed": gaps},
     "within_2pct": [g <= WITHIN for g in gaps],
     "null_stopped_baseline": {
       "loss": stop_losses,
-      "wallclock_ratio": dict(zip(("mean", "std"), protocol.mean_std(stop_walls))),
+      "wallclock_ratio": _mean_std(stop_walls),
       "final_loss_gap": stop_gaps,
       "within_2pct": [g is not None and g <= WITHIN for g in stop_gaps],
     },

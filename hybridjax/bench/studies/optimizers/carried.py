@@ -181,10 +181,15 @@ def local_candidates(c: Config, settings: Record) -> list[Record]:
 LR_MOVES = search.LR_MOVES
 
 
+def _best(tried: list[Record]) -> Record:
+  """The setting of the lowest mean loss tried (the first, the converted one, on a tie)."""
+  return min(tried, key=lambda t: statistics.fmean(t["losses"]))
+
+
 def _next_lr(tried: list[Record], b2: str) -> float | None:
   """The LR one sqrt(2) step past the best setting's, where that setting is the lowest or highest LR tried
   at its beta2 (None: its LR lies inside those tried)."""
-  best = min(tried, key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
+  best = _best(tried)
   edge = lr_edge({"tried": tried, "chosen": best["fields"]})
   if not edge or sum(t["fields"][b2] == best["fields"][b2] for t in tried) < 2:
     return None
@@ -218,13 +223,12 @@ def local_check(
       b2, check = beta2_field(c), checks[side]
       lr = _next_lr(check["tried"], b2) if check["lr_moves"] < LR_MOVES else None
       if lr is not None:
-        best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))
         check["lr_moves"] += 1
-        todo.append((side, {"optim.learning_rate": lr, b2: best["fields"][b2]}))
+        todo.append((side, {"optim.learning_rate": lr, b2: _best(check["tried"])["fields"][b2]}))
   out = {}
   for side, (c, settings) in sides.items():
     check = checks[side]
-    best = min(check["tried"], key=lambda t: statistics.fmean(t["losses"]))  # the first (converted) on a tie
+    best = _best(check["tried"])
     check["chosen"], check["lr_moves_limit"] = best["fields"], LR_MOVES
     check["search_runs"] = float(len(check["tried"]) * len(seeds))  # every run is N steps
     out[side] = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hybridjax import optim as optim_lib
 from hybridjax import schema
-from hybridjax.bench import comparison, search
+from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, recipe_record, row_side, uses_muon
@@ -123,8 +123,7 @@ def validate(config: Config) -> dict[str, Config]:
   name = RECORD.format(preset=config.benchmark.preset, cell={"name": cell.name})
   if cell.checks and not errors:
     errors += cell.checks(config, max(float(f) for f in list(o.adamw_budgets) + list(o.adamw_extensions)), name)
-  if errors:
-    raise ValueError("; ".join(errors))
+  specs.refuse(errors)
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
   record_lib.check_publish(config, str(config.benchmark.publish), name, PUBLISH_IGNORES)
@@ -135,9 +134,8 @@ def validate(config: Config) -> dict[str, Config]:
   else:
     _, sides = side_configs(config)
   adamw, muon = sides["adamw"][0], sides["muon"][0]
-  if cell.name == "sides" and (errors := sides_lib.errors(config, adamw)):
-    raise ValueError("; ".join(errors))
   if cell.name == "sides":  # the built-in sides' configs are checked as the rows' are
+    specs.refuse(sides_lib.errors(config, adamw))
     builtin = [n for n in sides_lib.names(o) if n in optim_lib.OPTIMIZERS]
     sides |= {n: (search.centred(adamw, n), {"row": n}) for n in builtin}
   if uses_muon(adamw) or not uses_muon(muon):

@@ -32,15 +32,16 @@ def _factors(v: object) -> str | None:
   return None
 
 
+F = schema.Field
 FIELDS = (
-  schema.Field(
+  F(
     "tricks",
     ",".join(TRICKS),
     schema.check_str,
     "the tricks, cumulative, in the record's order",
     unread=_read_in("the recipe study", "recipe"),
   ),
-  schema.Field(
+  F(
     "keep",
     "",
     schema.check_str,
@@ -48,20 +49,20 @@ FIELDS = (
     "--config.<field> overrides are added by `python -m experiments.benchmark` (`speedrun.keep_command_line`)",
     unread=_read_in("the recipe, variants, knobs and optimizers studies", "recipe", "variants", "knobs", "optimizers"),
   ),
-  schema.Field(
+  F(
     "muon_lr",
     0.02,
     schema.check_num(0.0, lo_open=True),
     "the centre of a Muon step's LR sweep",
     unread=_read_in("the recipe study", "recipe"),
   ),
-  schema.Field(
+  F(
     "budgets",
     (3.0, 4.0),
     schema.check_num_tuple(0.0),
     "the R4 anchor's budget curve extended past 2N, to read the speed-ups on",
   ),
-  schema.Field(
+  F(
     "budget_extensions",
     (6.0, 8.0),
     _factors,
@@ -69,6 +70,7 @@ FIELDS = (
   ),
 )
 """The recipe's fields (`benchmark.recipe`; R6, the whole recipe, reads them too)."""
+del F
 
 
 def add_defaults(block: Config, preset: str) -> None:

@@ -18,16 +18,17 @@ RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resum
 SMALLEST_PRESET = "tiny"
 
 
+F = schema.Field
 FIELDS = (
-  schema.Field("set", "fixes", schema.check_choice(*SETS), "the set of pairs it runs (`sets.SETS`)"),
-  schema.Field(
+  F("set", "fixes", schema.check_choice(*SETS), "the set of pairs it runs (`sets.SETS`)"),
+  F(
     "lrs_from",
     "",
     schema.check_str,
     "the recipe record whose tuned rows give each pair its LR, averaging beta and iterate ('': the published "
     "`recipe-<preset>.json`)",
   ),
-  schema.Field(
+  F(
     "lr_points",
     3,
     schema.check_int(2),
@@ -35,6 +36,7 @@ FIELDS = (
   ),
 )
 """`benchmark.variants`'s fields."""
+del F
 
 
 def set_of(config: Config) -> VariantSet:
