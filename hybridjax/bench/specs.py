@@ -39,6 +39,17 @@ ITERATES = ("averaged", "best")  # `benchmark.iterate`: what the tuning ranks ru
 BENCHMARK_MODE = "benchmark"  # a benchmark config's `mode`: informational, each run sets its own
 
 
+def ints(values: Sequence[Any]) -> list[int]:
+  """`values` (seeds: a config's tuple, a record's list) as ints."""
+  return [int(v) for v in values]
+
+
+def plateau_extension(config: Config) -> tuple[list[int], list[int]]:
+  """(the headline seeds, the plateau seeds not among them: those the plateau rule adds)."""
+  seeds = ints(config.benchmark.seeds)
+  return seeds, [s for s in ints(config.benchmark.plateau_seeds) if s not in seeds]
+
+
 def refuse(errors: Sequence[str]) -> None:
   """Raises ValueError with every line of `errors`, if any: each names its field and the fix."""
   if errors:

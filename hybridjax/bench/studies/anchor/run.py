@@ -45,7 +45,7 @@ def settings_of(config: Config, r4: dict[str, float]) -> list[dict[str, float]]:
 def train(config: Config, runner: Runner) -> Record:
   """Every setting on every seed, in one batch."""
   source, r4 = anchor_config.r4_settings(config)
-  seeds, n = [int(s) for s in config.benchmark.anchor.seeds], int(config.trainer.steps)
+  seeds, n = specs.ints(config.benchmark.anchor.seeds), int(config.trainer.steps)
   settings = settings_of(config, r4)
   run_specs = []
   for s in settings:

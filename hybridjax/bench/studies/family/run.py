@@ -46,8 +46,8 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   result: Record = record_lib.header(config, command) | {
     "family": specs.family_name(config),
     "code_version": keys.code_versions(config, methods),
-    "tuning_seeds": [int(s) for s in b.tuning_seeds],
-    "seeds": [int(s) for s in b.seeds],
+    "tuning_seeds": specs.ints(b.tuning_seeds),
+    "seeds": specs.ints(b.seeds),
     "budgets": curves["budgets"],
     "corpus_epochs": trained["notes"].get("corpus_epochs"),
     "tuning": tuned,

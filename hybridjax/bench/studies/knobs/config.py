@@ -132,7 +132,7 @@ def validate(config: Config) -> dict[str, Config]:
   bad = [s for s in sides_of(config) if s not in SIDES]
   if bad or not sides_of(config):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
-  seeds = [int(s) for s in k.search_seeds] + [int(k.spare_seed)]
+  seeds = specs.ints(k.search_seeds) + [int(k.spare_seed)]
   joint = str(config.benchmark.get("tuner", "lr")) == "joint"
   if joint and (len(seeds) != 4 or len(set(seeds)) != 4 or set(seeds) & {int(s) for s in config.benchmark.seeds}):
     raise ValueError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from hybridjax.bench import comparison, factor, timing
+from hybridjax.bench import comparison, factor, specs, timing
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import RESULTS
@@ -146,7 +146,7 @@ def record(config: Config, curves: Record, published: Record, timed: Record | No
       "cell": {"name": f"joint-{which}", "eval_groups": int(config.trainer.eval_batches)},
       "steps": n,
       "seeds": trained["seeds"],
-      "tuning_seeds": [int(s) for s in k.search_seeds],
+      "tuning_seeds": specs.ints(k.search_seeds),
       "plateaus": trained["plateaus"],
       "extended": trained["extended"],
       "draws": int(k.draws),

@@ -40,7 +40,7 @@ def _with(c: Config, fields: Record, lr: float | None = None) -> Config:
 def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[dict]:
   """Each config of `tries` on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
   side spent: a setting tried twice counts once)."""
-  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.tuning_seeds]
+  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.tuning_seeds)
   run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for c in tries for s in seeds]
   results, asked = iter(runner.run(run_specs, label)), iter(run_specs)
   return [
@@ -163,7 +163,7 @@ def train(config: Config, runner: Runner) -> Record:
 def _headline(config, sides, state, runner: Runner) -> Record:
   """Each side as published (at its published beta) and as tuned (at the beta its tuning chose), N
   steps on the headline seeds."""
-  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
+  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.seeds)
   run_specs = []
   for side, (c, settings) in sides.items():
     st = state[side]
@@ -234,7 +234,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
     } | side_figures(head["published"], head["tuned"], read)
     if "search" in st:
       out[side]["search"] = st["search"]
-  seeds = [int(s) for s in config.benchmark.seeds]
+  seeds = specs.ints(config.benchmark.seeds)
   coinciding = coinciding_sides(trained["sides"], knobs_of(config))
   same = {"same_runs": coinciding} if coinciding else {}
   _, recipe = recipe_record(config, "knobs")
@@ -247,7 +247,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       "record_stem": knobs_config.record_stem(config),
       "lrs_from": trained["source"],
       "seeds": seeds,
-      "tuning_seeds": [int(s) for s in config.benchmark.tuning_seeds],
+      "tuning_seeds": specs.ints(config.benchmark.tuning_seeds),
       "tuner": str(config.benchmark.get("tuner", "lr")),
       "sides": out,
     }

@@ -154,8 +154,8 @@ def check_publish(config: Config) -> None:
     return
   groups = {RUNGS[r].group for r in rungs_of(config)}
   published_ladder(folder, str(b.preset), config, rungs_of(config), groups)
-  seeds = [int(s) for s in b.seeds]
-  extended = seeds + [int(s) for s in b.plateau_seeds if int(s) not in seeds]
+  seeds, added = specs.plateau_extension(config)
+  extended = seeds + added
   for group in [g for g in TUNED_GROUPS if g in groups]:
     family = specs.family_name(group_config(config, group, seeds))
     target = family_folder(folder, str(b.preset), family)

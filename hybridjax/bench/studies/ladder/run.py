@@ -81,7 +81,7 @@ def train_group(config: Config, group: str, runner: Runner) -> Record:
   n = int(config.trainer.steps)
   b = config.benchmark
   methods = rungs.names(b.methods)
-  seeds = [int(s) for s in b.seeds]
+  seeds = specs.ints(b.seeds)
   out: Record = {"seeds": seeds, "methods": methods, "family": b.family}
   beta = float(config.trainer.averaging_beta)
   if group in rungs.CONSTANT_GROUPS:
@@ -158,13 +158,11 @@ def train(config: Config, runner: Runner) -> Record:
   """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
   need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
   already trained are cached)."""
-  b = config.benchmark
   needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
   groups: dict[str, Record] = {}
+  seeds, extra = specs.plateau_extension(config)
   for group in [g for g in rungs.GROUP_ORDER if g in needed]:
-    seeds = [int(s) for s in b.seeds]
     groups[group] = train_group(rungs.group_config(config, group, seeds), group, runner)
-    extra = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
     if groups[group]["plateaus"] and extra:
       print(f"--- {group}: plateau runs {groups[group]['plateaus']}; adding seeds {extra}", flush=True)
       groups[group] = train_group(rungs.group_config(config, group, seeds + extra), group, runner)

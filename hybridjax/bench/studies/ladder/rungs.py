@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from hybridjax.bench import arms as arms_lib
-from hybridjax.bench import speedrun
+from hybridjax.bench import specs, speedrun
 from hybridjax.bench.studies import Config
 
 
@@ -68,7 +68,7 @@ def group_config(config: Config, group: str, seeds: list[int]) -> Config:
     c.update_from_flattened_dict({"optim." + k: v for k, v in config.benchmark.ladder.muon.to_dict().items()})
   if group == "speedrun":
     c = speedrun.speedrun_config(c)
-  c.benchmark.seeds = tuple(int(s) for s in seeds)
+  c.benchmark.seeds = tuple(specs.ints(seeds))
   if group != "speedrun":  # the recipe names its own family
     c.benchmark.family = f"{c.optim.name}-{'constant' if group in CONSTANT_GROUPS else c.optim.schedule}"
   c.benchmark.methods = ",".join(arms_at(config, group))

@@ -203,7 +203,7 @@ def local_check(
   [...], "chosen", "search_runs" (N-run equivalents: the runs' steps over N)}}). Where the best setting's LR
   is the lowest or highest tried at its beta2, that LR one sqrt(2) step further is tried too, at most
   `LR_MOVES` times, both sides alike."""
-  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.optimizers.tuning_seeds]
+  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.optimizers.tuning_seeds)
   checks: dict[str, Record] = {side: {"tried": [], "lr_moves": 0} for side in sides}
   todo = [(side, at) for side, (c, settings) in sides.items() for at in local_candidates(c, settings)]
   while todo:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from hybridjax.bench import comparison
+from hybridjax.bench import comparison, specs
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import RESULTS
@@ -84,7 +84,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
         },
         "steps": n,
         "lrs_from": trained["source"],
-        "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)],
+        "search_seeds": specs.ints(o.search_seeds) + [int(o.spare_seed)],
       }
       | sides_lib.record(config, trained, field_range())
     )
@@ -102,8 +102,8 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
     "steps": n,
     "lrs_from": trained["source"],
     "seeds": seeds,
-    "tuning_seeds": [int(s) for s in o.tuning_seeds],
-    "search_seeds": [int(s) for s in o.search_seeds] + [int(o.spare_seed)] if cell.tuner == "joint" else [],
+    "tuning_seeds": specs.ints(o.tuning_seeds),
+    "search_seeds": specs.ints(o.search_seeds) + [int(o.spare_seed)] if cell.tuner == "joint" else [],
     "plateaus": trained["plateaus"],
     "extended": trained["extended"],
     "draws": int(o.draws),

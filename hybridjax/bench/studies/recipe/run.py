@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hybridjax.bench import figures, timing, tuning
+from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
@@ -93,8 +93,7 @@ def train(config: Config, runner: Runner) -> Record:
 
   acfg, curves, configs, steps = anchor_and_steps(config)
   flagged = anchor_plateaus(curves, n, float(b.plateau_margin)) + [p for st in steps.values() for p in st["plateaus"]]
-  seeds = [int(s) for s in b.seeds]
-  added = [int(s) for s in b.plateau_seeds if int(s) not in seeds]
+  seeds, added = specs.plateau_extension(config)
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
     config = with_seeds(config, seeds + added)

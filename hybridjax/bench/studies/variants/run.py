@@ -54,7 +54,7 @@ def _sides(config: Config, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]
 
 def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side N steps on the headline seeds at its row's tuned LR, beta and iterate."""
-  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
+  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.seeds)
   run_specs = [
     specs.run_spec(c, kind="anchor", seed=s, lr=row["lr"], steps=n, beta=row["beta"])
     for c, row in sides.values()
@@ -94,11 +94,11 @@ def train(config: Config, runner: Runner) -> Record:
   trained = _tuned(config, sides, runner)
   table = pair_table(config, trained)
   close = [p["name"] for p in table["pairs"] if abs(p["difference"]["mean"]) < 2 * table["resolution"]]
-  added = [int(s) for s in config.benchmark.plateau_seeds if int(s) not in config.benchmark.seeds]
+  seeds, added = specs.plateau_extension(config)
   if close and added:
     print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
     more = Config(config.to_dict())
-    more.benchmark.seeds = tuple(int(s) for s in config.benchmark.seeds) + tuple(added)
+    more.benchmark.seeds = tuple(seeds + added)
     near = {_side_key(config, p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
     trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
@@ -141,7 +141,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
     "set": str(config.benchmark.variants.set),
     "tuned": set_of(config).tuned,
     **comparison.code_record(config),
-    "seeds": [int(s) for s in config.benchmark.seeds],
+    "seeds": specs.ints(config.benchmark.seeds),
     "seeds_added": trained["seeds_added"],
     "lrs_from": trained["source"],
   } | pair_table(config, trained["sides"])
