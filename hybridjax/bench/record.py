@@ -146,10 +146,15 @@ def other_studies(study: str) -> tuple[str, ...]:
   return tuple(f"benchmark.{s}" for s in STUDIES if s not in (study, "recipe", "family"))
 
 
+def _shown(lines: list[str], k: int) -> str:
+  """The first `k` of `lines`, and how many more."""
+  return "; ".join(lines[:k]) + (f"; and {len(lines) - k} more" if len(lines) > k else "")
+
+
 def publish_refusal(folder: str, path: str, why: str, lines: list[str] = ()) -> str:
   """The error of a publish refused because `folder` holds `path` (`why`), its config differences
   (`lines`, the first five shown): the fix is another folder, or deleting the published record."""
-  shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
+  shown = _shown(lines, 5)
   return (
     f"--config.benchmark.publish={folder!r} holds {path}, {why}{' (' + shown + ')' if shown else ''}: publishing "
     "here would replace or mix published results. Give --config.benchmark.publish another folder (or '' to "
@@ -199,25 +204,23 @@ def write_and_publish(
     write_files(result, publish, record, markdown, plot)
 
 
-def keep_earlier_report(config: Config, workdir: str, name: str, study: str) -> str | None:
+def keep_earlier_report(config: Config, workdir: str, name: str, study: str) -> None:
   """Where `workdir` holds a record `name` of the study `study` of another config (`record.config_differences`,
   outside the other studies' blocks: another method list, another task...), moves every file of its
   top level (the report: its json, markdown and plots; the run cache and the compilation cache are
-  folders, shared) into `<workdir>/earlier-<its date>/`, says so, and returns that folder: a second
-  benchmark in a workdir keeps the first's report beside its own. None where there is nothing to keep
-  (no record, or one of this config: a re-run, which replaces it)."""
+  folders, shared) into `<workdir>/earlier-<its date>/` and says so: a second benchmark in a workdir
+  keeps the first's report beside its own. Nothing where there is nothing to keep (no record, or one of
+  this config: a re-run, which replaces it)."""
   earlier = stored(os.path.join(workdir, name))
-  if not earlier:
-    return None
-  lines = config_differences(stored_config(earlier), config, other_studies(study))
+  lines = config_differences(stored_config(earlier), config, other_studies(study)) if earlier else []
   if not lines:
-    return None
+    return
   stamp = re.sub(r"[^0-9A-Za-z]+", "-", str(earlier.get("date", "undated"))).strip("-")
   folder = os.path.join(workdir, f"earlier-{stamp}")
   os.makedirs(folder, exist_ok=True)
   for entry in sorted(os.listdir(workdir)):
     if os.path.isfile(os.path.join(workdir, entry)):
       os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
-  shown = "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
-  print(f"note: {workdir} held the report of another benchmark ({shown}); it is kept in {folder}", flush=True)
-  return folder
+  print(
+    f"note: {workdir} held the report of another benchmark ({_shown(lines, 3)}); it is kept in {folder}", flush=True
+  )

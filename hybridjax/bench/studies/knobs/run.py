@@ -51,16 +51,12 @@ def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[d
 def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, tuple]) -> dict:
   """{side: the earlier side it is}: the same config, settings and knobs (at `quick` the recipe's last
   row is its Muon row), so the same runs, which the run cache trains once and both sides read."""
+  made = {side: (c.to_dict(), settings, searched[side]) for side, (c, settings) in sides.items()}
   out: dict[str, str] = {}
-  for i, (side, (c, settings)) in enumerate(sides.items()):
-    for other, (oc, other_settings) in list(sides.items())[:i]:
-      if other not in out and (c.to_dict(), settings, searched[side]) == (
-        oc.to_dict(),
-        other_settings,
-        searched[other],
-      ):
-        out[side] = other
-        break
+  for i, side in enumerate(made):
+    same = [other for other in list(made)[:i] if other not in out and made[other] == made[side]]
+    if same:
+      out[side] = same[0]
   return out
 
 

@@ -24,11 +24,7 @@ class Knob:
 
   def values_at(self, steps: int) -> tuple[Any, ...]:
     """Its values for a run of `steps` steps."""
-    return (
-      tuple(max(1, round(v * steps)) if self.per_step and v else v for v in self.values)
-      if self.per_step
-      else self.values
-    )
+    return tuple(max(1, round(v * steps)) if v else v for v in self.values) if self.per_step else self.values
 
   def changes(self, value: Any) -> Record:
     return {f: value for f in self.fields} | self.also

@@ -73,37 +73,34 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   config = trained["config"]  # the carried cells: at their batch, on their corpus
   o, n = config.benchmark.optimizers, int(config.trainer.steps)
   cell = comparison.cell_of(STUDY_CELLS, o.cell)
+  batch = int(config.trainer.batch_size)  # the preset's, but in a carried cell `small_batch`
+  head = {"name": cell.name, "preset": str(config.benchmark.preset), "batch": [batch, int(config.model.n_ctx)]}
+  searched = specs.ints(o.search_seeds) + [int(o.spare_seed)]
   if cell.name == "sides":
     return (
       comparison.code_record(config)
       | {
-        "cell": {
-          "name": cell.name,
-          "preset": str(config.benchmark.preset),
-          "batch": [preset_batch, int(config.model.n_ctx)],
-        },
+        "cell": head,
         "steps": n,
         "lrs_from": trained["source"],
-        "search_seeds": specs.ints(o.search_seeds) + [int(o.spare_seed)],
+        "search_seeds": searched,
       }
       | sides_lib.record(config, trained, field_range())
     )
   seeds = trained["seeds"]
   largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
   result = comparison.code_record(config) | {
-    "cell": {
-      "name": str(o.cell),
-      "preset": str(config.benchmark.preset),
-      "batch": [int(config.trainer.batch_size), int(config.model.n_ctx)],
+    "cell": head
+    | {
       "eval_batches": int(config.trainer.eval_batches),
       # the per-window losses are read in groups of the preset's batch (the same windows at every batch)
-      "eval_groups": int(config.trainer.eval_batches) * int(config.trainer.batch_size) // preset_batch,
+      "eval_groups": int(config.trainer.eval_batches) * batch // preset_batch,
     },
     "steps": n,
     "lrs_from": trained["source"],
     "seeds": seeds,
     "tuning_seeds": specs.ints(o.tuning_seeds),
-    "search_seeds": specs.ints(o.search_seeds) + [int(o.spare_seed)] if cell.tuner == "joint" else [],
+    "search_seeds": searched if cell.tuner == "joint" else [],
     "plateaus": trained["plateaus"],
     "extended": trained["extended"],
     "draws": int(o.draws),
