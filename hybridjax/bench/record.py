@@ -17,6 +17,7 @@ import jax
 
 from hybridjax import identity
 from hybridjax.bench import specs
+from hybridjax.bench.speedrun import RESULTS
 from hybridjax.bench.studies import STUDIES, Config, Record
 
 
@@ -42,6 +43,24 @@ def stored(path: str) -> Record:
     return {}
   with open(path) as f:
     return json.load(f)
+
+
+def both_tuned_record(config: Config, field: str, run_it: str, required: bool = True) -> tuple[str, Record | None]:
+  """(its path, the record) of the cell `both_tuned` record `benchmark.<field>` (dotted: 'knobs.rows_from')
+  names ('': the one published at this preset; None where none is and `required` is False). A missing one is
+  refused naming the field and what makes one (`run_it`)."""
+  block, name = field.split(".")
+  given = str(config.benchmark[block][name])
+  path = given or os.path.join(RESULTS, "optimizers", f"optimizers-both_tuned-{config.benchmark.preset}.json")
+  if not os.path.exists(path):
+    if not (given or required):
+      return path, None
+    raise ValueError(
+      f"--config.benchmark.{field}: no cell 'both_tuned' record at {path}: run {run_it} at this preset first, "
+      "or give its record"
+    )
+  with open(path) as f:
+    return path, json.load(f)
 
 
 def write_files(result: Record, folder: str, record: str, markdown: Callable, plot: Callable | None = None) -> None:

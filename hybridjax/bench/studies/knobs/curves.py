@@ -11,9 +11,9 @@ import json
 import os
 
 from hybridjax.bench import comparison, factor, specs, timing
+from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.speedrun import RESULTS
 from hybridjax.bench.studies import Config, Record
 
 PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
@@ -40,19 +40,11 @@ def rows_record(config: Config) -> tuple[str, Record | None]:
   """(its path, the record) of the cell `both_tuned` record whose sides are read on R4's curve
   (`knobs.rows_from`; '': the published one at this preset, None where this preset has none). A missing one
   given, or one of another cell or N, is refused naming the field."""
-  preset, field = str(config.benchmark.preset), "--config.benchmark.knobs.rows_from"
-  given = str(config.benchmark.knobs.rows_from)
-  path = given or os.path.join(RESULTS, "optimizers", f"optimizers-both_tuned-{preset}.json")
-  if not given and not os.path.exists(path):
-    return path, None
-  if not os.path.exists(path):
-    raise ValueError(
-      f"{field}: no cell 'both_tuned' record at {path}: run the optimizers study's cell both_tuned at this preset "
-      "first, or give its record"
-    )
-  with open(path) as f:
-    rows = json.load(f)
-  if rows.get("cell", {}).get("name") != "both_tuned" or int(rows["steps"]) != int(config.trainer.steps):
+  field = "--config.benchmark.knobs.rows_from"
+  path, rows = record_lib.both_tuned_record(config, "knobs.rows_from", "the optimizers study's cell both_tuned", False)
+  if rows is not None and (
+    rows.get("cell", {}).get("name") != "both_tuned" or int(rows["steps"]) != int(config.trainer.steps)
+  ):
     raise ValueError(
       f"{field}={path}: a record of cell {rows.get('cell', {}).get('name')!r} at N = {rows.get('steps')}; the rows "
       f"are read on R4's curve at N = {int(config.trainer.steps)}: give a cell 'both_tuned' record at this preset"

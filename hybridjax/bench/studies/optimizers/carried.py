@@ -6,7 +6,6 @@ side's loss at N tokens against cell `both_tuned`'s."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -16,7 +15,7 @@ from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.speedrun import RESULTS, shown_path
+from hybridjax.bench.speedrun import shown_path
 from hybridjax.bench.studies import Config, Record
 
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
@@ -28,14 +27,7 @@ def before_record(config: Config) -> tuple[str, Record]:
   (`optimizers.settings_from`; '': the published one at this preset). A missing one, or one of another cell,
   preset, rows, token budget or eval windows, is refused naming the field."""
   o, preset = config.benchmark.optimizers, str(config.benchmark.preset)
-  path = str(o.settings_from) or os.path.join(RESULTS, "optimizers", f"optimizers-{FROM_CELL}-{preset}.json")
-  if not os.path.exists(path):
-    raise ValueError(
-      f"--config.benchmark.optimizers.settings_from: no cell {FROM_CELL!r} record at {path}: run cell {FROM_CELL!r} "
-      "at this preset first, or give its record"
-    )
-  with open(path) as f:
-    before = json.load(f)
+  path, before = record_lib.both_tuned_record(config, "optimizers.settings_from", f"cell {FROM_CELL!r}")
   rows = {side: before["sides"][side]["settings"]["row"] for side in ("adamw", "muon")}
   if (before["cell"]["name"], before["preset"], rows) != (
     FROM_CELL,

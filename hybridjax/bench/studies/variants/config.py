@@ -53,8 +53,7 @@ def side_config(config: Config, pair: Pair, side: str) -> Config:
   """The benchmark config of one side ('before' or 'after') of `pair`: the recipe through its row,
   less the tricks the before side drops, then the side's fields."""
   names = list(TRICKS)
-  drop = pair.drop if side == "before" else ()
-  c = apply_tricks(config, [n for n in names[: names.index(pair.row) + 1] if n not in drop])
+  c = apply_tricks(config, [n for n in names[: names.index(pair.row) + 1] if n not in pair.dropped(side)])
   c.update_from_flattened_dict(pair.fields(side, config))
   c.benchmark.methods = ""
   return c

@@ -36,9 +36,9 @@ def header(config: Config, workdir: str) -> list[str]:
 
 def _side_key(config: Config, pair: Pair, side: str) -> str:
   """What makes a side: its row, the tricks it drops, its fields and the row its LR comes from."""
-  drop = pair.drop if side == "before" else ()
-  lr_row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
-  return json.dumps([pair.row, sorted(drop), sorted(pair.fields(side, config).items()), lr_row])
+  return json.dumps(
+    [pair.row, sorted(pair.dropped(side)), sorted(pair.fields(side, config).items()), pair.lr_row(side)]
+  )
 
 
 def _sides(config: Config, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]]:
@@ -47,8 +47,7 @@ def _sides(config: Config, rows: dict[str, Record]) -> dict[str, tuple[Any, ...]
   sides = {}
   for pair in pairs_of(config):
     for side in ("before", "after"):
-      row = (pair.before_lr_row or pair.row) if side == "before" else pair.row
-      sides.setdefault(_side_key(config, pair, side), (side_config(config, pair, side), rows[row]))
+      sides.setdefault(_side_key(config, pair, side), (side_config(config, pair, side), rows[pair.lr_row(side)]))
   return sides
 
 

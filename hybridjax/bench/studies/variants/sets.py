@@ -37,6 +37,14 @@ class Pair:
     """The fields `side` sets, a function's value read from `config` (the preset's, before any trick)."""
     return {k: (v(config) if callable(v) else v) for k, v in getattr(self, side).items()}
 
+  def dropped(self, side: str) -> tuple[str, ...]:
+    """The tricks of the row `side` leaves out."""
+    return self.drop if side == "before" else ()
+
+  def lr_row(self, side: str) -> str:
+    """The row whose tuned settings `side` starts from."""
+    return (self.before_lr_row or self.row) if side == "before" else self.row
+
 
 @dataclasses.dataclass(frozen=True)
 class VariantSet:
