@@ -73,21 +73,17 @@ def markdown(result: Record) -> str:
   for i, steps in enumerate(result["budgets"]):
     cells = [protocol.mean_std([result["curves"][an][s][i] for s in result["curves"][an]]) for an in ANCHORS]
     lines.append(f"| {steps} | " + " | ".join(pm(c) for c in cells) + " |")
-  lead = [x for x in a["averaging_lead_steps"]["per_seed"] if x is not None]
-  upper = a["averaging_lead_steps"].get("upper_bound") or [False] * len(lead)
+  steps_lead = a["averaging_lead_steps"]
+  lead = [x for x in steps_lead["per_seed"] if x is not None]
+  upper = steps_lead.get("upper_bound") or [False] * len(lead)
   lines += [
     "",
     "Averaging's lead at N, in baseline steps (per seed): "
     + ", ".join(
-      "not reached" if x is None else ("≤ " if up else "") + f"{x:+.0f}"
-      for x, up in zip(a["averaging_lead_steps"]["per_seed"], upper)
+      "not reached" if x is None else ("≤ " if up else "") + f"{x:+.0f}" for x, up in zip(steps_lead["per_seed"], upper)
     )
     + (f" (mean {statistics.fmean(lead):+.0f})" if lead else "")
-    + (
-      "; lower bounds: " + str(a["averaging_lead_steps"]["lower_bound"])
-      if any(a["averaging_lead_steps"]["lower_bound"])
-      else ""
-    )
+    + ("; lower bounds: " + str(steps_lead["lower_bound"]) if any(steps_lead["lower_bound"]) else "")
     + ".",
   ]
   ph = result["phenomena"]

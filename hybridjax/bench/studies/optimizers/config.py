@@ -9,7 +9,7 @@ from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, recipe_record, row_side, uses_muon
-from hybridjax.bench.studies import Config
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 
@@ -112,6 +112,18 @@ def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   return shown, out
 
 
+def cell_sides(config: Config, cell: Cell) -> tuple[str, Config, dict[str, tuple[Config, dict]], Record | None]:
+  """(the record the rows' settings come from, the cell's config, its sides: `side_configs`, or in a cell that
+  carries cell `both_tuned`'s settings those converted to the cell's condition, the cell `both_tuned` record
+  they come from: None where the cell carries none)."""
+  if not cell.carries:
+    source, sides = side_configs(config)
+    return source, config, sides, None
+  source, before = carried.before_record(config)
+  config = cell.condition(config)
+  return source, config, carried.converted_sides(config, side_configs(config)[1], before), before
+
+
 def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns both sides' configs, which the skeleton checks too."""
   o, n = config.benchmark.optimizers, int(config.trainer.steps)
@@ -127,12 +139,7 @@ def validate(config: Config) -> dict[str, Config]:
   # the record keeps the config as given (a carried cell's batch and corpus derive from it), so a re-run's
   # publish compares that config, not the cell's
   record_lib.check_publish(config, str(config.benchmark.publish), name, PUBLISH_IGNORES)
-  if cell.carries:
-    _, before = carried.before_record(config)
-    config = cell.condition(config)
-    sides = carried.converted_sides(config, side_configs(config)[1], before)
-  else:
-    _, sides = side_configs(config)
+  _, config, sides, _ = cell_sides(config, cell)
   adamw, muon = sides["adamw"][0], sides["muon"][0]
   if cell.name == "sides":  # the built-in sides' configs are checked as the rows' are
     specs.refuse(sides_lib.errors(config, adamw))

@@ -17,7 +17,7 @@ from hybridjax.bench.speedrun import RESULTS
 from hybridjax.bench.studies import Config, Record, Study
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
-from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, side_configs
+from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, cell_sides
 
 # The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones and
 # reads the verdict against 1.0x (`factor.verdict_against_one`; the published records, without the field,
@@ -46,15 +46,10 @@ def train(config: Config, runner: Runner) -> Record:
   """Both sides' curves with their re-checks, the plateau seeds where the rule fires, and the extensions
   (cell `both_tuned`: after the joint search; a carried cell: after its local check)."""
   o = config.benchmark.optimizers
-  cell, records, checks, before = comparison.cell_of(STUDY_CELLS, o.cell), {}, {}, None
+  cell, records, checks = comparison.cell_of(STUDY_CELLS, o.cell), {}, {}
+  source, config, configs, before = cell_sides(config, cell)
   if cell.carries:
-    source, before = carried.before_record(config)
-    config = cell.condition(config)
-    configs, checks = carried.local_check(
-      config, carried.converted_sides(config, side_configs(config)[1], before), runner
-    )
-  else:
-    source, configs = side_configs(config)
+    configs, checks = carried.local_check(config, configs, runner)
   if cell.name == "sides":
     return sides_lib.train(config, configs["adamw"], runner) | {"source": source, "config": config, "before": None}
   if cell.tuner == "joint":
