@@ -571,3 +571,11 @@ def test_each_budget_gets_its_own_muon_momentum_warmup():
   c.optim.muon_momentum_warmup_steps = 300  # not the recipe's share: the same share of each budget
   assert (warmup(c, n), warmup(c, n // 2), warmup(c, 2 * n)) == (300, 150, 600)
   assert warmup(benchmark_cfg.get_config("long,muon"), 2 * n) == 0
+
+
+def test_the_plateau_rule_adds_only_the_plateau_seeds_that_are_not_headline_seeds():
+  c = benchmark_cfg.get_config("quick")
+  c.benchmark.seeds, c.benchmark.plateau_seeds = (1, 2, 3), (3, 4, 5)
+  assert specs.plateau_extension(c) == ([1, 2, 3], [4, 5])
+  c.benchmark.plateau_seeds = (2,)
+  assert specs.plateau_extension(c) == ([1, 2, 3], [])

@@ -112,7 +112,7 @@ def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   return shown, out
 
 
-def cell_sides(config: Config, cell: Cell) -> tuple[str, Config, dict[str, tuple[Config, dict]], Record | None]:
+def cell_sides(config: Config, cell: Cell) -> tuple[str, Config, dict[str, tuple], Record | None]:
   """(the record the rows' settings come from, the cell's config, its sides: `side_configs`, or in a cell that
   carries cell `both_tuned`'s settings those converted to the cell's condition, the cell `both_tuned` record
   they come from: None where the cell carries none)."""
