@@ -34,8 +34,8 @@ def seed_loss(run: Record, iterate: str) -> float:
 
 
 def _mean_std(values: list[float]) -> Record:
-  """{"mean", "std"} of `values` (None for both where there are none)."""
-  return dict(zip(("mean", "std"), protocol.mean_std(values) if values else (None, None)))
+  """{"mean", "std"} of `values` (`protocol.mean_std`: refused where there are none)."""
+  return dict(zip(("mean", "std"), protocol.mean_std(values)))
 
 
 def eval_record(groups: Record, name: str) -> Record | None:
@@ -97,7 +97,7 @@ def arm_figures(
   out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se, eval_windows=eval_windows)
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
-  out["final_loss_gap"] = _mean_std(present)
+  out["final_loss_gap"] = _mean_std(present) if present else {"mean": None, "std": None}
   out["final_loss_gap"]["per_seed"] = gaps
   out["vs_baseline_at_n"] = differ(losses, at_n) if len(seeds) >= 2 and None not in at_n else None
   control_runs = group["method_runs"].get(control or "", {})
