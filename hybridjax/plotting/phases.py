@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from hybridjax.hybrid.phases import PHASE_NAMES
 from hybridjax.plotting.comparisons import plot_memory
 from hybridjax.plotting.runs import (
+  Run,
   RunLike,
   after_warmup,
   as_float,
@@ -29,7 +29,6 @@ from hybridjax.plotting.style import (
   BAND_ALPHA,
   PHASE_COLORS,
   PREDICT,
-  WARMUP,
   new_figure,
   note,
   save_png,
@@ -79,9 +78,19 @@ def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray,
   return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
 
 
-def _group_legend(ax: Axes, n: int) -> None:
+def _group_lines(ax: Axes, run: Run, recs: list[dict[str, Any]], key: str, gaps: bool, **style: Any) -> np.ndarray:
+  """One line per parameter group of the per-group lists `key` of `recs` against their steps (`gaps`: broken
+  where steps are missing), with the groups' legend; returns the values, (records, groups)."""
+  steps = np.array([r["step"] for r in recs], np.int64)
+  values = np.array([[as_float(v) for v in r[key]] for r in recs])
+  names = run.group_names(values.shape[1])
+  x, y = _break_gaps(steps, values) if gaps else (steps, values)
+  for g, name in enumerate(names):
+    ax.plot(x, y[:, g], ms=2.5, label=name, **style, **_group_style(g))
   # Outside the axes on the right: group names are long and the curves fill the plot.
-  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 20 else 2)
+  ncol = 1 if len(names) <= 20 else 2
+  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=ncol)
+  return values
 
 
 def plot_phase_timeline(
@@ -119,62 +128,39 @@ def plot_phase_timeline(
     m = measured & np.isfinite(loss)
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
     pred, predict_color = phase == PREDICT, PHASE_COLORS["PREDICT"]
-    if np.any(pred & measured):
-      ax.scatter(
-        s[pred & measured],
-        loss[pred & measured],
-        s=14,
-        color=predict_color,
-        edgecolor="black",
-        linewidth=0.5,
-        zorder=4,
-      )
-      handles.append(
-        Line2D(
-          [],
-          [],
-          ls="",
-          marker="o",
-          ms=5,
-          mfc=predict_color,
-          mec="black",
-          mew=0.5,
-          label="predicted step, validated",
-        )
-      )
-    if np.any(pred & ~measured):
-      ax.scatter(
-        s[pred & ~measured],
-        t["predicted_loss"][pred & ~measured],
-        s=16,
-        facecolor="white",
-        edgecolor=predict_color,
-        linewidth=1.0,
-        zorder=4,
-      )
-      handles.append(
-        Line2D(
-          [],
-          [],
-          ls="",
-          marker="o",
-          ms=5,
-          mfc="white",
-          mec=predict_color,
+    marks = (  # (which steps, at which loss, how they are marked)
+      (
+        pred & measured,
+        loss,
+        dict(s=14, color=predict_color, edgecolor="black", linewidth=0.5, label="predicted step, validated"),
+      ),
+      (
+        pred & ~measured,
+        t["predicted_loss"],
+        dict(
+          s=16,
+          facecolor="white",
+          edgecolor=predict_color,
+          linewidth=1.0,
           label="predicted step, not measured (predicted loss)",
-        )
-      )
-    if np.any(t["diverged"]):
-      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5)
-      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2, label="validation diverged"))
+        ),
+      ),
+      (
+        t["diverged"],
+        loss,
+        dict(s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5, label="validation diverged"),
+      ),
+    )
+    for where, y, style in marks:
+      if np.any(where):
+        handles.append(ax.scatter(s[where], y[where], **{"zorder": 4, **style}))
     _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
     bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
     ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in PREDICT{bwd_text})")
   if show_eval:
     es, ev = run.series("eval", "eval_loss")
     if len(es):
-      ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6)
-      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black", label="eval loss (held out)"))
+      handles.append(ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6, label="eval loss (held out)"))
   ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
   step_axis(ax)
   ax.set_ylabel("loss")
@@ -187,16 +173,10 @@ def plot_phase_timeline(
 def _zoom(ax: Axes, window: tuple[int, int]) -> None:
   """Limits the x axis to `window` and fits the y axis to the plotted data inside it."""
   lo, hi = window
-  ys = []
-  for line in ax.get_lines():
-    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
-    ys.append(y[(x >= lo) & (x <= hi)])
-  for coll in ax.collections:
-    off = np.asarray(coll.get_offsets(), float)
-    if off.ndim == 2 and off.shape[1] == 2:
-      ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
-  y = np.concatenate(ys)  # the timeline has its loss line at least
-  y = y[np.isfinite(y)]
+  xy = [np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float) for line in ax.get_lines()]
+  xy += [o for c in ax.collections if (o := np.asarray(c.get_offsets(), float)).ndim == 2 and o.shape[1] == 2]
+  xy = np.concatenate(xy)  # the timeline has its loss line at least
+  y = xy[(xy[:, 0] >= lo) & (xy[:, 0] <= hi) & np.isfinite(xy[:, 1]), 1]
   ax.set_xlim(lo - 0.5, hi + 0.5)
   if len(y):
     pad = 0.08 * max(float(y.max() - y.min()), 1e-3)
@@ -268,12 +248,9 @@ def plot_prediction_over_steps(ax: Axes, run: RunLike, *, include_warmup: bool =
   """
   run = as_run(run)
   p = after_warmup(prediction_pairs(run), include_warmup)
-  t = step_trace(run)
-  if not include_warmup and np.any(t["phase"] != WARMUP):
-    t = {k: v[t["phase"] != WARMUP] for k, v in t.items()}
+  t = after_warmup(step_trace(run), include_warmup)
   pred = t["phase"] == PREDICT
-  seen = sorted(set(t["phase"][pred].tolist()))
-  _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
+  seen = _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
   few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}
   ax.plot(p["step"], p["realised"], color="0.25", lw=0.7, label="realised loss", **few)
   ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss", **few)
@@ -299,17 +276,11 @@ def plot_alpha_by_group(ax: Axes, run: RunLike) -> Axes:
     note(ax, "no predicted steps in this run (yet)")
     ax.set_title(f"{run.name}: alpha per parameter group")
     return ax
-  steps = np.array([r["step"] for r in recs], np.int64)
-  alpha = np.array([[as_float(a) for a in r["alpha"]] for r in recs])
-  names = run.group_names(alpha.shape[1])
-  x, y = _break_gaps(steps, alpha)
-  for g, name in enumerate(names):
-    ax.plot(x, y[:, g], marker="o", ms=2.5, lw=0.9, label=name, **_group_style(g))
+  _group_lines(ax, run, recs, "alpha", True, marker="o", lw=0.9)
   ax.axhline(0.0, color="0.5", lw=0.6)
   step_axis(ax, "step (predicted steps only)")
   ax.set_ylabel("alpha (scale of velocity)")
   ax.set_title(f"{run.name}: alpha per parameter group ({len(recs)} predicted steps)")
-  _group_legend(ax, len(names))
   return ax
 
 
@@ -321,17 +292,12 @@ def plot_velocity_norms(ax: Axes, run: RunLike) -> Axes:
   if not recs:
     note(ax, "no velocity norms logged yet")
     return ax
-  steps = np.array([r["step"] for r in recs], np.int64)
-  norms = np.array([[as_float(v) for v in r["velocity_norm"]] for r in recs])
-  names = run.group_names(norms.shape[1])
-  for g, name in enumerate(names):
-    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name, **_group_style(g))
+  norms = _group_lines(ax, run, recs, "velocity_norm", False, lw=1.0, marker="o" if len(recs) < 30 else None)
   if np.all(norms[np.isfinite(norms)] > 0):
     ax.set_yscale("log")
   step_axis(ax)
   ax.set_ylabel("||velocity_g||")
   ax.set_title(f"{run.name}: velocity norm per parameter group")
-  _group_legend(ax, len(names))
   return ax
 
 
@@ -349,7 +315,6 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   """
   run = load_run(workdir)
   out_dir = out_dir or os.path.join(run.workdir, "plots")
-  os.makedirs(out_dir, exist_ok=True)
   paths = []
 
   def save(name: str, plot: Any, width: float = 11, height: float = 4.6) -> None:

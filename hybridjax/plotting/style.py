@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -43,6 +44,19 @@ def note(ax: Axes, text: str) -> None:
 def new_figure(width: float, height: float) -> Figure:
   """A figure of `width` x `height` inches with constrained layout, on the Agg canvas (no pyplot)."""
   return Figure(figsize=(width, height), layout="constrained")
+
+
+def new_axes(width: float, height: float) -> Axes:
+  """The one axes of a new `new_figure`; `ax.figure` is the figure to save."""
+  return new_figure(width, height).add_subplot()
+
+
+def legend_or_note(ax: Axes, drawn: bool, text: str, **legend: Any) -> None:
+  """A legend (`legend`: its options) where something was `drawn`, else a grey `note` of `text`."""
+  if drawn:
+    ax.legend(**legend)
+  else:
+    note(ax, text)
 
 
 def save_png(fig: Figure, out_dir: str, name: str) -> str:
