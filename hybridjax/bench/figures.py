@@ -417,28 +417,23 @@ def headline(result: Record, method: str | None) -> Record:
     "budgets": result["budgets"],
     "averaging_lead_steps": anchors["averaging_lead_steps"]["per_seed"],
   }
-  final = {
-    "baseline": anchors["final_loss"]["baseline"],
-    "averaged_baseline": anchors["final_loss"]["averaged_baseline"],
-  }
+  final = {a: anchors["final_loss"][a] for a in ANCHORS}
   if method is not None:
     f = result["figures"][method]
+    vs = lambda read: {f"vs_{a}": read(f[a]) for a in ANCHORS}  # one reading against each anchor
     for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
-      h[key] = {f"vs_{a}": f[a][key]["mean"] for a in ANCHORS}
-      h[key + "_std"] = {f"vs_{a}": f[a][key]["std"] for a in ANCHORS}
-      h[key + "_null_or_bound"] = {
-        f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"], f[a][key]["n_upper_bound"]] for a in ANCHORS
-      }
+      h[key] = vs(lambda x: x[key]["mean"])
+      h[key + "_std"] = vs(lambda x: x[key]["std"])
+      h[key + "_null_or_bound"] = vs(lambda x: [x[key]["n_null"], x[key]["n_lower_bound"], x[key]["n_upper_bound"]])
     spreads = {f"vs_{a}": f[a]["wallclock_ratio"]["spread"] for a in ANCHORS if "spread" in f[a]["wallclock_ratio"]}
     if spreads:  # the wall-clock ratio's spread over the timing rounds (`round_spread`), where recorded
       h["wallclock_ratio_spread"] = spreads
-    h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
-    h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
-    h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}
-    if "vs_skip_control" in f:
-      h["vs_skip_control"] = f["vs_skip_control"]
-    if "exercise" in f:  # whether it jumped or predicted enough for its comparison to test anything
-      h["exercise"] = f["exercise"]
+    h["final_loss_gap"] = vs(lambda x: x["final_loss_gap"]["mean"])
+    h["paired_difference"] = vs(lambda x: x["paired_difference"]["verdict"])
+    h["verdict"] = vs(lambda x: x["verdict"]["verdict"])
+    for key in ("vs_skip_control", "exercise"):  # its control's difference; whether it jumped or predicted enough
+      if key in f:
+        h[key] = f[key]
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h
