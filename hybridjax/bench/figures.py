@@ -71,22 +71,23 @@ def method_figures(
   the arm is meant to predict steps (`arms.predicts`), so runs that predicted none mark it not
   exercised (`exercise`)."""
   seeds = sorted(runs, key=int)
+  rows = [runs[s] for s in seeds]
+  n = rows[0]["steps"] if rows else None
+  final = [r["final_loss"] for r in rows]
   out: Record = {"seeds": seeds}
-  base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
-  method_ms = None if timing is None else timing.get("method")
-  rounds = (timing or {}).get("rounds") or {}
+  timing = timing or {}
+  base_ms, method_ms, rounds = (
+    timing.get("baseline", {}).get("baseline"),
+    timing.get("method"),
+    timing.get("rounds") or {},
+  )
   base_rounds = round_times({"baseline": base_ms} if base_ms is not None else None, rounds.get("baseline"))
   method_rounds = round_times(method_ms, rounds.get("method"))
   for anchor in ANCHORS:
-    reaches = [
-      protocol.steps_to_reach_at_n(budgets, curves[anchor][s], runs[s]["final_loss"], runs[seeds[0]]["steps"])
-      for s in seeds
-    ]
-    summaries, per = seed_ratios(
-      reaches, [runs[s] for s in seeds], base_ms, method_ms, base_rounds, method_rounds, True
-    )
-    at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
-    final = [runs[s]["final_loss"] for s in seeds]
+    anchor_curves = [curves[anchor][s] for s in seeds]
+    reaches = [protocol.steps_to_reach_at_n(budgets, c, r["final_loss"], n) for c, r in zip(anchor_curves, rows)]
+    summaries, per = seed_ratios(reaches, rows, base_ms, method_ms, base_rounds, method_rounds, True)
+    at_n = [c[budgets.index(r["steps"])] for c, r in zip(anchor_curves, rows)]  # the anchor at the method's budget
     passes = [r["method_cost"] for r in per["pass_ratio"]]
     out[anchor] = {
       **summaries,
@@ -101,27 +102,22 @@ def method_figures(
       else None,
       # Whether the pass ratio pays, judged in loss at the arm's passes as the anchor reads itself at N.
       "verdict": protocol.cost_verdict(
-        final,
-        passes,
-        [(budgets, curves[anchor][s]) for s in seeds],
-        runs[seeds[0]]["steps"],
-        eval_se,
-        eval_windows=eval_windows,
+        final, passes, [(budgets, c) for c in anchor_curves], n, eval_se, eval_windows=eval_windows
       )
       if seeds
       else None,
     }
   for key in ("final_loss", "final_loss_raw", "backward_passes", "validation_forwards"):  # mean, std over the seeds
-    out[key] = protocol.mean_std([runs[s]["final_raw" if key == "final_loss_raw" else key] for s in seeds])
+    out[key] = protocol.mean_std([r["final_raw" if key == "final_loss_raw" else key] for r in rows])
   # The method's own summary figures (`method_stats` of each run: e.g. accepted jumps), mean and std
   # over the seeds that have a value.
-  stats = runs[seeds[0]].get("method_stats", []) if seeds else []
+  stats = rows[0].get("method_stats", []) if rows else []
   for k in stats:
-    values = [runs[s][k] for s in seeds if runs[s].get(k) is not None]
+    values = [r[k] for r in rows if r.get(k) is not None]
     out[k] = protocol.mean_std(values) if values else None
   if stats:
     out["method_stats"] = list(stats)
-  exercised = exercise([runs[s] for s in seeds], predicts)
+  exercised = exercise(rows, predicts)
   if exercised is not None:
     out["exercise"] = exercised
   return out

@@ -44,21 +44,13 @@ RUN_FIGURES = (
 )
 
 
-def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int]]:
-  """Maximal runs of consecutive steps in one phase: (first step, last step, phase)."""
-  out: list[tuple[int, int, int]] = []
-  for s, p in zip(steps.tolist(), phases.tolist()):
-    if out and out[-1][2] == p and out[-1][1] == s - 1:
-      out[-1] = (out[-1][0], s, p)
-    else:
-      out.append((s, s, p))
-  return out
-
-
 def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray, alpha: float = BAND_ALPHA) -> list[int]:
-  """Shades each phase segment (centred on its steps) behind the data; returns the phases seen."""
-  for first, last, p in _segments(steps, phases):
-    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0, zorder=0)
+  """Shades each maximal run of consecutive steps in one phase (centred on its steps) behind the data; returns
+  the phases seen."""
+  cut = np.flatnonzero((np.diff(phases) != 0) | (np.diff(steps) != 1)) + 1
+  for s, p in zip(np.split(steps, cut), np.split(phases, cut)):
+    if len(s):
+      ax.axvspan(s[0] - 0.5, s[-1] + 0.5, color=PHASE_COLORS[PHASE_NAMES[p[0]]], alpha=alpha, lw=0, zorder=0)
   return sorted(set(phases.tolist()))
 
 
