@@ -55,8 +55,8 @@ def _budget_curves_figure(
     px, py = as_float(p["x"]), as_float(p["y"])
     if not (np.isfinite(px) and px > 0):
       raise ValueError(f"point {name!r}: x (mean backward passes) must be a positive number, got {p['x']!r}")
-    xs, ys = as_float(p.get("x_std")), as_float(p.get("y_std"))
-    pts[str(name)] = (px, py, xs if np.isfinite(xs) else 0.0, ys if np.isfinite(ys) else 0.0)
+    errs = (as_float(p.get(k)) for k in ("x_std", "y_std"))
+    pts[str(name)] = (px, py, *(e if np.isfinite(e) else 0.0 for e in errs))
 
   ax = new_axes(8.5, 5.2)
   ax.set_xscale("log")
@@ -160,7 +160,7 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
       given = np.array([line[lr][col] is not None for lr in lrs])
       if not np.any(given):
         continue  # no averaged losses for this line
-      x, y = lrs[given], np.array([as_float(line[lr][col]) for lr in lrs[given]])
+      x, y = lrs[given], np.array([line[lr][col] for lr in lrs[given]])
       ok = np.isfinite(y)
       diverged += x[~ok].tolist()
       ax.plot(x[ok], y[ok], color=color, ls=ls, lw=1.3, marker="o", ms=3.5, label="_sweep line")

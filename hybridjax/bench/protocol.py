@@ -40,8 +40,8 @@ def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"budgets must be finite, got {b.tolist()}")
   if np.any(b <= 0):
     raise ValueError(f"budgets must be positive (steps), got {b.tolist()}")
-  if np.unique(b).size != b.size:
-    values, counts = np.unique(b, return_counts=True)
+  values, counts = np.unique(b, return_counts=True)
+  if np.any(counts > 1):
     raise ValueError(f"duplicate budgets: {values[counts > 1].tolist()}")
   if not np.all(np.isfinite(loss)):
     raise ValueError(f"losses must be finite, got {loss.tolist()}")

@@ -54,8 +54,8 @@ def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray, alpha: float =
   return sorted(set(phases.tolist()))
 
 
-def _phase_handles(phases: Iterable[int], alpha: float = 0.5) -> list[Patch]:
-  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, label=PHASE_NAMES[p]) for p in phases]
+def _phase_handles(phases: Iterable[int]) -> list[Patch]:
+  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=0.5, label=PHASE_NAMES[p]) for p in phases]
 
 
 def _group_style(i: int) -> dict[str, Any]:
@@ -64,9 +64,9 @@ def _group_style(i: int) -> dict[str, Any]:
   return {"color": colors[i % len(colors)], "linestyle": ("-", "--", ":")[(i // len(colors)) % 3]}
 
 
-def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
-  cut = np.nonzero(np.diff(x) > gap)[0] + 1
+def _break_gaps(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Inserts NaNs where consecutive x are more than 1 apart, so lines do not bridge phases."""
+  cut = np.nonzero(np.diff(x) > 1)[0] + 1
   return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
 
 
@@ -85,9 +85,7 @@ def _group_lines(ax: Axes, run: Run, recs: list[dict[str, Any]], key: str, gaps:
   return values
 
 
-def plot_phase_timeline(
-  ax: Axes, run: RunLike, *, show_eval: bool = True, window: tuple[int, int] | None = None
-) -> Axes:
+def plot_phase_timeline(ax: Axes, run: RunLike, *, window: tuple[int, int] | None = None) -> Axes:
   """The loss of every step over coloured phase bands (WARMUP, FULL, PREDICT, CORRECT).
 
   The line joins the measured losses (real steps and validated predicted steps). Predicted steps are
@@ -98,7 +96,6 @@ def plot_phase_timeline(
   Args:
     ax: the axes to draw into.
     run: a `Run` or its workdir.
-    show_eval: also mark the eval losses.
     window: (first, last) step to zoom into; the loss axis is fitted to the data inside it.
   """
   run = as_run(run)
@@ -120,39 +117,36 @@ def plot_phase_timeline(
     m = measured & np.isfinite(loss)
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
     pred, predict_color = phase == PREDICT, PHASE_COLORS["PREDICT"]
-    marks = (  # (which steps, at which loss, how they are marked)
-      (
-        pred & measured,
-        loss,
-        dict(s=14, color=predict_color, edgecolor="black", linewidth=0.5, label="predicted step, validated"),
-      ),
-      (
-        pred & ~measured,
-        t["predicted_loss"],
-        dict(
-          s=16,
-          facecolor="white",
-          edgecolor=predict_color,
-          linewidth=1.0,
-          label="predicted step, not measured (predicted loss)",
-        ),
-      ),
-      (
-        t["diverged"],
-        loss,
-        dict(s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5, label="validation diverged"),
-      ),
-    )
-    for where, y, style in marks:
+
+    def mark(where: np.ndarray, y: np.ndarray, **style: Any) -> None:  # the steps `where`, at losses `y`
       if np.any(where):
         handles.append(ax.scatter(s[where], y[where], **{"zorder": 4, **style}))
+
+    mark(
+      pred & measured,
+      loss,
+      s=14,
+      color=predict_color,
+      edgecolor="black",
+      linewidth=0.5,
+      label="predicted step, validated",
+    )
+    mark(
+      pred & ~measured,
+      t["predicted_loss"],
+      s=16,
+      facecolor="white",
+      edgecolor=predict_color,
+      linewidth=1.0,
+      label="predicted step, not measured (predicted loss)",
+    )
+    mark(t["diverged"], loss, s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5, label="validation diverged")
     _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
     bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
     ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in PREDICT{bwd_text})")
-  if show_eval:
-    es, ev = run.series("eval", "eval_loss")
-    if len(es):
-      handles.append(ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6, label="eval loss (held out)"))
+  es, ev = run.series("eval", "eval_loss")
+  if len(es):
+    handles.append(ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6, label="eval loss (held out)"))
   ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
   step_axis(ax)
   ax.set_ylabel("loss")
@@ -176,22 +170,20 @@ def _zoom(ax: Axes, window: tuple[int, int]) -> None:
     ax.set_ylim(float(y.min()) - pad, float(y.max()) + 6 * pad)
 
 
-def plot_predicted_vs_realised(
-  ax: Axes, run: RunLike, *, color_by: str = "phase", include_warmup: bool = False
-) -> Axes:
-  """Scatter of predicted against realised loss for measured steps, with the y = x line.
+def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase") -> Axes:
+  """Scatter of predicted against realised loss for measured steps, with the y = x line. WARMUP steps are
+  left out once there are others (`after_warmup`).
 
   Args:
     ax: the axes to draw into.
     run: a hybrid `Run` or its workdir.
     color_by: 'phase' (one colour per phase, with the median relative error in the legend) or
       'confidence' (a colour bar).
-    include_warmup: also show WARMUP steps (by default they are left out once there are others).
   """
   if color_by not in ("phase", "confidence"):
     raise ValueError(f"color_by must be 'phase' or 'confidence', got {color_by!r}")
   run = as_run(run)
-  p = after_warmup(prediction_pairs(run), include_warmup)
+  p = after_warmup(prediction_pairs(run))
   if not len(p["step"]):
     note(ax, "no measured predictions yet")
     return ax
@@ -226,21 +218,21 @@ def plot_predicted_vs_realised(
   return ax
 
 
-def plot_prediction_over_steps(ax: Axes, run: RunLike, *, include_warmup: bool = False) -> tuple[Axes, Axes]:
+def plot_prediction_over_steps(ax: Axes, run: RunLike) -> tuple[Axes, Axes]:
   """Realised and predicted loss over steps (as `prediction_pairs` aligns them), with the
-  controller's confidence on a twin axis and the PREDICT segments shaded.
+  controller's confidence on a twin axis and the PREDICT segments shaded; WARMUP steps left out once
+  there are others (`after_warmup`).
 
   Args:
     ax: the axes to draw into.
     run: a hybrid `Run` or its workdir.
-    include_warmup: also show WARMUP steps (by default they are left out once there are others).
 
   Returns:
     (ax, the twin axis holding the confidence).
   """
   run = as_run(run)
-  p = after_warmup(prediction_pairs(run), include_warmup)
-  t = after_warmup(step_trace(run), include_warmup)
+  p = after_warmup(prediction_pairs(run))
+  t = after_warmup(step_trace(run))
   pred = t["phase"] == PREDICT
   seen = _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
   few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}

@@ -236,13 +236,11 @@ def prediction_pairs(run: RunLike) -> dict[str, np.ndarray]:
   return {k: v[ok] for k, v in out.items()}
 
 
-def after_warmup(p: dict[str, np.ndarray], include_warmup: bool) -> dict[str, np.ndarray]:
-  """The prediction pairs `p` without their WARMUP points, unless `include_warmup` (or all are WARMUP)."""
+def after_warmup(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The per-step arrays `p` (prediction pairs, a step trace) without their WARMUP steps, unless all are WARMUP."""
   # During WARMUP nothing is predicted and the loss falls fast: those points would set the axes.
-  if include_warmup or not np.any(p["phase"] != WARMUP):
-    return p
   keep = p["phase"] != WARMUP
-  return {k: v[keep] for k, v in p.items()}
+  return {k: v[keep] for k, v in p.items()} if np.any(keep) else p
 
 
 def memory_series(run: RunLike) -> tuple[np.ndarray, np.ndarray]:
