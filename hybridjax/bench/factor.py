@@ -391,12 +391,11 @@ def _bootstrap(
   rng = np.random.default_rng(seed)
   seeds = len(adamw.seeds)
   idx = rng.integers(0, seeds, size=(draws, seeds))
-  windows = adamw.windows is not None and muon.windows is not None
-  if windows and adamw.windows.shape[-1] != muon.windows.shape[-1]:
-    raise ValueError("the two sides' runs must be scored on the same eval windows")
   counts = None
-  if windows:
+  if adamw.windows is not None and muon.windows is not None:
     j = adamw.windows.shape[-1]
+    if muon.windows.shape[-1] != j:
+      raise ValueError("the two sides' runs must be scored on the same eval windows")
     counts = np.stack([np.bincount(rng.integers(0, j, size=j), minlength=j) for _ in range(draws)]) / j
   fits = {}
   for name, c in (("adamw", adamw), ("muon", muon)):

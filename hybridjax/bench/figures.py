@@ -318,13 +318,15 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
     for a in ANCHORS:
       longer, at_n = [curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]
       # The averaged anchor's own runs kept their windows: its gain is judged with their error.
-      own = None
-      if a == "averaged_baseline":
-        own = window_error(
+      own = (
+        window_error(
           [budget_runs[f"{s}/{f125}"] for s in seeds],
           [budget_runs[f"{s}/{n}"] for s in seeds],
           [x - y for x, y in zip(longer, at_n)],
         )
+        if a == "averaged_baseline"
+        else None
+      )
       se, windows = own if own is not None else (eval_se, batches)
       out["budget_1.25N_vs_N"][a] = protocol.paired_difference(longer, at_n, se, eval_windows=windows)
     out["eval_sampling_se_of_the_1.25N_gain"] = ses

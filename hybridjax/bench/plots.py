@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from hybridjax.plotting.runs import as_float
-from hybridjax.plotting.style import finite_stats, legend_or_note, new_axes, save_png_to, step_axis
+from hybridjax.plotting.style import finite_stats, legend_or_note, new_axes, save_png, step_axis
 
 
 def _require(record: Mapping[str, Any], keys: Sequence[str], what: str, join: str = ", ") -> None:
@@ -124,7 +124,7 @@ def plot_budget_curves(
     ValueError: on no budgets or a non-positive one, a curve with no seeds or whose length differs
       from `budgets`, or a point without "x"/"y" or with a non-positive x.
   """
-  return save_png_to(_budget_curves_figure(budgets, curves, points, title), path)
+  return save_png(_budget_curves_figure(budgets, curves, points, title), path)
 
 
 _LR_SWEEP_KEYS = ("lr", "seed", "budget", "loss_raw")
@@ -221,7 +221,7 @@ def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "")
     ValueError: on no rows, a row missing one of lr/seed/budget/loss_raw, a non-positive lr, or one
       lr twice for a (seed, budget).
   """
-  return save_png_to(_lr_sweep_figure(rows, title), path)
+  return save_png(_lr_sweep_figure(rows, title), path)
 
 
 def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> Figure:
@@ -274,7 +274,7 @@ def plot_arm_eval_curves(path: str, arms: Mapping[str, Sequence[Mapping[str, flo
   Raises:
     ValueError: on no arms, an arm with no eval points, or a point missing "step" or "eval_loss_raw".
   """
-  return save_png_to(_arm_eval_figure(arms, title), path)
+  return save_png(_arm_eval_figure(arms, title), path)
 
 
 def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str) -> str:
@@ -300,7 +300,7 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   ax.set_ylabel("final eval loss (averaged params)")
   ax.set_title(f"LR robustness on the tuning seeds: {method} vs the averaged anchor")
   ax.legend(fontsize=8)
-  return save_png_to(ax.figure, path)
+  return save_png(ax.figure, path)
 
 
 def _seed_bars(
@@ -360,7 +360,7 @@ def plot_ladder(
   ax.set_ylabel(ylabel)
   ax.set_title("Where each claimed gain goes: the baseline made fair one condition at a time")
   ax.legend(fontsize=8, ncols=2)
-  return save_png_to(ax.figure, path)
+  return save_png(ax.figure, path)
 
 
 def plot_recipe(
@@ -392,4 +392,4 @@ def plot_recipe(
   ax.set_xticks(range(len(steps)), [s.replace("_", "\n") for s in steps], fontsize=8)
   ax.set_ylabel(ylabel)
   ax.set_title(title or "The speedrun recipe, trick by trick (cumulative)")
-  return save_png_to(ax.figure, path)
+  return save_png(ax.figure, path)

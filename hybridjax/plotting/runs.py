@@ -116,22 +116,19 @@ def load_run(workdir: str, name: str | None = None) -> Run:
 
 
 def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], ...]]:
-  by_kind: dict[str, dict[int, dict[str, Any]]] = {}
-  last: dict[str, int] = {}
+  by_kind: dict[str, dict[int, dict[str, Any]]] = {}  # kind -> step -> record, steps in increasing order
   for rec in lines:
     if not isinstance(rec, dict) or "step" not in rec:
       continue
-    kind = rec.get("kind", "train")
     step = int(rec["step"])
-    series = by_kind.setdefault(kind, {})
-    if kind in last and step <= last[kind]:
+    series = by_kind.setdefault(rec.get("kind", "train"), {})
+    if series and step <= next(reversed(series)):
       # Steps of one kind only grow within one process: this is a resumed run re-logging from its
       # checkpoint, and everything the crashed process logged from here on is superseded.
       for s in [s for s in series if s >= step]:
         del series[s]
     series[step] = dict(rec)
-    last[kind] = step
-  return {k: tuple(v[s] for s in sorted(v)) for k, v in by_kind.items()}
+  return {k: tuple(v.values()) for k, v in by_kind.items()}
 
 
 def as_float(v: Any) -> float:

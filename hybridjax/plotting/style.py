@@ -59,14 +59,10 @@ def legend_or_note(ax: Axes, drawn: bool, text: str, **legend: Any) -> None:
     note(ax, text)
 
 
-def save_png(fig: Figure, out_dir: str, name: str) -> str:
-  """Writes `fig` as `out_dir/name`; returns the path."""
-  return save_png_to(fig, os.path.join(out_dir, name))
-
-
-def save_png_to(fig: Figure, path: str) -> str:
-  """Writes `fig` to `path`, creating its folder; returns the path."""
-  path = os.fspath(path)
+def save_png(fig: Figure, *path: str) -> str:
+  """Writes `fig` to the PNG at `path` (its parts joined: a folder and a name, or one path), creating its
+  folder; returns the path."""
+  path = os.path.join(*path)
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   fig.savefig(path, dpi=_DPI)
   return path
