@@ -422,11 +422,7 @@ def cell_verdict(reading_a: Mapping[str, Any], field: float = FIELD) -> str:
   a bound has an open end: a lower bound's interval runs on above its top, an upper bound's below its
   bottom."""
   lo, hi = _open_interval(reading_a)
-  if lo > field:
-    return "above the field"
-  if hi < field:
-    return "within the field"
-  return "undetermined"
+  return "above the field" if lo > field else "within the field" if hi < field else "undetermined"
 
 
 def _open_interval(reading: Mapping[str, Any]) -> tuple[float, float]:

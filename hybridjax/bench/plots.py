@@ -154,13 +154,12 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
   for i, (seed, budget) in enumerate(order):
     line = lines[(seed, budget)]
     color = f"C{i % 10}"
-    lrs = np.array(sorted(line))
     best: list[str] = []
     for col, ls, fill in ((0, "-", color), (1, "--", "white")):
-      given = np.array([line[lr][col] is not None for lr in lrs])
-      if not np.any(given):
+      given = [(lr, losses[col]) for lr, losses in sorted(line.items()) if losses[col] is not None]
+      if not given:
         continue  # no averaged losses for this line
-      x, y = lrs[given], np.array([line[lr][col] for lr in lrs[given]])
+      x, y = np.array(given).T
       ok = np.isfinite(y)
       diverged += x[~ok].tolist()
       ax.plot(x[ok], y[ok], color=color, ls=ls, lw=1.3, marker="o", ms=3.5, label="_sweep line")
