@@ -61,7 +61,7 @@ def _budget_curves_figure(
   ax = new_axes(8.5, 5.2)
   ax.set_xscale("log")
   for i, (name, losses) in enumerate(anchors.items()):
-    mean, std, n = finite_stats(losses)
+    mean, std = finite_stats(losses)
     color = f"C{i}"
     n_seeds = losses.shape[0]
     over = f"mean ± std over {n_seeds} seeds" if n_seeds >= 2 else "1 seed"

@@ -68,13 +68,12 @@ def save_png(fig: Figure, *path: str) -> str:
   return path
 
 
-def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(mean, sample std (ddof=1), count) of the finite values of each column of a (seeds, n) array.
+def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, sample std (ddof=1)) of the finite values of each column of a (seeds, n) array.
 
   A column with no finite value has a NaN mean; one with fewer than 2 has a NaN std.
   """
-  ok = np.isfinite(values)
-  finite = np.where(ok, values, np.nan)
+  finite = np.where(np.isfinite(values), values, np.nan)
   with warnings.catch_warnings():  # numpy warns of the columns with no mean or no std
     warnings.simplefilter("ignore", RuntimeWarning)
-    return np.nanmean(finite, axis=0), np.nanstd(finite, axis=0, ddof=1), ok.sum(axis=0)
+    return np.nanmean(finite, axis=0), np.nanstd(finite, axis=0, ddof=1)
