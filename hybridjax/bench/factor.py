@@ -333,7 +333,7 @@ def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, 
       ran = np.isfinite(side.loss[i])
       target = float(other.loss[i][list(other.steps).index(float(n))])
       reach = protocol.steps_to_reach(side.steps[ran], side.loss[i][ran], target)
-      t, bound = reach.steps / float(n), 1 if reach.lower_bound else -1 if reach.upper_bound else 0
+      t, bound = reach.steps / float(n), int(reach.lower_bound) - int(reach.upper_bound)
       values.append(t if reading == "a" else 1.0 / t)
       sides.append(bound if reading == "a" else -bound)
     logs = np.log(values)
@@ -416,13 +416,13 @@ def _bootstrap(
   return out
 
 
-def cell_verdict(reading_a: Mapping[str, Any], field: float = FIELD) -> str:
+def cell_verdict(reading_a: Mapping[str, Any]) -> str:
   """A cell's verdict from reading (a) (`factor(...)["a"]`): "above the field" where its 95% interval lies
-  above `field` (1.5x), "within the field" where it lies below, "undetermined" otherwise. A reading that is
+  above `FIELD` (1.5x), "within the field" where it lies below, "undetermined" otherwise. A reading that is
   a bound has an open end: a lower bound's interval runs on above its top, an upper bound's below its
   bottom."""
   lo, hi = _open_interval(reading_a)
-  return "above the field" if lo > field else "within the field" if hi < field else "undetermined"
+  return "above the field" if lo > FIELD else "within the field" if hi < FIELD else "undetermined"
 
 
 def _open_interval(reading: Mapping[str, Any]) -> tuple[float, float]:
@@ -437,16 +437,16 @@ AGAINST = 1.0  # a record of today's readings reads its verdict against 1.0x: a 
 POWER = 0.8  # the power at which `detectable` names the smallest factor the seeds could tell from 1.0x
 
 
-def detectable(ci95: list[float], seeds: int, power: float = POWER) -> float:
+def detectable(ci95: list[float], seeds: int) -> float:
   """The smallest factor a reading with 95% interval `ci95` over `seeds` seeds could tell from 1.0x at
-  `power`: exp(d), d the shift of the log mean at which a two-sided 5% t-test (seeds - 1 df, the interval's
-  standard error) rejects with probability `power` (scipy's noncentral t)."""
+  `POWER`: exp(d), d the shift of the log mean at which a two-sided 5% t-test (seeds - 1 df, the interval's
+  standard error) rejects with probability `POWER` (scipy's noncentral t)."""
   df = seeds - 1
   crit = float(scipy.stats.t.ppf(0.975, df))
   se = math.log(ci95[1] / ci95[0]) / (2 * crit)
   # scipy's noncentral t returns NaN far in its tail, where the power is 1
   reject = lambda x: float(np.nan_to_num(scipy.stats.nct.sf(crit, df, x) + scipy.stats.nct.cdf(-crit, df, x), nan=1.0))
-  ncp = scipy.optimize.brentq(lambda x: reject(x) - power, 0.0, 2 * crit + 10)
+  ncp = scipy.optimize.brentq(lambda x: reject(x) - POWER, 0.0, 2 * crit + 10)
   return math.exp(ncp * se)
 
 
