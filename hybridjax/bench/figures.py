@@ -180,8 +180,7 @@ def control_comparison(
         [skip[s]["final_loss"] for s in seeds],
         eval_se,
         eval_windows=eval_windows,
-      )
-      f["vs_skip_control"]["control"] = control
+      ) | {"control": control}
 
 
 def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:

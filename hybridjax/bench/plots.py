@@ -227,18 +227,15 @@ def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: s
   """The Figure `plot_arm_eval_curves` saves (see there); validates the input first."""
   if not arms:
     raise ValueError("no arms given")
-  data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+  data: dict[str, np.ndarray] = {}
   for name, evals in arms.items():
     if not evals:
       raise ValueError(f"arm {name!r} has no eval points")
     for i, e in enumerate(evals):
       _require(e, ("step", "eval_loss_raw"), f"arm {name!r}, eval point {i}")
     evals = sorted(evals, key=lambda e: as_float(e["step"]))
-    data[str(name)] = (
-      np.array([as_float(e["step"]) for e in evals]),
-      np.array([as_float(e["eval_loss_raw"]) for e in evals]),
-      np.array([as_float(e.get("eval_loss_averaged")) for e in evals]),
-    )
+    keys = ("step", "eval_loss_raw", "eval_loss_averaged")
+    data[str(name)] = np.array([[as_float(e.get(k)) for k in keys] for e in evals]).T  # (steps, raw, averaged)
 
   ax = new_axes(8.5, 4.8)
   for i, (name, (steps, raw, avg)) in enumerate(data.items()):
