@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
 
 from hybridjax.bench import protocol, stats
@@ -82,7 +83,7 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
     raise ValueError(f"{side}: budgets must be positive steps, got {steps}")
   loss = np.full((len(seeds), len(steps)), np.nan)
   have_windows = all(per_seed[s].get("per_window") is not None for s in seeds)
-  windows: list[list[Any]] = []
+  windows = []  # per seed: budget's column -> its per-window losses
   for i, s in enumerate(seeds):
     budgets, losses = list(per_seed[s]["steps"]), list(per_seed[s]["loss"])
     if len(budgets) != len(losses) or len(set(budgets)) != len(budgets):
@@ -91,24 +92,18 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
       raise ValueError(f"{side} seed {s}: a curve needs at least 2 budgets, got {budgets}")
     if not np.all(np.isfinite(losses)):
       raise ValueError(f"{side} seed {s}: losses must be finite, got {losses}")
-    row = [None] * len(steps)
-    for k, (t, x) in enumerate(zip(budgets, losses)):
-      j = steps.index(float(t))
-      loss[i, j] = float(x)
-      if have_windows:
-        row[j] = per_seed[s]["per_window"][k]
-    windows.append(row)
+    columns = [steps.index(float(t)) for t in budgets]
+    loss[i, columns] = losses
+    windows.append({j: per_seed[s]["per_window"][k] for k, j in enumerate(columns)} if have_windows else {})
   win = None
   if have_windows:
-    counts = {len(w) for row in windows for w in row if w is not None}
+    counts = {len(w) for row in windows for w in row.values()}
     if len(counts) != 1:
       raise ValueError(f"{side}: every run's per-window losses must cover the same windows, got counts {counts}")
-    (count,) = counts
-    win = np.full((len(seeds), len(steps), count), np.nan)
+    win = np.full((len(seeds), len(steps), counts.pop()), np.nan)
     for i, row in enumerate(windows):
-      for j, w in enumerate(row):
-        if w is not None:
-          win[i, j] = np.asarray(w, dtype=np.float64)
+      for j, w in row.items():
+        win[i, j] = w
   return Curves(seeds, np.asarray(steps), loss, win)
 
 
@@ -168,16 +163,10 @@ def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> dic
   levels = np.concatenate([levels, levels2], axis=-2)
   b, rss = np.concatenate([b, b2], axis=-1), np.concatenate([rss, rss2], axis=-1)
   k = np.argmin(rss, axis=-1)[..., None]
-  pick = lambda a: np.take_along_axis(a, k, axis=-1)[..., 0]  # noqa: E731
-  out_rss, out_b, out_c = pick(rss), pick(b), pick(fine)
-  out_levels = np.take_along_axis(levels, k[..., None], axis=-2)[..., 0, :]
-  bad = ~np.isfinite(out_rss)
-  return {
-    "levels": np.where(bad[..., None], np.nan, out_levels),
-    "b": np.where(bad, np.nan, out_b),
-    "c": np.where(bad, np.nan, out_c),
-    "rss": np.where(bad, np.nan, out_rss),
-  }
+  out = {"levels": np.take_along_axis(levels, k[..., None], axis=-2)[..., 0, :]}
+  out |= {name: np.take_along_axis(a, k, axis=-1)[..., 0] for name, a in (("b", b), ("c", fine), ("rss", rss))}
+  bad = ~np.isfinite(out["rss"])
+  return {name: np.where(bad[..., None] if name == "levels" else bad, np.nan, a) for name, a in out.items()}
 
 
 def _loss_at(fit: dict[str, np.ndarray], t: float) -> np.ndarray:
@@ -217,8 +206,7 @@ def _readings(
 
 def _paired(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any]) -> tuple[Curves, Curves]:
   """Both sides' `Curves` (a mapping read by `curves_from`), refused where they run other headline seeds."""
-  adamw = adamw if isinstance(adamw, Curves) else curves_from(adamw, "adamw")
-  muon = muon if isinstance(muon, Curves) else curves_from(muon, "muon")
+  adamw, muon = (c if isinstance(c, Curves) else curves_from(c, name) for c, name in ((adamw, "adamw"), (muon, "muon")))
   if adamw.seeds != muon.seeds:
     raise ValueError(
       f"the two sides must run the same headline seeds (the readings pair them): adamw {list(adamw.seeds)}, "
@@ -345,7 +333,7 @@ def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, 
       ran = np.isfinite(side.loss[i])
       target = float(other.loss[i][list(other.steps).index(float(n))])
       reach = protocol.steps_to_reach(side.steps[ran], side.loss[i][ran], target)
-      t, bound = reach.steps / float(n), 1 if reach.lower_bound else -1 if reach.upper_bound else 0
+      t, bound = reach.steps / float(n), int(reach.lower_bound) - int(reach.upper_bound)
       values.append(t if reading == "a" else 1.0 / t)
       sides.append(bound if reading == "a" else -bound)
     logs = np.log(values)
@@ -370,8 +358,12 @@ def t_interval(logs: np.ndarray) -> list[float]:
   if logs.size < 2:
     raise ValueError(f"a t-interval needs at least 2 seeds' readings, got {logs.size}")
   half = float(scipy.stats.t.ppf(0.975, logs.size - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(logs.size)
-  mean = float(np.mean(logs))
-  return [math.exp(mean - half), math.exp(mean + half)]
+  return _interval(float(np.mean(logs)), half)
+
+
+def _interval(mean_log: float, half: float) -> list[float]:
+  """[exp(mean_log - half), exp(mean_log + half)]: a log-scale interval back on the ratio scale."""
+  return [math.exp(mean_log - half), math.exp(mean_log + half)]
 
 
 def bootstrap_interval(mean_log: float, draws: np.ndarray, seeds: int) -> list[float]:
@@ -384,8 +376,7 @@ def bootstrap_interval(mean_log: float, draws: np.ndarray, seeds: int) -> list[f
   standard error keeps the error of the shared fit (b, c: common to every seed's reading, unseen by a
   t-interval over the seeds) and the small-sample quantile both (tests/bench/test_factor.py's coverage test).
   """
-  half = float(scipy.stats.t.ppf(0.975, seeds - 1)) * float(np.std(draws, ddof=1))
-  return [math.exp(mean_log - half), math.exp(mean_log + half)]
+  return _interval(mean_log, float(scipy.stats.t.ppf(0.975, seeds - 1)) * float(np.std(draws, ddof=1)))
 
 
 def _bootstrap(
@@ -400,12 +391,11 @@ def _bootstrap(
   rng = np.random.default_rng(seed)
   seeds = len(adamw.seeds)
   idx = rng.integers(0, seeds, size=(draws, seeds))
-  windows = adamw.windows is not None and muon.windows is not None
-  if windows and adamw.windows.shape[-1] != muon.windows.shape[-1]:
-    raise ValueError("the two sides' runs must be scored on the same eval windows")
   counts = None
-  if windows:
+  if adamw.windows is not None and muon.windows is not None:
     j = adamw.windows.shape[-1]
+    if muon.windows.shape[-1] != j:
+      raise ValueError("the two sides' runs must be scored on the same eval windows")
     counts = np.stack([np.bincount(rng.integers(0, j, size=j), minlength=j) for _ in range(draws)]) / j
   fits = {}
   for name, c in (("adamw", adamw), ("muon", muon)):
@@ -426,41 +416,37 @@ def _bootstrap(
   return out
 
 
-def cell_verdict(reading_a: Mapping[str, Any], field: float = FIELD) -> str:
+def cell_verdict(reading_a: Mapping[str, Any]) -> str:
   """A cell's verdict from reading (a) (`factor(...)["a"]`): "above the field" where its 95% interval lies
-  above `field` (1.5x), "within the field" where it lies below, "undetermined" otherwise. A reading that is
+  above `FIELD` (1.5x), "within the field" where it lies below, "undetermined" otherwise. A reading that is
   a bound has an open end: a lower bound's interval runs on above its top, an upper bound's below its
   bottom."""
-  lo, hi = (float(x) for x in reading_a["ci95"])
-  bound = reading_a.get("bound")
-  if bound in ("lower", "both"):
-    hi = math.inf
-  if bound in ("upper", "both"):
-    lo = 0.0
-  if lo > field:
-    return "above the field"
-  if hi < field:
-    return "within the field"
-  return "undetermined"
+  lo, hi = _open_interval(reading_a)
+  return "above the field" if lo > FIELD else "within the field" if hi < FIELD else "undetermined"
+
+
+def _open_interval(reading: Mapping[str, Any]) -> tuple[float, float]:
+  """A reading's 95% interval, open on the side it is a bound: a lower bound's runs on above its top, an upper
+  bound's below its bottom."""
+  lo, hi = (float(x) for x in reading["ci95"])
+  bound = reading.get("bound")
+  return 0.0 if bound in ("upper", "both") else lo, math.inf if bound in ("lower", "both") else hi
 
 
 AGAINST = 1.0  # a record of today's readings reads its verdict against 1.0x: a line declared before any seed
 POWER = 0.8  # the power at which `detectable` names the smallest factor the seeds could tell from 1.0x
 
 
-def detectable(ci95: list[float], seeds: int, power: float = POWER) -> float:
+def detectable(ci95: list[float], seeds: int) -> float:
   """The smallest factor a reading with 95% interval `ci95` over `seeds` seeds could tell from 1.0x at
-  `power`: exp(d), d the shift of the log mean at which a two-sided 5% t-test (seeds - 1 df, the interval's
-  standard error) rejects with probability `power` (scipy's noncentral t)."""
-  from scipy import optimize
-  from scipy import stats as sp
-
+  `POWER`: exp(d), d the shift of the log mean at which a two-sided 5% t-test (seeds - 1 df, the interval's
+  standard error) rejects with probability `POWER` (scipy's noncentral t)."""
   df = seeds - 1
-  crit = float(sp.t.ppf(0.975, df))
+  crit = float(scipy.stats.t.ppf(0.975, df))
   se = math.log(ci95[1] / ci95[0]) / (2 * crit)
   # scipy's noncentral t returns NaN far in its tail, where the power is 1
-  reject = lambda x: float(np.nan_to_num(sp.nct.sf(crit, df, x) + sp.nct.cdf(-crit, df, x), nan=1.0))  # noqa: E731
-  ncp = optimize.brentq(lambda x: reject(x) - power, 0.0, 2 * crit + 10)
+  reject = lambda x: float(np.nan_to_num(scipy.stats.nct.sf(crit, df, x) + scipy.stats.nct.cdf(-crit, df, x), nan=1.0))
+  ncp = scipy.optimize.brentq(lambda x: reject(x) - POWER, 0.0, 2 * crit + 10)
   return math.exp(ncp * se)
 
 
@@ -474,10 +460,7 @@ def verdict_against_one(reading_a: Mapping[str, Any], field: tuple[float, float]
   Returns:
     {"against", "verdict", "detectable", "power", "field", "against_field"}.
   """
-  lo, hi = (float(x) for x in reading_a["ci95"])
-  bound = reading_a.get("bound")
-  hi = math.inf if bound in ("lower", "both") else hi
-  lo = 0.0 if bound in ("upper", "both") else lo
+  lo, hi = _open_interval(reading_a)
   word = "above 1.0×" if lo > AGAINST else "below 1.0×" if hi < AGAINST else "undetermined"
   place = None
   if field is not None:
@@ -508,7 +491,7 @@ def cell_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> Record:
   n_b, n_a = len(before["per_seed"]), len(after["per_seed"])
   df = stats.satterthwaite_df([(se_b, n_b - 1), (se_a, n_a - 1)])
   half = 0.0 if math.isnan(df) else float(scipy.stats.t.ppf(0.975, df)) * math.hypot(se_b, se_a)
-  boot = [math.exp(delta - half), math.exp(delta + half)]
+  boot = _interval(delta, half)
   paired = None
   if n_b == n_a and before.get("seeds") == after.get("seeds"):
     paired = t_interval(np.log(after["per_seed"]) - np.log(before["per_seed"]))

@@ -71,22 +71,23 @@ def method_figures(
   the arm is meant to predict steps (`arms.predicts`), so runs that predicted none mark it not
   exercised (`exercise`)."""
   seeds = sorted(runs, key=int)
+  rows = [runs[s] for s in seeds]
+  n = rows[0]["steps"] if rows else None
+  final = [r["final_loss"] for r in rows]
   out: Record = {"seeds": seeds}
-  base_ms = None if timing is None else timing.get("baseline", {}).get("baseline")
-  method_ms = None if timing is None else timing.get("method")
-  rounds = (timing or {}).get("rounds") or {}
+  timing = timing or {}
+  base_ms, method_ms, rounds = (
+    timing.get("baseline", {}).get("baseline"),
+    timing.get("method"),
+    timing.get("rounds") or {},
+  )
   base_rounds = round_times({"baseline": base_ms} if base_ms is not None else None, rounds.get("baseline"))
   method_rounds = round_times(method_ms, rounds.get("method"))
   for anchor in ANCHORS:
-    reaches = [
-      protocol.steps_to_reach_at_n(budgets, curves[anchor][s], runs[s]["final_loss"], runs[seeds[0]]["steps"])
-      for s in seeds
-    ]
-    summaries, per = seed_ratios(
-      reaches, [runs[s] for s in seeds], base_ms, method_ms, base_rounds, method_rounds, True
-    )
-    at_n = [curves[anchor][s][budgets.index(runs[s]["steps"])] for s in seeds]  # the anchor at the method's budget
-    final = [runs[s]["final_loss"] for s in seeds]
+    anchor_curves = [curves[anchor][s] for s in seeds]
+    reaches = [protocol.steps_to_reach_at_n(budgets, c, r["final_loss"], n) for c, r in zip(anchor_curves, rows)]
+    summaries, per = seed_ratios(reaches, rows, base_ms, method_ms, base_rounds, method_rounds, True)
+    at_n = [c[budgets.index(r["steps"])] for c, r in zip(anchor_curves, rows)]  # the anchor at the method's budget
     passes = [r["method_cost"] for r in per["pass_ratio"]]
     out[anchor] = {
       **summaries,
@@ -101,27 +102,22 @@ def method_figures(
       else None,
       # Whether the pass ratio pays, judged in loss at the arm's passes as the anchor reads itself at N.
       "verdict": protocol.cost_verdict(
-        final,
-        passes,
-        [(budgets, curves[anchor][s]) for s in seeds],
-        runs[seeds[0]]["steps"],
-        eval_se,
-        eval_windows=eval_windows,
+        final, passes, [(budgets, c) for c in anchor_curves], n, eval_se, eval_windows=eval_windows
       )
       if seeds
       else None,
     }
   for key in ("final_loss", "final_loss_raw", "backward_passes", "validation_forwards"):  # mean, std over the seeds
-    out[key] = protocol.mean_std([runs[s]["final_raw" if key == "final_loss_raw" else key] for s in seeds])
+    out[key] = protocol.mean_std([r["final_raw" if key == "final_loss_raw" else key] for r in rows])
   # The method's own summary figures (`method_stats` of each run: e.g. accepted jumps), mean and std
   # over the seeds that have a value.
-  stats = runs[seeds[0]].get("method_stats", []) if seeds else []
+  stats = rows[0].get("method_stats", []) if rows else []
   for k in stats:
-    values = [runs[s][k] for s in seeds if runs[s].get(k) is not None]
+    values = [r[k] for r in rows if r.get(k) is not None]
     out[k] = protocol.mean_std(values) if values else None
   if stats:
     out["method_stats"] = list(stats)
-  exercised = exercise([runs[s] for s in seeds], predicts)
+  exercised = exercise(rows, predicts)
   if exercised is not None:
     out["exercise"] = exercised
   return out
@@ -184,8 +180,7 @@ def control_comparison(
         [skip[s]["final_loss"] for s in seeds],
         eval_se,
         eval_windows=eval_windows,
-      )
-      f["vs_skip_control"]["control"] = control
+      ) | {"control": control}
 
 
 def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
@@ -322,13 +317,15 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
     for a in ANCHORS:
       longer, at_n = [curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]
       # The averaged anchor's own runs kept their windows: its gain is judged with their error.
-      own = None
-      if a == "averaged_baseline":
-        own = window_error(
+      own = (
+        window_error(
           [budget_runs[f"{s}/{f125}"] for s in seeds],
           [budget_runs[f"{s}/{n}"] for s in seeds],
           [x - y for x, y in zip(longer, at_n)],
         )
+        if a == "averaged_baseline"
+        else None
+      )
       se, windows = own if own is not None else (eval_se, batches)
       out["budget_1.25N_vs_N"][a] = protocol.paired_difference(longer, at_n, se, eval_windows=windows)
     out["eval_sampling_se_of_the_1.25N_gain"] = ses
@@ -417,28 +414,23 @@ def headline(result: Record, method: str | None) -> Record:
     "budgets": result["budgets"],
     "averaging_lead_steps": anchors["averaging_lead_steps"]["per_seed"],
   }
-  final = {
-    "baseline": anchors["final_loss"]["baseline"],
-    "averaged_baseline": anchors["final_loss"]["averaged_baseline"],
-  }
+  final = {a: anchors["final_loss"][a] for a in ANCHORS}
   if method is not None:
     f = result["figures"][method]
+    vs = lambda read: {f"vs_{a}": read(f[a]) for a in ANCHORS}  # one reading against each anchor
     for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
-      h[key] = {f"vs_{a}": f[a][key]["mean"] for a in ANCHORS}
-      h[key + "_std"] = {f"vs_{a}": f[a][key]["std"] for a in ANCHORS}
-      h[key + "_null_or_bound"] = {
-        f"vs_{a}": [f[a][key]["n_null"], f[a][key]["n_lower_bound"], f[a][key]["n_upper_bound"]] for a in ANCHORS
-      }
+      h[key] = vs(lambda x: x[key]["mean"])
+      h[key + "_std"] = vs(lambda x: x[key]["std"])
+      h[key + "_null_or_bound"] = vs(lambda x: [x[key]["n_null"], x[key]["n_lower_bound"], x[key]["n_upper_bound"]])
     spreads = {f"vs_{a}": f[a]["wallclock_ratio"]["spread"] for a in ANCHORS if "spread" in f[a]["wallclock_ratio"]}
     if spreads:  # the wall-clock ratio's spread over the timing rounds (`round_spread`), where recorded
       h["wallclock_ratio_spread"] = spreads
-    h["final_loss_gap"] = {f"vs_{a}": f[a]["final_loss_gap"]["mean"] for a in ANCHORS}
-    h["paired_difference"] = {f"vs_{a}": f[a]["paired_difference"]["verdict"] for a in ANCHORS}
-    h["verdict"] = {f"vs_{a}": f[a]["verdict"]["verdict"] for a in ANCHORS}
-    if "vs_skip_control" in f:
-      h["vs_skip_control"] = f["vs_skip_control"]
-    if "exercise" in f:  # whether it jumped or predicted enough for its comparison to test anything
-      h["exercise"] = f["exercise"]
+    h["final_loss_gap"] = vs(lambda x: x["final_loss_gap"]["mean"])
+    h["paired_difference"] = vs(lambda x: x["paired_difference"]["verdict"])
+    h["verdict"] = vs(lambda x: x["verdict"]["verdict"])
+    for key in ("vs_skip_control", "exercise"):  # its control's difference; whether it jumped or predicted enough
+      if key in f:
+        h[key] = f[key]
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h

@@ -9,11 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from hybridjax.plotting.runs import as_float
-from hybridjax.plotting.style import finite_stats, new_figure, note, save_png_to, step_axis
+from hybridjax.plotting.style import finite_stats, legend_or_note, new_axes, save_png, step_axis
+
+
+def _require(record: Mapping[str, Any], keys: Sequence[str], what: str, join: str = ", ") -> None:
+  """Refuses `record` (`what` names it) where it lacks one of `keys`, naming those it lacks and those it has."""
+  missing = [k for k in keys if k not in record]
+  if missing:
+    raise ValueError(f"{what} has no {join.join(repr(k) for k in missing)} (keys: {sorted(record)})")
 
 
 def _budget_curves_figure(
@@ -43,27 +51,24 @@ def _budget_curves_figure(
     anchors[str(name)] = np.array(rows, np.float64)
   pts: dict[str, tuple[float, float, float, float]] = {}
   for name, p in points.items():
-    missing = [k for k in ("x", "y") if k not in p]
-    if missing:
-      raise ValueError(f"point {name!r} has no {' or '.join(repr(k) for k in missing)} (keys: {sorted(p)})")
+    _require(p, ("x", "y"), f"point {name!r}", " or ")
     px, py = as_float(p["x"]), as_float(p["y"])
     if not (np.isfinite(px) and px > 0):
       raise ValueError(f"point {name!r}: x (mean backward passes) must be a positive number, got {p['x']!r}")
-    xs, ys = as_float(p.get("x_std")), as_float(p.get("y_std"))
-    pts[str(name)] = (px, py, xs if np.isfinite(xs) else 0.0, ys if np.isfinite(ys) else 0.0)
+    errs = (as_float(p.get(k)) for k in ("x_std", "y_std"))
+    pts[str(name)] = (px, py, *(e if np.isfinite(e) else 0.0 for e in errs))
 
-  fig = new_figure(8.5, 5.2)
-  ax = fig.add_subplot()
+  ax = new_axes(8.5, 5.2)
   ax.set_xscale("log")
   for i, (name, losses) in enumerate(anchors.items()):
-    mean, std, n = finite_stats(losses)
+    mean, std = finite_stats(losses)
     color = f"C{i}"
     n_seeds = losses.shape[0]
     over = f"mean ± std over {n_seeds} seeds" if n_seeds >= 2 else "1 seed"
     ax.plot(x, mean, color=color, lw=1.5, marker="o", ms=5, label=f"{name} ({over})")
     if n_seeds >= 2:
-      ok = np.isfinite(std)
-      ax.fill_between(x, np.where(ok, mean - std, mean), np.where(ok, mean + std, mean), color=color, alpha=0.2, lw=0)
+      half = np.nan_to_num(std)  # no band where fewer than 2 seeds have a loss
+      ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
   for j, (name, (px, py, xs, ys)) in enumerate(pts.items()):
     color = f"C{(len(anchors) + j) % 10}"
     ax.errorbar(
@@ -82,14 +87,11 @@ def _budget_curves_figure(
       label=name,
     )
     ax.annotate(name, (px, py), xytext=(6, 6), textcoords="offset points", fontsize=8, color=color)
-  if not anchors and not pts:
-    note(ax, "no budget curves or points")
-  else:
-    ax.legend(fontsize=8, loc="upper right")
+  legend_or_note(ax, bool(anchors or pts), "no budget curves or points", fontsize=8, loc="upper right")
   ax.set_xlabel("backward passes (log scale)")
   ax.set_ylabel("final eval loss (held out)")
   ax.set_title(title or "final eval loss against backward passes")
-  return fig
+  return ax.figure
 
 
 def plot_budget_curves(
@@ -122,7 +124,7 @@ def plot_budget_curves(
     ValueError: on no budgets or a non-positive one, a curve with no seeds or whose length differs
       from `budgets`, or a point without "x"/"y" or with a non-positive x.
   """
-  return save_png_to(_budget_curves_figure(budgets, curves, points, title), path)
+  return save_png(_budget_curves_figure(budgets, curves, points, title), path)
 
 
 _LR_SWEEP_KEYS = ("lr", "seed", "budget", "loss_raw")
@@ -134,9 +136,7 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
     raise ValueError("no sweep rows given")
   lines: dict[tuple[Any, Any], dict[float, tuple[float, float | None]]] = {}
   for i, r in enumerate(rows):
-    missing = [k for k in _LR_SWEEP_KEYS if k not in r]
-    if missing:
-      raise ValueError(f"sweep row {i} has no {', '.join(repr(k) for k in missing)} (keys: {sorted(r)})")
+    _require(r, _LR_SWEEP_KEYS, f"sweep row {i}")
     lr = as_float(r["lr"])
     if not (np.isfinite(lr) and lr > 0):
       raise ValueError(f"sweep row {i}: lr must be a positive number (the x axis is log scale), got {r['lr']!r}")
@@ -146,8 +146,7 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
     avg = r.get("loss_averaged")
     line[lr] = (as_float(r["loss_raw"]), None if avg is None else as_float(avg))
 
-  fig = new_figure(8.5, 5.2)
-  ax = fig.add_subplot()
+  ax = new_axes(8.5, 5.2)
   ax.set_xscale("log")
   diverged: list[float] = []
   handles: list[Any] = []
@@ -155,13 +154,12 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
   for i, (seed, budget) in enumerate(order):
     line = lines[(seed, budget)]
     color = f"C{i % 10}"
-    lrs = np.array(sorted(line))
     best: list[str] = []
     for col, ls, fill in ((0, "-", color), (1, "--", "white")):
-      given = np.array([line[lr][col] is not None for lr in lrs])
-      if not np.any(given):
+      given = [(lr, losses[col]) for lr, losses in sorted(line.items()) if losses[col] is not None]
+      if not given:
         continue  # no averaged losses for this line
-      x, y = lrs[given], np.array([as_float(line[lr][col]) for lr in lrs[given]])
+      x, y = np.array(given).T
       ok = np.isfinite(y)
       diverged += x[~ok].tolist()
       ax.plot(x[ok], y[ok], color=color, ls=ls, lw=1.3, marker="o", ms=3.5, label="_sweep line")
@@ -179,10 +177,18 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
   ]
   if diverged:
     # A diverged run has no loss to place: crosses along the top of the axes mark its lr.
-    ax.scatter(
-      diverged, [0.97] * len(diverged), marker="x", s=30, color="#d62728", transform=ax.get_xaxis_transform(), zorder=5
+    handles.append(
+      ax.scatter(
+        diverged,
+        [0.97] * len(diverged),
+        marker="x",
+        s=30,
+        color="#d62728",
+        transform=ax.get_xaxis_transform(),
+        zorder=5,
+        label="diverged (non-finite loss)",
+      )
     )
-    handles.append(Line2D([], [], ls="", marker="x", color="#d62728", label="diverged (non-finite loss)"))
   # Every lr of the sweep in view (autoscaling sees no diverged run), with a margin on the log axis.
   lo, hi = min(min(line) for line in lines.values()), max(max(line) for line in lines.values())
   pad = (hi / lo) ** 0.05 if hi > lo else 2.0
@@ -191,7 +197,7 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
   ax.set_xlabel("peak learning rate (log scale)")
   ax.set_ylabel("final eval loss (held out)")
   ax.set_title(title or "learning-rate sweep: final eval loss against peak learning rate")
-  return fig
+  return ax.figure
 
 
 def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "") -> str:
@@ -214,32 +220,24 @@ def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "")
     ValueError: on no rows, a row missing one of lr/seed/budget/loss_raw, a non-positive lr, or one
       lr twice for a (seed, budget).
   """
-  return save_png_to(_lr_sweep_figure(rows, title), path)
+  return save_png(_lr_sweep_figure(rows, title), path)
 
 
 def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> Figure:
   """The Figure `plot_arm_eval_curves` saves (see there); validates the input first."""
   if not arms:
     raise ValueError("no arms given")
-  data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+  data: dict[str, np.ndarray] = {}
   for name, evals in arms.items():
     if not evals:
       raise ValueError(f"arm {name!r} has no eval points")
     for i, e in enumerate(evals):
-      missing = [k for k in ("step", "eval_loss_raw") if k not in e]
-      if missing:
-        raise ValueError(
-          f"arm {name!r}, eval point {i} has no {', '.join(repr(k) for k in missing)} (keys: {sorted(e)})"
-        )
+      _require(e, ("step", "eval_loss_raw"), f"arm {name!r}, eval point {i}")
     evals = sorted(evals, key=lambda e: as_float(e["step"]))
-    data[str(name)] = (
-      np.array([as_float(e["step"]) for e in evals]),
-      np.array([as_float(e["eval_loss_raw"]) for e in evals]),
-      np.array([as_float(e.get("eval_loss_averaged")) for e in evals]),
-    )
+    keys = ("step", "eval_loss_raw", "eval_loss_averaged")
+    data[str(name)] = np.array([[as_float(e.get(k)) for k in keys] for e in evals]).T  # (steps, raw, averaged)
 
-  fig = new_figure(8.5, 4.8)
-  ax = fig.add_subplot()
+  ax = new_axes(8.5, 4.8)
   for i, (name, (steps, raw, avg)) in enumerate(data.items()):
     color = f"C{i % 10}"
     few = {"marker": "o", "ms": 3.5} if len(steps) < 40 else {}
@@ -253,7 +251,7 @@ def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: s
   step_axis(ax)
   ax.set_ylabel("eval loss (held out)")
   ax.set_title(title or "eval loss against step (solid: raw weights, dashed: averaged)")
-  return fig
+  return ax.figure
 
 
 def plot_arm_eval_curves(path: str, arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> str:
@@ -272,7 +270,7 @@ def plot_arm_eval_curves(path: str, arms: Mapping[str, Sequence[Mapping[str, flo
   Raises:
     ValueError: on no arms, an arm with no eval points, or a point missing "step" or "eval_loss_raw".
   """
-  return save_png_to(_arm_eval_figure(arms, title), path)
+  return save_png(_arm_eval_figure(arms, title), path)
 
 
 def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str) -> str:
@@ -286,8 +284,7 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   Returns:
     `path`.
   """
-  fig = new_figure(6.4, 4.2)
-  ax = fig.add_subplot()
+  ax = new_axes(6.4, 4.2)
   for i, seed in enumerate(sorted({r["seed"] for r in rows})):
     mine = sorted((r for r in rows if r["seed"] == seed), key=lambda r: r["lr"])
     lrs = [r["lr"] for r in mine]
@@ -299,17 +296,25 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   ax.set_ylabel("final eval loss (averaged params)")
   ax.set_title(f"LR robustness on the tuning seeds: {method} vs the averaged anchor")
   ax.legend(fontsize=8)
-  return save_png_to(fig, path)
+  return save_png(ax.figure, path)
 
 
-def _seed_dots(ax: Any, at: float, values: Sequence[Any], color: str, size: float, bars: tuple[list, ...]) -> None:
-  """Each seed's value (None: left out) as a dot at x `at`; their mean and std (ddof=1; 0 for one seed)
-  added to `bars` (xs, means, stds) for the error bar. Nothing where no seed has a value."""
-  v = np.array([as_float(x) for x in values if x is not None], np.float64)
-  if len(v):
-    ax.scatter(np.full(len(v), at), v, color=color, s=size, alpha=0.5, zorder=3)
-    for column, x in zip(bars, (at, float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)):
-      column.append(x)
+def _seed_bars(
+  ax: Axes, xs: Sequence[float], per_x: Sequence[Sequence[Any]], color: str, size: float, **bar: Any
+) -> int:
+  """Each seed's value at each x of `xs` (None: left out) as a dot, and at each x with a value their mean with
+  their std (ddof=1; 0 for one seed) as an error bar (`bar`: its options). Whether any x has a value (0 or 1)."""
+  at, means, stds = [], [], []
+  for x, values in zip(xs, per_x):
+    v = np.array([as_float(y) for y in values if y is not None], np.float64)
+    if len(v):
+      ax.scatter(np.full(len(v), x), v, color=color, s=size, alpha=0.5, zorder=3)
+      at.append(x)
+      means.append(float(np.mean(v)))
+      stds.append(float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
+  if at:
+    ax.errorbar(at, means, yerr=stds, color=color, marker="o", capsize=3, zorder=4, **bar)
+  return int(bool(at))
 
 
 def plot_ladder(
@@ -332,8 +337,7 @@ def plot_ladder(
   Raises:
     ValueError: when no arm has a value at any rung.
   """
-  fig = new_figure(7.6, 4.4)
-  ax = fig.add_subplot()
+  ax = new_axes(7.6, 4.4)
   x = {r: i for i, r in enumerate(rungs)}
   for r in verdict:
     if r in x:
@@ -341,13 +345,9 @@ def plot_ladder(
   plotted = 0
   width = 0.6 / max(len(arms), 1)
   for i, (arm, per_rung) in enumerate(arms.items()):
-    offset, bars = (i - (len(arms) - 1) / 2) * width, ([], [], [])
-    for r, cell in per_rung.items():
-      if r in x:
-        _seed_dots(ax, x[r] + offset, cell["values"], f"C{i}", 8, bars)
-    if bars[0]:
-      ax.errorbar(*bars[:2], yerr=bars[2], color=f"C{i}", marker="o", capsize=3, label=arm, zorder=4)
-      plotted += 1
+    offset, cells = (i - (len(arms) - 1) / 2) * width, {r: c for r, c in per_rung.items() if r in x}
+    xs, values = [x[r] + offset for r in cells], [c["values"] for c in cells.values()]
+    plotted += _seed_bars(ax, xs, values, f"C{i}", 8, label=arm)
   if not plotted:
     raise ValueError("plot_ladder: no arm has a value at any rung")
   ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
@@ -356,7 +356,7 @@ def plot_ladder(
   ax.set_ylabel(ylabel)
   ax.set_title("Where each claimed gain goes: the baseline made fair one condition at a time")
   ax.legend(fontsize=8, ncols=2)
-  return save_png_to(fig, path)
+  return save_png(ax.figure, path)
 
 
 def plot_recipe(
@@ -380,17 +380,12 @@ def plot_recipe(
   """
   if len(steps) != len(per_seed):
     raise ValueError(f"plot_recipe: {len(steps)} steps but {len(per_seed)} rows of values")
-  fig = new_figure(7.6, 4.4)
-  ax = fig.add_subplot()
-  bars = ([], [], [])
-  for i, values in enumerate(per_seed):
-    _seed_dots(ax, i, values, "C0", 10, bars)
-  if not bars[0]:
+  ax = new_axes(7.6, 4.4)
+  if not _seed_bars(ax, range(len(per_seed)), per_seed, "C0", 10):
     raise ValueError("plot_recipe: no step has a value")
-  ax.errorbar(*bars[:2], yerr=bars[2], color="C0", marker="o", capsize=3, zorder=4)
   ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
   ax.set_yscale("log")
   ax.set_xticks(range(len(steps)), [s.replace("_", "\n") for s in steps], fontsize=8)
   ax.set_ylabel(ylabel)
   ax.set_title(title or "The speedrun recipe, trick by trick (cumulative)")
-  return save_png_to(fig, path)
+  return save_png(ax.figure, path)

@@ -28,8 +28,7 @@ Floats = Sequence[float] | np.ndarray  # one value per budget, or per seed
 
 def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
   """Validated (budgets, losses) as 1-D float arrays, in the order given."""
-  b = np.asarray(budgets, dtype=np.float64)
-  loss = np.asarray(losses, dtype=np.float64)
+  b, loss = (np.asarray(v, dtype=np.float64) for v in (budgets, losses))
   if b.ndim != 1 or loss.ndim != 1:
     raise ValueError(f"budgets and losses must be 1-D, got shapes {b.shape} and {loss.shape}")
   if b.size == 0:
@@ -40,8 +39,8 @@ def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"budgets must be finite, got {b.tolist()}")
   if np.any(b <= 0):
     raise ValueError(f"budgets must be positive (steps), got {b.tolist()}")
-  if np.unique(b).size != b.size:
-    values, counts = np.unique(b, return_counts=True)
+  values, counts = np.unique(b, return_counts=True)
+  if np.any(counts > 1):
     raise ValueError(f"duplicate budgets: {values[counts > 1].tolist()}")
   if not np.all(np.isfinite(loss)):
     raise ValueError(f"losses must be finite, got {loss.tolist()}")
@@ -286,8 +285,7 @@ def paired_batch_se(a: Floats, b: Floats) -> float | None:
   Raises:
     ValueError: on mismatched lengths or non-finite values.
   """
-  x = np.asarray(a, dtype=np.float64).ravel()
-  y = np.asarray(b, dtype=np.float64).ravel()
+  x, y = (np.asarray(v, dtype=np.float64).ravel() for v in (a, b))
   if x.size != y.size:
     raise ValueError(f"mismatched lengths: {x.size} batches in a but {y.size} in b (the same batches score both)")
   if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
@@ -424,8 +422,7 @@ def paired_difference(
     ValueError: on mismatched lengths, fewer than 2 pairs, non-finite values or a negative or non-finite
       eval_se.
   """
-  x = np.asarray(a, dtype=np.float64).ravel()
-  y = np.asarray(b, dtype=np.float64).ravel()
+  x, y = (np.asarray(v, dtype=np.float64).ravel() for v in (a, b))
   if x.size != y.size:
     raise ValueError(f"mismatched lengths: {x.size} values in a but {y.size} in b (pairs are per seed)")
   if x.size < 2:
@@ -491,7 +488,6 @@ def cost_verdict(
   curves: Sequence[tuple[Sequence[float], Sequence[float]]],
   n: float,
   eval_se: float | None,
-  rule: str = RULE,
   eval_windows: int | None = None,
 ) -> Record:
   """Whether a method pays against an anchor: per seed, its loss against the anchor's curve at its cost,
@@ -508,7 +504,7 @@ def cost_verdict(
     curves: per seed, the anchor's (budgets, losses).
     n: the budget N (where the anchor reads itself).
     eval_se: the paired per-batch standard error (`paired_batch_se`), or None.
-    rule, eval_windows: as `paired_difference` reads them.
+    eval_windows: as `paired_difference` reads it.
 
   Returns:
     {"verdict": "pays" | "does not pay" | "no difference" | "not judged", "paired": the paired difference
@@ -532,6 +528,6 @@ def cost_verdict(
     "verdict": "not judged",
   }
   if len(diffs) >= 2 and None not in diffs:
-    out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se, rule, eval_windows)
+    out["paired"] = paired_difference(diffs, [0.0] * len(diffs), eval_se, eval_windows=eval_windows)
     out["verdict"] = PAYS[out["paired"]["verdict"]]
   return out

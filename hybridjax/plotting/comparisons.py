@@ -3,14 +3,13 @@ memory."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
 
 from hybridjax.plotting.runs import EVAL_X, RunLike, as_runs, eval_curve, memory_series
-from hybridjax.plotting.style import new_figure, note, save_png, step_axis
+from hybridjax.plotting.style import legend_or_note, new_axes, save_png, step_axis
 
 COMPARISON_FIGURES = ("eval_vs_time.png", "eval_vs_backward.png", "memory.png")
 
@@ -34,10 +33,7 @@ def plot_memory(ax: Axes, runs: Any) -> Axes:
     label = f"{name} ({source})" if source else name
     ax.plot(steps, b / 2**20, lw=1.2, marker="o" if len(steps) < 40 else ".", ms=3, color=f"C{i}", label=label)
     drawn += 1
-  if not drawn:
-    note(ax, "no memory readings")
-  else:
-    ax.legend(fontsize=8)
+  legend_or_note(ax, drawn, "no memory readings", fontsize=8)
   step_axis(ax)
   ax.set_ylabel("bytes in use (MiB)")
   ax.set_title("memory in use")
@@ -65,10 +61,7 @@ def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike], 
     at = f"{xs[-1]:.1f} s" if x == "train_s" else f"{xs[-1]:.0f}"
     ax.plot(xs, ev, marker="o", ms=4, lw=1.3, color=f"C{i}", label=f"{label}: {ev[-1]:.3f} at {at}")
     drawn += 1
-  if not drawn:
-    note(ax, "no eval records")
-  else:
-    ax.legend(fontsize=8)
+  legend_or_note(ax, drawn, "no eval records", fontsize=8)
   ax.set_xlabel(EVAL_X[x])
   ax.set_ylabel("eval loss (held out)")
   ax.set_title(f"eval loss against {EVAL_X[x].split(' (')[0]}")
@@ -83,13 +76,12 @@ def save_comparison_figures(runs: Mapping[str, RunLike] | Sequence[RunLike], out
     out_dir: where to write (created if needed).
   """
   runs = as_runs(runs)
-  os.makedirs(out_dir, exist_ok=True)
   paths = []
-  for x, name in (("train_s", "eval_vs_time.png"), ("backward_passes", "eval_vs_backward.png")):
-    fig = new_figure(8, 4.5)
-    plot_eval_curves(fig.add_subplot(), runs, x)
-    paths.append(save_png(fig, out_dir, name))
-  fig = new_figure(8, 4.5)
-  plot_memory(fig.add_subplot(), runs)
-  paths.append(save_png(fig, out_dir, "memory.png"))
+  for name, x in zip(COMPARISON_FIGURES, ("train_s", "backward_passes", None)):
+    ax = new_axes(8, 4.5)
+    if x is None:
+      plot_memory(ax, runs)
+    else:
+      plot_eval_curves(ax, runs, x)
+    paths.append(save_png(ax.figure, out_dir, name))
   return paths

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from hybridjax.hybrid.phases import PHASE_NAMES
 from hybridjax.plotting.comparisons import plot_memory
 from hybridjax.plotting.runs import (
+  Run,
   RunLike,
   after_warmup,
   as_float,
@@ -29,7 +29,6 @@ from hybridjax.plotting.style import (
   BAND_ALPHA,
   PHASE_COLORS,
   PREDICT,
-  WARMUP,
   new_figure,
   note,
   save_png,
@@ -45,26 +44,18 @@ RUN_FIGURES = (
 )
 
 
-def _segments(steps: np.ndarray, phases: np.ndarray) -> list[tuple[int, int, int]]:
-  """Maximal runs of consecutive steps in one phase: (first step, last step, phase)."""
-  out: list[tuple[int, int, int]] = []
-  for s, p in zip(steps.tolist(), phases.tolist()):
-    if out and out[-1][2] == p and out[-1][1] == s - 1:
-      out[-1] = (out[-1][0], s, p)
-    else:
-      out.append((s, s, p))
-  return out
-
-
 def _phase_bands(ax: Axes, steps: np.ndarray, phases: np.ndarray, alpha: float = BAND_ALPHA) -> list[int]:
-  """Shades each phase segment (centred on its steps) behind the data; returns the phases seen."""
-  for first, last, p in _segments(steps, phases):
-    ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, lw=0, zorder=0)
+  """Shades each maximal run of consecutive steps in one phase (centred on its steps) behind the data; returns
+  the phases seen."""
+  cut = np.flatnonzero((np.diff(phases) != 0) | (np.diff(steps) != 1)) + 1
+  for s, p in zip(np.split(steps, cut), np.split(phases, cut)):
+    if len(s):
+      ax.axvspan(s[0] - 0.5, s[-1] + 0.5, color=PHASE_COLORS[PHASE_NAMES[p[0]]], alpha=alpha, lw=0, zorder=0)
   return sorted(set(phases.tolist()))
 
 
-def _phase_handles(phases: Iterable[int], alpha: float = 0.5) -> list[Patch]:
-  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=alpha, label=PHASE_NAMES[p]) for p in phases]
+def _phase_handles(phases: Iterable[int]) -> list[Patch]:
+  return [Patch(color=PHASE_COLORS[PHASE_NAMES[p]], alpha=0.5, label=PHASE_NAMES[p]) for p in phases]
 
 
 def _group_style(i: int) -> dict[str, Any]:
@@ -73,20 +64,28 @@ def _group_style(i: int) -> dict[str, Any]:
   return {"color": colors[i % len(colors)], "linestyle": ("-", "--", ":")[(i // len(colors)) % 3]}
 
 
-def _break_gaps(x: np.ndarray, y: np.ndarray, gap: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """Inserts NaNs where consecutive x are more than `gap` apart, so lines do not bridge phases."""
-  cut = np.nonzero(np.diff(x) > gap)[0] + 1
+def _break_gaps(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Inserts NaNs where consecutive x are more than 1 apart, so lines do not bridge phases."""
+  cut = np.nonzero(np.diff(x) > 1)[0] + 1
   return np.insert(x.astype(np.float64), cut, np.nan), np.insert(y, cut, np.nan, axis=0)
 
 
-def _group_legend(ax: Axes, n: int) -> None:
+def _group_lines(ax: Axes, run: Run, recs: list[dict[str, Any]], key: str, gaps: bool, **style: Any) -> np.ndarray:
+  """One line per parameter group of the per-group lists `key` of `recs` against their steps (`gaps`: broken
+  where steps are missing), with the groups' legend; returns the values, (records, groups)."""
+  steps = np.array([r["step"] for r in recs], np.int64)
+  values = np.array([[as_float(v) for v in r[key]] for r in recs])
+  names = run.group_names(values.shape[1])
+  x, y = _break_gaps(steps, values) if gaps else (steps, values)
+  for g, name in enumerate(names):
+    ax.plot(x, y[:, g], ms=2.5, label=name, **style, **_group_style(g))
   # Outside the axes on the right: group names are long and the curves fill the plot.
-  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 20 else 2)
+  ncol = 1 if len(names) <= 20 else 2
+  ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=ncol)
+  return values
 
 
-def plot_phase_timeline(
-  ax: Axes, run: RunLike, *, show_eval: bool = True, window: tuple[int, int] | None = None
-) -> Axes:
+def plot_phase_timeline(ax: Axes, run: RunLike, *, window: tuple[int, int] | None = None) -> Axes:
   """The loss of every step over coloured phase bands (WARMUP, FULL, PREDICT, CORRECT).
 
   The line joins the measured losses (real steps and validated predicted steps). Predicted steps are
@@ -97,7 +96,6 @@ def plot_phase_timeline(
   Args:
     ax: the axes to draw into.
     run: a `Run` or its workdir.
-    show_eval: also mark the eval losses.
     window: (first, last) step to zoom into; the loss axis is fitted to the data inside it.
   """
   run = as_run(run)
@@ -119,62 +117,36 @@ def plot_phase_timeline(
     m = measured & np.isfinite(loss)
     handles += ax.plot(s[m], loss[m], color="0.2", lw=0.7, zorder=2, label="measured loss")
     pred, predict_color = phase == PREDICT, PHASE_COLORS["PREDICT"]
-    if np.any(pred & measured):
-      ax.scatter(
-        s[pred & measured],
-        loss[pred & measured],
-        s=14,
-        color=predict_color,
-        edgecolor="black",
-        linewidth=0.5,
-        zorder=4,
-      )
-      handles.append(
-        Line2D(
-          [],
-          [],
-          ls="",
-          marker="o",
-          ms=5,
-          mfc=predict_color,
-          mec="black",
-          mew=0.5,
-          label="predicted step, validated",
-        )
-      )
-    if np.any(pred & ~measured):
-      ax.scatter(
-        s[pred & ~measured],
-        t["predicted_loss"][pred & ~measured],
-        s=16,
-        facecolor="white",
-        edgecolor=predict_color,
-        linewidth=1.0,
-        zorder=4,
-      )
-      handles.append(
-        Line2D(
-          [],
-          [],
-          ls="",
-          marker="o",
-          ms=5,
-          mfc="white",
-          mec=predict_color,
-          label="predicted step, not measured (predicted loss)",
-        )
-      )
-    if np.any(t["diverged"]):
-      ax.scatter(s[t["diverged"]], loss[t["diverged"]], s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5)
-      handles.append(Line2D([], [], ls="", marker="x", ms=6, color="#d62728", mew=1.2, label="validation diverged"))
+
+    def mark(where: np.ndarray, y: np.ndarray, **style: Any) -> None:  # the steps `where`, at losses `y`
+      if np.any(where):
+        handles.append(ax.scatter(s[where], y[where], **{"zorder": 4, **style}))
+
+    mark(
+      pred & measured,
+      loss,
+      s=14,
+      color=predict_color,
+      edgecolor="black",
+      linewidth=0.5,
+      label="predicted step, validated",
+    )
+    mark(
+      pred & ~measured,
+      t["predicted_loss"],
+      s=16,
+      facecolor="white",
+      edgecolor=predict_color,
+      linewidth=1.0,
+      label="predicted step, not measured (predicted loss)",
+    )
+    mark(t["diverged"], loss, s=30, marker="x", color="#d62728", linewidth=1.2, zorder=5, label="validation diverged")
     _, bwd = run.series("train", "backward_passes")  # micro-corrections are real steps in PREDICT
     bwd_text = f", {int(bwd[-1])} backward passes" if len(bwd) and np.isfinite(bwd[-1]) else ""
     ax.set_title(f"{run.name}: phases over the loss ({int(pred.sum())} of {len(s)} steps in PREDICT{bwd_text})")
-  if show_eval:
-    es, ev = run.series("eval", "eval_loss")
-    if len(es):
-      ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6)
-      handles.append(Line2D([], [], ls="", marker="D", ms=5, color="black", label="eval loss (held out)"))
+  es, ev = run.series("eval", "eval_loss")
+  if len(es):
+    handles.append(ax.scatter(es, ev, marker="D", s=22, color="black", zorder=6, label="eval loss (held out)"))
   ax.legend(handles=handles + _phase_handles(seen), fontsize=7.5, loc="upper right", ncol=2)
   step_axis(ax)
   ax.set_ylabel("loss")
@@ -187,16 +159,10 @@ def plot_phase_timeline(
 def _zoom(ax: Axes, window: tuple[int, int]) -> None:
   """Limits the x axis to `window` and fits the y axis to the plotted data inside it."""
   lo, hi = window
-  ys = []
-  for line in ax.get_lines():
-    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
-    ys.append(y[(x >= lo) & (x <= hi)])
-  for coll in ax.collections:
-    off = np.asarray(coll.get_offsets(), float)
-    if off.ndim == 2 and off.shape[1] == 2:
-      ys.append(off[(off[:, 0] >= lo) & (off[:, 0] <= hi), 1])
-  y = np.concatenate(ys)  # the timeline has its loss line at least
-  y = y[np.isfinite(y)]
+  xy = [np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float) for line in ax.get_lines()]
+  xy += [o for c in ax.collections if (o := np.asarray(c.get_offsets(), float)).ndim == 2 and o.shape[1] == 2]
+  xy = np.concatenate(xy)  # the timeline has its loss line at least
+  y = xy[(xy[:, 0] >= lo) & (xy[:, 0] <= hi) & np.isfinite(xy[:, 1]), 1]
   ax.set_xlim(lo - 0.5, hi + 0.5)
   if len(y):
     pad = 0.08 * max(float(y.max() - y.min()), 1e-3)
@@ -204,22 +170,20 @@ def _zoom(ax: Axes, window: tuple[int, int]) -> None:
     ax.set_ylim(float(y.min()) - pad, float(y.max()) + 6 * pad)
 
 
-def plot_predicted_vs_realised(
-  ax: Axes, run: RunLike, *, color_by: str = "phase", include_warmup: bool = False
-) -> Axes:
-  """Scatter of predicted against realised loss for measured steps, with the y = x line.
+def plot_predicted_vs_realised(ax: Axes, run: RunLike, *, color_by: str = "phase") -> Axes:
+  """Scatter of predicted against realised loss for measured steps, with the y = x line. WARMUP steps are
+  left out once there are others (`after_warmup`).
 
   Args:
     ax: the axes to draw into.
     run: a hybrid `Run` or its workdir.
     color_by: 'phase' (one colour per phase, with the median relative error in the legend) or
       'confidence' (a colour bar).
-    include_warmup: also show WARMUP steps (by default they are left out once there are others).
   """
   if color_by not in ("phase", "confidence"):
     raise ValueError(f"color_by must be 'phase' or 'confidence', got {color_by!r}")
   run = as_run(run)
-  p = after_warmup(prediction_pairs(run), include_warmup)
+  p = after_warmup(prediction_pairs(run))
   if not len(p["step"]):
     note(ax, "no measured predictions yet")
     return ax
@@ -254,26 +218,23 @@ def plot_predicted_vs_realised(
   return ax
 
 
-def plot_prediction_over_steps(ax: Axes, run: RunLike, *, include_warmup: bool = False) -> tuple[Axes, Axes]:
+def plot_prediction_over_steps(ax: Axes, run: RunLike) -> tuple[Axes, Axes]:
   """Realised and predicted loss over steps (as `prediction_pairs` aligns them), with the
-  controller's confidence on a twin axis and the PREDICT segments shaded.
+  controller's confidence on a twin axis and the PREDICT segments shaded; WARMUP steps left out once
+  there are others (`after_warmup`).
 
   Args:
     ax: the axes to draw into.
     run: a hybrid `Run` or its workdir.
-    include_warmup: also show WARMUP steps (by default they are left out once there are others).
 
   Returns:
     (ax, the twin axis holding the confidence).
   """
   run = as_run(run)
-  p = after_warmup(prediction_pairs(run), include_warmup)
-  t = step_trace(run)
-  if not include_warmup and np.any(t["phase"] != WARMUP):
-    t = {k: v[t["phase"] != WARMUP] for k, v in t.items()}
+  p = after_warmup(prediction_pairs(run))
+  t = after_warmup(step_trace(run))
   pred = t["phase"] == PREDICT
-  seen = sorted(set(t["phase"][pred].tolist()))
-  _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
+  seen = _phase_bands(ax, t["step"][pred], t["phase"][pred], alpha=0.3)
   few = {"marker": "o", "ms": 3} if len(p["step"]) < 30 else {}
   ax.plot(p["step"], p["realised"], color="0.25", lw=0.7, label="realised loss", **few)
   ax.plot(p["step"], p["predicted"], color="#1f77b4", lw=0.9, alpha=0.85, label="predicted loss", **few)
@@ -299,17 +260,11 @@ def plot_alpha_by_group(ax: Axes, run: RunLike) -> Axes:
     note(ax, "no predicted steps in this run (yet)")
     ax.set_title(f"{run.name}: alpha per parameter group")
     return ax
-  steps = np.array([r["step"] for r in recs], np.int64)
-  alpha = np.array([[as_float(a) for a in r["alpha"]] for r in recs])
-  names = run.group_names(alpha.shape[1])
-  x, y = _break_gaps(steps, alpha)
-  for g, name in enumerate(names):
-    ax.plot(x, y[:, g], marker="o", ms=2.5, lw=0.9, label=name, **_group_style(g))
+  _group_lines(ax, run, recs, "alpha", True, marker="o", lw=0.9)
   ax.axhline(0.0, color="0.5", lw=0.6)
   step_axis(ax, "step (predicted steps only)")
   ax.set_ylabel("alpha (scale of velocity)")
   ax.set_title(f"{run.name}: alpha per parameter group ({len(recs)} predicted steps)")
-  _group_legend(ax, len(names))
   return ax
 
 
@@ -321,17 +276,12 @@ def plot_velocity_norms(ax: Axes, run: RunLike) -> Axes:
   if not recs:
     note(ax, "no velocity norms logged yet")
     return ax
-  steps = np.array([r["step"] for r in recs], np.int64)
-  norms = np.array([[as_float(v) for v in r["velocity_norm"]] for r in recs])
-  names = run.group_names(norms.shape[1])
-  for g, name in enumerate(names):
-    ax.plot(steps, norms[:, g], lw=1.0, marker="o" if len(steps) < 30 else None, ms=2.5, label=name, **_group_style(g))
+  norms = _group_lines(ax, run, recs, "velocity_norm", False, lw=1.0, marker="o" if len(recs) < 30 else None)
   if np.all(norms[np.isfinite(norms)] > 0):
     ax.set_yscale("log")
   step_axis(ax)
   ax.set_ylabel("||velocity_g||")
   ax.set_title(f"{run.name}: velocity norm per parameter group")
-  _group_legend(ax, len(names))
   return ax
 
 
@@ -349,7 +299,6 @@ def save_run_figures(workdir: str, out_dir: str | None = None) -> list[str]:
   """
   run = load_run(workdir)
   out_dir = out_dir or os.path.join(run.workdir, "plots")
-  os.makedirs(out_dir, exist_ok=True)
   paths = []
 
   def save(name: str, plot: Any, width: float = 11, height: float = 4.6) -> None:

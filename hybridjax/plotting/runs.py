@@ -116,22 +116,19 @@ def load_run(workdir: str, name: str | None = None) -> Run:
 
 
 def _dedupe(lines: Iterable[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], ...]]:
-  by_kind: dict[str, dict[int, dict[str, Any]]] = {}
-  last: dict[str, int] = {}
+  by_kind: dict[str, dict[int, dict[str, Any]]] = {}  # kind -> step -> record, steps in increasing order
   for rec in lines:
     if not isinstance(rec, dict) or "step" not in rec:
       continue
-    kind = rec.get("kind", "train")
     step = int(rec["step"])
-    series = by_kind.setdefault(kind, {})
-    if kind in last and step <= last[kind]:
+    series = by_kind.setdefault(rec.get("kind", "train"), {})
+    if series and step <= next(reversed(series)):
       # Steps of one kind only grow within one process: this is a resumed run re-logging from its
       # checkpoint, and everything the crashed process logged from here on is superseded.
       for s in [s for s in series if s >= step]:
         del series[s]
     series[step] = dict(rec)
-    last[kind] = step
-  return {k: tuple(v[s] for s in sorted(v)) for k, v in by_kind.items()}
+  return {k: tuple(v.values()) for k, v in by_kind.items()}
 
 
 def as_float(v: Any) -> float:
@@ -236,13 +233,11 @@ def prediction_pairs(run: RunLike) -> dict[str, np.ndarray]:
   return {k: v[ok] for k, v in out.items()}
 
 
-def after_warmup(p: dict[str, np.ndarray], include_warmup: bool) -> dict[str, np.ndarray]:
-  """The prediction pairs `p` without their WARMUP points, unless `include_warmup` (or all are WARMUP)."""
+def after_warmup(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The per-step arrays `p` (prediction pairs, a step trace) without their WARMUP steps, unless all are WARMUP."""
   # During WARMUP nothing is predicted and the loss falls fast: those points would set the axes.
-  if include_warmup or not np.any(p["phase"] != WARMUP):
-    return p
   keep = p["phase"] != WARMUP
-  return {k: v[keep] for k, v in p.items()}
+  return {k: v[keep] for k, v in p.items()} if np.any(keep) else p
 
 
 def memory_series(run: RunLike) -> tuple[np.ndarray, np.ndarray]:

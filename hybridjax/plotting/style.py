@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -45,26 +46,34 @@ def new_figure(width: float, height: float) -> Figure:
   return Figure(figsize=(width, height), layout="constrained")
 
 
-def save_png(fig: Figure, out_dir: str, name: str) -> str:
-  """Writes `fig` as `out_dir/name`; returns the path."""
-  return save_png_to(fig, os.path.join(out_dir, name))
+def new_axes(width: float, height: float) -> Axes:
+  """The one axes of a new `new_figure`; `ax.figure` is the figure to save."""
+  return new_figure(width, height).add_subplot()
 
 
-def save_png_to(fig: Figure, path: str) -> str:
-  """Writes `fig` to `path`, creating its folder; returns the path."""
-  path = os.fspath(path)
+def legend_or_note(ax: Axes, drawn: bool, text: str, **legend: Any) -> None:
+  """A legend (`legend`: its options) where something was `drawn`, else a grey `note` of `text`."""
+  if drawn:
+    ax.legend(**legend)
+  else:
+    note(ax, text)
+
+
+def save_png(fig: Figure, *path: str) -> str:
+  """Writes `fig` to the PNG at `path` (its parts joined: a folder and a name, or one path), creating its
+  folder; returns the path."""
+  path = os.path.join(*path)
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   fig.savefig(path, dpi=_DPI)
   return path
 
 
-def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(mean, sample std (ddof=1), count) of the finite values of each column of a (seeds, n) array.
+def finite_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, sample std (ddof=1)) of the finite values of each column of a (seeds, n) array.
 
   A column with no finite value has a NaN mean; one with fewer than 2 has a NaN std.
   """
-  ok = np.isfinite(values)
-  finite = np.where(ok, values, np.nan)
+  finite = np.where(np.isfinite(values), values, np.nan)
   with warnings.catch_warnings():  # numpy warns of the columns with no mean or no std
     warnings.simplefilter("ignore", RuntimeWarning)
-    return np.nanmean(finite, axis=0), np.nanstd(finite, axis=0, ddof=1), ok.sum(axis=0)
+    return np.nanmean(finite, axis=0), np.nanstd(finite, axis=0, ddof=1)
