@@ -118,8 +118,7 @@ class Knob:
         return 0.0
       u = (u - 0.5) * 2
     lo, hi = self.values
-    x = tuning.round_lr(lo + (hi - lo) * u if self.kind == "linear" else lo * (hi / lo) ** u)
-    return _one_minus(x) if self.one_minus else x
+    return self._flip(tuning.round_lr(lo + (hi - lo) * u if self.kind == "linear" else lo * (hi / lo) ** u))
 
   def beyond(self, value: Any) -> tuple[list[Any], str]:
     """(the further steps past the edge of its range `value` sits at, in order; what that edge is: 'low' or
@@ -127,7 +126,7 @@ class Knob:
     counts as its edge; a value already past it (an earlier step kept) goes on with the steps beyond it."""
     if self.kind == "category":
       return [], "categorical"
-    x = _one_minus(value) if self.one_minus else value
+    x = self._flip(value)
     if self.kind == "choice":
       low, high = x <= self.values[0], x >= self.values[-1]
     elif self.kind == "zero_or_log" and x == 0:
@@ -141,20 +140,16 @@ class Knob:
     steps = [s for s in self.below if s < x] if low else [s for s in self.above if s > x]
     if not steps:
       return [], "domain edge" if low and x == 0 else "hard edge"
-    return [_one_minus(s) if self.one_minus else s for s in steps], "low" if low else "high"
+    return [self._flip(s) for s in steps], "low" if low else "high"
+
+  def _flip(self, x: Any) -> Any:
+    """1 - `x` where the range is of 1 - the value (`one_minus`), without the float's last-bit noise (1 - 5e-5
+    is 0.99995, which 4 significant digits would round to 1); else `x`."""
+    return round(1 - x, 12) if self.one_minus else x
 
   def describe(self) -> Record:
     """The knob as the record lists it."""
-    return dataclasses.asdict(self) | {
-      "values": list(self.values),
-      "below": list(self.below),
-      "above": list(self.above),
-    }
-
-
-def _one_minus(x: float) -> float:
-  """1 - `x` without the float's last-bit noise (1 - 5e-5 is 0.99995, which 4 significant digits would round to 1)."""
-  return round(1 - x, 12)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 def _lr_knob(lr: float) -> Knob:
@@ -304,14 +299,13 @@ def lion_space(config: Config, warmup: int, shortest: int | None = None, space: 
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
   centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
-  adamw = {k.field: k for k in adamw_space(config, warmup, shortest, space)}
   ema = {"kind": "choice", "per_step": "ema"}
   return [
     _lr_knob(float(config.optim.learning_rate)),
     Knob("optim.lion_b1", values=(0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), **ema),
     Knob("optim.lion_b2", values=(0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), **ema),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
-    *(k for f, k in adamw.items() if f.startswith("optim.adamw_")),
+    *(k for k in adamw_space(config, warmup, shortest, space) if k.field.startswith("optim.adamw_")),
     *_shared_knobs(config, warmup, shortest),
   ]
 
@@ -467,8 +461,7 @@ class Setting:
   def by_seed(self, seeds: list[int]) -> dict[int, Record]:
     """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
     out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
-    stalled = any(s in self.stalled for s in seeds)
-    if stalled and self.spare in self.runs and self.spare not in self.stalled:
+    if any(s in self.stalled for s in seeds) and self.spare in self.runs and self.spare not in self.stalled:
       out[self.spare] = self.runs[self.spare]
     return out
 
@@ -490,8 +483,8 @@ class Setting:
       "config": self.fields,
       "seeds": sorted(self.runs),
       "stalled": self.stalled,
-      "two_seed_mean": best_reading(two)[0] if len(two) == 2 else None,
-      "three_seed_mean": best_reading(three)[0] if len(three) == 3 else None,
+      "two_seed_mean": self.mean(seeds[:2]) if len(two) == 2 else None,
+      "three_seed_mean": self.mean(seeds) if len(three) == 3 else None,
     }
 
 
@@ -558,12 +551,12 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   """Trains `requests` (search, setting, seed) in one batch, then the plateau rule over each touched
   setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked. Each
   touched search's tuning-cost curve gains a point."""
-  searches: dict[int, Search] = {}
+  searches: set[Search] = set()  # each gains one point of its curve, whatever the order
   for _ in range(2):
     if not requests:
       break
     results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
-    touched: dict[int, tuple[Search, Setting]] = {}
+    touched: dict[Setting, Search] = {}
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
@@ -576,10 +569,10 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
           "final_averaged": r["final_averaged"],
         }
       )
-      touched[id(setting)] = (search, setting)
-      searches[id(search)] = search
+      touched[setting] = search
+      searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
-    for search, setting in touched.values():
+    for setting, search in touched.items():
       curves = {setting.ident: {str(s): r["curve"] for s, r in setting.runs.items() if s not in setting.stalled}}
       flagged = sorted({int(flag["seed"]) for flag in plateau_runs(curves, search.n, search.margin, min_seeds=2)})
       for seed in flagged:
@@ -589,7 +582,7 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
             entry["stalled"] = True
         if search.spare not in setting.runs:
           requests.append((search, setting, search.spare))
-  for search in searches.values():
+  for search in searches:
     two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
     search.curve.append([search.cost(), min(two, default=None)])
 
@@ -602,10 +595,6 @@ def _run_three(search: Search, settings: list[Setting], runner: Runner, label: s
     return False
   run_requests(todo, runner, f"{search.name} search: {label}")
   return True
-
-
-def _score(search: Search, setting: Setting, reading: Reading) -> float:
-  return read_at(setting.ranked(search.seeds), *reading)
 
 
 def _wins(search: Search, new: Setting, old: Setting, reading: Reading) -> bool:
@@ -629,8 +618,8 @@ def line_search(
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
   the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
   is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
-  at = {float(start.fields[field]): start}
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
+  at = {centre: start}
 
   def setting(v: float) -> Setting:
     if v not in at:
@@ -644,7 +633,7 @@ def line_search(
         return None
       stopped = "budget"
       break
-    best = min(at, key=lambda v: _score(search, at[v], reading))
+    best = min(at, key=lambda v: read_at(at[v].ranked(search.seeds), *reading))
     if best == centre:
       break
     if not _wins(search, at[best], at[centre], reading):
@@ -657,11 +646,10 @@ def line_search(
       break
     todo = [further]
   values = sorted(at)
-  means = [_score(search, at[v], reading) for v in values]
   return {
     "field": field,
     "values": values,
-    "means": means,
+    "means": [read_at(at[v].ranked(search.seeds), *reading) for v in values],
     "centre": centre,
     "moves": moves,
     "stopped": stopped,
@@ -720,12 +708,16 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   for knob in search.space:
     if knob.field not in skip and knob.field in base.fields:
       steps, edge = knob.beyond(base.fields[knob.field])
-      state[knob.field] = {"edge": edge, "steps": steps[:LR_MOVES], "tried": [], "kept": None, "last": base}
-      state[knob.field]["stopped"] = None if steps else edge
-  while True:
-    todo = [(f, st) for f, st in state.items() if st["stopped"] is None]
-    if not todo:
-      break
+      stopped = None if steps else edge
+      state[knob.field] = {
+        "edge": edge,
+        "steps": steps[:LR_MOVES],
+        "tried": [],
+        "kept": None,
+        "last": base,
+        "stopped": stopped,
+      }
+  while todo := [(f, st) for f, st in state.items() if st["stopped"] is None]:
     new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
     if not _run_three(search, new, runner, "edges", limit):
       for _, st in todo:
@@ -770,11 +762,10 @@ def finish(
   if chosen is None:
     return None
   refined = [first]
-  if edges["kept"]:
-    again = refine(search, chosen, reading, runner, limit)
-    final = None if again is None else _as_chosen(search, again["fields"], runner, limit)
-    refined += [again] if again else []
-    chosen = final or chosen
+  again = refine(search, chosen, reading, runner, limit) if edges["kept"] else None
+  if again:
+    refined.append(again)
+    chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
   runs = chosen.ranked(search.seeds)  # its iterate, and its beta (the averaged iterate's, even where raw wins)
   beta = min(AVERAGING_BETAS, key=lambda b: read_at(runs, "averaged", b))
   losses = {"raw": read_at(runs, "raw", None), "averaged": read_at(runs, "averaged", beta)}
@@ -854,15 +845,12 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   return {search.name: search_record(search, searches) for search in searches}
 
 
-def equalise(
-  searches: list[Search], runner: Runner, target: float | None = None, key: str = "equalising_points"
-) -> None:
-  """Each side spends what it lacks of `target` (None: the costliest side's total) on further Sobol points
+def equalise(searches: list[Search], runner: Runner, target: float, key: str = "equalising_points") -> None:
+  """Each side spends what it lacks of `target` on further Sobol points
   (the first two seeds), until less than one configuration's cost is left; a point that beats the kept
   winner's two-seed mean goes on to the third seed and, where it beats its three-seed mean too, through
   step 3 within what is left. It replaces the winner where its chosen setting's three-seed mean is lower.
   The points drawn are listed under `key` in the side's history."""
-  target = max(s.cost() for s in searches) if target is None else target
   for search in searches:
     extra = search.history.setdefault(key, [])
     while target - search.cost() >= 2.0:  # a configuration: two runs of N steps
