@@ -766,10 +766,9 @@ def finish(
   if again:
     refined.append(again)
     chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
-  runs = chosen.ranked(search.seeds)  # its iterate, and its beta (the averaged iterate's, even where raw wins)
-  beta = min(AVERAGING_BETAS, key=lambda b: read_at(runs, "averaged", b))
-  losses = {"raw": read_at(runs, "raw", None), "averaged": read_at(runs, "averaged", beta)}
-  chosen_iterate = iterate or min(losses, key=losses.get)
+  # its iterate, and its beta (the averaged iterate's, even where raw wins)
+  averaging = tuning.choose_averaging(chosen.ranked(search.seeds), list(AVERAGING_BETAS))
+  chosen_iterate = iterate or averaging["iterate"]
   return {
     "from": start.ident,
     "reading": list(reading),
@@ -778,8 +777,8 @@ def finish(
     "as_chosen": chosen.ident,
     "fields": chosen.fields,
     "iterate": chosen_iterate,
-    "beta": beta,
-    "three_seed_mean": losses[chosen_iterate],
+    "beta": averaging["beta"],
+    "three_seed_mean": averaging["iterate_losses"][chosen_iterate],
   }
 
 
