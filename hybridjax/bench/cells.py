@@ -52,14 +52,10 @@ def eval_note(record: Record | None) -> str:
       f"difference of two runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, "
       f"the paired per-batch standard error{of}{source}."
     )
-  if batches == 1:
-    return (
-      "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
-      f"only {BEYOND} of the seeds' spread alone, p beside each word."
-    )
+  why = "cannot be estimated (one eval batch)" if batches == 1 else "was not recorded"
   return (
-    "The eval set's error of a difference was not recorded: a difference reads a direction only "
-    f"{BEYOND} of the seeds' spread alone, p beside each word."
+    f"The eval set's error of a difference {why}: a difference reads a direction only {BEYOND} of the seeds' "
+    "spread alone, p beside each word."
   )
 
 
@@ -114,15 +110,8 @@ def ratio_cell(s: Record, verdict: Record | None = None) -> str:
     return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
   std = "" if s["std"] is None else f" ± {s['std']:.2f} sd"
   upper = s.get("n_upper_bound", 0)
-  notes = []
-  if s["n_null"]:
-    notes.append(f"{s['n_null']} not reached")
-  if s["n_lower_bound"]:
-    notes.append(f"{s['n_lower_bound']} lower bounds")
-  if upper:
-    notes.append(f"{upper} upper bounds")
-  if above:
-    notes.append(above)
+  counts = ((s["n_null"], "not reached"), (s["n_lower_bound"], "lower bounds"), (upper, "upper bounds"))
+  notes = [f"{k} {what}" for k, what in counts if k] + ([above] if above else [])
   prefix = "≤ " if upper and not s["n_lower_bound"] else ""
   return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
 
@@ -196,10 +185,11 @@ def verdict_cell(d: Record | None) -> str:
 
 def eval_clause(record: Record | None) -> str:
   """A rung's eval error of a difference, in a few words."""
-  se = (record or {}).get("paired_se")
+  record = record or {}
+  se = record.get("paired_se")
   if se is None:
     return "eval error of a difference: " + (
-      "cannot be estimated (one eval batch)" if (record or {}).get("batches") == 1 else "not recorded"
+      "cannot be estimated (one eval batch)" if record.get("batches") == 1 else "not recorded"
     )
   return f"eval error of a difference {se:.4f}" + (f" ({record['source']})" if record.get("source") else "")
 

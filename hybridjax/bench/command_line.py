@@ -29,7 +29,8 @@ def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
     parts = path.split(".")
     if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
       # the benchmark refuses --config.hybrid.method: a method's fields are an arm's overrides
-      hint = _did_you_mean(path, sorted(config_lib.flatten(config)), "")
+      nearest = difflib.get_close_matches(path, sorted(config_lib.flatten(config)), n=1, cutoff=0.6)
+      hint = f"did you mean --config.{nearest[0]}? " if nearest else ""
       errors[path] = (
         f"--config.{path} is not a field of the config: {hint}"
         f"(an arm's: --config.benchmark.arms.<arm>.overrides.{path})"
@@ -50,7 +51,8 @@ def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
       continue
     else:
       candidates = list(ARM_KEYS)
-    hint = _did_you_mean(field, candidates, f"benchmark.arms.{name}.")
+    nearest = difflib.get_close_matches(field, candidates, n=1, cutoff=0.6)
+    hint = f"did you mean --config.benchmark.arms.{name}.{nearest[0]}? " if nearest else ""
     errors[path] = (
       f"--config.{path} is not a field of arm {name!r}: {hint}an arm has {', '.join(ARM_KEYS)}, and its overrides "
       "are fields of its run config (the experiment config with the arm's method and its block)"
@@ -58,12 +60,6 @@ def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
   for name in made:
     _add_control_arm(arms, argv, name)
   return errors
-
-
-def _did_you_mean(field: str, candidates: list[str], prefix: str) -> str:
-  """'did you mean --config.<prefix><nearest>? ' for the one of `candidates` nearest to `field`, or ''."""
-  nearest = difflib.get_close_matches(field, candidates, n=1, cutoff=0.6)
-  return f"did you mean --config.{prefix}{nearest[0]}? " if nearest else ""
 
 
 def _run_fields(config: Config, argv: list[str], arm: str) -> dict:

@@ -311,9 +311,8 @@ def curve_specs(config: Config, lr_of: Callable[[float], float], beta: float) ->
 def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
-  b = config.benchmark
-  factors = [float(f) for f in sorted(b.budgets)]
-  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(float(f))], tuning["averaging_beta"])
+  factors = [float(f) for f in sorted(config.benchmark.budgets)]
+  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(f)], tuning["averaging_beta"])
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
@@ -371,8 +370,7 @@ def train_steps(
       "best_at_edge": sw["best_at_edge"],
       "sweep_loss": [best_loss(r) for r in sw["sweep"]],
     }
-  n = int(config.trainer.steps)
-  seeds = [int(s) for s in config.benchmark.seeds]
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   headline = [
     run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
     for name, c in configs.items()
@@ -380,8 +378,8 @@ def train_steps(
   ]
   results = iter(runner.run(headline, label))
   out = {}
-  for name in configs:
-    runs, ch = [next(results) for _ in seeds], chosen[name]
+  for name, ch in chosen.items():
+    runs = [next(results) for _ in seeds]
     curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
