@@ -676,7 +676,7 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   field = weight_decay_field(search.config)
   knob = next((k for k in search.space if k.field == field), None)
   rounds: list[Record] = []
-  current, fitted = start, float(start.fields["optim.learning_rate"])
+  current = start
   for _ in range(2):
     lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
     if lr is None:
@@ -834,10 +834,10 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner, max([floor] + [search.cost() for search in searches]))
   checks = {search.name: saturation(search) for search in searches}
-  further = 0.0
-  if not all(c["saturated"] for c in checks.values()):
-    further = FURTHER * max(search.cost() for search in searches)
-    equalise(searches, runner, max(search.cost() for search in searches) + further, "further_points")
+  costliest = max(search.cost() for search in searches)
+  further = 0.0 if all(c["saturated"] for c in checks.values()) else FURTHER * costliest
+  if further:
+    equalise(searches, runner, costliest + further, "further_points")
   for search in searches:
     after = saturation(search) if further else None
     search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}

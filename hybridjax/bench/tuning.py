@@ -218,7 +218,7 @@ def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
 def tune(
   config: Config,
   runner: Runner,
-  also: Callable[[float, float], list[Record]] | None = None,
+  also: Callable[[float, float], list[Record]],
 ) -> Record:
   """The LR sweep, the second-seed check, the averaging beta and the budget checks.
 
@@ -256,7 +256,7 @@ def tune(
   lrs = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
   checked = iter(
     runner.run(
-      [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + (also(best_lr, beta) if also else []),
+      [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
       "LR checks at 0.5N and 2N, and the runs at the chosen LR",
     )
   )
