@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
 from hybridjax import preflight
 from hybridjax.bench import specs, tuning
@@ -75,7 +76,7 @@ def weight_decay_field(config: Config) -> str | None:
 def weight_decay_of(config: Config) -> tuple[str | None, float]:
   """(`weight_decay_field` of `config`, its value; 0.0 where there is none)."""
   field = weight_decay_field(config)
-  return field, 0.0 if field is None else float(config_values(config)[field])
+  return field, 0.0 if field is None else float(config_lib.flatten(config)[field])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,14 +419,8 @@ def sobol_points(dimensions: int, seed: int) -> np.ndarray:
 
 def published_setting(config: Config, space: list[Knob]) -> Record:
   """The side's own values of the space's fields."""
-  flat = config_values(config)
+  flat = config_lib.flatten(config)
   return {k.field: flat[k.field] for k in space}
-
-
-def config_values(config: Config) -> Record:
-  """The optim and model blocks' fields by dotted name (a user's optimizer's block, `optim.<BLOCK>`, too)."""
-  flat = {f"{b}.{k}": v for b in ("optim", "model") for k, v in config[b].items() if not isinstance(v, dict)}
-  return flat | {f"optim.{module_lib.BLOCK}.{k}": v for k, v in config.optim.get(module_lib.BLOCK, {}).items()}
 
 
 def apply_setting(config: Config, setting: Record) -> Config:
@@ -483,8 +478,8 @@ class Setting:
       "config": self.fields,
       "seeds": sorted(self.runs),
       "stalled": self.stalled,
-      "two_seed_mean": self.mean(seeds[:2]) if len(two) == 2 else None,
-      "three_seed_mean": self.mean(seeds) if len(three) == 3 else None,
+      "two_seed_mean": best_reading(two)[0] if len(two) == 2 else None,
+      "three_seed_mean": best_reading(three)[0] if len(three) == 3 else None,
     }
 
 
@@ -538,9 +533,10 @@ class Search:
 
   def spec(self, setting: Setting, seed: int) -> Record:
     c = apply_setting(self.config, setting.fields)
-    betas = list(AVERAGING_BETAS)
     lr = float(setting.fields["optim.learning_rate"])
-    return specs.run_spec(c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=betas[0], betas=betas)
+    return specs.run_spec(
+      c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=AVERAGING_BETAS[0], betas=AVERAGING_BETAS
+    )
 
 
 Request = tuple[Search, Setting, int]

@@ -221,9 +221,7 @@ class RayExecutor:
     (a plug-in's) reconnects."""
     if self._runtime_env == runtime_env:
       return
-    if self._runtime_env is not None:
-      self.ray.shutdown()
-      self._corpora = {}  # gone with the connection's object store
+    self.close()  # the corpora go with the connection's object store
     kwargs: dict[str, Any] = {"include_dashboard": False} if self.address == "" else {}
     try:
       # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.
