@@ -157,7 +157,7 @@ def pays_clause(
   return f"**{verdict['verdict']}** ({'; '.join(parts)})"
 
 
-def verdict_rule(anchor: str = "the anchor") -> str:
+def verdict_rule(anchor: str) -> str:
   """How a verdict line reads: when an arm pays against `anchor`."""
   return (
     f"An arm pays where its final loss lies below {anchor}'s curve at its passes (every forward at 1/3 of a "
@@ -167,11 +167,11 @@ def verdict_rule(anchor: str = "the anchor") -> str:
   )
 
 
-def mean_cell(s: Record | None, unit: str = "×", digits: int = 2) -> str:
+def mean_cell(s: Record | None) -> str:
   if s is None or s.get("mean") is None:
     return "—"
-  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f} sd"
-  return f"{s['mean']:.{digits}f}{unit}{std}"
+  std = "" if s.get("std") is None else f" ± {s['std']:.2f} sd"
+  return f"{s['mean']:.2f}×{std}"
 
 
 def pct_cell(gap: Record) -> str:

@@ -228,7 +228,7 @@ def centred_at(centre: Centre) -> Any:
 
 
 @centred_at(Centre())
-def adamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
+def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
   'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
@@ -251,7 +251,7 @@ def adamw_space(config: Config, warmup: int, shortest: int | None = None, space:
 
 
 @centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
-def muon_groups_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
+def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
   decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
   ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
@@ -282,7 +282,7 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None = None, 
 
 
 @centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
-def nadamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """NAdamW's space: AdamW's (`adamw_space`)."""
   return adamw_space(config, warmup, shortest, space)
 
@@ -296,15 +296,14 @@ def nadamw_space(config: Config, warmup: int, shortest: int | None = None, space
     lacks=("eps: a sign update divides by nothing",),
   )
 )
-def lion_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def lion_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
   centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
-  ema = {"kind": "choice", "per_step": "ema"}
   return [
     _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.lion_b1", values=(0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), **ema),
-    Knob("optim.lion_b2", values=(0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), **ema),
+    Knob("optim.lion_b1", "choice", (0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), per_step="ema"),
+    Knob("optim.lion_b2", "choice", (0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), per_step="ema"),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
     *(k for k in adamw_space(config, warmup, shortest, space) if k.field.startswith("optim.adamw_")),
     *_shared_knobs(config, warmup, shortest),
@@ -322,9 +321,7 @@ def lion_space(config: Config, warmup: int, shortest: int | None = None, space: 
     ),
   )
 )
-def schedule_free_adamw_space(
-  config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def schedule_free_adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
   (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
   clipping and the init."""
@@ -337,7 +334,7 @@ def schedule_free_adamw_space(
   ]
 
 
-def module_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def module_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
   the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
@@ -810,8 +807,8 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
-    first = [search.add("published", published_setting(search.config, search.space))]
-    first += [search.next_sobol() for _ in range(configs)]
+    published = search.add("published", published_setting(search.config, search.space))
+    first = [published] + [search.next_sobol() for _ in range(configs)]
     requests += [(search, s, seed) for s in first for seed in search.seeds[:2]]
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
@@ -828,7 +825,7 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
     start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
-  equalise(searches, runner, max([floor] + [search.cost() for search in searches]))
+  equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
   costliest = max(search.cost() for search in searches)
   further = 0.0 if all(c["saturated"] for c in checks.values()) else FURTHER * costliest

@@ -123,9 +123,7 @@ def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
   from hybridjax.bench.runs import keys as keys_lib
 
   modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
-  for arm in arms_lib.arms(config).values():
-    if arm.method:
-      modules.append(registry.method_path(arm.method))
+  modules += [registry.method_path(arm.method) for arm in arms_lib.arms(config).values() if arm.method]
   return sorted(set(modules))
 
 
