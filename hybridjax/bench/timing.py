@@ -109,9 +109,8 @@ def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
   # median of a kind timed only a few times (a jump arm's CORRECT entry).
   for fn in fns:
     jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
-  rare = ()
-  if arm is not None and c.mode == "hybrid":
-    rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ()))
+  hybrid = arm is not None and c.mode == "hybrid"
+  rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ())) if hybrid else ()
   prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 

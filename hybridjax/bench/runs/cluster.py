@@ -67,8 +67,7 @@ def _import_ray() -> Any:
 def check_reachable(address: str) -> None:
   """Fails within `CONNECT_TIMEOUT_S` when `address` ('host:port' or 'ray://host:port') accepts no connection:
   `ray.init` itself may wait minutes on an address nothing answers."""
-  hostport = address.removeprefix("ray://")
-  host, sep, port = hostport.rpartition(":")
+  host, sep, port = address.removeprefix("ray://").rpartition(":")
   if not sep or not port.isdigit():
     raise ValueError(
       f"benchmark.ray_address={address!r} is not '', 'auto', 'host:port' or 'ray://host:port': give the address "
