@@ -880,7 +880,7 @@ def saturation(search: Search) -> Record:
   best = min((b for _, b in search.curve if b is not None), default=None)
   then = min((b for c, b in search.curve if b is not None and c <= 0.75 * total), default=None)
   se = _seed_sd(search) / math.sqrt(2)
-  improved = None if best is None or then is None else then - best
+  improved = None if then is None else then - best  # `best` is over a superset of `then`'s points
   return {
     "runs": total,
     "best": best,
