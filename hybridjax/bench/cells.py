@@ -62,9 +62,7 @@ def eval_note(record: Record | None) -> str:
 def above_note(verdict: Record | None) -> str:
   """'anchor at N above its envelope: k/n seeds' where the anchor's own N-step loss lies above its curve
   (it then reads below 1x against itself, and so does an arm equal to it), else ''."""
-  if not verdict:
-    return ""
-  above = verdict.get("anchor_above_envelope_at_n") or []
+  above = (verdict or {}).get("anchor_above_envelope_at_n") or []
   k = sum(bool(x) for x in above)
   return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
 
