@@ -52,23 +52,17 @@ def eval_note(record: Record | None) -> str:
       f"difference of two runs scored on the same {batches} eval batches carries a sampling error of {se:.4f}, "
       f"the paired per-batch standard error{of}{source}."
     )
-  if batches == 1:
-    return (
-      "The eval set's error of a difference cannot be estimated (one eval batch): a difference reads a direction "
-      f"only {BEYOND} of the seeds' spread alone, p beside each word."
-    )
+  why = "cannot be estimated (one eval batch)" if batches == 1 else "was not recorded"
   return (
-    "The eval set's error of a difference was not recorded: a difference reads a direction only "
-    f"{BEYOND} of the seeds' spread alone, p beside each word."
+    f"The eval set's error of a difference {why}: a difference reads a direction only {BEYOND} of the seeds' "
+    "spread alone, p beside each word."
   )
 
 
 def above_note(verdict: Record | None) -> str:
   """'anchor at N above its envelope: k/n seeds' where the anchor's own N-step loss lies above its curve
   (it then reads below 1x against itself, and so does an arm equal to it), else ''."""
-  if not verdict:
-    return ""
-  above = verdict.get("anchor_above_envelope_at_n") or []
+  above = (verdict or {}).get("anchor_above_envelope_at_n") or []
   k = sum(bool(x) for x in above)
   return f"anchor at N above its envelope: {k}/{len(above)} seeds" if k else ""
 
@@ -114,15 +108,8 @@ def ratio_cell(s: Record, verdict: Record | None = None) -> str:
     return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
   std = "" if s["std"] is None else f" ± {s['std']:.2f} sd"
   upper = s.get("n_upper_bound", 0)
-  notes = []
-  if s["n_null"]:
-    notes.append(f"{s['n_null']} not reached")
-  if s["n_lower_bound"]:
-    notes.append(f"{s['n_lower_bound']} lower bounds")
-  if upper:
-    notes.append(f"{upper} upper bounds")
-  if above:
-    notes.append(above)
+  counts = ((s["n_null"], "not reached"), (s["n_lower_bound"], "lower bounds"), (upper, "upper bounds"))
+  notes = [f"{k} {what}" for k, what in counts if k] + ([above] if above else [])
   prefix = "≤ " if upper and not s["n_lower_bound"] else ""
   return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
 
@@ -168,7 +155,7 @@ def pays_clause(
   return f"**{verdict['verdict']}** ({'; '.join(parts)})"
 
 
-def verdict_rule(anchor: str = "the anchor") -> str:
+def verdict_rule(anchor: str) -> str:
   """How a verdict line reads: when an arm pays against `anchor`."""
   return (
     f"An arm pays where its final loss lies below {anchor}'s curve at its passes (every forward at 1/3 of a "
@@ -178,11 +165,11 @@ def verdict_rule(anchor: str = "the anchor") -> str:
   )
 
 
-def mean_cell(s: Record | None, unit: str = "×", digits: int = 2) -> str:
+def mean_cell(s: Record | None) -> str:
   if s is None or s.get("mean") is None:
     return "—"
-  std = "" if s.get("std") is None else f" ± {s['std']:.{digits}f} sd"
-  return f"{s['mean']:.{digits}f}{unit}{std}"
+  std = "" if s.get("std") is None else f" ± {s['std']:.2f} sd"
+  return f"{s['mean']:.2f}×{std}"
 
 
 def pct_cell(gap: Record) -> str:
@@ -196,10 +183,11 @@ def verdict_cell(d: Record | None) -> str:
 
 def eval_clause(record: Record | None) -> str:
   """A rung's eval error of a difference, in a few words."""
-  se = (record or {}).get("paired_se")
+  record = record or {}
+  se = record.get("paired_se")
   if se is None:
     return "eval error of a difference: " + (
-      "cannot be estimated (one eval batch)" if (record or {}).get("batches") == 1 else "not recorded"
+      "cannot be estimated (one eval batch)" if record.get("batches") == 1 else "not recorded"
     )
   return f"eval error of a difference {se:.4f}" + (f" ({record['source']})" if record.get("source") else "")
 

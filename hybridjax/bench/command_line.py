@@ -74,7 +74,7 @@ def _run_fields(config: Config, argv: list[str], arm: str) -> dict:
 
 def _add_override(entry: Config, field: str, value: object) -> None:
   """Makes `field` (dotted) of the arm `entry`'s overrides a field the flags can set, at `value`."""
-  if "overrides" not in entry or entry.overrides is None:
+  if entry.get("overrides") is None:
     entry.overrides = Config()
   node = entry.overrides
   *parents, leaf = field.split(".")

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridjax import config as config_lib
 from hybridjax import optim as optim_lib
 from hybridjax import preflight
 from hybridjax.bench import specs, tuning
@@ -75,7 +76,7 @@ def weight_decay_field(config: Config) -> str | None:
 def weight_decay_of(config: Config) -> tuple[str | None, float]:
   """(`weight_decay_field` of `config`, its value; 0.0 where there is none)."""
   field = weight_decay_field(config)
-  return field, 0.0 if field is None else float(config_values(config)[field])
+  return field, 0.0 if field is None else float(config_lib.flatten(config)[field])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +119,7 @@ class Knob:
         return 0.0
       u = (u - 0.5) * 2
     lo, hi = self.values
-    x = tuning.round_lr(lo + (hi - lo) * u if self.kind == "linear" else lo * (hi / lo) ** u)
-    return _one_minus(x) if self.one_minus else x
+    return self._flip(tuning.round_lr(lo + (hi - lo) * u if self.kind == "linear" else lo * (hi / lo) ** u))
 
   def beyond(self, value: Any) -> tuple[list[Any], str]:
     """(the further steps past the edge of its range `value` sits at, in order; what that edge is: 'low' or
@@ -127,7 +127,7 @@ class Knob:
     counts as its edge; a value already past it (an earlier step kept) goes on with the steps beyond it."""
     if self.kind == "category":
       return [], "categorical"
-    x = _one_minus(value) if self.one_minus else value
+    x = self._flip(value)
     if self.kind == "choice":
       low, high = x <= self.values[0], x >= self.values[-1]
     elif self.kind == "zero_or_log" and x == 0:
@@ -141,20 +141,16 @@ class Knob:
     steps = [s for s in self.below if s < x] if low else [s for s in self.above if s > x]
     if not steps:
       return [], "domain edge" if low and x == 0 else "hard edge"
-    return [_one_minus(s) if self.one_minus else s for s in steps], "low" if low else "high"
+    return [self._flip(s) for s in steps], "low" if low else "high"
+
+  def _flip(self, x: Any) -> Any:
+    """1 - `x` where the range is of 1 - the value (`one_minus`), without the float's last-bit noise (1 - 5e-5
+    is 0.99995, which 4 significant digits would round to 1); else `x`."""
+    return round(1 - x, 12) if self.one_minus else x
 
   def describe(self) -> Record:
     """The knob as the record lists it."""
-    return dataclasses.asdict(self) | {
-      "values": list(self.values),
-      "below": list(self.below),
-      "above": list(self.above),
-    }
-
-
-def _one_minus(x: float) -> float:
-  """1 - `x` without the float's last-bit noise (1 - 5e-5 is 0.99995, which 4 significant digits would round to 1)."""
-  return round(1 - x, 12)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 def _lr_knob(lr: float) -> Knob:
@@ -232,7 +228,7 @@ def centred_at(centre: Centre) -> Any:
 
 
 @centred_at(Centre())
-def adamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
+def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
   'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
@@ -255,7 +251,7 @@ def adamw_space(config: Config, warmup: int, shortest: int | None = None, space:
 
 
 @centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
-def muon_groups_space(config: Config, warmup: int, shortest: int | None = None, space: str = "v1") -> list[Knob]:
+def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
   decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
   ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
@@ -286,7 +282,7 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None = None, 
 
 
 @centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
-def nadamw_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """NAdamW's space: AdamW's (`adamw_space`)."""
   return adamw_space(config, warmup, shortest, space)
 
@@ -300,18 +296,16 @@ def nadamw_space(config: Config, warmup: int, shortest: int | None = None, space
     lacks=("eps: a sign update divides by nothing",),
   )
 )
-def lion_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def lion_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
   centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
-  adamw = {k.field: k for k in adamw_space(config, warmup, shortest, space)}
-  ema = {"kind": "choice", "per_step": "ema"}
   return [
     _lr_knob(float(config.optim.learning_rate)),
-    Knob("optim.lion_b1", values=(0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), **ema),
-    Knob("optim.lion_b2", values=(0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), **ema),
+    Knob("optim.lion_b1", "choice", (0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), per_step="ema"),
+    Knob("optim.lion_b2", "choice", (0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), per_step="ema"),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
-    *(k for f, k in adamw.items() if f.startswith("optim.adamw_")),
+    *(k for k in adamw_space(config, warmup, shortest, space) if k.field.startswith("optim.adamw_")),
     *_shared_knobs(config, warmup, shortest),
   ]
 
@@ -327,9 +321,7 @@ def lion_space(config: Config, warmup: int, shortest: int | None = None, space: 
     ),
   )
 )
-def schedule_free_adamw_space(
-  config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric"
-) -> list[Knob]:
+def schedule_free_adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
   (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
   clipping and the init."""
@@ -342,7 +334,7 @@ def schedule_free_adamw_space(
   ]
 
 
-def module_space(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
+def module_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
   the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
@@ -424,14 +416,8 @@ def sobol_points(dimensions: int, seed: int) -> np.ndarray:
 
 def published_setting(config: Config, space: list[Knob]) -> Record:
   """The side's own values of the space's fields."""
-  flat = config_values(config)
+  flat = config_lib.flatten(config)
   return {k.field: flat[k.field] for k in space}
-
-
-def config_values(config: Config) -> Record:
-  """The optim and model blocks' fields by dotted name (a user's optimizer's block, `optim.<BLOCK>`, too)."""
-  flat = {f"{b}.{k}": v for b in ("optim", "model") for k, v in config[b].items() if not isinstance(v, dict)}
-  return flat | {f"optim.{module_lib.BLOCK}.{k}": v for k, v in config.optim.get(module_lib.BLOCK, {}).items()}
 
 
 def apply_setting(config: Config, setting: Record) -> Config:
@@ -467,8 +453,7 @@ class Setting:
   def by_seed(self, seeds: list[int]) -> dict[int, Record]:
     """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
     out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
-    stalled = any(s in self.stalled for s in seeds)
-    if stalled and self.spare in self.runs and self.spare not in self.stalled:
+    if any(s in self.stalled for s in seeds) and self.spare in self.runs and self.spare not in self.stalled:
       out[self.spare] = self.runs[self.spare]
     return out
 
@@ -545,9 +530,10 @@ class Search:
 
   def spec(self, setting: Setting, seed: int) -> Record:
     c = apply_setting(self.config, setting.fields)
-    betas = list(AVERAGING_BETAS)
     lr = float(setting.fields["optim.learning_rate"])
-    return specs.run_spec(c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=betas[0], betas=betas)
+    return specs.run_spec(
+      c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=AVERAGING_BETAS[0], betas=AVERAGING_BETAS
+    )
 
 
 Request = tuple[Search, Setting, int]
@@ -558,12 +544,12 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   """Trains `requests` (search, setting, seed) in one batch, then the plateau rule over each touched
   setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked. Each
   touched search's tuning-cost curve gains a point."""
-  searches: dict[int, Search] = {}
+  searches: set[Search] = set()  # each gains one point of its curve, whatever the order
   for _ in range(2):
     if not requests:
       break
     results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
-    touched: dict[int, tuple[Search, Setting]] = {}
+    touched: dict[Setting, Search] = {}
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
@@ -576,10 +562,10 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
           "final_averaged": r["final_averaged"],
         }
       )
-      touched[id(setting)] = (search, setting)
-      searches[id(search)] = search
+      touched[setting] = search
+      searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
-    for search, setting in touched.values():
+    for setting, search in touched.items():
       curves = {setting.ident: {str(s): r["curve"] for s, r in setting.runs.items() if s not in setting.stalled}}
       flagged = sorted({int(flag["seed"]) for flag in plateau_runs(curves, search.n, search.margin, min_seeds=2)})
       for seed in flagged:
@@ -589,7 +575,7 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
             entry["stalled"] = True
         if search.spare not in setting.runs:
           requests.append((search, setting, search.spare))
-  for search in searches.values():
+  for search in searches:
     two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
     search.curve.append([search.cost(), min(two, default=None)])
 
@@ -602,10 +588,6 @@ def _run_three(search: Search, settings: list[Setting], runner: Runner, label: s
     return False
   run_requests(todo, runner, f"{search.name} search: {label}")
   return True
-
-
-def _score(search: Search, setting: Setting, reading: Reading) -> float:
-  return read_at(setting.ranked(search.seeds), *reading)
 
 
 def _wins(search: Search, new: Setting, old: Setting, reading: Reading) -> bool:
@@ -629,8 +611,8 @@ def line_search(
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
   the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
   is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
-  at = {float(start.fields[field]): start}
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
+  at = {centre: start}
 
   def setting(v: float) -> Setting:
     if v not in at:
@@ -644,7 +626,7 @@ def line_search(
         return None
       stopped = "budget"
       break
-    best = min(at, key=lambda v: _score(search, at[v], reading))
+    best = min(at, key=lambda v: read_at(at[v].ranked(search.seeds), *reading))
     if best == centre:
       break
     if not _wins(search, at[best], at[centre], reading):
@@ -657,11 +639,10 @@ def line_search(
       break
     todo = [further]
   values = sorted(at)
-  means = [_score(search, at[v], reading) for v in values]
   return {
     "field": field,
     "values": values,
-    "means": means,
+    "means": [read_at(at[v].ranked(search.seeds), *reading) for v in values],
     "centre": centre,
     "moves": moves,
     "stopped": stopped,
@@ -688,7 +669,7 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   field = weight_decay_field(search.config)
   knob = next((k for k in search.space if k.field == field), None)
   rounds: list[Record] = []
-  current, fitted = start, float(start.fields["optim.learning_rate"])
+  current = start
   for _ in range(2):
     lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
     if lr is None:
@@ -720,12 +701,16 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   for knob in search.space:
     if knob.field not in skip and knob.field in base.fields:
       steps, edge = knob.beyond(base.fields[knob.field])
-      state[knob.field] = {"edge": edge, "steps": steps[:LR_MOVES], "tried": [], "kept": None, "last": base}
-      state[knob.field]["stopped"] = None if steps else edge
-  while True:
-    todo = [(f, st) for f, st in state.items() if st["stopped"] is None]
-    if not todo:
-      break
+      stopped = None if steps else edge
+      state[knob.field] = {
+        "edge": edge,
+        "steps": steps[:LR_MOVES],
+        "tried": [],
+        "kept": None,
+        "last": base,
+        "stopped": stopped,
+      }
+  while todo := [(f, st) for f, st in state.items() if st["stopped"] is None]:
     new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
     if not _run_three(search, new, runner, "edges", limit):
       for _, st in todo:
@@ -770,15 +755,13 @@ def finish(
   if chosen is None:
     return None
   refined = [first]
-  if edges["kept"]:
-    again = refine(search, chosen, reading, runner, limit)
-    final = None if again is None else _as_chosen(search, again["fields"], runner, limit)
-    refined += [again] if again else []
-    chosen = final or chosen
-  runs = chosen.ranked(search.seeds)  # its iterate, and its beta (the averaged iterate's, even where raw wins)
-  beta = min(AVERAGING_BETAS, key=lambda b: read_at(runs, "averaged", b))
-  losses = {"raw": read_at(runs, "raw", None), "averaged": read_at(runs, "averaged", beta)}
-  chosen_iterate = iterate or min(losses, key=losses.get)
+  again = refine(search, chosen, reading, runner, limit) if edges["kept"] else None
+  if again:
+    refined.append(again)
+    chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
+  # its iterate, and its beta (the averaged iterate's, even where raw wins)
+  averaging = tuning.choose_averaging(chosen.ranked(search.seeds), list(AVERAGING_BETAS))
+  chosen_iterate = iterate or averaging["iterate"]
   return {
     "from": start.ident,
     "reading": list(reading),
@@ -787,8 +770,8 @@ def finish(
     "as_chosen": chosen.ident,
     "fields": chosen.fields,
     "iterate": chosen_iterate,
-    "beta": beta,
-    "three_seed_mean": losses[chosen_iterate],
+    "beta": averaging["beta"],
+    "three_seed_mean": averaging["iterate_losses"][chosen_iterate],
   }
 
 
@@ -824,8 +807,8 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
-    first = [search.add("published", published_setting(search.config, search.space))]
-    first += [search.next_sobol() for _ in range(configs)]
+    published = search.add("published", published_setting(search.config, search.space))
+    first = [published] + [search.next_sobol() for _ in range(configs)]
     requests += [(search, s, seed) for s in first for seed in search.seeds[:2]]
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
@@ -842,27 +825,24 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
     start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
-  equalise(searches, runner, max([floor] + [search.cost() for search in searches]))
+  equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
-  further = 0.0
-  if not all(c["saturated"] for c in checks.values()):
-    further = FURTHER * max(search.cost() for search in searches)
-    equalise(searches, runner, max(search.cost() for search in searches) + further, "further_points")
+  costliest = max(search.cost() for search in searches)
+  further = 0.0 if all(c["saturated"] for c in checks.values()) else FURTHER * costliest
+  if further:
+    equalise(searches, runner, costliest + further, "further_points")
   for search in searches:
     after = saturation(search) if further else None
     search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
   return {search.name: search_record(search, searches) for search in searches}
 
 
-def equalise(
-  searches: list[Search], runner: Runner, target: float | None = None, key: str = "equalising_points"
-) -> None:
-  """Each side spends what it lacks of `target` (None: the costliest side's total) on further Sobol points
+def equalise(searches: list[Search], runner: Runner, target: float, key: str = "equalising_points") -> None:
+  """Each side spends what it lacks of `target` on further Sobol points
   (the first two seeds), until less than one configuration's cost is left; a point that beats the kept
   winner's two-seed mean goes on to the third seed and, where it beats its three-seed mean too, through
   step 3 within what is left. It replaces the winner where its chosen setting's three-seed mean is lower.
   The points drawn are listed under `key` in the side's history."""
-  target = max(s.cost() for s in searches) if target is None else target
   for search in searches:
     extra = search.history.setdefault(key, [])
     while target - search.cost() >= 2.0:  # a configuration: two runs of N steps
@@ -900,7 +880,7 @@ def saturation(search: Search) -> Record:
   best = min((b for _, b in search.curve if b is not None), default=None)
   then = min((b for c, b in search.curve if b is not None and c <= 0.75 * total), default=None)
   se = _seed_sd(search) / math.sqrt(2)
-  improved = None if best is None or then is None else then - best
+  improved = None if then is None else then - best  # `best` is over a superset of `then`'s points
   return {
     "runs": total,
     "best": best,

@@ -7,6 +7,7 @@ ratio's spread over the rounds is computed (`figures.round_spread`). A step's ki
 
 from __future__ import annotations
 
+import collections
 import statistics
 import time
 from typing import Any
@@ -30,24 +31,21 @@ def time_step_kinds(config: Config, tuning: Record, methods: list[str]) -> Recor
   lr, beta = tuning["best_lr"], tuning["averaging_beta"]
   base_cfg = _run_config(config, "anchor", lr, beta)
   task = tasks_lib.build(task_name(config), base_cfg)
-  arms: Record = {}
-  compile_s: dict[str, float] = {}
-  for name in [BASELINE] + methods:
-    c = base_cfg if name == BASELINE else _run_config(config, "method", lr, beta, name)
-    arms[name], compile_s[name] = _prepare(c, task, None if name == BASELINE else defined[name])
-  return _summary(arms, compile_s, config)
+  prepared = {BASELINE: _prepare(base_cfg, task, None)}
+  for name in methods:
+    prepared[name] = _prepare(_run_config(config, "method", lr, beta, name), task, defined[name])
+  return _summary(prepared, config)
 
 
 def time_baselines(entries: dict[str, tuple[Config, float, float]]) -> Record:
   """Median ms per baseline step of several configs (name -> (benchmark config, LR, averaging beta)),
   interleaved in rounds as `time_step_kinds` times arms; the rounds and steps are the first
   config's `benchmark.timing_rounds` and `timing_steps`."""
-  arms: Record = {}
-  compile_s: dict[str, float] = {}
+  prepared = {}
   for name, (config, lr, beta) in entries.items():
     c = _run_config(config, "anchor", lr, beta)
-    arms[name], compile_s[name] = _prepare(c, tasks_lib.build(task_name(config), c), None)
-  out = _summary(arms, compile_s, next(iter(entries.values()))[0])
+    prepared[name] = _prepare(c, tasks_lib.build(task_name(config), c), None)
+  out = _summary(prepared, next(iter(entries.values()))[0])
   return out | {
     field: {name: per[BASELINE] for name, per in out[field].items()}
     for field in ("ms_per_step", "samples", "rounds_ms")
@@ -63,14 +61,15 @@ def _run_config(config: Config, kind: str, lr: float, beta: float, method: str =
   return c
 
 
-def _summary(arms: Record, compile_s: dict[str, float], config: Config) -> Record:
-  """The prepared `arms` timed in `config`'s rounds (`_timed_rounds`): each step kind's median ms over
-  every round and its samples, and each round's own median ms of each kind (`rounds_ms`: one entry per
-  round, None for a round in which the kind did not run)."""
+def _summary(prepared: dict[str, tuple[Record, float]], config: Config) -> Record:
+  """The `prepared` arms (name -> `_prepare`'s arm and compile time) timed in `config`'s rounds
+  (`_timed_rounds`): each step kind's median ms over every round and its samples, and each round's own
+  median ms of each kind (`rounds_ms`: one entry per round, None for a round in which the kind did not run)."""
   b = config.benchmark
+  arms = {name: arm for name, (arm, _) in prepared.items()}
   per_round = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
   return _medians(per_round) | {
-    "compile_s": compile_s,
+    "compile_s": {name: seconds for name, (_, seconds) in prepared.items()},
     "rounds": int(b.timing_rounds),
     "steps_per_round": int(b.timing_steps),
   }
@@ -110,9 +109,8 @@ def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
   # median of a kind timed only a few times (a jump arm's CORRECT entry).
   for fn in fns:
     jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
-  rare = ()
-  if arm is not None and c.mode == "hybrid":
-    rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ()))
+  hybrid = arm is not None and c.mode == "hybrid"
+  rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ())) if hybrid else ()
   prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
   return prepared | {"batches": batches, "baseline": arm is None}, compile_s
 
@@ -120,16 +118,14 @@ def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
 def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, dict[str, list[list[float]]]]:
   """Seconds of each step of each arm, by step kind and round (arm -> kind -> one list per round, empty
   for a round in which the kind did not run), over `rounds` rounds of `steps` steps of every arm."""
-  samples: dict[str, dict[str, list[list[float]]]] = {name: {} for name in arms}
+  samples = {name: collections.defaultdict(lambda: [[] for _ in range(rounds)]) for name in arms}
   for i in range(rounds):
     for name, a in arms.items():
       for _ in range(steps):
         batch = a["batches"](a["step"] % n)
-        if len(a["fns"]) == 1:  # the baseline and baseline-mode arms
-          branch, fn = None, a["fns"][0]
-        else:
-          branch = int(jax.device_get(a["state"].controller.next_branch))
-          fn = a["fns"][branch]
+        # one program: the baseline and baseline-mode arms
+        branch = None if len(a["fns"]) == 1 else int(jax.device_get(a["state"].controller.next_branch))
+        fn = a["fns"][branch or 0]
         t0 = time.perf_counter()
         a["state"], metrics = fn(a["state"], batch, a["schedule"])
         jax.block_until_ready(a["state"])
@@ -139,7 +135,7 @@ def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, di
         else:
           row = {k: bool(v) for k, v in jax.device_get(metrics).items() if k in ("measured", "snapshot")}
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, **row})
-        samples[name].setdefault(kind, [[] for _ in range(rounds)])[i].append(dt)
+        samples[name][kind][i].append(dt)
         a["step"] += 1
       for branch in a["rare"]:
         for _ in range(2):
@@ -147,5 +143,5 @@ def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, di
           a["state"], metrics = a["fns"][branch](a["state"], a["batches"](a["step"] % n), a["schedule"])
           jax.block_until_ready(a["state"])
           kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
-          samples[name].setdefault(kind, [[] for _ in range(rounds)])[i].append(time.perf_counter() - t0)
+          samples[name][kind][i].append(time.perf_counter() - t0)
   return samples

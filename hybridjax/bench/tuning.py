@@ -135,6 +135,12 @@ Sweep = tuple[Config, Callable[[int, float, int], Record], Callable[[Record], fl
 """One LR sweep's (benchmark config, spec(seed, lr, steps) -> run spec, loss(run) -> float to rank by)."""
 
 
+def _at_n(sweep: Sweep, seed: int, lr: float) -> Record:
+  """The spec of `sweep`'s N-step run at `lr` on its `seed`-th tuning seed."""
+  config, spec, _ = sweep
+  return spec(int(config.benchmark.tuning_seeds[seed]), lr, int(config.trainer.steps))
+
+
 def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   """The LR sweep of each of `sweeps`: `benchmark.lr_points` LRs on a sqrt(2) grid around
   `optim.learning_rate` on the first tuning seed at N, extended while the best (lowest `loss(run)`)
@@ -142,62 +148,60 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   winning. The sweeps run in lockstep: each stage's runs of every sweep in one batch, so the workers
   never wait on one sweep's extension. Each sweep's record keeps its runs at the best LR on both seeds
   (`at_best`, which `choose_averaging` reads)."""
-  state = []
-  for config, spec, _ in sweeps:
-    n = int(config.trainer.steps)
-    grid = lr_grid(float(config.optim.learning_rate), int(config.benchmark.lr_points))
-    state.append({"grid": grid, "first": [spec(int(config.benchmark.tuning_seeds[0]), lr, n) for lr in grid]})
-  results = iter(runner.run([x for st in state for x in st["first"]], "LR sweep (tuning seed 1, N)"))
-  for st in state:
-    st["sweep"] = [next(results) for _ in st["grid"]]
+  grids = [lr_grid(float(c.optim.learning_rate), int(c.benchmark.lr_points)) for c, _, _ in sweeps]
+  first = iter(
+    runner.run([_at_n(s, 0, lr) for s, grid in zip(sweeps, grids) for lr in grid], "LR sweep (tuning seed 1, N)")
+  )
+  runs = [[next(first) for _ in grid] for grid in grids]
+  extensions = [0] * len(sweeps)
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
-    extend = []
-    for i, ((config, spec, loss), st) in enumerate(zip(sweeps, state)):
-      grid, sweep = st["grid"], st["sweep"]
-      best = min(range(len(grid)), key=lambda j: loss(sweep[j]))
-      if 0 < best < len(grid) - 1 or st.get("extensions", 0) >= int(config.benchmark.lr_max_extensions):
+    extend = []  # (sweep, where the new LR goes in its grid, the LR)
+    for i, ((config, _, loss), grid) in enumerate(zip(sweeps, grids)):
+      best = min(range(len(grid)), key=lambda j: loss(runs[i][j]))
+      if 0 < best < len(grid) - 1 or extensions[i] >= int(config.benchmark.lr_max_extensions):
         continue
-      new = round_lr(grid[0] / math.sqrt(2) if best == 0 else grid[-1] * math.sqrt(2))
-      st["extensions"] = st.get("extensions", 0) + 1
-      extend.append((i, best == 0, new, spec(int(config.benchmark.tuning_seeds[0]), new, int(config.trainer.steps))))
+      extensions[i] += 1
+      at = 0 if best == 0 else len(grid)
+      extend.append((i, at, round_lr(grid[0] / math.sqrt(2) if at == 0 else grid[-1] * math.sqrt(2))))
     if not extend:
       break
-    added = runner.run([x[3] for x in extend], "LR sweep: the best LR is at the grid's edge; extending")
-    for (i, low, new, _), result in zip(extend, added):
-      at = 0 if low else len(state[i]["grid"])
-      state[i]["grid"].insert(at, new)
-      state[i]["sweep"].insert(at, result)
-  for (config, _, loss), st in zip(sweeps, state):
-    grid, sweep = st["grid"], st["sweep"]
-    ranked = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))
-    st["best_at_edge"] = ranked[0] in (0, len(grid) - 1)
-    if st["best_at_edge"]:
+    added = runner.run(
+      [_at_n(sweeps[i], 0, lr) for i, _, lr in extend], "LR sweep: the best LR is at the grid's edge; extending"
+    )
+    for (i, at, lr), result in zip(extend, added):
+      grids[i].insert(at, lr)
+      runs[i].insert(at, result)
+  tops = []
+  for (config, _, loss), grid, sweep in zip(sweeps, grids, runs):
+    best = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))[:2]
+    if best[0] in (0, len(grid) - 1):
       print(
-        f"WARNING: the best LR {grid[ranked[0]]:.4g} is still at the grid's edge after "
+        f"WARNING: the best LR {grid[best[0]]:.4g} is still at the grid's edge after "
         f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
         "--config.optim.learning_rate towards it",
         flush=True,
       )
-    st["top2"] = [grid[j] for j in ranked[:2]]
+    tops.append([grid[j] for j in best])
   second = iter(
-    runner.run(
-      [
-        spec(int(c.benchmark.tuning_seeds[1]), lr, int(c.trainer.steps))
-        for (c, spec, _), st in zip(sweeps, state)
-        for lr in st["top2"]
-      ],
-      "LR check (tuning seed 2, N)",
-    )
+    runner.run([_at_n(s, 1, lr) for s, top2 in zip(sweeps, tops) for lr in top2], "LR check (tuning seed 2, N)")
   )
   out = []
-  for (_, _, loss), st in zip(sweeps, state):
-    st["second"] = [next(second) for _ in st["top2"]]
-    grid, sweep, top2 = st["grid"], st["sweep"], st["top2"]
-    means = {lr: (loss(sweep[grid.index(lr)]) + loss(r)) / 2 for lr, r in zip(top2, st["second"])}
+  for (_, _, loss), grid, sweep, top2 in zip(sweeps, grids, runs, tops):
+    at = {lr: [sweep[grid.index(lr)], next(second)] for lr in top2}  # on both tuning seeds
+    means = {lr: (loss(a) + loss(b)) / 2 for lr, (a, b) in at.items()}
     best_lr = min(means, key=means.get)
-    keep = ("grid", "sweep", "top2", "second", "best_at_edge")
-    at_best = [sweep[grid.index(best_lr)], st["second"][top2.index(best_lr)]]  # on both tuning seeds
-    out.append({k: st[k] for k in keep} | {"means": means, "best_lr": best_lr, "at_best": at_best})
+    out.append(
+      {
+        "grid": grid,
+        "sweep": sweep,
+        "top2": top2,
+        "second": [b for _, b in at.values()],
+        "best_at_edge": grid.index(top2[0]) in (0, len(grid) - 1),
+        "means": means,
+        "best_lr": best_lr,
+        "at_best": at[best_lr],
+      }
+    )
   return out
 
 
@@ -214,7 +218,7 @@ def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
 def tune(
   config: Config,
   runner: Runner,
-  also: Callable[[float, float], list[Record]] | None = None,
+  also: Callable[[float, float], list[Record]],
 ) -> Record:
   """The LR sweep, the second-seed check, the averaging beta and the budget checks.
 
@@ -223,50 +227,18 @@ def tune(
   processes never wait for the checks; a budget whose LR the checks move is trained afterwards).
   """
   b = config.benchmark
-  n = int(config.trainer.steps)
-  t1 = int(b.tuning_seeds[0])
-  betas, spec = [float(x) for x in b.betas], spec_of(config)
-
+  n, t1, spec = int(config.trainer.steps), int(b.tuning_seeds[0]), spec_of(config)
   # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
   # by the better of the raw and the averaged loss (a family whose schedule may not gain from
   # averaging: its headline reads whichever iterate the tuning seeds chose).
   ranked_by = best_loss if b.get("iterate", "averaged") == "best" else averaged_loss
   swept = sweep_lrs([(config, spec, ranked_by)], runner)[0]
-  grid, sweep, top2, second, means, best_lr = (
-    swept[k] for k in ("grid", "sweep", "top2", "second", "means", "best_lr")
-  )
+  grid, sweep, top2, best_lr = swept["grid"], swept["sweep"], swept["top2"], swept["best_lr"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
-  averaging = choose_averaging(swept["at_best"], betas)
+  averaging = choose_averaging(swept["at_best"], [float(x) for x in b.betas])
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
-  # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
-  checks: Record = {}
-  per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
-  neighbours = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
-  check_specs = [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in neighbours]
-  checked = iter(
-    runner.run(
-      check_specs + (also(best_lr, beta) if also else []), "LR checks at 0.5N and 2N, and the runs at the chosen LR"
-    )
-  )
-  for factor in (0.5, 2.0):
-    lrs, res = neighbours, [next(checked) for _ in neighbours]
-    losses = {lr: averaged_loss(r, beta) for lr, r in zip(lrs, res)}
-    winner = min(losses, key=losses.get)
-    moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
-    checks[str(factor)] = {
-      "lrs": lrs,
-      "averaged_loss": [losses[lr] for lr in lrs],
-      "raw_loss": [r["final_raw"] for r in res],
-      "winner": winner,
-      "wins_beyond_noise": moved,
-    }
-    if moved:  # this budget and its neighbour on the same side of N use the winner
-      for f in b.budgets:
-        if (factor < 1 and f <= 0.75) or (factor > 1 and f >= 1.5):
-          per_budget_lr[str(float(f))] = winner
-  all_runs = sweep + second  # the budget checks' runs are in `checks`
   rows = [
     {
       "lr": r["lr"],
@@ -276,19 +248,43 @@ def tune(
       "loss_averaged": averaged_loss(r, beta),
       "loss_averaged_by_beta": r["final_averaged"],
     }
-    for r in all_runs
+    for r in sweep + swept["second"]
   ]
-  for factor, chk in checks.items():
-    for lr, avg, raw in zip(chk["lrs"], chk["averaged_loss"], chk["raw_loss"]):
-      rows.append({"lr": lr, "seed": t1, "budget": round(float(factor) * n), "loss_raw": raw, "loss_averaged": avg})
-  raw_best_lr = min(grid, key=lambda lr: sweep[grid.index(lr)]["final_raw"])
+  # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
+  checks: Record = {}
+  per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
+  lrs = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
+  checked = iter(
+    runner.run(
+      [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
+      "LR checks at 0.5N and 2N, and the runs at the chosen LR",
+    )
+  )
+  for factor in (0.5, 2.0):
+    res = {lr: next(checked) for lr in lrs}
+    losses = {lr: averaged_loss(r, beta) for lr, r in res.items()}
+    winner = min(losses, key=losses.get)
+    moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
+    checks[str(factor)] = {
+      "lrs": lrs,
+      "averaged_loss": list(losses.values()),
+      "raw_loss": [r["final_raw"] for r in res.values()],
+      "winner": winner,
+      "wins_beyond_noise": moved,
+    }
+    rows += [
+      {"lr": lr, "seed": t1, "budget": round(factor * n), "loss_raw": r["final_raw"], "loss_averaged": losses[lr]}
+      for lr, r in res.items()
+    ]
+    if moved:  # this budget and its neighbour on the same side of N use the winner
+      per_budget_lr.update({str(float(f)): winner for f in b.budgets if (f <= 0.75 if factor < 1 else f >= 1.5)})
   return {
     "grid": grid,
     "rows": rows,
     "best_two": top2,
-    "best_two_means": {str(k): v for k, v in means.items()},
+    "best_two_means": {str(k): v for k, v in swept["means"].items()},
     "best_lr": best_lr,
-    "best_lr_for_raw_loss": raw_best_lr,
+    "best_lr_for_raw_loss": min(grid, key=lambda lr: sweep[grid.index(lr)]["final_raw"]),
     "best_at_edge": swept["best_at_edge"],
     "averaging_beta": beta,
     "beta_table": beta_table,
@@ -315,9 +311,8 @@ def curve_specs(config: Config, lr_of: Callable[[float], float], beta: float) ->
 def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   """The raw and averaged anchors: every headline seed at every budget, each its own schedule."""
   n = int(config.trainer.steps)
-  b = config.benchmark
-  factors = [float(f) for f in sorted(b.budgets)]
-  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(float(f))], tuning["averaging_beta"])
+  factors = [float(f) for f in sorted(config.benchmark.budgets)]
+  specs = curve_specs(config, lambda f: tuning["per_budget_lr"][str(f)], tuning["averaging_beta"])
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
@@ -375,8 +370,7 @@ def train_steps(
       "best_at_edge": sw["best_at_edge"],
       "sweep_loss": [best_loss(r) for r in sw["sweep"]],
     }
-  n = int(config.trainer.steps)
-  seeds = [int(s) for s in config.benchmark.seeds]
+  n, seeds = int(config.trainer.steps), [int(s) for s in config.benchmark.seeds]
   headline = [
     run_spec(c, kind="anchor", seed=s, lr=chosen[name]["lr"], steps=n, beta=chosen[name]["beta"])
     for name, c in configs.items()
@@ -384,8 +378,8 @@ def train_steps(
   ]
   results = iter(runner.run(headline, label))
   out = {}
-  for name in configs:
-    runs, ch = [next(results) for _ in seeds], chosen[name]
+  for name, ch in chosen.items():
+    runs = [next(results) for _ in seeds]
     curves = {name: {str(r["seed"]): r["curve"] for r in runs}}
     out[name] = ch | {
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),

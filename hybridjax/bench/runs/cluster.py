@@ -64,18 +64,17 @@ def _import_ray() -> Any:
   return ray
 
 
-def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-  """Fails within `timeout_s` when `address` ('host:port' or 'ray://host:port') accepts no connection:
+def check_reachable(address: str) -> None:
+  """Fails within `CONNECT_TIMEOUT_S` when `address` ('host:port' or 'ray://host:port') accepts no connection:
   `ray.init` itself may wait minutes on an address nothing answers."""
-  hostport = address.removeprefix("ray://")
-  host, sep, port = hostport.rpartition(":")
+  host, sep, port = address.removeprefix("ray://").rpartition(":")
   if not sep or not port.isdigit():
     raise ValueError(
       f"benchmark.ray_address={address!r} is not '', 'auto', 'host:port' or 'ray://host:port': give the address "
       "`ray start --head` printed, or '' to start a Ray instance on this machine"
     )
   try:
-    with socket.create_connection((host, int(port)), timeout=timeout_s):
+    with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
       pass
   except OSError as e:
     raise ConnectionError(
@@ -84,14 +83,16 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     ) from e
 
 
-def probe(address: str, timeout_s: float) -> None:
-  """Joins the cluster at `address` from a process of its own, which is killed after `timeout_s`:
+def probe(address: str) -> None:
+  """Joins the cluster at `address` from a process of its own, which is killed after `PROBE_TIMEOUT_S`:
   `ray.init` may wait without end on a port that accepts connections but never answers as Ray."""
   code = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); ray.shutdown()"
   try:
-    done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+      [sys.executable, "-c", code, address], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+    )
   except subprocess.TimeoutExpired:
-    why = f"no Ray cluster answered within {timeout_s:.0f} s"
+    why = f"no Ray cluster answered within {PROBE_TIMEOUT_S:.0f} s"
   else:
     if done.returncode == 0:
       return
@@ -202,7 +203,7 @@ class RayExecutor:
     if address not in ("", "auto"):
       check_reachable(address)
     if address:
-      probe(address, PROBE_TIMEOUT_S)
+      probe(address)
     self.address = address
     self.cpus_per_run = cpus_per_run
     self.gpus_per_run = gpus_per_run
@@ -219,9 +220,7 @@ class RayExecutor:
     (a plug-in's) reconnects."""
     if self._runtime_env == runtime_env:
       return
-    if self._runtime_env is not None:
-      self.ray.shutdown()
-      self._corpora = {}  # gone with the connection's object store
+    self.close()  # the corpora go with the connection's object store
     kwargs: dict[str, Any] = {"include_dashboard": False} if self.address == "" else {}
     try:
       # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.

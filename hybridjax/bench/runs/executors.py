@@ -41,16 +41,6 @@ class LocalExecutor:
     self.jax_cache = compile_cache_dir
     self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-  def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
-    if self._pool is None:  # the processes live across `map` calls: each compiles its programs once
-      ctx = multiprocessing.get_context("spawn")
-      counter = ctx.Value("i", 0)
-      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-      self._pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=self.workers, mp_context=ctx, initializer=init_worker, initargs=(counter, cores, self.jax_cache)
-      )
-    return self._pool
-
   def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any]]]:
     if self.workers <= 1:
       enable_cache(self.jax_cache)
@@ -59,8 +49,14 @@ class LocalExecutor:
       return
     if not todo:
       return
-    pool = self._get_pool()
-    futures = {pool.submit(execute, spec, run_dir(key), self.jax_cache): key for key, spec in longest_first(todo)}
+    if self._pool is None:  # the processes live across `map` calls: each compiles its programs once
+      ctx = multiprocessing.get_context("spawn")
+      counter = ctx.Value("i", 0)
+      cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+      self._pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=self.workers, mp_context=ctx, initializer=init_worker, initargs=(counter, cores, self.jax_cache)
+      )
+    futures = {self._pool.submit(execute, spec, run_dir(key), self.jax_cache): key for key, spec in longest_first(todo)}
     for fut in concurrent.futures.as_completed(futures):
       yield futures[fut], fut.result()
 
@@ -75,6 +71,11 @@ def describe(result_or_spec: dict[str, Any]) -> str:
   r = result_or_spec
   if "config" in r:  # a spec
     c = r["config"]
-    r = {"kind": r["kind"], "method": r["method"], "seed": c["seed"], "lr": c["optim"]["learning_rate"]}
-    r["steps"] = c["trainer"]["steps"]
+    r = {
+      "kind": r["kind"],
+      "method": r["method"],
+      "seed": c["seed"],
+      "lr": c["optim"]["learning_rate"],
+      "steps": c["trainer"]["steps"],
+    }
   return f"{r['kind']} {r.get('method') or ''} seed {r['seed']} lr {r['lr']:.3g} steps {r['steps']}".replace("  ", " ")

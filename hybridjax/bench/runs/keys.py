@@ -32,13 +32,10 @@ def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
   source of `modules` and of what they import: the code a worker on another machine needs."""
   roots = set()
   for path in {p for m in modules for p in source_closure(m)}:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(os.path.join(folder, "__init__.py")):
-      roots.add(os.path.abspath(path))  # a module outside any package
-      continue
-    while os.path.exists(os.path.join(os.path.dirname(folder), "__init__.py")):
-      folder = os.path.dirname(folder)
-    roots.add(folder)
+    root = os.path.abspath(path)  # stays the file where it is a module outside any package
+    while os.path.exists(os.path.join(os.path.dirname(root), "__init__.py")):
+      root = os.path.dirname(root)
+    roots.add(root)
   return tuple(sorted(roots))
 
 

@@ -30,17 +30,15 @@ class Progress:
 
   def __init__(self, todo: Todo):
     self.total = len(todo)
-    self.steps_left = sum(int(s["config"]["trainer"]["steps"]) for _, s in todo)
-    self.steps_done = 0
-    self.done = 0
+    self.steps = sum(int(s["config"]["trainer"]["steps"]) for _, s in todo)
+    self.done = self.steps_done = 0
     self.t0 = time.perf_counter()
 
   def line(self, result: dict[str, Any]) -> str:
     self.done += 1
     self.steps_done += int(result["steps"])
-    self.steps_left -= int(result["steps"])
     elapsed = time.perf_counter() - self.t0
-    eta = elapsed / self.steps_done * max(self.steps_left, 0) if self.steps_done else 0.0
+    eta = elapsed / self.steps_done * max(self.steps - self.steps_done, 0) if self.steps_done else 0.0
     return f"    done {describe(result)} ({elapsed:.0f} s) [{self.done}/{self.total}, ETA {_duration(eta)}]"
 
 
@@ -125,9 +123,7 @@ def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
   from hybridjax.bench.runs import keys as keys_lib
 
   modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
-  for arm in arms_lib.arms(config).values():
-    if arm.method:
-      modules.append(registry.method_path(arm.method))
+  modules += [registry.method_path(arm.method) for arm in arms_lib.arms(config).values() if arm.method]
   return sorted(set(modules))
 
 

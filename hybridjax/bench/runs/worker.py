@@ -17,11 +17,11 @@ SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 def execute(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None = None) -> dict[str, Any]:
   """Runs one spec (a worker process's entry point)."""
-  if spec["kind"] == "anchor" and spec.get("wide_eval"):
-    from hybridjax.bench.runs.wide_eval_run import run_anchor_with_wide_eval
-
-    return run_anchor_with_wide_eval(spec)
   if spec["kind"] == "anchor":
+    if spec.get("wide_eval"):
+      from hybridjax.bench.runs.wide_eval_run import run_anchor_with_wide_eval
+
+      return run_anchor_with_wide_eval(spec)
     from hybridjax.bench.runs.anchor_run import run_anchor
 
     return run_anchor(spec)
