@@ -282,6 +282,10 @@ def test_the_joint_tuners_curves_are_refused_without_the_record_their_rows_read(
   c.benchmark.knobs.recipe_budgets = (0.5, 0.75)  # no N: neither reading could be made at N
   with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.recipe_budgets=\(0\.5, 0\.75\).*N \(1\.0\)"):
     study.validate(c)
+  c.benchmark.knobs.recipe_budgets = (0.5, 1.0)
+  c.benchmark.knobs.search_from = str(tmp_path / "no-search.json")  # a search record that is not there
+  with pytest.raises(ValueError, match=r"knobs\.search_from=.*no-search\.json: no such record.*joint-long-search"):
+    study.validate(c)
 
 
 def test_the_joint_tuners_seeds_are_refused_where_they_could_tune_on_a_headline_seed(tmp_path):

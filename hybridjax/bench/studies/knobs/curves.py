@@ -58,7 +58,10 @@ def searched_from(config: Config) -> dict[str, Record]:
   record, or one of another tuner, preset, N or sides, is refused naming the field."""
   path, field = str(config.benchmark.knobs.search_from), "--config.benchmark.knobs.search_from"
   if not os.path.exists(path):
-    raise ValueError(f"{field}={path}: no such record: give the knobs-joint-<preset>.json its search wrote")
+    raise ValueError(
+      f"{field}={path}: no such record: give the knobs-joint-<preset>.json a joint search wrote in its workdir "
+      "(at long, the published one: docs/results/recipe/joint-long-search-record.json)"
+    )
   with open(path) as f:
     rec = json.load(f)
   wanted = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
