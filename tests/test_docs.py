@@ -941,15 +941,16 @@ def test_the_shadowing_clone_usage_md_describes_fails_as_it_says(tmp_path):
   assert 'python -c "import hybridjax; print(hybridjax.__path__)"' in page
 
 
-def test_the_joint_search_campaign_declared_its_reading_before_its_headline_seeds():
-  """The joint search of R4 and the whole recipe at `long` (in progress): its freeze entry, beside the
-  recipe's own, names its command and declares its primary reading, rule, seeds, final n and expectations;
-  its search seeds are not headline seeds; every run its committed cache holds is named by its own key and
-  ran on a seed the entry declares."""
+@pytest.mark.parametrize("campaign", ["joint-long", "joint-long-curves"])
+def test_the_joint_search_campaign_declared_its_reading_before_its_headline_seeds(campaign):
+  """The joint search of R4 and the whole recipe at `long` and its curves (in progress): each freeze entry, beside
+  the recipe's own, names its command and declares its primary reading, rule, seeds, final n and expectations;
+  its search seeds are not headline seeds; every run its committed cache holds (once it holds any) is named by
+  its own key and ran on a seed the entry declares."""
   with open(os.path.join(ROOT, "docs", "results", "recipe", "campaign-freeze.json"), encoding="utf-8") as f:
     freeze = json.load(f)
   assert freeze["commit"].startswith("1aa8c0e")  # the recipe's own freeze stays
-  entry = freeze["campaigns"]["joint-long"]
+  entry = freeze["campaigns"][campaign]
   declared = entry["declared"]
   for k in ("primary_reading", "rule", "headline_seeds", "search_seeds", "final_n", "expectations"):
     assert declared[k], k
@@ -960,8 +961,9 @@ def test_the_joint_search_campaign_declared_its_reading_before_its_headline_seed
     and "--config.benchmark.knobs.sides=anchor,recipe" in (entry["command"])
   )
   assert f"--config.benchmark.seeds={','.join(map(str, declared['headline_seeds']))}" in entry["command"]
-  cache = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", "knobs-joint-long-run-cache", "*.json"))
-  assert cache
+  workdir = entry["command"].split("--workdir=runs/")[1].split()[0]
+  cache = glob.glob(os.path.join(ROOT, "docs", "results", "recipe", f"{workdir}-run-cache", "*.json"))
+  assert cache or campaign != "joint-long"
   # the headline seeds the curves' plateau rule adds where an N-step run has not levelled (`knobs.plateau_seeds`)
   plateau = {int(s) for f in knobs_config.FIELDS if f.name == "plateau_seeds" for s in f.default}
   for path in cache:

@@ -193,6 +193,8 @@ def _rows_record(path, seeds, n):
 def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_path, monkeypatch):
   runner = SpecRunner(_stub_falling)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(runner))
+  # The step timing stubbed: the recipe's step a quarter slower than R4's
+  monkeypatch.setattr(curves.timing, "time_baselines", lambda e: {"ms_per_step": {"anchor": 10.0, "recipe": 12.5}})
   c = _config(tmp_path)
   c.benchmark.tuner = "joint"
   c.benchmark.knobs.sides = "anchor,recipe"  # R4 and the whole recipe (its head untied), searched alike
@@ -223,6 +225,9 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   assert (
     primary["verdict"] == primary["verdict_against_one"]["verdict"] and primary["verdict_against_one"]["field"] is None
   )
+  seconds, a = primary["seconds"], primary["factor"]["a"]
+  assert seconds["step_time_ratio"] == 0.8 and seconds["mean"] == pytest.approx(0.8 * a["mean"])
+  assert seconds["ci95"] == pytest.approx([0.8 * x for x in a["ci95"]])
   assert {s["settings"]["iterate"] for s in result["curves"]["raw"]["sides"].values()} == {"raw"}
   curve_seeds = {
     r["seed"] for spec in runner.specs for r in [spec["config"]] if spec["config"]["trainer"]["steps"] != 300
@@ -239,6 +244,7 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   md = (tmp_path / "work" / "knobs-joint-quick.md").read_text()
   assert md == report.markdown(written) + "\n" and "tuning runs (N-run equivalents)" in md
   assert "## Rows read on the jointly searched R4's curve" in md and "No field figure" in md
+  assert f"{seconds['mean']:.2f}× [{seconds['ci95'][0]:.2f}, {seconds['ci95'][1]:.2f}]" in md
   # A search finished elsewhere is taken from its record as it chose: nothing is searched again, the same curves.
   again = SpecRunner(_stub_falling)
   monkeypatch.setattr(study, "make_runner", lambda config, workdir: contextlib.nullcontext(again))
@@ -250,6 +256,18 @@ def test_the_joint_tuner_searches_every_side_alike_then_runs_the_headline(tmp_pa
   c.benchmark.knobs.sides = "anchor,muon,recipe"  # sides the record does not hold
   with pytest.raises(ValueError, match=r"--config\.benchmark\.knobs\.search_from=.*sides \['anchor', 'recipe'\]"):
     study.validate(c)
+
+
+def test_the_curves_step_timing_is_taken_again_once_where_the_machine_was_not_quiet(monkeypatch):
+  sides = [comparison.Side(name, {"name": name}, {"lr": 0.01, "beta": 0.99}, [1.0]) for name in curves.PAIR]
+  timed = []
+  monkeypatch.setattr(curves.timing, "time_baselines", lambda e: timed.append(sorted(e)) or {"ms_per_step": {}})
+  for load, times in ((1.9, 1), (3.1, 2)):
+    timed.clear()
+    monkeypatch.setattr(curves.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert curves.time_steps(None, {"curves": {"primary": {"sides": sides}}})["load_average_1m"] == load
+    assert timed == [sorted(curves.PAIR)] * times
+  assert curves.time_steps(None, {}) == {}  # no curves (the coordinate search): nothing timed
 
 
 def test_the_joint_tuners_curves_are_refused_without_the_record_their_rows_read(tmp_path):

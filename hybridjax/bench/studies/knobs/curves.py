@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from hybridjax.bench import comparison, factor
+from hybridjax.bench import comparison, factor, timing
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import PUBLISHED
@@ -19,6 +19,7 @@ from hybridjax.bench.studies import Config, Record
 PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
 ROWS = ("adamw", "muon")  # cell `both_tuned`'s sides, read on R4's curve
 ITERATES = {"primary": "chosen", "raw": "raw_chosen"}  # a pair of curves -> the search's setting it runs
+QUIET_LOAD = 2.5  # a 1-minute load average above it after the timing: another job ran beside it; timed again once
 
 
 def reads_curves(config: Config) -> bool:
@@ -104,7 +105,36 @@ def train(config: Config, sides: Record, state: Record, runner: Runner) -> Recor
   return out
 
 
-def record(config: Config, curves: Record, published: Record) -> Record:
+def time_steps(config: Config, trained: Record) -> Record:
+  """R4's and the whole recipe's time per step at their primary settings, interleaved in one process
+  (`timing.time_baselines`), with the machine's 1-minute load average after it; timed again once where that
+  was above `QUIET_LOAD`. {} without the curves."""
+  pair = trained.get("curves", {}).get("primary")
+  if not pair:
+    return {}
+  entries = {s.name: (s.config, float(s.settings["lr"]), float(s.settings["beta"])) for s in pair["sides"]}
+  for _ in range(2):
+    timed = timing.time_baselines(entries) | {"load_average_1m": os.getloadavg()[0]}
+    if timed["load_average_1m"] <= QUIET_LOAD:
+      break
+  return timed
+
+
+def in_seconds(reading: Record, timed: Record) -> Record:
+  """Reading (a) in seconds, this CPU at this size: the steps factor (its mean and interval) times R4's time
+  per step over the recipe's, from one interleaved timing (`time_steps`); the timing is not resampled."""
+  ms = {side: timed["ms_per_step"][side] for side in PAIR}
+  ratio = ms["anchor"] / ms["recipe"]
+  return {
+    "ms_per_step": ms,
+    "step_time_ratio": ratio,
+    "load_average_1m": timed["load_average_1m"],
+    "mean": reading["mean"] * ratio,
+    "ci95": [x * ratio for x in reading["ci95"]],
+  }
+
+
+def record(config: Config, curves: Record, published: Record, timed: Record | None = None) -> Record:
   """The curves' record: per pair, a comparison record (`comparison.own_curves`' readings of the recipe over
   R4, its verdict against 1.0x), and on the primary pair's R4 curve the rows: R4 as published (`published`: its
   headline runs' losses at N, model-free: `comparison.on_anchor_curve`) and cell `both_tuned`'s AdamW and Muon
@@ -125,6 +155,8 @@ def record(config: Config, curves: Record, published: Record) -> Record:
       "sides": {side.name: side.record(trained["seeds"], n) for side in trained["sides"]},
     }
     out[which] = result | comparison.own_curves(result, *PAIR, None)
+  if timed and "primary" in out:
+    out["primary"]["seconds"] = in_seconds(out["primary"]["factor"]["a"], timed)
   if "primary" in out:
     path, rows = rows_record(config)
     out["rows"] = {"rows_from": path} | (rows_on_r4(out["primary"], published, rows) if rows else {})
@@ -171,6 +203,15 @@ def lines(result: Record) -> list[str]:
     ]
     a, b = "(a) R4's steps to the recipe's loss at N / N", "(b) N / the recipe's steps to R4's"
     out += comparison.reading_lines(r, a, b) + comparison.curve_lines(r)
+    if r.get("seconds"):
+      sec = r["seconds"]
+      out += [
+        "",
+        f"In seconds, this CPU at this size (not a headline): reading (a) times R4's time per step over the "
+        f"recipe's ({sec['ms_per_step']['anchor']:.1f} ms / {sec['ms_per_step']['recipe']:.1f} ms = "
+        f"{sec['step_time_ratio']:.2f}, timed interleaved at a 1-minute load average of "
+        f"{sec['load_average_1m']:.1f}): {sec['mean']:.2f}× [{sec['ci95'][0]:.2f}, {sec['ci95'][1]:.2f}].",
+      ]
   rows = curves.get("rows")
   if rows and "published" not in rows:
     out += ["", f"No rows read on R4's curve: no cell `both_tuned` record at {os.path.basename(rows['rows_from'])}."]

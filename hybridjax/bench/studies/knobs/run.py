@@ -216,7 +216,7 @@ def anchor_reading(recipe: Record, sides: Record, seeds: list[int], n: int) -> R
 
 
 def record(config: Config, trained: Record, timed: Record, command: str, runner: Runner) -> Record:
-  del timed, command, runner
+  del command, runner
   out = {}
   for side, (_, settings) in trained["sides"].items():
     st, head = trained["state"][side], trained["headline"][side]
@@ -241,7 +241,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
   _, recipe = recipe_record(str(b.preset), str(b.knobs.lrs_from), "benchmark.knobs.lrs_from")
   if trained.get("curves"):
     published = {str(s): x for s, x in zip(seeds, out["anchor"]["published"])}
-    same["curves"] = curves.record(config, trained["curves"], published)
+    same["curves"] = curves.record(config, trained["curves"], published, timed)
   return (
     {
       **comparison.code_record(config),
@@ -265,4 +265,5 @@ STUDY = Study(
   markdown,
   knobs_config.RECORD,
   tuners=("lr", "joint"),
+  time_steps=curves.time_steps,
 )
