@@ -7,6 +7,8 @@ before jax first builds its backend, whichever executor started it."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 # XLA:CPU on one thread: small models are overhead-bound, so two single-thread processes get more
@@ -44,6 +46,16 @@ def init_worker(counter: Any, cores: list[int], cache_dir: str | None) -> None:
     os.sched_setaffinity(0, {cores[index % len(cores)]})
   os.environ["XLA_FLAGS"] = worker_xla_flags(os.environ.get("XLA_FLAGS", ""))
   enable_cache(cache_dir)
+  threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+  """Ends this process once `parent` (the benchmark's driver) is gone. A driver killed by a signal closes
+  no pool, and its workers would otherwise train on for no one; only the driver writes the run cache, so an
+  unfinished run is lost, and nothing already cached."""
+  while os.getppid() == parent:
+    time.sleep(poll_s)
+  os._exit(1)
 
 
 def enable_cache(cache_dir: str | None) -> None:
