@@ -150,9 +150,9 @@ def record(config: Config, curves: Record, published: Record, timed: Record | No
       "sides": {side.name: side.record(trained["seeds"], n) for side in trained["sides"]},
     }
     out[which] = result | comparison.own_curves(result, *PAIR, None)
-  if timed and "primary" in out:
-    out["primary"]["seconds"] = in_seconds(out["primary"]["factor"]["a"], timed)
   if "primary" in out:
+    if timed:
+      out["primary"]["seconds"] = in_seconds(out["primary"]["factor"]["a"], timed)
     path, rows = rows_record(config)
     out["rows"] = {"rows_from": path} | (rows_on_r4(out["primary"], published, rows) if rows else {})
   return out
