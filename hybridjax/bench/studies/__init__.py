@@ -19,6 +19,37 @@ STUDIES = {
 }
 
 
+def copied(config: Config, fields: Record | None = None) -> Config:
+  """A copy of `config` with `fields` ({dotted field: value}) set."""
+  c = Config(config.to_dict())
+  c.update_from_flattened_dict(fields or {})
+  return c
+
+
+def tuner(config: Config) -> str:
+  """`benchmark.tuner`: 'lr' (the LR sweep) or 'joint' (the joint search, `bench.search`)."""
+  return str(config.benchmark.get("tuner", "lr"))
+
+
+def curves_record(block: Config, spans: Record, n: int) -> Record:
+  """Two sides' curves (`comparison.spanned`'s `spans`, with their `comparison.Side`s as `sides`) as
+  `comparison.own_curves` reads them, judged by `block`'s re-check seeds and bootstrap. Its `readings`, 2: the
+  interpolated readings beside the fitted ones, the verdict against 1.0x (`factor.verdict_against_one`; the
+  published records without the field are of 1: against 1.5x, and re-read as published)."""
+  seeds = spans["seeds"]
+  return {
+    "steps": n,
+    "seeds": seeds,
+    "tuning_seeds": [int(s) for s in block.tuning_seeds],
+    "plateaus": spans["plateaus"],
+    "extended": spans["extended"],
+    "draws": int(block.draws),
+    "bootstrap_seed": int(block.bootstrap_seed),
+    "readings": 2,
+    "sides": {side.name: side.record(seeds, n) for side in spans["sides"]},
+  }
+
+
 @dataclasses.dataclass(frozen=True)
 class ReadBy:
   """The `schema.Field.unread` of a field of a study's block that other studies' runs read too, declared

@@ -19,7 +19,7 @@ from conftest import ROOT
 
 from experiments.configs import benchmark as benchmark_cfg
 from hybridjax import optim
-from hybridjax.bench import cells, figures, protocol, record, specs, speedrun, study, tuning
+from hybridjax.bench import cells, figures, protocol, record, specs, speedrun, studies, study, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.studies.ladder import figures as ladder_figs
 from hybridjax.bench.studies.ladder import report as ladder_report
@@ -343,7 +343,7 @@ def test_the_recipe_flags_an_anchor_run_on_a_plateau_and_adds_seeds_that_keep_ev
   flagged = recipe_run.anchor_plateaus({"runs": runs}, n, margin=0.05)
   assert [(p["run"], p["seed"], p["at_step"]) for p in flagged] == [("anchor", "3", 10)]
   c = benchmark_cfg.get_config("quick")
-  more = recipe_run.with_seeds(c, [1, 2, 4, 5])
+  more = studies.copied(c, {"benchmark.seeds": (1, 2, 4, 5)})
   assert tuple(more.benchmark.seeds) == (1, 2, 4, 5) and tuple(c.benchmark.seeds) != (1, 2, 4, 5)
   spec = functools.partial(specs.run_spec, kind="anchor", seed=4, lr=1e-3, steps=40, beta=0.9)
   assert keys.run_key(spec(more)) == keys.run_key(spec(c))

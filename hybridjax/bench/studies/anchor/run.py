@@ -16,7 +16,7 @@ import statistics
 from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, copied
 from hybridjax.bench.studies.anchor import config as anchor_config
 
 
@@ -47,14 +47,12 @@ def train(config: Config, runner: Runner) -> Record:
   source, r4 = anchor_config.r4_settings(config)
   seeds, n = specs.ints(config.benchmark.anchor.seeds), int(config.trainer.steps)
   settings = settings_of(config, r4)
-  run_specs = []
-  for s in settings:
-    c = Config(config.to_dict())
-    c.optim.b2, c.optim.weight_decay, c.benchmark.methods = s["b2"], s["weight_decay"], ""
-    run_specs += [
-      specs.run_spec(c, kind="anchor", seed=seed, lr=s["lr"], steps=n, beta=r4["beta"], betas=[r4["beta"]])
-      for seed in seeds
-    ]
+  run_specs = [
+    specs.run_spec(c, kind="anchor", seed=seed, lr=s["lr"], steps=n, beta=r4["beta"], betas=[r4["beta"]])
+    for s in settings
+    for c in [copied(config, {"optim.b2": s["b2"], "optim.weight_decay": s["weight_decay"], "benchmark.methods": ""})]
+    for seed in seeds
+  ]
   results = iter(runner.run(run_specs, "anchor: R4's settings (tuning seeds)"))
   tried = [s | {"runs": [_keep(next(results)) for _ in seeds]} for s in settings]
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}

@@ -11,7 +11,7 @@ from hybridjax import config as config_lib
 from hybridjax import preflight
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import record, speedrun
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import Config, Record, copied
 
 PUBLISHED = ("benchmark.json", "headline.json", "results.md")  # a family's published record, beside its plots
 
@@ -98,9 +98,7 @@ def unread_optimizer_field_errors(config: Config, fields: list[str]) -> list[str
     for c in configs:
       if field not in config_lib.flatten(c):
         break  # a field this run's config does not hold: the config checks name it
-      reference = Config(c.to_dict())
-      reference.update_from_flattened_dict({field: defaults[field]})  # only this field counts as set
-      lines = preflight.optimizer_setting_errors(c, [reference])
+      lines = preflight.optimizer_setting_errors(c, [copied(c, {field: defaults[field]})])  # only it counts as set
       if not lines:
         break
       found.append(lines[0])

@@ -7,7 +7,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, recipe_record, row_side
-from hybridjax.bench.studies import Config
+from hybridjax.bench.studies import Config, copied, tuner
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
@@ -16,8 +16,8 @@ RECORD = "{record_stem}-{preset}.json"  # its record, whose invocations a resume
 
 def _joint_only(config: Config) -> str | None:
   """The `schema.Field.unread` of a field only the joint tuner reads."""
-  tuner = str(config.benchmark.get("tuner", "lr"))
-  return None if tuner == "joint" else f"tuner {tuner!r} does not read it (only 'joint'); set --config.benchmark.tuner"
+  name = tuner(config)
+  return None if name == "joint" else f"tuner {name!r} does not read it (only 'joint'); set --config.benchmark.tuner"
 
 
 F = schema.Field
@@ -83,7 +83,7 @@ def add_defaults(block: Config, preset: str) -> None:
 
 def record_stem(config: Config) -> str:
   """Its record's name before the preset: the joint tuner's is its own, beside the coordinate search's."""
-  return "knobs-joint" if str(config.benchmark.get("tuner", "lr")) == "joint" else "knobs"
+  return "knobs-joint" if tuner(config) == "joint" else "knobs"
 
 
 def sides_of(config: Config) -> list[str]:
@@ -112,10 +112,8 @@ def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:
   out = {}
   for side in sides_of(config):
     if side == "anchor":
-      c = Config(config.to_dict())
       settings = {"lr": result["anchor"]["lr"], "beta": result["anchor"]["beta"], "iterate": "averaged"}
-      c.optim.learning_rate, c.benchmark.methods = float(settings["lr"]), ""
-      out[side] = (c, settings)
+      out[side] = (copied(config, {"optim.learning_rate": float(settings["lr"]), "benchmark.methods": ""}), settings)
     else:
       fix = (
         f"the {side!r} side starts from it; give a record that has it with --config.benchmark.knobs.lrs_from, or "
@@ -133,7 +131,7 @@ def validate(config: Config) -> dict[str, Config]:
   if bad or not sides_of(config):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
   seeds = specs.ints(k.search_seeds) + [int(k.spare_seed)]
-  joint = str(config.benchmark.get("tuner", "lr")) == "joint"
+  joint = tuner(config) == "joint"
   if joint and (len(seeds) != 4 or len(set(seeds)) != 4 or set(seeds) & {int(s) for s in config.benchmark.seeds}):
     raise ValueError(
       f"--config.benchmark.knobs.search_seeds={tuple(k.search_seeds)} and spare_seed={k.spare_seed}: give three "
@@ -165,8 +163,7 @@ def validate(config: Config) -> dict[str, Config]:
   for side, (c, _) in sides.items():
     for knob in knobs_of(config)[side]:
       for value in knob.values_at(int(config.trainer.steps)):
-        tried = Config(c.to_dict())
-        tried.update_from_flattened_dict(knob.changes(value))
+        tried = copied(c, knob.changes(value))
         if tried.to_dict() == c.to_dict():
           raise ValueError(
             f"side {side!r}: knob {knob.name}={value!r} is the side's own setting, so trying it would spend "

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 
-from hybridjax.bench import comparison, factor, specs, timing
+from hybridjax.bench import arms as arms_lib
+from hybridjax.bench import comparison, factor, timing
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import Config, Record, curves_record, tuner
 
 PAIR = ("anchor", "recipe")  # the slow side (R4, whose curve the rows are read on) and the fast one
 ROWS = ("adamw", "muon")  # cell `both_tuned`'s sides, read on R4's curve
@@ -24,8 +25,7 @@ QUIET_LOAD = 2.5  # a 1-minute load average above it after the timing: another j
 
 def reads_curves(config: Config) -> bool:
   """Whether the study runs the curves: the joint tuner with R4 and the whole recipe among its sides."""
-  sides = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
-  return str(config.benchmark.get("tuner", "lr")) == "joint" and all(s in sides for s in PAIR)
+  return tuner(config) == "joint" and all(s in arms_lib.names(config.benchmark.knobs.sides) for s in PAIR)
 
 
 def block(config: Config) -> Config:
@@ -64,7 +64,7 @@ def searched_from(config: Config) -> dict[str, Record]:
     )
   with open(path) as f:
     rec = json.load(f)
-  wanted = [s.strip() for s in str(config.benchmark.knobs.sides).split(",")]
+  wanted = arms_lib.names(config.benchmark.knobs.sides)
   same = (rec.get("tuner"), rec.get("preset"), rec.get("steps"), sorted(rec.get("sides", {})))
   if same != ("joint", str(config.benchmark.preset), int(config.trainer.steps), sorted(wanted)):
     raise ValueError(
@@ -134,21 +134,10 @@ def record(config: Config, curves: Record, published: Record, timed: Record | No
   R4, its verdict against 1.0x), and on the primary pair's R4 curve the rows: R4 as published (`published`: its
   headline runs' losses at N, model-free: `comparison.on_anchor_curve`) and cell `both_tuned`'s AdamW and Muon
   (their own curves: both readings, `factor.factor`)."""
-  k, n = config.benchmark.knobs, int(config.trainer.steps)
-  out = {}
+  n, out = int(config.trainer.steps), {}
   for which, trained in curves.items():
-    result = {
-      "cell": {"name": f"joint-{which}", "eval_groups": int(config.trainer.eval_batches)},
-      "steps": n,
-      "seeds": trained["seeds"],
-      "tuning_seeds": specs.ints(k.search_seeds),
-      "plateaus": trained["plateaus"],
-      "extended": trained["extended"],
-      "draws": int(k.draws),
-      "bootstrap_seed": int(k.bootstrap_seed),
-      "readings": 2,
-      "sides": {side.name: side.record(trained["seeds"], n) for side in trained["sides"]},
-    }
+    cell = {"name": f"joint-{which}", "eval_groups": int(config.trainer.eval_batches)}
+    result = {"cell": cell} | curves_record(block(config), trained, n)
     out[which] = result | comparison.own_curves(result, *PAIR, None)
   if "primary" in out:
     if timed:

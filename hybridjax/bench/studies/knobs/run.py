@@ -15,7 +15,7 @@ from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, copied, tuner
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
@@ -27,14 +27,6 @@ AS_IS = "as is"  # a sweep's entry for the value a knob had
 def header(config: Config, workdir: str) -> list[str]:
   b = config.benchmark
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
-
-
-def _with(c: Config, fields: Record, lr: float | None = None) -> Config:
-  out = Config(c.to_dict())
-  out.update_from_flattened_dict(fields)
-  if lr is not None:
-    out.optim.learning_rate = float(lr)
-  return out
 
 
 def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[dict]:
@@ -95,7 +87,7 @@ def train(config: Config, runner: Runner) -> Record:
   (`coinciding_sides`) share their runs: each is trained once. With `benchmark.tuner='joint'`, the
   joint search in place of the first two (`joint_state`)."""
   source, sides = side_configs(config)
-  if str(config.benchmark.get("tuner", "lr")) == "joint":
+  if tuner(config) == "joint":
     state = joint_state(config, sides, runner)
     headline = _headline(config, sides, state, runner)
     spans = curves.train(config, sides, state, runner) if curves.reads_curves(config) else {}
@@ -121,14 +113,14 @@ def train(config: Config, runner: Runner) -> Record:
       for value in knob.values_at(int(config.trainer.steps))
     ]
     evs = _evaluate(
-      [_with(sides[s][0], state[s]["fields"] | k.changes(v)) for s, k, v in tries],
+      [copied(sides[s][0], state[s]["fields"] | k.changes(v)) for s, k, v in tries],
       config,
       runner,
       f"knobs: knob {i + 1} of each side",
     )
     for side in [s for s in sides if i < len(searched[s])]:
       knob, st = searched[side][i], state[side]
-      now = _with(sides[side][0], st["fields"])[knob.fields[0]]
+      now = copied(sides[side][0], st["fields"])[knob.fields[0]]
       values = {AS_IS: st["loss"]}  # the value it had (with its schedule, for a knob that sets one)
       values |= {json.dumps(v): loss_of(s, ev) for (s, _, v), ev in zip(tries, evs) if s == side}
       chosen = min(values, key=values.get)
@@ -139,7 +131,7 @@ def train(config: Config, runner: Runner) -> Record:
   grids = {s: tuning.lr_grid(float(state[s]["lr"]), int(config.benchmark.knobs.lr_points)) for s in sides}
   tries = [(s, lr) for s in sides for lr in grids[s]]
   evs = _evaluate(
-    [_with(sides[s][0], state[s]["fields"], lr) for s, lr in tries],
+    [copied(sides[s][0], state[s]["fields"] | {"optim.learning_rate": float(lr)}) for s, lr in tries],
     config,
     runner,
     "knobs: each side's LR swept again (tuning seeds, N)",
@@ -165,7 +157,7 @@ def _headline(config, sides, state, runner: Runner) -> Record:
     st = state[side]
     for fields, lr, beta in (({}, settings["lr"], settings["beta"]), (st["fields"], st["lr"], st["beta"])):
       run_specs += [
-        specs.run_spec(_with(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
+        specs.run_spec(copied(c, fields), kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
       ]
   results = iter(runner.run(run_specs, "knobs: each side as published and as tuned (headline seeds, N)"))
   return {side: {k: [next(results) for _ in seeds] for k in ("published", "tuned")} for side in sides}
@@ -244,7 +236,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       "lrs_from": trained["source"],
       "seeds": seeds,
       "tuning_seeds": specs.ints(config.benchmark.tuning_seeds),
-      "tuner": str(config.benchmark.get("tuner", "lr")),
+      "tuner": tuner(config),
       "sides": out,
     }
     | same

@@ -19,7 +19,7 @@ from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, copied
 from hybridjax.bench.studies.family import config as family_config
 from hybridjax.bench.studies.family import report as family_report
 from hybridjax.bench.studies.family import run as family_run
@@ -45,8 +45,10 @@ def constant_sweep(config: Config, runner: Runner) -> Record:
   from the untuned LR, extended while the best sits at an edge; ranked by the raw loss at N (R2's
   iterate); the best two checked on the second tuning seed."""
   b = config.benchmark
-  centred = Config(config.to_dict())  # the grid's first LR is the untuned one
-  centred.optim.learning_rate = float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)
+  # the grid's first LR is the untuned one
+  centred = copied(
+    config, {"optim.learning_rate": float(b.ladder.untuned_lr) * math.sqrt(2) ** (int(b.lr_points) // 2)}
+  )
   beta = float(config.trainer.averaging_beta)
 
   def spec(seed: int, lr: float, steps: int) -> Record:

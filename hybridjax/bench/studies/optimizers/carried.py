@@ -16,7 +16,7 @@ from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import loss_of, side_curves
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import shown_path
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import Config, Record, copied
 
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
 BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
@@ -59,22 +59,16 @@ def before_record(config: Config) -> tuple[str, Record]:
 def smaller_batch(config: Config) -> Config:
   """Cell `small_batch`'s config: at `optimizers.batch_size` windows per step, at the same tokens (N·B/b steps,
   E·B/b eval batches)."""
-  c, big, b = (
-    Config(config.to_dict()),
-    int(config.trainer.batch_size),
-    int(config.benchmark.optimizers.batch_size),
-  )
-  c.trainer.batch_size = b
-  c.trainer.steps = int(config.trainer.steps) * big // b
-  c.trainer.eval_batches = int(config.trainer.eval_batches) * big // b
-  return c
+  t, b = config.trainer, int(config.benchmark.optimizers.batch_size)
+  scaled = {f"trainer.{k}": int(t[k]) * int(t.batch_size) // b for k in ("steps", "eval_batches")}
+  return copied(config, {"trainer.batch_size": b} | scaled)
 
 
 def on_corpus(config: Config) -> Config:
   """Cell `corpus`'s config: on `optimizers.corpus_path`, without repeats."""
-  c = Config(config.to_dict())
-  c.data.path, c.data.order = os.path.expanduser(str(config.benchmark.optimizers.corpus_path)), "no_repeat"
-  return c
+  return copied(
+    config, {"data.path": os.path.expanduser(str(config.benchmark.optimizers.corpus_path)), "data.order": "no_repeat"}
+  )
 
 
 def batch_errors(config: Config, largest: float, name: str) -> list[str]:

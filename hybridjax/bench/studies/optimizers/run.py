@@ -14,15 +14,11 @@ from hybridjax.bench import comparison, specs
 from hybridjax.bench.comparison import Side
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import RESULTS
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, curves_record
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 from hybridjax.bench.studies.optimizers.config import PUBLISH_IGNORES, RECORD, STUDY_CELLS, cell_sides
 
-# The readings a record written today holds: 2 adds the interpolated readings beside the fitted ones and
-# reads the verdict against 1.0x (`factor.verdict_against_one`; the published records, without the field,
-# are of 1: against 1.5x, and re-read as published).
-READINGS = 2
 FIELD_PATH = os.path.join(RESULTS, "optimizers", "field.json")
 
 
@@ -82,7 +78,6 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       }
       | sides_lib.record(config, trained, field_range())
     )
-  seeds = trained["seeds"]
   largest = max(round(f * n) for side in trained["sides"] for f in side.budgets)
   result = comparison.code_record(config) | {
     "cell": head
@@ -91,19 +86,11 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       # the per-window losses are read in groups of the preset's batch (the same windows at every batch)
       "eval_groups": int(config.trainer.eval_batches) * batch // preset_batch,
     },
-    "steps": n,
     "lrs_from": trained["source"],
-    "seeds": seeds,
-    "tuning_seeds": specs.ints(o.tuning_seeds),
     "search_seeds": searched if cell.tuner == "joint" else [],
-    "plateaus": trained["plateaus"],
-    "extended": trained["extended"],
-    "draws": int(o.draws),
-    "bootstrap_seed": int(o.bootstrap_seed),
-    "readings": READINGS,
-    "sides": {side.name: side.record(seeds, n) for side in trained["sides"]},
     "corpus": comparison.corpus(config, largest),
   }
+  result |= curves_record(o, trained, n)
   result |= cell_figures(result)
   if trained["before"] and trained["before"]["cell"]["batch"] != result["cell"]["batch"]:
     result["critical_batch"] = carried.critical_batch(result, trained["before"])

@@ -16,7 +16,7 @@ from hybridjax.bench import figures, specs, timing, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, TRICKS, apply_tricks, kept_changes, tricks_of, uses_muon
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, copied
 from hybridjax.bench.studies.recipe import config as recipe_config
 from hybridjax.bench.studies.recipe.figures import anchor_curves, below_curve, recipe_figures
 from hybridjax.bench.studies.recipe.report import kept_text, save_recipe_plot
@@ -25,10 +25,8 @@ from hybridjax.bench.studies.recipe.report import recipe_markdown as markdown
 
 def anchor_config(config: Config, extra: list[float]) -> Config:
   """The R4 anchor's config: the protocol's AdamW-cosine family with its budget curve extended."""
-  c = Config(config.to_dict())
-  c.benchmark.budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
-  c.benchmark.methods = ""
-  return c
+  budgets = tuple(sorted({float(f) for f in config.benchmark.budgets} | set(extra)))
+  return copied(config, {"benchmark.budgets": budgets, "benchmark.methods": ""})
 
 
 def step_configs(config: Config, anchor_lr: float) -> dict[str, Config]:
@@ -48,14 +46,6 @@ def anchor_plateaus(curves: Record, n: int, margin: float) -> list[Record]:
   """The anchor's N-step runs (`tuning.budget_curves`' runs) that sit on an early plateau."""
   at_n = {key.split("/")[0]: r["curve"] for key, r in curves["runs"].items() if r["steps"] == n}
   return figures.plateau_runs({"anchor": at_n}, n, margin)
-
-
-def with_seeds(config: Config, seeds: list[int]) -> Config:
-  """`config` with `seeds` as its headline seeds (a run's spec holds no benchmark field: the runs
-  already trained stay cached)."""
-  c = Config(config.to_dict())
-  c.benchmark.seeds = tuple(seeds)
-  return c
 
 
 def header(config: Config, workdir: str) -> list[str]:
@@ -96,7 +86,7 @@ def train(config: Config, runner: Runner) -> Record:
   seeds, added = specs.plateau_extension(config)
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to every step and the anchor", flush=True)
-    config = with_seeds(config, seeds + added)
+    config = copied(config, {"benchmark.seeds": tuple(seeds + added)})  # the runs trained stay cached
     acfg, curves, configs, steps = anchor_and_steps(config)
   plateaus = {"runs": flagged, "seeds_added": added if flagged else []}
   if plateaus["seeds_added"]:  # the rule read again over every seed (each step's own: its `plateaus`)

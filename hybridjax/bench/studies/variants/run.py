@@ -14,7 +14,7 @@ from typing import Any
 from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record, tuned_rows
-from hybridjax.bench.studies import Config, Record, Study
+from hybridjax.bench.studies import Config, Record, Study, copied
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
@@ -96,8 +96,7 @@ def train(config: Config, runner: Runner) -> Record:
   seeds, added = specs.plateau_extension(config)
   if close and added:
     print(f"--- pairs within twice the resolution: {close}; adding seeds {added} to both their sides", flush=True)
-    more = Config(config.to_dict())
-    more.benchmark.seeds = tuple(seeds + added)
+    more = copied(config, {"benchmark.seeds": tuple(seeds + added)})
     near = {_side_key(config, p, side) for p in pairs_of(config) if p.name in close for side in ("before", "after")}
     trained |= _tuned(more, {k: v for k, v in sides.items() if k in near}, runner)  # their sweeps come cached
   return {"source": source, "sides": trained, "seeds_added": {"pairs": close, "seeds": added if close else []}}
