@@ -21,10 +21,10 @@ def trained_arms(config: Config) -> tuple[list[str], str]:
   return arms_lib.selected(config), "--config.benchmark.methods"
 
 
-def check_publish(config: Config | Record, folder: str, ignore: tuple[str, ...] = ()) -> None:
+def check_publish(config: Config | Record, folder: str) -> None:
   """Refuses (ValueError naming --config.benchmark.publish) to publish a family of `config` into
   `folder` where it holds another family's results: a benchmark.json of another config (another
-  preset, family, task or setting, `record.config_differences`; outside `ignore`), or results with
+  preset, family, task or setting, `record.config_differences`), or results with
   no benchmark.json to compare with. A benchmark.json of the same config is a re-run: it is replaced."""
   if not folder:
     return
@@ -32,7 +32,7 @@ def check_publish(config: Config | Record, folder: str, ignore: tuple[str, ...] 
   if held and "benchmark.json" not in held:
     path = os.path.join(folder, held[0])
     raise ValueError(record.publish_refusal(folder, path, "with no benchmark.json to compare this config with"))
-  record.check_publish(config, folder, "benchmark.json", record.other_studies("family") + ignore)
+  record.check_publish(config, folder, "benchmark.json", record.other_studies("family"))
 
 
 def validate(config: Config) -> dict[str, Config]:

@@ -74,9 +74,8 @@ def arm_figures(
   runs, iterate = group["method_runs"][arm], rung.iterate
   seeds = sorted((s for s in runs if s in group["baseline"]), key=int)
   arm_runs, bases = [runs[s] for s in seeds], [group["baseline"][s] for s in seeds]
-  base_ms = None if ms is None else ms.get("baseline", {}).get("baseline")
-  arm_ms = None if ms is None else ms.get(arm)
-  rounds = rounds or {}
+  ms, rounds = ms or {}, rounds or {}
+  base_ms, arm_ms = ms.get("baseline", {}).get("baseline"), ms.get(arm)
   timed = (
     figures.round_times(None if base_ms is None else {"baseline": base_ms}, rounds.get("baseline")),
     figures.round_times(arm_ms, rounds.get(arm)),
@@ -97,8 +96,7 @@ def arm_figures(
   out["verdict"] = protocol.cost_verdict(losses, costs, curves, n, eval_se, eval_windows=eval_windows)
   gaps = [None if a is None else (m - a) / a for m, a in zip(losses, at_n)]
   present = [g for g in gaps if g is not None]
-  out["final_loss_gap"] = _mean_std(present) if present else {"mean": None, "std": None}
-  out["final_loss_gap"]["per_seed"] = gaps
+  out["final_loss_gap"] = (_mean_std(present) if present else {"mean": None, "std": None}) | {"per_seed": gaps}
   out["vs_baseline_at_n"] = differ(losses, at_n) if len(seeds) >= 2 and None not in at_n else None
   control_runs = group["method_runs"].get(control or "", {})
   if control and all(s in control_runs for s in seeds) and len(seeds) >= 2:

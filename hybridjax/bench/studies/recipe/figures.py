@@ -40,11 +40,9 @@ def step_figures(
   if mean is not None and name in ms and "anchor" in ms:
     wall = {"mean": mean * ms["anchor"] / ms[name], "step_ms": ms[name], "anchor_ms": ms["anchor"]}
     rounds = rounds or {}
+    anchor_rounds = figures.round_times({"baseline": ms["anchor"]}, {"baseline": rounds.get("anchor")})
     step_rounds = figures.round_times({"step": ms[name]}, {"step": rounds.get(name)})
-    anchor_rounds = figures.round_times({"step": ms["anchor"]}, {"step": rounds.get("anchor")})
-    per_round = None
-    if step_rounds is not None and anchor_rounds is not None:
-      per_round = [mean * a["step"] / b["step"] for a, b in zip(anchor_rounds, step_rounds)]
+    per_round = figures.round_ratios(mean, anchor_rounds, {"step": 1}, step_rounds)  # round by round
     figures.with_spread(wall, figures.round_spread([per_round]))
   curves = [(anchor[s]["steps"], anchor[s]["loss"]) for s in seeds]
   previous_se, previous_windows = previous_error or (eval_se, eval_windows)

@@ -8,7 +8,7 @@ from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import PUBLISHED, TRICKS, apply_tricks, recipe_record, tuned_rows
-from hybridjax.bench.studies import Config
+from hybridjax.bench.studies import Config, Record
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -59,6 +59,13 @@ def side_config(config: Config, pair: Pair, side: str) -> Config:
   return c
 
 
+def row_settings(config: Config) -> tuple[str, dict[str, Record]]:
+  """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
+  record `benchmark.variants.lrs_from` names ('': the published one)."""
+  shown, result = recipe_record(config, "variants")
+  return shown, tuned_rows(result, "benchmark.variants.lrs_from")
+
+
 def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every side's config, which the skeleton checks too."""
   v = config.benchmark.variants
@@ -75,8 +82,7 @@ def validate(config: Config) -> dict[str, Config]:
       f"it runs is `{SMALLEST_PRESET}`: --config=experiments/configs/benchmark.py:{SMALLEST_PRESET} "
       "--config.benchmark.study=variants (or give a whole recipe's record with --config.benchmark.variants.lrs_from)"
     )
-  _, record = recipe_record(config, "variants")
-  tuned_rows(record, "benchmark.variants.lrs_from")  # a record that cannot give every row its LR fails here
+  row_settings(config)  # a record that cannot give every row its LR fails here
   fields = set(config_lib.flatten(config))
   out = {}
   for pair in pairs_of(config):

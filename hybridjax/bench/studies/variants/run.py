@@ -13,19 +13,11 @@ from typing import Any
 
 from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.speedrun import recipe_record, tuned_rows
 from hybridjax.bench.studies import Config, Record, Study, copied
 from hybridjax.bench.studies.variants import config as variants_config
-from hybridjax.bench.studies.variants.config import pairs_of, set_of, side_config
+from hybridjax.bench.studies.variants.config import pairs_of, row_settings, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
 from hybridjax.bench.studies.variants.sets import Pair
-
-
-def row_settings(config: Config) -> tuple[str, dict[str, Record]]:
-  """(the recipe record read, {row: {lr, beta, iterate, from}}): `speedrun.tuned_rows` of the
-  record `benchmark.variants.lrs_from` names ('': the published one)."""
-  shown, result = recipe_record(config, "variants")
-  return shown, tuned_rows(result, "benchmark.variants.lrs_from")
 
 
 def header(config: Config, workdir: str) -> list[str]:
