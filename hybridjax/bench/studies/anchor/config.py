@@ -30,9 +30,9 @@ def r4_settings(config: Config) -> tuple[str, dict[str, float]]:
   weight decay its runs trained with). A config whose beta2 or weight decay differs from the record's is
   refused: the study re-checks R4 as the record ran it."""
   shown, result = recipe_record(config, "anchor")
-  anchor, ran = result["anchor"], result.get("config", {}).get("optim", {})
-  settings = {"lr": float(anchor["lr"]), "beta": float(anchor["beta"])}
-  own = {"b2": float(config.optim.b2), "weight_decay": float(config.optim.weight_decay)}
+  ran = result.get("config", {}).get("optim", {})
+  settings = {k: float(result["anchor"][k]) for k in ("lr", "beta")}
+  own = {k: float(config.optim[k]) for k in ("b2", "weight_decay")}
   differ = [f"--config.optim.{k}={v} (R4 ran {ran[k]})" for k, v in own.items() if k in ran and float(ran[k]) != v]
   if differ:
     raise ValueError(
@@ -52,8 +52,8 @@ def validate(config: Config) -> dict[str, Config]:
       f"--config.optim.name={config.optim.name!r}: the anchor study re-checks R4, an AdamW family; run it on the "
       "preset's AdamW-cosine config (no ',muon' or ',speedrun' variant)"
     )
-  for field, own in (("b2s", float(config.optim.b2)), ("weight_decays", float(config.optim.weight_decay))):
-    values = [float(v) for v in a[field]]
+  for field, knob in (("b2s", "b2"), ("weight_decays", "weight_decay")):
+    values, own = [float(v) for v in a[field]], float(config.optim[knob])
     if own not in values or len(set(values)) != len(values):
       errors.append(
         f"--config.benchmark.anchor.{field}={tuple(values)}: give distinct values, R4's own ({own}) among them "

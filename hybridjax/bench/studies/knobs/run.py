@@ -29,17 +29,6 @@ def header(config: Config, workdir: str) -> list[str]:
   return [f"knobs {b.preset}: sides {b.knobs.sides}, N={int(config.trainer.steps)}; workdir {workdir}"]
 
 
-def _evaluate(tries: list[Config], config, runner: Runner, label: str) -> list[dict]:
-  """Each config of `tries` on both tuning seeds at N: {"runs", "spec_keys"} (the keys count the runs a
-  side spent: a setting tried twice counts once)."""
-  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.tuning_seeds)
-  run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for c in tries for s in seeds]
-  results, asked = iter(runner.run(run_specs, label)), iter(run_specs)
-  return [
-    {"runs": [next(results) for _ in seeds], "spec_keys": [keys.run_key(next(asked)) for _ in seeds]} for _ in tries
-  ]
-
-
 def coinciding_sides(sides: dict[str, tuple[Config, dict]], searched: dict[str, tuple]) -> dict:
   """{side: the earlier side it is}: the same config, settings and knobs (at `quick` the recipe's last
   row is its Muon row), so the same runs, which the run cache trains once and both sides read."""
@@ -63,13 +52,11 @@ def joint_state(config: Config, sides: dict[str, tuple], runner: Runner) -> Reco
     searches = search.side_searches({side: c for side, (c, _) in sides.items()}, k, config)
     records = search.search_both(searches, int(k.search_configs), runner)
   state = {}
-  for side in sides:
+  for side, (c, _) in sides.items():
     chosen = records[side]["chosen"]
-    before = config_lib.flatten(sides[side][0])
-    after = config_lib.flatten(search.apply_setting(sides[side][0], chosen["fields"]))
-    fields = {f: v for f, v in after.items() if before.get(f) != v and f != "optim.learning_rate"}
+    before, after = config_lib.flatten(c), config_lib.flatten(search.apply_setting(c, chosen["fields"]))
     state[side] = {
-      "fields": fields,
+      "fields": {f: v for f, v in after.items() if before.get(f) != v and f != "optim.learning_rate"},
       "lr": float(chosen["fields"]["optim.learning_rate"]),
       "beta": chosen["beta"],
       "iterate": chosen["iterate"],
@@ -96,33 +83,39 @@ def train(config: Config, runner: Runner) -> Record:
   for side, other in coinciding_sides(sides, searched).items():
     print(f"--- knobs: side {side!r} is side {other!r} at this preset: the same runs, trained once", flush=True)
   state = {s: {"fields": {}, "lr": settings["lr"], "sweeps": [], "keys": set()} for s, (_, settings) in sides.items()}
+  n, seeds = int(config.trainer.steps), specs.ints(config.benchmark.tuning_seeds)
 
-  def loss_of(side: str, ev: dict) -> float:
-    state[side]["keys"].update(ev["spec_keys"])
-    return statistics.fmean(tuning.iterate_loss(r, sides[side][1]["iterate"], None) for r in ev["runs"])
+  def evaluate(tries: list[tuple[str, Record]], label: str) -> list[tuple[float, list[Record]]]:
+    """Each (side, fields) of `tries`, its side's config with those fields, on both tuning seeds at N: (its
+    mean loss at the side's iterate, its runs). The runs' keys count the runs a side spent (a setting tried
+    twice counts once)."""
+    configs = [copied(sides[side][0], fields) for side, fields in tries]
+    run_specs = [tuning.spec_of(c)(s, float(c.optim.learning_rate), n) for c in configs for s in seeds]
+    results, asked, out = iter(runner.run(run_specs, label)), iter(run_specs), []
+    for side, _ in tries:
+      runs = [next(results) for _ in seeds]
+      state[side]["keys"].update(keys.run_key(next(asked)) for _ in seeds)
+      out.append((statistics.fmean(tuning.iterate_loss(r, sides[side][1]["iterate"], None) for r in runs), runs))
+    return out
 
-  base = _evaluate([c for c, _ in sides.values()], config, runner, "knobs: each side as published (tuning seeds, N)")
-  for side, ev in zip(sides, base):
-    state[side]["loss"] = loss_of(side, ev)
+  for side, (loss, _) in zip(
+    sides, evaluate([(s, {}) for s in sides], "knobs: each side as published (tuning seeds, N)")
+  ):
+    state[side]["loss"] = loss
   for i in range(max(len(searched[s]) for s in sides)):
     tries = [
       (side, knob, value)
       for side in sides
       if i < len(searched[side])
       for knob in [searched[side][i]]
-      for value in knob.values_at(int(config.trainer.steps))
+      for value in knob.values_at(n)
     ]
-    evs = _evaluate(
-      [copied(sides[s][0], state[s]["fields"] | k.changes(v)) for s, k, v in tries],
-      config,
-      runner,
-      f"knobs: knob {i + 1} of each side",
-    )
+    evs = evaluate([(s, state[s]["fields"] | k.changes(v)) for s, k, v in tries], f"knobs: knob {i + 1} of each side")
     for side in [s for s in sides if i < len(searched[s])]:
       knob, st = searched[side][i], state[side]
       now = copied(sides[side][0], st["fields"])[knob.fields[0]]
       values = {AS_IS: st["loss"]}  # the value it had (with its schedule, for a knob that sets one)
-      values |= {json.dumps(v): loss_of(s, ev) for (s, _, v), ev in zip(tries, evs) if s == side}
+      values |= {json.dumps(v): loss for (s, _, v), (loss, _) in zip(tries, evs) if s == side}
       chosen = min(values, key=values.get)
       if chosen != AS_IS:
         st["fields"] |= knob.changes(json.loads(chosen))
@@ -130,19 +123,15 @@ def train(config: Config, runner: Runner) -> Record:
       st["sweeps"].append({"knob": knob.name, "current": json.dumps(now), "values": values, "chosen": chosen})
   grids = {s: tuning.lr_grid(float(state[s]["lr"]), int(config.benchmark.knobs.lr_points)) for s in sides}
   tries = [(s, lr) for s in sides for lr in grids[s]]
-  evs = _evaluate(
-    [copied(sides[s][0], state[s]["fields"] | {"optim.learning_rate": float(lr)}) for s, lr in tries],
-    config,
-    runner,
-    "knobs: each side's LR swept again (tuning seeds, N)",
-  )
+  label = "knobs: each side's LR swept again (tuning seeds, N)"
+  evs = evaluate([(s, state[s]["fields"] | {"optim.learning_rate": float(lr)}) for s, lr in tries], label)
   betas = [float(x) for x in config.benchmark.betas]
   for side in sides:
     at = {str(lr): ev for (s, lr), ev in zip(tries, evs) if s == side}
-    lr_losses = {lr: loss_of(side, ev) for lr, ev in at.items()}
+    lr_losses = {lr: loss for lr, (loss, _) in at.items()}
     best = min(lr_losses, key=lr_losses.get)
     # The tuned side's averaging beta and iterate, chosen on the tuning seeds at its best LR.
-    averaging = tuning.choose_averaging(at[best]["runs"], betas)
+    averaging = tuning.choose_averaging(at[best][1], betas)
     state[side] |= {"lr_sweep": lr_losses, "lr": float(best), "loss": lr_losses[best]}
     state[side] |= {"beta": averaging["beta"], "iterate": averaging["iterate"]}
   return {"source": source, "sides": sides, "state": state, "headline": _headline(config, sides, state, runner)}

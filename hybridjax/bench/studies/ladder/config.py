@@ -17,6 +17,7 @@ from hybridjax.bench.studies.ladder.rungs import (
   TUNED_GROUPS,
   arms_at,
   group_config,
+  groups_of,
   names,
   rungs_of,
 )
@@ -51,8 +52,7 @@ del F
 
 def trained_arms(config: Config) -> tuple[list[str], str]:
   """The arms the ladder trains at its rungs (`rungs.arms_at`), and the fields that name them."""
-  groups = {RUNGS[r].group for r in rungs_of(config) if r in RUNGS}
-  arms = [a for g in sorted(groups) for a in arms_at(config, g)]
+  arms = [a for g in sorted(groups_of(config)) for a in arms_at(config, g)]
   return arms, "--config.benchmark.ladder.methods (every rung) or --config.benchmark.methods (the tuned rungs)"
 
 
@@ -66,8 +66,7 @@ def add_defaults(block: Config, preset: str) -> None:
 def reads(config: Config) -> set[str]:
   """The experiment fields the benchmark otherwise sets per run that this ladder reads: its constant
   rungs (R0-R2's groups, `CONSTANT_GROUPS`) train at `trainer.averaging_beta`, untuned."""
-  selected = [RUNGS[r] for r in rungs_of(config) if r in RUNGS]
-  return {"trainer.averaging_beta"} if any(r.group in CONSTANT_GROUPS for r in selected) else set()
+  return {"trainer.averaging_beta"} if groups_of(config) & set(CONSTANT_GROUPS) else set()
 
 
 def unused_field_errors(config: Config, given: Iterable[str]) -> list[str]:
@@ -152,7 +151,7 @@ def check_publish(config: Config) -> None:
   folder = str(b.publish)
   if not folder:
     return
-  groups = {RUNGS[r].group for r in rungs_of(config)}
+  groups = groups_of(config)
   published_ladder(folder, str(b.preset), config, rungs_of(config), groups)
   seeds, added = specs.plateau_extension(config)
   extended = seeds + added

@@ -112,9 +112,8 @@ def train_group(config: Config, group: str, runner: Runner) -> Record:
     tuned, curves = trained["tuning"], trained["curves"]
     out["eval"] = figures.eval_errors(curves["runs"], [str(s) for s in seeds], curves["budgets"], n)
     out["lr"], out["beta"] = tuned["best_lr"], tuned["averaging_beta"]
-    keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr", "seed_noise")
-    keep += ("iterate", "iterate_losses")
-    out["tuning"] = {k: tuned[k] for k in keep}
+    keep = ("grid", "best_lr", "best_lr_for_raw_loss", "best_at_edge", "averaging_beta", "per_budget_lr")
+    out["tuning"] = {k: tuned[k] for k in (*keep, "seed_noise", "iterate", "iterate_losses")}
     out["baseline"] = {
       s: {
         "steps": curves["budgets"],
@@ -160,10 +159,9 @@ def train(config: Config, runner: Runner) -> Record:
   """What the ladder's rungs need: {'groups': the runs of each group}, every group the chosen rungs
   need, in `GROUP_ORDER`; a group with a plateau run is extended to the plateau seeds (its runs
   already trained are cached)."""
-  needed = {rungs.RUNGS[r].group for r in rungs.rungs_of(config)}
   groups: dict[str, Record] = {}
   seeds, extra = specs.plateau_extension(config)
-  for group in [g for g in rungs.GROUP_ORDER if g in needed]:
+  for group in [g for g in rungs.GROUP_ORDER if g in rungs.groups_of(config)]:
     groups[group] = train_group(rungs.group_config(config, group, seeds), group, runner)
     if groups[group]["plateaus"] and extra:
       print(f"--- {group}: plateau runs {groups[group]['plateaus']}; adding seeds {extra}", flush=True)

@@ -41,6 +41,11 @@ def rungs_of(config: Config) -> list[str]:
   return names(config.benchmark.ladder.rungs)
 
 
+def groups_of(config: Config) -> set[str]:
+  """The groups whose runs the chosen rungs read (a rung not of `RUNGS` reads none)."""
+  return {RUNGS[r].group for r in rungs_of(config) if r in RUNGS}
+
+
 def arms_at(config: Config, group: str) -> list[str]:
   """The arms a group runs: `ladder.methods` everywhere; at R3-R6 also `ladder.cosine_methods` and
   the protocol's own arms (`benchmark.methods`), so the family results re-written from these runs

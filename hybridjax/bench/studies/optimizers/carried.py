@@ -193,17 +193,15 @@ def local_check(
   checks: dict[str, Record] = {side: {"tried": [], "lr_moves": 0} for side in sides}
   todo = [(side, at) for side, (c, settings) in sides.items() for at in local_candidates(c, settings)]
   while todo:
-    run_specs = []
+    run_specs = [
+      specs.run_spec(tried, kind="anchor", seed=s, lr=float(at["optim.learning_rate"]), steps=n, beta=b, betas=[b])
+      for side, at in todo
+      for tried, b in [(search.apply_setting(sides[side][0], at), float(sides[side][1]["beta"]))]
+      for s in seeds
+    ]
+    results = iter(runner.run(run_specs, "optimizers: the carried settings' local check (tuning seeds)"))
     for side, at in todo:
-      c, settings = sides[side]
-      tried, beta, lr = search.apply_setting(c, at), float(settings["beta"]), float(at["optim.learning_rate"])
-      run_specs += [
-        specs.run_spec(tried, kind="anchor", seed=s, lr=lr, steps=n, beta=beta, betas=[beta]) for s in seeds
-      ]
-    results = runner.run(run_specs, "optimizers: the carried settings' local check (tuning seeds)")
-    for k, (side, at) in enumerate(todo):
-      runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-      checks[side]["tried"].append({"fields": at, "losses": [loss_of(r, sides[side][1]) for r in runs]})
+      checks[side]["tried"].append({"fields": at, "losses": [loss_of(next(results), sides[side][1]) for _ in seeds]})
     todo = []
     for side, (c, _) in sides.items():
       b2, check = beta2_field(c), checks[side]

@@ -33,12 +33,10 @@ def step_configs(config: Config, anchor_lr: float) -> dict[str, Config]:
   """Each cumulative step's benchmark config, its sweep centred on the anchor's tuned LR (AdamW) or
   on `benchmark.recipe.muon_lr` (Muon)."""
   names = tricks_of(config)
-  out = {}
-  for k, name in enumerate(names):
-    c = apply_tricks(config, names[: k + 1])
+  out = {name: apply_tricks(config, names[: k + 1]) for k, name in enumerate(names)}
+  for c in out.values():
     c.optim.learning_rate = float(config.benchmark.recipe.muon_lr) if uses_muon(c) else float(anchor_lr)
     c.benchmark.methods = ""
-    out[name] = c
   return out
 
 
@@ -98,8 +96,14 @@ def train(config: Config, runner: Runner) -> Record:
     extra.append(float(factor))
     acfg = anchor_config(config, extra)
     curves = tuning.budget_curves(acfg, runner, tuned | {"per_budget_lr": _per_budget_lr(tuned, acfg)})
-  return {"config": config, "anchor": acfg, "tuned": tuned, "curves": curves, "configs": configs, "steps": steps} | {
-    "plateaus": plateaus
+  return {
+    "config": config,
+    "anchor": acfg,
+    "tuned": tuned,
+    "curves": curves,
+    "configs": configs,
+    "steps": steps,
+    "plateaus": plateaus,
   }
 
 
