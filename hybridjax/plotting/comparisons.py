@@ -21,9 +21,8 @@ def plot_memory(ax: Axes, runs: Any) -> Axes:
     ax: the axes to draw into.
     runs: a `Run` or workdir, a sequence of them, or a mapping name -> Run (or workdir).
   """
-  runs = as_runs(runs)
   drawn = 0
-  for i, (name, run) in enumerate(runs.items()):
+  for i, (name, run) in enumerate(as_runs(runs).items()):
     steps, b = memory_series(run)
     if not len(steps):
       continue
@@ -49,12 +48,9 @@ def plot_eval_curves(ax: Axes, runs: Mapping[str, RunLike] | Sequence[RunLike], 
     runs: name -> `Run` (or workdir); a sequence is named by the workdirs' base names.
     x: 'step', 'train_s' (cumulative training seconds) or 'backward_passes' (a baseline's = steps).
   """
-  if x not in EVAL_X:
-    raise ValueError(f"x must be one of {list(EVAL_X)}, got {x!r}")
-  runs = as_runs(runs)
   drawn = 0
-  for i, (name, run) in enumerate(runs.items()):
-    xs, ev = eval_curve(run, x)
+  for i, (name, run) in enumerate(as_runs(runs).items()):
+    xs, ev = eval_curve(run, x)  # refuses an `x` not of `EVAL_X`
     if not len(xs):
       continue
     label = name if run.mode in name else f"{name} ({run.mode})"

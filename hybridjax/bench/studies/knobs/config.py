@@ -77,8 +77,14 @@ del F
 def add_defaults(block: Config, preset: str) -> None:
   """The quick preset's own value of `benchmark.knobs` (beside `FIELDS`' defaults): it searches the 'quick' set."""
   if preset == "quick":
-    block.update(set="quick", anchor_budgets=(0.75, 1.0, 2.0), anchor_extensions=(3.0,), recipe_budgets=(0.5, 1.0))
-    block.update(recipe_extensions=(0.25,), plateau_seeds=(23,))
+    block.update(
+      set="quick",
+      anchor_budgets=(0.75, 1.0, 2.0),
+      anchor_extensions=(3.0,),
+      recipe_budgets=(0.5, 1.0),
+      recipe_extensions=(0.25,),
+      plateau_seeds=(23,),
+    )
 
 
 def record_stem(config: Config) -> str:

@@ -92,8 +92,15 @@ def add_defaults(block: Config, preset: str) -> None:
   """`benchmark.optimizers` at `preset`: `FIELDS`' defaults are `long`'s and every larger preset's; `quick`
   runs a shorter curve of the quick recipe's rows (its AdamW row before Muon is `schedule`)."""
   if preset == "quick":
-    block.update(adamw_row="schedule", seeds=(21, 22), plateau_seeds=(23,), adamw_budgets=(0.75, 1.0, 2.0, 3.0))
-    block.update(adamw_extensions=(4.0,), muon_budgets=(0.5, 1.0), muon_extensions=(0.25,))
+    block.update(
+      adamw_row="schedule",
+      seeds=(21, 22),
+      plateau_seeds=(23,),
+      adamw_budgets=(0.75, 1.0, 2.0, 3.0),
+      adamw_extensions=(4.0,),
+      muon_budgets=(0.5, 1.0),
+      muon_extensions=(0.25,),
+    )
 
 
 def side_configs(config: Config) -> tuple[str, dict[str, tuple[Config, dict]]]:

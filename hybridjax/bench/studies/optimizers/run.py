@@ -23,7 +23,8 @@ FIELD_PATH = os.path.join(RESULTS, "optimizers", "field.json")
 
 
 def header(config: Config, workdir: str) -> list[str]:
-  o, cell = config.benchmark.optimizers, comparison.cell_of(STUDY_CELLS, config.benchmark.optimizers.cell)
+  o = config.benchmark.optimizers
+  cell = comparison.cell_of(STUDY_CELLS, o.cell)
   c = cell.condition(config) if cell.condition else config
   corpus = f", corpus {c.data.path} ({c.data.order})" if c.data.to_dict() != config.data.to_dict() else ""
   rows = (

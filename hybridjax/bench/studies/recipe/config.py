@@ -32,6 +32,7 @@ def _factors(v: object) -> str | None:
   return None
 
 
+RECIPE_ONLY = _read_in("the recipe study", "recipe")
 F = schema.Field
 FIELDS = (
   F(
@@ -39,7 +40,7 @@ FIELDS = (
     ",".join(TRICKS),
     schema.check_str,
     "the tricks, cumulative, in the record's order",
-    unread=_read_in("the recipe study", "recipe"),
+    unread=RECIPE_ONLY,
   ),
   F(
     "keep",
@@ -54,7 +55,7 @@ FIELDS = (
     0.02,
     schema.check_num(0.0, lo_open=True),
     "the centre of a Muon step's LR sweep",
-    unread=_read_in("the recipe study", "recipe"),
+    unread=RECIPE_ONLY,
   ),
   F(
     "budgets",
