@@ -357,41 +357,34 @@ def window_error(a: Sequence[Record], b: Sequence[Record], differences: Sequence
 
 def eval_errors(budget_runs: Record, seeds: list[str], budgets: list[int], n: int) -> Record:
   """benchmark.json's `eval` record: the eval batches, one averaged loss's sampling error (the first
-  headline seed's N-step run) and the paired per-batch standard error of a difference of two runs at N
-  (`eval_paired_se`), which every verdict is judged with; either error None where it cannot be
-  estimated (one eval batch)."""
-  first = budget_runs[f"{seeds[0]}/{n}"]
-  batches = int(first["eval_batches"])
-  single = first["eval_batch_std"] / math.sqrt(batches) if batches > 1 else None
-  return eval_paired_se(budget_runs, seeds, budgets, n) | {"batches": batches, "sampling_se": single}
-
-
-def eval_paired_se(budget_runs: Record, seeds: list[str], budgets: list[int], n: int) -> Record:
-  """The eval set's paired sampling error of a difference of two runs at N, from the anchors' own runs:
-  per headline seed, the per-batch standard error (`protocol.paired_batch_se`) of the difference of the
-  averaged params' losses of the N-step run and the next budget's (1.25N by default; the one below N
-  where N is the largest), scored on the same batches.
+  headline seed's N-step run) and the eval set's paired sampling error of a difference of two runs at N,
+  which every verdict is judged with: per headline seed, the per-batch standard error
+  (`protocol.paired_batch_se`) of the difference of the averaged params' losses of the N-step run and the
+  next budget's (1.25N by default; the one below N where N is the largest), scored on the same batches.
 
   Every paired difference of a study is judged with its mean over the seeds, beside the seeds' own
   standard error. It stands for any two runs at N: a method's runs keep no per-batch losses.
 
   Returns:
     {"paired_se": the mean over the seeds, or None where it cannot be estimated (fewer than 2 eval
-    batches, or a run that kept no per-batch losses), "per_seed", "budgets": the pair, "batches"}.
+    batches, or a run that kept no per-batch losses), "per_seed", "budgets": the pair, "batches",
+    "sampling_se": None where it cannot be estimated (one eval batch)}.
   """
+  first = budget_runs[f"{seeds[0]}/{n}"]
+  batches = int(first["eval_batches"])
+  out = {"batches": batches, "sampling_se": first["eval_batch_std"] / math.sqrt(batches) if batches > 1 else None}
   others = [b for b in budgets if b > n] or [b for b in budgets if b < n][-1:]
   if not others:
-    return {"paired_se": None, "per_seed": [None for _ in seeds], "budgets": [n], "batches": None}
+    return {"paired_se": None, "per_seed": [None for _ in seeds], "budgets": [n]} | out
   other = min(others, key=lambda b: abs(math.log(b / n)))
-  per_seed, batches = [], None
+  per_seed = []
   for s in seeds:
     a, b = budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})
-    if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b:
-      per_seed.append(protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"]))
-      batches = len(a["final_averaged_per_batch"])
-    else:
-      per_seed.append(None)
-  return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other], "batches": batches}
+    both = "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
+    per_seed.append(
+      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"]) if both else None
+    )
+  return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other]} | out
 
 
 def headline(result: Record, method: str | None) -> Record:
@@ -428,9 +421,8 @@ def headline(result: Record, method: str | None) -> Record:
     h["final_loss_gap"] = vs(lambda x: x["final_loss_gap"]["mean"])
     h["paired_difference"] = vs(lambda x: x["paired_difference"]["verdict"])
     h["verdict"] = vs(lambda x: x["verdict"]["verdict"])
-    for key in ("vs_skip_control", "exercise"):  # its control's difference; whether it jumped or predicted enough
-      if key in f:
-        h[key] = f[key]
+    # its control's difference; whether it jumped or predicted enough
+    h |= {key: f[key] for key in ("vs_skip_control", "exercise") if key in f}
     final["method"] = f["final_loss"]
   h["final_loss"] = final
   return h

@@ -104,14 +104,16 @@ def load_run(workdir: str, name: str | None = None) -> Run:
       f"{workdir!r} has no metrics.jsonl, so it is not a run directory: pass the --workdir of a "
       "`python -m experiments.gpt2_small` run, or the folder of any one train() run"
     )
-  lines = read_jsonl(path)
   summary: dict[str, Any] = {}
   summary_path = os.path.join(workdir, "summary.json")
   if os.path.isfile(summary_path):
     with open(summary_path, encoding="utf-8") as f:
       summary = json.load(f)
   return Run(
-    workdir=workdir, name=name or os.path.basename(os.path.normpath(workdir)), records=_dedupe(lines), summary=summary
+    workdir=workdir,
+    name=name or os.path.basename(os.path.normpath(workdir)),
+    records=_dedupe(read_jsonl(path)),
+    summary=summary,
   )
 
 

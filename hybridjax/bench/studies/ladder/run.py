@@ -93,8 +93,9 @@ def train_group(config: Config, group: str, runner: Runner) -> Record:
       out["sweep"] = constant_sweep(config, runner)
       lr = out["sweep"]["best_lr"]
     curve_specs = [constant_curve_spec(config, s, lr) for s in seeds]
-    mspecs = tuning.method_specs(config, methods, lr, beta)
-    results = runner.run(curve_specs + mspecs, f"{group} group: 2N constant curves and the arms")
+    results = runner.run(
+      curve_specs + tuning.method_specs(config, methods, lr, beta), f"{group} group: 2N constant curves and the arms"
+    )
     out["lr"], out["beta"] = lr, beta
     out["baseline"] = {
       str(r["seed"]): {
