@@ -68,8 +68,7 @@ def figures(result: Record) -> Record:
   its word, or "R4's own setting is the best" where it is}; a pure function of the record."""
   beta = float(result["r4"]["beta"])
   losses = [[tuning.iterate_loss(r, "averaged", beta) for r in s["runs"]] for s in result["tried"]]
-  means = [statistics.fmean(x) for x in losses]
-  best = min(range(len(means)), key=lambda k: means[k])
+  best = min(range(len(losses)), key=lambda k: statistics.fmean(losses[k]))
   if best == 0:
     return {"losses": losses, "best": 0, "difference": None, "verdict": "R4's own setting is the best"}
   differences = [x - y for x, y in zip(losses[best], losses[0])]
@@ -111,8 +110,7 @@ def markdown(result: Record) -> str:
       f"{statistics.fmean(losses):.4f} | {statistics.median(losses):.4f} |"
     )
   d = f["difference"]
-  medians = [statistics.median(x) for x in f["losses"]]
-  by_median = min(range(len(medians)), key=lambda k: medians[k])
+  by_median = min(range(len(f["losses"])), key=lambda k: statistics.median(f["losses"][k]))
   median_line = (
     "It is the best by median too (a run that stalls on one seed does not decide it)."
     if by_median == f["best"]

@@ -111,12 +111,12 @@ def markdown(result: Record) -> str:
 
     for an in ANCHORS:
       for key in ("backward_ratio", "pass_ratio", "wallclock_ratio"):
-        cell = wallclock_cell if key == "wallclock_ratio" else ratio_cell
-        row(f"{key} vs {an}", lambda f, m, an=an, key=key, cell=cell: cell(f[an][key], f[an].get("verdict")))
+        shown = wallclock_cell if key == "wallclock_ratio" else ratio_cell
+        row(f"{key} vs {an}", lambda f, m: shown(f[an][key], f[an].get("verdict")))
     for an in ANCHORS:
       row(
         f"final loss − {an} at N",
-        lambda f, m, an=an: with_exercise(
+        lambda f, m: with_exercise(
           f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({verdict_word(f[an]['paired_difference'])})"
           if f[an]["paired_difference"]
           else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%",
@@ -130,7 +130,7 @@ def markdown(result: Record) -> str:
     # The methods' own summary figures, one row each (e.g. the jump predictor's accepted jumps).
     stats = dict.fromkeys(k for f in result["figures"].values() for k in f.get("method_stats", []))
     for k in stats:
-      row(k.replace("_", " "), lambda f, m, k=k: pm(f.get(k), 4) if f.get(k) else "")
+      row(k.replace("_", " "), lambda f, m: pm(f.get(k), 4) if f.get(k) else "")
     if any("vs_skip_control" in f for f in result["figures"].values()):
       row(
         "final loss − control arm (paired)",

@@ -29,11 +29,7 @@ def before_record(config: Config) -> tuple[str, Record]:
   o, preset = config.benchmark.optimizers, str(config.benchmark.preset)
   path, before = record_lib.both_tuned_record(config, "optimizers.settings_from", f"cell {FROM_CELL!r}")
   rows = {side: before["sides"][side]["settings"]["row"] for side in ("adamw", "muon")}
-  if (before["cell"]["name"], before["preset"], rows) != (
-    FROM_CELL,
-    preset,
-    {"adamw": str(o.adamw_row), "muon": str(o.muon_row)},
-  ):
+  if (before["cell"]["name"], before["preset"], rows) != (FROM_CELL, preset, {s: str(o[f"{s}_row"]) for s in rows}):
     raise ValueError(
       f"--config.benchmark.optimizers.settings_from={path}: a cell {before['cell']['name']!r} record at "
       f"{before['preset']!r} with rows {rows}; cell {o.cell!r} carries cell {FROM_CELL!r} at {preset!r} with "

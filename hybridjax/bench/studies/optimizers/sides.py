@@ -205,8 +205,7 @@ def table(pairs: dict[str, Record]) -> dict[str, Record]:
   out = {}
   for s, p in pairs.items():
     side, ref, f = p["sides"][s], p["sides"][REFERENCE], p["factor"]
-    a = f["a"]
-    word = "above 1.0×" if a["mean"] > 1 else "below 1.0×"
+    word = "above 1.0×" if f["a"]["mean"] > 1 else "below 1.0×"
     out[s.replace("-", ".")] = {
       "reference": REFERENCE,
       "primary": {k: _reading(f[k]) for k in ("a", "b")},

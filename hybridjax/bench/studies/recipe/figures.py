@@ -72,7 +72,6 @@ def recipe_figures(result: Record) -> Record:
   previous = dict(result["anchor"]["at_n"])
   anchor_runs = {"runs": {s: {"loss": x} for s, x in previous.items()}}
   rows = [step_figures("anchor", anchor_runs, previous, anchor, ms, n, eval_se, rounds, windows)]
-  rows[0]["vs_previous"] = None
   before = None  # the previous step (the anchor's runs kept no windows)
   for name in result["tricks"]:
     step = result["step_runs"][name]
@@ -81,7 +80,9 @@ def recipe_figures(result: Record) -> Record:
     rows.append(row)
     previous = {s: r["loss"] for s, r in step["runs"].items()}
     before = step
-  rows[0].update(lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4")
+  rows[0].update(
+    vs_previous=None, lr=result["anchor"]["lr"], iterate="averaged", beta=result["anchor"]["beta"], record="R4"
+  )
   last = rows[-1]  # the whole recipe
   return {
     "figures": rows,

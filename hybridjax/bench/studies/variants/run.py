@@ -65,11 +65,11 @@ def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) ->
 def _tuned(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) -> Record:
   """Each side tuned as a recipe step is (`tuning.train_steps`), its sweep centred on its row's
   tuned LR, then N steps on the headline seeds (`config`'s) at its best LR."""
-  configs = {}
-  for key, (c, row) in sides.items():
-    c.optim.learning_rate = float(row["lr"])
-    c.benchmark.lr_points = int(config.benchmark.variants.lr_points)
-    configs[key] = c
+  points = int(config.benchmark.variants.lr_points)
+  configs = {
+    key: copied(c, {"optim.learning_rate": float(row["lr"]), "benchmark.lr_points": points})
+    for key, (c, row) in sides.items()
+  }
   steps = tuning.train_steps(configs, config, runner, "variant sides (headline seeds, N)")
   settings = ("lr", "beta", "iterate", "grid", "sweep_loss", "best_at_edge")
   return {key: {"settings": {x: st[x] for x in settings}, "runs": st["runs"]} for key, st in steps.items()}
