@@ -287,10 +287,10 @@ def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str
   ax = new_axes(6.4, 4.2)
   for i, seed in enumerate(sorted({r["seed"] for r in rows})):
     mine = sorted((r for r in rows if r["seed"] == seed), key=lambda r: r["lr"])
-    lrs = [r["lr"] for r in mine]
-    style = dict(color=f"C{i}", marker="o")
-    ax.plot(lrs, [r["anchor_averaged"] for r in mine], linestyle="--", label=f"anchor, seed {seed}", **style)
-    ax.plot(lrs, [r["final_averaged"] for r in mine], linestyle="-", label=f"{method}, seed {seed}", **style)
+    for key, ls, who in (("anchor_averaged", "--", "anchor"), ("final_averaged", "-", method)):
+      ax.plot(
+        [r["lr"] for r in mine], [r[key] for r in mine], ls, color=f"C{i}", marker="o", label=f"{who}, seed {seed}"
+      )
   ax.set_xscale("log")
   ax.set_xlabel("peak learning rate")
   ax.set_ylabel("final eval loss (averaged params)")
