@@ -181,14 +181,8 @@ def with_method_block(
     given = config.hybrid[key] if key in config.hybrid else {}
     with block.unlocked():
       for field, value in flatten(given).items():
-        *parents, leaf = field.split(".")
-        node = block
-        for p in parents:  # a field the block does not declare stays, for `validate` to name it
-          if p not in node:
-            node[p] = ml_collections.ConfigDict()
-          node = node[p]
-        try:
-          node[leaf] = value
+        try:  # a field the block does not declare stays, for `validate` to name it
+          schema.set_leaf(block, field, value)
         except TypeError as e:
           raise ValueError(
             f"--config.hybrid.{key}.{field}={value!r}: method {method.name!r} declares it as "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -270,6 +270,30 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
 # --- hybrid settings with no effect ----------------------------------------------------------------
 
 
+def _setting_readers(
+  flat: dict[str, Any], ref_flats: list[dict[str, Any]], prefix: str, given: Sequence[str] = ()
+) -> tuple[Callable, Callable]:
+  """For the fields of `flat` (a block's, `prefix` its flag's prefix): whether one is set (in `given`,
+  or its value none of `ref_flats`' values of it), and the flags of some, each with its default (the
+  first reference's)."""
+  default = ref_flats[0] if ref_flats else {}
+
+  def is_set(field: str) -> bool:
+    return field in flat and (field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats))
+
+  def listed(fields: list[str]) -> str:
+    return ", ".join(
+      f"--config.{prefix}{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
+    )
+
+  return is_set, listed
+
+
+def _them(fields: list) -> tuple[str, str]:
+  """The verb and pronoun for `fields`: ('has', 'it') for one, ('have', 'them') for more."""
+  return ("has", "it") if len(fields) == 1 else ("have", "them")
+
+
 def _json_flat(config: Any) -> dict[str, Any]:
   """A config's (or block's) leaves by dotted name, as its JSON record holds them (tuples as lists)."""
   if isinstance(config, ml_collections.ConfigDict):
@@ -310,26 +334,13 @@ def inert_setting_errors(
   defaults), or an experiment's presets, which tune the hybrid block for a hybrid run.
   """
   flat = _json_flat(config.hybrid)
-  ref_flats = [_json_flat(r.hybrid) for r in references if "hybrid" in r]
-  default = ref_flats[0] if ref_flats else {}
-
-  def is_set(field: str) -> bool:
-    return all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
-
-  def listed(fields: list[str]) -> str:
-    return ", ".join(
-      f"--config.hybrid.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
-    )
-
-  def them(fields: list[str]) -> tuple[str, str]:
-    return ("has", "it") if len(fields) == 1 else ("have", "them")
-
+  is_set, listed = _setting_readers(flat, [_json_flat(r.hybrid) for r in references if "hybrid" in r], "hybrid.")
   # What the run does not read: every hybrid field in baseline mode, another built-in method's block
   # in hybrid mode (`identity.comparable`).
   read = identity.comparable(config, method)
   unread = [f for f in sorted(flat) if f"hybrid.{f}" not in read and f != "method" and is_set(f)]
   if config.mode == "baseline":
-    verb, obj = them(unread)
+    verb, obj = _them(unread)
     return [
       f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
       f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
@@ -340,7 +351,7 @@ def inert_setting_errors(
     key = registry.load_method(other).config_key
     fields = [f for f in unread if f.startswith(f"{key}.")]
     if fields:
-      verb, obj = them(fields)
+      verb, obj = _them(fields)
       errors.append(
         f"{listed(fields)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
         f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
@@ -350,7 +361,7 @@ def inert_setting_errors(
   control_fields = {f.name.rsplit(".", 1)[-1]: f.name for f in config_lib.HYBRID_FIELDS}
   for setting, forced in sorted((control or {}).items()):
     field = control_fields.get(setting)
-    if field is None or field not in flat or flat[field] == forced or not is_set(field):
+    if not is_set(field) or flat[field] == forced:
       continue
     errors.append(
       f"{listed([field])} has no effect: method {name!r} sets it to {forced!r} (its control(), "
@@ -384,23 +395,8 @@ def optimizer_setting_errors(
   A field is set when it is in `given` (the command line's: refused whatever its value), or when its
   value is none of the `references`' values of it (the config's preset, or `default_config()`).
   """
-  flat = {
-    **{f"optim.{k}": v for k, v in _json_flat(config.optim).items()},
-    **{f"trainer.{k}": v for k, v in _json_flat(config.get("trainer") or {}).items()},
-  }
-  ref_flats = [_json_flat(r) for r in references]
-  default = ref_flats[0] if ref_flats else {}
-
-  def is_set(field: str) -> bool:
-    if field not in flat:
-      return False
-    return field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
-
-  def listed(fields: list[str]) -> str:
-    return ", ".join(
-      f"--config.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
-    )
-
+  flat = {f"{b}.{k}": v for b in ("optim", "trainer") for k, v in _json_flat(config.get(b) or {}).items()}
+  is_set, listed = _setting_readers(flat, [_json_flat(r) for r in references], "", given)
   name = config.optim.name
   decl = optim_lib.OPTIMIZERS.get(name)
   errors, reported = [], set()
@@ -408,7 +404,7 @@ def optimizer_setting_errors(
     unread = [f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")]
     if unread:
       keys = [f"optim.{f.name}" for f in unread]
-      verb, obj = ("has", "it") if len(unread) == 1 else ("have", "them")
+      verb, obj = _them(unread)
       hints = [f.in_your_optimizer.format(value=flat[k]) for f, k in zip(unread, keys) if f.in_your_optimizer]
       build = f" (e.g. {'; '.join(hints)})" if hints else ""
       schedule = [f.name for f in optim_lib.RUN_FIELDS if f.name != "name" and not f.name.startswith("outer_")]
@@ -427,11 +423,10 @@ def optimizer_setting_errors(
       reported.add(key)
       instead = [g.name for g in decl.fields if set(g.roles) & set(f.roles)]
       if instead:
-        fields = f"--config.optim.{_words(instead)}"
         fix = (
-          f"{name!r} reads {fields} instead: set {'those' if len(instead) > 1 else 'that'}, or leave --config.{key} "
+          f"{name!r} reads --config.optim.{_words(instead)} instead: set {'those' if len(instead) > 1 else 'that'}, "
+          f"or leave --config.{key} at the default"
         )
-        fix += "at the default"
       else:
         readers = [repr(o.name) for o in optim_lib.OPTIMIZERS.values() if f in o.fields]
         one = len(readers) == 1
@@ -446,10 +441,7 @@ def optimizer_setting_errors(
   for block, fields in (("optim", optim_lib.FIELDS), ("trainer", config_lib.TRAINER_FIELDS)):
     for f in fields:
       key = f"{block}.{f.name}"
-      if f.unread is None or key in reported or not is_set(key):
-        continue
-      why = f.unread(config)
-      if why:
+      if f.unread and key not in reported and is_set(key) and (why := f.unread(config)):
         errors.append(f"{listed([key])} has no effect: {why}, or leave it at the default")
   return errors
 

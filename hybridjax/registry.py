@@ -49,33 +49,14 @@ def _unchanged(ctx: Any, state: Any, before: Any, after: Any, info: Any) -> Any:
   return state
 
 
-def _no_metrics(ctx: Any, state: Any, info: Any) -> dict[str, Any]:
-  del ctx, state, info
-  return {}
+def _nothing(*args: Any) -> None:
+  """The default of a hook that gives nothing (`step_extra`, `log_view`)."""
+  del args
 
 
-def _no_extra(ctx: Any) -> None:
-  del ctx
-  return None
-
-
-def _no_trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
-  del row, predicted
-  return {}
-
-
-def _no_view(state: Any) -> None:
-  del state
-  return None
-
-
-def _no_fields(view: Any) -> dict[str, Any]:
-  del view
-  return {}
-
-
-def _no_summary(ctx: Any, state: Any, controller: Any) -> dict[str, Any]:
-  del ctx, state, controller
+def _no_values(*args: Any) -> dict[str, Any]:
+  """The default of a hook that gives a dict (`metrics`, `trace`, `log_fields`, `summary`): an empty one."""
+  del args
   return {}
 
 
@@ -107,14 +88,14 @@ class Method:
   advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
   controller_overrides: Callable[..., Mapping[str, Any]] | None = None  # [control]
   shardings: Callable[..., Any] | None = None  # None: params-shaped subtrees as the params, the rest replicated
-  step_extra: Callable[[Any], Any] = _no_extra
+  step_extra: Callable[[Any], Any] = _nothing
   on_transition: Callable[..., Any] = _unchanged
-  metrics: Callable[..., dict[str, Any]] = _no_metrics
+  metrics: Callable[..., dict[str, Any]] = _no_values
   trace_only: frozenset[str] = frozenset()  # [TRACE_ONLY]
-  trace: Callable[..., dict[str, Any]] = _no_trace
-  log_view: Callable[[Any], Any] = _no_view
-  log_fields: Callable[[Any], dict[str, Any]] = _no_fields
-  summary: Callable[..., dict[str, Any]] = _no_summary
+  trace: Callable[..., dict[str, Any]] = _no_values
+  log_view: Callable[[Any], Any] = _nothing
+  log_fields: Callable[[Any], dict[str, Any]] = _no_values
+  summary: Callable[..., dict[str, Any]] = _no_values
 
   def default_config(self) -> ml_collections.ConfigDict:
     """Its block (`config.hybrid.<config_key>`) at the declared defaults."""
@@ -204,8 +185,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
       + "; ".join(problems)
       + ". See hybridjax/methods/__init__.py for the interface and docs/methods.md for a complete example."
     )
-  hooks["composes_with"] = frozenset(hooks.get("composes_with", ()))
-  hooks["trace_only"] = frozenset(hooks.get("trace_only", ()))
+  hooks |= {k: frozenset(hooks.get(k, ())) for k in ("composes_with", "trace_only")}
   hooks["fields"] = tuple(fields)
   return Method(path=module.__name__, **hooks)
 
@@ -268,8 +248,7 @@ def builtin_name_errors(method: Method) -> list[str]:
       f"runs' records and summaries would say {method.name!r} trained; give NAME a name of its own in {method.path}"
     )
   builtin_keys = {load_method(name).config_key: name for name in BUILTIN_METHODS}
-  builtin_keys.pop(None, None)  # a method without a block shares none
-  if method.config_key in builtin_keys:
+  if method.config_key and method.config_key in builtin_keys:  # a method without a block shares none
     errors.append(
       f"--config.hybrid.method={method.path!r} declares CONFIG_KEY = {method.config_key!r}, the block of the "
       f"built-in method {builtin_keys[method.config_key]!r} (--config.hybrid.{method.config_key}.*): give "
