@@ -56,7 +56,7 @@ def prepare_for_overrides(
   if method is not None and "hybrid" in config:
     config.hybrid.method = method
     config = config_lib.with_method_block(config)
-  judged = prepare(config, argv) if prepare is not None else {}
+  judged = prepare(config, argv) if prepare else {}
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in command_line_fields(argv):
@@ -160,11 +160,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   refuses) ending as every bad input does: the message, and exit status 2."""
   try:
     rest = flags.FLAGS(argv)
-  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
-    _flag_error(e)
-  try:
     finish_config(argv)
-  except ValueError as e:
+  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
     _flag_error(e)
   return rest
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -44,44 +44,41 @@ def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | No
   return errors
 
 
-def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> list[str]:
+def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> Iterator[str]:
   """A method named in baseline mode; a hybrid run without its block."""
-  errors = []
   method_set = (config.get("hybrid") or {}).get("method") or ""
   if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
-    errors.append(
+    yield (
       f"--config.hybrid.method={method_set!r} is set but --config.mode='baseline' trains the plain baseline, "
       f"not the method: set --config.mode=hybrid to train {method_set!r}, or --config.hybrid.method='' for the "
       "baseline (outer momentum in baseline mode is --config.optim.outer_every)"
     )
   if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
-    errors.append(
+    yield (
       "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
       "(hybridjax.config.default_hybrid_config())"
     )
-  return errors
 
 
-def _trainer_relations(config: ml_collections.ConfigDict, whole: bool) -> list[str]:
-  t, errors = config.trainer, []
+def _trainer_relations(config: ml_collections.ConfigDict, whole: bool) -> Iterator[str]:
+  t = config.trainer
   if t.batch_size % t.grad_accum:
-    errors.append(
+    yield (
       f"--config.trainer.batch_size ({t.batch_size}) must be divisible by --config.trainer.grad_accum ({t.grad_accum})"
     )
   hybrid = config.get("hybrid")
   # Otherwise the whole run is WARMUP: a baseline run with extra cost.
   if whole and config.get("mode") == "hybrid" and hybrid and hybrid.enable_predict and hybrid.warmup_steps >= t.steps:
-    errors.append(
+    yield (
       f"--config.hybrid.warmup_steps ({hybrid.warmup_steps}) must be < --config.trainer.steps ({t.steps}) for a "
       "hybrid run to ever predict; lower --config.hybrid.warmup_steps or use --config.mode=baseline"
     )
-  return errors
 
 
-def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
-  o, errors = config.optim, []
+def _schedule_relations(config: ml_collections.ConfigDict) -> Iterator[str]:
+  o = config.optim
   if o.decay_steps and o.decay_steps <= o.warmup_steps:
-    errors.append(
+    yield (
       f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
       f"> --config.optim.warmup_steps ({o.warmup_steps})"
     )
@@ -90,22 +87,22 @@ def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
   # steps with the default warm-up is a mistake, not a run.
   if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
     fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
-    errors.append(
+    yield (
       f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
       f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
       f"--config.optim.warmup_steps {fix}"
     )
-  return errors + optim_lib.relation_errors(o, steps)
+  yield from optim_lib.relation_errors(o, steps)
 
 
-def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> list[str]:
-  h, errors = config.hybrid, []
+def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> Iterator[str]:
+  h = config.hybrid
   if h.steps_per_call != 1 and h.dispatch != "switch":
-    errors.append(
+    yield (
       f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
       "'switch' (host dispatch reads the device after every step); set one or the other"
     )
-  return errors + method_errors(config, check_relations=whole, method=method)
+  yield from method_errors(config, check_relations=whole, method=method)
 
 
 def validate(
@@ -119,7 +116,7 @@ def validate(
     blocks: check only fields under these top-level keys (default: all present).
     method: the config's method, resolved already (default: loaded from `hybrid.method`).
   """
-  errors = field_errors(config, blocks) + _mode_errors(config, blocks)
+  errors = [*field_errors(config, blocks), *_mode_errors(config, blocks)]
   if not errors:
     try:
       resolved = method or config_lib.resolve_method(config)

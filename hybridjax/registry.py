@@ -174,7 +174,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   if isinstance(hooks.get("composes_with"), str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
   per_step = hooks.get("batches_per_step", 1)
-  if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+  if not schema.is_int(per_step) or per_step < 1:
     problems.append(f"BATCHES_PER_STEP must be an int >= 1 (the task's batches a step receives), got {per_step!r}")
   for hook in ("full_step", "predict_step", "correct_step", "step_extra", "on_transition", "metrics", "summary"):
     if hook in hooks and not callable(hooks[hook]):

@@ -108,9 +108,7 @@ def check_str(v: Any) -> str | None:
 
 def check_name(v: Any) -> str | None:
   """A non-empty string."""
-  if not isinstance(v, str) or not v.strip():
-    return f"must be a non-empty name, got {v!r}"
-  return None
+  return None if isinstance(v, str) and v.strip() else f"must be a non-empty name, got {v!r}"
 
 
 Unread = Callable[[Any], "str | None"]

@@ -51,8 +51,7 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
   def write(self, step: int, metrics: Mapping[str, Any], *, kind: str = "train") -> None:
-    record = {"step": int(step), "kind": kind}
-    record.update({k: _to_python(v) for k, v in metrics.items()})
+    record = {"step": int(step), "kind": kind} | {k: _to_python(v) for k, v in metrics.items()}
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
     if self._tb is not None:
