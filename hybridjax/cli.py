@@ -70,9 +70,8 @@ def prepare_for_overrides(
       nearest += difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
       hint = f"the {block} block holds {keys}" if block and keys else "docs/config.md lists the fields"
       hint = f"did you mean --config.{nearest[0]}?" if nearest else hint
-      parts = path.split(".")
-      if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
-        hint += f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
+      if block.startswith("hybrid.") and (sub := block.split(".")[1]) not in config.get("hybrid", {}):
+        hint += f" (a method's block exists once --config.hybrid.method names the method that declares {sub!r})"
       errors.append(f"--config.{path} is not a field of the config: {hint}")
   if errors:
     raise ValueError("\n".join(errors))
@@ -201,7 +200,7 @@ def run_as_program(work: Callable[[], Any]) -> None:
   try:
     work()
   except TrainingInterrupted as e:  # saved, then stopped: the shell's status for the signal
-    print(str(e), file=sys.stderr)
+    print(e, file=sys.stderr)
     sys.exit(e.exit_code)
   except (ValueError, FileNotFoundError, TrainingDiverged, KeyboardInterrupt) as e:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):

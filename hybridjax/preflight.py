@@ -246,8 +246,7 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   block would otherwise train on the defaults it meant to change, without a word."""
   known = declared_fields(method)
   errors = []
-  for top in config:
-    block = config[top]
+  for top, block in config.items():
     if top in DECLARED or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))

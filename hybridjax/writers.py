@@ -134,8 +134,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
   ):
     if k in summary:
       rows.append((k.replace("_", " "), summary[k]))
-  m = summary.get("memory") or {}
-  if m:
+  if m := summary.get("memory"):
     fb = memory_lib.format_bytes
     rows += [
       (f"memory start ({m['source']})", fb(m["start_bytes"])),

@@ -72,29 +72,21 @@ def check_hooks(ctx: HybridContext, state: HybridState, batch: Batch, schedule: 
         "and extra as the method's step_extra(ctx) gives it (None without one). Build it with "
         "StepInfo.real(n_groups=ctx.groups.n_groups, ...) or StepInfo.predicted(alpha=...)"
       )
-  _check_default_real_step(ctx, state, batch, schedule, carried)
-
-
-def _check_default_real_step(
-  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Any, carried: StepInfo
-) -> None:
-  """Refuses a method without a `full_step` whose `step_extra` the baseline's real step, its real
-  step then, does not return: the fused step carries one StepInfo through every transition it
-  selects between, and `real_step.baseline_step` returns `extra` None."""
-  m = ctx.method
+  # A method without a full_step has the baseline's real step as its own
+  # (`real_step.baseline_step`, whose `extra` is None): the fused step carries one StepInfo through
+  # every transition it selects between, so that step must return the method's `step_extra`.
   fns = step_lib.transitions(ctx)
-  if m.full_step is not None or carried.extra is None or all(f is fns[0] for f in fns):
-    return  # the method's own full_step (checked above), no extra to carry, or no selection
-  _, info = jax.eval_shape(functools.partial(baseline_step, ctx), state, batch, schedule)
-  wrong = _step_info_differences(info, carried)
-  if wrong:
-    raise ValueError(
-      f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
-      f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
-      "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
-      "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
-      "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
-    )
+  if m.full_step is None and carried.extra is not None and not all(f is fns[0] for f in fns):
+    _, info = jax.eval_shape(functools.partial(baseline_step, ctx), state, batch, schedule)
+    wrong = _step_info_differences(info, carried)
+    if wrong:
+      raise ValueError(
+        f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
+        f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
+        "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
+        "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
+        "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
+      )
 
 
 def _check_prepare(
