@@ -9,7 +9,6 @@ import importlib.util
 import os
 import re
 import sys
-import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -78,11 +77,6 @@ def prepare_for_overrides(
   return config
 
 
-def _overrides(argv: list[str]) -> dict[str, str]:
-  """{field: value} of every `--config.<field>=<value>` in `argv`."""
-  return {path: value for path in command_line_fields(argv) if (value := override_value(argv, path)) is not None}
-
-
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
   """The config file's `get_config(arg)`, given its `before_command_line(config, arg, overrides)` if it has
   one (blocks the command line's values name, {field: value}), made ready for the command line's overrides
@@ -95,22 +89,19 @@ class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
     config = super().parse(path)
     if isinstance(config, ml_collections.ConfigDict):
       file, _, arg = path.partition(":")
-      hooks = _load_module(f"{self.name}_config_hooks", file)
+      # The file as a module, executed again: `super().parse` does not keep the one it loads.
+      spec = importlib.util.spec_from_file_location(f"{self.name}_config_hooks", file)
+      hooks = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(hooks)
       if before := getattr(hooks, "before_command_line", None):
-        config = before(config, arg, _overrides(sys.argv))
+        config = before(  # the command line's {field: value}
+          config, arg, {p: v for p in command_line_fields(sys.argv) if (v := override_value(sys.argv, p)) is not None}
+        )
       config = prepare_for_overrides(config, sys.argv, getattr(hooks, "prepare_overrides", None))
       config.lock()
       hook = getattr(hooks, "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
-
-
-def _load_module(name: str, path: str) -> types.ModuleType:
-  """The Python file at `path` as a module (executed again: `parse` does not keep the one it loads)."""
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def finish_config(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -277,7 +277,7 @@ def _setting_readers(
   def is_set(field: str) -> bool:
     return field in flat and (field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats))
 
-  def listed(fields: list[str]) -> str:
+  def listed(fields: Iterable[str]) -> str:
     return ", ".join(
       f"--config.{prefix}{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
     )
@@ -285,7 +285,7 @@ def _setting_readers(
   return is_set, listed
 
 
-def _them(fields: list) -> tuple[str, str]:
+def _them(fields: Collection) -> tuple[str, str]:
   """The verb and pronoun for `fields`: ('has', 'it') for one, ('have', 'them') for more."""
   return ("has", "it") if len(fields) == 1 else ("have", "them")
 
@@ -397,20 +397,19 @@ def optimizer_setting_errors(
   decl = optim_lib.OPTIMIZERS.get(name)
   errors, reported = [], set()
   if decl is None:  # a user's optimizer: used as given
-    unread = [f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")]
+    unread = {f"optim.{f.name}": f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")}
     if unread:
-      keys = [f"optim.{f.name}" for f in unread]
       verb, obj = _them(unread)
-      hints = [f.in_your_optimizer.format(value=flat[k]) for f, k in zip(unread, keys) if f.in_your_optimizer]
+      hints = [f.in_your_optimizer.format(value=flat[k]) for k, f in unread.items() if f.in_your_optimizer]
       build = f" (e.g. {'; '.join(hints)})" if hints else ""
       schedule = [f.name for f in optim_lib.RUN_FIELDS if f.name != "name" and not f.name.startswith("outer_")]
       errors.append(
-        f"{listed(keys)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
+        f"{listed(unread)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
         f"which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
         f"({', '.join(schedule)}) and outer momentum's. Build {obj} into the optimizer you pass{build}, and leave "
         f"{obj} at the default"
       )
-      reported |= set(keys)
+      reported |= set(unread)
   else:
     for f in optim_lib.OPTIMIZER_FIELDS:
       key = f"optim.{f.name}"

@@ -194,9 +194,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
 
 # The module-level names the method interface reads (`registry.method_record`, and those
 # hybridjax/methods/__init__.py lists for readers other than the loop), and the earlier names it refuses.
-INTERFACE_NAMES = (
-  frozenset(_ATTRIBUTES.values()) | frozenset(REQUIRED) | {"CONFIG", "CONTROL", "TIME_BRANCHES", "step_kind"}
-)
+INTERFACE_NAMES = frozenset(_ATTRIBUTES.values()) | {"CONFIG", "CONTROL", "TIME_BRANCHES", "step_kind"}
 # How close (difflib's ratio, compared lower-case) a name must be to an interface name to be taken
 # for a misspelling of it: `predict` for `predict_step` is 0.74.
 NEAR_NAME_CUTOFF = 0.7
