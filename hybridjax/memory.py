@@ -206,8 +206,8 @@ def list_copies(hlo_text: str) -> list[dict[str, Any]]:
   out, comp, entry = [], None, False
   for line in hlo_text.splitlines():
     header = _COMP_HEADER.match(line)
-    if header and not line[:1].isspace() and not line.startswith("HloModule"):
-      comp, entry = header.group("name"), line.startswith("ENTRY")
+    if header and not line.startswith("HloModule"):  # (an indented line never matches)
+      comp, entry = header["name"], line.startswith("ENTRY")
       continue
     m = _INSTR.match(line)
     if m and m["op"] in ("copy", "copy-done") and comp not in fused:

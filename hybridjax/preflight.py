@@ -46,7 +46,7 @@ def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | No
 
 def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> Iterator[str]:
   """A method named in baseline mode; a hybrid run without its block."""
-  method_set = (config.get("hybrid") or {}).get("method") or ""
+  method_set = (config.get("hybrid") or {}).get("method")
   if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
     yield (
       f"--config.hybrid.method={method_set!r} is set but --config.mode='baseline' trains the plain baseline, "
@@ -157,7 +157,7 @@ def declared_fields(method: registry.Method | None = None) -> dict[str, schema.F
   return fields | {f"hybrid.{m.config_key}.{f.name}": f for m in methods if m.config_key for f in m.fields}
 
 
-def _nearest(name: str, names: list[str], cutoff: float) -> str | None:
+def _nearest(name: str, names: Iterable[str], cutoff: float) -> str | None:
   """The name of `names` nearest `name` (difflib's ratio at least `cutoff`), else None."""
   near = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
   return near[0] if near else None
@@ -176,7 +176,7 @@ def unknown_field_errors(
     top, _, rest = name.partition(".")
     if name in known or (blocks is not None and top not in blocks):
       continue
-    block = top if top in DECLARED else _nearest(top, list(DECLARED), 0.8)
+    block = top if top in DECLARED else _nearest(top, DECLARED, 0.8)
     if rest and block is None:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
     # Its spelling; else (a misspelt block name, `trainr.steps`) the nearest field of the nearest block.

@@ -131,7 +131,7 @@ def load_plugin(name: str, builtin: Mapping[str, str], flag: str, what: str) -> 
   except ModuleNotFoundError as e:
     if e.name is not None and path != e.name and not path.startswith(e.name + "."):
       raise  # the plug-in's module exists but imports something missing: that error is the real one
-    close = difflib.get_close_matches(name, list(builtin), n=1)
+    close = difflib.get_close_matches(name, builtin, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
       f"{flag}={name!r} names no {what}{hint}: use a built-in one ({', '.join(builtin)}) or the dotted path of an "
@@ -214,7 +214,7 @@ def misspelt_hook_errors(module: types.ModuleType, method_name: str) -> list[str
       continue
     if callable(value) and getattr(value, "__module__", module.__name__) != module.__name__:
       continue  # imported (`from x import f`): another module's name
-    near = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=NEAR_NAME_CUTOFF)
+    near = difflib.get_close_matches(name.lower(), lower, n=1, cutoff=NEAR_NAME_CUTOFF)
     if near:
       meant = lower[near[0]]
       errors.append(
