@@ -26,12 +26,12 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# name -> (module, attribute): the public API, imported when first used.
+# name -> the module that defines it: the public API, imported when first used.
 _PUBLIC = {
-  "default_config": ("hybridjax.config", "default_config"),
-  "train": ("hybridjax.loop.train", "train"),
-  "export_params": ("hybridjax.checkpoint", "export_params"),
-  "TrainingDiverged": ("hybridjax.loop.train", "TrainingDiverged"),
+  "default_config": "hybridjax.config",
+  "train": "hybridjax.loop.train",
+  "export_params": "hybridjax.checkpoint",
+  "TrainingDiverged": "hybridjax.loop.train",
 }
 __all__ = sorted(_PUBLIC)
 
@@ -39,5 +39,4 @@ __all__ = sorted(_PUBLIC)
 def __getattr__(name: str) -> Any:
   if name not in _PUBLIC:
     raise AttributeError(f"module 'hybridjax' has no attribute {name!r}")
-  module, attribute = _PUBLIC[name]
-  return getattr(importlib.import_module(module), attribute)
+  return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -9,7 +9,6 @@ import importlib.util
 import os
 import re
 import sys
-import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -56,7 +55,7 @@ def prepare_for_overrides(
   if method is not None and "hybrid" in config:
     config.hybrid.method = method
     config = config_lib.with_method_block(config)
-  judged = prepare(config, argv) if prepare is not None else {}
+  judged = prepare(config, argv) if prepare else {}
   fields = sorted(config_lib.flatten(config))
   errors = []
   for path in command_line_fields(argv):
@@ -70,18 +69,12 @@ def prepare_for_overrides(
       nearest += difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
       hint = f"the {block} block holds {keys}" if block and keys else "docs/config.md lists the fields"
       hint = f"did you mean --config.{nearest[0]}?" if nearest else hint
-      parts = path.split(".")
-      if parts[0] == "hybrid" and len(parts) > 2 and parts[1] not in config.get("hybrid", {}):
-        hint += f" (a method's block exists once --config.hybrid.method names the method that declares {parts[1]!r})"
+      if block.startswith("hybrid.") and (sub := block.split(".")[1]) not in config.get("hybrid", {}):
+        hint += f" (a method's block exists once --config.hybrid.method names the method that declares {sub!r})"
       errors.append(f"--config.{path} is not a field of the config: {hint}")
   if errors:
     raise ValueError("\n".join(errors))
   return config
-
-
-def _overrides(argv: list[str]) -> dict[str, str]:
-  """{field: value} of every `--config.<field>=<value>` in `argv`."""
-  return {path: value for path in command_line_fields(argv) if (value := override_value(argv, path)) is not None}
 
 
 class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
@@ -96,22 +89,19 @@ class _ConfigFileParser(config_flags_impl.ConfigFileFlagParser):
     config = super().parse(path)
     if isinstance(config, ml_collections.ConfigDict):
       file, _, arg = path.partition(":")
-      hooks = _load_module(f"{self.name}_config_hooks", file)
+      # The file as a module, executed again: `super().parse` does not keep the one it loads.
+      spec = importlib.util.spec_from_file_location(f"{self.name}_config_hooks", file)
+      hooks = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(hooks)
       if before := getattr(hooks, "before_command_line", None):
-        config = before(config, arg, _overrides(sys.argv))
+        config = before(  # the command line's {field: value}
+          config, arg, {p: v for p in command_line_fields(sys.argv) if (v := override_value(sys.argv, p)) is not None}
+        )
       config = prepare_for_overrides(config, sys.argv, getattr(hooks, "prepare_overrides", None))
       config.lock()
       hook = getattr(hooks, "after_command_line", None)
       self.after_command_line = None if hook is None else lambda c, fields: hook(c, arg, fields)
     return config
-
-
-def _load_module(name: str, path: str) -> types.ModuleType:
-  """The Python file at `path` as a module (executed again: `parse` does not keep the one it loads)."""
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def finish_config(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -160,11 +150,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   refuses) ending as every bad input does: the message, and exit status 2."""
   try:
     rest = flags.FLAGS(argv)
-  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
-    _flag_error(e)
-  try:
     finish_config(argv)
-  except ValueError as e:
+  except (flags.Error, ValueError) as e:  # ValueError: a block's own check of a value it is given
     _flag_error(e)
   return rest
 
@@ -204,7 +191,7 @@ def run_as_program(work: Callable[[], Any]) -> None:
   try:
     work()
   except TrainingInterrupted as e:  # saved, then stopped: the shell's status for the signal
-    print(str(e), file=sys.stderr)
+    print(e, file=sys.stderr)
     sys.exit(e.exit_code)
   except (ValueError, FileNotFoundError, TrainingDiverged, KeyboardInterrupt) as e:
     if os.environ.get("HYBRIDJAX_TRACEBACK"):

@@ -178,22 +178,14 @@ def with_method_block(
   if key:
     block = method.default_config()
     defaults = flatten(block)
-    given = config.hybrid[key] if key in config.hybrid else {}
-    with block.unlocked():
-      for field, value in flatten(given).items():
-        *parents, leaf = field.split(".")
-        node = block
-        for p in parents:  # a field the block does not declare stays, for `validate` to name it
-          if p not in node:
-            node[p] = ml_collections.ConfigDict()
-          node = node[p]
-        try:
-          node[leaf] = value
-        except TypeError as e:
-          raise ValueError(
-            f"--config.hybrid.{key}.{field}={value!r}: method {method.name!r} declares it as "
-            f"{type(defaults[field]).__name__} (default {defaults[field]!r}); give a value of that type"
-          ) from e
+    for field, value in flatten(config.hybrid.get(key, {})).items():
+      try:  # a field the block does not declare stays, for `validate` to name it
+        schema.set_leaf(block, field, value)
+      except TypeError as e:
+        raise ValueError(
+          f"--config.hybrid.{key}.{field}={value!r}: method {method.name!r} declares it as "
+          f"{type(defaults[field]).__name__} (default {defaults[field]!r}); give a value of that type"
+        ) from e
     with config.unlocked():
       config.hybrid[key] = block
   return config

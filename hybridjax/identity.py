@@ -60,9 +60,9 @@ def comparable(
   block, own = f"hybrid.{default.config_key}.", {f.name.split(".")[0] for f in default.fields}
   renamed = {f"{config_lib.DEFAULT_METHOD}_beta": "beta"}
   for k in [k for k in flat if k.startswith("hybrid.")]:
-    head, _, rest = k[len("hybrid.") :].partition(".")
-    if renamed.get(head, head) in own:  # one of the default method's fields, flat in an older config
-      flat.setdefault(block + renamed.get(head, head) + ("." + rest if rest else ""), flat.pop(k))
+    head, dot, rest = k.removeprefix("hybrid.").partition(".")
+    if (field := renamed.get(head, head)) in own:  # one of the default method's fields, flat in an older config
+      flat.setdefault(block + field + dot + rest, flat.pop(k))
   if flat.get("mode") == "baseline":
     return {k: v for k, v in flat.items() if not k.startswith("hybrid.")}
   if flat.get("mode") == "hybrid":

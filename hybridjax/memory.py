@@ -128,10 +128,8 @@ class MemoryTracker:
     self.peak_rss = 0
 
   def record(self) -> dict[str, Any]:
-    snap = memory_snapshot()
-    if self.start is None:
-      self.start = snap
-    self.last = snap
+    self.last = snap = memory_snapshot()
+    self.start = self.start or snap
     self.observe(snap)
     return snap
 
@@ -184,10 +182,10 @@ _FUSION_CALLS = re.compile(r"\bfusion\(.*?\bcalls=%?([\w.\-]+)")
 
 def _shape_bytes(shape: str) -> int:
   """Bytes of an HLO shape string (arrays summed over a tuple; tokens and opaque count 0)."""
-  total = 0
-  for dtype, dims in _ARRAY.findall(shape):
-    total += int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _dtype_bytes(dtype))
-  return total
+  return sum(
+    int(np.prod([int(d) for d in dims.split(",") if d] or [1]) * _dtype_bytes(dtype))
+    for dtype, dims in _ARRAY.findall(shape)
+  )
 
 
 def _dtype_bytes(dtype: str) -> float:
@@ -208,21 +206,14 @@ def list_copies(hlo_text: str) -> list[dict[str, Any]]:
   out, comp, entry = [], None, False
   for line in hlo_text.splitlines():
     header = _COMP_HEADER.match(line)
-    if header and not line[:1].isspace() and not line.startswith("HloModule"):
-      comp, entry = header.group("name"), line.startswith("ENTRY")
+    if header and not line.startswith("HloModule"):  # (an indented line never matches)
+      comp, entry = header["name"], line.startswith("ENTRY")
       continue
     m = _INSTR.match(line)
-    if not m or m.group("op") not in ("copy", "copy-done") or comp in fused:
-      continue
-    out.append(
-      {
-        "name": m.group("name"),
-        "shape": m.group("shape"),
-        "bytes": _shape_bytes(m.group("shape")),
-        "computation": comp,
-        "entry": entry,
-      }
-    )
+    if m and m["op"] in ("copy", "copy-done") and comp not in fused:
+      out.append(
+        {"name": m["name"], "shape": m["shape"], "bytes": _shape_bytes(m["shape"]), "computation": comp, "entry": entry}
+      )
   return out
 
 

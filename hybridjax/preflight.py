@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -44,44 +44,41 @@ def field_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | No
   return errors
 
 
-def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> list[str]:
+def _mode_errors(config: ml_collections.ConfigDict, blocks: tuple[str, ...] | None) -> Iterator[str]:
   """A method named in baseline mode; a hybrid run without its block."""
-  errors = []
-  method_set = (config.get("hybrid") or {}).get("method") or ""
+  method_set = (config.get("hybrid") or {}).get("method")
   if (blocks is None or "hybrid" in blocks) and config.get("mode") == "baseline" and method_set:
-    errors.append(
+    yield (
       f"--config.hybrid.method={method_set!r} is set but --config.mode='baseline' trains the plain baseline, "
       f"not the method: set --config.mode=hybrid to train {method_set!r}, or --config.hybrid.method='' for the "
       "baseline (outer momentum in baseline mode is --config.optim.outer_every)"
     )
   if blocks is None and config.get("mode") == "hybrid" and "hybrid" not in config:
-    errors.append(
+    yield (
       "--config.hybrid is missing: --config.mode=hybrid needs the hybrid block "
       "(hybridjax.config.default_hybrid_config())"
     )
-  return errors
 
 
-def _trainer_relations(config: ml_collections.ConfigDict, whole: bool) -> list[str]:
-  t, errors = config.trainer, []
+def _trainer_relations(config: ml_collections.ConfigDict, whole: bool) -> Iterator[str]:
+  t = config.trainer
   if t.batch_size % t.grad_accum:
-    errors.append(
+    yield (
       f"--config.trainer.batch_size ({t.batch_size}) must be divisible by --config.trainer.grad_accum ({t.grad_accum})"
     )
   hybrid = config.get("hybrid")
   # Otherwise the whole run is WARMUP: a baseline run with extra cost.
   if whole and config.get("mode") == "hybrid" and hybrid and hybrid.enable_predict and hybrid.warmup_steps >= t.steps:
-    errors.append(
+    yield (
       f"--config.hybrid.warmup_steps ({hybrid.warmup_steps}) must be < --config.trainer.steps ({t.steps}) for a "
       "hybrid run to ever predict; lower --config.hybrid.warmup_steps or use --config.mode=baseline"
     )
-  return errors
 
 
-def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
-  o, errors = config.optim, []
+def _schedule_relations(config: ml_collections.ConfigDict) -> Iterator[str]:
+  o = config.optim
   if o.decay_steps and o.decay_steps <= o.warmup_steps:
-    errors.append(
+    yield (
       f"--config.optim.decay_steps ({o.decay_steps}) must be 0 (decay over the whole run) or "
       f"> --config.optim.warmup_steps ({o.warmup_steps})"
     )
@@ -90,22 +87,22 @@ def _schedule_relations(config: ml_collections.ConfigDict) -> list[str]:
   # steps with the default warm-up is a mistake, not a run.
   if steps is not None and o.warmup_steps and o.warmup_steps >= steps:
     fix = f"below {steps} (e.g. {max(steps // 10, 1)}), or 0 for no warm-up" if steps > 1 else "to 0"
-    errors.append(
+    yield (
       f"--config.optim.warmup_steps ({o.warmup_steps}) is at least the run's length (--config.trainer.steps="
       f"{steps}): the learning rate would never reach its peak --config.optim.learning_rate nor decay; set "
       f"--config.optim.warmup_steps {fix}"
     )
-  return errors + optim_lib.relation_errors(o, steps)
+  yield from optim_lib.relation_errors(o, steps)
 
 
-def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> list[str]:
-  h, errors = config.hybrid, []
+def _hybrid_relations(config: ml_collections.ConfigDict, whole: bool, method: registry.Method | None) -> Iterator[str]:
+  h = config.hybrid
   if h.steps_per_call != 1 and h.dispatch != "switch":
-    errors.append(
+    yield (
       f"--config.hybrid.steps_per_call ({h.steps_per_call}) > 1 needs --config.hybrid.dispatch="
       "'switch' (host dispatch reads the device after every step); set one or the other"
     )
-  return errors + method_errors(config, check_relations=whole, method=method)
+  yield from method_errors(config, check_relations=whole, method=method)
 
 
 def validate(
@@ -119,7 +116,7 @@ def validate(
     blocks: check only fields under these top-level keys (default: all present).
     method: the config's method, resolved already (default: loaded from `hybrid.method`).
   """
-  errors = field_errors(config, blocks) + _mode_errors(config, blocks)
+  errors = [*field_errors(config, blocks), *_mode_errors(config, blocks)]
   if not errors:
     try:
       resolved = method or config_lib.resolve_method(config)
@@ -160,7 +157,7 @@ def declared_fields(method: registry.Method | None = None) -> dict[str, schema.F
   return fields | {f"hybrid.{m.config_key}.{f.name}": f for m in methods if m.config_key for f in m.fields}
 
 
-def _nearest(name: str, names: list[str], cutoff: float) -> str | None:
+def _nearest(name: str, names: Iterable[str], cutoff: float) -> str | None:
   """The name of `names` nearest `name` (difflib's ratio at least `cutoff`), else None."""
   near = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
   return near[0] if near else None
@@ -179,7 +176,7 @@ def unknown_field_errors(
     top, _, rest = name.partition(".")
     if name in known or (blocks is not None and top not in blocks):
       continue
-    block = top if top in DECLARED else _nearest(top, list(DECLARED), 0.8)
+    block = top if top in DECLARED else _nearest(top, DECLARED, 0.8)
     if rest and block is None:
       continue  # a block of the config's own (a task's, e.g. `mlp`), not a misspelt declared one
     # Its spelling; else (a misspelt block name, `trainr.steps`) the nearest field of the nearest block.
@@ -249,8 +246,7 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
   block would otherwise train on the defaults it meant to change, without a word."""
   known = declared_fields(method)
   errors = []
-  for top in config:
-    block = config[top]
+  for top, block in config.items():
     if top in DECLARED or not hasattr(block, "items"):
       continue
     fields = sorted(config_lib.flatten(block))
@@ -268,6 +264,30 @@ def misnamed_block_errors(config: ml_collections.ConfigDict, method: registry.Me
 
 
 # --- hybrid settings with no effect ----------------------------------------------------------------
+
+
+def _setting_readers(
+  flat: dict[str, Any], ref_flats: list[dict[str, Any]], prefix: str, given: Sequence[str] = ()
+) -> tuple[Callable, Callable]:
+  """For the fields of `flat` (a block's, `prefix` its flag's prefix): whether one is set (in `given`,
+  or its value none of `ref_flats`' values of it), and the flags of some, each with its default (the
+  first reference's)."""
+  default = ref_flats[0] if ref_flats else {}
+
+  def is_set(field: str) -> bool:
+    return field in flat and (field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats))
+
+  def listed(fields: Iterable[str]) -> str:
+    return ", ".join(
+      f"--config.{prefix}{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
+    )
+
+  return is_set, listed
+
+
+def _them(fields: Collection) -> tuple[str, str]:
+  """The verb and pronoun for `fields`: ('has', 'it') for one, ('have', 'them') for more."""
+  return ("has", "it") if len(fields) == 1 else ("have", "them")
 
 
 def _json_flat(config: Any) -> dict[str, Any]:
@@ -310,26 +330,13 @@ def inert_setting_errors(
   defaults), or an experiment's presets, which tune the hybrid block for a hybrid run.
   """
   flat = _json_flat(config.hybrid)
-  ref_flats = [_json_flat(r.hybrid) for r in references if "hybrid" in r]
-  default = ref_flats[0] if ref_flats else {}
-
-  def is_set(field: str) -> bool:
-    return all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
-
-  def listed(fields: list[str]) -> str:
-    return ", ".join(
-      f"--config.hybrid.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
-    )
-
-  def them(fields: list[str]) -> tuple[str, str]:
-    return ("has", "it") if len(fields) == 1 else ("have", "them")
-
+  is_set, listed = _setting_readers(flat, [_json_flat(r.hybrid) for r in references if "hybrid" in r], "hybrid.")
   # What the run does not read: every hybrid field in baseline mode, another built-in method's block
   # in hybrid mode (`identity.comparable`).
   read = identity.comparable(config, method)
   unread = [f for f in sorted(flat) if f"hybrid.{f}" not in read and f != "method" and is_set(f)]
   if config.mode == "baseline":
-    verb, obj = them(unread)
+    verb, obj = _them(unread)
     return [
       f"{listed(unread)} {verb} no effect: --config.mode='baseline' trains the plain baseline, which reads no "
       f"hybrid setting. Set --config.mode=hybrid to train with {obj}, or leave {obj} at the default "
@@ -340,7 +347,7 @@ def inert_setting_errors(
     key = registry.load_method(other).config_key
     fields = [f for f in unread if f.startswith(f"{key}.")]
     if fields:
-      verb, obj = them(fields)
+      verb, obj = _them(fields)
       errors.append(
         f"{listed(fields)} {verb} no effect: the block configures method {other!r}, but this run trains {name!r} "
         f"(--config.hybrid.method). Set --config.hybrid.method={other} to train that method, or leave {obj} at the "
@@ -350,7 +357,7 @@ def inert_setting_errors(
   control_fields = {f.name.rsplit(".", 1)[-1]: f.name for f in config_lib.HYBRID_FIELDS}
   for setting, forced in sorted((control or {}).items()):
     field = control_fields.get(setting)
-    if field is None or field not in flat or flat[field] == forced or not is_set(field):
+    if not is_set(field) or flat[field] == forced:
       continue
     errors.append(
       f"{listed([field])} has no effect: method {name!r} sets it to {forced!r} (its control(), "
@@ -384,41 +391,25 @@ def optimizer_setting_errors(
   A field is set when it is in `given` (the command line's: refused whatever its value), or when its
   value is none of the `references`' values of it (the config's preset, or `default_config()`).
   """
-  flat = {
-    **{f"optim.{k}": v for k, v in _json_flat(config.optim).items()},
-    **{f"trainer.{k}": v for k, v in _json_flat(config.get("trainer") or {}).items()},
-  }
-  ref_flats = [_json_flat(r) for r in references]
-  default = ref_flats[0] if ref_flats else {}
-
-  def is_set(field: str) -> bool:
-    if field not in flat:
-      return False
-    return field in given or all(r.get(field, "<absent>") != flat[field] for r in ref_flats)
-
-  def listed(fields: list[str]) -> str:
-    return ", ".join(
-      f"--config.{f}={flat[f]!r}" + (f" (default {default[f]!r})" if f in default else "") for f in fields
-    )
-
+  flat = {f"{b}.{k}": v for b in ("optim", "trainer") for k, v in _json_flat(config.get(b) or {}).items()}
+  is_set, listed = _setting_readers(flat, [_json_flat(r) for r in references], "", given)
   name = config.optim.name
   decl = optim_lib.OPTIMIZERS.get(name)
   errors, reported = [], set()
   if decl is None:  # a user's optimizer: used as given
-    unread = [f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")]
+    unread = {f"optim.{f.name}": f for f in optim_lib.OPTIMIZER_FIELDS if is_set(f"optim.{f.name}")}
     if unread:
-      keys = [f"optim.{f.name}" for f in unread]
-      verb, obj = ("has", "it") if len(unread) == 1 else ("have", "them")
-      hints = [f.in_your_optimizer.format(value=flat[k]) for f, k in zip(unread, keys) if f.in_your_optimizer]
+      verb, obj = _them(unread)
+      hints = [f.in_your_optimizer.format(value=flat[k]) for k, f in unread.items() if f.in_your_optimizer]
       build = f" (e.g. {'; '.join(hints)})" if hints else ""
       schedule = [f.name for f in optim_lib.RUN_FIELDS if f.name != "name" and not f.name.startswith("outer_")]
       errors.append(
-        f"{listed(keys)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
+        f"{listed(unread)} {verb} no effect: --config.optim.name={name!r} names your own optimizer (train(tx=...)), "
         f"which is used as given (optim.resolve_optimizer): of config.optim it reads only the schedule's fields "
         f"({', '.join(schedule)}) and outer momentum's. Build {obj} into the optimizer you pass{build}, and leave "
         f"{obj} at the default"
       )
-      reported |= set(keys)
+      reported |= set(unread)
   else:
     for f in optim_lib.OPTIMIZER_FIELDS:
       key = f"optim.{f.name}"
@@ -427,11 +418,10 @@ def optimizer_setting_errors(
       reported.add(key)
       instead = [g.name for g in decl.fields if set(g.roles) & set(f.roles)]
       if instead:
-        fields = f"--config.optim.{_words(instead)}"
         fix = (
-          f"{name!r} reads {fields} instead: set {'those' if len(instead) > 1 else 'that'}, or leave --config.{key} "
+          f"{name!r} reads --config.optim.{_words(instead)} instead: set {'those' if len(instead) > 1 else 'that'}, "
+          f"or leave --config.{key} at the default"
         )
-        fix += "at the default"
       else:
         readers = [repr(o.name) for o in optim_lib.OPTIMIZERS.values() if f in o.fields]
         one = len(readers) == 1
@@ -446,10 +436,7 @@ def optimizer_setting_errors(
   for block, fields in (("optim", optim_lib.FIELDS), ("trainer", config_lib.TRAINER_FIELDS)):
     for f in fields:
       key = f"{block}.{f.name}"
-      if f.unread is None or key in reported or not is_set(key):
-        continue
-      why = f.unread(config)
-      if why:
+      if f.unread and key not in reported and is_set(key) and (why := f.unread(config)):
         errors.append(f"{listed([key])} has no effect: {why}, or leave it at the default")
   return errors
 

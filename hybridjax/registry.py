@@ -49,33 +49,14 @@ def _unchanged(ctx: Any, state: Any, before: Any, after: Any, info: Any) -> Any:
   return state
 
 
-def _no_metrics(ctx: Any, state: Any, info: Any) -> dict[str, Any]:
-  del ctx, state, info
-  return {}
+def _nothing(*args: Any) -> None:
+  """The default of a hook that gives nothing (`step_extra`, `log_view`)."""
+  del args
 
 
-def _no_extra(ctx: Any) -> None:
-  del ctx
-  return None
-
-
-def _no_trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
-  del row, predicted
-  return {}
-
-
-def _no_view(state: Any) -> None:
-  del state
-  return None
-
-
-def _no_fields(view: Any) -> dict[str, Any]:
-  del view
-  return {}
-
-
-def _no_summary(ctx: Any, state: Any, controller: Any) -> dict[str, Any]:
-  del ctx, state, controller
+def _no_values(*args: Any) -> dict[str, Any]:
+  """The default of a hook that gives a dict (`metrics`, `trace`, `log_fields`, `summary`): an empty one."""
+  del args
   return {}
 
 
@@ -107,14 +88,14 @@ class Method:
   advances_schedule: bool = False  # [ADVANCES_SCHEDULE]
   controller_overrides: Callable[..., Mapping[str, Any]] | None = None  # [control]
   shardings: Callable[..., Any] | None = None  # None: params-shaped subtrees as the params, the rest replicated
-  step_extra: Callable[[Any], Any] = _no_extra
+  step_extra: Callable[[Any], Any] = _nothing
   on_transition: Callable[..., Any] = _unchanged
-  metrics: Callable[..., dict[str, Any]] = _no_metrics
+  metrics: Callable[..., dict[str, Any]] = _no_values
   trace_only: frozenset[str] = frozenset()  # [TRACE_ONLY]
-  trace: Callable[..., dict[str, Any]] = _no_trace
-  log_view: Callable[[Any], Any] = _no_view
-  log_fields: Callable[[Any], dict[str, Any]] = _no_fields
-  summary: Callable[..., dict[str, Any]] = _no_summary
+  trace: Callable[..., dict[str, Any]] = _no_values
+  log_view: Callable[[Any], Any] = _nothing
+  log_fields: Callable[[Any], dict[str, Any]] = _no_values
+  summary: Callable[..., dict[str, Any]] = _no_values
 
   def default_config(self) -> ml_collections.ConfigDict:
     """Its block (`config.hybrid.<config_key>`) at the declared defaults."""
@@ -150,7 +131,7 @@ def load_plugin(name: str, builtin: Mapping[str, str], flag: str, what: str) -> 
   except ModuleNotFoundError as e:
     if e.name is not None and path != e.name and not path.startswith(e.name + "."):
       raise  # the plug-in's module exists but imports something missing: that error is the real one
-    close = difflib.get_close_matches(name, list(builtin), n=1)
+    close = difflib.get_close_matches(name, builtin, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
       f"{flag}={name!r} names no {what}{hint}: use a built-in one ({', '.join(builtin)}) or the dotted path of an "
@@ -193,7 +174,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
   if isinstance(hooks.get("composes_with"), str):
     problems.append("COMPOSES_WITH must be a set of method names, not a string")
   per_step = hooks.get("batches_per_step", 1)
-  if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+  if not schema.is_int(per_step) or per_step < 1:
     problems.append(f"BATCHES_PER_STEP must be an int >= 1 (the task's batches a step receives), got {per_step!r}")
   for hook in ("full_step", "predict_step", "correct_step", "step_extra", "on_transition", "metrics", "summary"):
     if hook in hooks and not callable(hooks[hook]):
@@ -204,8 +185,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
       + "; ".join(problems)
       + ". See hybridjax/methods/__init__.py for the interface and docs/methods.md for a complete example."
     )
-  hooks["composes_with"] = frozenset(hooks.get("composes_with", ()))
-  hooks["trace_only"] = frozenset(hooks.get("trace_only", ()))
+  hooks |= {k: frozenset(hooks.get(k, ())) for k in ("composes_with", "trace_only")}
   hooks["fields"] = tuple(fields)
   return Method(path=module.__name__, **hooks)
 
@@ -214,9 +194,7 @@ def method_record(module: types.ModuleType, name: str) -> Method:
 
 # The module-level names the method interface reads (`registry.method_record`, and those
 # hybridjax/methods/__init__.py lists for readers other than the loop), and the earlier names it refuses.
-INTERFACE_NAMES = (
-  frozenset(_ATTRIBUTES.values()) | frozenset(REQUIRED) | {"CONFIG", "CONTROL", "TIME_BRANCHES", "step_kind"}
-)
+INTERFACE_NAMES = frozenset(_ATTRIBUTES.values()) | {"CONFIG", "CONTROL", "TIME_BRANCHES", "step_kind"}
 # How close (difflib's ratio, compared lower-case) a name must be to an interface name to be taken
 # for a misspelling of it: `predict` for `predict_step` is 0.74.
 NEAR_NAME_CUTOFF = 0.7
@@ -236,7 +214,7 @@ def misspelt_hook_errors(module: types.ModuleType, method_name: str) -> list[str
       continue
     if callable(value) and getattr(value, "__module__", module.__name__) != module.__name__:
       continue  # imported (`from x import f`): another module's name
-    near = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=NEAR_NAME_CUTOFF)
+    near = difflib.get_close_matches(name.lower(), lower, n=1, cutoff=NEAR_NAME_CUTOFF)
     if near:
       meant = lower[near[0]]
       errors.append(
@@ -268,8 +246,7 @@ def builtin_name_errors(method: Method) -> list[str]:
       f"runs' records and summaries would say {method.name!r} trained; give NAME a name of its own in {method.path}"
     )
   builtin_keys = {load_method(name).config_key: name for name in BUILTIN_METHODS}
-  builtin_keys.pop(None, None)  # a method without a block shares none
-  if method.config_key in builtin_keys:
+  if method.config_key and method.config_key in builtin_keys:  # a method without a block shares none
     errors.append(
       f"--config.hybrid.method={method.path!r} declares CONFIG_KEY = {method.config_key!r}, the block of the "
       f"built-in method {builtin_keys[method.config_key]!r} (--config.hybrid.{method.config_key}.*): give "

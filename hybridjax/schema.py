@@ -65,7 +65,7 @@ def check_int_tuple(lo: int) -> Check:
   """A non-empty tuple of integers >= lo."""
 
   def check(v):
-    if not isinstance(v, (tuple, list)) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+    if not isinstance(v, (tuple, list)) or not v or not all(is_int(x) for x in v):
       return f"must be a non-empty tuple of integers, e.g. (50, 100, 200), got {v!r}"
     if min(v) < lo:
       return f"must hold integers >= {lo}, got {v!r}"
@@ -108,9 +108,7 @@ def check_str(v: Any) -> str | None:
 
 def check_name(v: Any) -> str | None:
   """A non-empty string."""
-  if not isinstance(v, str) or not v.strip():
-    return f"must be a non-empty name, got {v!r}"
-  return None
+  return None if isinstance(v, str) and v.strip() else f"must be a non-empty name, got {v!r}"
 
 
 Unread = Callable[[Any], "str | None"]
@@ -167,14 +165,18 @@ def block(fields: Iterable[Field]) -> ml_collections.ConfigDict:
   """A block's defaults, as a ConfigDict whose keys are the declared fields (dotted names nest)."""
   c = ml_collections.ConfigDict()
   for f in by_name(fields).values():
-    *parents, leaf = f.name.split(".")
-    node = c
-    for p in parents:
-      if p not in node:
-        node[p] = ml_collections.ConfigDict()
-      node = node[p]
-    node[leaf] = f.default
+    set_leaf(c, f.name, f.default)
   return c
+
+
+def set_leaf(config: ml_collections.ConfigDict, name: str, value: Any) -> None:
+  """Sets the field of dotted `name` of `config` to `value`, adding the blocks above it that it lacks."""
+  *parents, leaf = name.split(".")
+  for p in parents:
+    if p not in config:
+      config[p] = ml_collections.ConfigDict()
+    config = config[p]
+  config[leaf] = value
 
 
 def errors(prefix: str, fields: Iterable[Field], values: Mapping[str, Any]) -> list[str]:
@@ -183,10 +185,7 @@ def errors(prefix: str, fields: Iterable[Field], values: Mapping[str, Any]) -> l
   out = []
   for f in fields:
     flag = f"--config.{prefix}.{f.name}" if prefix else f"--config.{f.name}"
-    if f.name not in values:
-      out.append(f"{flag} is missing from the config")
-      continue
-    msg = f.check(values[f.name])
+    msg = f.check(values[f.name]) if f.name in values else "is missing from the config"
     if msg:
       out.append(f"{flag} {msg}")
   return out

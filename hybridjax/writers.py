@@ -33,7 +33,7 @@ class MetricWriter:
   step's newer value).
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, keep_through: int | None = None):
+  def __init__(self, workdir: str, *, keep_through: int | None = None):
     """`keep_through`: the step a run resumes from. The records of later steps, which the resumed
     run replays and writes again, are dropped from the file first, so no step appears twice."""
     os.makedirs(workdir, exist_ok=True)
@@ -44,26 +44,21 @@ class MetricWriter:
         f.writelines(json.dumps(r) + "\n" for r in kept)
       os.replace(self.path + ".tmp", self.path)  # a crash here leaves the old file or the new, whole
     self._file = open(self.path, "a", encoding="utf-8")
-    self._tb = None
-    if tensorboard:
-      from tensorboardX import SummaryWriter  # imported lazily: slow-ish import
+    from tensorboardX import SummaryWriter  # imported lazily: slow-ish import
 
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+    self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
   def write(self, step: int, metrics: Mapping[str, Any], *, kind: str = "train") -> None:
-    record = {"step": int(step), "kind": kind}
-    record.update({k: _to_python(v) for k, v in metrics.items()})
+    record = {"step": int(step), "kind": kind} | {k: _to_python(v) for k, v in metrics.items()}
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
-    if self._tb is not None:
-      for k, v in record.items():
-        if k not in ("step", "kind") and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self._tb.add_scalar(f"{kind}/{k}", v, int(step))
+    for k, v in record.items():
+      if k not in ("step", "kind") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        self._tb.add_scalar(f"{kind}/{k}", v, int(step))
 
   def close(self) -> None:
     self._file.close()
-    if self._tb is not None:
-      self._tb.close()
+    self._tb.close()
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
@@ -82,9 +77,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 def format_loss(record: Mapping[str, Any]) -> str:
   """A train record's loss for the progress bar: "discarded" when the log's step was a predicted
   step the framework discarded, "nan"/"inf" when the loss was non-finite, never an older loss."""
-  if record.get("discarded"):
-    return "discarded"
-  return f"{record['loss']:.3f}"
+  return "discarded" if record.get("discarded") else f"{record['loss']:.3f}"
 
 
 def format_value(v: Any) -> str:
@@ -135,8 +128,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
   ):
     if k in summary:
       rows.append((k.replace("_", " "), summary[k]))
-  m = summary.get("memory") or {}
-  if m:
+  if m := summary.get("memory"):
     fb = memory_lib.format_bytes
     rows += [
       (f"memory start ({m['source']})", fb(m["start_bytes"])),

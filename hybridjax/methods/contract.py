@@ -34,6 +34,8 @@ def check_hooks(ctx: HybridContext, state: HybridState, batch: Batch, schedule: 
     return
   expected = "(ctx, state, batch, schedule) -> (state, StepInfo)"
   carried = jax.eval_shape(lambda: step_lib.empty_step_info(ctx))
+  # A function of (ctx, state, batch, schedule) traced on the run's state and first batch.
+  trace = lambda fn: jax.eval_shape(functools.partial(fn, ctx), state, batch, schedule)
   for name in ("full_step", "predict_step", "correct_step"):
     hook = getattr(m, name)
     if hook is None:
@@ -46,9 +48,9 @@ def check_hooks(ctx: HybridContext, state: HybridState, batch: Batch, schedule: 
     except ValueError:  # no signature to read (a builtin or C function): the trace below checks the call
       pass
     if isinstance(hook, step_lib.Prepared):  # its prepare alone first: the fused step runs it alone
-      _check_prepare(ctx, where, hook.prepare, state, batch, schedule)
+      _check_prepare(trace, where, hook.prepare, state)
     try:
-      out = jax.eval_shape(functools.partial(hook, ctx), state, batch, schedule)
+      out = trace(hook)
     except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
       raise ValueError(
         f"{where} fails when traced on the run's state and first batch ({name}{expected}): {type(e).__name__}: {e}"
@@ -72,38 +74,29 @@ def check_hooks(ctx: HybridContext, state: HybridState, batch: Batch, schedule: 
         "and extra as the method's step_extra(ctx) gives it (None without one). Build it with "
         "StepInfo.real(n_groups=ctx.groups.n_groups, ...) or StepInfo.predicted(alpha=...)"
       )
-  _check_default_real_step(ctx, state, batch, schedule, carried)
-
-
-def _check_default_real_step(
-  ctx: HybridContext, state: HybridState, batch: Batch, schedule: Any, carried: StepInfo
-) -> None:
-  """Refuses a method without a `full_step` whose `step_extra` the baseline's real step, its real
-  step then, does not return: the fused step carries one StepInfo through every transition it
-  selects between, and `real_step.baseline_step` returns `extra` None."""
-  m = ctx.method
+  # A method without a full_step has the baseline's real step as its own
+  # (`real_step.baseline_step`, whose `extra` is None): the fused step carries one StepInfo through
+  # every transition it selects between, so that step must return the method's `step_extra`.
   fns = step_lib.transitions(ctx)
-  if m.full_step is not None or carried.extra is None or all(f is fns[0] for f in fns):
-    return  # the method's own full_step (checked above), no extra to carry, or no selection
-  _, info = jax.eval_shape(functools.partial(baseline_step, ctx), state, batch, schedule)
-  wrong = _step_info_differences(info, carried)
-  if wrong:
-    raise ValueError(
-      f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
-      f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
-      "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
-      "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
-      "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
-    )
+  if m.full_step is None and carried.extra is not None and not all(f is fns[0] for f in fns):
+    _, info = trace(baseline_step)
+    wrong = _step_info_differences(info, carried)
+    if wrong:
+      raise ValueError(
+        f"method {m.name!r} ({m.path}) defines step_extra but no full_step, so its real steps are the "
+        f"baseline's (hybridjax.hybrid.real_step.baseline_step), whose StepInfo's {'; '.join(wrong)}: the "
+        "fused step carries one StepInfo through every transition. Define full_step(ctx, state, batch, "
+        "schedule): state, info = baseline_step(ctx, state, batch, schedule), then return "
+        "state, info.replace(extra=...) with extra as step_extra(ctx) gives it"
+      )
 
 
-def _check_prepare(
-  ctx: HybridContext, where: str, prepare: Callable, state: HybridState, batch: Batch, schedule: Any
-) -> None:
-  """Refuses a `Prepared` transition's `prepare` that fails or returns other than the state's shape."""
+def _check_prepare(trace: Callable, where: str, prepare: Callable, state: HybridState) -> None:
+  """Refuses a `Prepared` transition's `prepare` that fails or returns other than the state's shape
+  (`trace`: a function traced on the run's `state` and first batch)."""
   expected = "prepare(ctx, state, batch, schedule) -> state"
   try:
-    out = jax.eval_shape(functools.partial(prepare, ctx), state, batch, schedule)
+    out = trace(prepare)
   except Exception as e:  # noqa: BLE001 (the user's code: any error it raises is its own)
     raise ValueError(
       f"{where}'s Prepared.prepare fails when traced on the run's state and first batch ({expected}): "
