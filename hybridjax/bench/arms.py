@@ -209,8 +209,8 @@ def predicts(arm: Arm) -> bool:
 
 
 def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The experiment part of benchmark config `config`, as `bench.specs.experiment_config` makes it:
-  without its benchmark block, in baseline mode, with the task's own optimizer."""
+  """The experiment part of benchmark config `config` (`bench.specs.experiment_config`): without its benchmark
+  block, in baseline mode, with the task's own optimizer (its name is part of what every run is)."""
   c = ml_collections.ConfigDict(config.to_dict())
   del c.benchmark
   c.mode = "baseline"

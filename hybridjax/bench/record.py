@@ -17,7 +17,7 @@ import jax
 
 from hybridjax import identity
 from hybridjax.bench import specs
-from hybridjax.bench.speedrun import RESULTS
+from hybridjax.bench.speedrun import RESULTS, shown_path
 from hybridjax.bench.studies import STUDIES, Config, Record
 
 
@@ -59,8 +59,7 @@ def both_tuned_record(config: Config, field: str, run_it: str, required: bool = 
       f"--config.benchmark.{field}: no cell 'both_tuned' record at {path}: run {run_it} at this preset first, "
       "or give its record"
     )
-  with open(path) as f:
-    return path, json.load(f)
+  return path, stored(path)
 
 
 def write_files(result: Record, folder: str, record: str, markdown: Callable, plot: Callable | None = None) -> None:
@@ -87,18 +86,12 @@ def stored_config(result: Record) -> Config:
   return Config(config | {"benchmark": b})
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's
-
-
 def relative_folders(command: str) -> str:
   """`command` with its `--workdir` and `--config.benchmark.publish` folders relative to the repository
-  when they lie inside it (a record names no folder of one machine), the others as given."""
-
-  def relative(m: re.Match) -> str:
-    path = os.path.abspath(m[2])
-    return m[1] + (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else m[2])
-
-  return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
+  when they lie inside it (a record names no folder of one machine), the others as given (`shown_path`)."""
+  return re.sub(
+    r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", lambda m: m[1] + shown_path(m[2]), command
+  )
 
 
 def header(config: Config, command: str) -> Record:

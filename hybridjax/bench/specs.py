@@ -280,15 +280,9 @@ class BenchmarkBlock(CheckedBlock):
     super().update(*other, **kwargs)
 
 
-def experiment_config(config: Config) -> Config:
-  """The experiment part of a benchmark config (without the `benchmark` block)."""
-  optimizer = tasks_lib.optimizer_name(task_name(config))
-  c = Config(config.to_dict())
-  del c.benchmark
-  c.mode = "baseline"  # each run sets its own
-  if optimizer is not None:  # the task's own optimizer: its name is part of what every run is
-    c.optim.name = optimizer
-  return c
+# The experiment part of a benchmark config (without the `benchmark` block, in baseline mode: each run sets its
+# own), with the task's own optimizer: its name is part of what every run is.
+experiment_config = arms_lib.base_config
 
 
 def family_name(config: Config) -> str:

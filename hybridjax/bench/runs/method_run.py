@@ -41,14 +41,18 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   arm = arms_lib.Arm(name=spec["method"], method=c.hybrid.method or config_lib.DEFAULT_METHOD, mode=c.mode)
   kinds = dict(collections.Counter(arms_lib.step_kind(arm, r) for r in records if r["kind"] == "step"))
   if c.mode == "baseline":  # every step a real one, no validation
-    summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps})
-    summary.update(rollbacks=0)
+    summary.update(
+      backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps}, rollbacks=0
+    )
     kinds = {arms_lib.REAL_STEP: c.trainer.steps}
   if sum(kinds.values()) != sum(summary["phase_steps"].values()):  # a jump is one step of k schedule steps
     raise RuntimeError(f"{workdir}: {sum(kinds.values())} step records for {summary['phase_steps']} steps")
   # The method's own summary figures (e.g. the jump predictor's accepted jumps): numbers only.
-  stats = {k: v for k, v in summary.get("method_summary", {}).items() if isinstance(v, (int, float)) or v is None}
-  stats = {k: v for k, v in stats.items() if not isinstance(v, bool)}
+  stats = {
+    k: v
+    for k, v in summary.get("method_summary", {}).items()
+    if isinstance(v, (int, float)) and not isinstance(v, bool) or v is None
+  }
   return {
     "kind": "method",
     "method": spec["method"],
