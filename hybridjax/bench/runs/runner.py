@@ -18,11 +18,10 @@ import os
 import time
 from typing import Any
 
-import ml_collections
-
 from hybridjax.bench import specs as specs_lib
 from hybridjax.bench.runs.executors import Executor, LocalExecutor, Todo, describe
 from hybridjax.bench.runs.keys import run_key
+from hybridjax.bench.studies import Config, Record
 
 
 class Progress:
@@ -34,7 +33,7 @@ class Progress:
     self.done = self.steps_done = 0
     self.t0 = time.perf_counter()
 
-  def line(self, result: dict[str, Any]) -> str:
+  def line(self, result: Record) -> str:
     self.done += 1
     self.steps_done += int(result["steps"])
     elapsed = time.perf_counter() - self.t0
@@ -81,9 +80,9 @@ class Runner:
   def _run_dir(self, key: str) -> str:
     return os.path.join(self.cache_dir, "runs", key)
 
-  def run(self, specs: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+  def run(self, specs: list[Record], label: str) -> list[Record]:
     keys = [run_key(s) for s in specs]
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Record] = {}
     todo = []
     for key, spec in zip(keys, specs):
       if key in results:
@@ -109,7 +108,7 @@ class Runner:
     return [results[k] for k in keys]
 
 
-def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
+def protocol_modules(config: Config) -> list[str]:
   """Every module a benchmark of `config` may run: both runners', its task's, and the method of each
   arm it defines. The Ray executor ships their packages once, so one connection serves the whole
   protocol (Ray uploads code per connection)."""
@@ -123,7 +122,7 @@ def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
   return sorted(set(modules))
 
 
-def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
+def make_runner(config: Config, workdir: str) -> Runner:
   """The runner of a benchmark config: its executor (`benchmark.executor`), its workers or its Ray
   resources, and its compilation cache. A Ray cluster that cannot be reached is refused here, before
   any run is trained."""
