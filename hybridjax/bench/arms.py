@@ -20,11 +20,12 @@ import dataclasses
 import importlib
 from typing import Any
 
-import ml_collections
+from ml_collections import ConfigDict
 
 from hybridjax import config as config_lib
 from hybridjax import preflight, registry
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.hybrid.phases import BRANCH_NAMES
 
 REAL_STEP = "real_step"  # the one step kind of an arm that trains in baseline mode
 
@@ -46,7 +47,7 @@ def declared(method: registry.Method, name: str, default: Any = None) -> Any:
   return getattr(importlib.import_module(method.path), name, default)
 
 
-def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
+def arms(config: ConfigDict) -> dict[str, Arm]:
   """Every arm the config defines, by name: the entries of `benchmark.arms`, and for each method
   that `benchmark.methods` names by its module path (or built-in name) rather than by an arm, the
   arm named by the method's `NAME` and, where it declares a `CONTROL`, its control arm
@@ -54,12 +55,11 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
   out = {}
   for name, a in config.benchmark.get("arms", {}).items():
     a = a.to_dict() if hasattr(a, "to_dict") else dict(a)
-    overrides = config_lib.flatten(a.get("overrides") or {})
     out[name] = Arm(
       name=name,
       method=str(a.get("method", "")),
       mode=str(a.get("mode", "hybrid")),
-      overrides=overrides,
+      overrides=config_lib.flatten(a.get("overrides") or {}),
       control=bool(a.get("control", False)),
       control_of=str(a.get("control_of", "")),
     )
@@ -75,7 +75,7 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
   return out
 
 
-def _methods_named(config: ml_collections.ConfigDict, defined: dict[str, Arm]) -> dict[str, registry.Method]:
+def _methods_named(config: ConfigDict, defined: dict[str, Arm]) -> dict[str, registry.Method]:
   """The entries of `benchmark.methods` that name no arm of `defined` but load as a method."""
   out = {}
   for entry in names(config.benchmark.get("methods", "")):
@@ -93,11 +93,11 @@ def names(text: str) -> list[str]:
   return [x.strip() for x in str(text).split(",") if x.strip()]
 
 
-def selected(config: ml_collections.ConfigDict) -> list[str]:
+def selected(config: ConfigDict) -> list[str]:
   """The arms `benchmark.methods` names, in its order: an arm's name, or a method's module path,
   which selects the method's arm and its control arm (`arms`). Errors name the field and the arms."""
-  explicit = {name: arm for name, arm in arms(config).items() if name in config.benchmark.get("arms", {})}
   defined = arms(config)
+  explicit = {name: arm for name, arm in defined.items() if name in config.benchmark.get("arms", {})}
   chosen = []
   listed = names(config.benchmark.methods)
   for entry in listed:
@@ -131,7 +131,7 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
   return chosen
 
 
-def check(config: ml_collections.ConfigDict) -> list[str]:
+def check(config: ConfigDict) -> list[str]:
   """The arms' problems: a method that does not load, an unknown mode, a baseline-mode arm whose method
   has steps of its own (it would train the plain baseline under the method's name), a control without
   one or with an empty one, and a hybrid arm's run config that is not valid (`config.validate`), or a
@@ -191,7 +191,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 def transitions(method: registry.Method) -> list[str]:
   """The transitions `method` defines of its own (`full_step`, `predict_step`, `correct_step`): none for
   a method whose steps are the baseline's (outer momentum)."""
-  return [name for name in ("full_step", "predict_step", "correct_step") if getattr(method, name) is not None]
+  return [name for name in BRANCH_NAMES if getattr(method, name) is not None]
 
 
 def predicts(arm: Arm) -> bool:
@@ -208,10 +208,10 @@ def predicts(arm: Arm) -> bool:
     return False
 
 
-def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def base_config(config: ConfigDict) -> ConfigDict:
   """The experiment part of benchmark config `config` (`bench.specs.experiment_config`): without its benchmark
   block, in baseline mode, with the task's own optimizer (its name is part of what every run is)."""
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = ConfigDict(config.to_dict())
   del c.benchmark
   c.mode = "baseline"
   try:
@@ -223,7 +223,7 @@ def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def run_config(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.ConfigDict:
+def run_config(config: ConfigDict, arm: Arm) -> ConfigDict:
   """The experiment config a run of `arm` trains, as `bench.specs.run_spec` makes it (but for its seed,
   LR and budget): `base_config` made the arm's (`apply`)."""
   c = base_config(config)
@@ -231,7 +231,7 @@ def run_config(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.Co
   return c
 
 
-def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Method) -> list[tuple[str, str]]:
+def run_errors(config: ConfigDict, arm: Arm, method: registry.Method) -> list[tuple[str, str]]:
   """The problems of `arm`'s run config (`config.validate`'s), and for a control arm those of its CONTROL:
   one the run config cannot take or that makes it invalid (a misspelt key, a path written with
   'hybrid.'), or one that leaves it equal to the arm's own without CONTROL (the control would train the
@@ -275,7 +275,7 @@ def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Met
   return []
 
 
-def where(config: ml_collections.ConfigDict, arm: Arm) -> str:
+def where(config: ConfigDict, arm: Arm) -> str:
   """How an error names `arm`: its field for an arm of `benchmark.arms`, else by its name and method
   (an arm that `benchmark.methods` selects by the method's module path)."""
   if arm.name in config.benchmark.get("arms", {}):
@@ -293,7 +293,7 @@ def one_line(e: Exception) -> str:
   return str(e).replace("\n  ", " ")
 
 
-def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
+def apply(arm: Arm, c: ConfigDict) -> None:
   """Makes `c` (a run's experiment config) the arm's: its mode, its method and the method's block,
   its overrides, and the method's control overrides for a control arm (a CONTROL key that names no
   field under `config.hybrid` is a ValueError naming the method's module and the fix)."""
@@ -321,8 +321,5 @@ def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:
   method's `step_kind`, or its transition's name. Every step of a baseline-mode arm is a real step."""
   if arm is None or arm.mode == "baseline":
     return REAL_STEP
-  method = registry.load_method(arm.method)
-  kind = declared(method, "step_kind")
-  if kind is not None:
-    return kind(row)
-  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+  kind = declared(registry.load_method(arm.method), "step_kind")
+  return kind(row) if kind is not None else BRANCH_NAMES[int(row["branch"])]

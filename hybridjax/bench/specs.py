@@ -157,15 +157,12 @@ class Overwritten:
 
 
 PER_PRESET = object()  # an `Overwritten.preset_value`: the presets give the field different values
-_DEFAULTS = {f.name: f.default for f in config_lib.TOP_FIELDS} | {
-  f"trainer.{f.name}": f.default for f in config_lib.TRAINER_FIELDS
-}
 # Given on the command line (or, from Python, away from every preset's value), they are refused, not ignored.
 OVERWRITTEN = {
   "seed": Overwritten(
     "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
     "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
-    _DEFAULTS["seed"],
+    schema.by_name(config_lib.TOP_FIELDS)["seed"].default,
   ),
   "mode": Overwritten(
     "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
@@ -184,7 +181,7 @@ OVERWRITTEN = {
   "trainer.averaging_beta": Overwritten(
     "the benchmark tunes the averaging beta on the tuning seeds over "
     "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
-    _DEFAULTS["trainer.averaging_beta"],
+    schema.by_name(config_lib.TRAINER_FIELDS)["averaging_beta"].default,
   ),
 }
 
@@ -582,16 +579,13 @@ def run_spec(
   else:
     c.mode = "baseline"
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
-  spec: Record = {
+  return {
     "kind": kind,
     "method": method,
     "task": task_name(config),
     "config": c.to_dict(),
     "betas": [float(x) for x in betas],
-  }
-  if wide_eval:
-    spec["wide_eval"] = int(wide_eval)
-  return spec
+  } | ({"wide_eval": int(wide_eval)} if wide_eval else {})
 
 
 _DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line
