@@ -128,20 +128,15 @@ def config_differences(
   A field one config lacks (its record was written before the field existed) compares as its default
   (`identity.field_defaults`); one with no default (a benchmark field or study block added since) is
   not compared: the older record cannot say what it was."""
-  defaults = identity.field_defaults()
+  defaults, absent = identity.field_defaults(), object()
   a, b = identity.comparable(earlier), identity.comparable(later)
-  absent = object()
-
-  def ignored(k: str) -> bool:
-    return k in RUNTIME or any(k == i or k.startswith(i + ".") for i in ignore)
-
   shown = {k: i for i, k in enumerate(FIRST_SHOWN)}
-  keys = sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k))
   diffs = []
-  for k in [k for k in keys if not ignored(k)]:
-    old, new = a.get(k, defaults.get(k, absent)), b.get(k, defaults.get(k, absent))
-    if absent not in (old, new) and plain(old) != plain(new):
-      diffs.append(f"{k}: {plain(old)!r} there, {plain(new)!r} here")
+  for k in sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k)):
+    old, new = (plain(c.get(k, defaults.get(k, absent))) for c in (a, b))
+    ignored = k in RUNTIME or any(k == i or k.startswith(i + ".") for i in ignore)
+    if not ignored and absent not in (old, new) and old != new:
+      diffs.append(f"{k}: {old!r} there, {new!r} here")
   return diffs
 
 

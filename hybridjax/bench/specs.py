@@ -199,14 +199,15 @@ def unknown_benchmark_fields(config: Config, known: set[str]) -> list[str]:
     top = name.split(".")[0]
     if name in known or top == "arms" or top in MOVED or top in OLD_FLAGS and "." not in name:
       continue  # an old name: `specs.moved_errors` names its field now
-    if name.startswith("ladder.muon."):
-      if name.split(".", 2)[2] in optim:
-        continue
-      nearest = difflib.get_close_matches(name.split(".", 2)[2], sorted(optim), n=1, cutoff=0.6)
-      nearest = ["ladder.muon." + n for n in nearest]
-    else:
-      nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    hint = f"did you mean --config.benchmark.{nearest[0]}? " if nearest else "(docs/benchmark.md lists the fields) "
+    muon = name.removeprefix("ladder.muon.")  # an optimizer field, where it is one of the ladder's Muon
+    if muon != name and muon in optim:
+      continue
+    nearest = difflib.get_close_matches(muon, sorted(optim if muon != name else known), n=1, cutoff=0.6)
+    hint = (
+      f"did you mean --config.benchmark.{name.removesuffix(muon)}{nearest[0]}? "
+      if nearest
+      else "(docs/benchmark.md lists the fields) "
+    )
     errors.append(
       f"--config.benchmark.{name} is not a field of the benchmark block: {hint}A misspelt key would leave the "
       "field it meant at its default; rename or remove it"

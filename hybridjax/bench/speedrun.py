@@ -188,8 +188,7 @@ def trick_changes(config: Config, name: str) -> tuple[Record, Record]:
   `benchmark.recipe.keep` keeps the field ({field: the trick's value})."""
   keep = set(kept_fields(config))
   changes = TRICKS[name].changes(config)
-  applied = {k: v for k, v in changes.items() if k not in keep}
-  return applied, {k: v for k, v in changes.items() if k in keep}
+  return {k: v for k, v in changes.items() if k not in keep}, {k: v for k, v in changes.items() if k in keep}
 
 
 def apply_tricks(config: Config, names: list[str]) -> Config:

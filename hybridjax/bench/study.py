@@ -129,13 +129,13 @@ def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
   for arm in (a for a in touched if a not in trained):
     if named_by:
       why = f"{named_by} does not name it"
-      fix = f"name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(methods), arm])})"
+      fix = f"Name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(methods), arm])})"
     else:
       why = f"the {study_name(config)} study trains no method arm"
-      fix = "run it with --config.benchmark.study=family (or ladder)"
+      fix = "Run it with --config.benchmark.study=family (or ladder)"
     errors.append(
       f"--config.benchmark.arms.{arm} is defined but not trained: {why}, so the run would train and report "
-      f"other arms only. {fix[0].upper()}{fix[1:]}, or leave out the --config.benchmark.arms.{arm}.* flags"
+      f"other arms only. {fix}, or leave out the --config.benchmark.arms.{arm}.* flags"
     )
   return errors
 

@@ -67,9 +67,7 @@ def seed_independent(name: str) -> bool:
 
 def train_kwargs(task: Any) -> dict[str, Any]:
   """The keyword arguments of `loop.train.train` a built task gives."""
-  if hasattr(task, "train_kwargs"):
-    return dict(task.train_kwargs())
-  return dict(task)
+  return dict(task.train_kwargs() if hasattr(task, "train_kwargs") else task)
 
 
 def build(name: str, config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -72,11 +72,5 @@ def describe(result_or_spec: Record) -> str:
   r = result_or_spec
   if "config" in r:  # a spec
     c = r["config"]
-    r = {
-      "kind": r["kind"],
-      "method": r["method"],
-      "seed": c["seed"],
-      "lr": c["optim"]["learning_rate"],
-      "steps": c["trainer"]["steps"],
-    }
+    r = r | {"seed": c["seed"], "lr": c["optim"]["learning_rate"], "steps": c["trainer"]["steps"]}
   return f"{r['kind']} {r.get('method') or ''} seed {r['seed']} lr {r['lr']:.3g} steps {r['steps']}".replace("  ", " ")
