@@ -327,7 +327,7 @@ def block_errors(b: Config, names: tuple[str, ...] = ()) -> list[str]:
   """A line for each field of the benchmark block `b` (of `names`, default every declared one) whose
   declared check refuses its value."""
   declared = [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)]
-  return schema.errors("benchmark", declared, {f.name: b[f.name] for f in declared})
+  return schema.errors("benchmark", declared, b)
 
 
 def _protocol_errors(b: Config) -> list[str]:
