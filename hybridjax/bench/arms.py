@@ -54,7 +54,6 @@ def arms(config: ConfigDict) -> dict[str, Arm]:
   `<NAME>_control`."""
   out = {}
   for name, a in config.benchmark.get("arms", {}).items():
-    a = a.to_dict() if hasattr(a, "to_dict") else dict(a)
     out[name] = Arm(
       name=name,
       method=str(a.get("method", "")),

@@ -77,16 +77,14 @@ def _summary(prepared: dict[str, tuple[Record, float]], config: Config) -> Recor
 def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> Record:
   """From each arm's seconds per step kind and round: the median ms per kind over all rounds, the
   samples per kind, and each round's median ms per kind (None where the kind did not run that round)."""
-  every = {
-    name: {kind: [x for r in rounds for x in r] for kind, rounds in per.items()} for name, per in per_round.items()
-  }
+
+  def each(f: Any) -> Record:  # f of each arm's seconds of each kind, one list per round
+    return {name: {kind: f(rounds) for kind, rounds in per.items()} for name, per in per_round.items()}
+
   return {
-    "ms_per_step": {name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in every.items()},
-    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in every.items()},
-    "rounds_ms": {
-      name: {kind: [1e3 * statistics.median(r) if r else None for r in rounds] for kind, rounds in per.items()}
-      for name, per in per_round.items()
-    },
+    "ms_per_step": each(lambda rounds: 1e3 * statistics.median([x for r in rounds for x in r])),
+    "samples": each(lambda rounds: sum(map(len, rounds))),
+    "rounds_ms": each(lambda rounds: [1e3 * statistics.median(r) if r else None for r in rounds]),
   }
 
 
