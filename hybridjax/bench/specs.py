@@ -335,12 +335,13 @@ def _protocol_errors(b: Config) -> list[str]:
   the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
   errors = block_errors(b)
   bad = {e.split()[0].removeprefix("--config.benchmark.") for e in errors}
-  if not {"seeds", "tuning_seeds", "plateau_seeds"} & bad:
+  seeds = ("seeds", "tuning_seeds", "plateau_seeds")
+  if not set(seeds) & bad:
     if len(b.tuning_seeds) != 2:
       errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
     if len(b.seeds) < 2:
       errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
-    for name in ("seeds", "tuning_seeds", "plateau_seeds"):
+    for name in seeds:
       errors += repeated_seed_errors(name, tuple(b[name]))
     if set(b.seeds) & set(b.tuning_seeds):
       errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
@@ -355,7 +356,7 @@ def _protocol_errors(b: Config) -> list[str]:
 
 def validate_benchmark(config: Config) -> None:
   """Checks the benchmark block; errors name the field and the fix."""
-  b = config.benchmark
+  b, task = config.benchmark, task_name(config)
   errors = _protocol_errors(b)
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
@@ -370,17 +371,17 @@ def validate_benchmark(config: Config) -> None:
       "schedule early and hold a long one at its floor. Leave --config.optim.decay_steps at 0"
     )
   try:
-    optimizer = tasks_lib.optimizer_name(task_name(config))
+    optimizer = tasks_lib.optimizer_name(task)
   except ValueError as e:
     errors.append(str(e))
   else:
     if optimizer in optim_lib.BUILTIN_OPTIMIZERS:
       errors.append(
-        f"the task {task_name(config)!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
+        f"the task {task!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
   errors += mlp_block_errors(config)
-  if task_name(config) == "gpt2":
+  if task == "gpt2":
     errors += gpt2_task.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
   refuse(errors + arms_lib.check(config))
@@ -564,21 +565,17 @@ def run_spec(
   if wide_eval and kind != "anchor":
     raise ValueError(f"a wide eval ends an anchor run; a {kind!r} run has none")
   c = experiment_config(config)
-  c.seed = int(seed)
-  c.optim.learning_rate = float(lr)
-  c.trainer.steps = int(steps)
+  c.seed, c.optim.learning_rate = int(seed), float(lr)
   if "muon_momentum_warmup_steps" in c.optim:  # each budget its own schedule: its warm-up too
     c.optim.muon_momentum_warmup_steps = budget_warmup_steps(config, steps)
-  c.trainer.averaging_beta = float(beta)
   points = int(config.benchmark.eval_points) if int(steps) == int(config.trainer.steps) else 1
-  c.trainer.eval_every = max(int(steps) // points, 1)
-  c.trainer.log_every = c.trainer.eval_every
+  every = max(int(steps) // points, 1)
+  c.trainer.update(steps=int(steps), averaging_beta=float(beta), eval_every=every, log_every=every)
   for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
     del c.trainer[field]
   if kind == "method":
     arms_lib.apply(arms_lib.arms(config)[method], c)
-  else:
-    c.mode = "baseline"
+  else:  # in baseline mode (`experiment_config`)
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
   return {
     "kind": kind,
