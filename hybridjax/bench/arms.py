@@ -135,7 +135,7 @@ def check(config: ConfigDict) -> list[str]:
   has steps of its own (it would train the plain baseline under the method's name), a control without
   one or with an empty one, and a hybrid arm's run config that is not valid (`config.validate`), or a
   control arm's equal to its arm's (the method's CONTROL changes nothing: the comparison would test
-  nothing; `run_errors`)."""
+  nothing; `run_error`)."""
   errors = []
   defined = arms(config)
   empty: set[str] = set()  # the methods whose CONTROL = {} is named already
@@ -178,9 +178,9 @@ def check(config: ConfigDict) -> list[str]:
         f"--config.benchmark.arms.{arm.name}.control: a baseline-mode arm reads nothing under config.hybrid, so "
         f"method {arm.method!r}'s CONTROL would change nothing: set --config.benchmark.arms.{arm.name}.mode=hybrid"
       )
-    elif arm.mode == "hybrid" and base_valid:
-      for at, problem in run_errors(config, arm, method):
-        runs.setdefault(problem, []).append(at)
+    elif arm.mode == "hybrid" and base_valid and (found := run_error(config, arm, method)):
+      at, problem = found
+      runs.setdefault(problem, []).append(at)
     if arm.control_of and arm.control_of not in defined:
       errors.append(f"benchmark.arms.{arm.name}.control_of names no arm: {arm.control_of!r}")
   # A problem every arm shares (a hybrid setting of the experiment config) is named once, with its arms.
@@ -230,48 +230,41 @@ def run_config(config: ConfigDict, arm: Arm) -> ConfigDict:
   return c
 
 
-def run_errors(config: ConfigDict, arm: Arm, method: registry.Method) -> list[tuple[str, str]]:
-  """The problems of `arm`'s run config (`config.validate`'s), and for a control arm those of its CONTROL:
+def run_error(config: ConfigDict, arm: Arm, method: registry.Method) -> tuple[str, str] | None:
+  """The problem of `arm`'s run config (`config.validate`'s), or for a control arm that of its CONTROL:
   one the run config cannot take or that makes it invalid (a misspelt key, a path written with
   'hybrid.'), or one that leaves it equal to the arm's own without CONTROL (the control would train the
-  method itself). Each as (the arm, the problem), naming the method's module and its CONTROL entry,
-  and the fix."""
-  explicit = arm.name in config.benchmark.get("arms", {})
+  method itself). As (the arm, the problem), naming the method's module and its CONTROL entry, and the
+  fix; None where there is none."""
   at = where(config, arm)
-  treated = dataclasses.replace(arm, control=False, control_of="")
   try:
-    own = run_config(config, treated)
+    own = run_config(config, dataclasses.replace(arm, control=False, control_of=""))
     preflight.validate(own)
   except ValueError as e:
-    return [(at, f"the arm's run config is not valid: {one_line(e)}")]
+    return at, f"the arm's run config is not valid: {one_line(e)}"
   if not arm.control:
-    return []
+    return None
   control = dict(declared(method, "CONTROL") or {})
+  explicit = arm.name in config.benchmark.get("arms", {})
   at = f"{at}, the control arm of method {arm.method!r}" if explicit else f"control {at}"
   try:
     c = run_config(config, arm)
   except ValueError as e:  # `apply`'s: a CONTROL key config.hybrid cannot take
-    return [(at, str(e))]
+    return at, str(e)
   try:
     preflight.validate(c)
   except ValueError as e:
-    return [
-      (
-        at,
-        f"{method.path}'s CONTROL = {control!r} makes no valid run: {one_line(e)}. Fix CONTROL in "
-        f"{method.path} (its keys are dotted fields under config.hybrid, without 'hybrid.')",
-      )
-    ]
+    return at, (
+      f"{method.path}'s CONTROL = {control!r} makes no valid run: {one_line(e)}. Fix CONTROL in "
+      f"{method.path} (its keys are dotted fields under config.hybrid, without 'hybrid.')"
+    )
   if config_lib.flatten(c) == config_lib.flatten(own):
-    return [
-      (
-        at,
-        f"{method.path}'s CONTROL = {control!r} leaves the run config as the method's own: the control would "
-        f"train the method itself and 'vs control' would compare nothing; make CONTROL in {method.path} set a "
-        f"field of its block to the value that removes the method's effect (e.g. {example(method)})",
-      )
-    ]
-  return []
+    return at, (
+      f"{method.path}'s CONTROL = {control!r} leaves the run config as the method's own: the control would "
+      f"train the method itself and 'vs control' would compare nothing; make CONTROL in {method.path} set a "
+      f"field of its block to the value that removes the method's effect (e.g. {example(method)})"
+    )
+  return None
 
 
 def where(config: ConfigDict, arm: Arm) -> str:

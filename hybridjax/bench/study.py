@@ -213,8 +213,7 @@ def run(config: Config, workdir: str, command: str = "", command_line: list[str]
   record.keep_earlier_report(config, workdir, kept, name)
   if study.record_name:
     earlier = record.stored(os.path.join(workdir, kept)).get("invocations", [])
-    keys = ("date", "wall_s", "runs_trained", "runs_cached")
-    result["invocations"] = earlier + [{k: result[k] for k in keys}]
+    result["invocations"] = earlier + [{k: result[k] for k in ("date", "wall_s", "runs_trained", "runs_cached")}]
   publish = str(config.benchmark.publish)
   if study.write:
     study.write(result, trained, workdir, publish)

@@ -62,7 +62,6 @@ def code_versions(config: Config, methods: Sequence[str]) -> dict[str, str]:
   keys on, recorded in benchmark.json."""
   task = tasks_lib.task_path(task_name(config))
   defined = arms_lib.arms(config)
-  out = {"anchor": code_version([RUNNER_MODULES["anchor"], task])}
-  for m in methods:
-    out[m] = code_version([RUNNER_MODULES["method"], task, registry.method_path(defined[m].method)])
-  return out
+  return {"anchor": code_version([RUNNER_MODULES["anchor"], task])} | {
+    m: code_version([RUNNER_MODULES["method"], task, registry.method_path(defined[m].method)]) for m in methods
+  }

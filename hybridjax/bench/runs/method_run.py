@@ -33,11 +33,7 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     shutil.rmtree(workdir)
   summary = train_lib.train(c, workdir, save_on_interrupt=False, **task)  # the run cache is the unit of resume
   records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  curve = [
-    {"step": r["step"], "eval_loss_raw": r["eval_loss_raw"], "eval_loss_averaged": r["eval_loss_averaged"]}
-    for r in records
-    if r["kind"] == "eval"
-  ]
+  curve = [{k: r[k] for k in ("step", "eval_loss_raw", "eval_loss_averaged")} for r in records if r["kind"] == "eval"]
   arm = arms_lib.Arm(name=spec["method"], method=c.hybrid.method or config_lib.DEFAULT_METHOD, mode=c.mode)
   kinds = dict(collections.Counter(arms_lib.step_kind(arm, r) for r in records if r["kind"] == "step"))
   if c.mode == "baseline":  # every step a real one, no validation
