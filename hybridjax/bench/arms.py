@@ -52,9 +52,8 @@ def arms(config: ConfigDict) -> dict[str, Arm]:
   that `benchmark.methods` names by its module path (or built-in name) rather than by an arm, the
   arm named by the method's `NAME` and, where it declares a `CONTROL`, its control arm
   `<NAME>_control`."""
-  out = {}
-  for name, a in config.benchmark.get("arms", {}).items():
-    out[name] = Arm(
+  out = {
+    name: Arm(
       name=name,
       method=str(a.get("method", "")),
       mode=str(a.get("mode", "hybrid")),
@@ -62,6 +61,8 @@ def arms(config: ConfigDict) -> dict[str, Arm]:
       control=bool(a.get("control", False)),
       control_of=str(a.get("control_of", "")),
     )
+    for name, a in config.benchmark.get("arms", {}).items()
+  }
   # A control arm is its arm with the method's CONTROL: its arm's overrides first, then its own.
   for name, arm in list(out.items()):
     if arm.control and arm.control_of in out:

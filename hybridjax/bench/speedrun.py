@@ -276,8 +276,7 @@ def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   end, such as `attn_scale` in the first list's records) its last step. A record of part of the
   recipe is refused naming `field`, the config field that gives another."""
   steps, listed = result["step_runs"], list(trick_list(result))
-  missing = [t for t in listed if t not in steps]
-  if missing:
+  if missing := [t for t in listed if t not in steps]:
     raise ValueError(
       f"the recipe record holds no step {missing} of its trick list (it ran {sorted(steps)}): give the record "
       f"of a whole recipe with --config.{field}"

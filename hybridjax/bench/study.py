@@ -125,11 +125,13 @@ def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
     trained, named_by = checks.trained_arms(config) if hasattr(checks, "trained_arms") else ([], "")
   except ValueError:
     return []  # a bad `benchmark.methods`: `arms.selected` names it when the study validates
-  methods, errors = str(config.benchmark.methods), []
+  errors = []
   for arm in (a for a in touched if a not in trained):
     if named_by:
       why = f"{named_by} does not name it"
-      fix = f"Name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(methods), arm])})"
+      fix = (
+        f"Name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(config.benchmark.methods), arm])})"
+      )
     else:
       why = f"the {study_name(config)} study trains no method arm"
       fix = "Run it with --config.benchmark.study=family (or ladder)"

@@ -160,8 +160,7 @@ def _run_on_worker(
   (`corpora`: the driver's `data.path` -> the packed corpus in Ray's object store); its result goes
   back to the driver."""
   found = codehash.installed_versions(list(versions))
-  differ = {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}
-  if differ:
+  if differ := {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}:
     raise RuntimeError(
       f"node {socket.gethostname()} has other library versions than the driver, (driver, node): {differ}; "
       "install the driver's versions on every node (the run cache keys on them)"
