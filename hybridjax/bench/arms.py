@@ -271,9 +271,8 @@ def run_error(config: ConfigDict, arm: Arm, method: registry.Method) -> tuple[st
 def where(config: ConfigDict, arm: Arm) -> str:
   """How an error names `arm`: its field for an arm of `benchmark.arms`, else by its name and method
   (an arm that `benchmark.methods` selects by the method's module path)."""
-  if arm.name in config.benchmark.get("arms", {}):
-    return f"--config.benchmark.arms.{arm.name}"
-  return f"arm {arm.name!r} (method {arm.method!r})"
+  explicit = arm.name in config.benchmark.get("arms", {})
+  return f"--config.benchmark.arms.{arm.name}" if explicit else f"arm {arm.name!r} (method {arm.method!r})"
 
 
 def example(method: registry.Method) -> str:

@@ -192,10 +192,9 @@ def unknown_benchmark_fields(config: Config, known: set[str]) -> list[str]:
   and the study would run on the field's default, without a word. The arms (`benchmark.arms`, checked by
   `arms.check`) are an open block; `benchmark.ladder.muon`'s keys are optimizer fields. The experiment
   blocks' keys are `config.unknown_field_errors`' (`validate_benchmark` calls it)."""
-  b = config.benchmark
   optim = set(config.get("optim", {}))
   errors = []
-  for name in config_lib.flatten(b):
+  for name in config_lib.flatten(config.benchmark):
     top = name.split(".")[0]
     if name in known or top == "arms" or top in MOVED or top in OLD_FLAGS and "." not in name:
       continue  # an old name: `specs.moved_errors` names its field now
@@ -287,16 +286,14 @@ def family_name(config: Config) -> str:
   """The family the runs train: `benchmark.family`, or, for a task that brings its own optimizer
   (its `OPTIMIZER`), that optimizer's name with the schedule, since no built-in one runs."""
   optimizer = tasks_lib.optimizer_name(task_name(config))
-  if optimizer is None:
-    return str(config.benchmark.family)
-  return f"{optimizer}-{config.optim.schedule}"
+  return str(config.benchmark.family) if optimizer is None else f"{optimizer}-{config.optim.schedule}"
 
 
 def compile_cache_dir(config: Config, workdir: str) -> str | None:
   """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
-  if not config.trainer.compile_cache:
-    return None
-  return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+  if config.trainer.compile_cache:
+    return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+  return None
 
 
 def task_name(config: Config) -> str:
@@ -326,8 +323,7 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
 def block_errors(b: Config, names: tuple[str, ...] = ()) -> list[str]:
   """A line for each field of the benchmark block `b` (of `names`, default every declared one) whose
   declared check refuses its value."""
-  declared = [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)]
-  return schema.errors("benchmark", declared, b)
+  return schema.errors("benchmark", [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)], b)
 
 
 def _protocol_errors(b: Config) -> list[str]:

@@ -60,15 +60,14 @@ def _run_config(config: Config, kind: str, lr: float, beta: float, method: str =
   return c
 
 
-def _summary(prepared: dict[str, tuple[Record, float]], config: Config) -> Record:
-  """The `prepared` arms (name -> `_prepare`'s arm and compile time) timed in `config`'s rounds
+def _summary(prepared: dict[str, Record], config: Config) -> Record:
+  """The `prepared` arms (name -> `_prepare`'s arm, with its compile time) timed in `config`'s rounds
   (`_timed_rounds`): each step kind's median ms over every round and its samples, and each round's own
   median ms of each kind (`rounds_ms`: one entry per round, None for a round in which the kind did not run)."""
   b = config.benchmark
-  arms = {name: arm for name, (arm, _) in prepared.items()}
-  per_round = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
+  per_round = _timed_rounds(prepared, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
   return _medians(per_round) | {
-    "compile_s": {name: seconds for name, (_, seconds) in prepared.items()},
+    "compile_s": {name: arm["compile_s"] for name, arm in prepared.items()},
     "rounds": int(b.timing_rounds),
     "steps_per_round": int(b.timing_steps),
   }
@@ -88,7 +87,7 @@ def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> Record:
   }
 
 
-def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
+def _prepare(c: Config, task: Record, arm: Any) -> Record:
   """A timed arm's compiled programs and state (`arm` None: the baseline), and its compile time."""
   driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
   state = driver.init_state()
@@ -117,7 +116,8 @@ def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
     "rare": rare,
     "batches": batches,
     "baseline": arm is None,
-  }, compile_s
+    "compile_s": compile_s,
+  }
 
 
 def _step(a: Record, branch: int, n: int) -> tuple[float, Any]:
