@@ -464,7 +464,7 @@ def paired_difference(
 PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no difference"}
 
 
-def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tuple[float | None, float | None]:
+def anchor_at_n(steps: Floats, losses: Floats, n: float) -> tuple[float | None, float | None]:
   """(the anchor's own loss at N, the curve's loss at N): the measured point where the curve has one at N
   (else the curve's), and `curve_loss_at`. The first lies above the second where N is no drop of the
   anchor's envelope beyond float rounding (`reading_knots`): a smaller budget did as well or better, and
@@ -494,9 +494,9 @@ def steps_to_reach_at_n(budgets: Floats, losses: Floats, target: float, n: float
 
 
 def cost_verdict(
-  losses: Sequence[float],
-  costs: Sequence[float],
-  curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+  losses: Floats,
+  costs: Floats,
+  curves: Sequence[tuple[Floats, Floats]],
   n: float,
   eval_se: float | None,
   eval_windows: int | None = None,

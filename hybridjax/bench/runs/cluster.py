@@ -247,10 +247,9 @@ class RayExecutor:
       num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False
     )
     specs = dict(todo)
-    args = (self.jax_cache, versions, corpora)
     self._pending = {}
     for key, spec in longest_first(todo):  # each task recorded as it is submitted: Ctrl-C here cancels those
-      self._pending[remote.remote(spec, key, *args)] = key
+      self._pending[remote.remote(spec, key, self.jax_cache, versions, corpora)] = key
     while self._pending:
       ready, _ = self.ray.wait(list(self._pending), num_returns=1)
       key = self._pending.pop(ready[0])
