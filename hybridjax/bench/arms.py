@@ -98,8 +98,7 @@ def selected(config: ConfigDict) -> list[str]:
   which selects the method's arm and its control arm (`arms`). Errors name the field and the arms."""
   defined = arms(config)
   explicit = {name: arm for name, arm in defined.items() if name in config.benchmark.get("arms", {})}
-  chosen = []
-  listed = names(config.benchmark.methods)
+  chosen, listed = [], names(config.benchmark.methods)
   for entry in listed:
     if entry in explicit:
       chosen.append(entry)
@@ -121,8 +120,7 @@ def selected(config: ConfigDict) -> list[str]:
     chosen.append(method.name)
     if declared(method, "CONTROL"):
       chosen.append(f"{method.name}_control")
-  bad = [n for n in chosen if n not in defined]
-  if bad or len(set(chosen)) != len(chosen):
+  if not set(chosen) <= set(defined) or len(set(chosen)) != len(chosen):
     raise ValueError(
       f"--config.benchmark.methods={config.benchmark.methods!r}: give distinct names from "
       f"{','.join(defined)} (the arms of benchmark.arms), a built-in method's name or the module path "

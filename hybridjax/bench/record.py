@@ -226,8 +226,8 @@ def keep_earlier_report(config: Config, workdir: str, name: str, study: str) -> 
   folder = os.path.join(workdir, f"earlier-{stamp}")
   os.makedirs(folder, exist_ok=True)
   for entry in sorted(os.listdir(workdir)):
-    if os.path.isfile(os.path.join(workdir, entry)):
-      os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
+    if os.path.isfile(path := os.path.join(workdir, entry)):
+      os.replace(path, os.path.join(folder, entry))
   print(
     f"note: {workdir} held the report of another benchmark ({_shown(lines, 3)}); it is kept in {folder}", flush=True
   )

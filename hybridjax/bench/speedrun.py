@@ -203,8 +203,7 @@ def apply_tricks(config: Config, names: list[str]) -> Config:
 def kept_changes(config: Config) -> dict[str, Record]:
   """Per step of the recipe, the trick changes a kept field left out ({step: {field: [the trick's
   value, the value kept]}}); steps with none are absent."""
-  out = {}
-  c = Config(config.to_dict())
+  out, c = {}, Config(config.to_dict())
   for name in tricks_of(config):
     applied, kept = trick_changes(c, name)
     if kept:

@@ -128,8 +128,7 @@ def pack_corpus(path: str) -> bytes:
 def unpack_corpus(packed: bytes, name: str) -> str:
   """The corpus `packed` on this node (extracted once per content, under the temporary folder): the
   path that stands for `data.path` here."""
-  digest = hashlib.sha256(packed).hexdigest()[:16]
-  folder = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", digest)
+  folder = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", hashlib.sha256(packed).hexdigest()[:16])
   if not os.path.isdir(folder):
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     partial = tempfile.mkdtemp(dir=os.path.dirname(folder))  # renamed whole: never read half-written
