@@ -255,6 +255,9 @@ def recipe_record(config: Config, study: str) -> tuple[str, Record]:
     return shown_path(path), json.load(f)
 
 
+TUNED = ("lr", "beta", "iterate")  # what a recipe record's step tuned
+
+
 def row_side(config: Config, shown: str, result: Record, row: str, fix: str) -> tuple[Config, Record]:
   """(the config, its tuned settings: lr, beta, iterate) of the recipe record `result`'s (`shown`) cumulative
   row `row`: its tricks through that row, at the LR the record tuned for it, with no method arm. A record
@@ -263,7 +266,7 @@ def row_side(config: Config, shown: str, result: Record, row: str, fix: str) -> 
   if row not in names or row not in steps:
     raise ValueError(f"{shown} holds no {row!r} step (it ran {names}): {fix}")
   c = apply_tricks(config, names[: names.index(row) + 1])
-  settings = {k: steps[row][k] for k in ("lr", "beta", "iterate")}
+  settings = {k: steps[row][k] for k in TUNED}
   c.optim.learning_rate = float(settings["lr"])
   c.benchmark.methods = ""
   return c, settings
@@ -283,7 +286,7 @@ def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   out = {}
   for k, row in enumerate(TRICKS):
     source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
-    out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
+    out[row] = {key: steps[source][key] for key in TUNED} | {"from": source}
   return out
 
 

@@ -87,8 +87,8 @@ class Runner:
     for key, spec in zip(keys, specs):
       if key in results:
         continue
-      if os.path.exists(self._path(key)):
-        with open(self._path(key)) as f:
+      if os.path.exists(path := self._path(key)):
+        with open(path) as f:
           results[key] = json.load(f)
         if key not in self._trained:
           self._reused.add(key)
@@ -99,9 +99,10 @@ class Runner:
     progress = Progress(todo)
     for key, result in self.executor.map(todo, self._run_dir):
       result["key"] = key
-      with open(self._path(key) + ".tmp", "w") as f:
+      path = self._path(key)
+      with open(path + ".tmp", "w") as f:
         json.dump(result, f)
-      os.replace(self._path(key) + ".tmp", self._path(key))
+      os.replace(path + ".tmp", path)
       results[key] = result
       self._trained.add(key)
       print(progress.line(result), flush=True)
