@@ -69,7 +69,7 @@ def check_reachable(address: str) -> None:
   """Fails within `CONNECT_TIMEOUT_S` when `address` ('host:port' or 'ray://host:port') accepts no connection:
   `ray.init` itself may wait minutes on an address nothing answers."""
   host, sep, port = address.removeprefix("ray://").rpartition(":")
-  if not sep or not port.isdigit():
+  if not (sep and port.isdigit()):
     raise ValueError(
       f"benchmark.ray_address={address!r} is not '', 'auto', 'host:port' or 'ray://host:port': give the address "
       "`ray start --head` printed, or '' to start a Ray instance on this machine"
