@@ -18,9 +18,12 @@ import os
 import time
 from typing import Any
 
+from hybridjax import registry
+from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import specs as specs_lib
+from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.executors import Executor, LocalExecutor, Todo, describe
-from hybridjax.bench.runs.keys import run_key
+from hybridjax.bench.runs.keys import RUNNER_MODULES, run_key
 from hybridjax.bench.studies import Config, Record
 
 
@@ -113,12 +116,7 @@ def protocol_modules(config: Config) -> list[str]:
   """Every module a benchmark of `config` may run: both runners', its task's, and the method of each
   arm it defines. The Ray executor ships their packages once, so one connection serves the whole
   protocol (Ray uploads code per connection)."""
-  from hybridjax import registry
-  from hybridjax.bench import arms as arms_lib
-  from hybridjax.bench import tasks as tasks_lib
-  from hybridjax.bench.runs import keys as keys_lib
-
-  modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
+  modules = [*RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
   modules += [registry.method_path(arm.method) for arm in arms_lib.arms(config).values() if arm.method]
   return sorted(set(modules))
 
