@@ -69,7 +69,7 @@ def write_files(result: Record, folder: str, record: str, markdown: Callable, pl
   path = os.path.join(folder, record.format(**result))
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
-  with open(path[: -len(".json")] + ".md", "w") as f:
+  with open(path.removesuffix(".json") + ".md", "w") as f:
     f.write(markdown(result) + "\n")
   if plot is not None:
     plot(result, folder)

@@ -80,9 +80,6 @@ class Runner:
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key + ".json")
 
-  def _run_dir(self, key: str) -> str:
-    return os.path.join(self.cache_dir, "runs", key)
-
   def run(self, specs: list[Record], label: str) -> list[Record]:
     keys = [run_key(s) for s in specs]
     results: dict[str, Record] = {}
@@ -100,7 +97,7 @@ class Runner:
         results[key] = None
     print(f"--- {label}: {len(specs)} runs, {len(todo)} to train, {len(specs) - len(todo)} cached", flush=True)
     progress = Progress(todo)
-    for key, result in self.executor.map(todo, self._run_dir):
+    for key, result in self.executor.map(todo, lambda key: os.path.join(self.cache_dir, "runs", key)):
       result["key"] = key
       path = self._path(key)
       with open(path + ".tmp", "w") as f:
