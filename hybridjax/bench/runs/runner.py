@@ -75,7 +75,11 @@ class Runner:
 
   def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
     """Stops the workers; after a failure (or Ctrl-C) the runs still queued are dropped."""
-    self.executor.close(cancel=exc_type is not None)
+    self.close(cancel=exc_type is not None)
+
+  def close(self, cancel: bool = False) -> None:
+    """Stops the executor's workers; `cancel`: drop the runs still queued (after a failure)."""
+    self.executor.close(cancel=cancel)
 
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key + ".json")
