@@ -291,8 +291,7 @@ def apply(arm: Arm, c: ConfigDict) -> None:
   if arm.mode == "hybrid":  # a baseline-mode arm's steps are the baseline loop's: it names no hybrid method
     c.hybrid.method = arm.method
     config_lib.with_method_block(c)
-  if arm.overrides:
-    c.update_from_flattened_dict(arm.overrides)
+  c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`
     method = registry.load_method(arm.method)
     control = dict(declared(method, "CONTROL") or {})

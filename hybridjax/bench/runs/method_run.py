@@ -22,9 +22,9 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   """A hybrid (or baseline-mode) arm through `train()`: an interrupted run continues from its last
   checkpoint, or starts again when it has none."""
   c = ml_collections.ConfigDict(spec["config"])
-  c.trainer.progress = False
-  c.trainer.compile_cache = compile_cache_dir is not None
-  c.trainer.compile_cache_dir = compile_cache_dir or ""
+  c.trainer.update(
+    progress=False, compile_cache=compile_cache_dir is not None, compile_cache_dir=compile_cache_dir or ""
+  )
   task = tasks_lib.build(spec["task"], c)
   checkpoints = os.path.join(workdir, "checkpoints")
   if os.path.isdir(workdir) and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)):
