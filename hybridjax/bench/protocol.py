@@ -379,9 +379,7 @@ def verdict(
   }
 
 
-def seed_averaged_window_se(
-  a: Sequence[Sequence[float]] | np.ndarray, b: Sequence[Sequence[float]] | np.ndarray
-) -> float:
+def seed_averaged_window_se(a: Sequence[Floats] | np.ndarray, b: Sequence[Floats] | np.ndarray) -> float:
   """The eval windows' standard error of a seed-averaged paired difference: per window j, the difference
   a_sj - b_sj averaged over the seeds s, then sd over the windows (ddof=1) / sqrt(windows).
 
