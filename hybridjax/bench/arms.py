@@ -20,11 +20,12 @@ import dataclasses
 import importlib
 from typing import Any
 
-import ml_collections
+from ml_collections import ConfigDict
 
 from hybridjax import config as config_lib
 from hybridjax import preflight, registry
 from hybridjax.bench import tasks as tasks_lib
+from hybridjax.hybrid.phases import BRANCH_NAMES
 
 REAL_STEP = "real_step"  # the one step kind of an arm that trains in baseline mode
 
@@ -46,23 +47,22 @@ def declared(method: registry.Method, name: str, default: Any = None) -> Any:
   return getattr(importlib.import_module(method.path), name, default)
 
 
-def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
+def arms(config: ConfigDict) -> dict[str, Arm]:
   """Every arm the config defines, by name: the entries of `benchmark.arms`, and for each method
   that `benchmark.methods` names by its module path (or built-in name) rather than by an arm, the
   arm named by the method's `NAME` and, where it declares a `CONTROL`, its control arm
   `<NAME>_control`."""
-  out = {}
-  for name, a in config.benchmark.get("arms", {}).items():
-    a = a.to_dict() if hasattr(a, "to_dict") else dict(a)
-    overrides = config_lib.flatten(a.get("overrides") or {})
-    out[name] = Arm(
+  out = {
+    name: Arm(
       name=name,
       method=str(a.get("method", "")),
       mode=str(a.get("mode", "hybrid")),
-      overrides=overrides,
+      overrides=config_lib.flatten(a.get("overrides") or {}),
       control=bool(a.get("control", False)),
       control_of=str(a.get("control_of", "")),
     )
+    for name, a in config.benchmark.get("arms", {}).items()
+  }
   # A control arm is its arm with the method's CONTROL: its arm's overrides first, then its own.
   for name, arm in list(out.items()):
     if arm.control and arm.control_of in out:
@@ -75,7 +75,7 @@ def arms(config: ml_collections.ConfigDict) -> dict[str, Arm]:
   return out
 
 
-def _methods_named(config: ml_collections.ConfigDict, defined: dict[str, Arm]) -> dict[str, registry.Method]:
+def _methods_named(config: ConfigDict, defined: dict[str, Arm]) -> dict[str, registry.Method]:
   """The entries of `benchmark.methods` that name no arm of `defined` but load as a method."""
   out = {}
   for entry in names(config.benchmark.get("methods", "")):
@@ -93,13 +93,12 @@ def names(text: str) -> list[str]:
   return [x.strip() for x in str(text).split(",") if x.strip()]
 
 
-def selected(config: ml_collections.ConfigDict) -> list[str]:
+def selected(config: ConfigDict) -> list[str]:
   """The arms `benchmark.methods` names, in its order: an arm's name, or a method's module path,
   which selects the method's arm and its control arm (`arms`). Errors name the field and the arms."""
-  explicit = {name: arm for name, arm in arms(config).items() if name in config.benchmark.get("arms", {})}
   defined = arms(config)
-  chosen = []
-  listed = names(config.benchmark.methods)
+  explicit = {name: arm for name, arm in defined.items() if name in config.benchmark.get("arms", {})}
+  chosen, listed = [], names(config.benchmark.methods)
   for entry in listed:
     if entry in explicit:
       chosen.append(entry)
@@ -121,8 +120,7 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
     chosen.append(method.name)
     if declared(method, "CONTROL"):
       chosen.append(f"{method.name}_control")
-  bad = [n for n in chosen if n not in defined]
-  if bad or len(set(chosen)) != len(chosen):
+  if not set(chosen) <= set(defined) or len(set(chosen)) != len(chosen):
     raise ValueError(
       f"--config.benchmark.methods={config.benchmark.methods!r}: give distinct names from "
       f"{','.join(defined)} (the arms of benchmark.arms), a built-in method's name or the module path "
@@ -131,12 +129,12 @@ def selected(config: ml_collections.ConfigDict) -> list[str]:
   return chosen
 
 
-def check(config: ml_collections.ConfigDict) -> list[str]:
+def check(config: ConfigDict) -> list[str]:
   """The arms' problems: a method that does not load, an unknown mode, a baseline-mode arm whose method
   has steps of its own (it would train the plain baseline under the method's name), a control without
   one or with an empty one, and a hybrid arm's run config that is not valid (`config.validate`), or a
   control arm's equal to its arm's (the method's CONTROL changes nothing: the comparison would test
-  nothing; `run_errors`)."""
+  nothing; `run_error`)."""
   errors = []
   defined = arms(config)
   empty: set[str] = set()  # the methods whose CONTROL = {} is named already
@@ -179,9 +177,9 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
         f"--config.benchmark.arms.{arm.name}.control: a baseline-mode arm reads nothing under config.hybrid, so "
         f"method {arm.method!r}'s CONTROL would change nothing: set --config.benchmark.arms.{arm.name}.mode=hybrid"
       )
-    elif arm.mode == "hybrid" and base_valid:
-      for at, problem in run_errors(config, arm, method):
-        runs.setdefault(problem, []).append(at)
+    elif arm.mode == "hybrid" and base_valid and (found := run_error(config, arm, method)):
+      at, problem = found
+      runs.setdefault(problem, []).append(at)
     if arm.control_of and arm.control_of not in defined:
       errors.append(f"benchmark.arms.{arm.name}.control_of names no arm: {arm.control_of!r}")
   # A problem every arm shares (a hybrid setting of the experiment config) is named once, with its arms.
@@ -191,7 +189,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 def transitions(method: registry.Method) -> list[str]:
   """The transitions `method` defines of its own (`full_step`, `predict_step`, `correct_step`): none for
   a method whose steps are the baseline's (outer momentum)."""
-  return [name for name in ("full_step", "predict_step", "correct_step") if getattr(method, name) is not None]
+  return [name for name in BRANCH_NAMES if getattr(method, name) is not None]
 
 
 def predicts(arm: Arm) -> bool:
@@ -208,10 +206,10 @@ def predicts(arm: Arm) -> bool:
     return False
 
 
-def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The experiment part of benchmark config `config`, as `bench.specs.experiment_config` makes it:
-  without its benchmark block, in baseline mode, with the task's own optimizer."""
-  c = ml_collections.ConfigDict(config.to_dict())
+def base_config(config: ConfigDict) -> ConfigDict:
+  """The experiment part of benchmark config `config` (`bench.specs.experiment_config`): without its benchmark
+  block, in baseline mode, with the task's own optimizer (its name is part of what every run is)."""
+  c = ConfigDict(config.to_dict())
   del c.benchmark
   c.mode = "baseline"
   try:
@@ -223,7 +221,7 @@ def base_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def run_config(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.ConfigDict:
+def run_config(config: ConfigDict, arm: Arm) -> ConfigDict:
   """The experiment config a run of `arm` trains, as `bench.specs.run_spec` makes it (but for its seed,
   LR and budget): `base_config` made the arm's (`apply`)."""
   c = base_config(config)
@@ -231,56 +229,48 @@ def run_config(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.Co
   return c
 
 
-def run_errors(config: ml_collections.ConfigDict, arm: Arm, method: registry.Method) -> list[tuple[str, str]]:
-  """The problems of `arm`'s run config (`config.validate`'s), and for a control arm those of its CONTROL:
+def run_error(config: ConfigDict, arm: Arm, method: registry.Method) -> tuple[str, str] | None:
+  """The problem of `arm`'s run config (`config.validate`'s), or for a control arm that of its CONTROL:
   one the run config cannot take or that makes it invalid (a misspelt key, a path written with
   'hybrid.'), or one that leaves it equal to the arm's own without CONTROL (the control would train the
-  method itself). Each as (the arm, the problem), naming the method's module and its CONTROL entry,
-  and the fix."""
-  explicit = arm.name in config.benchmark.get("arms", {})
+  method itself). As (the arm, the problem), naming the method's module and its CONTROL entry, and the
+  fix; None where there is none."""
   at = where(config, arm)
-  treated = dataclasses.replace(arm, control=False, control_of="")
   try:
-    own = run_config(config, treated)
+    own = run_config(config, dataclasses.replace(arm, control=False, control_of=""))
     preflight.validate(own)
   except ValueError as e:
-    return [(at, f"the arm's run config is not valid: {one_line(e)}")]
+    return at, f"the arm's run config is not valid: {one_line(e)}"
   if not arm.control:
-    return []
+    return None
   control = dict(declared(method, "CONTROL") or {})
+  explicit = arm.name in config.benchmark.get("arms", {})
   at = f"{at}, the control arm of method {arm.method!r}" if explicit else f"control {at}"
   try:
     c = run_config(config, arm)
   except ValueError as e:  # `apply`'s: a CONTROL key config.hybrid cannot take
-    return [(at, str(e))]
+    return at, str(e)
   try:
     preflight.validate(c)
   except ValueError as e:
-    return [
-      (
-        at,
-        f"{method.path}'s CONTROL = {control!r} makes no valid run: {one_line(e)}. Fix CONTROL in "
-        f"{method.path} (its keys are dotted fields under config.hybrid, without 'hybrid.')",
-      )
-    ]
+    return at, (
+      f"{method.path}'s CONTROL = {control!r} makes no valid run: {one_line(e)}. Fix CONTROL in "
+      f"{method.path} (its keys are dotted fields under config.hybrid, without 'hybrid.')"
+    )
   if config_lib.flatten(c) == config_lib.flatten(own):
-    return [
-      (
-        at,
-        f"{method.path}'s CONTROL = {control!r} leaves the run config as the method's own: the control would "
-        f"train the method itself and 'vs control' would compare nothing; make CONTROL in {method.path} set a "
-        f"field of its block to the value that removes the method's effect (e.g. {example(method)})",
-      )
-    ]
-  return []
+    return at, (
+      f"{method.path}'s CONTROL = {control!r} leaves the run config as the method's own: the control would "
+      f"train the method itself and 'vs control' would compare nothing; make CONTROL in {method.path} set a "
+      f"field of its block to the value that removes the method's effect (e.g. {example(method)})"
+    )
+  return None
 
 
-def where(config: ml_collections.ConfigDict, arm: Arm) -> str:
+def where(config: ConfigDict, arm: Arm) -> str:
   """How an error names `arm`: its field for an arm of `benchmark.arms`, else by its name and method
   (an arm that `benchmark.methods` selects by the method's module path)."""
-  if arm.name in config.benchmark.get("arms", {}):
-    return f"--config.benchmark.arms.{arm.name}"
-  return f"arm {arm.name!r} (method {arm.method!r})"
+  explicit = arm.name in config.benchmark.get("arms", {})
+  return f"--config.benchmark.arms.{arm.name}" if explicit else f"arm {arm.name!r} (method {arm.method!r})"
 
 
 def example(method: registry.Method) -> str:
@@ -293,7 +283,7 @@ def one_line(e: Exception) -> str:
   return str(e).replace("\n  ", " ")
 
 
-def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
+def apply(arm: Arm, c: ConfigDict) -> None:
   """Makes `c` (a run's experiment config) the arm's: its mode, its method and the method's block,
   its overrides, and the method's control overrides for a control arm (a CONTROL key that names no
   field under `config.hybrid` is a ValueError naming the method's module and the fix)."""
@@ -301,8 +291,7 @@ def apply(arm: Arm, c: ml_collections.ConfigDict) -> None:
   if arm.mode == "hybrid":  # a baseline-mode arm's steps are the baseline loop's: it names no hybrid method
     c.hybrid.method = arm.method
     config_lib.with_method_block(c)
-  if arm.overrides:
-    c.update_from_flattened_dict(arm.overrides)
+  c.update_from_flattened_dict(arm.overrides)
   if arm.control:  # dotted paths under `config.hybrid`
     method = registry.load_method(arm.method)
     control = dict(declared(method, "CONTROL") or {})
@@ -321,8 +310,5 @@ def step_kind(arm: Arm | None, row: dict[str, Any]) -> str:
   method's `step_kind`, or its transition's name. Every step of a baseline-mode arm is a real step."""
   if arm is None or arm.mode == "baseline":
     return REAL_STEP
-  method = registry.load_method(arm.method)
-  kind = declared(method, "step_kind")
-  if kind is not None:
-    return kind(row)
-  return ("full_step", "predict_step", "correct_step")[int(row["branch"])]
+  kind = declared(registry.load_method(arm.method), "step_kind")
+  return kind(row) if kind is not None else BRANCH_NAMES[int(row["branch"])]

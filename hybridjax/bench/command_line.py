@@ -50,7 +50,7 @@ def prepare_overrides(config: Config, argv: list[str]) -> dict[str, str]:
     elif parts[3] in ARM_KEYS and len(parts) == 4:
       continue
     else:
-      candidates = list(ARM_KEYS)
+      candidates = ARM_KEYS
     nearest = difflib.get_close_matches(field, candidates, n=1, cutoff=0.6)
     hint = f"did you mean --config.benchmark.arms.{name}.{nearest[0]}? " if nearest else ""
     errors[path] = (
@@ -74,9 +74,7 @@ def _run_fields(config: Config, argv: list[str], arm: str) -> dict:
 
 def _add_override(entry: Config, field: str, value: object) -> None:
   """Makes `field` (dotted) of the arm `entry`'s overrides a field the flags can set, at `value`."""
-  if entry.get("overrides") is None:
-    entry.overrides = Config()
-  node = entry.overrides
+  node = entry.overrides = entry.get("overrides") or Config()
   *parents, leaf = field.split(".")
   for part in parents:
     if part not in node:
@@ -97,7 +95,7 @@ def _add_control_arm(arms: Config, argv: list[str], name: str) -> None:
     return
   for path in cli.command_line_fields(argv):
     if path.startswith("benchmark.arms.") and path.endswith(".control_of") and cli.override_value(argv, path) == name:
-      return
+      return  # the command line makes a control of it itself
   try:
     declares = bool(arms_lib.declared(registry.load_method(method), "CONTROL"))
   except ValueError:

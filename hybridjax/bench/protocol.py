@@ -26,6 +26,18 @@ from hybridjax.bench.studies import Record
 Floats = Sequence[float] | np.ndarray  # one value per budget, or per seed
 
 
+def _finite(*xs: np.ndarray) -> bool:
+  return all(np.all(np.isfinite(x)) for x in xs)
+
+
+def _paired(a: Floats, b: Floats, unit: str, why: str) -> tuple[np.ndarray, np.ndarray]:
+  """`a` and `b` as flat float arrays of one length (else a ValueError counting their `unit`, `why`)."""
+  x, y = (np.asarray(v, dtype=np.float64).ravel() for v in (a, b))
+  if x.size != y.size:
+    raise ValueError(f"mismatched lengths: {x.size} {unit} in a but {y.size} in b ({why})")
+  return x, y
+
+
 def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
   """Validated (budgets, losses) as 1-D float arrays, in the order given."""
   b, loss = (np.asarray(v, dtype=np.float64) for v in (budgets, losses))
@@ -35,14 +47,14 @@ def _curve(budgets: Floats, losses: Floats) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError("empty curve: at least one (budget, loss) point is needed")
   if b.size != loss.size:
     raise ValueError(f"mismatched lengths: {b.size} budgets but {loss.size} losses")
-  if not np.all(np.isfinite(b)):
+  if not _finite(b):
     raise ValueError(f"budgets must be finite, got {b.tolist()}")
   if np.any(b <= 0):
     raise ValueError(f"budgets must be positive (steps), got {b.tolist()}")
   values, counts = np.unique(b, return_counts=True)
   if np.any(counts > 1):
     raise ValueError(f"duplicate budgets: {values[counts > 1].tolist()}")
-  if not np.all(np.isfinite(loss)):
+  if not _finite(loss):
     raise ValueError(f"losses must be finite, got {loss.tolist()}")
   return b, loss
 
@@ -219,9 +231,8 @@ def ratio(reach: Reach, method_cost: float) -> Record:
   cost = float(method_cost)
   if not (math.isfinite(cost) and cost > 0):
     raise ValueError(f"method_cost must be a positive finite number, got {method_cost!r}")
-  value = None if reach.steps is None else float(reach.steps) / cost
   return {
-    "value": value,
+    "value": None if reach.steps is None else float(reach.steps) / cost,
     "lower_bound": bool(reach.lower_bound),
     "upper_bound": bool(reach.upper_bound),
     "baseline_steps": reach.steps,
@@ -285,10 +296,8 @@ def paired_batch_se(a: Floats, b: Floats) -> float | None:
   Raises:
     ValueError: on mismatched lengths or non-finite values.
   """
-  x, y = (np.asarray(v, dtype=np.float64).ravel() for v in (a, b))
-  if x.size != y.size:
-    raise ValueError(f"mismatched lengths: {x.size} batches in a but {y.size} in b (the same batches score both)")
-  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+  x, y = _paired(a, b, "batches", "the same batches score both")
+  if not _finite(x, y):
     raise ValueError("per-batch losses must be finite")
   if x.size < 2:
     return None
@@ -308,6 +317,11 @@ def rule_of(difference: Record) -> str:
   """The rule a stored paired difference's verdict was judged by: the one it names, else `UNMARKED_RULE`
   (a record written before its differences named their rule)."""
   return str(difference.get("rule", UNMARKED_RULE))
+
+
+def _check_se(name: str, se: float | None) -> None:
+  if se is not None and not (math.isfinite(se) and se >= 0):
+    raise ValueError(f"{name} must be a finite standard error >= 0 or None, got {se!r}")
 
 
 def verdict(
@@ -341,9 +355,8 @@ def verdict(
     raise ValueError(f"verdict rule {rule!r}: give one of {RULES}")
   if n < 2:
     raise ValueError(f"a paired verdict needs at least 2 seeds, got {n}")
-  for name, se in (("se_seed", se_seed), ("se_eval", se_eval)):
-    if se is not None and not (math.isfinite(se) and se >= 0):
-      raise ValueError(f"{name} must be a finite standard error >= 0 or None, got {se!r}")
+  _check_se("se_seed", se_seed)
+  _check_se("se_eval", se_eval)
   total = math.hypot(se_seed, se_eval or 0.0)
   word = "lower" if mean < 0 else "higher"
   if rule == "2se":
@@ -353,7 +366,7 @@ def verdict(
       "verdict": "no difference" if mean == 0 else word,
       "df": None,
       "t_crit": None,
-      "p": 1.0 if mean == 0 else 0.0,
+      "p": float(mean == 0),
     }
   eval_df = math.inf if eval_windows is None else float(eval_windows - 1)
   df = stats.satterthwaite_df([(se_seed, n - 1), (se_eval or 0.0, eval_df)])
@@ -366,9 +379,7 @@ def verdict(
   }
 
 
-def seed_averaged_window_se(
-  a: Sequence[Sequence[float]] | np.ndarray, b: Sequence[Sequence[float]] | np.ndarray
-) -> float:
+def seed_averaged_window_se(a: Sequence[Floats] | np.ndarray, b: Sequence[Floats] | np.ndarray) -> float:
   """The eval windows' standard error of a seed-averaged paired difference: per window j, the difference
   a_sj - b_sj averaged over the seeds s, then sd over the windows (ddof=1) / sqrt(windows).
 
@@ -384,7 +395,7 @@ def seed_averaged_window_se(
     raise ValueError(f"per-window losses must be (seeds, windows) of one shape, got {x.shape} and {y.shape}")
   if x.shape[1] < 2:
     raise ValueError(f"the windows' error needs at least 2 windows, got {x.shape[1]}")
-  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+  if not _finite(x, y):
     raise ValueError("per-window losses must be finite")
   d = (x - y).mean(axis=0)
   return float(np.std(d, ddof=1) / math.sqrt(d.size))
@@ -422,22 +433,19 @@ def paired_difference(
     ValueError: on mismatched lengths, fewer than 2 pairs, non-finite values or a negative or non-finite
       eval_se.
   """
-  x, y = (np.asarray(v, dtype=np.float64).ravel() for v in (a, b))
-  if x.size != y.size:
-    raise ValueError(f"mismatched lengths: {x.size} values in a but {y.size} in b (pairs are per seed)")
+  x, y = _paired(a, b, "values", "pairs are per seed")
   if x.size < 2:
     raise ValueError(f"at least 2 pairs are needed, got {x.size}")
-  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+  if not _finite(x, y):
     raise ValueError(f"values must be finite, got a={x.tolist()} b={y.tolist()}")
-  if eval_se is not None and not (math.isfinite(eval_se) and eval_se >= 0):
-    raise ValueError(f"eval_se must be a finite standard error >= 0 or None, got {eval_se!r}")
+  _check_se("eval_se", eval_se)
   d = x - y
   n = int(d.size)
   mean = float(np.mean(d))
   std = float(np.std(d, ddof=1))
   se = std / math.sqrt(n)
   judged = verdict(mean, se, n, eval_se, eval_windows, rule)
-  out = {
+  return {
     "mean": mean,
     "std": std,
     "se": se,
@@ -446,14 +454,15 @@ def paired_difference(
     "n": n,
     "differences": d.tolist(),
     "verdict": judged.pop("verdict"),
-  }
-  return out | {"rule": rule, "eval_windows": eval_windows} | judged
+    "rule": rule,
+    "eval_windows": eval_windows,
+  } | judged
 
 
 PAYS = {"lower": "pays", "higher": "does not pay", "no difference": "no difference"}
 
 
-def anchor_at_n(steps: Sequence[float], losses: Sequence[float], n: float) -> tuple[float | None, float | None]:
+def anchor_at_n(steps: Floats, losses: Floats, n: float) -> tuple[float | None, float | None]:
   """(the anchor's own loss at N, the curve's loss at N): the measured point where the curve has one at N
   (else the curve's), and `curve_loss_at`. The first lies above the second where N is no drop of the
   anchor's envelope beyond float rounding (`reading_knots`): a smaller budget did as well or better, and
@@ -483,9 +492,9 @@ def steps_to_reach_at_n(budgets: Floats, losses: Floats, target: float, n: float
 
 
 def cost_verdict(
-  losses: Sequence[float],
-  costs: Sequence[float],
-  curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+  losses: Floats,
+  costs: Floats,
+  curves: Sequence[tuple[Floats, Floats]],
   n: float,
   eval_se: float | None,
   eval_windows: int | None = None,

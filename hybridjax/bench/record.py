@@ -17,7 +17,7 @@ import jax
 
 from hybridjax import identity
 from hybridjax.bench import specs
-from hybridjax.bench.speedrun import RESULTS
+from hybridjax.bench.speedrun import RESULTS, shown_path
 from hybridjax.bench.studies import STUDIES, Config, Record
 
 
@@ -59,8 +59,7 @@ def both_tuned_record(config: Config, field: str, run_it: str, required: bool = 
       f"--config.benchmark.{field}: no cell 'both_tuned' record at {path}: run {run_it} at this preset first, "
       "or give its record"
     )
-  with open(path) as f:
-    return path, json.load(f)
+  return path, stored(path)
 
 
 def write_files(result: Record, folder: str, record: str, markdown: Callable, plot: Callable | None = None) -> None:
@@ -70,7 +69,7 @@ def write_files(result: Record, folder: str, record: str, markdown: Callable, pl
   path = os.path.join(folder, record.format(**result))
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
-  with open(path[: -len(".json")] + ".md", "w") as f:
+  with open(path.removesuffix(".json") + ".md", "w") as f:
     f.write(markdown(result) + "\n")
   if plot is not None:
     plot(result, folder)
@@ -87,18 +86,12 @@ def stored_config(result: Record) -> Config:
   return Config(config | {"benchmark": b})
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's
-
-
 def relative_folders(command: str) -> str:
   """`command` with its `--workdir` and `--config.benchmark.publish` folders relative to the repository
-  when they lie inside it (a record names no folder of one machine), the others as given."""
-
-  def relative(m: re.Match) -> str:
-    path = os.path.abspath(m[2])
-    return m[1] + (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else m[2])
-
-  return re.sub(r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", relative, command)
+  when they lie inside it (a record names no folder of one machine), the others as given (`shown_path`)."""
+  return re.sub(
+    r"((?:^|\s)--(?:workdir|config\.benchmark\.publish)[= ])(\S+)", lambda m: m[1] + shown_path(m[2]), command
+  )
 
 
 def header(config: Config, command: str) -> Record:
@@ -135,20 +128,15 @@ def config_differences(
   A field one config lacks (its record was written before the field existed) compares as its default
   (`identity.field_defaults`); one with no default (a benchmark field or study block added since) is
   not compared: the older record cannot say what it was."""
-  defaults = identity.field_defaults()
+  defaults, absent = identity.field_defaults(), object()
   a, b = identity.comparable(earlier), identity.comparable(later)
-  absent = object()
-
-  def ignored(k: str) -> bool:
-    return k in RUNTIME or any(k == i or k.startswith(i + ".") for i in ignore)
-
   shown = {k: i for i, k in enumerate(FIRST_SHOWN)}
-  keys = sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k))
   diffs = []
-  for k in [k for k in keys if not ignored(k)]:
-    old, new = a.get(k, defaults.get(k, absent)), b.get(k, defaults.get(k, absent))
-    if absent not in (old, new) and plain(old) != plain(new):
-      diffs.append(f"{k}: {plain(old)!r} there, {plain(new)!r} here")
+  for k in sorted(set(a) | set(b), key=lambda k: (shown.get(k, len(shown)), k)):
+    old, new = (plain(c.get(k, defaults.get(k, absent))) for c in (a, b))
+    ignored = k in RUNTIME or any(k == i or k.startswith(i + ".") for i in ignore)
+    if not ignored and absent not in (old, new) and old != new:
+      diffs.append(f"{k}: {old!r} there, {new!r} here")
   return diffs
 
 
@@ -238,8 +226,8 @@ def keep_earlier_report(config: Config, workdir: str, name: str, study: str) -> 
   folder = os.path.join(workdir, f"earlier-{stamp}")
   os.makedirs(folder, exist_ok=True)
   for entry in sorted(os.listdir(workdir)):
-    if os.path.isfile(os.path.join(workdir, entry)):
-      os.replace(os.path.join(workdir, entry), os.path.join(folder, entry))
+    if os.path.isfile(path := os.path.join(workdir, entry)):
+      os.replace(path, os.path.join(folder, entry))
   print(
     f"note: {workdir} held the report of another benchmark ({_shown(lines, 3)}); it is kept in {folder}", flush=True
   )

@@ -157,15 +157,12 @@ class Overwritten:
 
 
 PER_PRESET = object()  # an `Overwritten.preset_value`: the presets give the field different values
-_DEFAULTS = {f.name: f.default for f in config_lib.TOP_FIELDS} | {
-  f"trainer.{f.name}": f.default for f in config_lib.TRAINER_FIELDS
-}
 # Given on the command line (or, from Python, away from every preset's value), they are refused, not ignored.
 OVERWRITTEN = {
   "seed": Overwritten(
     "the benchmark sets each run's seed from --config.benchmark.seeds (headline) and "
     "--config.benchmark.tuning_seeds (tuning): leave out --config.seed and set those",
-    _DEFAULTS["seed"],
+    schema.by_name(config_lib.TOP_FIELDS)["seed"].default,
   ),
   "mode": Overwritten(
     "the benchmark sets each run's mode (the anchors train the baseline loop, each method arm in its "
@@ -184,7 +181,7 @@ OVERWRITTEN = {
   "trainer.averaging_beta": Overwritten(
     "the benchmark tunes the averaging beta on the tuning seeds over "
     "--config.benchmark.betas: leave out --config.trainer.averaging_beta and set --config.benchmark.betas",
-    _DEFAULTS["trainer.averaging_beta"],
+    schema.by_name(config_lib.TRAINER_FIELDS)["averaging_beta"].default,
   ),
 }
 
@@ -195,21 +192,21 @@ def unknown_benchmark_fields(config: Config, known: set[str]) -> list[str]:
   and the study would run on the field's default, without a word. The arms (`benchmark.arms`, checked by
   `arms.check`) are an open block; `benchmark.ladder.muon`'s keys are optimizer fields. The experiment
   blocks' keys are `config.unknown_field_errors`' (`validate_benchmark` calls it)."""
-  b = config.benchmark
   optim = set(config.get("optim", {}))
   errors = []
-  for name in config_lib.flatten(b):
+  for name in config_lib.flatten(config.benchmark):
     top = name.split(".")[0]
     if name in known or top == "arms" or top in MOVED or top in OLD_FLAGS and "." not in name:
       continue  # an old name: `specs.moved_errors` names its field now
-    if name.startswith("ladder.muon."):
-      if name.split(".", 2)[2] in optim:
-        continue
-      nearest = difflib.get_close_matches(name.split(".", 2)[2], sorted(optim), n=1, cutoff=0.6)
-      nearest = ["ladder.muon." + n for n in nearest]
-    else:
-      nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    hint = f"did you mean --config.benchmark.{nearest[0]}? " if nearest else "(docs/benchmark.md lists the fields) "
+    muon = name.removeprefix("ladder.muon.")  # an optimizer field, where it is one of the ladder's Muon
+    if muon != name and muon in optim:
+      continue
+    nearest = difflib.get_close_matches(muon, sorted(optim if muon != name else known), n=1, cutoff=0.6)
+    hint = (
+      f"did you mean --config.benchmark.{name.removesuffix(muon)}{nearest[0]}? "
+      if nearest
+      else "(docs/benchmark.md lists the fields) "
+    )
     errors.append(
       f"--config.benchmark.{name} is not a field of the benchmark block: {hint}A misspelt key would leave the "
       "field it meant at its default; rename or remove it"
@@ -280,31 +277,23 @@ class BenchmarkBlock(CheckedBlock):
     super().update(*other, **kwargs)
 
 
-def experiment_config(config: Config) -> Config:
-  """The experiment part of a benchmark config (without the `benchmark` block)."""
-  optimizer = tasks_lib.optimizer_name(task_name(config))
-  c = Config(config.to_dict())
-  del c.benchmark
-  c.mode = "baseline"  # each run sets its own
-  if optimizer is not None:  # the task's own optimizer: its name is part of what every run is
-    c.optim.name = optimizer
-  return c
+# The experiment part of a benchmark config (without the `benchmark` block, in baseline mode: each run sets its
+# own), with the task's own optimizer: its name is part of what every run is.
+experiment_config = arms_lib.base_config
 
 
 def family_name(config: Config) -> str:
   """The family the runs train: `benchmark.family`, or, for a task that brings its own optimizer
   (its `OPTIMIZER`), that optimizer's name with the schedule, since no built-in one runs."""
   optimizer = tasks_lib.optimizer_name(task_name(config))
-  if optimizer is None:
-    return str(config.benchmark.family)
-  return f"{optimizer}-{config.optim.schedule}"
+  return str(config.benchmark.family) if optimizer is None else f"{optimizer}-{config.optim.schedule}"
 
 
 def compile_cache_dir(config: Config, workdir: str) -> str | None:
   """JAX's persistent compilation cache of a benchmark: `<workdir>/jax_cache` unless set."""
-  if not config.trainer.compile_cache:
-    return None
-  return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+  if config.trainer.compile_cache:
+    return config.trainer.compile_cache_dir or os.path.join(os.path.abspath(workdir), "jax_cache")
+  return None
 
 
 def task_name(config: Config) -> str:
@@ -334,8 +323,7 @@ def repeated_seed_errors(name: str, seeds: tuple[int, ...]) -> list[str]:
 def block_errors(b: Config, names: tuple[str, ...] = ()) -> list[str]:
   """A line for each field of the benchmark block `b` (of `names`, default every declared one) whose
   declared check refuses its value."""
-  declared = [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)]
-  return schema.errors("benchmark", declared, {f.name: b[f.name] for f in declared})
+  return schema.errors("benchmark", [f for f in BENCHMARK_FIELDS if f.name in b and (not names or f.name in names)], b)
 
 
 def _protocol_errors(b: Config) -> list[str]:
@@ -343,12 +331,13 @@ def _protocol_errors(b: Config) -> list[str]:
   the seeds, the budgets, the betas, the plateau rule (a relation is checked where its fields pass)."""
   errors = block_errors(b)
   bad = {e.split()[0].removeprefix("--config.benchmark.") for e in errors}
-  if not {"seeds", "tuning_seeds", "plateau_seeds"} & bad:
+  seeds = ("seeds", "tuning_seeds", "plateau_seeds")
+  if not set(seeds) & bad:
     if len(b.tuning_seeds) != 2:
       errors.append(f"benchmark.tuning_seeds must hold 2 seeds, got {tuple(b.tuning_seeds)}")
     if len(b.seeds) < 2:
       errors.append(f"benchmark.seeds needs at least 2 headline seeds (3 or more for a headline), got {tuple(b.seeds)}")
-    for name in ("seeds", "tuning_seeds", "plateau_seeds"):
+    for name in seeds:
       errors += repeated_seed_errors(name, tuple(b[name]))
     if set(b.seeds) & set(b.tuning_seeds):
       errors.append("benchmark.seeds and benchmark.tuning_seeds must not share a seed: headline seeds never tune")
@@ -363,7 +352,7 @@ def _protocol_errors(b: Config) -> list[str]:
 
 def validate_benchmark(config: Config) -> None:
   """Checks the benchmark block; errors name the field and the fix."""
-  b = config.benchmark
+  b, task = config.benchmark, task_name(config)
   errors = _protocol_errors(b)
   if config.trainer.averaging != "ema":
     errors.append("the benchmark compares averaged anchors: keep --config.trainer.averaging=ema")
@@ -378,17 +367,17 @@ def validate_benchmark(config: Config) -> None:
       "schedule early and hold a long one at its floor. Leave --config.optim.decay_steps at 0"
     )
   try:
-    optimizer = tasks_lib.optimizer_name(task_name(config))
+    optimizer = tasks_lib.optimizer_name(task)
   except ValueError as e:
     errors.append(str(e))
   else:
     if optimizer in optim_lib.BUILTIN_OPTIMIZERS:
       errors.append(
-        f"the task {task_name(config)!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
+        f"the task {task!r} names its own optimizer OPTIMIZER={optimizer!r}, a built-in optimizer's name: "
         "give it a name of its own (e.g. 'my_adamw'), so that its runs never share a cache entry with the built-in's"
       )
   errors += mlp_block_errors(config)
-  if task_name(config) == "gpt2":
+  if task == "gpt2":
     errors += gpt2_task.gpt2_task_errors(config)
   errors += moved_errors(b)  # a block copied without its guard
   refuse(errors + arms_lib.check(config))
@@ -474,7 +463,7 @@ def first_batches_differ(config: Config) -> bool:
     c.seed = int(seed)
     batches.append(jax.tree.leaves(tasks_lib.build(task_name(config), c)["train_batch"](0)))
   a, b = batches
-  return not (len(a) == len(b) and all(np.shape(x) == np.shape(y) and np.array_equal(x, y) for x, y in zip(a, b)))
+  return not (len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b)))  # of one shape, equal
 
 
 def check_task_seeds(config: Config) -> None:
@@ -572,32 +561,25 @@ def run_spec(
   if wide_eval and kind != "anchor":
     raise ValueError(f"a wide eval ends an anchor run; a {kind!r} run has none")
   c = experiment_config(config)
-  c.seed = int(seed)
-  c.optim.learning_rate = float(lr)
-  c.trainer.steps = int(steps)
+  c.seed, c.optim.learning_rate = int(seed), float(lr)
   if "muon_momentum_warmup_steps" in c.optim:  # each budget its own schedule: its warm-up too
     c.optim.muon_momentum_warmup_steps = budget_warmup_steps(config, steps)
-  c.trainer.averaging_beta = float(beta)
   points = int(config.benchmark.eval_points) if int(steps) == int(config.trainer.steps) else 1
-  c.trainer.eval_every = max(int(steps) // points, 1)
-  c.trainer.log_every = c.trainer.eval_every
+  every = max(int(steps) // points, 1)
+  c.trainer.update(steps=int(steps), averaging_beta=float(beta), eval_every=every, log_every=every)
   for field in ("compile_cache", "compile_cache_dir", "progress"):  # how, not what: not in the key
     del c.trainer[field]
   if kind == "method":
     arms_lib.apply(arms_lib.arms(config)[method], c)
-  else:
-    c.mode = "baseline"
+  else:  # in baseline mode (`experiment_config`)
     del c.hybrid  # an anchor trains no hybrid part: its settings are not part of what it is
-  spec: Record = {
+  return {
     "kind": kind,
     "method": method,
     "task": task_name(config),
     "config": c.to_dict(),
     "betas": [float(x) for x in betas],
-  }
-  if wide_eval:
-    spec["wide_eval"] = int(wide_eval)
-  return spec
+  } | ({"wide_eval": int(wide_eval)} if wide_eval else {})
 
 
 _DEPRECATED = "{} is deprecated and goes in the next release: {}"  # an old name on the command line

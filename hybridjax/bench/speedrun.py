@@ -188,8 +188,7 @@ def trick_changes(config: Config, name: str) -> tuple[Record, Record]:
   `benchmark.recipe.keep` keeps the field ({field: the trick's value})."""
   keep = set(kept_fields(config))
   changes = TRICKS[name].changes(config)
-  applied = {k: v for k, v in changes.items() if k not in keep}
-  return applied, {k: v for k, v in changes.items() if k in keep}
+  return {k: v for k, v in changes.items() if k not in keep}, {k: v for k, v in changes.items() if k in keep}
 
 
 def apply_tricks(config: Config, names: list[str]) -> Config:
@@ -204,8 +203,7 @@ def apply_tricks(config: Config, names: list[str]) -> Config:
 def kept_changes(config: Config) -> dict[str, Record]:
   """Per step of the recipe, the trick changes a kept field left out ({step: {field: [the trick's
   value, the value kept]}}); steps with none are absent."""
-  out = {}
-  c = Config(config.to_dict())
+  out, c = {}, Config(config.to_dict())
   for name in tricks_of(config):
     applied, kept = trick_changes(c, name)
     if kept:
@@ -257,6 +255,9 @@ def recipe_record(config: Config, study: str) -> tuple[str, Record]:
     return shown_path(path), json.load(f)
 
 
+TUNED = ("lr", "beta", "iterate")  # what a recipe record's step tuned
+
+
 def row_side(config: Config, shown: str, result: Record, row: str, fix: str) -> tuple[Config, Record]:
   """(the config, its tuned settings: lr, beta, iterate) of the recipe record `result`'s (`shown`) cumulative
   row `row`: its tricks through that row, at the LR the record tuned for it, with no method arm. A record
@@ -265,7 +266,7 @@ def row_side(config: Config, shown: str, result: Record, row: str, fix: str) -> 
   if row not in names or row not in steps:
     raise ValueError(f"{shown} holds no {row!r} step (it ran {names}): {fix}")
   c = apply_tricks(config, names[: names.index(row) + 1])
-  settings = {k: steps[row][k] for k in ("lr", "beta", "iterate")}
+  settings = {k: steps[row][k] for k in TUNED}
   c.optim.learning_rate = float(settings["lr"])
   c.benchmark.methods = ""
   return c, settings
@@ -277,8 +278,7 @@ def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   end, such as `attn_scale` in the first list's records) its last step. A record of part of the
   recipe is refused naming `field`, the config field that gives another."""
   steps, listed = result["step_runs"], list(trick_list(result))
-  missing = [t for t in listed if t not in steps]
-  if missing:
+  if missing := [t for t in listed if t not in steps]:
     raise ValueError(
       f"the recipe record holds no step {missing} of its trick list (it ran {sorted(steps)}): give the record "
       f"of a whole recipe with --config.{field}"
@@ -286,7 +286,7 @@ def tuned_rows(result: Record, field: str) -> dict[str, Record]:
   out = {}
   for k, row in enumerate(TRICKS):
     source = row if row in steps else (listed[k] if k < len(listed) else listed[-1])
-    out[row] = {key: steps[source][key] for key in ("lr", "beta", "iterate")} | {"from": source}
+    out[row] = {key: steps[source][key] for key in TUNED} | {"from": source}
   return out
 
 

@@ -77,7 +77,7 @@ def unused_field_errors(config: Config, fields: list[str] = ()) -> list[str]:
   value away from every preset's (`Overwritten.preset_value`) gives, but that the study would overwrite or never
   read, naming it and the fix: a field the benchmark sets per run (`specs.OVERWRITTEN`), another study's block,
   `benchmark.methods` in a study that runs no method arm (or in a ladder without a tuned rung)."""
-  name, b = study_name(config), config.benchmark
+  name = study_name(config)
   flat = config_lib.flatten(config)
   given = set(fields) | {
     f
@@ -96,7 +96,7 @@ def unused_field_errors(config: Config, fields: list[str] = ()) -> list[str]:
     if parts[0] == "benchmark" and len(parts) > 2 and parts[1] in STUDIES and parts[1] != name:
       declared = {f.name: f.unread for f in getattr(_part(parts[1]), "FIELDS", ())}.get(parts[2])
       # a field another study's owner declares read by others (`ReadBy`), else read by its own study alone
-      why = (declared if isinstance(declared, ReadBy) else ReadBy(f"the {parts[1]} study", lambda c: False))(config)
+      why = declared(config) if isinstance(declared, ReadBy) else f"it is read by the {parts[1]} study"
       if why:
         runs = "the family protocol" if name == "family" else f"the {name} study"
         errors.append(
@@ -106,9 +106,9 @@ def unused_field_errors(config: Config, fields: list[str] = ()) -> list[str]:
         )
   if "benchmark.methods" in fields and not hasattr(checks, "trained_arms"):
     errors.append(
-      f"--config.benchmark.methods={b.methods!r} is set but unused: the {name} study trains anchors only, no "
-      "method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave out "
-      "--config.benchmark.methods"
+      f"--config.benchmark.methods={config.benchmark.methods!r} is set but unused: the {name} study trains anchors "
+      "only, no method arm: run the methods with --config.benchmark.study=family (the protocol) or ladder, or leave "
+      "out --config.benchmark.methods"
     )
   if hasattr(checks, "unused_field_errors"):
     errors += checks.unused_field_errors(config, fields)
@@ -125,17 +125,19 @@ def unrun_arm_errors(config: Config, fields: list[str]) -> list[str]:
     trained, named_by = checks.trained_arms(config) if hasattr(checks, "trained_arms") else ([], "")
   except ValueError:
     return []  # a bad `benchmark.methods`: `arms.selected` names it when the study validates
-  methods, errors = str(config.benchmark.methods), []
+  errors = []
   for arm in (a for a in touched if a not in trained):
     if named_by:
       why = f"{named_by} does not name it"
-      fix = f"name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(methods), arm])})"
+      fix = (
+        f"Name it there (e.g. --config.benchmark.methods={','.join([*arms_lib.names(config.benchmark.methods), arm])})"
+      )
     else:
       why = f"the {study_name(config)} study trains no method arm"
-      fix = "run it with --config.benchmark.study=family (or ladder)"
+      fix = "Run it with --config.benchmark.study=family (or ladder)"
     errors.append(
       f"--config.benchmark.arms.{arm} is defined but not trained: {why}, so the run would train and report "
-      f"other arms only. {fix[0].upper()}{fix[1:]}, or leave out the --config.benchmark.arms.{arm}.* flags"
+      f"other arms only. {fix}, or leave out the --config.benchmark.arms.{arm}.* flags"
     )
   return errors
 
@@ -213,8 +215,7 @@ def run(config: Config, workdir: str, command: str = "", command_line: list[str]
   record.keep_earlier_report(config, workdir, kept, name)
   if study.record_name:
     earlier = record.stored(os.path.join(workdir, kept)).get("invocations", [])
-    keys = ("date", "wall_s", "runs_trained", "runs_cached")
-    result["invocations"] = earlier + [{k: result[k] for k in keys}]
+    result["invocations"] = earlier + [{k: result[k] for k in ("date", "wall_s", "runs_trained", "runs_cached")}]
   publish = str(config.benchmark.publish)
   if study.write:
     study.write(result, trained, workdir, publish)

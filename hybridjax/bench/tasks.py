@@ -67,9 +67,7 @@ def seed_independent(name: str) -> bool:
 
 def train_kwargs(task: Any) -> dict[str, Any]:
   """The keyword arguments of `loop.train.train` a built task gives."""
-  if hasattr(task, "train_kwargs"):
-    return dict(task.train_kwargs())
-  return dict(task)
+  return dict(task.train_kwargs() if hasattr(task, "train_kwargs") else task)
 
 
 def build(name: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -82,12 +80,6 @@ def reads(name: str) -> tuple[str, ...]:
   return tuple(getattr(load_task(name), "READS", ()))
 
 
-def task_blocks() -> tuple[str, ...]:
-  """The config blocks some built-in task reads: a field of one set for a task that does not read it
-  is refused (`reads`)."""
-  return tuple(dict.fromkeys(b for name in BUILTIN_TASKS for b in reads(name)))
-
-
 def unread_block_errors(name: str, flat: dict[str, Any], given: set[str]) -> list[str]:
   """A line for each field of `given` (dotted; `flat`: the config flattened) in a block the task
   `name` does not read (its `READS`), and for `data.path` set at all there (no preset gives a corpus):
@@ -97,7 +89,8 @@ def unread_block_errors(name: str, flat: dict[str, Any], given: set[str]) -> lis
     task_reads = reads(name)
   except ValueError:
     return []
-  unread = [b for b in task_blocks() if b not in task_reads]
+  # the blocks some built-in task reads and this one does not
+  unread = [b for b in dict.fromkeys(b for n in BUILTIN_TASKS for b in reads(n)) if b not in task_reads]
   if "data" in unread and flat.get("data.path"):
     given = given | {"data.path"}
   blocks = " and ".join(f"its {b}" for b in task_reads) if task_reads else "no block of a task's"

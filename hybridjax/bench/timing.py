@@ -31,9 +31,9 @@ def time_step_kinds(config: Config, tuning: Record, methods: list[str]) -> Recor
   lr, beta = tuning["best_lr"], tuning["averaging_beta"]
   base_cfg = _run_config(config, "anchor", lr, beta)
   task = tasks_lib.build(task_name(config), base_cfg)
-  prepared = {BASELINE: _prepare(base_cfg, task, None)}
-  for name in methods:
-    prepared[name] = _prepare(_run_config(config, "method", lr, beta, name), task, defined[name])
+  prepared = {BASELINE: _prepare(base_cfg, task, None)} | {
+    name: _prepare(_run_config(config, "method", lr, beta, name), task, defined[name]) for name in methods
+  }
   return _summary(prepared, config)
 
 
@@ -55,21 +55,19 @@ def time_baselines(entries: dict[str, tuple[Config, float, float]]) -> Record:
 def _run_config(config: Config, kind: str, lr: float, beta: float, method: str = "") -> Config:
   """The experiment config of `config`'s N-step run of `kind` (and arm `method`) on the first tuning seed."""
   seed, n = int(config.benchmark.tuning_seeds[0]), int(config.trainer.steps)
-  spec = run_spec(config, kind=kind, seed=seed, lr=lr, steps=n, beta=beta, method=method)
-  c = Config(spec["config"])
+  c = Config(run_spec(config, kind=kind, seed=seed, lr=lr, steps=n, beta=beta, method=method)["config"])
   c.trainer.update(progress=False, compile_cache=False, compile_cache_dir="")
   return c
 
 
-def _summary(prepared: dict[str, tuple[Record, float]], config: Config) -> Record:
-  """The `prepared` arms (name -> `_prepare`'s arm and compile time) timed in `config`'s rounds
+def _summary(prepared: dict[str, Record], config: Config) -> Record:
+  """The `prepared` arms (name -> `_prepare`'s arm, with its compile time) timed in `config`'s rounds
   (`_timed_rounds`): each step kind's median ms over every round and its samples, and each round's own
   median ms of each kind (`rounds_ms`: one entry per round, None for a round in which the kind did not run)."""
   b = config.benchmark
-  arms = {name: arm for name, (arm, _) in prepared.items()}
-  per_round = _timed_rounds(arms, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
+  per_round = _timed_rounds(prepared, int(b.timing_rounds), int(b.timing_steps), int(config.trainer.steps))
   return _medians(per_round) | {
-    "compile_s": {name: seconds for name, (_, seconds) in prepared.items()},
+    "compile_s": {name: arm["compile_s"] for name, arm in prepared.items()},
     "rounds": int(b.timing_rounds),
     "steps_per_round": int(b.timing_steps),
   }
@@ -78,20 +76,18 @@ def _summary(prepared: dict[str, tuple[Record, float]], config: Config) -> Recor
 def _medians(per_round: dict[str, dict[str, list[list[float]]]]) -> Record:
   """From each arm's seconds per step kind and round: the median ms per kind over all rounds, the
   samples per kind, and each round's median ms per kind (None where the kind did not run that round)."""
-  every = {
-    name: {kind: [x for r in rounds for x in r] for kind, rounds in per.items()} for name, per in per_round.items()
-  }
+
+  def each(f: Any) -> Record:  # f of each arm's seconds of each kind, one list per round
+    return {name: {kind: f(rounds) for kind, rounds in per.items()} for name, per in per_round.items()}
+
   return {
-    "ms_per_step": {name: {kind: 1e3 * statistics.median(v) for kind, v in per.items()} for name, per in every.items()},
-    "samples": {name: {kind: len(v) for kind, v in per.items()} for name, per in every.items()},
-    "rounds_ms": {
-      name: {kind: [1e3 * statistics.median(r) if r else None for r in rounds] for kind, rounds in per.items()}
-      for name, per in per_round.items()
-    },
+    "ms_per_step": each(lambda rounds: 1e3 * statistics.median([x for r in rounds for x in r])),
+    "samples": each(lambda rounds: sum(map(len, rounds))),
+    "rounds_ms": each(lambda rounds: [1e3 * statistics.median(r) if r else None for r in rounds]),
   }
 
 
-def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
+def _prepare(c: Config, task: Record, arm: Any) -> Record:
   """A timed arm's compiled programs and state (`arm` None: the baseline), and its compile time."""
   driver = train_lib.make_driver(c, init_params=task["init_params"], loss_fn=task["loss_fn"], tx=task.get("tx"))
   state = driver.init_state()
@@ -111,8 +107,27 @@ def _prepare(c: Config, task: Record, arm: Any) -> tuple[Record, float]:
     jax.block_until_ready(fn(jax.tree.map(lambda x: x.copy(), state), batch, driver.schedule))
   hybrid = arm is not None and c.mode == "hybrid"
   rare = tuple(arms_lib.declared(registry.load_method(arm.method), "TIME_BRANCHES", ())) if hybrid else ()
-  prepared = {"fns": fns, "state": state, "schedule": driver.schedule, "step": 0, "arm": arm, "rare": rare}
-  return prepared | {"batches": batches, "baseline": arm is None}, compile_s
+  return {
+    "fns": fns,
+    "state": state,
+    "schedule": driver.schedule,
+    "step": 0,
+    "arm": arm,
+    "rare": rare,
+    "batches": batches,
+    "baseline": arm is None,
+    "compile_s": compile_s,
+  }
+
+
+def _step(a: Record, branch: int, n: int) -> tuple[float, Any]:
+  """(seconds, metrics) of one step of the timed arm `a` (`_prepare`'s) by its program `branch`, on its
+  next batch (fetched untimed)."""
+  batch = a["batches"](a["step"] % n)
+  t0 = time.perf_counter()
+  a["state"], metrics = a["fns"][branch](a["state"], batch, a["schedule"])
+  jax.block_until_ready(a["state"])
+  return time.perf_counter() - t0, metrics
 
 
 def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, dict[str, list[list[float]]]]:
@@ -122,14 +137,9 @@ def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, di
   for i in range(rounds):
     for name, a in arms.items():
       for _ in range(steps):
-        batch = a["batches"](a["step"] % n)
         # one program: the baseline and baseline-mode arms
         branch = None if len(a["fns"]) == 1 else int(jax.device_get(a["state"].controller.next_branch))
-        fn = a["fns"][branch or 0]
-        t0 = time.perf_counter()
-        a["state"], metrics = fn(a["state"], batch, a["schedule"])
-        jax.block_until_ready(a["state"])
-        dt = time.perf_counter() - t0
+        dt, metrics = _step(a, branch or 0, n)
         if branch is None:
           kind = BASELINE if a["baseline"] else arms_lib.REAL_STEP
         else:
@@ -138,10 +148,6 @@ def _timed_rounds(arms: Record, rounds: int, steps: int, n: int) -> dict[str, di
         samples[name][kind][i].append(dt)
         a["step"] += 1
       for branch in a["rare"]:
-        for _ in range(2):
-          t0 = time.perf_counter()
-          a["state"], metrics = a["fns"][branch](a["state"], a["batches"](a["step"] % n), a["schedule"])
-          jax.block_until_ready(a["state"])
-          kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
-          samples[name][kind][i].append(time.perf_counter() - t0)
+        kind = arms_lib.step_kind(a["arm"], {"branch": branch, "measured": True, "snapshot": False})
+        samples[name][kind][i] += [_step(a, branch, n)[0] for _ in range(2)]
   return samples

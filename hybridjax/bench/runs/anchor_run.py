@@ -67,8 +67,9 @@ def train_anchor(spec: dict[str, Any]) -> tuple[dict[str, Any], Any, Any, ml_col
     side_betas=[b for b in spec["betas"] if b != beta],
   )
   per_batch = out["final_averaged_per_batch"]
-  final_averaged = {str(beta): out["curve"][-1]["eval_loss_averaged"]}
-  final_averaged.update({str(b): v for b, v in out["side_averaged"].items()})
+  final_averaged = {str(beta): out["curve"][-1]["eval_loss_averaged"]} | {
+    str(b): v for b, v in out["side_averaged"].items()
+  }
   result = {
     "kind": "anchor",
     "seed": int(c.seed),

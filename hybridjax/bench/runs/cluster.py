@@ -46,6 +46,7 @@ from hybridjax import codehash
 from hybridjax.bench.runs import keys as keys_lib
 from hybridjax.bench.runs import worker as runs
 from hybridjax.bench.runs.executors import Todo, describe, longest_first
+from hybridjax.bench.studies import Record
 
 MAX_RETRIES = 3  # a run's retries after its worker died (Ray's default for tasks)
 CONNECT_TIMEOUT_S = 10.0  # how long a `ray_address` may take to accept a connection
@@ -68,7 +69,7 @@ def check_reachable(address: str) -> None:
   """Fails within `CONNECT_TIMEOUT_S` when `address` ('host:port' or 'ray://host:port') accepts no connection:
   `ray.init` itself may wait minutes on an address nothing answers."""
   host, sep, port = address.removeprefix("ray://").rpartition(":")
-  if not sep or not port.isdigit():
+  if not (sep and port.isdigit()):
     raise ValueError(
       f"benchmark.ray_address={address!r} is not '', 'auto', 'host:port' or 'ray://host:port': give the address "
       "`ray start --head` printed, or '' to start a Ray instance on this machine"
@@ -127,8 +128,7 @@ def pack_corpus(path: str) -> bytes:
 def unpack_corpus(packed: bytes, name: str) -> str:
   """The corpus `packed` on this node (extracted once per content, under the temporary folder): the
   path that stands for `data.path` here."""
-  digest = hashlib.sha256(packed).hexdigest()[:16]
-  folder = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", digest)
+  folder = os.path.join(tempfile.gettempdir(), "hybridjax-ray-corpora", hashlib.sha256(packed).hexdigest()[:16])
   if not os.path.isdir(folder):
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     partial = tempfile.mkdtemp(dir=os.path.dirname(folder))  # renamed whole: never read half-written
@@ -153,14 +153,13 @@ def _task_env(gpus_per_run: float) -> dict[str, str]:
 
 
 def _run_on_worker(
-  spec: dict[str, Any], key: str, compile_cache_dir: str | None, versions: dict[str, str], corpora: dict[str, Any]
-) -> dict[str, Any]:
+  spec: Record, key: str, compile_cache_dir: str | None, versions: dict[str, str], corpora: Record
+) -> Record:
   """A Ray task: one run, in a temporary folder of this node, on this node's copy of its corpus
   (`corpora`: the driver's `data.path` -> the packed corpus in Ray's object store); its result goes
   back to the driver."""
   found = codehash.installed_versions(list(versions))
-  differ = {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}
-  if differ:
+  if differ := {lib: (v, found[lib]) for lib, v in versions.items() if found[lib] != v}:
     raise RuntimeError(
       f"node {socket.gethostname()} has other library versions than the driver, (driver, node): {differ}; "
       "install the driver's versions on every node (the run cache keys on them)"
@@ -209,19 +208,19 @@ class RayExecutor:
     self.gpus_per_run = gpus_per_run
     self.jax_cache = compile_cache_dir
     self._pending: dict[Any, str] = {}
-    self._runtime_env: dict[str, Any] | None = None  # that of the connection, once connected
-    self._corpora: dict[str, Any] = {}  # data.path -> the packed corpus in this connection's object store
+    self._runtime_env: Record | None = None  # that of the connection, once connected
+    self._corpora: Record = {}  # data.path -> the packed corpus in this connection's object store
     self._modules = tuple(modules)
     self.connections = 0  # how many times it joined the cluster: once for a whole protocol
 
-  def _connect(self, runtime_env: dict[str, Any]) -> None:
+  def _connect(self, runtime_env: Record) -> None:
     """Joins (or starts) the cluster with `runtime_env`, the code and the environment of every
     task: Ray uploads a local package only for the whole connection, so a new set of packages
     (a plug-in's) reconnects."""
     if self._runtime_env == runtime_env:
       return
     self.close()  # the corpora go with the connection's object store
-    kwargs: dict[str, Any] = {"include_dashboard": False} if self.address == "" else {}
+    kwargs: Record = {"include_dashboard": False} if self.address == "" else {}
     try:
       # '' is 'local': a new instance here, never a cluster an earlier `ray start` left recorded.
       self.ray.init(address=self.address or "local", runtime_env=runtime_env, log_to_driver=False, **kwargs)
@@ -230,7 +229,7 @@ class RayExecutor:
     self._runtime_env = runtime_env
     self.connections += 1
 
-  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any]]]:
+  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, Record]]:
     del run_dir  # the driver's folder: a task trains in its own node's temporary folder
     if not todo:
       return
@@ -247,10 +246,9 @@ class RayExecutor:
       num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False
     )
     specs = dict(todo)
-    args = (self.jax_cache, versions, corpora)
     self._pending = {}
     for key, spec in longest_first(todo):  # each task recorded as it is submitted: Ctrl-C here cancels those
-      self._pending[remote.remote(spec, key, *args)] = key
+      self._pending[remote.remote(spec, key, self.jax_cache, versions, corpora)] = key
     while self._pending:
       ready, _ = self.ray.wait(list(self._pending), num_returns=1)
       key = self._pending.pop(ready[0])

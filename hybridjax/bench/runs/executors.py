@@ -12,22 +12,23 @@ import concurrent.futures
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from hybridjax.bench.runs.worker import enable_cache, execute, init_worker
+from hybridjax.bench.studies import Record
 
-Todo = Sequence[tuple[str, dict[str, Any]]]  # (key, spec) of each run to train
+Todo = Sequence[tuple[str, Record]]  # (key, spec) of each run to train
 
 
 class Executor(Protocol):
   """Trains runs: `map` yields (key, result) as each finishes; `close` stops its workers."""
 
-  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any]]]: ...
+  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, Record]]: ...
 
   def close(self, cancel: bool = False) -> None: ...
 
 
-def longest_first(todo: Todo) -> list[tuple[str, dict[str, Any]]]:
+def longest_first(todo: Todo) -> list[tuple[str, Record]]:
   """Longest first (method runs first among equals: they compile more), so the last runs to finish
   are short ones and no worker waits long for another."""
   return sorted(todo, key=lambda kv: (-kv[1]["config"]["trainer"]["steps"], kv[1]["kind"] != "method"))
@@ -41,7 +42,7 @@ class LocalExecutor:
     self.jax_cache = compile_cache_dir
     self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any]]]:
+  def map(self, todo: Todo, run_dir: Callable[[str], str]) -> Iterator[tuple[str, Record]]:
     if self.workers <= 1:
       enable_cache(self.jax_cache)
       for key, spec in todo:
@@ -66,16 +67,10 @@ class LocalExecutor:
       self._pool = None
 
 
-def describe(result_or_spec: dict[str, Any]) -> str:
+def describe(result_or_spec: Record) -> str:
   """'anchor seed 1 lr 0.006 steps 3000': a run, for progress lines and errors."""
   r = result_or_spec
   if "config" in r:  # a spec
     c = r["config"]
-    r = {
-      "kind": r["kind"],
-      "method": r["method"],
-      "seed": c["seed"],
-      "lr": c["optim"]["learning_rate"],
-      "steps": c["trainer"]["steps"],
-    }
+    r = r | {"seed": c["seed"], "lr": c["optim"]["learning_rate"], "steps": c["trainer"]["steps"]}
   return f"{r['kind']} {r.get('method') or ''} seed {r['seed']} lr {r['lr']:.3g} steps {r['steps']}".replace("  ", " ")

@@ -11,14 +11,12 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
-
-import ml_collections
 
 from hybridjax import registry
 from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.specs import task_name
+from hybridjax.bench.studies import Config, Record
 from hybridjax.codehash import code_version, source_closure
 from hybridjax.optimizers import module as module_lib
 
@@ -39,7 +37,7 @@ def code_packages(modules: Sequence[str]) -> tuple[str, ...]:
   return tuple(sorted(roots))
 
 
-def spec_modules(spec: dict[str, Any]) -> list[str]:
+def spec_modules(spec: Record) -> list[str]:
   """The modules a spec's run executes: its runner's, its task's, its method's, and a user's optimizer
   module's (`optimizers.module`: its block in the spec's optim), so an edited optimizer re-keys its runs."""
   modules = [RUNNER_MODULES[spec["kind"]], tasks_lib.task_path(spec["task"])]
@@ -53,18 +51,17 @@ def spec_modules(spec: dict[str, Any]) -> list[str]:
   return modules
 
 
-def run_key(spec: dict[str, Any]) -> str:
+def run_key(spec: Record) -> str:
   """The cache key of a run: its spec and the code it executes."""
   version = code_version(spec_modules(spec))
   return hashlib.sha256((json.dumps(spec, sort_keys=True) + version).encode()).hexdigest()[:20]
 
 
-def code_versions(config: ml_collections.ConfigDict, methods: Sequence[str]) -> dict[str, str]:
+def code_versions(config: Config, methods: Sequence[str]) -> dict[str, str]:
   """The code version of the anchors' runs and of each arm's in `methods`: the hashes the run cache
   keys on, recorded in benchmark.json."""
   task = tasks_lib.task_path(task_name(config))
   defined = arms_lib.arms(config)
-  out = {"anchor": code_version([RUNNER_MODULES["anchor"], task])}
-  for m in methods:
-    out[m] = code_version([RUNNER_MODULES["method"], task, registry.method_path(defined[m].method)])
-  return out
+  return {"anchor": code_version([RUNNER_MODULES["anchor"], task])} | {
+    m: code_version([RUNNER_MODULES["method"], task, registry.method_path(defined[m].method)]) for m in methods
+  }

@@ -22,9 +22,9 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
   """A hybrid (or baseline-mode) arm through `train()`: an interrupted run continues from its last
   checkpoint, or starts again when it has none."""
   c = ml_collections.ConfigDict(spec["config"])
-  c.trainer.progress = False
-  c.trainer.compile_cache = compile_cache_dir is not None
-  c.trainer.compile_cache_dir = compile_cache_dir or ""
+  c.trainer.update(
+    progress=False, compile_cache=compile_cache_dir is not None, compile_cache_dir=compile_cache_dir or ""
+  )
   task = tasks_lib.build(spec["task"], c)
   checkpoints = os.path.join(workdir, "checkpoints")
   if os.path.isdir(workdir) and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)):
@@ -33,22 +33,22 @@ def run_method(spec: dict[str, Any], workdir: str, compile_cache_dir: str | None
     shutil.rmtree(workdir)
   summary = train_lib.train(c, workdir, save_on_interrupt=False, **task)  # the run cache is the unit of resume
   records = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  curve = [
-    {"step": r["step"], "eval_loss_raw": r["eval_loss_raw"], "eval_loss_averaged": r["eval_loss_averaged"]}
-    for r in records
-    if r["kind"] == "eval"
-  ]
+  curve = [{k: r[k] for k in ("step", "eval_loss_raw", "eval_loss_averaged")} for r in records if r["kind"] == "eval"]
   arm = arms_lib.Arm(name=spec["method"], method=c.hybrid.method or config_lib.DEFAULT_METHOD, mode=c.mode)
   kinds = dict(collections.Counter(arms_lib.step_kind(arm, r) for r in records if r["kind"] == "step"))
   if c.mode == "baseline":  # every step a real one, no validation
-    summary.update(backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps})
-    summary.update(rollbacks=0)
+    summary.update(
+      backward_passes=c.trainer.steps, validation_forwards=0, phase_steps={c.mode: c.trainer.steps}, rollbacks=0
+    )
     kinds = {arms_lib.REAL_STEP: c.trainer.steps}
   if sum(kinds.values()) != sum(summary["phase_steps"].values()):  # a jump is one step of k schedule steps
     raise RuntimeError(f"{workdir}: {sum(kinds.values())} step records for {summary['phase_steps']} steps")
   # The method's own summary figures (e.g. the jump predictor's accepted jumps): numbers only.
-  stats = {k: v for k, v in summary.get("method_summary", {}).items() if isinstance(v, (int, float)) or v is None}
-  stats = {k: v for k, v in stats.items() if not isinstance(v, bool)}
+  stats = {
+    k: v
+    for k, v in summary.get("method_summary", {}).items()
+    if isinstance(v, (int, float)) and not isinstance(v, bool) or v is None
+  }
   return {
     "kind": "method",
     "method": spec["method"],

@@ -18,11 +18,13 @@ import os
 import time
 from typing import Any
 
-import ml_collections
-
+from hybridjax import registry
+from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import specs as specs_lib
+from hybridjax.bench import tasks as tasks_lib
 from hybridjax.bench.runs.executors import Executor, LocalExecutor, Todo, describe
-from hybridjax.bench.runs.keys import run_key
+from hybridjax.bench.runs.keys import RUNNER_MODULES, run_key
+from hybridjax.bench.studies import Config, Record
 
 
 class Progress:
@@ -34,7 +36,7 @@ class Progress:
     self.done = self.steps_done = 0
     self.t0 = time.perf_counter()
 
-  def line(self, result: dict[str, Any]) -> str:
+  def line(self, result: Record) -> str:
     self.done += 1
     self.steps_done += int(result["steps"])
     elapsed = time.perf_counter() - self.t0
@@ -82,18 +84,15 @@ class Runner:
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key + ".json")
 
-  def _run_dir(self, key: str) -> str:
-    return os.path.join(self.cache_dir, "runs", key)
-
-  def run(self, specs: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+  def run(self, specs: list[Record], label: str) -> list[Record]:
     keys = [run_key(s) for s in specs]
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Record] = {}
     todo = []
     for key, spec in zip(keys, specs):
       if key in results:
         continue
-      if os.path.exists(self._path(key)):
-        with open(self._path(key)) as f:
+      if os.path.exists(path := self._path(key)):
+        with open(path) as f:
           results[key] = json.load(f)
         if key not in self._trained:
           self._reused.add(key)
@@ -102,32 +101,28 @@ class Runner:
         results[key] = None
     print(f"--- {label}: {len(specs)} runs, {len(todo)} to train, {len(specs) - len(todo)} cached", flush=True)
     progress = Progress(todo)
-    for key, result in self.executor.map(todo, self._run_dir):
+    for key, result in self.executor.map(todo, lambda key: os.path.join(self.cache_dir, "runs", key)):
       result["key"] = key
-      with open(self._path(key) + ".tmp", "w") as f:
+      path = self._path(key)
+      with open(path + ".tmp", "w") as f:
         json.dump(result, f)
-      os.replace(self._path(key) + ".tmp", self._path(key))
+      os.replace(path + ".tmp", path)
       results[key] = result
       self._trained.add(key)
       print(progress.line(result), flush=True)
     return [results[k] for k in keys]
 
 
-def protocol_modules(config: ml_collections.ConfigDict) -> list[str]:
+def protocol_modules(config: Config) -> list[str]:
   """Every module a benchmark of `config` may run: both runners', its task's, and the method of each
   arm it defines. The Ray executor ships their packages once, so one connection serves the whole
   protocol (Ray uploads code per connection)."""
-  from hybridjax import registry
-  from hybridjax.bench import arms as arms_lib
-  from hybridjax.bench import tasks as tasks_lib
-  from hybridjax.bench.runs import keys as keys_lib
-
-  modules = [*keys_lib.RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
+  modules = [*RUNNER_MODULES.values(), tasks_lib.task_path(specs_lib.task_name(config))]
   modules += [registry.method_path(arm.method) for arm in arms_lib.arms(config).values() if arm.method]
   return sorted(set(modules))
 
 
-def make_runner(config: ml_collections.ConfigDict, workdir: str) -> Runner:
+def make_runner(config: Config, workdir: str) -> Runner:
   """The runner of a benchmark config: its executor (`benchmark.executor`), its workers or its Ray
   resources, and its compilation cache. A Ray cluster that cannot be reached is refused here, before
   any run is trained."""

@@ -23,7 +23,6 @@ def run_anchor_with_wide_eval(spec: dict[str, Any]) -> dict[str, Any]:
   the averaged params' (at the spec's beta) mean loss on them, and each batch's loss of the averaged ones."""
   factor = int(spec["wide_eval"])
   result, final, eval_fn, c = anchor_run.train_anchor(spec)
-  beta = float(c.trainer.averaging_beta)
   wide = ml_collections.ConfigDict(c.to_dict())
   wide.trainer.eval_batches = factor * int(c.trainer.eval_batches)
   batches = tasks_lib.build(spec["task"], wide)["eval_batches"]
@@ -32,7 +31,7 @@ def run_anchor_with_wide_eval(spec: dict[str, Any]) -> dict[str, Any]:
     "factor": factor,
     "windows": len(batches) * int(c.trainer.batch_size),
     "final_raw": baseline.finite_or_inf(float(np.mean(eval_losses(eval_fn, final.params, batches)))),
-    "final_averaged": {str(beta): baseline.finite_or_inf(float(np.mean(averaged)))},
+    "final_averaged": {str(float(c.trainer.averaging_beta)): baseline.finite_or_inf(float(np.mean(averaged)))},
     "final_averaged_per_batch": [float(x) for x in averaged],
   }
   return result
