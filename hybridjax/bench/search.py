@@ -153,15 +153,16 @@ class Knob:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-def _lr_knob(lr: float) -> Knob:
-  return Knob("optim.learning_rate", "log", (tuning.round_lr(lr / 4), tuning.round_lr(lr * 4)))
-
-
-def _ratio_knob(field: str, ratio: float) -> Knob:
-  """An LR ratio continuous over x/÷ 4 around `ratio`, its further steps x/÷ 8 and 16."""
-  r = tuning.round_lr
+def _around(config: Config, name: str, further: tuple[int, ...] = ()) -> Knob:
+  """`optim.<name>` continuous over x/÷ 4 around its value in `config`, its further steps x/÷ each of `further`
+  (an LR ratio's: 8 and 16)."""
+  x, r = float(config.optim[name]), tuning.round_lr
   return Knob(
-    field, "log", (r(ratio / 4), r(ratio * 4)), below=(r(ratio / 8), r(ratio / 16)), above=(r(ratio * 8), r(ratio * 16))
+    f"optim.{name}",
+    "log",
+    (r(x / 4), r(x * 4)),
+    below=tuple(r(x / k) for k in further),
+    above=tuple(r(x * k) for k in further),
   )
 
 
@@ -240,9 +241,9 @@ def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -
       if config.model.get("untied_head", False)
       else ("adamw_embed_lr_ratio",)
     )
-    ratios = [_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names]
+    ratios = [_around(config, k, (8, 16)) for k in names]
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     *_betas("optim.b1", "optim.b2"),
     _weight_decay("optim.weight_decay"),
     *ratios,
@@ -265,7 +266,7 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: 
     )
   names = ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio") if untied else ("tied_lr_ratio",)
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob(
       "optim.muon_momentum",
       "choice",
@@ -275,7 +276,7 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: 
       per_step="ema",
     ),
     _weight_decay("optim.muon_weight_decay"),
-    *(_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names),
+    *(_around(config, k, (8, 16)) for k in names),
     *_betas(*(("optim.groups_b1", "optim.groups_b2") if untied else ("optim.tied_b1", "optim.tied_b2"))),
     *_shared_knobs(config, warmup, shortest),
   ]
@@ -301,7 +302,7 @@ def lion_space(config: Config, warmup: int, shortest: int | None, space: str) ->
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
   centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob("optim.lion_b1", "choice", (0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), per_step="ema"),
     Knob("optim.lion_b2", "choice", (0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), per_step="ema"),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
@@ -326,7 +327,7 @@ def schedule_free_adamw_space(config: Config, warmup: int, shortest: int | None,
   (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
   clipping and the init."""
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob("optim.b1", "choice", (0.9, 0.95, 0.98), below=(0.8, 0.7), above=(0.99, 0.995), per_step="ema"),
     _betas("optim.b1", "optim.b2")[1],
     _weight_decay("optim.weight_decay"),
@@ -607,10 +608,11 @@ def line_search(
   runner: Runner,
   limit: float,
   hard: float = math.inf,
-) -> Record | None:
+) -> tuple[Record | None, Setting]:
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
   the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
-  is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
+  is run, at most `LR_MOVES` moves, never above `hard`. Returns (its record, the setting at its centre); (None,
+  `start`) where the first round does not fit in `limit`."""
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
   at = {centre: start}
 
@@ -619,14 +621,12 @@ def line_search(
       at[v] = search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)
     return at[v]
 
+  def mean(v: float) -> float:
+    return read_at(at[v].ranked(search.seeds), *reading)
+
   todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
-  while True:
-    if not _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
-      if moves == 0:
-        return None
-      stopped = "budget"
-      break
-    best = min(at, key=lambda v: read_at(at[v].ranked(search.seeds), *reading))
+  while _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
+    best = min(at, key=mean)
     if best == centre:
       break
     if not _wins(search, at[best], at[centre], reading):
@@ -638,16 +638,19 @@ def line_search(
       stopped = "at most LR_MOVES moves" if moves >= LR_MOVES else "hard edge"
       break
     todo = [further]
+  else:
+    if not moves:
+      return None, start
+    stopped = "budget"
   values = sorted(at)
   return {
     "field": field,
     "values": values,
-    "means": [read_at(at[v].ranked(search.seeds), *reading) for v in values],
+    "means": [mean(v) for v in values],
     "centre": centre,
     "moves": moves,
     "stopped": stopped,
-    "at": at,
-  }
+  }, at[centre]
 
 
 def _fit_lr(line: Record) -> float:
@@ -671,23 +674,24 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   rounds: list[Record] = []
   current = start
   for _ in range(2):
-    lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
+    lr, current = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
     if lr is None:
-      if not rounds:
-        return None
       break
-    fitted, current = _fit_lr(lr), lr["at"][lr["centre"]]
     wd = None
     if knob is not None and float(current.fields[field]) > 0:
-      wd = line_search(search, current, field, 2.0, reading, runner, limit, max(knob.above, default=knob.values[1]))
-    if wd is not None:
-      current = wd["at"][wd["centre"]]
-    public = lambda line: {k: v for k, v in line.items() if k != "at"}  # noqa: E731
-    wd_record = public(wd) if wd else {"field": field, "stopped": "domain edge" if knob else "not searched"}
-    rounds.append({"lr": public(lr) | {"fitted": fitted}, "weight_decay": wd_record})
+      hard = max(knob.above, default=knob.values[1])
+      wd, current = line_search(search, current, field, 2.0, reading, runner, limit, hard)
+    wd_record = wd or {"field": field, "stopped": "domain edge" if knob else "not searched"}
+    rounds.append({"lr": lr | {"fitted": _fit_lr(lr)}, "weight_decay": wd_record})
     if not lr["moves"] and not (wd and wd["moves"]):
       break
-  return {"rounds": rounds, "best": current, "fields": current.fields | {"optim.learning_rate": fitted}}
+  if not rounds:
+    return None
+  return {
+    "rounds": rounds,
+    "best": current,
+    "fields": current.fields | {"optim.learning_rate": rounds[-1]["lr"]["fitted"]},
+  }
 
 
 def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> Record:
@@ -697,19 +701,19 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
   {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
   skip = {"optim.learning_rate", weight_decay_field(search.config)}
-  state: dict[str, Record] = {}
-  for knob in search.space:
-    if knob.field not in skip and knob.field in base.fields:
-      steps, edge = knob.beyond(base.fields[knob.field])
-      stopped = None if steps else edge
-      state[knob.field] = {
-        "edge": edge,
-        "steps": steps[:LR_MOVES],
-        "tried": [],
-        "kept": None,
-        "last": base,
-        "stopped": stopped,
-      }
+  state = {
+    k.field: {
+      "edge": edge,
+      "steps": steps[:LR_MOVES],
+      "tried": [],
+      "kept": None,
+      "last": base,
+      "stopped": None if steps else edge,
+    }
+    for k in search.space
+    if k.field not in skip and k.field in base.fields
+    for steps, edge in [k.beyond(base.fields[k.field])]
+  }
   while todo := [(f, st) for f, st in state.items() if st["stopped"] is None]:
     new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
     if not _run_three(search, new, runner, "edges", limit):
