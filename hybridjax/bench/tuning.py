@@ -97,8 +97,7 @@ def budget_candidates(lr: float, weight_decay: float, factor: float) -> list[dic
   """The settings a budget's check tries at T = `factor` x N, the chosen one first: the LR at its sqrt(2)
   neighbours, and the weight decay lambda at lambda N / T (the decay summed over the run the same as at N),
   where lambda > 0."""
-  out = [{"lr": lr, "weight_decay": weight_decay}]
-  out += [{"lr": round_lr(lr * math.sqrt(2) ** k), "weight_decay": weight_decay} for k in (-1, 1)]
+  out = [{"lr": x, "weight_decay": weight_decay} for x in (lr, *lr_grid(lr, 3)[::2])]
   if weight_decay > 0:
     out.append({"lr": lr, "weight_decay": round_lr(weight_decay / factor)})
   return out
@@ -171,37 +170,26 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     for (i, at, lr), result in zip(extend, added):
       grids[i].insert(at, lr)
       runs[i].insert(at, result)
-  tops = []
+  out = []
   for (config, _, loss), grid, sweep in zip(sweeps, grids, runs):
     best = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))[:2]
-    if best[0] in (0, len(grid) - 1):
+    edge = best[0] in (0, len(grid) - 1)
+    if edge:
       print(
         f"WARNING: the best LR {grid[best[0]]:.4g} is still at the grid's edge after "
         f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
         "--config.optim.learning_rate towards it",
         flush=True,
       )
-    tops.append([grid[j] for j in best])
+    out.append({"grid": grid, "sweep": sweep, "top2": [grid[j] for j in best], "best_at_edge": edge})
   second = iter(
-    runner.run([_at_n(s, 1, lr) for s, top2 in zip(sweeps, tops) for lr in top2], "LR check (tuning seed 2, N)")
+    runner.run([_at_n(s, 1, lr) for s, o in zip(sweeps, out) for lr in o["top2"]], "LR check (tuning seed 2, N)")
   )
-  out = []
-  for (_, _, loss), grid, sweep, top2 in zip(sweeps, grids, runs, tops):
-    at = {lr: [sweep[grid.index(lr)], next(second)] for lr in top2}  # on both tuning seeds
+  for (_, _, loss), o in zip(sweeps, out):
+    at = {lr: [o["sweep"][o["grid"].index(lr)], next(second)] for lr in o["top2"]}  # on both tuning seeds
     means = {lr: (loss(a) + loss(b)) / 2 for lr, (a, b) in at.items()}
     best_lr = min(means, key=means.get)
-    out.append(
-      {
-        "grid": grid,
-        "sweep": sweep,
-        "top2": top2,
-        "second": [b for _, b in at.values()],
-        "best_at_edge": grid.index(top2[0]) in (0, len(grid) - 1),
-        "means": means,
-        "best_lr": best_lr,
-        "at_best": at[best_lr],
-      }
-    )
+    o.update(second=[b for _, b in at.values()], means=means, best_lr=best_lr, at_best=at[best_lr])
   return out
 
 
@@ -239,21 +227,21 @@ def tune(
   averaging = choose_averaging(swept["at_best"], [float(x) for x in b.betas])
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
-  rows = [
-    {
+
+  def row(r: Record) -> Record:
+    return {
       "lr": r["lr"],
       "seed": r["seed"],
       "budget": r["steps"],
       "loss_raw": r["final_raw"],
       "loss_averaged": averaged_loss(r, beta),
-      "loss_averaged_by_beta": r["final_averaged"],
     }
-    for r in sweep + swept["second"]
-  ]
+
+  rows = [row(r) | {"loss_averaged_by_beta": r["final_averaged"]} for r in sweep + swept["second"]]
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
   checks: Record = {}
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
-  lrs = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
+  lrs = lr_grid(best_lr, 3)
   checked = iter(
     runner.run(
       [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
@@ -272,10 +260,7 @@ def tune(
       "winner": winner,
       "wins_beyond_noise": moved,
     }
-    rows += [
-      {"lr": lr, "seed": t1, "budget": round(factor * n), "loss_raw": r["final_raw"], "loss_averaged": losses[lr]}
-      for lr, r in res.items()
-    ]
+    rows += [row(r) for r in res.values()]
     if moved:  # this budget and its neighbour on the same side of N use the winner
       per_budget_lr.update({str(float(f)): winner for f in b.budgets if (f <= 0.75 if factor < 1 else f >= 1.5)})
   return {
@@ -385,9 +370,7 @@ def train_steps(
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
       "runs": {
         str(r["seed"]): {
-          "final_raw": r["final_raw"],
-          "final_averaged": r["final_averaged"],
-          **({"final_averaged_per_batch": r["final_averaged_per_batch"]} if "final_averaged_per_batch" in r else {}),
+          **{k: r[k] for k in ("final_raw", "final_averaged", "final_averaged_per_batch") if k in r},
           "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
           "key": r.get("key"),
         }
