@@ -208,15 +208,12 @@ def recheck(sides: list[Side], n: int, seeds: list[int], runner: Runner, label: 
   ]
   if not todo:
     return
-  results = runner.run([side.spec(at, s, round(f * n)) for side, f, at in todo for s in seeds], label)
-  for k, (side, f, at) in enumerate(todo):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
+  results = iter(runner.run([side.spec(at, s, round(f * n)) for side, f, at in todo for s in seeds], label))
+  for side, f, at in todo:
     check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
-    check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
+    check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in seeds]})
   for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
-    choice = tuning.budget_choice(check["tried"])
-    check["chosen"] = {"lr": choice["lr"], "weight_decay": choice["weight_decay"]}
-    check["best_difference"] = choice["best_difference"]
+    check |= tuning.budget_choice(check["tried"])
 
 
 def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eval: int, label: str) -> None:
@@ -288,9 +285,15 @@ def searched(
 def at_chosen(config: Config, chosen: Record, row: str, published: Record) -> tuple[Any, Record]:
   """A side's config and settings at the setting its search chose (`chosen`), its `published` ones kept."""
   tuned = search.apply_setting(config, chosen["fields"])
-  settings = {"row": row, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
-  settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-  return tuned, settings | {"published": published, "fields": chosen["fields"]}
+  return tuned, {
+    "row": row,
+    "lr": float(chosen["fields"]["optim.learning_rate"]),
+    "beta": chosen["beta"],
+    "iterate": chosen["iterate"],
+    "weight_decay": search.weight_decay_of(tuned)[1],
+    "published": published,
+    "fields": chosen["fields"],
+  }
 
 
 def code_record(config: Config) -> Record:
@@ -363,16 +366,17 @@ def own_curves(result: Record, slow: str, fast: str, field: tuple[float, float] 
   readings without the fit (`factor.interpolated`), and its verdict against 1.0x with the `field`'s range
   beside it (`factor.verdict_against_one`)."""
 
+  def pair(iterate: str | None = None) -> list[Record]:
+    return [side_curves(result, side, iterate) for side in (slow, fast)]
+
   def read(iterate: str | None) -> Record:
-    pair = (side_curves(result, side, iterate) for side in (slow, fast))
-    return factor.factor(*pair, int(result["steps"]), int(result["draws"]), int(result["bootstrap_seed"]))
+    return factor.factor(*pair(iterate), int(result["steps"]), int(result["draws"]), int(result["bootstrap_seed"]))
 
   f = read(None)
   raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
   out = {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
   if result.get("readings", 1) >= 2:
-    pair = [side_curves(result, side) for side in (slow, fast)]
-    out["interpolated"] = factor.interpolated(*pair, int(result["steps"]))
+    out["interpolated"] = factor.interpolated(*pair(), int(result["steps"]))
     out["verdict_against_one"] = factor.verdict_against_one(f["a"], field)
     out["verdict"] = out["verdict_against_one"]["verdict"]
   return out

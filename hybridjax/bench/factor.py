@@ -83,7 +83,7 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
     raise ValueError(f"{side}: budgets must be positive steps, got {steps}")
   loss = np.full((len(seeds), len(steps)), np.nan)
   have_windows = all(per_seed[s].get("per_window") is not None for s in seeds)
-  windows = []  # per seed: budget's column -> its per-window losses
+  placed = []  # (seed's row, budget's column, its run's per-window losses)
   for i, s in enumerate(seeds):
     budgets, losses = list(per_seed[s]["steps"]), list(per_seed[s]["loss"])
     if len(budgets) != len(losses) or len(set(budgets)) != len(budgets):
@@ -94,16 +94,16 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
       raise ValueError(f"{side} seed {s}: losses must be finite, got {losses}")
     columns = [steps.index(float(t)) for t in budgets]
     loss[i, columns] = losses
-    windows.append({j: per_seed[s]["per_window"][k] for k, j in enumerate(columns)} if have_windows else {})
+    if have_windows:
+      placed += [(i, j, per_seed[s]["per_window"][k]) for k, j in enumerate(columns)]
   win = None
   if have_windows:
-    counts = {len(w) for row in windows for w in row.values()}
+    counts = {len(w) for _, _, w in placed}
     if len(counts) != 1:
       raise ValueError(f"{side}: every run's per-window losses must cover the same windows, got counts {counts}")
     win = np.full((len(seeds), len(steps), counts.pop()), np.nan)
-    for i, row in enumerate(windows):
-      for j, w in row.items():
-        win[i, j] = w
+    for i, j, w in placed:
+      win[i, j] = w
   return Curves(seeds, np.asarray(steps), loss, win)
 
 

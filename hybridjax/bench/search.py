@@ -229,10 +229,10 @@ def centred_at(centre: Centre) -> Any:
 
 
 @centred_at(Centre())
-def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def adamw_space(config: Config, space: str) -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
-  'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
+  'symmetric': continuous x/÷ 4, and an untied head's too)."""
   if space == "v1":
     ratios = [Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=(0.25, 0.125), above=(4.0, 8.0))]
   else:
@@ -247,16 +247,15 @@ def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -
     *_betas("optim.b1", "optim.b2"),
     _weight_decay("optim.weight_decay"),
     *ratios,
-    *_shared_knobs(config, warmup, shortest),
   ]
 
 
 @centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
-def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def muon_groups_space(config: Config, space: str) -> list[Knob]:
   """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
   decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
   ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
-  the scalars' LR ratios x/÷ 4 and the groups' betas; and the shared knobs."""
+  the scalars' LR ratios x/÷ 4 and the groups' betas."""
   untied = bool(config.model.get("untied_head", False))
   if untied and space == "v1":
     raise ValueError(
@@ -278,14 +277,13 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: 
     _weight_decay("optim.muon_weight_decay"),
     *(_around(config, k, (8, 16)) for k in names),
     *_betas(*(("optim.groups_b1", "optim.groups_b2") if untied else ("optim.tied_b1", "optim.tied_b2"))),
-    *_shared_knobs(config, warmup, shortest),
   ]
 
 
 @centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
-def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def nadamw_space(config: Config, space: str) -> list[Knob]:
   """NAdamW's space: AdamW's (`adamw_space`)."""
-  return adamw_space(config, warmup, shortest, space)
+  return adamw_space(config, space)
 
 
 @centred_at(
@@ -297,17 +295,16 @@ def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) 
     lacks=("eps: a sign update divides by nothing",),
   )
 )
-def lion_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def lion_space(config: Config, space: str) -> list[Knob]:
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
-  centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
+  centre's factor and AdamW's LR ratios (`adamw_space`'s, of its `space`)."""
   return [
     _around(config, "learning_rate"),
     Knob("optim.lion_b1", "choice", (0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), per_step="ema"),
     Knob("optim.lion_b2", "choice", (0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), per_step="ema"),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
-    *(k for k in adamw_space(config, warmup, shortest, space) if k.field.startswith("optim.adamw_")),
-    *_shared_knobs(config, warmup, shortest),
+    *(k for k in adamw_space(config, space) if k.field.startswith("optim.adamw_")),
   ]
 
 
@@ -322,28 +319,25 @@ def lion_space(config: Config, warmup: int, shortest: int | None, space: str) ->
     ),
   )
 )
-def schedule_free_adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def schedule_free_adamw_space(config: Config, space: str) -> list[Knob]:
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
-  (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
-  clipping and the init."""
+  (its authors raise it for long runs), AdamW's beta2 and weight decay; of the shared knobs (`space_of`), it owns
+  its schedule's."""
   return [
     _around(config, "learning_rate"),
     Knob("optim.b1", "choice", (0.9, 0.95, 0.98), below=(0.8, 0.7), above=(0.99, 0.995), per_step="ema"),
     _betas("optim.b1", "optim.b2")[1],
     _weight_decay("optim.weight_decay"),
-    *(k for k in _shared_knobs(config, warmup, shortest) if k.field not in _SCHEDULE_KNOBS),
   ]
 
 
-def module_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def module_space(config: Config, space: str) -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
-  the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
-  module clips in its own chain) and, where it owns its schedule, the schedule's."""
+  the others `optim.<BLOCK>.<knob>`."""
   del space
-  m, knobs = module_lib.load(str(config.optim.name)), []
-  skip = ("optim.grad_clip", *(_SCHEDULE_KNOBS if m.owns_schedule else ()))
-  for knob, spec in m.space.items():
+  knobs = []
+  for knob, spec in module_lib.load(str(config.optim.name)).space.items():
     field = "optim.learning_rate" if knob == "learning_rate" else f"optim.{module_lib.BLOCK}.{knob}"
     if "feasible_points" in spec:
       points = tuple(spec["feasible_points"])
@@ -351,7 +345,7 @@ def module_space(config: Config, warmup: int, shortest: int | None, space: str) 
       knobs.append(Knob(field, "choice" if numbers else "category", tuple(sorted(points)) if numbers else points))
     else:
       knobs.append(Knob(field, str(spec["scaling"]), (spec["min"], spec["max"])))
-  return knobs + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
+  return knobs
 
 
 def space_function(name: str) -> Any:
@@ -367,10 +361,17 @@ def space_function(name: str) -> Any:
 
 
 def space_of(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
-  """The space `space` (`SPACES`) of `config`'s optimizer (`space_function`), around `config`'s values;
-  `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the
-  warm-up)."""
-  return space_function(str(config.optim.name))(config, warmup, shortest, space)
+  """The space `space` (`SPACES`) of `config`'s optimizer around `config`'s values: its own knobs
+  (`space_function`), then the shared knobs (`_shared_knobs`) but, where it owns its schedule, the schedule's,
+  and a user's module's clipping (it clips in its own chain); `warmup`: the preset's LR warm-up, `shortest`:
+  the side's shortest budget in steps (None: no bound on the warm-up)."""
+  name = str(config.optim.name)
+  own = space_function(name)(config, space)
+  skip = (
+    *(_SCHEDULE_KNOBS if owns_schedule(config) else ()),
+    *(() if name in optim_lib.OPTIMIZERS else ("optim.grad_clip",)),
+  )
+  return own + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
 
 
 def centred(reference: Config, name: str) -> Config:
@@ -515,8 +516,7 @@ class Search:
     `reuse`: the setting of the same fields where one exists (its runs are not run or counted twice)."""
     if fields.get("optim.schedule", "wsd") != "wsd":
       fields = {k: v for k, v in fields.items() if k != "optim.decay_fraction"}
-    same = [s for s in self.settings.values() if s.fields == fields] if reuse else []
-    if same:
+    if reuse and (same := [s for s in self.settings.values() if s.fields == fields]):
       return same[0]
     ident = f"{self.name}-{len(self.settings)}"
     self.settings[ident] = Setting(ident, origin, fields, self.spare)
@@ -530,8 +530,7 @@ class Search:
     return self.add(f"sobol {self.used - 1}", {k.field: k.value(float(x)) for k, x in zip(self.space, u)})
 
   def spec(self, setting: Setting, seed: int) -> Record:
-    c = apply_setting(self.config, setting.fields)
-    lr = float(setting.fields["optim.learning_rate"])
+    c, lr = apply_setting(self.config, setting.fields), float(setting.fields["optim.learning_rate"])
     return specs.run_spec(
       c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=AVERAGING_BETAS[0], betas=AVERAGING_BETAS
     )
@@ -546,36 +545,26 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked. Each
   touched search's tuning-cost curve gains a point."""
   searches: set[Search] = set()  # each gains one point of its curve, whatever the order
-  for _ in range(2):
-    if not requests:
-      break
+  while requests:  # at most twice: the second batch's settings have run on the spare seed
     results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
     touched: dict[Setting, Search] = {}
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
-      search.log.append(
-        {
-          "setting": setting.ident,
-          "seed": seed,
-          "steps": int(r["steps"]),
-          "final_raw": r["final_raw"],
-          "final_averaged": r["final_averaged"],
-        }
-      )
+      entry = {"setting": setting.ident, "seed": seed, "steps": int(r["steps"])}
+      search.log.append(entry | {k: r[k] for k in ("final_raw", "final_averaged")})
       touched[setting] = search
       searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
     for setting, search in touched.items():
       curves = {setting.ident: {str(s): r["curve"] for s, r in setting.runs.items() if s not in setting.stalled}}
       flagged = sorted({int(flag["seed"]) for flag in plateau_runs(curves, search.n, search.margin, min_seeds=2)})
-      for seed in flagged:
-        setting.stalled.append(seed)
-        for entry in search.log:
-          if entry["setting"] == setting.ident and entry["seed"] == seed:
-            entry["stalled"] = True
-        if search.spare not in setting.runs:
-          requests.append((search, setting, search.spare))
+      setting.stalled += flagged
+      for entry in search.log:
+        if entry["setting"] == setting.ident and entry["seed"] in flagged:
+          entry["stalled"] = True
+      if search.spare not in setting.runs:
+        requests += [(search, setting, search.spare) for _ in flagged]
   for search in searches:
     two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
     search.curve.append([search.cost(), min(two, default=None)])

@@ -112,12 +112,12 @@ BUDGET_RULE = (
 
 def budget_choice(tried: list[Record]) -> Record:
   """`BUDGET_RULE`'s choice among `tried` (`budget_candidates`' settings, the chosen one first, each with
-  its "losses" on the tuning seeds, in the same order): {"lr", "weight_decay"} of the one kept, and the
-  best candidate's paired difference from the first (`wins_beyond_noise`)."""
+  its "losses" on the tuning seeds, in the same order): {"chosen": {"lr", "weight_decay"} of the one kept,
+  "best_difference": the best candidate's paired difference from the first (`wins_beyond_noise`)}."""
   best = min(tried, key=lambda t: statistics.fmean(t["losses"]))
   win = wins_beyond_noise(best["losses"], tried[0]["losses"])
   kept = best if win["wins"] else tried[0]
-  return {"lr": kept["lr"], "weight_decay": kept["weight_decay"], "best_difference": win}
+  return {"chosen": {"lr": kept["lr"], "weight_decay": kept["weight_decay"]}, "best_difference": win}
 
 
 def iterate_loss(run: Record, iterate: str, beta: float) -> float:
