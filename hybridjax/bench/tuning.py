@@ -226,7 +226,7 @@ def tune(
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
   averaging = choose_averaging(swept["at_best"], [float(x) for x in b.betas])
   beta, beta_table = averaging["beta"], averaging["beta_table"]
-  noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
+  noise = difference_noise(beta_table[str(beta)], *(sweep[grid.index(lr)] for lr in top2))
 
   def row(r: Record) -> Record:
     return {
@@ -301,13 +301,11 @@ def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
-  runs = {}
   for r in results:
-    s = str(r["seed"])
     averaged = averaged_loss(r, tuning["averaging_beta"])
     for anchor, loss in (("baseline", r["final_raw"]), ("averaged_baseline", averaged)):
-      curves[anchor].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = loss
-    runs[f"{s}/{r['steps']}"] = r
+      curves[anchor].setdefault(str(r["seed"]), [None] * len(budgets))[budgets.index(r["steps"])] = loss
+  runs = {f"{r['seed']}/{r['steps']}": r for r in results}
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 
 
@@ -324,10 +322,7 @@ def method_specs(config: Config, methods: list[str], lr: float, beta: float) -> 
 def method_runs(config: Config, runner: Runner, tuning: Record, methods: list[str]) -> dict[str, Record]:
   specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
-  out: dict[str, Record] = {m: {} for m in methods}
-  for r in results:
-    out[r["method"]][str(r["seed"])] = r
-  return out
+  return {m: {str(r["seed"]): r for r in results if r["method"] == m} for m in methods}
 
 
 def spec_of(c: Config) -> Callable[[int, float, int], Record]:
