@@ -234,18 +234,18 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
   n, tuning_seeds, wide = int(config.trainer.steps), [int(s) for s in o.tuning_seeds], int(o.wide_eval)
   sides, seeds = [slow, fast], [int(s) for s in o.seeds]
 
-  def run(seeds: list[int]) -> None:
+  def run() -> None:  # on the seeds read so far
     recheck(sides, n, tuning_seeds, runner, f"{study}: per-budget re-checks (tuning seeds)")
     curves(sides, n, seeds, runner, wide, f"{study}: budget curves (headline seeds)")
 
-  run(seeds)
+  run()
   at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
   flagged = figures.plateau_runs(at_n, n, float(config.benchmark.plateau_margin))
   added = [int(s) for s in o.plateau_seeds]
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to both sides", flush=True)
     seeds = seeds + added
-    run(seeds)
+    run()
   shorts = (
     (slow, lambda: any(min(slow.at(s, round(f * n)) for f in slow.budgets) >= fast.at(s, n) for s in seeds)),
     (fast, lambda: any(fast.at(s, round(min(fast.budgets) * n)) <= slow.at(s, n) for s in seeds)),
@@ -258,7 +258,7 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
       print(f"--- {side.name}'s curve does not span the other side's loss at N on every seed; adding {f} N")
       side.budgets.append(f)
       extended[side.name].append(f)
-      run(seeds)
+      run()
   return {"seeds": seeds, "plateaus": {"runs": flagged, "seeds_added": added if flagged else []}, "extended": extended}
 
 

@@ -497,9 +497,9 @@ class Search:
     space_name: str = "symmetric",
   ):
     self.name, self.config, self.space, self.space_name = name, config, space, space_name
-    self.seeds, self.spare, self.sobol_seed, self.margin = list(seeds), int(spare), int(sobol_seed), float(margin)
-    self.n = int(config.trainer.steps)
-    self.points = sobol_points(len(space), sobol_seed)
+    self.seeds, self.spare, self.sobol_seed = [int(s) for s in seeds], int(spare), int(sobol_seed)
+    self.n, self.margin = int(config.trainer.steps), float(margin)
+    self.points = sobol_points(len(space), self.sobol_seed)
     self.used = 0  # Sobol points drawn
     self.settings: dict[str, Setting] = {}
     self.log: list[Record] = []  # every run started, in order
@@ -784,10 +784,10 @@ def side_searches(
       side,
       c,
       space_of(c, warmup, (shortest or {}).get(side), space),
-      [int(s) for s in block.search_seeds],
-      int(block.spare_seed),
-      int(block.sobol_seed),
-      float(config.benchmark.plateau_margin),
+      block.search_seeds,
+      block.spare_seed,
+      block.sobol_seed,
+      config.benchmark.plateau_margin,
       space,
     )
     for side, c in sides.items()
