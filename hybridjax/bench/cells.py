@@ -144,10 +144,11 @@ def pays_clause(
   if mark:
     what = "jumps" if "jumps_per_run" in figures["exercise"] else "predictions"
     parts.insert(0, f"{mark}: the comparison tested nothing of its {what}")
-  if verdict.get("paired"):
-    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve{p_note(verdict['paired'])}")
-  else:
-    parts.append("not judged: fewer than 2 seeds, or a cost outside the anchor's budgets")
+  parts.append(
+    f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve{p_note(verdict['paired'])}"
+    if verdict.get("paired")
+    else "not judged: fewer than 2 seeds, or a cost outside the anchor's budgets"
+  )
   above = above_note(verdict)
   if above:
     parts.append(above)

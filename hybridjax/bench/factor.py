@@ -67,6 +67,9 @@ class Curves:
   windows: np.ndarray | None
 
 
+CurvesLike = Curves | Mapping[str, Any]  # a side's `Curves`, or the mapping `curves_from` reads
+
+
 def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -> Curves:
   """`Curves` from {seed: {"steps": [budget, ...], "loss": [loss, ...], "per_window": [[window loss, ...]
   per budget] (optional)}}; `side` names the side in errors.
@@ -204,7 +207,7 @@ def _readings(
   return {"a": (t_a, side_a), "b": (1.0 / t_m, -side_m)}
 
 
-def _paired(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any]) -> tuple[Curves, Curves]:
+def _paired(adamw: CurvesLike, muon: CurvesLike) -> tuple[Curves, Curves]:
   """Both sides' `Curves` (a mapping read by `curves_from`), refused where they run other headline seeds."""
   adamw, muon = (c if isinstance(c, Curves) else curves_from(c, name) for c, name in ((adamw, "adamw"), (muon, "muon")))
   if adamw.seeds != muon.seeds:
@@ -230,8 +233,8 @@ def _bound_word(sides: np.ndarray) -> str | None:
 
 
 def factor(
-  adamw: Curves | Mapping[str, Any],
-  muon: Curves | Mapping[str, Any],
+  adamw: CurvesLike,
+  muon: CurvesLike,
   n: float,
   draws: int = 2000,
   seed: int = 0,
@@ -316,7 +319,7 @@ def factor(
   return out
 
 
-def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> Record:
+def interpolated(adamw: CurvesLike, muon: CurvesLike, n: float) -> Record:
   """Both readings without the fit, printed beside `factor`'s: per seed, a side's steps to reach the other
   side's own loss at N on its own budget points (`protocol.steps_to_reach`: linear in log budget along their
   monotone envelope; outside the budgets run, a bound at the nearest budget), over N for reading (a), N over

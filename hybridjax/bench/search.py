@@ -444,33 +444,36 @@ def best_reading(runs: list[Record]) -> tuple[float, str, float | None]:
 
 
 class Setting:
-  """One setting of a side: its fields (the LR among them), where it comes from, its runs by seed, and
-  the seeds whose runs stalled (not ranked)."""
+  """One setting of a side: its fields (the LR among them), where it comes from, its side's search seeds and
+  spare seed, its runs by seed, and the seeds whose runs stalled (not ranked). `first`: the first that many
+  search seeds (all where None)."""
 
-  def __init__(self, ident: str, origin: str, fields: Record, spare: int):
-    self.ident, self.origin, self.fields, self.spare = ident, origin, dict(fields), spare
+  def __init__(self, ident: str, origin: str, fields: Record, seeds: list[int], spare: int):
+    self.ident, self.origin, self.fields, self.seeds, self.spare = ident, origin, dict(fields), seeds, spare
     self.runs: dict[int, Record] = {}
     self.stalled: list[int] = []
 
-  def by_seed(self, seeds: list[int]) -> dict[int, Record]:
-    """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
+  def by_seed(self, first: int | None = None) -> dict[int, Record]:
+    """Its runs on the `first` search seeds by seed, a stalled one replaced by its spare-seed run where that
+    did not stall."""
+    seeds = self.seeds[:first]
     out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
     if any(s in self.stalled for s in seeds) and self.spare in self.runs and self.spare not in self.stalled:
       out[self.spare] = self.runs[self.spare]
     return out
 
-  def ranked(self, seeds: list[int]) -> list[Record]:
-    """Its runs on `seeds` (`by_seed`)."""
-    return list(self.by_seed(seeds).values())
+  def ranked(self, first: int | None = None) -> list[Record]:
+    """Its runs on the `first` search seeds (`by_seed`)."""
+    return list(self.by_seed(first).values())
 
-  def mean(self, seeds: list[int]) -> float:
-    """Its mean over `seeds` at its best iterate (`best_reading`); inf where none of them ran."""
-    runs = self.ranked(seeds)
+  def mean(self, first: int | None = None) -> float:
+    """Its mean over the `first` search seeds at its best iterate (`best_reading`); inf where none of them ran."""
+    runs = self.ranked(first)
     return best_reading(runs)[0] if runs else math.inf
 
-  def record(self, seeds: list[int]) -> Record:
+  def record(self) -> Record:
     """The setting as the record lists it, with its two- and three-seed means where it ran on those."""
-    two, three = self.ranked(seeds[:2]), self.ranked(seeds)
+    two, three = self.ranked(2), self.ranked()
     return {
       "id": self.ident,
       "origin": self.origin,
@@ -519,7 +522,7 @@ class Search:
     if reuse and (same := [s for s in self.settings.values() if s.fields == fields]):
       return same[0]
     ident = f"{self.name}-{len(self.settings)}"
-    self.settings[ident] = Setting(ident, origin, fields, self.spare)
+    self.settings[ident] = Setting(ident, origin, fields, self.seeds, self.spare)
     return self.settings[ident]
 
   def next_sobol(self) -> Setting:
@@ -566,7 +569,7 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
       if search.spare not in setting.runs:
         requests += [(search, setting, search.spare) for _ in flagged]
   for search in searches:
-    two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
+    two = [s.mean(2) for s in search.settings.values() if len(s.ranked(2)) == 2]
     search.curve.append([search.cost(), min(two, default=None)])
 
 
@@ -580,9 +583,9 @@ def _run_three(search: Search, settings: list[Setting], runner: Runner, label: s
   return True
 
 
-def _wins(search: Search, new: Setting, old: Setting, reading: Reading) -> bool:
+def _wins(new: Setting, old: Setting, reading: Reading) -> bool:
   """Whether `new` beats `old` on the seeds both ran by more than the noise of the difference."""
-  a, b = new.by_seed(search.seeds), old.by_seed(search.seeds)
+  a, b = new.by_seed(), old.by_seed()
   common = [s for s in a if s in b]
   loss = lambda runs: [tuning.iterate_loss(runs[s], *reading) for s in common]  # noqa: E731
   return tuning.wins_beyond_noise(loss(a), loss(b))["wins"]
@@ -611,14 +614,14 @@ def line_search(
     return at[v]
 
   def mean(v: float) -> float:
-    return read_at(at[v].ranked(search.seeds), *reading)
+    return read_at(at[v].ranked(), *reading)
 
   todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
   while _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
     best = min(at, key=mean)
     if best == centre:
       break
-    if not _wins(search, at[best], at[centre], reading):
+    if not _wins(at[best], at[centre], reading):
       stopped = "within noise"
       break
     moves, up, centre = moves + 1, best > centre, best
@@ -711,7 +714,7 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
       break
     for (f, st), s in zip(todo, new):
       st["tried"].append(s.ident)
-      if not _wins(search, s, st["last"], reading):
+      if not _wins(s, st["last"], reading):
         st["stopped"] = "within noise"
         continue
       st["kept"], st["last"] = s.fields[f], s
@@ -739,7 +742,7 @@ def finish(
   iterate (`iterate='raw'`). None where the first LR round or the first combination does not fit. The
   chosen setting reads the iterate (`iterate`, else its better one) and beta its own runs read best at."""
   limit = search.cost() + budget
-  reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked(search.seeds))[1:]
+  reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked())[1:]
   first = refine(search, start, reading, runner, limit)
   if first is None:
     return None
@@ -753,7 +756,7 @@ def finish(
     refined.append(again)
     chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
   # its iterate, and its beta (the averaged iterate's, even where raw wins)
-  averaging = tuning.choose_averaging(chosen.ranked(search.seeds), list(AVERAGING_BETAS))
+  averaging = tuning.choose_averaging(chosen.ranked(), list(AVERAGING_BETAS))
   chosen_iterate = iterate or averaging["iterate"]
   return {
     "from": start.ident,
@@ -806,17 +809,17 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
   for search in searches:
-    ranked = sorted(search.settings.values(), key=lambda s: s.mean(search.seeds[:2]))
+    ranked = sorted(search.settings.values(), key=lambda s: s.mean(2))
     search.history["finalists"] = [s.ident for s in ranked[:FINALISTS]]
     requests += [(search, s, search.seeds[2]) for s in ranked[:FINALISTS]]
   run_requests(requests, runner, "joint search: step 2 (third seed)")
   for search in searches:
-    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean(search.seeds))
+    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean())
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
-    three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
-    start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
+    three = [s for s in search.settings.values() if len(s.ranked()) == 3]
+    start = min(three, key=lambda s: read_at(s.ranked(), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
@@ -843,10 +846,10 @@ def equalise(searches: list[Search], runner: Runner, target: float, key: str = "
       extra.append(point.ident)
       run_requests([(search, point, s) for s in search.seeds[:2]], runner, f"{search.name} search: {key}")
       winner = search.settings[search.history["winner"]]
-      if point.mean(search.seeds[:2]) >= winner.mean(search.seeds[:2]) or target - search.cost() < 1:
+      if point.mean(2) >= winner.mean(2) or target - search.cost() < 1:
         continue
       run_requests([(search, point, search.seeds[2])], runner, f"{search.name} search: {key}, third seed")
-      if point.mean(search.seeds) >= winner.mean(search.seeds):
+      if point.mean() >= winner.mean():
         continue
       chosen = finish(search, point, runner, target - search.cost())
       if chosen is not None and chosen["three_seed_mean"] < search.history["chosen"]["three_seed_mean"]:
@@ -858,7 +861,7 @@ def _seed_sd(search: Search) -> float:
   its best iterate)."""
   ss, df = 0.0, 0
   for s in search.settings.values():
-    runs = s.ranked(search.seeds)
+    runs = s.ranked()
     if len(runs) >= 2:
       _, iterate, beta = best_reading(runs)
       ss += statistics.variance([tuning.iterate_loss(r, iterate, beta) for r in runs]) * (len(runs) - 1)
@@ -898,7 +901,7 @@ def search_record(search: Search, searches: list[Search]) -> Record:
     "sobol_points": search.used,
     "seeds": search.seeds,
     "spare_seed": search.spare,
-    "settings": [s.record(search.seeds) for s in search.settings.values()],
+    "settings": [s.record() for s in search.settings.values()],
     "runs": [e | {"config": search.settings[e["setting"]].fields} for e in search.log],
     **search.history,
     "tuning_curve": search.curve,
