@@ -249,18 +249,18 @@ def tune(
     )
   )
   for factor in (0.5, 2.0):
-    res = {lr: next(checked) for lr in lrs}
-    losses = {lr: averaged_loss(r, beta) for lr, r in res.items()}
+    res = [row(next(checked)) for _ in lrs]
+    rows += res
+    losses = {x["lr"]: x["loss_averaged"] for x in res}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
     checks[str(factor)] = {
       "lrs": lrs,
       "averaged_loss": list(losses.values()),
-      "raw_loss": [r["final_raw"] for r in res.values()],
+      "raw_loss": [x["loss_raw"] for x in res],
       "winner": winner,
       "wins_beyond_noise": moved,
     }
-    rows += [row(r) for r in res.values()]
     if moved:  # this budget and its neighbour on the same side of N use the winner
       per_budget_lr.update({str(float(f)): winner for f in b.budgets if (f <= 0.75 if factor < 1 else f >= 1.5)})
   return {
