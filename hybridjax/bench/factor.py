@@ -275,7 +275,7 @@ def factor(
         "larger --config.trainer.steps, or a larger preset such as long); the runs trained stay in the run cache"
       )
     fits[name] = f
-  point = _readings(fits["adamw"], fits["muon"], ranges)
+  point = _readings(*fits.values(), ranges)
   boot = _bootstrap(adamw, muon, n, ranges, draws, seed)
   out: Record = {
     "n": n,
@@ -400,18 +400,17 @@ def _bootstrap(
     if muon.windows.shape[-1] != j:
       raise ValueError("the two sides' runs must be scored on the same eval windows")
     counts = np.stack([np.bincount(rng.integers(0, j, size=j), minlength=j) for _ in range(draws)]) / j
-  fits = {}
-  for name, c in (("adamw", adamw), ("muon", muon)):
+  fits = []  # adamw's, muon's
+  for c in (adamw, muon):
     ran = np.isfinite(c.loss)
     y = np.where(ran, c.loss, 0.0)[idx]  # (draws, S, I)
     if counts is not None:
       w = np.nan_to_num(c.windows)
       moved = np.einsum("sij,dj->dsi", w, counts) - w.mean(-1)  # (draws, seeds, budgets): every seed's run
       y = y + np.take_along_axis(moved, idx[..., None], axis=1)
-    fits[name] = fit_curves(c.steps / n, y, ran[idx].astype(np.float64))
-  resampled = tuple(r[idx] for r in ranges)
-  read = _readings(fits["adamw"], fits["muon"], resampled)
-  ok = np.isfinite(fits["adamw"]["b"]) & np.isfinite(fits["muon"]["b"])
+    fits.append(fit_curves(c.steps / n, y, ran[idx].astype(np.float64)))
+  read = _readings(*fits, tuple(r[idx] for r in ranges))
+  ok = np.isfinite(fits[0]["b"]) & np.isfinite(fits[1]["b"])
   out = {}
   for reading, (values, sides) in read.items():
     logs = np.log(values[ok]).mean(-1)
