@@ -163,7 +163,7 @@ class Side:
   def spec(self, at: dict[str, float], seed: int, steps: int, wide_eval: int = 0) -> dict:
     """An anchor run at (lr, weight_decay) `at`, read at its beta; `wide_eval`: its final eval's windows, as a
     multiple of the config's (0: none besides its own)."""
-    c = search.apply_setting(self.config, {search.weight_decay_of(self.config)[0]: float(at["weight_decay"])})
+    c = search.apply_setting(self.config, {search.weight_decay_field(self.config): float(at["weight_decay"])})
     beta = float(self.settings["beta"])
     return specs.run_spec(
       c, kind="anchor", seed=seed, lr=float(at["lr"]), steps=steps, beta=beta, betas=[beta], wide_eval=wide_eval
@@ -196,26 +196,6 @@ def _keep(run: Record) -> Record:
   return {k: run[k] for k in kept if k in run}
 
 
-def recheck(sides: list[Side], n: int, seeds: list[int], runner: Runner, label: str) -> None:
-  """Every budget but N of every side not yet re-checked: each candidate (`tuning.budget_candidates`) on
-  `seeds`, in one batch; kept by `tuning.BUDGET_RULE`."""
-  todo = [
-    (side, f, at)
-    for side in sides
-    for f in side.budgets
-    if f != 1.0 and str(float(f)) not in side.checks
-    for at in tuning.budget_candidates(float(side.settings["lr"]), float(side.settings["weight_decay"]), f)
-  ]
-  if not todo:
-    return
-  results = iter(runner.run([side.spec(at, s, round(f * n)) for side, f, at in todo for s in seeds], label))
-  for side, f, at in todo:
-    check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
-    check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in seeds]})
-  for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
-    check |= tuning.budget_choice(check["tried"])
-
-
 def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eval: int, label: str) -> None:
   """Every side's runs on `seeds` at every budget, at the budget's setting (cached runs are read back)."""
   todo = [(side, s, f) for side in sides for s in seeds for f in side.budgets if f"{s}/{round(f * n)}" not in side.runs]
@@ -234,8 +214,24 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
   n, tuning_seeds, wide = int(config.trainer.steps), [int(s) for s in o.tuning_seeds], int(o.wide_eval)
   sides, seeds = [slow, fast], [int(s) for s in o.seeds]
 
-  def run() -> None:  # on the seeds read so far
-    recheck(sides, n, tuning_seeds, runner, f"{study}: per-budget re-checks (tuning seeds)")
+  def run() -> None:
+    """Every budget but N of every side not yet re-checked: each candidate (`tuning.budget_candidates`) on the
+    tuning seeds, in one batch, kept by `tuning.BUDGET_RULE`; then the curves on the seeds read so far."""
+    todo = [
+      (side, f, at)
+      for side in sides
+      for f in side.budgets
+      if f != 1.0 and str(float(f)) not in side.checks
+      for at in tuning.budget_candidates(float(side.settings["lr"]), float(side.settings["weight_decay"]), f)
+    ]
+    if todo:
+      run_specs = [side.spec(at, s, round(f * n)) for side, f, at in todo for s in tuning_seeds]
+      results = iter(runner.run(run_specs, f"{study}: per-budget re-checks (tuning seeds)"))
+      for side, f, at in todo:
+        check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
+        check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in tuning_seeds]})
+      for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
+        check |= tuning.budget_choice(check["tried"])
     curves(sides, n, seeds, runner, wide, f"{study}: budget curves (headline seeds)")
 
   run()
