@@ -355,7 +355,7 @@ def space_function(name: str) -> Any:
     return module_space
   found = globals().get(f"{name}_space")
   if getattr(found, "centre", None) is None:
-    have = [k[: -len("_space")] for k, v in globals().items() if k.endswith("_space") and hasattr(v, "centre")]
+    have = [k.removesuffix("_space") for k, v in globals().items() if k.endswith("_space") and hasattr(v, "centre")]
     raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {', '.join(have)} only")
   return found
 
@@ -609,9 +609,7 @@ def line_search(
   at = {centre: start}
 
   def setting(v: float) -> Setting:
-    if v not in at:
-      at[v] = search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)
-    return at[v]
+    return at.setdefault(v, search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True))
 
   def mean(v: float) -> float:
     return read_at(at[v].ranked(), *reading)
