@@ -748,10 +748,8 @@ def finish(
   chosen = _as_chosen(search, first["fields"] | edges["kept"], runner, limit)
   if chosen is None:
     return None
-  refined = [first]
   again = refine(search, chosen, reading, runner, limit) if edges["kept"] else None
   if again:
-    refined.append(again)
     chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
   # its iterate, and its beta (the averaged iterate's, even where raw wins)
   averaging = tuning.choose_averaging(chosen.ranked(), list(AVERAGING_BETAS))
@@ -759,7 +757,7 @@ def finish(
   return {
     "from": start.ident,
     "reading": list(reading),
-    "refine": [{"rounds": r["rounds"], "best": r["best"].ident} for r in refined],
+    "refine": [{"rounds": r["rounds"], "best": r["best"].ident} for r in (first, again) if r],
     "edges": edges,
     "as_chosen": chosen.ident,
     "fields": chosen.fields,
@@ -807,9 +805,9 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
   for search in searches:
-    ranked = sorted(search.settings.values(), key=lambda s: s.mean(2))
-    search.history["finalists"] = [s.ident for s in ranked[:FINALISTS]]
-    requests += [(search, s, search.seeds[2]) for s in ranked[:FINALISTS]]
+    finalists = sorted(search.settings.values(), key=lambda s: s.mean(2))[:FINALISTS]
+    search.history["finalists"] = [s.ident for s in finalists]
+    requests += [(search, s, search.seeds[2]) for s in finalists]
   run_requests(requests, runner, "joint search: step 2 (third seed)")
   for search in searches:
     winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean())
