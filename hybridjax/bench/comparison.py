@@ -407,12 +407,10 @@ def at_n(result: Record, before: Record, side: str, seeds: list[str]) -> Record:
       for k in [c["steps"].index(n)]
     ]
 
-  a, b = losses(result), losses(before)
-  windows = all(x[1] is not None for x in a + b)
-  eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
-  return protocol.paired_difference(
-    [x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=len(a[0][1]) if windows else None
-  )
+  (la, wa), (lb, wb) = (zip(*losses(r)) for r in (result, before))  # (losses, windows) per seed
+  windows = None not in wa + wb
+  eval_se = protocol.seed_averaged_window_se(wa, wb) if windows else None
+  return protocol.paired_difference(la, lb, eval_se, eval_windows=len(wa[0]) if windows else None)
 
 
 BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}

@@ -752,7 +752,7 @@ def finish(
   if again:
     chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
   # its iterate, and its beta (the averaged iterate's, even where raw wins)
-  averaging = tuning.choose_averaging(chosen.ranked(), list(AVERAGING_BETAS))
+  averaging = tuning.choose_averaging(chosen.ranked(), AVERAGING_BETAS)
   chosen_iterate = iterate or averaging["iterate"]
   return {
     "from": start.ident,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hybridjax.bench import protocol
 from hybridjax.bench.figures import plateau_runs, window_error
@@ -193,10 +193,11 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   return out
 
 
-def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
+def choose_averaging(at_best: list[Record], betas: Sequence[float]) -> Record:
   """The averaging beta of runs at one LR (the lowest mean averaged loss over them) and whether
   averaging helps there: the raw and the averaged loss at that beta, mean over the runs, and the
   lower of the two ('iterate': what a family with `benchmark.iterate='best'` reads; 'raw' on a tie)."""
+  betas = [float(x) for x in betas]  # a config's `benchmark.betas`, say
   table = {str(x): [averaged_loss(r, x) for r in at_best] for x in betas}
   beta = min(betas, key=lambda x: statistics.fmean(table[str(x)]))
   losses = {"raw": statistics.fmean(r["final_raw"] for r in at_best), "averaged": statistics.fmean(table[str(beta)])}
@@ -224,7 +225,7 @@ def tune(
   swept = sweep_lrs([(config, spec, ranked_by)], runner)[0]
   grid, sweep, top2, best_lr = swept["grid"], swept["sweep"], swept["top2"], swept["best_lr"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
-  averaging = choose_averaging(swept["at_best"], [float(x) for x in b.betas])
+  averaging = choose_averaging(swept["at_best"], b.betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
   noise = difference_noise(beta_table[str(beta)], *(sweep[grid.index(lr)] for lr in top2))
 
@@ -343,7 +344,7 @@ def train_steps(
   swept = sweep_lrs([(c, spec_of(c), best_loss) for c in configs.values()], runner)
   chosen = {}
   for (name, c), sw in zip(configs.items(), swept):
-    averaging = choose_averaging(sw["at_best"], [float(x) for x in c.benchmark.betas])
+    averaging = choose_averaging(sw["at_best"], c.benchmark.betas)
     chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
       "lr": sw["best_lr"],
       "grid": sw["grid"],
