@@ -155,19 +155,20 @@ def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> dic
   levels, b, rss = _profile(t, y, w, fine)
   # Then the vertex of the parabola (in log c) through the fine grid's best and its neighbours, kept where
   # it fits better: c to a small fraction of the fine grid's spacing.
+  pick = lambda a, k: np.take_along_axis(a, k, axis=-1)[..., 0]  # noqa: E731  # a[..., k] along the grid
   k = np.clip(np.argmin(rss, axis=-1), 1, FINE_POINTS - 2)[..., None]
-  r0, r1, r2 = (np.take_along_axis(rss, k + d, axis=-1)[..., 0] for d in (-1, 0, 1))
+  r0, r1, r2 = (pick(rss, k + d) for d in (-1, 0, 1))
   h = 2 * step / (FINE_POINTS - 1)  # the fine grid's spacing in log c
   with np.errstate(invalid="ignore", divide="ignore"):
     shift = np.where(np.isfinite(r0 + r2) & (r0 + r2 - 2 * r1 > 0), 0.5 * h * (r0 - r2) / (r0 + r2 - 2 * r1), 0.0)
-  vertex = np.clip(np.take_along_axis(fine, k, axis=-1)[..., 0] * np.exp(np.clip(shift, -h, h)), *C_RANGE)
+  vertex = np.clip(pick(fine, k) * np.exp(np.clip(shift, -h, h)), *C_RANGE)
   fine = np.concatenate([fine, vertex[..., None]], axis=-1)
   levels2, b2, rss2 = _profile(t, y, w, vertex[..., None])
   levels = np.concatenate([levels, levels2], axis=-2)
   b, rss = np.concatenate([b, b2], axis=-1), np.concatenate([rss, rss2], axis=-1)
   k = np.argmin(rss, axis=-1)[..., None]
   out = {"levels": np.take_along_axis(levels, k[..., None], axis=-2)[..., 0, :]}
-  out |= {name: np.take_along_axis(a, k, axis=-1)[..., 0] for name, a in (("b", b), ("c", fine), ("rss", rss))}
+  out |= {name: pick(a, k) for name, a in (("b", b), ("c", fine), ("rss", rss))}
   bad = ~np.isfinite(out["rss"])
   return {name: np.where(bad[..., None] if name == "levels" else bad, np.nan, a) for name, a in out.items()}
 

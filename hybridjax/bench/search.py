@@ -532,12 +532,6 @@ class Search:
     self.used += 1
     return self.add(f"sobol {self.used - 1}", {k.field: k.value(float(x)) for k, x in zip(self.space, u)})
 
-  def spec(self, setting: Setting, seed: int) -> Record:
-    c, lr = apply_setting(self.config, setting.fields), float(setting.fields["optim.learning_rate"])
-    return specs.run_spec(
-      c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=AVERAGING_BETAS[0], betas=AVERAGING_BETAS
-    )
-
 
 Request = tuple[Search, Setting, int]
 Reading = tuple[str, float | None]  # the (iterate, beta) a comparison reads every setting at
@@ -549,7 +543,19 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   touched search's tuning-cost curve gains a point."""
   searches: set[Search] = set()  # each gains one point of its curve, whatever the order
   while requests:  # at most twice: the second batch's settings have run on the spare seed
-    results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
+    run_specs = [
+      specs.run_spec(
+        apply_setting(search.config, setting.fields),
+        kind="anchor",
+        seed=seed,
+        lr=float(setting.fields["optim.learning_rate"]),
+        steps=search.n,
+        beta=AVERAGING_BETAS[0],
+        betas=AVERAGING_BETAS,
+      )
+      for search, setting, seed in requests
+    ]
+    results = runner.run(run_specs, label)
     touched: dict[Setting, Search] = {}
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
