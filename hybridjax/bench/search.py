@@ -805,8 +805,8 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
-    published = search.add("published", published_setting(search.config, search.space))
-    first = [published] + [search.next_sobol() for _ in range(configs)]
+    first = [search.add("published", published_setting(search.config, search.space))]
+    first += [search.next_sobol() for _ in range(configs)]
     requests += [(search, s, seed) for s in first for seed in search.seeds[:2]]
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
