@@ -187,7 +187,6 @@ def _shared_knobs(config: Config, warmup: int, shortest: int | None) -> list[Kno
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
   `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
   the schedule, its floor and cool-down, clipping and the init (the row's, or fan-in)."""
-  inits = tuple(dict.fromkeys((str(config.model.init), "fan_in")))
   fits = lambda w: shortest is None or w < shortest  # noqa: E731
   warmups = tuple(dict.fromkeys(w for w in (0, warmup, 3 * warmup) if fits(w)))
   return [
@@ -202,7 +201,7 @@ def _shared_knobs(config: Config, warmup: int, shortest: int | None) -> list[Kno
     Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=(0.5, 0.7)),
     Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=(0.1, 0.05), above=(0.8, 1.0)),
     Knob("optim.grad_clip", "category", (1.0, 0.0)),
-    Knob("model.init", "category", inits),
+    Knob("model.init", "category", tuple(dict.fromkeys((str(config.model.init), "fan_in")))),
   ]
 
 

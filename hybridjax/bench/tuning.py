@@ -152,14 +152,13 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     runner.run([_at_n(s, 0, lr) for s, grid in zip(sweeps, grids) for lr in grid], "LR sweep (tuning seed 1, N)")
   )
   runs = [[next(first) for _ in grid] for grid in grids]
-  extensions = [0] * len(sweeps)
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
     extend = []  # (sweep, where the new LR goes in its grid, the LR)
     for i, ((config, _, loss), grid) in enumerate(zip(sweeps, grids)):
       best = min(range(len(grid)), key=lambda j: loss(runs[i][j]))
-      if 0 < best < len(grid) - 1 or extensions[i] >= int(config.benchmark.lr_max_extensions):
+      extended = len(grid) - int(config.benchmark.lr_points)  # the extensions so far
+      if 0 < best < len(grid) - 1 or extended >= int(config.benchmark.lr_max_extensions):
         continue
-      extensions[i] += 1
       at = 0 if best == 0 else len(grid)
       extend.append((i, at, round_lr(grid[0] / math.sqrt(2) if at == 0 else grid[-1] * math.sqrt(2))))
     if not extend:
