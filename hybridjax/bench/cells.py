@@ -106,12 +106,11 @@ def ratio_cell(s: Record, verdict: Record | None = None) -> str:
   above = above_note(verdict)
   if s["mean"] is None:
     return f"not reached ({s['n_null']}/{s['n']} seeds)" + (f" ({above})" if above else "")
-  std = "" if s["std"] is None else f" ± {s['std']:.2f} sd"
   upper = s.get("n_upper_bound", 0)
   counts = ((s["n_null"], "not reached"), (s["n_lower_bound"], "lower bounds"), (upper, "upper bounds"))
   notes = [f"{k} {what}" for k, what in counts if k] + ([above] if above else [])
   prefix = "≤ " if upper and not s["n_lower_bound"] else ""
-  return f"{prefix}{s['mean']:.2f}×{std}" + (f" ({', '.join(notes)})" if notes else "")
+  return prefix + mean_cell(s) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def spread_note(s: Record | None) -> str:
@@ -145,10 +144,11 @@ def pays_clause(
   if mark:
     what = "jumps" if "jumps_per_run" in figures["exercise"] else "predictions"
     parts.insert(0, f"{mark}: the comparison tested nothing of its {what}")
-  if verdict.get("paired"):
-    parts.append(f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve{p_note(verdict['paired'])}")
-  else:
-    parts.append("not judged: fewer than 2 seeds, or a cost outside the anchor's budgets")
+  parts.append(
+    f"loss at {cost} {se_cell(verdict['paired'])} from the anchor's curve{p_note(verdict['paired'])}"
+    if verdict.get("paired")
+    else "not judged: fewer than 2 seeds, or a cost outside the anchor's budgets"
+  )
   above = above_note(verdict)
   if above:
     parts.append(above)

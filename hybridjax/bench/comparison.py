@@ -163,7 +163,7 @@ class Side:
   def spec(self, at: dict[str, float], seed: int, steps: int, wide_eval: int = 0) -> dict:
     """An anchor run at (lr, weight_decay) `at`, read at its beta; `wide_eval`: its final eval's windows, as a
     multiple of the config's (0: none besides its own)."""
-    c = search.apply_setting(self.config, {search.weight_decay_of(self.config)[0]: float(at["weight_decay"])})
+    c = search.apply_setting(self.config, {search.weight_decay_field(self.config): float(at["weight_decay"])})
     beta = float(self.settings["beta"])
     return specs.run_spec(
       c, kind="anchor", seed=seed, lr=float(at["lr"]), steps=steps, beta=beta, betas=[beta], wide_eval=wide_eval
@@ -196,29 +196,6 @@ def _keep(run: Record) -> Record:
   return {k: run[k] for k in kept if k in run}
 
 
-def recheck(sides: list[Side], n: int, seeds: list[int], runner: Runner, label: str) -> None:
-  """Every budget but N of every side not yet re-checked: each candidate (`tuning.budget_candidates`) on
-  `seeds`, in one batch; kept by `tuning.BUDGET_RULE`."""
-  todo = [
-    (side, f, at)
-    for side in sides
-    for f in side.budgets
-    if f != 1.0 and str(float(f)) not in side.checks
-    for at in tuning.budget_candidates(float(side.settings["lr"]), float(side.settings["weight_decay"]), f)
-  ]
-  if not todo:
-    return
-  results = runner.run([side.spec(at, s, round(f * n)) for side, f, at in todo for s in seeds], label)
-  for k, (side, f, at) in enumerate(todo):
-    runs = results[k * len(seeds) : (k + 1) * len(seeds)]
-    check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
-    check["tried"].append(at | {"losses": [loss_of(r, side.settings) for r in runs]})
-  for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
-    choice = tuning.budget_choice(check["tried"])
-    check["chosen"] = {"lr": choice["lr"], "weight_decay": choice["weight_decay"]}
-    check["best_difference"] = choice["best_difference"]
-
-
 def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eval: int, label: str) -> None:
   """Every side's runs on `seeds` at every budget, at the budget's setting (cached runs are read back)."""
   todo = [(side, s, f) for side in sides for s in seeds for f in side.budgets if f"{s}/{round(f * n)}" not in side.runs]
@@ -237,18 +214,34 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
   n, tuning_seeds, wide = int(config.trainer.steps), [int(s) for s in o.tuning_seeds], int(o.wide_eval)
   sides, seeds = [slow, fast], [int(s) for s in o.seeds]
 
-  def run(seeds: list[int]) -> None:
-    recheck(sides, n, tuning_seeds, runner, f"{study}: per-budget re-checks (tuning seeds)")
+  def run() -> None:
+    """Every budget but N of every side not yet re-checked: each candidate (`tuning.budget_candidates`) on the
+    tuning seeds, in one batch, kept by `tuning.BUDGET_RULE`; then the curves on the seeds read so far."""
+    todo = [
+      (side, f, at)
+      for side in sides
+      for f in side.budgets
+      if f != 1.0 and str(float(f)) not in side.checks
+      for at in tuning.budget_candidates(float(side.settings["lr"]), float(side.settings["weight_decay"]), f)
+    ]
+    if todo:
+      run_specs = [side.spec(at, s, round(f * n)) for side, f, at in todo for s in tuning_seeds]
+      results = iter(runner.run(run_specs, f"{study}: per-budget re-checks (tuning seeds)"))
+      for side, f, at in todo:
+        check = side.checks.setdefault(str(float(f)), {"steps": round(f * n), "tried": []})
+        check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in tuning_seeds]})
+      for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
+        check |= tuning.budget_choice(check["tried"])
     curves(sides, n, seeds, runner, wide, f"{study}: budget curves (headline seeds)")
 
-  run(seeds)
+  run()
   at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
   flagged = figures.plateau_runs(at_n, n, float(config.benchmark.plateau_margin))
   added = [int(s) for s in o.plateau_seeds]
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to both sides", flush=True)
     seeds = seeds + added
-    run(seeds)
+    run()
   shorts = (
     (slow, lambda: any(min(slow.at(s, round(f * n)) for f in slow.budgets) >= fast.at(s, n) for s in seeds)),
     (fast, lambda: any(fast.at(s, round(min(fast.budgets) * n)) <= slow.at(s, n) for s in seeds)),
@@ -261,7 +254,7 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
       print(f"--- {side.name}'s curve does not span the other side's loss at N on every seed; adding {f} N")
       side.budgets.append(f)
       extended[side.name].append(f)
-      run(seeds)
+      run()
   return {"seeds": seeds, "plateaus": {"runs": flagged, "seeds_added": added if flagged else []}, "extended": extended}
 
 
@@ -288,9 +281,15 @@ def searched(
 def at_chosen(config: Config, chosen: Record, row: str, published: Record) -> tuple[Any, Record]:
   """A side's config and settings at the setting its search chose (`chosen`), its `published` ones kept."""
   tuned = search.apply_setting(config, chosen["fields"])
-  settings = {"row": row, "lr": float(chosen["fields"]["optim.learning_rate"]), "beta": chosen["beta"]}
-  settings |= {"iterate": chosen["iterate"], "weight_decay": search.weight_decay_of(tuned)[1]}
-  return tuned, settings | {"published": published, "fields": chosen["fields"]}
+  return tuned, {
+    "row": row,
+    "lr": float(chosen["fields"]["optim.learning_rate"]),
+    "beta": chosen["beta"],
+    "iterate": chosen["iterate"],
+    "weight_decay": search.weight_decay_of(tuned)[1],
+    "published": published,
+    "fields": chosen["fields"],
+  }
 
 
 def code_record(config: Config) -> Record:
@@ -363,16 +362,17 @@ def own_curves(result: Record, slow: str, fast: str, field: tuple[float, float] 
   readings without the fit (`factor.interpolated`), and its verdict against 1.0x with the `field`'s range
   beside it (`factor.verdict_against_one`)."""
 
+  def pair(iterate: str | None = None) -> list[Record]:
+    return [side_curves(result, side, iterate) for side in (slow, fast)]
+
   def read(iterate: str | None) -> Record:
-    pair = (side_curves(result, side, iterate) for side in (slow, fast))
-    return factor.factor(*pair, int(result["steps"]), int(result["draws"]), int(result["bootstrap_seed"]))
+    return factor.factor(*pair(iterate), int(result["steps"]), int(result["draws"]), int(result["bootstrap_seed"]))
 
   f = read(None)
   raw = None if all(s["settings"]["iterate"] == "raw" for s in result["sides"].values()) else read("raw")
   out = {"factor": f, "verdict": factor.cell_verdict(f["a"]), "factor_raw": raw}
   if result.get("readings", 1) >= 2:
-    pair = [side_curves(result, side) for side in (slow, fast)]
-    out["interpolated"] = factor.interpolated(*pair, int(result["steps"]))
+    out["interpolated"] = factor.interpolated(*pair(), int(result["steps"]))
     out["verdict_against_one"] = factor.verdict_against_one(f["a"], field)
     out["verdict"] = out["verdict_against_one"]["verdict"]
   return out
@@ -407,12 +407,10 @@ def at_n(result: Record, before: Record, side: str, seeds: list[str]) -> Record:
       for k in [c["steps"].index(n)]
     ]
 
-  a, b = losses(result), losses(before)
-  windows = all(x[1] is not None for x in a + b)
-  eval_se = protocol.seed_averaged_window_se([x[1] for x in a], [x[1] for x in b]) if windows else None
-  return protocol.paired_difference(
-    [x[0] for x in a], [x[0] for x in b], eval_se, eval_windows=len(a[0][1]) if windows else None
-  )
+  (la, wa), (lb, wb) = (zip(*losses(r)) for r in (result, before))  # (losses, windows) per seed
+  windows = None not in wa + wb
+  eval_se = protocol.seed_averaged_window_se(wa, wb) if windows else None
+  return protocol.paired_difference(la, lb, eval_se, eval_windows=len(wa[0]) if windows else None)
 
 
 BOUND = {None: "", "lower": "≥ ", "upper": "≤ ", "both": "bounded both ways: "}

@@ -67,6 +67,9 @@ class Curves:
   windows: np.ndarray | None
 
 
+CurvesLike = Curves | Mapping[str, Any]  # a side's `Curves`, or the mapping `curves_from` reads
+
+
 def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -> Curves:
   """`Curves` from {seed: {"steps": [budget, ...], "loss": [loss, ...], "per_window": [[window loss, ...]
   per budget] (optional)}}; `side` names the side in errors.
@@ -83,7 +86,7 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
     raise ValueError(f"{side}: budgets must be positive steps, got {steps}")
   loss = np.full((len(seeds), len(steps)), np.nan)
   have_windows = all(per_seed[s].get("per_window") is not None for s in seeds)
-  windows = []  # per seed: budget's column -> its per-window losses
+  placed = []  # (seed's row, budget's column, its run's per-window losses)
   for i, s in enumerate(seeds):
     budgets, losses = list(per_seed[s]["steps"]), list(per_seed[s]["loss"])
     if len(budgets) != len(losses) or len(set(budgets)) != len(budgets):
@@ -94,16 +97,16 @@ def curves_from(per_seed: Mapping[str, Mapping[str, Any]], side: str = "side") -
       raise ValueError(f"{side} seed {s}: losses must be finite, got {losses}")
     columns = [steps.index(float(t)) for t in budgets]
     loss[i, columns] = losses
-    windows.append({j: per_seed[s]["per_window"][k] for k, j in enumerate(columns)} if have_windows else {})
+    if have_windows:
+      placed += [(i, j, per_seed[s]["per_window"][k]) for k, j in enumerate(columns)]
   win = None
   if have_windows:
-    counts = {len(w) for row in windows for w in row.values()}
+    counts = {len(w) for _, _, w in placed}
     if len(counts) != 1:
       raise ValueError(f"{side}: every run's per-window losses must cover the same windows, got counts {counts}")
     win = np.full((len(seeds), len(steps), counts.pop()), np.nan)
-    for i, row in enumerate(windows):
-      for j, w in row.items():
-        win[i, j] = w
+    for i, j, w in placed:
+      win[i, j] = w
   return Curves(seeds, np.asarray(steps), loss, win)
 
 
@@ -152,19 +155,20 @@ def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> dic
   levels, b, rss = _profile(t, y, w, fine)
   # Then the vertex of the parabola (in log c) through the fine grid's best and its neighbours, kept where
   # it fits better: c to a small fraction of the fine grid's spacing.
+  pick = lambda a, k: np.take_along_axis(a, k, axis=-1)[..., 0]  # noqa: E731  # a[..., k] along the grid
   k = np.clip(np.argmin(rss, axis=-1), 1, FINE_POINTS - 2)[..., None]
-  r0, r1, r2 = (np.take_along_axis(rss, k + d, axis=-1)[..., 0] for d in (-1, 0, 1))
+  r0, r1, r2 = (pick(rss, k + d) for d in (-1, 0, 1))
   h = 2 * step / (FINE_POINTS - 1)  # the fine grid's spacing in log c
   with np.errstate(invalid="ignore", divide="ignore"):
     shift = np.where(np.isfinite(r0 + r2) & (r0 + r2 - 2 * r1 > 0), 0.5 * h * (r0 - r2) / (r0 + r2 - 2 * r1), 0.0)
-  vertex = np.clip(np.take_along_axis(fine, k, axis=-1)[..., 0] * np.exp(np.clip(shift, -h, h)), *C_RANGE)
+  vertex = np.clip(pick(fine, k) * np.exp(np.clip(shift, -h, h)), *C_RANGE)
   fine = np.concatenate([fine, vertex[..., None]], axis=-1)
   levels2, b2, rss2 = _profile(t, y, w, vertex[..., None])
   levels = np.concatenate([levels, levels2], axis=-2)
   b, rss = np.concatenate([b, b2], axis=-1), np.concatenate([rss, rss2], axis=-1)
   k = np.argmin(rss, axis=-1)[..., None]
   out = {"levels": np.take_along_axis(levels, k[..., None], axis=-2)[..., 0, :]}
-  out |= {name: np.take_along_axis(a, k, axis=-1)[..., 0] for name, a in (("b", b), ("c", fine), ("rss", rss))}
+  out |= {name: pick(a, k) for name, a in (("b", b), ("c", fine), ("rss", rss))}
   bad = ~np.isfinite(out["rss"])
   return {name: np.where(bad[..., None] if name == "levels" else bad, np.nan, a) for name, a in out.items()}
 
@@ -204,7 +208,7 @@ def _readings(
   return {"a": (t_a, side_a), "b": (1.0 / t_m, -side_m)}
 
 
-def _paired(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any]) -> tuple[Curves, Curves]:
+def _paired(adamw: CurvesLike, muon: CurvesLike) -> tuple[Curves, Curves]:
   """Both sides' `Curves` (a mapping read by `curves_from`), refused where they run other headline seeds."""
   adamw, muon = (c if isinstance(c, Curves) else curves_from(c, name) for c, name in ((adamw, "adamw"), (muon, "muon")))
   if adamw.seeds != muon.seeds:
@@ -230,8 +234,8 @@ def _bound_word(sides: np.ndarray) -> str | None:
 
 
 def factor(
-  adamw: Curves | Mapping[str, Any],
-  muon: Curves | Mapping[str, Any],
+  adamw: CurvesLike,
+  muon: CurvesLike,
   n: float,
   draws: int = 2000,
   seed: int = 0,
@@ -272,7 +276,7 @@ def factor(
         "larger --config.trainer.steps, or a larger preset such as long); the runs trained stay in the run cache"
       )
     fits[name] = f
-  point = _readings(fits["adamw"], fits["muon"], ranges)
+  point = _readings(*fits.values(), ranges)
   boot = _bootstrap(adamw, muon, n, ranges, draws, seed)
   out: Record = {
     "n": n,
@@ -316,7 +320,7 @@ def factor(
   return out
 
 
-def interpolated(adamw: Curves | Mapping[str, Any], muon: Curves | Mapping[str, Any], n: float) -> Record:
+def interpolated(adamw: CurvesLike, muon: CurvesLike, n: float) -> Record:
   """Both readings without the fit, printed beside `factor`'s: per seed, a side's steps to reach the other
   side's own loss at N on its own budget points (`protocol.steps_to_reach`: linear in log budget along their
   monotone envelope; outside the budgets run, a bound at the nearest budget), over N for reading (a), N over
@@ -397,18 +401,17 @@ def _bootstrap(
     if muon.windows.shape[-1] != j:
       raise ValueError("the two sides' runs must be scored on the same eval windows")
     counts = np.stack([np.bincount(rng.integers(0, j, size=j), minlength=j) for _ in range(draws)]) / j
-  fits = {}
-  for name, c in (("adamw", adamw), ("muon", muon)):
+  fits = []  # adamw's, muon's
+  for c in (adamw, muon):
     ran = np.isfinite(c.loss)
     y = np.where(ran, c.loss, 0.0)[idx]  # (draws, S, I)
     if counts is not None:
       w = np.nan_to_num(c.windows)
       moved = np.einsum("sij,dj->dsi", w, counts) - w.mean(-1)  # (draws, seeds, budgets): every seed's run
       y = y + np.take_along_axis(moved, idx[..., None], axis=1)
-    fits[name] = fit_curves(c.steps / n, y, ran[idx].astype(np.float64))
-  resampled = tuple(r[idx] for r in ranges)
-  read = _readings(fits["adamw"], fits["muon"], resampled)
-  ok = np.isfinite(fits["adamw"]["b"]) & np.isfinite(fits["muon"]["b"])
+    fits.append(fit_curves(c.steps / n, y, ran[idx].astype(np.float64)))
+  read = _readings(*fits, tuple(r[idx] for r in ranges))
+  ok = np.isfinite(fits[0]["b"]) & np.isfinite(fits[1]["b"])
   out = {}
   for reading, (values, sides) in read.items():
     logs = np.log(values[ok]).mean(-1)

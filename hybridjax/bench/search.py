@@ -153,15 +153,16 @@ class Knob:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-def _lr_knob(lr: float) -> Knob:
-  return Knob("optim.learning_rate", "log", (tuning.round_lr(lr / 4), tuning.round_lr(lr * 4)))
-
-
-def _ratio_knob(field: str, ratio: float) -> Knob:
-  """An LR ratio continuous over x/÷ 4 around `ratio`, its further steps x/÷ 8 and 16."""
-  r = tuning.round_lr
+def _around(config: Config, name: str, further: tuple[int, ...] = ()) -> Knob:
+  """`optim.<name>` continuous over x/÷ 4 around its value in `config`, its further steps x/÷ each of `further`
+  (an LR ratio's: 8 and 16)."""
+  x, r = float(config.optim[name]), tuning.round_lr
   return Knob(
-    field, "log", (r(ratio / 4), r(ratio * 4)), below=(r(ratio / 8), r(ratio / 16)), above=(r(ratio * 8), r(ratio * 16))
+    f"optim.{name}",
+    "log",
+    (r(x / 4), r(x * 4)),
+    below=tuple(r(x / k) for k in further),
+    above=tuple(r(x * k) for k in further),
   )
 
 
@@ -186,7 +187,6 @@ def _shared_knobs(config: Config, warmup: int, shortest: int | None) -> list[Kno
   """The knobs both sides search: the LR warm-up (0, 1 and 3 times the preset's: {0, 50, 150} steps at
   `long`; those shorter than the side's `shortest` budget, whose run a longer warm-up would never leave),
   the schedule, its floor and cool-down, clipping and the init (the row's, or fan-in)."""
-  inits = tuple(dict.fromkeys((str(config.model.init), "fan_in")))
   fits = lambda w: shortest is None or w < shortest  # noqa: E731
   warmups = tuple(dict.fromkeys(w for w in (0, warmup, 3 * warmup) if fits(w)))
   return [
@@ -201,7 +201,7 @@ def _shared_knobs(config: Config, warmup: int, shortest: int | None) -> list[Kno
     Knob("optim.min_lr_ratio", "choice", (0.0, 0.1, 0.3), above=(0.5, 0.7)),
     Knob("optim.decay_fraction", "choice", (0.2, 0.4, 0.6), below=(0.1, 0.05), above=(0.8, 1.0)),
     Knob("optim.grad_clip", "category", (1.0, 0.0)),
-    Knob("model.init", "category", inits),
+    Knob("model.init", "category", tuple(dict.fromkeys((str(config.model.init), "fan_in")))),
   ]
 
 
@@ -228,10 +228,10 @@ def centred_at(centre: Centre) -> Any:
 
 
 @centred_at(Centre())
-def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def adamw_space(config: Config, space: str) -> list[Knob]:
   """AdamW's space around `config` (its published setting): LR x/÷ 4, beta1 {0.8, 0.9, 0.95}, 1 - beta2
   in [5e-5, 5e-2], weight decay 0 or [0.01, 1], the embeddings' LR ratio ({0.5, 1, 2} in space 'v1';
-  'symmetric': continuous x/÷ 4, and an untied head's too) and the shared knobs."""
+  'symmetric': continuous x/÷ 4, and an untied head's too)."""
   if space == "v1":
     ratios = [Knob("optim.adamw_embed_lr_ratio", "choice", (0.5, 1.0, 2.0), below=(0.25, 0.125), above=(4.0, 8.0))]
   else:
@@ -240,22 +240,21 @@ def adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -
       if config.model.get("untied_head", False)
       else ("adamw_embed_lr_ratio",)
     )
-    ratios = [_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names]
+    ratios = [_around(config, k, (8, 16)) for k in names]
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     *_betas("optim.b1", "optim.b2"),
     _weight_decay("optim.weight_decay"),
     *ratios,
-    *_shared_knobs(config, warmup, shortest),
   ]
 
 
 @centred_at(Centre(why="its own recipe row's published setting, not AdamW's"))
-def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def muon_groups_space(config: Config, space: str) -> list[Knob]:
   """`muon_groups`' space around `config`: LR x/÷ 4, Muon's momentum {0.85, 0.9, 0.95, 0.98}, its weight
   decay 0 or [0.01, 1], and the Adam groups': on a head tied to the token embedding, the tied matrix's LR
   ratio x/÷ 4 and betas as AdamW's; on an untied head (space 'symmetric'), the embeddings', the head's and
-  the scalars' LR ratios x/÷ 4 and the groups' betas; and the shared knobs."""
+  the scalars' LR ratios x/÷ 4 and the groups' betas."""
   untied = bool(config.model.get("untied_head", False))
   if untied and space == "v1":
     raise ValueError(
@@ -265,7 +264,7 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: 
     )
   names = ("embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio") if untied else ("tied_lr_ratio",)
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob(
       "optim.muon_momentum",
       "choice",
@@ -275,16 +274,15 @@ def muon_groups_space(config: Config, warmup: int, shortest: int | None, space: 
       per_step="ema",
     ),
     _weight_decay("optim.muon_weight_decay"),
-    *(_ratio_knob(f"optim.{k}", float(config.optim[k])) for k in names),
+    *(_around(config, k, (8, 16)) for k in names),
     *_betas(*(("optim.groups_b1", "optim.groups_b2") if untied else ("optim.tied_b1", "optim.tied_b2"))),
-    *_shared_knobs(config, warmup, shortest),
   ]
 
 
 @centred_at(Centre(why="AdamW with Nesterov momentum: the same scale of update, so AdamW's setting"))
-def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def nadamw_space(config: Config, space: str) -> list[Knob]:
   """NAdamW's space: AdamW's (`adamw_space`)."""
-  return adamw_space(config, warmup, shortest, space)
+  return adamw_space(config, space)
 
 
 @centred_at(
@@ -296,17 +294,16 @@ def nadamw_space(config: Config, warmup: int, shortest: int | None, space: str) 
     lacks=("eps: a sign update divides by nothing",),
   )
 )
-def lion_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def lion_space(config: Config, space: str) -> list[Knob]:
   """Lion's space around `config`: LR x/÷ 4, its betas (beta1 {0.9, 0.95, 0.99}; beta2 {0.95, 0.98, 0.99},
   the paper's and its language models'), its weight decay over the range AdamW's takes times the
-  centre's factor, AdamW's LR ratios (`adamw_space`'s, of its `space`) and the shared knobs."""
+  centre's factor and AdamW's LR ratios (`adamw_space`'s, of its `space`)."""
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob("optim.lion_b1", "choice", (0.9, 0.95, 0.99), below=(0.8, 0.7), above=(0.995,), per_step="ema"),
     Knob("optim.lion_b2", "choice", (0.95, 0.98, 0.99), below=(0.9, 0.8), above=(0.995, 0.999), per_step="ema"),
     _weight_decay("optim.weight_decay", lion_space.centre.weight_decay),
-    *(k for k in adamw_space(config, warmup, shortest, space) if k.field.startswith("optim.adamw_")),
-    *_shared_knobs(config, warmup, shortest),
+    *(k for k in adamw_space(config, space) if k.field.startswith("optim.adamw_")),
   ]
 
 
@@ -321,28 +318,25 @@ def lion_space(config: Config, warmup: int, shortest: int | None, space: str) ->
     ),
   )
 )
-def schedule_free_adamw_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def schedule_free_adamw_space(config: Config, space: str) -> list[Knob]:
   """Schedule-free AdamW's space around `config`: LR x/÷ 4, its interpolation beta1 {0.9, 0.95, 0.98}
-  (its authors raise it for long runs), AdamW's beta2 and weight decay, and of the shared knobs the warm-up,
-  clipping and the init."""
+  (its authors raise it for long runs), AdamW's beta2 and weight decay; of the shared knobs (`space_of`), it owns
+  its schedule's."""
   return [
-    _lr_knob(float(config.optim.learning_rate)),
+    _around(config, "learning_rate"),
     Knob("optim.b1", "choice", (0.9, 0.95, 0.98), below=(0.8, 0.7), above=(0.99, 0.995), per_step="ema"),
     _betas("optim.b1", "optim.b2")[1],
     _weight_decay("optim.weight_decay"),
-    *(k for k in _shared_knobs(config, warmup, shortest) if k.field not in _SCHEDULE_KNOBS),
   ]
 
 
-def module_space(config: Config, warmup: int, shortest: int | None, space: str) -> list[Knob]:
+def module_space(config: Config, space: str) -> list[Knob]:
   """A user's module's space (`optimizers.module`), its `SPACE` as knobs: a range 'log' or 'linear', feasible
   points as ordered choices where they are numbers (else a category); `learning_rate` is the schedule's peak,
-  the others `optim.<BLOCK>.<knob>`. Then the shared knobs, as every side searches them, but clipping (a
-  module clips in its own chain) and, where it owns its schedule, the schedule's."""
+  the others `optim.<BLOCK>.<knob>`."""
   del space
-  m, knobs = module_lib.load(str(config.optim.name)), []
-  skip = ("optim.grad_clip", *(_SCHEDULE_KNOBS if m.owns_schedule else ()))
-  for knob, spec in m.space.items():
+  knobs = []
+  for knob, spec in module_lib.load(str(config.optim.name)).space.items():
     field = "optim.learning_rate" if knob == "learning_rate" else f"optim.{module_lib.BLOCK}.{knob}"
     if "feasible_points" in spec:
       points = tuple(spec["feasible_points"])
@@ -350,7 +344,7 @@ def module_space(config: Config, warmup: int, shortest: int | None, space: str) 
       knobs.append(Knob(field, "choice" if numbers else "category", tuple(sorted(points)) if numbers else points))
     else:
       knobs.append(Knob(field, str(spec["scaling"]), (spec["min"], spec["max"])))
-  return knobs + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
+  return knobs
 
 
 def space_function(name: str) -> Any:
@@ -360,16 +354,23 @@ def space_function(name: str) -> Any:
     return module_space
   found = globals().get(f"{name}_space")
   if getattr(found, "centre", None) is None:
-    have = [k[: -len("_space")] for k, v in globals().items() if k.endswith("_space") and hasattr(v, "centre")]
+    have = [k.removesuffix("_space") for k, v in globals().items() if k.endswith("_space") and hasattr(v, "centre")]
     raise ValueError(f"--config.optim.name={name!r}: the joint search has a space for {', '.join(have)} only")
   return found
 
 
 def space_of(config: Config, warmup: int, shortest: int | None = None, space: str = "symmetric") -> list[Knob]:
-  """The space `space` (`SPACES`) of `config`'s optimizer (`space_function`), around `config`'s values;
-  `warmup`: the preset's LR warm-up, `shortest`: the side's shortest budget in steps (None: no bound on the
-  warm-up)."""
-  return space_function(str(config.optim.name))(config, warmup, shortest, space)
+  """The space `space` (`SPACES`) of `config`'s optimizer around `config`'s values: its own knobs
+  (`space_function`), then the shared knobs (`_shared_knobs`) but, where it owns its schedule, the schedule's,
+  and a user's module's clipping (it clips in its own chain); `warmup`: the preset's LR warm-up, `shortest`:
+  the side's shortest budget in steps (None: no bound on the warm-up)."""
+  name = str(config.optim.name)
+  own = space_function(name)(config, space)
+  skip = (
+    *(_SCHEDULE_KNOBS if owns_schedule(config) else ()),
+    *(() if name in optim_lib.OPTIMIZERS else ("optim.grad_clip",)),
+  )
+  return own + [k for k in _shared_knobs(config, warmup, shortest) if k.field not in skip]
 
 
 def centred(reference: Config, name: str) -> Config:
@@ -442,33 +443,36 @@ def best_reading(runs: list[Record]) -> tuple[float, str, float | None]:
 
 
 class Setting:
-  """One setting of a side: its fields (the LR among them), where it comes from, its runs by seed, and
-  the seeds whose runs stalled (not ranked)."""
+  """One setting of a side: its fields (the LR among them), where it comes from, its side's search seeds and
+  spare seed, its runs by seed, and the seeds whose runs stalled (not ranked). `first`: the first that many
+  search seeds (all where None)."""
 
-  def __init__(self, ident: str, origin: str, fields: Record, spare: int):
-    self.ident, self.origin, self.fields, self.spare = ident, origin, dict(fields), spare
+  def __init__(self, ident: str, origin: str, fields: Record, seeds: list[int], spare: int):
+    self.ident, self.origin, self.fields, self.seeds, self.spare = ident, origin, dict(fields), seeds, spare
     self.runs: dict[int, Record] = {}
     self.stalled: list[int] = []
 
-  def by_seed(self, seeds: list[int]) -> dict[int, Record]:
-    """Its runs on `seeds` by seed, a stalled one replaced by its spare-seed run where that did not stall."""
+  def by_seed(self, first: int | None = None) -> dict[int, Record]:
+    """Its runs on the `first` search seeds by seed, a stalled one replaced by its spare-seed run where that
+    did not stall."""
+    seeds = self.seeds[:first]
     out = {s: self.runs[s] for s in seeds if s in self.runs and s not in self.stalled}
     if any(s in self.stalled for s in seeds) and self.spare in self.runs and self.spare not in self.stalled:
       out[self.spare] = self.runs[self.spare]
     return out
 
-  def ranked(self, seeds: list[int]) -> list[Record]:
-    """Its runs on `seeds` (`by_seed`)."""
-    return list(self.by_seed(seeds).values())
+  def ranked(self, first: int | None = None) -> list[Record]:
+    """Its runs on the `first` search seeds (`by_seed`)."""
+    return list(self.by_seed(first).values())
 
-  def mean(self, seeds: list[int]) -> float:
-    """Its mean over `seeds` at its best iterate (`best_reading`); inf where none of them ran."""
-    runs = self.ranked(seeds)
+  def mean(self, first: int | None = None) -> float:
+    """Its mean over the `first` search seeds at its best iterate (`best_reading`); inf where none of them ran."""
+    runs = self.ranked(first)
     return best_reading(runs)[0] if runs else math.inf
 
-  def record(self, seeds: list[int]) -> Record:
+  def record(self) -> Record:
     """The setting as the record lists it, with its two- and three-seed means where it ran on those."""
-    two, three = self.ranked(seeds[:2]), self.ranked(seeds)
+    two, three = self.ranked(2), self.ranked()
     return {
       "id": self.ident,
       "origin": self.origin,
@@ -495,9 +499,9 @@ class Search:
     space_name: str = "symmetric",
   ):
     self.name, self.config, self.space, self.space_name = name, config, space, space_name
-    self.seeds, self.spare, self.sobol_seed, self.margin = list(seeds), int(spare), int(sobol_seed), float(margin)
-    self.n = int(config.trainer.steps)
-    self.points = sobol_points(len(space), sobol_seed)
+    self.seeds, self.spare, self.sobol_seed = [int(s) for s in seeds], int(spare), int(sobol_seed)
+    self.n, self.margin = int(config.trainer.steps), float(margin)
+    self.points = sobol_points(len(space), self.sobol_seed)
     self.used = 0  # Sobol points drawn
     self.settings: dict[str, Setting] = {}
     self.log: list[Record] = []  # every run started, in order
@@ -514,11 +518,10 @@ class Search:
     `reuse`: the setting of the same fields where one exists (its runs are not run or counted twice)."""
     if fields.get("optim.schedule", "wsd") != "wsd":
       fields = {k: v for k, v in fields.items() if k != "optim.decay_fraction"}
-    same = [s for s in self.settings.values() if s.fields == fields] if reuse else []
-    if same:
+    if reuse and (same := [s for s in self.settings.values() if s.fields == fields]):
       return same[0]
     ident = f"{self.name}-{len(self.settings)}"
-    self.settings[ident] = Setting(ident, origin, fields, self.spare)
+    self.settings[ident] = Setting(ident, origin, fields, self.seeds, self.spare)
     return self.settings[ident]
 
   def next_sobol(self) -> Setting:
@@ -527,13 +530,6 @@ class Search:
     u = self.points[self.used]
     self.used += 1
     return self.add(f"sobol {self.used - 1}", {k.field: k.value(float(x)) for k, x in zip(self.space, u)})
-
-  def spec(self, setting: Setting, seed: int) -> Record:
-    c = apply_setting(self.config, setting.fields)
-    lr = float(setting.fields["optim.learning_rate"])
-    return specs.run_spec(
-      c, kind="anchor", seed=seed, lr=lr, steps=self.n, beta=AVERAGING_BETAS[0], betas=AVERAGING_BETAS
-    )
 
 
 Request = tuple[Search, Setting, int]
@@ -545,38 +541,40 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
   setting's runs; a stalled run is re-run once on the spare seed (in a second batch), not ranked. Each
   touched search's tuning-cost curve gains a point."""
   searches: set[Search] = set()  # each gains one point of its curve, whatever the order
-  for _ in range(2):
-    if not requests:
-      break
-    results = runner.run([search.spec(setting, seed) for search, setting, seed in requests], label)
+  while requests:  # at most twice: the second batch's settings have run on the spare seed
+    run_specs = [
+      specs.run_spec(
+        apply_setting(search.config, setting.fields),
+        kind="anchor",
+        seed=seed,
+        lr=float(setting.fields["optim.learning_rate"]),
+        steps=search.n,
+        beta=AVERAGING_BETAS[0],
+        betas=AVERAGING_BETAS,
+      )
+      for search, setting, seed in requests
+    ]
+    results = runner.run(run_specs, label)
     touched: dict[Setting, Search] = {}
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
-      search.log.append(
-        {
-          "setting": setting.ident,
-          "seed": seed,
-          "steps": int(r["steps"]),
-          "final_raw": r["final_raw"],
-          "final_averaged": r["final_averaged"],
-        }
-      )
+      entry = {"setting": setting.ident, "seed": seed, "steps": int(r["steps"])}
+      search.log.append(entry | {k: r[k] for k in ("final_raw", "final_averaged")})
       touched[setting] = search
       searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
     for setting, search in touched.items():
       curves = {setting.ident: {str(s): r["curve"] for s, r in setting.runs.items() if s not in setting.stalled}}
       flagged = sorted({int(flag["seed"]) for flag in plateau_runs(curves, search.n, search.margin, min_seeds=2)})
-      for seed in flagged:
-        setting.stalled.append(seed)
-        for entry in search.log:
-          if entry["setting"] == setting.ident and entry["seed"] == seed:
-            entry["stalled"] = True
-        if search.spare not in setting.runs:
-          requests.append((search, setting, search.spare))
+      setting.stalled += flagged
+      for entry in search.log:
+        if entry["setting"] == setting.ident and entry["seed"] in flagged:
+          entry["stalled"] = True
+      if search.spare not in setting.runs:
+        requests += [(search, setting, search.spare) for _ in flagged]
   for search in searches:
-    two = [s.mean(search.seeds[:2]) for s in search.settings.values() if len(s.ranked(search.seeds[:2])) == 2]
+    two = [s.mean(2) for s in search.settings.values() if len(s.ranked(2)) == 2]
     search.curve.append([search.cost(), min(two, default=None)])
 
 
@@ -590,9 +588,9 @@ def _run_three(search: Search, settings: list[Setting], runner: Runner, label: s
   return True
 
 
-def _wins(search: Search, new: Setting, old: Setting, reading: Reading) -> bool:
+def _wins(new: Setting, old: Setting, reading: Reading) -> bool:
   """Whether `new` beats `old` on the seeds both ran by more than the noise of the difference."""
-  a, b = new.by_seed(search.seeds), old.by_seed(search.seeds)
+  a, b = new.by_seed(), old.by_seed()
   common = [s for s in a if s in b]
   loss = lambda runs: [tuning.iterate_loss(runs[s], *reading) for s in common]  # noqa: E731
   return tuning.wins_beyond_noise(loss(a), loss(b))["wins"]
@@ -607,29 +605,26 @@ def line_search(
   runner: Runner,
   limit: float,
   hard: float = math.inf,
-) -> Record | None:
+) -> tuple[Record | None, Setting]:
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
   the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
-  is run, at most `LR_MOVES` moves, never above `hard`. None where the first round does not fit in `limit`."""
+  is run, at most `LR_MOVES` moves, never above `hard`. Returns (its record, the setting at its centre); (None,
+  `start`) where the first round does not fit in `limit`."""
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
   at = {centre: start}
 
   def setting(v: float) -> Setting:
-    if v not in at:
-      at[v] = search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)
-    return at[v]
+    return at.setdefault(v, search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True))
+
+  def mean(v: float) -> float:
+    return read_at(at[v].ranked(), *reading)
 
   todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
-  while True:
-    if not _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
-      if moves == 0:
-        return None
-      stopped = "budget"
-      break
-    best = min(at, key=lambda v: read_at(at[v].ranked(search.seeds), *reading))
+  while _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
+    best = min(at, key=mean)
     if best == centre:
       break
-    if not _wins(search, at[best], at[centre], reading):
+    if not _wins(at[best], at[centre], reading):
       stopped = "within noise"
       break
     moves, up, centre = moves + 1, best > centre, best
@@ -638,16 +633,19 @@ def line_search(
       stopped = "at most LR_MOVES moves" if moves >= LR_MOVES else "hard edge"
       break
     todo = [further]
+  else:
+    if not moves:
+      return None, start
+    stopped = "budget"
   values = sorted(at)
   return {
     "field": field,
     "values": values,
-    "means": [read_at(at[v].ranked(search.seeds), *reading) for v in values],
+    "means": [mean(v) for v in values],
     "centre": centre,
     "moves": moves,
     "stopped": stopped,
-    "at": at,
-  }
+  }, at[centre]
 
 
 def _fit_lr(line: Record) -> float:
@@ -671,23 +669,24 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   rounds: list[Record] = []
   current = start
   for _ in range(2):
-    lr = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
+    lr, current = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
     if lr is None:
-      if not rounds:
-        return None
       break
-    fitted, current = _fit_lr(lr), lr["at"][lr["centre"]]
     wd = None
     if knob is not None and float(current.fields[field]) > 0:
-      wd = line_search(search, current, field, 2.0, reading, runner, limit, max(knob.above, default=knob.values[1]))
-    if wd is not None:
-      current = wd["at"][wd["centre"]]
-    public = lambda line: {k: v for k, v in line.items() if k != "at"}  # noqa: E731
-    wd_record = public(wd) if wd else {"field": field, "stopped": "domain edge" if knob else "not searched"}
-    rounds.append({"lr": public(lr) | {"fitted": fitted}, "weight_decay": wd_record})
+      hard = max(knob.above, default=knob.values[1])
+      wd, current = line_search(search, current, field, 2.0, reading, runner, limit, hard)
+    wd_record = wd or {"field": field, "stopped": "domain edge" if knob else "not searched"}
+    rounds.append({"lr": lr | {"fitted": _fit_lr(lr)}, "weight_decay": wd_record})
     if not lr["moves"] and not (wd and wd["moves"]):
       break
-  return {"rounds": rounds, "best": current, "fields": current.fields | {"optim.learning_rate": fitted}}
+  if not rounds:
+    return None
+  return {
+    "rounds": rounds,
+    "best": current,
+    "fields": current.fields | {"optim.learning_rate": rounds[-1]["lr"]["fitted"]},
+  }
 
 
 def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> Record:
@@ -697,19 +696,19 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
   {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
   skip = {"optim.learning_rate", weight_decay_field(search.config)}
-  state: dict[str, Record] = {}
-  for knob in search.space:
-    if knob.field not in skip and knob.field in base.fields:
-      steps, edge = knob.beyond(base.fields[knob.field])
-      stopped = None if steps else edge
-      state[knob.field] = {
-        "edge": edge,
-        "steps": steps[:LR_MOVES],
-        "tried": [],
-        "kept": None,
-        "last": base,
-        "stopped": stopped,
-      }
+  state = {
+    k.field: {
+      "edge": edge,
+      "steps": steps[:LR_MOVES],
+      "tried": [],
+      "kept": None,
+      "last": base,
+      "stopped": None if steps else edge,
+    }
+    for k in search.space
+    if k.field not in skip and k.field in base.fields
+    for steps, edge in [k.beyond(base.fields[k.field])]
+  }
   while todo := [(f, st) for f, st in state.items() if st["stopped"] is None]:
     new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
     if not _run_three(search, new, runner, "edges", limit):
@@ -718,7 +717,7 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
       break
     for (f, st), s in zip(todo, new):
       st["tried"].append(s.ident)
-      if not _wins(search, s, st["last"], reading):
+      if not _wins(s, st["last"], reading):
         st["stopped"] = "within noise"
         continue
       st["kept"], st["last"] = s.fields[f], s
@@ -746,7 +745,7 @@ def finish(
   iterate (`iterate='raw'`). None where the first LR round or the first combination does not fit. The
   chosen setting reads the iterate (`iterate`, else its better one) and beta its own runs read best at."""
   limit = search.cost() + budget
-  reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked(search.seeds))[1:]
+  reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked())[1:]
   first = refine(search, start, reading, runner, limit)
   if first is None:
     return None
@@ -754,18 +753,16 @@ def finish(
   chosen = _as_chosen(search, first["fields"] | edges["kept"], runner, limit)
   if chosen is None:
     return None
-  refined = [first]
   again = refine(search, chosen, reading, runner, limit) if edges["kept"] else None
   if again:
-    refined.append(again)
     chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
   # its iterate, and its beta (the averaged iterate's, even where raw wins)
-  averaging = tuning.choose_averaging(chosen.ranked(search.seeds), list(AVERAGING_BETAS))
+  averaging = tuning.choose_averaging(chosen.ranked(), AVERAGING_BETAS)
   chosen_iterate = iterate or averaging["iterate"]
   return {
     "from": start.ident,
     "reading": list(reading),
-    "refine": [{"rounds": r["rounds"], "best": r["best"].ident} for r in refined],
+    "refine": [{"rounds": r["rounds"], "best": r["best"].ident} for r in (first, again) if r],
     "edges": edges,
     "as_chosen": chosen.ident,
     "fields": chosen.fields,
@@ -791,10 +788,10 @@ def side_searches(
       side,
       c,
       space_of(c, warmup, (shortest or {}).get(side), space),
-      [int(s) for s in block.search_seeds],
-      int(block.spare_seed),
-      int(block.sobol_seed),
-      float(config.benchmark.plateau_margin),
+      block.search_seeds,
+      block.spare_seed,
+      block.sobol_seed,
+      config.benchmark.plateau_margin,
       space,
     )
     for side, c in sides.items()
@@ -807,23 +804,23 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   (`saturation`), the same further budget for both."""
   requests = []
   for search in searches:
-    published = search.add("published", published_setting(search.config, search.space))
-    first = [published] + [search.next_sobol() for _ in range(configs)]
+    first = [search.add("published", published_setting(search.config, search.space))]
+    first += [search.next_sobol() for _ in range(configs)]
     requests += [(search, s, seed) for s in first for seed in search.seeds[:2]]
   run_requests(requests, runner, "joint search: step 1 (two seeds)")
   requests = []
   for search in searches:
-    ranked = sorted(search.settings.values(), key=lambda s: s.mean(search.seeds[:2]))
-    search.history["finalists"] = [s.ident for s in ranked[:FINALISTS]]
-    requests += [(search, s, search.seeds[2]) for s in ranked[:FINALISTS]]
+    finalists = sorted(search.settings.values(), key=lambda s: s.mean(2))[:FINALISTS]
+    search.history["finalists"] = [s.ident for s in finalists]
+    requests += [(search, s, search.seeds[2]) for s in finalists]
   run_requests(requests, runner, "joint search: step 2 (third seed)")
   for search in searches:
-    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean(search.seeds))
+    winner = min((search.settings[i] for i in search.history["finalists"]), key=lambda s: s.mean())
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
-    three = [s for s in search.settings.values() if len(s.ranked(search.seeds)) == 3]
-    start = min(three, key=lambda s: read_at(s.ranked(search.seeds), "raw", None))
+    three = [s for s in search.settings.values() if len(s.ranked()) == 3]
+    start = min(three, key=lambda s: read_at(s.ranked(), "raw", None))
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
@@ -850,10 +847,10 @@ def equalise(searches: list[Search], runner: Runner, target: float, key: str = "
       extra.append(point.ident)
       run_requests([(search, point, s) for s in search.seeds[:2]], runner, f"{search.name} search: {key}")
       winner = search.settings[search.history["winner"]]
-      if point.mean(search.seeds[:2]) >= winner.mean(search.seeds[:2]) or target - search.cost() < 1:
+      if point.mean(2) >= winner.mean(2) or target - search.cost() < 1:
         continue
       run_requests([(search, point, search.seeds[2])], runner, f"{search.name} search: {key}, third seed")
-      if point.mean(search.seeds) >= winner.mean(search.seeds):
+      if point.mean() >= winner.mean():
         continue
       chosen = finish(search, point, runner, target - search.cost())
       if chosen is not None and chosen["three_seed_mean"] < search.history["chosen"]["three_seed_mean"]:
@@ -865,7 +862,7 @@ def _seed_sd(search: Search) -> float:
   its best iterate)."""
   ss, df = 0.0, 0
   for s in search.settings.values():
-    runs = s.ranked(search.seeds)
+    runs = s.ranked()
     if len(runs) >= 2:
       _, iterate, beta = best_reading(runs)
       ss += statistics.variance([tuning.iterate_loss(r, iterate, beta) for r in runs]) * (len(runs) - 1)
@@ -905,7 +902,7 @@ def search_record(search: Search, searches: list[Search]) -> Record:
     "sobol_points": search.used,
     "seeds": search.seeds,
     "spare_seed": search.spare,
-    "settings": [s.record(search.seeds) for s in search.settings.values()],
+    "settings": [s.record() for s in search.settings.values()],
     "runs": [e | {"config": search.settings[e["setting"]].fields} for e in search.log],
     **search.history,
     "tuning_curve": search.curve,

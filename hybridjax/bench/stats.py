@@ -26,5 +26,5 @@ def satterthwaite_df(parts: list[tuple[float, float]]) -> float:
     if se > 0:
       if not df > 0:  # NaN too
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
-      denominator += (se / scale) ** 4 / df if not math.isinf(df) else 0.0
+      denominator += (se / scale) ** 4 / df  # 0.0 at infinite df
   return math.inf if denominator == 0 else total * total / denominator

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hybridjax.bench import protocol
 from hybridjax.bench.figures import plateau_runs, window_error
@@ -97,8 +97,7 @@ def budget_candidates(lr: float, weight_decay: float, factor: float) -> list[dic
   """The settings a budget's check tries at T = `factor` x N, the chosen one first: the LR at its sqrt(2)
   neighbours, and the weight decay lambda at lambda N / T (the decay summed over the run the same as at N),
   where lambda > 0."""
-  out = [{"lr": lr, "weight_decay": weight_decay}]
-  out += [{"lr": round_lr(lr * math.sqrt(2) ** k), "weight_decay": weight_decay} for k in (-1, 1)]
+  out = [{"lr": x, "weight_decay": weight_decay} for x in (lr, *lr_grid(lr, 3)[::2])]
   if weight_decay > 0:
     out.append({"lr": lr, "weight_decay": round_lr(weight_decay / factor)})
   return out
@@ -113,12 +112,12 @@ BUDGET_RULE = (
 
 def budget_choice(tried: list[Record]) -> Record:
   """`BUDGET_RULE`'s choice among `tried` (`budget_candidates`' settings, the chosen one first, each with
-  its "losses" on the tuning seeds, in the same order): {"lr", "weight_decay"} of the one kept, and the
-  best candidate's paired difference from the first (`wins_beyond_noise`)."""
+  its "losses" on the tuning seeds, in the same order): {"chosen": {"lr", "weight_decay"} of the one kept,
+  "best_difference": the best candidate's paired difference from the first (`wins_beyond_noise`)}."""
   best = min(tried, key=lambda t: statistics.fmean(t["losses"]))
   win = wins_beyond_noise(best["losses"], tried[0]["losses"])
   kept = best if win["wins"] else tried[0]
-  return {"lr": kept["lr"], "weight_decay": kept["weight_decay"], "best_difference": win}
+  return {"chosen": {"lr": kept["lr"], "weight_decay": kept["weight_decay"]}, "best_difference": win}
 
 
 def iterate_loss(run: Record, iterate: str, beta: float) -> float:
@@ -153,14 +152,13 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     runner.run([_at_n(s, 0, lr) for s, grid in zip(sweeps, grids) for lr in grid], "LR sweep (tuning seed 1, N)")
   )
   runs = [[next(first) for _ in grid] for grid in grids]
-  extensions = [0] * len(sweeps)
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
     extend = []  # (sweep, where the new LR goes in its grid, the LR)
     for i, ((config, _, loss), grid) in enumerate(zip(sweeps, grids)):
       best = min(range(len(grid)), key=lambda j: loss(runs[i][j]))
-      if 0 < best < len(grid) - 1 or extensions[i] >= int(config.benchmark.lr_max_extensions):
+      extended = len(grid) - int(config.benchmark.lr_points)  # the extensions so far
+      if 0 < best < len(grid) - 1 or extended >= int(config.benchmark.lr_max_extensions):
         continue
-      extensions[i] += 1
       at = 0 if best == 0 else len(grid)
       extend.append((i, at, round_lr(grid[0] / math.sqrt(2) if at == 0 else grid[-1] * math.sqrt(2))))
     if not extend:
@@ -171,44 +169,34 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
     for (i, at, lr), result in zip(extend, added):
       grids[i].insert(at, lr)
       runs[i].insert(at, result)
-  tops = []
+  out = []
   for (config, _, loss), grid, sweep in zip(sweeps, grids, runs):
     best = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))[:2]
-    if best[0] in (0, len(grid) - 1):
+    edge = best[0] in (0, len(grid) - 1)
+    if edge:
       print(
         f"WARNING: the best LR {grid[best[0]]:.4g} is still at the grid's edge after "
         f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
         "--config.optim.learning_rate towards it",
         flush=True,
       )
-    tops.append([grid[j] for j in best])
+    out.append({"grid": grid, "sweep": sweep, "top2": [grid[j] for j in best], "best_at_edge": edge})
   second = iter(
-    runner.run([_at_n(s, 1, lr) for s, top2 in zip(sweeps, tops) for lr in top2], "LR check (tuning seed 2, N)")
+    runner.run([_at_n(s, 1, lr) for s, o in zip(sweeps, out) for lr in o["top2"]], "LR check (tuning seed 2, N)")
   )
-  out = []
-  for (_, _, loss), grid, sweep, top2 in zip(sweeps, grids, runs, tops):
-    at = {lr: [sweep[grid.index(lr)], next(second)] for lr in top2}  # on both tuning seeds
+  for (_, _, loss), o in zip(sweeps, out):
+    at = {lr: [o["sweep"][o["grid"].index(lr)], next(second)] for lr in o["top2"]}  # on both tuning seeds
     means = {lr: (loss(a) + loss(b)) / 2 for lr, (a, b) in at.items()}
     best_lr = min(means, key=means.get)
-    out.append(
-      {
-        "grid": grid,
-        "sweep": sweep,
-        "top2": top2,
-        "second": [b for _, b in at.values()],
-        "best_at_edge": grid.index(top2[0]) in (0, len(grid) - 1),
-        "means": means,
-        "best_lr": best_lr,
-        "at_best": at[best_lr],
-      }
-    )
+    o.update(second=[b for _, b in at.values()], means=means, best_lr=best_lr, at_best=at[best_lr])
   return out
 
 
-def choose_averaging(at_best: list[Record], betas: list[float]) -> Record:
+def choose_averaging(at_best: list[Record], betas: Sequence[float]) -> Record:
   """The averaging beta of runs at one LR (the lowest mean averaged loss over them) and whether
   averaging helps there: the raw and the averaged loss at that beta, mean over the runs, and the
   lower of the two ('iterate': what a family with `benchmark.iterate='best'` reads; 'raw' on a tie)."""
+  betas = [float(x) for x in betas]  # a config's `benchmark.betas`, say
   table = {str(x): [averaged_loss(r, x) for r in at_best] for x in betas}
   beta = min(betas, key=lambda x: statistics.fmean(table[str(x)]))
   losses = {"raw": statistics.fmean(r["final_raw"] for r in at_best), "averaged": statistics.fmean(table[str(beta)])}
@@ -236,24 +224,24 @@ def tune(
   swept = sweep_lrs([(config, spec, ranked_by)], runner)[0]
   grid, sweep, top2, best_lr = swept["grid"], swept["sweep"], swept["top2"], swept["best_lr"]
   # 3. The averaging beta and whether averaging helps, on both tuning seeds at the chosen LR.
-  averaging = choose_averaging(swept["at_best"], [float(x) for x in b.betas])
+  averaging = choose_averaging(swept["at_best"], b.betas)
   beta, beta_table = averaging["beta"], averaging["beta_table"]
-  noise = difference_noise(beta_table[str(beta)], sweep[grid.index(top2[0])], sweep[grid.index(top2[1])])
-  rows = [
-    {
+  noise = difference_noise(beta_table[str(beta)], *(sweep[grid.index(lr)] for lr in top2))
+
+  def row(r: Record) -> Record:
+    return {
       "lr": r["lr"],
       "seed": r["seed"],
       "budget": r["steps"],
       "loss_raw": r["final_raw"],
       "loss_averaged": averaged_loss(r, beta),
-      "loss_averaged_by_beta": r["final_averaged"],
     }
-    for r in sweep + swept["second"]
-  ]
+
+  rows = [row(r) | {"loss_averaged_by_beta": r["final_averaged"]} for r in sweep + swept["second"]]
   # 4. The best LR and its neighbours at 0.5N and 2N (first tuning seed).
   checks: Record = {}
   per_budget_lr = {str(float(f)): best_lr for f in b.budgets}  # keys: '0.5', '1.0', ...
-  lrs = [round_lr(best_lr / math.sqrt(2)), best_lr, round_lr(best_lr * math.sqrt(2))]
+  lrs = lr_grid(best_lr, 3)
   checked = iter(
     runner.run(
       [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
@@ -261,21 +249,18 @@ def tune(
     )
   )
   for factor in (0.5, 2.0):
-    res = {lr: next(checked) for lr in lrs}
-    losses = {lr: averaged_loss(r, beta) for lr, r in res.items()}
+    res = [row(next(checked)) for _ in lrs]
+    rows += res
+    losses = {x["lr"]: x["loss_averaged"] for x in res}
     winner = min(losses, key=losses.get)
     moved = winner != best_lr and losses[best_lr] - losses[winner] > 2 * noise["noise"]
     checks[str(factor)] = {
       "lrs": lrs,
       "averaged_loss": list(losses.values()),
-      "raw_loss": [r["final_raw"] for r in res.values()],
+      "raw_loss": [x["loss_raw"] for x in res],
       "winner": winner,
       "wins_beyond_noise": moved,
     }
-    rows += [
-      {"lr": lr, "seed": t1, "budget": round(factor * n), "loss_raw": r["final_raw"], "loss_averaged": losses[lr]}
-      for lr, r in res.items()
-    ]
     if moved:  # this budget and its neighbour on the same side of N use the winner
       per_budget_lr.update({str(float(f)): winner for f in b.budgets if (f <= 0.75 if factor < 1 else f >= 1.5)})
   return {
@@ -316,13 +301,11 @@ def budget_curves(config: Config, runner: Runner, tuning: Record) -> Record:
   results = runner.run(specs, "budget curves (headline seeds)")
   budgets = [round(f * n) for f in factors]
   curves: dict[str, dict[str, list[float]]] = {"baseline": {}, "averaged_baseline": {}}
-  runs = {}
   for r in results:
-    s = str(r["seed"])
     averaged = averaged_loss(r, tuning["averaging_beta"])
     for anchor, loss in (("baseline", r["final_raw"]), ("averaged_baseline", averaged)):
-      curves[anchor].setdefault(s, [None] * len(budgets))[budgets.index(r["steps"])] = loss
-    runs[f"{s}/{r['steps']}"] = r
+      curves[anchor].setdefault(str(r["seed"]), [None] * len(budgets))[budgets.index(r["steps"])] = loss
+  runs = {f"{r['seed']}/{r['steps']}": r for r in results}
   return {"factors": factors, "budgets": budgets, "curves": curves, "runs": runs}
 
 
@@ -339,10 +322,7 @@ def method_specs(config: Config, methods: list[str], lr: float, beta: float) -> 
 def method_runs(config: Config, runner: Runner, tuning: Record, methods: list[str]) -> dict[str, Record]:
   specs = method_specs(config, methods, tuning["best_lr"], tuning["averaging_beta"])
   results = runner.run(specs, "method arms (headline seeds)") if specs else []
-  out: dict[str, Record] = {m: {} for m in methods}
-  for r in results:
-    out[r["method"]][str(r["seed"])] = r
-  return out
+  return {m: {str(r["seed"]): r for r in results if r["method"] == m} for m in methods}
 
 
 def spec_of(c: Config) -> Callable[[int, float, int], Record]:
@@ -363,7 +343,7 @@ def train_steps(
   swept = sweep_lrs([(c, spec_of(c), best_loss) for c in configs.values()], runner)
   chosen = {}
   for (name, c), sw in zip(configs.items(), swept):
-    averaging = choose_averaging(sw["at_best"], [float(x) for x in c.benchmark.betas])
+    averaging = choose_averaging(sw["at_best"], c.benchmark.betas)
     chosen[name] = {k: averaging[k] for k in ("beta", "iterate", "iterate_losses")} | {
       "lr": sw["best_lr"],
       "grid": sw["grid"],
@@ -385,9 +365,7 @@ def train_steps(
       "plateaus": plateau_runs(curves, n, float(config.benchmark.plateau_margin)),
       "runs": {
         str(r["seed"]): {
-          "final_raw": r["final_raw"],
-          "final_averaged": r["final_averaged"],
-          **({"final_averaged_per_batch": r["final_averaged_per_batch"]} if "final_averaged_per_batch" in r else {}),
+          **{k: r[k] for k in ("final_raw", "final_averaged", "final_averaged_per_batch") if k in r},
           "loss": iterate_loss(r, ch["iterate"], ch["beta"]),
           "key": r.get("key"),
         }

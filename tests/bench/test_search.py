@@ -267,10 +267,12 @@ def test_a_budget_check_switches_only_where_a_candidate_wins_beyond_the_paired_n
   assert len(tuning.budget_candidates(0.01, 0.0, 2.0)) == 3  # no weight decay to move
   tried[0]["losses"], tried[1]["losses"], tried[2]["losses"] = [2.0, 2.1, 2.2], [2.02, 2.12, 2.22], [2.1, 2.2, 2.3]
   tried[3]["losses"] = [1.99, 2.05, 2.23]  # the lowest mean, but within the paired noise: kept as chosen
-  assert tuning.budget_choice(tried)["lr"] == 0.01
-  assert tuning.budget_choice(tried)["weight_decay"] == 0.1
+  assert tuning.budget_choice(tried)["chosen"] == {"lr": 0.01, "weight_decay": 0.1}
   tried[3]["losses"] = [1.98, 2.08, 2.19]  # beyond it: the weight decay moves
-  assert tuning.budget_choice(tried)["weight_decay"] == 0.05 and tuning.budget_choice(tried)["best_difference"]["wins"]
+  assert (
+    tuning.budget_choice(tried)["chosen"]["weight_decay"] == 0.05
+    and tuning.budget_choice(tried)["best_difference"]["wins"]
+  )
 
 
 def test_each_new_optimizers_space_is_found_by_its_name_and_centred_with_its_reason():
