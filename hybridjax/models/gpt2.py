@@ -53,6 +53,11 @@ def _checked(check: schema.Check, default: Any = dataclasses.MISSING, option: bo
   return dataclasses.field(default=default, metadata={"check": check, "option": option})
 
 
+def _option(check: schema.Check = schema.check_bool, default: Any = False) -> Any:
+  """A field of `GPT2Config` that is one of the speedrun's options (`OPTIONS`); a switch, off, unless told."""
+  return _checked(check, default, option=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:
   """Hyper-parameters of a GPT-2 model.
@@ -124,22 +129,22 @@ class GPT2Config:
   dtype: str = _checked(schema.check_choice(*_COMPUTE_DTYPES), "float32")
   attention: str = _checked(schema.check_choice(*attention_lib.ATTENTIONS), "auto")
   loss_chunk: int = _checked(schema.check_int(0), 0)
-  rotary: bool = _checked(schema.check_bool, False, option=True)
-  rotary_base: float = _checked(schema.check_num(1.0, lo_open=True), 10000.0, option=True)
-  qk_norm: bool = _checked(schema.check_bool, False, option=True)
-  relu2: bool = _checked(schema.check_bool, False, option=True)
-  rmsnorm: bool = _checked(schema.check_bool, False, option=True)
-  embed_norm: bool = _checked(schema.check_bool, False, option=True)
-  zero_init_proj: bool = _checked(schema.check_bool, False, option=True)
-  untied_head: bool = _checked(schema.check_bool, False, option=True)
-  logit_softcap: float = _checked(schema.check_num(0.0), 0.0, option=True)
-  embed_skips: bool = _checked(schema.check_bool, False, option=True)
-  value_embeds: int = _checked(schema.check_int(0), 0, option=True)
-  unet_skips: bool = _checked(schema.check_bool, False, option=True)
-  value_residual: bool = _checked(schema.check_bool, False, option=True)
-  attn_scale: float = _checked(schema.check_num(0.0), 0.0, option=True)
-  learned_attn_scale: str = _checked(schema.check_choice(*LEARNED_ATTN_SCALES), "none", option=True)
-  init: str = _checked(schema.check_choice(*INITS), "gpt2", option=True)
+  rotary: bool = _option()
+  rotary_base: float = _option(schema.check_num(1.0, lo_open=True), 10000.0)
+  qk_norm: bool = _option()
+  relu2: bool = _option()
+  rmsnorm: bool = _option()
+  embed_norm: bool = _option()
+  zero_init_proj: bool = _option()
+  untied_head: bool = _option()
+  logit_softcap: float = _option(schema.check_num(0.0), 0.0)
+  embed_skips: bool = _option()
+  value_embeds: int = _option(schema.check_int(0), 0)
+  unet_skips: bool = _option()
+  value_residual: bool = _option()
+  attn_scale: float = _option(schema.check_num(0.0), 0.0)
+  learned_attn_scale: str = _option(schema.check_choice(*LEARNED_ATTN_SCALES), "none")
+  init: str = _option(schema.check_choice(*INITS), "gpt2")
 
   def validate(self) -> None:
     """Raises ValueError naming each invalid field: its declared check (`FIELDS`), else the relations
@@ -329,26 +334,25 @@ class CausalSelfAttention(nn.Module):
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
       lambdas = _pair("value_lambdas", self, (0.5, 0.5))
-      ve = heads(value_embed)
-      v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
+      v = (lambdas[0] * v + lambdas[1] * heads(value_embed)).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
     if cfg.rotary:
-      time_axis = 1 if fused else 2
-      q, k = rotate(q, cfg.rotary_base, time_axis), rotate(k, cfg.rotary_base, time_axis)
+      q, k = (rotate(a, cfg.rotary_base, 1 if fused else 2) for a in (q, k))
     if fused:
       scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
       if cfg.learned_attn_scale != "none":  # cuDNN's scale is a Python float: the learned one scales q
-        q, scale = attention_lib.scale_queries(q, attention_scale(cfg, self)), 1.0
-      y = attention_lib.fused_attention(q, k, v, scale, implementation).reshape(b, t, d)
+        learned = attention_scale(cfg, self)  # per head (n_head, 1, 1), reshaped to q's (n_head, 1)
+        q, scale = (q * (learned.reshape(-1, 1) if learned.ndim else learned)).astype(q.dtype), 1.0
+      y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=implementation)
+      y = y.reshape(b, t, d)
     else:
       scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
       if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
         scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
       else:
         scores = scores * attention_scale(cfg, self)
-      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-      scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+      scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)  # causal
       weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
       weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
       y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
@@ -452,11 +456,9 @@ class GPT2(nn.Module):
       name=name,
     )
     wte = embed(cfg.vocab_size, "wte")
-    if cfg.rotary:  # positions enter through the queries and keys: no learned positions
-      x = wte(tokens)
-    else:
-      wpe = embed(cfg.n_ctx, "wpe")
-      x = wte(tokens) + wpe(jnp.arange(t))[None]
+    x = wte(tokens)
+    if not cfg.rotary:  # with rotary embeddings positions enter through the queries and keys instead
+      x = x + embed(cfg.n_ctx, "wpe")(jnp.arange(t))[None]
     if cfg.embed_norm:
       x = rms_norm(x, cfg.layer_norm_eps)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
@@ -478,11 +480,11 @@ class GPT2(nn.Module):
       if cfg.unet_skips and i < half:
         skips.append(x)
     x = _layer_norm("ln_f", cfg)(x)
-    if cfg.untied_head:
-      head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
-      head = head.astype(dtype).T  # x @ head, head (d, vocab)
+    if cfg.untied_head:  # x @ head, head (d, vocab)
+      head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32).T
     else:
-      head = wte.embedding.astype(dtype)
+      head = wte.embedding
+    head = head.astype(dtype)
     if features:
       return x, head
     logits = layers.tied_logits(x, head)

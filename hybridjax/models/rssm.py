@@ -207,8 +207,7 @@ class RSSM(nn.Module):
     """h_t = GRU(h_{t-1}, [z_{t-1}, x_{t-1}]), with ``gx_prev = embed(x_{t-1})[0]``."""
     parts = self.gru_norm(gx_prev + self.gru_s(jnp.concatenate([h, z], axis=-1)))
     reset, cand, update = jnp.split(parts, 3, axis=-1)
-    reset = jax.nn.sigmoid(reset)
-    cand = jnp.tanh(reset * cand)
+    cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
     update = jax.nn.sigmoid(update - 1.0)
     return update * cand + (1.0 - update) * h
 
@@ -281,18 +280,14 @@ def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
   Returns:
     A ``DynamicsState`` with ``step = 0`` and zero ``h``/``z``.
   """
-  model = RSSM(cfg)
-  h = jnp.zeros((cfg.deter,), jnp.float32)
-  z = jnp.zeros((cfg.latent,), jnp.float32)
-  x = jnp.zeros((cfg.feature_dim,), jnp.float32)
-  u = jnp.zeros((), jnp.float32)
-  params = jax.vmap(lambda k: model.init(k, h, z, x, u))(jax.random.split(rng, cfg.ensemble))
-  opt_state = jax.vmap(make_optimizer(cfg).init)(params)
+  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+  h, z, x = zeros(cfg.deter), zeros(cfg.latent), zeros(cfg.feature_dim)
+  params = jax.vmap(lambda k: RSSM(cfg).init(k, h, z, x, zeros()))(jax.random.split(rng, cfg.ensemble))
   return DynamicsState(
     params=params,
-    opt_state=opt_state,
-    h=jnp.zeros((cfg.ensemble, cfg.deter), jnp.float32),
-    z=jnp.zeros((cfg.ensemble, cfg.latent), jnp.float32),
+    opt_state=jax.vmap(make_optimizer(cfg).init)(params),
+    h=zeros(cfg.ensemble, cfg.deter),
+    z=zeros(cfg.ensemble, cfg.latent),
     step=jnp.zeros((), jnp.int32),
   )
 
@@ -312,6 +307,8 @@ class _Clean(NamedTuple):
   logloss: jax.Array  # (W,) zero where invalid
   alpha: jax.Array  # (W, G) zero where not a target
   valid: jax.Array  # (W,) bool
+  pair: jax.Array  # (W,) bool: a target at t, valid[t] & valid[t + 1]
+  d: jax.Array  # (W - 1,) logloss[t + 1] - logloss[t] in units of dloss_scale (garbage where not a pair)
 
 
 def _symlog(v: jax.Array) -> jax.Array:
@@ -340,7 +337,7 @@ def _clean_window(window: Any, cfg: RSSMConfig) -> _Clean:
   alpha = jnp.where(pair[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
   d = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
   u = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.where(pair[:-1], _symlog(d), 0.0)])
-  return _Clean(x, u, logloss, alpha, valid)
+  return _Clean(x, u, logloss, alpha, valid, pair, d)
 
 
 def _filter(params: Any, obs: _Clean, noise: jax.Array, cfg: RSSMConfig):
@@ -448,15 +445,13 @@ def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
 def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
   """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
   model = RSSM(cfg)
-  x, logloss, alpha_t, valid = obs.x, obs.logloss, obs.alpha, obs.valid
+  x, alpha_t, valid, pair = obs.x, obs.alpha, obs.valid, obs.pair[:-1]  # targets at t need step t+1
   noise = jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32)
   hs, zs, q_mean, q_std = _filter(params, obs, noise, cfg)
   p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
   d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
 
-  pair = valid[:-1] & valid[1:]  # targets at t need step t+1
-  d_target = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
-  loss_d = _masked_mean((d_pred[:-1] - d_target) ** 2, pair)
+  loss_d = _masked_mean((d_pred[:-1] - obs.d) ** 2, pair)
   loss_alpha = _masked_mean(((alpha_pred[:-1] - alpha_t[:-1]) ** 2).mean(-1), pair)
   # Mean over features (not the DreamerV3 sum): keeps the term O(1) whatever F is.
   loss_recon = _masked_mean(((x_hat - x) ** 2).mean(-1), valid)
@@ -482,8 +477,8 @@ def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
 
 def _ensemble_loss(params: Any, window: Any, rng: jax.Array, cfg: RSSMConfig):
   obs = _clean_window(window, cfg)
-  keys = jax.random.split(rng, cfg.ensemble)
-  losses, (comps, last) = jax.vmap(lambda p, k: _member_loss(p, obs, k, cfg))(params, keys)
+  member = lambda p, k: _member_loss(p, obs, k, cfg)
+  losses, (comps, last) = jax.vmap(member)(params, jax.random.split(rng, cfg.ensemble))
   aux = {k: v.mean() for k, v in comps.items()}
   aux["n_valid"] = obs.valid.sum().astype(jnp.int32)
   # Sum, not mean: members' params are disjoint, so each member gets exactly its own gradient.
@@ -554,18 +549,11 @@ def train_step(
     updates, opt_state = jax.vmap(opt.update)(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def skip(grads, opt_state, params):
-    return params, opt_state
-
+  skip = lambda grads, opt_state, params: (params, opt_state)
   params, opt_state = jax.lax.cond(ok, update, skip, grads, dyn_state.opt_state, dyn_state.params)
-  new_state = DynamicsState(
-    params=params,
-    opt_state=opt_state,
-    h=h_last,
-    z=z_last,
-    step=dyn_state.step + ok.astype(jnp.int32),
-  )
-  return new_state, {**aux, "grad_norm": grad_norm.mean(), "updated": ok}
+  return DynamicsState(
+    params=params, opt_state=opt_state, h=h_last, z=z_last, step=dyn_state.step + ok.astype(jnp.int32)
+  ), {**aux, "grad_norm": grad_norm.mean(), "updated": ok}
 
 
 def imagine(
@@ -607,13 +595,10 @@ def imagine(
   x_last, u_last, ll_last = obs.x[last], obs.u[last], obs.logloss[last]
 
   def member(params, key):
-    if cfg.imagine_sample:
-      k_post, k_prior = jax.random.split(key)
-      noise = jax.random.normal(k_post, (W, cfg.latent), jnp.float32)
-      eps = jax.random.normal(k_prior, (horizon_max, cfg.latent), jnp.float32)
-    else:  # means: z = mean + std * 0
-      noise = jnp.zeros((W, cfg.latent), jnp.float32)
-      eps = jnp.zeros((horizon_max, cfg.latent), jnp.float32)
+    # Samples, or the means: z = mean + std * 0.
+    draw = jax.random.normal if cfg.imagine_sample else lambda _, shape: jnp.zeros(shape, jnp.float32)
+    k_post, k_prior = jax.random.split(key)
+    noise, eps = draw(k_post, (W, cfg.latent)), draw(k_prior, (horizon_max, cfg.latent))
     hs, zs, _, _ = _filter(params, obs, noise, cfg)
 
     def body(carry, inp):
@@ -635,8 +620,7 @@ def imagine(
     _, (lls, ds, alphas) = jax.lax.scan(body, carry0, (jnp.arange(horizon_max), eps))
     return lls, ds, alphas
 
-  keys = jax.random.split(rng, cfg.ensemble)
-  lls, ds, alphas = jax.vmap(member)(dyn_state.params, keys)
+  lls, ds, alphas = jax.vmap(member)(dyn_state.params, jax.random.split(rng, cfg.ensemble))
   return {"logloss": lls, "dlogloss": ds, "alpha": alphas, "next_logloss": lls[:, 0]}
 
 

@@ -167,14 +167,7 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> jump_lib.JumpSettings:
   j = hybrid.jump
-  forecast = None
-  if j.get("forecast", "none") == "rssm":
-    fc = j.forecaster
-    forecast = forecast_lib.settings(
-      n_groups=groups.n_groups,
-      **{k: int(fc[k]) for k in ("every", "history", "train_steps", "deter", "latent", "hidden", "ensemble")},
-      **{k: float(fc[k]) for k in ("min_agreement", "max_scale", "learning_rate")},
-    )
+  forecast = forecast_lib.settings(j.forecaster, groups.n_groups) if j.get("forecast", "none") == "rssm" else None
   return jump_lib.JumpSettings(
     horizons=tuple(int(k) for k in j.horizons),
     scales=tuple(float(x) for x in j.get("scales", (1.0,))),

@@ -94,33 +94,20 @@ class Forecast:
   last_scale: jax.Array  # (G,) s_g of the last attempt's chosen candidate
 
 
-def settings(
-  *,
-  n_groups: int,
-  every: int,
-  history: int,
-  train_steps: int,
-  min_agreement: float,
-  max_scale: float,
-  deter: int,
-  latent: int,
-  hidden: int,
-  ensemble: int,
-  learning_rate: float,
-) -> ForecastSettings:
-  """`ForecastSettings` with its RSSM sized for snapshot entries of `n_groups` groups."""
+def settings(fc: Any, n_groups: int) -> ForecastSettings:
+  """`ForecastSettings` from the `hybrid.jump.forecaster` block `fc`, with its RSSM sized for snapshot entries
+  of `n_groups` groups."""
   rssm = dynamics_lib.RSSMConfig(
     feature_dim=feature_dim(n_groups),
     n_groups=n_groups,
-    deter=deter,
-    latent=latent,
-    hidden=hidden,
-    ensemble=ensemble,
-    learning_rate=learning_rate,
+    **{k: int(fc[k]) for k in ("deter", "latent", "hidden", "ensemble")},
+    learning_rate=float(fc.learning_rate),
     # An interval's log-loss change is tens of steps' worth: predicted in units of 0.02.
     dloss_scale=0.02,
   )
-  return ForecastSettings(every, history, train_steps, min_agreement, max_scale, rssm)
+  return ForecastSettings(
+    int(fc.every), int(fc.history), int(fc.train_steps), float(fc.min_agreement), float(fc.max_scale), rssm
+  )
 
 
 def feature_dim(n_groups: int) -> int:
