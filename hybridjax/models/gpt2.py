@@ -46,6 +46,9 @@ LEARNED_ATTN_SCALES = ("none", "layer", "head")
 """`GPT2Config.learned_attn_scale`'s choices."""
 
 
+_int, _num = schema.check_int, schema.check_num
+
+
 def _checked(check: schema.Check, default: Any = dataclasses.MISSING, option: bool = False) -> Any:
   """A field of `GPT2Config` with its check (`schema.check_*`), which `GPT2Config.validate` and a
   run's pre-flight (`FIELDS`, as `--config.model.<name>`) both apply; `option`: one of the
@@ -119,30 +122,30 @@ class GPT2Config:
   Hugging Face GPT-2.
   """
 
-  vocab_size: int = _checked(schema.check_int(2, 65535))  # token ids are stored as uint16 (`data`)
-  n_ctx: int = _checked(schema.check_int(1))
-  n_layer: int = _checked(schema.check_int(1))
-  n_head: int = _checked(schema.check_int(1))
-  d_model: int = _checked(schema.check_int(1))
-  dropout: float = _checked(schema.check_num(0.0, 1.0, hi_open=True), 0.0)
-  layer_norm_eps: float = _checked(schema.check_num(0.0, lo_open=True), 1e-5)
+  vocab_size: int = _checked(_int(2, 65535))  # token ids are stored as uint16 (`data`)
+  n_ctx: int = _checked(_int(1))
+  n_layer: int = _checked(_int(1))
+  n_head: int = _checked(_int(1))
+  d_model: int = _checked(_int(1))
+  dropout: float = _checked(_num(0.0, 1.0, hi_open=True), 0.0)
+  layer_norm_eps: float = _checked(_num(0.0, lo_open=True), 1e-5)
   dtype: str = _checked(schema.check_choice(*_COMPUTE_DTYPES), "float32")
   attention: str = _checked(schema.check_choice(*attention_lib.ATTENTIONS), "auto")
-  loss_chunk: int = _checked(schema.check_int(0), 0)
+  loss_chunk: int = _checked(_int(0), 0)
   rotary: bool = _option()
-  rotary_base: float = _option(schema.check_num(1.0, lo_open=True), 10000.0)
+  rotary_base: float = _option(_num(1.0, lo_open=True), 10000.0)
   qk_norm: bool = _option()
   relu2: bool = _option()
   rmsnorm: bool = _option()
   embed_norm: bool = _option()
   zero_init_proj: bool = _option()
   untied_head: bool = _option()
-  logit_softcap: float = _option(schema.check_num(0.0), 0.0)
+  logit_softcap: float = _option(_num(0.0), 0.0)
   embed_skips: bool = _option()
-  value_embeds: int = _option(schema.check_int(0), 0)
+  value_embeds: int = _option(_int(0), 0)
   unet_skips: bool = _option()
   value_residual: bool = _option()
-  attn_scale: float = _option(schema.check_num(0.0), 0.0)
+  attn_scale: float = _option(_num(0.0), 0.0)
   learned_attn_scale: str = _option(schema.check_choice(*LEARNED_ATTN_SCALES), "none")
   init: str = _option(schema.check_choice(*INITS), "gpt2")
 
@@ -155,8 +158,7 @@ class GPT2Config:
   @property
   def speedrun_options(self) -> list[str]:
     """The speedrun options that are on (empty for the Hugging Face GPT-2)."""
-    defaults = GPT2Config(vocab_size=1, n_ctx=1, n_layer=1, n_head=1, d_model=1)
-    return [name for name in OPTIONS if getattr(self, name) != getattr(defaults, name)]
+    return [f.name for f in dataclasses.fields(self) if f.metadata["option"] and getattr(self, f.name) != f.default]
 
   @property
   def head_dim(self) -> int:
@@ -283,9 +285,8 @@ def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
   (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
   t, dim = x.shape[time_axis], x.shape[-1]
   inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
-  freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq)  # (t, dim / 2)
-  if time_axis % x.ndim != x.ndim - 2:  # e.g. (batch, time, heads, head_dim): (t, 1, dim / 2)
-    freqs = freqs.reshape(t, *([1] * (x.ndim - 2 - time_axis % x.ndim)), dim // 2)
+  # (t, dim / 2), with a 1 for each axis between time and head_dim: (t, 1, dim / 2) for (batch, time, heads, head_dim)
+  freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq).reshape(t, *[1] * (x.ndim - 2 - time_axis % x.ndim), -1)
   cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
   x1, x2 = jnp.split(x, 2, axis=-1)
   return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
@@ -487,10 +488,7 @@ class GPT2(nn.Module):
     head = head.astype(dtype)
     if features:
       return x, head
-    logits = layers.tied_logits(x, head)
-    if cfg.logit_softcap:
-      logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-    return logits
+    return layers.tied_logits(x, head, cfg.logit_softcap)
 
 
 def count_params(params: Any) -> int:
@@ -511,10 +509,9 @@ def make_loss_fn(model: GPT2) -> LossFn:
   def loss_fn(params: Params, batch: Batch):
     rng = batch.get("dropout_rng")
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
-    if cfg.loss_chunk:
-      hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
-      return lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
-    logits = model.apply({"params": params}, batch["inputs"], **kwargs)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean(), {}
+    out = model.apply({"params": params}, batch["inputs"], features=bool(cfg.loss_chunk), **kwargs)
+    if cfg.loss_chunk:  # out: the final hidden state and the head
+      return lm_loss.chunked_cross_entropy(*out, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
+    return optax.softmax_cross_entropy_with_integer_labels(out, batch["targets"]).mean(), {}
 
   return loss_fn

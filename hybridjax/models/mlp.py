@@ -56,9 +56,7 @@ def regression_batch(x: np.ndarray, y: np.ndarray, step: int, batch_size: int, s
   Within a batch examples are drawn without replacement (when
   ``batch_size <= len(x)``).
   """
-  n = len(x)
-  rng = np.random.default_rng([seed, step])
-  idx = rng.choice(n, size=batch_size, replace=batch_size > n)
+  idx = np.random.default_rng([seed, step]).choice(len(x), size=batch_size, replace=batch_size > len(x))
   return {"x": x[idx], "y": y[idx]}
 
 
@@ -66,7 +64,6 @@ def make_loss_fn(model: MLP) -> LossFn:
   """Returns ``loss_fn(params, batch) -> (mse, {})`` for batches ``{'x','y'}``."""
 
   def loss_fn(params: Params, batch: Batch):
-    pred = model.apply({"params": params}, batch["x"])
-    return jnp.mean(jnp.square(pred - batch["y"])), {}
+    return jnp.mean(jnp.square(model.apply({"params": params}, batch["x"]) - batch["y"])), {}
 
   return loss_fn

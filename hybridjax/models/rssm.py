@@ -51,7 +51,6 @@ Targets at position t exist iff ``valid[t] & valid[t+1]``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -217,8 +216,7 @@ class RSSM(nn.Module):
 
   def posterior(self, h: jax.Array, px: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean and std of q(z_t | h_t, x_t), with ``px = embed(x_t)[1]``."""
-    a = nn.silu(self.post_norm(px + self.post_h(h)))
-    return self._gaussian(self.post_out(a))
+    return self._gaussian(self.post_out(nn.silu(self.post_norm(px + self.post_h(h)))))
 
   def heads(self, h: jax.Array, z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """From s_t = [h_t, z_t]: (d_t / dloss_scale, alpha_t in [-alpha_max, alpha_max], x_hat)."""
@@ -297,8 +295,8 @@ def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
 # --------------------------------------------------------------------------------------------------
 
 
-def _field(window: Any, name: str) -> jax.Array:
-  return window[name] if isinstance(window, Mapping) else getattr(window, name)
+def _field(window: Any, name: str, dtype: Any = jnp.float32) -> jax.Array:
+  return jnp.asarray(window[name] if isinstance(window, Mapping) else getattr(window, name), dtype)
 
 
 class _Clean(NamedTuple):
@@ -330,11 +328,11 @@ def _clean_window(window: Any, cfg: RSSMConfig) -> _Clean:
   learnable functions of the u history. symlog keeps early-training jumps bounded. In imagination
   the model feeds back its own predicted change.
   """
-  valid = jnp.asarray(_field(window, "valid")).astype(bool)
+  valid = _field(window, "valid", bool)
   pair = jnp.concatenate([valid[:-1] & valid[1:], jnp.zeros((1,), bool)])
-  x = jnp.where(valid[:, None], jnp.asarray(_field(window, "x"), jnp.float32), 0.0)
-  logloss = jnp.where(valid, jnp.asarray(_field(window, "logloss"), jnp.float32), 0.0)
-  alpha = jnp.where(pair[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
+  x = jnp.where(valid[:, None], _field(window, "x"), 0.0)
+  logloss = jnp.where(valid, _field(window, "logloss"), 0.0)
+  alpha = jnp.where(pair[:, None], _field(window, "alpha_target"), 0.0)
   d = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
   u = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.where(pair[:-1], _symlog(d), 0.0)])
   return _Clean(x, u, logloss, alpha, valid, pair, d)
@@ -373,9 +371,7 @@ def _recurrence(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
     z_new = jnp.where(v_t, mean + std * eps, 0.0)
     return (h_new, z_new), (h_new, z_new, mean, std)
 
-  carry0 = (h0, jnp.zeros((cfg.latent,), jnp.float32))
-  _, out = jax.lax.scan(body, carry0, (gx_prev, px, valid, noise))
-  return out
+  return jax.lax.scan(body, (h0, jnp.zeros((cfg.latent,), jnp.float32)), (gx_prev, px, valid, noise))[1]
 
 
 # Gradient hoisting. Reverse-mode through ``lax.scan`` accumulates the gradient of every weight the
@@ -398,10 +394,8 @@ def _with_kernels(params: Any, kernels: tuple) -> Any:
   return jax.tree_util.tree_map_with_path(swap, params)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _recurrence_hoisted(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
-  """``_recurrence`` with the recurrent-kernel gradients computed outside the backward loop."""
-  return _recurrence(params, gx_prev, px, h0, valid, noise, cfg)
+# ``_recurrence`` with the recurrent-kernel gradients computed outside the backward loop.
+_recurrence_hoisted = jax.custom_vjp(_recurrence, nondiff_argnums=(6,))
 
 
 def _recurrence_hoisted_fwd(params, gx_prev, px, h0, valid, noise, cfg):
@@ -424,8 +418,7 @@ def _recurrence_hoisted_bwd(cfg, res, ct):
   h_prev = jnp.concatenate([h0[None], hs[:-1]])
   z_prev = jnp.concatenate([jnp.zeros_like(zs[:1]), zs[:-1]])
   gru_in = jnp.concatenate([h_prev, z_prev], axis=-1)
-  d_kernels = (gru_in.T @ d_gx, hs.T @ d_px)
-  return _with_kernels(d_params, d_kernels), d_gx, d_px, d_h0, None, None
+  return _with_kernels(d_params, (gru_in.T @ d_gx, hs.T @ d_px)), d_gx, d_px, d_h0, None, None
 
 
 _recurrence_hoisted.defvjp(_recurrence_hoisted_fwd, _recurrence_hoisted_bwd)
@@ -433,8 +426,7 @@ _recurrence_hoisted.defvjp(_recurrence_hoisted_fwd, _recurrence_hoisted_bwd)
 
 def _gauss_kl(m1: jax.Array, s1: jax.Array, m2: jax.Array, s2: jax.Array) -> jax.Array:
   """KL(N(m1, s1) || N(m2, s2)), summed over the last axis."""
-  kl = jnp.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2.0 * s2**2) - 0.5
-  return kl.sum(-1)
+  return (jnp.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2.0 * s2**2) - 0.5).sum(-1)
 
 
 def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -539,8 +531,7 @@ def train_step(
     dyn_state.params, window, rng, cfg
   )
   # Per-member global norm (written out: optax.global_norm is deprecated, optax.tree is recent).
-  leaves = jax.tree_util.tree_leaves(grads)
-  grad_norm = jnp.sqrt(sum(jnp.sum(g * g, axis=tuple(range(1, g.ndim))) for g in leaves))  # (E,)
+  grad_norm = jnp.sqrt(sum(jnp.sum(g * g, axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(grads)))  # (E,)
   ok = (aux["n_valid"] >= cfg.min_valid) & jnp.isfinite(aux["loss"]) & jnp.all(jnp.isfinite(grad_norm))
   opt = make_optimizer(cfg)
 
@@ -609,16 +600,15 @@ def imagine(
       # The state's own observation is real only for k == 0; afterwards the decoder stands in
       # for x and the previous predicted change for u.
       first = k == 0
-      x_in = jnp.where(first, x_last, x_hat)
-      u_in = jnp.where(first, u_last, _symlog(d_prev))
-      gx, _ = model.apply(params, x_in, u_in, method=RSSM.embed)
+      gx, _ = model.apply(
+        params, jnp.where(first, x_last, x_hat), jnp.where(first, u_last, _symlog(d_prev)), method=RSSM.embed
+      )
       h = model.apply(params, h, z, gx, method=RSSM.transition)
       mean, std = model.apply(params, h, method=RSSM.prior)
       return (h, mean + std * e, ll, d), (ll, d * cfg.dloss_scale, alpha)
 
-    carry0 = (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32))
-    _, (lls, ds, alphas) = jax.lax.scan(body, carry0, (jnp.arange(horizon_max), eps))
-    return lls, ds, alphas
+    carry = (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32))
+    return jax.lax.scan(body, carry, (jnp.arange(horizon_max), eps))[1]  # (lls, ds, alphas)
 
   lls, ds, alphas = jax.vmap(member)(dyn_state.params, jax.random.split(rng, cfg.ensemble))
   return {"logloss": lls, "dlogloss": ds, "alpha": alphas, "next_logloss": lls[:, 0]}

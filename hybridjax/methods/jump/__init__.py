@@ -167,7 +167,6 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> jump_lib.JumpSettings:
   j = hybrid.jump
-  forecast = forecast_lib.settings(j.forecaster, groups.n_groups) if j.get("forecast", "none") == "rssm" else None
   return jump_lib.JumpSettings(
     horizons=tuple(int(k) for k in j.horizons),
     scales=tuple(float(x) for x in j.get("scales", (1.0,))),
@@ -178,7 +177,7 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
     start_fraction=float(j.start_fraction),
     stop_fraction=float(j.stop_fraction),
     skip_control=bool(j.skip_control),
-    forecast=forecast,
+    forecast=forecast_lib.settings(j.forecaster, groups.n_groups) if j.get("forecast", "none") == "rssm" else None,
   )
 
 
@@ -190,7 +189,9 @@ def control(hybrid: ml_collections.ConfigDict, settings: jump_lib.JumpSettings) 
 
 
 def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
-  """The slow EMA (none with outer momentum, whose m gives the drift), the forecaster, no jumps."""
+  """The slow EMA (none with outer momentum, whose m gives the drift), the forecaster, no jumps. The
+  slow EMA and the forecaster's snapshot drift are params-shaped: on a mesh they are laid out like the
+  params (the default `shardings`), the rest replicated."""
   s: jump_lib.JumpSettings = ctx.settings
   # The forecaster's key is folded from the state's, so adding it changes no other draw.
   forecast_rng = jax.random.fold_in(jax.random.split(rng, 3)[0], 1)
@@ -202,16 +203,6 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
     forecast=None if s.forecast is None else forecast_lib.init_forecast(s.forecast, params, forecast_rng),
     tracker=jump_lib.init_tracker(ctx.groups.n_groups),
   )
-
-
-def shardings(state: jump_lib.JumpState, like_params: Any, replicated: Any) -> Any:
-  """The slow EMA and the forecaster's snapshot drift are laid out like the params."""
-  out = replicated(state)
-  if state.drift_memory is not None:
-    out = out.replace(drift_memory=out.drift_memory.replace(params=like_params(state.drift_memory.params)))
-  if state.forecast is not None:
-    out = out.replace(forecast=out.forecast.replace(snapshot_drift=like_params(state.forecast.snapshot_drift)))
-  return out
 
 
 # The transitions: a real step (also the CORRECT entry) and the jump as the predicted step.

@@ -111,24 +111,16 @@ class JumpState:
 
 def init_tracker(n_groups: int) -> JumpTracker:
   """No jump yet; every group's scale 1."""
-  f32 = lambda: jnp.asarray(0.0, jnp.float32)
-  i32 = lambda: jnp.asarray(0, jnp.int32)
+  counts = ("jump_attempts", "jumps", "jump_steps", "last_jump_k", "persist_n", "persisting_gain_count")  # int32
+  reals = (
+    "last_jump_scale", "last_probe_gain", "persist_level", "persist_trend", "persist_sum",
+    "last_persisting_gain", "persisting_gain_sum",
+  )  # fmt: skip
   return JumpTracker(
-    jump_attempts=i32(),
-    jumps=i32(),
-    jump_steps=i32(),
-    last_jump_k=i32(),
-    last_jump_scale=f32(),
-    last_probe_gain=f32(),
+    **{name: jnp.asarray(0, jnp.int32) for name in counts},
+    **{name: jnp.asarray(0.0, jnp.float32) for name in reals},
     group_scale=jnp.ones((n_groups,), jnp.float32),
     persist_tracking=jnp.asarray(False),
-    persist_level=f32(),
-    persist_trend=f32(),
-    persist_sum=f32(),
-    persist_n=i32(),
-    last_persisting_gain=f32(),
-    persisting_gain_sum=f32(),
-    persisting_gain_count=i32(),
   )
 
 
@@ -202,8 +194,7 @@ def score_candidates(
     moved = groups_lib.add_scaled_by_group(ctx.groups, params, amount, drift)
     return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
 
-  _, losses = jax.lax.scan(score, None, amounts)
-  return base, losses
+  return base, jax.lax.scan(score, None, amounts)[1]
 
 
 def translate_averaging(averaging: Averaging | None, groups: Any, amount: jax.Array, drift: Any) -> Averaging | None:
@@ -258,7 +249,6 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
-  move_scale = jnp.where(accept, scales[best], 0.0)
   # The move: amounts[best] on the params and both EMAs; none in the skip control or when rejected.
   amount = jnp.where(accept, amounts[best], 0.0) * (0.0 if j.skip_control else 1.0)
   moved = tr.replace(
@@ -267,20 +257,20 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     step=tr.step + k,
   )
   if tr.outer is not None:  # the jump is no inner progress: outer momentum's anchor moves with it
-    slow = groups_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
-    moved = moved.replace(outer=tr.outer.replace(slow=slow))
-  drift_memory = translate_averaging(m.drift_memory, ctx.groups, amount, drift)  # None stays None
-  # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
-  train = tree_where(accept, moved, tr)
-  if drift_memory is not None:
-    drift_memory = tree_where(accept, drift_memory, m.drift_memory)
+    moved = moved.replace(
+      outer=tr.outer.replace(slow=groups_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift))
+    )
+  # Rejected: the very same buffers' values (a select of the old ones), bit for bit. (No slow EMA stays None.)
+  train, drift_memory = tree_where(
+    accept, (moved, translate_averaging(m.drift_memory, ctx.groups, amount, drift)), (tr, m.drift_memory)
+  )
 
   t = t.replace(
     jump_attempts=t.jump_attempts + 1,
     jumps=t.jumps + accept.astype(jnp.int32),
     jump_steps=t.jump_steps + k,
     last_jump_k=k,
-    last_jump_scale=move_scale,
+    last_jump_scale=jnp.where(accept, scales[best], 0.0),
     last_probe_gain=jnp.where(jnp.isfinite(base), (base - best_loss) / base, 0.0),
     # The accepted jump's persisting gain is measured over the CORRECT phase that follows.
     persist_tracking=accept,
@@ -320,8 +310,7 @@ def track_persisting_gain(
   level + trend * i (the trend of the loss EMAs before the jump)."""
   measuring = t.persist_tracking & (c.phase == Phase.CORRECT)
   on = measuring & finite
-  i = (t.persist_n + 1).astype(jnp.float32)
-  gain = t.persist_level + t.persist_trend * i - logloss
+  gain = t.persist_level + t.persist_trend * (t.persist_n + 1).astype(jnp.float32) - logloss  # i = persist_n + 1
   total = t.persist_sum + jnp.where(on, gain, 0.0)
   n = t.persist_n + on.astype(jnp.int32)
   done = measuring & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
@@ -355,7 +344,7 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   forecast = m.forecast
   if forecast is not None:
     fs = ctx.settings.forecast
-    closed = t.persisting_gain_count > m.tracker.persisting_gain_count
+    closed = t.persisting_gain_count > m.tracker.persisting_gain_count  # the jump's measurement just closed
     forecast = forecast_lib.calibrate(forecast, t.last_persisting_gain, closed)
 
     def take_snapshot(f):

@@ -94,10 +94,7 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
   rssm = dynamics_lib.RSSMConfig(
     feature_dim=features_lib.feature_dim(groups),
     n_groups=groups.n_groups,
-    deter=v.rssm.deter,
-    latent=v.rssm.latent,
-    hidden=v.rssm.hidden,
-    ensemble=v.rssm.ensemble,
+    **{k: v.rssm[k] for k in ("deter", "latent", "hidden", "ensemble")},
     free_bits=float(v.rssm.free_bits),
     learning_rate=float(v.rssm.learning_rate),
   )

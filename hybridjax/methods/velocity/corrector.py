@@ -91,7 +91,6 @@ def add_residual(
 ) -> CorrectorState:
   """Appends one observation when `enabled` (a traced bool); otherwise returns the state as is."""
   i = state.write
-  cap = state.valid.shape[0]
 
   def put(buf, v):
     return jnp.where(enabled, buf.at[i].set(v), buf)
@@ -102,7 +101,7 @@ def add_residual(
     target_delta=put(state.target_delta, target_delta),
     target_log_scale=put(state.target_log_scale, jnp.clip(target_log_scale, LOG_SCALE_MIN, LOG_SCALE_MAX)),
     valid=put(state.valid, True),
-    write=jnp.where(enabled, (i + 1) % cap, i),
+    write=jnp.where(enabled, (i + 1) % state.valid.shape[0], i),
   )
 
 
@@ -119,9 +118,8 @@ def train_corrector(
   """One Adam step on the buffer when `enabled`; returns (state, loss)."""
   loss, grads = jax.value_and_grad(corrector_loss)(state.params, state, hidden)
   updates, opt_state = make_optimizer(learning_rate).update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
   return state.replace(
-    params=tree_where(enabled, params, state.params),
+    params=tree_where(enabled, optax.apply_updates(state.params, updates), state.params),
     opt_state=tree_where(enabled, opt_state, state.opt_state),
     updates=state.updates + enabled.astype(jnp.int32),
   ), loss

@@ -7,7 +7,7 @@ update it shares with the baseline (`optim.guarded_update`), it
    prediction (`observe_real_step`);
 2. updates the trajectory memory: the velocity EMA of real updates and the history ring buffers
    (`update_trajectory`);
-3. trains the dynamics model one step on the history window (`train_dynamics`);
+3. trains the dynamics model one step on the history window (`rssm.train_step`);
 4. imagines the plan the next PREDICT phase will follow (`plan_predict_phase`).
 
 A non-finite loss or gradient applies nothing: params, optimizer state, velocity, history, dynamics
@@ -69,7 +69,6 @@ def update_trajectory(
   ctx: HybridContext,
   state: HybridState,
   c: Controller,
-  *,
   loss: jax.Array,
   logloss: jax.Array,
   grad_norm: jax.Array,
@@ -97,8 +96,9 @@ def update_trajectory(
   n = h.features.shape[0]
   prev = (h.pos - 1) % n
   alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -s.rssm.alpha_max, s.rssm.alpha_max)
-  write_target = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
-  alpha_target = jnp.where(write_target, h.alpha_target.at[prev].set(alpha_star), h.alpha_target)
+  # Written when this step and the one before were real, and there was a velocity to measure it along.
+  write = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
+  alpha_target = jnp.where(write, h.alpha_target.at[prev].set(alpha_star), h.alpha_target)
   x = features_lib.feature_vector(
     loss=loss,
     ema_fast=c.ema_fast,
@@ -124,13 +124,6 @@ def update_trajectory(
     count=jnp.minimum(h.count + 1, n),
   )
   return velocity, tree_where(finite, appended, h), x
-
-
-def train_dynamics(
-  ctx: HybridContext, dynamics: dynamics_lib.DynamicsState, window: dict[str, jax.Array], rng: jax.Array
-) -> dynamics_lib.DynamicsState:
-  """One training step of the RSSM on the history window (online truncated BPTT)."""
-  return dynamics_lib.train_step(dynamics, window, rng, ctx.settings.rssm)[0]
 
 
 def plan_predict_phase(
@@ -204,23 +197,12 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   logloss = groups_lib.safe_log(loss)
   m: VelocityState = state.method
   c, plan, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
-  velocity, history, x = update_trajectory(
-    ctx,
-    state,
-    c,
-    loss=loss,
-    logloss=logloss,
-    grad_norm=grad_norm,
-    grads=grads,
-    updates=updates,
-    params=params,
-    lr=lr,
-    finite=finite,
-  )
+  velocity, history, x = update_trajectory(ctx, state, c, loss, logloss, grad_norm, grads, updates, params, lr, finite)
 
   rng, train_rng, imagine_rng = jax.random.split(state.rng, 3)
   window = history_window(history, ctx.settings.window)
-  dyn = train_dynamics(ctx, m.dynamics, window, train_rng)
+  # One training step of the RSSM on the history window (online truncated BPTT).
+  dyn = dynamics_lib.train_step(m.dynamics, window, train_rng, ctx.settings.rssm)[0]
   x_now = trajectory_lib.normalize(history.normalizer, x)
   c, plan, rollback = plan_predict_phase(
     ctx, c, plan, dyn, m.corrector, window, x_now, logloss, velocity, imagine_rng, finite
