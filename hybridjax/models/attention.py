@@ -32,8 +32,7 @@ def current_backend() -> str:
   backend = jax.default_backend()
   if backend != "gpu":
     return backend
-  version = str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
-  return "rocm" if "rocm" in version else "cuda"
+  return "rocm" if "rocm" in str(getattr(jax.devices()[0].client, "platform_version", "")).lower() else "cuda"
 
 
 def attention_errors(model: dict[str, Any]) -> list[str]:

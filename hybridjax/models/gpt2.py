@@ -471,7 +471,7 @@ class GPT2(nn.Module):
     for i in range(cfg.n_layer):
       if cfg.unet_skips and i >= half:
         if i == half:
-          skip_weights = self.param("skip_weights", nn.initializers.ones, (cfg.n_layer - half,), jnp.float32)
+          skip_weights = self.param("skip_weights", nn.initializers.ones, (half,), jnp.float32)  # n_layer is even
         x = (x + skip_weights[i - half] * skips.pop()).astype(x.dtype)
       table = value_embed_layer(cfg, i)
       ve = None if table is None else values[table]

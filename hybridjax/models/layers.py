@@ -20,9 +20,8 @@ class Dense(nn.Dense):
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    lead = inputs.shape[:-1]
     y = super().__call__(inputs.reshape(-1, inputs.shape[-1]))
-    return y.reshape(*lead, y.shape[-1])
+    return y.reshape(*inputs.shape[:-1], y.shape[-1])
 
 
 def tied_logits(x: jax.Array, embedding: jax.Array, softcap: float = 0.0) -> jax.Array:

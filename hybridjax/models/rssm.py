@@ -124,7 +124,7 @@ class _MLP(nn.Module):
 
   hidden: int
   out: int
-  out_scale: float = 1.0
+  out_scale: float
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:

@@ -66,7 +66,7 @@ def init_corrector(
   return CorrectorState(
     params=params,
     opt_state=make_optimizer(learning_rate).init(params),
-    x=jnp.zeros((capacity, feature_dim), jnp.float32),
+    x=zeros(jnp.float32, (capacity, feature_dim)),
     pos=zeros(),
     target_delta=zeros(),
     target_log_scale=zeros(),
