@@ -23,7 +23,7 @@ NAME = "outer_momentum"
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
-  if not config.get("optim", {}).get("outer_every", 0):
+  if not config.get("optim", {}).get("outer_every"):
     return [
       "--config.hybrid.method='outer_momentum' needs --config.optim.outer_every > 0 (real steps between outer "
       "steps, e.g. 100)"

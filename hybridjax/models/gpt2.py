@@ -184,17 +184,17 @@ def relation_errors(model: Mapping[str, Any]) -> list[str]:
     return [f"model.d_model ({d_model}) must be divisible by model.n_head ({n_head})"]
   errors = attention_lib.attention_errors(dict(model))
   head_dim = d_model // n_head
-  if get("rotary", False) and head_dim % 2:
+  if get("rotary") and head_dim % 2:
     errors.append(
       f"model.rotary needs an even head dimension, but model.d_model / model.n_head = {d_model} / {n_head} = "
       f"{head_dim}: change model.n_head or model.d_model, or set model.rotary=False"
     )
-  if get("unet_skips", False) and n_layer % 2:
+  if get("unet_skips") and n_layer % 2:
     errors.append(
       f"model.unet_skips pairs the first half's layers with the second half's, so it needs an even "
       f"model.n_layer, got {n_layer}: use an even layer count or set model.unet_skips=False"
     )
-  if get("value_residual", False) and n_layer < 2:
+  if get("value_residual") and n_layer < 2:
     errors.append(
       f"model.value_residual mixes the first layer's values into the later layers', so it needs model.n_layer >= 2, "
       f"got {n_layer}: add a layer or set model.value_residual=False"
@@ -235,13 +235,17 @@ def _matrix_init(cfg: GPT2Config, std: float, in_axis: int = -2, out_axis: int =
   return nn.initializers.variance_scaling(_FAN_IN_VARIANCE[cfg.init], "fan_in", "uniform", in_axis, out_axis)
 
 
-def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD, zero: bool = False):
+def _dense(features: int, name: str, cfg: GPT2Config):
+  # The residual projections (`c_proj`, as GPT-2 names them) start at N(0, 0.02 / sqrt(2 n_layer)) under
+  # 'gpt2', and at zero with `zero_init_proj`.
+  residual = name == "c_proj"
+  std = _STD / math.sqrt(2 * cfg.n_layer) if residual else _STD
   return layers.Dense(
     features,
     use_bias=not cfg.rmsnorm,
     dtype=jnp.dtype(cfg.dtype),
     param_dtype=jnp.float32,
-    kernel_init=nn.initializers.zeros if zero else _matrix_init(cfg, std),
+    kernel_init=nn.initializers.zeros if residual and cfg.zero_init_proj else _matrix_init(cfg, std),
     bias_init=nn.initializers.zeros,
     name=name,
   )
@@ -276,10 +280,6 @@ def _layer_norm(name: str, cfg: GPT2Config):
   )
 
 
-def _residual_std(cfg: GPT2Config) -> float:
-  return _STD / math.sqrt(2 * cfg.n_layer)
-
-
 def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
   """Rotary position embedding of `x` (batch, heads, time, head_dim; time on `time_axis`): the pairs
   (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
@@ -292,9 +292,9 @@ def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
   return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
 
 
-def _pair(name: str, module: nn.Module, init: tuple[float, float]) -> jax.Array:
-  """A learned pair of scalars, (2,) float32, starting at `init`."""
-  return module.param(name, lambda _, shape: jnp.asarray(init, jnp.float32), (2,))
+def _constant(value: Any) -> nn.initializers.Initializer:
+  """The init of a learned float32 parameter that starts at `value` (broadcast to its shape)."""
+  return lambda _, shape: jnp.broadcast_to(jnp.asarray(value, jnp.float32), shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -331,10 +331,10 @@ class CausalSelfAttention(nn.Module):
     q, k, v = (heads(a) for a in jnp.split(qkv, 3, axis=-1))
     projected = v
     if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
-      lam = self.param("value_residual_lambda", lambda _, shape: jnp.full(shape, 0.5, jnp.float32), ())
+      lam = self.param("value_residual_lambda", _constant(0.5), ())
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
-      lambdas = _pair("value_lambdas", self, (0.5, 0.5))
+      lambdas = self.param("value_lambdas", _constant((0.5, 0.5)), (2,))
       v = (lambdas[0] * v + lambdas[1] * heads(value_embed)).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
@@ -357,7 +357,7 @@ class CausalSelfAttention(nn.Module):
       weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
       weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
       y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
+    y = _dense(d, "c_proj", cfg)(y)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
 
 
@@ -369,7 +369,7 @@ def attention_scale(cfg: GPT2Config, module: nn.Module | None = None) -> jax.Arr
   if cfg.learned_attn_scale == "none" or module is None:
     return jnp.float32(value)
   shape = () if cfg.learned_attn_scale == "layer" else (cfg.n_head,)
-  scale = module.param("attn_scale", lambda _, s: jnp.full(s, value, jnp.float32), shape)
+  scale = module.param("attn_scale", _constant(value), shape)
   return scale if cfg.learned_attn_scale == "layer" else scale[:, None, None]
 
 
@@ -383,7 +383,7 @@ class MLPBlock(nn.Module):
     cfg = self.config
     h = _dense(4 * cfg.d_model, "c_fc", cfg)(x)
     h = jnp.square(nn.relu(h)) if cfg.relu2 else nn.gelu(h, approximate=True)
-    h = _dense(cfg.d_model, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(h)
+    h = _dense(cfg.d_model, "c_proj", cfg)(h)
     return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
 
 
@@ -405,7 +405,7 @@ class Block(nn.Module):
     """(output, the attention's projected values): see `CausalSelfAttention`."""
     cfg = self.config
     if cfg.embed_skips:
-      lambdas = _pair("lambdas", self, (1.0, 0.0))
+      lambdas = self.param("lambdas", _constant((1.0, 0.0)), (2,))
       x = (lambdas[0] * x + lambdas[1] * x0).astype(x.dtype)
     h = _layer_norm("ln_1", cfg)(x)
     y, values = CausalSelfAttention(cfg, name="attn")(h, value_embed, first_values, deterministic=deterministic)

@@ -107,7 +107,7 @@ FIELDS: tuple[schema.Field, ...] = (
 def check(config: ml_collections.ConfigDict) -> list[str]:
   """What a jump needs of the rest of the run."""
   j, trainer = config.hybrid.jump, config.trainer
-  outer_every = config.get("optim", {}).get("outer_every", 0)
+  outer_every = config.get("optim", {}).get("outer_every")
   ratio = j.get("slow_lag_ratio", 0.0)
   errors = []
   if trainer.get("averaging", "none") != "ema":
@@ -251,7 +251,7 @@ def step_kind(row: dict[str, Any]) -> str:
   """A step's cost class: an attempt (probe forwards, then a jump or nothing), a real step, or a
   real step that took the forecaster's snapshot (rare and dearer: a median over all real steps
   would hide it)."""
-  if row.get("snapshot", False):
+  if row.get("snapshot"):
     return "full_step+snapshot"
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "jump_step"
