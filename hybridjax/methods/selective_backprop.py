@@ -77,8 +77,10 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   # Every leaf with axes has `total` rows.
   new, info = baseline_step(ctx, state, jax.tree.map(lambda x: x[index] if x.ndim else x, batch), schedule)
   # The scoring forward of 2B sequences: two forwards of a B batch, charged beside the backward pass.
-  extra = {"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])}
-  return new, info.replace(forwards=jnp.asarray(BATCHES_PER_STEP, jnp.int32), extra=extra)
+  return new, info.replace(
+    forwards=jnp.asarray(BATCHES_PER_STEP, jnp.int32),
+    extra={"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])},
+  )
 
 
 def step_extra(ctx: HybridContext) -> dict[str, jax.Array]:

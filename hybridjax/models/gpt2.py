@@ -346,7 +346,6 @@ class CausalSelfAttention(nn.Module):
         learned = attention_scale(cfg, self)  # per head (n_head, 1, 1), reshaped to q's (n_head, 1)
         q, scale = (q * (learned.reshape(-1, 1) if learned.ndim else learned)).astype(q.dtype), 1.0
       y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=implementation)
-      y = y.reshape(b, t, d)
     else:
       scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
       if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
@@ -356,8 +355,8 @@ class CausalSelfAttention(nn.Module):
       scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)  # causal
       weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
       weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
-      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    y = _dense(d, "c_proj", cfg)(y)
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3)
+    y = _dense(d, "c_proj", cfg)(y.reshape(b, t, d))  # (b, t, h, head_dim) -> (b, t, d)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
 
 
@@ -493,7 +492,7 @@ class GPT2(nn.Module):
 
 def count_params(params: Any) -> int:
   """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
-  return sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
+  return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
 
 
 def make_loss_fn(model: GPT2) -> LossFn:

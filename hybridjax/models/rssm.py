@@ -172,16 +172,17 @@ class RSSM(nn.Module):
     self.post_h = dense(c.hidden, use_bias=False)
     self.post_norm = nn.LayerNorm()
     small = nn.initializers.variance_scaling(c.head_init_scale, "fan_in", "truncated_normal")
+    small_dense = lambda n: dense(n, kernel_init=small, bias_init=nn.initializers.zeros)
     # Prior and posterior start close to the same broad Gaussian (small output init): the
     # initial KL is ~3 nats instead of ~35, whose gradients (norm ~1e4) would dominate early
     # updates.
-    self.post_out = dense(2 * c.latent, kernel_init=small, bias_init=nn.initializers.zeros)
+    self.post_out = small_dense(2 * c.latent)
     self.prior_net = _MLP(c.hidden, 2 * c.latent, out_scale=c.head_init_scale)
     # Heads on s = [h, z]: one shared hidden layer, three linear outputs.
     self.head_in = dense(c.hidden, use_bias=False)
     self.head_norm = nn.LayerNorm()
-    self.dloss_out = dense(1, kernel_init=small, bias_init=nn.initializers.zeros)
-    self.alpha_out = dense(c.n_groups, kernel_init=small, bias_init=nn.initializers.zeros)
+    self.dloss_out = small_dense(1)
+    self.alpha_out = small_dense(c.n_groups)
     # The decoder keeps a normal init: x_hat must carry signal into imagined GRU steps at once.
     self.decoder_out = dense(c.feature_dim)
 
@@ -533,11 +534,10 @@ def train_step(
   # Per-member global norm (written out: optax.global_norm is deprecated, optax.tree is recent).
   grad_norm = jnp.sqrt(sum(jnp.sum(g * g, axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(grads)))  # (E,)
   ok = (aux["n_valid"] >= cfg.min_valid) & jnp.isfinite(aux["loss"]) & jnp.all(jnp.isfinite(grad_norm))
-  opt = make_optimizer(cfg)
 
   def update(grads, opt_state, params):
     # vmapped: every member has its own clipping and Adam statistics.
-    updates, opt_state = jax.vmap(opt.update)(grads, opt_state, params)
+    updates, opt_state = jax.vmap(make_optimizer(cfg).update)(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
   skip = lambda grads, opt_state, params: (params, opt_state)

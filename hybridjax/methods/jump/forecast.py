@@ -252,7 +252,7 @@ def aggregate(
   scales = (w @ jnp.mean(alpha, axis=0)) / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1e-6)
   gain = -(dlogloss @ w.T)  # (E, C): each member's expected drop of the log-loss over k steps
   mean, spread = jnp.mean(gain, axis=0), jnp.std(gain, axis=0)
-  agreement = jnp.exp(-spread / jnp.maximum(jnp.abs(mean), 1e-6))
+  agreement = jnp.exp(-spread / jnp.maximum(jnp.abs(mean), 1e-6))  # in (0, 1]
   return jnp.clip(scales, 0.0, max_scale), calibration * mean, agreement
 
 

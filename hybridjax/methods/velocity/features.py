@@ -44,5 +44,6 @@ def feature_vector(
     jnp.float32
   )
   per_group = jnp.concatenate([0.5 * safe_log(grad_sq), 0.5 * safe_log(update_sq), 0.5 * safe_log(param_sq), cos])
-  x = jnp.concatenate([glob, phase_onehot, per_group.astype(jnp.float32)])
-  return jnp.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+  return jnp.nan_to_num(
+    jnp.concatenate([glob, phase_onehot, per_group.astype(jnp.float32)]), nan=0.0, posinf=0.0, neginf=0.0
+  )
