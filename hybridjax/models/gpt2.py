@@ -406,11 +406,10 @@ class Block(nn.Module):
     if cfg.embed_skips:
       lambdas = self.param("lambdas", _constant((1.0, 0.0)), (2,))
       x = (lambdas[0] * x + lambdas[1] * x0).astype(x.dtype)
-    h = _layer_norm("ln_1", cfg)(x)
-    y, values = CausalSelfAttention(cfg, name="attn")(h, value_embed, first_values, deterministic=deterministic)
+    attn = CausalSelfAttention(cfg, name="attn")
+    y, values = attn(_layer_norm("ln_1", cfg)(x), value_embed, first_values, deterministic=deterministic)
     x = x + y
-    h = _layer_norm("ln_2", cfg)(x)
-    return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic), values
+    return x + MLPBlock(cfg, name="mlp")(_layer_norm("ln_2", cfg)(x), deterministic=deterministic), values
 
 
 def value_embed_layer(cfg: GPT2Config, layer: int) -> int | None:

@@ -438,14 +438,14 @@ def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
 def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
   """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
   model = RSSM(cfg)
-  x, alpha_t, valid, pair = obs.x, obs.alpha, obs.valid, obs.pair[:-1]  # targets at t need step t+1
+  x, valid, pair = obs.x, obs.valid, obs.pair[:-1]  # targets at t need step t+1
   noise = jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32)
   hs, zs, q_mean, q_std = _filter(params, obs, noise, cfg)
   p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
   d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
 
   loss_d = _masked_mean((d_pred[:-1] - obs.d) ** 2, pair)
-  loss_alpha = _masked_mean(((alpha_pred[:-1] - alpha_t[:-1]) ** 2).mean(-1), pair)
+  loss_alpha = _masked_mean(((alpha_pred[:-1] - obs.alpha[:-1]) ** 2).mean(-1), pair)
   # Mean over features (not the DreamerV3 sum): keeps the term O(1) whatever F is.
   loss_recon = _masked_mean(((x_hat - x) ** 2).mean(-1), valid)
 

@@ -262,9 +262,8 @@ def summary(ctx: HybridContext, state: jump_lib.JumpState, controller: Controlle
   t = state.tracker
   n_gain = int(t.persisting_gain_count)
   return {
-    "jump_attempts": int(t.jump_attempts),
-    "jumps": int(t.jumps),
-    "jump_steps": int(t.jump_steps),  # schedule steps advanced without a batch or a backward pass
+    # jump_steps: schedule steps advanced without a batch or a backward pass.
+    **{k: int(getattr(t, k)) for k in ("jump_attempts", "jumps", "jump_steps")},
     "probe_forwards": int(controller.forward_passes),
     "mean_persisting_gain": float(t.persisting_gain_sum) / n_gain if n_gain else None,
     "skip_control": bool(ctx.settings.skip_control),

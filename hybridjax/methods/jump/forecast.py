@@ -199,9 +199,8 @@ def snapshot(
     ]
   )
   n = h.features.shape[0]
-  prev = (h.pos - 1) % n
   h = h.replace(
-    alpha_target=jnp.where(valid, h.alpha_target.at[prev].set(ratio), h.alpha_target).at[h.pos].set(0.0),
+    alpha_target=jnp.where(valid, h.alpha_target.at[(h.pos - 1) % n].set(ratio), h.alpha_target).at[h.pos].set(0.0),
     features=h.features.at[h.pos].set(x),
     logloss=h.logloss.at[h.pos].set(loss_fast),
     normalizer=trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(4 * n)),

@@ -94,11 +94,10 @@ def update_trajectory(
   velocity = jax.tree.map(lambda a, u: jnp.where(finite, beta * a + (1.0 - beta) * u.astype(a.dtype), a), v, updates)
 
   n = h.features.shape[0]
-  prev = (h.pos - 1) % n
   alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -s.rssm.alpha_max, s.rssm.alpha_max)
   # Written when this step and the one before were real, and there was a velocity to measure it along.
   write = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
-  alpha_target = jnp.where(write, h.alpha_target.at[prev].set(alpha_star), h.alpha_target)
+  alpha_target = jnp.where(write, h.alpha_target.at[(h.pos - 1) % n].set(alpha_star), h.alpha_target)
   x = features_lib.feature_vector(
     loss=loss,
     ema_fast=c.ema_fast,
@@ -145,17 +144,17 @@ def plan_predict_phase(
   A real step inside PREDICT (a micro-correction) commits the segment so far and restarts the plan;
   a non-finite one keeps the old plan and rolls the segment back.
   """
-  s = ctx.settings
-  imagined = dynamics_lib.imagine(dynamics, window, ctx.control.max_predict_steps, rng, s.rssm)
+  s, hmax = ctx.settings, ctx.control.max_predict_steps
+  imagined = dynamics_lib.imagine(dynamics, window, hmax, rng, s.rssm)
   # Re-anchor the imagined curve on the smoothed loss: one batch's loss is too noisy a start.
   ens_logloss = imagined["logloss"] - logloss + c.ema_fast
   raw_logloss = jnp.mean(ens_logloss, axis=0)
   raw_alpha = jnp.mean(imagined["alpha"], axis=0)
-  pos = (jnp.arange(ctx.control.max_predict_steps, dtype=jnp.float32) + 1.0) / ctx.control.max_predict_steps
+  pos = (jnp.arange(hmax, dtype=jnp.float32) + 1.0) / hmax
   if s.corrector_enabled:
     delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, s.corrector_hidden)
   else:
-    delta, log_scale = jnp.zeros_like(pos), jnp.zeros_like(pos)
+    delta = log_scale = jnp.zeros_like(pos)
   if s.constant_alpha > 0:  # the ablation: velocity extrapolation without the RSSM's alphas
     plan_alpha = jnp.full_like(raw_alpha, s.constant_alpha)
     log_scale = jnp.zeros_like(log_scale)
