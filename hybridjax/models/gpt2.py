@@ -284,8 +284,8 @@ def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
   """Rotary position embedding of `x` (batch, heads, time, head_dim; time on `time_axis`): the pairs
   (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
   t, dim = x.shape[time_axis], x.shape[-1]
-  inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
   # (t, dim / 2), with a 1 for each axis between time and head_dim: (t, 1, dim / 2) for (batch, time, heads, head_dim)
+  inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
   freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq).reshape(t, *[1] * (x.ndim - 2 - time_axis % x.ndim), -1)
   cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
   x1, x2 = jnp.split(x, 2, axis=-1)

@@ -46,8 +46,7 @@ def make_regression_problem(seed: int, n_in: int = 8, n_out: int = 1, n: int = 5
   b1 = rng.normal(size=(hidden,)) * 0.1
   w2 = rng.normal(size=(hidden, n_out)) / np.sqrt(hidden)
   x = rng.normal(size=(n, n_in))
-  y = np.tanh(x @ w1 + b1) @ w2 + 0.01 * rng.normal(size=(n, n_out))
-  return x.astype(np.float32), y.astype(np.float32)
+  return x.astype(np.float32), (np.tanh(x @ w1 + b1) @ w2 + 0.01 * rng.normal(size=(n, n_out))).astype(np.float32)
 
 
 def regression_batch(x: np.ndarray, y: np.ndarray, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:

@@ -353,8 +353,7 @@ def _filter(params: Any, obs: _Clean, noise: jax.Array, cfg: RSSMConfig):
   gx, px = model.apply(params, obs.x, obs.u, method=RSSM.embed)
   gx0, _ = model.apply(params, jnp.zeros_like(obs.x[0]), jnp.zeros(()), method=RSSM.embed)
   gx_prev = jnp.concatenate([gx0[None], gx[:-1]], axis=0)  # GRU input at t is step t-1's
-  h0 = model.apply(params, method=RSSM.initial)
-  return _recurrence_hoisted(params, gx_prev, px, h0, obs.valid, noise, cfg)
+  return _recurrence_hoisted(params, gx_prev, px, model.apply(params, method=RSSM.initial), obs.valid, noise, cfg)
 
 
 def _recurrence(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
@@ -439,8 +438,7 @@ def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
   """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
   model = RSSM(cfg)
   x, valid, pair = obs.x, obs.valid, obs.pair[:-1]  # targets at t need step t+1
-  noise = jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32)
-  hs, zs, q_mean, q_std = _filter(params, obs, noise, cfg)
+  hs, zs, q_mean, q_std = _filter(params, obs, jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32), cfg)
   p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
   d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
 
@@ -607,8 +605,10 @@ def imagine(
       mean, std = model.apply(params, h, method=RSSM.prior)
       return (h, mean + std * e, ll, d), (ll, d * cfg.dloss_scale, alpha)
 
-    carry = (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32))
-    return jax.lax.scan(body, carry, (jnp.arange(horizon_max), eps))[1]  # (lls, ds, alphas)
+    # (lls, ds, alphas)
+    return jax.lax.scan(
+      body, (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32)), (jnp.arange(horizon_max), eps)
+    )[1]
 
   lls, ds, alphas = jax.vmap(member)(dyn_state.params, jax.random.split(rng, cfg.ensemble))
   return {"logloss": lls, "dlogloss": ds, "alpha": alphas, "next_logloss": lls[:, 0]}

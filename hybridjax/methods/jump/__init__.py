@@ -237,7 +237,7 @@ def trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
   """A step's trace-record fields from its fetched metrics row; `predicted`: a PREDICT-phase step (an
   attempt: `loss` is then the probe loss where the params now are, `predicted_loss` the probe loss
   without a jump)."""
-  out: dict[str, Any] = {"persisting_gain": float(row["persisting_gain"])}
+  out = {"persisting_gain": float(row["persisting_gain"])}
   if predicted:
     out.update(jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"]))
     if "expected_gain" in row:  # the RSSM forecaster's view of this attempt

@@ -344,8 +344,10 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   forecast = m.forecast
   if forecast is not None:
     fs = ctx.settings.forecast
-    closed = t.persisting_gain_count > m.tracker.persisting_gain_count  # the jump's measurement just closed
-    forecast = forecast_lib.calibrate(forecast, t.last_persisting_gain, closed)
+    # Calibrated when this step closed the last jump's measurement.
+    forecast = forecast_lib.calibrate(
+      forecast, t.last_persisting_gain, t.persisting_gain_count > m.tracker.persisting_gain_count
+    )
 
     def take_snapshot(f):
       return forecast_lib.snapshot(

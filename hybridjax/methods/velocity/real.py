@@ -202,9 +202,18 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   window = history_window(history, ctx.settings.window)
   # One training step of the RSSM on the history window (online truncated BPTT).
   dyn = dynamics_lib.train_step(m.dynamics, window, train_rng, ctx.settings.rssm)[0]
-  x_now = trajectory_lib.normalize(history.normalizer, x)
   c, plan, rollback = plan_predict_phase(
-    ctx, c, plan, dyn, m.corrector, window, x_now, logloss, velocity, imagine_rng, finite
+    ctx,
+    c,
+    plan,
+    dyn,
+    m.corrector,
+    window,
+    trajectory_lib.normalize(history.normalizer, x),
+    logloss,
+    velocity,
+    imagine_rng,
+    finite,
   )
 
   return state.replace(
