@@ -23,12 +23,12 @@ NAME = "outer_momentum"
 
 
 def check(config: ml_collections.ConfigDict) -> list[str]:
-  if not config.get("optim", {}).get("outer_every", 0):
-    return [
-      "--config.hybrid.method='outer_momentum' needs --config.optim.outer_every > 0 (real steps between outer "
-      "steps, e.g. 100)"
-    ]
-  return []
+  if config.get("optim", {}).get("outer_every"):
+    return []
+  return [
+    "--config.hybrid.method='outer_momentum' needs --config.optim.outer_every > 0 (real steps between outer "
+    "steps, e.g. 100)"
+  ]
 
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> None:

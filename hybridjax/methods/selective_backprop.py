@@ -72,14 +72,15 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
       "on every leaf that has axes (per-example losses are taken along it)"
     )
   (total,) = sizes
-  keep = total // BATCHES_PER_STEP
   scores = per_example_losses(ctx.loss_fn, jax.lax.stop_gradient(tr.params), batch)
-  index = select(scores, keep, jax.random.fold_in(state.rng, tr.step), ctx.settings[0])
-  chosen = jax.tree.map(lambda x: x[index] if x.ndim >= 1 and x.shape[0] == total else x, batch)
-  new, info = baseline_step(ctx, state, chosen, schedule)
+  index = select(scores, total // BATCHES_PER_STEP, jax.random.fold_in(state.rng, tr.step), ctx.settings[0])
+  # Every leaf with axes has `total` rows.
+  new, info = baseline_step(ctx, state, jax.tree.map(lambda x: x[index] if x.ndim else x, batch), schedule)
   # The scoring forward of 2B sequences: two forwards of a B batch, charged beside the backward pass.
-  extra = {"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])}
-  return new, info.replace(forwards=jnp.asarray(BATCHES_PER_STEP, jnp.int32), extra=extra)
+  return new, info.replace(
+    forwards=jnp.asarray(BATCHES_PER_STEP, jnp.int32),
+    extra={"scored_loss": jnp.mean(scores), "selected_loss": jnp.mean(scores[index])},
+  )
 
 
 def step_extra(ctx: HybridContext) -> dict[str, jax.Array]:
@@ -91,7 +92,7 @@ def metrics(ctx: HybridContext, state: HybridState, info: StepInfo) -> dict[str,
   """The mean loss of the 2B scored sequences and of the B trained on (their gap is the selection's
   strength; about zero for the random control)."""
   del ctx, state
-  return {"scored_loss": info.extra["scored_loss"], "selected_loss": info.extra["selected_loss"]}
+  return dict(info.extra)  # `step_extra`'s fields
 
 
 def step_kind(row: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Which attention path a GPT-2 computes (`GPT2Config.attention`), and the fused path itself.
+"""Which attention path a GPT-2 computes (`GPT2Config.attention`).
 
 Three paths compute the same causal softmax attention:
 
@@ -32,8 +32,7 @@ def current_backend() -> str:
   backend = jax.default_backend()
   if backend != "gpu":
     return backend
-  version = str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
-  return "rocm" if "rocm" in version else "cuda"
+  return "rocm" if "rocm" in str(getattr(jax.devices()[0].client, "platform_version", "")).lower() else "cuda"
 
 
 def attention_errors(model: dict[str, Any]) -> list[str]:
@@ -71,16 +70,3 @@ def attention_implementation(config: Any, backend: str) -> str:
     return "einsum"
   fits_cudnn = config.dtype in _FUSED_DTYPES and config.head_dim % 8 == 0 and config.head_dim <= 128
   return "cudnn" if backend == "cuda" and fits_cudnn else "xla"
-
-
-def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, implementation: str) -> jax.Array:
-  """Causal attention of q, k, v (batch, time, heads, head_dim) through `jax.nn.dot_product_attention`
-  ('xla' or 'cudnn'), the scores scaled by `scale` (a Python float: cuDNN takes no array; a learned
-  scale multiplies q before the call, with `scale` 1). Returns (batch, time, heads, head_dim)."""
-  return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=implementation)
-
-
-def scale_queries(q: jax.Array, scale: jax.Array) -> jax.Array:
-  """q (batch, time, heads, head_dim) times a learned scale, a scalar or one per head ((heads,)), in q's dtype."""
-  per_head = scale.reshape(-1, 1) if scale.ndim else scale
-  return (q * per_head).astype(q.dtype)

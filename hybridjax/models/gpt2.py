@@ -46,11 +46,19 @@ LEARNED_ATTN_SCALES = ("none", "layer", "head")
 """`GPT2Config.learned_attn_scale`'s choices."""
 
 
+_int, _num = schema.check_int, schema.check_num
+
+
 def _checked(check: schema.Check, default: Any = dataclasses.MISSING, option: bool = False) -> Any:
   """A field of `GPT2Config` with its check (`schema.check_*`), which `GPT2Config.validate` and a
   run's pre-flight (`FIELDS`, as `--config.model.<name>`) both apply; `option`: one of the
   speedrun's architecture options (`OPTIONS`)."""
   return dataclasses.field(default=default, metadata={"check": check, "option": option})
+
+
+def _option(check: schema.Check = schema.check_bool, default: Any = False) -> Any:
+  """A field of `GPT2Config` that is one of the speedrun's options (`OPTIONS`); a switch, off, unless told."""
+  return _checked(check, default, option=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,32 +122,32 @@ class GPT2Config:
   Hugging Face GPT-2.
   """
 
-  vocab_size: int = _checked(schema.check_int(2, 65535))  # token ids are stored as uint16 (`data`)
-  n_ctx: int = _checked(schema.check_int(1))
-  n_layer: int = _checked(schema.check_int(1))
-  n_head: int = _checked(schema.check_int(1))
-  d_model: int = _checked(schema.check_int(1))
-  dropout: float = _checked(schema.check_num(0.0, 1.0, hi_open=True), 0.0)
-  layer_norm_eps: float = _checked(schema.check_num(0.0, lo_open=True), 1e-5)
+  vocab_size: int = _checked(_int(2, 65535))  # token ids are stored as uint16 (`data`)
+  n_ctx: int = _checked(_int(1))
+  n_layer: int = _checked(_int(1))
+  n_head: int = _checked(_int(1))
+  d_model: int = _checked(_int(1))
+  dropout: float = _checked(_num(0.0, 1.0, hi_open=True), 0.0)
+  layer_norm_eps: float = _checked(_num(0.0, lo_open=True), 1e-5)
   dtype: str = _checked(schema.check_choice(*_COMPUTE_DTYPES), "float32")
   attention: str = _checked(schema.check_choice(*attention_lib.ATTENTIONS), "auto")
-  loss_chunk: int = _checked(schema.check_int(0), 0)
-  rotary: bool = _checked(schema.check_bool, False, option=True)
-  rotary_base: float = _checked(schema.check_num(1.0, lo_open=True), 10000.0, option=True)
-  qk_norm: bool = _checked(schema.check_bool, False, option=True)
-  relu2: bool = _checked(schema.check_bool, False, option=True)
-  rmsnorm: bool = _checked(schema.check_bool, False, option=True)
-  embed_norm: bool = _checked(schema.check_bool, False, option=True)
-  zero_init_proj: bool = _checked(schema.check_bool, False, option=True)
-  untied_head: bool = _checked(schema.check_bool, False, option=True)
-  logit_softcap: float = _checked(schema.check_num(0.0), 0.0, option=True)
-  embed_skips: bool = _checked(schema.check_bool, False, option=True)
-  value_embeds: int = _checked(schema.check_int(0), 0, option=True)
-  unet_skips: bool = _checked(schema.check_bool, False, option=True)
-  value_residual: bool = _checked(schema.check_bool, False, option=True)
-  attn_scale: float = _checked(schema.check_num(0.0), 0.0, option=True)
-  learned_attn_scale: str = _checked(schema.check_choice(*LEARNED_ATTN_SCALES), "none", option=True)
-  init: str = _checked(schema.check_choice(*INITS), "gpt2", option=True)
+  loss_chunk: int = _checked(_int(0), 0)
+  rotary: bool = _option()
+  rotary_base: float = _option(_num(1.0, lo_open=True), 10000.0)
+  qk_norm: bool = _option()
+  relu2: bool = _option()
+  rmsnorm: bool = _option()
+  embed_norm: bool = _option()
+  zero_init_proj: bool = _option()
+  untied_head: bool = _option()
+  logit_softcap: float = _option(_num(0.0), 0.0)
+  embed_skips: bool = _option()
+  value_embeds: int = _option(_int(0), 0)
+  unet_skips: bool = _option()
+  value_residual: bool = _option()
+  attn_scale: float = _option(_num(0.0), 0.0)
+  learned_attn_scale: str = _option(schema.check_choice(*LEARNED_ATTN_SCALES), "none")
+  init: str = _option(schema.check_choice(*INITS), "gpt2")
 
   def validate(self) -> None:
     """Raises ValueError naming each invalid field: its declared check (`FIELDS`), else the relations
@@ -150,8 +158,7 @@ class GPT2Config:
   @property
   def speedrun_options(self) -> list[str]:
     """The speedrun options that are on (empty for the Hugging Face GPT-2)."""
-    defaults = GPT2Config(vocab_size=1, n_ctx=1, n_layer=1, n_head=1, d_model=1)
-    return [name for name in OPTIONS if getattr(self, name) != getattr(defaults, name)]
+    return [f.name for f in dataclasses.fields(self) if f.metadata["option"] and getattr(self, f.name) != f.default]
 
   @property
   def head_dim(self) -> int:
@@ -177,17 +184,17 @@ def relation_errors(model: Mapping[str, Any]) -> list[str]:
     return [f"model.d_model ({d_model}) must be divisible by model.n_head ({n_head})"]
   errors = attention_lib.attention_errors(dict(model))
   head_dim = d_model // n_head
-  if get("rotary", False) and head_dim % 2:
+  if get("rotary") and head_dim % 2:
     errors.append(
       f"model.rotary needs an even head dimension, but model.d_model / model.n_head = {d_model} / {n_head} = "
       f"{head_dim}: change model.n_head or model.d_model, or set model.rotary=False"
     )
-  if get("unet_skips", False) and n_layer % 2:
+  if get("unet_skips") and n_layer % 2:
     errors.append(
       f"model.unet_skips pairs the first half's layers with the second half's, so it needs an even "
       f"model.n_layer, got {n_layer}: use an even layer count or set model.unet_skips=False"
     )
-  if get("value_residual", False) and n_layer < 2:
+  if get("value_residual") and n_layer < 2:
     errors.append(
       f"model.value_residual mixes the first layer's values into the later layers', so it needs model.n_layer >= 2, "
       f"got {n_layer}: add a layer or set model.value_residual=False"
@@ -228,13 +235,17 @@ def _matrix_init(cfg: GPT2Config, std: float, in_axis: int = -2, out_axis: int =
   return nn.initializers.variance_scaling(_FAN_IN_VARIANCE[cfg.init], "fan_in", "uniform", in_axis, out_axis)
 
 
-def _dense(features: int, name: str, cfg: GPT2Config, std: float = _STD, zero: bool = False):
+def _dense(features: int, name: str, cfg: GPT2Config):
+  # The residual projections (`c_proj`, as GPT-2 names them) start at N(0, 0.02 / sqrt(2 n_layer)) under
+  # 'gpt2', and at zero with `zero_init_proj`.
+  residual = name == "c_proj"
+  std = _STD / math.sqrt(2 * cfg.n_layer) if residual else _STD
   return layers.Dense(
     features,
     use_bias=not cfg.rmsnorm,
     dtype=jnp.dtype(cfg.dtype),
     param_dtype=jnp.float32,
-    kernel_init=nn.initializers.zeros if zero else _matrix_init(cfg, std),
+    kernel_init=nn.initializers.zeros if residual and cfg.zero_init_proj else _matrix_init(cfg, std),
     bias_init=nn.initializers.zeros,
     name=name,
   )
@@ -269,26 +280,21 @@ def _layer_norm(name: str, cfg: GPT2Config):
   )
 
 
-def _residual_std(cfg: GPT2Config) -> float:
-  return _STD / math.sqrt(2 * cfg.n_layer)
-
-
 def rotate(x: jax.Array, base: float, time_axis: int = -2) -> jax.Array:
   """Rotary position embedding of `x` (batch, heads, time, head_dim; time on `time_axis`): the pairs
   (i, i + head_dim/2) rotated by position * base^(-2i/head_dim), as the speedrun's `Rotary` does."""
   t, dim = x.shape[time_axis], x.shape[-1]
+  # (t, dim / 2), with a 1 for each axis between time and head_dim: (t, 1, dim / 2) for (batch, time, heads, head_dim)
   inv_freq = (1.0 / base) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
-  freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq)  # (t, dim / 2)
-  if time_axis % x.ndim != x.ndim - 2:  # e.g. (batch, time, heads, head_dim): (t, 1, dim / 2)
-    freqs = freqs.reshape(t, *([1] * (x.ndim - 2 - time_axis % x.ndim)), dim // 2)
+  freqs = jnp.outer(jnp.arange(t, dtype=jnp.float32), inv_freq).reshape(t, *[1] * (x.ndim - 2 - time_axis % x.ndim), -1)
   cos, sin = jnp.cos(freqs).astype(x.dtype), jnp.sin(freqs).astype(x.dtype)
   x1, x2 = jnp.split(x, 2, axis=-1)
   return jnp.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
 
 
-def _pair(name: str, module: nn.Module, init: tuple[float, float]) -> jax.Array:
-  """A learned pair of scalars, (2,) float32, starting at `init`."""
-  return module.param(name, lambda _, shape: jnp.asarray(init, jnp.float32), (2,))
+def _constant(value: Any) -> nn.initializers.Initializer:
+  """The init of a learned float32 parameter that starts at `value` (broadcast to its shape)."""
+  return lambda _, shape: jnp.broadcast_to(jnp.asarray(value, jnp.float32), shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -325,34 +331,32 @@ class CausalSelfAttention(nn.Module):
     q, k, v = (heads(a) for a in jnp.split(qkv, 3, axis=-1))
     projected = v
     if first_values is not None:  # record #9: v = (1 - l) v + l v1, l learned from 0.5
-      lam = self.param("value_residual_lambda", lambda _, shape: jnp.full(shape, 0.5, jnp.float32), ())
+      lam = self.param("value_residual_lambda", _constant(0.5), ())
       v = ((1 - lam) * v + lam * first_values).astype(v.dtype)
     if value_embed is not None:
-      lambdas = _pair("value_lambdas", self, (0.5, 0.5))
-      ve = heads(value_embed)
-      v = (lambdas[0] * v + lambdas[1] * ve).astype(v.dtype)
+      lambdas = self.param("value_lambdas", _constant((0.5, 0.5)), (2,))
+      v = (lambdas[0] * v + lambdas[1] * heads(value_embed)).astype(v.dtype)
     if cfg.qk_norm:
       q, k = rms_norm(q, cfg.layer_norm_eps), rms_norm(k, cfg.layer_norm_eps)
     if cfg.rotary:
-      time_axis = 1 if fused else 2
-      q, k = rotate(q, cfg.rotary_base, time_axis), rotate(k, cfg.rotary_base, time_axis)
+      q, k = (rotate(a, cfg.rotary_base, 1 if fused else 2) for a in (q, k))
     if fused:
       scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
       if cfg.learned_attn_scale != "none":  # cuDNN's scale is a Python float: the learned one scales q
-        q, scale = attention_lib.scale_queries(q, attention_scale(cfg, self)), 1.0
-      y = attention_lib.fused_attention(q, k, v, scale, implementation).reshape(b, t, d)
+        learned = attention_scale(cfg, self)  # per head (n_head, 1, 1), reshaped to q's (n_head, 1)
+        q, scale = (q * (learned.reshape(-1, 1) if learned.ndim else learned)).astype(q.dtype), 1.0
+      y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=implementation)
     else:
       scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
       if cfg.attn_scale == 0 and cfg.learned_attn_scale == "none":
         scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))  # GPT-2's, the same bits as before the option
       else:
         scores = scores * attention_scale(cfg, self)
-      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-      scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+      scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)  # causal
       weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
       weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
-      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    y = _dense(d, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(y)
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3)
+    y = _dense(d, "c_proj", cfg)(y.reshape(b, t, d))  # (b, t, h, head_dim) -> (b, t, d)
     return nn.Dropout(cfg.dropout)(y, deterministic=deterministic), projected
 
 
@@ -364,7 +368,7 @@ def attention_scale(cfg: GPT2Config, module: nn.Module | None = None) -> jax.Arr
   if cfg.learned_attn_scale == "none" or module is None:
     return jnp.float32(value)
   shape = () if cfg.learned_attn_scale == "layer" else (cfg.n_head,)
-  scale = module.param("attn_scale", lambda _, s: jnp.full(s, value, jnp.float32), shape)
+  scale = module.param("attn_scale", _constant(value), shape)
   return scale if cfg.learned_attn_scale == "layer" else scale[:, None, None]
 
 
@@ -378,7 +382,7 @@ class MLPBlock(nn.Module):
     cfg = self.config
     h = _dense(4 * cfg.d_model, "c_fc", cfg)(x)
     h = jnp.square(nn.relu(h)) if cfg.relu2 else nn.gelu(h, approximate=True)
-    h = _dense(cfg.d_model, "c_proj", cfg, std=_residual_std(cfg), zero=cfg.zero_init_proj)(h)
+    h = _dense(cfg.d_model, "c_proj", cfg)(h)
     return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
 
 
@@ -400,13 +404,12 @@ class Block(nn.Module):
     """(output, the attention's projected values): see `CausalSelfAttention`."""
     cfg = self.config
     if cfg.embed_skips:
-      lambdas = _pair("lambdas", self, (1.0, 0.0))
+      lambdas = self.param("lambdas", _constant((1.0, 0.0)), (2,))
       x = (lambdas[0] * x + lambdas[1] * x0).astype(x.dtype)
-    h = _layer_norm("ln_1", cfg)(x)
-    y, values = CausalSelfAttention(cfg, name="attn")(h, value_embed, first_values, deterministic=deterministic)
+    attn = CausalSelfAttention(cfg, name="attn")
+    y, values = attn(_layer_norm("ln_1", cfg)(x), value_embed, first_values, deterministic=deterministic)
     x = x + y
-    h = _layer_norm("ln_2", cfg)(x)
-    return x + MLPBlock(cfg, name="mlp")(h, deterministic=deterministic), values
+    return x + MLPBlock(cfg, name="mlp")(_layer_norm("ln_2", cfg)(x), deterministic=deterministic), values
 
 
 def value_embed_layer(cfg: GPT2Config, layer: int) -> int | None:
@@ -452,11 +455,9 @@ class GPT2(nn.Module):
       name=name,
     )
     wte = embed(cfg.vocab_size, "wte")
-    if cfg.rotary:  # positions enter through the queries and keys: no learned positions
-      x = wte(tokens)
-    else:
-      wpe = embed(cfg.n_ctx, "wpe")
-      x = wte(tokens) + wpe(jnp.arange(t))[None]
+    x = wte(tokens)
+    if not cfg.rotary:  # with rotary embeddings positions enter through the queries and keys instead
+      x = x + embed(cfg.n_ctx, "wpe")(jnp.arange(t))[None]
     if cfg.embed_norm:
       x = rms_norm(x, cfg.layer_norm_eps)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
@@ -468,7 +469,7 @@ class GPT2(nn.Module):
     for i in range(cfg.n_layer):
       if cfg.unet_skips and i >= half:
         if i == half:
-          skip_weights = self.param("skip_weights", nn.initializers.ones, (cfg.n_layer - half,), jnp.float32)
+          skip_weights = self.param("skip_weights", nn.initializers.ones, (half,), jnp.float32)  # n_layer is even
         x = (x + skip_weights[i - half] * skips.pop()).astype(x.dtype)
       table = value_embed_layer(cfg, i)
       ve = None if table is None else values[table]
@@ -478,22 +479,19 @@ class GPT2(nn.Module):
       if cfg.unet_skips and i < half:
         skips.append(x)
     x = _layer_norm("ln_f", cfg)(x)
-    if cfg.untied_head:
-      head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32)
-      head = head.astype(dtype).T  # x @ head, head (d, vocab)
+    if cfg.untied_head:  # x @ head, head (d, vocab)
+      head = self.param("lm_head", nn.initializers.zeros, (cfg.d_model, cfg.vocab_size), jnp.float32).T
     else:
-      head = wte.embedding.astype(dtype)
+      head = wte.embedding
+    head = head.astype(dtype)
     if features:
       return x, head
-    logits = layers.tied_logits(x, head)
-    if cfg.logit_softcap:
-      logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-    return logits
+    return layers.tied_logits(x, head, cfg.logit_softcap)
 
 
 def count_params(params: Any) -> int:
   """Total number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
-  return sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
+  return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
 
 
 def make_loss_fn(model: GPT2) -> LossFn:
@@ -509,10 +507,9 @@ def make_loss_fn(model: GPT2) -> LossFn:
   def loss_fn(params: Params, batch: Batch):
     rng = batch.get("dropout_rng")
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
-    if cfg.loss_chunk:
-      hidden, head = model.apply({"params": params}, batch["inputs"], features=True, **kwargs)
-      return lm_loss.chunked_cross_entropy(hidden, head, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
-    logits = model.apply({"params": params}, batch["inputs"], **kwargs)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean(), {}
+    out = model.apply({"params": params}, batch["inputs"], features=bool(cfg.loss_chunk), **kwargs)
+    if cfg.loss_chunk:  # out: the final hidden state and the head
+      return lm_loss.chunked_cross_entropy(*out, batch["targets"], cfg.loss_chunk, cfg.logit_softcap), {}
+    return optax.softmax_cross_entropy_with_integer_labels(out, batch["targets"]).mean(), {}
 
   return loss_fn

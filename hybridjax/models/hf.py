@@ -33,13 +33,13 @@ def _hf_layout(
       f"the speedrun options {options} have no Hugging Face GPT-2 equivalent: only the plain "
       "GPT-2 (every model option off but model.init) converts to and from a Hugging Face checkpoint"
     )
-  d, v = config.d_model, config.vocab_size
+  d = config.d_model
   # A block's layers: a LayerNorm's weight and bias are (d,), a dense layer's (in, out) and (out,).
   layers = {
     "ln_1": (), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d),
     "ln_2": (), "mlp.c_fc": (d, 4 * d), "mlp.c_proj": (4 * d, d),
   }  # fmt: skip
-  shapes = {"wte.weight": (v, d), "wpe.weight": (config.n_ctx, d)}
+  shapes = {"wte.weight": (config.vocab_size, d), "wpe.weight": (config.n_ctx, d)}
   for i in range(config.n_layer):
     for layer, kernel in layers.items():
       shapes.update({f"h.{i}.{layer}.weight": kernel or (d,), f"h.{i}.{layer}.bias": kernel[1:] or (d,)})
@@ -97,7 +97,7 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   config = GPT2Config(
     vocab_size=int(wte.shape[0]),
     n_ctx=int(wpe.shape[0]),
-    n_layer=max(layers) + 1 if layers else 0,
+    n_layer=max(layers, default=-1) + 1,
     n_head=n_head,
     d_model=int(wte.shape[1]),
   )
@@ -121,8 +121,9 @@ def from_hf_state_dict(mapping: Mapping[str, Any], n_head: int = 12) -> tuple[GP
   if problems:
     raise ValueError(f"invalid GPT-2 state dict (inferred {config}):\n  " + "\n  ".join(problems))
 
-  params = traverse_util.unflatten_dict({path: jnp.asarray(arrays[n], jnp.float32) for n, (path, _) in layout.items()})
-  return config, params
+  return config, traverse_util.unflatten_dict(
+    {path: jnp.asarray(arrays[n], jnp.float32) for n, (path, _) in layout.items()}
+  )
 
 
 def to_hf_state_dict(params: Params, config: GPT2Config) -> dict[str, np.ndarray]:

@@ -20,14 +20,14 @@ class Dense(nn.Dense):
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    lead = inputs.shape[:-1]
     y = super().__call__(inputs.reshape(-1, inputs.shape[-1]))
-    return y.reshape(*lead, y.shape[-1])
+    return y.reshape(*inputs.shape[:-1], y.shape[-1])
 
 
-def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
+def tied_logits(x: jax.Array, embedding: jax.Array, softcap: float = 0.0) -> jax.Array:
   """`x @ embedding.T` for x of shape (..., d) and a (vocab, d) embedding, in float32, computed on
-  the flattened (-1, d) rows (the embedding's gradient then contracts one dimension, not two)."""
-  lead = x.shape[:-1]
+  the flattened (-1, d) rows (the embedding's gradient then contracts one dimension, not two); with
+  `softcap` > 0 soft-capped to ``softcap * tanh(logits / softcap)``."""
   logits = jnp.dot(x.reshape(-1, x.shape[-1]), embedding.T, preferred_element_type=jnp.float32)
-  return logits.reshape(*lead, embedding.shape[0])
+  logits = logits.reshape(*x.shape[:-1], embedding.shape[0])
+  return softcap * jnp.tanh(logits / softcap) if softcap else logits

@@ -49,13 +49,10 @@ def chunked_cross_entropy(
 
   @jax.checkpoint  # the backward pass recomputes the chunk's logits rather than storing them
   def chunk_loss(head: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
-    logits = layers.tied_logits(x, head)
-    if softcap:
-      logits = softcap * jnp.tanh(logits / softcap)
-    return jnp.sum(jnp.where(mask, optax.softmax_cross_entropy_with_integer_labels(logits, y), 0.0))
+    losses = optax.softmax_cross_entropy_with_integer_labels(layers.tied_logits(x, head, softcap), y)
+    return jnp.sum(jnp.where(mask, losses, 0.0))
 
   def body(total: jax.Array, inputs: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, None]:
     return total + chunk_loss(head, *inputs), None
 
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, ys, valid))
-  return total / (b * t)
+  return jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, ys, valid))[0] / (b * t)

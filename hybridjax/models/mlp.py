@@ -46,8 +46,7 @@ def make_regression_problem(seed: int, n_in: int = 8, n_out: int = 1, n: int = 5
   b1 = rng.normal(size=(hidden,)) * 0.1
   w2 = rng.normal(size=(hidden, n_out)) / np.sqrt(hidden)
   x = rng.normal(size=(n, n_in))
-  y = np.tanh(x @ w1 + b1) @ w2 + 0.01 * rng.normal(size=(n, n_out))
-  return x.astype(np.float32), y.astype(np.float32)
+  return x.astype(np.float32), (np.tanh(x @ w1 + b1) @ w2 + 0.01 * rng.normal(size=(n, n_out))).astype(np.float32)
 
 
 def regression_batch(x: np.ndarray, y: np.ndarray, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
@@ -56,9 +55,7 @@ def regression_batch(x: np.ndarray, y: np.ndarray, step: int, batch_size: int, s
   Within a batch examples are drawn without replacement (when
   ``batch_size <= len(x)``).
   """
-  n = len(x)
-  rng = np.random.default_rng([seed, step])
-  idx = rng.choice(n, size=batch_size, replace=batch_size > n)
+  idx = np.random.default_rng([seed, step]).choice(len(x), size=batch_size, replace=batch_size > len(x))
   return {"x": x[idx], "y": y[idx]}
 
 
@@ -66,7 +63,6 @@ def make_loss_fn(model: MLP) -> LossFn:
   """Returns ``loss_fn(params, batch) -> (mse, {})`` for batches ``{'x','y'}``."""
 
   def loss_fn(params: Params, batch: Batch):
-    pred = model.apply({"params": params}, batch["x"])
-    return jnp.mean(jnp.square(pred - batch["y"])), {}
+    return jnp.mean(jnp.square(model.apply({"params": params}, batch["x"]) - batch["y"])), {}
 
   return loss_fn

@@ -51,7 +51,6 @@ Targets at position t exist iff ``valid[t] & valid[t+1]``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -125,7 +124,7 @@ class _MLP(nn.Module):
 
   hidden: int
   out: int
-  out_scale: float = 1.0
+  out_scale: float
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -173,16 +172,17 @@ class RSSM(nn.Module):
     self.post_h = dense(c.hidden, use_bias=False)
     self.post_norm = nn.LayerNorm()
     small = nn.initializers.variance_scaling(c.head_init_scale, "fan_in", "truncated_normal")
+    small_dense = lambda n: dense(n, kernel_init=small, bias_init=nn.initializers.zeros)
     # Prior and posterior start close to the same broad Gaussian (small output init): the
     # initial KL is ~3 nats instead of ~35, whose gradients (norm ~1e4) would dominate early
     # updates.
-    self.post_out = dense(2 * c.latent, kernel_init=small, bias_init=nn.initializers.zeros)
+    self.post_out = small_dense(2 * c.latent)
     self.prior_net = _MLP(c.hidden, 2 * c.latent, out_scale=c.head_init_scale)
     # Heads on s = [h, z]: one shared hidden layer, three linear outputs.
     self.head_in = dense(c.hidden, use_bias=False)
     self.head_norm = nn.LayerNorm()
-    self.dloss_out = dense(1, kernel_init=small, bias_init=nn.initializers.zeros)
-    self.alpha_out = dense(c.n_groups, kernel_init=small, bias_init=nn.initializers.zeros)
+    self.dloss_out = small_dense(1)
+    self.alpha_out = small_dense(c.n_groups)
     # The decoder keeps a normal init: x_hat must carry signal into imagined GRU steps at once.
     self.decoder_out = dense(c.feature_dim)
 
@@ -207,8 +207,7 @@ class RSSM(nn.Module):
     """h_t = GRU(h_{t-1}, [z_{t-1}, x_{t-1}]), with ``gx_prev = embed(x_{t-1})[0]``."""
     parts = self.gru_norm(gx_prev + self.gru_s(jnp.concatenate([h, z], axis=-1)))
     reset, cand, update = jnp.split(parts, 3, axis=-1)
-    reset = jax.nn.sigmoid(reset)
-    cand = jnp.tanh(reset * cand)
+    cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
     update = jax.nn.sigmoid(update - 1.0)
     return update * cand + (1.0 - update) * h
 
@@ -218,8 +217,7 @@ class RSSM(nn.Module):
 
   def posterior(self, h: jax.Array, px: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean and std of q(z_t | h_t, x_t), with ``px = embed(x_t)[1]``."""
-    a = nn.silu(self.post_norm(px + self.post_h(h)))
-    return self._gaussian(self.post_out(a))
+    return self._gaussian(self.post_out(nn.silu(self.post_norm(px + self.post_h(h)))))
 
   def heads(self, h: jax.Array, z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """From s_t = [h_t, z_t]: (d_t / dloss_scale, alpha_t in [-alpha_max, alpha_max], x_hat)."""
@@ -281,18 +279,14 @@ def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
   Returns:
     A ``DynamicsState`` with ``step = 0`` and zero ``h``/``z``.
   """
-  model = RSSM(cfg)
-  h = jnp.zeros((cfg.deter,), jnp.float32)
-  z = jnp.zeros((cfg.latent,), jnp.float32)
-  x = jnp.zeros((cfg.feature_dim,), jnp.float32)
-  u = jnp.zeros((), jnp.float32)
-  params = jax.vmap(lambda k: model.init(k, h, z, x, u))(jax.random.split(rng, cfg.ensemble))
-  opt_state = jax.vmap(make_optimizer(cfg).init)(params)
+  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+  h, z, x = zeros(cfg.deter), zeros(cfg.latent), zeros(cfg.feature_dim)
+  params = jax.vmap(lambda k: RSSM(cfg).init(k, h, z, x, zeros()))(jax.random.split(rng, cfg.ensemble))
   return DynamicsState(
     params=params,
-    opt_state=opt_state,
-    h=jnp.zeros((cfg.ensemble, cfg.deter), jnp.float32),
-    z=jnp.zeros((cfg.ensemble, cfg.latent), jnp.float32),
+    opt_state=jax.vmap(make_optimizer(cfg).init)(params),
+    h=zeros(cfg.ensemble, cfg.deter),
+    z=zeros(cfg.ensemble, cfg.latent),
     step=jnp.zeros((), jnp.int32),
   )
 
@@ -302,8 +296,8 @@ def init_dynamics(rng: jax.Array, cfg: RSSMConfig) -> DynamicsState:
 # --------------------------------------------------------------------------------------------------
 
 
-def _field(window: Any, name: str) -> jax.Array:
-  return window[name] if isinstance(window, Mapping) else getattr(window, name)
+def _field(window: Any, name: str, dtype: Any = jnp.float32) -> jax.Array:
+  return jnp.asarray(window[name] if isinstance(window, Mapping) else getattr(window, name), dtype)
 
 
 class _Clean(NamedTuple):
@@ -312,6 +306,8 @@ class _Clean(NamedTuple):
   logloss: jax.Array  # (W,) zero where invalid
   alpha: jax.Array  # (W, G) zero where not a target
   valid: jax.Array  # (W,) bool
+  pair: jax.Array  # (W,) bool: a target at t, valid[t] & valid[t + 1]
+  d: jax.Array  # (W - 1,) logloss[t + 1] - logloss[t] in units of dloss_scale (garbage where not a pair)
 
 
 def _symlog(v: jax.Array) -> jax.Array:
@@ -333,14 +329,14 @@ def _clean_window(window: Any, cfg: RSSMConfig) -> _Clean:
   learnable functions of the u history. symlog keeps early-training jumps bounded. In imagination
   the model feeds back its own predicted change.
   """
-  valid = jnp.asarray(_field(window, "valid")).astype(bool)
+  valid = _field(window, "valid", bool)
   pair = jnp.concatenate([valid[:-1] & valid[1:], jnp.zeros((1,), bool)])
-  x = jnp.where(valid[:, None], jnp.asarray(_field(window, "x"), jnp.float32), 0.0)
-  logloss = jnp.where(valid, jnp.asarray(_field(window, "logloss"), jnp.float32), 0.0)
-  alpha = jnp.where(pair[:, None], jnp.asarray(_field(window, "alpha_target"), jnp.float32), 0.0)
+  x = jnp.where(valid[:, None], _field(window, "x"), 0.0)
+  logloss = jnp.where(valid, _field(window, "logloss"), 0.0)
+  alpha = jnp.where(pair[:, None], _field(window, "alpha_target"), 0.0)
   d = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
   u = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.where(pair[:-1], _symlog(d), 0.0)])
-  return _Clean(x, u, logloss, alpha, valid)
+  return _Clean(x, u, logloss, alpha, valid, pair, d)
 
 
 def _filter(params: Any, obs: _Clean, noise: jax.Array, cfg: RSSMConfig):
@@ -357,8 +353,7 @@ def _filter(params: Any, obs: _Clean, noise: jax.Array, cfg: RSSMConfig):
   gx, px = model.apply(params, obs.x, obs.u, method=RSSM.embed)
   gx0, _ = model.apply(params, jnp.zeros_like(obs.x[0]), jnp.zeros(()), method=RSSM.embed)
   gx_prev = jnp.concatenate([gx0[None], gx[:-1]], axis=0)  # GRU input at t is step t-1's
-  h0 = model.apply(params, method=RSSM.initial)
-  return _recurrence_hoisted(params, gx_prev, px, h0, obs.valid, noise, cfg)
+  return _recurrence_hoisted(params, gx_prev, px, model.apply(params, method=RSSM.initial), obs.valid, noise, cfg)
 
 
 def _recurrence(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
@@ -376,9 +371,7 @@ def _recurrence(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
     z_new = jnp.where(v_t, mean + std * eps, 0.0)
     return (h_new, z_new), (h_new, z_new, mean, std)
 
-  carry0 = (h0, jnp.zeros((cfg.latent,), jnp.float32))
-  _, out = jax.lax.scan(body, carry0, (gx_prev, px, valid, noise))
-  return out
+  return jax.lax.scan(body, (h0, jnp.zeros((cfg.latent,), jnp.float32)), (gx_prev, px, valid, noise))[1]
 
 
 # Gradient hoisting. Reverse-mode through ``lax.scan`` accumulates the gradient of every weight the
@@ -401,10 +394,8 @@ def _with_kernels(params: Any, kernels: tuple) -> Any:
   return jax.tree_util.tree_map_with_path(swap, params)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _recurrence_hoisted(params, gx_prev, px, h0, valid, noise, cfg: RSSMConfig):
-  """``_recurrence`` with the recurrent-kernel gradients computed outside the backward loop."""
-  return _recurrence(params, gx_prev, px, h0, valid, noise, cfg)
+# ``_recurrence`` with the recurrent-kernel gradients computed outside the backward loop.
+_recurrence_hoisted = jax.custom_vjp(_recurrence, nondiff_argnums=(6,))
 
 
 def _recurrence_hoisted_fwd(params, gx_prev, px, h0, valid, noise, cfg):
@@ -427,8 +418,7 @@ def _recurrence_hoisted_bwd(cfg, res, ct):
   h_prev = jnp.concatenate([h0[None], hs[:-1]])
   z_prev = jnp.concatenate([jnp.zeros_like(zs[:1]), zs[:-1]])
   gru_in = jnp.concatenate([h_prev, z_prev], axis=-1)
-  d_kernels = (gru_in.T @ d_gx, hs.T @ d_px)
-  return _with_kernels(d_params, d_kernels), d_gx, d_px, d_h0, None, None
+  return _with_kernels(d_params, (gru_in.T @ d_gx, hs.T @ d_px)), d_gx, d_px, d_h0, None, None
 
 
 _recurrence_hoisted.defvjp(_recurrence_hoisted_fwd, _recurrence_hoisted_bwd)
@@ -436,8 +426,7 @@ _recurrence_hoisted.defvjp(_recurrence_hoisted_fwd, _recurrence_hoisted_bwd)
 
 def _gauss_kl(m1: jax.Array, s1: jax.Array, m2: jax.Array, s2: jax.Array) -> jax.Array:
   """KL(N(m1, s1) || N(m2, s2)), summed over the last axis."""
-  kl = jnp.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2.0 * s2**2) - 0.5
-  return kl.sum(-1)
+  return (jnp.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2.0 * s2**2) - 0.5).sum(-1)
 
 
 def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -448,16 +437,13 @@ def _masked_mean(v: jax.Array, mask: jax.Array) -> jax.Array:
 def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
   """Loss of one member on a cleaned window; returns (loss, (components, (h_last, z_last)))."""
   model = RSSM(cfg)
-  x, logloss, alpha_t, valid = obs.x, obs.logloss, obs.alpha, obs.valid
-  noise = jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32)
-  hs, zs, q_mean, q_std = _filter(params, obs, noise, cfg)
+  x, valid, pair = obs.x, obs.valid, obs.pair[:-1]  # targets at t need step t+1
+  hs, zs, q_mean, q_std = _filter(params, obs, jax.random.normal(rng, (x.shape[0], cfg.latent), jnp.float32), cfg)
   p_mean, p_std = model.apply(params, hs, method=RSSM.prior)
   d_pred, alpha_pred, x_hat = model.apply(params, hs, zs, method=RSSM.heads)
 
-  pair = valid[:-1] & valid[1:]  # targets at t need step t+1
-  d_target = (logloss[1:] - logloss[:-1]) / cfg.dloss_scale
-  loss_d = _masked_mean((d_pred[:-1] - d_target) ** 2, pair)
-  loss_alpha = _masked_mean(((alpha_pred[:-1] - alpha_t[:-1]) ** 2).mean(-1), pair)
+  loss_d = _masked_mean((d_pred[:-1] - obs.d) ** 2, pair)
+  loss_alpha = _masked_mean(((alpha_pred[:-1] - obs.alpha[:-1]) ** 2).mean(-1), pair)
   # Mean over features (not the DreamerV3 sum): keeps the term O(1) whatever F is.
   loss_recon = _masked_mean(((x_hat - x) ** 2).mean(-1), valid)
 
@@ -482,8 +468,8 @@ def _member_loss(params: Any, obs: _Clean, rng: jax.Array, cfg: RSSMConfig):
 
 def _ensemble_loss(params: Any, window: Any, rng: jax.Array, cfg: RSSMConfig):
   obs = _clean_window(window, cfg)
-  keys = jax.random.split(rng, cfg.ensemble)
-  losses, (comps, last) = jax.vmap(lambda p, k: _member_loss(p, obs, k, cfg))(params, keys)
+  member = lambda p, k: _member_loss(p, obs, k, cfg)
+  losses, (comps, last) = jax.vmap(member)(params, jax.random.split(rng, cfg.ensemble))
   aux = {k: v.mean() for k, v in comps.items()}
   aux["n_valid"] = obs.valid.sum().astype(jnp.int32)
   # Sum, not mean: members' params are disjoint, so each member gets exactly its own gradient.
@@ -544,28 +530,19 @@ def train_step(
     dyn_state.params, window, rng, cfg
   )
   # Per-member global norm (written out: optax.global_norm is deprecated, optax.tree is recent).
-  leaves = jax.tree_util.tree_leaves(grads)
-  grad_norm = jnp.sqrt(sum(jnp.sum(g * g, axis=tuple(range(1, g.ndim))) for g in leaves))  # (E,)
+  grad_norm = jnp.sqrt(sum(jnp.sum(g * g, axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(grads)))  # (E,)
   ok = (aux["n_valid"] >= cfg.min_valid) & jnp.isfinite(aux["loss"]) & jnp.all(jnp.isfinite(grad_norm))
-  opt = make_optimizer(cfg)
 
   def update(grads, opt_state, params):
     # vmapped: every member has its own clipping and Adam statistics.
-    updates, opt_state = jax.vmap(opt.update)(grads, opt_state, params)
+    updates, opt_state = jax.vmap(make_optimizer(cfg).update)(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def skip(grads, opt_state, params):
-    return params, opt_state
-
+  skip = lambda grads, opt_state, params: (params, opt_state)
   params, opt_state = jax.lax.cond(ok, update, skip, grads, dyn_state.opt_state, dyn_state.params)
-  new_state = DynamicsState(
-    params=params,
-    opt_state=opt_state,
-    h=h_last,
-    z=z_last,
-    step=dyn_state.step + ok.astype(jnp.int32),
-  )
-  return new_state, {**aux, "grad_norm": grad_norm.mean(), "updated": ok}
+  return DynamicsState(
+    params=params, opt_state=opt_state, h=h_last, z=z_last, step=dyn_state.step + ok.astype(jnp.int32)
+  ), {**aux, "grad_norm": grad_norm.mean(), "updated": ok}
 
 
 def imagine(
@@ -607,13 +584,10 @@ def imagine(
   x_last, u_last, ll_last = obs.x[last], obs.u[last], obs.logloss[last]
 
   def member(params, key):
-    if cfg.imagine_sample:
-      k_post, k_prior = jax.random.split(key)
-      noise = jax.random.normal(k_post, (W, cfg.latent), jnp.float32)
-      eps = jax.random.normal(k_prior, (horizon_max, cfg.latent), jnp.float32)
-    else:  # means: z = mean + std * 0
-      noise = jnp.zeros((W, cfg.latent), jnp.float32)
-      eps = jnp.zeros((horizon_max, cfg.latent), jnp.float32)
+    # Samples, or the means: z = mean + std * 0.
+    draw = jax.random.normal if cfg.imagine_sample else lambda _, shape: jnp.zeros(shape, jnp.float32)
+    k_post, k_prior = jax.random.split(key)
+    noise, eps = draw(k_post, (W, cfg.latent)), draw(k_prior, (horizon_max, cfg.latent))
     hs, zs, _, _ = _filter(params, obs, noise, cfg)
 
     def body(carry, inp):
@@ -624,19 +598,19 @@ def imagine(
       # The state's own observation is real only for k == 0; afterwards the decoder stands in
       # for x and the previous predicted change for u.
       first = k == 0
-      x_in = jnp.where(first, x_last, x_hat)
-      u_in = jnp.where(first, u_last, _symlog(d_prev))
-      gx, _ = model.apply(params, x_in, u_in, method=RSSM.embed)
+      gx, _ = model.apply(
+        params, jnp.where(first, x_last, x_hat), jnp.where(first, u_last, _symlog(d_prev)), method=RSSM.embed
+      )
       h = model.apply(params, h, z, gx, method=RSSM.transition)
       mean, std = model.apply(params, h, method=RSSM.prior)
       return (h, mean + std * e, ll, d), (ll, d * cfg.dloss_scale, alpha)
 
-    carry0 = (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32))
-    _, (lls, ds, alphas) = jax.lax.scan(body, carry0, (jnp.arange(horizon_max), eps))
-    return lls, ds, alphas
+    # (lls, ds, alphas)
+    return jax.lax.scan(
+      body, (hs[last], zs[last], ll_last, jnp.zeros((), jnp.float32)), (jnp.arange(horizon_max), eps)
+    )[1]
 
-  keys = jax.random.split(rng, cfg.ensemble)
-  lls, ds, alphas = jax.vmap(member)(dyn_state.params, keys)
+  lls, ds, alphas = jax.vmap(member)(dyn_state.params, jax.random.split(rng, cfg.ensemble))
   return {"logloss": lls, "dlogloss": ds, "alpha": alphas, "next_logloss": lls[:, 0]}
 
 

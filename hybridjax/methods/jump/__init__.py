@@ -107,7 +107,7 @@ FIELDS: tuple[schema.Field, ...] = (
 def check(config: ml_collections.ConfigDict) -> list[str]:
   """What a jump needs of the rest of the run."""
   j, trainer = config.hybrid.jump, config.trainer
-  outer_every = config.get("optim", {}).get("outer_every", 0)
+  outer_every = config.get("optim", {}).get("outer_every")
   ratio = j.get("slow_lag_ratio", 0.0)
   errors = []
   if trainer.get("averaging", "none") != "ema":
@@ -167,14 +167,6 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> jump_lib.JumpSettings:
   j = hybrid.jump
-  forecast = None
-  if j.get("forecast", "none") == "rssm":
-    fc = j.forecaster
-    forecast = forecast_lib.settings(
-      n_groups=groups.n_groups,
-      **{k: int(fc[k]) for k in ("every", "history", "train_steps", "deter", "latent", "hidden", "ensemble")},
-      **{k: float(fc[k]) for k in ("min_agreement", "max_scale", "learning_rate")},
-    )
   return jump_lib.JumpSettings(
     horizons=tuple(int(k) for k in j.horizons),
     scales=tuple(float(x) for x in j.get("scales", (1.0,))),
@@ -185,7 +177,7 @@ def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.Param
     start_fraction=float(j.start_fraction),
     stop_fraction=float(j.stop_fraction),
     skip_control=bool(j.skip_control),
-    forecast=forecast,
+    forecast=forecast_lib.settings(j.forecaster, groups.n_groups) if j.get("forecast", "none") == "rssm" else None,
   )
 
 
@@ -197,7 +189,9 @@ def control(hybrid: ml_collections.ConfigDict, settings: jump_lib.JumpSettings) 
 
 
 def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
-  """The slow EMA (none with outer momentum, whose m gives the drift), the forecaster, no jumps."""
+  """The slow EMA (none with outer momentum, whose m gives the drift), the forecaster, no jumps. The
+  slow EMA and the forecaster's snapshot drift are params-shaped: on a mesh they are laid out like the
+  params (the default `shardings`), the rest replicated."""
   s: jump_lib.JumpSettings = ctx.settings
   # The forecaster's key is folded from the state's, so adding it changes no other draw.
   forecast_rng = jax.random.fold_in(jax.random.split(rng, 3)[0], 1)
@@ -209,16 +203,6 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> jump_lib.JumpState:
     forecast=None if s.forecast is None else forecast_lib.init_forecast(s.forecast, params, forecast_rng),
     tracker=jump_lib.init_tracker(ctx.groups.n_groups),
   )
-
-
-def shardings(state: jump_lib.JumpState, like_params: Any, replicated: Any) -> Any:
-  """The slow EMA and the forecaster's snapshot drift are laid out like the params."""
-  out = replicated(state)
-  if state.drift_memory is not None:
-    out = out.replace(drift_memory=out.drift_memory.replace(params=like_params(state.drift_memory.params)))
-  if state.forecast is not None:
-    out = out.replace(forecast=out.forecast.replace(snapshot_drift=like_params(state.forecast.snapshot_drift)))
-  return out
 
 
 # The transitions: a real step (also the CORRECT entry) and the jump as the predicted step.
@@ -253,7 +237,7 @@ def trace(row: dict[str, Any], predicted: bool) -> dict[str, Any]:
   """A step's trace-record fields from its fetched metrics row; `predicted`: a PREDICT-phase step (an
   attempt: `loss` is then the probe loss where the params now are, `predicted_loss` the probe loss
   without a jump)."""
-  out: dict[str, Any] = {"persisting_gain": float(row["persisting_gain"])}
+  out = {"persisting_gain": float(row["persisting_gain"])}
   if predicted:
     out.update(jump_k=int(row["jump_k"]), jump_scale=float(row["jump_scale"]), probe_gain=float(row["probe_gain"]))
     if "expected_gain" in row:  # the RSSM forecaster's view of this attempt
@@ -267,7 +251,7 @@ def step_kind(row: dict[str, Any]) -> str:
   """A step's cost class: an attempt (probe forwards, then a jump or nothing), a real step, or a
   real step that took the forecaster's snapshot (rare and dearer: a median over all real steps
   would hide it)."""
-  if row.get("snapshot", False):
+  if row.get("snapshot"):
     return "full_step+snapshot"
   if int(row["branch"]) == Branch.PREDICT_STEP:
     return "jump_step"
@@ -278,9 +262,8 @@ def summary(ctx: HybridContext, state: jump_lib.JumpState, controller: Controlle
   t = state.tracker
   n_gain = int(t.persisting_gain_count)
   return {
-    "jump_attempts": int(t.jump_attempts),
-    "jumps": int(t.jumps),
-    "jump_steps": int(t.jump_steps),  # schedule steps advanced without a batch or a backward pass
+    # jump_steps: schedule steps advanced without a batch or a backward pass.
+    **{k: int(getattr(t, k)) for k in ("jump_attempts", "jumps", "jump_steps")},
     "probe_forwards": int(controller.forward_passes),
     "mean_persisting_gain": float(t.persisting_gain_sum) / n_gain if n_gain else None,
     "skip_control": bool(ctx.settings.skip_control),

@@ -94,33 +94,20 @@ class Forecast:
   last_scale: jax.Array  # (G,) s_g of the last attempt's chosen candidate
 
 
-def settings(
-  *,
-  n_groups: int,
-  every: int,
-  history: int,
-  train_steps: int,
-  min_agreement: float,
-  max_scale: float,
-  deter: int,
-  latent: int,
-  hidden: int,
-  ensemble: int,
-  learning_rate: float,
-) -> ForecastSettings:
-  """`ForecastSettings` with its RSSM sized for snapshot entries of `n_groups` groups."""
+def settings(fc: Any, n_groups: int) -> ForecastSettings:
+  """`ForecastSettings` from the `hybrid.jump.forecaster` block `fc`, with its RSSM sized for snapshot entries
+  of `n_groups` groups."""
   rssm = dynamics_lib.RSSMConfig(
     feature_dim=feature_dim(n_groups),
     n_groups=n_groups,
-    deter=deter,
-    latent=latent,
-    hidden=hidden,
-    ensemble=ensemble,
-    learning_rate=learning_rate,
+    **{k: int(fc[k]) for k in ("deter", "latent", "hidden", "ensemble")},
+    learning_rate=float(fc.learning_rate),
     # An interval's log-loss change is tens of steps' worth: predicted in units of 0.02.
     dloss_scale=0.02,
   )
-  return ForecastSettings(every, history, train_steps, min_agreement, max_scale, rssm)
+  return ForecastSettings(
+    int(fc.every), int(fc.history), int(fc.train_steps), float(fc.min_agreement), float(fc.max_scale), rssm
+  )
 
 
 def feature_dim(n_groups: int) -> int:
@@ -131,8 +118,7 @@ def feature_dim(n_groups: int) -> int:
 def _unravel(cfg: dynamics_lib.RSSMConfig):
   """The function that turns the raveled vector back into a `DynamicsState` (from its shapes)."""
   shapes = jax.eval_shape(lambda: dynamics_lib.init_dynamics(jax.random.PRNGKey(0), cfg))
-  _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-  return unravel
+  return ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]
 
 
 def init_forecast(fs: ForecastSettings, params: Any, rng: jax.Array) -> Forecast:
@@ -165,10 +151,7 @@ def run_if(pred: jax.Array, fn, operand: Any) -> Any:
   params-sized snapshot) at every real step. The work runs only at the steps that need it.
   """
 
-  def body(carry):
-    _, x = carry
-    return jnp.asarray(False), fn(x)
-
+  body = lambda carry: (jnp.asarray(False), fn(carry[1]))
   return jax.lax.while_loop(lambda carry: carry[0], body, (jnp.asarray(pred, bool), operand))[1]
 
 
@@ -183,8 +166,7 @@ def interval_ratio(f: Forecast, groups: groups_lib.ParamGroups, fast: Any, every
   whether there was a drift to measure it against."""
   moved = groups_lib.group_dots(groups, fast, f.snapshot_drift) - f.snap_dot - f.jump_dot
   valid = (f.history.count > 0) & jnp.all(f.snap_rsq > 0)
-  ratio = moved / jnp.maximum(every * f.snap_rsq, 1e-30)
-  return jnp.where(valid, ratio, 0.0), valid
+  return jnp.where(valid, moved / jnp.maximum(every * f.snap_rsq, 1e-30), 0.0), valid
 
 
 def snapshot(
@@ -217,17 +199,15 @@ def snapshot(
     ]
   )
   n = h.features.shape[0]
-  prev = (h.pos - 1) % n
   h = h.replace(
-    alpha_target=jnp.where(valid, h.alpha_target.at[prev].set(ratio), h.alpha_target).at[h.pos].set(0.0),
+    alpha_target=jnp.where(valid, h.alpha_target.at[(h.pos - 1) % n].set(ratio), h.alpha_target).at[h.pos].set(0.0),
     features=h.features.at[h.pos].set(x),
     logloss=h.logloss.at[h.pos].set(loss_fast),
     normalizer=trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(4 * n)),
     pos=(h.pos + 1) % n,
     count=jnp.minimum(h.count + 1, n),
   )
-  unravel = _unravel(fs.rssm)
-  dyn = unravel(f.dynamics)
+  dyn = _unravel(fs.rssm)(f.dynamics)
   window = history_window(h, n)
 
   def train(i, dyn):
@@ -268,11 +248,10 @@ def aggregate(
   """
   n = alpha.shape[1]
   w = jnp.clip(horizons.astype(jnp.float32)[:, None] / every - jnp.arange(n, dtype=jnp.float32)[None, :], 0.0, 1.0)
-  mean_alpha = jnp.mean(alpha, axis=0)  # (H, G)
-  scales = (w @ mean_alpha) / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1e-6)
+  scales = (w @ jnp.mean(alpha, axis=0)) / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1e-6)
   gain = -(dlogloss @ w.T)  # (E, C): each member's expected drop of the log-loss over k steps
   mean, spread = jnp.mean(gain, axis=0), jnp.std(gain, axis=0)
-  agreement = jnp.exp(-spread / jnp.maximum(jnp.abs(mean), 1e-6))
+  agreement = jnp.exp(-spread / jnp.maximum(jnp.abs(mean), 1e-6))  # in (0, 1]
   return jnp.clip(scales, 0.0, max_scale), calibration * mean, agreement
 
 
@@ -285,8 +264,7 @@ def forecast_moves(
   anyway)."""
   n_ahead = max(1, math.ceil(max(horizons) / fs.every))
   dyn = _unravel(fs.rssm)(f.dynamics)
-  window = history_window(f.history, f.history.features.shape[0])
-  imagined = dynamics_lib.imagine(dyn, window, n_ahead, rng, fs.rssm)
+  imagined = dynamics_lib.imagine(dyn, history_window(f.history, f.history.features.shape[0]), n_ahead, rng, fs.rssm)
   scales, expected, agreement = aggregate(
     imagined["alpha"], imagined["dlogloss"], jnp.asarray(horizons), fs.every, f.calibration, fs.max_scale
   )

@@ -52,7 +52,6 @@ from hybridjax.methods.jump import forecast as forecast_lib
 from hybridjax.optim import (
   Averaging,
   Batch,
-  OuterMomentum,
   Schedule,
   next_train_state,
   tree_where,
@@ -112,24 +111,16 @@ class JumpState:
 
 def init_tracker(n_groups: int) -> JumpTracker:
   """No jump yet; every group's scale 1."""
-  f32 = lambda v=0.0: jnp.asarray(v, jnp.float32)  # noqa: E731
-  i32 = lambda v=0: jnp.asarray(v, jnp.int32)  # noqa: E731
+  counts = ("jump_attempts", "jumps", "jump_steps", "last_jump_k", "persist_n", "persisting_gain_count")  # int32
+  reals = (
+    "last_jump_scale", "last_probe_gain", "persist_level", "persist_trend", "persist_sum",
+    "last_persisting_gain", "persisting_gain_sum",
+  )  # fmt: skip
   return JumpTracker(
-    jump_attempts=i32(),
-    jumps=i32(),
-    jump_steps=i32(),
-    last_jump_k=i32(),
-    last_jump_scale=f32(),
-    last_probe_gain=f32(),
+    **{name: jnp.asarray(0, jnp.int32) for name in counts},
+    **{name: jnp.asarray(0.0, jnp.float32) for name in reals},
     group_scale=jnp.ones((n_groups,), jnp.float32),
     persist_tracking=jnp.asarray(False),
-    persist_level=f32(),
-    persist_trend=f32(),
-    persist_sum=f32(),
-    persist_n=i32(),
-    last_persisting_gain=f32(),
-    persisting_gain_sum=f32(),
-    persisting_gain_count=i32(),
   )
 
 
@@ -163,20 +154,15 @@ def drift_per_step(fast: Averaging, slow: Averaging, count: jax.Array) -> Any:
   return jax.tree.map(lambda f, s: (f - s) * scale, fast.params, slow.params)
 
 
-def outer_momentum_drift(outer: OuterMomentum) -> Any:
-  """The drift per step from outer momentum's m: m (1 - mu) / K (in a steady state m is
-  d / (1 - mu), d the K-step displacement), so a jump combined with it needs no slow EMA."""
+def jump_drift(state: HybridState) -> Any:
+  """The drift the jump follows: from the averaging EMA and the slow EMA, or when the train state has
+  outer momentum from its m, m (1 - mu) / K (in a steady state m is d / (1 - mu), d the K-step
+  displacement), so that a jump combined with it needs no slow EMA."""
+  tr, outer = state.train, state.train.outer
+  if outer is None:
+    return drift_per_step(tr.averaging, state.method.drift_memory, tr.step)
   scale = (1.0 - outer.mu) / outer.every.astype(jnp.float32)
   return jax.tree.map(lambda m: m * scale, outer.momentum)
-
-
-def jump_drift(state: HybridState) -> Any:
-  """The drift the jump follows: from outer momentum when the train state has it, else from the
-  averaging EMA and the slow EMA."""
-  tr = state.train
-  if tr.outer is not None:
-    return outer_momentum_drift(tr.outer)
-  return drift_per_step(tr.averaging, state.method.drift_memory, tr.step)
 
 
 def window_bounds(start_fraction: float, stop_fraction: float, total_steps: int) -> tuple[int, int]:
@@ -208,17 +194,7 @@ def score_candidates(
     moved = groups_lib.add_scaled_by_group(ctx.groups, params, amount, drift)
     return carry, ctx.loss_fn(moved, batch)[0].astype(jnp.float32)
 
-  _, losses = jax.lax.scan(score, None, amounts)
-  return base, losses
-
-
-def candidates(ctx: HybridContext) -> tuple[jax.Array, jax.Array]:
-  """(k, s) of every candidate, as two flat arrays: each horizon in `hybrid.jump.horizons` at each
-  move scale in `hybrid.jump.scales` (a candidate moves s k r and advances the schedule by k)."""
-  j = ctx.settings
-  ks = jnp.asarray([k for k in j.horizons for _ in j.scales], jnp.int32)
-  ss = jnp.asarray([x for _ in j.horizons for x in j.scales], jnp.float32)
-  return ks, ss
+  return base, jax.lax.scan(score, None, amounts)[1]
 
 
 def translate_averaging(averaging: Averaging | None, groups: Any, amount: jax.Array, drift: Any) -> Averaging | None:
@@ -238,16 +214,16 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   m: JumpState = state.method
   t = m.tracker
   drift = jump_drift(state)
-  horizons, scales = candidates(ctx)
+  # The candidates (k, s): each horizon in `hybrid.jump.horizons` at each move scale in
+  # `hybrid.jump.scales` (a candidate moves s k r and advances the schedule by k).
+  ks = tuple(k for k in j.horizons for _ in j.scales)
+  horizons, scales = jnp.asarray(ks, jnp.int32), jnp.asarray(j.scales * len(j.horizons), jnp.float32)
   forecast = m.forecast
   if forecast is not None:
     # The RSSM's s_g for each candidate, its expected persisting gain and the ensemble's agreement
     # on it: a candidate is admitted when the gain is positive and the members agree.
     group_scales, expected, agreement = forecast_lib.forecast_moves(
-      j.forecast,
-      forecast,
-      tuple(k for k in j.horizons for _ in j.scales),  # each candidate's k, as `candidates` orders them
-      jax.random.fold_in(state.rng, t.jump_attempts),
+      j.forecast, forecast, ks, jax.random.fold_in(state.rng, t.jump_attempts)
     )
     admitted = (expected > 0) & (agreement >= j.forecast.min_agreement)
   else:
@@ -273,7 +249,6 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     & in_jump_window(ctx, tr.step)
   )
   k = jnp.where(accept, horizons[best], 0)
-  move_scale = jnp.where(accept, scales[best], 0.0)
   # The move: amounts[best] on the params and both EMAs; none in the skip control or when rejected.
   amount = jnp.where(accept, amounts[best], 0.0) * (0.0 if j.skip_control else 1.0)
   moved = tr.replace(
@@ -282,20 +257,20 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     step=tr.step + k,
   )
   if tr.outer is not None:  # the jump is no inner progress: outer momentum's anchor moves with it
-    slow = groups_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift)
-    moved = moved.replace(outer=tr.outer.replace(slow=slow))
-  drift_memory = translate_averaging(m.drift_memory, ctx.groups, amount, drift)  # None stays None
-  # Rejected: the very same buffers' values (a select of the old ones), bit for bit.
-  train = tree_where(accept, moved, tr)
-  if drift_memory is not None:
-    drift_memory = tree_where(accept, drift_memory, m.drift_memory)
+    moved = moved.replace(
+      outer=tr.outer.replace(slow=groups_lib.add_scaled_by_group(ctx.groups, tr.outer.slow, amount, drift))
+    )
+  # Rejected: the very same buffers' values (a select of the old ones), bit for bit. (No slow EMA stays None.)
+  train, drift_memory = tree_where(
+    accept, (moved, translate_averaging(m.drift_memory, ctx.groups, amount, drift)), (tr, m.drift_memory)
+  )
 
   t = t.replace(
     jump_attempts=t.jump_attempts + 1,
     jumps=t.jumps + accept.astype(jnp.int32),
     jump_steps=t.jump_steps + k,
     last_jump_k=k,
-    last_jump_scale=move_scale,
+    last_jump_scale=jnp.where(accept, scales[best], 0.0),
     last_probe_gain=jnp.where(jnp.isfinite(base), (base - best_loss) / base, 0.0),
     # The accepted jump's persisting gain is measured over the CORRECT phase that follows.
     persist_tracking=accept,
@@ -315,16 +290,16 @@ def jump_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
       last_agreement=agreement[best],
       last_scale=group_scales[best],
     )
-  new_state = state.replace(train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t))
-  info = StepInfo.predicted(
+  return state.replace(
+    train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t)
+  ), StepInfo.predicted(
     loss=jnp.where(accept, best_loss, base),  # the probe loss where the params now are
     predicted_loss=base,  # the probe loss without a jump
     validated=True,
     alpha=amount,
-    forwards=1 + len(j.horizons) * len(j.scales),
+    forwards=1 + len(ks),
     batch_consumed=False,
   )
-  return new_state, info
 
 
 def track_persisting_gain(
@@ -333,12 +308,12 @@ def track_persisting_gain(
   """Adds one CORRECT real step to the persisting gain of the jump before it, and closes the
   measurement at the phase's last step. Expected log-loss without the jump after i real steps:
   level + trend * i (the trend of the loss EMAs before the jump)."""
-  on = t.persist_tracking & (c.phase == Phase.CORRECT) & finite
-  i = (t.persist_n + 1).astype(jnp.float32)
-  gain = t.persist_level + t.persist_trend * i - logloss
+  measuring = t.persist_tracking & (c.phase == Phase.CORRECT)
+  on = measuring & finite
+  gain = t.persist_level + t.persist_trend * (t.persist_n + 1).astype(jnp.float32) - logloss  # i = persist_n + 1
   total = t.persist_sum + jnp.where(on, gain, 0.0)
   n = t.persist_n + on.astype(jnp.int32)
-  done = t.persist_tracking & (c.phase == Phase.CORRECT) & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
+  done = measuring & (c.steps_in_phase + 1 >= correct_steps) & (n > 0)
   mean = total / jnp.maximum(n, 1).astype(jnp.float32)
   return t.replace(
     persist_sum=total,
@@ -369,8 +344,10 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   forecast = m.forecast
   if forecast is not None:
     fs = ctx.settings.forecast
-    closed = t.persisting_gain_count > m.tracker.persisting_gain_count
-    forecast = forecast_lib.calibrate(forecast, t.last_persisting_gain, closed)
+    # Calibrated when this step closed the last jump's measurement.
+    forecast = forecast_lib.calibrate(
+      forecast, t.last_persisting_gain, t.persisting_gain_count > m.tracker.persisting_gain_count
+    )
 
     def take_snapshot(f):
       return forecast_lib.snapshot(
@@ -388,10 +365,8 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
 
     # Every `every` real steps (the dynamics model trains here, not at every step).
     forecast = forecast_lib.run_if(forecast_lib.takes_snapshot(fs, c.real_count, finite), take_snapshot, forecast)
-  new_state = state.replace(
+  return state.replace(
     train=train, method=m.replace(drift_memory=drift_memory, forecast=forecast, tracker=t), controller=c
-  )
-  info = StepInfo.real(
+  ), StepInfo.real(
     loss=loss, grad_norm=grad_norm, finite=finite, explosion=explosion, spike=spike, n_groups=ctx.groups.n_groups
   )
-  return new_state, info
