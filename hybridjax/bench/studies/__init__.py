@@ -41,6 +41,11 @@ CURVE_FIELDS = (
 """The budget curves' fields (`curves_record`) in the block of a study that reads two sides on them."""
 
 
+def lrs_from(what: str) -> schema.Field:
+  """`lrs_from`, the recipe record (`speedrun.recipe_record`) `what` comes from."""
+  return F("lrs_from", "", schema.check_str, f"the recipe record {what} ('': the published `recipe-<preset>.json`)")
+
+
 def budget_fields(slow: str, fast: str, slow_name: str, fast_name: str) -> tuple[schema.Field, ...]:
   """The budgets of two sides' curves (`comparison.budget_errors`): `<slow>_budgets` and the
   `<slow>_extensions` added above them, `<fast>_budgets` and the `<fast>_extensions` added below them;

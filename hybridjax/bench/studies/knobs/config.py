@@ -7,7 +7,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, recipe_record, row_side
-from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, budget_fields, copied, scoped, tuner
+from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, budget_fields, copied, lrs_from, scoped, tuner
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
@@ -24,12 +24,7 @@ F = schema.Field
 FIELDS = (
   F("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
   F("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
-  F(
-    "lrs_from",
-    "",
-    schema.check_str,
-    "the recipe record whose tuned LRs the sides start from ('': the published `recipe-<preset>.json`)",
-  ),
+  lrs_from("whose tuned LRs the sides start from"),
   F("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
   # `benchmark.tuner='joint'`: the joint search (`bench/search.py`) in place of the coordinate search.
   *scoped(SEARCH_FIELDS, "joint"),

@@ -9,7 +9,7 @@ from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, recipe_record, row_side, uses_muon
-from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, Record, budget_fields, scoped
+from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, Record, budget_fields, lrs_from, scoped
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 
@@ -43,8 +43,7 @@ SEARCHED = comparison.only_in("both_tuned", "sides")
 FIELDS = (
   F("cell", "as_published", schema.check_choice(*(c.name for c in STUDY_CELLS)), "the cell: both rows as "
     "published, or both searched alike"),
-  F("lrs_from", "", schema.check_str, "the recipe record the rows' settings come from ('': the published "
-    "recipe-<preset>.json)"),
+  lrs_from("the rows' settings come from"),
   F("adamw_row", "rotary", schema.check_choice(*TRICKS), "the recipe's AdamW row (a step before its Muon row)"),
   F("muon_row", "muon", schema.check_choice(*TRICKS), "the recipe's Muon row"),
   F("seeds", (21, 22, 23, 24, 25), schema.check_int_tuple(0), "the headline seeds (no published record has "
