@@ -66,6 +66,14 @@ def scoped(
   return tuple(dataclasses.replace(f, doc=f"{scope}: {f.doc}", unread=unread) for f in fields)
 
 
+FINALS = ("final_raw", "final_averaged", "final_averaged_per_batch")  # a run's final losses
+
+
+def kept(run: Record, fields: tuple[str, ...]) -> Record:
+  """What a study's record keeps of a run: the `fields` it holds, in their order."""
+  return {k: run[k] for k in fields if k in run}
+
+
 def copied(config: Config, fields: Record | None = None) -> Config:
   """A copy of `config` with `fields` ({dotted field: value}) set."""
   c = Config(config.to_dict())

@@ -105,8 +105,7 @@ def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every setting the search may try (each side's with one knob moved),
   which the skeleton checks too: a value a side cannot take fails before any training."""
   k = config.benchmark.knobs
-  bad = [s for s in sides_of(config) if s not in SIDES]
-  if bad or not sides_of(config):
+  if not sides_of(config) or set(sides_of(config)) - set(SIDES):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
   seeds = specs.ints(k.search_seeds) + [int(k.spare_seed)]
   joint = tuner(config) == "joint"
