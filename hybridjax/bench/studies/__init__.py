@@ -10,6 +10,8 @@ from typing import Any
 
 import ml_collections
 
+from hybridjax import schema
+
 Config = ml_collections.ConfigDict  # a config: an experiment's with its benchmark block, or a block
 Record = dict[str, Any]  # a JSON-like record: a run's, a reading's, a study's, as kept and published
 
@@ -17,6 +19,59 @@ Record = dict[str, Any]  # a JSON-like record: a run's, a reading's, a study's, 
 STUDIES = {
   name: f"{__name__}.{name}" for name in ("family", "ladder", "recipe", "variants", "knobs", "optimizers", "anchor")
 }
+
+
+F = schema.Field
+SEARCH_FIELDS = (
+  F("search_configs", 24, schema.check_int(24), "the Sobol points the joint search draws for each side "
+    "(`bench/search.py`; besides its published setting)"),
+  F("sobol_seed", 0, schema.check_int(0), "the Sobol sequence's scrambling seed"),
+  F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "the search's seeds (two for every point, the "
+    "third for the finalists)"),
+  F("spare_seed", 1004, schema.check_int(0), "the seed a stalled search run is re-run on"),
+)  # fmt: skip
+"""The joint search's fields in the block of a study that runs it (its `search_space` is the study's own)."""
+CURVE_FIELDS = (
+  F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "the headline seeds the plateau rule adds"),
+  F("wide_eval", 8, schema.check_int(0), "every curve run ends with an eval on this many times the eval windows "
+    "(0: none)"),
+  F("draws", 2000, schema.check_int(100), "the factor's bootstrap draws"),
+  F("bootstrap_seed", 0, schema.check_int(0), "the bootstrap's seed"),
+)  # fmt: skip
+"""The budget curves' fields (`curves_record`) in the block of a study that reads two sides on them."""
+
+
+def lrs_from(what: str) -> schema.Field:
+  """`lrs_from`, the recipe record (`speedrun.recipe_record`) `what` comes from."""
+  return F("lrs_from", "", schema.check_str, f"the recipe record {what} ('': the published `recipe-<preset>.json`)")
+
+
+def budget_fields(slow: str, fast: str, slow_name: str, fast_name: str) -> tuple[schema.Field, ...]:
+  """The budgets of two sides' curves (`comparison.budget_errors`): `<slow>_budgets` and the
+  `<slow>_extensions` added above them, `<fast>_budgets` and the `<fast>_extensions` added below them;
+  `slow_name` and `fast_name` are the sides in words."""
+  grow = "added to {}'s budgets in turn until its curve {} {}'s loss at N"
+  return (
+    F(f"{slow}_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), f"{slow_name}'s budgets (x N)"),
+    F(f"{slow}_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), grow.format(slow_name, "lies below", fast_name)),
+    F(f"{fast}_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), f"{fast_name}'s budgets (x N)"),
+    F(f"{fast}_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), grow.format(fast_name, "reaches", slow_name)),
+  )
+
+
+def scoped(
+  fields: tuple[schema.Field, ...], scope: str, unread: schema.Unread | None = None
+) -> tuple[schema.Field, ...]:
+  """`fields` as a block declares those read in its `scope` alone (in words): each doc led by it, each `unread`."""
+  return tuple(dataclasses.replace(f, doc=f"{scope}: {f.doc}", unread=unread) for f in fields)
+
+
+FINALS = ("final_raw", "final_averaged", "final_averaged_per_batch")  # a run's final losses
+
+
+def kept(run: Record, fields: tuple[str, ...]) -> Record:
+  """What a study's record keeps of a run: the `fields` it holds, in their order."""
+  return {k: run[k] for k in fields if k in run}
 
 
 def copied(config: Config, fields: Record | None = None) -> Config:

@@ -8,14 +8,13 @@ from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench import specs
 from hybridjax.bench.speedrun import recipe_record, uses_muon
-from hybridjax.bench.studies import Config
+from hybridjax.bench.studies import Config, lrs_from
 
 RECORD = "anchor-{preset}.json"  # its record, whose invocations a resumed study extends
 
 F = schema.Field
 FIELDS = (
-  F("lrs_from", "", schema.check_str, "the recipe record whose anchor gives R4's LR and averaging beta ('': the "
-    "published recipe-<preset>.json)"),
+  lrs_from("whose anchor gives R4's LR and averaging beta"),
   F("b2s", (0.95, 0.999), schema.check_num_tuple(0.0), "Adam's beta2 values tried (R4's own among them)"),
   F("weight_decays", (0.1, 0.2), schema.check_num_tuple(0.0), "the weight decays tried (R4's own among them)"),
   F("lr_steps", 1, schema.check_int(0), "the LRs tried: R4's and this many sqrt(2) steps each side of it"),

@@ -16,7 +16,7 @@ import statistics
 from hybridjax.bench import comparison, protocol, specs, tuning
 from hybridjax.bench import figures as figures_lib
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record, Study, copied
+from hybridjax.bench.studies import FINALS, Config, Record, Study, copied, kept
 from hybridjax.bench.studies.anchor import config as anchor_config
 
 
@@ -54,12 +54,8 @@ def train(config: Config, runner: Runner) -> Record:
     for seed in seeds
   ]
   results = iter(runner.run(run_specs, "anchor: R4's settings (tuning seeds)"))
-  tried = [s | {"runs": [_keep(next(results)) for _ in seeds]} for s in settings]
+  tried = [s | {"runs": [kept(next(results), ("seed", "steps", "lr", *FINALS)) for _ in seeds]} for s in settings]
   return {"source": source, "r4": r4, "seeds": seeds, "tried": tried}
-
-
-def _keep(run: Record) -> Record:
-  return {k: run[k] for k in ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch")}
 
 
 def figures(result: Record) -> Record:

@@ -103,8 +103,7 @@ def markdown(result: Record) -> str:
   methods = list(result["figures"])
   if methods:
     lines += ["", "## Method arms (headline seeds; ratios > 1 mean fewer than the anchor needs)", ""]
-    lines.append("| figure | " + " | ".join(methods) + " |")
-    lines.append("|---|" + "---|" * len(methods))
+    lines += ["| figure | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
 
     def row(label, cell):
       lines.append(f"| {label} | " + " | ".join(cell(result["figures"][m], m) for m in methods) + " |")
@@ -117,9 +116,8 @@ def markdown(result: Record) -> str:
       row(
         f"final loss − {an} at N",
         lambda f, m: with_exercise(
-          f"{100 * f[an]['final_loss_gap']['mean']:+.2f}% ({verdict_word(f[an]['paired_difference'])})"
-          if f[an]["paired_difference"]
-          else f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%",
+          f"{100 * f[an]['final_loss_gap']['mean']:+.2f}%"
+          + (f" ({verdict_word(f[an]['paired_difference'])})" if f[an]["paired_difference"] else ""),
           f,
         ),
       )
@@ -138,9 +136,14 @@ def markdown(result: Record) -> str:
       )
     ms = result["timing"]["ms_per_step"]
     row("median ms per step by kind", lambda f, m: ", ".join(f"{k} {v:.1f}" for k, v in sorted(ms[m].items())))
-    lines.append("")
-    lines.append(f"Baseline step: {ms['baseline']['baseline']:.2f} ms (median, interleaved).")
-    lines += ["", "## Verdicts (against the averaged anchor)", "", *family_verdicts(result)]
+    lines += [
+      "",
+      f"Baseline step: {ms['baseline']['baseline']:.2f} ms (median, interleaved).",
+      "",
+      "## Verdicts (against the averaged anchor)",
+      "",
+      *family_verdicts(result),
+    ]
   lines += [
     "",
     "Compile time (s, separate from every figure): "

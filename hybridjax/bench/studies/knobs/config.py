@@ -7,7 +7,7 @@ from hybridjax.bench import arms as arms_lib
 from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import TRICK_LIST_VERSION, recipe_record, row_side
-from hybridjax.bench.studies import Config, copied, tuner
+from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, budget_fields, copied, lrs_from, scoped, tuner
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.sets import SETS, SIDES
 
@@ -24,18 +24,10 @@ F = schema.Field
 FIELDS = (
   F("sides", ",".join(SIDES), schema.check_str, "the sides to tune, comma-separated (`sets.SIDES`)"),
   F("set", "full", schema.check_choice(*SETS), "the knobs the sides search (`sets.SETS`)"),
-  F(
-    "lrs_from",
-    "",
-    schema.check_str,
-    "the recipe record whose tuned LRs the sides start from ('': the published `recipe-<preset>.json`)",
-  ),
+  lrs_from("whose tuned LRs the sides start from"),
   F("lr_points", 3, schema.check_int(2), "the points of the closing LR sweep"),
   # `benchmark.tuner='joint'`: the joint search (`bench/search.py`) in place of the coordinate search.
-  F(
-    "search_configs", 24, schema.check_int(24), "joint: the Sobol points each side draws (besides its published one)"
-  ),
-  F("sobol_seed", 0, schema.check_int(0), "joint: the Sobol sequence's scrambling seed"),
+  *scoped(SEARCH_FIELDS, "joint"),
   F(
     "search_space",
     "symmetric",
@@ -43,28 +35,8 @@ FIELDS = (
     "joint: the space (`search.SPACES`): 'symmetric' (every side's embedding and head LR ratios continuous), or "
     "'v1' (AdamW's embedding LR ratio three-valued; no untied Muon row)",
   ),
-  F(
-    "search_seeds",
-    (1001, 1002, 1003),
-    schema.check_int_tuple(0),
-    "joint: its seeds (two for every point, the third for the finalists)",
-  ),
-  F("spare_seed", 1004, schema.check_int(0), "joint: the seed a stalled search run is re-run on"),
   # The joint tuner's curves, with R4 and the whole recipe among the sides (`curves.py`).
-  F("anchor_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "joint: R4's budgets "
-    "(x N)"),
-  F("anchor_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "joint: added to R4's budgets in turn "
-    "until its curve lies below the recipe's loss at N"),
-  F("recipe_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "joint: the whole recipe's "
-    "budgets (x N)"),
-  F("recipe_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "joint: added to the recipe's budgets "
-    "in turn until its curve reaches R4's loss at N"),
-  F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "joint: the headline seeds the plateau rule "
-    "adds"),
-  F("wide_eval", 8, schema.check_int(0), "joint: every curve run ends with an eval on this many times "
-    "the eval windows (0: none)"),
-  F("draws", 2000, schema.check_int(100), "joint: the factor's bootstrap draws"),
-  F("bootstrap_seed", 0, schema.check_int(0), "joint: the bootstrap's seed"),
+  *scoped(budget_fields("anchor", "recipe", "R4", "the whole recipe") + CURVE_FIELDS, "joint"),
   F("search_from", "", schema.check_str, "joint: a knobs-joint record whose searches this run takes as "
     "they chose instead of searching again ('': search)", unread=_joint_only),
   F("rows_from", "", schema.check_str, "joint: the cell `both_tuned` record whose AdamW and Muon sides "
@@ -133,8 +105,7 @@ def validate(config: Config) -> dict[str, Config]:
   """Checks the block; returns every setting the search may try (each side's with one knob moved),
   which the skeleton checks too: a value a side cannot take fails before any training."""
   k = config.benchmark.knobs
-  bad = [s for s in sides_of(config) if s not in SIDES]
-  if bad or not sides_of(config):
+  if not sides_of(config) or set(sides_of(config)) - set(SIDES):
     raise ValueError(f"--config.benchmark.knobs.sides={k.sides!r}: give sides from {','.join(SIDES)}")
   seeds = specs.ints(k.search_seeds) + [int(k.spare_seed)]
   joint = tuner(config) == "joint"

@@ -47,9 +47,8 @@ def markdown(result: Record) -> str:
       f"| {SIDE_NAMES.get(side, side)} | {s['tuning_runs']} | {fields} | {pub} | {tun} | "
       f"{cells.paired_cell(s['difference'])} |"
     )
-  for side, s in result["sides"].items():
-    if joint:
-      continue  # the searches are the json's (`search`: every setting and run)
+  # joint: no sweeps, the searches are the json's (`search`: every setting and run)
+  for side, s in ({} if joint else result["sides"]).items():
     lines += [
       "",
       f"**{SIDE_NAMES.get(side, side)}**: each knob's sweep (value: mean loss at N on the tuning seeds; "
@@ -66,8 +65,8 @@ def markdown(result: Record) -> str:
       "",
       f"The recipe record's R4 curve holds none of the headline seeds {result['seeds']}: no side is read on it.",
     ]
-  lines += (
-    [
+  if result["on_r4_curve"]:
+    lines += [
       "",
       "Each side's headline loss read on the R4 anchor's averaged budget curve from the same record (R4's steps "
       "to reach it, over N; '> x': below the curve's end, '< x': above its start)"
@@ -76,9 +75,6 @@ def markdown(result: Record) -> str:
       "| side | published | tuned |",
       "|---|---|---|",
     ]
-    if result["on_r4_curve"]
-    else []
-  )
   for side, read in (result["on_r4_curve"] or {}).items():
     lines.append(f"| {SIDE_NAMES.get(side, side)} | {_speedup(read['published'])} | {_speedup(read['tuned'])} |")
   reproduced = result.get("anchor_reproduced")

@@ -15,7 +15,7 @@ from hybridjax.bench import comparison, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.speedrun import recipe_record
-from hybridjax.bench.studies import Config, Record, Study, copied, tuner
+from hybridjax.bench.studies import FINALS, Config, Record, Study, copied, kept, tuner
 from hybridjax.bench.studies.knobs import config as knobs_config
 from hybridjax.bench.studies.knobs import curves
 from hybridjax.bench.studies.knobs.config import knobs_of, side_configs
@@ -152,10 +152,6 @@ def _headline(config, sides, state, runner: Runner) -> Record:
   return {side: {k: [next(results) for _ in seeds] for k in ("published", "tuned")} for side in sides}
 
 
-def _keep(run: Record) -> Record:
-  return {k: run[k] for k in ("seed", "final_raw", "final_averaged", "final_averaged_per_batch", "key") if k in run}
-
-
 def read_of(settings: Record, tuned: Record) -> dict[str, Record]:
   """How each headline side is read: as published, at the record's iterate and beta; as tuned, at
   the ones its tuning chose."""
@@ -207,7 +203,7 @@ def record(config: Config, trained: Record, timed: Record, command: str, runner:
       "lr_sweep": st["lr_sweep"],
       # N-step runs on the tuning seeds (the joint search: its N-run equivalents, its record beside)
       "tuning_runs": st["search"]["search_runs"] if "search" in st else len(st["keys"]),
-      "runs": {k: [_keep(r) for r in head[k]] for k in ("published", "tuned")},
+      "runs": {k: [kept(r, ("seed", *FINALS, "key")) for r in head[k]] for k in ("published", "tuned")},
     } | side_figures(head["published"], head["tuned"], read)
     if "search" in st:
       out[side]["search"] = st["search"]

@@ -90,8 +90,7 @@ def validate(config: Config) -> dict[str, Config]:
   needs a check of its own (its groups' are the config's with a schedule or an optimizer changed)."""
   ladder = config.benchmark.ladder
   errors = []
-  bad = [r for r in rungs_of(config) if r not in RUNGS]
-  if bad or not rungs_of(config):
+  if not rungs_of(config) or set(rungs_of(config)) - set(RUNGS):
     errors.append(f"--config.benchmark.ladder.rungs={ladder.rungs!r}: give rungs from {','.join(RUNGS)}")
   defined = arms_lib.arms(config)
   for field in ("methods", "cosine_methods"):

@@ -19,7 +19,6 @@ from hybridjax.bench.speedrun import shown_path
 from hybridjax.bench.studies import Config, Record, copied
 
 FROM_CELL = "both_tuned"  # the cell whose chosen settings these cells carry
-BUILD_CORPUS = "python scripts/build_corpus.py --out {path}"  # the command that builds cell `corpus`'s corpus
 
 
 def before_record(config: Config) -> tuple[str, Record]:
@@ -95,7 +94,7 @@ def corpus_errors(config: Config, largest: float, name: str) -> list[str]:
   if not data_lib.split_folders(path):
     return [
       f"--config.benchmark.optimizers.corpus_path={path}: no corpus with train/ and val/ folders there; build it "
-      f"with `{BUILD_CORPUS.format(path=path)}` (npm's registry), or give the folder that holds it"
+      f"with `python scripts/build_corpus.py --out {path}` (npm's registry), or give the folder that holds it"
     ]
   c = on_corpus(config)
   try:

@@ -9,7 +9,7 @@ from hybridjax.bench import comparison, search, specs
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.comparison import Cell
 from hybridjax.bench.speedrun import TRICKS, recipe_record, row_side, uses_muon
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import CURVE_FIELDS, SEARCH_FIELDS, Config, Record, budget_fields, lrs_from, scoped
 from hybridjax.bench.studies.optimizers import carried
 from hybridjax.bench.studies.optimizers import sides as sides_lib
 
@@ -36,7 +36,6 @@ STUDY_CELLS = (
   ),
   Cell("sides", "each optimizer of `sides` against the reference AdamW, searched alike at equal cost", tuner="joint"),
 )
-SEARCH_CONFIGS = 24  # the fewest Sobol points the joint search draws
 
 
 F = schema.Field
@@ -44,32 +43,18 @@ SEARCHED = comparison.only_in("both_tuned", "sides")
 FIELDS = (
   F("cell", "as_published", schema.check_choice(*(c.name for c in STUDY_CELLS)), "the cell: both rows as "
     "published, or both searched alike"),
-  F("lrs_from", "", schema.check_str, "the recipe record the rows' settings come from ('': the published "
-    "recipe-<preset>.json)"),
+  lrs_from("the rows' settings come from"),
   F("adamw_row", "rotary", schema.check_choice(*TRICKS), "the recipe's AdamW row (a step before its Muon row)"),
   F("muon_row", "muon", schema.check_choice(*TRICKS), "the recipe's Muon row"),
   F("seeds", (21, 22, 23, 24, 25), schema.check_int_tuple(0), "the headline seeds (no published record has "
     "read them)"),
-  F("plateau_seeds", (26, 27), schema.check_int_tuple(0), "the headline seeds the plateau rule adds"),
   F("tuning_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "the per-budget re-checks' seeds (at least "
     "two: a setting moves only where it wins beyond their paired noise, `tuning.BUDGET_RULE`)"),
-  F("adamw_budgets", (0.75, 1.0, 1.5, 2.0, 2.5, 3.0), schema.check_num_tuple(0.0), "AdamW's budgets (x N)"),
-  F("adamw_extensions", (4.0, 6.0), schema.check_num_tuple(0.0), "added in turn until below Muon's loss at N"),
-  F("muon_budgets", (0.33, 0.5, 0.75, 1.0), schema.check_num_tuple(0.0), "Muon's budgets (x N)"),
-  F("muon_extensions", (0.25, 0.2), schema.check_num_tuple(0.0), "added in turn until it reaches AdamW's at N"),
-  F("wide_eval", 8, schema.check_int(0), "every headline run ends with an eval on this many times the eval windows "
-    "(0: none)"),
-  F("draws", 2000, schema.check_int(100), "the factor's bootstrap draws"),
-  F("bootstrap_seed", 0, schema.check_int(0), "the bootstrap's seed"),
-  F("search_configs", SEARCH_CONFIGS, schema.check_int(SEARCH_CONFIGS), "cell `both_tuned`: the Sobol points the "
-    "joint search draws (`bench/search.py`; besides the published setting)", unread=SEARCHED),
-  F("sobol_seed", 0, schema.check_int(0), "cell `both_tuned`: the Sobol sequence's scrambling seed", unread=SEARCHED),
+  *budget_fields("adamw", "muon", "AdamW", "Muon"),
+  *CURVE_FIELDS,
+  *scoped(SEARCH_FIELDS, "cell `both_tuned`", SEARCHED),
   F("search_space", "v1", schema.check_choice(*search.SPACES), "cell `both_tuned`: the joint search's space "
     "(`search.SPACES`): 'v1', the published cell's (AdamW's embedding LR ratio three-valued), or 'symmetric'",
-    unread=SEARCHED),
-  F("search_seeds", (1001, 1002, 1003), schema.check_int_tuple(0), "cell `both_tuned`: the search's seeds (two "
-    "for every point, the third for the finalists)", unread=SEARCHED),
-  F("spare_seed", 1004, schema.check_int(0), "cell `both_tuned`: the seed a stalled search run is re-run on",
     unread=SEARCHED),
   F("batch_size", 3, schema.check_int(1), "cell `small_batch`: its windows per step, below the preset's (the "
     "token budgets stay the preset's)", unread=comparison.only_in("small_batch")),

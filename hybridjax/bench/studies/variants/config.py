@@ -8,7 +8,7 @@ from hybridjax import config as config_lib
 from hybridjax import schema
 from hybridjax.bench import record as record_lib
 from hybridjax.bench.speedrun import PUBLISHED, TRICKS, apply_tricks, recipe_record, tuned_rows
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import Config, Record, lrs_from
 from hybridjax.bench.studies.variants.sets import SETS, Pair, VariantSet
 
 RECORD = "variants-{set}-{preset}.json"  # its record, whose invocations a resumed study extends
@@ -21,13 +21,7 @@ SMALLEST_PRESET = "tiny"
 F = schema.Field
 FIELDS = (
   F("set", "fixes", schema.check_choice(*SETS), "the set of pairs it runs (`sets.SETS`)"),
-  F(
-    "lrs_from",
-    "",
-    schema.check_str,
-    "the recipe record whose tuned rows give each pair its LR, averaging beta and iterate ('': the published "
-    "`recipe-<preset>.json`)",
-  ),
+  lrs_from("whose tuned rows give each pair its LR, averaging beta and iterate"),
   F(
     "lr_points",
     3,

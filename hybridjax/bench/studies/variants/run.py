@@ -13,7 +13,7 @@ from typing import Any
 
 from hybridjax.bench import comparison, specs, tuning
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record, Study, copied
+from hybridjax.bench.studies import FINALS, Config, Record, Study, copied, kept
 from hybridjax.bench.studies.variants import config as variants_config
 from hybridjax.bench.studies.variants.config import pairs_of, row_settings, set_of, side_config
 from hybridjax.bench.studies.variants.report import markdown as markdown  # the skeleton's hook
@@ -52,11 +52,10 @@ def _fixed(config: Config, sides: dict[str, tuple[Any, ...]], runner: Runner) ->
     for s in seeds
   ]
   results = iter(runner.run(run_specs, "variant pairs (headline seeds, N)"))
-  keep = ("final_raw", "final_averaged", "final_averaged_per_batch", "key")
   return {
     key: {
       "settings": {x: row[x] for x in ("lr", "beta", "iterate", "from")},
-      "runs": {str(r["seed"]): {x: r[x] for x in keep if x in r} for r in [next(results) for _ in seeds]},
+      "runs": {str(r["seed"]): kept(r, (*FINALS, "key")) for r in [next(results) for _ in seeds]},
     }
     for key, (_, row) in sides.items()
   }
