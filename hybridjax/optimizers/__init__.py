@@ -36,11 +36,11 @@ from hybridjax.optimizers.adam import (
   WEIGHT_DECAY,
   _adamw,
   _build_adam,
-  _build_adamw,
   _build_lion,
   _build_nadamw,
   _build_schedule_free_adamw,
   _tied_head,
+  _with_group_ratios,
   adamw_group_labels,
   adamw_lr_ratios,
   adamw_ratio_error,
@@ -76,52 +76,22 @@ def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTrans
   return optax.GradientTransformation(init, update)
 
 
-_STACKS_OF_THREE = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
-"""Muon on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
-
-
 def _stacks_of_three(params: Any) -> Any:
-  return jax.tree.map(lambda _: _STACKS_OF_THREE, params)
+  """Muon on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+  return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2), params)
 
 
-def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
-  return optax.contrib.muon(learning_rate=learning_rate, muon_weight_dimension_numbers=_stacks_of_three)
-
-
-def _muon_batched_with_decay(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
-  """`_muon_batched` with a weight decay (a hyperparameter only when it is not 0, so that without one
-  the optimizer state keeps its earlier layout)."""
-  return optax.contrib.muon(
-    learning_rate=learning_rate, weight_decay=weight_decay, muon_weight_dimension_numbers=_stacks_of_three
-  )
-
-
-def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` with only these two hyperparameters (the rest: optax's defaults, beta
-  0.95, Nesterov, 5 Newton-Schulz steps), so `inject_hyperparams` injects no others (an injected
-  `ns_steps` would be a traced array)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
-
-
-def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon` with its momentum `beta` a hyperparameter too (injected only with a momentum warm-up, so
-  that without one the optimizer state keeps its earlier layout)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay, beta=beta)
-
-
-def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon_batched` with its momentum `beta` a hyperparameter."""
-  return optax.contrib.muon(learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=_stacks_of_three)
-
-
-def _muon_batched_with_decay_and_momentum(
-  learning_rate: Any, weight_decay: Any, beta: Any
+def _muon(
+  learning_rate: Any, weight_decay: Any = None, beta: Any = None, batched: bool = False
 ) -> optax.GradientTransformation:
-  """`_muon_batched` with its weight decay and its momentum `beta` hyperparameters."""
-  return optax.contrib.muon(
-    learning_rate=learning_rate, weight_decay=weight_decay, beta=beta, muon_weight_dimension_numbers=_stacks_of_three
-  )
+  """`optax.contrib.muon` with only the hyperparameters given (the rest: optax's defaults, beta 0.95,
+  Nesterov, 5 Newton-Schulz steps, no weight decay), so `inject_hyperparams` injects no others (an
+  injected `ns_steps` would be a traced array) and an optimizer built without a weight decay or a
+  momentum keeps its earlier state layout. `batched`: on (3, d, d) stacks, axis 0 a batch,
+  orthogonalised over axes 1 and 2."""
+  given = {k: v for k, v in (("weight_decay", weight_decay), ("beta", beta)) if v is not None}
+  dims = _stacks_of_three if batched else None
+  return optax.contrib.muon(learning_rate=learning_rate, muon_weight_dimension_numbers=dims, **given)
 
 
 # --- the fields, each beside what reads it ---------------------------------------------------------
@@ -297,13 +267,9 @@ def _build_muon(o: Any) -> optax.GradientTransformation:
   """Muon (`muon_weight_decay`, `muon_momentum`) on `muon_labels`' matrices, AdamW at `adam_lr_ratio`
   times the rate on the rest: one injected learning rate per group, both set to the same value, the
   AdamW group's update scaled afterwards."""
-  momentum = muon_momentum(o)
-  if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(o.muon_weight_decay))
-  else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(
-      learning_rate=0.0, weight_decay=float(o.muon_weight_decay), beta=momentum
-    )
+  muon = optax.inject_hyperparams(_muon)(
+    learning_rate=0.0, weight_decay=float(o.muon_weight_decay), beta=muon_momentum(o)
+  )
   rest = optax.chain(_adamw(o), optax.scale(float(o.adam_lr_ratio)))
   return optax.partition({"muon": muon, "adamw": rest}, muon_labels)
 
@@ -341,20 +307,12 @@ def _build_muon_groups(o: Any) -> optax.GradientTransformation:
     )
 
   momentum, decay = muon_momentum(o), float(o.muon_weight_decay)
-  # The fused matrix's Muon gets a weight decay only when it is not 0: at 0 its state keeps the layout
-  # (and the numbers) it had before 'muon_groups' read the field.
-  qkv_decay = {"weight_decay": decay} if decay else {}
-  if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=decay)
-    batched = _muon_batched_with_decay if decay else _muon_batched
-    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, **qkv_decay)
-  else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=decay, beta=momentum)
-    batched = _muon_batched_with_decay_and_momentum if decay else _muon_batched_with_momentum
-    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, beta=momentum, **qkv_decay)
+  muon = optax.inject_hyperparams(_muon)
   transforms = {
-    "muon": muon,
-    "muon_qkv": _blocks_of_three(muon_qkv),
+    "muon": muon(learning_rate=0.0, weight_decay=decay, beta=momentum),
+    # The fused matrix's Muon gets a weight decay only when it is not 0: at 0 its state keeps the
+    # layout (and the numbers) it had before 'muon_groups' read the field.
+    "muon_qkv": _blocks_of_three(muon(learning_rate=0.0, weight_decay=decay or None, beta=momentum, batched=True)),
     "embed": adam(o.embed_lr_ratio),
     "head": adam(o.head_lr_ratio),
     "scalar": adam(o.scalar_lr_ratio),
@@ -381,38 +339,40 @@ class BuiltinOptimizer:
   owns_schedule: bool = False
 
 
+_ADAMW = (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY)
+_GROUP_RATIOS = (ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO)
 OPTIMIZERS: dict[str, BuiltinOptimizer] = {
   o.name: o
   for o in (
     BuiltinOptimizer(
       "adamw",
       "AdamW: b1, b2, eps, weight_decay",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
-      _build_adamw,
+      (*_ADAMW, *_GROUP_RATIOS),
+      _adamw,
     ),
     BuiltinOptimizer(
       "adam",
       "Adam: b1, b2, eps, and no weight decay",
-      (GRAD_CLIP, B1, B2, EPS, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (GRAD_CLIP, B1, B2, EPS, *_GROUP_RATIOS),
       _build_adam,
     ),
     BuiltinOptimizer(
       "nadamw",
       "NAdamW (AdamW with Nesterov momentum): b1, b2, eps, weight_decay",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (*_ADAMW, *_GROUP_RATIOS),
       _build_nadamw,
     ),
     BuiltinOptimizer(
       "lion",
       "Lion (the sign of an interpolated momentum): lion_b1, lion_b2, weight_decay",
-      (GRAD_CLIP, LION_B1, LION_B2, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (GRAD_CLIP, LION_B1, LION_B2, WEIGHT_DECAY, *_GROUP_RATIOS),
       _build_lion,
     ),
     BuiltinOptimizer(
       "schedule_free_adamw",
       "schedule-free AdamW: b1 (its interpolation), b2, eps, weight_decay; evaluated at its average "
       "(`eval_params`); no per-group LR ratio, since its averaging weights depend on the LR",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY),
+      _ADAMW,
       _build_schedule_free_adamw,
       owns_schedule=True,
     ),
@@ -422,7 +382,7 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
     BuiltinOptimizer(
       "muon",
       "Muon (muon_weight_decay) on the hidden matrices, AdamW (b1, b2, eps, weight_decay) at adam_lr_ratio on the rest",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAM_LR_RATIO, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
+      (*_ADAMW, ADAM_LR_RATIO, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
       _build_muon,
     ),
     BuiltinOptimizer(
@@ -474,6 +434,8 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
     raise ValueError(error)
   view = schema.View(optim, decl.fields, owner=f"optimizer {optim.name!r}")
   core = decl.build(view)
+  if ADAMW_EMBED_LR_RATIO in decl.fields:  # the embed and head groups' LR ratios (`_with_group_ratios`)
+    core = _with_group_ratios(core, view)
   if view.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(float(view.grad_clip)), core)
   return core

@@ -141,9 +141,10 @@ def _with_group_ratios(core: optax.GradientTransformation, o: Any) -> optax.Grad
   return optax.chain(core, _scale_groups(*ratios)) if ratios != (1.0, 1.0) else core
 
 
-def _adamw(o: Any) -> optax.GradientTransformation:
+def _adamw(o: Any, factory: Any = optax.adamw) -> optax.GradientTransformation:
+  """`factory` (optax's AdamW, or NAdamW) at the config's betas, eps and weight decay (matrices only)."""
   # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
-  return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+  return optax.inject_hyperparams(factory, static_args=("mask",))(
     learning_rate=0.0,
     b1=float(o.b1),
     b2=float(o.b2),
@@ -151,38 +152,24 @@ def _adamw(o: Any) -> optax.GradientTransformation:
     weight_decay=float(o.weight_decay),
     mask=_decay_mask,
   )
-
-
-def _build_adamw(o: Any) -> optax.GradientTransformation:
-  return _with_group_ratios(_adamw(o), o)
 
 
 def _build_adam(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
-  return _with_group_ratios(core, o)
+  return optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
 
 
 def _build_nadamw(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.nadamw, static_args=("mask",))(
-    learning_rate=0.0,
-    b1=float(o.b1),
-    b2=float(o.b2),
-    eps=float(o.eps),
-    weight_decay=float(o.weight_decay),
-    mask=_decay_mask,
-  )
-  return _with_group_ratios(core, o)
+  return _adamw(o, optax.nadamw)
 
 
 def _build_lion(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.lion, static_args=("mask",))(
+  return optax.inject_hyperparams(optax.lion, static_args=("mask",))(
     learning_rate=0.0,
     b1=float(o.lion_b1),
     b2=float(o.lion_b2),
     weight_decay=float(o.weight_decay),
     mask=_decay_mask,
   )
-  return _with_group_ratios(core, o)
 
 
 def _schedule_free_adamw(learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any) -> Any:

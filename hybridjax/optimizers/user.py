@@ -105,42 +105,6 @@ def _injected_learning_rates(state: Any) -> tuple[list[tuple[str, Any]], list[st
   return outer, nested
 
 
-class _Mark:
-  def __init__(self, index: int):
-    self.index = index
-
-
-def _initial_learning_rates(tx: Any, params: Any) -> list[float | None]:
-  """The initial value of each outermost injected `learning_rate` of `tx.init(params)` (in the order of
-  `_injected_learning_rates`; None where it is not a constant), read from the traced `tx.init`: a
-  constant hyperparameter is a literal or a constant of its jaxpr. Nothing is computed or allocated."""
-  closed, shape = jax.make_jaxpr(tx.init, return_shape=True)(params)
-  count = [0]
-
-  def mark(node: Any) -> Any:
-    if _is_inject_state(node):
-      if "learning_rate" in node.hyperparams:
-        m = _Mark(count[0])
-        count[0] += 1
-        return node._replace(hyperparams={**node.hyperparams, "learning_rate": m})
-      return node._replace(inner_state=jax.tree.map(mark, node.inner_state, is_leaf=_is_inject_state))
-    return node
-
-  leaves = jax.tree.leaves(jax.tree.map(mark, shape, is_leaf=_is_inject_state))
-  values: list[float | None] = [None] * count[0]
-  outvars = closed.jaxpr.outvars
-  if len(leaves) != len(outvars):
-    return values
-  consts = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
-  for leaf, var in zip(leaves, outvars, strict=True):
-    if isinstance(leaf, _Mark):
-      if isinstance(var, jax.extend.core.Literal):
-        values[leaf.index] = float(var.val)
-      elif var in consts and jnp.ndim(consts[var]) == 0:
-        values[leaf.index] = float(consts[var])
-  return values
-
-
 def _learning_rate_reaches_updates(tx: Any, params: Any) -> bool:
   """Whether the learning rate `optim.with_learning_rate` writes into `tx`'s state reaches the
   updates of `tx.update`, as the train step calls it: a backward walk over the traced update's
@@ -205,7 +169,8 @@ def user_optimizer_errors(tx: Any, params: Any, optim: Any) -> list[str]:
       "labels))"
     )
   if len(injected) > 1:
-    values = _initial_learning_rates(tx, params)
+    initial = dict(injected_learning_rate_values(tx, params))
+    values = [initial.get(f"{where}.hyperparams['learning_rate']") for where, _ in injected]
     if None in values or len(set(values)) > 1:
       shown = ", ".join(
         f"{where}={'<not a constant>' if v is None else f'{v:g}'}"
