@@ -444,12 +444,6 @@ def default_cache_dir() -> str:
   return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "hybridjax", "data")
 
 
-def check_val_fraction(val_fraction: float) -> None:
-  """Raises ValueError unless 0 < val_fraction <= 0.5."""
-  if not 0.0 < val_fraction <= 0.5:
-    raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
-
-
 def prepare_corpus(
   path: str | None,
   tokenizer_name: str,
@@ -487,7 +481,8 @@ def prepare_corpus(
       that is empty, not text, or too small to split.
   """
   tokenizer = get_tokenizer(tokenizer_name)
-  check_val_fraction(val_fraction)
+  if not 0.0 < val_fraction <= 0.5:
+    raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
   split = split_folders(path)
   if split:
     root = pathlib.Path(str(path)).expanduser().resolve()

@@ -137,55 +137,55 @@ MUON_WEIGHT_DECAY = F(
 )
 # 'muon_groups': `_build_muon_groups` (the speedrun record's ratios: Muon 0.05, embeddings 0.6,
 # head 0.008, scalars 0.04; betas (0.8, 0.95), eps 1e-10).
-EMBED_LR_RATIO = F(
-  "embed_lr_ratio",
-  12.0,
-  _positive,
-  "'muon_groups': the embeddings' LR as a ratio of learning_rate",
-  other=6.0,
-  roles=("embed lr", "adam lr"),
-)
-HEAD_LR_RATIO = F(
-  "head_lr_ratio",
-  0.16,
-  _positive,
-  "'muon_groups': an untied head's LR as a ratio of learning_rate",
-  other=0.5,
-  roles=("head lr", "adam lr"),
-  unread=_tied_head(
-    "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings)",
-    "Set --config.optim.tied_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+_GROUPS_FIELDS = (
+  F(
+    "embed_lr_ratio",
+    12.0,
+    _positive,
+    "'muon_groups': the embeddings' LR as a ratio of learning_rate",
+    other=6.0,
+    roles=("embed lr", "adam lr"),
   ),
-)
-SCALAR_LR_RATIO = F(
-  "scalar_lr_ratio",
-  0.8,
-  _positive,
-  "'muon_groups': the scalars' LR as a ratio of learning_rate",
-  other=0.4,
-  roles=("adam lr",),
-)
-GROUPS_B1 = F("groups_b1", 0.8, _beta, "'muon_groups': the Adam groups' b1", other=0.9, roles=("beta1",))
-GROUPS_B2 = F("groups_b2", 0.95, _beta, "'muon_groups': the Adam groups' b2", other=0.99, roles=("beta2",))
-GROUPS_EPS = F("groups_eps", 1e-10, _positive, "'muon_groups': the Adam groups' eps", other=1e-3, roles=("eps",))
-GROUPS_LR_SCALE = F(
-  "groups_lr_scale",
-  1.0,
-  _positive,
-  "'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once",
-  other=2.0,
-  roles=("adam lr",),
-)
-# 'muon_groups' with a token embedding tied to the head: its own Adam settings (`tied_head_settings`).
-# The defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
-# about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those).
-TIED_LR_RATIO = F(
-  "tied_lr_ratio", 0.16, _positive, "'muon_groups': a tied embedding-head's LR ratio", other=0.5, unread=_untied_head
-)
-TIED_B1 = F("tied_b1", 0.8, _beta, "'muon_groups': a tied embedding-head's b1", other=0.5, unread=_untied_head)
-TIED_B2 = F("tied_b2", 0.95, _beta, "'muon_groups': a tied embedding-head's b2", other=0.99, unread=_untied_head)
-TIED_EPS = F(
-  "tied_eps", 1e-10, _positive, "'muon_groups': a tied embedding-head's eps", other=1e-3, unread=_untied_head
+  F(
+    "head_lr_ratio",
+    0.16,
+    _positive,
+    "'muon_groups': an untied head's LR as a ratio of learning_rate",
+    other=0.5,
+    roles=("head lr", "adam lr"),
+    unread=_tied_head(
+      "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings)",
+      "Set --config.optim.tied_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+    ),
+  ),
+  F(
+    "scalar_lr_ratio",
+    0.8,
+    _positive,
+    "'muon_groups': the scalars' LR as a ratio of learning_rate",
+    other=0.4,
+    roles=("adam lr",),
+  ),
+  F("groups_b1", 0.8, _beta, "'muon_groups': the Adam groups' b1", other=0.9, roles=("beta1",)),
+  F("groups_b2", 0.95, _beta, "'muon_groups': the Adam groups' b2", other=0.99, roles=("beta2",)),
+  F("groups_eps", 1e-10, _positive, "'muon_groups': the Adam groups' eps", other=1e-3, roles=("eps",)),
+  F(
+    "groups_lr_scale",
+    1.0,
+    _positive,
+    "'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once",
+    other=2.0,
+    roles=("adam lr",),
+  ),
+  # 'muon_groups' with a token embedding tied to the head: its own Adam settings (`tied_head_settings`).
+  # The defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
+  # about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those).
+  F(
+    "tied_lr_ratio", 0.16, _positive, "'muon_groups': a tied embedding-head's LR ratio", other=0.5, unread=_untied_head
+  ),
+  F("tied_b1", 0.8, _beta, "'muon_groups': a tied embedding-head's b1", other=0.5, unread=_untied_head),
+  F("tied_b2", 0.95, _beta, "'muon_groups': a tied embedding-head's b2", other=0.99, unread=_untied_head),
+  F("tied_eps", 1e-10, _positive, "'muon_groups': a tied embedding-head's eps", other=1e-3, unread=_untied_head),
 )
 
 MUON_MOMENTUM = 0.95
@@ -211,22 +211,24 @@ MUON_MOMENTUM_FIELD = F(
   "'muon'/'muon_groups': Muon's momentum (where a warm-up ends)",
   other=0.5,
 )
-MUON_MOMENTUM_WARMUP = F(
-  "muon_momentum_warmup_steps",
-  0,
-  schema.check_int(0),
-  "'muon'/'muon_groups': Muon updates over which the momentum rises from muon_momentum_start; 0 = off",
-  other=2,
+_MUON_MOMENTUM = (
+  MUON_MOMENTUM_FIELD,
+  F(
+    "muon_momentum_warmup_steps",
+    0,
+    schema.check_int(0),
+    "'muon'/'muon_groups': Muon updates over which the momentum rises from muon_momentum_start; 0 = off",
+    other=2,
+  ),
+  F(
+    "muon_momentum_start",
+    0.85,
+    _beta,
+    "'muon'/'muon_groups': where the momentum warm-up starts",
+    other=0.5,
+    unread=_no_momentum_warmup,
+  ),
 )
-MUON_MOMENTUM_START = F(
-  "muon_momentum_start",
-  0.85,
-  _beta,
-  "'muon'/'muon_groups': where the momentum warm-up starts",
-  other=0.5,
-  unread=_no_momentum_warmup,
-)
-_MUON_MOMENTUM = (MUON_MOMENTUM_FIELD, MUON_MOMENTUM_WARMUP, MUON_MOMENTUM_START)
 
 
 def final_muon_momentum(optim: Any) -> float:
@@ -318,10 +320,9 @@ def _build_muon_groups(o: Any) -> optax.GradientTransformation:
     "scalar": adam(o.scalar_lr_ratio),
   }
   tied = tied_head_settings(o)
-  tied_label = "head"
   if tied != (float(o.head_lr_ratio), b1, b2, eps):
-    tied_label = "tied_head"
-    transforms["tied_head"] = adam(tied[0], b1=tied[1], b2=tied[2], eps=tied[3])
+    transforms["tied_head"] = adam(*tied)
+  tied_label = "tied_head" if "tied_head" in transforms else "head"
   return optax.partition(transforms, functools.partial(muon_group_labels, tied_label=tied_label))
 
 
@@ -389,22 +390,7 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
       "muon_groups",
       "Muon (muon_weight_decay) on the hidden matrices, and Adam with no weight decay on the "
       "embeddings, the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
-      (
-        GRAD_CLIP,
-        EMBED_LR_RATIO,
-        HEAD_LR_RATIO,
-        SCALAR_LR_RATIO,
-        GROUPS_B1,
-        GROUPS_B2,
-        GROUPS_EPS,
-        GROUPS_LR_SCALE,
-        TIED_LR_RATIO,
-        TIED_B1,
-        TIED_B2,
-        TIED_EPS,
-        MUON_WEIGHT_DECAY,
-        *_MUON_MOMENTUM,
-      ),
+      (GRAD_CLIP, *_GROUPS_FIELDS, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
       _build_muon_groups,
     ),
   )

@@ -32,14 +32,8 @@ class Task:
 
   def train_kwargs(self) -> dict[str, Any]:
     """The keyword arguments of `loop.train.train`."""
-    return dict(
-      init_params=self.init_params,
-      loss_fn=self.loss_fn,
-      train_batch=self.train_batch,
-      eval_batches=self.eval_batches,
-      tokens_per_step=self.tokens_per_step,
-      extra_meta=self.extra_meta,
-    )
+    names = ("init_params", "loss_fn", "train_batch", "eval_batches", "tokens_per_step", "extra_meta")
+    return {name: getattr(self, name) for name in names}
 
 
 # The config blocks this task reads (`bench.tasks.reads`): a field of another task's block set for it
@@ -142,14 +136,14 @@ def benchmark_notes(config: ml_collections.ConfigDict, budget_steps: dict[str, i
   """What a benchmark reports of this task's data: how many times each budget (name -> steps) reads
   the training split, a line that says so, and a warning past `MAX_EPOCHS`."""
   prepared = build_task(config).prepared
-  epochs = {}
-  for name, steps in budget_steps.items():
+
+  def steps_of(steps: int) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(config.to_dict())
     c.trainer.steps = steps
-    epochs[name] = corpus_epochs(c, prepared.n_train)
-  longest = ml_collections.ConfigDict(config.to_dict())
-  longest.trainer.steps = max(budget_steps.values())
-  warning = epochs_warning(longest, prepared.n_train)
+    return c
+
+  epochs = {name: corpus_epochs(steps_of(steps), prepared.n_train) for name, steps in budget_steps.items()}
+  warning = epochs_warning(steps_of(max(budget_steps.values())), prepared.n_train)
   return {
     "corpus_epochs": epochs,
     "lines": [
