@@ -192,13 +192,8 @@ def _asset(name: str) -> Any:
 
 def _load_gpt2_ranks() -> dict[bytes, int]:
   """Parses the bundled gzipped `gpt2.tiktoken` ("base64token rank" lines)."""
-  ranks = {}
   with _asset("gpt2.tiktoken.gz").open("rb") as raw, gzip.open(raw) as f:
-    for line in f:
-      if line.strip():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-  return ranks
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in f if line.strip())}
 
 
 @functools.cache
@@ -398,10 +393,8 @@ def _iter_token_arrays(docs: Sequence[_Document], tokenizer: Tokenizer) -> Itera
   The separator is the tokenizer's end-of-text token if it has one, else a
   blank line ("\\n\\n").
   """
-  if tokenizer.eot_token is not None:
-    separator = np.array([tokenizer.eot_token], dtype=TOKEN_DTYPE)
-  else:
-    separator = tokenizer.encode_to_array(["\n\n"])
+  eot = tokenizer.eot_token
+  separator = tokenizer.encode_to_array(["\n\n"]) if eot is None else np.array([eot], dtype=TOKEN_DTYPE)
   batch_size = 8  # Chunks per tokenizer call: bounds memory, feeds threads.
   for i, doc in enumerate(docs):
     if i:

@@ -35,14 +35,10 @@ from hybridjax import schema
 from hybridjax.optimizers import (  # noqa: F401  (the optimizers' public names, as `hybridjax.optim.<name>`)
   ADAMW_LR_RATIOS,
   BUILTIN_OPTIMIZERS,
-  MUON_MOMENTUM,
   OPTIMIZERS,
   Optimizer,
   adamw_group_labels,
-  adamw_lr_ratios,
-  adamw_ratio_error,
   eval_params,
-  final_muon_momentum,
   injected_learning_rates,
   make_optimizer,
   muon_group_labels,
@@ -336,10 +332,9 @@ def init_train_state(
     held.add(id(x))
     return x
 
-  opt_state = jax.tree.map(own, tx.init(params))
   return TrainState(
     params=params,
-    opt_state=opt_state,
+    opt_state=jax.tree.map(own, tx.init(params)),
     step=zero(),
     nonfinite_streak=zero(),
     nonfinite_total=zero(),
@@ -425,8 +420,7 @@ def per_example_losses(loss_fn: LossFn, params: Any, batch: Batch) -> jax.Array:
   sizes = {np.shape(x)[0] for x in jax.tree.leaves(batch) if np.ndim(x) >= 1}
   if len(sizes) != 1:
     raise ValueError(f"per_example_losses: the batch's leaves have leading axes {sorted(sizes)}, not one batch size")
-  (n,) = sizes
-  axes = jax.tree.map(lambda x: 0 if np.ndim(x) >= 1 and np.shape(x)[0] == n else None, batch)
+  axes = jax.tree.map(lambda x: 0 if np.ndim(x) >= 1 else None, batch)
 
   def one(example):
     single = jax.tree.map(lambda x, a: x[None] if a == 0 else x, example, axes)

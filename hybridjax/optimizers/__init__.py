@@ -43,7 +43,6 @@ from hybridjax.optimizers.adam import (
   _with_group_ratios,
   adamw_group_labels,
   adamw_lr_ratios,
-  adamw_ratio_error,
 )
 from hybridjax.optimizers.labels import muon_group_labels, muon_labels
 from hybridjax.optimizers.user import (
@@ -435,7 +434,14 @@ def lr_ratio_error(optim: Any) -> str | None:
   if ratios == (1.0, 1.0) or (decl is not None and ADAMW_EMBED_LR_RATIO in decl.fields):
     return None
   readers = [o.name for o in OPTIMIZERS.values() if ADAMW_EMBED_LR_RATIO in o.fields]
-  return adamw_ratio_error(optim.name, ratios, readers, decl.summary if decl else "your own optimizer")
+  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
+  two = len(set_) > 1
+  return (
+    f"{' and '.join(set_)} {'apply' if two else 'applies'} only to an optimizer that declares "
+    f"{'them' if two else 'it'} ({', '.join(repr(r) for r in readers)}), not {optim.name!r} "
+    f"({decl.summary if decl else 'your own optimizer'}): set {'them' if two else 'it'} back to 1.0, or use one "
+    "of those ('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+  )
 
 
 def schedule_error(optim: Any) -> str | None:
@@ -566,7 +572,6 @@ __all__ = [
   "Optimizer",
   "adamw_group_labels",
   "adamw_lr_ratios",
-  "adamw_ratio_error",
   "eval_params",
   "final_muon_momentum",
   "injected_learning_rates",

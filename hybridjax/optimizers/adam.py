@@ -187,17 +187,3 @@ def _build_schedule_free_adamw(o: Any) -> optax.GradientTransformation:
   return optax.inject_hyperparams(_schedule_free_adamw)(
     learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), weight_decay=float(o.weight_decay)
   )
-
-
-def adamw_ratio_error(name: str, ratios: tuple[float, float], readers: list[str], summary: str) -> str:
-  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
-  optimizer `name` (`summary`: what it is) that does not read them (they would be silently ignored);
-  `readers`: the optimizers that do."""
-  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
-  two = len(set_) > 1
-  return (
-    f"{' and '.join(set_)} {'apply' if two else 'applies'} only to an optimizer that declares "
-    f"{'them' if two else 'it'} ({', '.join(repr(r) for r in readers)}), not {name!r} ({summary}): set "
-    f"{'them' if two else 'it'} back to 1.0, or use one of those ('muon_groups' has its own "
-    "--config.optim.embed_lr_ratio and head_lr_ratio)"
-  )

@@ -21,11 +21,7 @@ def muon_labels(params: Any) -> Any:
   (every leaf with ndim != 2) stay on AdamW.
   """
 
-  def label(path, p):
-    keys = _keys(path)
-    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
-
-  return jax.tree_util.tree_map_with_path(label, params)
+  return jax.tree.map(lambda label: "muon" if label.startswith("muon") else "adamw", muon_group_labels(params))
 
 
 def muon_group_labels(params: Any, tied_label: str = "head") -> Any:

@@ -58,11 +58,8 @@ def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformat
   return with_learning_rate_kwarg
 
 
-_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
-
-
 def _is_inject_state(node: Any) -> bool:
-  return isinstance(node, _INJECT_STATES)
+  return isinstance(node, (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState))
 
 
 def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:

@@ -73,8 +73,7 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   batch_size, seed = config.trainer.batch_size, config.seed
 
   def init_params(rng):
-    dummy = jax.numpy.zeros((1, seq_len), jax.numpy.int32)
-    return model.init(rng, dummy)["params"]
+    return model.init(rng, jax.numpy.zeros((1, seq_len), jax.numpy.int32))["params"]
 
   def train_batch(step):
     return data_lib.get_batch(
