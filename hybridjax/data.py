@@ -157,9 +157,7 @@ class GPT2Tokenizer:
     Returns:
       The token ids.
     """
-    if allow_special:
-      return self._enc.encode(text, allowed_special="all")
-    return self._enc.encode_ordinary(text)
+    return self._enc.encode(text, allowed_special="all") if allow_special else self._enc.encode_ordinary(text)
 
   def decode(self, tokens: Sequence[int]) -> str:
     """Decodes token ids; 50256 decodes to "<|endoftext|>"."""
@@ -597,13 +595,13 @@ def _load_prepared(dest: pathlib.Path, key: str) -> PreparedData | None:
 
 def _from_meta(dest: pathlib.Path, meta: dict[str, Any]) -> PreparedData:
   return PreparedData(
-    train_path=str(dest / TRAIN_FILE),
-    val_path=str(dest / VAL_FILE),
-    vocab_size=meta["vocab_size"],
-    tokenizer=meta["tokenizer"],
-    n_train=meta["n_train"],
-    n_val=meta["n_val"],
-    meta=meta,
+    str(dest / TRAIN_FILE),
+    str(dest / VAL_FILE),
+    meta["vocab_size"],
+    meta["tokenizer"],
+    meta["n_train"],
+    meta["n_val"],
+    meta,
   )
 
 
@@ -685,7 +683,7 @@ def _gather(
   tokens: np.ndarray,
   starts: np.ndarray,
   seq_len: int,
-  vocab_size: int | None = None,
+  vocab_size: int | None,
 ) -> dict[str, np.ndarray]:
   windows = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
   if vocab_size is not None and windows.size and windows.max() >= vocab_size:
@@ -732,8 +730,7 @@ def get_batch(
   _check_batch_args(tokens, batch_size, seq_len)
   _check_int("seed", seed)
   _check_int("step", step)
-  rng = np.random.default_rng((int(seed), int(step)))
-  starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+  starts = np.random.default_rng((int(seed), int(step))).integers(0, len(tokens) - seq_len, size=batch_size)
   return _gather(tokens, starts, seq_len, vocab_size)
 
 
@@ -780,7 +777,6 @@ def eval_batches(
   batch_size: int,
   seq_len: int,
   n_batches: int,
-  seed: int = 0,
   vocab_size: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
   """Returns a fixed set of evaluation batches, the same for every run.
@@ -794,7 +790,6 @@ def eval_batches(
     batch_size: `trainer.batch_size`.
     seq_len: the sequence length, `model.n_ctx`.
     n_batches: how many batches.
-    seed: the seed for the offsets within strata.
     vocab_size: if set, a token id >= vocab_size raises ValueError.
 
   Returns:
@@ -807,7 +802,7 @@ def eval_batches(
   n_starts = len(tokens) - seq_len  # Valid offsets: [0, n_starts).
   edges = np.linspace(0, n_starts, n_windows + 1)
   # A stream of its own: it never coincides with a get_batch (seed, step).
-  rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_EVAL_STREAM,)))
+  rng = np.random.default_rng(np.random.SeedSequence(0, spawn_key=(_EVAL_STREAM,)))
   starts = np.floor(edges[:-1] + rng.random(n_windows) * np.diff(edges))
   starts = np.clip(starts.astype(np.int64), 0, n_starts - 1)
   return [_gather(tokens, s, seq_len, vocab_size) for s in starts.reshape(n_batches, batch_size)]

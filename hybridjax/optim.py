@@ -494,6 +494,7 @@ def train_step(
   loss, grads = loss_and_grads(loss_fn, state.params, batch, grad_accum)
   grad_norm = global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  lr = learning_rate(schedule, state.step)
-  params, opt_state, _ = guarded_update(tx, grads, state.opt_state, state.params, lr, finite)
+  params, opt_state, _ = guarded_update(
+    tx, grads, state.opt_state, state.params, learning_rate(schedule, state.step), finite
+  )
   return next_train_state(state, params, opt_state, finite), {"loss": loss, "grad_norm": grad_norm}

@@ -24,7 +24,7 @@ import optax
 
 from hybridjax import schema
 from hybridjax.optimizers import module
-from hybridjax.optimizers.adam import (
+from hybridjax.optimizers.adam import (  # noqa: F401  (re-exported, as `hybridjax.optimizers.<name>`)
   ADAMW_EMBED_LR_RATIO,
   ADAMW_HEAD_LR_RATIO,
   ADAMW_LR_RATIOS,
@@ -35,17 +35,19 @@ from hybridjax.optimizers.adam import (
   LION_B2,
   WEIGHT_DECAY,
   _adamw,
+  _beta,
   _build_adam,
   _build_lion,
   _build_nadamw,
   _build_schedule_free_adamw,
+  _positive,
   _tied_head,
   _with_group_ratios,
   adamw_group_labels,
   adamw_lr_ratios,
 )
 from hybridjax.optimizers.labels import muon_group_labels, muon_labels
-from hybridjax.optimizers.user import (
+from hybridjax.optimizers.user import (  # noqa: F401  (re-exported, as `hybridjax.optimizers.<name>`)
   Optimizer,
   _factory_with_learning_rate,
   _is_inject_state,
@@ -54,8 +56,6 @@ from hybridjax.optimizers.user import (
 )
 
 F = schema.Field
-_beta = schema.check_num(0.0, 1.0, hi_open=True)
-_positive = schema.check_num(0.0, lo_open=True)
 
 
 def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -64,15 +64,12 @@ def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTrans
   to = lambda x: x.reshape(x.shape[0], 3, x.shape[1] // 3).transpose(1, 0, 2)
   back = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], 3 * x.shape[2])
 
-  def init(params):
-    return inner.init(jax.tree.map(to, params))
-
   def update(updates, state, params=None):
     params = None if params is None else jax.tree.map(to, params)
     updates, state = inner.update(jax.tree.map(to, updates), state, params)
     return jax.tree.map(back, updates), state
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformation(lambda params: inner.init(jax.tree.map(to, params)), update)
 
 
 def _stacks_of_three(params: Any) -> Any:
@@ -279,12 +276,14 @@ def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
   """(LR ratio, b1, b2, eps) of a token embedding tied to the head under 'muon_groups':
   `optim.tied_lr_ratio`, `tied_b1`, `tied_b2`, `tied_eps`. A block without them (written before they
   existed) gives the head group's, which is what it trained with."""
-  get = lambda name, fallback: float(optim[name] if name in optim else optim[fallback])
-  return (
-    get("tied_lr_ratio", "head_lr_ratio"),
-    get("tied_b1", "groups_b1"),
-    get("tied_b2", "groups_b2"),
-    get("tied_eps", "groups_eps"),
+  return tuple(
+    float(optim[name] if name in optim else optim[fallback])
+    for name, fallback in (
+      ("tied_lr_ratio", "head_lr_ratio"),
+      ("tied_b1", "groups_b1"),
+      ("tied_b2", "groups_b2"),
+      ("tied_eps", "groups_eps"),
+    )
   )
 
 
@@ -560,30 +559,3 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
       "build it with `optax.inject_hyperparams(optax.adamw)(learning_rate=0.0)`"
     )
   return tx
-
-
-__all__ = [
-  "ADAMW_LR_RATIOS",
-  "BUILTIN_OPTIMIZERS",
-  "FIELDS",
-  "MUON_MOMENTUM",
-  "OPTIMIZERS",
-  "BuiltinOptimizer",
-  "Optimizer",
-  "adamw_group_labels",
-  "adamw_lr_ratios",
-  "eval_params",
-  "final_muon_momentum",
-  "injected_learning_rates",
-  "make_optimizer",
-  "lr_ratio_error",
-  "relation_errors",
-  "schedule_error",
-  "muon_group_labels",
-  "muon_labels",
-  "muon_momentum",
-  "resolve_optimizer",
-  "tied_head_settings",
-  "with_learning_rate",
-  "_is_inject_state",
-]

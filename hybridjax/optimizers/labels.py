@@ -8,10 +8,6 @@ from typing import Any
 import jax
 
 
-def _keys(path: Any) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-
-
 def muon_labels(params: Any) -> Any:
   """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
 
@@ -37,7 +33,7 @@ def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
   tied = "lm_head" not in params
 
   def label(path, p):
-    keys = _keys(path)
+    keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
     if "embedding" in keys:
       return tied_label if tied and keys[0] == "wte" else "embed"
     if keys[0] == "lm_head":

@@ -146,12 +146,11 @@ def schedule_errors(optim: ml_collections.ConfigDict, tx: optax.GradientTransfor
   `optimizers.resolve_optimizer`) on `params` (shapes), unless it owns its schedule; that fix then named.
   Only traced."""
   m = load(str(optim.name))
-  if m.owns_schedule:
-    return []
-  try:
-    check_user_optimizer(tx, params, optim)
-  except ValueError as e:
-    return [f"{e}; or, if it anneals on its own, declare OWNS_SCHEDULE = True in {m.path}"]
+  if not m.owns_schedule:
+    try:
+      check_user_optimizer(tx, params, optim)
+    except ValueError as e:
+      return [f"{e}; or, if it anneals on its own, declare OWNS_SCHEDULE = True in {m.path}"]
   return []
 
 

@@ -109,12 +109,11 @@ def _learning_rate_reaches_updates(tx: Any, params: Any) -> bool:
   included), so it may say yes for a learning rate that has no effect, never no for one that has.
   Only traced (`jax.make_jaxpr` on the shapes): nothing is computed."""
   state = jax.eval_shape(tx.init, params)
-  lr = jax.ShapeDtypeStruct((), jnp.float32)
 
   def updates(lr, grads, state, params):
     return tx.update(grads, with_learning_rate(state, lr), params)[0]
 
-  jaxpr = jax.make_jaxpr(updates)(lr, params, state, params).jaxpr
+  jaxpr = jax.make_jaxpr(updates)(jax.ShapeDtypeStruct((), jnp.float32), params, state, params).jaxpr
   needed = {v for v in jaxpr.outvars if not isinstance(v, jax.extend.core.Literal)}
   for eqn in reversed(jaxpr.eqns):
     if any(v in needed for v in eqn.outvars if not isinstance(v, jax.extend.core.DropVar)):
@@ -219,19 +218,17 @@ def overwritten_learning_rate_errors(tx: optax.GradientTransformation, params: A
   0.0, which states no rate (the form a factory is wrapped in). A line per rate refused, naming both
   values and the fix."""
   peak = float(optim.learning_rate)
-  errors = []
-  for where, value in injected_learning_rate_values(tx, params):
-    if value is None or value == 0.0 or np.isclose(value, peak, rtol=1e-6, atol=0.0):  # float32 rounding
-      continue
-    errors.append(
-      f"the optimizer {optim.name!r} given to train(tx=...) injects learning_rate={value:g} ({where}), but the "
-      f"config's schedule (--config.optim.schedule={optim.get('schedule', 'cosine')!r}, peak "
-      f"--config.optim.learning_rate={optim.learning_rate}) writes its own rate over it before every update: the run "
-      f"would train at the schedule's rate, never at {value:g}. To train at {value:g}, set "
-      f"--config.optim.learning_rate={value:g} (and inject that value, or 0.0); or pass a factory, "
-      "tx=lambda learning_rate: optax.adamw(learning_rate)"
-    )
-  return errors
+  return [
+    f"the optimizer {optim.name!r} given to train(tx=...) injects learning_rate={value:g} ({where}), but the "
+    f"config's schedule (--config.optim.schedule={optim.get('schedule', 'cosine')!r}, peak "
+    f"--config.optim.learning_rate={optim.learning_rate}) writes its own rate over it before every update: the run "
+    f"would train at the schedule's rate, never at {value:g}. To train at {value:g}, set "
+    f"--config.optim.learning_rate={value:g} (and inject that value, or 0.0); or pass a factory, "
+    "tx=lambda learning_rate: optax.adamw(learning_rate)"
+    for where, value in injected_learning_rate_values(tx, params)
+    # 0.0 states no rate; the peak is accepted up to float32 rounding
+    if not (value is None or value == 0.0 or np.isclose(value, peak, rtol=1e-6, atol=0.0))
+  ]
 
 
 def check_user_optimizer(tx: Any, params: Any, optim: Any) -> None:

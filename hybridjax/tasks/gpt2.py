@@ -86,23 +86,21 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
       train_tokens, seed=seed, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
     )
 
-  eval_batches = data_lib.eval_batches(
-    val_tokens,
-    batch_size=batch_size,
-    seq_len=seq_len,
-    n_batches=config.trainer.eval_batches,
-    vocab_size=model_cfg.vocab_size,
-  )
-  n_params = gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0)))
   return Task(
     init_params=init_params,
     loss_fn=gpt2.make_loss_fn(model),
     train_batch=train_batch,
-    eval_batches=eval_batches,
+    eval_batches=data_lib.eval_batches(
+      val_tokens,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      n_batches=config.trainer.eval_batches,
+      vocab_size=model_cfg.vocab_size,
+    ),
     tokens_per_step=batch_size * seq_len,
     extra_meta={
       "data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train, "n_val": prepared.n_val},
-      "n_params": n_params,
+      "n_params": gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0))),
       # The attention's path on this backend (the run key does not see the backend).
       "attention": attention.attention_implementation(model_cfg, attention.current_backend()),
     },

@@ -45,7 +45,7 @@ def build_task(config: Any) -> dict[str, Any]:
     "loss_fn": make_loss_fn(model),
     "train_batch": lambda step: regression_batch(train_x, train_y, step, batch_size, seed),
     "eval_batches": [
-      {"x": eval_x[i * batch_size : (i + 1) * batch_size], "y": eval_y[i * batch_size : (i + 1) * batch_size]}
-      for i in range(n_eval)
+      {"x": eval_x[i : i + batch_size], "y": eval_y[i : i + batch_size]}
+      for i in range(0, n_eval * batch_size, batch_size)
     ],
   }
