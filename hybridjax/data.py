@@ -157,9 +157,7 @@ class GPT2Tokenizer:
     Returns:
       The token ids.
     """
-    if allow_special:
-      return self._enc.encode(text, allowed_special="all")
-    return self._enc.encode_ordinary(text)
+    return self._enc.encode(text, allowed_special="all") if allow_special else self._enc.encode_ordinary(text)
 
   def decode(self, tokens: Sequence[int]) -> str:
     """Decodes token ids; 50256 decodes to "<|endoftext|>"."""
@@ -192,13 +190,8 @@ def _asset(name: str) -> Any:
 
 def _load_gpt2_ranks() -> dict[bytes, int]:
   """Parses the bundled gzipped `gpt2.tiktoken` ("base64token rank" lines)."""
-  ranks = {}
   with _asset("gpt2.tiktoken.gz").open("rb") as raw, gzip.open(raw) as f:
-    for line in f:
-      if line.strip():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-  return ranks
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in f if line.strip())}
 
 
 @functools.cache
@@ -398,10 +391,8 @@ def _iter_token_arrays(docs: Sequence[_Document], tokenizer: Tokenizer) -> Itera
   The separator is the tokenizer's end-of-text token if it has one, else a
   blank line ("\\n\\n").
   """
-  if tokenizer.eot_token is not None:
-    separator = np.array([tokenizer.eot_token], dtype=TOKEN_DTYPE)
-  else:
-    separator = tokenizer.encode_to_array(["\n\n"])
+  eot = tokenizer.eot_token
+  separator = tokenizer.encode_to_array(["\n\n"]) if eot is None else np.array([eot], dtype=TOKEN_DTYPE)
   batch_size = 8  # Chunks per tokenizer call: bounds memory, feeds threads.
   for i, doc in enumerate(docs):
     if i:
@@ -444,12 +435,6 @@ def default_cache_dir() -> str:
   return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "hybridjax", "data")
 
 
-def check_val_fraction(val_fraction: float) -> None:
-  """Raises ValueError unless 0 < val_fraction <= 0.5."""
-  if not 0.0 < val_fraction <= 0.5:
-    raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
-
-
 def prepare_corpus(
   path: str | None,
   tokenizer_name: str,
@@ -487,7 +472,8 @@ def prepare_corpus(
       that is empty, not text, or too small to split.
   """
   tokenizer = get_tokenizer(tokenizer_name)
-  check_val_fraction(val_fraction)
+  if not 0.0 < val_fraction <= 0.5:
+    raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
   split = split_folders(path)
   if split:
     root = pathlib.Path(str(path)).expanduser().resolve()
@@ -499,13 +485,9 @@ def prepare_corpus(
   content_hash = _hash_and_check(source, docs)
   held_out = "split" if split else f"val{val_fraction!r}"
   key = f"v{_FORMAT_VERSION}-{content_hash[:16]}-{tokenizer.name}-{held_out}"
-  if out_dir:
-    dest = pathlib.Path(out_dir).expanduser()
-  else:
-    dest = pathlib.Path(cache_dir or default_cache_dir()).expanduser() / key
+  dest = pathlib.Path(out_dir or os.path.join(cache_dir or default_cache_dir(), key)).expanduser()
 
-  prepared = _load_prepared(dest, key)
-  if prepared is not None:
+  if (prepared := _load_prepared(dest, key)) is not None:
     logging.info("data: reusing %s", dest)
     return prepared
   logging.info("data: tokenising %s with %s into %s", source, tokenizer.name, dest)
@@ -531,7 +513,8 @@ def prepare_corpus(
     "files": [d.name for d in docs],
     "content_hash": content_hash,
   }
-  _atomic_write(dest / META_FILE, json.dumps(meta, indent=2).encode())
+  with _replacing(dest / META_FILE) as (tmp,):
+    tmp.write_bytes(json.dumps(meta, indent=2).encode())
   return _from_meta(dest, meta)
 
 
@@ -542,9 +525,8 @@ def _write_splits(
   source: str,
 ) -> tuple[int, int]:
   """Streams tokens to disk and splits off the tail as `val.bin`."""
-  train_tmp, val_tmp = _tmp(dest / TRAIN_FILE), _tmp(dest / VAL_FILE)
   itemsize = np.dtype(TOKEN_DTYPE).itemsize
-  try:
+  with _replacing(dest / TRAIN_FILE, dest / VAL_FILE) as (train_tmp, val_tmp):
     n_tokens = _write_tokens(train_tmp, token_arrays)
     n_val = int(n_tokens * val_fraction)
     n_train = n_tokens - n_val
@@ -562,32 +544,30 @@ def _write_splits(
         f.write(tokens[start : min(start + step, n_tokens)].tobytes())
     del tokens
     os.truncate(train_tmp, n_train * itemsize)
-    os.replace(train_tmp, dest / TRAIN_FILE)
-    os.replace(val_tmp, dest / VAL_FILE)
-  finally:
-    train_tmp.unlink(missing_ok=True)
-    val_tmp.unlink(missing_ok=True)
   return n_train, n_val
 
 
 def _write_folder_splits(dest: pathlib.Path, parts: list[Iterable[np.ndarray]], source: str) -> tuple[int, int]:
   """Streams the train/ folder's tokens to `train.bin` and the val/ folder's to `val.bin`."""
-  tmps = [_tmp(dest / TRAIN_FILE), _tmp(dest / VAL_FILE)]
-  try:
+  with _replacing(dest / TRAIN_FILE, dest / VAL_FILE) as tmps:
     counts = [_write_tokens(tmp, arrays) for tmp, arrays in zip(tmps, parts)]
     if min(counts) < 1:
       raise ValueError(f"data.path {source!r}: its train/ or val/ folder holds no tokens")
-    os.replace(tmps[0], dest / TRAIN_FILE)
-    os.replace(tmps[1], dest / VAL_FILE)
-  finally:
-    for tmp in tmps:
-      tmp.unlink(missing_ok=True)
   return counts[0], counts[1]
 
 
-def _tmp(path: pathlib.Path) -> pathlib.Path:
-  """A temporary name beside `path`, unique to this process and call."""
-  return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+@contextlib.contextmanager
+def _replacing(*paths: pathlib.Path) -> Iterator[list[pathlib.Path]]:
+  """Temporary names beside `paths`, unique to this process and call, each renamed to its path when
+  the block completes and removed when it raises."""
+  tmps = [path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}") for path in paths]
+  try:
+    yield tmps
+    for tmp, path in zip(tmps, paths):
+      os.replace(tmp, path)
+  finally:
+    for tmp in tmps:
+      tmp.unlink(missing_ok=True)
 
 
 def _write_tokens(path: pathlib.Path, token_arrays: Iterable[np.ndarray]) -> int:
@@ -596,15 +576,6 @@ def _write_tokens(path: pathlib.Path, token_arrays: Iterable[np.ndarray]) -> int
     for array in token_arrays:
       f.write(array.astype(TOKEN_DTYPE, copy=False).tobytes())
   return path.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize
-
-
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-  tmp = _tmp(path)
-  try:
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-  finally:
-    tmp.unlink(missing_ok=True)
 
 
 def _load_prepared(dest: pathlib.Path, key: str) -> PreparedData | None:
@@ -624,13 +595,13 @@ def _load_prepared(dest: pathlib.Path, key: str) -> PreparedData | None:
 
 def _from_meta(dest: pathlib.Path, meta: dict[str, Any]) -> PreparedData:
   return PreparedData(
-    train_path=str(dest / TRAIN_FILE),
-    val_path=str(dest / VAL_FILE),
-    vocab_size=meta["vocab_size"],
-    tokenizer=meta["tokenizer"],
-    n_train=meta["n_train"],
-    n_val=meta["n_val"],
-    meta=meta,
+    str(dest / TRAIN_FILE),
+    str(dest / VAL_FILE),
+    meta["vocab_size"],
+    meta["tokenizer"],
+    meta["n_train"],
+    meta["n_val"],
+    meta,
   )
 
 
@@ -693,10 +664,8 @@ def check_seq_len(prepared: PreparedData, seq_len: int) -> None:
 def _check_batch_args(tokens: np.ndarray, batch_size: int, seq_len: int) -> None:
   if np.ndim(tokens) != 1:
     raise ValueError(f"tokens must be 1-D, got shape {np.shape(tokens)}")
-  if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f"trainer.batch_size must be a positive integer, got {batch_size!r}")
-  if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-    raise ValueError(f"model.n_ctx (seq_len) must be a positive integer, got {seq_len!r}")
+  _check_int("trainer.batch_size", batch_size, 1)
+  _check_int("model.n_ctx (seq_len)", seq_len, 1)
   if len(tokens) < seq_len + 1:
     raise ValueError(
       f"the token stream has {len(tokens)} tokens, but one sequence needs "
@@ -705,16 +674,16 @@ def _check_batch_args(tokens: np.ndarray, batch_size: int, seq_len: int) -> None
     )
 
 
-def _check_index(name: str, value: Any) -> None:
-  if not isinstance(value, (int, np.integer)) or value < 0:
-    raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+def _check_int(name: str, value: Any, least: int = 0) -> None:
+  if not isinstance(value, (int, np.integer)) or value < least:
+    raise ValueError(f"{name} must be a {'positive' if least else 'non-negative'} integer, got {value!r}")
 
 
 def _gather(
   tokens: np.ndarray,
   starts: np.ndarray,
   seq_len: int,
-  vocab_size: int | None = None,
+  vocab_size: int | None,
 ) -> dict[str, np.ndarray]:
   windows = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
   if vocab_size is not None and windows.size and windows.max() >= vocab_size:
@@ -759,10 +728,9 @@ def get_batch(
     ValueError: for bad sizes, or if `tokens` is shorter than seq_len + 1.
   """
   _check_batch_args(tokens, batch_size, seq_len)
-  _check_index("seed", seed)
-  _check_index("step", step)
-  rng = np.random.default_rng((int(seed), int(step)))
-  starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+  _check_int("seed", seed)
+  _check_int("step", step)
+  starts = np.random.default_rng((int(seed), int(step))).integers(0, len(tokens) - seq_len, size=batch_size)
   return _gather(tokens, starts, seq_len, vocab_size)
 
 
@@ -794,7 +762,7 @@ def no_repeat_batches(
   order = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_ORDER_STREAM,))).permutation(n)
 
   def batch(step: int) -> dict[str, np.ndarray]:
-    _check_index("step", step)
+    _check_int("step", step)
     picked = order[int(step) * batch_size : (int(step) + 1) * batch_size]
     if len(picked) < batch_size:
       check_no_repeat(len(tokens), seq_len, int(step) + 1, batch_size)
@@ -809,7 +777,6 @@ def eval_batches(
   batch_size: int,
   seq_len: int,
   n_batches: int,
-  seed: int = 0,
   vocab_size: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
   """Returns a fixed set of evaluation batches, the same for every run.
@@ -823,7 +790,6 @@ def eval_batches(
     batch_size: `trainer.batch_size`.
     seq_len: the sequence length, `model.n_ctx`.
     n_batches: how many batches.
-    seed: the seed for the offsets within strata.
     vocab_size: if set, a token id >= vocab_size raises ValueError.
 
   Returns:
@@ -836,7 +802,7 @@ def eval_batches(
   n_starts = len(tokens) - seq_len  # Valid offsets: [0, n_starts).
   edges = np.linspace(0, n_starts, n_windows + 1)
   # A stream of its own: it never coincides with a get_batch (seed, step).
-  rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_EVAL_STREAM,)))
+  rng = np.random.default_rng(np.random.SeedSequence(0, spawn_key=(_EVAL_STREAM,)))
   starts = np.floor(edges[:-1] + rng.random(n_windows) * np.diff(edges))
   starts = np.clip(starts.astype(np.int64), 0, n_starts - 1)
   return [_gather(tokens, s, seq_len, vocab_size) for s in starts.reshape(n_batches, batch_size)]

@@ -35,14 +35,10 @@ from hybridjax import schema
 from hybridjax.optimizers import (  # noqa: F401  (the optimizers' public names, as `hybridjax.optim.<name>`)
   ADAMW_LR_RATIOS,
   BUILTIN_OPTIMIZERS,
-  MUON_MOMENTUM,
   OPTIMIZERS,
   Optimizer,
   adamw_group_labels,
-  adamw_lr_ratios,
-  adamw_ratio_error,
   eval_params,
-  final_muon_momentum,
   injected_learning_rates,
   make_optimizer,
   muon_group_labels,
@@ -283,31 +279,25 @@ def learning_rate(schedule: Schedule, step: jax.Array) -> jax.Array:
   same schedule as compile-time constants and as runtime values gives the same bits.
   """
   step = jnp.asarray(step, jnp.int32)
-  peak, warmup = schedule.peak_lr, schedule.warmup_steps
+  peak, warmup, alpha = schedule.peak_lr, schedule.warmup_steps, schedule.min_lr_ratio
   # Warm-up: optax.linear_schedule(0, peak, warmup).
   count = jnp.clip(step, 0, warmup)
   warm = (0.0 - peak) * (1 - count / jnp.maximum(warmup, 1)) + peak
   warm = jnp.where(warmup > 0, warm, peak)  # no warm-up: a constant schedule at the peak
   if schedule.kind == "wsd":
-    return jnp.where(step < warmup, warm, _wsd_after_warmup(schedule, step))
+    # WSD past the warm-up: the peak until `decay_start`, then linear to `peak * min_lr_ratio` at
+    # `decay_steps`, and the floor after it.
+    start = warmup if schedule.decay_start is None else schedule.decay_start
+    length = jnp.maximum(schedule.decay_steps - start, 1).astype(jnp.float32)
+    frac = jnp.clip((step - start).astype(jnp.float32) / length, 0.0, 1.0)  # 0 -> 1 over the decay
+    linear = peak * ((1 - alpha) * (1 - frac) + alpha)  # exactly the floor at frac = 1
+    return jnp.where(step < warmup, warm, jnp.where(step < start, peak, linear))
   # Decay: optax.cosine_decay_schedule(peak, decay_steps - warmup, alpha=min_lr_ratio).
   decay_steps = (schedule.decay_steps - warmup).astype(jnp.float32)
   count = jnp.minimum((step - warmup).astype(jnp.float32), decay_steps)
   cosine_decay = 0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps))
-  alpha = schedule.min_lr_ratio
   cosine = peak * ((1 - alpha) * cosine_decay + alpha)
   return jnp.where(step < warmup, warm, cosine)
-
-
-def _wsd_after_warmup(schedule: Schedule, step: jax.Array) -> jax.Array:
-  """WSD past the warm-up: the peak until `decay_start`, then linear to `peak * min_lr_ratio` at
-  `decay_steps`, and the floor after it."""
-  peak, alpha = schedule.peak_lr, schedule.min_lr_ratio
-  start = schedule.warmup_steps if schedule.decay_start is None else schedule.decay_start
-  length = jnp.maximum(schedule.decay_steps - start, 1).astype(jnp.float32)
-  frac = jnp.clip((step - start).astype(jnp.float32) / length, 0.0, 1.0)  # 0 -> 1 over the decay
-  linear = peak * ((1 - alpha) * (1 - frac) + alpha)  # exactly the floor at frac = 1
-  return jnp.where(step < start, peak, linear)
 
 
 def init_train_state(
@@ -342,10 +332,9 @@ def init_train_state(
     held.add(id(x))
     return x
 
-  opt_state = jax.tree.map(own, tx.init(params))
   return TrainState(
     params=params,
-    opt_state=opt_state,
+    opt_state=jax.tree.map(own, tx.init(params)),
     step=zero(),
     nonfinite_streak=zero(),
     nonfinite_total=zero(),
@@ -431,8 +420,7 @@ def per_example_losses(loss_fn: LossFn, params: Any, batch: Batch) -> jax.Array:
   sizes = {np.shape(x)[0] for x in jax.tree.leaves(batch) if np.ndim(x) >= 1}
   if len(sizes) != 1:
     raise ValueError(f"per_example_losses: the batch's leaves have leading axes {sorted(sizes)}, not one batch size")
-  (n,) = sizes
-  axes = jax.tree.map(lambda x: 0 if np.ndim(x) >= 1 and np.shape(x)[0] == n else None, batch)
+  axes = jax.tree.map(lambda x: 0 if np.ndim(x) >= 1 else None, batch)
 
   def one(example):
     single = jax.tree.map(lambda x, a: x[None] if a == 0 else x, example, axes)
@@ -506,7 +494,7 @@ def train_step(
   loss, grads = loss_and_grads(loss_fn, state.params, batch, grad_accum)
   grad_norm = global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  lr = learning_rate(schedule, state.step)
-  params, opt_state, _ = guarded_update(tx, grads, state.opt_state, state.params, lr, finite)
-  metrics = {"loss": loss, "grad_norm": grad_norm}
-  return next_train_state(state, params, opt_state, finite), metrics
+  params, opt_state, _ = guarded_update(
+    tx, grads, state.opt_state, state.params, learning_rate(schedule, state.step), finite
+  )
+  return next_train_state(state, params, opt_state, finite), {"loss": loss, "grad_norm": grad_norm}

@@ -236,7 +236,7 @@ def test_the_check_finds_that_an_ignored_learning_rate_does_not_reach_the_update
   assert user_optimizer._learning_rate_reaches_updates(used, PARAMS)
   assert not user_optimizer._learning_rate_reaches_updates(ignored, PARAMS)
   frozen = _frozen_group_tx(PARAMS)
-  assert user_optimizer._initial_learning_rates(frozen, PARAMS) == [pytest.approx(1e-2), 0.0]
+  assert [v for _, v in user_optimizer.injected_learning_rate_values(frozen, PARAMS)] == [pytest.approx(1e-2), 0.0]
 
 
 def test_the_optimizer_is_part_of_the_run_record(tmp_path, jax_cache):

@@ -24,7 +24,7 @@ import optax
 
 from hybridjax import schema
 from hybridjax.optimizers import module
-from hybridjax.optimizers.adam import (
+from hybridjax.optimizers.adam import (  # noqa: F401  (re-exported, as `hybridjax.optimizers.<name>`)
   ADAMW_EMBED_LR_RATIO,
   ADAMW_HEAD_LR_RATIO,
   ADAMW_LR_RATIOS,
@@ -35,18 +35,19 @@ from hybridjax.optimizers.adam import (
   LION_B2,
   WEIGHT_DECAY,
   _adamw,
+  _beta,
   _build_adam,
-  _build_adamw,
   _build_lion,
   _build_nadamw,
   _build_schedule_free_adamw,
+  _positive,
   _tied_head,
+  _with_group_ratios,
   adamw_group_labels,
   adamw_lr_ratios,
-  adamw_ratio_error,
 )
 from hybridjax.optimizers.labels import muon_group_labels, muon_labels
-from hybridjax.optimizers.user import (
+from hybridjax.optimizers.user import (  # noqa: F401  (re-exported, as `hybridjax.optimizers.<name>`)
   Optimizer,
   _factory_with_learning_rate,
   _is_inject_state,
@@ -55,8 +56,6 @@ from hybridjax.optimizers.user import (
 )
 
 F = schema.Field
-_beta = schema.check_num(0.0, 1.0, hi_open=True)
-_positive = schema.check_num(0.0, lo_open=True)
 
 
 def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -65,63 +64,30 @@ def _blocks_of_three(inner: optax.GradientTransformation) -> optax.GradientTrans
   to = lambda x: x.reshape(x.shape[0], 3, x.shape[1] // 3).transpose(1, 0, 2)
   back = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], 3 * x.shape[2])
 
-  def init(params):
-    return inner.init(jax.tree.map(to, params))
-
   def update(updates, state, params=None):
     params = None if params is None else jax.tree.map(to, params)
     updates, state = inner.update(jax.tree.map(to, updates), state, params)
     return jax.tree.map(back, updates), state
 
-  return optax.GradientTransformation(init, update)
-
-
-_STACKS_OF_THREE = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
-"""Muon on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+  return optax.GradientTransformation(lambda params: inner.init(jax.tree.map(to, params)), update)
 
 
 def _stacks_of_three(params: Any) -> Any:
-  return jax.tree.map(lambda _: _STACKS_OF_THREE, params)
+  """Muon on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
+  return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2), params)
 
 
-def _muon_batched(learning_rate: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` on (3, d, d) stacks: axis 0 a batch, orthogonalised over axes 1 and 2."""
-  return optax.contrib.muon(learning_rate=learning_rate, muon_weight_dimension_numbers=_stacks_of_three)
-
-
-def _muon_batched_with_decay(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
-  """`_muon_batched` with a weight decay (a hyperparameter only when it is not 0, so that without one
-  the optimizer state keeps its earlier layout)."""
-  return optax.contrib.muon(
-    learning_rate=learning_rate, weight_decay=weight_decay, muon_weight_dimension_numbers=_stacks_of_three
-  )
-
-
-def _muon(learning_rate: Any, weight_decay: Any) -> optax.GradientTransformation:
-  """`optax.contrib.muon` with only these two hyperparameters (the rest: optax's defaults, beta
-  0.95, Nesterov, 5 Newton-Schulz steps), so `inject_hyperparams` injects no others (an injected
-  `ns_steps` would be a traced array)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay)
-
-
-def _muon_with_momentum(learning_rate: Any, weight_decay: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon` with its momentum `beta` a hyperparameter too (injected only with a momentum warm-up, so
-  that without one the optimizer state keeps its earlier layout)."""
-  return optax.contrib.muon(learning_rate=learning_rate, weight_decay=weight_decay, beta=beta)
-
-
-def _muon_batched_with_momentum(learning_rate: Any, beta: Any) -> optax.GradientTransformation:
-  """`_muon_batched` with its momentum `beta` a hyperparameter."""
-  return optax.contrib.muon(learning_rate=learning_rate, beta=beta, muon_weight_dimension_numbers=_stacks_of_three)
-
-
-def _muon_batched_with_decay_and_momentum(
-  learning_rate: Any, weight_decay: Any, beta: Any
+def _muon(
+  learning_rate: Any, weight_decay: Any = None, beta: Any = None, batched: bool = False
 ) -> optax.GradientTransformation:
-  """`_muon_batched` with its weight decay and its momentum `beta` hyperparameters."""
-  return optax.contrib.muon(
-    learning_rate=learning_rate, weight_decay=weight_decay, beta=beta, muon_weight_dimension_numbers=_stacks_of_three
-  )
+  """`optax.contrib.muon` with only the hyperparameters given (the rest: optax's defaults, beta 0.95,
+  Nesterov, 5 Newton-Schulz steps, no weight decay), so `inject_hyperparams` injects no others (an
+  injected `ns_steps` would be a traced array) and an optimizer built without a weight decay or a
+  momentum keeps its earlier state layout. `batched`: on (3, d, d) stacks, axis 0 a batch,
+  orthogonalised over axes 1 and 2."""
+  given = {k: v for k, v in (("weight_decay", weight_decay), ("beta", beta)) if v is not None}
+  dims = _stacks_of_three if batched else None
+  return optax.contrib.muon(learning_rate=learning_rate, muon_weight_dimension_numbers=dims, **given)
 
 
 # --- the fields, each beside what reads it ---------------------------------------------------------
@@ -167,55 +133,55 @@ MUON_WEIGHT_DECAY = F(
 )
 # 'muon_groups': `_build_muon_groups` (the speedrun record's ratios: Muon 0.05, embeddings 0.6,
 # head 0.008, scalars 0.04; betas (0.8, 0.95), eps 1e-10).
-EMBED_LR_RATIO = F(
-  "embed_lr_ratio",
-  12.0,
-  _positive,
-  "'muon_groups': the embeddings' LR as a ratio of learning_rate",
-  other=6.0,
-  roles=("embed lr", "adam lr"),
-)
-HEAD_LR_RATIO = F(
-  "head_lr_ratio",
-  0.16,
-  _positive,
-  "'muon_groups': an untied head's LR as a ratio of learning_rate",
-  other=0.5,
-  roles=("head lr", "adam lr"),
-  unread=_tied_head(
-    "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings)",
-    "Set --config.optim.tied_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+_GROUPS_FIELDS = (
+  F(
+    "embed_lr_ratio",
+    12.0,
+    _positive,
+    "'muon_groups': the embeddings' LR as a ratio of learning_rate",
+    other=6.0,
+    roles=("embed lr", "adam lr"),
   ),
-)
-SCALAR_LR_RATIO = F(
-  "scalar_lr_ratio",
-  0.8,
-  _positive,
-  "'muon_groups': the scalars' LR as a ratio of learning_rate",
-  other=0.4,
-  roles=("adam lr",),
-)
-GROUPS_B1 = F("groups_b1", 0.8, _beta, "'muon_groups': the Adam groups' b1", other=0.9, roles=("beta1",))
-GROUPS_B2 = F("groups_b2", 0.95, _beta, "'muon_groups': the Adam groups' b2", other=0.99, roles=("beta2",))
-GROUPS_EPS = F("groups_eps", 1e-10, _positive, "'muon_groups': the Adam groups' eps", other=1e-3, roles=("eps",))
-GROUPS_LR_SCALE = F(
-  "groups_lr_scale",
-  1.0,
-  _positive,
-  "'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once",
-  other=2.0,
-  roles=("adam lr",),
-)
-# 'muon_groups' with a token embedding tied to the head: its own Adam settings (`tied_head_settings`).
-# The defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
-# about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those).
-TIED_LR_RATIO = F(
-  "tied_lr_ratio", 0.16, _positive, "'muon_groups': a tied embedding-head's LR ratio", other=0.5, unread=_untied_head
-)
-TIED_B1 = F("tied_b1", 0.8, _beta, "'muon_groups': a tied embedding-head's b1", other=0.5, unread=_untied_head)
-TIED_B2 = F("tied_b2", 0.95, _beta, "'muon_groups': a tied embedding-head's b2", other=0.99, unread=_untied_head)
-TIED_EPS = F(
-  "tied_eps", 1e-10, _positive, "'muon_groups': a tied embedding-head's eps", other=1e-3, unread=_untied_head
+  F(
+    "head_lr_ratio",
+    0.16,
+    _positive,
+    "'muon_groups': an untied head's LR as a ratio of learning_rate",
+    other=0.5,
+    roles=("head lr", "adam lr"),
+    unread=_tied_head(
+      "with --config.optim.tied_lr_ratio, tied_b1, tied_b2 and tied_eps (optim.tied_head_settings)",
+      "Set --config.optim.tied_lr_ratio instead, or --config.model.untied_head=True for a head of its own",
+    ),
+  ),
+  F(
+    "scalar_lr_ratio",
+    0.8,
+    _positive,
+    "'muon_groups': the scalars' LR as a ratio of learning_rate",
+    other=0.4,
+    roles=("adam lr",),
+  ),
+  F("groups_b1", 0.8, _beta, "'muon_groups': the Adam groups' b1", other=0.9, roles=("beta1",)),
+  F("groups_b2", 0.95, _beta, "'muon_groups': the Adam groups' b2", other=0.99, roles=("beta2",)),
+  F("groups_eps", 1e-10, _positive, "'muon_groups': the Adam groups' eps", other=1e-3, roles=("eps",)),
+  F(
+    "groups_lr_scale",
+    1.0,
+    _positive,
+    "'muon_groups': multiplies every Adam group's ratio (embed, head, scalar, tied) at once",
+    other=2.0,
+    roles=("adam lr",),
+  ),
+  # 'muon_groups' with a token embedding tied to the head: its own Adam settings (`tied_head_settings`).
+  # The defaults are the head group's, which it shared before it had its own; the records #3-#7 gave it
+  # about 0.36 of Muon's rate, betas (0.9, 0.95), eps 1e-8 (the recipe's `muon` step sets those).
+  F(
+    "tied_lr_ratio", 0.16, _positive, "'muon_groups': a tied embedding-head's LR ratio", other=0.5, unread=_untied_head
+  ),
+  F("tied_b1", 0.8, _beta, "'muon_groups': a tied embedding-head's b1", other=0.5, unread=_untied_head),
+  F("tied_b2", 0.95, _beta, "'muon_groups': a tied embedding-head's b2", other=0.99, unread=_untied_head),
+  F("tied_eps", 1e-10, _positive, "'muon_groups': a tied embedding-head's eps", other=1e-3, unread=_untied_head),
 )
 
 MUON_MOMENTUM = 0.95
@@ -241,22 +207,24 @@ MUON_MOMENTUM_FIELD = F(
   "'muon'/'muon_groups': Muon's momentum (where a warm-up ends)",
   other=0.5,
 )
-MUON_MOMENTUM_WARMUP = F(
-  "muon_momentum_warmup_steps",
-  0,
-  schema.check_int(0),
-  "'muon'/'muon_groups': Muon updates over which the momentum rises from muon_momentum_start; 0 = off",
-  other=2,
+_MUON_MOMENTUM = (
+  MUON_MOMENTUM_FIELD,
+  F(
+    "muon_momentum_warmup_steps",
+    0,
+    schema.check_int(0),
+    "'muon'/'muon_groups': Muon updates over which the momentum rises from muon_momentum_start; 0 = off",
+    other=2,
+  ),
+  F(
+    "muon_momentum_start",
+    0.85,
+    _beta,
+    "'muon'/'muon_groups': where the momentum warm-up starts",
+    other=0.5,
+    unread=_no_momentum_warmup,
+  ),
 )
-MUON_MOMENTUM_START = F(
-  "muon_momentum_start",
-  0.85,
-  _beta,
-  "'muon'/'muon_groups': where the momentum warm-up starts",
-  other=0.5,
-  unread=_no_momentum_warmup,
-)
-_MUON_MOMENTUM = (MUON_MOMENTUM_FIELD, MUON_MOMENTUM_WARMUP, MUON_MOMENTUM_START)
 
 
 def final_muon_momentum(optim: Any) -> float:
@@ -297,13 +265,9 @@ def _build_muon(o: Any) -> optax.GradientTransformation:
   """Muon (`muon_weight_decay`, `muon_momentum`) on `muon_labels`' matrices, AdamW at `adam_lr_ratio`
   times the rate on the rest: one injected learning rate per group, both set to the same value, the
   AdamW group's update scaled afterwards."""
-  momentum = muon_momentum(o)
-  if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=float(o.muon_weight_decay))
-  else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(
-      learning_rate=0.0, weight_decay=float(o.muon_weight_decay), beta=momentum
-    )
+  muon = optax.inject_hyperparams(_muon)(
+    learning_rate=0.0, weight_decay=float(o.muon_weight_decay), beta=muon_momentum(o)
+  )
   rest = optax.chain(_adamw(o), optax.scale(float(o.adam_lr_ratio)))
   return optax.partition({"muon": muon, "adamw": rest}, muon_labels)
 
@@ -312,12 +276,14 @@ def tied_head_settings(optim: Any) -> tuple[float, float, float, float]:
   """(LR ratio, b1, b2, eps) of a token embedding tied to the head under 'muon_groups':
   `optim.tied_lr_ratio`, `tied_b1`, `tied_b2`, `tied_eps`. A block without them (written before they
   existed) gives the head group's, which is what it trained with."""
-  get = lambda name, fallback: float(optim[name] if name in optim else optim[fallback])
-  return (
-    get("tied_lr_ratio", "head_lr_ratio"),
-    get("tied_b1", "groups_b1"),
-    get("tied_b2", "groups_b2"),
-    get("tied_eps", "groups_eps"),
+  return tuple(
+    float(optim[name] if name in optim else optim[fallback])
+    for name, fallback in (
+      ("tied_lr_ratio", "head_lr_ratio"),
+      ("tied_b1", "groups_b1"),
+      ("tied_b2", "groups_b2"),
+      ("tied_eps", "groups_eps"),
+    )
   )
 
 
@@ -341,29 +307,20 @@ def _build_muon_groups(o: Any) -> optax.GradientTransformation:
     )
 
   momentum, decay = muon_momentum(o), float(o.muon_weight_decay)
-  # The fused matrix's Muon gets a weight decay only when it is not 0: at 0 its state keeps the layout
-  # (and the numbers) it had before 'muon_groups' read the field.
-  qkv_decay = {"weight_decay": decay} if decay else {}
-  if momentum is None:
-    muon = optax.inject_hyperparams(_muon)(learning_rate=0.0, weight_decay=decay)
-    batched = _muon_batched_with_decay if decay else _muon_batched
-    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, **qkv_decay)
-  else:
-    muon = optax.inject_hyperparams(_muon_with_momentum)(learning_rate=0.0, weight_decay=decay, beta=momentum)
-    batched = _muon_batched_with_decay_and_momentum if decay else _muon_batched_with_momentum
-    muon_qkv = optax.inject_hyperparams(batched)(learning_rate=0.0, beta=momentum, **qkv_decay)
+  muon = optax.inject_hyperparams(_muon)
   transforms = {
-    "muon": muon,
-    "muon_qkv": _blocks_of_three(muon_qkv),
+    "muon": muon(learning_rate=0.0, weight_decay=decay, beta=momentum),
+    # The fused matrix's Muon gets a weight decay only when it is not 0: at 0 its state keeps the
+    # layout (and the numbers) it had before 'muon_groups' read the field.
+    "muon_qkv": _blocks_of_three(muon(learning_rate=0.0, weight_decay=decay or None, beta=momentum, batched=True)),
     "embed": adam(o.embed_lr_ratio),
     "head": adam(o.head_lr_ratio),
     "scalar": adam(o.scalar_lr_ratio),
   }
   tied = tied_head_settings(o)
-  tied_label = "head"
   if tied != (float(o.head_lr_ratio), b1, b2, eps):
-    tied_label = "tied_head"
-    transforms["tied_head"] = adam(tied[0], b1=tied[1], b2=tied[2], eps=tied[3])
+    transforms["tied_head"] = adam(*tied)
+  tied_label = "tied_head" if "tied_head" in transforms else "head"
   return optax.partition(transforms, functools.partial(muon_group_labels, tied_label=tied_label))
 
 
@@ -381,38 +338,40 @@ class BuiltinOptimizer:
   owns_schedule: bool = False
 
 
+_ADAMW = (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY)
+_GROUP_RATIOS = (ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO)
 OPTIMIZERS: dict[str, BuiltinOptimizer] = {
   o.name: o
   for o in (
     BuiltinOptimizer(
       "adamw",
       "AdamW: b1, b2, eps, weight_decay",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
-      _build_adamw,
+      (*_ADAMW, *_GROUP_RATIOS),
+      _adamw,
     ),
     BuiltinOptimizer(
       "adam",
       "Adam: b1, b2, eps, and no weight decay",
-      (GRAD_CLIP, B1, B2, EPS, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (GRAD_CLIP, B1, B2, EPS, *_GROUP_RATIOS),
       _build_adam,
     ),
     BuiltinOptimizer(
       "nadamw",
       "NAdamW (AdamW with Nesterov momentum): b1, b2, eps, weight_decay",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (*_ADAMW, *_GROUP_RATIOS),
       _build_nadamw,
     ),
     BuiltinOptimizer(
       "lion",
       "Lion (the sign of an interpolated momentum): lion_b1, lion_b2, weight_decay",
-      (GRAD_CLIP, LION_B1, LION_B2, WEIGHT_DECAY, ADAMW_EMBED_LR_RATIO, ADAMW_HEAD_LR_RATIO),
+      (GRAD_CLIP, LION_B1, LION_B2, WEIGHT_DECAY, *_GROUP_RATIOS),
       _build_lion,
     ),
     BuiltinOptimizer(
       "schedule_free_adamw",
       "schedule-free AdamW: b1 (its interpolation), b2, eps, weight_decay; evaluated at its average "
       "(`eval_params`); no per-group LR ratio, since its averaging weights depend on the LR",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY),
+      _ADAMW,
       _build_schedule_free_adamw,
       owns_schedule=True,
     ),
@@ -422,29 +381,14 @@ OPTIMIZERS: dict[str, BuiltinOptimizer] = {
     BuiltinOptimizer(
       "muon",
       "Muon (muon_weight_decay) on the hidden matrices, AdamW (b1, b2, eps, weight_decay) at adam_lr_ratio on the rest",
-      (GRAD_CLIP, B1, B2, EPS, WEIGHT_DECAY, ADAM_LR_RATIO, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
+      (*_ADAMW, ADAM_LR_RATIO, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
       _build_muon,
     ),
     BuiltinOptimizer(
       "muon_groups",
       "Muon (muon_weight_decay) on the hidden matrices, and Adam with no weight decay on the "
       "embeddings, the head and the scalars, each at its own *_lr_ratio, with groups_b1, groups_b2, groups_eps",
-      (
-        GRAD_CLIP,
-        EMBED_LR_RATIO,
-        HEAD_LR_RATIO,
-        SCALAR_LR_RATIO,
-        GROUPS_B1,
-        GROUPS_B2,
-        GROUPS_EPS,
-        GROUPS_LR_SCALE,
-        TIED_LR_RATIO,
-        TIED_B1,
-        TIED_B2,
-        TIED_EPS,
-        MUON_WEIGHT_DECAY,
-        *_MUON_MOMENTUM,
-      ),
+      (GRAD_CLIP, *_GROUPS_FIELDS, MUON_WEIGHT_DECAY, *_MUON_MOMENTUM),
       _build_muon_groups,
     ),
   )
@@ -474,6 +418,8 @@ def make_optimizer(optim: Any) -> optax.GradientTransformation:
     raise ValueError(error)
   view = schema.View(optim, decl.fields, owner=f"optimizer {optim.name!r}")
   core = decl.build(view)
+  if ADAMW_EMBED_LR_RATIO in decl.fields:  # the embed and head groups' LR ratios (`_with_group_ratios`)
+    core = _with_group_ratios(core, view)
   if view.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(float(view.grad_clip)), core)
   return core
@@ -487,7 +433,14 @@ def lr_ratio_error(optim: Any) -> str | None:
   if ratios == (1.0, 1.0) or (decl is not None and ADAMW_EMBED_LR_RATIO in decl.fields):
     return None
   readers = [o.name for o in OPTIMIZERS.values() if ADAMW_EMBED_LR_RATIO in o.fields]
-  return adamw_ratio_error(optim.name, ratios, readers, decl.summary if decl else "your own optimizer")
+  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
+  two = len(set_) > 1
+  return (
+    f"{' and '.join(set_)} {'apply' if two else 'applies'} only to an optimizer that declares "
+    f"{'them' if two else 'it'} ({', '.join(repr(r) for r in readers)}), not {optim.name!r} "
+    f"({decl.summary if decl else 'your own optimizer'}): set {'them' if two else 'it'} back to 1.0, or use one "
+    "of those ('muon_groups' has its own --config.optim.embed_lr_ratio and head_lr_ratio)"
+  )
 
 
 def schedule_error(optim: Any) -> str | None:
@@ -606,31 +559,3 @@ def resolve_optimizer(optim: Any, params: Any, tx: Optimizer | None = None) -> o
       "build it with `optax.inject_hyperparams(optax.adamw)(learning_rate=0.0)`"
     )
   return tx
-
-
-__all__ = [
-  "ADAMW_LR_RATIOS",
-  "BUILTIN_OPTIMIZERS",
-  "FIELDS",
-  "MUON_MOMENTUM",
-  "OPTIMIZERS",
-  "BuiltinOptimizer",
-  "Optimizer",
-  "adamw_group_labels",
-  "adamw_lr_ratios",
-  "adamw_ratio_error",
-  "eval_params",
-  "final_muon_momentum",
-  "injected_learning_rates",
-  "make_optimizer",
-  "lr_ratio_error",
-  "relation_errors",
-  "schedule_error",
-  "muon_group_labels",
-  "muon_labels",
-  "muon_momentum",
-  "resolve_optimizer",
-  "tied_head_settings",
-  "with_learning_rate",
-  "_is_inject_state",
-]

@@ -141,9 +141,10 @@ def _with_group_ratios(core: optax.GradientTransformation, o: Any) -> optax.Grad
   return optax.chain(core, _scale_groups(*ratios)) if ratios != (1.0, 1.0) else core
 
 
-def _adamw(o: Any) -> optax.GradientTransformation:
+def _adamw(o: Any, factory: Any = optax.adamw) -> optax.GradientTransformation:
+  """`factory` (optax's AdamW, or NAdamW) at the config's betas, eps and weight decay (matrices only)."""
   # Floats, whatever a config holds: an int hyperparameter would be injected as an int32 array.
-  return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+  return optax.inject_hyperparams(factory, static_args=("mask",))(
     learning_rate=0.0,
     b1=float(o.b1),
     b2=float(o.b2),
@@ -151,38 +152,24 @@ def _adamw(o: Any) -> optax.GradientTransformation:
     weight_decay=float(o.weight_decay),
     mask=_decay_mask,
   )
-
-
-def _build_adamw(o: Any) -> optax.GradientTransformation:
-  return _with_group_ratios(_adamw(o), o)
 
 
 def _build_adam(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
-  return _with_group_ratios(core, o)
+  return optax.inject_hyperparams(optax.adam)(learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
 
 
 def _build_nadamw(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.nadamw, static_args=("mask",))(
-    learning_rate=0.0,
-    b1=float(o.b1),
-    b2=float(o.b2),
-    eps=float(o.eps),
-    weight_decay=float(o.weight_decay),
-    mask=_decay_mask,
-  )
-  return _with_group_ratios(core, o)
+  return _adamw(o, optax.nadamw)
 
 
 def _build_lion(o: Any) -> optax.GradientTransformation:
-  core = optax.inject_hyperparams(optax.lion, static_args=("mask",))(
+  return optax.inject_hyperparams(optax.lion, static_args=("mask",))(
     learning_rate=0.0,
     b1=float(o.lion_b1),
     b2=float(o.lion_b2),
     weight_decay=float(o.weight_decay),
     mask=_decay_mask,
   )
-  return _with_group_ratios(core, o)
 
 
 def _schedule_free_adamw(learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any) -> Any:
@@ -199,18 +186,4 @@ def _schedule_free_adamw(learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_
 def _build_schedule_free_adamw(o: Any) -> optax.GradientTransformation:
   return optax.inject_hyperparams(_schedule_free_adamw)(
     learning_rate=0.0, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), weight_decay=float(o.weight_decay)
-  )
-
-
-def adamw_ratio_error(name: str, ratios: tuple[float, float], readers: list[str], summary: str) -> str:
-  """The refusal of `optim.adamw_embed_lr_ratio` / `adamw_head_lr_ratio` set away from 1.0 with an
-  optimizer `name` (`summary`: what it is) that does not read them (they would be silently ignored);
-  `readers`: the optimizers that do."""
-  set_ = [f"--config.optim.{f}={r}" for f, r in zip(ADAMW_LR_RATIOS, ratios) if r != 1.0]
-  two = len(set_) > 1
-  return (
-    f"{' and '.join(set_)} {'apply' if two else 'applies'} only to an optimizer that declares "
-    f"{'them' if two else 'it'} ({', '.join(repr(r) for r in readers)}), not {name!r} ({summary}): set "
-    f"{'them' if two else 'it'} back to 1.0, or use one of those ('muon_groups' has its own "
-    "--config.optim.embed_lr_ratio and head_lr_ratio)"
   )

@@ -8,10 +8,6 @@ from typing import Any
 import jax
 
 
-def _keys(path: Any) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-
-
 def muon_labels(params: Any) -> Any:
   """'muon' for the hidden matrices, 'adamw' for the rest: a pytree like `params` of labels.
 
@@ -21,11 +17,7 @@ def muon_labels(params: Any) -> Any:
   (every leaf with ndim != 2) stay on AdamW.
   """
 
-  def label(path, p):
-    keys = _keys(path)
-    return "muon" if p.ndim == 2 and "embedding" not in keys and keys[0] != "lm_head" else "adamw"
-
-  return jax.tree_util.tree_map_with_path(label, params)
+  return jax.tree.map(lambda label: "muon" if label.startswith("muon") else "adamw", muon_group_labels(params))
 
 
 def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
@@ -41,7 +33,7 @@ def muon_group_labels(params: Any, tied_label: str = "head") -> Any:
   tied = "lm_head" not in params
 
   def label(path, p):
-    keys = _keys(path)
+    keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
     if "embedding" in keys:
       return tied_label if tied and keys[0] == "wte" else "embed"
     if keys[0] == "lm_head":

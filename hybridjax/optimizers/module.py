@@ -35,7 +35,6 @@ from hybridjax.optimizers.labels import muon_group_labels
 from hybridjax.optimizers.user import check_user_optimizer
 
 BLOCK = "module"  # the block of `config.optim` that holds a module's knobs
-SCALINGS = ("log", "linear")
 
 
 def group_labels(params: Any) -> Any:
@@ -106,7 +105,7 @@ def _space_errors(m: OptimizerModule, head: str) -> list[str]:
     elif "feasible_points" in spec:
       if not list(spec["feasible_points"]):
         errors.append(f"{where}['feasible_points'] is empty: list at least one value")
-    elif set(spec) != {"min", "max", "scaling"} or spec["scaling"] not in SCALINGS:
+    elif set(spec) != {"min", "max", "scaling"} or spec["scaling"] not in ("log", "linear"):
       errors.append(f"{where} is {spec!r}: give min, max and scaling ('log' or 'linear'), or feasible_points")
     elif not spec["min"] < spec["max"] or (spec["scaling"] == "log" and spec["min"] <= 0):
       errors.append(f"{where}: min {spec['min']} must be below max {spec['max']} (and above 0 on a log scale)")
@@ -128,7 +127,7 @@ def errors(path: str) -> list[str]:
     for k in m.defaults
     if takes is not None and k not in takes
   ]
-  if m.eval_params is not None and m.eval_params is not optax.contrib.schedule_free_eval_params:
+  if m.eval_params not in (None, optax.contrib.schedule_free_eval_params):
     out.append(
       f"{head} defines eval_params, which the trainer cannot call (it finds the evaluation point in the optimizer "
       "state: optimizers.eval_params): set eval_params = optax.contrib.schedule_free_eval_params with an optimizer "
@@ -147,12 +146,11 @@ def schedule_errors(optim: ml_collections.ConfigDict, tx: optax.GradientTransfor
   `optimizers.resolve_optimizer`) on `params` (shapes), unless it owns its schedule; that fix then named.
   Only traced."""
   m = load(str(optim.name))
-  if m.owns_schedule:
-    return []
-  try:
-    check_user_optimizer(tx, params, optim)
-  except ValueError as e:
-    return [f"{e}; or, if it anneals on its own, declare OWNS_SCHEDULE = True in {m.path}"]
+  if not m.owns_schedule:
+    try:
+      check_user_optimizer(tx, params, optim)
+    except ValueError as e:
+      return [f"{e}; or, if it anneals on its own, declare OWNS_SCHEDULE = True in {m.path}"]
   return []
 
 

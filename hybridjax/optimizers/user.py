@@ -58,11 +58,8 @@ def _factory_with_learning_rate(factory: Callable[..., optax.GradientTransformat
   return with_learning_rate_kwarg
 
 
-_INJECT_STATES = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
-
-
 def _is_inject_state(node: Any) -> bool:
-  return isinstance(node, _INJECT_STATES)
+  return isinstance(node, (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState))
 
 
 def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
@@ -105,42 +102,6 @@ def _injected_learning_rates(state: Any) -> tuple[list[tuple[str, Any]], list[st
   return outer, nested
 
 
-class _Mark:
-  def __init__(self, index: int):
-    self.index = index
-
-
-def _initial_learning_rates(tx: Any, params: Any) -> list[float | None]:
-  """The initial value of each outermost injected `learning_rate` of `tx.init(params)` (in the order of
-  `_injected_learning_rates`; None where it is not a constant), read from the traced `tx.init`: a
-  constant hyperparameter is a literal or a constant of its jaxpr. Nothing is computed or allocated."""
-  closed, shape = jax.make_jaxpr(tx.init, return_shape=True)(params)
-  count = [0]
-
-  def mark(node: Any) -> Any:
-    if _is_inject_state(node):
-      if "learning_rate" in node.hyperparams:
-        m = _Mark(count[0])
-        count[0] += 1
-        return node._replace(hyperparams={**node.hyperparams, "learning_rate": m})
-      return node._replace(inner_state=jax.tree.map(mark, node.inner_state, is_leaf=_is_inject_state))
-    return node
-
-  leaves = jax.tree.leaves(jax.tree.map(mark, shape, is_leaf=_is_inject_state))
-  values: list[float | None] = [None] * count[0]
-  outvars = closed.jaxpr.outvars
-  if len(leaves) != len(outvars):
-    return values
-  consts = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
-  for leaf, var in zip(leaves, outvars, strict=True):
-    if isinstance(leaf, _Mark):
-      if isinstance(var, jax.extend.core.Literal):
-        values[leaf.index] = float(var.val)
-      elif var in consts and jnp.ndim(consts[var]) == 0:
-        values[leaf.index] = float(consts[var])
-  return values
-
-
 def _learning_rate_reaches_updates(tx: Any, params: Any) -> bool:
   """Whether the learning rate `optim.with_learning_rate` writes into `tx`'s state reaches the
   updates of `tx.update`, as the train step calls it: a backward walk over the traced update's
@@ -148,12 +109,11 @@ def _learning_rate_reaches_updates(tx: Any, params: Any) -> bool:
   included), so it may say yes for a learning rate that has no effect, never no for one that has.
   Only traced (`jax.make_jaxpr` on the shapes): nothing is computed."""
   state = jax.eval_shape(tx.init, params)
-  lr = jax.ShapeDtypeStruct((), jnp.float32)
 
   def updates(lr, grads, state, params):
     return tx.update(grads, with_learning_rate(state, lr), params)[0]
 
-  jaxpr = jax.make_jaxpr(updates)(lr, params, state, params).jaxpr
+  jaxpr = jax.make_jaxpr(updates)(jax.ShapeDtypeStruct((), jnp.float32), params, state, params).jaxpr
   needed = {v for v in jaxpr.outvars if not isinstance(v, jax.extend.core.Literal)}
   for eqn in reversed(jaxpr.eqns):
     if any(v in needed for v in eqn.outvars if not isinstance(v, jax.extend.core.DropVar)):
@@ -205,7 +165,8 @@ def user_optimizer_errors(tx: Any, params: Any, optim: Any) -> list[str]:
       "labels))"
     )
   if len(injected) > 1:
-    values = _initial_learning_rates(tx, params)
+    initial = dict(injected_learning_rate_values(tx, params))
+    values = [initial.get(f"{where}.hyperparams['learning_rate']") for where, _ in injected]
     if None in values or len(set(values)) > 1:
       shown = ", ".join(
         f"{where}={'<not a constant>' if v is None else f'{v:g}'}"
@@ -257,19 +218,17 @@ def overwritten_learning_rate_errors(tx: optax.GradientTransformation, params: A
   0.0, which states no rate (the form a factory is wrapped in). A line per rate refused, naming both
   values and the fix."""
   peak = float(optim.learning_rate)
-  errors = []
-  for where, value in injected_learning_rate_values(tx, params):
-    if value is None or value == 0.0 or np.isclose(value, peak, rtol=1e-6, atol=0.0):  # float32 rounding
-      continue
-    errors.append(
-      f"the optimizer {optim.name!r} given to train(tx=...) injects learning_rate={value:g} ({where}), but the "
-      f"config's schedule (--config.optim.schedule={optim.get('schedule', 'cosine')!r}, peak "
-      f"--config.optim.learning_rate={optim.learning_rate}) writes its own rate over it before every update: the run "
-      f"would train at the schedule's rate, never at {value:g}. To train at {value:g}, set "
-      f"--config.optim.learning_rate={value:g} (and inject that value, or 0.0); or pass a factory, "
-      "tx=lambda learning_rate: optax.adamw(learning_rate)"
-    )
-  return errors
+  return [
+    f"the optimizer {optim.name!r} given to train(tx=...) injects learning_rate={value:g} ({where}), but the "
+    f"config's schedule (--config.optim.schedule={optim.get('schedule', 'cosine')!r}, peak "
+    f"--config.optim.learning_rate={optim.learning_rate}) writes its own rate over it before every update: the run "
+    f"would train at the schedule's rate, never at {value:g}. To train at {value:g}, set "
+    f"--config.optim.learning_rate={value:g} (and inject that value, or 0.0); or pass a factory, "
+    "tx=lambda learning_rate: optax.adamw(learning_rate)"
+    for where, value in injected_learning_rate_values(tx, params)
+    # 0.0 states no rate; the peak is accepted up to float32 rounding
+    if not (value is None or value == 0.0 or np.isclose(value, peak, rtol=1e-6, atol=0.0))
+  ]
 
 
 def check_user_optimizer(tx: Any, params: Any, optim: Any) -> None:

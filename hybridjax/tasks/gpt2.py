@@ -32,14 +32,8 @@ class Task:
 
   def train_kwargs(self) -> dict[str, Any]:
     """The keyword arguments of `loop.train.train`."""
-    return dict(
-      init_params=self.init_params,
-      loss_fn=self.loss_fn,
-      train_batch=self.train_batch,
-      eval_batches=self.eval_batches,
-      tokens_per_step=self.tokens_per_step,
-      extra_meta=self.extra_meta,
-    )
+    names = ("init_params", "loss_fn", "train_batch", "eval_batches", "tokens_per_step", "extra_meta")
+    return {name: getattr(self, name) for name in names}
 
 
 # The config blocks this task reads (`bench.tasks.reads`): a field of another task's block set for it
@@ -79,8 +73,7 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   batch_size, seed = config.trainer.batch_size, config.seed
 
   def init_params(rng):
-    dummy = jax.numpy.zeros((1, seq_len), jax.numpy.int32)
-    return model.init(rng, dummy)["params"]
+    return model.init(rng, jax.numpy.zeros((1, seq_len), jax.numpy.int32))["params"]
 
   def train_batch(step):
     return data_lib.get_batch(
@@ -93,23 +86,21 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
       train_tokens, seed=seed, batch_size=batch_size, seq_len=seq_len, vocab_size=model_cfg.vocab_size
     )
 
-  eval_batches = data_lib.eval_batches(
-    val_tokens,
-    batch_size=batch_size,
-    seq_len=seq_len,
-    n_batches=config.trainer.eval_batches,
-    vocab_size=model_cfg.vocab_size,
-  )
-  n_params = gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0)))
   return Task(
     init_params=init_params,
     loss_fn=gpt2.make_loss_fn(model),
     train_batch=train_batch,
-    eval_batches=eval_batches,
+    eval_batches=data_lib.eval_batches(
+      val_tokens,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      n_batches=config.trainer.eval_batches,
+      vocab_size=model_cfg.vocab_size,
+    ),
     tokens_per_step=batch_size * seq_len,
     extra_meta={
       "data": {"tokenizer": prepared.tokenizer, "n_train": prepared.n_train, "n_val": prepared.n_val},
-      "n_params": n_params,
+      "n_params": gpt2.count_params(jax.eval_shape(init_params, jax.random.PRNGKey(0))),
       # The attention's path on this backend (the run key does not see the backend).
       "attention": attention.attention_implementation(model_cfg, attention.current_backend()),
     },
@@ -142,14 +133,14 @@ def benchmark_notes(config: ml_collections.ConfigDict, budget_steps: dict[str, i
   """What a benchmark reports of this task's data: how many times each budget (name -> steps) reads
   the training split, a line that says so, and a warning past `MAX_EPOCHS`."""
   prepared = build_task(config).prepared
-  epochs = {}
-  for name, steps in budget_steps.items():
+
+  def steps_of(steps: int) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(config.to_dict())
     c.trainer.steps = steps
-    epochs[name] = corpus_epochs(c, prepared.n_train)
-  longest = ml_collections.ConfigDict(config.to_dict())
-  longest.trainer.steps = max(budget_steps.values())
-  warning = epochs_warning(longest, prepared.n_train)
+    return c
+
+  epochs = {name: corpus_epochs(steps_of(steps), prepared.n_train) for name, steps in budget_steps.items()}
+  warning = epochs_warning(steps_of(max(budget_steps.values())), prepared.n_train)
   return {
     "corpus_epochs": epochs,
     "lines": [

@@ -28,8 +28,8 @@ def build_task(config: Any) -> dict[str, Any]:
   Returns `loop.train.train`'s keyword arguments."""
   m = config.get("mlp") or default_task_config()
   model = MLP(features=tuple(m.features), n_out=int(m.n_out))
-  x, y = make_regression_problem(0, n_in=int(m.n_in), n_out=int(m.n_out), n=int(m.examples) + int(m.eval_examples))
   n_train = int(m.examples)
+  x, y = make_regression_problem(0, n_in=int(m.n_in), n_out=int(m.n_out), n=n_train + int(m.eval_examples))
   train_x, train_y, eval_x, eval_y = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
   batch_size, seed = int(config.trainer.batch_size), int(config.seed)
   n_eval = int(config.trainer.eval_batches)
@@ -45,7 +45,7 @@ def build_task(config: Any) -> dict[str, Any]:
     "loss_fn": make_loss_fn(model),
     "train_batch": lambda step: regression_batch(train_x, train_y, step, batch_size, seed),
     "eval_batches": [
-      {"x": eval_x[i * batch_size : (i + 1) * batch_size], "y": eval_y[i * batch_size : (i + 1) * batch_size]}
-      for i in range(n_eval)
+      {"x": eval_x[i : i + batch_size], "y": eval_y[i : i + batch_size]}
+      for i in range(0, n_eval * batch_size, batch_size)
     ],
   }

@@ -377,7 +377,7 @@ def test_the_groups_follow_the_record():
 
 def test_muon_orthogonalises_a_fused_qkv_matrix_block_by_block():
   g = jax.random.normal(jax.random.PRNGKey(3), (16, 48))
-  whole = optimizers._blocks_of_three(optimizers._muon_batched(1.0))
+  whole = optimizers._blocks_of_three(optimizers._muon(1.0, batched=True))
   u, _ = whole.update(g, whole.init(g), g)
   one = optax.contrib.muon(1.0)
   parts = [one.update(g[:, 16 * i : 16 * (i + 1)], one.init(g[:, :16]), g[:, :16])[0] for i in range(3)]
