@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import os
+import pathlib
 import sys
 import sysconfig
 import tokenize
@@ -84,15 +85,14 @@ def read_code(
     if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and _is_docstring(
       node.body
     ):
-      doc = node.body[0]
-      spans.append(
-        (_char_pos(lines, doc.lineno, doc.col_offset), _char_pos(lines, doc.end_lineno, doc.end_col_offset), None)
-      )
+      span, k = node.body[0], None
     elif isinstance(node, ast.Import | ast.ImportFrom):
-      start = _char_pos(lines, node.lineno, node.col_offset)
-      end = _char_pos(lines, node.end_lineno, node.end_col_offset)
-      spans.append((start, end, len(nodes)))
+      span, k = node, len(nodes)
       nodes.append(node)
+    else:
+      continue
+    start, end = _char_pos(lines, span.lineno, span.col_offset), _char_pos(lines, span.end_lineno, span.end_col_offset)
+    spans.append((start, end, k))
   spans.sort(key=lambda s: s[0])
   starts = [s[0] for s in spans]
 
@@ -198,12 +198,11 @@ def _imports(path: str, module: str) -> set[str]:
 def _closure(module: str) -> tuple[dict[str, str], tuple[str, ...]]:
   """({name: source file} of `module` and of every non-library module it imports, transitively; the
   top-level names of the installed, non-standard modules those import directly)."""
-  found, libraries = _closure_on_path(module, tuple(sys.path))  # where a name's file is depends on sys.path
-  return dict(found), libraries
+  return _closure_on_path(module, tuple(sys.path))  # where a name's file is depends on sys.path
 
 
 @functools.cache
-def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
   del path  # the cache's key
   seen: dict[str, str] = {}
   libraries: set[str] = set()
@@ -224,7 +223,7 @@ def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[tuple[tuple[st
     parent = name.rpartition(".")[0]
     todo += [parent] if parent else []
     todo += sorted(_imports(path, name))
-  return tuple(sorted((n, p) for n, p in seen.items() if p)), tuple(sorted(libraries))
+  return {n: p for n, p in sorted(seen.items()) if p}, tuple(sorted(libraries))
 
 
 def source_closure(module: str) -> tuple[str, ...]:
@@ -288,14 +287,11 @@ def _module_hashes(files: tuple[tuple[str, str, bytes], ...]) -> dict[str, str]:
     if not lines:
       continue
     package = _package_of(name, path)
-    refs: list[str] = []
-    bound = []
-    for node, _ in imports:
-      binds, named = _bindings(node, package, modules)
-      bound.append(binds)
-      refs += named
-    code[name] = _sha(json.dumps([[d, [bound[x] if isinstance(x, int) else x for x in items]] for d, items in lines]))
-    imported[name] = refs
+    pairs = [_bindings(node, package, modules) for node, _ in imports]  # (bindings, modules named)
+    code[name] = _sha(
+      json.dumps([[d, [pairs[x][0] if isinstance(x, int) else x for x in items]] for d, items in lines])
+    )
+    imported[name] = [r for _, refs in pairs for r in refs]
 
   def refine(colour: dict[str, str]) -> dict[str, str]:
     # Each round: a module's address, and those of the modules it imports, in its order.
@@ -352,11 +348,8 @@ def _code_digest(modules: Sequence[str]) -> Any:
   closure: dict[str, str] = {}
   for m in modules:
     closure.update(_closure(m)[0])
-  files = []
-  for name, path in sorted(closure.items()):
-    with open(path, "rb") as f:
-      files.append((name, path, f.read()))
-  addresses = _module_hashes(tuple(files))
+  files = tuple((name, path, pathlib.Path(path).read_bytes()) for name, path in sorted(closure.items()))
+  addresses = _module_hashes(files)
   h = hashlib.sha256()
   for address in sorted(addresses.values()):
     h.update(address.encode())
