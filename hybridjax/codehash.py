@@ -54,10 +54,8 @@ def _char_pos(lines: list[str], line: int, byte_col: int) -> _Pos:
 
 def _slice(lines: list[str], start: _Pos, end: _Pos) -> str:
   """The source text from `start` to `end`."""
-  if start[0] == end[0]:
-    return lines[start[0] - 1][start[1] : end[1]]
-  middle = lines[start[0] : end[0] - 1]
-  return "\n".join([lines[start[0] - 1][start[1] :], *middle, lines[end[0] - 1][: end[1]]])
+  text = "\n".join(lines[start[0] - 1 : end[0]])  # the lines it spans, whole
+  return text[start[1] : len(text) - len(lines[end[0] - 1]) + end[1]]
 
 
 def _is_docstring(body: list[ast.stmt]) -> bool:
@@ -182,8 +180,7 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
 def _imports(path: str, module: str) -> set[str]:
   """Every module `path` (module `module`) imports, at any depth, as absolute names."""
   package = _package_of(module, path)
-  with open(path, encoding="utf-8") as f:
-    tree = ast.parse(f.read())
+  tree = ast.parse(pathlib.Path(path).read_text(encoding="utf-8"))
   found = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
@@ -345,9 +342,7 @@ def library_versions(modules: Sequence[str]) -> dict[str, str]:
 
 def _code_digest(modules: Sequence[str]) -> Any:
   """The sha256 object fed with the code of `modules` and of everything they import (`code_hash`)."""
-  closure: dict[str, str] = {}
-  for m in modules:
-    closure.update(_closure(m)[0])
+  closure = {name: path for m in modules for name, path in _closure(m)[0].items()}
   files = tuple((name, path, pathlib.Path(path).read_bytes()) for name, path in sorted(closure.items()))
   addresses = _module_hashes(files)
   h = hashlib.sha256()

@@ -45,8 +45,6 @@ except AttributeError:  # pragma: no cover - older jax, where every mesh axis is
 
 DATA, FSDP = "data", "fsdp"
 AXES = (DATA, FSDP)
-# The batch is split over both axes (see the module docstring).
-BATCH_AXES = AXES
 
 
 # --- mesh -----------------------------------------------------------------------------------------
@@ -92,7 +90,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Dim 0 (the batch) split over every device of `mesh`; other dims whole."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+  return NamedSharding(mesh, P(AXES))  # the batch is split over both axes (see the module docstring)
 
 
 def fsdp_spec(shape: Sequence[int], fsdp_size: int) -> P:

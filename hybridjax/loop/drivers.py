@@ -50,6 +50,21 @@ from hybridjax.optim import (
 )
 
 Metrics = dict[str, Any]
+# The fields of a step's trace record, each read as its type. `discarded`: the framework discarded the
+# predicted step (it left a non-finite value in the params or the method's state; the state is the
+# one before it).
+_TRACE_FIELDS = {
+  "step": int,
+  "phase": int,
+  "branch": int,
+  "loss": float,
+  "predicted_loss": float,
+  "confidence": float,
+  "horizon": int,
+  "measured": bool,
+  "diverged": bool,
+  "discarded": bool,
+}
 
 
 def stack_batches(batches: Sequence[Batch]) -> Batch:
@@ -407,23 +422,12 @@ class HybridDriver(_Driver):
       steps = np.atleast_1d(m["step"])
       for i in range(len(steps)):
         row = {k: (np.asarray(v)[i] if np.ndim(m["step"]) else v) for k, v in m.items()}
-        measured = bool(row["measured"])
-        rec = {
-          "step": int(row["step"]),
-          "phase": int(row["phase"]),
-          "branch": int(row["branch"]),
-          # Only measured steps have a loss; an unvalidated predicted step has its plan's value only.
-          "loss": float(row["loss"]) if measured else None,
-          "predicted_loss": float(row["predicted_loss"]),
-          "confidence": float(row["confidence"]),
-          "horizon": int(row["horizon"]),
-          "measured": measured,
-          "diverged": bool(row["diverged"]),
-          # The framework discarded the predicted step: it left a non-finite value in the params or
-          # the method's state, and the state is the one before it.
-          "discarded": bool(row["discarded"]),
-        }
-        if measured or rec["discarded"]:
+        rec = {k: kind(row[k]) for k, kind in _TRACE_FIELDS.items()}
+        if not rec[
+          "measured"
+        ]:  # only measured steps have a loss; an unvalidated predicted step has its plan's value only
+          rec["loss"] = None
+        if rec["measured"] or rec["discarded"]:
           # A discarded step has no loss to report as the run's: its state was not kept.
           self._last_measured_loss = float("nan") if rec["discarded"] else rec["loss"]
           self._measured = True
@@ -511,12 +515,12 @@ class HybridDriver(_Driver):
     phase = PHASE_NAMES[int(health["phase"])]
     if not predicted:
       return f", all of them real steps of method {name!r} (a non-finite loss or gradient; now in {phase})", None
-    kept = ""
-    if discarded:
-      kept = (
-        f"; {discarded} discarded: they left a non-finite value in the params or the method's state, "
-        "and the state before them was kept"
-      )
+    kept = (
+      f"; {discarded} discarded: they left a non-finite value in the params or the method's state, "
+      "and the state before them was kept"
+      if discarded
+      else ""
+    )
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
     if predicted < real:
       return text, None

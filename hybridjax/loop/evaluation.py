@@ -32,8 +32,8 @@ def evaluate(eval_fn: Callable[[Any, Batch], jax.Array], params: Any, batches: I
 def evaluate_state(eval_fn: Callable[[Any, Batch], jax.Array], state: TrainState, batches: list[Batch]) -> dict:
   """The eval record of a train state: `eval_loss` of the run's model (`optim.final_params`) and,
   when the state averages its params, `eval_loss_raw` and `eval_loss_averaged` too."""
-  if state.averaging is None:
-    return {"eval_loss": evaluate(eval_fn, raw_params(state), batches)}
   raw = evaluate(eval_fn, raw_params(state), batches)
+  if state.averaging is None:
+    return {"eval_loss": raw}
   averaged = evaluate(eval_fn, state.averaging.params, batches)
   return {"eval_loss": averaged, "eval_loss_raw": raw, "eval_loss_averaged": averaged}

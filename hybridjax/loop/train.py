@@ -29,11 +29,11 @@ from hybridjax import sharding as sharding_lib
 from hybridjax.loop import fingerprint as fingerprint_lib
 from hybridjax.loop import resume as resume_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
-from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
+from hybridjax.loop.evaluation import evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
 from hybridjax.loop.interrupts import Stopwatch, TrainingInterrupted, _Interrupts  # noqa: F401 (API)
 from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
 from hybridjax.optimizers import user as user_optimizer
-from hybridjax.writers import format_loss, format_summary, format_table, format_value  # noqa: F401 (API)
+from hybridjax.writers import format_loss, format_summary
 
 
 class TrainingDiverged(RuntimeError):
@@ -69,16 +69,15 @@ def make_driver(
   drive is refused (`user_optimizer.check_user_optimizer`: only traced, nothing is computed)."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   params_shape = jax.eval_shape(init_params, params_rng)
-  user_tx = tx is not None
-  tx = resolve_optimizer(config.optim, params_shape, tx)
-  if user_tx:
-    user_optimizer.check_user_optimizer(tx, params_shape, config.optim)
+  resolved = resolve_optimizer(config.optim, params_shape, tx)
+  if tx is not None:
+    user_optimizer.check_user_optimizer(resolved, params_shape, config.optim)
 
   init = functools.partial(init_params, params_rng)
   schema.raise_invalid(schema.errors("", [config_lib.MODE], config))
   if config.mode == "baseline":
-    return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
-  return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
+    return BaselineDriver(config, loss_fn=loss_fn, tx=resolved, init_params=init, mesh=mesh)
+  return HybridDriver(config, loss_fn=loss_fn, tx=resolved, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
 
 
 def step_batches(
@@ -123,10 +122,11 @@ def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batc
       f"loss_fn fails when traced on init_params' params and train_batch(0) ({contract}): {type(e).__name__}: {e}"
     ) from e
   if not (isinstance(out, tuple) and len(out) == 2):
-    if hasattr(out, "shape"):
-      got = f"an array of shape {tuple(out.shape)}"
-    else:
-      got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    got = (
+      f"an array of shape {tuple(out.shape)}"
+      if hasattr(out, "shape")
+      else f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    )
     raise ValueError(f"loss_fn must be {contract}; it returned {got} (a loss alone: return (loss, {{}}))")
   loss = out[0]
   if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
@@ -434,12 +434,12 @@ class _Run:
       return
     self.manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
     last = self.manager.latest_step()
-    kept = "no checkpoint had been written yet"
-    if last is not None:
-      kept = (
-        f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
-        "from it with a changed config, add --config.resume=force)"
-      )
+    kept = (
+      "no checkpoint had been written yet"
+      if last is None
+      else f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
+      "from it with a changed config, add --config.resume=force)"
+    )
     lower = f"lower --config.optim.learning_rate (now {self.config.optim.learning_rate}) or check the data."
     method = self.method
     if advice is None and isinstance(driver, HybridDriver) and method.full_step is not None:
