@@ -101,9 +101,9 @@ def finished_message(config: ml_collections.ConfigDict, workdir: str, finished_s
 
 def resume_or_init(
   config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any, code: dict[str, Any]
-) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]], list[dict[str, Any]]]:
-  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`,
-  its `code_changes`): the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh
+) -> tuple[Any, tuple[int, int], dict | None, dict[str, list]]:
+  """(state, (start step, batches used), finished run's summary or None, what the run records of its
+  resumes: {'steps_changes': ..., 'code_changes': ...}, each where it holds any): the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh
   state. Refuses, changing nothing, a run with another config or whose own code changed (`code`:
   `fingerprint.fingerprint` of this run; see `check_code`), unless resume='force'; another
   `trainer.steps` where the training depends on it (`steps_change_error`), or an
@@ -119,7 +119,7 @@ def resume_or_init(
       # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
       # same programs (and a resumed run hits the persistent compilation cache).
       state = jax.device_put(state, jax.devices()[0])
-    return state, (0, 0), None, [], []
+    return state, (0, 0), None, {}
   if config.resume == "never":
     raise ValueError(
       f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
@@ -160,7 +160,7 @@ def resume_or_init(
   steps_changes = list(meta.get("steps_changes", []))
   if done:
     with open(summary_path) as f:
-      return state, position, json.load(f), steps_changes, code_changes
+      return state, position, json.load(f), {}
   if saved_steps != config.trainer.steps:
     # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
     if steps_dependence(config):
@@ -183,7 +183,8 @@ def resume_or_init(
       "record in metrics.jsonl carries its count, eval_batches)"
     )
   print(f"resumed from {workdir} at step {start_step}")
-  return state, position, None, steps_changes, code_changes
+  changes = {"steps_changes": steps_changes, "code_changes": code_changes}
+  return state, position, None, {k: v for k, v in changes.items() if v}
 
 
 def check_code(

@@ -528,20 +528,16 @@ def train(
   Returns:
     The run summary (also written to `<workdir>/summary.json`).
   """
-  hooks = dict(hooks or {})
-  user_train_batch = train_batch  # the user's own, which the code fingerprint reads
+  own = {"loss_fn": loss_fn, "train_batch": train_batch, "init_params": init_params, "tx": tx}  # the user's own code
   config, method, driver, train_batch, eval_batches, mesh = _preflight(
     config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
   )
   tcfg = config.trainer
-  own = {"loss_fn": loss_fn, "train_batch": user_train_batch, "init_params": init_params, "tx": tx}
   code = fingerprint_lib.fingerprint(own, method, config.mode, loop_module=__name__)
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   try:
-    state, position, finished, steps_changes, code_changes = resume_lib.resume_or_init(
-      config, workdir, driver, manager, code
-    )
+    state, position, finished, changes = resume_lib.resume_or_init(config, workdir, driver, manager, code)
   except BaseException:
     manager.close()
     raise
@@ -551,9 +547,13 @@ def train(
     return finished
 
   run = _Run(config, method, driver, manager, workdir, state, position, mesh)
-  resumed = {"steps_changes": steps_changes, "code_changes": code_changes}
-  run.meta = {"config": json.loads(config.to_json()), "mode": config.mode, "code": code}
-  run.meta.update({k: v for k, v in resumed.items() if v}, **(extra_meta or {}))
+  run.meta = {
+    "config": json.loads(config.to_json()),
+    "mode": config.mode,
+    "code": code,
+    **changes,
+    **(extra_meta or {}),
+  }
   run.eval_fn, run.eval_batches = make_eval_fn(loss_fn, mesh), [sharding_lib.shard_batch(b, mesh) for b in eval_batches]
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
   try:
@@ -562,12 +562,12 @@ def train(
         if interrupts.signum is not None:
           run.stop(interrupts.signum)
         n = min(driver.steps_per_call, _next_boundary(run.step, tcfg.steps, intervals) - run.step)
-        before = run.dispatch(train_batch, n)
-        if _is_time(before, run.step, tcfg.log_every, tcfg.steps):
-          run.log(tokens_per_step, hooks)
-        if _is_time(before, run.step, tcfg.eval_every, tcfg.steps):
+        due = functools.partial(_is_time, run.dispatch(train_batch, n), run.step, total=tcfg.steps)
+        if due(tcfg.log_every):
+          run.log(tokens_per_step, hooks or {})
+        if due(tcfg.eval_every):
           run.evaluate()
-        if _is_time(before, run.step, tcfg.checkpoint_every, tcfg.steps):
+        if due(tcfg.checkpoint_every):
           run.checkpoint()
       manager.wait_until_finished()
   finally:
