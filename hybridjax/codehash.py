@@ -246,7 +246,7 @@ def _bindings(
       else:  # a library's, or `import a.b`, which binds `a`: its code names the path
         out.append(["import", a.name, a.asname])
         parts = a.name.split(".")
-        refs += [m for m in (".".join(parts[: k + 1]) for k in range(len(parts))) if m in modules]
+        refs += [m for k in range(len(parts)) if (m := ".".join(parts[: k + 1])) in modules]
     return out, refs
   base = _absolute(node, package)
   for a in node.names:

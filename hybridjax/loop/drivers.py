@@ -307,7 +307,6 @@ class HybridDriver(_Driver):
     # was discarded), never an older finite one; `_measured` says a step since start-up measured one.
     self._last_measured_loss = float("nan")
     self._measured = False
-    self._method_trace = self.ctx.method.trace  # the method's fields of a step record
     self._compiled = False
     self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
 
@@ -433,7 +432,7 @@ class HybridDriver(_Driver):
           self._measured = True
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
-        rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
+        rec.update(self.ctx.method.trace(row, rec["phase"] == Phase.PREDICT))  # the method's fields
         self._trace.append(rec)
 
   def log_view(self, state: HybridState) -> Any:

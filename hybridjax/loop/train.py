@@ -313,12 +313,11 @@ class _Run:
       self.clock.resume()
       self.state, self.metrics = driver.run(self.state, batches)
       self.steps_since_log += n
-    if driver.reads_position:
-      # The method's step may advance the schedule by other than one or leave its batch, as the
-      # device decided (`ADVANCES_SCHEDULE`): read both counters (one small transfer per step).
-      self.step, self.batch_index = driver.position(self.state)
-    else:
-      self.step, self.batch_index = self.step + n, self.batch_index + n
+    # A method's step may advance the schedule by other than one or leave its batch, as the device
+    # decided (`ADVANCES_SCHEDULE`): then both counters are read (one small transfer per step).
+    self.step, self.batch_index = (
+      driver.position(self.state) if driver.reads_position else (self.step + n, self.batch_index + n)
+    )
     if self.bar is not None:
       self.bar.update(self.step - before)
     return before
