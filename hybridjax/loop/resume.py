@@ -104,10 +104,10 @@ def resume_or_init(
 ) -> tuple[Any, tuple[int, int], dict | None, dict[str, list]]:
   """(state, (start step, batches used), finished run's summary or None, what the run records of its
   resumes: {'steps_changes': ..., 'code_changes': ...}, each where it holds any): the latest
-  checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses, changing nothing, a run with another config or whose own code changed (`code`:
-  `fingerprint.fingerprint` of this run; see `check_code`), unless resume='force'; another
-  `trainer.steps` where the training depends on it (`steps_change_error`), or an
-  inconsistent checkpoint.
+  checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses, changing
+  nothing, a run with another config or whose own code changed (`code`: `fingerprint.fingerprint`
+  of this run; see `check_code`), unless resume='force'; another `trainer.steps` where the training
+  depends on it (`steps_change_error`), or an inconsistent checkpoint.
 
   A finished run is returned as finished when this config asks for no more steps than it trained.
   `steps_changes`: each resume with another `trainer.steps` under resume='force', as
