@@ -509,7 +509,7 @@ class HybridDriver(_Driver):
     kind of step that raised them, naming the method and the phase; and the advice where the method's
     predicted steps, rather than the real steps, raised most of them (else None)."""
     name = self.ctx.method.name
-    events, predicted, discarded = int(health["events"]), int(health["predicted"]), int(health["discarded"])
+    events, predicted, discarded = (int(health[k]) for k in ("events", "predicted", "discarded"))
     real = events - predicted
     phase = PHASE_NAMES[int(health["phase"])]
     if not predicted:

@@ -200,7 +200,7 @@ def fingerprint(
   that trains (`train()`'s), whose code and imports are hybridjax's code."""
   digest = _Digest()
   own = {name: _sha(digest.value(f)) for name, f in callables.items() if f is not None}
-  modules = [loop_module, *sorted(digest.hybridjax_modules)]
+  modules = [loop_module, *digest.hybridjax_modules]
   if mode == "hybrid" and method is not None:
     if method.path.split(".")[0] == "hybridjax":
       modules.append(method.path)

@@ -87,9 +87,7 @@ def step_batches(
   name) receive it: for a method that declares `BATCHES_PER_STEP = k` > 1, step i gets the task's
   batches k*i .. k*i+k-1 concatenated along the batch axis (deterministic in the step, so a resumed
   run sees the same data); otherwise unchanged."""
-  if config.mode != "hybrid":
-    return train_batch
-  k = (method or config_lib.resolve_method(config)).batches_per_step
+  k = (method or config_lib.resolve_method(config)).batches_per_step if config.mode == "hybrid" else 1
   if k == 1:
     return train_batch
 
