@@ -205,10 +205,11 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
     got = _tree_lines(found_state)
     problems = []
     for k in sorted(set(expected) & set(got)):
-      if expected[k][0] != got[k][0]:
-        problems.append(f"{k}: expected shape {expected[k][0]}, found {got[k][0]}")
-      elif expected[k][1] and got[k][1] and expected[k][1] != got[k][1]:
-        problems.append(f"{k}: expected dtype {expected[k][1]}, found {got[k][1]}")
+      (shape, dtype), (found_shape, found_dtype) = expected[k], got[k]
+      if shape != found_shape:
+        problems.append(f"{k}: expected shape {shape}, found {found_shape}")
+      elif dtype and found_dtype and dtype != found_dtype:
+        problems.append(f"{k}: expected dtype {dtype}, found {found_dtype}")
     added = sorted(set(expected) - set(got) & set(ADDED_LEAVES))
     missing = sorted(set(expected) - set(got) - set(added))
     unexpected = sorted(set(got) - set(expected))

@@ -277,12 +277,12 @@ class HybridDriver(_Driver):
     self.reads_position = self.ctx.method.advances_schedule
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
-    if self.mesh is not None and self.steps_per_call > 1:
-      raise ValueError(
-        "--config.hybrid.steps_per_call > 1 runs on one device only for now; set "
-        "--config.hybrid.steps_per_call=1 on a multi-device mesh"
-      )
     if self.mesh is not None:
+      if self.steps_per_call > 1:
+        raise ValueError(
+          "--config.hybrid.steps_per_call > 1 runs on one device only for now; set "
+          "--config.hybrid.steps_per_call=1 on a multi-device mesh"
+        )
       self.state_shardings = sharding_lib.hybrid_state_shardings(self.abstract_state(), self.mesh, self.ctx.method)
     jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
     ctx = self.ctx
