@@ -92,7 +92,7 @@ class _Digest:
       return repr(v)
     if depth > _MAX_DEPTH:
       return ["deep", type(v).__qualname__]
-    if isinstance(v, (np.ndarray, np.generic)) or type(v).__module__.startswith(("jax", "jaxlib")):
+    if isinstance(v, (np.ndarray, np.generic)) or type(v).__module__.startswith("jax"):  # jax, jaxlib
       if hasattr(v, "shape") and hasattr(v, "dtype"):
         return self.array(v)
     if isinstance(v, types.ModuleType):

@@ -163,7 +163,7 @@ def check_batch_counts(trainer_cfg: ml_collections.ConfigDict, batch: Batch, eva
     # batch axis (class weights, a key) would be cut into pieces, each micro-batch seeing a part.
     shared = [
       f"{jax.tree_util.keystr(path)} {np.shape(x)}"
-      for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]
+      for path, x in jax.tree_util.tree_leaves_with_path(batch)
       if np.ndim(x) < 1 or np.shape(x)[0] != size
     ]
     if shared:
@@ -399,8 +399,7 @@ class _Run:
     """On SIGINT or SIGTERM: saves the state at this step (unless its last step was non-finite: the
     previous checkpoint is kept) and raises `TrainingInterrupted`."""
     self.clock.pause()
-    health = jax.device_get(self.driver.health(self.state))
-    saved = not int(health["streak"])
+    saved = not int(jax.device_get(self.driver.health(self.state))["streak"])
     if saved and self.manager.latest_step() != self.step:
       self.save(self.step)
     self.manager.wait_until_finished()
