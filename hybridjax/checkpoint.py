@@ -68,7 +68,7 @@ def _short_error(e: BaseException) -> str:
   message says (their full text is a page-long TensorStore spec)."""
   text = str(e)
   m = re.search(r'"([^"/\s]+)/\.zarray"', text) or re.search(r"'path': '([^/'][^']*?)/'", text)
-  first = text.strip().splitlines()[0] if text.strip() else ""
+  first = (text.strip().splitlines() or [""])[0]
   for cut in (" See full TensorStore details", " [tensorstore_spec="):
     first = first.split(cut)[0]
   if len(first) > 300:
