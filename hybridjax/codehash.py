@@ -294,10 +294,9 @@ def _module_hashes(files: tuple[tuple[str, str, bytes], ...]) -> dict[str, str]:
     # Each round: a module's address, and those of the modules it imports, in its order.
     while True:
       new = {n: _sha(c, *(colour.get(r, _NO_CODE) for r in imported[n])) for n, c in colour.items()}
-      stable = len(set(new.values())) == len(set(colour.values()))
+      if len(set(new.values())) == len(set(colour.values())):
+        return new
       colour = new
-      if stable:
-        return colour
 
   colour = refine(code)
   alike = collections.Counter(colour.values())
