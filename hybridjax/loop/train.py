@@ -188,13 +188,12 @@ def check_position(method: registry.Method, device: tuple[int, int], counted: tu
   if tuple(device) == tuple(counted):
     return
   (device_step, device_batches), (step, batches) = device, counted
-  path = method.path
   raise ValueError(
-    f"method {method.name!r} ({path}): after {step} steps the device holds schedule step {device_step} and "
+    f"method {method.name!r} ({method.path}): after {step} steps the device holds schedule step {device_step} and "
     f"{device_batches} batches used, where the loop counted {step} and {batches} (one of each per step, "
     "as a method without ADVANCES_SCHEDULE declares). A step that leaves its batch "
     "(StepInfo batch_consumed=False) or advances the schedule by other than one needs "
-    f"ADVANCES_SCHEDULE = True in {path}; a predicted step must move the params through "
+    f"ADVANCES_SCHEDULE = True in {method.path}; a predicted step must move the params through "
     "optim.moved_train_state, which advances the schedule by one (docs/methods.md)"
   )
 
