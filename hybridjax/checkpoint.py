@@ -68,7 +68,7 @@ def _short_error(e: BaseException) -> str:
   message says (their full text is a page-long TensorStore spec)."""
   text = str(e)
   m = re.search(r'"([^"/\s]+)/\.zarray"', text) or re.search(r"'path': '([^/'][^']*?)/'", text)
-  first = text.strip().splitlines()[0] if text.strip() else ""
+  first = (text.strip().splitlines() or [""])[0]
   for cut in (" See full TensorStore details", " [tensorstore_spec="):
     first = first.split(cut)[0]
   if len(first) > 300:
@@ -127,20 +127,23 @@ def _corrupt_hint(manager: ocp.CheckpointManager, step: int) -> str:
   )
 
 
+def _read(manager: ocp.CheckpointManager, step: int, failed: str, **items: Any) -> Any:
+  """The checkpoint's `items` at `step` (`ocp.args.Composite` of them), read with the reads orbax
+  abandons silenced; a ValueError saying `failed`, the error and what to do when the read fails."""
+  try:
+    with _abandoned_reads_silenced():
+      return manager.restore(step, args=ocp.args.Composite(**items))
+  except Exception as e:
+    raise ValueError(f"{failed}: {_short_error(e)}\n{_corrupt_hint(manager, step)}") from e
+
+
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   """Reads only the JSON metadata (the step, i.e. the data position, and the config) at `step`.
 
   Raises a ValueError naming the checkpoint when the metadata is missing or unreadable.
   """
-  try:
-    with _abandoned_reads_silenced():
-      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  except Exception as e:
-    raise ValueError(
-      f"could not read the metadata (step, config) of checkpoint "
-      f"{manager.directory}/{step}: {_short_error(e)}\n"
-      f"{_corrupt_hint(manager, step)}"
-    ) from e
+  failed = f"could not read the metadata (step, config) of checkpoint {manager.directory}/{step}"
+  meta = _read(manager, step, failed, meta=ocp.args.JsonRestore())["meta"]
   if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
     found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
     raise ValueError(
@@ -152,10 +155,11 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 def _key_name(k: Any) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
+  return next((str(getattr(k, a)) for a in ("key", "name", "idx") if hasattr(k, a)), str(k))
+
+
+def _path_name(path: tuple) -> str:
+  return ".".join(_key_name(k) for k in path)
 
 
 def _tree_lines(tree: Any) -> dict[str, tuple]:
@@ -164,9 +168,7 @@ def _tree_lines(tree: Any) -> dict[str, tuple]:
   if hasattr(tree, "tree"):
     tree = tree.tree
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  return {
-    ".".join(_key_name(k) for k in p): (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", ""))) for p, x in leaves
-  }
+  return {_path_name(p): (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", ""))) for p, x in leaves}
 
 
 # Leaves of the state added after checkpoints were first written, with the value they take when a
@@ -197,15 +199,17 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
       f"its _METADATA, is missing; readable items: {items}).\n"
       f"{_corrupt_hint(manager, step)}"
     )
+  added = []
   if found_state is not None:
     expected = _tree_lines(abstract_state)
     got = _tree_lines(found_state)
     problems = []
     for k in sorted(set(expected) & set(got)):
-      if expected[k][0] != got[k][0]:
-        problems.append(f"{k}: expected shape {expected[k][0]}, found {got[k][0]}")
-      elif expected[k][1] and got[k][1] and expected[k][1] != got[k][1]:
-        problems.append(f"{k}: expected dtype {expected[k][1]}, found {got[k][1]}")
+      (shape, dtype), (found_shape, found_dtype) = expected[k], got[k]
+      if shape != found_shape:
+        problems.append(f"{k}: expected shape {shape}, found {found_shape}")
+      elif dtype and found_dtype and dtype != found_dtype:
+        problems.append(f"{k}: expected dtype {dtype}, found {found_dtype}")
     added = sorted(set(expected) - set(got) & set(ADDED_LEAVES))
     missing = sorted(set(expected) - set(got) - set(added))
     unexpected = sorted(set(got) - set(expected))
@@ -226,37 +230,22 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any) -> t
         f"checkpoint {manager.directory}/{step} does not match this model/config:\n  {shown}{more}\n"
         "Use a fresh --workdir for a different model, or the config the checkpoint was made with."
       )
-    if added:
-      return _restore_adding(manager, step, abstract_state, added)
-  try:
-    with _abandoned_reads_silenced():
-      restored = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-      )
-  except Exception as e:
-    raise ValueError(
-      f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
-    ) from e
-  return restored["state"], restored["meta"]
+  # A checkpoint that lacks leaves of `ADDED_LEAVES` is read as it was saved (`_with_added` adds them).
+  restored = _read(
+    manager,
+    step,
+    f"could not restore checkpoint {manager.directory}/{step}",
+    state=ocp.args.StandardRestore(None if added else abstract_state),
+    meta=ocp.args.JsonRestore(),
+  )
+  state = _with_added(restored["state"], abstract_state, added) if added else restored["state"]
+  return state, restored["meta"]
 
 
-def _restore_adding(
-  manager: ocp.CheckpointManager, step: int, abstract_state: Any, added: list[str]
-) -> tuple[Any, dict]:
-  """`restore` of a checkpoint that lacks the leaves `added` (of `ADDED_LEAVES`): the saved tree as
-  it is, those leaves at their `ADDED_LEAVES` values, laid out as `abstract_state`."""
+def _with_added(tree: Any, abstract_state: Any, added: list[str]) -> Any:
+  """The state `tree`, read without a target from a checkpoint that lacks the leaves `added` (of
+  `ADDED_LEAVES`): those leaves at their `ADDED_LEAVES` values, laid out as `abstract_state`."""
   import numpy as np
-
-  try:
-    with _abandoned_reads_silenced():
-      restored = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
-      )
-  except Exception as e:
-    raise ValueError(
-      f"could not restore checkpoint {manager.directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
-    ) from e
-  tree = restored["state"]
 
   def saved(path: tuple) -> Any:
     node = tree
@@ -265,12 +254,12 @@ def _restore_adding(
     return node
 
   def value(path: tuple, like: Any) -> Any:
-    name = ".".join(_key_name(k) for k in path)
+    name = _path_name(path)
     x = np.full(like.shape, ADDED_LEAVES[name], like.dtype) if name in added else saved(path)
     sharding = getattr(like, "sharding", None)
     return jax.device_put(x, sharding) if sharding is not None else jax.numpy.asarray(x)
 
-  return jax.tree_util.tree_map_with_path(value, abstract_state), restored["meta"]
+  return jax.tree_util.tree_map_with_path(value, abstract_state)
 
 
 def _params_of(state: Any, averaged: bool) -> tuple[Any, bool]:
@@ -318,13 +307,8 @@ def export_params(workdir: str | os.PathLike[str], *, step: int | None = None, a
       step = steps[-1]
     elif step not in steps:
       raise FileNotFoundError(f"{directory} has no checkpoint at step {step}; its steps are {steps}")
-    try:
-      with _abandoned_reads_silenced():
-        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    except Exception as e:
-      raise ValueError(
-        f"could not read checkpoint {directory}/{step}: {_short_error(e)}\n{_corrupt_hint(manager, step)}"
-      ) from e
+    failed = f"could not read checkpoint {directory}/{step}"
+    state = _read(manager, step, failed, state=ocp.args.StandardRestore())["state"]
     try:  # the run's length, for the warning below; a checkpoint without readable metadata has none
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception:  # noqa: BLE001

@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import os
+import pathlib
 import sys
 import sysconfig
 import tokenize
@@ -53,10 +54,8 @@ def _char_pos(lines: list[str], line: int, byte_col: int) -> _Pos:
 
 def _slice(lines: list[str], start: _Pos, end: _Pos) -> str:
   """The source text from `start` to `end`."""
-  if start[0] == end[0]:
-    return lines[start[0] - 1][start[1] : end[1]]
-  middle = lines[start[0] : end[0] - 1]
-  return "\n".join([lines[start[0] - 1][start[1] :], *middle, lines[end[0] - 1][: end[1]]])
+  text = "\n".join(lines[start[0] - 1 : end[0]])  # the lines it spans, whole
+  return text[start[1] : len(text) - len(lines[end[0] - 1]) + end[1]]
 
 
 def _is_docstring(body: list[ast.stmt]) -> bool:
@@ -84,15 +83,14 @@ def read_code(
     if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and _is_docstring(
       node.body
     ):
-      doc = node.body[0]
-      spans.append(
-        (_char_pos(lines, doc.lineno, doc.col_offset), _char_pos(lines, doc.end_lineno, doc.end_col_offset), None)
-      )
+      span, k = node.body[0], None
     elif isinstance(node, ast.Import | ast.ImportFrom):
-      start = _char_pos(lines, node.lineno, node.col_offset)
-      end = _char_pos(lines, node.end_lineno, node.end_col_offset)
-      spans.append((start, end, len(nodes)))
+      span, k = node, len(nodes)
       nodes.append(node)
+    else:
+      continue
+    start, end = _char_pos(lines, span.lineno, span.col_offset), _char_pos(lines, span.end_lineno, span.end_col_offset)
+    spans.append((start, end, k))
   spans.sort(key=lambda s: s[0])
   starts = [s[0] for s in spans]
 
@@ -182,8 +180,7 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
 def _imports(path: str, module: str) -> set[str]:
   """Every module `path` (module `module`) imports, at any depth, as absolute names."""
   package = _package_of(module, path)
-  with open(path, encoding="utf-8") as f:
-    tree = ast.parse(f.read())
+  tree = ast.parse(pathlib.Path(path).read_text(encoding="utf-8"))
   found = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
@@ -198,12 +195,11 @@ def _imports(path: str, module: str) -> set[str]:
 def _closure(module: str) -> tuple[dict[str, str], tuple[str, ...]]:
   """({name: source file} of `module` and of every non-library module it imports, transitively; the
   top-level names of the installed, non-standard modules those import directly)."""
-  found, libraries = _closure_on_path(module, tuple(sys.path))  # where a name's file is depends on sys.path
-  return dict(found), libraries
+  return _closure_on_path(module, tuple(sys.path))  # where a name's file is depends on sys.path
 
 
 @functools.cache
-def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
   del path  # the cache's key
   seen: dict[str, str] = {}
   libraries: set[str] = set()
@@ -224,7 +220,7 @@ def _closure_on_path(module: str, path: tuple[str, ...]) -> tuple[tuple[tuple[st
     parent = name.rpartition(".")[0]
     todo += [parent] if parent else []
     todo += sorted(_imports(path, name))
-  return tuple(sorted((n, p) for n, p in seen.items() if p)), tuple(sorted(libraries))
+  return {n: p for n, p in sorted(seen.items()) if p}, tuple(sorted(libraries))
 
 
 def source_closure(module: str) -> tuple[str, ...]:
@@ -250,7 +246,7 @@ def _bindings(
       else:  # a library's, or `import a.b`, which binds `a`: its code names the path
         out.append(["import", a.name, a.asname])
         parts = a.name.split(".")
-        refs += [m for m in (".".join(parts[: k + 1]) for k in range(len(parts))) if m in modules]
+        refs += [m for k in range(len(parts)) if (m := ".".join(parts[: k + 1])) in modules]
     return out, refs
   base = _absolute(node, package)
   for a in node.names:
@@ -288,23 +284,19 @@ def _module_hashes(files: tuple[tuple[str, str, bytes], ...]) -> dict[str, str]:
     if not lines:
       continue
     package = _package_of(name, path)
-    refs: list[str] = []
-    bound = []
-    for node, _ in imports:
-      binds, named = _bindings(node, package, modules)
-      bound.append(binds)
-      refs += named
-    code[name] = _sha(json.dumps([[d, [bound[x] if isinstance(x, int) else x for x in items]] for d, items in lines]))
-    imported[name] = refs
+    pairs = [_bindings(node, package, modules) for node, _ in imports]  # (bindings, modules named)
+    code[name] = _sha(
+      json.dumps([[d, [pairs[x][0] if isinstance(x, int) else x for x in items]] for d, items in lines])
+    )
+    imported[name] = [r for _, refs in pairs for r in refs]
 
   def refine(colour: dict[str, str]) -> dict[str, str]:
     # Each round: a module's address, and those of the modules it imports, in its order.
     while True:
       new = {n: _sha(c, *(colour.get(r, _NO_CODE) for r in imported[n])) for n, c in colour.items()}
-      stable = len(set(new.values())) == len(set(colour.values()))
+      if len(set(new.values())) == len(set(colour.values())):
+        return new
       colour = new
-      if stable:
-        return colour
 
   colour = refine(code)
   alike = collections.Counter(colour.values())
@@ -349,14 +341,9 @@ def library_versions(modules: Sequence[str]) -> dict[str, str]:
 
 def _code_digest(modules: Sequence[str]) -> Any:
   """The sha256 object fed with the code of `modules` and of everything they import (`code_hash`)."""
-  closure: dict[str, str] = {}
-  for m in modules:
-    closure.update(_closure(m)[0])
-  files = []
-  for name, path in sorted(closure.items()):
-    with open(path, "rb") as f:
-      files.append((name, path, f.read()))
-  addresses = _module_hashes(tuple(files))
+  closure = {name: path for m in modules for name, path in _closure(m)[0].items()}
+  files = tuple((name, path, pathlib.Path(path).read_bytes()) for name, path in sorted(closure.items()))
+  addresses = _module_hashes(files)
   h = hashlib.sha256()
   for address in sorted(addresses.values()):
     h.update(address.encode())

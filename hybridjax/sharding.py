@@ -45,8 +45,6 @@ except AttributeError:  # pragma: no cover - older jax, where every mesh axis is
 
 DATA, FSDP = "data", "fsdp"
 AXES = (DATA, FSDP)
-# The batch is split over both axes (see the module docstring).
-BATCH_AXES = AXES
 
 
 # --- mesh -----------------------------------------------------------------------------------------
@@ -92,7 +90,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Dim 0 (the batch) split over every device of `mesh`; other dims whole."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+  return NamedSharding(mesh, P(AXES))  # the batch is split over both axes (see the module docstring)
 
 
 def fsdp_spec(shape: Sequence[int], fsdp_size: int) -> P:
@@ -267,13 +265,8 @@ def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
     return False
   if jax.distributed.is_initialized():
     return True
-  kwargs: dict[str, Any] = {}
-  if dist.get("coordinator_address", ""):
-    kwargs["coordinator_address"] = dist.coordinator_address
-  if dist.get("num_processes", 0) > 0:
-    kwargs["num_processes"] = dist.num_processes
-  if dist.get("process_id", -1) >= 0:
-    kwargs["process_id"] = dist.process_id
+  auto = {"coordinator_address": "", "num_processes": 0, "process_id": -1}  # the values JAX auto-detects
+  kwargs = {k: dist[k] for k, v in auto.items() if dist.get(k, v) != v}
   try:
     jax.distributed.initialize(**kwargs)
   except RuntimeError as e:
@@ -297,25 +290,30 @@ def mesh_errors(config: ml_collections.ConfigDict, n_devices: int | None) -> tup
   """
   mesh = config.get("mesh") or config_lib.default_mesh_config()
   data, fsdp = mesh.get("data", -1), mesh.get("fsdp", 1)
-  errors = []
   if data == 0:
-    errors.append("--config.mesh.data must be >= 1, or -1 for all devices, got 0")
-    return errors, data, fsdp
+    return ["--config.mesh.data must be >= 1, or -1 for all devices, got 0"], data, fsdp
   if n_devices is not None:
     if data == -1:
       if n_devices % fsdp:
-        errors.append(
-          f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
-          f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}"
+        return (
+          [
+            f"--config.mesh.fsdp ({fsdp}) must divide the number of devices "
+            f"({n_devices}); set --config.mesh.fsdp to a divisor of {n_devices}"
+          ],
+          data,
+          fsdp,
         )
-        return errors, data, fsdp
       data = n_devices // fsdp
     elif data * fsdp != n_devices:
-      errors.append(
-        f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
-        f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all"
+      return (
+        [
+          f"--config.mesh.data ({data}) x --config.mesh.fsdp ({fsdp}) = {data * fsdp} must equal "
+          f"the number of devices ({n_devices}); set --config.mesh.data=-1 to use them all"
+        ],
+        data,
+        fsdp,
       )
-      return errors, data, fsdp
+  errors = []
   if data > 0 and "trainer" in config:
     t = config.trainer
     n = data * fsdp * t.grad_accum

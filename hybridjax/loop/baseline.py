@@ -22,7 +22,7 @@ import optax
 
 from hybridjax import optim as optim_lib
 from hybridjax import sharding as sharding_lib
-from hybridjax.loop.evaluation import eval_losses, make_eval_fn
+from hybridjax.loop.evaluation import EvalFn, eval_losses, make_eval_fn
 from hybridjax.optim import Batch, LossFn, Schedule, TrainState
 
 StepFn = Callable[[TrainState, Batch, Schedule], tuple[TrainState, dict[str, jax.Array]]]
@@ -62,7 +62,7 @@ def run(
   *,
   train_batch: Callable[[int], Batch],
   eval_batches: Sequence[Batch],
-  eval_fn: Callable[[Any, Batch], jax.Array] | None,
+  eval_fn: EvalFn | None,
   schedule: Schedule,
   steps: int,
   eval_every: int = 0,

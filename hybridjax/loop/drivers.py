@@ -50,6 +50,21 @@ from hybridjax.optim import (
 )
 
 Metrics = dict[str, Any]
+# The fields of a step's trace record, each read as its type. `discarded`: the framework discarded the
+# predicted step (it left a non-finite value in the params or the method's state; the state is the
+# one before it).
+_TRACE_FIELDS = {
+  "step": int,
+  "phase": int,
+  "branch": int,
+  "loss": float,
+  "predicted_loss": float,
+  "confidence": float,
+  "horizon": int,
+  "measured": bool,
+  "diverged": bool,
+  "discarded": bool,
+}
 
 
 def stack_batches(batches: Sequence[Batch]) -> Batch:
@@ -125,13 +140,32 @@ def outer_settings(optim: ml_collections.ConfigDict) -> tuple[int, float, float]
   return int(optim.outer_every), float(optim.outer_eta), float(optim.outer_mu)
 
 
-class BaselineDriver:
-  """The plain optax loop: `optim.train_step` jitted with the state donated."""
+class _Driver:
+  """What both drivers share: the schedule, the params' initializer, the mesh (None on one device),
+  the state's shape, and the calls the baseline has nothing to do for."""
 
-  mode = "baseline"
   steps_per_call = 1
-  max_events = None
   reads_position = False  # every step uses one batch and advances the schedule by one
+  state_shardings = None  # a tree like the state, on a multi-device mesh
+
+  def __init__(self, config: ml_collections.ConfigDict, init_params: Callable[[], Any], mesh: jax.sharding.Mesh | None):
+    self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
+    self._init_params = init_params
+    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
+
+  def abstract_state(self) -> Any:
+    return jax.eval_shape(self._init_unsharded)
+
+  def pause_timing(self) -> None:
+    """Called by the loop before eval/checkpoint work, which is not a step's cost."""
+
+  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
+    del record
+    return {}
+
+
+class BaselineDriver(_Driver):
+  """The plain optax loop: `optim.train_step` jitted with the state donated."""
 
   def __init__(
     self,
@@ -142,19 +176,16 @@ class BaselineDriver:
     init_params: Callable[[], Any],
     mesh: jax.sharding.Mesh | None = None,
   ):
-    self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
-    self._init_params = init_params
+    super().__init__(config, init_params, mesh)
     self.tx = tx  # the run's optimizer (`optim.resolve_optimizer`)
     self._averaging_beta = averaging_beta(config.trainer)
     self._outer = outer_settings(config.optim)
-    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
-    self.state_shardings = None
     if self.mesh is not None:
-      self.state_shardings = sharding_lib.train_state_shardings(jax.eval_shape(self._init), self.mesh)
+      self.state_shardings = sharding_lib.train_state_shardings(self.abstract_state(), self.mesh)
     # The one baseline step program (`loop.baseline.make_train_step`), as the benchmark's anchors run it.
     self._step = make_train_step(loss_fn, tx, config.trainer.grad_accum, self.state_shardings, self.mesh)
 
-  def _init(self) -> TrainState:
+  def _init_unsharded(self) -> TrainState:
     params = self._init_params()
     outer = None if self._outer is None else init_outer_momentum(params, *self._outer)
     return init_train_state(params, self.tx, self._averaging_beta, outer)
@@ -162,11 +193,8 @@ class BaselineDriver:
   def init_state(self) -> TrainState:
     """A fresh state; on a multi-device mesh created directly with `state_shardings`."""
     if self.mesh is not None:
-      return jax.jit(self._init, out_shardings=self.state_shardings)()
-    return self._init()
-
-  def abstract_state(self) -> Any:
-    return jax.eval_shape(self._init)
+      return jax.jit(self._init_unsharded, out_shardings=self.state_shardings)()
+    return self._init_unsharded()
 
   @staticmethod
   def train_state(state: TrainState) -> TrainState:
@@ -208,22 +236,13 @@ class BaselineDriver:
     """The loss of the first step of the first dispatch."""
     return float(jax.device_get(metrics["loss"]))
 
-  def pause_timing(self) -> None:
-    pass
-
-  def progress_fields(self, record: Mapping[str, Any]) -> dict[str, str]:
-    del record
-    return {}
-
   def summary(self, state: TrainState) -> dict[str, Any]:
     del state
     return {}
 
 
-class HybridDriver:
+class HybridDriver(_Driver):
   """Hybrid training from the host loop: init, dispatch, per-step trace, memory readings."""
-
-  mode = "hybrid"
 
   def __init__(
     self,
@@ -239,8 +258,7 @@ class HybridDriver:
     """`mesh` (from `sharding.make_mesh`): the state is created and kept sharded on it, and every
     step is jitted with matching in/out shardings. None or one device: plain single-device jit.
     `method`: the config's method record, resolved once by `train()` (default: by its name)."""
-    self.schedule: Schedule = make_schedule(config.optim, config.trainer.steps)
-    self._init_params = init_params
+    super().__init__(config, init_params, mesh)
     self._rng = rng
     self.ctx = make_context(
       config.hybrid,
@@ -259,17 +277,13 @@ class HybridDriver:
     self.reads_position = self.ctx.method.advances_schedule
     self.dispatch = config.hybrid.dispatch
     self.steps_per_call = config.hybrid.steps_per_call if self.dispatch == "switch" else 1
-    self.mesh = mesh if sharding_lib.is_multi_device(mesh) else None
-    if self.mesh is not None and self.steps_per_call > 1:
-      raise ValueError(
-        "--config.hybrid.steps_per_call > 1 runs on one device only for now; set "
-        "--config.hybrid.steps_per_call=1 on a multi-device mesh"
-      )
-    self.state_shardings = None  # a tree like HybridState, on a multi-device mesh
     if self.mesh is not None:
-      self.state_shardings = sharding_lib.hybrid_state_shardings(
-        jax.eval_shape(self._init_unsharded), self.mesh, self.ctx.method
-      )
+      if self.steps_per_call > 1:
+        raise ValueError(
+          "--config.hybrid.steps_per_call > 1 runs on one device only for now; set "
+          "--config.hybrid.steps_per_call=1 on a multi-device mesh"
+        )
+      self.state_shardings = sharding_lib.hybrid_state_shardings(self.abstract_state(), self.mesh, self.ctx.method)
     jit_kw = sharding_lib.step_jit_kwargs(self.state_shardings, self.mesh)
     ctx = self.ctx
 
@@ -293,7 +307,6 @@ class HybridDriver:
     # was discarded), never an older finite one; `_measured` says a step since start-up measured one.
     self._last_measured_loss = float("nan")
     self._measured = False
-    self._method_trace = self.ctx.method.trace  # the method's fields of a step record
     self._compiled = False
     self._logged_phase: int | None = None  # the phase at the last log (fused dispatch)
 
@@ -318,9 +331,6 @@ class HybridDriver:
     sh = self.state_shardings
     params = jax.jit(self._init_params, out_shardings=sh.train.params)()
     return jax.device_put(step_lib.init_hybrid_state(self.ctx, params, self._rng), sh)
-
-  def abstract_state(self) -> Any:
-    return jax.eval_shape(self._init_unsharded)
 
   def check_method_hooks(self, batch: Batch) -> None:
     """Refuses, before the workdir is made, a user's method whose transitions do not meet the method
@@ -399,7 +409,6 @@ class HybridDriver:
     return state, metrics
 
   def pause_timing(self) -> None:
-    """Called by the loop before eval/checkpoint work, which is not a step's cost."""
     self._pending = None
 
   # --- records -----------------------------------------------------------------------------------
@@ -412,29 +421,18 @@ class HybridDriver:
       steps = np.atleast_1d(m["step"])
       for i in range(len(steps)):
         row = {k: (np.asarray(v)[i] if np.ndim(m["step"]) else v) for k, v in m.items()}
-        measured = bool(row["measured"])
-        rec = {
-          "step": int(row["step"]),
-          "phase": int(row["phase"]),
-          "branch": int(row["branch"]),
-          # Only measured steps have a loss; an unvalidated predicted step has its plan's value only.
-          "loss": float(row["loss"]) if measured else None,
-          "predicted_loss": float(row["predicted_loss"]),
-          "confidence": float(row["confidence"]),
-          "horizon": int(row["horizon"]),
-          "measured": measured,
-          "diverged": bool(row["diverged"]),
-          # The framework discarded the predicted step: it left a non-finite value in the params or
-          # the method's state, and the state is the one before it.
-          "discarded": bool(row["discarded"]),
-        }
-        if measured or rec["discarded"]:
+        rec = {k: kind(row[k]) for k, kind in _TRACE_FIELDS.items()}
+        if not rec[
+          "measured"
+        ]:  # only measured steps have a loss; an unvalidated predicted step has its plan's value only
+          rec["loss"] = None
+        if rec["measured"] or rec["discarded"]:
           # A discarded step has no loss to report as the run's: its state was not kept.
           self._last_measured_loss = float("nan") if rec["discarded"] else rec["loss"]
           self._measured = True
         if rec["phase"] == Phase.PREDICT:
           rec["alpha"] = [round(float(a), 5) for a in row["alpha"]]
-        rec.update(self._method_trace(row, rec["phase"] == Phase.PREDICT))
+        rec.update(self.ctx.method.trace(row, rec["phase"] == Phase.PREDICT))  # the method's fields
         self._trace.append(rec)
 
   def log_view(self, state: HybridState) -> Any:
@@ -511,17 +509,17 @@ class HybridDriver:
     kind of step that raised them, naming the method and the phase; and the advice where the method's
     predicted steps, rather than the real steps, raised most of them (else None)."""
     name = self.ctx.method.name
-    events, predicted, discarded = int(health["events"]), int(health["predicted"]), int(health["discarded"])
+    events, predicted, discarded = (int(health[k]) for k in ("events", "predicted", "discarded"))
     real = events - predicted
     phase = PHASE_NAMES[int(health["phase"])]
     if not predicted:
       return f", all of them real steps of method {name!r} (a non-finite loss or gradient; now in {phase})", None
-    kept = ""
-    if discarded:
-      kept = (
-        f"; {discarded} discarded: they left a non-finite value in the params or the method's state, "
-        "and the state before them was kept"
-      )
+    kept = (
+      f"; {discarded} discarded: they left a non-finite value in the params or the method's state, "
+      "and the state before them was kept"
+      if discarded
+      else ""
+    )
     text = f", {predicted} of them predicted steps of method {name!r} (PREDICT{kept}) and {real} real steps"
     if predicted < real:
       return text, None

@@ -58,19 +58,15 @@ def _sha(obj: Any) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _origin(module_name: str | None) -> tuple[str, str | None]:
-  """Where code of `module_name` lives: ('script', None) for __main__, a notebook or no source file;
-  ('hybridjax', path), ('library', path) or ('user', path) for a module with a source file."""
-  if not module_name or module_name == "__main__":
-    return "script", None
-  path = codehash._module_file(module_name)
+def _origin(module_name: str | None) -> str:
+  """Where code of `module_name` lives: 'script' for __main__, a notebook or no source file;
+  'hybridjax', 'library' or 'user' for a module with a source file."""
+  path = codehash._module_file(module_name) if module_name not in (None, "", "__main__") else None
   if path is None:
-    return "script", None
+    return "script"
   if module_name.split(".")[0] == "hybridjax":
-    return "hybridjax", path
-  if codehash._is_library(module_name, path):
-    return "library", path
-  return "user", path
+    return "hybridjax"
+  return "library" if codehash._is_library(module_name, path) else "user"
 
 
 def _code_object(code: types.CodeType) -> list[Any]:
@@ -96,7 +92,7 @@ class _Digest:
       return repr(v)
     if depth > _MAX_DEPTH:
       return ["deep", type(v).__qualname__]
-    if isinstance(v, (np.ndarray, np.generic)) or type(v).__module__.startswith(("jax", "jaxlib")):
+    if isinstance(v, (np.ndarray, np.generic)) or type(v).__module__.startswith("jax"):  # jax, jaxlib
       if hasattr(v, "shape") and hasattr(v, "dtype"):
         return self.array(v)
     if isinstance(v, types.ModuleType):
@@ -112,23 +108,24 @@ class _Digest:
       self.seen.discard(id(v))
 
   def _container(self, v: Any, depth: int) -> Any:
+    inner = functools.partial(self.value, depth=depth + 1)
     if isinstance(v, (list, tuple)):
-      return [type(v).__qualname__, [self.value(x, depth + 1) for x in v]]
+      return [type(v).__qualname__, [inner(x) for x in v]]
     if isinstance(v, (set, frozenset)):
-      return ["set", sorted(json.dumps(self.value(x, depth + 1), default=str) for x in v)]
+      return ["set", sorted(json.dumps(inner(x), default=str) for x in v)]
     if isinstance(v, Mapping):
-      items = sorted((repr(k), self.value(x, depth + 1)) for k, x in v.items())
+      items = sorted((repr(k), inner(x)) for k, x in v.items())
       return [type(v).__qualname__, items]
     if callable(v) and not dataclasses.is_dataclass(v):
       return self.callable(v, depth + 1)
     if dataclasses.is_dataclass(v):
-      fields = {f.name: self.value(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
+      fields = {f.name: inner(getattr(v, f.name, None)) for f in dataclasses.fields(v)}
       return ["dataclass", type(v).__module__, type(v).__qualname__, fields]
     text = repr(v)
     if " at 0x" not in text:
       return ["repr", type(v).__qualname__, text]
     state = getattr(v, "__dict__", None)
-    return ["object", type(v).__module__, type(v).__qualname__, self.value(state, depth + 1) if state else None]
+    return ["object", type(v).__module__, type(v).__qualname__, inner(state) if state else None]
 
   @staticmethod
   def array(v: Any) -> list[Any]:
@@ -139,36 +136,35 @@ class _Digest:
     return ["array", str(a.dtype), list(a.shape), hashlib.sha256(np.ascontiguousarray(flat).tobytes()).hexdigest()]
 
   def code_of(self, module_name: str | None, qualname: str, code: types.CodeType | None) -> list[Any]:
-    origin, _ = _origin(module_name)
+    origin = _origin(module_name)
     if origin == "hybridjax":
       self.hybridjax_modules.add(module_name)  # its code is hashed with hybridjax's
-      return ["hybridjax", module_name, qualname]
-    if origin == "library":
-      return ["library", module_name, qualname]
+    if origin in ("hybridjax", "library"):
+      return [origin, module_name, qualname]
     if origin == "user":
       return ["module", module_name, qualname, codehash.code_hash([module_name])]
     compiled = _code_object(code) if code is not None else None
     return ["compiled", qualname, f"python {sys.version_info.major}.{sys.version_info.minor}", compiled]
 
   def callable(self, f: Any, depth: int = 0) -> Any:
+    inner = functools.partial(self.value, depth=depth + 1)
     if isinstance(f, functools.partial):
       return [
         "partial",
         self.callable(f.func, depth + 1),
-        self.value(f.args, depth + 1),
-        self.value(f.keywords, depth + 1),
+        inner(f.args),
+        inner(f.keywords),
       ]
     if isinstance(f, types.MethodType):
-      return ["method", self.callable(f.__func__, depth + 1), self.value(f.__self__, depth + 1)]
+      return ["method", self.callable(f.__func__, depth + 1), inner(f.__self__)]
     if isinstance(f, types.FunctionType):
       code = self.code_of(f.__module__, f.__qualname__, f.__code__)
-      cells = [self.value(c.cell_contents, depth + 1) if _has_contents(c) else None for c in f.__closure__ or ()]
-      defaults = [self.value(f.__defaults__, depth + 1), self.value(f.__kwdefaults__, depth + 1)]
-      read: dict[str, Any] = {}
-      if code[0] == "compiled":  # a script's function reads its globals at call time: their values too
-        for name in sorted(_global_names(f.__code__)):
-          if name in f.__globals__ and not isinstance(f.__globals__[name], types.ModuleType):
-            read[name] = self.value(f.__globals__[name], depth + 1)
+      cells = [inner(c.cell_contents) if _has_contents(c) else None for c in f.__closure__ or ()]
+      defaults = [inner(f.__defaults__), inner(f.__kwdefaults__)]
+      # A script's function reads its globals at call time: their values too.
+      names = sorted(_global_names(f.__code__)) if code[0] == "compiled" else []
+      g = f.__globals__
+      read = {n: inner(g[n]) for n in names if n in g and not isinstance(g[n], types.ModuleType)}
       return ["function", code, cells, defaults, read]
     if isinstance(f, types.BuiltinFunctionType):
       return ["builtin", getattr(f, "__module__", None), f.__qualname__]
@@ -177,7 +173,7 @@ class _Digest:
     call = vars(cls).get("__call__")
     code = self.code_of(cls.__module__, cls.__qualname__, getattr(call, "__code__", None))
     state = getattr(f, "__dict__", None)
-    return ["object", code, self.value(state, depth + 1) if state else None]
+    return ["object", code, inner(state) if state else None]
 
 
 def _has_contents(cell: types.CellType) -> bool:
@@ -204,15 +200,16 @@ def fingerprint(
   that trains (`train()`'s), whose code and imports are hybridjax's code."""
   digest = _Digest()
   own = {name: _sha(digest.value(f)) for name, f in callables.items() if f is not None}
-  modules = [loop_module, *sorted(digest.hybridjax_modules)]
+  modules = [loop_module, *digest.hybridjax_modules]
   if mode == "hybrid" and method is not None:
     if method.path.split(".")[0] == "hybridjax":
       modules.append(method.path)
     else:
-      origin, _ = _origin(method.path)
       module = sys.modules.get(method.path)
       own["method"] = (
-        codehash.code_hash([method.path]) if origin == "user" else _sha(digest.value(vars(module) if module else None))
+        codehash.code_hash([method.path])
+        if _origin(method.path) == "user"
+        else _sha(digest.value(vars(module) if module else None))
       )
   return {"own": own, "hybridjax": codehash.code_hash(sorted(set(modules)))}
 

@@ -17,13 +17,12 @@ class TrainingInterrupted(KeyboardInterrupt):
   def __init__(self, signum: int, step: int, saved: bool, workdir: str):
     self.signum, self.step, self.saved = signum, step, saved
     self.exit_code = 128 + signum
-    name = signal.Signals(signum).name
     kept = (
       f"the state at step {step} is saved in {workdir}: run the same command to resume it"
       if saved
       else f"nothing was saved at step {step} (its last step was non-finite); the last checkpoint is kept"
     )
-    super().__init__(f"interrupted by {name}: {kept}")
+    super().__init__(f"interrupted by {signal.Signals(signum).name}: {kept}")
 
 
 class _Interrupts:

@@ -90,25 +90,24 @@ def finished_message(config: ml_collections.ConfigDict, workdir: str, finished_s
   and how to train longer without silently changing its schedule."""
   steps = int(config.trainer.steps)
   asked = f" (--config.trainer.steps={steps} asks for no more)" if steps < finished_steps else ""
-  if steps_dependence(config):
-    longer = (
-      "To train longer, use a new --workdir with a larger --config.trainer.steps: its schedule depends on "
-      "the run's length, so continuing this run would change it mid-run"
-    )
-  else:
-    longer = "Its schedule does not depend on the run's length: a larger --config.trainer.steps continues it"
+  longer = (
+    "To train longer, use a new --workdir with a larger --config.trainer.steps: its schedule depends on "
+    "the run's length, so continuing this run would change it mid-run"
+    if steps_dependence(config)
+    else "Its schedule does not depend on the run's length: a larger --config.trainer.steps continues it"
+  )
   return f"{workdir} already finished its {finished_steps} steps{asked}; nothing to do. {longer}."
 
 
 def resume_or_init(
-  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any, code: dict[str, Any] | None = None
-) -> tuple[Any, tuple[int, int], dict | None, list[dict[str, int]], list[dict[str, Any]]]:
-  """(state, (start step, batches used), finished run's summary or None, the run's `steps_changes`,
-  its `code_changes`): the latest checkpoint in `workdir` if `config.resume` allows it, else a fresh
-  state. Refuses, changing nothing, a run with another config or whose own code changed (`code`:
-  `fingerprint.fingerprint` of this run; see `check_code`), unless resume='force'; another
-  `trainer.steps` where the training depends on it (`steps_change_error`), or an
-  inconsistent checkpoint.
+  config: ml_collections.ConfigDict, workdir: str, driver: Any, manager: Any, code: dict[str, Any]
+) -> tuple[Any, tuple[int, int], dict | None, dict[str, list]]:
+  """(state, (start step, batches used), finished run's summary or None, what the run records of its
+  resumes: {'steps_changes': ..., 'code_changes': ...}, each where it holds any): the latest
+  checkpoint in `workdir` if `config.resume` allows it, else a fresh state. Refuses, changing
+  nothing, a run with another config or whose own code changed (`code`: `fingerprint.fingerprint`
+  of this run; see `check_code`), unless resume='force'; another `trainer.steps` where the training
+  depends on it (`steps_change_error`), or an inconsistent checkpoint.
 
   A finished run is returned as finished when this config asks for no more steps than it trained.
   `steps_changes`: each resume with another `trainer.steps` under resume='force', as
@@ -120,7 +119,7 @@ def resume_or_init(
       # Committed to the device, as a restored state is: a fresh and a resumed run then lower to the
       # same programs (and a resumed run hits the persistent compilation cache).
       state = jax.device_put(state, jax.devices()[0])
-    return state, (0, 0), None, [], []
+    return state, (0, 0), None, {}
   if config.resume == "never":
     raise ValueError(
       f"--workdir {workdir} already holds a run (checkpoint at step {latest}); "
@@ -138,17 +137,17 @@ def resume_or_init(
   saved = config_lib.flatten(meta.get("config", {}))
   saved_steps = int(saved.get("trainer.steps", config.trainer.steps))
   summary_path = os.path.join(workdir, "summary.json")
-  finished = int(meta["step"]) >= saved_steps and os.path.exists(summary_path)
-  done = int(meta["step"]) >= config.trainer.steps and os.path.exists(summary_path)  # nothing left to train
-  code_changes = check_code(config, workdir, meta, code, trains=not done) if code is not None else []
-  if not (finished and int(meta["step"]) >= config.trainer.steps):
-    error = steps_change_error(config, saved_steps, int(meta["step"]), workdir, finished=finished)
+  start_step, has_summary = int(meta["step"]), os.path.exists(summary_path)
+  finished = start_step >= saved_steps and has_summary
+  done = start_step >= config.trainer.steps and has_summary  # nothing left to train
+  code_changes = check_code(config, workdir, meta, code, trains=not done)
+  if not (finished and done):
+    error = steps_change_error(config, saved_steps, start_step, workdir, finished=finished)
     if error:
       raise ValueError(error)
   # Restored onto this run's shardings, whatever mesh shape the checkpoint was saved from.
   abstract = sharding_lib.restore_target(driver.abstract_state(), driver.state_shardings)
   state, meta = ckpt_lib.restore(manager, latest, abstract)
-  start_step = int(meta["step"])
   # The schedule step and the data position (batches used; the step unless the method skips schedule
   # steps) are in the metadata; the state's own counters must agree with them.
   position = (start_step, int(meta.get("batches", start_step)))
@@ -159,9 +158,9 @@ def resume_or_init(
       f"{position}, its state {state_position}; nothing was changed. Use a fresh --workdir."
     )
   steps_changes = list(meta.get("steps_changes", []))
-  if start_step >= config.trainer.steps and os.path.exists(summary_path):
+  if done:
     with open(summary_path) as f:
-      return state, position, json.load(f), steps_changes, code_changes
+      return state, position, json.load(f), {}
   if saved_steps != config.trainer.steps:
     # Allowed: nothing depends on the length (or resume='force'); said, and recorded when it matters.
     if steps_dependence(config):
@@ -184,11 +183,12 @@ def resume_or_init(
       "record in metrics.jsonl carries its count, eval_batches)"
     )
   print(f"resumed from {workdir} at step {start_step}")
-  return state, position, None, steps_changes, code_changes
+  changes = {"steps_changes": steps_changes, "code_changes": code_changes}
+  return state, position, None, {k: v for k, v in changes.items() if v}
 
 
 def check_code(
-  config: ml_collections.ConfigDict, workdir: str, meta: Mapping[str, Any], code: dict[str, Any], trains: bool = True
+  config: ml_collections.ConfigDict, workdir: str, meta: Mapping[str, Any], code: dict[str, Any], trains: bool
 ) -> list[dict[str, Any]]:
   """The run's `code_changes` (those its checkpoint carries, and this resume's) after comparing
   `code`, this run's fingerprint (`fingerprint.fingerprint`), with the checkpoint's (`meta`).
@@ -219,9 +219,11 @@ def check_code(
       "--config.resume=force to go on with this code (its checkpoints and summary then record both fingerprints, "
       "as code_changes)."
     )
-  recorded = "recorded as code_changes in the checkpoints and the summary"
-  if not trains:
-    recorded = "the run has finished: nothing is trained, and nothing recorded"
+  recorded = (
+    "recorded as code_changes in the checkpoints and the summary"
+    if trains
+    else "the run has finished: nothing is trained, and nothing recorded"
+  )
   if own:
     print(
       f"WARNING: --config.resume=force: resuming at step {step} with other code ({fingerprint_lib.describe_parts(own)} "

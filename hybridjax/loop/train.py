@@ -29,11 +29,11 @@ from hybridjax import sharding as sharding_lib
 from hybridjax.loop import fingerprint as fingerprint_lib
 from hybridjax.loop import resume as resume_lib
 from hybridjax.loop.drivers import BaselineDriver, HybridDriver
-from hybridjax.loop.evaluation import eval_losses, evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
+from hybridjax.loop.evaluation import evaluate, evaluate_state, make_eval_fn  # noqa: F401 (API)
 from hybridjax.loop.interrupts import Stopwatch, TrainingInterrupted, _Interrupts  # noqa: F401 (API)
 from hybridjax.optim import Batch, LossFn, Optimizer, all_finite, resolve_optimizer
 from hybridjax.optimizers import user as user_optimizer
-from hybridjax.writers import format_loss, format_summary, format_table, format_value  # noqa: F401 (API)
+from hybridjax.writers import format_loss, format_summary
 
 
 class TrainingDiverged(RuntimeError):
@@ -69,16 +69,15 @@ def make_driver(
   drive is refused (`user_optimizer.check_user_optimizer`: only traced, nothing is computed)."""
   params_rng, hybrid_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   params_shape = jax.eval_shape(init_params, params_rng)
-  user_tx = tx is not None
-  tx = resolve_optimizer(config.optim, params_shape, tx)
-  if user_tx:
-    user_optimizer.check_user_optimizer(tx, params_shape, config.optim)
+  resolved = resolve_optimizer(config.optim, params_shape, tx)
+  if tx is not None:
+    user_optimizer.check_user_optimizer(resolved, params_shape, config.optim)
 
   init = functools.partial(init_params, params_rng)
   schema.raise_invalid(schema.errors("", [config_lib.MODE], config))
   if config.mode == "baseline":
-    return BaselineDriver(config, loss_fn=loss_fn, tx=tx, init_params=init, mesh=mesh)
-  return HybridDriver(config, loss_fn=loss_fn, tx=tx, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
+    return BaselineDriver(config, loss_fn=loss_fn, tx=resolved, init_params=init, mesh=mesh)
+  return HybridDriver(config, loss_fn=loss_fn, tx=resolved, rng=hybrid_rng, init_params=init, mesh=mesh, method=method)
 
 
 def step_batches(
@@ -88,9 +87,7 @@ def step_batches(
   name) receive it: for a method that declares `BATCHES_PER_STEP = k` > 1, step i gets the task's
   batches k*i .. k*i+k-1 concatenated along the batch axis (deterministic in the step, so a resumed
   run sees the same data); otherwise unchanged."""
-  if config.mode != "hybrid":
-    return train_batch
-  k = (method or config_lib.resolve_method(config)).batches_per_step
+  k = (method or config_lib.resolve_method(config)).batches_per_step if config.mode == "hybrid" else 1
   if k == 1:
     return train_batch
 
@@ -123,10 +120,11 @@ def check_loss_fn(loss_fn: LossFn, init_params: Callable[[jax.Array], Any], batc
       f"loss_fn fails when traced on init_params' params and train_batch(0) ({contract}): {type(e).__name__}: {e}"
     ) from e
   if not (isinstance(out, tuple) and len(out) == 2):
-    if hasattr(out, "shape"):
-      got = f"an array of shape {tuple(out.shape)}"
-    else:
-      got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    got = (
+      f"an array of shape {tuple(out.shape)}"
+      if hasattr(out, "shape")
+      else f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    )
     raise ValueError(f"loss_fn must be {contract}; it returned {got} (a loss alone: return (loss, {{}}))")
   loss = out[0]
   if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
@@ -165,7 +163,7 @@ def check_batch_counts(trainer_cfg: ml_collections.ConfigDict, batch: Batch, eva
     # batch axis (class weights, a key) would be cut into pieces, each micro-batch seeing a part.
     shared = [
       f"{jax.tree_util.keystr(path)} {np.shape(x)}"
-      for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]
+      for path, x in jax.tree_util.tree_leaves_with_path(batch)
       if np.ndim(x) < 1 or np.shape(x)[0] != size
     ]
     if shared:
@@ -190,13 +188,12 @@ def check_position(method: registry.Method, device: tuple[int, int], counted: tu
   if tuple(device) == tuple(counted):
     return
   (device_step, device_batches), (step, batches) = device, counted
-  path = method.path
   raise ValueError(
-    f"method {method.name!r} ({path}): after {step} steps the device holds schedule step {device_step} and "
+    f"method {method.name!r} ({method.path}): after {step} steps the device holds schedule step {device_step} and "
     f"{device_batches} batches used, where the loop counted {step} and {batches} (one of each per step, "
     "as a method without ADVANCES_SCHEDULE declares). A step that leaves its batch "
     "(StepInfo batch_consumed=False) or advances the schedule by other than one needs "
-    f"ADVANCES_SCHEDULE = True in {path}; a predicted step must move the params through "
+    f"ADVANCES_SCHEDULE = True in {method.path}; a predicted step must move the params through "
     "optim.moved_train_state, which advances the schedule by one (docs/methods.md)"
   )
 
@@ -313,12 +310,11 @@ class _Run:
       self.clock.resume()
       self.state, self.metrics = driver.run(self.state, batches)
       self.steps_since_log += n
-    if driver.reads_position:
-      # The method's step may advance the schedule by other than one or leave its batch, as the
-      # device decided (`ADVANCES_SCHEDULE`): read both counters (one small transfer per step).
-      self.step, self.batch_index = driver.position(self.state)
-    else:
-      self.step, self.batch_index = self.step + n, self.batch_index + n
+    # A method's step may advance the schedule by other than one or leave its batch, as the device
+    # decided (`ADVANCES_SCHEDULE`): then both counters are read (one small transfer per step).
+    self.step, self.batch_index = (
+      driver.position(self.state) if driver.reads_position else (self.step + n, self.batch_index + n)
+    )
     if self.bar is not None:
       self.bar.update(self.step - before)
     return before
@@ -402,8 +398,7 @@ class _Run:
     """On SIGINT or SIGTERM: saves the state at this step (unless its last step was non-finite: the
     previous checkpoint is kept) and raises `TrainingInterrupted`."""
     self.clock.pause()
-    health = jax.device_get(self.driver.health(self.state))
-    saved = not int(health["streak"])
+    saved = not int(jax.device_get(self.driver.health(self.state))["streak"])
     if saved and self.manager.latest_step() != self.step:
       self.save(self.step)
     self.manager.wait_until_finished()
@@ -434,12 +429,12 @@ class _Run:
       return
     self.manager.wait_until_finished()  # earlier saves complete: they hold finite, good states
     last = self.manager.latest_step()
-    kept = "no checkpoint had been written yet"
-    if last is not None:
-      kept = (
-        f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
-        "from it with a changed config, add --config.resume=force)"
-      )
+    kept = (
+      "no checkpoint had been written yet"
+      if last is None
+      else f"the last good checkpoint, step {last}, is kept in {self.manager.directory} (to continue "
+      "from it with a changed config, add --config.resume=force)"
+    )
     lower = f"lower --config.optim.learning_rate (now {self.config.optim.learning_rate}) or check the data."
     method = self.method
     if advice is None and isinstance(driver, HybridDriver) and method.full_step is not None:
@@ -528,20 +523,16 @@ def train(
   Returns:
     The run summary (also written to `<workdir>/summary.json`).
   """
-  hooks = dict(hooks or {})
-  user_train_batch = train_batch  # the user's own, which the code fingerprint reads
+  own = {"loss_fn": loss_fn, "train_batch": train_batch, "init_params": init_params, "tx": tx}  # the user's own code
   config, method, driver, train_batch, eval_batches, mesh = _preflight(
     config, init_params, loss_fn, train_batch, eval_batches, tx, reference_configs
   )
   tcfg = config.trainer
-  own = {"loss_fn": loss_fn, "train_batch": user_train_batch, "init_params": init_params, "tx": tx}
   code = fingerprint_lib.fingerprint(own, method, config.mode, loop_module=__name__)
   os.makedirs(workdir, exist_ok=True)  # only once the config, the loss and the method's hooks are checked
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), max_to_keep=tcfg.max_to_keep)
   try:
-    state, position, finished, steps_changes, code_changes = resume_lib.resume_or_init(
-      config, workdir, driver, manager, code
-    )
+    state, position, finished, changes = resume_lib.resume_or_init(config, workdir, driver, manager, code)
   except BaseException:
     manager.close()
     raise
@@ -551,9 +542,13 @@ def train(
     return finished
 
   run = _Run(config, method, driver, manager, workdir, state, position, mesh)
-  resumed = {"steps_changes": steps_changes, "code_changes": code_changes}
-  run.meta = {"config": json.loads(config.to_json()), "mode": config.mode, "code": code}
-  run.meta.update({k: v for k, v in resumed.items() if v}, **(extra_meta or {}))
+  run.meta = {
+    "config": json.loads(config.to_json()),
+    "mode": config.mode,
+    "code": code,
+    **changes,
+    **(extra_meta or {}),
+  }
   run.eval_fn, run.eval_batches = make_eval_fn(loss_fn, mesh), [sharding_lib.shard_batch(b, mesh) for b in eval_batches]
   intervals = (tcfg.log_every, tcfg.eval_every, tcfg.checkpoint_every)
   try:
@@ -562,12 +557,12 @@ def train(
         if interrupts.signum is not None:
           run.stop(interrupts.signum)
         n = min(driver.steps_per_call, _next_boundary(run.step, tcfg.steps, intervals) - run.step)
-        before = run.dispatch(train_batch, n)
-        if _is_time(before, run.step, tcfg.log_every, tcfg.steps):
-          run.log(tokens_per_step, hooks)
-        if _is_time(before, run.step, tcfg.eval_every, tcfg.steps):
+        due = functools.partial(_is_time, run.dispatch(train_batch, n), run.step, total=tcfg.steps)
+        if due(tcfg.log_every):
+          run.log(tokens_per_step, hooks or {})
+        if due(tcfg.eval_every):
           run.evaluate()
-        if _is_time(before, run.step, tcfg.checkpoint_every, tcfg.steps):
+        if due(tcfg.checkpoint_every):
           run.checkpoint()
       manager.wait_until_finished()
   finally:
