@@ -624,20 +624,17 @@ def line_search(
   centre); (None, `start`) where the first round does not fit."""
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
   at = {centre: start}
-
-  def setting(v: float) -> Setting:
-    return at.setdefault(v, fin.search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True))
-
-  todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
-  while fin.run_three([start] + [setting(v) for v in todo], field):
+  todo = [v for v in map(tuning.round_lr, (centre / ratio, centre * ratio)) if v <= hard]
+  new = lambda v: fin.search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)  # noqa: E731
+  while fin.run_three([start] + [at.setdefault(v, new(v)) for v in todo], field):
     best = min(at, key=lambda v: fin.mean(at[v]))
     if best == centre:
       break
     if not fin.wins(at[best], at[centre]):
       stopped = "within noise"
       break
-    moves, up, centre = moves + 1, best > centre, best
-    further = tuning.round_lr(best * ratio if up else best / ratio)
+    further = tuning.round_lr(best * ratio if best > centre else best / ratio)
+    moves, centre = moves + 1, best
     if moves >= LR_MOVES or further > hard:
       stopped = "at most LR_MOVES moves" if moves >= LR_MOVES else "hard edge"
       break
