@@ -306,7 +306,7 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
     # is the standard error of the per-batch difference (averaged params), per seed; None where it
     # cannot be estimated (one eval batch).
     ses = [
-      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
+      paired_batch_se_of(a, b)
       for s in seeds
       for a, b in [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"])]
       if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
@@ -335,6 +335,15 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
 def _mean_or_none(xs: list[float | None]) -> float | None:
   """The mean of `xs`, or None when it is empty or any value is None (an error that cannot be estimated)."""
   return None if not xs or any(x is None for x in xs) else float(np.mean(xs))
+
+
+def paired_batch_se_of(a: Record, b: Record) -> float | None:
+  """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
+  batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
+  batch, or a run that kept no per-batch losses)."""
+  if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
+    return None
+  return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
 
 
 def window_error(a: Sequence[Record], b: Sequence[Record], differences: Sequence[float]) -> tuple[float, int] | None:
@@ -377,13 +386,7 @@ def eval_errors(budget_runs: Record, seeds: list[str], budgets: list[int], n: in
   if not others:
     return {"paired_se": None, "per_seed": [None for _ in seeds], "budgets": [n]} | out
   other = min(others, key=lambda b: abs(math.log(b / n)))
-  per_seed = []
-  for s in seeds:
-    a, b = budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})
-    both = "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
-    per_seed.append(
-      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"]) if both else None
-    )
+  per_seed = [paired_batch_se_of(budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})) for s in seeds]
   return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other]} | out
 
 

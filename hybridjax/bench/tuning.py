@@ -8,8 +8,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-from hybridjax.bench import protocol
-from hybridjax.bench.figures import plateau_runs, window_error
+from hybridjax.bench.figures import paired_batch_se_of, plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
 from hybridjax.bench.studies import Config, Record
@@ -30,15 +29,6 @@ def averaged_loss(result: Record, beta: float | None = None) -> float:
   if beta is None:
     return min(result["final_averaged"].values())
   return result["final_averaged"][str(float(beta))]
-
-
-def paired_batch_se_of(a: Record, b: Record) -> float | None:
-  """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
-  batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
-  batch, or a run that kept no per-batch losses)."""
-  if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
-    return None
-  return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
 
 
 def paired_eval_error(
