@@ -123,13 +123,16 @@ def method_figures(
   return out
 
 
+Rounds = list[dict[str, float]] | None  # each timing round's ms per step kind (`round_times`), if recorded
+
+
 def seed_ratios(
   reaches: Sequence[protocol.Reach],
   runs: Sequence[Record],
   base_ms: float | None,
   arm_ms: dict[str, float] | None,
-  base_rounds: list[dict[str, float]] | None,
-  arm_rounds: list[dict[str, float]] | None,
+  base_rounds: Rounds,
+  arm_rounds: Rounds,
   baseline_ms: bool = False,
 ) -> tuple[Record, Record]:
   """(summaries, per seed) of an arm's backward, pass and wall-clock ratios, each run in `runs` against the
@@ -190,9 +193,7 @@ def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
   return sum(count * ms[k] for k, count in kinds.items())
 
 
-def round_times(
-  ms: dict[str, float] | None, rounds: dict[str, list[float | None]] | None
-) -> list[dict[str, float]] | None:
+def round_times(ms: dict[str, float] | None, rounds: dict[str, list[float | None]] | None) -> Rounds:
   """Each timing round's ms per step kind (`timing`'s `rounds_ms` of one arm): the round's own median of
   each kind of `ms` (the medians over every round), or the kind's median over every round where it did
   not run in that round (a rare kind: a jump arm's CORRECT step). None where no per-round times were
@@ -212,9 +213,9 @@ def round_times(
 
 def round_ratios(
   steps: float | None,
-  base_rounds: list[dict[str, float]] | None,
+  base_rounds: Rounds,
   kinds: dict[str, int],
-  method_rounds: list[dict[str, float]] | None,
+  method_rounds: Rounds,
 ) -> list[float] | None:
   """One run's wall-clock ratio computed round by round (`round_times`): the anchor's `steps` at each
   round's baseline ms over the run's step `kinds` at the same round's ms. None where either side has
