@@ -141,41 +141,41 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   first = iter(
     runner.run([_at_n(s, 0, lr) for s, grid in zip(sweeps, grids) for lr in grid], "LR sweep (tuning seed 1, N)")
   )
-  runs = [[next(first) for _ in grid] for grid in grids]
+  runs = [{lr: next(first) for lr in grid} for grid in grids]  # LR -> its run on the first tuning seed
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
-    extend = []  # (sweep, where the new LR goes in its grid, the LR)
-    for i, ((config, _, loss), grid) in enumerate(zip(sweeps, grids)):
-      best = min(range(len(grid)), key=lambda j: loss(runs[i][j]))
+    extend = []  # (sweep, the LR past its grid's edge)
+    for i, (config, _, loss) in enumerate(sweeps):
+      grid = sorted(runs[i])
+      best = min(grid, key=lambda lr: loss(runs[i][lr]))
       extended = len(grid) - int(config.benchmark.lr_points)  # the extensions so far
-      if 0 < best < len(grid) - 1 or extended >= int(config.benchmark.lr_max_extensions):
+      if grid[0] < best < grid[-1] or extended >= int(config.benchmark.lr_max_extensions):
         continue
-      at = 0 if best == 0 else len(grid)
-      extend.append((i, at, round_lr(grid[0] / math.sqrt(2) if at == 0 else grid[-1] * math.sqrt(2))))
+      extend.append((i, round_lr(best / math.sqrt(2) if best == grid[0] else best * math.sqrt(2))))
     if not extend:
       break
     added = runner.run(
-      [_at_n(sweeps[i], 0, lr) for i, _, lr in extend], "LR sweep: the best LR is at the grid's edge; extending"
+      [_at_n(sweeps[i], 0, lr) for i, lr in extend], "LR sweep: the best LR is at the grid's edge; extending"
     )
-    for (i, at, lr), result in zip(extend, added):
-      grids[i].insert(at, lr)
-      runs[i].insert(at, result)
+    for (i, lr), result in zip(extend, added):
+      runs[i][lr] = result
   out = []
-  for (config, _, loss), grid, sweep in zip(sweeps, grids, runs):
-    best = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))[:2]
-    edge = best[0] in (0, len(grid) - 1)
+  for (config, _, loss), ran in zip(sweeps, runs):
+    grid = sorted(ran)
+    top2 = sorted(grid, key=lambda lr: loss(ran[lr]))[:2]
+    edge = top2[0] in (grid[0], grid[-1])
     if edge:
       print(
-        f"WARNING: the best LR {grid[best[0]]:.4g} is still at the grid's edge after "
+        f"WARNING: the best LR {top2[0]:.4g} is still at the grid's edge after "
         f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
         "--config.optim.learning_rate towards it",
         flush=True,
       )
-    out.append({"grid": grid, "sweep": sweep, "top2": [grid[j] for j in best], "best_at_edge": edge})
+    out.append({"grid": grid, "sweep": [ran[lr] for lr in grid], "top2": top2, "best_at_edge": edge})
   second = iter(
     runner.run([_at_n(s, 1, lr) for s, o in zip(sweeps, out) for lr in o["top2"]], "LR check (tuning seed 2, N)")
   )
-  for (_, _, loss), o in zip(sweeps, out):
-    at = {lr: [o["sweep"][o["grid"].index(lr)], next(second)] for lr in o["top2"]}  # on both tuning seeds
+  for (_, _, loss), o, ran in zip(sweeps, out, runs):
+    at = {lr: [ran[lr], next(second)] for lr in o["top2"]}  # on both tuning seeds
     means = {lr: (loss(a) + loss(b)) / 2 for lr, (a, b) in at.items()}
     best_lr = min(means, key=means.get)
     o.update(second=[b for _, b in at.values()], means=means, best_lr=best_lr, at_best=at[best_lr])
