@@ -203,10 +203,7 @@ def round_times(ms: dict[str, float] | None, rounds: dict[str, list[float | None
     return None
   count = max(len(v) for v in rounds.values())
   return [
-    {
-      k: v if rounds.get(k) is None or r >= len(rounds[k]) or rounds[k][r] is None else rounds[k][r]
-      for k, v in ms.items()
-    }
+    {k: v if k not in rounds or r >= len(rounds[k]) or rounds[k][r] is None else rounds[k][r] for k, v in ms.items()}
     for r in range(count)
   ]
 

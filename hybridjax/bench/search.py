@@ -681,8 +681,12 @@ def refine(fin: Finishing, start: Setting) -> Record | None:
     wd = None
     if knob is not None and float(current.fields[field]) > 0:
       wd, current = line_search(fin, current, field, 2.0, max(knob.above, default=knob.values[1]))
-    wd_record = wd or {"field": field, "stopped": "domain edge" if knob else "not searched"}
-    rounds.append({"lr": lr | {"fitted": _fit_lr(lr)}, "weight_decay": wd_record})
+    rounds.append(
+      {
+        "lr": lr | {"fitted": _fit_lr(lr)},
+        "weight_decay": wd or {"field": field, "stopped": "domain edge" if knob else "not searched"},
+      }
+    )
     if not lr["moves"] and not (wd and wd["moves"]):
       break
   if not rounds:
@@ -830,8 +834,11 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   if further:
     equalise(searches, runner, costliest + further, "further_points")
   for search in searches:
-    after = saturation(search) if further else None
-    search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
+    search.history["saturation"] = {
+      "check": checks[search.name],
+      "further_budget": further,
+      "after": saturation(search) if further else None,
+    }
   return {search.name: search_record(search, searches) for search in searches}
 
 
