@@ -303,27 +303,17 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
     # The eval set's own sampling error of that gain: the same eval batches score both runs, so it
     # is the standard error of the per-batch difference (averaged params), per seed; None where it
     # cannot be estimated (one eval batch).
+    pairs = [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"]) for s in seeds]  # (1.25N's run, N's) per seed
     ses = [
-      paired_batch_se_of(a, b)
-      for s in seeds
-      for a, b in [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"])]
-      if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
+      paired_batch_se_of(a, b) for a, b in pairs if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
     ]
     eval_se = _mean_or_none(ses)
-    batches = len(budget_runs[f"{seeds[0]}/{n}"].get("final_averaged_per_batch") or []) or None
+    batches = len(pairs[0][1].get("final_averaged_per_batch") or []) or None
     out["budget_1.25N_vs_N"] = {}
     for a in ANCHORS:
       longer, at_n = [curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]
       # The averaged anchor's own runs kept their windows: its gain is judged with their error.
-      own = (
-        window_error(
-          [budget_runs[f"{s}/{f125}"] for s in seeds],
-          [budget_runs[f"{s}/{n}"] for s in seeds],
-          [x - y for x, y in zip(longer, at_n)],
-        )
-        if a == "averaged_baseline"
-        else None
-      )
+      own = window_error(*zip(*pairs), [x - y for x, y in zip(longer, at_n)]) if a == "averaged_baseline" else None
       se, windows = own if own is not None else (eval_se, batches)
       out["budget_1.25N_vs_N"][a] = protocol.paired_difference(longer, at_n, se, eval_windows=windows)
     out["eval_sampling_se_of_the_1.25N_gain"] = ses
