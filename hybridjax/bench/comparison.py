@@ -211,7 +211,7 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
   extended up (`<slow>_extensions`, in turn) until it lies below `fast`'s loss at N on every seed, and
   `fast`'s down until it reaches `slow`'s loss at N on every seed. Returns the seeds read, the plateau
   runs and the extensions added; nothing is read beyond the budgets run."""
-  n, tuning_seeds, wide = int(config.trainer.steps), [int(s) for s in o.tuning_seeds], int(o.wide_eval)
+  n, tuning_seeds = int(config.trainer.steps), [int(s) for s in o.tuning_seeds]
   sides, seeds = [slow, fast], [int(s) for s in o.seeds]
 
   def run() -> None:
@@ -232,7 +232,7 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
         check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in tuning_seeds]})
       for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
         check |= tuning.budget_choice(check["tried"])
-    curves(sides, n, seeds, runner, wide, f"{study}: budget curves (headline seeds)")
+    curves(sides, n, seeds, runner, int(o.wide_eval), f"{study}: budget curves (headline seeds)")
 
   run()
   at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}

@@ -660,8 +660,8 @@ def _fit_lr(line: Record) -> float:
   lrs, means = line["values"], line["means"]
   if len(lrs) >= 3:
     a, b, _ = np.polyfit(np.log(lrs), means, 2)
-    if a > 0 and math.log(lrs[0]) <= -b / (2 * a) <= math.log(lrs[-1]):
-      return tuning.round_lr(math.exp(-b / (2 * a)))
+    if a > 0 and math.log(lrs[0]) <= (vertex := -b / (2 * a)) <= math.log(lrs[-1]):
+      return tuning.round_lr(math.exp(vertex))
   return line["centre"]
 
 

@@ -205,7 +205,7 @@ def tune(
   processes never wait for the checks; a budget whose LR the checks move is trained afterwards).
   """
   b = config.benchmark
-  n, t1, spec = int(config.trainer.steps), int(b.tuning_seeds[0]), spec_of(config)
+  n, spec = int(config.trainer.steps), spec_of(config)
   # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
   # by the better of the raw and the averaged loss (a family whose schedule may not gain from
@@ -234,7 +234,8 @@ def tune(
   lrs = lr_grid(best_lr, 3)
   checked = iter(
     runner.run(
-      [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
+      [spec(int(b.tuning_seeds[0]), lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs]
+      + also(best_lr, beta),
       "LR checks at 0.5N and 2N, and the runs at the chosen LR",
     )
   )
