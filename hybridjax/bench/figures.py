@@ -173,7 +173,7 @@ def control_comparison(
   judged with `eval_se` (the paired per-batch standard error, over `eval_windows` batches) besides the seeds'."""
   for m, f in figures.items():
     control = controls.get(m)
-    if control is None or control not in runs:
+    if control not in runs:  # none, or one that did not run
       continue
     skip = runs[control]
     seeds = [s for s in sorted(runs[m], key=int) if s in skip]
@@ -256,8 +256,7 @@ def anchor_figures(
   lies below or above the raw curve)."""
   seeds = sorted(curves["baseline"], key=int)
   i = budgets.index(n)
-  raw = [curves["baseline"][s][i] for s in seeds]
-  avg = [curves["averaged_baseline"][s][i] for s in seeds]
+  raw, avg = ([curves[a][s][i] for s in seeds] for a in ANCHORS)
   lead = [protocol.steps_to_reach(budgets, curves["baseline"][s], a) for s, a in zip(seeds, avg)]
   return {
     "final_loss": {"baseline": protocol.mean_std(raw), "averaged_baseline": protocol.mean_std(avg)},

@@ -116,9 +116,6 @@ def plot_budget_curves(
   return save_png(ax.figure, path)
 
 
-_LR_SWEEP_KEYS = ("lr", "seed", "budget", "loss_raw")
-
-
 def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "") -> str:
   """Final eval loss against peak learning rate (log x), one line per (seed, budget) of the sweep.
 
@@ -143,7 +140,7 @@ def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "")
     raise ValueError("no sweep rows given")
   lines: dict[tuple[Any, Any], dict[float, tuple[float, float | None]]] = {}
   for i, r in enumerate(rows):
-    _require(r, _LR_SWEEP_KEYS, f"sweep row {i}")
+    _require(r, ("lr", "seed", "budget", "loss_raw"), f"sweep row {i}")
     lr = as_float(r["lr"])
     if not (np.isfinite(lr) and lr > 0):
       raise ValueError(f"sweep row {i}: lr must be a positive number (the x axis is log scale), got {r['lr']!r}")

@@ -559,8 +559,15 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
-      entry = {"setting": setting.ident, "seed": seed, "steps": int(r["steps"])}
-      search.log.append(entry | {k: r[k] for k in ("final_raw", "final_averaged")})
+      search.log.append(
+        {
+          "setting": setting.ident,
+          "seed": seed,
+          "steps": int(r["steps"]),
+          "final_raw": r["final_raw"],
+          "final_averaged": r["final_averaged"],
+        }
+      )
       touched[setting] = search
       searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
@@ -824,8 +831,9 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
-    three = [s for s in search.settings.values() if len(s.ranked()) == 3]
-    start = min(three, key=lambda s: read_at(s.ranked(), "raw", None))
+    start = min(
+      (s for s in search.settings.values() if len(s.ranked()) == 3), key=lambda s: read_at(s.ranked(), "raw", None)
+    )
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
