@@ -235,8 +235,8 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
     curves(sides, n, seeds, runner, int(o.wide_eval), f"{study}: budget curves (headline seeds)")
 
   run()
-  at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
-  flagged = figures.plateau_runs(at_n, n, float(config.benchmark.plateau_margin))
+  curves_at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
+  flagged = figures.plateau_runs(curves_at_n, n, float(config.benchmark.plateau_margin))
   added = [int(s) for s in o.plateau_seeds]
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to both sides", flush=True)
@@ -269,9 +269,9 @@ def searched(
   block `o`'s search seeds, at equal cost, at least `floor`): (each side's config and settings at the setting
   it chose, its published ones kept under 'published'; each side's search record). The search offers only LR
   warm-ups shorter than each side's shortest budget, its extensions included."""
-  n = int(config.trainer.steps)
   shortest = {
-    side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * n) for side in configs
+    side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * int(config.trainer.steps))
+    for side in configs
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner, floor)

@@ -521,8 +521,8 @@ class Search:
     if reuse and (same := [s for s in self.settings.values() if s.fields == fields]):
       return same[0]
     ident = f"{self.name}-{len(self.settings)}"
-    self.settings[ident] = Setting(ident, origin, fields, self.seeds, self.spare)
-    return self.settings[ident]
+    self.settings[ident] = setting = Setting(ident, origin, fields, self.seeds, self.spare)
+    return setting
 
   def next_sobol(self) -> Setting:
     if self.used >= len(self.points):
