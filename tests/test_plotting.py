@@ -224,11 +224,19 @@ def _labelled_lines(ax):
   return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
 
 
-def test_budget_curves_png_and_artists(tmp_path):
+def _drawn(monkeypatch, plot, *args):
+  """The Figure `plot` (a `plots.plot_*`) draws from `args`, caught where it would be saved."""
+  drawn = []
+  monkeypatch.setattr(plots, "save_png", lambda fig, path: drawn.append(fig) or path)
+  plot("unsaved.png", *args)
+  return drawn[0]
+
+
+def test_budget_curves_png_and_artists(tmp_path, monkeypatch):
   path = str(tmp_path / "sub" / "budget.png")
   assert plots.plot_budget_curves(path, BUDGETS, CURVES, POINTS, title="budgets") == path
   assert os.path.getsize(path) > 10_000
-  ax = plots._budget_curves_figure(BUDGETS, CURVES, POINTS).axes[0]
+  ax = _drawn(monkeypatch, plots.plot_budget_curves, BUDGETS, CURVES, POINTS).axes[0]
   assert ax.get_xscale() == "log"
   anchors = [line for line in _labelled_lines(ax) if line.get_label().split(" (")[0] in CURVES]
   assert [line.get_label().split(" (")[0] for line in anchors] == list(CURVES)
@@ -266,11 +274,11 @@ def _sweep_rows():
   return rows
 
 
-def test_lr_sweep_png_and_artists(tmp_path):
+def test_lr_sweep_png_and_artists(tmp_path, monkeypatch):
   rows = _sweep_rows()
   path = plots.plot_lr_sweep(str(tmp_path / "sweep.png"), rows, title="sweep")
   assert path == str(tmp_path / "sweep.png") and os.path.getsize(path) > 10_000
-  ax = plots._lr_sweep_figure(rows).axes[0]
+  ax = _drawn(monkeypatch, plots.plot_lr_sweep, rows).axes[0]
   assert ax.get_xscale() == "log"
   lines = ax.get_lines()
   # 4 (seed, budget) lines raw; averaged only where given (budget 100): 2 dashed.
@@ -313,10 +321,10 @@ ARMS = {
 }
 
 
-def test_arm_eval_curves_png_and_artists(tmp_path):
+def test_arm_eval_curves_png_and_artists(tmp_path, monkeypatch):
   path = plots.plot_arm_eval_curves(str(tmp_path / "arms.png"), ARMS, title="arms")
   assert path == str(tmp_path / "arms.png") and os.path.getsize(path) > 10_000
-  ax = plots._arm_eval_figure(ARMS).axes[0]
+  ax = _drawn(monkeypatch, plots.plot_arm_eval_curves, ARMS).axes[0]
   styles = [(line.get_label().split(":")[0], line.get_linestyle(), line.get_color()) for line in ax.get_lines()]
   assert [(n, s) for n, s, _ in styles] == [("baseline", "-"), ("baseline averaged", "--"), ("hybrid", "-")]
   assert styles[0][2] == styles[1][2] != styles[2][2], "one colour per arm"

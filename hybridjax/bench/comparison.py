@@ -211,7 +211,7 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
   extended up (`<slow>_extensions`, in turn) until it lies below `fast`'s loss at N on every seed, and
   `fast`'s down until it reaches `slow`'s loss at N on every seed. Returns the seeds read, the plateau
   runs and the extensions added; nothing is read beyond the budgets run."""
-  n, tuning_seeds, wide = int(config.trainer.steps), [int(s) for s in o.tuning_seeds], int(o.wide_eval)
+  n, tuning_seeds = int(config.trainer.steps), [int(s) for s in o.tuning_seeds]
   sides, seeds = [slow, fast], [int(s) for s in o.seeds]
 
   def run() -> None:
@@ -232,11 +232,11 @@ def spanned(config: Config, slow: Side, fast: Side, o: Config, runner: Runner, s
         check["tried"].append(at | {"losses": [loss_of(next(results), side.settings) for _ in tuning_seeds]})
       for check in (c for side in sides for c in side.checks.values() if c["tried"]):  # none: read from a record
         check |= tuning.budget_choice(check["tried"])
-    curves(sides, n, seeds, runner, wide, f"{study}: budget curves (headline seeds)")
+    curves(sides, n, seeds, runner, int(o.wide_eval), f"{study}: budget curves (headline seeds)")
 
   run()
-  at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
-  flagged = figures.plateau_runs(at_n, n, float(config.benchmark.plateau_margin))
+  curves_at_n = {side.name: {str(s): side.runs[f"{s}/{n}"]["curve"] for s in seeds} for side in sides}
+  flagged = figures.plateau_runs(curves_at_n, n, float(config.benchmark.plateau_margin))
   added = [int(s) for s in o.plateau_seeds]
   if flagged and added:
     print(f"--- plateau runs {flagged}; adding seeds {added} to both sides", flush=True)
@@ -269,9 +269,9 @@ def searched(
   block `o`'s search seeds, at equal cost, at least `floor`): (each side's config and settings at the setting
   it chose, its published ones kept under 'published'; each side's search record). The search offers only LR
   warm-ups shorter than each side's shortest budget, its extensions included."""
-  n = int(config.trainer.steps)
   shortest = {
-    side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * n) for side in configs
+    side: round(min(float(f) for f in [*o[f"{side}_budgets"], *o[f"{side}_extensions"]]) * int(config.trainer.steps))
+    for side in configs
   }
   searches = search.side_searches({side: c for side, (c, _) in configs.items()}, o, config, shortest)
   records = search.search_both(searches, int(o.search_configs), runner, floor)

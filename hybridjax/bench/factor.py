@@ -128,7 +128,10 @@ def _profile(t: np.ndarray, y: np.ndarray, w: np.ndarray, c: np.ndarray) -> tupl
   return levels, b, rss
 
 
-def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> dict[str, np.ndarray]:
+Fit = dict[str, np.ndarray]  # a fit of `fit_curves`: its levels, b, c and rss
+
+
+def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> Fit:
   """Least-squares fit of y_si = a_s + b t_i^-c (one level per seed, b > 0 and c shared), batched over any
   leading axes of `y`.
 
@@ -173,12 +176,12 @@ def fit_curves(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> dic
   return {name: np.where(bad[..., None] if name == "levels" else bad, np.nan, a) for name, a in out.items()}
 
 
-def _loss_at(fit: dict[str, np.ndarray], t: float) -> np.ndarray:
+def _loss_at(fit: Fit, t: float) -> np.ndarray:
   """The fitted loss per seed at t (budget over N): (..., S)."""
   return fit["levels"] + fit["b"][..., None] * t ** (-fit["c"][..., None])
 
 
-def _steps_to(fit: dict[str, np.ndarray], target: np.ndarray) -> np.ndarray:
+def _steps_to(fit: Fit, target: np.ndarray) -> np.ndarray:
   """Per seed, the t (budget over N) at which the fitted curve reaches `target` (..., S); inf where it never
   does (the target at or below the seed's asymptote)."""
   gap = target - fit["levels"]
@@ -194,8 +197,8 @@ def _clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _readings(
-  adamw: dict[str, np.ndarray],
-  muon: dict[str, np.ndarray],
+  adamw: Fit,
+  muon: Fit,
   ranges: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Per seed, reading (a) and (b) (..., S) on the fitted curves, each clamped into the budgets run, with

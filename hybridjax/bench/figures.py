@@ -123,13 +123,16 @@ def method_figures(
   return out
 
 
+Rounds = list[dict[str, float]] | None  # each timing round's ms per step kind (`round_times`), if recorded
+
+
 def seed_ratios(
   reaches: Sequence[protocol.Reach],
   runs: Sequence[Record],
   base_ms: float | None,
   arm_ms: dict[str, float] | None,
-  base_rounds: list[dict[str, float]] | None,
-  arm_rounds: list[dict[str, float]] | None,
+  base_rounds: Rounds,
+  arm_rounds: Rounds,
   baseline_ms: bool = False,
 ) -> tuple[Record, Record]:
   """(summaries, per seed) of an arm's backward, pass and wall-clock ratios, each run in `runs` against the
@@ -170,7 +173,7 @@ def control_comparison(
   judged with `eval_se` (the paired per-batch standard error, over `eval_windows` batches) besides the seeds'."""
   for m, f in figures.items():
     control = controls.get(m)
-    if control is None or control not in runs:
+    if control not in runs:  # none, or one that did not run
       continue
     skip = runs[control]
     seeds = [s for s in sorted(runs[m], key=int) if s in skip]
@@ -190,9 +193,7 @@ def run_ms(kinds: dict[str, int], ms: dict[str, float] | None) -> float | None:
   return sum(count * ms[k] for k, count in kinds.items())
 
 
-def round_times(
-  ms: dict[str, float] | None, rounds: dict[str, list[float | None]] | None
-) -> list[dict[str, float]] | None:
+def round_times(ms: dict[str, float] | None, rounds: dict[str, list[float | None]] | None) -> Rounds:
   """Each timing round's ms per step kind (`timing`'s `rounds_ms` of one arm): the round's own median of
   each kind of `ms` (the medians over every round), or the kind's median over every round where it did
   not run in that round (a rare kind: a jump arm's CORRECT step). None where no per-round times were
@@ -202,19 +203,16 @@ def round_times(
     return None
   count = max(len(v) for v in rounds.values())
   return [
-    {
-      k: v if rounds.get(k) is None or r >= len(rounds[k]) or rounds[k][r] is None else rounds[k][r]
-      for k, v in ms.items()
-    }
+    {k: v if k not in rounds or r >= len(rounds[k]) or rounds[k][r] is None else rounds[k][r] for k, v in ms.items()}
     for r in range(count)
   ]
 
 
 def round_ratios(
   steps: float | None,
-  base_rounds: list[dict[str, float]] | None,
+  base_rounds: Rounds,
   kinds: dict[str, int],
-  method_rounds: list[dict[str, float]] | None,
+  method_rounds: Rounds,
 ) -> list[float] | None:
   """One run's wall-clock ratio computed round by round (`round_times`): the anchor's `steps` at each
   round's baseline ms over the run's step `kinds` at the same round's ms. None where either side has
@@ -258,8 +256,7 @@ def anchor_figures(
   lies below or above the raw curve)."""
   seeds = sorted(curves["baseline"], key=int)
   i = budgets.index(n)
-  raw = [curves["baseline"][s][i] for s in seeds]
-  avg = [curves["averaged_baseline"][s][i] for s in seeds]
+  raw, avg = ([curves[a][s][i] for s in seeds] for a in ANCHORS)
   lead = [protocol.steps_to_reach(budgets, curves["baseline"][s], a) for s, a in zip(seeds, avg)]
   return {
     "final_loss": {"baseline": protocol.mean_std(raw), "averaged_baseline": protocol.mean_std(avg)},
@@ -305,27 +302,17 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
     # The eval set's own sampling error of that gain: the same eval batches score both runs, so it
     # is the standard error of the per-batch difference (averaged params), per seed; None where it
     # cannot be estimated (one eval batch).
+    pairs = [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"]) for s in seeds]  # (1.25N's run, N's) per seed
     ses = [
-      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
-      for s in seeds
-      for a, b in [(budget_runs[f"{s}/{f125}"], budget_runs[f"{s}/{n}"])]
-      if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
+      paired_batch_se_of(a, b) for a, b in pairs if "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
     ]
     eval_se = _mean_or_none(ses)
-    batches = len(budget_runs[f"{seeds[0]}/{n}"].get("final_averaged_per_batch") or []) or None
+    batches = len(pairs[0][1].get("final_averaged_per_batch") or []) or None
     out["budget_1.25N_vs_N"] = {}
     for a in ANCHORS:
       longer, at_n = [curves[a][s][j] for s in seeds], [curves[a][s][i] for s in seeds]
       # The averaged anchor's own runs kept their windows: its gain is judged with their error.
-      own = (
-        window_error(
-          [budget_runs[f"{s}/{f125}"] for s in seeds],
-          [budget_runs[f"{s}/{n}"] for s in seeds],
-          [x - y for x, y in zip(longer, at_n)],
-        )
-        if a == "averaged_baseline"
-        else None
-      )
+      own = window_error(*zip(*pairs), [x - y for x, y in zip(longer, at_n)]) if a == "averaged_baseline" else None
       se, windows = own if own is not None else (eval_se, batches)
       out["budget_1.25N_vs_N"][a] = protocol.paired_difference(longer, at_n, se, eval_windows=windows)
     out["eval_sampling_se_of_the_1.25N_gain"] = ses
@@ -335,6 +322,15 @@ def phenomena(curves: Record, budget_runs: Record, budgets: list[int], n: int) -
 def _mean_or_none(xs: list[float | None]) -> float | None:
   """The mean of `xs`, or None when it is empty or any value is None (an error that cannot be estimated)."""
   return None if not xs or any(x is None for x in xs) else float(np.mean(xs))
+
+
+def paired_batch_se_of(a: Record, b: Record) -> float | None:
+  """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
+  batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
+  batch, or a run that kept no per-batch losses)."""
+  if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
+    return None
+  return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
 
 
 def window_error(a: Sequence[Record], b: Sequence[Record], differences: Sequence[float]) -> tuple[float, int] | None:
@@ -377,13 +373,7 @@ def eval_errors(budget_runs: Record, seeds: list[str], budgets: list[int], n: in
   if not others:
     return {"paired_se": None, "per_seed": [None for _ in seeds], "budgets": [n]} | out
   other = min(others, key=lambda b: abs(math.log(b / n)))
-  per_seed = []
-  for s in seeds:
-    a, b = budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})
-    both = "final_averaged_per_batch" in a and "final_averaged_per_batch" in b
-    per_seed.append(
-      protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"]) if both else None
-    )
+  per_seed = [paired_batch_se_of(budget_runs.get(f"{s}/{n}", {}), budget_runs.get(f"{s}/{other}", {})) for s in seeds]
   return {"paired_se": _mean_or_none(per_seed), "per_seed": per_seed, "budgets": [n, other]} | out
 
 

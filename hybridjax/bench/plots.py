@@ -1,7 +1,7 @@
 """The benchmark protocol's figures (budget curves, LR sweeps, arms' eval curves, the ladder's and
 the recipe's), in the run figures' style (`hybridjax.plotting.style`). The benchmark aggregates its
 runs itself and hands these functions plain numbers (no workdirs); each `plot_*` writes one PNG and
-returns its path, and the `_*_figure` functions build the Figure it saves."""
+returns its path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from hybridjax.plotting.runs import as_float
@@ -24,13 +23,36 @@ def _require(record: Mapping[str, Any], keys: Sequence[str], what: str, join: st
     raise ValueError(f"{what} has no {join.join(repr(k) for k in missing)} (keys: {sorted(record)})")
 
 
-def _budget_curves_figure(
+def plot_budget_curves(
+  path: str,
   budgets: Sequence[int],
   curves: Mapping[str, Mapping[str, Sequence[float]]],
   points: Mapping[str, Mapping[str, float]],
   title: str = "",
-) -> Figure:
-  """The Figure `plot_budget_curves` saves (see there); validates the input first."""
+) -> str:
+  """Final eval loss against backward passes (log x): anchor curves over budgets, and method points.
+
+  Each anchor is a line through the mean over seeds of the final loss at each budget, with markers at
+  the budgets and a shaded band of mean ± sample std (ddof=1) over the seeds (no band with one seed).
+  Non-finite losses (a diverged run) are left out of the mean and std at their budget. Each method is
+  a labelled point at its mean (backward passes, final loss) with error bars of its stds both ways.
+
+  Args:
+    path: the PNG to write (its folder is created if needed).
+    budgets: the budgets in backward passes, > 0.
+    curves: anchor name (e.g. "baseline", "averaged baseline") -> {seed: [final loss at each budget,
+      in the order of `budgets`]}.
+    points: method name -> {"x": mean backward passes, "x_std", "y": mean final loss, "y_std"}; a
+      missing or None std draws no bar that way.
+    title: the figure's title (default: a generic one).
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: on no budgets or a non-positive one, a curve with no seeds or whose length differs
+      from `budgets`, or a point without "x"/"y" or with a non-positive x.
+  """
   x = np.array([as_float(b) for b in budgets], np.float64)
   if not len(x):
     raise ValueError("budgets is empty: the budget curves need at least one budget")
@@ -91,52 +113,34 @@ def _budget_curves_figure(
   ax.set_xlabel("backward passes (log scale)")
   ax.set_ylabel("final eval loss (held out)")
   ax.set_title(title or "final eval loss against backward passes")
-  return ax.figure
+  return save_png(ax.figure, path)
 
 
-def plot_budget_curves(
-  path: str,
-  budgets: Sequence[int],
-  curves: Mapping[str, Mapping[str, Sequence[float]]],
-  points: Mapping[str, Mapping[str, float]],
-  title: str = "",
-) -> str:
-  """Final eval loss against backward passes (log x): anchor curves over budgets, and method points.
+def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "") -> str:
+  """Final eval loss against peak learning rate (log x), one line per (seed, budget) of the sweep.
 
-  Each anchor is a line through the mean over seeds of the final loss at each budget, with markers at
-  the budgets and a shaded band of mean ± sample std (ddof=1) over the seeds (no band with one seed).
-  Non-finite losses (a diverged run) are left out of the mean and std at their budget. Each method is
-  a labelled point at its mean (backward passes, final loss) with error bars of its stds both ways.
+  Solid lines are the raw weights' losses, dashed the averaged weights' (left out where
+  "loss_averaged" is None or absent); a star marks the lowest point of each line (hollow on the
+  averaged ones). Runs with a non-finite loss (diverged) are red crosses along the top.
 
   Args:
     path: the PNG to write (its folder is created if needed).
-    budgets: the budgets in backward passes, > 0.
-    curves: anchor name (e.g. "baseline", "averaged baseline") -> {seed: [final loss at each budget,
-      in the order of `budgets`]}.
-    points: method name -> {"x": mean backward passes, "x_std", "y": mean final loss, "y_std"}; a
-      missing or None std draws no bar that way.
+    rows: one per sweep run: {"lr": float, "seed": int, "budget": int, "loss_raw": float,
+      "loss_averaged": float | None}.
     title: the figure's title (default: a generic one).
 
   Returns:
     `path`.
 
   Raises:
-    ValueError: on no budgets or a non-positive one, a curve with no seeds or whose length differs
-      from `budgets`, or a point without "x"/"y" or with a non-positive x.
+    ValueError: on no rows, a row missing one of lr/seed/budget/loss_raw, a non-positive lr, or one
+      lr twice for a (seed, budget).
   """
-  return save_png(_budget_curves_figure(budgets, curves, points, title), path)
-
-
-_LR_SWEEP_KEYS = ("lr", "seed", "budget", "loss_raw")
-
-
-def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
-  """The Figure `plot_lr_sweep` saves (see there); validates the input first."""
   if not rows:
     raise ValueError("no sweep rows given")
   lines: dict[tuple[Any, Any], dict[float, tuple[float, float | None]]] = {}
   for i, r in enumerate(rows):
-    _require(r, _LR_SWEEP_KEYS, f"sweep row {i}")
+    _require(r, ("lr", "seed", "budget", "loss_raw"), f"sweep row {i}")
     lr = as_float(r["lr"])
     if not (np.isfinite(lr) and lr > 0):
       raise ValueError(f"sweep row {i}: lr must be a positive number (the x axis is log scale), got {r['lr']!r}")
@@ -197,34 +201,25 @@ def _lr_sweep_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figu
   ax.set_xlabel("peak learning rate (log scale)")
   ax.set_ylabel("final eval loss (held out)")
   ax.set_title(title or "learning-rate sweep: final eval loss against peak learning rate")
-  return ax.figure
+  return save_png(ax.figure, path)
 
 
-def plot_lr_sweep(path: str, rows: Sequence[Mapping[str, Any]], title: str = "") -> str:
-  """Final eval loss against peak learning rate (log x), one line per (seed, budget) of the sweep.
-
-  Solid lines are the raw weights' losses, dashed the averaged weights' (left out where
-  "loss_averaged" is None or absent); a star marks the lowest point of each line (hollow on the
-  averaged ones). Runs with a non-finite loss (diverged) are red crosses along the top.
+def plot_arm_eval_curves(path: str, arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> str:
+  """Eval loss against step of several arms (one seed each): one colour per arm, solid raw weights,
+  dashed averaged weights (where "eval_loss_averaged" is given and not None).
 
   Args:
     path: the PNG to write (its folder is created if needed).
-    rows: one per sweep run: {"lr": float, "seed": int, "budget": int, "loss_raw": float,
-      "loss_averaged": float | None}.
+    arms: arm name -> [{"step": int, "eval_loss_raw": float, "eval_loss_averaged": float | None}]
+      at each eval of the run (any order).
     title: the figure's title (default: a generic one).
 
   Returns:
     `path`.
 
   Raises:
-    ValueError: on no rows, a row missing one of lr/seed/budget/loss_raw, a non-positive lr, or one
-      lr twice for a (seed, budget).
+    ValueError: on no arms, an arm with no eval points, or a point missing "step" or "eval_loss_raw".
   """
-  return save_png(_lr_sweep_figure(rows, title), path)
-
-
-def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> Figure:
-  """The Figure `plot_arm_eval_curves` saves (see there); validates the input first."""
   if not arms:
     raise ValueError("no arms given")
   data: dict[str, np.ndarray] = {}
@@ -251,26 +246,7 @@ def _arm_eval_figure(arms: Mapping[str, Sequence[Mapping[str, float]]], title: s
   step_axis(ax)
   ax.set_ylabel("eval loss (held out)")
   ax.set_title(title or "eval loss against step (solid: raw weights, dashed: averaged)")
-  return ax.figure
-
-
-def plot_arm_eval_curves(path: str, arms: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> str:
-  """Eval loss against step of several arms (one seed each): one colour per arm, solid raw weights,
-  dashed averaged weights (where "eval_loss_averaged" is given and not None).
-
-  Args:
-    path: the PNG to write (its folder is created if needed).
-    arms: arm name -> [{"step": int, "eval_loss_raw": float, "eval_loss_averaged": float | None}]
-      at each eval of the run (any order).
-    title: the figure's title (default: a generic one).
-
-  Returns:
-    `path`.
-
-  Raises:
-    ValueError: on no arms, an arm with no eval points, or a point missing "step" or "eval_loss_raw".
-  """
-  return save_png(_arm_eval_figure(arms, title), path)
+  return save_png(ax.figure, path)
 
 
 def plot_lr_robustness(rows: Sequence[Mapping[str, Any]], method: str, path: str) -> str:

@@ -521,8 +521,8 @@ class Search:
     if reuse and (same := [s for s in self.settings.values() if s.fields == fields]):
       return same[0]
     ident = f"{self.name}-{len(self.settings)}"
-    self.settings[ident] = Setting(ident, origin, fields, self.seeds, self.spare)
-    return self.settings[ident]
+    self.settings[ident] = setting = Setting(ident, origin, fields, self.seeds, self.spare)
+    return setting
 
   def next_sobol(self) -> Setting:
     if self.used >= len(self.points):
@@ -559,8 +559,15 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
     for (search, setting, seed), r in zip(requests, results):
       setting.runs[seed] = r
       search.steps_run += int(r["steps"])
-      entry = {"setting": setting.ident, "seed": seed, "steps": int(r["steps"])}
-      search.log.append(entry | {k: r[k] for k in ("final_raw", "final_averaged")})
+      search.log.append(
+        {
+          "setting": setting.ident,
+          "seed": seed,
+          "steps": int(r["steps"]),
+          "final_raw": r["final_raw"],
+          "final_averaged": r["final_averaged"],
+        }
+      )
       touched[setting] = search
       searches.add(search)
     requests, label = [], label + ": stalled runs on the spare seed"
@@ -578,57 +585,63 @@ def run_requests(requests: list[Request], runner: Runner, label: str) -> None:
     search.curve.append([search.cost(), min(two, default=None)])
 
 
-def _run_three(search: Search, settings: list[Setting], runner: Runner, label: str, limit: float) -> bool:
-  """`settings` on the search seeds they have not run, in one batch, where those runs fit in `limit` (the
-  search's total, N-run equivalents); whether they did."""
-  todo = [(search, s, seed) for s in dict.fromkeys(settings) for seed in search.seeds if seed not in s.runs]
-  if search.cost() + len(todo) > limit + 1e-9:
-    return False
-  run_requests(todo, runner, f"{search.name} search: {label}")
-  return True
+@dataclasses.dataclass(frozen=True)
+class Finishing:
+  """What step 3 (`finish`) compares within: the search, its runner, the (iterate, beta) every comparison reads
+  each setting at, and the search's total (N-run equivalents) its runs must fit in."""
 
+  search: Search
+  runner: Runner
+  reading: Reading
+  limit: float
 
-def _wins(new: Setting, old: Setting, reading: Reading) -> bool:
-  """Whether `new` beats `old` on the seeds both ran by more than the noise of the difference."""
-  a, b = new.by_seed(), old.by_seed()
-  common = [s for s in a if s in b]
-  loss = lambda runs: [tuning.iterate_loss(runs[s], *reading) for s in common]  # noqa: E731
-  return tuning.wins_beyond_noise(loss(a), loss(b))["wins"]
+  def run_three(self, settings: list[Setting], label: str) -> bool:
+    """`settings` on the search seeds they have not run, in one batch, where those runs fit in `limit`; whether
+    they did."""
+    search = self.search
+    todo = [(search, s, seed) for s in dict.fromkeys(settings) for seed in search.seeds if seed not in s.runs]
+    if search.cost() + len(todo) > self.limit + 1e-9:
+      return False
+    run_requests(todo, self.runner, f"{search.name} search: {label}")
+    return True
+
+  def mean(self, setting: Setting) -> float:
+    """`setting`'s mean over its runs at the reading."""
+    return read_at(setting.ranked(), *self.reading)
+
+  def wins(self, new: Setting, old: Setting) -> bool:
+    """Whether `new` beats `old` on the seeds both ran by more than the noise of the difference."""
+    a, b = new.by_seed(), old.by_seed()
+    common = [s for s in a if s in b]
+    loss = lambda runs: [tuning.iterate_loss(runs[s], *self.reading) for s in common]  # noqa: E731
+    return tuning.wins_beyond_noise(loss(a), loss(b))["wins"]
+
+  def as_chosen(self, fields: Record) -> Setting | None:
+    """The combination `fields` run as chosen on the three seeds (None where that does not fit)."""
+    chosen = self.search.add("as chosen", fields, reuse=True)
+    return chosen if self.run_three([chosen], "as chosen") else None
 
 
 def line_search(
-  search: Search,
-  start: Setting,
-  field: str,
-  ratio: float,
-  reading: Reading,
-  runner: Runner,
-  limit: float,
-  hard: float = math.inf,
+  fin: Finishing, start: Setting, field: str, ratio: float, hard: float = math.inf
 ) -> tuple[Record | None, Setting]:
   """`start`'s `field` at its neighbours ÷ and x `ratio` on the three seeds; where the best wins by more than
-  the noise of the difference over the centre (`_wins`), it becomes the centre and one further step past it
-  is run, at most `LR_MOVES` moves, never above `hard`. Returns (its record, the setting at its centre); (None,
-  `start`) where the first round does not fit in `limit`."""
+  the noise of the difference over the centre (`Finishing.wins`), it becomes the centre and one further step
+  past it is run, at most `LR_MOVES` moves, never above `hard`. Returns (its record, the setting at its
+  centre); (None, `start`) where the first round does not fit."""
   centre, moves, stopped = float(start.fields[field]), 0, "bracketed"
   at = {centre: start}
-
-  def setting(v: float) -> Setting:
-    return at.setdefault(v, search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True))
-
-  def mean(v: float) -> float:
-    return read_at(at[v].ranked(), *reading)
-
-  todo = [v for v in (tuning.round_lr(centre / ratio), tuning.round_lr(centre * ratio)) if v <= hard]
-  while _run_three(search, [start] + [setting(v) for v in todo], runner, field, limit):
-    best = min(at, key=mean)
+  todo = [v for v in map(tuning.round_lr, (centre / ratio, centre * ratio)) if v <= hard]
+  new = lambda v: fin.search.add(f"{field} of {start.ident}", start.fields | {field: v}, reuse=True)  # noqa: E731
+  while fin.run_three([start] + [at.setdefault(v, new(v)) for v in todo], field):
+    best = min(at, key=lambda v: fin.mean(at[v]))
     if best == centre:
       break
-    if not _wins(at[best], at[centre], reading):
+    if not fin.wins(at[best], at[centre]):
       stopped = "within noise"
       break
-    moves, up, centre = moves + 1, best > centre, best
-    further = tuning.round_lr(best * ratio if up else best / ratio)
+    further = tuning.round_lr(best * ratio if best > centre else best / ratio)
+    moves, centre = moves + 1, best
     if moves >= LR_MOVES or further > hard:
       stopped = "at most LR_MOVES moves" if moves >= LR_MOVES else "hard edge"
       break
@@ -641,7 +654,7 @@ def line_search(
   return {
     "field": field,
     "values": values,
-    "means": [mean(v) for v in values],
+    "means": [fin.mean(at[v]) for v in values],
     "centre": centre,
     "moves": moves,
     "stopped": stopped,
@@ -654,30 +667,33 @@ def _fit_lr(line: Record) -> float:
   lrs, means = line["values"], line["means"]
   if len(lrs) >= 3:
     a, b, _ = np.polyfit(np.log(lrs), means, 2)
-    if a > 0 and math.log(lrs[0]) <= -b / (2 * a) <= math.log(lrs[-1]):
-      return tuning.round_lr(math.exp(-b / (2 * a)))
+    if a > 0 and math.log(lrs[0]) <= (vertex := -b / (2 * a)) <= math.log(lrs[-1]):
+      return tuning.round_lr(math.exp(vertex))
   return line["centre"]
 
 
-def refine(search: Search, start: Setting, reading: Reading, runner: Runner, limit: float) -> Record | None:
+def refine(fin: Finishing, start: Setting) -> Record | None:
   """(LR, weight decay) refined together from `start`: the LR's line search (x/÷ sqrt(2)) and its fit
   (`_fit_lr`), then the weight decay's (x/÷ 2, at the LR's centre; 0 is its domain's edge, kept), once
-  more where either moved. None where the first LR round does not fit in `limit`. Returns {"rounds",
-  "best": the last centre run, "fields": its fields at the fitted LR}."""
-  field = weight_decay_field(search.config)
-  knob = next((k for k in search.space if k.field == field), None)
+  more where either moved. None where the first LR round does not fit. Returns {"rounds", "best": the last
+  centre run, "fields": its fields at the fitted LR}."""
+  field = weight_decay_field(fin.search.config)
+  knob = next((k for k in fin.search.space if k.field == field), None)
   rounds: list[Record] = []
   current = start
   for _ in range(2):
-    lr, current = line_search(search, current, "optim.learning_rate", math.sqrt(2), reading, runner, limit)
+    lr, current = line_search(fin, current, "optim.learning_rate", math.sqrt(2))
     if lr is None:
       break
     wd = None
     if knob is not None and float(current.fields[field]) > 0:
-      hard = max(knob.above, default=knob.values[1])
-      wd, current = line_search(search, current, field, 2.0, reading, runner, limit, hard)
-    wd_record = wd or {"field": field, "stopped": "domain edge" if knob else "not searched"}
-    rounds.append({"lr": lr | {"fitted": _fit_lr(lr)}, "weight_decay": wd_record})
+      wd, current = line_search(fin, current, field, 2.0, max(knob.above, default=knob.values[1]))
+    rounds.append(
+      {
+        "lr": lr | {"fitted": _fit_lr(lr)},
+        "weight_decay": wd or {"field": field, "stopped": "domain edge" if knob else "not searched"},
+      }
+    )
     if not lr["moves"] and not (wd and wd["moves"]):
       break
   if not rounds:
@@ -689,13 +705,13 @@ def refine(search: Search, start: Setting, reading: Reading, runner: Runner, lim
   }
 
 
-def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, limit: float) -> Record:
+def bracket(fin: Finishing, base: Setting) -> Record:
   """Each knob but the LR and the weight decay (`refine`'s), where its value in `base` sits at an edge of
   its range: its further steps past it (`Knob.beyond`) on the three seeds from `base`, each kept while it
   wins by more than the noise of the difference over the last kept (the first over `base`), at most
   `LR_MOVES`; the knobs in lockstep (each round's steps in one batch), each tried alone. Returns {"knobs":
   {field: {"edge", "tried", "kept", "stopped"}}, "kept": {field: its last value kept}}."""
-  skip = {"optim.learning_rate", weight_decay_field(search.config)}
+  skip = {"optim.learning_rate", weight_decay_field(fin.search.config)}
   state = {
     k.field: {
       "edge": edge,
@@ -705,19 +721,21 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
       "last": base,
       "stopped": None if steps else edge,
     }
-    for k in search.space
+    for k in fin.search.space
     if k.field not in skip and k.field in base.fields
     for steps, edge in [k.beyond(base.fields[k.field])]
   }
   while todo := [(f, st) for f, st in state.items() if st["stopped"] is None]:
-    new = [search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo]
-    if not _run_three(search, new, runner, "edges", limit):
+    new = [
+      fin.search.add(f"edge of {f}", base.fields | {f: st["steps"][len(st["tried"])]}, reuse=True) for f, st in todo
+    ]
+    if not fin.run_three(new, "edges"):
       for _, st in todo:
         st["stopped"] = "budget"
       break
     for (f, st), s in zip(todo, new):
       st["tried"].append(s.ident)
-      if not _wins(s, st["last"], reading):
+      if not fin.wins(s, st["last"]):
         st["stopped"] = "within noise"
         continue
       st["kept"], st["last"] = s.fields[f], s
@@ -730,12 +748,6 @@ def bracket(search: Search, base: Setting, reading: Reading, runner: Runner, lim
   }
 
 
-def _as_chosen(search: Search, fields: Record, runner: Runner, limit: float) -> Setting | None:
-  """The combination `fields` run as chosen on the three seeds (None where that does not fit in `limit`)."""
-  chosen = search.add("as chosen", fields, reuse=True)
-  return chosen if _run_three(search, [chosen], runner, "as chosen", limit) else None
-
-
 def finish(
   search: Search, start: Setting, runner: Runner, budget: float = math.inf, iterate: str | None = None
 ) -> Record | None:
@@ -744,18 +756,18 @@ def finish(
   combination run once more. Every comparison reads the iterate and beta `start` reads best at, or the raw
   iterate (`iterate='raw'`). None where the first LR round or the first combination does not fit. The
   chosen setting reads the iterate (`iterate`, else its better one) and beta its own runs read best at."""
-  limit = search.cost() + budget
   reading = ("raw", None) if iterate == "raw" else best_reading(start.ranked())[1:]
-  first = refine(search, start, reading, runner, limit)
+  fin = Finishing(search, runner, reading, search.cost() + budget)
+  first = refine(fin, start)
   if first is None:
     return None
-  edges = bracket(search, first["best"], reading, runner, limit)
-  chosen = _as_chosen(search, first["fields"] | edges["kept"], runner, limit)
+  edges = bracket(fin, first["best"])
+  chosen = fin.as_chosen(first["fields"] | edges["kept"])
   if chosen is None:
     return None
-  again = refine(search, chosen, reading, runner, limit) if edges["kept"] else None
+  again = refine(fin, chosen) if edges["kept"] else None
   if again:
-    chosen = _as_chosen(search, again["fields"], runner, limit) or chosen
+    chosen = fin.as_chosen(again["fields"]) or chosen
   # its iterate, and its beta (the averaged iterate's, even where raw wins)
   averaging = tuning.choose_averaging(chosen.ranked(), AVERAGING_BETAS)
   chosen_iterate = iterate or averaging["iterate"]
@@ -819,8 +831,9 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
     search.history["winner"] = winner.ident
     search.history["chosen"] = finish(search, winner, runner)
   for search in searches:  # step 4: the raw iterate's setting
-    three = [s for s in search.settings.values() if len(s.ranked()) == 3]
-    start = min(three, key=lambda s: read_at(s.ranked(), "raw", None))
+    start = min(
+      (s for s in search.settings.values() if len(s.ranked()) == 3), key=lambda s: read_at(s.ranked(), "raw", None)
+    )
     search.history["raw_chosen"] = finish(search, start, runner, iterate="raw")
   equalise(searches, runner, max(floor, *(search.cost() for search in searches)))
   checks = {search.name: saturation(search) for search in searches}
@@ -829,8 +842,11 @@ def search_both(searches: list[Search], configs: int, runner: Runner, floor: flo
   if further:
     equalise(searches, runner, costliest + further, "further_points")
   for search in searches:
-    after = saturation(search) if further else None
-    search.history["saturation"] = {"check": checks[search.name], "further_budget": further, "after": after}
+    search.history["saturation"] = {
+      "check": checks[search.name],
+      "further_budget": further,
+      "after": saturation(search) if further else None,
+    }
   return {search.name: search_record(search, searches) for search in searches}
 
 

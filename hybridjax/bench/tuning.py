@@ -8,8 +8,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-from hybridjax.bench import protocol
-from hybridjax.bench.figures import plateau_runs, window_error
+from hybridjax.bench.figures import paired_batch_se_of, plateau_runs, window_error
 from hybridjax.bench.runs.runner import Runner
 from hybridjax.bench.specs import run_spec
 from hybridjax.bench.studies import Config, Record
@@ -30,15 +29,6 @@ def averaged_loss(result: Record, beta: float | None = None) -> float:
   if beta is None:
     return min(result["final_averaged"].values())
   return result["final_averaged"][str(float(beta))]
-
-
-def paired_batch_se_of(a: Record, b: Record) -> float | None:
-  """The paired per-batch standard error of two anchor runs' final averaged losses (the same eval
-  batches score both: `protocol.paired_batch_se`), or None where it cannot be estimated (one eval
-  batch, or a run that kept no per-batch losses)."""
-  if "final_averaged_per_batch" not in a or "final_averaged_per_batch" not in b:
-    return None
-  return protocol.paired_batch_se(a["final_averaged_per_batch"], b["final_averaged_per_batch"])
 
 
 def paired_eval_error(
@@ -151,41 +141,41 @@ def sweep_lrs(sweeps: list[Sweep], runner: Runner) -> list[Record]:
   first = iter(
     runner.run([_at_n(s, 0, lr) for s, grid in zip(sweeps, grids) for lr in grid], "LR sweep (tuning seed 1, N)")
   )
-  runs = [[next(first) for _ in grid] for grid in grids]
+  runs = [{lr: next(first) for lr in grid} for grid in grids]  # LR -> its run on the first tuning seed
   for _ in range(max(int(c.benchmark.lr_max_extensions) for c, _, _ in sweeps)):
-    extend = []  # (sweep, where the new LR goes in its grid, the LR)
-    for i, ((config, _, loss), grid) in enumerate(zip(sweeps, grids)):
-      best = min(range(len(grid)), key=lambda j: loss(runs[i][j]))
+    extend = []  # (sweep, the LR past its grid's edge)
+    for i, (config, _, loss) in enumerate(sweeps):
+      grid = sorted(runs[i])
+      best = min(grid, key=lambda lr: loss(runs[i][lr]))
       extended = len(grid) - int(config.benchmark.lr_points)  # the extensions so far
-      if 0 < best < len(grid) - 1 or extended >= int(config.benchmark.lr_max_extensions):
+      if grid[0] < best < grid[-1] or extended >= int(config.benchmark.lr_max_extensions):
         continue
-      at = 0 if best == 0 else len(grid)
-      extend.append((i, at, round_lr(grid[0] / math.sqrt(2) if at == 0 else grid[-1] * math.sqrt(2))))
+      extend.append((i, round_lr(best / math.sqrt(2) if best == grid[0] else best * math.sqrt(2))))
     if not extend:
       break
     added = runner.run(
-      [_at_n(sweeps[i], 0, lr) for i, _, lr in extend], "LR sweep: the best LR is at the grid's edge; extending"
+      [_at_n(sweeps[i], 0, lr) for i, lr in extend], "LR sweep: the best LR is at the grid's edge; extending"
     )
-    for (i, at, lr), result in zip(extend, added):
-      grids[i].insert(at, lr)
-      runs[i].insert(at, result)
+    for (i, lr), result in zip(extend, added):
+      runs[i][lr] = result
   out = []
-  for (config, _, loss), grid, sweep in zip(sweeps, grids, runs):
-    best = sorted(range(len(grid)), key=lambda j: loss(sweep[j]))[:2]
-    edge = best[0] in (0, len(grid) - 1)
+  for (config, _, loss), ran in zip(sweeps, runs):
+    grid = sorted(ran)
+    top2 = sorted(grid, key=lambda lr: loss(ran[lr]))[:2]
+    edge = top2[0] in (grid[0], grid[-1])
     if edge:
       print(
-        f"WARNING: the best LR {grid[best[0]]:.4g} is still at the grid's edge after "
+        f"WARNING: the best LR {top2[0]:.4g} is still at the grid's edge after "
         f"{config.benchmark.lr_max_extensions} extensions; raise --config.benchmark.lr_max_extensions or move "
         "--config.optim.learning_rate towards it",
         flush=True,
       )
-    out.append({"grid": grid, "sweep": sweep, "top2": [grid[j] for j in best], "best_at_edge": edge})
+    out.append({"grid": grid, "sweep": [ran[lr] for lr in grid], "top2": top2, "best_at_edge": edge})
   second = iter(
     runner.run([_at_n(s, 1, lr) for s, o in zip(sweeps, out) for lr in o["top2"]], "LR check (tuning seed 2, N)")
   )
-  for (_, _, loss), o in zip(sweeps, out):
-    at = {lr: [o["sweep"][o["grid"].index(lr)], next(second)] for lr in o["top2"]}  # on both tuning seeds
+  for (_, _, loss), o, ran in zip(sweeps, out, runs):
+    at = {lr: [ran[lr], next(second)] for lr in o["top2"]}  # on both tuning seeds
     means = {lr: (loss(a) + loss(b)) / 2 for lr, (a, b) in at.items()}
     best_lr = min(means, key=means.get)
     o.update(second=[b for _, b in at.values()], means=means, best_lr=best_lr, at_best=at[best_lr])
@@ -215,7 +205,7 @@ def tune(
   processes never wait for the checks; a budget whose LR the checks move is trained afterwards).
   """
   b = config.benchmark
-  n, t1, spec = int(config.trainer.steps), int(b.tuning_seeds[0]), spec_of(config)
+  n, spec = int(config.trainer.steps), spec_of(config)
   # 1-2. The sweep on the first tuning seed at N, the best two on the second, ranked by the averaged
   # loss (the best over the betas: the headline anchor averages), or with `benchmark.iterate='best'`
   # by the better of the raw and the averaged loss (a family whose schedule may not gain from
@@ -244,7 +234,8 @@ def tune(
   lrs = lr_grid(best_lr, 3)
   checked = iter(
     runner.run(
-      [spec(t1, lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs] + also(best_lr, beta),
+      [spec(int(b.tuning_seeds[0]), lr, round(factor * n)) for factor in (0.5, 2.0) for lr in lrs]
+      + also(best_lr, beta),
       "LR checks at 0.5N and 2N, and the runs at the chosen LR",
     )
   )

@@ -247,7 +247,7 @@ def test_a_step_past_an_edge_is_kept_only_while_it_wins_beyond_the_noise(gain, k
   runner = SpecRunner(_b1_stub(gain))
   base = side.add("base", search.published_setting(adamw, side.space) | {"optim.b1": 0.8})
   search.run_requests([(side, base, s) for s in SEEDS], runner, "base")
-  out = search.bracket(side, base, ("raw", None), runner, math.inf)
+  out = search.bracket(search.Finishing(side, runner, ("raw", None), math.inf), base)
   b1 = out["knobs"]["optim.b1"]
   assert b1["edge"] == "low" and b1["kept"] == kept and out["kept"].get("optim.b1") == kept
   assert len(b1["tried"]) == (1 if kept is None else search.LR_MOVES)
