@@ -40,7 +40,7 @@ def paired_cell(d: Record | None) -> str:
 
 def eval_note(record: Record | None) -> str:
   """The sentence on what every difference of a study is judged with: the seeds' standard error and
-  the eval set's paired per-batch one (`figures.eval_paired_se`), or why the latter is missing."""
+  the eval set's paired per-batch one (`figures.eval_errors`), or why the latter is missing."""
   record = record or {}
   se, batches = record.get("paired_se"), record.get("batches")
   if se is not None:
