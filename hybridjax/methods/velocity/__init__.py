@@ -91,14 +91,18 @@ def check(config: ml_collections.ConfigDict) -> list[str]:
 
 def make_settings(hybrid: ml_collections.ConfigDict, *, groups: groups_lib.ParamGroups) -> VelocitySettings:
   v = hybrid.velocity
+  rssm = dynamics_lib.RSSMConfig(
+    feature_dim=features_lib.feature_dim(groups),
+    n_groups=groups.n_groups,
+    deter=v.rssm.deter,
+    latent=v.rssm.latent,
+    hidden=v.rssm.hidden,
+    ensemble=v.rssm.ensemble,
+    free_bits=float(v.rssm.free_bits),
+    learning_rate=float(v.rssm.learning_rate),
+  )
   return VelocitySettings(
-    rssm=dynamics_lib.RSSMConfig(
-      feature_dim=features_lib.feature_dim(groups),
-      n_groups=groups.n_groups,
-      **{k: v.rssm[k] for k in ("deter", "latent", "hidden", "ensemble")},
-      free_bits=float(v.rssm.free_bits),
-      learning_rate=float(v.rssm.learning_rate),
-    ),
+    rssm=rssm,
     velocity_beta=float(v.beta),
     constant_alpha=float(v.constant_alpha),
     zero_alpha=bool(v.zero_alpha),
@@ -118,7 +122,7 @@ def init(ctx: HybridContext, params: Any, rng: jax.Array) -> VelocityState:
   """Zero velocity, a fresh RSSM and corrector, empty history and plan."""
   s: VelocitySettings = ctx.settings
   _, dyn_rng, corr_rng = jax.random.split(rng, 3)
-  g, f = ctx.groups.n_groups, s.rssm.feature_dim
+  g, f = ctx.groups.n_groups, features_lib.feature_dim(ctx.groups)
   return VelocityState(
     velocity=jax.tree.map(jnp.zeros_like, params),
     dynamics=dynamics_lib.init_dynamics(dyn_rng, s.rssm),

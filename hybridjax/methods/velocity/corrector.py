@@ -37,7 +37,9 @@ class CorrectorMLP(nn.Module):
     h = nn.silu(nn.LayerNorm()(nn.Dense(self.hidden)(h)))
     h = nn.silu(nn.Dense(self.hidden)(h))
     out = nn.Dense(2, kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros)(h)
-    return out[..., 0], jnp.clip(out[..., 1], LOG_SCALE_MIN, LOG_SCALE_MAX)  # delta, log_scale
+    delta = out[..., 0]
+    log_scale = jnp.clip(out[..., 1], LOG_SCALE_MIN, LOG_SCALE_MAX)
+    return delta, log_scale
 
 
 @flax.struct.dataclass
@@ -61,12 +63,13 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
 def init_corrector(
   rng: jax.Array, feature_dim: int, capacity: int, hidden: int, learning_rate: float
 ) -> CorrectorState:
-  params = CorrectorMLP(hidden).init(rng, jnp.zeros((feature_dim,)), jnp.zeros(()))["params"]
+  model = CorrectorMLP(hidden)
+  params = model.init(rng, jnp.zeros((feature_dim,)), jnp.zeros(()))["params"]
   zeros = lambda dtype=jnp.float32, shape=(capacity,): jnp.zeros(shape, dtype)  # a buffer of its own each
   return CorrectorState(
     params=params,
     opt_state=make_optimizer(learning_rate).init(params),
-    x=zeros(jnp.float32, (capacity, feature_dim)),
+    x=jnp.zeros((capacity, feature_dim), jnp.float32),
     pos=zeros(),
     target_delta=zeros(),
     target_log_scale=zeros(),
@@ -78,7 +81,8 @@ def init_corrector(
 
 def apply_corrector(state: CorrectorState, x: jax.Array, pos: jax.Array, hidden: int) -> tuple[jax.Array, jax.Array]:
   """(delta, log_scale) for features x (F,) at horizon positions pos (H,)."""
-  return jax.vmap(lambda p: CorrectorMLP(hidden).apply({"params": state.params}, x, p))(pos)
+  model = CorrectorMLP(hidden)
+  return jax.vmap(lambda p: model.apply({"params": state.params}, x, p))(pos)
 
 
 def add_residual(
@@ -91,6 +95,7 @@ def add_residual(
 ) -> CorrectorState:
   """Appends one observation when `enabled` (a traced bool); otherwise returns the state as is."""
   i = state.write
+  cap = state.valid.shape[0]
 
   def put(buf, v):
     return jnp.where(enabled, buf.at[i].set(v), buf)
@@ -101,12 +106,13 @@ def add_residual(
     target_delta=put(state.target_delta, target_delta),
     target_log_scale=put(state.target_log_scale, jnp.clip(target_log_scale, LOG_SCALE_MIN, LOG_SCALE_MAX)),
     valid=put(state.valid, True),
-    write=jnp.where(enabled, (i + 1) % state.valid.shape[0], i),
+    write=jnp.where(enabled, (i + 1) % cap, i),
   )
 
 
 def corrector_loss(params: Any, state: CorrectorState, hidden: int) -> jax.Array:
-  delta, log_scale = jax.vmap(lambda x, p: CorrectorMLP(hidden).apply({"params": params}, x, p))(state.x, state.pos)
+  model = CorrectorMLP(hidden)
+  delta, log_scale = jax.vmap(lambda x, p: model.apply({"params": params}, x, p))(state.x, state.pos)
   w = state.valid.astype(jnp.float32)
   err = jnp.square((delta - state.target_delta) / 0.01) + jnp.square(log_scale - state.target_log_scale)
   return jnp.sum(w * err) / jnp.maximum(jnp.sum(w), 1.0)
@@ -118,8 +124,9 @@ def train_corrector(
   """One Adam step on the buffer when `enabled`; returns (state, loss)."""
   loss, grads = jax.value_and_grad(corrector_loss)(state.params, state, hidden)
   updates, opt_state = make_optimizer(learning_rate).update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
   return state.replace(
-    params=tree_where(enabled, optax.apply_updates(state.params, updates), state.params),
+    params=tree_where(enabled, params, state.params),
     opt_state=tree_where(enabled, opt_state, state.opt_state),
     updates=state.updates + enabled.astype(jnp.int32),
   ), loss

@@ -60,22 +60,23 @@ class VelocityState:
 def init_plan(*, max_predict_steps: int, n_groups: int, feature_dim: int, accuracy_window: int) -> Plan:
   """An empty plan: no confidence, nothing to roll back."""
   z = lambda *shape, dtype=jnp.float32: jnp.zeros(shape, dtype)  # noqa: E731
+  hmax, g = max_predict_steps, n_groups
   return Plan(
-    plan_logloss=z(max_predict_steps),
-    plan_raw_logloss=z(max_predict_steps),
-    plan_alpha=z(max_predict_steps, n_groups),
-    plan_log_scale=z(max_predict_steps),
+    plan_logloss=z(hmax),
+    plan_raw_logloss=z(hmax),
+    plan_alpha=z(hmax, g),
+    plan_log_scale=z(hmax),
     plan_x=z(feature_dim),
     plan_offset=z(dtype=jnp.int32),
-    alpha_since_good=z(n_groups),
-    rollback_alpha=z(n_groups),
+    alpha_since_good=z(g),
+    rollback_alpha=z(g),
     one_step_pred=z(),
     agreement=z(),
     accuracy=z(),
     errors=z(accuracy_window),
     errors_valid=z(accuracy_window, dtype=bool),
     errors_pos=z(dtype=jnp.int32),
-    velocity_norm=z(n_groups),
+    velocity_norm=z(g),
   )
 
 

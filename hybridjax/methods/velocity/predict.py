@@ -32,7 +32,7 @@ def predict_step(
   transitions share one signature for the fused step.
   """
   del schedule
-  tr, c, s = state.train, state.controller, ctx.settings
+  tr, c, groups = state.train, state.controller, ctx.groups
   m: VelocityState = state.method
   p = m.plan
   k = jnp.clip(c.steps_in_phase - p.plan_offset, 0, ctx.control.max_predict_steps - 1)
@@ -41,48 +41,48 @@ def predict_step(
   # non-finite prediction instead, and the segment so far is rolled back.
   bad_plan = ~jnp.all(jnp.isfinite(alpha))
   alpha = jnp.where(bad_plan, 0.0, alpha)
-  params = groups_lib.add_scaled_by_group(ctx.groups, tr.params, alpha, m.velocity)
+  params = groups_lib.add_scaled_by_group(groups, tr.params, alpha, m.velocity)
   since_good = p.alpha_since_good + alpha
 
-  validate = (((k + 1) % s.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
+  validate = (((k + 1) % ctx.settings.validate_every) == 0) | (c.steps_in_phase + 1 >= c.horizon)
   loss = jax.lax.cond(
     validate, lambda p: ctx.loss_fn(p, batch)[0].astype(jnp.float32), lambda p: jnp.ones((), jnp.float32), params
   )
   logloss = groups_lib.safe_log(loss)
   predicted = p.plan_logloss[k]
   finite = jnp.isfinite(logloss)
-  measured = validate & finite
-  tol = jnp.log1p(s.divergence_tolerance)
+  tol = jnp.log1p(ctx.settings.divergence_tolerance)
   nonfinite_prediction = (validate & ~finite) | bad_plan
-  diverged = measured & ~bad_plan & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
-  good = measured & ~diverged & ~bad_plan
+  diverged = validate & finite & ~bad_plan & ((logloss > predicted + tol) | (logloss > c.start_logloss + tol))
+  good = validate & finite & ~diverged & ~bad_plan
   rollback = jnp.where(diverged | nonfinite_prediction, since_good, 0.0)
-  p = controller_lib.push_error(p, controller_lib.relative_error(logloss, predicted), measured)
+  p = controller_lib.push_error(p, controller_lib.relative_error(logloss, predicted), validate & finite)
 
   corr = m.corrector
-  if s.corrector_enabled:
+  if ctx.settings.corrector_enabled:
     # The corrector learns from every validation: the residual of the dynamics model's log-loss and
     # the alpha scale that would have matched the realised improvement.
-    realised_over_predicted = jnp.maximum(c.start_logloss - logloss, 1e-3) / jnp.maximum(
-      c.start_logloss - predicted, 1e-3
+    observed = validate & finite
+    realised_gain = c.start_logloss - logloss
+    predicted_gain = c.start_logloss - predicted
+    target_log_scale = p.plan_log_scale[k] + jnp.clip(
+      jnp.log(jnp.maximum(realised_gain, 1e-3) / jnp.maximum(predicted_gain, 1e-3)), -1.5, 0.5
     )
-    target_log_scale = p.plan_log_scale[k] + jnp.clip(jnp.log(realised_over_predicted), -1.5, 0.5)
     corr = corrector_lib.add_residual(
       corr,
       p.plan_x,
       (k + 1).astype(jnp.float32) / ctx.control.max_predict_steps,
       logloss - p.plan_raw_logloss[k],
       target_log_scale,
-      measured,
+      observed,
     )
-    corr, _ = corrector_lib.train_corrector(corr, s.corrector_hidden, s.corrector_lr, measured)
+    corr, _ = corrector_lib.train_corrector(corr, ctx.settings.corrector_hidden, ctx.settings.corrector_lr, observed)
 
-  acc = controller_lib.accuracy(p, s.divergence_tolerance)
+  acc = controller_lib.accuracy(p, ctx.settings.divergence_tolerance)
   p = p.replace(alpha_since_good=jnp.where(good, 0.0, since_good), accuracy=acc)
   c = c.replace(confidence=p.agreement * acc)
-  return state.replace(
-    train=moved_train_state(tr, params), method=m.replace(corrector=corr, plan=p), controller=c
-  ), StepInfo.predicted(
+  new_state = state.replace(train=moved_train_state(tr, params), method=m.replace(corrector=corr, plan=p), controller=c)
+  info = StepInfo.predicted(
     # Only a validated step has a measured loss; the plan's value is `predicted_loss`.
     loss=jnp.where(validate, loss, jnp.nan),
     predicted_loss=jnp.exp(predicted),
@@ -93,3 +93,4 @@ def predict_step(
     alpha=alpha,
     extra=rollback,
   )
+  return new_state, info

@@ -7,7 +7,7 @@ update it shares with the baseline (`optim.guarded_update`), it
    prediction (`observe_real_step`);
 2. updates the trajectory memory: the velocity EMA of real updates and the history ring buffers
    (`update_trajectory`);
-3. trains the dynamics model one step on the history window (`rssm.train_step`);
+3. trains the dynamics model one step on the history window (`train_dynamics`);
 4. imagines the plan the next PREDICT phase will follow (`plan_predict_phase`).
 
 A non-finite loss or gradient applies nothing: params, optimizer state, velocity, history, dynamics
@@ -65,10 +65,16 @@ def observe_real_step(
   return c, plan, explosion, spike
 
 
+def update_velocity(velocity: Any, updates: Any, beta: float, finite: jax.Array) -> Any:
+  """velocity <- beta * velocity + (1 - beta) * update, leafwise; unchanged when not `finite`."""
+  return jax.tree.map(lambda v, u: jnp.where(finite, beta * v + (1.0 - beta) * u.astype(v.dtype), v), velocity, updates)
+
+
 def update_trajectory(
   ctx: HybridContext,
   state: HybridState,
   c: Controller,
+  *,
   loss: jax.Array,
   logloss: jax.Array,
   grad_norm: jax.Array,
@@ -83,21 +89,19 @@ def update_trajectory(
   The history's previous entry gets its alpha target, the least-squares scale of this update
   along the velocity that preceded it; this step's feature vector `x` and log-loss are appended.
   """
-  groups, v, h, s = ctx.groups, state.method.velocity, state.method.history, ctx.settings
+  groups, v, h = ctx.groups, state.method.velocity, state.method.history
   grad_sq = groups_lib.group_sq_norms(groups, grads)
   update_sq = groups_lib.group_sq_norms(groups, updates)
   uv = groups_lib.group_dots(groups, updates, v)
   v_sq = groups_lib.group_sq_norms(groups, v)
   param_sq = groups_lib.group_sq_norms(groups, params)
-  # velocity <- beta * velocity + (1 - beta) * update, leafwise; unchanged when not `finite`.
-  beta = s.velocity_beta
-  velocity = jax.tree.map(lambda a, u: jnp.where(finite, beta * a + (1.0 - beta) * u.astype(a.dtype), a), v, updates)
+  velocity = update_velocity(v, updates, ctx.settings.velocity_beta, finite)
 
   n = h.features.shape[0]
-  alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -s.rssm.alpha_max, s.rssm.alpha_max)
-  # Written when this step and the one before were real, and there was a velocity to measure it along.
-  write = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
-  alpha_target = jnp.where(write, h.alpha_target.at[(h.pos - 1) % n].set(alpha_star), h.alpha_target)
+  prev = (h.pos - 1) % n
+  alpha_star = jnp.clip(uv / jnp.maximum(v_sq, 1e-30), -ctx.settings.rssm.alpha_max, ctx.settings.rssm.alpha_max)
+  write_target = finite & c.prev_was_real & (h.count > 0) & jnp.all(v_sq > 0)
+  alpha_target = jnp.where(write_target, h.alpha_target.at[prev].set(alpha_star), h.alpha_target)
   x = features_lib.feature_vector(
     loss=loss,
     ema_fast=c.ema_fast,
@@ -112,17 +116,24 @@ def update_trajectory(
     update_velocity_dot=uv,
     velocity_sq=v_sq,
   )
-  normalizer = trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(s.history_size * 4))
-  # Not finite: the history as it was (alpha_target then is too).
-  appended = h.replace(
-    features=h.features.at[h.pos].set(x),
-    logloss=h.logloss.at[h.pos].set(logloss),
-    alpha_target=alpha_target.at[h.pos].set(0.0),
-    normalizer=normalizer,
-    pos=(h.pos + 1) % n,
-    count=jnp.minimum(h.count + 1, n),
+  normalizer = trajectory_lib.update_normalizer(h.normalizer, x, max_count=float(ctx.settings.history_size * 4))
+  h = h.replace(
+    features=jnp.where(finite, h.features.at[h.pos].set(x), h.features),
+    logloss=jnp.where(finite, h.logloss.at[h.pos].set(logloss), h.logloss),
+    alpha_target=alpha_target.at[h.pos].set(jnp.where(finite, 0.0, alpha_target[h.pos])),
+    normalizer=tree_where(finite, normalizer, h.normalizer),
+    pos=jnp.where(finite, (h.pos + 1) % n, h.pos),
+    count=jnp.where(finite, jnp.minimum(h.count + 1, n), h.count),
   )
-  return velocity, tree_where(finite, appended, h), x
+  return velocity, h, x
+
+
+def train_dynamics(
+  ctx: HybridContext, dynamics: dynamics_lib.DynamicsState, window: dict[str, jax.Array], rng: jax.Array
+) -> dynamics_lib.DynamicsState:
+  """One training step of the RSSM on the history window (online truncated BPTT)."""
+  dyn, _ = dynamics_lib.train_step(dynamics, window, rng, ctx.settings.rssm)
+  return dyn
 
 
 def plan_predict_phase(
@@ -144,47 +155,46 @@ def plan_predict_phase(
   A real step inside PREDICT (a micro-correction) commits the segment so far and restarts the plan;
   a non-finite one keeps the old plan and rolls the segment back.
   """
-  s, hmax = ctx.settings, ctx.control.max_predict_steps
-  imagined = dynamics_lib.imagine(dynamics, window, hmax, rng, s.rssm)
+  imagined = dynamics_lib.imagine(dynamics, window, ctx.control.max_predict_steps, rng, ctx.settings.rssm)
   # Re-anchor the imagined curve on the smoothed loss: one batch's loss is too noisy a start.
   ens_logloss = imagined["logloss"] - logloss + c.ema_fast
   raw_logloss = jnp.mean(ens_logloss, axis=0)
   raw_alpha = jnp.mean(imagined["alpha"], axis=0)
-  pos = (jnp.arange(hmax, dtype=jnp.float32) + 1.0) / hmax
-  if s.corrector_enabled:
-    delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, s.corrector_hidden)
+  pos = (jnp.arange(ctx.control.max_predict_steps, dtype=jnp.float32) + 1.0) / ctx.control.max_predict_steps
+  if ctx.settings.corrector_enabled:
+    delta, log_scale = corrector_lib.apply_corrector(corrector, x_now, pos, ctx.settings.corrector_hidden)
   else:
-    delta = log_scale = jnp.zeros_like(pos)
-  if s.constant_alpha > 0:  # the ablation: velocity extrapolation without the RSSM's alphas
-    plan_alpha = jnp.full_like(raw_alpha, s.constant_alpha)
+    delta, log_scale = jnp.zeros_like(pos), jnp.zeros_like(pos)
+  if ctx.settings.constant_alpha > 0:  # the ablation: velocity extrapolation without the RSSM's alphas
+    plan_alpha = jnp.full_like(raw_alpha, ctx.settings.constant_alpha)
     log_scale = jnp.zeros_like(log_scale)
-  elif s.zero_alpha:  # the control arm: the same phases, but no predicted step moves a weight
+  elif ctx.settings.zero_alpha:  # the control arm: the same phases, but no predicted step moves a weight
     plan_alpha = jnp.zeros_like(raw_alpha)
   else:
     plan_alpha = raw_alpha * jnp.exp(log_scale)[:, None]
-  agree = agreement(ens_logloss, s.divergence_tolerance)
-  acc = controller_lib.accuracy(p, s.divergence_tolerance)
+  agree = agreement(ens_logloss, ctx.settings.divergence_tolerance)
+  acc = controller_lib.accuracy(p, ctx.settings.divergence_tolerance)
 
   in_predict = c.phase == Phase.PREDICT
   rollback = jnp.where(in_predict & ~finite, p.alpha_since_good, 0.0)
 
-  # A non-finite step keeps the old plan.
-  planned = p.replace(
-    plan_logloss=raw_logloss + delta,
-    plan_raw_logloss=raw_logloss,
-    plan_alpha=plan_alpha,
-    plan_log_scale=log_scale,
-    plan_x=x_now,
-    one_step_pred=jnp.mean(imagined["next_logloss"]),
-    agreement=agree,
-    accuracy=acc,
-    velocity_norm=jnp.sqrt(groups_lib.group_sq_norms(ctx.groups, velocity)),
-  )
-  p = tree_where(finite, planned, p).replace(
+  def keep(new, old):
+    return jnp.where(finite, new, old)
+
+  p = p.replace(
+    plan_logloss=keep(raw_logloss + delta, p.plan_logloss),
+    plan_raw_logloss=keep(raw_logloss, p.plan_raw_logloss),
+    plan_alpha=keep(plan_alpha, p.plan_alpha),
+    plan_log_scale=keep(log_scale, p.plan_log_scale),
+    plan_x=keep(x_now, p.plan_x),
     plan_offset=jnp.where(in_predict, c.steps_in_phase + 1, p.plan_offset).astype(jnp.int32),
     alpha_since_good=jnp.where(in_predict & finite, 0.0, p.alpha_since_good),
+    one_step_pred=keep(jnp.mean(imagined["next_logloss"]), p.one_step_pred),
+    agreement=keep(agree, p.agreement),
+    accuracy=keep(acc, p.accuracy),
+    velocity_norm=keep(jnp.sqrt(groups_lib.group_sq_norms(ctx.groups, velocity)), p.velocity_norm),
   )
-  c = c.replace(confidence=jnp.where(finite, agree * acc, c.confidence))
+  c = c.replace(confidence=keep(agree * acc, c.confidence))
   return c, p, rollback
 
 
@@ -196,32 +206,35 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
   logloss = groups_lib.safe_log(loss)
   m: VelocityState = state.method
   c, plan, explosion, spike = observe_real_step(ctx, state, logloss, grad_norm, finite)
-  velocity, history, x = update_trajectory(ctx, state, c, loss, logloss, grad_norm, grads, updates, params, lr, finite)
+  velocity, history, x = update_trajectory(
+    ctx,
+    state,
+    c,
+    loss=loss,
+    logloss=logloss,
+    grad_norm=grad_norm,
+    grads=grads,
+    updates=updates,
+    params=params,
+    lr=lr,
+    finite=finite,
+  )
 
   rng, train_rng, imagine_rng = jax.random.split(state.rng, 3)
   window = history_window(history, ctx.settings.window)
-  # One training step of the RSSM on the history window (online truncated BPTT).
-  dyn = dynamics_lib.train_step(m.dynamics, window, train_rng, ctx.settings.rssm)[0]
+  dyn = train_dynamics(ctx, m.dynamics, window, train_rng)
+  x_now = trajectory_lib.normalize(history.normalizer, x)
   c, plan, rollback = plan_predict_phase(
-    ctx,
-    c,
-    plan,
-    dyn,
-    m.corrector,
-    window,
-    trajectory_lib.normalize(history.normalizer, x),
-    logloss,
-    velocity,
-    imagine_rng,
-    finite,
+    ctx, c, plan, dyn, m.corrector, window, x_now, logloss, velocity, imagine_rng, finite
   )
 
-  return state.replace(
+  new_state = state.replace(
     train=next_train_state(tr, params, opt_state, finite),
     method=m.replace(velocity=velocity, dynamics=tree_where(finite, dyn, m.dynamics), history=history, plan=plan),
     controller=c,
     rng=rng,
-  ), StepInfo.real(
+  )
+  info = StepInfo.real(
     loss=loss,
     predicted_loss=jnp.exp(plan.plan_logloss[0]),
     grad_norm=grad_norm,
@@ -232,3 +245,4 @@ def full_step(ctx: HybridContext, state: HybridState, batch: Batch, schedule: Sc
     rolled_back=jnp.any(rollback != 0),
     extra=rollback,
   )
+  return new_state, info
