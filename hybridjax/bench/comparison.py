@@ -18,7 +18,7 @@ from hybridjax import data as data_lib
 from hybridjax.bench import factor, figures, protocol, search, specs, tuning
 from hybridjax.bench.runs import keys
 from hybridjax.bench.runs.runner import Runner
-from hybridjax.bench.studies import Config, Record
+from hybridjax.bench.studies import FINALS, Config, Record, kept
 from hybridjax.bench.tasks import task_path
 
 
@@ -141,6 +141,9 @@ def paired_reading(a: list[Record], a_read: Record, b: list[Record], b_read: Rec
   return la, lb, protocol.paired_difference(la, lb, se, eval_windows=windows)
 
 
+KEPT = ("seed", "steps", "lr", *FINALS, "wide_eval", "key")  # what a side's record keeps of a run
+
+
 @dataclasses.dataclass
 class Side:
   """One side of a comparison: its config, the settings it is read at (lr, beta, iterate, weight_decay and
@@ -187,13 +190,8 @@ class Side:
       **({"local_check": self.local_check} if self.local_check else {}),
       "measurement_runs": sum(c["steps"] * len(t["losses"]) for c in self.checks.values() for t in c["tried"]) / n,
       "curve_runs": sum(round(f * n) for f in self.budgets) * len(seeds) / n,
-      "runs": {f"{s}/{round(f * n)}": _keep(self.runs[f"{s}/{round(f * n)}"]) for s in seeds for f in budgets},
+      "runs": {f"{s}/{round(f * n)}": kept(self.runs[f"{s}/{round(f * n)}"], KEPT) for s in seeds for f in budgets},
     }
-
-
-def _keep(run: Record) -> Record:
-  kept = ("seed", "steps", "lr", "final_raw", "final_averaged", "final_averaged_per_batch", "wide_eval", "key")
-  return {k: run[k] for k in kept if k in run}
 
 
 def curves(sides: list[Side], n: int, seeds: list[int], runner: Runner, wide_eval: int, label: str) -> None:
